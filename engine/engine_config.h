@@ -1,0 +1,23 @@
+// Engine configuration: model loading, scheduling and request limits.
+#pragma once
+
+#include <string>
+
+#include "engine/models/model.h"
+#include "scheduler/scheduler.h"
+
+namespace llm {
+
+struct EngineConfig {
+  ModelLoadOptions model;
+  SchedulerConfig scheduler;       // block_size is taken from model.block_size
+  int max_model_len = 0;           // 0: the model's max_position_embeddings (capped by KV capacity)
+  int max_tokens_limit = 4096;     // cap on a request's max_tokens
+  int default_max_tokens = 256;
+  int max_stop_strings = 16;
+  int max_stop_string_bytes = 256;
+  int max_logprobs = 20;
+  bool require_tokenizer = true;   // false: token-id-only use (tests, llm-dump)
+};
+
+}  // namespace llm

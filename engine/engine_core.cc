@@ -1,0 +1,293 @@
+#include "engine/engine_core.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include <spdlog/spdlog.h>
+
+namespace llm {
+namespace {
+
+bool Finite(float x) { return std::isfinite(x); }
+
+}  // namespace
+
+StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& config) {
+  std::unique_ptr<EngineCore> core(new EngineCore());
+  core->config_ = config;
+  const std::string tok_path = config.model.model_dir + "/tokenizer.json";
+  if (std::filesystem::exists(tok_path)) {
+    LLM_ASSIGN_OR_RETURN(core->tokenizer_, Tokenizer::FromFile(tok_path));
+  } else if (config.require_tokenizer) {
+    return NotFound("no tokenizer.json in " + config.model.model_dir);
+  }
+  LLM_ASSIGN_OR_RETURN(core->model_, LoadModel(config.model));
+  const ModelConfig& mc = core->model_->config();
+  if (core->tokenizer_ && core->tokenizer_->vocab_size() > mc.vocab_size) {
+    return InvalidArgument("tokenizer has " + std::to_string(core->tokenizer_->vocab_size()) +
+                           " tokens but the model's vocab_size is " +
+                           std::to_string(mc.vocab_size));
+  }
+  SchedulerConfig sc = config.scheduler;
+  sc.block_size = config.model.block_size;
+  const int num_blocks = core->model_->num_kv_blocks();
+  core->scheduler_ = std::make_unique<Scheduler>(sc, num_blocks);
+
+  // A sequence must fit in the whole KV pool, or it could never be scheduled.
+  int len = config.max_model_len > 0 ? config.max_model_len : mc.max_position_embeddings;
+  len = std::min(len, mc.max_position_embeddings);
+  if (mc.sliding_window) len = std::min(len, *mc.sliding_window);  // windowed attention: issue 7
+  len = std::min(len, num_blocks * sc.block_size);
+  core->max_model_len_ = len;
+  return core;
+}
+
+Status EngineCore::Validate(GenerationRequest* r) const {
+  const ModelConfig& mc = model_->config();
+  if (r->request_id.size() > 256) return InvalidArgument("request_id is longer than 256 bytes");
+  if (r->prompt_ids.empty()) return InvalidArgument("prompt is empty");
+  for (size_t i = 0; i < r->prompt_ids.size(); ++i) {
+    const int32_t id = r->prompt_ids[i];
+    if (id < 0 || id >= mc.vocab_size) {
+      return InvalidArgument("prompt token id " + std::to_string(id) + " at position " +
+                             std::to_string(i) + " is outside the vocabulary [0, " +
+                             std::to_string(mc.vocab_size) + ")");
+    }
+  }
+  const int prompt_len = static_cast<int>(r->prompt_ids.size());
+  if (prompt_len >= max_model_len_) {
+    return InvalidArgument("prompt has " + std::to_string(prompt_len) +
+                           " tokens; the context holds " + std::to_string(max_model_len_) +
+                           " including at least one generated token");
+  }
+  const StoppingParams& st = r->stopping;
+  if (st.max_tokens < 1 || st.max_tokens > config_.max_tokens_limit) {
+    return InvalidArgument("max_tokens is " + std::to_string(st.max_tokens) + "; must be in [1, " +
+                           std::to_string(config_.max_tokens_limit) + "]");
+  }
+  if (st.min_tokens < 0 || st.min_tokens > st.max_tokens) {
+    return InvalidArgument("min_tokens must be in [0, max_tokens]");
+  }
+  if (static_cast<int>(st.stop.size()) > config_.max_stop_strings) {
+    return InvalidArgument("at most " + std::to_string(config_.max_stop_strings) +
+                           " stop strings are allowed");
+  }
+  for (const std::string& s : st.stop) {
+    if (s.empty()) return InvalidArgument("stop strings must not be empty");
+    if (static_cast<int>(s.size()) > config_.max_stop_string_bytes) {
+      return InvalidArgument("a stop string is longer than " +
+                             std::to_string(config_.max_stop_string_bytes) + " bytes");
+    }
+  }
+  for (int32_t id : st.stop_token_ids) {
+    if (id < 0 || id >= mc.vocab_size) {
+      return InvalidArgument("stop token id " + std::to_string(id) + " is outside the vocabulary");
+    }
+  }
+  const SamplingParams& sp = r->sampling;
+  if (!Finite(sp.temperature) || sp.temperature < 0) {
+    return InvalidArgument("temperature must be a finite number >= 0");
+  }
+  if (!Finite(sp.top_p) || sp.top_p <= 0 || sp.top_p > 1) {
+    return InvalidArgument("top_p must be in (0, 1]");
+  }
+  if (sp.top_k < 0) return InvalidArgument("top_k must be >= 0 (0 disables it)");
+  if (!Finite(sp.min_p) || sp.min_p < 0 || sp.min_p > 1) {
+    return InvalidArgument("min_p must be in [0, 1]");
+  }
+  if (!Finite(sp.repetition_penalty) || sp.repetition_penalty <= 0) {
+    return InvalidArgument("repetition_penalty must be a finite number > 0");
+  }
+  if (!Finite(sp.presence_penalty) || std::fabs(sp.presence_penalty) > 2) {
+    return InvalidArgument("presence_penalty must be in [-2, 2]");
+  }
+  if (!Finite(sp.frequency_penalty) || std::fabs(sp.frequency_penalty) > 2) {
+    return InvalidArgument("frequency_penalty must be in [-2, 2]");
+  }
+  if (sp.logprobs < 0 || sp.logprobs > config_.max_logprobs) {
+    return InvalidArgument("logprobs must be in [0, " + std::to_string(config_.max_logprobs) + "]");
+  }
+  if (!st.stop.empty() && tokenizer_ == nullptr) {
+    return InvalidArgument("stop strings need a tokenizer");
+  }
+  return Status::Ok();
+}
+
+void EngineCore::Add(GenerationRequest request, std::shared_ptr<ResultSink> sink) {
+  auto seq = std::make_unique<Sequence>();
+  seq->id = next_seq_id_++;
+  seq->arrival = seq->id;
+  seq->priority = request.priority;
+  seq->prompt_ids = request.prompt_ids;
+  seq->max_total_tokens =
+      std::min<int>(max_model_len_, static_cast<int>(request.prompt_ids.size()) +
+                                        request.stopping.max_tokens);
+  RequestState st;
+  st.seq_id = seq->id;
+  st.sampler = std::make_unique<Sampler>(request.sampling);
+  if (tokenizer_) {
+    st.decoder = std::make_unique<IncrementalDecoder>(*tokenizer_, request.skip_special_tokens);
+  }
+  st.stop_matcher = std::make_unique<StopMatcher>(request.stopping.stop);
+  st.sink = std::move(sink);
+  const std::string id = request.request_id;
+  st.request = std::move(request);
+  seq_to_request_[seq->id] = id;
+  requests_.emplace(id, std::move(st));
+  scheduler_->Add(std::move(seq));
+}
+
+void EngineCore::Finish(RequestState& st, FinishReason reason, GenerationOutput out) {
+  std::unique_ptr<Sequence> seq = scheduler_->Remove(st.seq_id);  // frees KV blocks
+  out.finished = true;
+  out.finish_reason = reason;
+  if (seq) {
+    out.usage.prompt_tokens = static_cast<int>(seq->prompt_ids.size());
+    out.usage.completion_tokens = static_cast<int>(seq->output_ids.size());
+  }
+  std::shared_ptr<ResultSink> sink = std::move(st.sink);
+  seq_to_request_.erase(st.seq_id);
+  const std::string id = st.request.request_id;
+  requests_.erase(id);  // st is dangling from here on
+  sink->OnOutput(std::move(out));
+}
+
+void EngineCore::Fail(const std::string& request_id, const Status& error) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  GenerationOutput out;
+  out.error = error;
+  Finish(it->second, FinishReason::kAborted, std::move(out));
+}
+
+bool EngineCore::Abort(const std::string& request_id, const Status& error) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return false;
+  if (error.ok()) {
+    GenerationOutput out;
+    Finish(it->second, FinishReason::kAborted, std::move(out));
+  } else {
+    Fail(request_id, error);
+  }
+  return true;
+}
+
+void EngineCore::ExpireDeadlines(std::chrono::steady_clock::time_point now) {
+  std::vector<std::string> expired;
+  for (const auto& [id, st] : requests_) {
+    if (st.request.deadline && *st.request.deadline <= now) expired.push_back(id);
+  }
+  for (const auto& id : expired) {
+    Fail(id, Status(StatusCode::kDeadlineExceeded, "deadline exceeded"));
+  }
+}
+
+void EngineCore::OnToken(RequestState& st, Sequence& seq, const SampledToken& tok) {
+  seq.output_ids.push_back(tok.token);
+  const StoppingParams& stop = st.request.stopping;
+  const int n_out = static_cast<int>(seq.output_ids.size());
+  GenerationOutput out;
+  out.token_ids.push_back(tok.token);
+  if (st.request.sampling.logprobs > 0) out.logprobs.push_back(tok);
+
+  FinishReason reason = FinishReason::kNone;
+  bool emit_text = true;
+  if (n_out >= stop.min_tokens) {
+    const auto& eos = model_->config().eos_token_ids;
+    if (std::find(stop.stop_token_ids.begin(), stop.stop_token_ids.end(), tok.token) !=
+        stop.stop_token_ids.end()) {
+      reason = FinishReason::kStop;
+      out.matched_stop = "token:" + std::to_string(tok.token);
+      emit_text = false;
+    } else if (!stop.ignore_eos && std::find(eos.begin(), eos.end(), tok.token) != eos.end()) {
+      reason = FinishReason::kStop;
+      out.matched_stop = "eos";
+      emit_text = false;
+    }
+  }
+  if (st.decoder && emit_text) {
+    std::string matched;
+    out.text = st.stop_matcher->Push(st.decoder->Step(tok.token), &matched);
+    if (!matched.empty()) {
+      reason = FinishReason::kStop;
+      out.matched_stop = matched;
+    }
+  }
+  if (reason == FinishReason::kNone &&
+      (n_out >= stop.max_tokens || seq.num_tokens() >= seq.max_total_tokens)) {
+    reason = FinishReason::kLength;
+  }
+  if (reason == FinishReason::kNone) {
+    st.sink->OnOutput(std::move(out));
+    return;
+  }
+  if (st.decoder && out.matched_stop.empty()) {
+    out.text += st.stop_matcher->Push(st.decoder->Flush(), &out.matched_stop);
+    out.text += st.stop_matcher->Flush();
+  }
+  Finish(st, reason, std::move(out));
+}
+
+StepRecord EngineCore::Step() {
+  StepRecord record;
+  SchedulerOutput sched = scheduler_->Schedule();
+  record.num_preempted = static_cast<int>(sched.preempted.size());
+  for (int64_t id : sched.preempted) {
+    spdlog::warn("[{}] preempted (KV cache full); will recompute", seq_to_request_[id]);
+  }
+  if (sched.empty()) return record;
+
+  const int block_size = scheduler_->config().block_size;
+  ForwardBatch batch;
+  AttentionBatch& attn = batch.attn;
+  attn.q_indptr.push_back(0);
+  attn.page_indptr.push_back(0);
+  for (const ScheduledSeq& s : sched.seqs) {
+    const Sequence& seq = *s.seq;
+    for (int i = s.start; i < s.start + s.num_tokens; ++i) {
+      batch.token_ids.push_back(seq.token_at(i));
+      batch.positions.push_back(i);
+      attn.slot_mapping.push_back(seq.block_table[i / block_size] * block_size + i % block_size);
+    }
+    const int kv_len = s.start + s.num_tokens;
+    attn.kv_lens.push_back(kv_len);
+    attn.q_indptr.push_back(static_cast<int32_t>(batch.token_ids.size()));
+    const int pages = BlocksForTokens(kv_len, block_size);
+    attn.page_indices.insert(attn.page_indices.end(), seq.block_table.begin(),
+                             seq.block_table.begin() + pages);
+    attn.page_indptr.push_back(static_cast<int32_t>(attn.page_indices.size()));
+    if (s.samples) batch.logit_rows.push_back(static_cast<int32_t>(batch.token_ids.size()) - 1);
+    record.entries.push_back({seq.id, seq_to_request_[seq.id], s.num_tokens,
+                              s.start < static_cast<int>(seq.prompt_ids.size()) || s.num_tokens > 1,
+                              s.samples && s.start < static_cast<int>(seq.prompt_ids.size())});
+  }
+  attn.num_seqs = static_cast<int>(sched.seqs.size());
+  attn.num_tokens = static_cast<int>(batch.token_ids.size());
+
+  std::vector<float> logits;
+  Status st = model_->Forward(batch, &logits);
+  if (!st.ok()) {
+    spdlog::error("forward pass failed: {}", st.ToString());
+    for (const ScheduledSeq& s : sched.seqs) {
+      Fail(seq_to_request_[s.seq->id], Internal("forward pass failed: " + st.message()));
+    }
+    return record;
+  }
+  scheduler_->OnStepDone(sched);
+
+  const int vocab = model_->config().vocab_size;
+  int row = 0;
+  for (const ScheduledSeq& s : sched.seqs) {
+    if (!s.samples) continue;
+    Sequence& seq = *s.seq;
+    RequestState& rs = requests_.at(seq_to_request_.at(seq.id));
+    std::span<float> l(logits.data() + static_cast<size_t>(row++) * vocab, vocab);
+    if (logits_observer_) logits_observer_(rs.request.request_id, l);
+    const SampledToken tok = rs.sampler->Sample(l, seq.prompt_ids, seq.output_ids);
+    OnToken(rs, seq, tok);  // may finish and free the sequence
+  }
+  return record;
+}
+
+}  // namespace llm

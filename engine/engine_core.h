@@ -1,0 +1,96 @@
+// The single-threaded heart of the engine: owns the model, scheduler, KV cache and per-request
+// state, and advances everything by one step at a time. Not thread-safe: `Engine` runs it on its
+// own thread; tools and tests may drive it directly.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/engine_config.h"
+#include "engine/models/model.h"
+#include "engine/request.h"
+#include "engine/stop_matcher.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "scheduler/scheduler.h"
+
+namespace llm {
+
+// What one step did, for logs, tests and tools.
+struct StepRecord {
+  struct Entry {
+    int64_t seq_id;
+    std::string request_id;
+    int num_tokens;
+    bool is_prefill;    // computed tokens were prompt (or recomputed) tokens
+    bool prefill_done;  // this step completed the prefill and sampled
+  };
+  std::vector<Entry> entries;
+  int num_preempted = 0;
+};
+
+class EngineCore {
+ public:
+  static StatusOr<std::unique_ptr<EngineCore>> Create(const EngineConfig& config);
+
+  // Checks a request against the model and limits; fills defaults (max_tokens). Thread-safe:
+  // reads only immutable state.
+  Status Validate(GenerationRequest* request) const;
+
+  // Takes a validated request. The sink gets its outputs.
+  void Add(GenerationRequest request, std::shared_ptr<ResultSink> sink);
+  // Ends a request with the given reason (kAborted) or error status. False if unknown.
+  bool Abort(const std::string& request_id, const Status& error);
+  // Ends every request whose deadline has passed with DEADLINE_EXCEEDED.
+  void ExpireDeadlines(std::chrono::steady_clock::time_point now);
+  bool HasWork() const { return !requests_.empty(); }
+  // Runs one schedule + forward + sample step. An error here fails the step's requests.
+  StepRecord Step();
+
+  // Test hook: sees each sampled sequence's logits before sampling.
+  using LogitsObserver = std::function<void(const std::string& request_id, std::span<const float>)>;
+  void set_logits_observer(LogitsObserver f) { logits_observer_ = std::move(f); }
+
+  const ModelConfig& model_config() const { return model_->config(); }
+  const Model& model() const { return *model_; }
+  const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  const EngineConfig& config() const { return config_; }
+  int max_model_len() const { return max_model_len_; }
+  int num_running() const { return scheduler_->num_running(); }
+  int num_waiting() const { return scheduler_->num_waiting(); }
+  int num_free_blocks() const { return scheduler_->allocator().num_free(); }
+  int num_blocks() const { return scheduler_->allocator().num_blocks(); }
+
+ private:
+  struct RequestState {
+    GenerationRequest request;
+    std::shared_ptr<ResultSink> sink;
+    int64_t seq_id = 0;
+    std::unique_ptr<Sampler> sampler;
+    std::unique_ptr<IncrementalDecoder> decoder;
+    std::unique_ptr<StopMatcher> stop_matcher;
+  };
+
+  EngineCore() = default;
+  // Appends a sampled token, streams it, and finishes the request when a stop condition holds.
+  void OnToken(RequestState& st, Sequence& seq, const SampledToken& token);
+  void Finish(RequestState& st, FinishReason reason, GenerationOutput out);
+  void Fail(const std::string& request_id, const Status& error);
+
+  EngineConfig config_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<Scheduler> scheduler_;
+  int max_model_len_ = 0;
+  int64_t next_seq_id_ = 1;
+  std::map<std::string, RequestState> requests_;  // by request id
+  std::map<int64_t, std::string> seq_to_request_;
+  LogitsObserver logits_observer_;
+};
+
+}  // namespace llm

@@ -1,0 +1,56 @@
+// Model hyper-parameters read from a Hugging Face `config.json` (+ `generation_config.json`).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/base/dtype.h"
+#include "engine/base/status.h"
+
+namespace llm {
+
+enum class Architecture { kLlama, kMistral, kQwen2 };
+
+const char* ArchitectureName(Architecture a);
+
+struct RopeScaling {
+  enum class Type { kNone, kLlama3, kLinear } type = Type::kNone;
+  float factor = 1.0f;
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  int original_max_position_embeddings = 8192;
+};
+
+struct ModelConfig {
+  std::string name;  // directory name, for display
+  Architecture architecture = Architecture::kLlama;
+  std::string architecture_name;  // as written in config.json
+  int hidden_size = 0;
+  int intermediate_size = 0;
+  int num_layers = 0;
+  int num_q_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int vocab_size = 0;
+  float rms_norm_eps = 1e-6f;
+  float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;
+  int max_position_embeddings = 2048;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;           // q/k/v biases (Qwen2)
+  std::optional<int> sliding_window;     // Mistral / Qwen2 when enabled
+  DType dtype = DType::kF32;             // torch_dtype of the checkpoint
+  std::optional<int32_t> bos_token_id;
+  std::vector<int32_t> eos_token_ids;
+
+  int q_size() const { return num_q_heads * head_dim; }
+  int kv_size() const { return num_kv_heads * head_dim; }
+};
+
+// Reads config.json and, when present, generation_config.json (whose eos ids win).
+// Unknown architectures and missing or inconsistent fields are errors that name them.
+StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir);
+
+}  // namespace llm

@@ -1,0 +1,238 @@
+#include "engine/models/llama_model.h"
+
+#include <cblas.h>
+
+#include <cmath>
+#include <numbers>
+
+#include <spdlog/spdlog.h>
+
+#include "kernels/backend_registry.h"
+
+namespace llm {
+namespace {
+
+// y[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]).
+void Linear(const float* x, const float* w, const float* bias, int m, int n, int k, float* y) {
+  if (bias != nullptr) {
+    for (int i = 0; i < m; ++i) std::copy(bias, bias + n, y + static_cast<size_t>(i) * n);
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k,
+              bias != nullptr ? 1.0f : 0.0f, y, n);
+}
+
+void RmsNorm(const float* x, const float* w, int rows, int dim, float eps, float* y) {
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + static_cast<size_t>(r) * dim;
+    float* yr = y + static_cast<size_t>(r) * dim;
+    double ss = 0.0;
+    for (int i = 0; i < dim; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const float inv = 1.0f / std::sqrt(static_cast<float>(ss / dim) + eps);
+    for (int i = 0; i < dim; ++i) yr[i] = xr[i] * inv * w[i];
+  }
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig& config,
+                                                         const WeightStore& weights,
+                                                         const ModelLoadOptions& options) {
+  std::unique_ptr<LlamaModel> m(new LlamaModel(config));
+  AttentionSpec spec;
+  spec.device = DeviceKind::kCpu;
+  spec.kind = AttentionKind::kMha;
+  spec.kv_dtype = DType::kF32;
+  spec.num_q_heads = config.num_q_heads;
+  spec.num_kv_heads = config.num_kv_heads;
+  spec.head_dim = config.head_dim;
+  spec.block_size = options.block_size;
+  spec.features = kFeatureCausal;
+  std::string table;
+  auto backend = BackendRegistry::Global().Create(spec, options.attention_backend, &table);
+  spdlog::info("{}", table);
+  if (!backend.ok()) return backend.status();  // fail before loading weights or allocating KV
+  m->attention_ = std::move(backend).value();
+
+  LLM_RETURN_IF_ERROR(m->LoadWeights(weights));
+  m->InitRope();
+
+  const size_t per_block = m->attention_->BlockBytes() * config.num_layers;
+  m->num_blocks_ = options.num_kv_blocks > 0
+                       ? options.num_kv_blocks
+                       : static_cast<int>(options.kv_cache_bytes / per_block);
+  if (m->num_blocks_ < 1) {
+    return ResourceExhausted("KV cache budget of " + std::to_string(options.kv_cache_bytes) +
+                             " bytes holds no block of " + std::to_string(per_block) + " bytes");
+  }
+  const size_t layer_floats = m->attention_->BlockBytes() / 2 / sizeof(float) * m->num_blocks_;
+  m->k_cache_.assign(config.num_layers, std::vector<float>(layer_floats, 0.0f));
+  m->v_cache_.assign(config.num_layers, std::vector<float>(layer_floats, 0.0f));
+  return m;
+}
+
+Status LlamaModel::LoadWeights(const WeightStore& w) {
+  const ModelConfig& c = config_;
+  const int64_t h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), inter = c.intermediate_size;
+  const int64_t v = c.vocab_size;
+  LLM_RETURN_IF_ERROR(w.ReadF32("model.embed_tokens.weight", {v, h}, &embed_));
+  LLM_RETURN_IF_ERROR(w.ReadF32("model.norm.weight", {h}, &final_norm_));
+  if (!c.tie_word_embeddings) {
+    LLM_RETURN_IF_ERROR(w.ReadF32("lm_head.weight", {v, h}, &lm_head_));
+  }
+  layers_.resize(c.num_layers);
+  std::vector<float> tmp;
+  for (int i = 0; i < c.num_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    LlamaLayerWeights& L = layers_[i];
+    LLM_RETURN_IF_ERROR(w.ReadF32(p + "input_layernorm.weight", {h}, &L.attn_norm));
+    LLM_RETURN_IF_ERROR(w.ReadF32(p + "post_attention_layernorm.weight", {h}, &L.mlp_norm));
+    LLM_RETURN_IF_ERROR(w.ReadF32(p + "self_attn.o_proj.weight", {h, q}, &L.wo));
+    LLM_RETURN_IF_ERROR(w.ReadF32(p + "mlp.down_proj.weight", {h, inter}, &L.w_down));
+    // Stack q/k/v and gate/up so each is one matrix product.
+    const std::pair<const char*, int64_t> qkv[] = {{"q_proj", q}, {"k_proj", kv}, {"v_proj", kv}};
+    for (const auto& [name, rows] : qkv) {
+      LLM_RETURN_IF_ERROR(w.ReadF32(p + "self_attn." + name + ".weight", {rows, h}, &tmp));
+      L.wqkv.insert(L.wqkv.end(), tmp.begin(), tmp.end());
+      if (c.attention_bias) {
+        LLM_RETURN_IF_ERROR(w.ReadF32(p + "self_attn." + name + ".bias", {rows}, &tmp));
+        L.bqkv.insert(L.bqkv.end(), tmp.begin(), tmp.end());
+      }
+    }
+    for (const char* name : {"gate_proj", "up_proj"}) {
+      LLM_RETURN_IF_ERROR(w.ReadF32(p + "mlp." + name + ".weight", {inter, h}, &tmp));
+      L.w_gate_up.insert(L.w_gate_up.end(), tmp.begin(), tmp.end());
+    }
+  }
+  return Status::Ok();
+}
+
+void LlamaModel::InitRope() {
+  const int half = config_.head_dim / 2;
+  inv_freq_.resize(half);
+  const RopeScaling& rs = config_.rope_scaling;
+  for (int i = 0; i < half; ++i) {
+    double f = 1.0 / std::pow(static_cast<double>(config_.rope_theta),
+                              static_cast<double>(2 * i) / config_.head_dim);
+    if (rs.type == RopeScaling::Type::kLinear) {
+      f /= rs.factor;
+    } else if (rs.type == RopeScaling::Type::kLlama3) {
+      // Llama 3.1: keep high frequencies, divide low ones by `factor`, interpolate between.
+      const double old_len = rs.original_max_position_embeddings;
+      const double low_wavelen = old_len / rs.low_freq_factor;
+      const double high_wavelen = old_len / rs.high_freq_factor;
+      const double wavelen = 2.0 * std::numbers::pi / f;
+      if (wavelen > low_wavelen) {
+        f /= rs.factor;
+      } else if (wavelen >= high_wavelen) {
+        const double smooth = (old_len / wavelen - rs.low_freq_factor) /
+                              (rs.high_freq_factor - rs.low_freq_factor);
+        f = (1.0 - smooth) * f / rs.factor + smooth * f;
+      }
+    }
+    inv_freq_[i] = static_cast<float>(f);
+  }
+}
+
+// Rotates each head of x in the "rotate_half" layout: pairs (i, i + d/2).
+void LlamaModel::ApplyRope(float* x, int num_heads, int position) const {
+  const int d = config_.head_dim, half = d / 2;
+  for (int i = 0; i < half; ++i) {
+    const float angle = static_cast<float>(position) * inv_freq_[i];
+    const float c = std::cos(angle), s = std::sin(angle);
+    for (int h = 0; h < num_heads; ++h) {
+      float* xh = x + static_cast<size_t>(h) * d;
+      const float x1 = xh[i], x2 = xh[i + half];
+      xh[i] = x1 * c - x2 * s;
+      xh[i + half] = x2 * c + x1 * s;
+    }
+  }
+}
+
+Status LlamaModel::Forward(const ForwardBatch& batch, std::vector<float>* logits) {
+  const ModelConfig& c = config_;
+  const int T = static_cast<int>(batch.token_ids.size());
+  const int H = c.hidden_size, Q = c.q_size(), KV = c.kv_size(), I = c.intermediate_size;
+  const int QKV = Q + 2 * KV;
+  LLM_CHECK_EQ(batch.attn.num_tokens, T);
+  LLM_CHECK_EQ(static_cast<int>(batch.positions.size()), T);
+
+  std::vector<float> x(static_cast<size_t>(T) * H);         // residual stream [T, H]
+  std::vector<float> xn(static_cast<size_t>(T) * H);        // normed
+  std::vector<float> qkv(static_cast<size_t>(T) * QKV);     // [T, Q + 2KV]
+  std::vector<float> q(static_cast<size_t>(T) * Q), k(static_cast<size_t>(T) * KV),
+      v(static_cast<size_t>(T) * KV), attn(static_cast<size_t>(T) * Q);
+  std::vector<float> gu(static_cast<size_t>(T) * 2 * I), act(static_cast<size_t>(T) * I);
+  std::vector<float> tmp(static_cast<size_t>(T) * H);
+
+  for (int t = 0; t < T; ++t) {
+    const int32_t id = batch.token_ids[t];
+    if (id < 0 || id >= c.vocab_size) return InvalidArgument("token id out of range");
+    std::copy_n(embed_.data() + static_cast<size_t>(id) * H, H, x.data() + static_cast<size_t>(t) * H);
+  }
+  LLM_RETURN_IF_ERROR(attention_->Plan(batch.attn));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LlamaLayerWeights& L = layers_[l];
+    RmsNorm(x.data(), L.attn_norm.data(), T, H, c.rms_norm_eps, xn.data());
+    Linear(xn.data(), L.wqkv.data(), L.bqkv.empty() ? nullptr : L.bqkv.data(), T, QKV, H,
+           qkv.data());
+    for (int t = 0; t < T; ++t) {
+      const float* row = qkv.data() + static_cast<size_t>(t) * QKV;
+      float* qt = q.data() + static_cast<size_t>(t) * Q;
+      float* kt = k.data() + static_cast<size_t>(t) * KV;
+      std::copy_n(row, Q, qt);
+      std::copy_n(row + Q, KV, kt);
+      std::copy_n(row + Q + KV, KV, v.data() + static_cast<size_t>(t) * KV);
+      ApplyRope(qt, c.num_q_heads, batch.positions[t]);
+      ApplyRope(kt, c.num_kv_heads, batch.positions[t]);
+    }
+    AttentionParams p;
+    p.q = q.data();
+    p.k_new = k.data();
+    p.v_new = v.data();
+    p.out = attn.data();
+    p.cache = {k_cache_[l].data(), v_cache_[l].data()};
+    p.softmax_scale = scale;
+    attention_->Run(p);
+    Linear(attn.data(), L.wo.data(), nullptr, T, H, Q, tmp.data());
+    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+
+    RmsNorm(x.data(), L.mlp_norm.data(), T, H, c.rms_norm_eps, xn.data());
+    Linear(xn.data(), L.w_gate_up.data(), nullptr, T, 2 * I, H, gu.data());
+    for (int t = 0; t < T; ++t) {
+      const float* g = gu.data() + static_cast<size_t>(t) * 2 * I;
+      const float* u = g + I;
+      float* a = act.data() + static_cast<size_t>(t) * I;
+      for (int i = 0; i < I; ++i) a[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    }
+    Linear(act.data(), L.w_down.data(), nullptr, T, H, I, tmp.data());
+    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+  }
+
+  // Final norm and LM head only for the rows that sample.
+  const int R = static_cast<int>(batch.logit_rows.size());
+  std::vector<float> last(static_cast<size_t>(R) * H);
+  for (int r = 0; r < R; ++r) {
+    RmsNorm(x.data() + static_cast<size_t>(batch.logit_rows[r]) * H, final_norm_.data(), 1, H,
+            c.rms_norm_eps, last.data() + static_cast<size_t>(r) * H);
+  }
+  logits->resize(static_cast<size_t>(R) * c.vocab_size);
+  if (R > 0) {
+    const std::vector<float>& head = c.tie_word_embeddings ? embed_ : lm_head_;
+    Linear(last.data(), head.data(), nullptr, R, c.vocab_size, H, logits->data());
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
+  LLM_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
+  if (options.block_size <= 0 || options.block_size > 1024) {
+    return InvalidArgument("block_size must be in [1, 1024]");
+  }
+  LLM_ASSIGN_OR_RETURN(auto weights, WeightStore::Open(options.model_dir));
+  LLM_ASSIGN_OR_RETURN(auto model, LlamaModel::Create(config, *weights, options));
+  return std::unique_ptr<Model>(std::move(model));
+}
+
+}  // namespace llm

@@ -1,0 +1,44 @@
+// The model-runner interface: one forward pass over a flattened batch of prefill and decode tokens.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/base/status.h"
+#include "engine/model_config.h"
+#include "kernels/attention_backend.h"
+
+namespace llm {
+
+struct ForwardBatch {
+  std::vector<int32_t> token_ids;    // [num_tokens]
+  std::vector<int32_t> positions;    // [num_tokens]
+  AttentionBatch attn;               // block tables and slots for the same tokens
+  std::vector<int32_t> logit_rows;   // rows of the batch whose logits are wanted
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelConfig& config() const = 0;
+  // logits: [logit_rows.size(), vocab_size], resized by the call.
+  virtual Status Forward(const ForwardBatch& batch, std::vector<float>* logits) = 0;
+  virtual std::string attention_backend_name() const = 0;
+  virtual int num_kv_blocks() const = 0;
+  virtual size_t kv_bytes_per_block() const = 0;  // all layers, K and V
+};
+
+struct ModelLoadOptions {
+  std::string model_dir;
+  int block_size = 64;
+  int num_kv_blocks = 0;         // 0: derive from kv_cache_bytes
+  size_t kv_cache_bytes = 256ull << 20;
+  std::string attention_backend;  // forced backend name, empty for automatic
+};
+
+// Loads config + weights and selects the attention backend (logging the selection table).
+StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options);
+
+}  // namespace llm

@@ -1,0 +1,54 @@
+// A generation request as the engine sees it, and the outputs it streams back.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/base/status.h"
+#include "engine/sampler.h"
+#include "engine/sampling_params.h"
+
+namespace llm {
+
+struct GenerationRequest {
+  std::string request_id;
+  std::vector<int32_t> prompt_ids;
+  SamplingParams sampling;
+  StoppingParams stopping;
+  bool skip_special_tokens = true;
+  int priority = 0;
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+};
+
+enum class FinishReason { kNone, kLength, kStop, kAborted };
+
+struct Usage {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  int cached_tokens = 0;
+};
+
+// One streamed update. Exactly one update per request has `finished` set (or a non-OK `error`),
+// and it is the last.
+struct GenerationOutput {
+  std::vector<int32_t> token_ids;  // tokens generated since the previous update
+  std::string text;                // text delta; whole UTF-8 characters only
+  std::vector<SampledToken> logprobs;
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::string matched_stop;
+  Usage usage;
+  Status error;  // non-OK ends the request with this status instead of a completion
+};
+
+// Receives a request's outputs. Called on the engine thread; must not block.
+class ResultSink {
+ public:
+  virtual ~ResultSink() = default;
+  virtual void OnOutput(GenerationOutput output) = 0;
+};
+
+}  // namespace llm

@@ -1,0 +1,116 @@
+#include "kernels/cpu/cpu_paged_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/backend_registry.h"
+
+namespace llm {
+
+void CpuAppendKv(const PagedAttentionShape& s, const AttentionBatch& batch, const float* k_new,
+                 const float* v_new, float* k_cache, float* v_cache) {
+  const size_t d = s.head_dim;
+  for (int t = 0; t < batch.num_tokens; ++t) {
+    const int slot = batch.slot_mapping[t];
+    const int block = slot / s.block_size, offset = slot % s.block_size;
+    for (int h = 0; h < s.num_kv_heads; ++h) {
+      const size_t dst = ((static_cast<size_t>(block) * s.num_kv_heads + h) * s.block_size +
+                          offset) * d;
+      const size_t src = (static_cast<size_t>(t) * s.num_kv_heads + h) * d;
+      std::memcpy(k_cache + dst, k_new + src, d * sizeof(float));
+      std::memcpy(v_cache + dst, v_new + src, d * sizeof(float));
+    }
+  }
+}
+
+void CpuPagedAttention(const PagedAttentionShape& s, const AttentionBatch& batch, const float* q,
+                       const float* k_cache, const float* v_cache, float softmax_scale,
+                       float* out) {
+  const int d = s.head_dim;
+  const int group = s.num_q_heads / s.num_kv_heads;
+  std::vector<float> scores;
+  std::vector<float> acc(d);
+  for (int seq = 0; seq < batch.num_seqs; ++seq) {
+    const int q_begin = batch.q_indptr[seq], q_end = batch.q_indptr[seq + 1];
+    const int kv_len = batch.kv_lens[seq];
+    const int32_t* pages = batch.page_indices.data() + batch.page_indptr[seq];
+    scores.resize(kv_len);
+    for (int t = q_begin; t < q_end; ++t) {
+      const int pos = kv_len - (q_end - t);  // causal: attend to [0, pos]
+      for (int h = 0; h < s.num_q_heads; ++h) {
+        const int kvh = h / group;
+        const float* qv = q + (static_cast<size_t>(t) * s.num_q_heads + h) * d;
+        float max_score = -INFINITY;
+        for (int j = 0; j <= pos; ++j) {
+          const size_t row = ((static_cast<size_t>(pages[j / s.block_size]) * s.num_kv_heads + kvh) *
+                                  s.block_size + j % s.block_size) * d;
+          float dot = 0.0f;
+          for (int i = 0; i < d; ++i) dot += qv[i] * k_cache[row + i];
+          scores[j] = dot * softmax_scale;
+          max_score = std::max(max_score, scores[j]);
+        }
+        float sum = 0.0f;
+        for (int j = 0; j <= pos; ++j) {
+          scores[j] = std::exp(scores[j] - max_score);
+          sum += scores[j];
+        }
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int j = 0; j <= pos; ++j) {
+          const size_t row = ((static_cast<size_t>(pages[j / s.block_size]) * s.num_kv_heads + kvh) *
+                                  s.block_size + j % s.block_size) * d;
+          const float p = scores[j];
+          for (int i = 0; i < d; ++i) acc[i] += p * v_cache[row + i];
+        }
+        float* o = out + (static_cast<size_t>(t) * s.num_q_heads + h) * d;
+        const float inv = 1.0f / sum;
+        for (int i = 0; i < d; ++i) o[i] = acc[i] * inv;
+      }
+    }
+  }
+}
+
+namespace {
+
+class CpuReferenceBackend final : public AttentionBackend {
+ public:
+  explicit CpuReferenceBackend(const AttentionSpec& spec)
+      : shape_{spec.num_q_heads, spec.num_kv_heads, spec.head_dim, spec.block_size} {}
+
+  std::string name() const override { return "cpu_reference"; }
+  size_t BlockBytes() const override {
+    return 2ull * shape_.num_kv_heads * shape_.block_size * shape_.head_dim * sizeof(float);
+  }
+  Status Plan(const AttentionBatch& batch) override {
+    batch_ = &batch;  // the CPU path needs no precomputation; the batch outlives the step
+    return Status::Ok();
+  }
+  void Run(const AttentionParams& p) override {
+    LLM_CHECK(batch_ != nullptr) << "Run before Plan";
+    auto* k_cache = static_cast<float*>(p.cache.k);
+    auto* v_cache = static_cast<float*>(p.cache.v);
+    CpuAppendKv(shape_, *batch_, static_cast<const float*>(p.k_new),
+                static_cast<const float*>(p.v_new), k_cache, v_cache);
+    CpuPagedAttention(shape_, *batch_, static_cast<const float*>(p.q), k_cache, v_cache,
+                      p.softmax_scale, static_cast<float*>(p.out));
+  }
+
+ private:
+  PagedAttentionShape shape_;
+  const AttentionBatch* batch_ = nullptr;
+};
+
+const BackendRegistrar kRegistrar(BackendInfo{
+    .name = "cpu_reference",
+    .device = DeviceKind::kCpu,
+    .kind = AttentionKind::kMha,
+    .kv_dtypes = {DType::kF32},
+    .features = kFeatureCausal,
+    .priority = 0,
+    .create = [](const AttentionSpec& spec) -> std::unique_ptr<AttentionBackend> {
+      return std::make_unique<CpuReferenceBackend>(spec);
+    }});
+
+}  // namespace
+}  // namespace llm

@@ -1,0 +1,26 @@
+// CPU reference paged attention (fp32 cache). The numerical oracle for the GPU kernels.
+#pragma once
+
+#include "kernels/attention_backend.h"
+
+namespace llm {
+
+struct PagedAttentionShape {
+  int num_q_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int block_size = 0;
+};
+
+// Writes k_new/v_new rows into the cache at batch.slot_mapping.
+// k_cache, v_cache: [num_blocks, num_kv_heads, block_size, head_dim]
+void CpuAppendKv(const PagedAttentionShape& shape, const AttentionBatch& batch,
+                 const float* k_new, const float* v_new, float* k_cache, float* v_cache);
+
+// Causal attention of every query row over its sequence's paged cache (already appended).
+// q, out: [num_tokens, num_q_heads, head_dim]
+void CpuPagedAttention(const PagedAttentionShape& shape, const AttentionBatch& batch,
+                       const float* q, const float* k_cache, const float* v_cache,
+                       float softmax_scale, float* out);
+
+}  // namespace llm

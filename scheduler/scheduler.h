@@ -1,0 +1,70 @@
+// Continuous-batching scheduler as a step function (vLLM v1 style): Schedule() decides how many
+// tokens each sequence computes this step under a token budget; the engine runs them, then calls
+// OnStepDone(). Running sequences (decodes and unfinished prefills) go first, so decodes are never
+// starved; waiting sequences are admitted FCFS (by priority) while blocks and budget allow, their
+// prompts chunked to fit. When blocks run out, the newest running sequence is preempted by
+// recompute and requeued at the front.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "kvcache/block_allocator.h"
+#include "scheduler/sequence.h"
+
+namespace llm {
+
+struct SchedulerConfig {
+  int block_size = 64;
+  int max_num_seqs = 64;           // running sequences per step
+  int max_batched_tokens = 2048;   // token budget per step
+};
+
+struct ScheduledSeq {
+  Sequence* seq = nullptr;
+  int start = 0;       // first position computed this step (== num_computed_tokens before)
+  int num_tokens = 0;  // tokens computed this step
+  // True when this step brings the sequence up to date, so its last row yields a new token.
+  bool samples = false;
+};
+
+struct SchedulerOutput {
+  std::vector<ScheduledSeq> seqs;
+  int num_tokens = 0;
+  std::vector<int64_t> preempted;  // sequence ids preempted in this step
+  bool empty() const { return seqs.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& config, int num_blocks);
+
+  // Takes ownership; the sequence waits until admitted.
+  void Add(std::unique_ptr<Sequence> seq);
+  SchedulerOutput Schedule();
+  // Marks the step's tokens computed (call after the forward pass, before appending samples).
+  void OnStepDone(const SchedulerOutput& out);
+  // Frees the sequence's blocks and forgets it. Valid for waiting and running sequences.
+  std::unique_ptr<Sequence> Remove(int64_t seq_id);
+
+  Sequence* Find(int64_t seq_id);
+  int num_waiting() const { return static_cast<int>(waiting_.size()); }
+  int num_running() const { return static_cast<int>(running_.size()); }
+  const BlockAllocator& allocator() const { return allocator_; }
+  const SchedulerConfig& config() const { return config_; }
+
+ private:
+  // Ensures blocks for `num_tokens` tokens. False when the pool is short.
+  bool Reserve(Sequence* seq, int num_tokens);
+  void Preempt(Sequence* seq);
+
+  SchedulerConfig config_;
+  BlockAllocator allocator_;
+  std::map<int64_t, std::unique_ptr<Sequence>> seqs_;
+  std::deque<Sequence*> waiting_;  // front is next to admit
+  std::vector<Sequence*> running_; // admission order: back is newest
+};
+
+}  // namespace llm

@@ -1,0 +1,34 @@
+// Scheduling state of one request. Owned by the Scheduler; touched only on the engine thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace llm {
+
+enum class SequenceState { kWaiting, kRunning, kFinished };
+
+struct Sequence {
+  int64_t id = 0;      // engine-assigned, unique for the process lifetime
+  int priority = 0;    // lower runs first
+  int64_t arrival = 0; // admission order, for FCFS
+  std::vector<int32_t> prompt_ids;
+  std::vector<int32_t> output_ids;
+  int max_total_tokens = 0;  // prompt + max_tokens, capped by the context length
+
+  SequenceState state = SequenceState::kWaiting;
+  // Tokens whose K/V are in the cache. After a preemption it drops to 0 and prompt + output are
+  // recomputed as one prefill.
+  int num_computed_tokens = 0;
+  std::vector<int32_t> block_table;  // KV block ids, in token order
+  int num_preemptions = 0;
+
+  int num_tokens() const { return static_cast<int>(prompt_ids.size() + output_ids.size()); }
+  int32_t token_at(int i) const {
+    const int p = static_cast<int>(prompt_ids.size());
+    return i < p ? prompt_ids[i] : output_ids[i - p];
+  }
+};
+
+}  // namespace llm

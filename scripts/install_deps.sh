@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package the project needs to build, test and serve.
+# Idempotent: apt-get skips what is already present. Used by the README, .ci/run and the Dockerfile.
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake ninja-build pkg-config git ca-certificates
+  libgrpc++-dev libgrpc-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  libspdlog-dev libfmt-dev nlohmann-json3-dev catch2
+  libopenblas-dev libpcre2-dev libcpp-httplib-dev
+  clang-format-14 gnuplot-nox
+  python3 python3-grpcio python3-protobuf python3-numpy python3-torch
+)
+if [ "${LLM_SKIP_PY_TORCH:-0}" = "1" ]; then
+  PKGS=("${PKGS[@]/python3-torch/}")
+fi
+
+missing=()
+for p in "${PKGS[@]}"; do
+  [ -z "$p" ] && continue
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install_deps: all ${#PKGS[@]} packages present"
+  exit 0
+fi
+SUDO=""
+if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "install_deps: installed ${missing[*]}"

@@ -1,0 +1,143 @@
+#include "server/generate_reactor.h"
+
+#include <spdlog/spdlog.h>
+
+#include "server/generation_service.h"
+
+namespace llm {
+namespace pb = ::llm::v1;
+
+namespace {
+
+pb::FinishReason ToProto(FinishReason r) {
+  switch (r) {
+    case FinishReason::kLength: return pb::FINISH_REASON_LENGTH;
+    case FinishReason::kStop: return pb::FINISH_REASON_STOP;
+    case FinishReason::kAborted: return pb::FINISH_REASON_ABORTED;
+    case FinishReason::kNone: break;
+  }
+  return pb::FINISH_REASON_UNSPECIFIED;
+}
+
+void AddLogprobs(const std::vector<SampledToken>& in,
+                 google::protobuf::RepeatedPtrField<pb::TokenLogprob>* out) {
+  for (const SampledToken& t : in) {
+    pb::TokenLogprob* lp = out->Add();
+    lp->set_token_id(t.token);
+    lp->set_logprob(t.logprob);
+    for (const auto& [id, v] : t.top) {
+      pb::TopLogprob* top = lp->add_top();
+      top->set_token_id(id);
+      top->set_logprob(v);
+    }
+  }
+}
+
+}  // namespace
+
+// The engine's handle on the reactor. Dropping it releases the engine's reference.
+class GenerateReactor::Sink final : public ResultSink {
+ public:
+  explicit Sink(GenerateReactor* r) : r_(r) {}
+  ~Sink() override { r_->Unref(); }
+  void OnOutput(GenerationOutput out) override { r_->Push(std::move(out)); }
+
+ private:
+  GenerateReactor* r_;
+};
+
+GenerateReactor::GenerateReactor(Engine* engine) : engine_(engine) {}
+
+void GenerateReactor::Start(GenerationRequest request) {
+  auto sink = std::make_shared<Sink>(this);
+  Status st = engine_->Submit(std::move(request), sink, &request_id_);
+  if (!st.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    final_ = ToGrpcStatus(st);
+  }
+  if (!st.ok()) Pump();
+  // On success the engine holds the sink; on failure `sink` dies here and drops its reference.
+}
+
+void GenerateReactor::Fail(const Status& error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    final_ = ToGrpcStatus(error);
+  }
+  Pump();
+  Unref();  // no engine sink will ever exist
+}
+
+void GenerateReactor::Push(GenerationOutput out) {
+  pb::GenerateResponse msg;
+  msg.set_request_id(request_id_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!out.error.ok()) {
+      final_ = ToGrpcStatus(out.error);
+    } else if (out.finished) {
+      pb::GenerateComplete* c = msg.mutable_complete();
+      c->set_finish_reason(ToProto(out.finish_reason));
+      c->set_matched_stop(out.matched_stop);
+      c->mutable_token_ids()->Add(out.token_ids.begin(), out.token_ids.end());
+      c->set_text(out.text);
+      c->mutable_usage()->set_prompt_tokens(out.usage.prompt_tokens);
+      c->mutable_usage()->set_completion_tokens(out.usage.completion_tokens);
+      c->mutable_usage()->set_cached_tokens(out.usage.cached_tokens);
+      queue_.push_back(std::move(msg));
+      final_ = grpc::Status::OK;
+    } else {
+      pb::GenerateChunk* c = msg.mutable_chunk();
+      c->mutable_token_ids()->Add(out.token_ids.begin(), out.token_ids.end());
+      c->set_text(out.text);
+      AddLogprobs(out.logprobs, c->mutable_logprobs());
+      queue_.push_back(std::move(msg));
+    }
+  }
+  Pump();
+}
+
+void GenerateReactor::Pump() {
+  enum { kNothing, kWrite, kFinish } action = kNothing;
+  grpc::Status status;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (writing_ || finish_called_) return;
+    if (!queue_.empty()) {
+      current_ = std::move(queue_.front());
+      queue_.pop_front();
+      writing_ = true;
+      action = kWrite;
+    } else if (final_) {
+      finish_called_ = true;
+      status = *final_;
+      action = kFinish;
+    }
+  }
+  // gRPC calls happen outside the lock: a reaction may run inline on this thread.
+  if (action == kWrite) StartWrite(&current_);
+  if (action == kFinish) Finish(status);
+}
+
+void GenerateReactor::OnWriteDone(bool ok) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    if (!ok) queue_.clear();  // the stream is broken; only the Finish remains
+  }
+  if (!ok) engine_->Abort(request_id_, Status(StatusCode::kCancelled, "stream write failed"));
+  Pump();
+}
+
+void GenerateReactor::OnCancel() {
+  // Client went away or its deadline passed: free the request's resources now.
+  engine_->Abort(request_id_, Status(StatusCode::kCancelled, "cancelled by the client"));
+}
+
+void GenerateReactor::OnDone() { Unref(); }
+
+void GenerateReactor::Unref() {
+  if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+}
+
+}  // namespace llm

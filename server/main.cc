@@ -1,0 +1,104 @@
+// llm-server: loads a Hugging Face model directory and serves it over gRPC.
+#include <csignal>
+#include <cstdio>
+#include <thread>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <spdlog/spdlog.h>
+
+#include "engine/engine.h"
+#include "server/generation_service.h"
+#include "server/server_config.h"
+
+namespace {
+
+std::string StartupTable(const llm::ServerConfig& sc, const llm::EngineCore& core) {
+  const llm::ModelConfig& mc = core.model_config();
+  const llm::Model& m = core.model();
+  char buf[2048];
+  std::snprintf(
+      buf, sizeof(buf),
+      "\n  | model              | %s (%s)\n"
+      "  | layers/hidden      | %d / %d, heads %d q / %d kv, head_dim %d, vocab %d\n"
+      "  | weights dtype      | %s on disk, float32 compute (CPU)\n"
+      "  | attention backend  | %s\n"
+      "  | KV cache           | float32, %d blocks x %d tokens = %d tokens, %.1f MiB\n"
+      "  | context / max_tokens | %d / %d\n"
+      "  | scheduler          | max_num_seqs %d, max_batched_tokens %d\n"
+      "  | listen             | %s",
+      mc.name.c_str(), mc.architecture_name.c_str(), mc.num_layers, mc.hidden_size,
+      mc.num_q_heads, mc.num_kv_heads, mc.head_dim, mc.vocab_size, llm::DTypeName(mc.dtype),
+      m.attention_backend_name().c_str(), core.num_blocks(), sc.block_size,
+      core.num_blocks() * sc.block_size,
+      static_cast<double>(m.kv_bytes_per_block()) * core.num_blocks() / (1 << 20),
+      core.max_model_len(), sc.max_tokens_limit, sc.max_num_seqs, sc.max_batched_tokens,
+      sc.listen_address.c_str());
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Block the shutdown signals in every thread; one thread waits for them with sigwait.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto cfg_or = llm::ParseServerConfig(std::vector<std::string>(argv + 1, argv + argc));
+  if (!cfg_or.ok()) {
+    const bool help = cfg_or.status().code() == llm::StatusCode::kFailedPrecondition;
+    std::fprintf(help ? stdout : stderr, "%s\n%s", help ? "" : cfg_or.status().ToString().c_str(),
+                 help ? cfg_or.status().message().c_str() : "run with --help for usage\n");
+    return help ? 0 : 2;
+  }
+  const llm::ServerConfig& sc = cfg_or.value();
+  spdlog::set_level(spdlog::level::from_str(sc.log_level));
+
+  auto core_or = llm::EngineCore::Create(sc.ToEngineConfig());
+  if (!core_or.ok()) {
+    spdlog::critical("cannot load model from {}: {}", sc.model_dir,
+                     core_or.status().ToString());
+    return 1;
+  }
+  llm::Engine engine(std::move(core_or).value());
+  spdlog::info("startup:{}", StartupTable(sc, engine.core()));
+  engine.Start();
+
+  llm::GenerationService service(&engine, sc);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(sc.listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  builder.SetMaxReceiveMessageSize(sc.max_prompt_bytes + (1 << 20));
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    spdlog::critical("cannot listen on {}", sc.listen_address);
+    return 1;
+  }
+  server->GetHealthCheckService()->SetServingStatus(true);
+  spdlog::info("serving on {} (port {})", sc.listen_address, port);
+  std::printf("LISTENING %d\n", port);  // machine-readable, for tests and scripts
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("signal {}: shutting down", sig);
+  server->GetHealthCheckService()->SetServingStatus(false);
+  service.StopAccepting();
+  // In-flight requests get a grace period to finish; then the engine aborts what remains, which
+  // gives every accepted request exactly one final status before the server closes.
+  const auto grace_end = std::chrono::steady_clock::now() + std::chrono::seconds(sc.shutdown_grace_s);
+  while (engine.num_active() > 0 && std::chrono::steady_clock::now() < grace_end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  engine.Stop();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  spdlog::info("bye");
+  return 0;
+}

@@ -1,0 +1,180 @@
+#include "server/server_config.h"
+
+#include <fstream>
+#include <functional>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+namespace llm {
+namespace {
+
+using json = nlohmann::json;
+
+struct Field {
+  const char* key;   // JSON key; the flag is --key with '_' as '-'
+  const char* help;
+  std::function<Status(ServerConfig&, const std::string&)> set;
+};
+
+Status ParseInt(const std::string& name, const std::string& v, int lo, int hi, int* out) {
+  try {
+    size_t pos = 0;
+    const long long x = std::stoll(v, &pos);
+    if (pos != v.size()) throw std::invalid_argument(v);
+    if (x < lo || x > hi) {
+      return InvalidArgument(name + " must be in [" + std::to_string(lo) + ", " +
+                             std::to_string(hi) + "], got " + v);
+    }
+    *out = static_cast<int>(x);
+  } catch (const std::exception&) {
+    return InvalidArgument(name + " must be an integer, got '" + v + "'");
+  }
+  return Status::Ok();
+}
+
+Field IntField(const char* key, const char* help, int ServerConfig::*member, int lo, int hi) {
+  return {key, help, [=](ServerConfig& c, const std::string& v) {
+            return ParseInt(key, v, lo, hi, &(c.*member));
+          }};
+}
+
+Field StrField(const char* key, const char* help, std::string ServerConfig::*member) {
+  return {key, help, [=](ServerConfig& c, const std::string& v) {
+            c.*member = v;
+            return Status::Ok();
+          }};
+}
+
+const std::vector<Field>& Fields() {
+  static const std::vector<Field> kFields = {
+      StrField("listen_address", "host:port for gRPC (default 127.0.0.1:50051)",
+               &ServerConfig::listen_address),
+      StrField("model_dir", "Hugging Face model directory", &ServerConfig::model_dir),
+      IntField("block_size", "tokens per KV block (default 64)", &ServerConfig::block_size, 1, 1024),
+      IntField("num_kv_blocks", "KV blocks; 0 = from kv_cache_memory_mb",
+               &ServerConfig::num_kv_blocks, 0, 1 << 24),
+      IntField("kv_cache_memory_mb", "KV cache memory in MiB (default 256)",
+               &ServerConfig::kv_cache_memory_mb, 1, 1 << 22),
+      IntField("max_num_seqs", "running sequences per step (default 64)",
+               &ServerConfig::max_num_seqs, 1, 4096),
+      IntField("max_batched_tokens", "token budget per step (default 2048)",
+               &ServerConfig::max_batched_tokens, 1, 1 << 20),
+      IntField("max_model_len", "context length; 0 = the model's", &ServerConfig::max_model_len,
+               0, 1 << 24),
+      IntField("max_tokens_limit", "largest max_tokens a request may ask (default 4096)",
+               &ServerConfig::max_tokens_limit, 1, 1 << 24),
+      IntField("default_max_tokens", "max_tokens when a request sets none (default 256)",
+               &ServerConfig::default_max_tokens, 1, 1 << 24),
+      IntField("max_prompt_bytes", "largest text prompt in bytes (default 1 MiB)",
+               &ServerConfig::max_prompt_bytes, 1, 1 << 30),
+      StrField("attention_backend", "force an attention backend by name",
+               &ServerConfig::attention_backend),
+      IntField("shutdown_grace_s", "seconds in-flight requests get after SIGTERM (default 10)",
+               &ServerConfig::shutdown_grace_s, 0, 3600),
+      StrField("log_level", "trace|debug|info|warn|error (default info)",
+               &ServerConfig::log_level),
+  };
+  return kFields;
+}
+
+const Field* FindField(const std::string& key) {
+  for (const Field& f : Fields()) {
+    if (key == f.key) return &f;
+  }
+  return nullptr;
+}
+
+Status ApplyJson(const std::string& path, ServerConfig* c) {
+  std::ifstream in(path);
+  if (!in) return NotFound("cannot open config file " + path);
+  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return InvalidArgument(path + " is not a JSON object");
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const Field* f = FindField(it.key());
+    if (f == nullptr) return InvalidArgument(path + ": unknown key '" + it.key() + "'");
+    std::string v;
+    if (it->is_string()) v = it->get<std::string>();
+    else if (it->is_number_integer()) v = std::to_string(it->get<int64_t>());
+    else return InvalidArgument(path + ": '" + it.key() + "' must be a string or an integer");
+    Status st = f->set(*c, v);
+    if (!st.ok()) return InvalidArgument(path + ": " + st.message());
+  }
+  return Status::Ok();
+}
+
+Status Validate(const ServerConfig& c) {
+  if (c.model_dir.empty()) return InvalidArgument("model_dir is required (--model-dir DIR)");
+  if (c.listen_address.find(':') == std::string::npos) {
+    return InvalidArgument("listen_address must be host:port, got '" + c.listen_address + "'");
+  }
+  if (c.default_max_tokens > c.max_tokens_limit) {
+    return InvalidArgument("default_max_tokens exceeds max_tokens_limit");
+  }
+  static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+  bool ok = false;
+  for (const char* l : kLevels) ok |= c.log_level == l;
+  if (!ok) return InvalidArgument("log_level '" + c.log_level + "' is not a spdlog level");
+  return Status::Ok();
+}
+
+}  // namespace
+
+EngineConfig ServerConfig::ToEngineConfig() const {
+  EngineConfig e;
+  e.model.model_dir = model_dir;
+  e.model.block_size = block_size;
+  e.model.num_kv_blocks = num_kv_blocks;
+  e.model.kv_cache_bytes = static_cast<size_t>(kv_cache_memory_mb) << 20;
+  e.model.attention_backend = attention_backend;
+  e.scheduler.block_size = block_size;
+  e.scheduler.max_num_seqs = max_num_seqs;
+  e.scheduler.max_batched_tokens = max_batched_tokens;
+  e.max_model_len = max_model_len;
+  e.max_tokens_limit = max_tokens_limit;
+  e.default_max_tokens = default_max_tokens;
+  return e;
+}
+
+std::string ServerUsage() {
+  std::string s = "usage: llm-server [--config FILE.json] [--FLAG VALUE ...]\n"
+                  "Every config key is also a flag (--max-num-seqs 32 or --max_num_seqs 32);\n"
+                  "flags override the file. --model is short for --model-dir.\nKeys:\n";
+  for (const Field& f : Fields()) s += "  " + std::string(f.key) + ": " + f.help + "\n";
+  return s;
+}
+
+StatusOr<ServerConfig> ParseServerConfig(const std::vector<std::string>& args) {
+  ServerConfig c;
+  std::vector<std::pair<std::string, std::string>> flags;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string a = args[i];
+    if (a == "--help" || a == "-h") return FailedPrecondition(ServerUsage());
+    if (a.rfind("--", 0) != 0) return InvalidArgument("unexpected argument '" + a + "'");
+    std::string key = a.substr(2), value;
+    const size_t eq = key.find('=');
+    if (eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+    } else {
+      if (i + 1 >= args.size()) return InvalidArgument("flag " + a + " needs a value");
+      value = args[++i];
+    }
+    for (char& ch : key) ch = ch == '-' ? '_' : ch;
+    if (key == "model") key = "model_dir";
+    flags.emplace_back(key, value);
+  }
+  for (const auto& [k, v] : flags) {
+    if (k == "config") LLM_RETURN_IF_ERROR(ApplyJson(v, &c));
+  }
+  for (const auto& [k, v] : flags) {
+    if (k == "config") continue;
+    const Field* f = FindField(k);
+    if (f == nullptr) return InvalidArgument("unknown flag --" + k);
+    LLM_RETURN_IF_ERROR(f->set(c, v));
+  }
+  LLM_RETURN_IF_ERROR(Validate(c));
+  return c;
+}
+
+}  // namespace llm

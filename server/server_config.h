@@ -1,0 +1,36 @@
+// Server configuration: one JSON file, overridden by command-line flags, validated at start.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/base/status.h"
+#include "engine/engine_config.h"
+
+namespace llm {
+
+struct ServerConfig {
+  std::string listen_address = "127.0.0.1:50051";  // loopback unless configured otherwise
+  std::string model_dir;
+  int block_size = 64;
+  int num_kv_blocks = 0;       // 0: from kv_cache_memory_mb
+  int kv_cache_memory_mb = 256;
+  int max_num_seqs = 64;
+  int max_batched_tokens = 2048;
+  int max_model_len = 0;       // 0: the model's
+  int max_tokens_limit = 4096;
+  int default_max_tokens = 256;
+  int max_prompt_bytes = 1 << 20;
+  std::string attention_backend;  // empty: automatic
+  std::string log_level = "info";
+  int shutdown_grace_s = 10;  // SIGTERM: time in-flight requests get to finish
+
+  EngineConfig ToEngineConfig() const;
+};
+
+// Applies `--config FILE` first, then every other flag. Unknown flags and bad values are errors
+// that name them. `--help` yields a FailedPrecondition carrying the usage text.
+StatusOr<ServerConfig> ParseServerConfig(const std::vector<std::string>& args);
+std::string ServerUsage();
+
+}  // namespace llm

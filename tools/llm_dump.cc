@@ -1,0 +1,124 @@
+// Drives the engine step by step on token-id prompts with greedy decoding and writes every
+// sampled position's logits and the per-step batch composition as JSON. The PyTorch reference
+// test (tests/python/test_forward_vs_torch.py) compares these against its own forward pass.
+//
+//   llm-dump --model DIR --requests REQ.json --out OUT.json [--block-size 16]
+//            [--max-batched-tokens 32] [--max-num-seqs 8] [--num-blocks 256]
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "engine/engine_core.h"
+
+namespace {
+
+using json = nlohmann::json;
+
+struct Collector : llm::ResultSink {
+  std::vector<int32_t>* out_ids;
+  bool* done;
+  std::string* error;
+  void OnOutput(llm::GenerationOutput o) override {
+    out_ids->insert(out_ids->end(), o.token_ids.begin(), o.token_ids.end());
+    if (!o.error.ok()) *error = o.error.ToString();
+    if (o.finished || !o.error.ok()) *done = true;
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::map<std::string, std::string> args;
+  for (int i = 1; i + 1 < argc; i += 2) args[argv[i]] = argv[i + 1];
+  if (!args.count("--model") || !args.count("--requests") || !args.count("--out")) {
+    std::fprintf(stderr, "usage: %s --model DIR --requests REQ.json --out OUT.json "
+                         "[--block-size N] [--max-batched-tokens N] [--max-num-seqs N] "
+                         "[--num-blocks N]\n", argv[0]);
+    return 2;
+  }
+  auto get = [&](const char* k, int def) { return args.count(k) ? std::atoi(args[k].c_str()) : def; };
+  spdlog::set_level(spdlog::level::warn);
+
+  llm::EngineConfig cfg;
+  cfg.model.model_dir = args["--model"];
+  cfg.model.block_size = get("--block-size", 16);
+  cfg.model.num_kv_blocks = get("--num-blocks", 256);
+  cfg.scheduler.max_batched_tokens = get("--max-batched-tokens", 32);
+  cfg.scheduler.max_num_seqs = get("--max-num-seqs", 8);
+  cfg.require_tokenizer = false;
+  auto core_or = llm::EngineCore::Create(cfg);
+  if (!core_or.ok()) {
+    std::fprintf(stderr, "llm-dump: %s\n", core_or.status().ToString().c_str());
+    return 1;
+  }
+  auto& core = *core_or.value();
+
+  std::ifstream in(args["--requests"]);
+  json req = json::parse(in, nullptr, false);
+  if (req.is_discarded()) {
+    std::fprintf(stderr, "llm-dump: cannot parse %s\n", args["--requests"].c_str());
+    return 1;
+  }
+  const int max_new = req.value("max_new_tokens", 32);
+  const size_t n = req["requests"].size();
+  std::vector<std::vector<int32_t>> outputs(n);
+  std::vector<json> logits(n, json::array());
+  std::vector<char> done(n, 0);
+  std::vector<std::string> errors(n);
+  core.set_logits_observer([&](const std::string& id, std::span<const float> l) {
+    logits[std::stoul(id)].push_back(std::vector<float>(l.begin(), l.end()));
+  });
+
+  json steps = json::array();
+  size_t finished = 0;
+  for (int step = 0; finished < n && step < 100000; ++step) {
+    for (size_t i = 0; i < n; ++i) {
+      const json& r = req["requests"][i];
+      if (r.value("arrival_step", 0) != step) continue;
+      llm::GenerationRequest g;
+      g.request_id = std::to_string(i);
+      g.prompt_ids = r["prompt_ids"].get<std::vector<int32_t>>();
+      g.sampling.temperature = 0.0f;
+      g.stopping.max_tokens = max_new;
+      g.stopping.ignore_eos = true;
+      llm::Status st = core.Validate(&g);
+      if (!st.ok()) {
+        std::fprintf(stderr, "llm-dump: request %zu: %s\n", i, st.ToString().c_str());
+        return 1;
+      }
+      auto sink = std::make_shared<Collector>();
+      sink->out_ids = &outputs[i];
+      sink->done = reinterpret_cast<bool*>(&done[i]);
+      sink->error = &errors[i];
+      core.Add(std::move(g), sink);
+    }
+    const llm::StepRecord rec = core.Step();
+    json seqs = json::array();
+    for (const auto& e : rec.entries) {
+      seqs.push_back({{"request", std::stoi(e.request_id)},
+                      {"num_tokens", e.num_tokens},
+                      {"is_prefill", e.is_prefill},
+                      {"prefill_done", e.prefill_done}});
+    }
+    steps.push_back({{"step", step}, {"seqs", seqs}, {"preempted", rec.num_preempted}});
+    finished = 0;
+    for (size_t i = 0; i < n; ++i) finished += done[i] ? 1 : 0;
+  }
+  json out = {{"requests", json::array()}, {"steps", steps}};
+  for (size_t i = 0; i < n; ++i) {
+    if (!errors[i].empty()) {
+      std::fprintf(stderr, "llm-dump: request %zu failed: %s\n", i, errors[i].c_str());
+      return 1;
+    }
+    out["requests"].push_back({{"prompt_ids", req["requests"][i]["prompt_ids"]},
+                               {"output_ids", outputs[i]},
+                               {"logits", logits[i]}});
+  }
+  std::ofstream(args["--out"]) << out.dump();
+  return 0;
+}
