@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
                    {"low_freq_factor", 1.0},
                    {"high_freq_factor", 4.0},
                    {"original_max_position_embeddings", 1024}}},
-                 {"tie_word_embeddings", true},
+                 {"tie_word_embeddings", false},
                  {"torch_dtype", "bfloat16"},
                  {"bos_token_id", bos},
                  {"eos_token_id", eos},
@@ -126,6 +126,8 @@ int main(int argc, char** argv) {
     ts.push_back(RandomBf16(p + "mlp.down_proj.weight", {d.hidden, d.inter}, 0.0f, 0.04f, rng));
   }
   ts.push_back(RandomBf16("model.norm.weight", {d.hidden}, 1.0f, 0.1f, rng));
+  // An untied head: tied random embeddings make greedy decoding copy the last token forever.
+  ts.push_back(RandomBf16("lm_head.weight", {d.vocab, d.hidden}, 0.0f, 0.15f, rng));
 
   llm::Status st = llm::WriteSafetensors((out / "model.safetensors").string(), ts,
                                          {{"format", "pt"}});
