@@ -49,6 +49,12 @@ Status Engine::Submit(GenerationRequest request, std::shared_ptr<ResultSink> sin
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return Unavailable("server is shutting down");
+    // Admission control: requests accepted but not running yet form the queue.
+    const int queued = static_cast<int>(active_ids_.size()) - stats_.num_running;
+    if (queued >= core_->config().max_queued_requests) {
+      return ResourceExhausted("server queue is full (" + std::to_string(queued) +
+                               " waiting requests); retry later");
+    }
     if (request.request_id.empty()) {
       request.request_id = "req-" + std::to_string(++next_auto_id_);
     }
@@ -110,7 +116,11 @@ void Engine::Loop() {
     }
     cmds.clear();
     core_->ExpireDeadlines(std::chrono::steady_clock::now());
-    if (core_->HasWork()) core_->Step();
+    if (core_->HasWork()) {
+      core_->Step();
+    } else {
+      core_->UpdateGauges();
+    }
     std::lock_guard<std::mutex> lock(mu_);
     stats_.num_running = core_->num_running();
     stats_.num_waiting = core_->num_waiting();

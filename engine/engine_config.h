@@ -17,6 +17,7 @@ struct EngineConfig {
   int max_stop_strings = 16;
   int max_stop_string_bytes = 256;
   int max_logprobs = 20;
+  int max_queued_requests = 1024;  // accepted but not yet running; past it RESOURCE_EXHAUSTED
   bool require_tokenizer = true;   // false: token-id-only use (tests, llm-dump)
 };
 

@@ -11,6 +11,25 @@ namespace {
 
 bool Finite(float x) { return std::isfinite(x); }
 
+double Seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+std::string Outcome(const GenerationOutput& out) {
+  if (!out.error.ok()) {
+    std::string code = StatusCodeName(out.error.code());
+    for (char& c : code) c = static_cast<char>(std::tolower(c));
+    return code;
+  }
+  switch (out.finish_reason) {
+    case FinishReason::kLength: return "length";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kAborted: return "aborted";
+    case FinishReason::kNone: break;
+  }
+  return "unknown";
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& config) {
@@ -142,9 +161,13 @@ void EngineCore::Finish(RequestState& st, FinishReason reason, GenerationOutput 
   std::unique_ptr<Sequence> seq = scheduler_->Remove(st.seq_id);  // frees KV blocks
   out.finished = true;
   out.finish_reason = reason;
+  metrics_->e2e.Observe(Seconds(std::chrono::steady_clock::now() - st.request.arrival_time));
+  metrics_->CountOutcome(Outcome(out));
   if (seq) {
+    metrics_->prompt_tokens.Inc(static_cast<double>(seq->prompt_ids.size()));
     out.usage.prompt_tokens = static_cast<int>(seq->prompt_ids.size());
     out.usage.completion_tokens = static_cast<int>(seq->output_ids.size());
+    out.usage.cached_tokens = seq->num_cached_tokens;
   }
   std::shared_ptr<ResultSink> sink = std::move(st.sink);
   seq_to_request_.erase(st.seq_id);
@@ -185,6 +208,14 @@ void EngineCore::ExpireDeadlines(std::chrono::steady_clock::time_point now) {
 
 void EngineCore::OnToken(RequestState& st, Sequence& seq, const SampledToken& tok) {
   seq.output_ids.push_back(tok.token);
+  const auto now = std::chrono::steady_clock::now();
+  if (seq.output_ids.size() == 1) {
+    metrics_->ttft.Observe(Seconds(now - st.request.arrival_time));
+  } else {
+    metrics_->itl.Observe(Seconds(now - st.last_token_time));
+  }
+  st.last_token_time = now;
+  metrics_->generation_tokens.Inc();
   const StoppingParams& stop = st.request.stopping;
   const int n_out = static_cast<int>(seq.output_ids.size());
   GenerationOutput out;
@@ -229,7 +260,30 @@ void EngineCore::OnToken(RequestState& st, Sequence& seq, const SampledToken& to
   Finish(st, reason, std::move(out));
 }
 
+void EngineCore::UpdateGauges() {
+  metrics_->running.Set(scheduler_->num_running());
+  metrics_->waiting.Set(scheduler_->num_waiting());
+  const BlockAllocator& a = scheduler_->allocator();
+  metrics_->kv_usage.Set(static_cast<double>(a.num_used()) / a.num_blocks());
+  if (const PrefixCache* pc = scheduler_->prefix_cache()) {
+    const PrefixCacheStats& ps = pc->stats();
+    metrics_->prefix_queries.Inc(static_cast<double>(ps.queries - last_prefix_stats_.queries));
+    metrics_->prefix_hits.Inc(static_cast<double>(ps.hits - last_prefix_stats_.hits));
+    last_prefix_stats_ = ps;
+  }
+  const int64_t pre = scheduler_->num_preemptions_total();
+  metrics_->preemptions.Inc(static_cast<double>(pre - last_preemptions_));
+  last_preemptions_ = pre;
+}
+
 StepRecord EngineCore::Step() {
+  StepRecord record = StepInner();
+  metrics_->steps.Inc();
+  UpdateGauges();
+  return record;
+}
+
+StepRecord EngineCore::StepInner() {
   StepRecord record;
   SchedulerOutput sched = scheduler_->Schedule();
   record.num_preempted = static_cast<int>(sched.preempted.size());
@@ -246,9 +300,12 @@ StepRecord EngineCore::Step() {
   for (const ScheduledSeq& s : sched.seqs) {
     const Sequence& seq = *s.seq;
     for (int i = s.start; i < s.start + s.num_tokens; ++i) {
+      const int32_t block = seq.block_table[i / block_size];
+      // A shared (prefix-cached) block is immutable: writing it would corrupt other sequences.
+      LLM_CHECK_EQ(scheduler_->allocator().ref_count(block), 1) << "write into shared block";
       batch.token_ids.push_back(seq.token_at(i));
       batch.positions.push_back(i);
-      attn.slot_mapping.push_back(seq.block_table[i / block_size] * block_size + i % block_size);
+      attn.slot_mapping.push_back(block * block_size + i % block_size);
     }
     const int kv_len = s.start + s.num_tokens;
     attn.kv_lens.push_back(kv_len);
@@ -257,6 +314,12 @@ StepRecord EngineCore::Step() {
     attn.page_indices.insert(attn.page_indices.end(), seq.block_table.begin(),
                              seq.block_table.begin() + pages);
     attn.page_indptr.push_back(static_cast<int32_t>(attn.page_indices.size()));
+    RequestState& rs = requests_.at(seq_to_request_.at(seq.id));
+    if (!rs.scheduled) {
+      rs.scheduled = true;
+      metrics_->queue_time.Observe(
+          Seconds(std::chrono::steady_clock::now() - rs.request.arrival_time));
+    }
     if (s.samples) batch.logit_rows.push_back(static_cast<int32_t>(batch.token_ids.size()) - 1);
     record.entries.push_back({seq.id, seq_to_request_[seq.id], s.num_tokens,
                               s.start < static_cast<int>(seq.prompt_ids.size()) || s.num_tokens > 1,

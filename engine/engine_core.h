@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/engine_config.h"
+#include "engine/metrics.h"
 #include "engine/models/model.h"
 #include "engine/request.h"
 #include "engine/stop_matcher.h"
@@ -51,6 +52,8 @@ class EngineCore {
   bool HasWork() const { return !requests_.empty(); }
   // Runs one schedule + forward + sample step. An error here fails the step's requests.
   StepRecord Step();
+  // Refreshes gauges and counters derived from scheduler state (Step does this itself).
+  void UpdateGauges();
 
   // Test hook: sees each sampled sequence's logits before sampling.
   using LogitsObserver = std::function<void(const std::string& request_id, std::span<const float>)>;
@@ -65,6 +68,8 @@ class EngineCore {
   int num_waiting() const { return scheduler_->num_waiting(); }
   int num_free_blocks() const { return scheduler_->allocator().num_free(); }
   int num_blocks() const { return scheduler_->allocator().num_blocks(); }
+  // Thread-safe; rendered by the metrics endpoint.
+  const std::shared_ptr<EngineMetrics>& metrics() const { return metrics_; }
 
  private:
   struct RequestState {
@@ -74,6 +79,8 @@ class EngineCore {
     std::unique_ptr<Sampler> sampler;
     std::unique_ptr<IncrementalDecoder> decoder;
     std::unique_ptr<StopMatcher> stop_matcher;
+    bool scheduled = false;  // queue time recorded
+    std::chrono::steady_clock::time_point last_token_time;
   };
 
   EngineCore() = default;
@@ -81,6 +88,7 @@ class EngineCore {
   void OnToken(RequestState& st, Sequence& seq, const SampledToken& token);
   void Finish(RequestState& st, FinishReason reason, GenerationOutput out);
   void Fail(const std::string& request_id, const Status& error);
+  StepRecord StepInner();
 
   EngineConfig config_;
   std::unique_ptr<Model> model_;
@@ -91,6 +99,9 @@ class EngineCore {
   std::map<std::string, RequestState> requests_;  // by request id
   std::map<int64_t, std::string> seq_to_request_;
   LogitsObserver logits_observer_;
+  std::shared_ptr<EngineMetrics> metrics_ = std::make_shared<EngineMetrics>();
+  PrefixCacheStats last_prefix_stats_;
+  int64_t last_preemptions_ = 0;
 };
 
 }  // namespace llm

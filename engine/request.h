@@ -21,6 +21,7 @@ struct GenerationRequest {
   bool skip_special_tokens = true;
   int priority = 0;
   std::optional<std::chrono::steady_clock::time_point> deadline;
+  std::chrono::steady_clock::time_point arrival_time = std::chrono::steady_clock::now();
 };
 
 enum class FinishReason { kNone, kLength, kStop, kAborted };

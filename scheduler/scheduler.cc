@@ -7,6 +7,50 @@ namespace llm {
 Scheduler::Scheduler(const SchedulerConfig& config, int num_blocks)
     : config_(config), allocator_(num_blocks) {
   LLM_CHECK(config.block_size > 0 && config.max_num_seqs > 0 && config.max_batched_tokens > 0);
+  if (config.enable_prefix_caching) {
+    prefix_cache_ = std::make_unique<PrefixCache>(&allocator_, config.block_size);
+  }
+}
+
+void Scheduler::ReleaseBlocks(Sequence* seq) {
+  // Tail first, so the LRU free list evicts a sequence's tail before its shared prefix.
+  std::vector<int32_t> reversed(seq->block_table.rbegin(), seq->block_table.rend());
+  allocator_.Release(reversed);
+  seq->block_table.clear();
+  seq->block_keys.clear();
+}
+
+void Scheduler::MatchPrefix(Sequence* seq) {
+  if (!prefix_cache_ || seq->num_computed_tokens != 0 || !seq->block_table.empty()) return;
+  const std::vector<int32_t> tokens = seq->AllTokens();
+  // At least one token must be computed to produce logits.
+  const int matched = prefix_cache_->Match(tokens, seq->num_tokens() - 1, &seq->block_table,
+                                           &seq->block_keys);
+  seq->num_computed_tokens = matched;
+  if (seq->num_preemptions == 0) seq->num_cached_tokens = matched;
+}
+
+void Scheduler::PublishFullBlocks(Sequence* seq) {
+  if (!prefix_cache_) return;
+  const int bs = config_.block_size;
+  const int full = seq->num_computed_tokens / bs;
+  if (static_cast<int>(seq->block_keys.size()) >= full) return;
+  const std::vector<int32_t> tokens = seq->AllTokens();
+  while (static_cast<int>(seq->block_keys.size()) < full) {
+    const size_t i = seq->block_keys.size();
+    const uint64_t parent = i == 0 ? 0 : seq->block_keys[i - 1];
+    const std::span<const int32_t> bt(tokens.data() + i * bs, bs);
+    const uint64_t key = PrefixCache::HashBlock(parent, bt);
+    prefix_cache_->Insert(key, seq->block_table[i], bt);
+    seq->block_keys.push_back(key);
+  }
+}
+
+Sequence* Scheduler::PickVictim(size_t first) const {
+  for (size_t j = running_.size(); j-- > first;) {
+    if (running_[j]->num_preemptions < config_.protect_after_preemptions) return running_[j];
+  }
+  return running_.back();
 }
 
 void Scheduler::Add(std::unique_ptr<Sequence> seq) {
@@ -33,10 +77,10 @@ bool Scheduler::Reserve(Sequence* seq, int num_tokens) {
 }
 
 void Scheduler::Preempt(Sequence* seq) {
-  allocator_.Release(seq->block_table);
-  seq->block_table.clear();
+  ReleaseBlocks(seq);
   seq->num_computed_tokens = 0;
   seq->num_preemptions++;
+  num_preemptions_total_++;
   seq->state = SequenceState::kWaiting;
   running_.erase(std::find(running_.begin(), running_.end(), seq));
   waiting_.push_front(seq);  // resumes ahead of new work
@@ -57,9 +101,8 @@ SchedulerOutput Scheduler::Schedule() {
     }
     bool ok = Reserve(seq, seq->num_computed_tokens + n);
     while (!ok) {
-      Sequence* victim = running_.back();
-      // A victim scheduled earlier in this step would leave a dangling entry; only unscheduled
-      // sequences (index >= i) are eligible, which the loop guarantees since back() >= i.
+      // Only sequences not yet scheduled this step (index >= i) may be preempted.
+      Sequence* victim = PickVictim(i);
       out.preempted.push_back(victim->id);
       Preempt(victim);
       if (victim == seq) break;
@@ -77,8 +120,13 @@ SchedulerOutput Scheduler::Schedule() {
   while (out.preempted.empty() && !waiting_.empty() && budget > 0 &&
          static_cast<int>(running_.size()) < config_.max_num_seqs) {
     Sequence* seq = waiting_.front();
+    MatchPrefix(seq);
     const int n = std::min(seq->num_tokens() - seq->num_computed_tokens, budget);
-    if (!Reserve(seq, seq->num_computed_tokens + n)) break;  // FCFS: no overtaking
+    if (!Reserve(seq, seq->num_computed_tokens + n)) {
+      ReleaseBlocks(seq);  // give back the prefix hits too; retried next step
+      seq->num_computed_tokens = 0;
+      break;  // FCFS: no overtaking
+    }
     waiting_.pop_front();
     seq->state = SequenceState::kRunning;
     running_.push_back(seq);
@@ -91,7 +139,10 @@ SchedulerOutput Scheduler::Schedule() {
 }
 
 void Scheduler::OnStepDone(const SchedulerOutput& out) {
-  for (const ScheduledSeq& s : out.seqs) s.seq->num_computed_tokens += s.num_tokens;
+  for (const ScheduledSeq& s : out.seqs) {
+    s.seq->num_computed_tokens += s.num_tokens;
+    PublishFullBlocks(s.seq);
+  }
 }
 
 std::unique_ptr<Sequence> Scheduler::Remove(int64_t seq_id) {
@@ -99,8 +150,7 @@ std::unique_ptr<Sequence> Scheduler::Remove(int64_t seq_id) {
   if (it == seqs_.end()) return nullptr;
   std::unique_ptr<Sequence> seq = std::move(it->second);
   seqs_.erase(it);
-  allocator_.Release(seq->block_table);
-  seq->block_table.clear();
+  ReleaseBlocks(seq.get());
   if (seq->state == SequenceState::kWaiting) {
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), seq.get()));
   } else if (seq->state == SequenceState::kRunning) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kvcache/block_allocator.h"
+#include "kvcache/prefix_cache.h"
 #include "scheduler/sequence.h"
 
 namespace llm {
@@ -20,6 +21,9 @@ struct SchedulerConfig {
   int block_size = 64;
   int max_num_seqs = 64;           // running sequences per step
   int max_batched_tokens = 2048;   // token budget per step
+  bool enable_prefix_caching = true;
+  // A sequence preempted this many times is protected: others are preempted first.
+  int protect_after_preemptions = 2;
 };
 
 struct ScheduledSeq {
@@ -53,15 +57,26 @@ class Scheduler {
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
   int num_running() const { return static_cast<int>(running_.size()); }
   const BlockAllocator& allocator() const { return allocator_; }
+  // Null when prefix caching is off.
+  const PrefixCache* prefix_cache() const { return prefix_cache_.get(); }
+  int64_t num_preemptions_total() const { return num_preemptions_total_; }
   const SchedulerConfig& config() const { return config_; }
 
  private:
   // Ensures blocks for `num_tokens` tokens. False when the pool is short.
   bool Reserve(Sequence* seq, int num_tokens);
   void Preempt(Sequence* seq);
+  // Picks whom to preempt among running_[first..]: the newest unprotected one, else the newest.
+  Sequence* PickVictim(size_t first) const;
+  // Takes cached blocks for a sequence that has nothing computed yet.
+  void MatchPrefix(Sequence* seq);
+  void ReleaseBlocks(Sequence* seq);
+  void PublishFullBlocks(Sequence* seq);
 
   SchedulerConfig config_;
   BlockAllocator allocator_;
+  std::unique_ptr<PrefixCache> prefix_cache_;
+  int64_t num_preemptions_total_ = 0;
   std::map<int64_t, std::unique_ptr<Sequence>> seqs_;
   std::deque<Sequence*> waiting_;  // front is next to admit
   std::vector<Sequence*> running_; // admission order: back is newest

@@ -22,9 +22,16 @@ struct Sequence {
   // recomputed as one prefill.
   int num_computed_tokens = 0;
   std::vector<int32_t> block_table;  // KV block ids, in token order
+  std::vector<uint64_t> block_keys;  // prefix-cache keys of the leading full, computed blocks
+  int num_cached_tokens = 0;         // prompt tokens served from the prefix cache at admission
   int num_preemptions = 0;
 
   int num_tokens() const { return static_cast<int>(prompt_ids.size() + output_ids.size()); }
+  std::vector<int32_t> AllTokens() const {
+    std::vector<int32_t> t = prompt_ids;
+    t.insert(t.end(), output_ids.begin(), output_ids.end());
+    return t;
+  }
   int32_t token_at(int i) const {
     const int p = static_cast<int>(prompt_ids.size());
     return i < p ? prompt_ids[i] : output_ids[i - p];

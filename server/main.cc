@@ -10,6 +10,7 @@
 
 #include "engine/engine.h"
 #include "server/generation_service.h"
+#include "server/metrics_server.h"
 #include "server/server_config.h"
 
 namespace {
@@ -81,6 +82,16 @@ int main(int argc, char** argv) {
     spdlog::critical("cannot listen on {}", sc.listen_address);
     return 1;
   }
+  llm::MetricsServer metrics(engine.core().metrics());
+  if (sc.metrics_address != "off") {
+    auto mport = metrics.Start(sc.metrics_address);
+    if (!mport.ok()) {
+      spdlog::critical("{}", mport.status().ToString());
+      return 1;
+    }
+    spdlog::info("metrics on http://{}/metrics (port {})", sc.metrics_address, mport.value());
+    std::printf("METRICS_LISTENING %d\n", mport.value());
+  }
   server->GetHealthCheckService()->SetServingStatus(true);
   spdlog::info("serving on {} (port {})", sc.listen_address, port);
   std::printf("LISTENING %d\n", port);  // machine-readable, for tests and scripts
@@ -98,6 +109,7 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   engine.Stop();
+  metrics.Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   spdlog::info("bye");
   return 0;

@@ -39,6 +39,19 @@ Field IntField(const char* key, const char* help, int ServerConfig::*member, int
           }};
 }
 
+Field BoolField(const char* key, const char* help, bool ServerConfig::*member) {
+  return {key, help, [=](ServerConfig& c, const std::string& v) {
+            if (v == "true" || v == "1") {
+              c.*member = true;
+            } else if (v == "false" || v == "0") {
+              c.*member = false;
+            } else {
+              return InvalidArgument(std::string(key) + " must be true or false, got '" + v + "'");
+            }
+            return Status::Ok();
+          }};
+}
+
 Field StrField(const char* key, const char* help, std::string ServerConfig::*member) {
   return {key, help, [=](ServerConfig& c, const std::string& v) {
             c.*member = v;
@@ -50,6 +63,8 @@ const std::vector<Field>& Fields() {
   static const std::vector<Field> kFields = {
       StrField("listen_address", "host:port for gRPC (default 127.0.0.1:50051)",
                &ServerConfig::listen_address),
+      StrField("metrics_address", "host:port for HTTP /metrics, or off (default 127.0.0.1:9400)",
+               &ServerConfig::metrics_address),
       StrField("model_dir", "Hugging Face model directory", &ServerConfig::model_dir),
       IntField("block_size", "tokens per KV block (default 64)", &ServerConfig::block_size, 1, 1024),
       IntField("num_kv_blocks", "KV blocks; 0 = from kv_cache_memory_mb",
@@ -72,6 +87,10 @@ const std::vector<Field>& Fields() {
                &ServerConfig::attention_backend),
       IntField("shutdown_grace_s", "seconds in-flight requests get after SIGTERM (default 10)",
                &ServerConfig::shutdown_grace_s, 0, 3600),
+      BoolField("enable_prefix_caching", "share full KV blocks across requests (default true)",
+                &ServerConfig::enable_prefix_caching),
+      IntField("max_queued_requests", "waiting requests before RESOURCE_EXHAUSTED (default 1024)",
+               &ServerConfig::max_queued_requests, 1, 1 << 20),
       StrField("log_level", "trace|debug|info|warn|error (default info)",
                &ServerConfig::log_level),
   };
@@ -96,6 +115,7 @@ Status ApplyJson(const std::string& path, ServerConfig* c) {
     std::string v;
     if (it->is_string()) v = it->get<std::string>();
     else if (it->is_number_integer()) v = std::to_string(it->get<int64_t>());
+    else if (it->is_boolean()) v = it->get<bool>() ? "true" : "false";
     else return InvalidArgument(path + ": '" + it.key() + "' must be a string or an integer");
     Status st = f->set(*c, v);
     if (!st.ok()) return InvalidArgument(path + ": " + st.message());
@@ -130,6 +150,8 @@ EngineConfig ServerConfig::ToEngineConfig() const {
   e.scheduler.block_size = block_size;
   e.scheduler.max_num_seqs = max_num_seqs;
   e.scheduler.max_batched_tokens = max_batched_tokens;
+  e.scheduler.enable_prefix_caching = enable_prefix_caching;
+  e.max_queued_requests = max_queued_requests;
   e.max_model_len = max_model_len;
   e.max_tokens_limit = max_tokens_limit;
   e.default_max_tokens = default_max_tokens;

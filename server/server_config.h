@@ -23,7 +23,10 @@ struct ServerConfig {
   int max_prompt_bytes = 1 << 20;
   std::string attention_backend;  // empty: automatic
   std::string log_level = "info";
-  int shutdown_grace_s = 10;  // SIGTERM: time in-flight requests get to finish
+  int shutdown_grace_s = 10;
+  bool enable_prefix_caching = true;
+  int max_queued_requests = 1024;
+  std::string metrics_address = "127.0.0.1:9400";  // Prometheus /metrics; "off" disables  // waiting requests; past it, RESOURCE_EXHAUSTED at once  // SIGTERM: time in-flight requests get to finish
 
   EngineConfig ToEngineConfig() const;
 };

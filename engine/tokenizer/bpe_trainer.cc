@@ -22,8 +22,12 @@ using tokenizer_internal::SanitizeUtf8;
 uint64_t PairKey(int32_t a, int32_t b) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
 }
-int32_t First(uint64_t key) { return static_cast<int32_t>(key >> 32); }
-int32_t Second(uint64_t key) { return static_cast<int32_t>(key & 0xFFFFFFFFu); }
+int32_t First(uint64_t key) {
+  return static_cast<int32_t>(key >> 32);
+}
+int32_t Second(uint64_t key) {
+  return static_cast<int32_t>(key & 0xFFFFFFFFu);
+}
 
 // Pair statistics over the unique words, kept up to date as merges rewrite words, so each merge
 // costs only the words that contain the merged pair.
@@ -104,8 +108,8 @@ class PairStats {
 };
 
 json AddedToken(int32_t id, const std::string& content) {
-  return {{"id", id},          {"content", content}, {"single_word", false}, {"lstrip", false},
-          {"rstrip", false},   {"normalized", false}, {"special", true}};
+  return {{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
+          {"rstrip", false}, {"normalized", false}, {"special", true}};
 }
 
 json PostProcessor(const std::string& bos, int32_t bos_id) {
@@ -180,10 +184,11 @@ json TrainByteLevelBpe(const std::string& corpus, const BpeTrainerConfig& config
   json vocab = json::object();
   for (size_t id = 0; id < tokens.size(); ++id) vocab[tokens[id]] = id;
 
-  // Special tokens follow the BPE vocabulary without a gap.
+  // Special tokens sit at config.vocab_size.. even if the corpus ran out of pairs first (ids
+  // in between are then unused): callers size the embedding table from the config.
   json added = json::array();
   for (size_t i = 0; i < config.special_tokens.size(); ++i) {
-    added.push_back(AddedToken(static_cast<int32_t>(tokens.size() + i), config.special_tokens[i]));
+    added.push_back(AddedToken(static_cast<int32_t>(target + i), config.special_tokens[i]));
   }
 
   json out;
@@ -194,24 +199,25 @@ json TrainByteLevelBpe(const std::string& corpus, const BpeTrainerConfig& config
   out["normalizer"] = nullptr;
   out["pre_tokenizer"] = {
       {"type", "Sequence"},
-      {"pretokenizers",
-       json::array({
-           {{"type", "Split"},
-            {"pattern", {{"Regex", pattern}}},
-            {"behavior", "Isolated"},
-            {"invert", false}},
-           {{"type", "ByteLevel"},
-            {"add_prefix_space", false},
-            {"trim_offsets", true},
-            {"use_regex", false}},
-       })},
+      {"pretokenizers", json::array({
+                            {{"type", "Split"},
+                             {"pattern", {{"Regex", pattern}}},
+                             {"behavior", "Isolated"},
+                             {"invert", false}},
+                            {{"type", "ByteLevel"},
+                             {"add_prefix_space", false},
+                             {"trim_offsets", true},
+                             {"use_regex", false}},
+                        })},
   };
   out["post_processor"] =
       config.special_tokens.empty()
           ? json(nullptr)
-          : PostProcessor(config.special_tokens[0], static_cast<int32_t>(tokens.size()));
-  out["decoder"] = {
-      {"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
+          : PostProcessor(config.special_tokens[0], static_cast<int32_t>(target));
+  out["decoder"] = {{"type", "ByteLevel"},
+                    {"add_prefix_space", true},
+                    {"trim_offsets", true},
+                    {"use_regex", true}};
   out["model"] = {
       {"type", "BPE"},
       {"dropout", nullptr},

@@ -83,7 +83,9 @@ MatchScratch& Scratch() {
 
 }  // namespace
 
-const std::array<std::string, 256>& ByteToUnicode() { return Tables().byte_to_unicode; }
+const std::array<std::string, 256>& ByteToUnicode() {
+  return Tables().byte_to_unicode;
+}
 
 int UnicodeToByte(uint32_t code_point) {
   return code_point < 512 ? Tables().unicode_to_byte[code_point] : -1;
@@ -196,14 +198,13 @@ void AppendUtf8(uint32_t cp, std::string* out) {
 StatusOr<std::unique_ptr<Regex>> Regex::Compile(std::string_view pattern) {
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
-  pcre2_code* code =
-      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                    PCRE2_UTF | PCRE2_UCP, &error_code, &error_offset, nullptr);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   PCRE2_UTF | PCRE2_UCP, &error_code, &error_offset, nullptr);
   if (code == nullptr) {
     PCRE2_UCHAR buf[256];
     pcre2_get_error_message(error_code, buf, sizeof(buf));
-    return InvalidArgument("invalid pre-tokenizer regex '" + std::string(pattern) +
-                           "' at offset " + std::to_string(error_offset) + ": " +
+    return InvalidArgument("invalid pre-tokenizer regex '" + std::string(pattern) + "' at offset " +
+                           std::to_string(error_offset) + ": " +
                            reinterpret_cast<const char*>(buf));
   }
   // JIT is an optimization only: when unavailable pcre2_match falls back to the interpreter.
@@ -211,18 +212,19 @@ StatusOr<std::unique_ptr<Regex>> Regex::Compile(std::string_view pattern) {
   return std::unique_ptr<Regex>(new Regex(code, jit));
 }
 
-Regex::~Regex() { pcre2_code_free(code_); }
+Regex::~Regex() {
+  pcre2_code_free(code_);
+}
 
-void Regex::FindAll(std::string_view text,
-                    std::vector<std::pair<size_t, size_t>>* out) const {
+void Regex::FindAll(std::string_view text, std::vector<std::pair<size_t, size_t>>* out) const {
   MatchScratch& scratch = Scratch();
   LLM_CHECK(scratch.match_data != nullptr) << "pcre2 match data allocation failed";
   auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t pos = 0;
   while (pos < text.size()) {
     // The text is validated UTF-8 (the caller sanitizes), so skip PCRE2's own check.
-    int rc = pcre2_match(code_, subject, text.size(), pos, PCRE2_NO_UTF_CHECK,
-                         scratch.match_data, scratch.context);
+    int rc = pcre2_match(code_, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, scratch.match_data,
+                         scratch.context);
     if (rc < 0) break;  // no match, or a resource limit: the rest stays unmatched
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(scratch.match_data);
     size_t begin = ov[0], end = ov[1];

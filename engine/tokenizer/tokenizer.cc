@@ -102,9 +102,7 @@ class BpeTokenizer final : public Tokenizer {
   std::optional<int32_t> bos_token_id() const override { return bos_id_; }
 
  private:
-  bool InRange(int32_t id) const {
-    return id >= 0 && static_cast<size_t>(id) < id_bytes_.size();
-  }
+  bool InRange(int32_t id) const { return id >= 0 && static_cast<size_t>(id) < id_bytes_.size(); }
 
   Status ParseModel(const json& model);
   Status ParseAddedTokens(const json& added);
@@ -117,7 +115,7 @@ class BpeTokenizer final : public Tokenizer {
 
   // Longest added token starting at text[pos]: (id, length) or nullopt.
   std::optional<std::pair<int32_t, size_t>> MatchAddedToken(std::string_view text,
-                                                             size_t pos) const;
+                                                            size_t pos) const;
   void EncodeSegment(std::string_view segment, std::vector<int32_t>* ids) const;
   void ApplyStep(const PreTokenizerStep& step, std::string_view piece,
                  std::vector<std::string>* out) const;
@@ -125,9 +123,9 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<int32_t> Bpe(std::string_view word) const;
 
   // Model.
-  StringMap<int32_t> vocab_;               // byte-level token -> id (model vocab only)
+  StringMap<int32_t> vocab_;  // byte-level token -> id (model vocab only)
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // pair -> (rank, id)
-  std::array<int32_t, 256> byte_ids_{};    // id of each single-byte symbol, -1 if absent
+  std::array<int32_t, 256> byte_ids_{};  // id of each single-byte symbol, -1 if absent
   std::optional<int32_t> unk_id_;
   bool ignore_merges_ = false;
 
@@ -218,8 +216,7 @@ Status BpeTokenizer::ParseModel(const json& model) {
       return InvalidArgument("merge '" + a + " " + b + "' uses a token missing from the vocab");
     }
     // The first occurrence of a pair wins, as in HF.
-    merges_.try_emplace(PairKey(ia->second, ib->second), static_cast<int32_t>(rank),
-                        iab->second);
+    merges_.try_emplace(PairKey(ia->second, ib->second), static_cast<int32_t>(rank), iab->second);
   }
   if (!IsNullOrMissing(model, "unk_token")) {
     auto it = vocab_.find(model["unk_token"].get<std::string>());
@@ -277,7 +274,8 @@ Status BpeTokenizer::ParsePreTokenizer(const json& p) {
     saw_byte_level_pre_ = true;
   } else if (type == "Split") {
     // A Split after ByteLevel would run on the mapped alphabet; nobody ships that.
-    if (saw_byte_level_pre_) return InvalidArgument("unsupported pre_tokenizer: Split after ByteLevel");
+    if (saw_byte_level_pre_)
+      return InvalidArgument("unsupported pre_tokenizer: Split after ByteLevel");
     step.kind = PreTokenizerStep::Kind::kSplit;
     const json& pattern = p.at("pattern");
     if (pattern.contains("Regex")) {
@@ -382,9 +380,8 @@ Status BpeTokenizer::Finish() {
     added_by_first_byte_[static_cast<unsigned char>(content[0])].emplace_back(content, id);
   }
   for (auto& bucket : added_by_first_byte_) {
-    std::stable_sort(bucket.begin(), bucket.end(), [](const auto& x, const auto& y) {
-      return x.first.size() > y.first.size();
-    });
+    std::stable_sort(bucket.begin(), bucket.end(),
+                     [](const auto& x, const auto& y) { return x.first.size() > y.first.size(); });
   }
   const auto& alphabet = ByteToUnicode();
   for (int b = 0; b < 256; ++b) {
@@ -395,7 +392,7 @@ Status BpeTokenizer::Finish() {
 }
 
 std::optional<std::pair<int32_t, size_t>> BpeTokenizer::MatchAddedToken(std::string_view text,
-                                                                         size_t pos) const {
+                                                                        size_t pos) const {
   const auto& bucket = added_by_first_byte_[static_cast<unsigned char>(text[pos])];
   for (const auto& [content, id] : bucket) {
     if (text.substr(pos).starts_with(content)) return std::make_pair(id, content.size());
@@ -478,9 +475,8 @@ void BpeTokenizer::ApplyStep(const PreTokenizerStep& step, std::string_view piec
     if (e > b) out->emplace_back(piece.substr(b, e - b));
   };
   // ByteLevel's regex always splits Isolated.
-  SplitBehavior behavior = step.kind == PreTokenizerStep::Kind::kByteLevel
-                               ? SplitBehavior::kIsolated
-                               : step.behavior;
+  SplitBehavior behavior =
+      step.kind == PreTokenizerStep::Kind::kByteLevel ? SplitBehavior::kIsolated : step.behavior;
   size_t start = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
     const Part& p = parts[i];

@@ -1,13 +1,13 @@
 // Tests for the byte-level BPE tokenizer, the incremental decoder and the BPE trainer.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <random>
 #include <string>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -66,7 +66,9 @@ std::unique_ptr<Tokenizer> Load(const json& j) {
   return std::move(tok).value();
 }
 
-std::vector<int32_t> Ids(std::initializer_list<int32_t> ids) { return ids; }
+std::vector<int32_t> Ids(std::initializer_list<int32_t> ids) {
+  return ids;
+}
 
 std::string ErrorOf(const json& j) {
   auto tok = Tokenizer::FromJson(j);
@@ -86,13 +88,14 @@ using Strings = std::vector<std::string>;
 // Deterministic ~50 KB corpus mixing English, accented Latin, CJK, emoji, digits, code.
 std::string MakeCorpus(size_t bytes) {
   const std::vector<std::string> words = {
-      "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "server", "token",
-      "model", "inference", "batch", "cache", "attention", "layer", "it's", "we'll", "don't",
-      "café", "naïve", "résumé", "Über", "東京", "日本語", "模型", "😀", "🚀", "42", "2024",
-      "3.14159", "x = y + 1;", "(a, b)", "return", "\n", "\n\n", "  ", "\t", "!", "?"};
+      "the",    "quick",  "brown", "fox",       "jumps", "over",   "lazy",      "dog",
+      "server", "token",  "model", "inference", "batch", "cache",  "attention", "layer",
+      "it's",   "we'll",  "don't", "café",      "naïve", "résumé", "Über",      "東京",
+      "日本語", "模型",   "😀",     "🚀",         "42",    "2024",   "3.14159",   "x = y + 1;",
+      "(a, b)", "return", "\n",    "\n\n",      "  ",    "\t",     "!",         "?"};
   // Made-up words from syllables keep the pair statistics rich enough for 256 merges.
-  const std::vector<std::string> syllables = {"ka", "to", "ri", "mon", "sel", "va", "qu", "ent",
-                                              "ion", "ber", "é", "ß", "語", "の", "ль", "да"};
+  const std::vector<std::string> syllables = {"ka",  "to",  "ri", "mon", "sel", "va", "qu", "ent",
+                                              "ion", "ber", "é",  "ß",   "語",  "の", "ль", "да"};
   std::mt19937 rng(1234);
   std::string out;
   while (out.size() < bytes) {
@@ -118,10 +121,10 @@ const Tokenizer& TrainedTokenizer() {
 // Random well-formed text drawn from several scripts.
 std::string RandomUnicode(std::mt19937& rng, int max_chars) {
   static const std::vector<std::pair<uint32_t, uint32_t>> ranges = {
-      {0x20, 0x7E},     {0x20, 0x7E},   {0x0A, 0x0A},   {0x09, 0x0D},     {0xA0, 0xFF},
-      {0x100, 0x17F},   {0x370, 0x3FF}, {0x400, 0x4FF}, {0x300, 0x36F},   {0x4E00, 0x9FFF},
-      {0x3040, 0x30FF}, {0xAC00, 0xD7A3}, {0x1F300, 0x1F64F}, {0x1F900, 0x1F9FF},
-      {0x10000, 0x10FFFF}};
+      {0x20, 0x7E},       {0x20, 0x7E},       {0x0A, 0x0A},       {0x09, 0x0D},
+      {0xA0, 0xFF},       {0x100, 0x17F},     {0x370, 0x3FF},     {0x400, 0x4FF},
+      {0x300, 0x36F},     {0x4E00, 0x9FFF},   {0x3040, 0x30FF},   {0xAC00, 0xD7A3},
+      {0x1F300, 0x1F64F}, {0x1F900, 0x1F9FF}, {0x10000, 0x10FFFF}};
   std::string out;
   int n = static_cast<int>(rng() % (max_chars + 1));
   for (int i = 0; i < n; ++i) {
@@ -138,8 +141,9 @@ std::string RandomBytes(std::mt19937& rng, int max_len) {
   for (int i = 0; i < n; ++i) {
     // Bias toward bytes that form (broken) multi-byte sequences.
     uint32_t r = rng() % 4;
-    out.push_back(static_cast<char>(r == 0 ? 'a' + rng() % 26 : r == 1 ? 0x80 + rng() % 64
-                                                                       : rng() % 256));
+    out.push_back(static_cast<char>(r == 0   ? 'a' + rng() % 26
+                                    : r == 1 ? 0x80 + rng() % 64
+                                             : rng() % 256));
   }
   return out;
 }
@@ -159,10 +163,11 @@ json ByteVocabJson(const json& pre_tokenizer, const Strings& merges) {
 }
 
 json SplitThenBytes(const json& split) {
-  return {{"type", "Sequence"},
-          {"pretokenizers",
-           json::array({split,
-                        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
+  return {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       json::array(
+           {split, {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
 }
 
 }  // namespace
@@ -185,16 +190,19 @@ TEST_CASE("UTF-8 sanitizer replaces maximal ill-formed subparts", "[tokenizer]")
   CHECK(SanitizeUtf8("abc é 東 😀") == "abc é 東 😀");
   CHECK(SanitizeUtf8("\xC3") == kFffd);
   CHECK(SanitizeUtf8("\xE2\x82") == kFffd);
-  CHECK(SanitizeUtf8("\xE2\x82" "A") == kFffd + "A");
+  CHECK(SanitizeUtf8("\xE2\x82"
+                     "A") == kFffd + "A");
   CHECK(SanitizeUtf8("\xFF\xFE") == kFffd + kFffd);
-  CHECK(SanitizeUtf8("\xC0\x80") == kFffd + kFffd);                 // overlong
-  CHECK(SanitizeUtf8("\xED\xA0\x80") == kFffd + kFffd + kFffd);     // surrogate
+  CHECK(SanitizeUtf8("\xC0\x80") == kFffd + kFffd);                          // overlong
+  CHECK(SanitizeUtf8("\xED\xA0\x80") == kFffd + kFffd + kFffd);              // surrogate
   CHECK(SanitizeUtf8("\xF4\x90\x80\x80") == kFffd + kFffd + kFffd + kFffd);  // > U+10FFFF
   CHECK(SanitizeUtf8("\xF0\x9F\x98") == kFffd);
   std::string out;
   CHECK(tokenizer_internal::AppendSanitizedUtf8("a\xF0\x9F\x98", false, &out) == 1);
   CHECK(out == "a");
-  CHECK(tokenizer_internal::AppendSanitizedUtf8("a\xF0\x9F" "b", false, &out) == 4);
+  CHECK(tokenizer_internal::AppendSanitizedUtf8("a\xF0\x9F"
+                                                "b",
+                                                false, &out) == 4);
   CHECK(out == "aa" + kFffd + "b");
 }
 
@@ -363,9 +371,8 @@ TEST_CASE("unsupported components are errors naming the type", "[tokenizer]") {
   CHECK_THAT(ErrorOf(j), Catch::Contains("malformed"));
 
   j = json::parse(kTinyJson);
-  j["pre_tokenizer"] = {{"type", "Split"},
-                        {"pattern", {{"Regex", "(bad"}}},
-                        {"behavior", "Isolated"}};
+  j["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"Regex", "(bad"}}}, {"behavior", "Isolated"}};
   CHECK_THAT(ErrorOf(j), Catch::Contains("(bad"));
 }
 
@@ -406,11 +413,17 @@ TEST_CASE("trainer learns hand-checked merges", "[tokenizer][trainer]") {
   CHECK(tok->Encode("abab ab", true) == Ids({259, 257, 258}));
   CHECK(tok->bos_token_id() == 259);
 
-  // The corpus runs out of pairs: the vocabulary stops short, specials follow without a gap.
+  // The corpus runs out of pairs: the vocabulary stops short, specials keep their ids.
   config.vocab_size = 1000;
   json small = TrainByteLevelBpe("ab", config);
   CHECK(small["model"]["merges"] == json({"a b"}));
-  CHECK(small["added_tokens"][0]["id"] == 257);
+  CHECK(small["model"]["vocab"].size() == 257);
+  CHECK(small["added_tokens"][0]["id"] == 1000);
+  auto small_tok = Load(small);
+  CHECK(small_tok->vocab_size() == 1002);
+  CHECK(small_tok->Encode("ab", true) == Ids({1000, 256}));
+  CHECK(small_tok->Decode(Ids({1000, 256, 500, 1001}), false) ==
+        "<|begin_of_text|>ab<|end_of_text|>");
 }
 
 TEST_CASE("trainer is deterministic and compresses its corpus", "[tokenizer][trainer]") {

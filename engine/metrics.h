@@ -1,0 +1,73 @@
+// Prometheus metrics: thread-safe counters, gauges and histograms, rendered as text exposition.
+// The engine thread records; the HTTP thread renders.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace llm {
+
+class Counter {
+ public:
+  void Inc(double v = 1.0);
+  double value() const;
+
+ private:
+  mutable std::mutex mu_;
+  double value_ = 0.0;
+};
+
+class Gauge {
+ public:
+  void Set(double v);
+  double value() const;
+
+ private:
+  mutable std::mutex mu_;
+  double value_ = 0.0;
+};
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);
+  void Observe(double v);
+  // Cumulative counts per bucket (last is +Inf), plus sum and count.
+  void Snapshot(std::vector<uint64_t>* cumulative, double* sum, uint64_t* count) const;
+  const std::vector<double>& bounds() const { return bounds_; }
+
+ private:
+  std::vector<double> bounds_;
+  mutable std::mutex mu_;
+  std::vector<uint64_t> counts_;  // per bucket, non-cumulative; last is +Inf
+  double sum_ = 0.0;
+  uint64_t count_ = 0;
+};
+
+// The server's metrics, named after vLLM's with an `llm_` prefix.
+struct EngineMetrics {
+  EngineMetrics();
+
+  Histogram ttft;                // llm_time_to_first_token_seconds
+  Histogram itl;                 // llm_inter_token_latency_seconds
+  Histogram e2e;                 // llm_e2e_request_latency_seconds
+  Histogram queue_time;          // llm_request_queue_time_seconds
+  Gauge running, waiting;        // llm_num_requests_running / _waiting
+  Gauge kv_usage;                // llm_kv_cache_usage_perc (0..1)
+  Counter prefix_queries, prefix_hits;  // llm_prefix_cache_{queries,hits}_total (blocks)
+  Counter preemptions;           // llm_num_preemptions_total
+  Counter prompt_tokens, generation_tokens;
+  Counter steps;                 // llm_engine_steps_total
+
+  void CountOutcome(const std::string& outcome);  // llm_requests_total{outcome=...}
+  std::string Render() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, double> outcomes_;
+};
+
+}  // namespace llm

@@ -1,0 +1,475 @@
+// Tests for the CPU reference paged attention against a naive dense causal attention, and for
+// the attention backend registry.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/backend_registry.h"
+#include "kernels/cpu/cpu_paged_attention.h"
+#include "kvcache/block_allocator.h"
+
+namespace llm {
+namespace {
+
+struct SeqSpec {
+  int kv_len;  // tokens in the cache after this step
+  int q_len;   // new tokens this step (the last q_len of kv_len)
+};
+
+struct AttnCase {
+  int block_size;
+  int head_dim;
+  int num_q_heads;
+  int num_kv_heads;
+  std::vector<SeqSpec> seqs;
+  uint32_t seed;
+};
+
+// Everything one test step needs: the batch, the inputs and the caches with the earlier
+// (already computed) tokens appended in a previous step.
+struct AttnSetup {
+  PagedAttentionShape shape;
+  AttentionBatch batch;
+  int num_blocks = 0;
+  std::vector<std::vector<float>> dense_k, dense_v;  // per seq: [kv_len, Hkv, D]
+  std::vector<float> q, k_new, v_new;                // [num_tokens, H, D]
+  std::vector<float> k_cache, v_cache;               // [num_blocks, Hkv, block_size, D]
+};
+
+AttnSetup Build(const AttnCase& c) {
+  AttnSetup s;
+  s.shape = {c.num_q_heads, c.num_kv_heads, c.head_dim, c.block_size};
+  std::mt19937 rng(c.seed);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  const int hkv = c.num_kv_heads, d = c.head_dim, bs = c.block_size;
+  const size_t row = static_cast<size_t>(hkv) * d;
+
+  int needed = 0;
+  for (const SeqSpec& q : c.seqs) needed += BlocksForTokens(q.kv_len, bs);
+  s.num_blocks = needed + 5;  // spare blocks that nobody owns
+  std::vector<int32_t> perm(static_cast<size_t>(s.num_blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+
+  const size_t cache_elems = static_cast<size_t>(s.num_blocks) * hkv * bs * d;
+  // NaN everywhere: reading any slot that was never written poisons the output.
+  s.k_cache.assign(cache_elems, std::numeric_limits<float>::quiet_NaN());
+  s.v_cache.assign(cache_elems, std::numeric_limits<float>::quiet_NaN());
+
+  AttentionBatch& b = s.batch;
+  AttentionBatch prior;  // the earlier step that wrote the cached prefix
+  std::vector<float> prior_k, prior_v;
+  b.num_seqs = static_cast<int>(c.seqs.size());
+  b.q_indptr = {0};
+  b.page_indptr = {0};
+  size_t next_page = 0;
+  for (const SeqSpec& q : c.seqs) {
+    REQUIRE(q.q_len >= 1);
+    REQUIRE(q.q_len <= q.kv_len);
+    std::vector<float> k(static_cast<size_t>(q.kv_len) * row), v(k.size());
+    for (float& x : k) x = uni(rng);
+    for (float& x : v) x = uni(rng);
+    const int pages = BlocksForTokens(q.kv_len, bs);
+    std::vector<int32_t> table(perm.begin() + static_cast<long>(next_page),
+                               perm.begin() + static_cast<long>(next_page + pages));
+    next_page += static_cast<size_t>(pages);
+    b.page_indices.insert(b.page_indices.end(), table.begin(), table.end());
+    b.page_indptr.push_back(static_cast<int32_t>(b.page_indices.size()));
+    b.kv_lens.push_back(q.kv_len);
+    b.q_indptr.push_back(b.q_indptr.back() + q.q_len);
+    for (int p = 0; p < q.kv_len; ++p) {
+      const int32_t slot = table[static_cast<size_t>(p / bs)] * bs + p % bs;
+      const auto kr = k.begin() + static_cast<long>(p * row);
+      const auto vr = v.begin() + static_cast<long>(p * row);
+      if (p < q.kv_len - q.q_len) {
+        prior.slot_mapping.push_back(slot);
+        prior_k.insert(prior_k.end(), kr, kr + static_cast<long>(row));
+        prior_v.insert(prior_v.end(), vr, vr + static_cast<long>(row));
+      } else {
+        b.slot_mapping.push_back(slot);
+        s.k_new.insert(s.k_new.end(), kr, kr + static_cast<long>(row));
+        s.v_new.insert(s.v_new.end(), vr, vr + static_cast<long>(row));
+      }
+    }
+    s.dense_k.push_back(std::move(k));
+    s.dense_v.push_back(std::move(v));
+  }
+  b.num_tokens = b.q_indptr.back();
+  prior.num_tokens = static_cast<int>(prior.slot_mapping.size());
+  s.q.resize(static_cast<size_t>(b.num_tokens) * c.num_q_heads * d);
+  for (float& x : s.q) x = uni(rng);
+  if (prior.num_tokens > 0) {
+    CpuAppendKv(s.shape, prior, prior_k.data(), prior_v.data(), s.k_cache.data(),
+                s.v_cache.data());
+  }
+  return s;
+}
+
+// Naive dense causal attention in double: query row i of sequence s sits at position
+// kv_len - q_len + i and attends to positions [0, that].
+std::vector<double> Reference(const AttnCase& c, const AttnSetup& s, float scale) {
+  const int hq = c.num_q_heads, hkv = c.num_kv_heads, d = c.head_dim;
+  const int group = hq / hkv;
+  std::vector<double> out(s.q.size());
+  for (size_t si = 0; si < c.seqs.size(); ++si) {
+    const SeqSpec& spec = c.seqs[si];
+    const auto& k = s.dense_k[si];
+    const auto& v = s.dense_v[si];
+    for (int i = 0; i < spec.q_len; ++i) {
+      const int t = s.batch.q_indptr[si] + i;
+      const int pos = spec.kv_len - spec.q_len + i;
+      for (int h = 0; h < hq; ++h) {
+        const int kvh = h / group;
+        const float* qv = s.q.data() + (static_cast<size_t>(t) * hq + h) * d;
+        std::vector<double> scores(static_cast<size_t>(pos) + 1);
+        double max = -std::numeric_limits<double>::infinity();
+        for (int j = 0; j <= pos; ++j) {
+          const float* kv = k.data() + (static_cast<size_t>(j) * hkv + kvh) * d;
+          double dot = 0.0;
+          for (int x = 0; x < d; ++x) dot += static_cast<double>(qv[x]) * kv[x];
+          scores[static_cast<size_t>(j)] = dot * scale;
+          max = std::max(max, scores[static_cast<size_t>(j)]);
+        }
+        double sum = 0.0;
+        for (double& sc : scores) {
+          sc = std::exp(sc - max);
+          sum += sc;
+        }
+        double* o = out.data() + (static_cast<size_t>(t) * hq + h) * d;
+        for (int j = 0; j <= pos; ++j) {
+          const float* vv = v.data() + (static_cast<size_t>(j) * hkv + kvh) * d;
+          const double p = scores[static_cast<size_t>(j)] / sum;
+          for (int x = 0; x < d; ++x) o[x] += p * vv[x];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// Appends this step's K/V, runs the paged kernel, and compares with the dense reference.
+// Returns the kernel output.
+std::vector<float> CheckAgainstReference(const AttnCase& c) {
+  AttnSetup s = Build(c);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  CpuAppendKv(s.shape, s.batch, s.k_new.data(), s.v_new.data(), s.k_cache.data(),
+              s.v_cache.data());
+  std::vector<float> out(s.q.size(), std::numeric_limits<float>::quiet_NaN());
+  CpuPagedAttention(s.shape, s.batch, s.q.data(), s.k_cache.data(), s.v_cache.data(), scale,
+                    out.data());
+  const std::vector<double> ref = Reference(c, s, scale);
+  double worst = 0.0;
+  size_t bad = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double err = std::abs(static_cast<double>(out[i]) - ref[i]);
+    const double tol = 1e-5 * std::max(1.0, std::abs(ref[i]));
+    if (!(err <= tol)) ++bad;  // NaN counts as bad
+    if (std::isnan(out[i])) worst = std::numeric_limits<double>::infinity();
+    else worst = std::max(worst, err);
+  }
+  INFO("block_size=" << c.block_size << " head_dim=" << c.head_dim << " heads=" << c.num_q_heads
+                     << "/" << c.num_kv_heads << " worst abs error " << worst);
+  CHECK(bad == 0);
+  return out;
+}
+
+TEST_CASE("CpuPagedAttention matches dense causal attention", "[cpu_attention]") {
+  const int kv_lens[] = {1, 17, 63, 64, 65, 130};
+  const std::pair<int, int> heads[] = {{4, 4}, {8, 2}, {8, 8}, {16, 2}, {8, 1}};
+  uint32_t seed = 1;
+  int cases = 0;
+  for (int block_size : {16, 64}) {
+    for (int head_dim : {32, 64, 128}) {
+      for (const auto& [hq, hkv] : heads) {
+        AttnCase c{block_size, head_dim, hq, hkv, {}, seed++};
+        std::mt19937 rng(seed * 7919);
+        for (size_t i = 0; i < std::size(kv_lens); ++i) {
+          const int kv = kv_lens[i];
+          // Rotate through decode (1), whole prefill, a prefill chunk and a random length.
+          const int chunk = std::min(kv, 24);
+          const int random_q = std::uniform_int_distribution<int>(1, kv)(rng);
+          const int choices[] = {1, kv, chunk, random_q};
+          c.seqs.push_back({kv, choices[(i + static_cast<size_t>(seed)) % 4]});
+        }
+        CheckAgainstReference(c);
+        ++cases;
+      }
+    }
+  }
+  CHECK(cases == 30);
+}
+
+TEST_CASE("CpuPagedAttention handles several query tokens per decode (speculative shape)",
+          "[cpu_attention]") {
+  for (int block_size : {16, 64}) {
+    AttnCase c{block_size, 64, 8, 2, {{40, 3}, {1, 1}, {130, 3}, {65, 1}}, 77};
+    CheckAgainstReference(c);
+  }
+  // Every sequence a full prefill from empty.
+  AttnCase prefill{16, 32, 4, 1, {{17, 17}, {64, 64}, {1, 1}}, 78};
+  CheckAgainstReference(prefill);
+}
+
+TEST_CASE("CpuPagedAttention query rows only see their causal prefix", "[cpu_attention]") {
+  // Changing a later cache position must not change an earlier query row's output.
+  AttnCase c{16, 32, 4, 2, {{20, 5}}, 5};
+  AttnSetup s = Build(c);
+  CpuAppendKv(s.shape, s.batch, s.k_new.data(), s.v_new.data(), s.k_cache.data(),
+              s.v_cache.data());
+  std::vector<float> out1(s.q.size()), out2(s.q.size());
+  CpuPagedAttention(s.shape, s.batch, s.q.data(), s.k_cache.data(), s.v_cache.data(), 0.2f,
+                    out1.data());
+  // Overwrite the K/V of the last position (19) and recompute.
+  AttentionBatch last;
+  last.num_tokens = 1;
+  last.slot_mapping = {s.batch.slot_mapping.back()};
+  const std::vector<float> junk(static_cast<size_t>(2 * 32), 9.0f);
+  CpuAppendKv(s.shape, last, junk.data(), junk.data(), s.k_cache.data(), s.v_cache.data());
+  CpuPagedAttention(s.shape, s.batch, s.q.data(), s.k_cache.data(), s.v_cache.data(), 0.2f,
+                    out2.data());
+  const size_t per_row = static_cast<size_t>(4 * 32);
+  // Rows 0..3 (positions 15..18) are unchanged; row 4 (position 19) changes.
+  for (size_t i = 0; i < 4 * per_row; ++i) REQUIRE(out1[i] == out2[i]);
+  bool changed = false;
+  for (size_t i = 4 * per_row; i < 5 * per_row; ++i) changed |= out1[i] != out2[i];
+  CHECK(changed);
+}
+
+AttentionSpec CpuSpec() {
+  AttentionSpec spec;
+  spec.device = DeviceKind::kCpu;
+  spec.kind = AttentionKind::kMha;
+  spec.kv_dtype = DType::kF32;
+  spec.num_q_heads = 8;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 64;
+  spec.block_size = 16;
+  spec.features = kFeatureCausal;
+  return spec;
+}
+
+bool Contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+TEST_CASE("BackendRegistry selects cpu_reference for a CPU fp32 MHA spec", "[cpu_attention]") {
+  const AttentionSpec spec = CpuSpec();
+  const Selection sel = BackendRegistry::Global().Select(spec);
+  REQUIRE(sel.info != nullptr);
+  CHECK(sel.info->name == "cpu_reference");
+  const std::string table = sel.Table(spec);
+  CHECK(Contains(table, "cpu_reference"));
+  CHECK(Contains(table, "SELECTED"));
+
+  std::string table_out;
+  auto backend = BackendRegistry::Global().Create(spec, "", &table_out);
+  REQUIRE(backend.ok());
+  CHECK((*backend)->name() == "cpu_reference");
+  CHECK((*backend)->BlockBytes() == 2u * 2 * 16 * 64 * sizeof(float));
+  CHECK(Contains(table_out, "cpu_reference"));
+
+  // Forcing it by name works too.
+  auto forced = BackendRegistry::Global().Create(spec, "cpu_reference", nullptr);
+  REQUIRE(forced.ok());
+  CHECK((*forced)->name() == "cpu_reference");
+}
+
+TEST_CASE("cpu_reference backend Plan/Run equals the direct kernels", "[cpu_attention]") {
+  AttnCase c{16, 64, 8, 2, {{17, 1}, {40, 3}, {65, 65}}, 99};
+  const std::vector<float> direct = CheckAgainstReference(c);
+
+  AttnSetup s = Build(c);
+  AttentionSpec spec = CpuSpec();
+  spec.num_q_heads = c.num_q_heads;
+  spec.num_kv_heads = c.num_kv_heads;
+  spec.head_dim = c.head_dim;
+  spec.block_size = c.block_size;
+  auto backend = BackendRegistry::Global().Create(spec, "", nullptr);
+  REQUIRE(backend.ok());
+  REQUIRE((*backend)->Plan(s.batch).ok());
+  std::vector<float> out(s.q.size(), std::numeric_limits<float>::quiet_NaN());
+  AttentionParams p;
+  p.q = s.q.data();
+  p.k_new = s.k_new.data();
+  p.v_new = s.v_new.data();
+  p.out = out.data();
+  p.cache.k = s.k_cache.data();
+  p.cache.v = s.v_cache.data();
+  p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  (*backend)->Run(p);
+  CHECK(out == direct);
+}
+
+TEST_CASE("BackendRegistry reports why nothing fits", "[cpu_attention]") {
+  AttentionSpec spec = CpuSpec();
+  std::string expect;
+  SECTION("CUDA device") {
+    spec.device = DeviceKind::kCuda;
+    spec.device_arch = 90;
+    expect = "device";
+  }
+  SECTION("int8 KV cache") {
+    spec.kv_dtype = DType::kI8;
+    expect = "int8";
+  }
+  SECTION("ALiBi") {
+    spec.features = kFeatureCausal | kFeatureAlibi;
+    expect = "alibi";
+  }
+  SECTION("MLA") {
+    spec.kind = AttentionKind::kMla;
+    expect = "kind";
+  }
+  const Selection sel = BackendRegistry::Global().Select(spec);
+  CHECK(sel.info == nullptr);
+  bool any_row_names_it = false;
+  for (const SelectionRow& row : sel.rows) {
+    CHECK_FALSE(row.fits);
+    any_row_names_it |= Contains(row.reason, expect);
+  }
+  CHECK(any_row_names_it);
+
+  std::string table;
+  auto created = BackendRegistry::Global().Create(spec, "", &table);
+  REQUIRE_FALSE(created.ok());
+  CHECK(created.status().code() == StatusCode::kFailedPrecondition);
+  CHECK(Contains(created.status().message(), expect));
+  CHECK(Contains(created.status().message(), "cpu_reference"));
+  CHECK(Contains(table, "cpu_reference"));
+}
+
+TEST_CASE("BackendRegistry forcing an unknown backend fails naming it", "[cpu_attention]") {
+  auto created = BackendRegistry::Global().Create(CpuSpec(), "no_such_backend", nullptr);
+  REQUIRE_FALSE(created.ok());
+  CHECK(created.status().code() == StatusCode::kFailedPrecondition);
+  CHECK(Contains(created.status().message(), "no_such_backend"));
+}
+
+class FakeBackend final : public AttentionBackend {
+ public:
+  explicit FakeBackend(std::string name) : name_(std::move(name)) {}
+  std::string name() const override { return name_; }
+  size_t BlockBytes() const override { return 1; }
+  Status Plan(const AttentionBatch&) override { return Status::Ok(); }
+  void Run(const AttentionParams&) override {}
+
+ private:
+  std::string name_;
+};
+
+BackendInfo FakeInfo(const std::string& name, int priority) {
+  BackendInfo info;
+  info.name = name;
+  info.device = DeviceKind::kCpu;
+  info.kind = AttentionKind::kMha;
+  info.kv_dtypes = {DType::kF32, DType::kBF16};
+  info.features = kFeatureCausal | kFeatureSlidingWindow;
+  info.priority = priority;
+  info.create = [name](const AttentionSpec&) -> std::unique_ptr<AttentionBackend> {
+    return std::make_unique<FakeBackend>(name);
+  };
+  return info;
+}
+
+TEST_CASE("BackendRegistry local instance: priority, force_name and the table",
+          "[cpu_attention]") {
+  BackendRegistry reg;
+  reg.Register(FakeInfo("fake_slow", 1));
+  reg.Register(FakeInfo("fake_fast", 10));
+  BackendInfo gpu = FakeInfo("fake_gpu", 100);
+  gpu.device = DeviceKind::kCuda;
+  gpu.min_arch = 80;
+  reg.Register(gpu);
+  BackendInfo picky = FakeInfo("fake_picky", 50);
+  picky.head_dims = {128};
+  picky.min_block_size = 32;
+  reg.Register(picky);
+  REQUIRE(reg.backends().size() == 4);
+  // Registering locally leaves the global registry alone.
+  for (const BackendInfo& b : BackendRegistry::Global().backends()) CHECK(b.name != "fake_fast");
+
+  const AttentionSpec spec = CpuSpec();  // head_dim 64, block 16
+
+  SECTION("highest priority among those that fit") {
+    const Selection sel = reg.Select(spec);
+    REQUIRE(sel.info != nullptr);
+    CHECK(sel.info->name == "fake_fast");
+    REQUIRE(sel.rows.size() == 4);
+    CHECK(sel.rows[0].fits);
+    CHECK(sel.rows[0].reason == "fits, lower priority");
+    CHECK(sel.rows[1].fits);
+    CHECK(sel.rows[1].reason == "SELECTED");
+    CHECK_FALSE(sel.rows[2].fits);
+    CHECK(Contains(sel.rows[2].reason, "device"));
+    CHECK_FALSE(sel.rows[3].fits);
+    CHECK(Contains(sel.rows[3].reason, "head_dim 64"));
+    const std::string table = sel.Table(spec);
+    for (const char* name : {"fake_slow", "fake_fast", "fake_gpu", "fake_picky"}) {
+      CHECK(Contains(table, name));
+    }
+    CHECK(Contains(table, "SELECTED"));
+    std::string table_out;
+    auto created = reg.Create(spec, "", &table_out);
+    REQUIRE(created.ok());
+    CHECK((*created)->name() == "fake_fast");
+    CHECK(table_out == table);
+  }
+  SECTION("force_name picks a lower-priority backend") {
+    const Selection sel = reg.Select(spec, "fake_slow");
+    REQUIRE(sel.info != nullptr);
+    CHECK(sel.info->name == "fake_slow");
+    CHECK(sel.rows[1].reason == "not the forced backend");
+    auto created = reg.Create(spec, "fake_slow", nullptr);
+    REQUIRE(created.ok());
+    CHECK((*created)->name() == "fake_slow");
+  }
+  SECTION("force_name of a backend that does not fit fails") {
+    auto created = reg.Create(spec, "fake_gpu", nullptr);
+    REQUIRE_FALSE(created.ok());
+    CHECK(created.status().code() == StatusCode::kFailedPrecondition);
+    CHECK(Contains(created.status().message(), "fake_gpu"));
+  }
+  SECTION("the picky backend wins when its constraints hold") {
+    AttentionSpec big = spec;
+    big.head_dim = 128;
+    big.block_size = 64;
+    const Selection sel = reg.Select(big);
+    REQUIRE(sel.info != nullptr);
+    CHECK(sel.info->name == "fake_picky");
+    big.block_size = 48;  // not a multiple of 32
+    const Selection sel2 = reg.Select(big);
+    REQUIRE(sel2.info != nullptr);
+    CHECK(sel2.info->name == "fake_fast");
+    CHECK(Contains(sel2.rows[3].reason, "block_size 48"));
+  }
+  SECTION("device arch range") {
+    AttentionSpec cuda = spec;
+    cuda.device = DeviceKind::kCuda;
+    cuda.device_arch = 75;
+    Selection sel = reg.Select(cuda);
+    CHECK(sel.info == nullptr);
+    CHECK(Contains(sel.rows[2].reason, "arch 75"));
+    cuda.device_arch = 90;
+    sel = reg.Select(cuda);
+    REQUIRE(sel.info != nullptr);
+    CHECK(sel.info->name == "fake_gpu");
+  }
+  SECTION("missing features are named") {
+    AttentionSpec soft = spec;
+    soft.features = kFeatureCausal | kFeatureSoftCap | kFeatureSinks;
+    const Selection sel = reg.Select(soft);
+    CHECK(sel.info == nullptr);
+    CHECK(Contains(sel.rows[0].reason, "softcap"));
+    CHECK(Contains(sel.rows[0].reason, "sinks"));
+  }
+}
+
+}  // namespace
+}  // namespace llm
