@@ -33,6 +33,9 @@ struct StepRecord {
   };
   std::vector<Entry> entries;
   int num_preempted = 0;
+  // Wall time of the step's phases (seconds): schedule, batch preparation, forward, sampling
+  // plus streaming.
+  double schedule_s = 0, prepare_s = 0, forward_s = 0, sample_s = 0;
 };
 
 class EngineCore {

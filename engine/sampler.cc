@@ -51,7 +51,28 @@ SampledToken Sampler::Sample(std::span<float> logits, std::span<const int32_t> p
   SampledToken out;
   if (params_.greedy()) {
     out.token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    ComputeLogprobs(logits, out.token, params_.logprobs, &out);
+    // Logprobs cost a pass of exp() over the vocabulary: only when asked for.
+    if (params_.logprobs > 0) ComputeLogprobs(logits, out.token, params_.logprobs, &out);
+    return out;
+  }
+  if (params_.top_k == 0 && params_.top_p >= 1.0f && params_.min_p == 0.0f) {
+    // Plain temperature sampling needs no sorted candidate list: one pass over the vocabulary.
+    const float max = *std::max_element(logits.begin(), logits.end());
+    const double inv_t = 1.0 / params_.temperature;
+    probs_.resize(vocab);
+    double sum = 0.0;
+    for (int i = 0; i < vocab; ++i) sum += probs_[i] = static_cast<float>(std::exp((logits[i] - max) * inv_t));
+    const double u = static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0) * sum;
+    double cum = 0.0;
+    out.token = vocab - 1;
+    for (int i = 0; i < vocab; ++i) {
+      cum += probs_[i];
+      if (u < cum) {
+        out.token = i;
+        break;
+      }
+    }
+    if (params_.logprobs > 0) ComputeLogprobs(logits, out.token, params_.logprobs, &out);
     return out;
   }
   // Logprobs are reported from the penalized logits before temperature and truncation.
@@ -113,7 +134,6 @@ SampledToken Sampler::Sample(std::span<float> logits, std::span<const int32_t> p
   }
   out.token = order_[chosen];
   if (params_.logprobs > 0) ComputeLogprobs(raw, out.token, params_.logprobs, &out);
-  else ComputeLogprobs(logits, out.token, 0, &out);
   return out;
 }
 

@@ -14,7 +14,9 @@ namespace llm {
 
 struct SampledToken {
   int32_t token = -1;
-  float logprob = 0.0f;  // log-softmax of the raw logits (before temperature), as vLLM reports
+  // log-softmax of the (penalized) logits before temperature, as vLLM reports; filled only when
+  // the request asks for logprobs.
+  float logprob = 0.0f;
   std::vector<std::pair<int32_t, float>> top;  // top-N (token, logprob), if asked
 };
 

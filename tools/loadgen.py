@@ -295,6 +295,7 @@ class RequestRecord:
     detail: str = ""
     prompt_tokens: int | None = None
     output_tokens: int | None = None  # usage.completion_tokens when the stream completed
+    cached_tokens: int | None = None  # usage.cached_tokens (prefix-cache hits)
     finish_reason: str = ""
     aborted: bool = False  # the client actually aborted it (ABORT kind)
 
@@ -357,6 +358,7 @@ async def run_one(stub, spec: RequestSpec, rec: RequestRecord, timeout: float | 
                 ids = c.token_ids
                 rec.prompt_tokens = c.usage.prompt_tokens
                 rec.output_tokens = c.usage.completion_tokens
+                rec.cached_tokens = c.usage.cached_tokens
                 rec.finish_reason = pb.FinishReason.Name(c.finish_reason)
             else:
                 continue
@@ -567,6 +569,7 @@ def compute_report(args: argparse.Namespace, info, records: list[RequestRecord],
             "invalid_variant": r.invalid_variant or None, "aborted": r.aborted,
             "max_tokens": r.max_tokens, "expected_output_tokens": r.expected_output,
             "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
+            "cached_tokens": r.cached_tokens,
             "streamed_tokens": r.received_tokens, "num_token_chunks": len(r.chunk_times),
             "finish_reason": r.finish_reason or None,
             "start_s": r.start - t0, "end_s": r.end - t0,
@@ -604,6 +607,7 @@ def compute_report(args: argparse.Namespace, info, records: list[RequestRecord],
             "good_requests": good if slo_given else None,
             "total_input_tokens": in_tokens,
             "total_output_tokens": out_tokens,
+            "total_cached_prompt_tokens": sum((r.cached_tokens or 0) for r in measured),
             "streamed_output_tokens_all_requests": streamed,
         },
         "latency_ms": {"ttft": summarize(ttft), "tpot": summarize(tpot), "itl": summarize(itl),
@@ -645,6 +649,9 @@ def format_report(rep: dict) -> str:
              f"{'Request throughput (req/s):':<34}{th['request_throughput']:.2f}",
              f"{'Output token throughput (tok/s):':<34}{th['output_token_throughput']:.1f}",
              f"{'Total token throughput (tok/s):':<34}{th['total_token_throughput']:.1f}"]
+    if th["total_cached_prompt_tokens"]:
+        lines.append(f"{'Prefix-cached prompt tokens:':<34}{th['total_cached_prompt_tokens']} of "
+                     f"{th['total_input_tokens']}")
     if th["goodput"] is not None:
         slo = []
         if cfg["slo_ttft_ms"] is not None:

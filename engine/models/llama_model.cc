@@ -225,14 +225,4 @@ Status LlamaModel::Forward(const ForwardBatch& batch, std::vector<float>* logits
   return Status::Ok();
 }
 
-StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
-  LLM_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
-  if (options.block_size <= 0 || options.block_size > 1024) {
-    return InvalidArgument("block_size must be in [1, 1024]");
-  }
-  LLM_ASSIGN_OR_RETURN(auto weights, WeightStore::Open(options.model_dir));
-  LLM_ASSIGN_OR_RETURN(auto model, LlamaModel::Create(config, *weights, options));
-  return std::unique_ptr<Model>(std::move(model));
-}
-
 }  // namespace llm

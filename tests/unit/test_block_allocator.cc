@@ -113,8 +113,7 @@ TEST_CASE("BlockAllocator reuses released blocks in FIFO order", "[block_allocat
   }
 }
 
-TEST_CASE("BlockAllocator Acquire revives a free block or shares a used one",
-          "[block_allocator]") {
+TEST_CASE("BlockAllocator Acquire revives a free block or shares a used one", "[block_allocator]") {
   BlockAllocator a(4);
   std::vector<int32_t> blocks;
   REQUIRE(a.Allocate(3, &blocks).ok());  // 0, 1, 2

@@ -106,8 +106,7 @@ AttnSetup Build(const AttnCase& c) {
   s.q.resize(static_cast<size_t>(b.num_tokens) * c.num_q_heads * d);
   for (float& x : s.q) x = uni(rng);
   if (prior.num_tokens > 0) {
-    CpuAppendKv(s.shape, prior, prior_k.data(), prior_v.data(), s.k_cache.data(),
-                s.v_cache.data());
+    CpuAppendKv(s.shape, prior, prior_k.data(), prior_v.data(), s.k_cache.data(), s.v_cache.data());
   }
   return s;
 }
@@ -159,8 +158,7 @@ std::vector<double> Reference(const AttnCase& c, const AttnSetup& s, float scale
 std::vector<float> CheckAgainstReference(const AttnCase& c) {
   AttnSetup s = Build(c);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  CpuAppendKv(s.shape, s.batch, s.k_new.data(), s.v_new.data(), s.k_cache.data(),
-              s.v_cache.data());
+  CpuAppendKv(s.shape, s.batch, s.k_new.data(), s.v_new.data(), s.k_cache.data(), s.v_cache.data());
   std::vector<float> out(s.q.size(), std::numeric_limits<float>::quiet_NaN());
   CpuPagedAttention(s.shape, s.batch, s.q.data(), s.k_cache.data(), s.v_cache.data(), scale,
                     out.data());
@@ -171,8 +169,10 @@ std::vector<float> CheckAgainstReference(const AttnCase& c) {
     const double err = std::abs(static_cast<double>(out[i]) - ref[i]);
     const double tol = 1e-5 * std::max(1.0, std::abs(ref[i]));
     if (!(err <= tol)) ++bad;  // NaN counts as bad
-    if (std::isnan(out[i])) worst = std::numeric_limits<double>::infinity();
-    else worst = std::max(worst, err);
+    if (std::isnan(out[i]))
+      worst = std::numeric_limits<double>::infinity();
+    else
+      worst = std::max(worst, err);
   }
   INFO("block_size=" << c.block_size << " head_dim=" << c.head_dim << " heads=" << c.num_q_heads
                      << "/" << c.num_kv_heads << " worst abs error " << worst);
@@ -221,8 +221,7 @@ TEST_CASE("CpuPagedAttention query rows only see their causal prefix", "[cpu_att
   // Changing a later cache position must not change an earlier query row's output.
   AttnCase c{16, 32, 4, 2, {{20, 5}}, 5};
   AttnSetup s = Build(c);
-  CpuAppendKv(s.shape, s.batch, s.k_new.data(), s.v_new.data(), s.k_cache.data(),
-              s.v_cache.data());
+  CpuAppendKv(s.shape, s.batch, s.k_new.data(), s.v_new.data(), s.k_cache.data(), s.v_cache.data());
   std::vector<float> out1(s.q.size()), out2(s.q.size());
   CpuPagedAttention(s.shape, s.batch, s.q.data(), s.k_cache.data(), s.v_cache.data(), 0.2f,
                     out1.data());
@@ -378,8 +377,7 @@ BackendInfo FakeInfo(const std::string& name, int priority) {
   return info;
 }
 
-TEST_CASE("BackendRegistry local instance: priority, force_name and the table",
-          "[cpu_attention]") {
+TEST_CASE("BackendRegistry local instance: priority, force_name and the table", "[cpu_attention]") {
   BackendRegistry reg;
   reg.Register(FakeInfo("fake_slow", 1));
   reg.Register(FakeInfo("fake_fast", 10));

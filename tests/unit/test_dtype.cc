@@ -25,7 +25,9 @@ uint32_t ToBits(float f) {
   return bits;
 }
 
-bool IsHalfNan(uint16_t h) { return (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0; }
+bool IsHalfNan(uint16_t h) {
+  return (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0;
+}
 
 TEST_CASE("F32ToBf16 rounds to nearest even", "[dtype]") {
   CHECK(F32ToBf16(1.0f) == 0x3f80);
@@ -68,9 +70,15 @@ TEST_CASE("Bf16 round trip of every non-NaN pattern is exact", "[dtype]") {
 
 TEST_CASE("F16 conversion of normal values", "[dtype]") {
   const std::pair<float, uint16_t> cases[] = {
-      {1.0f, 0x3c00},     {-2.0f, 0xc000},    {0.5f, 0x3800},        {65504.0f, 0x7bff},
-      {-65504.0f, 0xfbff}, {0.333251953125f, 0x3555}, {6.103515625e-05f, 0x0400},  // 2^-14
-      {1.0009765625f, 0x3c01}, {1024.0f, 0x6400},
+      {1.0f, 0x3c00},
+      {-2.0f, 0xc000},
+      {0.5f, 0x3800},
+      {65504.0f, 0x7bff},
+      {-65504.0f, 0xfbff},
+      {0.333251953125f, 0x3555},
+      {6.103515625e-05f, 0x0400},  // 2^-14
+      {1.0009765625f, 0x3c01},
+      {1024.0f, 0x6400},
   };
   for (const auto& [f, h] : cases) {
     INFO("value " << f);

@@ -101,7 +101,11 @@ TEST_CASE("ModelConfig parses a Llama config with llama3 rope scaling", "[model_
   CHECK(c->rope_scaling.low_freq_factor == Approx(1.0f));
   CHECK(c->rope_scaling.high_freq_factor == Approx(4.0f));
   CHECK(c->rope_scaling.original_max_position_embeddings == 8192);
-  CHECK_FALSE(c->name.empty());
+  CHECK(c->name == std::filesystem::path(dir.path()).filename().string());
+  // A trailing slash does not lose the name.
+  auto slash = LoadModelConfig(dir.path() + "/");
+  REQUIRE(slash.ok());
+  CHECK(slash->name == c->name);
 }
 
 TEST_CASE("ModelConfig rope_scaling variants", "[model_config]") {
@@ -130,8 +134,8 @@ TEST_CASE("ModelConfig rope_scaling variants", "[model_config]") {
     CHECK(Contains(c.status().message(), "yarn"));
   }
   SECTION("llama3 with high_freq_factor <= low_freq_factor") {
-    j["rope_scaling"] = {{"rope_type", "llama3"}, {"low_freq_factor", 4.0},
-                         {"high_freq_factor", 4.0}};
+    j["rope_scaling"] = {
+        {"rope_type", "llama3"}, {"low_freq_factor", 4.0}, {"high_freq_factor", 4.0}};
     dir.WriteConfig(j);
     auto c = LoadModelConfig(dir.path());
     REQUIRE_FALSE(c.ok());
@@ -289,16 +293,23 @@ TEST_CASE("ModelConfig missing or bad fields are errors naming them", "[model_co
   }
 }
 
-TEST_CASE("ModelConfig head_dim defaults to hidden/heads and can be explicit",
-          "[model_config]") {
+TEST_CASE("ModelConfig head_dim defaults to hidden/heads and can be explicit", "[model_config]") {
   TempModelDir dir;
   json j = BaseLlama();
-  j["hidden_size"] = 200;  // not a multiple of 8 heads
+  j["hidden_size"] = 260;  // not a multiple of 8 heads
   SECTION("without head_dim it is an error") {
     dir.WriteConfig(j);
     auto c = LoadModelConfig(dir.path());
     REQUIRE_FALSE(c.ok());
+    CHECK(c.status().code() == StatusCode::kInvalidArgument);
     CHECK(Contains(c.status().message(), "num_attention_heads"));
+  }
+  SECTION("an odd head_dim is an error") {
+    j["hidden_size"] = 200;  // 8 heads of 25
+    dir.WriteConfig(j);
+    auto c = LoadModelConfig(dir.path());
+    REQUIRE_FALSE(c.ok());
+    CHECK(Contains(c.status().message(), "head_dim"));
   }
   SECTION("explicit head_dim is used") {
     j["head_dim"] = 64;
@@ -318,8 +329,7 @@ TEST_CASE("ModelConfig head_dim defaults to hidden/heads and can be explicit",
   }
 }
 
-TEST_CASE("ModelConfig generation_config.json eos list overrides config.json",
-          "[model_config]") {
+TEST_CASE("ModelConfig generation_config.json eos list overrides config.json", "[model_config]") {
   TempModelDir dir;
   json j = BaseLlama();
   j["eos_token_id"] = 2;

@@ -175,12 +175,14 @@ TEST_CASE("Safetensors sharded WeightStore via model.safetensors.index.json", "[
   REQUIRE(WriteSafetensors(dir.file(shard1), {{"layers.0.w", DType::kF32, {2, 2}, F32Bytes(w1)},
                                               {"embed", DType::kF32, {2, 3}, F32Bytes(w2)}})
               .ok());
-  REQUIRE(WriteSafetensors(dir.file(shard2), {{"layers.1.w", DType::kF32, {2}, F32Bytes(w3)}})
-              .ok());
+  REQUIRE(
+      WriteSafetensors(dir.file(shard2), {{"layers.1.w", DType::kF32, {2}, F32Bytes(w3)}}).ok());
   WriteAll(dir.file("model.safetensors.index.json"),
            R"({"metadata": {"total_size": 48}, "weight_map": {
-                "layers.0.w": ")" + shard1 + R"(", "embed": ")" + shard1 + R"(",
-                "layers.1.w": ")" + shard2 + R"("}})");
+                "layers.0.w": ")" +
+               shard1 + R"(", "embed": ")" + shard1 + R"(",
+                "layers.1.w": ")" +
+               shard2 + R"("}})");
 
   auto store_or = WeightStore::Open(dir.path().string());
   REQUIRE(store_or.ok());
@@ -385,12 +387,12 @@ TEST_CASE("Safetensors rejects shapes whose element count overflows", "[safetens
 TEST_CASE("Safetensors header fuzz never crashes Open", "[safetensors]") {
   TempDir dir;
   const std::string good = dir.file("good.safetensors");
-  REQUIRE(WriteSafetensors(good,
-                           {{"model.embed_tokens.weight", DType::kF32, {4, 3},
-                             F32Bytes(RandomFloats(12, 7))},
-                            {"model.layers.0.w", DType::kF16, {2, 5}, F16Bytes(RandomFloats(10, 8))},
-                            {"model.norm", DType::kBF16, {6}, Bf16Bytes(RandomFloats(6, 9))}},
-                           {{"format", "pt"}})
+  REQUIRE(WriteSafetensors(
+              good,
+              {{"model.embed_tokens.weight", DType::kF32, {4, 3}, F32Bytes(RandomFloats(12, 7))},
+               {"model.layers.0.w", DType::kF16, {2, 5}, F16Bytes(RandomFloats(10, 8))},
+               {"model.norm", DType::kBF16, {6}, Bf16Bytes(RandomFloats(6, 9))}},
+              {{"format", "pt"}})
               .ok());
   const std::string original = ReadAll(good);
   uint64_t header_len = 0;
@@ -407,14 +409,14 @@ TEST_CASE("Safetensors header fuzz never crashes Open", "[safetensors]") {
     for (int e = 0; e < edits; ++e) {
       // Mostly the JSON header, sometimes the length field.
       const bool length_field = std::uniform_int_distribution<int>(0, 19)(rng) == 0;
-      const size_t pos =
-          length_field ? std::uniform_int_distribution<size_t>(0, 7)(rng)
-                       : std::uniform_int_distribution<size_t>(8, 8 + header_len - 1)(rng);
+      const size_t pos = length_field
+                             ? std::uniform_int_distribution<size_t>(0, 7)(rng)
+                             : std::uniform_int_distribution<size_t>(8, 8 + header_len - 1)(rng);
       if (std::uniform_int_distribution<int>(0, 1)(rng) == 0) {
         bytes[pos] = static_cast<char>(std::uniform_int_distribution<int>(0, 255)(rng));
       } else {
-        bytes[pos] = kInteresting[std::uniform_int_distribution<size_t>(
-            0, sizeof(kInteresting) - 2)(rng)];
+        bytes[pos] =
+            kInteresting[std::uniform_int_distribution<size_t>(0, sizeof(kInteresting) - 2)(rng)];
       }
     }
     WriteAll(fuzz, bytes);

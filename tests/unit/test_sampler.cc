@@ -31,10 +31,6 @@ std::vector<double> LogSoftmax(const std::vector<float>& logits) {
   return p;
 }
 
-int32_t Argmax(const std::vector<float>& v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
-}
-
 // Draws with a fresh copy of `logits` each time (Sample modifies them in place).
 SampledToken Draw(Sampler& s, const std::vector<float>& logits,
                   const std::vector<int32_t>& prompt = {},
@@ -131,8 +127,7 @@ TEST_CASE("Sampler with min_p=1 picks the argmax", "[sampler]") {
   }
 }
 
-TEST_CASE("Sampler min_p drops tokens below the fraction of the top probability",
-          "[sampler]") {
+TEST_CASE("Sampler min_p drops tokens below the fraction of the top probability", "[sampler]") {
   // Probabilities proportional to 1, 0.6, 0.3, 0.1.
   const std::vector<float> logits = {0.0f, std::log(0.6f), std::log(0.3f), std::log(0.1f)};
   SamplingParams p;

@@ -210,8 +210,7 @@ TEST_CASE("Scheduler admits FCFS by (priority, arrival)", "[scheduler]") {
   CHECK(sched.num_running() == 0);
 }
 
-TEST_CASE("Scheduler does not let a later waiting sequence overtake a blocked one",
-          "[scheduler]") {
+TEST_CASE("Scheduler does not let a later waiting sequence overtake a blocked one", "[scheduler]") {
   const SchedulerConfig cfg = Config(4, 8, 256);
   Scheduler sched(cfg, 4);
   sched.Add(MakeSeq(1, 12));  // 3 blocks
@@ -225,8 +224,7 @@ TEST_CASE("Scheduler does not let a later waiting sequence overtake a blocked on
   CHECK(sched.num_waiting() == 2);
 }
 
-TEST_CASE("Scheduler preempts the newest running sequence when blocks run out",
-          "[scheduler]") {
+TEST_CASE("Scheduler preempts the newest running sequence when blocks run out", "[scheduler]") {
   const SchedulerConfig cfg = Config(4, 2, 256);
   Scheduler sched(cfg, 4);
   sched.Add(MakeSeq(1, 6));  // A
@@ -282,8 +280,7 @@ TEST_CASE("Scheduler preempts the newest running sequence when blocks run out",
   CHECK(sched.allocator().num_used() == TotalTableBlocks(sched, {1, 2, 3}));
 }
 
-TEST_CASE("Scheduler preempts the sequence being scheduled when it is the newest",
-          "[scheduler]") {
+TEST_CASE("Scheduler preempts the sequence being scheduled when it is the newest", "[scheduler]") {
   const SchedulerConfig cfg = Config(4, 64, 256);
   Scheduler sched(cfg, 2);
   sched.Add(MakeSeq(1, 8));  // exactly 2 blocks
@@ -568,8 +565,12 @@ void RunRandomSimulation(bool prefix_caching, uint32_t seed) {
 }
 
 TEST_CASE("Scheduler randomized simulation keeps its invariants", "[scheduler]") {
-  SECTION("without prefix caching") { RunRandomSimulation(false, 12345); }
-  SECTION("with prefix caching and shared prompt prefixes") { RunRandomSimulation(true, 777); }
+  SECTION("without prefix caching") {
+    RunRandomSimulation(false, 12345);
+  }
+  SECTION("with prefix caching and shared prompt prefixes") {
+    RunRandomSimulation(true, 777);
+  }
 }
 
 }  // namespace

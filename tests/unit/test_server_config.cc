@@ -63,8 +63,8 @@ TEST_CASE("ServerConfig JSON file then flags override", "[server_config]") {
   TempConfigFile file(R"({"model_dir": "/from/file", "max_num_seqs": 16, "block_size": 32,
                          "listen_address": "0.0.0.0:6000", "log_level": "debug"})");
   // The file applies first even when --config comes after a flag.
-  auto c = ParseServerConfig({"--max-num-seqs", "8", "--config", file.path(),
-                              "--max_batched_tokens=512"});
+  auto c = ParseServerConfig(
+      {"--max-num-seqs", "8", "--config", file.path(), "--max_batched_tokens=512"});
   REQUIRE(c.ok());
   CHECK(c->max_num_seqs == 8);          // flag beats file
   CHECK(c->block_size == 32);           // file
@@ -181,8 +181,7 @@ TEST_CASE("ServerConfig requires model_dir", "[server_config]") {
   CHECK(Contains(c2.status().message(), "model_dir"));
 }
 
-TEST_CASE("ServerConfig --help returns FailedPrecondition with the usage text",
-          "[server_config]") {
+TEST_CASE("ServerConfig --help returns FailedPrecondition with the usage text", "[server_config]") {
   for (const char* flag : {"--help", "-h"}) {
     // Even with other (valid or invalid) arguments around it.
     auto c = ParseServerConfig({"--model-dir", "/m", flag, "--bogus", "1"});
