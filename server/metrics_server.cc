@@ -6,6 +6,11 @@ namespace llm {
 
 MetricsServer::MetricsServer(std::shared_ptr<EngineMetrics> metrics)
     : metrics_(std::move(metrics)), http_(std::make_unique<httplib::Server>()) {
+  // httplib's default sets SO_REUSEPORT, which lets a second server silently share the port.
+  http_->set_socket_options([](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_->Render(), "text/plain; version=0.0.4");
   });

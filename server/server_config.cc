@@ -73,7 +73,7 @@ const std::vector<Field>& Fields() {
                &ServerConfig::kv_cache_memory_mb, 1, 1 << 22),
       IntField("max_num_seqs", "running sequences per step (default 64)",
                &ServerConfig::max_num_seqs, 1, 4096),
-      IntField("max_batched_tokens", "token budget per step (default 2048)",
+      IntField("max_batched_tokens", "token budget per step (default 512)",
                &ServerConfig::max_batched_tokens, 1, 1 << 20),
       IntField("max_model_len", "context length; 0 = the model's", &ServerConfig::max_model_len,
                0, 1 << 24),

@@ -16,7 +16,7 @@ struct ServerConfig {
   int num_kv_blocks = 0;       // 0: from kv_cache_memory_mb
   int kv_cache_memory_mb = 256;
   int max_num_seqs = 64;
-  int max_batched_tokens = 2048;
+  int max_batched_tokens = 512;   // small chunks keep decode latency low while prompts prefill
   int max_model_len = 0;       // 0: the model's
   int max_tokens_limit = 4096;
   int default_max_tokens = 256;

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -33,7 +34,7 @@ def check(cond, msg):
 def start_server(server_bin, model, timeout=30.0):
     """Starts the server on port 0; returns (process, port, log lines)."""
     proc = subprocess.Popen(
-        [server_bin, "--model", model, "--listen-address", "127.0.0.1:0"],
+        [server_bin, "--model", model, "--listen-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     log, port_box, ready = [], [], threading.Event()
 
@@ -135,14 +136,59 @@ def check_report(rep):
     check(rep["duration_s"] > 0, "duration")
 
 
+def scrape(port):
+    """Returns {metric line name: value} from the server's Prometheus endpoint."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+def check_metrics_baseline(log):
+    """After the run, every resource must be back at baseline: no running or waiting request and
+    no KV block in use (cached prefix blocks sit on the free list and do not count)."""
+    ports = [int(l.split()[1]) for l in log if l.startswith("METRICS_LISTENING ")]
+    if not ports:
+        check(False, "server printed no METRICS_LISTENING line")
+        return
+    deadline = time.monotonic() + 10
+    while True:
+        m = scrape(ports[0])
+        idle = (m.get("llm_num_requests_running") == 0 and m.get("llm_num_requests_waiting") == 0
+                and m.get("llm_kv_cache_usage_perc") == 0)
+        if idle or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    check(idle, "resources not back at baseline after the run: running "
+          f"{m.get('llm_num_requests_running')}, waiting {m.get('llm_num_requests_waiting')}, "
+          f"kv usage {m.get('llm_kv_cache_usage_perc')}")
+    ended = sum(v for k, v in m.items() if k.startswith("llm_requests_total"))
+    n_invalid = round(INVALID_FRACTION * NUM_REQUESTS)
+    check(ended == NUM_REQUESTS - n_invalid,
+          f"llm_requests_total sums to {ended}, expected {NUM_REQUESTS - n_invalid} "
+          "(every accepted request ends exactly once)")
+    print(f"metrics baseline: running 0, waiting 0, kv usage 0, {ended:.0f} requests ended")
+
+
 def main():
+    global NUM_REQUESTS, CONCURRENCY, ABORT_FRACTION, INVALID_FRACTION
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--server-bin", default=os.path.join(REPO, "build/cpu/server/llm-server"))
     ap.add_argument("--model", default=os.path.join(REPO, "build/cpu/models/tiny-llama"))
     ap.add_argument("--proto-python", default=os.path.join(REPO, "build/cpu/python"))
     ap.add_argument("--loadgen", default=os.path.join(REPO, "tools/loadgen.py"))
     ap.add_argument("--timeout", type=float, default=90.0, help="limit for the loadgen run (s)")
+    ap.add_argument("--num-requests", type=int, default=NUM_REQUESTS)
+    ap.add_argument("--concurrency", type=int, default=CONCURRENCY)
+    ap.add_argument("--abort-fraction", type=float, default=ABORT_FRACTION)
+    ap.add_argument("--invalid-fraction", type=float, default=INVALID_FRACTION)
     args = ap.parse_args()
+    NUM_REQUESTS, CONCURRENCY = args.num_requests, args.concurrency
+    ABORT_FRACTION, INVALID_FRACTION = args.abort_fraction, args.invalid_fraction
 
     t_start = time.monotonic()
     proc, port, log = start_server(args.server_bin, args.model)
@@ -173,6 +219,7 @@ def main():
             else:
                 check(False, "loadgen wrote no JSON report")
         check(proc.poll() is None, f"server exited during the run (rc {proc.returncode})")
+        check_metrics_baseline(log)
     finally:
         stop_server(proc)
     elapsed = time.monotonic() - t_start

@@ -63,8 +63,16 @@ TEST_CASE("Sampler greedy picks the argmax", "[sampler]") {
   CHECK(Draw(s, kLogits).token == 1);
   CHECK(Draw(s, {-5.0f, -4.0f, -4.5f}).token == 1);
   CHECK(Draw(s, {7.0f}).token == 0);
-  const SampledToken t = Draw(s, kLogits);
+
+  // With logprobs asked for, the chosen token's log-softmax and the top entries are reported.
+  p.logprobs = 2;
+  Sampler with_logprobs(p);
+  const SampledToken t = Draw(with_logprobs, kLogits);
+  CHECK(t.token == 1);
   CHECK(t.logprob == Approx(LogSoftmax(kLogits)[1]).margin(1e-5));
+  REQUIRE(t.top.size() == 2);
+  CHECK(t.top[0].first == 1);
+  CHECK(t.top[1].first == 3);
 }
 
 TEST_CASE("Sampler top_k=1 at temperature 1 equals the argmax for any seed", "[sampler]") {
@@ -149,6 +157,27 @@ TEST_CASE("Sampler at temperature 1 matches the softmax distribution", "[sampler
   for (size_t i = 0; i < logits.size(); ++i) {
     INFO("token " << i);
     CHECK(f[i] == Approx(want[i]).margin(0.02));
+  }
+}
+
+TEST_CASE("Sampler truncation path without effective truncation matches the softmax", "[sampler]") {
+  // top_k equal to the vocabulary and top_p of 1 truncate nothing, but take the sorted path.
+  const std::vector<float> logits = {1.0f, 2.0f, 0.5f, -0.5f};
+  SamplingParams p;
+  p.top_k = 4;
+  p.seed = 4321;
+  const std::vector<double> f = Frequencies(p, logits, 20000);
+  const std::vector<double> want = Softmax(logits);
+  for (size_t i = 0; i < logits.size(); ++i) {
+    INFO("token " << i);
+    CHECK(f[i] == Approx(want[i]).margin(0.02));
+  }
+  p.top_k = 0;
+  p.top_p = 0.9999f;
+  const std::vector<double> g = Frequencies(p, logits, 20000);
+  for (size_t i = 0; i < logits.size(); ++i) {
+    INFO("token " << i);
+    CHECK(g[i] == Approx(want[i]).margin(0.02));
   }
 }
 

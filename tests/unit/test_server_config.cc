@@ -42,21 +42,30 @@ bool Contains(const std::string& haystack, const std::string& needle) {
 
 TEST_CASE("ServerConfig defaults", "[server_config]") {
   const ServerConfig defaults;
-  CHECK(defaults.listen_address == "127.0.0.1:50051");
+  CHECK(defaults.listen_address == "127.0.0.1:50051");  // loopback unless configured
 
+  // Only model_dir given: everything else keeps its default.
   auto c = ParseServerConfig({"--model-dir", "/models/tiny"});
   REQUIRE(c.ok());
   CHECK(c->listen_address == "127.0.0.1:50051");
   CHECK(c->model_dir == "/models/tiny");
-  CHECK(c->block_size == 64);
-  CHECK(c->max_num_seqs == 64);
-  CHECK(c->max_batched_tokens == 2048);
-  CHECK(c->num_kv_blocks == 0);
-  CHECK(c->kv_cache_memory_mb == 256);
-  CHECK(c->max_tokens_limit == 4096);
-  CHECK(c->default_max_tokens == 256);
-  CHECK(c->log_level == "info");
+  CHECK(c->block_size == defaults.block_size);
+  CHECK(c->max_num_seqs == defaults.max_num_seqs);
+  CHECK(c->max_batched_tokens == defaults.max_batched_tokens);
+  CHECK(c->num_kv_blocks == defaults.num_kv_blocks);
+  CHECK(c->kv_cache_memory_mb == defaults.kv_cache_memory_mb);
+  CHECK(c->max_model_len == defaults.max_model_len);
+  CHECK(c->max_tokens_limit == defaults.max_tokens_limit);
+  CHECK(c->default_max_tokens == defaults.default_max_tokens);
+  CHECK(c->max_prompt_bytes == defaults.max_prompt_bytes);
+  CHECK(c->shutdown_grace_s == defaults.shutdown_grace_s);
+  CHECK(c->log_level == defaults.log_level);
   CHECK(c->attention_backend.empty());
+  // The defaults themselves are valid values.
+  CHECK(defaults.block_size > 0);
+  CHECK(defaults.max_num_seqs > 0);
+  CHECK(defaults.max_batched_tokens > 0);
+  CHECK(defaults.default_max_tokens <= defaults.max_tokens_limit);
 }
 
 TEST_CASE("ServerConfig JSON file then flags override", "[server_config]") {
