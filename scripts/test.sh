@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs, builds and runs every test: the CPU build, then the ASan+UBSan build, then the format
-# check. GPU tests (later) skip with a message when no GPU is present.
+# Installs, builds and runs every test: the CPU build, the ASan+UBSan build, the format check, and
+# the Docker build stage (release build + installed-server health probe). GPU tests skip with a
+# message when no GPU is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh cpu
@@ -12,4 +13,7 @@ if [ "${LLM_SKIP_ASAN:-0}" != "1" ]; then
     ctest --preset asan -j 2
 fi
 scripts/check_format.sh
+if [ "${LLM_SKIP_DOCKER_STAGE:-0}" != "1" ]; then
+  scripts/docker_smoke.sh
+fi
 echo "ALL TESTS PASSED"
