@@ -124,8 +124,11 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
         return DataLoss(where + " has an invalid shape");
       }
       v.shape.push_back(d.get<int64_t>());
+      // Check before multiplying: the product of two valid dims can overflow int64.
+      if (v.shape.back() != 0 && numel > (1ll << 40) / v.shape.back()) {
+        return DataLoss(where + " is implausibly large");
+      }
       numel *= v.shape.back();
-      if (numel > (1ll << 40)) return DataLoss(where + " is implausibly large");
     }
     const json& off = t["data_offsets"];
     if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {

@@ -18,6 +18,17 @@ enum class AttentionKind { kMha, kMla };  // kMha covers MHA, GQA and MQA
 const char* DeviceKindName(DeviceKind d);
 const char* AttentionKindName(AttentionKind k);
 
+// How an 8-bit KV cache (kv_dtype kI8 or kFp8E4M3) is scaled; kNone for fp32/fp16/bf16 caches.
+// The element formats are defined in engine/base/quant.h and the layouts in docs/ARCHITECTURE.md
+// ("KV cache storage"). Per-tensor scales are deliberately not offered.
+enum class KvQuant {
+  kNone,
+  kStaticPerHead,     // one dequant scale per KV head per layer: [num_kv_heads]
+  kStaticPerChannel,  // one per KV head and channel per layer: [num_kv_heads, head_dim]
+  kDynamicPerToken,   // fp8 only: absmax/448 of each token's head vector, computed at append time
+};
+const char* KvQuantName(KvQuant q);
+
 // Mask / score features a model may need; a backend lists those it implements.
 enum AttentionFeature : uint32_t {
   kFeatureCausal = 1u << 0,
@@ -34,6 +45,7 @@ struct AttentionSpec {
   int device_arch = 0;  // e.g. 90 for sm_90; 0 on CPU
   AttentionKind kind = AttentionKind::kMha;
   DType kv_dtype = DType::kF32;
+  KvQuant kv_quant = KvQuant::kNone;  // must be kNone exactly when kv_dtype is not 8-bit
   int num_q_heads = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
@@ -56,10 +68,25 @@ struct AttentionBatch {
   std::vector<int32_t> slot_mapping;  // [num_tokens] block * block_size + offset of each new token
 };
 
-// One layer's paged cache. Both tensors: [num_blocks, num_kv_heads, block_size, head_dim].
+// One layer's paged cache. Both tensors: [num_blocks, num_kv_heads, block_size, head_dim], with
+// elements of AttentionSpec::kv_dtype (1 byte for int8 / fp8).
+//
+// 8-bit caches also carry dequant scales (x = q * scale; never zero), all fp32, in the backend's
+// memory space. Which pointers are set depends on AttentionSpec::kv_quant:
+//   kStaticPerHead:    k_scale, v_scale -> [num_kv_heads]              (read only, per layer)
+//   kStaticPerChannel: k_scale, v_scale -> [num_kv_heads, head_dim]    (read only, per layer)
+//   kDynamicPerToken:  k_block_scales, v_block_scales ->
+//                      [num_blocks, num_kv_heads, block_size]          (written at append time)
+// The dynamic arrays sit beside the blocks: the scale of the token in slot (block, offset) for
+// KV head h is block_scales[(block * num_kv_heads + h) * block_size + offset]. Unused pointers are
+// null. BlockBytes() counts the dynamic scales of a block; static scales are not per block.
 struct KvCacheLayer {
   void* k = nullptr;
   void* v = nullptr;
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  float* k_block_scales = nullptr;
+  float* v_block_scales = nullptr;
 };
 
 // Inputs of one layer call. Pointers are in the backend's memory space and element type.
@@ -76,7 +103,7 @@ class AttentionBackend {
  public:
   virtual ~AttentionBackend() = default;
   virtual std::string name() const = 0;
-  // Bytes one KV block takes for K and V together in one layer.
+  // Bytes one KV block takes for K and V together in one layer (with its dynamic scales, if any).
   virtual size_t BlockBytes() const = 0;
   // Host-side work for a step, done once before the layers run (block tables, split-KV list).
   // The layer calls only consume the plan, so a GPU step can be captured in a graph.

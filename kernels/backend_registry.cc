@@ -18,6 +18,16 @@ const char* AttentionKindName(AttentionKind k) {
   return k == AttentionKind::kMha ? "mha/gqa" : "mla";
 }
 
+const char* KvQuantName(KvQuant q) {
+  switch (q) {
+    case KvQuant::kNone: return "none";
+    case KvQuant::kStaticPerHead: return "static_per_head";
+    case KvQuant::kStaticPerChannel: return "static_per_channel";
+    case KvQuant::kDynamicPerToken: return "dynamic_per_token";
+  }
+  return "?";
+}
+
 std::string FeatureNames(uint32_t f) {
   static const std::pair<uint32_t, const char*> kNames[] = {
       {kFeatureCausal, "causal"}, {kFeatureSlidingWindow, "sliding_window"},
@@ -49,6 +59,9 @@ std::string Mismatch(const BackendInfo& b, const AttentionSpec& s) {
   if (b.kind != s.kind) return std::string("kind is ") + AttentionKindName(b.kind);
   if (std::find(b.kv_dtypes.begin(), b.kv_dtypes.end(), s.kv_dtype) == b.kv_dtypes.end()) {
     return std::string("no kv dtype ") + DTypeName(s.kv_dtype);
+  }
+  if (std::find(b.kv_quants.begin(), b.kv_quants.end(), s.kv_quant) == b.kv_quants.end()) {
+    return std::string("no kv quant ") + KvQuantName(s.kv_quant);
   }
   if (!b.head_dims.empty() &&
       std::find(b.head_dims.begin(), b.head_dims.end(), s.head_dim) == b.head_dims.end()) {
@@ -84,7 +97,8 @@ std::string Selection::Table(const AttentionSpec& s) const {
   std::ostringstream os;
   os << "attention backend selection for device=" << DeviceKindName(s.device)
      << " arch=" << s.device_arch << " kind=" << AttentionKindName(s.kind)
-     << " kv_dtype=" << DTypeName(s.kv_dtype) << " heads=" << s.num_q_heads << "/"
+     << " kv_dtype=" << DTypeName(s.kv_dtype) << " kv_quant=" << KvQuantName(s.kv_quant)
+     << " heads=" << s.num_q_heads << "/"
      << s.num_kv_heads << " head_dim=" << s.head_dim << " block=" << s.block_size
      << " features=" << FeatureNames(s.features) << "\n";
   os << "  | backend                  | prio | decision\n";

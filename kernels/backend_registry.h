@@ -18,6 +18,7 @@ struct BackendInfo {
   int min_arch = 0, max_arch = 1 << 30;  // device arch range (e.g. 80..120)
   AttentionKind kind = AttentionKind::kMha;
   std::vector<DType> kv_dtypes;
+  std::vector<KvQuant> kv_quants = {KvQuant::kNone};  // 8-bit cache scalings implemented
   std::vector<int> head_dims;    // empty: any
   int min_block_size = 1;        // block sizes must be multiples of this
   uint32_t features = 0;         // features implemented
