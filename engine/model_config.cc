@@ -49,6 +49,8 @@ const char* ArchitectureName(Architecture a) {
     case Architecture::kLlama: return "LlamaForCausalLM";
     case Architecture::kMistral: return "MistralForCausalLM";
     case Architecture::kQwen2: return "Qwen2ForCausalLM";
+    case Architecture::kDeepseekV2: return "DeepseekV2ForCausalLM";
+    case Architecture::kDeepseekV3: return "DeepseekV3ForCausalLM";
   }
   return "?";
 }

@@ -11,7 +11,8 @@
 
 namespace llm {
 
-enum class Architecture { kLlama, kMistral, kQwen2 };
+// DeepSeek configs are read by models/deepseek_config.h (LoadModel dispatches on the name).
+enum class Architecture { kLlama, kMistral, kQwen2, kDeepseekV2, kDeepseekV3 };
 
 const char* ArchitectureName(Architecture a);
 

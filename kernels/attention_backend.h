@@ -51,6 +51,9 @@ struct AttentionSpec {
   int head_dim = 0;
   int block_size = 64;
   uint32_t features = kFeatureCausal;
+  // kMla only: head_dim is the cached latent width (kv_lora_rank + rope dim, 576 for DeepSeek)
+  // and this is its trailing roped part; num_kv_heads is 1. See MlaParams.
+  int mla_rope_dim = 0;
 };
 
 // One step's batch, in the CSR layout every backend shares. Sequence s owns query rows
@@ -110,6 +113,38 @@ class AttentionBackend {
   virtual Status Plan(const AttentionBatch& batch) = 0;
   // Appends this step's K/V into the cache, then attends. Valid after Plan for the same step.
   virtual void Run(const AttentionParams& params) = 0;
+};
+
+// ---- Multi-head latent attention (AttentionKind::kMla, DeepSeek-V2/V3) ----
+// The cache holds one latent row per token and no heads: [num_blocks, block_size, L] with
+// L = kv_lora_rank + rope_dim (AttentionSpec::head_dim), the RMS-normalized c_kv followed by the
+// roped k_pe, in the backend's kv dtype (fp32, or fp8 e4m3 bytes dequantized as
+// Fp8E4M3ToFloat(byte) * cache_scale, engine/base/quant.h). All query heads share that latent.
+//
+// "Decode" sequences are those with 1..kMlaMaxDecodeQueryLen query rows this step. For them the
+// backend attends in the absorbed form: with W_UK folded into the query,
+//   score(t, h, j) = softmax_scale * (q_latent[t,h] . c_j + q_pe[t,h] . k_pe_j)   (j <= pos(t))
+//   out_latent[t, h] = sum_j softmax(score)_j * c_j
+// and the caller applies W_UV (and o_proj) afterwards. Rows of longer sequences (prefill chunks)
+// are neither read nor written by RunMla: the caller attends them itself (e.g. expanding the
+// cached latents to full heads). The latents of every row are appended, decode or not.
+constexpr int kMlaMaxDecodeQueryLen = 4;
+
+struct MlaParams {
+  const void* q_latent = nullptr;    // [num_tokens, num_q_heads, kv_lora_rank] (decode rows)
+  const void* q_pe = nullptr;        // [num_tokens, num_q_heads, rope_dim], roped (decode rows)
+  const void* latent_new = nullptr;  // [num_tokens, kv_lora_rank + rope_dim], every row
+  void* out_latent = nullptr;        // [num_tokens, num_q_heads, kv_lora_rank] (decode rows)
+  void* cache = nullptr;             // this layer's [num_blocks, block_size, L]
+  float cache_scale = 1.0f;          // fp8 dequant scale of this layer (ignored for fp32)
+  float softmax_scale = 1.0f;
+};
+
+// Backends of kind kMla implement RunMla; their Run(AttentionParams) is never called.
+class MlaAttentionBackend : public AttentionBackend {
+ public:
+  // Appends this step's latents, then attends the decode sequences. Valid after Plan.
+  virtual void RunMla(const MlaParams& params) = 0;
 };
 
 }  // namespace llm

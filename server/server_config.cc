@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/models/kv_cache_quant.h"
+
 namespace llm {
 namespace {
 
@@ -85,6 +87,12 @@ const std::vector<Field>& Fields() {
                &ServerConfig::max_prompt_bytes, 1, 1 << 30),
       StrField("attention_backend", "force an attention backend by name",
                &ServerConfig::attention_backend),
+      StrField("kv_cache_dtype", "auto (fp32 on CPU) | int8 | fp8_e4m3 | fp8_e4m3_dynamic",
+               &ServerConfig::kv_cache_dtype),
+      StrField("kv_scale_granularity", "per_head | per_channel scales of a static 8-bit KV cache",
+               &ServerConfig::kv_scale_granularity),
+      StrField("kv_scales_file", "KV scales JSON from llm-calibrate-kv (default: checkpoint's)",
+               &ServerConfig::kv_scales_file),
       IntField("shutdown_grace_s", "seconds in-flight requests get after SIGTERM (default 10)",
                &ServerConfig::shutdown_grace_s, 0, 3600),
       BoolField("enable_prefix_caching", "share full KV blocks across requests (default true)",
@@ -131,6 +139,7 @@ Status Validate(const ServerConfig& c) {
   if (c.default_max_tokens > c.max_tokens_limit) {
     return InvalidArgument("default_max_tokens exceeds max_tokens_limit");
   }
+  LLM_RETURN_IF_ERROR(ParseKvCacheType(c.kv_cache_dtype, c.kv_scale_granularity).status());
   static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
   bool ok = false;
   for (const char* l : kLevels) ok |= c.log_level == l;
@@ -147,6 +156,9 @@ EngineConfig ServerConfig::ToEngineConfig() const {
   e.model.num_kv_blocks = num_kv_blocks;
   e.model.kv_cache_bytes = static_cast<size_t>(kv_cache_memory_mb) << 20;
   e.model.attention_backend = attention_backend;
+  e.model.kv_cache_dtype = kv_cache_dtype;
+  e.model.kv_scale_granularity = kv_scale_granularity;
+  e.model.kv_scales_file = kv_scales_file;
   e.scheduler.block_size = block_size;
   e.scheduler.max_num_seqs = max_num_seqs;
   e.scheduler.max_batched_tokens = max_batched_tokens;

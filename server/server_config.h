@@ -22,6 +22,11 @@ struct ServerConfig {
   int default_max_tokens = 256;
   int max_prompt_bytes = 1 << 20;
   std::string attention_backend;  // empty: automatic
+  // KV cache: auto (fp32 on CPU) | int8 | fp8_e4m3 | fp8_e4m3_dynamic; static 8-bit caches take
+  // per_head or per_channel scales from kv_scales_file (llm-calibrate-kv) or the checkpoint.
+  std::string kv_cache_dtype = "auto";
+  std::string kv_scale_granularity = "per_head";
+  std::string kv_scales_file;
   std::string log_level = "info";
   int shutdown_grace_s = 10;
   bool enable_prefix_caching = true;

@@ -4,6 +4,8 @@
 //
 //   llm-dump --model DIR --requests REQ.json --out OUT.json [--block-size 16]
 //            [--max-batched-tokens 32] [--max-num-seqs 8] [--num-blocks 256]
+//            [--kv-cache-dtype auto|int8|fp8_e4m3|fp8_e4m3_dynamic]
+//            [--kv-scale-granularity per_head|per_channel] [--kv-scales-file SCALES.json]
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -38,7 +40,8 @@ int main(int argc, char** argv) {
   if (!args.count("--model") || !args.count("--requests") || !args.count("--out")) {
     std::fprintf(stderr, "usage: %s --model DIR --requests REQ.json --out OUT.json "
                          "[--block-size N] [--max-batched-tokens N] [--max-num-seqs N] "
-                         "[--num-blocks N]\n", argv[0]);
+                         "[--num-blocks N] [--kv-cache-dtype T] [--kv-scale-granularity G] "
+                         "[--kv-scales-file F]\n", argv[0]);
     return 2;
   }
   auto get = [&](const char* k, int def) { return args.count(k) ? std::atoi(args[k].c_str()) : def; };
@@ -51,6 +54,11 @@ int main(int argc, char** argv) {
   cfg.scheduler.max_batched_tokens = get("--max-batched-tokens", 32);
   cfg.scheduler.max_num_seqs = get("--max-num-seqs", 8);
   cfg.require_tokenizer = false;
+  if (args.count("--kv-cache-dtype")) cfg.model.kv_cache_dtype = args["--kv-cache-dtype"];
+  if (args.count("--kv-scale-granularity")) {
+    cfg.model.kv_scale_granularity = args["--kv-scale-granularity"];
+  }
+  if (args.count("--kv-scales-file")) cfg.model.kv_scales_file = args["--kv-scales-file"];
   auto core_or = llm::EngineCore::Create(cfg);
   if (!core_or.ok()) {
     std::fprintf(stderr, "llm-dump: %s\n", core_or.status().ToString().c_str());

@@ -7,6 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "engine/models/kv_cache_quant.h"
 #include "kernels/backend_registry.h"
 
 namespace llm {
@@ -38,10 +39,13 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig& conf
                                                          const WeightStore& weights,
                                                          const ModelLoadOptions& options) {
   std::unique_ptr<LlamaModel> m(new LlamaModel(config));
+  LLM_ASSIGN_OR_RETURN(const KvCacheType kv_type,
+                       ParseKvCacheType(options.kv_cache_dtype, options.kv_scale_granularity));
   AttentionSpec spec;
   spec.device = DeviceKind::kCpu;
   spec.kind = AttentionKind::kMha;
-  spec.kv_dtype = DType::kF32;
+  spec.kv_dtype = kv_type.dtype;
+  spec.kv_quant = kv_type.quant;
   spec.num_q_heads = config.num_q_heads;
   spec.num_kv_heads = config.num_kv_heads;
   spec.head_dim = config.head_dim;
@@ -52,6 +56,17 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig& conf
   spdlog::info("{}", table);
   if (!backend.ok()) return backend.status();  // fail before loading weights or allocating KV
   m->attention_ = std::move(backend).value();
+  if (kv_type.is_static()) {  // before the weights: a missing scale fails fast
+    LLM_ASSIGN_OR_RETURN(KvCacheScales scales,
+                         LoadKvCacheScales(config, weights, kv_type, options.kv_scales_file));
+    spdlog::info("KV cache {} {}: scales from {}", DTypeName(spec.kv_dtype),
+                 KvQuantName(spec.kv_quant), scales.source);
+    m->k_scale_ = std::move(scales.k);
+    m->v_scale_ = std::move(scales.v);
+  } else if (!options.kv_scales_file.empty()) {
+    spdlog::warn("kv_scales_file {} ignored: the {} KV cache uses no static scales",
+                 options.kv_scales_file, options.kv_cache_dtype);
+  }
 
   LLM_RETURN_IF_ERROR(m->LoadWeights(weights));
   m->InitRope();
@@ -64,9 +79,25 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig& conf
     return ResourceExhausted("KV cache budget of " + std::to_string(options.kv_cache_bytes) +
                              " bytes holds no block of " + std::to_string(per_block) + " bytes");
   }
-  const size_t layer_floats = m->attention_->BlockBytes() / 2 / sizeof(float) * m->num_blocks_;
+  // Per block and layer, K and V each: slots * head_dim elements (+ one fp32 scale per slot when
+  // dynamic). The backend's BlockBytes() must account for exactly that.
+  const size_t slots = static_cast<size_t>(config.num_kv_heads) * options.block_size;
+  const size_t data_bytes = slots * config.head_dim * DTypeSize(spec.kv_dtype);
+  const size_t scale_floats = spec.kv_quant == KvQuant::kDynamicPerToken ? slots : 0;
+  if (2 * (data_bytes + scale_floats * sizeof(float)) != m->attention_->BlockBytes()) {
+    return Internal("attention backend " + m->attention_->name() + " reports " +
+                    std::to_string(m->attention_->BlockBytes()) +
+                    " bytes per block, not the layout LlamaModel allocates");
+  }
+  const size_t layer_floats = (data_bytes * m->num_blocks_ + sizeof(float) - 1) / sizeof(float);
   m->k_cache_.assign(config.num_layers, std::vector<float>(layer_floats, 0.0f));
   m->v_cache_.assign(config.num_layers, std::vector<float>(layer_floats, 0.0f));
+  if (scale_floats > 0) {
+    m->k_block_scales_.assign(config.num_layers,
+                              std::vector<float>(scale_floats * m->num_blocks_, 1.0f));
+    m->v_block_scales_.assign(config.num_layers,
+                              std::vector<float>(scale_floats * m->num_blocks_, 1.0f));
+  }
   return m;
 }
 
@@ -187,12 +218,22 @@ Status LlamaModel::Forward(const ForwardBatch& batch, std::vector<float>* logits
       ApplyRope(qt, c.num_q_heads, batch.positions[t]);
       ApplyRope(kt, c.num_kv_heads, batch.positions[t]);
     }
+    if (kv_observer_) kv_observer_(l, T, k.data(), v.data());
     AttentionParams p;
     p.q = q.data();
     p.k_new = k.data();
     p.v_new = v.data();
     p.out = attn.data();
-    p.cache = {k_cache_[l].data(), v_cache_[l].data()};
+    p.cache.k = k_cache_[l].data();
+    p.cache.v = v_cache_[l].data();
+    if (!k_scale_.empty()) {
+      p.cache.k_scale = k_scale_[l].data();
+      p.cache.v_scale = v_scale_[l].data();
+    }
+    if (!k_block_scales_.empty()) {
+      p.cache.k_block_scales = k_block_scales_[l].data();
+      p.cache.v_block_scales = v_block_scales_[l].data();
+    }
     p.softmax_scale = scale;
     attention_->Run(p);
     Linear(attn.data(), L.wo.data(), nullptr, T, H, Q, tmp.data());

@@ -2,6 +2,7 @@
 // fp32 weights, OpenBLAS matrix products, paged KV through the selected attention backend.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -34,6 +35,12 @@ class LlamaModel final : public Model {
     return attention_->BlockBytes() * config_.num_layers;
   }
 
+  // Sees every layer's new K (after RoPE, as the cache stores it) and V, [num_tokens,
+  // num_kv_heads, head_dim] fp32, right before the attention backend appends them. Calibration
+  // (llm-calibrate-kv) records absmax through it. Empty function: none.
+  using KvObserver = std::function<void(int layer, int num_tokens, const float* k, const float* v)>;
+  void set_kv_observer(KvObserver observer) { kv_observer_ = std::move(observer); }
+
  private:
   explicit LlamaModel(const ModelConfig& config) : config_(config) {}
   Status LoadWeights(const WeightStore& weights);
@@ -49,7 +56,13 @@ class LlamaModel final : public Model {
 
   std::unique_ptr<AttentionBackend> attention_;
   int num_blocks_ = 0;
-  std::vector<std::vector<float>> k_cache_, v_cache_;  // per layer [blocks, kv_heads, bs, d]
+  // Per layer [blocks, kv_heads, bs, d] of the spec's kv dtype (8-bit caches use the bytes).
+  std::vector<std::vector<float>> k_cache_, v_cache_;
+  // 8-bit caches: static dequant scales per layer ([kv_heads] or [kv_heads * d]), or dynamic
+  // per-token scales per layer ([blocks, kv_heads, bs]); empty otherwise.
+  std::vector<std::vector<float>> k_scale_, v_scale_;
+  std::vector<std::vector<float>> k_block_scales_, v_block_scales_;
+  KvObserver kv_observer_;
 };
 
 }  // namespace llm

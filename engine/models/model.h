@@ -36,6 +36,11 @@ struct ModelLoadOptions {
   int num_kv_blocks = 0;         // 0: derive from kv_cache_bytes
   size_t kv_cache_bytes = 256ull << 20;
   std::string attention_backend;  // forced backend name, empty for automatic
+  // KV cache element type and scales (engine/models/kv_cache_quant.h): "auto" (fp32 on CPU),
+  // "int8", "fp8_e4m3" (static scales, per_head or per_channel), "fp8_e4m3_dynamic".
+  std::string kv_cache_dtype = "auto";
+  std::string kv_scale_granularity = "per_head";
+  std::string kv_scales_file;  // llm-calibrate-kv output; empty: scales from the checkpoint
 };
 
 // Loads config + weights and selects the attention backend (logging the selection table).

@@ -1,0 +1,208 @@
+// C8 attention kernel benchmark on the GPU (not a test). Prints effective bandwidth / TFLOP/s and
+// the ratio to the measured device copy bandwidth (the decode roofline).
+//
+//   build/cuda/bench/c8_attention_bench [--iters 50]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/c8_attention.h"
+
+namespace {
+
+using llm::cuda::CacheType;
+using llm::cuda::ScaleMode;
+
+#define CK(x)                                                                        \
+  do {                                                                               \
+    cudaError_t e = (x);                                                             \
+    if (e != cudaSuccess) {                                                          \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
+      std::exit(1);                                                                  \
+    }                                                                                \
+  } while (0)
+
+int g_iters = 50;
+
+// Fills device memory with non-zero random bytes that are valid finite values for every cache
+// type (bf16 in [-2, 2], int8 in [-100, 100], fp8 bytes with the exponent kept small).
+__global__ void FillKernel(uint8_t* p, size_t n, uint32_t seed, int mode) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    x ^= x >> 15;
+    if (mode == 0) {  // bf16 pairs: sign | exponent 126..127 | random mantissa
+      p[i] = (i & 1) ? static_cast<uint8_t>((x & 0x80) | 0x3f) : static_cast<uint8_t>(x);
+    } else if (mode == 1) {
+      p[i] = static_cast<uint8_t>(static_cast<int8_t>((x % 201) - 100));
+    } else {
+      p[i] = static_cast<uint8_t>((x & 0x80) | (x & 0x3f));  // e4m3 with exponent <= 7
+    }
+  }
+}
+
+void Fill(void* p, size_t bytes, int mode, uint32_t seed) {
+  FillKernel<<<1024, 256>>>(static_cast<uint8_t*>(p), bytes, seed, mode);
+  CK(cudaGetLastError());
+}
+
+template <typename F>
+float MedianMs(F&& f) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < 5; ++i) f();
+  CK(cudaDeviceSynchronize());
+  std::vector<float> t;
+  for (int i = 0; i < g_iters; ++i) {
+    CK(cudaEventRecord(a));
+    f();
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+double CopyBandwidth() {
+  const size_t bytes = 2ull << 30;
+  void *a, *b;
+  CK(cudaMalloc(&a, bytes));
+  CK(cudaMalloc(&b, bytes));
+  Fill(a, bytes, 1, 1);
+  const float ms = MedianMs([&] { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); });
+  CK(cudaFree(a));
+  CK(cudaFree(b));
+  return 2.0 * bytes / (ms * 1e-3) / 1e12;  // read + write, TB/s
+}
+
+struct Result {
+  std::string name;
+  float us;
+  double tbps;  // effective KV bytes / time
+  double tflops;
+};
+
+Result RunDecode(const char* name, int batch, int kv_len, int q_len, CacheType cache,
+                 ScaleMode scale) {
+  const int hq = 32, hkv = 8, d = 128, bs = 64;
+  const int esize = cache == CacheType::kBf16 ? 2 : 1;
+  llm::AttentionBatch b;
+  b.num_seqs = batch;
+  b.q_indptr.push_back(0);
+  b.page_indptr.push_back(0);
+  const int blocks_per_seq = (kv_len + bs - 1) / bs;
+  const int num_blocks = batch * blocks_per_seq;
+  std::vector<int32_t> pool(num_blocks);
+  std::iota(pool.begin(), pool.end(), 0);
+  std::mt19937 rng(5);
+  std::shuffle(pool.begin(), pool.end(), rng);  // pages scattered like a real pool
+  for (int s = 0; s < batch; ++s) {
+    for (int i = 0; i < blocks_per_seq; ++i) b.page_indices.push_back(pool[s * blocks_per_seq + i]);
+    b.page_indptr.push_back(static_cast<int32_t>(b.page_indices.size()));
+    b.kv_lens.push_back(kv_len);
+    b.q_indptr.push_back(b.q_indptr.back() + q_len);
+  }
+  b.num_tokens = b.q_indptr.back();
+  const size_t cache_bytes = static_cast<size_t>(num_blocks) * hkv * bs * d * esize;
+  void *kc, *vc, *q, *out;
+  float *ks = nullptr, *vs = nullptr;
+  CK(cudaMalloc(&kc, cache_bytes));
+  CK(cudaMalloc(&vc, cache_bytes));
+  CK(cudaMalloc(&q, static_cast<size_t>(b.num_tokens) * hq * d * 2));
+  CK(cudaMalloc(&out, static_cast<size_t>(b.num_tokens) * hq * d * 2));
+  const int mode = cache == CacheType::kBf16 ? 0 : cache == CacheType::kInt8 ? 1 : 2;
+  Fill(kc, cache_bytes, mode, 2);
+  Fill(vc, cache_bytes, mode, 3);
+  Fill(q, static_cast<size_t>(b.num_tokens) * hq * d * 2, 0, 4);
+  size_t scale_n = 0;
+  if (scale == ScaleMode::kPerHead) scale_n = hkv;
+  if (scale == ScaleMode::kPerChannel) scale_n = hkv * d;
+  if (scale == ScaleMode::kPerToken) scale_n = static_cast<size_t>(num_blocks) * hkv * bs;
+  if (scale_n) {
+    std::vector<float> ones(scale_n, 0.01f);
+    CK(cudaMalloc(&ks, scale_n * 4));
+    CK(cudaMalloc(&vs, scale_n * 4));
+    CK(cudaMemcpy(ks, ones.data(), scale_n * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(vs, ones.data(), scale_n * 4, cudaMemcpyHostToDevice));
+  }
+  llm::cuda::C8Shape shape{hq, hkv, d, bs, cache, scale};
+  llm::cuda::C8PlanConfig pc;
+  pc.num_sms = llm::cuda::CudaNumSms();
+  const auto plan = llm::cuda::BuildC8Plan(shape, b, pc);
+  llm::cuda::C8Attention attn(shape);
+  if (!attn.Upload(b, plan, nullptr).ok()) std::exit(1);
+  llm::cuda::C8Attention::LayerArgs la;
+  la.q = q;
+  la.out = out;
+  la.k_cache = kc;
+  la.v_cache = vc;
+  la.k_scale = ks;
+  la.v_scale = vs;
+  la.softmax_scale = 1.0f / std::sqrt(128.0f);
+  const float ms = MedianMs([&] {
+    if (!attn.Attend(la, nullptr).ok()) std::exit(1);
+  });
+  CK(cudaDeviceSynchronize());
+  double kv_bytes = 2.0 * batch * kv_len * hkv * d * esize;
+  if (scale == ScaleMode::kPerToken) kv_bytes += 2.0 * batch * kv_len * hkv * 4;
+  // Causal FLOPs: QK^T and PV over the visible keys.
+  double pairs = 0;
+  for (int t = 0; t < q_len; ++t) pairs += kv_len - q_len + t + 1;
+  const double flops = 4.0 * batch * hq * d * pairs;
+  CK(cudaFree(kc));
+  CK(cudaFree(vc));
+  CK(cudaFree(q));
+  CK(cudaFree(out));
+  if (ks) CK(cudaFree(ks));
+  if (vs) CK(cudaFree(vs));
+  return {name, ms * 1000.f, kv_bytes / (ms * 1e-3) / 1e12, flops / (ms * 1e-3) / 1e12};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::string(argv[i]) == "--iters") g_iters = std::atoi(argv[i + 1]);
+  }
+  if (llm::cuda::CudaDeviceCount() == 0) {
+    std::printf("no CUDA device\n");
+    return 1;
+  }
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  const double copy_tbps = CopyBandwidth();
+  std::printf("device: %s, %d SMs; device-to-device copy %.2f TB/s (read + write)\n", prop.name,
+              prop.multiProcessorCount, copy_tbps);
+  std::vector<Result> rs;
+  rs.push_back(RunDecode("bf16 decode 64x4096", 64, 4096, 1, CacheType::kBf16, ScaleMode::kNone));
+  rs.push_back(RunDecode("int8/head decode 64x4096", 64, 4096, 1, CacheType::kInt8, ScaleMode::kPerHead));
+  rs.push_back(RunDecode("int8/chan decode 64x4096", 64, 4096, 1, CacheType::kInt8, ScaleMode::kPerChannel));
+  rs.push_back(RunDecode("fp8/head decode 64x4096", 64, 4096, 1, CacheType::kFp8E4M3, ScaleMode::kPerHead));
+  rs.push_back(RunDecode("fp8/token decode 64x4096", 64, 4096, 1, CacheType::kFp8E4M3, ScaleMode::kPerToken));
+  rs.push_back(RunDecode("bf16 decode 1x4096", 1, 4096, 1, CacheType::kBf16, ScaleMode::kNone));
+  rs.push_back(RunDecode("int8/head decode 1x4096", 1, 4096, 1, CacheType::kInt8, ScaleMode::kPerHead));
+  rs.push_back(RunDecode("bf16 decode 32x16384", 32, 16384, 1, CacheType::kBf16, ScaleMode::kNone));
+  rs.push_back(RunDecode("bf16 4-token decode 64x4096", 64, 4096, 4, CacheType::kBf16, ScaleMode::kNone));
+  rs.push_back(RunDecode("bf16 prefill 1x4096 causal", 1, 4096, 4096, CacheType::kBf16, ScaleMode::kNone));
+  rs.push_back(RunDecode("bf16 prefill 4x4096 causal", 4, 4096, 4096, CacheType::kBf16, ScaleMode::kNone));
+  std::printf("\n| case | time (us) | KV TB/s | of copy BW | TFLOP/s |\n|---|---|---|---|---|\n");
+  for (const Result& r : rs) {
+    std::printf("| %s | %.1f | %.2f | %.0f%% | %.1f |\n", r.name.c_str(), r.us, r.tbps,
+                100.0 * r.tbps / copy_tbps, r.tflops);
+  }
+  std::printf("\nint8/head vs bf16 at 64x4096: %.2fx the time\n", rs[1].us / rs[0].us);
+  return 0;
+}

@@ -1,0 +1,315 @@
+#include "engine/models/deepseek_config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <numbers>
+
+#include <nlohmann/json.hpp>
+
+namespace llm {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+StatusOr<json> ReadJson(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) return NotFound("cannot open " + path.string());
+  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return DataLoss(path.string() + " is not a JSON object");
+  return j;
+}
+
+bool Present(const json& j, const char* key) {
+  return j.contains(key) && !j[key].is_null();
+}
+
+// Integer field: `min_value` bounds it from below; absent/null keeps *out unless required.
+Status Int(const json& j, const char* key, int* out, bool required, const std::string& file,
+           int min_value = 1) {
+  if (!Present(j, key)) {
+    if (required) return InvalidArgument(file + ": missing required field '" + key + "'");
+    return Status::Ok();
+  }
+  if (!j[key].is_number_integer() || j[key].get<int64_t>() < min_value ||
+      j[key].get<int64_t>() > (1ll << 30)) {
+    return InvalidArgument(file + ": field '" + key +
+                           "' must be an integer >= " + std::to_string(min_value));
+  }
+  *out = j[key].get<int>();
+  return Status::Ok();
+}
+
+Status Float(const json& j, const char* key, float* out, const std::string& file) {
+  if (!Present(j, key)) return Status::Ok();
+  if (!j[key].is_number() || !std::isfinite(j[key].get<double>())) {
+    return InvalidArgument(file + ": field '" + key + "' must be a finite number");
+  }
+  *out = j[key].get<float>();
+  return Status::Ok();
+}
+
+Status Bool(const json& j, const char* key, bool* out, const std::string& file) {
+  if (!Present(j, key)) return Status::Ok();
+  if (!j[key].is_boolean()) return InvalidArgument(file + ": field '" + key + "' must be a bool");
+  *out = j[key].get<bool>();
+  return Status::Ok();
+}
+
+Status String(const json& j, const char* key, std::string* out, const std::string& file) {
+  if (!Present(j, key)) return Status::Ok();
+  if (!j[key].is_string()) return InvalidArgument(file + ": field '" + key + "' must be a string");
+  *out = j[key].get<std::string>();
+  return Status::Ok();
+}
+
+void ReadIds(const json& v, std::vector<int32_t>* out) {
+  out->clear();
+  if (v.is_number_integer()) out->push_back(v.get<int32_t>());
+  if (v.is_array()) {
+    for (const json& x : v) {
+      if (x.is_number_integer()) out->push_back(x.get<int32_t>());
+    }
+  }
+}
+
+// DeepSeek's yarn_find_correction_dim / yarn_find_correction_range.
+double CorrectionDim(double rotations, int dim, double base, int max_pos) {
+  return dim * std::log(max_pos / (rotations * 2.0 * std::numbers::pi)) / (2.0 * std::log(base));
+}
+
+}  // namespace
+
+double YarnGetMscale(double scale, double mscale) {
+  if (scale <= 1.0) return 1.0;
+  return 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+float DeepseekConfig::SoftmaxScale() const {
+  double s = 1.0 / std::sqrt(static_cast<double>(qk_head_dim()));
+  if (yarn.enabled && yarn.mscale_all_dim != 0.0f) {
+    const double m = YarnGetMscale(yarn.factor, yarn.mscale_all_dim);
+    s *= m * m;
+  }
+  return static_cast<float>(s);
+}
+
+float DeepseekConfig::RopeMscale() const {
+  if (!yarn.enabled) return 1.0f;
+  return static_cast<float>(YarnGetMscale(yarn.factor, yarn.mscale) /
+                            YarnGetMscale(yarn.factor, yarn.mscale_all_dim));
+}
+
+std::vector<float> DeepseekConfig::RopeInvFreq() const {
+  const int dim = qk_rope_head_dim, half = dim / 2;
+  const double base = this->base.rope_theta;
+  std::vector<float> inv(half);
+  int low = 0, high = 0;
+  if (yarn.enabled) {
+    const int orig = yarn.original_max_position_embeddings;
+    low = std::max(0, static_cast<int>(std::floor(CorrectionDim(yarn.beta_fast, dim, base, orig))));
+    high = std::min(dim - 1,
+                    static_cast<int>(std::ceil(CorrectionDim(yarn.beta_slow, dim, base, orig))));
+  }
+  for (int i = 0; i < half; ++i) {
+    const double extra = 1.0 / std::pow(base, static_cast<double>(2 * i) / dim);
+    double f = extra;
+    if (yarn.enabled) {
+      // inv_freq = inter * (1 - mask) + extra * mask, mask = 1 - clamp((i - low) / (high - low)).
+      const double inter = extra / yarn.factor;
+      const double hi = (low == high) ? high + 0.001 : high;
+      const double ramp = std::clamp((i - low) / (hi - low), 0.0, 1.0);
+      const double mask = 1.0 - ramp;
+      f = inter * (1.0 - mask) + extra * mask;
+    }
+    inv[i] = static_cast<float>(f);
+  }
+  return inv;
+}
+
+bool IsDeepseekModelDir(const std::string& model_dir) {
+  auto j = ReadJson(fs::path(model_dir) / "config.json");
+  if (!j.ok()) return false;
+  const json& a = j.value()["architectures"];
+  if (!a.is_array() || a.empty() || !a[0].is_string()) return false;
+  const std::string name = a[0].get<std::string>();
+  return name == "DeepseekV2ForCausalLM" || name == "DeepseekV3ForCausalLM";
+}
+
+StatusOr<DeepseekConfig> LoadDeepseekConfig(const std::string& model_dir) {
+  const fs::path dir(model_dir);
+  const std::string file = (dir / "config.json").string();
+  LLM_ASSIGN_OR_RETURN(json j, ReadJson(file));
+  DeepseekConfig d;
+  ModelConfig& c = d.base;
+  c.name = dir.lexically_normal().filename().string();
+  if (c.name.empty()) c.name = dir.lexically_normal().parent_path().filename();
+  if (!j.contains("architectures") || !j["architectures"].is_array() ||
+      j["architectures"].empty() || !j["architectures"][0].is_string()) {
+    return InvalidArgument(file + ": missing 'architectures'");
+  }
+  c.architecture_name = j["architectures"][0].get<std::string>();
+  if (c.architecture_name == "DeepseekV2ForCausalLM") {
+    c.architecture = Architecture::kDeepseekV2;
+  } else if (c.architecture_name == "DeepseekV3ForCausalLM") {
+    c.architecture = Architecture::kDeepseekV3;
+  } else {
+    return Unimplemented(file + ": '" + c.architecture_name + "' is not a DeepSeek architecture");
+  }
+  const bool v3 = d.is_v3();
+
+  LLM_RETURN_IF_ERROR(Int(j, "hidden_size", &c.hidden_size, true, file));
+  LLM_RETURN_IF_ERROR(Int(j, "intermediate_size", &c.intermediate_size, true, file));
+  LLM_RETURN_IF_ERROR(Int(j, "num_hidden_layers", &c.num_layers, true, file));
+  LLM_RETURN_IF_ERROR(Int(j, "num_attention_heads", &c.num_q_heads, true, file));
+  c.num_kv_heads = c.num_q_heads;  // informational: MLA shares one latent per token
+  LLM_RETURN_IF_ERROR(Int(j, "num_key_value_heads", &c.num_kv_heads, false, file));
+  LLM_RETURN_IF_ERROR(Int(j, "vocab_size", &c.vocab_size, true, file));
+  c.max_position_embeddings = v3 ? 4096 : 2048;
+  LLM_RETURN_IF_ERROR(Int(j, "max_position_embeddings", &c.max_position_embeddings, false, file));
+  c.rms_norm_eps = 1e-6f;
+  LLM_RETURN_IF_ERROR(Float(j, "rms_norm_eps", &c.rms_norm_eps, file));
+  LLM_RETURN_IF_ERROR(Float(j, "rope_theta", &c.rope_theta, file));
+  if (c.rope_theta <= 1.0f) return InvalidArgument(file + ": rope_theta must be > 1");
+  LLM_RETURN_IF_ERROR(Bool(j, "tie_word_embeddings", &c.tie_word_embeddings, file));
+  bool attention_bias = false;
+  LLM_RETURN_IF_ERROR(Bool(j, "attention_bias", &attention_bias, file));
+  if (attention_bias) return Unimplemented(file + ": attention_bias = true is not supported");
+  std::string act = "silu";
+  LLM_RETURN_IF_ERROR(String(j, "hidden_act", &act, file));
+  if (act != "silu") return Unimplemented(file + ": hidden_act '" + act + "' (only silu)");
+  if (Present(j, "torch_dtype") && j["torch_dtype"].is_string()) {
+    DType t;
+    if (ParseDType(j["torch_dtype"].get<std::string>(), &t)) c.dtype = t;
+  }
+
+  // MLA.
+  LLM_RETURN_IF_ERROR(Int(j, "q_lora_rank", &d.q_lora_rank, false, file));  // null: no q LoRA
+  LLM_RETURN_IF_ERROR(Int(j, "kv_lora_rank", &d.kv_lora_rank, true, file));
+  LLM_RETURN_IF_ERROR(Int(j, "qk_rope_head_dim", &d.qk_rope_head_dim, true, file));
+  LLM_RETURN_IF_ERROR(Int(j, "qk_nope_head_dim", &d.qk_nope_head_dim, true, file));
+  LLM_RETURN_IF_ERROR(Int(j, "v_head_dim", &d.v_head_dim, true, file));
+  if (d.qk_rope_head_dim % 2 != 0 || d.qk_rope_head_dim > kMaxRopeDim) {
+    return InvalidArgument(file + ": qk_rope_head_dim must be even and at most " +
+                           std::to_string(kMaxRopeDim));
+  }
+  c.head_dim = d.qk_head_dim();
+
+  if (Present(j, "rope_scaling")) {
+    const json& rs = j["rope_scaling"];
+    if (!rs.is_object()) return InvalidArgument(file + ": rope_scaling must be an object or null");
+    std::string type;
+    if (rs.contains("type") && rs["type"].is_string()) type = rs["type"].get<std::string>();
+    if (rs.contains("rope_type") && rs["rope_type"].is_string()) {
+      type = rs["rope_type"].get<std::string>();
+    }
+    if (type == "yarn") {
+      YarnScaling& y = d.yarn;
+      y.enabled = true;
+      if (!Present(rs, "factor")) return InvalidArgument(file + ": rope_scaling.factor missing");
+      LLM_RETURN_IF_ERROR(Float(rs, "factor", &y.factor, file + " rope_scaling"));
+      LLM_RETURN_IF_ERROR(Int(rs, "original_max_position_embeddings",
+                              &y.original_max_position_embeddings, false, file + " rope_scaling"));
+      LLM_RETURN_IF_ERROR(Float(rs, "beta_fast", &y.beta_fast, file + " rope_scaling"));
+      LLM_RETURN_IF_ERROR(Float(rs, "beta_slow", &y.beta_slow, file + " rope_scaling"));
+      LLM_RETURN_IF_ERROR(Float(rs, "mscale", &y.mscale, file + " rope_scaling"));
+      LLM_RETURN_IF_ERROR(Float(rs, "mscale_all_dim", &y.mscale_all_dim, file + " rope_scaling"));
+      if (y.factor <= 0.0f || y.beta_fast <= 0.0f || y.beta_slow <= 0.0f) {
+        return InvalidArgument(file + ": rope_scaling factor/beta_fast/beta_slow must be > 0");
+      }
+    } else if (type != "default" && !type.empty()) {
+      return Unimplemented(file + ": unsupported rope_scaling type '" + type +
+                           "' for DeepSeek (supported: yarn)");
+    }
+  }
+
+  // MoE. Defaults are the Hugging Face config classes' defaults for each architecture.
+  LLM_RETURN_IF_ERROR(Int(j, "n_routed_experts", &d.n_routed_experts, false, file, 0));
+  LLM_RETURN_IF_ERROR(Int(j, "n_shared_experts", &d.n_shared_experts, false, file, 0));
+  LLM_RETURN_IF_ERROR(Int(j, "first_k_dense_replace", &d.first_k_dense_replace, false, file, 0));
+  LLM_RETURN_IF_ERROR(Int(j, "moe_layer_freq", &d.moe_layer_freq, false, file));
+  if (d.n_routed_experts > 0 || d.n_shared_experts > 0) {
+    LLM_RETURN_IF_ERROR(Int(j, "moe_intermediate_size", &d.moe_intermediate_size, true, file));
+  }
+  if (d.n_routed_experts > 0) {
+    LLM_RETURN_IF_ERROR(Int(j, "num_experts_per_tok", &d.num_experts_per_tok, true, file));
+    if (d.num_experts_per_tok > d.n_routed_experts) {
+      return InvalidArgument(file + ": num_experts_per_tok exceeds n_routed_experts");
+    }
+    d.routed_scaling_factor = v3 ? 2.5f : 1.0f;
+    LLM_RETURN_IF_ERROR(Float(j, "routed_scaling_factor", &d.routed_scaling_factor, file));
+    d.norm_topk_prob = v3;
+    LLM_RETURN_IF_ERROR(Bool(j, "norm_topk_prob", &d.norm_topk_prob, file));
+    std::string scoring = v3 ? "sigmoid" : "softmax";
+    LLM_RETURN_IF_ERROR(String(j, "scoring_func", &scoring, file));
+    if (scoring == "softmax") {
+      d.scoring = DeepseekConfig::Scoring::kSoftmax;
+    } else if (scoring == "sigmoid") {
+      d.scoring = DeepseekConfig::Scoring::kSigmoid;
+    } else {
+      return Unimplemented(file + ": unsupported scoring_func '" + scoring + "'");
+    }
+    std::string method = v3 ? "noaux_tc" : "greedy";
+    LLM_RETURN_IF_ERROR(String(j, "topk_method", &method, file));
+    if (method == "greedy" || method == "gready") {  // "gready": the V2 config class default
+      d.topk_method = DeepseekConfig::TopkMethod::kGreedy;
+    } else if (method == "group_limited_greedy") {
+      d.topk_method = DeepseekConfig::TopkMethod::kGroupLimitedGreedy;
+    } else if (method == "noaux_tc") {
+      d.topk_method = DeepseekConfig::TopkMethod::kNoauxTc;
+    } else {
+      return Unimplemented(file + ": unsupported topk_method '" + method + "'");
+    }
+    d.n_group = v3 ? 8 : 1;
+    d.topk_group = v3 ? 4 : 1;
+    if (d.topk_method != DeepseekConfig::TopkMethod::kGreedy) {
+      LLM_RETURN_IF_ERROR(Int(j, "n_group", &d.n_group, false, file));
+      LLM_RETURN_IF_ERROR(Int(j, "topk_group", &d.topk_group, false, file));
+      if (d.n_routed_experts % d.n_group != 0) {
+        return InvalidArgument(file + ": n_routed_experts is not a multiple of n_group");
+      }
+      if (d.topk_group > d.n_group) return InvalidArgument(file + ": topk_group > n_group");
+      if (d.topk_method == DeepseekConfig::TopkMethod::kNoauxTc &&
+          d.n_routed_experts / d.n_group < 2) {
+        return InvalidArgument(file + ": noaux_tc needs at least 2 experts per group");
+      }
+    }
+  }
+
+  // Latent cache extensions.
+  if (Present(j, "mla_cache_dtype")) {
+    DType t;
+    if (!j["mla_cache_dtype"].is_string() ||
+        !ParseDType(j["mla_cache_dtype"].get<std::string>(), &t) ||
+        (t != DType::kF32 && t != DType::kFp8E4M3)) {
+      return InvalidArgument(file + ": mla_cache_dtype must be \"float32\" or \"fp8_e4m3\"");
+    }
+    d.mla_cache_dtype = t;
+  }
+  LLM_RETURN_IF_ERROR(Float(j, "mla_cache_scale", &d.mla_cache_scale, file));
+  if (d.mla_cache_scale <= 0.0f) return InvalidArgument(file + ": mla_cache_scale must be > 0");
+
+  if (Present(j, "bos_token_id") && j["bos_token_id"].is_number_integer()) {
+    c.bos_token_id = j["bos_token_id"].get<int32_t>();
+  }
+  if (j.contains("eos_token_id")) ReadIds(j["eos_token_id"], &c.eos_token_ids);
+  const fs::path gen = dir / "generation_config.json";
+  if (fs::exists(gen)) {
+    LLM_ASSIGN_OR_RETURN(json g, ReadJson(gen));
+    if (g.contains("eos_token_id")) ReadIds(g["eos_token_id"], &c.eos_token_ids);
+    if (g.contains("bos_token_id") && g["bos_token_id"].is_number_integer()) {
+      c.bos_token_id = g["bos_token_id"].get<int32_t>();
+    }
+  }
+  for (int32_t id : c.eos_token_ids) {
+    if (id < 0 || id >= c.vocab_size) {
+      return InvalidArgument(file + ": eos_token_id " + std::to_string(id) +
+                             " is outside the vocabulary");
+    }
+  }
+  return d;
+}
+
+}  // namespace llm

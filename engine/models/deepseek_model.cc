@@ -1,0 +1,480 @@
+#include "engine/models/deepseek_model.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include <spdlog/spdlog.h>
+
+#include "kernels/backend_registry.h"
+#include "kernels/cpu/cpu_mla_attention.h"
+
+namespace llm {
+namespace {
+
+// HF DeepSeek builds q_a_layernorm and kv_a_layernorm with the RMSNorm default eps, not
+// config.rms_norm_eps.
+constexpr float kLatentNormEps = 1e-6f;
+
+// y[M, N] = x[M, K] @ w[N, K]^T.
+void Linear(const float* x, const float* w, int m, int n, int k, float* y) {
+  if (m == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, 0.0f, y, n);
+}
+
+void RmsNorm(const float* x, const float* w, int rows, int dim, float eps, float* y) {
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + static_cast<size_t>(r) * dim;
+    float* yr = y + static_cast<size_t>(r) * dim;
+    double ss = 0.0;
+    for (int i = 0; i < dim; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const float inv = 1.0f / std::sqrt(static_cast<float>(ss / dim) + eps);
+    for (int i = 0; i < dim; ++i) yr[i] = xr[i] * inv * w[i];
+  }
+}
+
+StatusOr<DType> CacheDType(const DeepseekConfig& config, const ModelLoadOptions& options) {
+  if (!options.kv_scales_file.empty()) {
+    return InvalidArgument(
+        "kv_scales_file is not supported for MLA models: the fp8 latent cache scale comes from "
+        "model.layers.N.self_attn.kv_scale or config.json mla_cache_scale");
+  }
+  const std::string& t = options.kv_cache_dtype;
+  if (t.empty() || t == "auto") return config.mla_cache_dtype;
+  if (t == "float32" || t == "fp32") return DType::kF32;
+  if (t == "fp8_e4m3") return DType::kFp8E4M3;
+  return InvalidArgument("kv_cache_dtype '" + t +
+                         "' is not supported for MLA (DeepSeek) models: use auto, float32 or "
+                         "fp8_e4m3 (one static scale per layer)");
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::Create(const DeepseekConfig& config,
+                                                               const WeightStore& weights,
+                                                               const ModelLoadOptions& options) {
+  std::unique_ptr<DeepseekModel> m(new DeepseekModel(config));
+  LLM_ASSIGN_OR_RETURN(m->cache_dtype_, CacheDType(config, options));
+  AttentionSpec spec;
+  spec.device = DeviceKind::kCpu;
+  spec.kind = AttentionKind::kMla;
+  spec.kv_dtype = m->cache_dtype_;
+  spec.num_q_heads = config.base.num_q_heads;
+  spec.num_kv_heads = 1;
+  spec.head_dim = config.latent_dim();
+  spec.mla_rope_dim = config.qk_rope_head_dim;
+  spec.block_size = options.block_size;
+  spec.features = kFeatureCausal;
+  std::string table;
+  auto backend = BackendRegistry::Global().Create(spec, options.attention_backend, &table);
+  spdlog::info("{}", table);
+  if (!backend.ok()) return backend.status();  // fail before loading weights or allocating KV
+  auto* mla = dynamic_cast<MlaAttentionBackend*>(backend.value().get());
+  if (mla == nullptr) {
+    return Internal("backend '" + backend.value()->name() +
+                    "' registered as MLA does not implement MlaAttentionBackend");
+  }
+  backend.value().release();
+  m->attention_.reset(mla);
+
+  LLM_RETURN_IF_ERROR(m->LoadWeights(weights));
+  m->block_size_ = options.block_size;
+  m->inv_freq_ = config.RopeInvFreq();
+  m->rope_mscale_ = config.RopeMscale();
+
+  const size_t per_block = m->attention_->BlockBytes() * config.base.num_layers;
+  m->num_blocks_ = options.num_kv_blocks > 0 ? options.num_kv_blocks
+                                             : static_cast<int>(options.kv_cache_bytes / per_block);
+  if (m->num_blocks_ < 1) {
+    return ResourceExhausted("KV cache budget of " + std::to_string(options.kv_cache_bytes) +
+                             " bytes holds no block of " + std::to_string(per_block) + " bytes");
+  }
+  const size_t layer_bytes = m->attention_->BlockBytes() * m->num_blocks_;
+  m->cache_.assign(config.base.num_layers,
+                   std::vector<float>((layer_bytes + sizeof(float) - 1) / sizeof(float), 0.0f));
+  spdlog::info("DeepSeek MLA latent cache: {} x {} values per token per layer, {}", 1,
+               config.latent_dim(), DTypeName(m->cache_dtype_));
+  return m;
+}
+
+Status DeepseekModel::LoadWeights(const WeightStore& w) {
+  const DeepseekConfig& d = config_;
+  const ModelConfig& c = d.base;
+  const int64_t h = c.hidden_size, heads = c.num_q_heads, v = c.vocab_size;
+  const int64_t qk = d.qk_head_dim(), lat = d.latent_dim(), C = d.kv_lora_rank;
+  LLM_RETURN_IF_ERROR(w.ReadF32("model.embed_tokens.weight", {v, h}, &embed_));
+  LLM_RETURN_IF_ERROR(w.ReadF32("model.norm.weight", {h}, &final_norm_));
+  if (!c.tie_word_embeddings) {
+    LLM_RETURN_IF_ERROR(w.ReadF32("lm_head.weight", {v, h}, &lm_head_));
+  }
+  auto read_mlp = [&](const std::string& prefix, int64_t inter, DeepseekMlp* m) -> Status {
+    std::vector<float> tmp;
+    m->intermediate = static_cast<int>(inter);
+    for (const char* name : {"gate_proj", "up_proj"}) {
+      LLM_RETURN_IF_ERROR(w.ReadF32(prefix + name + ".weight", {inter, h}, &tmp));
+      m->w_gate_up.insert(m->w_gate_up.end(), tmp.begin(), tmp.end());
+    }
+    return w.ReadF32(prefix + "down_proj.weight", {h, inter}, &m->w_down);
+  };
+
+  layers_.resize(c.num_layers);
+  std::vector<float> tmp;
+  for (int i = 0; i < c.num_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    const std::string a = p + "self_attn.";
+    DeepseekLayerWeights& L = layers_[i];
+    LLM_RETURN_IF_ERROR(w.ReadF32(p + "input_layernorm.weight", {h}, &L.attn_norm));
+    LLM_RETURN_IF_ERROR(w.ReadF32(p + "post_attention_layernorm.weight", {h}, &L.mlp_norm));
+    if (d.q_lora_rank > 0) {
+      LLM_RETURN_IF_ERROR(w.ReadF32(a + "q_a_proj.weight", {d.q_lora_rank, h}, &L.w_a));
+      LLM_RETURN_IF_ERROR(w.ReadF32(a + "q_a_layernorm.weight", {d.q_lora_rank}, &L.q_a_norm));
+      LLM_RETURN_IF_ERROR(w.ReadF32(a + "q_b_proj.weight", {heads * qk, d.q_lora_rank}, &L.w_q_b));
+    } else {
+      LLM_RETURN_IF_ERROR(w.ReadF32(a + "q_proj.weight", {heads * qk, h}, &L.w_a));
+    }
+    LLM_RETURN_IF_ERROR(w.ReadF32(a + "kv_a_proj_with_mqa.weight", {lat, h}, &tmp));
+    L.w_a.insert(L.w_a.end(), tmp.begin(), tmp.end());
+    LLM_RETURN_IF_ERROR(w.ReadF32(a + "kv_a_layernorm.weight", {C}, &L.kv_a_norm));
+    LLM_RETURN_IF_ERROR(w.ReadF32(a + "kv_b_proj.weight",
+                                  {heads * (d.qk_nope_head_dim + d.v_head_dim), C}, &L.w_kv_b));
+    LLM_RETURN_IF_ERROR(w.ReadF32(a + "o_proj.weight", {h, heads * d.v_head_dim}, &L.wo));
+
+    L.cache_scale = d.mla_cache_scale;
+    if (w.Has(a + "kv_scale")) {
+      LLM_ASSIGN_OR_RETURN(const TensorView* t, w.Get(a + "kv_scale"));
+      if (t->numel() != 1 || t->dtype == DType::kI8 || t->dtype == DType::kFp8E4M3) {
+        return InvalidArgument("tensor '" + a + "kv_scale' must be one float, got " +
+                               DTypeName(t->dtype) + " " + t->ShapeString());
+      }
+      ConvertToF32(t->dtype, t->data, &L.cache_scale, 1);
+      if (!(L.cache_scale > 0.0f) || !std::isfinite(L.cache_scale)) {
+        return InvalidArgument("tensor '" + a + "kv_scale' must be positive and finite");
+      }
+    }
+
+    L.moe = d.IsMoeLayer(i);
+    if (!L.moe) {
+      LLM_RETURN_IF_ERROR(read_mlp(p + "mlp.", c.intermediate_size, &L.dense));
+      continue;
+    }
+    const int64_t E = d.n_routed_experts, I = d.moe_intermediate_size;
+    LLM_RETURN_IF_ERROR(w.ReadF32(p + "mlp.gate.weight", {E, h}, &L.router));
+    const std::string bias = p + "mlp.gate.e_score_correction_bias";
+    if (d.topk_method == DeepseekConfig::TopkMethod::kNoauxTc) {
+      LLM_RETURN_IF_ERROR(w.ReadF32(bias, {E}, &L.router_bias));
+    }
+    L.experts.resize(E);
+    for (int64_t e = 0; e < E; ++e) {
+      LLM_RETURN_IF_ERROR(read_mlp(p + "mlp.experts." + std::to_string(e) + ".", I, &L.experts[e]));
+    }
+    if (d.n_shared_experts > 0) {
+      LLM_RETURN_IF_ERROR(read_mlp(p + "mlp.shared_experts.", I * d.n_shared_experts, &L.shared));
+    }
+  }
+  return Status::Ok();
+}
+
+void DeepseekModel::ApplyRope(float* x, int position) const {
+  const int half = config_.qk_rope_head_dim / 2;
+  float in[kMaxRopeDim];
+  std::copy_n(x, 2 * half, in);
+  for (int i = 0; i < half; ++i) {
+    const float angle = static_cast<float>(position) * inv_freq_[i];
+    const float c = std::cos(angle) * rope_mscale_, s = std::sin(angle) * rope_mscale_;
+    const float x0 = in[2 * i], x1 = in[2 * i + 1];
+    x[i] = x0 * c - x1 * s;
+    x[i + half] = x1 * c + x0 * s;
+  }
+}
+
+void DeepseekModel::Mlp(const DeepseekMlp& m, const float* x, int rows, float* out) const {
+  const int H = config_.base.hidden_size, I = m.intermediate;
+  std::vector<float> gu(static_cast<size_t>(rows) * 2 * I), act(static_cast<size_t>(rows) * I);
+  Linear(x, m.w_gate_up.data(), rows, 2 * I, H, gu.data());
+  for (int r = 0; r < rows; ++r) {
+    const float* g = gu.data() + static_cast<size_t>(r) * 2 * I;
+    const float* u = g + I;
+    float* a = act.data() + static_cast<size_t>(r) * I;
+    for (int i = 0; i < I; ++i) a[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  }
+  Linear(act.data(), m.w_down.data(), rows, H, I, out);
+}
+
+void DeepseekModel::Moe(const DeepseekLayerWeights& L, const float* x, int rows, float* out) const {
+  using Method = DeepseekConfig::TopkMethod;
+  const DeepseekConfig& d = config_;
+  const int H = d.base.hidden_size, E = d.n_routed_experts, K = d.num_experts_per_tok;
+  std::vector<float> logits(static_cast<size_t>(rows) * E);
+  Linear(x, L.router.data(), rows, E, H, logits.data());
+
+  std::vector<std::vector<std::pair<int, float>>> assigned(E);  // expert -> (row, weight)
+  std::vector<float> scores(E), choice(E), group_score(d.n_group);
+  std::vector<int> order(std::max(E, d.n_group));
+  std::vector<float> w(K);
+  for (int r = 0; r < rows; ++r) {
+    const float* l = logits.data() + static_cast<size_t>(r) * E;
+    if (d.scoring == DeepseekConfig::Scoring::kSoftmax) {
+      const float mx = *std::max_element(l, l + E);
+      float sum = 0.0f;
+      for (int e = 0; e < E; ++e) sum += (scores[e] = std::exp(l[e] - mx));
+      for (int e = 0; e < E; ++e) scores[e] /= sum;
+    } else {
+      for (int e = 0; e < E; ++e) scores[e] = 1.0f / (1.0f + std::exp(-l[e]));
+    }
+    // Selection scores; noaux_tc adds the correction bias (selection only, not the weights).
+    for (int e = 0; e < E; ++e) {
+      choice[e] = scores[e] + (L.router_bias.empty() ? 0.0f : L.router_bias[e]);
+    }
+    if (d.topk_method != Method::kGreedy) {
+      const int per = E / d.n_group;
+      for (int g = 0; g < d.n_group; ++g) {
+        const float* s = choice.data() + g * per;
+        if (d.topk_method == Method::kGroupLimitedGreedy) {
+          group_score[g] = *std::max_element(s, s + per);  // best expert of the group
+        } else {
+          float a = -INFINITY, b = -INFINITY;  // sum of the group's top two
+          for (int i = 0; i < per; ++i) {
+            if (s[i] > a) {
+              b = a;
+              a = s[i];
+            } else if (s[i] > b) {
+              b = s[i];
+            }
+          }
+          group_score[g] = a + b;
+        }
+      }
+      std::iota(order.begin(), order.begin() + d.n_group, 0);
+      std::partial_sort(order.begin(), order.begin() + d.topk_group, order.begin() + d.n_group,
+                        [&](int a, int b) {
+                          return group_score[a] > group_score[b] ||
+                                 (group_score[a] == group_score[b] && a < b);
+                        });
+      std::vector<char> keep(d.n_group, 0);
+      for (int i = 0; i < d.topk_group; ++i) keep[order[i]] = 1;
+      // As HF: experts of the other groups get score 0.0 (masked_fill), not -inf.
+      for (int e = 0; e < E; ++e) {
+        if (!keep[e / per]) choice[e] = 0.0f;
+      }
+    }
+    std::iota(order.begin(), order.begin() + E, 0);
+    std::partial_sort(order.begin(), order.begin() + K, order.begin() + E, [&](int a, int b) {
+      return choice[a] > choice[b] || (choice[a] == choice[b] && a < b);
+    });
+    float sum = 0.0f;
+    for (int i = 0; i < K; ++i) {
+      // noaux_tc weighs with the unbiased scores; the others with the (masked) topk values.
+      w[i] = d.topk_method == Method::kNoauxTc ? scores[order[i]] : choice[order[i]];
+      sum += w[i];
+    }
+    const bool normalize = K > 1 && d.norm_topk_prob;
+    for (int i = 0; i < K; ++i) {
+      if (normalize) w[i] /= sum + 1e-20f;
+      // V3 always scales; DeepSeek-V2's gate scales only when it does not normalize.
+      if (d.is_v3() || !normalize) w[i] *= d.routed_scaling_factor;
+      assigned[order[i]].emplace_back(r, w[i]);
+    }
+  }
+
+  std::fill(out, out + static_cast<size_t>(rows) * H, 0.0f);
+  std::vector<float> xe, ye;
+  for (int e = 0; e < E; ++e) {
+    const auto& list = assigned[e];
+    if (list.empty()) continue;
+    const int n = static_cast<int>(list.size());
+    xe.resize(static_cast<size_t>(n) * H);
+    ye.resize(static_cast<size_t>(n) * H);
+    for (int i = 0; i < n; ++i) {
+      std::copy_n(x + static_cast<size_t>(list[i].first) * H, H,
+                  xe.data() + static_cast<size_t>(i) * H);
+    }
+    Mlp(L.experts[e], xe.data(), n, ye.data());
+    for (int i = 0; i < n; ++i) {
+      float* o = out + static_cast<size_t>(list[i].first) * H;
+      const float* y = ye.data() + static_cast<size_t>(i) * H;
+      const float wt = list[i].second;
+      for (int j = 0; j < H; ++j) o[j] += wt * y[j];
+    }
+  }
+  if (L.shared.intermediate > 0) {
+    ye.resize(static_cast<size_t>(rows) * H);
+    Mlp(L.shared, x, rows, ye.data());
+    for (size_t i = 0; i < ye.size(); ++i) out[i] += ye[i];
+  }
+}
+
+void DeepseekModel::PrefillAttention(const DeepseekLayerWeights& L, int layer,
+                                     const AttentionBatch& batch, int seq, const float* q,
+                                     float* attn) const {
+  const DeepseekConfig& d = config_;
+  const int H = d.base.num_q_heads, N = d.qk_nope_head_dim, R = d.qk_rope_head_dim;
+  const int V = d.v_head_dim, C = d.kv_lora_rank, Lw = d.latent_dim(), QK = N + R;
+  const int NV = N + V;
+  const MlaShape shape{H, C, R, block_size_};
+  const int kv_len = batch.kv_lens[seq];
+  std::vector<float> lat(static_cast<size_t>(kv_len) * Lw);
+  CpuMlaGatherLatents(shape, batch, seq, cache_dtype_, L.cache_scale, cache_[layer].data(),
+                      lat.data());
+  // Expand: per cached token and head, k_nope = W_UK c and v = W_UV c.
+  std::vector<float> kv(static_cast<size_t>(kv_len) * H * NV);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kv_len, H * NV, C, 1.0f, lat.data(), Lw,
+              L.w_kv_b.data(), C, 0.0f, kv.data(), H * NV);
+  const float scale = d.SoftmaxScale();
+  const int q_begin = batch.q_indptr[seq], q_end = batch.q_indptr[seq + 1];
+  std::vector<float> scores(kv_len), acc(V);
+  for (int t = q_begin; t < q_end; ++t) {
+    const int pos = kv_len - (q_end - t);
+    for (int h = 0; h < H; ++h) {
+      const float* qn = q + (static_cast<size_t>(t) * H + h) * QK;
+      const float* qp = qn + N;
+      float mx = -INFINITY;
+      for (int j = 0; j <= pos; ++j) {
+        const float* k = kv.data() + (static_cast<size_t>(j) * H + h) * NV;
+        const float* kp = lat.data() + static_cast<size_t>(j) * Lw + C;
+        float dot = 0.0f;
+        for (int i = 0; i < N; ++i) dot += qn[i] * k[i];
+        for (int i = 0; i < R; ++i) dot += qp[i] * kp[i];
+        scores[j] = dot * scale;
+        mx = std::max(mx, scores[j]);
+      }
+      float sum = 0.0f;
+      for (int j = 0; j <= pos; ++j) sum += (scores[j] = std::exp(scores[j] - mx));
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int j = 0; j <= pos; ++j) {
+        const float* vv = kv.data() + (static_cast<size_t>(j) * H + h) * NV + N;
+        for (int i = 0; i < V; ++i) acc[i] += scores[j] * vv[i];
+      }
+      float* o = attn + (static_cast<size_t>(t) * H + h) * V;
+      for (int i = 0; i < V; ++i) o[i] = acc[i] / sum;
+    }
+  }
+}
+
+Status DeepseekModel::Forward(const ForwardBatch& batch, std::vector<float>* logits) {
+  const DeepseekConfig& d = config_;
+  const ModelConfig& c = d.base;
+  const int T = static_cast<int>(batch.token_ids.size());
+  const int Hd = c.hidden_size, H = c.num_q_heads, N = d.qk_nope_head_dim;
+  const int R = d.qk_rope_head_dim, V = d.v_head_dim, C = d.kv_lora_rank, Lw = d.latent_dim();
+  const int QK = N + R, NV = N + V;
+  const int QA = d.q_lora_rank > 0 ? d.q_lora_rank : H * QK;  // q part of the stacked w_a
+  const int A = QA + Lw;
+  LLM_CHECK_EQ(batch.attn.num_tokens, T);
+  LLM_CHECK_EQ(static_cast<int>(batch.positions.size()), T);
+
+  std::vector<float> x(static_cast<size_t>(T) * Hd), xn(x.size()), tmp(x.size());
+  std::vector<float> a(static_cast<size_t>(T) * A), q(static_cast<size_t>(T) * H * QK);
+  std::vector<float> qa(d.q_lora_rank > 0 ? static_cast<size_t>(T) * d.q_lora_rank : 0);
+  std::vector<float> latent(static_cast<size_t>(T) * Lw), attn(static_cast<size_t>(T) * H * V);
+  for (int t = 0; t < T; ++t) {
+    const int32_t id = batch.token_ids[t];
+    if (id < 0 || id >= c.vocab_size) return InvalidArgument("token id out of range");
+    std::copy_n(embed_.data() + static_cast<size_t>(id) * Hd, Hd,
+                x.data() + static_cast<size_t>(t) * Hd);
+  }
+  LLM_RETURN_IF_ERROR(attention_->Plan(batch.attn));
+
+  // Decode sequences go through the MLA backend (absorbed); the rest are expanded here.
+  const std::vector<int32_t> decode_seqs = MlaDecodeSeqs(batch.attn);
+  std::vector<int32_t> decode_rows, prefill_seqs;
+  {
+    std::vector<char> is_decode(batch.attn.num_seqs, 0);
+    for (int32_t s : decode_seqs) is_decode[s] = 1;
+    for (int s = 0; s < batch.attn.num_seqs; ++s) {
+      if (!is_decode[s]) {
+        prefill_seqs.push_back(s);
+        continue;
+      }
+      for (int t = batch.attn.q_indptr[s]; t < batch.attn.q_indptr[s + 1]; ++t) {
+        decode_rows.push_back(t);
+      }
+    }
+  }
+  std::vector<float> q_latent, q_pe, out_latent;
+  if (!decode_rows.empty()) {
+    q_latent.assign(static_cast<size_t>(T) * H * C, 0.0f);
+    out_latent.assign(q_latent.size(), 0.0f);
+    q_pe.assign(static_cast<size_t>(T) * H * R, 0.0f);
+  }
+  const float scale = d.SoftmaxScale();
+
+  for (int l = 0; l < c.num_layers; ++l) {
+    const DeepseekLayerWeights& L = layers_[l];
+    RmsNorm(x.data(), L.attn_norm.data(), T, Hd, c.rms_norm_eps, xn.data());
+    Linear(xn.data(), L.w_a.data(), T, A, Hd, a.data());
+    for (int t = 0; t < T; ++t) {
+      const float* at = a.data() + static_cast<size_t>(t) * A;
+      if (d.q_lora_rank > 0) {
+        RmsNorm(at, L.q_a_norm.data(), 1, d.q_lora_rank, kLatentNormEps,
+                qa.data() + static_cast<size_t>(t) * d.q_lora_rank);
+      } else {
+        std::copy_n(at, QA, q.data() + static_cast<size_t>(t) * H * QK);
+      }
+      float* lt = latent.data() + static_cast<size_t>(t) * Lw;
+      RmsNorm(at + QA, L.kv_a_norm.data(), 1, C, kLatentNormEps, lt);
+      std::copy_n(at + QA + C, R, lt + C);
+      ApplyRope(lt + C, batch.positions[t]);
+    }
+    if (d.q_lora_rank > 0) Linear(qa.data(), L.w_q_b.data(), T, H * QK, d.q_lora_rank, q.data());
+    for (int t = 0; t < T; ++t) {
+      for (int h = 0; h < H; ++h) {
+        ApplyRope(q.data() + (static_cast<size_t>(t) * H + h) * QK + N, batch.positions[t]);
+      }
+    }
+
+    // Absorbed decode: q_latent[t, h] = W_UK_h^T q_nope[t, h]; W_UK_h is [N, C] inside kv_b_proj.
+    for (int32_t t : decode_rows) {
+      for (int h = 0; h < H; ++h) {
+        const float* qh = q.data() + (static_cast<size_t>(t) * H + h) * QK;
+        const float* w_uk = L.w_kv_b.data() + static_cast<size_t>(h) * NV * C;
+        cblas_sgemv(CblasRowMajor, CblasTrans, N, C, 1.0f, w_uk, C, qh, 1, 0.0f,
+                    q_latent.data() + (static_cast<size_t>(t) * H + h) * C, 1);
+        std::copy_n(qh + N, R, q_pe.data() + (static_cast<size_t>(t) * H + h) * R);
+      }
+    }
+    MlaParams p;
+    p.q_latent = q_latent.data();
+    p.q_pe = q_pe.data();
+    p.latent_new = latent.data();
+    p.out_latent = out_latent.data();
+    p.cache = cache_[l].data();
+    p.cache_scale = L.cache_scale;
+    p.softmax_scale = scale;
+    attention_->RunMla(p);  // appends every row's latent, attends the decode rows
+    for (int32_t t : decode_rows) {
+      for (int h = 0; h < H; ++h) {
+        const float* w_uv = L.w_kv_b.data() + (static_cast<size_t>(h) * NV + N) * C;  // [V, C]
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, V, C, 1.0f, w_uv, C,
+                    out_latent.data() + (static_cast<size_t>(t) * H + h) * C, 1, 0.0f,
+                    attn.data() + (static_cast<size_t>(t) * H + h) * V, 1);
+      }
+    }
+    for (int32_t s : prefill_seqs) PrefillAttention(L, l, batch.attn, s, q.data(), attn.data());
+
+    Linear(attn.data(), L.wo.data(), T, Hd, H * V, tmp.data());
+    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+
+    RmsNorm(x.data(), L.mlp_norm.data(), T, Hd, c.rms_norm_eps, xn.data());
+    if (L.moe) {
+      Moe(L, xn.data(), T, tmp.data());
+    } else {
+      Mlp(L.dense, xn.data(), T, tmp.data());
+    }
+    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+  }
+
+  const int rows = static_cast<int>(batch.logit_rows.size());
+  std::vector<float> last(static_cast<size_t>(rows) * Hd);
+  for (int r = 0; r < rows; ++r) {
+    RmsNorm(x.data() + static_cast<size_t>(batch.logit_rows[r]) * Hd, final_norm_.data(), 1, Hd,
+            c.rms_norm_eps, last.data() + static_cast<size_t>(r) * Hd);
+  }
+  logits->resize(static_cast<size_t>(rows) * c.vocab_size);
+  const std::vector<float>& head = c.tie_word_embeddings ? embed_ : lm_head_;
+  Linear(last.data(), head.data(), rows, c.vocab_size, Hd, logits->data());
+  return Status::Ok();
+}
+
+}  // namespace llm

@@ -1,0 +1,126 @@
+// C8 append attention on CUDA: paged KV cache in bf16, int8 or fp8-e4m3 with per-head,
+// per-channel or per-token (dynamic) scales; GQA groups packed into the query tile; prefill,
+// append and decode (1..N query tokens per sequence, causal) in one launch; split-KV with a
+// merge step. Plain C++ header: no CUDA types, so host code and tests include it freely.
+//
+// Plan/run split: C8Planner::Plan builds the work list on the host once per step and uploads it;
+// C8Attention::Run only consumes the uploaded plan, so decode steps can be graph-captured.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/base/status.h"
+#include "kernels/attention_backend.h"
+
+namespace llm::cuda {
+
+enum class CacheType { kBf16, kInt8, kFp8E4M3 };
+enum class ScaleMode {
+  kNone,        // bf16 cache
+  kPerHead,     // k_scale/v_scale: [num_kv_heads]
+  kPerChannel,  // k_scale/v_scale: [num_kv_heads, head_dim]
+  kPerToken,    // dynamic: k_scale/v_scale: [num_blocks, num_kv_heads, block_size], written by append
+};
+
+struct C8Shape {
+  int num_q_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 128;  // 64 or 128
+  int block_size = 64;
+  CacheType cache = CacheType::kBf16;
+  ScaleMode scale = ScaleMode::kNone;
+};
+
+// One unit of kernel work: a query tile of one sequence against a KV range, for every KV head.
+struct C8WorkItem {
+  int32_t seq;
+  int32_t q_start;   // first query row of the tile in the flattened batch
+  int32_t q_len;     // query tokens in the tile
+  int32_t kv_start;  // KV range [kv_start, kv_end) of this chunk
+  int32_t kv_end;
+  int32_t partial;   // -1: write the output directly; else index of this chunk's partial slot
+};
+
+// Combines the partial results of one split query tile.
+struct C8MergeItem {
+  int32_t q_start;
+  int32_t q_len;
+  int32_t first_partial;
+  int32_t num_partials;
+};
+
+struct C8PlanConfig {
+  int num_sms = 132;
+  int min_chunk_tokens = 256;  // never split KV finer than this
+  int ctas_per_sm = 2;         // split-KV target: fill num_sms * ctas_per_sm CTAs
+  bool force_split = false;    // tests: split whenever kv_len > min_chunk_tokens
+};
+
+// Host-side plan for one step. Kernel work is grouped by tile kind: decode tiles pack up to 16
+// rows (query tokens x GQA group); prefill tiles pack 64 rows.
+struct C8Plan {
+  std::vector<C8WorkItem> decode_items;
+  std::vector<C8WorkItem> prefill_items;
+  std::vector<C8MergeItem> merges;
+  int num_partials = 0;      // partial slots, each [64 rows x head_dim] fp32 + lse per KV head
+  int decode_tile_tokens = 0;
+  int prefill_tile_tokens = 0;
+};
+
+// Builds the plan from the shared CSR batch description.
+C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8PlanConfig& config);
+
+// Device-side state for one C8 attention instance: uploaded plan, batch arrays, workspace.
+class C8Attention {
+ public:
+  explicit C8Attention(const C8Shape& shape);
+  ~C8Attention();
+  C8Attention(const C8Attention&) = delete;
+  C8Attention& operator=(const C8Attention&) = delete;
+
+  // Uploads the batch's CSR arrays and the plan (async on `stream`, a cudaStream_t).
+  Status Upload(const AttentionBatch& batch, const C8Plan& plan, void* stream);
+
+  struct LayerArgs {
+    const void* q = nullptr;      // bf16 [num_tokens, num_q_heads, head_dim]
+    const void* k_new = nullptr;  // bf16 [num_tokens, num_kv_heads, head_dim]
+    const void* v_new = nullptr;
+    void* out = nullptr;          // bf16 [num_tokens, num_q_heads, head_dim]
+    void* k_cache = nullptr;      // [num_blocks, num_kv_heads, block_size, head_dim] of cache type
+    void* v_cache = nullptr;
+    float* k_scale = nullptr;     // see ScaleMode; written by append only for kPerToken
+    float* v_scale = nullptr;
+    float softmax_scale = 1.0f;
+  };
+  // Appends (quantizing) the new K/V, then attends; uses the last uploaded plan.
+  Status Run(const LayerArgs& args, void* stream);
+  // Attention only (cache already holds the new tokens): for benchmarks.
+  Status Attend(const LayerArgs& args, void* stream);
+
+  const C8Shape& shape() const { return shape_; }
+
+ private:
+  Status Reserve(void** ptr, size_t* cap, size_t bytes);
+
+  C8Shape shape_;
+  int num_seqs_ = 0, num_tokens_ = 0;
+  int num_decode_ = 0, num_prefill_ = 0, num_merges_ = 0, num_partials_ = 0;
+  int decode_tile_tokens_ = 0, prefill_tile_tokens_ = 0;
+  // Device buffers (grown on demand, never shrunk).
+  void* d_ints_ = nullptr;  // CSR arrays, slot mapping, work and merge items
+  size_t d_ints_cap_ = 0;
+  void* d_partial_ = nullptr;  // partial outputs + lse
+  size_t d_partial_cap_ = 0;
+  void* h_pinned_ = nullptr;  // staging for the upload
+  size_t h_pinned_cap_ = 0;
+  // Offsets (in int32 elements) into d_ints_.
+  size_t off_q_indptr_ = 0, off_kv_lens_ = 0, off_page_indptr_ = 0, off_pages_ = 0,
+         off_slots_ = 0, off_decode_ = 0, off_prefill_ = 0, off_merge_ = 0;
+};
+
+int CudaDeviceCount();
+// Multiprocessor count of the current device (0 when there is none).
+int CudaNumSms();
+
+}  // namespace llm::cuda

@@ -1,0 +1,66 @@
+// Device-side argument structs shared by the C8 kernels and their launchers (internal).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/c8_attention.h"
+
+namespace llm::cuda::detail {
+
+struct TileArgs {
+  const void* q;  // bf16 [T, Hq, D]
+  void* out;      // bf16 [T, Hq, D]
+  const void* k_cache;
+  const void* v_cache;
+  const float* k_scale;
+  const float* v_scale;
+  const int32_t* q_indptr;
+  const int32_t* kv_lens;
+  const int32_t* page_indptr;
+  const int32_t* pages;
+  const C8WorkItem* items;
+  float* partial_o;    // [num_partials, Hkv, 64, D]
+  float* partial_lse;  // [num_partials, Hkv, 64] (log2 domain)
+  int num_items;
+  int num_q_heads;
+  int num_kv_heads;
+  int block_size;
+  int scale_mode;  // ScaleMode
+  float scale_log2;  // softmax_scale * log2(e)
+};
+
+struct MergeArgs {
+  void* out;
+  const C8MergeItem* items;
+  const float* partial_o;
+  const float* partial_lse;
+  int num_items;
+  int num_q_heads;
+  int num_kv_heads;
+};
+
+struct AppendArgs {
+  const void* k_new;  // bf16 [T, Hkv, D]
+  const void* v_new;
+  void* k_cache;
+  void* v_cache;
+  float* k_scale;
+  float* v_scale;
+  const int32_t* slots;
+  int num_tokens;
+  int num_kv_heads;
+  int block_size;
+  int scale_mode;
+};
+
+constexpr int kTileTokens = 64;  // KV tokens per shared-memory tile
+constexpr int kPartialRows = 64;
+
+// Launchers, one translation unit per cache type (explicit instantiation groups).
+void LaunchTilesBf16(const TileArgs& a, int head_dim, bool prefill, void* stream);
+void LaunchTilesInt8(const TileArgs& a, int head_dim, bool prefill, void* stream);
+void LaunchTilesFp8(const TileArgs& a, int head_dim, bool prefill, void* stream);
+void LaunchMerge(const MergeArgs& a, int head_dim, void* stream);
+void LaunchAppend(const AppendArgs& a, CacheType cache, int head_dim, void* stream);
+
+}  // namespace llm::cuda::detail

@@ -1,0 +1,129 @@
+// Split-KV merge and KV append (quantizing) kernels for C8 attention.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/c8_kernel_args.h"
+
+namespace llm::cuda::detail {
+namespace {
+
+// One CTA per (merge item, query head); one thread per output dim pair.
+__global__ void MergeKernel(const MergeArgs a, int D) {
+  const C8MergeItem item = a.items[blockIdx.x];
+  const int head = blockIdx.y;
+  const int group = a.num_q_heads / a.num_kv_heads;
+  const int kvh = head / group, g = head % group;
+  for (int tok = 0; tok < item.q_len; ++tok) {
+    const int r = tok * group + g;
+    float m = -INFINITY;
+    for (int p = 0; p < item.num_partials; ++p) {
+      const size_t prow = (static_cast<size_t>(item.first_partial + p) * a.num_kv_heads + kvh) * kPartialRows + r;
+      m = fmaxf(m, a.partial_lse[prow]);
+    }
+    const float m_use = m == -INFINITY ? 0.f : m;
+    for (int d = threadIdx.x * 2; d < D; d += blockDim.x * 2) {
+      float w_sum = 0.f, v0 = 0.f, v1 = 0.f;
+      for (int p = 0; p < item.num_partials; ++p) {
+        const size_t prow = (static_cast<size_t>(item.first_partial + p) * a.num_kv_heads + kvh) * kPartialRows + r;
+        const float w = exp2f(a.partial_lse[prow] - m_use);
+        w_sum += w;
+        v0 += w * a.partial_o[prow * D + d];
+        v1 += w * a.partial_o[prow * D + d + 1];
+      }
+      const float inv = w_sum > 0.f ? 1.f / w_sum : 0.f;
+      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(a.out) +
+                           (static_cast<size_t>(item.q_start + tok) * a.num_q_heads + head) * D + d;
+      *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(v0 * inv, v1 * inv);
+    }
+  }
+}
+
+// Quantization exactly as engine/base/quant.h defines it.
+__device__ __forceinline__ int8_t QuantInt8(float x, float scale) {
+  float q = rintf(x / scale);
+  if (q != q) q = 0.f;
+  q = fminf(fmaxf(q, -127.f), 127.f);
+  return static_cast<int8_t>(q);
+}
+__device__ __forceinline__ uint8_t QuantFp8(float x, float scale) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, __NV_E4M3));
+}
+
+// One warp per (token, kv head): writes K and V rows into their cache slot.
+template <int D>
+__global__ void AppendKernel(const AppendArgs a, int cache_type) {
+  const int warp_global = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp_global >= a.num_tokens * a.num_kv_heads) return;
+  const int tok = warp_global / a.num_kv_heads, h = warp_global % a.num_kv_heads;
+  const int slot = a.slots[tok];
+  const int block = slot / a.block_size, off = slot % a.block_size;
+  const size_t dst = ((static_cast<size_t>(block) * a.num_kv_heads + h) * a.block_size + off) * D;
+  const size_t src = (static_cast<size_t>(tok) * a.num_kv_heads + h) * D;
+  constexpr int kPer = D / 32;
+#pragma unroll
+  for (int kv = 0; kv < 2; ++kv) {
+    const __nv_bfloat16* in = static_cast<const __nv_bfloat16*>(kv ? a.v_new : a.k_new) + src;
+    void* cache = kv ? a.v_cache : a.k_cache;
+    float* scale = kv ? a.v_scale : a.k_scale;
+    float x[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) x[i] = __bfloat162float(in[lane * kPer + i]);
+    if (cache_type == static_cast<int>(CacheType::kBf16)) {
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        static_cast<__nv_bfloat16*>(cache)[dst + lane * kPer + i] = in[lane * kPer + i];
+      }
+      continue;
+    }
+    float s_head = 1.f;
+    if (a.scale_mode == static_cast<int>(ScaleMode::kPerToken)) {
+      float amax = 0.f;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) amax = fmaxf(amax, fabsf(x[i]));
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o));
+      const float qmax = cache_type == static_cast<int>(CacheType::kInt8) ? 127.f : 448.f;
+      s_head = amax > 0.f ? amax / qmax : 1.f;
+      if (lane == 0) {
+        scale[(static_cast<size_t>(block) * a.num_kv_heads + h) * a.block_size + off] = s_head;
+      }
+    } else if (a.scale_mode == static_cast<int>(ScaleMode::kPerHead)) {
+      s_head = scale[h];
+    }
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int d = lane * kPer + i;
+      const float s = a.scale_mode == static_cast<int>(ScaleMode::kPerChannel) ? scale[h * D + d] : s_head;
+      if (cache_type == static_cast<int>(CacheType::kInt8)) {
+        static_cast<int8_t*>(cache)[dst + d] = QuantInt8(x[i], s);
+      } else {
+        static_cast<uint8_t*>(cache)[dst + d] = QuantFp8(x[i], s);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void LaunchMerge(const MergeArgs& a, int head_dim, void* stream) {
+  if (a.num_items == 0) return;
+  MergeKernel<<<dim3(a.num_items, a.num_q_heads), 64, 0, static_cast<cudaStream_t>(stream)>>>(
+      a, head_dim);
+}
+
+void LaunchAppend(const AppendArgs& a, CacheType cache, int head_dim, void* stream) {
+  if (a.num_tokens == 0) return;
+  const int warps = a.num_tokens * a.num_kv_heads;
+  const int threads = 256;
+  const int blocks = (warps * 32 + threads - 1) / threads;
+  auto s = static_cast<cudaStream_t>(stream);
+  if (head_dim == 64) {
+    AppendKernel<64><<<blocks, threads, 0, s>>>(a, static_cast<int>(cache));
+  } else {
+    AppendKernel<128><<<blocks, threads, 0, s>>>(a, static_cast<int>(cache));
+  }
+}
+
+}  // namespace llm::cuda::detail
