@@ -139,10 +139,14 @@ Result RunDecode(const char* name, int batch, int kv_len, int q_len, CacheType c
     CK(cudaMemcpy(vs, ones.data(), scale_n * 4, cudaMemcpyHostToDevice));
   }
   llm::cuda::C8Shape shape{hq, hkv, d, bs, cache, scale};
+  llm::cuda::C8Attention attn(shape);
   llm::cuda::C8PlanConfig pc;
   pc.num_sms = llm::cuda::CudaNumSms();
+  pc.ctas_per_sm = attn.decode_ctas_per_sm();
   const auto plan = llm::cuda::BuildC8Plan(shape, b, pc);
-  llm::cuda::C8Attention attn(shape);
+  std::printf("  [%s] decode items %zu, prefill items %zu, partials %d, ctas/sm %d\n", name,
+              plan.decode_items.size(), plan.prefill_items.size(), plan.num_partials,
+              pc.ctas_per_sm);
   if (!attn.Upload(b, plan, nullptr).ok()) std::exit(1);
   llm::cuda::C8Attention::LayerArgs la;
   la.q = q;

@@ -94,8 +94,10 @@ StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::Create(const DeepseekCon
   const size_t layer_bytes = m->attention_->BlockBytes() * m->num_blocks_;
   m->cache_.assign(config.base.num_layers,
                    std::vector<float>((layer_bytes + sizeof(float) - 1) / sizeof(float), 0.0f));
-  spdlog::info("DeepSeek MLA latent cache: {} x {} values per token per layer, {}", 1,
-               config.latent_dim(), DTypeName(m->cache_dtype_));
+  spdlog::info(
+      "DeepSeek MLA latent cache: {} values per token per layer (kv_lora_rank {} + rope {}), {}{}",
+      config.latent_dim(), config.kv_lora_rank, config.qk_rope_head_dim, DTypeName(m->cache_dtype_),
+      m->cache_dtype_ == DType::kFp8E4M3 ? " with one static scale per layer" : "");
   return m;
 }
 

@@ -125,8 +125,9 @@ void CpuAppendKvQuant(const QuantKvCacheView& c, const AttentionBatch& batch, co
   }
 }
 
-// Same loops and operation order as CpuPagedAttention, so on dequantized inputs the two agree to
-// the last bit; each cache row is dequantized into a scratch row right before it is used.
+// Per output element, the same operations in the same order as CpuPagedAttention, so on
+// dequantized inputs the two agree to the last bit. Each sequence's K and V rows of one KV head
+// are dequantized once into scratch and shared by that head's query rows and query heads.
 void CpuPagedAttentionQuant(const QuantKvCacheView& c, const AttentionBatch& batch, const float* q,
                             float softmax_scale, float* out) {
   CheckView(c);
@@ -135,42 +136,50 @@ void CpuPagedAttentionQuant(const QuantKvCacheView& c, const AttentionBatch& bat
   const int group = s.num_q_heads / s.num_kv_heads;
   const auto* k_cache = static_cast<const uint8_t*>(c.k);
   const auto* v_cache = static_cast<const uint8_t*>(c.v);
-  std::vector<float> scores;
-  std::vector<float> acc(d), row(d);
+  std::vector<float> scores, kf, vf;
+  std::vector<float> acc(d);
   for (int seq = 0; seq < batch.num_seqs; ++seq) {
     const int q_begin = batch.q_indptr[seq], q_end = batch.q_indptr[seq + 1];
     const int kv_len = batch.kv_lens[seq];
     const int32_t* pages = batch.page_indices.data() + batch.page_indptr[seq];
     scores.resize(kv_len);
-    for (int t = q_begin; t < q_end; ++t) {
-      const int pos = kv_len - (q_end - t);  // causal: attend to [0, pos]
-      for (int h = 0; h < s.num_q_heads; ++h) {
-        const int kvh = h / group;
-        const float* qv = q + (static_cast<size_t>(t) * s.num_q_heads + h) * d;
-        float max_score = -INFINITY;
-        for (int j = 0; j <= pos; ++j) {
-          DequantizeRow(c, k_cache, c.k_scale, c.k_block_scales, pages[j / s.block_size], kvh,
-                        j % s.block_size, row.data());
-          float dot = 0.0f;
-          for (int i = 0; i < d; ++i) dot += qv[i] * row[i];
-          scores[j] = dot * softmax_scale;
-          max_score = std::max(max_score, scores[j]);
+    kf.resize(static_cast<size_t>(kv_len) * d);
+    vf.resize(static_cast<size_t>(kv_len) * d);
+    for (int kvh = 0; kvh < s.num_kv_heads; ++kvh) {
+      for (int j = 0; j < kv_len; ++j) {
+        const int block = pages[j / s.block_size], offset = j % s.block_size;
+        DequantizeRow(c, k_cache, c.k_scale, c.k_block_scales, block, kvh, offset,
+                      kf.data() + static_cast<size_t>(j) * d);
+        DequantizeRow(c, v_cache, c.v_scale, c.v_block_scales, block, kvh, offset,
+                      vf.data() + static_cast<size_t>(j) * d);
+      }
+      for (int t = q_begin; t < q_end; ++t) {
+        const int pos = kv_len - (q_end - t);  // causal: attend to [0, pos]
+        for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+          const float* qv = q + (static_cast<size_t>(t) * s.num_q_heads + h) * d;
+          float max_score = -INFINITY;
+          for (int j = 0; j <= pos; ++j) {
+            const float* kr = kf.data() + static_cast<size_t>(j) * d;
+            float dot = 0.0f;
+            for (int i = 0; i < d; ++i) dot += qv[i] * kr[i];
+            scores[j] = dot * softmax_scale;
+            max_score = std::max(max_score, scores[j]);
+          }
+          float sum = 0.0f;
+          for (int j = 0; j <= pos; ++j) {
+            scores[j] = std::exp(scores[j] - max_score);
+            sum += scores[j];
+          }
+          std::fill(acc.begin(), acc.end(), 0.0f);
+          for (int j = 0; j <= pos; ++j) {
+            const float* vr = vf.data() + static_cast<size_t>(j) * d;
+            const float p = scores[j];
+            for (int i = 0; i < d; ++i) acc[i] += p * vr[i];
+          }
+          float* o = out + (static_cast<size_t>(t) * s.num_q_heads + h) * d;
+          const float inv = 1.0f / sum;
+          for (int i = 0; i < d; ++i) o[i] = acc[i] * inv;
         }
-        float sum = 0.0f;
-        for (int j = 0; j <= pos; ++j) {
-          scores[j] = std::exp(scores[j] - max_score);
-          sum += scores[j];
-        }
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int j = 0; j <= pos; ++j) {
-          DequantizeRow(c, v_cache, c.v_scale, c.v_block_scales, pages[j / s.block_size], kvh,
-                        j % s.block_size, row.data());
-          const float p = scores[j];
-          for (int i = 0; i < d; ++i) acc[i] += p * row[i];
-        }
-        float* o = out + (static_cast<size_t>(t) * s.num_q_heads + h) * d;
-        const float inv = 1.0f / sum;
-        for (int i = 0; i < d; ++i) o[i] = acc[i] * inv;
       }
     }
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "kernels/cuda/c8_kernel_args.h"
 #include "kernels/cuda/cuda_check.h"
@@ -29,8 +30,8 @@ int CudaNumSms() {
 C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8PlanConfig& config) {
   C8Plan plan;
   const int group = shape.num_q_heads / shape.num_kv_heads;
-  plan.decode_tile_tokens = group <= 16 ? 16 / group : 0;
-  plan.prefill_tile_tokens = std::max(1, 64 / group);
+  plan.decode_tile_tokens = group <= detail::kDecodeRows ? detail::kDecodeRows / group : 0;
+  plan.prefill_tile_tokens = std::max(1, detail::kPartialRows / group);
 
   struct Tile {
     int seq, q_start, q_len, kv_end;
@@ -52,20 +53,47 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
       total_kv += kv_end;
     }
   }
-  // Split KV only when the tiles alone cannot fill the GPU.
-  const int64_t target = static_cast<int64_t>(config.num_sms) * config.ctas_per_sm;
-  const int64_t ctas = static_cast<int64_t>(tiles.size()) * shape.num_kv_heads;
-  int64_t chunk = std::numeric_limits<int32_t>::max();
+  // Choose the KV chunk so that the CTAs fill the resident slots in full waves: a 1.3-wave grid
+  // idles most SMs during its tail, and a tiny batch leaves most SMs empty without a split.
+  const int64_t slots = std::max(1, config.num_sms * config.ctas_per_sm);
+  int max_kv = 0;
+  for (const Tile& t : tiles) max_kv = std::max(max_kv, t.kv_end);
+  // Only decode tiles are split: prefill tiles are plentiful and the merge would cost more.
+  bool any_decode = false;
+  for (const Tile& t : tiles) any_decode |= !t.prefill;
+  auto ctas_for = [&](int64_t chunk) {
+    int64_t n = 0;
+    for (const Tile& t : tiles) {
+      if (!t.prefill) n += (t.kv_end + chunk - 1) / chunk;
+    }
+    return n * shape.num_kv_heads;
+  };
+  auto efficiency = [&](int64_t ctas) {
+    const double waves = static_cast<double>(ctas) / slots;
+    return waves <= 1.0 ? waves : waves / std::ceil(waves);
+  };
+  int64_t chunk = std::max(max_kv, 1);
   if (config.force_split) {
     chunk = config.min_chunk_tokens;
-  } else if (ctas < target && total_kv > 0) {
-    chunk = (total_kv * shape.num_kv_heads + target - 1) / target;
-    chunk = std::max<int64_t>(chunk, config.min_chunk_tokens);
+  } else if (any_decode) {
+    double best = efficiency(ctas_for(chunk));
+    for (int n = 2; n <= config.max_splits; ++n) {
+      const int64_t c = ((max_kv + n - 1) / n + 63) / 64 * 64;
+      if (c < config.min_chunk_tokens) break;
+      // Under one wave, more CTAs are always better; past it, demand a real gain per split.
+      const int64_t ctas = ctas_for(c);
+      const double e = efficiency(ctas);
+      const bool better = ctas <= slots ? e > best : e > best + 0.03;
+      if (better) {
+        best = e;
+        chunk = c;
+      }
+    }
   }
   chunk = (chunk + 63) / 64 * 64;
   for (const Tile& t : tiles) {
     auto& items = t.prefill ? plan.prefill_items : plan.decode_items;
-    if (t.kv_end <= chunk) {
+    if (t.kv_end <= chunk || (t.prefill && !config.force_split)) {
       items.push_back({t.seq, t.q_start, t.q_len, 0, t.kv_end, -1});
       continue;
     }
@@ -81,6 +109,15 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
 }
 
 C8Attention::C8Attention(const C8Shape& shape) : shape_(shape) {}
+
+int C8Attention::decode_ctas_per_sm() const {
+  switch (shape_.cache) {
+    case CacheType::kBf16: return detail::DecodeCtasPerSmBf16(shape_.head_dim);
+    case CacheType::kInt8: return detail::DecodeCtasPerSmInt8(shape_.head_dim);
+    case CacheType::kFp8E4M3: return detail::DecodeCtasPerSmFp8(shape_.head_dim);
+  }
+  return 1;
+}
 
 C8Attention::~C8Attention() {
   if (d_ints_) cudaFree(d_ints_);
@@ -184,7 +221,13 @@ Status C8Attention::Attend(const LayerArgs& args, void* stream) {
   ta.partial_lse = partial_lse;
   ta.num_q_heads = shape_.num_q_heads;
   ta.num_kv_heads = shape_.num_kv_heads;
-  ta.block_size = shape_.block_size;
+  int lbs = 0;
+  while ((1 << lbs) < shape_.block_size) ++lbs;
+  if ((1 << lbs) != shape_.block_size) {
+    return InvalidArgument("C8 attention needs a power-of-two block size, got " +
+                           std::to_string(shape_.block_size));
+  }
+  ta.log2_block_size = lbs;
   ta.scale_mode = static_cast<int>(shape_.scale);
   ta.scale_log2 = args.softmax_scale * 1.4426950408889634f;
   auto launch = [&](const C8WorkItem* items, int n, bool prefill) {

@@ -52,13 +52,15 @@ struct C8MergeItem {
 
 struct C8PlanConfig {
   int num_sms = 132;
-  int min_chunk_tokens = 256;  // never split KV finer than this
-  int ctas_per_sm = 2;         // split-KV target: fill num_sms * ctas_per_sm CTAs
-  bool force_split = false;    // tests: split whenever kv_len > min_chunk_tokens
+  int ctas_per_sm = 2;         // resident decode CTAs per SM (C8Attention::decode_ctas_per_sm())
+  int min_chunk_tokens = 128;  // never split KV finer than this
+  int max_splits = 64;
+  bool force_split = false;    // tests: split every tile into min_chunk_tokens chunks
 };
 
 // Host-side plan for one step. Kernel work is grouped by tile kind: decode tiles pack up to 16
-// rows (query tokens x GQA group); prefill tiles pack 64 rows.
+// rows (query tokens x GQA group); prefill tiles pack 128 rows. KV is split into chunks (merged
+// afterwards) when that fills the GPU's resident CTA slots in fewer, fuller waves.
 struct C8Plan {
   std::vector<C8WorkItem> decode_items;
   std::vector<C8WorkItem> prefill_items;
@@ -99,6 +101,8 @@ class C8Attention {
   Status Attend(const LayerArgs& args, void* stream);
 
   const C8Shape& shape() const { return shape_; }
+  // Resident decode CTAs per SM on the current device, for C8PlanConfig::ctas_per_sm.
+  int decode_ctas_per_sm() const;
 
  private:
   Status Reserve(void** ptr, size_t* cap, size_t bytes);

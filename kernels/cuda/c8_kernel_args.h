@@ -24,7 +24,7 @@ struct TileArgs {
   int num_items;
   int num_q_heads;
   int num_kv_heads;
-  int block_size;
+  int log2_block_size;
   int scale_mode;  // ScaleMode
   float scale_log2;  // softmax_scale * log2(e)
 };
@@ -53,13 +53,17 @@ struct AppendArgs {
   int scale_mode;
 };
 
-constexpr int kTileTokens = 64;  // KV tokens per shared-memory tile
-constexpr int kPartialRows = 64;
+constexpr int kPartialRows = 128;  // rows of the largest (prefill) tile
+constexpr int kDecodeRows = 16;    // decode tile: query tokens x GQA group <= 16
 
 // Launchers, one translation unit per cache type (explicit instantiation groups).
 void LaunchTilesBf16(const TileArgs& a, int head_dim, bool prefill, void* stream);
 void LaunchTilesInt8(const TileArgs& a, int head_dim, bool prefill, void* stream);
 void LaunchTilesFp8(const TileArgs& a, int head_dim, bool prefill, void* stream);
+// Resident decode CTAs per SM for a cache type (occupancy), for the split-KV planner.
+int DecodeCtasPerSmBf16(int head_dim);
+int DecodeCtasPerSmInt8(int head_dim);
+int DecodeCtasPerSmFp8(int head_dim);
 void LaunchMerge(const MergeArgs& a, int head_dim, void* stream);
 void LaunchAppend(const AppendArgs& a, CacheType cache, int head_dim, void* stream);
 

@@ -66,50 +66,138 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+
+// Cache-type traits. The bf16 cache feeds bf16 tensor cores directly. 8-bit caches stay 8-bit in
+// shared memory and are dequantized in registers right after ldmatrix (int8 by the 0x6400
+// magic-number trick, e4m3 by the hardware f16x2 conversion) into fp16 fragments; both are exact.
+// Loading 8-bit data with ldmatrix permutes which d (for K) and which output column (for V) a
+// thread holds; q is loaded with the same permutation and the output is un-permuted at the end.
 struct Bf16Cache {
   static constexpr int kBytes = 2;
+  static constexpr int kTile = 64;  // KV tokens per shared-memory stage
 };
 struct Int8Cache {
   static constexpr int kBytes = 1;
+  static constexpr int kTile = 128;
 };
 struct Fp8Cache {
   static constexpr int kBytes = 1;
+  static constexpr int kTile = 128;
 };
 
-// Converts 16 cached 8-bit values to 16 bf16 (exact: int8 and e4m3 values are bf16 values).
-template <typename C>
-__device__ __forceinline__ void Convert16(const uint8_t* src, __nv_bfloat16* dst) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(src);
-  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-  uint32_t outw[8];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (std::is_same_v<C, Int8Cache>) {
-      const int8_t b0 = static_cast<int8_t>(w[i] & 0xff), b1 = static_cast<int8_t>((w[i] >> 8) & 0xff);
-      const int8_t b2 = static_cast<int8_t>((w[i] >> 16) & 0xff), b3 = static_cast<int8_t>(w[i] >> 24);
-      outw[2 * i] = PackBf16(static_cast<float>(b0), static_cast<float>(b1));
-      outw[2 * i + 1] = PackBf16(static_cast<float>(b2), static_cast<float>(b3));
-    } else {
-      // Hardware e4m3x2 -> f16x2 conversion, then to bf16 (exact).
-      const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(
-          static_cast<__nv_fp8x2_storage_t>(w[i] & 0xffff), __NV_E4M3);
-      const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(
-          static_cast<__nv_fp8x2_storage_t>(w[i] >> 16), __NV_E4M3);
-      const float2 flo = __half22float2(*reinterpret_cast<const __half2*>(&lo));
-      const float2 fhi = __half22float2(*reinterpret_cast<const __half2*>(&hi));
-      outw[2 * i] = PackBf16(flo.x, flo.y);
-      outw[2 * i + 1] = PackBf16(fhi.x, fhi.y);
-    }
-  }
-  uint4* d = reinterpret_cast<uint4*>(dst);
-  d[0] = make_uint4(outw[0], outw[1], outw[2], outw[3]);
-  d[1] = make_uint4(outw[4], outw[5], outw[6], outw[7]);
+__device__ __forceinline__ void Mma16816F16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                            uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <int D>
-struct SmemLayout {
-  static constexpr int kBfStride = D * 2 + 16;  // bytes per bf16 row (16 B pad: no bank conflicts)
-  static constexpr int kRawStride8 = D + 16;    // bytes per 8-bit row
+__device__ __forceinline__ uint32_t PackF16(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Two bytes of a 32-bit word (selected by a __byte_perm selector) -> f16x2.
+template <typename C>
+__device__ __forceinline__ uint32_t Bytes2ToF16x2(uint32_t w, uint32_t sel_int8, uint32_t sel_fp8) {
+  if constexpr (std::is_same_v<C, Int8Cache>) {
+    // (b ^ 0x80) in the mantissa of 1024.0: value 1024 + b + 128; subtract 1152.
+    const uint32_t h = __byte_perm(w ^ 0x80808080u, 0x64646464u, sel_int8);
+    __half2 v = *reinterpret_cast<const __half2*>(&h);
+    v = __hsub2(v, __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480)));
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    const uint32_t pair = __byte_perm(w, 0u, sel_fp8) & 0xffffu;
+    const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+    return *reinterpret_cast<const uint32_t*>(&r);
+  }
+}
+
+template <typename C, int D>
+struct Frag {
+  static constexpr bool kEight = C::kBytes == 1;
+  static constexpr int kRowBytes = D * C::kBytes + 16;  // 16 B pad: conflict-free ldmatrix
+  static constexpr int kNTiles = D / 8;
+
+  __device__ static void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    if constexpr (kEight) Mma16816F16(c, a, b0, b1);
+    else Mma16816(c, a, b0, b1);
+  }
+  __device__ static uint32_t Pack(float lo, float hi) {
+    if constexpr (kEight) return PackF16(lo, hi);
+    else return PackBf16(lo, hi);
+  }
+  // Physical d of the q element a thread loads for fragment register j (0..3), pair element e.
+  __device__ static int QCol(int kk, int t, int j) {
+    if constexpr (kEight) return kk * 16 + 4 * t + ((j & 2) ? 2 : 0);
+    else return kk * 16 + 2 * t + ((j & 2) ? 8 : 0);
+  }
+  // Row (0..15 within the warp) and physical d of accumulator element acc[n][e].
+  __device__ static void AccCoord(int n, int e, int g, int t, int* row, int* d) {
+    *row = g + 8 * (e >> 1);
+    if constexpr (kEight) *d = (n >> 1) * 16 + 4 * t + 2 * (e & 1) + (n & 1);
+    else *d = n * 8 + 2 * t + (e & 1);
+  }
+  // S[16 x 16 tokens starting at n0] += q . K^T
+  __device__ static void QK(float (&s)[2][4], const uint32_t (*qa)[4], const uint8_t* k_tile,
+                            int n0, int lane) {
+    const int mi = lane / 8, rr = lane % 8;
+    if constexpr (kEight) {
+#pragma unroll
+      for (int c = 0; c < D / 32; ++c) {  // two k-steps per ldmatrix.x4
+        uint32_t r[4];
+        LdMatrixX4(r, k_tile + (n0 + rr + (mi & 1) * 8) * kRowBytes + c * 32 + (mi >> 1) * 16);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            const uint32_t w = r[h * 2 + nt];
+            Mma(s[nt], qa[2 * c + h], Bytes2ToF16x2<C>(w, 0x4140, 0x0010),
+                Bytes2ToF16x2<C>(w, 0x4342, 0x0032));
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t b[4];
+        LdMatrixX4(b, k_tile + (n0 + rr + (mi >= 2 ? 8 : 0)) * kRowBytes + (kk * 16 + (mi & 1) * 8) * 2);
+        Mma(s[0], qa[kk], b[0], b[1]);
+        Mma(s[1], qa[kk], b[2], b[3]);
+      }
+    }
+  }
+  // acc += P[16 x 16 tokens starting at n0] . V
+  __device__ static void PV(float (*acc)[4], const uint32_t (&pa)[4], const uint8_t* v_tile,
+                            int n0, int lane) {
+    const int mi = lane / 8, rr = lane % 8;
+    if constexpr (kEight) {
+#pragma unroll
+      for (int j = 0; j < D / 32; ++j) {  // 32 d per ldmatrix.x4.trans
+        uint32_t r[4];
+        LdMatrixX4T(r, v_tile + (n0 + rr + (mi & 1) * 8) * kRowBytes + j * 32 + (mi >> 1) * 16);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int blk = 2 * j + h;  // 16-d block
+          const uint32_t lo = r[2 * h], hi = r[2 * h + 1];  // tokens 0-7 and 8-15
+          Mma(acc[2 * blk], pa, Bytes2ToF16x2<C>(lo, 0x4240, 0x0020),
+              Bytes2ToF16x2<C>(hi, 0x4240, 0x0020));
+          Mma(acc[2 * blk + 1], pa, Bytes2ToF16x2<C>(lo, 0x4341, 0x0031),
+              Bytes2ToF16x2<C>(hi, 0x4341, 0x0031));
+        }
+      }
+    } else {
+#pragma unroll
+      for (int dd = 0; dd < D / 16; ++dd) {
+        uint32_t b[4];
+        LdMatrixX4T(b, v_tile + (n0 + rr + (mi & 1) * 8) * kRowBytes + (dd * 16 + (mi >> 1) * 8) * 2);
+        Mma(acc[2 * dd], pa, b[0], b[1]);
+        Mma(acc[2 * dd + 1], pa, b[2], b[3]);
+      }
+    }
+  }
 };
 
 template <typename C, int D, int ROW_WARPS, int TOK_WARPS>
@@ -117,16 +205,13 @@ struct TileConfig {
   static constexpr int kWarps = ROW_WARPS * TOK_WARPS;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRows = 16 * ROW_WARPS;
-  static constexpr bool kEight = C::kBytes == 1;
-  static constexpr int kRawStride = kEight ? SmemLayout<D>::kRawStride8 : SmemLayout<D>::kBfStride;
-  static constexpr int kRawTile = kTileTokens * kRawStride;      // bytes, one of K or V
-  static constexpr int kBfTile = kTileTokens * SmemLayout<D>::kBfStride;
-  // 2 stages x (K, V) raw, + (K, V) converted tiles for 8-bit, + per-token scales.
-  static constexpr int kRawBytes = 2 * 2 * kRawTile;
-  static constexpr int kConvBytes = kEight ? 2 * kBfTile : 0;
-  static constexpr int kScaleBytes = 2 * 2 * kTileTokens * 4;
+  static constexpr int kTile = C::kTile;
+  static constexpr int kRowBytes = Frag<C, D>::kRowBytes;
+  static constexpr int kTileBytes = kTile * kRowBytes;  // one of K or V, one stage
+  static constexpr int kRawBytes = 2 * 2 * kTileBytes;  // 2 stages x (K, V)
+  static constexpr int kScaleBytes = 2 * 2 * kTile * 4;
   static constexpr int kMergeBytes = TOK_WARPS > 1 ? kWarps * (16 * D + 32) * 4 : 0;
-  static constexpr int kMainBytes = kRawBytes + kConvBytes + kScaleBytes;
+  static constexpr int kMainBytes = kRawBytes + kScaleBytes;
   static constexpr int kSmemBytes = kMainBytes > kMergeBytes ? kMainBytes : kMergeBytes;
 };
 
@@ -134,9 +219,10 @@ template <typename C, int D, int ROW_WARPS, int TOK_WARPS>
 __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32)
     C8TileKernel(const TileArgs args) {
   using Cfg = TileConfig<C, D, ROW_WARPS, TOK_WARPS>;
-  constexpr int kBfStride = SmemLayout<D>::kBfStride;
-  constexpr int kKSteps = D / 16;   // k-steps of QK^T
-  constexpr int kNTiles = D / 8;    // n8 tiles of the output
+  using F = Frag<C, D>;
+  constexpr int kTile = Cfg::kTile;
+  constexpr int kKSteps = D / 16;
+  constexpr int kNTiles = D / 8;
   extern __shared__ __align__(16) uint8_t smem[];
 
   const C8WorkItem item = args.items[blockIdx.x];
@@ -145,32 +231,29 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32)
   const int rw = warp / TOK_WARPS, tw = warp % TOK_WARPS;
   const int g = lane / 4, t = lane % 4;
   const int group = args.num_q_heads / args.num_kv_heads;
-  const int D_ = D;
 
-  uint8_t* raw = smem;                                   // [stage][K|V][tile]
-  uint8_t* conv = smem + Cfg::kRawBytes;                 // [K|V][bf tile] (8-bit only)
-  float* tok_scale = reinterpret_cast<float*>(smem + Cfg::kRawBytes + Cfg::kConvBytes);  // [stage][K|V][64]
+  uint8_t* raw = smem;  // [stage][K|V][kTile rows]
+  float* tok_scale = reinterpret_cast<float*>(smem + Cfg::kRawBytes);  // [stage][K|V][kTile]
 
   const int seq = item.seq;
   const int seq_q_begin = args.q_indptr[seq];
   const int seq_q_len = args.q_indptr[seq + 1] - seq_q_begin;
   const int kv_len = args.kv_lens[seq];
   const int32_t* pages = args.pages + args.page_indptr[seq];
-  const int bs = args.block_size;
+  const int lbs = args.log2_block_size;  // block sizes are powers of two: shifts, not divisions
+  const int bs_mask = (1 << lbs) - 1;
+  // Element offset of (page, token offset) for this KV head: page * page_stride + head_base + off * D.
+  const size_t page_stride = static_cast<size_t>(args.num_kv_heads) << lbs;
 
-  // Rows this thread owns in the accumulator: g and g + 8 of its warp's 16.
   int row_pos[2];
-  bool row_valid[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int r = rw * 16 + g + 8 * i;
-    const int tok = r / group;
-    row_valid[i] = tok < item.q_len;
-    // Causal: query token at sequence position p sees keys [0, p].
-    row_pos[i] = kv_len - seq_q_len + (item.q_start - seq_q_begin) + tok;
+    // Causal: the query token at sequence position p sees keys [0, p].
+    row_pos[i] = kv_len - seq_q_len + (item.q_start - seq_q_begin) + r / group;
   }
 
-  // Q fragments for this warp's 16 rows, with a per-channel K scale folded in.
+  // q fragments for this warp's 16 rows (per-channel K scale folded in).
   uint32_t qa[kKSteps][4];
   {
     const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(args.q);
@@ -179,20 +262,20 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int r = rw * 16 + g + ((j & 1) ? 8 : 0);
-        const int col = kk * 16 + 2 * t + ((j & 2) ? 8 : 0);
+        const int col = F::QCol(kk, t, j);
         const int tok = r / group, head = kvh * group + r % group;
         float x0 = 0.f, x1 = 0.f;
         if (tok < item.q_len) {
           const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(
-              q + (static_cast<size_t>(item.q_start + tok) * args.num_q_heads + head) * D_ + col);
+              q + (static_cast<size_t>(item.q_start + tok) * args.num_q_heads + head) * D + col);
           x0 = __bfloat162float(v.x);
           x1 = __bfloat162float(v.y);
           if (args.scale_mode == static_cast<int>(ScaleMode::kPerChannel)) {
-            x0 *= args.k_scale[kvh * D_ + col];
-            x1 *= args.k_scale[kvh * D_ + col + 1];
+            x0 *= args.k_scale[kvh * D + col];
+            x1 *= args.k_scale[kvh * D + col + 1];
           }
         }
-        qa[kk][j] = PackBf16(x0, x1);
+        qa[kk][j] = F::Pack(x0, x1);
       }
     }
   }
@@ -206,89 +289,82 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32)
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.f, 0.f};
 
-  const int num_tiles = (item.kv_end - item.kv_start + kTileTokens - 1) / kTileTokens;
+  const int num_tiles = (item.kv_end - item.kv_start + kTile - 1) / kTile;
+  // Each thread copies fixed 16-byte chunks of fixed rows of every tile (for K and for V), so it
+  // can fetch the page ids of the next tile's rows one iteration early: the dependent page-table
+  // load then hides behind compute instead of stalling every tile's copies.
   constexpr int kChunksPerRow = D * C::kBytes / 16;
-
-  auto load_tile = [&](int stage, int tile) {
-    const int base = item.kv_start + tile * kTileTokens;
-    for (int idx = tid; idx < kTileTokens * kChunksPerRow * 2; idx += Cfg::kThreads) {
-      const int kv = idx / (kTileTokens * kChunksPerRow);  // 0: K, 1: V
-      const int rem = idx % (kTileTokens * kChunksPerRow);
-      const int row = rem / kChunksPerRow, chunk = rem % kChunksPerRow;
-      const int j = base + row;
-      const bool valid = j < item.kv_end;
-      const int jj = valid ? j : item.kv_start;
-      const size_t elem = ((static_cast<size_t>(pages[jj / bs]) * args.num_kv_heads + kvh) * bs +
-                           jj % bs) * D_ + chunk * (16 / C::kBytes);
-      const uint8_t* src =
-          static_cast<const uint8_t*>(kv ? args.v_cache : args.k_cache) + elem * C::kBytes;
-      uint8_t* dst = raw + (stage * 2 + kv) * Cfg::kRawTile + row * Cfg::kRawStride + chunk * 16;
-      CpAsync16(dst, src, valid);
+  constexpr int kRowsStep = Cfg::kThreads / kChunksPerRow;
+  constexpr int kRowsPerThread = kTile / kRowsStep;
+  static_assert(Cfg::kThreads % kChunksPerRow == 0 && kTile % kRowsStep == 0, "tile mapping");
+  const int my_chunk = tid % kChunksPerRow, my_row0 = tid / kChunksPerRow;
+  // Byte offset of each of this thread's rows in the next tile (-1: past the end).
+  int64_t next_off[kRowsPerThread];
+  const size_t head_base = static_cast<size_t>(kvh) << lbs;
+  auto fetch_pages = [&](int tile) {
+    const int base = item.kv_start + tile * kTile;
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const int j = base + my_row0 + i * kRowsStep;
+      if (tile < num_tiles && j < item.kv_end) {
+        const size_t row = static_cast<size_t>(pages[j >> lbs]) * page_stride + head_base + (j & bs_mask);
+        next_off[i] = static_cast<int64_t>((row * D + my_chunk * (16 / C::kBytes)) * C::kBytes);
+      } else {
+        next_off[i] = -1;
+      }
     }
-    if (per_token) {
-      for (int idx = tid; idx < 2 * kTileTokens; idx += Cfg::kThreads) {
-        const int kv = idx / kTileTokens, row = idx % kTileTokens;
-        const int j = base + row;
-        float s = 0.f;
-        if (j < item.kv_end) {
-          const float* sc = kv ? args.v_scale : args.k_scale;
-          s = sc[(static_cast<size_t>(pages[j / bs]) * args.num_kv_heads + kvh) * bs + j % bs];
-        }
-        tok_scale[(stage * 2 + kv) * kTileTokens + row] = s;
+  };
+  auto issue_tile = [&](int stage, int tile) {
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const int row = my_row0 + i * kRowsStep;
+      const bool valid = next_off[i] >= 0;
+      const size_t off = valid ? static_cast<size_t>(next_off[i]) : 0;
+      uint8_t* dst = raw + row * Cfg::kRowBytes + my_chunk * 16;
+      CpAsync16(dst + (stage * 2 + 0) * Cfg::kTileBytes, static_cast<const uint8_t*>(args.k_cache) + off, valid);
+      CpAsync16(dst + (stage * 2 + 1) * Cfg::kTileBytes, static_cast<const uint8_t*>(args.v_cache) + off, valid);
+      if (per_token && my_chunk == 0) {
+        // Scale index = row element index / D.
+        const size_t sidx = valid ? off / C::kBytes / D : 0;
+        float* ks_dst = tok_scale + (stage * 2 + 0) * kTile + row;
+        float* vs_dst = tok_scale + (stage * 2 + 1) * kTile + row;
+        *ks_dst = valid ? args.k_scale[sidx] : 0.f;
+        *vs_dst = valid ? args.v_scale[sidx] : 0.f;
       }
     }
   };
 
-  if (num_tiles > 0) load_tile(0, 0);
+  fetch_pages(0);
+  if (num_tiles > 0) issue_tile(0, 0);
   CpAsyncCommit();
+  fetch_pages(1);
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int stage = tile & 1;
     if (tile + 1 < num_tiles) {
-      load_tile(stage ^ 1, tile + 1);
+      issue_tile(stage ^ 1, tile + 1);
       CpAsyncCommit();
+      fetch_pages(tile + 2);
       CpAsyncWait<1>();
     } else {
       CpAsyncWait<0>();
     }
     __syncthreads();
-    const uint8_t* k_tile;
-    const uint8_t* v_tile;
-    if constexpr (Cfg::kEight) {
-      // Dequantize in shared memory right after landing: 16 values per thread per step.
-      constexpr int kChunks = kTileTokens * (D / 16);
-      for (int idx = tid; idx < 2 * kChunks; idx += Cfg::kThreads) {
-        const int kv = idx / kChunks, rem = idx % kChunks;
-        const int row = rem / (D / 16), c = rem % (D / 16);
-        Convert16<C>(raw + (stage * 2 + kv) * Cfg::kRawTile + row * Cfg::kRawStride + c * 16,
-                     reinterpret_cast<__nv_bfloat16*>(conv + kv * Cfg::kBfTile + row * kBfStride) +
-                         c * 16);
-      }
-      __syncthreads();
-      k_tile = conv;
-      v_tile = conv + Cfg::kBfTile;
-    } else {
-      k_tile = raw + (stage * 2 + 0) * Cfg::kRawTile;
-      v_tile = raw + (stage * 2 + 1) * Cfg::kRawTile;
-    }
-    const float* ks = tok_scale + (stage * 2 + 0) * kTileTokens;
-    const float* vs = tok_scale + (stage * 2 + 1) * kTileTokens;
-    const int tile_base = item.kv_start + tile * kTileTokens;
+    const uint8_t* k_tile = raw + (stage * 2 + 0) * Cfg::kTileBytes;
+    const uint8_t* v_tile = raw + (stage * 2 + 1) * Cfg::kTileBytes;
+    const float* ks = tok_scale + (stage * 2 + 0) * kTile;
+    const float* vs = tok_scale + (stage * 2 + 1) * kTile;
+    const int tile_base = item.kv_start + tile * kTile;
+    // Masking is only needed where the tile crosses the chunk end or the causal diagonal.
+    const int first_row_pos = kv_len - seq_q_len + (item.q_start - seq_q_begin);
+    const bool need_mask = tile_base + kTile > item.kv_end || tile_base + kTile - 1 > first_row_pos;
 
-    constexpr int kStepsPerWarp = kTileTokens / 16 / TOK_WARPS;
+    constexpr int kStepsPerWarp = kTile / 16 / TOK_WARPS;
 #pragma unroll
     for (int st = 0; st < kStepsPerWarp; ++st) {
       const int n0 = (tw * kStepsPerWarp + st) * 16;  // first token of this 16-token step
       if (tile_base + n0 >= item.kv_end) break;
       float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk) {
-        uint32_t b[4];
-        const int mi = lane / 8, rr = lane % 8;
-        LdMatrixX4(b, k_tile + (n0 + rr + (mi >= 2 ? 8 : 0)) * kBfStride +
-                          (kk * 16 + (mi & 1) * 8) * 2);
-        Mma16816(s[0], qa[kk], b[0], b[1]);
-        Mma16816(s[1], qa[kk], b[2], b[3]);
-      }
+      F::QK(s, qa, k_tile, n0, lane);
       // Scale, mask, online softmax. s[n][0..1]: row g, s[n][2..3]: row g+8;
       // column (token) n0 + n*8 + 2t + (e & 1).
       float mx[2] = {-INFINITY, -INFINITY};
@@ -301,7 +377,7 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32)
           const int ri = e >> 1;
           float v = s[n][e] * scale_log2;
           if (per_token) v *= ks[col];
-          if (j >= item.kv_end || j > row_pos[ri]) v = -INFINITY;
+          if (need_mask && (j >= item.kv_end || j > row_pos[ri])) v = -INFINITY;
           s[n][e] = v;
           mx[ri] = fmaxf(mx[ri], v);
         }
@@ -331,10 +407,10 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32)
             if (per_token) p[n][e] *= vs[n0 + n * 8 + 2 * t + (e & 1)];
           }
         }
-        pa[0] = PackBf16(p[0][0], p[0][1]);
-        pa[1] = PackBf16(p[0][2], p[0][3]);
-        pa[2] = PackBf16(p[1][0], p[1][1]);
-        pa[3] = PackBf16(p[1][2], p[1][3]);
+        pa[0] = F::Pack(p[0][0], p[0][1]);
+        pa[1] = F::Pack(p[0][2], p[0][3]);
+        pa[2] = F::Pack(p[1][0], p[1][1]);
+        pa[3] = F::Pack(p[1][2], p[1][3]);
       }
 #pragma unroll
       for (int n = 0; n < kNTiles; ++n) {
@@ -343,57 +419,52 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32)
         acc[n][2] *= alpha[1];
         acc[n][3] *= alpha[1];
       }
-#pragma unroll
-      for (int dd = 0; dd < D / 16; ++dd) {
-        uint32_t b[4];
-        const int mi = lane / 8, rr = lane % 8;
-        LdMatrixX4T(b, v_tile + (n0 + rr + (mi & 1) * 8) * kBfStride + (dd * 16 + (mi >> 1) * 8) * 2);
-        Mma16816(acc[2 * dd], pa, b[0], b[1]);
-        Mma16816(acc[2 * dd + 1], pa, b[2], b[3]);
-      }
+      F::PV(acc, pa, v_tile, n0, lane);
     }
     __syncthreads();  // the next iteration's loads overwrite this stage
   }
 
-  // Row sums: each thread summed only its own columns.
 #pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
+  for (int ri = 0; ri < 2; ++ri) {  // each thread summed only its own columns
     l_run[ri] += __shfl_xor_sync(0xffffffff, l_run[ri], 1);
     l_run[ri] += __shfl_xor_sync(0xffffffff, l_run[ri], 2);
   }
 
-  // Final per-element write: value is the normalized output of (row r, dim d) with its log2-sum-exp.
-  auto emit = [&](int r, int d, float v0, float v1, float lse) {
+  // Writes one normalized output element (row r of the tile, physical dim d) with its lse.
+  auto emit = [&](int r, int d, float v, float lse) {
     const int tok = r / group, head = kvh * group + r % group;
     if (tok >= item.q_len) return;
     if (args.scale_mode == static_cast<int>(ScaleMode::kPerHead)) {
-      v0 *= args.v_scale[kvh];
-      v1 *= args.v_scale[kvh];
+      v *= args.v_scale[kvh];
     } else if (args.scale_mode == static_cast<int>(ScaleMode::kPerChannel)) {
-      v0 *= args.v_scale[kvh * D_ + d];
-      v1 *= args.v_scale[kvh * D_ + d + 1];
+      v *= args.v_scale[kvh * D + d];
     }
     if (item.partial < 0) {
-      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(args.out) +
-                           (static_cast<size_t>(item.q_start + tok) * args.num_q_heads + head) * D_ + d;
-      *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(v0, v1);
+      static_cast<__nv_bfloat16*>(args.out)
+          [(static_cast<size_t>(item.q_start + tok) * args.num_q_heads + head) * D + d] =
+              __float2bfloat16_rn(v);
     } else {
-      const size_t prow = (static_cast<size_t>(item.partial) * args.num_kv_heads + kvh) * kPartialRows + r;
-      args.partial_o[prow * D_ + d] = v0;
-      args.partial_o[prow * D_ + d + 1] = v1;
+      const size_t prow =
+          (static_cast<size_t>(item.partial) * args.num_kv_heads + kvh) * kPartialRows + r;
+      args.partial_o[prow * D + d] = v;
       if (d == 0) args.partial_lse[prow] = lse;
     }
   };
 
   if constexpr (TOK_WARPS == 1) {
+    float inv[2], lse[2];
 #pragma unroll
     for (int ri = 0; ri < 2; ++ri) {
-      const int r = rw * 16 + g + 8 * ri;
-      const float inv = l_run[ri] > 0.f ? 1.f / l_run[ri] : 0.f;
-      const float lse = l_run[ri] > 0.f ? m_run[ri] + log2f(l_run[ri]) : -INFINITY;
+      inv[ri] = l_run[ri] > 0.f ? 1.f / l_run[ri] : 0.f;
+      lse[ri] = l_run[ri] > 0.f ? m_run[ri] + log2f(l_run[ri]) : -INFINITY;
+    }
 #pragma unroll
-      for (int n = 0; n < kNTiles; ++n) {
-        emit(r, n * 8 + 2 * t, acc[n][2 * ri] * inv, acc[n][2 * ri + 1] * inv, lse);
+    for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        int row, d;
+        F::AccCoord(n, e, g, t, &row, &d);
+        emit(rw * 16 + row, d, acc[n][e] * inv[e >> 1], lse[e >> 1]);
       }
     }
   } else {
@@ -410,33 +481,45 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32)
     }
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) {
-      float* a0 = as + (warp * 16 + g) * D + n * 8 + 2 * t;
-      float* a1 = as + (warp * 16 + g + 8) * D + n * 8 + 2 * t;
-      a0[0] = acc[n][0];
-      a0[1] = acc[n][1];
-      a1[0] = acc[n][2];
-      a1[1] = acc[n][3];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        int row, d;
+        F::AccCoord(n, e, g, t, &row, &d);
+        as[(warp * 16 + row) * D + d] = acc[n][e];
+      }
     }
     __syncthreads();
-    for (int idx = tid; idx < 16 * D / 2; idx += Cfg::kThreads) {
-      const int r = idx / (D / 2), d = (idx % (D / 2)) * 2;
+    for (int idx = tid; idx < 16 * D; idx += Cfg::kThreads) {
+      const int r = idx / D, d = idx % D;
       float m = -INFINITY;
 #pragma unroll
       for (int w = 0; w < Cfg::kWarps; ++w) m = fmaxf(m, ms[w * 16 + r]);
       const float m_use = m == -INFINITY ? 0.f : m;
-      float l = 0.f, v0 = 0.f, v1 = 0.f;
+      float l = 0.f, v = 0.f;
 #pragma unroll
       for (int w = 0; w < Cfg::kWarps; ++w) {
         const float f = exp2f(ms[w * 16 + r] - m_use);
         l += ls[w * 16 + r] * f;
-        v0 += as[(w * 16 + r) * D + d] * f;
-        v1 += as[(w * 16 + r) * D + d + 1] * f;
+        v += as[(w * 16 + r) * D + d] * f;
       }
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      emit(r, d, v0 * inv, v1 * inv, l > 0.f ? m_use + log2f(l) : -INFINITY);
+      emit(r, d, l > 0.f ? v / l : 0.f, l > 0.f ? m_use + log2f(l) : -INFINITY);
     }
   }
 }
+
+// Raising the dynamic shared-memory limit is a host call: once per kernel instantiation.
+template <typename C, int D, int RW, int TW>
+void EnsureSmemLimit() {
+  static const bool done = [] {
+    cudaFuncSetAttribute(C8TileKernel<C, D, RW, TW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         TileConfig<C, D, RW, TW>::kSmemBytes);
+    return true;
+  }();
+  (void)done;
+}
+
+constexpr int kPrefillRowWarps = 8;  // 128-row prefill tiles
+constexpr int kDecodeTokWarps = 4;   // 16-row decode tiles, KV split over 4 warps
 
 template <typename C, int D>
 void LaunchTilesImpl(const TileArgs& a, bool prefill, void* stream) {
@@ -444,16 +527,29 @@ void LaunchTilesImpl(const TileArgs& a, bool prefill, void* stream) {
   const dim3 grid(a.num_items, a.num_kv_heads);
   auto s = static_cast<cudaStream_t>(stream);
   if (prefill) {
-    using Cfg = TileConfig<C, D, 4, 1>;
-    auto k = C8TileKernel<C, D, 4, 1>;
-    cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-    k<<<grid, Cfg::kThreads, Cfg::kSmemBytes, s>>>(a);
+    using Cfg = TileConfig<C, D, kPrefillRowWarps, 1>;
+    EnsureSmemLimit<C, D, kPrefillRowWarps, 1>();
+    C8TileKernel<C, D, kPrefillRowWarps, 1><<<grid, Cfg::kThreads, Cfg::kSmemBytes, s>>>(a);
   } else {
-    using Cfg = TileConfig<C, D, 1, 4>;
-    auto k = C8TileKernel<C, D, 1, 4>;
-    cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-    k<<<grid, Cfg::kThreads, Cfg::kSmemBytes, s>>>(a);
+    using Cfg = TileConfig<C, D, 1, kDecodeTokWarps>;
+    EnsureSmemLimit<C, D, 1, kDecodeTokWarps>();
+    C8TileKernel<C, D, 1, kDecodeTokWarps><<<grid, Cfg::kThreads, Cfg::kSmemBytes, s>>>(a);
   }
+}
+
+template <typename C, int D>
+int DecodeCtasPerSmImpl() {
+  using Cfg = TileConfig<C, D, 1, kDecodeTokWarps>;
+  EnsureSmemLimit<C, D, 1, kDecodeTokWarps>();
+  int n = 0;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, C8TileKernel<C, D, 1, kDecodeTokWarps>,
+                                                Cfg::kThreads, Cfg::kSmemBytes);
+  return n;
+}
+
+template <typename C>
+int DecodeCtasPerSm(int head_dim) {
+  return head_dim == 64 ? DecodeCtasPerSmImpl<C, 64>() : DecodeCtasPerSmImpl<C, 128>();
 }
 
 template <typename C>

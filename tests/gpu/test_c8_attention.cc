@@ -174,13 +174,14 @@ void RunCase(const Case& c, std::mt19937& rng) {
   }
 
   C8Shape shape{hq, hkv, D, bs, c.cache, c.scale};
+  C8Attention attn(shape);
   C8PlanConfig pc;
   pc.num_sms = CudaNumSms();
+  pc.ctas_per_sm = attn.decode_ctas_per_sm();
   pc.force_split = c.force_split;
   pc.min_chunk_tokens = 64;
   const C8Plan plan = BuildC8Plan(shape, b, pc);
   if (c.force_split) CHECK(plan.num_partials > 0);
-  C8Attention attn(shape);
   REQUIRE(attn.Upload(b, plan, nullptr).ok());
   C8Attention::LayerArgs la;
   la.q = dq;
