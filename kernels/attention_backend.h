@@ -25,7 +25,7 @@ enum class KvQuant {
   kNone,
   kStaticPerHead,     // one dequant scale per KV head per layer: [num_kv_heads]
   kStaticPerChannel,  // one per KV head and channel per layer: [num_kv_heads, head_dim]
-  kDynamicPerToken,   // fp8 only: absmax/448 of each token's head vector, computed at append time
+  kDynamicPerToken,   // absmax/448 (fp8; int8: /127) of each token's head vector, at append
 };
 const char* KvQuantName(KvQuant q);
 

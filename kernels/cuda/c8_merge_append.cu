@@ -8,33 +8,51 @@
 namespace llm::cuda::detail {
 namespace {
 
-// One CTA per (merge item, query head); one thread per output dim pair.
+// One CTA per (merge item, query head). The chunk weights are computed once into shared memory,
+// then each thread sums its output dims over the chunks with independent loads in flight.
+constexpr int kMaxMergePartials = 256;
+
 __global__ void MergeKernel(const MergeArgs a, int D) {
+  __shared__ float weight[kMaxMergePartials];
+  __shared__ float inv_sum;
   const C8MergeItem item = a.items[blockIdx.x];
   const int head = blockIdx.y;
   const int group = a.num_q_heads / a.num_kv_heads;
   const int kvh = head / group, g = head % group;
+  const int n = min(item.num_partials, kMaxMergePartials);
   for (int tok = 0; tok < item.q_len; ++tok) {
     const int r = tok * group + g;
-    float m = -INFINITY;
-    for (int p = 0; p < item.num_partials; ++p) {
-      const size_t prow = (static_cast<size_t>(item.first_partial + p) * a.num_kv_heads + kvh) * kPartialRows + r;
-      m = fmaxf(m, a.partial_lse[prow]);
-    }
-    const float m_use = m == -INFINITY ? 0.f : m;
-    for (int d = threadIdx.x * 2; d < D; d += blockDim.x * 2) {
-      float w_sum = 0.f, v0 = 0.f, v1 = 0.f;
-      for (int p = 0; p < item.num_partials; ++p) {
-        const size_t prow = (static_cast<size_t>(item.first_partial + p) * a.num_kv_heads + kvh) * kPartialRows + r;
-        const float w = exp2f(a.partial_lse[prow] - m_use);
-        w_sum += w;
-        v0 += w * a.partial_o[prow * D + d];
-        v1 += w * a.partial_o[prow * D + d + 1];
+    auto prow = [&](int p) {
+      return (static_cast<size_t>(item.first_partial + p) * a.num_kv_heads + kvh) * kPartialRows + r;
+    };
+    __syncthreads();  // weights of the previous token are no longer read
+    for (int p = threadIdx.x; p < n; p += blockDim.x) weight[p] = a.partial_lse[prow(p)];
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      float m = -INFINITY;
+      for (int p = threadIdx.x; p < n; p += 32) m = fmaxf(m, weight[p]);
+      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
+      const float m_use = m == -INFINITY ? 0.f : m;
+      float sum = 0.f;
+      for (int p = threadIdx.x; p < n; p += 32) {
+        weight[p] = exp2f(weight[p] - m_use);
+        sum += weight[p];
       }
-      const float inv = w_sum > 0.f ? 1.f / w_sum : 0.f;
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, o);
+      if (threadIdx.x == 0) inv_sum = sum > 0.f ? 1.f / sum : 0.f;
+    }
+    __syncthreads();
+    for (int d = threadIdx.x * 2; d < D; d += blockDim.x * 2) {
+      float v0 = 0.f, v1 = 0.f;
+#pragma unroll 8
+      for (int p = 0; p < n; ++p) {
+        const float2 o = *reinterpret_cast<const float2*>(a.partial_o + prow(p) * D + d);
+        v0 += weight[p] * o.x;
+        v1 += weight[p] * o.y;
+      }
       __nv_bfloat16* out = static_cast<__nv_bfloat16*>(a.out) +
                            (static_cast<size_t>(item.q_start + tok) * a.num_q_heads + head) * D + d;
-      *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(v0 * inv, v1 * inv);
+      *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(v0 * inv_sum, v1 * inv_sum);
     }
   }
 }

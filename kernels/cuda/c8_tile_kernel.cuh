@@ -34,6 +34,11 @@ __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool val
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)),
                "l"(gmem), "r"(src_bytes));
 }
+__device__ __forceinline__ void CpAsync4(void* smem, const void* gmem, bool valid) {
+  const int src_bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(SmemAddr(smem)), "l"(gmem),
+               "r"(src_bytes));
+}
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void CpAsyncWait() {
@@ -99,12 +104,15 @@ __device__ __forceinline__ uint32_t PackF16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// Two bytes of a 32-bit word (selected by a __byte_perm selector) -> f16x2.
-template <typename C>
+// Two bytes of a 32-bit word (selected by a __byte_perm selector) -> f16x2. For int8 the caller
+// passes w ^ 0x80808080 (computed once per word). kOffset: leave int8 values as b + 1152 (exact
+// in fp16); q.(k + 1152) shifts a row's scores by a constant, which softmax ignores.
+template <typename C, bool kOffset = false>
 __device__ __forceinline__ uint32_t Bytes2ToF16x2(uint32_t w, uint32_t sel_int8, uint32_t sel_fp8) {
   if constexpr (std::is_same_v<C, Int8Cache>) {
     // (b ^ 0x80) in the mantissa of 1024.0: value 1024 + b + 128; subtract 1152.
-    const uint32_t h = __byte_perm(w ^ 0x80808080u, 0x64646464u, sel_int8);
+    const uint32_t h = __byte_perm(w, 0x64646464u, sel_int8);
+    if constexpr (kOffset) return h;
     __half2 v = *reinterpret_cast<const __half2*>(&h);
     v = __hsub2(v, __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480)));
     return *reinterpret_cast<uint32_t*>(&v);
@@ -141,6 +149,8 @@ struct Frag {
     else *d = n * 8 + 2 * t + (e & 1);
   }
   // S[16 x 16 tokens starting at n0] += q . K^T
+  // kOffsetK: int8 K may carry the +1152 offset (only when scores are not scaled per token).
+  template <bool kOffsetK>
   __device__ static void QK(float (&s)[2][4], const uint32_t (*qa)[4], const uint8_t* k_tile,
                             int n0, int lane) {
     const int mi = lane / 8, rr = lane % 8;
@@ -153,9 +163,9 @@ struct Frag {
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt) {
-            const uint32_t w = r[h * 2 + nt];
-            Mma(s[nt], qa[2 * c + h], Bytes2ToF16x2<C>(w, 0x4140, 0x0010),
-                Bytes2ToF16x2<C>(w, 0x4342, 0x0032));
+            const uint32_t w = std::is_same_v<C, Int8Cache> ? r[h * 2 + nt] ^ 0x80808080u : r[h * 2 + nt];
+            Mma(s[nt], qa[2 * c + h], Bytes2ToF16x2<C, kOffsetK>(w, 0x4140, 0x0010),
+                Bytes2ToF16x2<C, kOffsetK>(w, 0x4342, 0x0032));
           }
         }
       }
@@ -181,7 +191,8 @@ struct Frag {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int blk = 2 * j + h;  // 16-d block
-          const uint32_t lo = r[2 * h], hi = r[2 * h + 1];  // tokens 0-7 and 8-15
+          const uint32_t x = std::is_same_v<C, Int8Cache> ? 0x80808080u : 0u;
+          const uint32_t lo = r[2 * h] ^ x, hi = r[2 * h + 1] ^ x;  // tokens 0-7 and 8-15
           Mma(acc[2 * blk], pa, Bytes2ToF16x2<C>(lo, 0x4240, 0x0020),
               Bytes2ToF16x2<C>(hi, 0x4240, 0x0020));
           Mma(acc[2 * blk + 1], pa, Bytes2ToF16x2<C>(lo, 0x4341, 0x0031),
@@ -326,10 +337,8 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32)
       if (per_token && my_chunk == 0) {
         // Scale index = row element index / D.
         const size_t sidx = valid ? off / C::kBytes / D : 0;
-        float* ks_dst = tok_scale + (stage * 2 + 0) * kTile + row;
-        float* vs_dst = tok_scale + (stage * 2 + 1) * kTile + row;
-        *ks_dst = valid ? args.k_scale[sidx] : 0.f;
-        *vs_dst = valid ? args.v_scale[sidx] : 0.f;
+        CpAsync4(tok_scale + (stage * 2 + 0) * kTile + row, args.k_scale + sidx, valid);
+        CpAsync4(tok_scale + (stage * 2 + 1) * kTile + row, args.v_scale + sidx, valid);
       }
     }
   };
@@ -364,7 +373,11 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32)
       const int n0 = (tw * kStepsPerWarp + st) * 16;  // first token of this 16-token step
       if (tile_base + n0 >= item.kv_end) break;
       float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-      F::QK(s, qa, k_tile, n0, lane);
+      if (per_token) {
+        F::template QK<false>(s, qa, k_tile, n0, lane);
+      } else {
+        F::template QK<true>(s, qa, k_tile, n0, lane);
+      }
       // Scale, mask, online softmax. s[n][0..1]: row g, s[n][2..3]: row g+8;
       // column (token) n0 + n*8 + 2t + (e & 1).
       float mx[2] = {-INFINITY, -INFINITY};
@@ -412,12 +425,16 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32)
         pa[2] = F::Pack(p[1][0], p[1][1]);
         pa[3] = F::Pack(p[1][2], p[1][3]);
       }
+      // Rescaling the accumulator is 4 x D/8 multiplies; skip it (warp-uniformly) when no row's
+      // running max moved, which is the common case once a decode has seen a few tiles.
+      if (!__all_sync(0xffffffff, alpha[0] == 1.f && alpha[1] == 1.f)) {
 #pragma unroll
-      for (int n = 0; n < kNTiles; ++n) {
-        acc[n][0] *= alpha[0];
-        acc[n][1] *= alpha[0];
-        acc[n][2] *= alpha[1];
-        acc[n][3] *= alpha[1];
+        for (int n = 0; n < kNTiles; ++n) {
+          acc[n][0] *= alpha[0];
+          acc[n][1] *= alpha[0];
+          acc[n][2] *= alpha[1];
+          acc[n][3] *= alpha[1];
+        }
       }
       F::PV(acc, pa, v_tile, n0, lane);
     }
