@@ -141,7 +141,7 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerCo
   std::optional<int32_t> bos = core.tokenizer() ? core.tokenizer()->bos_token_id() : std::nullopt;
   response->set_bos_token_id(bos ? *bos : -1);
   response->set_dtype(DTypeName(mc.dtype));
-  response->set_kv_cache_dtype("float32");
+  response->set_kv_cache_dtype(core.model().kv_cache_dtype_name());
   response->set_attention_backend(core.model().attention_backend_name());
   response->set_kv_block_size(core.config().model.block_size);
   response->set_kv_num_blocks(core.num_blocks());

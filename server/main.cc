@@ -18,7 +18,8 @@ namespace {
 std::string StartupTable(const llm::ServerConfig& sc, const llm::EngineCore& core) {
   const llm::ModelConfig& mc = core.model_config();
   const llm::Model& m = core.model();
-  const std::string kv = sc.kv_cache_dtype == "auto" ? std::string("float32")
+  const std::string kv = m.kv_cache_dtype_name() != "float32" ? m.kv_cache_dtype_name()
+                         : sc.kv_cache_dtype == "auto"            ? std::string("float32")
                          : sc.kv_cache_dtype == "fp8_e4m3_dynamic"
                              ? sc.kv_cache_dtype
                              : sc.kv_cache_dtype + " " + sc.kv_scale_granularity;
@@ -27,7 +28,7 @@ std::string StartupTable(const llm::ServerConfig& sc, const llm::EngineCore& cor
       buf, sizeof(buf),
       "\n  | model              | %s (%s)\n"
       "  | layers/hidden      | %d / %d, heads %d q / %d kv, head_dim %d, vocab %d\n"
-      "  | weights dtype      | %s on disk, float32 compute (CPU)\n"
+      "  | weights dtype      | %s on disk, device %s\n"
       "  | attention backend  | %s\n"
       "  | KV cache           | %s, %d blocks x %d tokens = %d tokens, %.1f MiB\n"
       "  | context / max_tokens | %d / %d\n"
@@ -35,6 +36,7 @@ std::string StartupTable(const llm::ServerConfig& sc, const llm::EngineCore& cor
       "  | listen             | %s",
       mc.name.c_str(), mc.architecture_name.c_str(), mc.num_layers, mc.hidden_size,
       mc.num_q_heads, mc.num_kv_heads, mc.head_dim, mc.vocab_size, llm::DTypeName(mc.dtype),
+      sc.device.c_str(),
       m.attention_backend_name().c_str(), kv.c_str(), core.num_blocks(), sc.block_size,
       core.num_blocks() * sc.block_size,
       static_cast<double>(m.kv_bytes_per_block()) * core.num_blocks() / (1 << 20),

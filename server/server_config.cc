@@ -91,6 +91,11 @@ const std::vector<Field>& Fields() {
                &ServerConfig::kv_cache_dtype),
       StrField("kv_scale_granularity", "per_head | per_channel scales of a static 8-bit KV cache",
                &ServerConfig::kv_scale_granularity),
+      StrField("device", "cpu | cuda | auto (default cpu)", &ServerConfig::device),
+      IntField("gpu_memory_percent", "percent of free GPU memory for the KV pool (default 85)",
+               &ServerConfig::gpu_memory_percent, 1, 99),
+      BoolField("dummy_weights", "random weights on the device instead of the checkpoint (cuda)",
+                &ServerConfig::dummy_weights),
       StrField("kv_scales_file", "KV scales JSON from llm-calibrate-kv (default: checkpoint's)",
                &ServerConfig::kv_scales_file),
       IntField("shutdown_grace_s", "seconds in-flight requests get after SIGTERM (default 10)",
@@ -156,6 +161,9 @@ EngineConfig ServerConfig::ToEngineConfig() const {
   e.model.num_kv_blocks = num_kv_blocks;
   e.model.kv_cache_bytes = static_cast<size_t>(kv_cache_memory_mb) << 20;
   e.model.attention_backend = attention_backend;
+  e.model.device = device;
+  e.model.gpu_memory_fraction = gpu_memory_percent / 100.0;
+  e.model.dummy_weights = dummy_weights;
   e.model.kv_cache_dtype = kv_cache_dtype;
   e.model.kv_scale_granularity = kv_scale_granularity;
   e.model.kv_scales_file = kv_scales_file;

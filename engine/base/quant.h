@@ -68,6 +68,13 @@ inline uint8_t FloatToFp8E4M3(float x) {
 inline uint8_t QuantizeFp8(float x, float scale) { return FloatToFp8E4M3(x / scale); }
 inline float DequantizeFp8(uint8_t q, float scale) { return Fp8E4M3ToFloat(q) * scale; }
 
+// Dynamic (per-token) dequant scale from a vector's absmax (NaNs ignored, as fmax does):
+// absmax / qmax, or 1 when that is not a positive finite number (all zeros, underflow, inf).
+inline float DynamicScale(float absmax, float qmax) {
+  const float scale = absmax / qmax;
+  return (scale > 0.0f && std::isfinite(scale)) ? scale : 1.0f;
+}
+
 constexpr float kInt8Max = 127.0f;
 constexpr float kFp8E4M3Max = 448.0f;
 

@@ -17,6 +17,8 @@
 // Latent cache dtype: ModelLoadOptions::kv_cache_dtype "fp8_e4m3" or, with "auto", config.json's
 // `mla_cache_dtype` (default fp32). fp8 uses one static dequant scale per layer: the checkpoint
 // scalar `model.layers.N.self_attn.kv_scale` when present, else config `mla_cache_scale` (1.0).
+// Other kv_cache_dtype values (int8, fp8_e4m3_dynamic) and kv_scales_file are rejected with
+// InvalidArgument; kv_scale_granularity does not apply (one scalar per layer).
 #pragma once
 
 #include <memory>

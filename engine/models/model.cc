@@ -3,6 +3,9 @@
 #include "engine/models/llama_model.h"
 #include "engine/models/model.h"
 #include "engine/models/synthetic_model.h"
+#ifdef LLM_HAVE_CUDA
+#include "engine/models/cuda_llama_model.h"
+#endif
 
 namespace llm {
 
@@ -21,6 +24,22 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
   if (options.block_size <= 0 || options.block_size > 1024) {
     return InvalidArgument("block_size must be in [1, 1024]");
   }
+  if (options.device != "cpu" && options.device != "cuda" && options.device != "auto") {
+    return InvalidArgument("device must be cpu, cuda or auto, got '" + options.device + "'");
+  }
+#ifdef LLM_HAVE_CUDA
+  if (options.device == "cuda" || (options.device == "auto" && CudaAvailable())) {
+    if (options.dummy_weights) return CreateCudaLlamaModel(config, nullptr, options);
+    LLM_ASSIGN_OR_RETURN(auto weights, WeightStore::Open(options.model_dir));
+    return CreateCudaLlamaModel(config, weights.get(), options);
+  }
+#else
+  if (options.device == "cuda") {
+    return Unavailable("device 'cuda' requested but this build has no CUDA backend "
+                       "(configure with the cuda preset)");
+  }
+#endif
+  if (options.dummy_weights) return InvalidArgument("dummy weights need the cuda device");
   LLM_ASSIGN_OR_RETURN(auto weights, WeightStore::Open(options.model_dir));
   LLM_ASSIGN_OR_RETURN(auto model, LlamaModel::Create(config, *weights, options));
   return std::unique_ptr<Model>(std::move(model));

@@ -28,6 +28,8 @@ class Model {
   virtual std::string attention_backend_name() const = 0;
   virtual int num_kv_blocks() const = 0;
   virtual size_t kv_bytes_per_block() const = 0;  // all layers, K and V
+  // Element type (and 8-bit scaling) of the KV cache, for logs and GetModelInfo.
+  virtual std::string kv_cache_dtype_name() const { return "float32"; }
 };
 
 struct ModelLoadOptions {
@@ -41,6 +43,12 @@ struct ModelLoadOptions {
   std::string kv_cache_dtype = "auto";
   std::string kv_scale_granularity = "per_head";
   std::string kv_scales_file;  // llm-calibrate-kv output; empty: scales from the checkpoint
+  // "cpu", "cuda", or "auto" (cuda when this build has it and a device is present).
+  std::string device = "cpu";
+  double gpu_memory_fraction = 0.85;  // of the memory free after weights, for the KV pool
+  // Fill the config's tensors with deterministic random values on the device instead of reading
+  // model.safetensors (benchmarking models too large to ship). CUDA only.
+  bool dummy_weights = false;
 };
 
 // Loads config + weights and selects the attention backend (logging the selection table).

@@ -41,8 +41,7 @@ float DequantizeKvElement(DType dtype, uint8_t q, float scale) {
 float KvDynamicScale(DType dtype, const float* x, int n) {
   float absmax = 0.0f;
   for (int i = 0; i < n; ++i) absmax = std::fmax(absmax, std::fabs(x[i]));
-  const float scale = absmax / KvQuantMax(dtype);
-  return (scale > 0.0f && std::isfinite(scale)) ? scale : 1.0f;
+  return DynamicScale(absmax, KvQuantMax(dtype));
 }
 
 namespace {

@@ -103,7 +103,8 @@ __global__ void AppendKernel(const AppendArgs a, int cache_type) {
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o));
       const float qmax = cache_type == static_cast<int>(CacheType::kInt8) ? 127.f : 448.f;
-      s_head = amax > 0.f ? amax / qmax : 1.f;
+      s_head = amax / qmax;  // engine/base/quant.h DynamicScale
+      if (!(s_head > 0.f && isfinite(s_head))) s_head = 1.f;
       if (lane == 0) {
         scale[(static_cast<size_t>(block) * a.num_kv_heads + h) * a.block_size + off] = s_head;
       }

@@ -119,7 +119,7 @@ void RunCase(const Case& c, std::mt19937& rng) {
     if (c.scale == ScaleMode::kPerToken) {
       float amax = 0.f;
       for (int d = 0; d < D; ++d) amax = std::max(amax, std::fabs(x[d]));
-      sc[(static_cast<size_t>(block) * hkv + h) * bs + off] = amax > 0 ? amax / qmax : 1.f;
+      sc[(static_cast<size_t>(block) * hkv + h) * bs + off] = DynamicScale(amax, qmax);
     }
     for (int d = 0; d < D; ++d) {
       if (eight) {

@@ -324,6 +324,8 @@ TEST_CASE("BackendRegistry reports why nothing fits", "[cpu_attention]") {
   }
   SECTION("MLA") {
     spec.kind = AttentionKind::kMla;
+    spec.kv_dtype = DType::kI8;  // cpu_mla serves fp32 / fp8 latent caches only
+    spec.mla_rope_dim = 16;
     expect = "kind";
   }
   const Selection sel = BackendRegistry::Global().Select(spec);

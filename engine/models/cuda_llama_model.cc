@@ -1,0 +1,392 @@
+#include "engine/models/cuda_llama_model.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <numbers>
+
+#include <spdlog/spdlog.h>
+
+#include "engine/base/dtype.h"
+#include "engine/models/kv_cache_quant.h"
+#include "kernels/backend_registry.h"
+#include "kernels/cuda/c8_attention.h"
+#include "kernels/cuda/cuda_c8_backend.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/llama_ops.h"
+
+namespace llm {
+namespace {
+
+#define BLAS_RETURN_IF_ERROR(expr)                                                   \
+  do {                                                                               \
+    cublasStatus_t _s = (expr);                                                      \
+    if (_s != CUBLAS_STATUS_SUCCESS) {                                               \
+      return Internal(std::string(#expr) + " failed: " + cublasGetStatusString(_s)); \
+    }                                                                                \
+  } while (0)
+
+// A device allocation that frees itself.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (ptr) cudaFree(ptr);
+  }
+  Status Alloc(size_t n) {
+    if (n <= bytes) return Status::Ok();
+    if (ptr) GPU_RETURN_IF_ERROR(cudaFree(ptr));
+    ptr = nullptr;
+    GPU_RETURN_IF_ERROR(cudaMalloc(&ptr, n));
+    bytes = n;
+    return Status::Ok();
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr);
+  }
+};
+
+struct LayerWeights {
+  DeviceBuffer attn_norm, wqkv, bqkv, wo, mlp_norm, w_gate_up, w_down;  // bf16
+};
+
+struct LayerCache {
+  DeviceBuffer k, v, k_block_scales, v_block_scales;  // cache in the kv dtype; dynamic scales
+  DeviceBuffer k_scale, v_scale;                      // static scales (fp32)
+};
+
+class CudaLlamaModel final : public Model {
+ public:
+  explicit CudaLlamaModel(const ModelConfig& config) : config_(config) {}
+  ~CudaLlamaModel() override {
+    if (blas_) cublasDestroy(blas_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  Status Init(const WeightStore* weights, const ModelLoadOptions& options);
+  const ModelConfig& config() const override { return config_; }
+  Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override;
+  std::string attention_backend_name() const override { return attention_->name(); }
+  std::string kv_cache_dtype_name() const override {
+    std::string s = DTypeName(spec_.kv_dtype);
+    if (spec_.kv_quant != KvQuant::kNone) s += std::string("/") + KvQuantName(spec_.kv_quant);
+    return s;
+  }
+  int num_kv_blocks() const override { return num_blocks_; }
+  size_t kv_bytes_per_block() const override {
+    return attention_->BlockBytes() * config_.num_layers;
+  }
+
+ private:
+  // Uploads one tensor as bf16 (stacking several sources when given), or fills it randomly.
+  Status LoadTensor(const WeightStore* w, const std::vector<std::string>& names,
+                    const std::vector<std::vector<int64_t>>& shapes, float mean, float std,
+                    DeviceBuffer* out);
+  // y[m, n] = x[m, k] @ w[n, k]^T; bf16 in, out_type out, fp32 accumulation.
+  Status Gemm(const void* x, const void* w, int m, int n, int k, void* y, cudaDataType out_type);
+
+  ModelConfig config_;
+  bool dummy_ = false;
+  uint64_t dummy_seed_ = 1;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  DeviceBuffer embed_, lm_head_, final_norm_, inv_freq_;
+  std::vector<std::unique_ptr<LayerWeights>> layers_;
+  std::vector<std::unique_ptr<LayerCache>> cache_;
+  std::unique_ptr<cuda::CudaAttentionBackend> attention_;
+  AttentionSpec spec_;
+  int num_blocks_ = 0;
+  // Step scratch, grown on demand.
+  DeviceBuffer ints_, residual_, xn_, qkv_, q_, k_, v_, attn_, tmp_, gate_up_, act_, last_,
+      logits_;
+  std::vector<int32_t> host_ints_;
+};
+
+Status CudaLlamaModel::LoadTensor(const WeightStore* w, const std::vector<std::string>& names,
+                                  const std::vector<std::vector<int64_t>>& shapes, float mean,
+                                  float std, DeviceBuffer* out) {
+  size_t n = 0;
+  for (const auto& s : shapes) {
+    size_t e = 1;
+    for (int64_t d : s) e *= static_cast<size_t>(d);
+    n += e;
+  }
+  LLM_RETURN_IF_ERROR(out->Alloc(n * 2));
+  if (dummy_) {
+    cuda::LaunchFillRandomBf16(out->ptr, static_cast<int64_t>(n), mean, std, dummy_seed_++,
+                               stream_);
+    GPU_RETURN_IF_ERROR(cudaGetLastError());
+    return Status::Ok();
+  }
+  std::vector<uint16_t> host;
+  host.reserve(n);
+  std::vector<float> f;
+  for (size_t i = 0; i < names.size(); ++i) {
+    LLM_RETURN_IF_ERROR(w->ReadF32(names[i], shapes[i], &f));
+    for (float x : f) host.push_back(F32ToBf16(x));
+  }
+  GPU_RETURN_IF_ERROR(cudaMemcpy(out->ptr, host.data(), n * 2, cudaMemcpyHostToDevice));
+  return Status::Ok();
+}
+
+Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& options) {
+  const ModelConfig& c = config_;
+  dummy_ = options.dummy_weights;
+  GPU_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  BLAS_RETURN_IF_ERROR(cublasCreate(&blas_));
+  BLAS_RETURN_IF_ERROR(cublasSetStream(blas_, stream_));
+
+  // Attention backend first: an unsupported combination fails before any weight is loaded.
+  LLM_ASSIGN_OR_RETURN(KvCacheType kv, ParseKvCacheType(options.kv_cache_dtype,
+                                                        options.kv_scale_granularity));
+  if (kv.dtype == DType::kF32) kv.dtype = DType::kBF16;  // "auto": the 16-bit cache on GPUs
+  int dev = 0, major = 0, minor = 0;
+  GPU_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  GPU_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  GPU_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  spec_.device = DeviceKind::kCuda;
+  spec_.device_arch = major * 10 + minor;
+  spec_.kind = AttentionKind::kMha;
+  spec_.kv_dtype = kv.dtype;
+  spec_.kv_quant = kv.quant;
+  spec_.num_q_heads = c.num_q_heads;
+  spec_.num_kv_heads = c.num_kv_heads;
+  spec_.head_dim = c.head_dim;
+  spec_.block_size = options.block_size;
+  spec_.features = kFeatureCausal;
+  if ((options.block_size & (options.block_size - 1)) != 0) {
+    return InvalidArgument("the CUDA backend needs a power-of-two block_size, got " +
+                           std::to_string(options.block_size));
+  }
+  std::string table;
+  auto backend = BackendRegistry::Global().Create(spec_, options.attention_backend, &table);
+  spdlog::info("{}", table);
+  if (!backend.ok()) return backend.status();
+  attention_.reset(static_cast<cuda::CudaAttentionBackend*>(backend.value().release()));
+  attention_->set_stream(stream_);
+
+  const int64_t h = c.hidden_size, q = c.q_size(), kvs = c.kv_size(), inter = c.intermediate_size;
+  const int64_t vocab = c.vocab_size;
+  const float wstd = 0.02f;
+  LLM_RETURN_IF_ERROR(LoadTensor(w, {"model.embed_tokens.weight"}, {{vocab, h}}, 0, 1.0f, &embed_));
+  LLM_RETURN_IF_ERROR(LoadTensor(w, {"model.norm.weight"}, {{h}}, 1.0f, 0.1f, &final_norm_));
+  if (!c.tie_word_embeddings) {
+    LLM_RETURN_IF_ERROR(LoadTensor(w, {"lm_head.weight"}, {{vocab, h}}, 0, wstd, &lm_head_));
+  }
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    auto L = std::make_unique<LayerWeights>();
+    LLM_RETURN_IF_ERROR(LoadTensor(w, {p + "input_layernorm.weight"}, {{h}}, 1, 0.1f, &L->attn_norm));
+    LLM_RETURN_IF_ERROR(
+        LoadTensor(w, {p + "post_attention_layernorm.weight"}, {{h}}, 1, 0.1f, &L->mlp_norm));
+    LLM_RETURN_IF_ERROR(LoadTensor(
+        w, {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"},
+        {{q, h}, {kvs, h}, {kvs, h}}, 0, wstd, &L->wqkv));
+    if (c.attention_bias) {
+      LLM_RETURN_IF_ERROR(LoadTensor(
+          w, {p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"},
+          {{q}, {kvs}, {kvs}}, 0, wstd, &L->bqkv));
+    }
+    LLM_RETURN_IF_ERROR(LoadTensor(w, {p + "self_attn.o_proj.weight"}, {{h, q}}, 0, wstd, &L->wo));
+    LLM_RETURN_IF_ERROR(LoadTensor(w, {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"},
+                                   {{inter, h}, {inter, h}}, 0, wstd, &L->w_gate_up));
+    LLM_RETURN_IF_ERROR(
+        LoadTensor(w, {p + "mlp.down_proj.weight"}, {{h, inter}}, 0, wstd, &L->w_down));
+    layers_.push_back(std::move(L));
+  }
+
+  // Rotary frequencies with rope scaling, computed exactly as the CPU oracle does.
+  std::vector<float> inv(c.head_dim / 2);
+  const RopeScaling& rs = c.rope_scaling;
+  for (int i = 0; i < c.head_dim / 2; ++i) {
+    double f = 1.0 / std::pow(static_cast<double>(c.rope_theta), 2.0 * i / c.head_dim);
+    if (rs.type == RopeScaling::Type::kLinear) {
+      f /= rs.factor;
+    } else if (rs.type == RopeScaling::Type::kLlama3) {
+      const double old_len = rs.original_max_position_embeddings;
+      const double wavelen = 2.0 * std::numbers::pi / f;
+      if (wavelen > old_len / rs.low_freq_factor) {
+        f /= rs.factor;
+      } else if (wavelen >= old_len / rs.high_freq_factor) {
+        const double smooth = (old_len / wavelen - rs.low_freq_factor) /
+                              (rs.high_freq_factor - rs.low_freq_factor);
+        f = (1.0 - smooth) * f / rs.factor + smooth * f;
+      }
+    }
+    inv[i] = static_cast<float>(f);
+  }
+  LLM_RETURN_IF_ERROR(inv_freq_.Alloc(inv.size() * 4));
+  GPU_RETURN_IF_ERROR(cudaMemcpy(inv_freq_.ptr, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+
+  // KV pool: an explicit block count, or a fraction of the memory left after the weights.
+  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  const size_t per_block = attention_->BlockBytes() * c.num_layers;
+  if (options.num_kv_blocks > 0) {
+    num_blocks_ = options.num_kv_blocks;
+  } else {
+    size_t free_bytes = 0, total = 0;
+    GPU_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total));
+    const double budget = static_cast<double>(free_bytes) * options.gpu_memory_fraction;
+    num_blocks_ = static_cast<int>(budget / per_block);
+  }
+  if (num_blocks_ < 1) return ResourceExhausted("no GPU memory left for a single KV block");
+  KvCacheScales scales;
+  if (kv.is_static()) {
+    if (w == nullptr) {
+      // Dummy weights have no checkpoint scales: unit-variance data fits absmax 4.
+      const size_t n = kv.quant == KvQuant::kStaticPerHead ? c.num_kv_heads : c.kv_size();
+      const float s = 4.0f / (kv.dtype == DType::kI8 ? 127.0f : 448.0f);
+      scales.k.assign(c.num_layers, std::vector<float>(n, s));
+      scales.v = scales.k;
+    } else {
+      LLM_ASSIGN_OR_RETURN(scales, LoadKvCacheScales(c, *w, kv, options.kv_scales_file));
+    }
+  }
+  const size_t esize = kv.dtype == DType::kBF16 ? 2 : 1;
+  const size_t elems = static_cast<size_t>(num_blocks_) * c.num_kv_heads * options.block_size;
+  for (int l = 0; l < c.num_layers; ++l) {
+    auto lc = std::make_unique<LayerCache>();
+    LLM_RETURN_IF_ERROR(lc->k.Alloc(elems * c.head_dim * esize));
+    LLM_RETURN_IF_ERROR(lc->v.Alloc(elems * c.head_dim * esize));
+    if (kv.quant == KvQuant::kDynamicPerToken) {
+      LLM_RETURN_IF_ERROR(lc->k_block_scales.Alloc(elems * 4));
+      LLM_RETURN_IF_ERROR(lc->v_block_scales.Alloc(elems * 4));
+    }
+    if (kv.is_static()) {
+      LLM_RETURN_IF_ERROR(lc->k_scale.Alloc(scales.k[l].size() * 4));
+      LLM_RETURN_IF_ERROR(lc->v_scale.Alloc(scales.v[l].size() * 4));
+      GPU_RETURN_IF_ERROR(cudaMemcpy(lc->k_scale.ptr, scales.k[l].data(), scales.k[l].size() * 4,
+                                     cudaMemcpyHostToDevice));
+      GPU_RETURN_IF_ERROR(cudaMemcpy(lc->v_scale.ptr, scales.v[l].data(), scales.v[l].size() * 4,
+                                     cudaMemcpyHostToDevice));
+    }
+    cache_.push_back(std::move(lc));
+  }
+  spdlog::info("cuda model: {} layers on sm_{}, {} weights, KV {} {} x {} blocks ({:.1f} GiB)",
+               c.num_layers, spec_.device_arch, dummy_ ? "DUMMY (random)" : "checkpoint",
+               DTypeName(kv.dtype), KvQuantName(kv.quant), num_blocks_,
+               static_cast<double>(per_block) * num_blocks_ / (1ull << 30));
+  return Status::Ok();
+}
+
+Status CudaLlamaModel::Gemm(const void* x, const void* w, int m, int n, int k, void* y,
+                            cudaDataType out_type) {
+  // Row-major y[m,n] = x[m,k] w[n,k]^T is column-major y^T[n,m] = w^T . x^T.
+  const float alpha = 1.0f, beta = 0.0f;
+  BLAS_RETURN_IF_ERROR(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w,
+                                    CUDA_R_16BF, k, x, CUDA_R_16BF, k, &beta, y, out_type, n,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return Status::Ok();
+}
+
+Status CudaLlamaModel::Forward(const ForwardBatch& batch, std::vector<float>* logits) {
+  const ModelConfig& c = config_;
+  const int T = static_cast<int>(batch.token_ids.size());
+  const int R = static_cast<int>(batch.logit_rows.size());
+  const int H = c.hidden_size, Q = c.q_size(), KV = c.kv_size(), I = c.intermediate_size;
+  const int QKV = Q + 2 * KV, V = c.vocab_size;
+  for (int32_t id : batch.token_ids) {
+    if (id < 0 || id >= V) return InvalidArgument("token id out of range");
+  }
+  // One upload for ids, positions and logit rows.
+  host_ints_.assign(batch.token_ids.begin(), batch.token_ids.end());
+  host_ints_.insert(host_ints_.end(), batch.positions.begin(), batch.positions.end());
+  host_ints_.insert(host_ints_.end(), batch.logit_rows.begin(), batch.logit_rows.end());
+  LLM_RETURN_IF_ERROR(ints_.Alloc(std::max<size_t>(host_ints_.size() * 4, 64)));
+  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(ints_.ptr, host_ints_.data(), host_ints_.size() * 4,
+                                      cudaMemcpyHostToDevice, stream_));
+  const int32_t* d_ids = ints_.as<int32_t>();
+  const int32_t* d_pos = d_ids + T;
+  const int32_t* d_rows = d_pos + T;
+  LLM_RETURN_IF_ERROR(residual_.Alloc(static_cast<size_t>(T) * H * 4));
+  LLM_RETURN_IF_ERROR(xn_.Alloc(static_cast<size_t>(T) * H * 2));
+  LLM_RETURN_IF_ERROR(qkv_.Alloc(static_cast<size_t>(T) * QKV * 2));
+  LLM_RETURN_IF_ERROR(q_.Alloc(static_cast<size_t>(T) * Q * 2));
+  LLM_RETURN_IF_ERROR(k_.Alloc(static_cast<size_t>(T) * KV * 2));
+  LLM_RETURN_IF_ERROR(v_.Alloc(static_cast<size_t>(T) * KV * 2));
+  LLM_RETURN_IF_ERROR(attn_.Alloc(static_cast<size_t>(T) * Q * 2));
+  LLM_RETURN_IF_ERROR(tmp_.Alloc(static_cast<size_t>(T) * H * 2));
+  LLM_RETURN_IF_ERROR(gate_up_.Alloc(static_cast<size_t>(T) * 2 * I * 2));
+  LLM_RETURN_IF_ERROR(act_.Alloc(static_cast<size_t>(T) * I * 2));
+  LLM_RETURN_IF_ERROR(last_.Alloc(std::max<size_t>(static_cast<size_t>(R) * H * 2, 64)));
+  LLM_RETURN_IF_ERROR(logits_.Alloc(std::max<size_t>(static_cast<size_t>(R) * V * 4, 64)));
+
+  LLM_RETURN_IF_ERROR(attention_->Plan(batch.attn));
+  cuda::LaunchEmbedding(embed_.ptr, d_ids, T, H, residual_.as<float>(), stream_);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& L = *layers_[l];
+    // The previous layer's MLP output joins the residual inside this norm.
+    cuda::LaunchAddRmsNorm(residual_.as<float>(), l == 0 ? nullptr : tmp_.ptr, L.attn_norm.ptr,
+                           nullptr, T, H, c.rms_norm_eps, xn_.ptr, stream_);
+    LLM_RETURN_IF_ERROR(Gemm(xn_.ptr, L.wqkv.ptr, T, QKV, H, qkv_.ptr, CUDA_R_16BF));
+    cuda::RopeArgs ra;
+    ra.qkv = qkv_.ptr;
+    ra.bias = L.bqkv.ptr;
+    ra.positions = d_pos;
+    ra.inv_freq = inv_freq_.as<float>();
+    ra.q = q_.ptr;
+    ra.k = k_.ptr;
+    ra.v = v_.ptr;
+    ra.num_tokens = T;
+    ra.num_q_heads = c.num_q_heads;
+    ra.num_kv_heads = c.num_kv_heads;
+    ra.head_dim = c.head_dim;
+    cuda::LaunchBiasRope(ra, stream_);
+    AttentionParams p;
+    p.q = q_.ptr;
+    p.k_new = k_.ptr;
+    p.v_new = v_.ptr;
+    p.out = attn_.ptr;
+    const LayerCache& lc = *cache_[l];
+    p.cache.k = lc.k.ptr;
+    p.cache.v = lc.v.ptr;
+    p.cache.k_scale = lc.k_scale.as<float>();
+    p.cache.v_scale = lc.v_scale.as<float>();
+    p.cache.k_block_scales = lc.k_block_scales.as<float>();
+    p.cache.v_block_scales = lc.v_block_scales.as<float>();
+    p.softmax_scale = scale;
+    attention_->Run(p);
+    LLM_RETURN_IF_ERROR(Gemm(attn_.ptr, L.wo.ptr, T, H, Q, tmp_.ptr, CUDA_R_16BF));
+    cuda::LaunchAddRmsNorm(residual_.as<float>(), tmp_.ptr, L.mlp_norm.ptr, nullptr, T, H,
+                           c.rms_norm_eps, xn_.ptr, stream_);
+    LLM_RETURN_IF_ERROR(Gemm(xn_.ptr, L.w_gate_up.ptr, T, 2 * I, H, gate_up_.ptr, CUDA_R_16BF));
+    cuda::LaunchSiluMul(gate_up_.ptr, T, I, act_.ptr, stream_);
+    LLM_RETURN_IF_ERROR(Gemm(act_.ptr, L.w_down.ptr, T, H, I, tmp_.ptr, CUDA_R_16BF));
+  }
+  logits->resize(static_cast<size_t>(R) * V);
+  if (R > 0) {
+    // Final residual add for all rows, then the norm of the sampled rows only.
+    cuda::LaunchAddRmsNorm(residual_.as<float>(), tmp_.ptr, final_norm_.ptr, nullptr, T, H,
+                           c.rms_norm_eps, xn_.ptr, stream_);
+    cuda::LaunchAddRmsNorm(residual_.as<float>(), nullptr, final_norm_.ptr, d_rows, R, H,
+                           c.rms_norm_eps, last_.ptr, stream_);
+    const void* head = c.tie_word_embeddings ? embed_.ptr : lm_head_.ptr;
+    LLM_RETURN_IF_ERROR(Gemm(last_.ptr, head, R, V, H, logits_.ptr, CUDA_R_32F));
+    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(logits->data(), logits_.ptr, logits->size() * 4,
+                                        cudaMemcpyDeviceToHost, stream_));
+  }
+  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  GPU_RETURN_IF_ERROR(cudaGetLastError());
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool CudaAvailable() { return cuda::CudaDeviceCount() > 0; }
+
+StatusOr<std::unique_ptr<Model>> CreateCudaLlamaModel(const ModelConfig& config,
+                                                      const WeightStore* weights,
+                                                      const ModelLoadOptions& options) {
+  if (!CudaAvailable()) return Unavailable("device 'cuda' requested but no CUDA device is present");
+  auto m = std::make_unique<CudaLlamaModel>(config);
+  LLM_RETURN_IF_ERROR(m->Init(weights, options));
+  return std::unique_ptr<Model>(std::move(m));
+}
+
+}  // namespace llm

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine: the server on dummy Llama-3-8B weights driven by the load generator,
+# once per KV cache type. Results under $OUT. Pack first (see docs/PERFORMANCE.md):
+#   ../shared/gpu/pack.sh .devpack build/cuda/server/llm-server ...; cp -r build/cpu/python .devpack/
+set -uo pipefail
+OUT="${OUT:-$(pwd)/gpu-out}"
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$(pwd)/.devpack/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+NUM="${E2E_REQUESTS:-512}"; CONC="${E2E_CONCURRENCY:-256}"; IN="${E2E_IN:-1000}"; OUTLEN="${E2E_OUT:-1000}"
+model=/tmp/llama3-8b-dummy
+mkdir -p $model && cp configs/models/llama3-8b/config.json $model/ && cp .devpack/tokenizer.json $model/
+for kv in ${E2E_KV:-auto fp8_e4m3_dynamic}; do
+  log="$OUT/server_$kv.log"
+  .devpack/bin/llm-server --model-dir $model --device cuda --dummy-weights true \
+    --kv-cache-dtype $kv --max-num-seqs $CONC --max-batched-tokens 8192 --max-tokens-limit 4096 \
+    --max-queued-requests 4096 --listen-address 127.0.0.1:0 --metrics-address off > "$log" 2>&1 &
+  pid=$!
+  port=""
+  for _ in $(seq 1 300); do
+    port=$(grep -m1 '^LISTENING' "$log" | awk '{print $2}')
+    [ -n "$port" ] && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 1
+  done
+  if [ -z "$port" ]; then echo "server ($kv) did not start:"; tail -20 "$log"; kill $pid 2>/dev/null; continue; fi
+  grep -A12 "startup:" "$log" | head -12
+  timeout 420 python3 tools/loadgen.py --target 127.0.0.1:$port --proto-python .devpack/python \
+    --input-len $IN --output-len $OUTLEN --num-requests $NUM --concurrency $CONC --temperature 0 \
+    --no-progress --output-json "$OUT/loadgen_$kv.json" 2>&1 | tail -22 | tee "$OUT/loadgen_$kv.txt"
+  kill -TERM $pid; wait $pid
+done
