@@ -103,6 +103,7 @@ class EngineCore {
   std::map<int64_t, std::string> seq_to_request_;
   LogitsObserver logits_observer_;
   std::shared_ptr<EngineMetrics> metrics_ = std::make_shared<EngineMetrics>();
+  std::vector<float> logits_scratch_;
   PrefixCacheStats last_prefix_stats_;
   int64_t last_preemptions_ = 0;
 };

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstring>
 #include <numbers>
 
 #include <spdlog/spdlog.h>
@@ -64,13 +65,21 @@ class CudaLlamaModel final : public Model {
  public:
   explicit CudaLlamaModel(const ModelConfig& config) : config_(config) {}
   ~CudaLlamaModel() override {
+    if (pinned_) cudaFreeHost(pinned_);
     if (blas_) cublasDestroy(blas_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
   Status Init(const WeightStore* weights, const ModelLoadOptions& options);
   const ModelConfig& config() const override { return config_; }
-  Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override;
+  Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override {
+    std::vector<int32_t> unused;
+    ForwardBatch full = batch;
+    full.argmax_only.assign(batch.logit_rows.size(), 0);
+    return ForwardSampled(full, logits, &unused);
+  }
+  Status ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,
+                        std::vector<int32_t>* argmax) override;
   std::string attention_backend_name() const override { return attention_->name(); }
   std::string kv_cache_dtype_name() const override {
     std::string s = DTypeName(spec_.kv_dtype);
@@ -105,6 +114,9 @@ class CudaLlamaModel final : public Model {
   DeviceBuffer ints_, residual_, xn_, qkv_, q_, k_, v_, attn_, tmp_, gate_up_, act_, last_,
       logits_;
   std::vector<int32_t> host_ints_;
+  DeviceBuffer argmax_dev_;
+  void* pinned_ = nullptr;  // logits staging
+  size_t pinned_bytes_ = 0;
 };
 
 Status CudaLlamaModel::LoadTensor(const WeightStore* w, const std::vector<std::string>& names,
@@ -284,7 +296,8 @@ Status CudaLlamaModel::Gemm(const void* x, const void* w, int m, int n, int k, v
   return Status::Ok();
 }
 
-Status CudaLlamaModel::Forward(const ForwardBatch& batch, std::vector<float>* logits) {
+Status CudaLlamaModel::ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,
+                                      std::vector<int32_t>* argmax) {
   const ModelConfig& c = config_;
   const int T = static_cast<int>(batch.token_ids.size());
   const int R = static_cast<int>(batch.logit_rows.size());
@@ -368,8 +381,47 @@ Status CudaLlamaModel::Forward(const ForwardBatch& batch, std::vector<float>* lo
                            c.rms_norm_eps, last_.ptr, stream_);
     const void* head = c.tie_word_embeddings ? embed_.ptr : lm_head_.ptr;
     LLM_RETURN_IF_ERROR(Gemm(last_.ptr, head, R, V, H, logits_.ptr, CUDA_R_32F));
-    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(logits->data(), logits_.ptr, logits->size() * 4,
+    // Greedy rows are reduced on the device: their 4 x vocab bytes of logits never cross PCIe.
+    // Other rows come back through pinned memory (pageable runs at a fraction of PCIe speed).
+    const size_t row_bytes = static_cast<size_t>(V) * 4;
+    const size_t bytes = static_cast<size_t>(R) * row_bytes + R * sizeof(int32_t);
+    if (bytes > pinned_bytes_) {
+      if (pinned_) GPU_RETURN_IF_ERROR(cudaFreeHost(pinned_));
+      pinned_ = nullptr;
+      GPU_RETURN_IF_ERROR(cudaMallocHost(&pinned_, bytes));
+      pinned_bytes_ = bytes;
+    }
+    auto* h_argmax = reinterpret_cast<int32_t*>(static_cast<char*>(pinned_) + R * row_bytes);
+    LLM_RETURN_IF_ERROR(argmax_dev_.Alloc(R * sizeof(int32_t)));
+    cuda::LaunchArgmax(logits_.as<float>(), R, V, argmax_dev_.as<int32_t>(), stream_);
+    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(h_argmax, argmax_dev_.ptr, R * sizeof(int32_t),
                                         cudaMemcpyDeviceToHost, stream_));
+    auto only = [&](int r) {
+      return batch.argmax_only.size() == static_cast<size_t>(R) && batch.argmax_only[r] != 0;
+    };
+    // Copy runs of consecutive full rows.
+    for (int r = 0; r < R;) {
+      if (only(r)) {
+        ++r;
+        continue;
+      }
+      int e = r + 1;
+      while (e < R && !only(e)) ++e;
+      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(pinned_) + r * row_bytes,
+                                          logits_.as<char>() + r * row_bytes, (e - r) * row_bytes,
+                                          cudaMemcpyDeviceToHost, stream_));
+      r = e;
+    }
+    GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    argmax->assign(R, -1);
+    for (int r = 0; r < R; ++r) {
+      if (only(r)) {
+        (*argmax)[r] = h_argmax[r];
+      } else {
+        std::memcpy(logits->data() + r * static_cast<size_t>(V),
+                    static_cast<char*>(pinned_) + r * row_bytes, row_bytes);
+      }
+    }
   }
   GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   GPU_RETURN_IF_ERROR(cudaGetLastError());

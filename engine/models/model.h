@@ -17,6 +17,9 @@ struct ForwardBatch {
   std::vector<int32_t> positions;    // [num_tokens]
   AttentionBatch attn;               // block tables and slots for the same tokens
   std::vector<int32_t> logit_rows;   // rows of the batch whose logits are wanted
+  // Per logit row: only its argmax is needed (greedy, no penalties, no logprobs). A model may
+  // then return the argmax instead of the row's logits (see ForwardSampled).
+  std::vector<uint8_t> argmax_only;
 };
 
 class Model {
@@ -25,6 +28,14 @@ class Model {
   virtual const ModelConfig& config() const = 0;
   // logits: [logit_rows.size(), vocab_size], resized by the call.
   virtual Status Forward(const ForwardBatch& batch, std::vector<float>* logits) = 0;
+  // Forward, with the option to reduce argmax_only rows on the device: argmax[r] >= 0 gives the
+  // token of logit row r, whose logits are then not filled. The default computes every row's
+  // logits and leaves argmax empty.
+  virtual Status ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,
+                                std::vector<int32_t>* argmax) {
+    argmax->clear();
+    return Forward(batch, logits);
+  }
   virtual std::string attention_backend_name() const = 0;
   virtual int num_kv_blocks() const = 0;
   virtual size_t kv_bytes_per_block() const = 0;  // all layers, K and V
