@@ -21,13 +21,13 @@ namespace {
 using llm::cuda::CacheType;
 using llm::cuda::ScaleMode;
 
-#define CK(x)                                                                        \
-  do {                                                                               \
-    cudaError_t e = (x);                                                             \
-    if (e != cudaSuccess) {                                                          \
+#define CK(x)                                                                                \
+  do {                                                                                       \
+    cudaError_t e = (x);                                                                     \
+    if (e != cudaSuccess) {                                                                  \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      std::exit(1);                                                                  \
-    }                                                                                \
+      std::exit(1);                                                                          \
+    }                                                                                        \
   } while (0)
 
 int g_iters = 50;
@@ -203,16 +203,24 @@ int main(int argc, char** argv) {
               prop.multiProcessorCount, copy_tbps);
   std::vector<Result> rs;
   rs.push_back(RunDecode("bf16 decode 64x4096", 64, 4096, 1, CacheType::kBf16, ScaleMode::kNone));
-  rs.push_back(RunDecode("int8/head decode 64x4096", 64, 4096, 1, CacheType::kInt8, ScaleMode::kPerHead));
-  rs.push_back(RunDecode("int8/chan decode 64x4096", 64, 4096, 1, CacheType::kInt8, ScaleMode::kPerChannel));
-  rs.push_back(RunDecode("fp8/head decode 64x4096", 64, 4096, 1, CacheType::kFp8E4M3, ScaleMode::kPerHead));
-  rs.push_back(RunDecode("fp8/token decode 64x4096", 64, 4096, 1, CacheType::kFp8E4M3, ScaleMode::kPerToken));
+  rs.push_back(
+      RunDecode("int8/head decode 64x4096", 64, 4096, 1, CacheType::kInt8, ScaleMode::kPerHead));
+  rs.push_back(
+      RunDecode("int8/chan decode 64x4096", 64, 4096, 1, CacheType::kInt8, ScaleMode::kPerChannel));
+  rs.push_back(
+      RunDecode("fp8/head decode 64x4096", 64, 4096, 1, CacheType::kFp8E4M3, ScaleMode::kPerHead));
+  rs.push_back(RunDecode("fp8/token decode 64x4096", 64, 4096, 1, CacheType::kFp8E4M3,
+                         ScaleMode::kPerToken));
   rs.push_back(RunDecode("bf16 decode 1x4096", 1, 4096, 1, CacheType::kBf16, ScaleMode::kNone));
-  rs.push_back(RunDecode("int8/head decode 1x4096", 1, 4096, 1, CacheType::kInt8, ScaleMode::kPerHead));
+  rs.push_back(
+      RunDecode("int8/head decode 1x4096", 1, 4096, 1, CacheType::kInt8, ScaleMode::kPerHead));
   rs.push_back(RunDecode("bf16 decode 32x16384", 32, 16384, 1, CacheType::kBf16, ScaleMode::kNone));
-  rs.push_back(RunDecode("bf16 4-token decode 64x4096", 64, 4096, 4, CacheType::kBf16, ScaleMode::kNone));
-  rs.push_back(RunDecode("bf16 prefill 1x4096 causal", 1, 4096, 4096, CacheType::kBf16, ScaleMode::kNone));
-  rs.push_back(RunDecode("bf16 prefill 4x4096 causal", 4, 4096, 4096, CacheType::kBf16, ScaleMode::kNone));
+  rs.push_back(
+      RunDecode("bf16 4-token decode 64x4096", 64, 4096, 4, CacheType::kBf16, ScaleMode::kNone));
+  rs.push_back(
+      RunDecode("bf16 prefill 1x4096 causal", 1, 4096, 4096, CacheType::kBf16, ScaleMode::kNone));
+  rs.push_back(
+      RunDecode("bf16 prefill 4x4096 causal", 4, 4096, 4096, CacheType::kBf16, ScaleMode::kNone));
   std::printf("\n| case | time (us) | KV TB/s | of copy BW | TFLOP/s |\n|---|---|---|---|---|\n");
   for (const Result& r : rs) {
     std::printf("| %s | %.1f | %.2f | %.0f%% | %.1f |\n", r.name.c_str(), r.us, r.tbps,

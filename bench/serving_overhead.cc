@@ -29,8 +29,11 @@ double Percentile(std::vector<double> v, double p) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::map<std::string, int> a = {{"--seqs", 256}, {"--steps", 2000}, {"--vocab", 32000},
-                                  {"--prompt", 128}, {"--block-size", 64}};
+  std::map<std::string, int> a = {{"--seqs", 256},
+                                  {"--steps", 2000},
+                                  {"--vocab", 32000},
+                                  {"--prompt", 128},
+                                  {"--block-size", 64}};
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!a.count(argv[i])) {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
@@ -56,7 +59,8 @@ int main(int argc, char** argv) {
   for (int i = 0; i < a["--seqs"]; ++i) {
     llm::GenerationRequest r;
     r.request_id = std::to_string(i);
-    for (int t = 0; t < a["--prompt"]; ++t) r.prompt_ids.push_back((i * 131 + t * 7) % a["--vocab"]);
+    for (int t = 0; t < a["--prompt"]; ++t)
+      r.prompt_ids.push_back((i * 131 + t * 7) % a["--vocab"]);
     r.sampling.temperature = 0.0f;
     r.stopping.max_tokens = a["--steps"] + 16;
     r.stopping.ignore_eos = true;
@@ -84,8 +88,8 @@ int main(int argc, char** argv) {
               a["--seqs"], a["--vocab"], a["--steps"]);
   std::printf("| phase                     |   p50   |   p90   |   p99   |\n");
   auto row = [](const char* name, const std::vector<double>& v) {
-    std::printf("| %-25s | %7.4f | %7.4f | %7.4f |\n", name, Percentile(v, 0.5),
-                Percentile(v, 0.9), Percentile(v, 0.99));
+    std::printf("| %-25s | %7.4f | %7.4f | %7.4f |\n", name, Percentile(v, 0.5), Percentile(v, 0.9),
+                Percentile(v, 0.99));
   };
   row("schedule", sched);
   row("batch preparation", prep);

@@ -25,7 +25,9 @@ class ReleasingSink final : public ResultSink {
 
 Engine::Engine(std::unique_ptr<EngineCore> core) : core_(std::move(core)) {}
 
-Engine::~Engine() { Stop(); }
+Engine::~Engine() {
+  Stop();
+}
 
 void Engine::Start() {
   std::lock_guard<std::mutex> lock(mu_);

@@ -10,9 +10,9 @@ namespace llm {
 
 struct EngineConfig {
   ModelLoadOptions model;
-  SchedulerConfig scheduler;       // block_size is taken from model.block_size
-  int max_model_len = 0;           // 0: the model's max_position_embeddings (capped by KV capacity)
-  int max_tokens_limit = 4096;     // cap on a request's max_tokens
+  SchedulerConfig scheduler;    // block_size is taken from model.block_size
+  int max_model_len = 0;        // 0: the model's max_position_embeddings (capped by KV capacity)
+  int max_tokens_limit = 4096;  // cap on a request's max_tokens
   int default_max_tokens = 256;
   int max_stop_strings = 16;
   int max_stop_string_bytes = 256;

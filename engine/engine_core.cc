@@ -9,7 +9,9 @@
 namespace llm {
 namespace {
 
-bool Finite(float x) { return std::isfinite(x); }
+bool Finite(float x) {
+  return std::isfinite(x);
+}
 
 double Seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
@@ -22,10 +24,14 @@ std::string Outcome(const GenerationOutput& out) {
     return code;
   }
   switch (out.finish_reason) {
-    case FinishReason::kLength: return "length";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kAborted: return "aborted";
-    case FinishReason::kNone: break;
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kAborted:
+      return "aborted";
+    case FinishReason::kNone:
+      break;
   }
   return "unknown";
 }
@@ -139,9 +145,8 @@ void EngineCore::Add(GenerationRequest request, std::shared_ptr<ResultSink> sink
   seq->arrival = seq->id;
   seq->priority = request.priority;
   seq->prompt_ids = request.prompt_ids;
-  seq->max_total_tokens =
-      std::min<int>(max_model_len_, static_cast<int>(request.prompt_ids.size()) +
-                                        request.stopping.max_tokens);
+  seq->max_total_tokens = std::min<int>(
+      max_model_len_, static_cast<int>(request.prompt_ids.size()) + request.stopping.max_tokens);
   RequestState st;
   st.seq_id = seq->id;
   st.sampler = std::make_unique<Sampler>(request.sampling);

@@ -45,12 +45,12 @@ void Histogram::Snapshot(std::vector<uint64_t>* cumulative, double* sum, uint64_
 
 namespace {
 
-const std::vector<double> kLatencyBuckets = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08,
-                                             0.1,   0.25,   0.5,   0.75, 1.0,  2.5,  5.0,  7.5,
-                                             10.0,  20.0,   40.0,  80.0};
-const std::vector<double> kItlBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025,
-                                         0.03,   0.04,  0.05,   0.075, 0.1,  0.15,  0.2,  0.3,
-                                         0.4,    0.5,   0.75,   1.0,   2.5};
+const std::vector<double> kLatencyBuckets = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06,
+                                             0.08,  0.1,    0.25,  0.5,  0.75, 1.0,  2.5,
+                                             5.0,   7.5,    10.0,  20.0, 40.0, 80.0};
+const std::vector<double> kItlBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01,  0.015, 0.02,
+                                         0.025,  0.03,  0.04,   0.05,  0.075, 0.1,   0.15,
+                                         0.2,    0.3,   0.4,    0.5,   0.75,  1.0,   2.5};
 
 std::string Num(double v) {
   char buf[64];
@@ -93,8 +93,7 @@ std::string EngineMetrics::Render() const {
   RenderHistogram(os, "llm_time_to_first_token_seconds", "Time to first token.", ttft);
   RenderHistogram(os, "llm_inter_token_latency_seconds", "Time between streamed tokens.", itl);
   RenderHistogram(os, "llm_e2e_request_latency_seconds", "Arrival to final token.", e2e);
-  RenderHistogram(os, "llm_request_queue_time_seconds", "Arrival to first scheduling.",
-                  queue_time);
+  RenderHistogram(os, "llm_request_queue_time_seconds", "Arrival to first scheduling.", queue_time);
   RenderScalar(os, "llm_num_requests_running", "gauge", "Requests in the running batch.",
                running.value());
   RenderScalar(os, "llm_num_requests_waiting", "gauge", "Requests waiting to be scheduled.",

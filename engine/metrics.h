@@ -51,16 +51,16 @@ class Histogram {
 struct EngineMetrics {
   EngineMetrics();
 
-  Histogram ttft;                // llm_time_to_first_token_seconds
-  Histogram itl;                 // llm_inter_token_latency_seconds
-  Histogram e2e;                 // llm_e2e_request_latency_seconds
-  Histogram queue_time;          // llm_request_queue_time_seconds
-  Gauge running, waiting;        // llm_num_requests_running / _waiting
-  Gauge kv_usage;                // llm_kv_cache_usage_perc (0..1)
+  Histogram ttft;                       // llm_time_to_first_token_seconds
+  Histogram itl;                        // llm_inter_token_latency_seconds
+  Histogram e2e;                        // llm_e2e_request_latency_seconds
+  Histogram queue_time;                 // llm_request_queue_time_seconds
+  Gauge running, waiting;               // llm_num_requests_running / _waiting
+  Gauge kv_usage;                       // llm_kv_cache_usage_perc (0..1)
   Counter prefix_queries, prefix_hits;  // llm_prefix_cache_{queries,hits}_total (blocks)
-  Counter preemptions;           // llm_num_preemptions_total
+  Counter preemptions;                  // llm_num_preemptions_total
   Counter prompt_tokens, generation_tokens;
-  Counter steps;                 // llm_engine_steps_total
+  Counter steps;  // llm_engine_steps_total
 
   void CountOutcome(const std::string& outcome);  // llm_requests_total{outcome=...}
   std::string Render() const;

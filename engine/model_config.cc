@@ -46,11 +46,16 @@ void ReadIds(const json& v, std::vector<int32_t>* out) {
 
 const char* ArchitectureName(Architecture a) {
   switch (a) {
-    case Architecture::kLlama: return "LlamaForCausalLM";
-    case Architecture::kMistral: return "MistralForCausalLM";
-    case Architecture::kQwen2: return "Qwen2ForCausalLM";
-    case Architecture::kDeepseekV2: return "DeepseekV2ForCausalLM";
-    case Architecture::kDeepseekV3: return "DeepseekV3ForCausalLM";
+    case Architecture::kLlama:
+      return "LlamaForCausalLM";
+    case Architecture::kMistral:
+      return "MistralForCausalLM";
+    case Architecture::kQwen2:
+      return "Qwen2ForCausalLM";
+    case Architecture::kDeepseekV2:
+      return "DeepseekV2ForCausalLM";
+    case Architecture::kDeepseekV3:
+      return "DeepseekV3ForCausalLM";
   }
   return "?";
 }

@@ -40,9 +40,9 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   int max_position_embeddings = 2048;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;           // q/k/v biases (Qwen2)
-  std::optional<int> sliding_window;     // Mistral / Qwen2 when enabled
-  DType dtype = DType::kF32;             // torch_dtype of the checkpoint
+  bool attention_bias = false;        // q/k/v biases (Qwen2)
+  std::optional<int> sliding_window;  // Mistral / Qwen2 when enabled
+  DType dtype = DType::kF32;          // torch_dtype of the checkpoint
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;
 

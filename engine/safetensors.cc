@@ -19,22 +19,33 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 bool ParseSafetensorsDType(const std::string& s, DType* out) {
-  if (s == "F32") *out = DType::kF32;
-  else if (s == "F16") *out = DType::kF16;
-  else if (s == "BF16") *out = DType::kBF16;
-  else if (s == "I8") *out = DType::kI8;
-  else if (s == "F8_E4M3") *out = DType::kFp8E4M3;
-  else return false;
+  if (s == "F32")
+    *out = DType::kF32;
+  else if (s == "F16")
+    *out = DType::kF16;
+  else if (s == "BF16")
+    *out = DType::kBF16;
+  else if (s == "I8")
+    *out = DType::kI8;
+  else if (s == "F8_E4M3")
+    *out = DType::kFp8E4M3;
+  else
+    return false;
   return true;
 }
 
 const char* SafetensorsDTypeName(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    case DType::kI8: return "I8";
-    case DType::kFp8E4M3: return "F8_E4M3";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kI8:
+      return "I8";
+    case DType::kFp8E4M3:
+      return "F8_E4M3";
   }
   return "?";
 }
@@ -143,8 +154,7 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
     v.nbytes = end - begin;
     if (static_cast<uint64_t>(numel) * DTypeSize(v.dtype) != v.nbytes) {
       return DataLoss(where + " holds " + std::to_string(v.nbytes) + " bytes but shape " +
-                      v.ShapeString() + " needs " +
-                      std::to_string(numel * DTypeSize(v.dtype)));
+                      v.ShapeString() + " needs " + std::to_string(numel * DTypeSize(v.dtype)));
     }
     v.data = data_start + begin;
     if (v.nbytes > 0) ranges.emplace_back(begin, end);
@@ -209,8 +219,8 @@ StatusOr<const TensorView*> WeightStore::GetWithShape(const std::string& name,
   if (v->shape != shape) {
     TensorView expected;
     expected.shape = shape;
-    return InvalidArgument("tensor '" + name + "' has shape " + v->ShapeString() +
-                           ", expected " + expected.ShapeString());
+    return InvalidArgument("tensor '" + name + "' has shape " + v->ShapeString() + ", expected " +
+                           expected.ShapeString());
   }
   return v;
 }

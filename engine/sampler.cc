@@ -50,7 +50,8 @@ SampledToken Sampler::Sample(std::span<float> logits, std::span<const int32_t> p
 
   SampledToken out;
   if (params_.greedy()) {
-    out.token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    out.token =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     // Logprobs cost a pass of exp() over the vocabulary: only when asked for.
     if (params_.logprobs > 0) ComputeLogprobs(logits, out.token, params_.logprobs, &out);
     return out;
@@ -61,7 +62,8 @@ SampledToken Sampler::Sample(std::span<float> logits, std::span<const int32_t> p
     const double inv_t = 1.0 / params_.temperature;
     probs_.resize(vocab);
     double sum = 0.0;
-    for (int i = 0; i < vocab; ++i) sum += probs_[i] = static_cast<float>(std::exp((logits[i] - max) * inv_t));
+    for (int i = 0; i < vocab; ++i)
+      sum += probs_[i] = static_cast<float>(std::exp((logits[i] - max) * inv_t));
     const double u = static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0) * sum;
     double cum = 0.0;
     out.token = vocab - 1;

@@ -7,9 +7,12 @@ namespace llm {
 
 const char* DeviceKindName(DeviceKind d) {
   switch (d) {
-    case DeviceKind::kCpu: return "cpu";
-    case DeviceKind::kCuda: return "cuda";
-    case DeviceKind::kHip: return "hip";
+    case DeviceKind::kCpu:
+      return "cpu";
+    case DeviceKind::kCuda:
+      return "cuda";
+    case DeviceKind::kHip:
+      return "hip";
   }
   return "?";
 }
@@ -20,18 +23,24 @@ const char* AttentionKindName(AttentionKind k) {
 
 const char* KvQuantName(KvQuant q) {
   switch (q) {
-    case KvQuant::kNone: return "none";
-    case KvQuant::kStaticPerHead: return "static_per_head";
-    case KvQuant::kStaticPerChannel: return "static_per_channel";
-    case KvQuant::kDynamicPerToken: return "dynamic_per_token";
+    case KvQuant::kNone:
+      return "none";
+    case KvQuant::kStaticPerHead:
+      return "static_per_head";
+    case KvQuant::kStaticPerChannel:
+      return "static_per_channel";
+    case KvQuant::kDynamicPerToken:
+      return "dynamic_per_token";
   }
   return "?";
 }
 
 std::string FeatureNames(uint32_t f) {
   static const std::pair<uint32_t, const char*> kNames[] = {
-      {kFeatureCausal, "causal"}, {kFeatureSlidingWindow, "sliding_window"},
-      {kFeatureAlibi, "alibi"},   {kFeatureSoftCap, "softcap"},
+      {kFeatureCausal, "causal"},
+      {kFeatureSlidingWindow, "sliding_window"},
+      {kFeatureAlibi, "alibi"},
+      {kFeatureSoftCap, "softcap"},
       {kFeatureSinks, "sinks"}};
   std::string s;
   for (const auto& [bit, name] : kNames) {
@@ -45,7 +54,9 @@ BackendRegistry& BackendRegistry::Global() {
   return *r;
 }
 
-void BackendRegistry::Register(BackendInfo info) { backends_.push_back(std::move(info)); }
+void BackendRegistry::Register(BackendInfo info) {
+  backends_.push_back(std::move(info));
+}
 
 namespace {
 
@@ -82,13 +93,15 @@ Selection BackendRegistry::Select(const AttentionSpec& spec, const std::string& 
   Selection sel;
   for (const BackendInfo& b : backends_) {
     SelectionRow row{b.name, b.priority, false, Mismatch(b, spec)};
-    if (!force.empty() && b.name != force && row.reason.empty()) row.reason = "not the forced backend";
+    if (!force.empty() && b.name != force && row.reason.empty())
+      row.reason = "not the forced backend";
     row.fits = row.reason.empty();
     if (row.fits && (sel.info == nullptr || b.priority > sel.info->priority)) sel.info = &b;
     sel.rows.push_back(row);
   }
   for (SelectionRow& row : sel.rows) {
-    if (row.fits) row.reason = (sel.info && row.name == sel.info->name) ? "SELECTED" : "fits, lower priority";
+    if (row.fits)
+      row.reason = (sel.info && row.name == sel.info->name) ? "SELECTED" : "fits, lower priority";
   }
   return sel;
 }
@@ -98,9 +111,8 @@ std::string Selection::Table(const AttentionSpec& s) const {
   os << "attention backend selection for device=" << DeviceKindName(s.device)
      << " arch=" << s.device_arch << " kind=" << AttentionKindName(s.kind)
      << " kv_dtype=" << DTypeName(s.kv_dtype) << " kv_quant=" << KvQuantName(s.kv_quant)
-     << " heads=" << s.num_q_heads << "/"
-     << s.num_kv_heads << " head_dim=" << s.head_dim << " block=" << s.block_size
-     << " features=" << FeatureNames(s.features) << "\n";
+     << " heads=" << s.num_q_heads << "/" << s.num_kv_heads << " head_dim=" << s.head_dim
+     << " block=" << s.block_size << " features=" << FeatureNames(s.features) << "\n";
   os << "  | backend                  | prio | decision\n";
   for (const SelectionRow& r : rows) {
     std::string name = r.name;
@@ -112,8 +124,9 @@ std::string Selection::Table(const AttentionSpec& s) const {
   return os.str();
 }
 
-StatusOr<std::unique_ptr<AttentionBackend>> BackendRegistry::Create(
-    const AttentionSpec& spec, const std::string& force, std::string* table_out) const {
+StatusOr<std::unique_ptr<AttentionBackend>> BackendRegistry::Create(const AttentionSpec& spec,
+                                                                    const std::string& force,
+                                                                    std::string* table_out) const {
   Selection sel = Select(spec, force);
   if (table_out) *table_out = sel.Table(spec);
   if (sel.info == nullptr) {

@@ -19,10 +19,10 @@ struct BackendInfo {
   AttentionKind kind = AttentionKind::kMha;
   std::vector<DType> kv_dtypes;
   std::vector<KvQuant> kv_quants = {KvQuant::kNone};  // 8-bit cache scalings implemented
-  std::vector<int> head_dims;    // empty: any
-  int min_block_size = 1;        // block sizes must be multiples of this
-  uint32_t features = 0;         // features implemented
-  int priority = 0;              // higher wins when several fit
+  std::vector<int> head_dims;                         // empty: any
+  int min_block_size = 1;                             // block sizes must be multiples of this
+  uint32_t features = 0;                              // features implemented
+  int priority = 0;                                   // higher wins when several fit
   std::function<std::unique_ptr<AttentionBackend>(const AttentionSpec&)> create;
 };
 
@@ -58,7 +58,9 @@ class BackendRegistry {
 
 // Static registration: `static BackendRegistrar reg(BackendInfo{...});` in the backend's file.
 struct BackendRegistrar {
-  explicit BackendRegistrar(BackendInfo info) { BackendRegistry::Global().Register(std::move(info)); }
+  explicit BackendRegistrar(BackendInfo info) {
+    BackendRegistry::Global().Register(std::move(info));
+  }
 };
 
 }  // namespace llm

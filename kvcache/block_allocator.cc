@@ -11,17 +11,23 @@ BlockAllocator::BlockAllocator(int num_blocks)
 void BlockAllocator::PushBack(int32_t b) {
   prev_[b] = tail_;
   next_[b] = -1;
-  if (tail_ >= 0) next_[tail_] = b;
-  else head_ = b;
+  if (tail_ >= 0)
+    next_[tail_] = b;
+  else
+    head_ = b;
   tail_ = b;
   ++num_free_;
 }
 
 void BlockAllocator::Unlink(int32_t b) {
-  if (prev_[b] >= 0) next_[prev_[b]] = next_[b];
-  else head_ = next_[b];
-  if (next_[b] >= 0) prev_[next_[b]] = prev_[b];
-  else tail_ = prev_[b];
+  if (prev_[b] >= 0)
+    next_[prev_[b]] = next_[b];
+  else
+    head_ = next_[b];
+  if (next_[b] >= 0)
+    prev_[next_[b]] = prev_[b];
+  else
+    tail_ = prev_[b];
   prev_[b] = next_[b] = -1;
   --num_free_;
 }

@@ -14,9 +14,9 @@
 namespace llm {
 
 struct PrefixCacheStats {
-  int64_t queries = 0;       // blocks looked up
-  int64_t hits = 0;          // blocks found
-  int64_t evictions = 0;     // cached blocks reused for new content
+  int64_t queries = 0;    // blocks looked up
+  int64_t hits = 0;       // blocks found
+  int64_t evictions = 0;  // cached blocks reused for new content
 };
 
 class PrefixCache {

@@ -24,8 +24,8 @@ void Scheduler::MatchPrefix(Sequence* seq) {
   if (!prefix_cache_ || seq->num_computed_tokens != 0 || !seq->block_table.empty()) return;
   const std::vector<int32_t> tokens = seq->AllTokens();
   // At least one token must be computed to produce logits.
-  const int matched = prefix_cache_->Match(tokens, seq->num_tokens() - 1, &seq->block_table,
-                                           &seq->block_keys);
+  const int matched =
+      prefix_cache_->Match(tokens, seq->num_tokens() - 1, &seq->block_table, &seq->block_keys);
   seq->num_computed_tokens = matched;
   if (seq->num_preemptions == 0) seq->num_cached_tokens = matched;
 }
@@ -70,8 +70,8 @@ Sequence* Scheduler::Find(int64_t seq_id) {
 }
 
 bool Scheduler::Reserve(Sequence* seq, int num_tokens) {
-  const int need = BlocksForTokens(num_tokens, config_.block_size) -
-                   static_cast<int>(seq->block_table.size());
+  const int need =
+      BlocksForTokens(num_tokens, config_.block_size) - static_cast<int>(seq->block_table.size());
   if (need <= 0) return true;
   return allocator_.Allocate(need, &seq->block_table).ok();
 }
@@ -109,8 +109,8 @@ SchedulerOutput Scheduler::Schedule() {
       ok = Reserve(seq, seq->num_computed_tokens + n);
     }
     if (!ok) continue;  // seq itself was preempted; running_[i] is now the next one
-    out.seqs.push_back({seq, seq->num_computed_tokens, n,
-                        seq->num_computed_tokens + n == seq->num_tokens()});
+    out.seqs.push_back(
+        {seq, seq->num_computed_tokens, n, seq->num_computed_tokens + n == seq->num_tokens()});
     budget -= n;
     ++i;
   }
@@ -130,8 +130,8 @@ SchedulerOutput Scheduler::Schedule() {
     waiting_.pop_front();
     seq->state = SequenceState::kRunning;
     running_.push_back(seq);
-    out.seqs.push_back({seq, seq->num_computed_tokens, n,
-                        seq->num_computed_tokens + n == seq->num_tokens()});
+    out.seqs.push_back(
+        {seq, seq->num_computed_tokens, n, seq->num_computed_tokens + n == seq->num_tokens()});
     budget -= n;
   }
   out.num_tokens = config_.max_batched_tokens - budget;

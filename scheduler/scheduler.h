@@ -19,8 +19,8 @@ namespace llm {
 
 struct SchedulerConfig {
   int block_size = 64;
-  int max_num_seqs = 64;           // running sequences per step
-  int max_batched_tokens = 2048;   // token budget per step
+  int max_num_seqs = 64;          // running sequences per step
+  int max_batched_tokens = 2048;  // token budget per step
   bool enable_prefix_caching = true;
   // A sequence preempted this many times is protected: others are preempted first.
   int protect_after_preemptions = 2;
@@ -78,8 +78,8 @@ class Scheduler {
   std::unique_ptr<PrefixCache> prefix_cache_;
   int64_t num_preemptions_total_ = 0;
   std::map<int64_t, std::unique_ptr<Sequence>> seqs_;
-  std::deque<Sequence*> waiting_;  // front is next to admit
-  std::vector<Sequence*> running_; // admission order: back is newest
+  std::deque<Sequence*> waiting_;   // front is next to admit
+  std::vector<Sequence*> running_;  // admission order: back is newest
 };
 
 }  // namespace llm

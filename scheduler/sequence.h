@@ -10,9 +10,9 @@ namespace llm {
 enum class SequenceState { kWaiting, kRunning, kFinished };
 
 struct Sequence {
-  int64_t id = 0;      // engine-assigned, unique for the process lifetime
-  int priority = 0;    // lower runs first
-  int64_t arrival = 0; // admission order, for FCFS
+  int64_t id = 0;       // engine-assigned, unique for the process lifetime
+  int priority = 0;     // lower runs first
+  int64_t arrival = 0;  // admission order, for FCFS
   std::vector<int32_t> prompt_ids;
   std::vector<int32_t> output_ids;
   int max_total_tokens = 0;  // prompt + max_tokens, capped by the context length

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Installs, builds and runs every test: the CPU build, the ASan+UBSan build, the format check, and
-# the Docker build stage (release build + installed-server health probe). GPU tests skip with a
-# message when no GPU is present.
+# Installs, builds and runs every test: the CPU build, the ASan+UBSan build, the format check, the
+# CUDA build (sm_90a) with its GPU tests (skipped with a message where no GPU is present), and the
+# Docker build stage (installed-server health probe).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh cpu
@@ -13,7 +13,17 @@ if [ "${LLM_SKIP_ASAN:-0}" != "1" ]; then
     ctest --preset asan -j 2
 fi
 scripts/check_format.sh
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  # CUDA backend for sm_90a; GPU tests report "skipped" where no GPU is present.
+  export PATH="/usr/local/cuda/bin:$PATH"
+  cmake --preset cuda >/dev/null
+  cmake --build --preset cuda -j "$(nproc)" --target gpu_tests llm-server llm-healthcheck \
+    make_tiny_model c8_attention_bench
+  ctest --preset cuda -R gpu_tests
+else
+  echo "test.sh: no nvcc; CUDA backend not built"
+fi
 if [ "${LLM_SKIP_DOCKER_STAGE:-0}" != "1" ]; then
-  scripts/docker_smoke.sh
+  LLM_DOCKER_PRESET=cuda scripts/docker_smoke.sh
 fi
 echo "ALL TESTS PASSED"

@@ -11,10 +11,14 @@ namespace {
 
 pb::FinishReason ToProto(FinishReason r) {
   switch (r) {
-    case FinishReason::kLength: return pb::FINISH_REASON_LENGTH;
-    case FinishReason::kStop: return pb::FINISH_REASON_STOP;
-    case FinishReason::kAborted: return pb::FINISH_REASON_ABORTED;
-    case FinishReason::kNone: break;
+    case FinishReason::kLength:
+      return pb::FINISH_REASON_LENGTH;
+    case FinishReason::kStop:
+      return pb::FINISH_REASON_STOP;
+    case FinishReason::kAborted:
+      return pb::FINISH_REASON_ABORTED;
+    case FinishReason::kNone:
+      break;
   }
   return pb::FINISH_REASON_UNSPECIFIED;
 }
@@ -134,7 +138,9 @@ void GenerateReactor::OnCancel() {
   engine_->Abort(request_id_, Status(StatusCode::kCancelled, "cancelled by the client"));
 }
 
-void GenerateReactor::OnDone() { Unref(); }
+void GenerateReactor::OnDone() {
+  Unref();
+}
 
 void GenerateReactor::Unref() {
   if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;

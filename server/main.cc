@@ -19,29 +19,27 @@ std::string StartupTable(const llm::ServerConfig& sc, const llm::EngineCore& cor
   const llm::ModelConfig& mc = core.model_config();
   const llm::Model& m = core.model();
   const std::string kv = m.kv_cache_dtype_name() != "float32" ? m.kv_cache_dtype_name()
-                         : sc.kv_cache_dtype == "auto"            ? std::string("float32")
+                         : sc.kv_cache_dtype == "auto"        ? std::string("float32")
                          : sc.kv_cache_dtype == "fp8_e4m3_dynamic"
                              ? sc.kv_cache_dtype
                              : sc.kv_cache_dtype + " " + sc.kv_scale_granularity;
   char buf[2048];
-  std::snprintf(
-      buf, sizeof(buf),
-      "\n  | model              | %s (%s)\n"
-      "  | layers/hidden      | %d / %d, heads %d q / %d kv, head_dim %d, vocab %d\n"
-      "  | weights dtype      | %s on disk, device %s\n"
-      "  | attention backend  | %s\n"
-      "  | KV cache           | %s, %d blocks x %d tokens = %d tokens, %.1f MiB\n"
-      "  | context / max_tokens | %d / %d\n"
-      "  | scheduler          | max_num_seqs %d, max_batched_tokens %d\n"
-      "  | listen             | %s",
-      mc.name.c_str(), mc.architecture_name.c_str(), mc.num_layers, mc.hidden_size,
-      mc.num_q_heads, mc.num_kv_heads, mc.head_dim, mc.vocab_size, llm::DTypeName(mc.dtype),
-      sc.device.c_str(),
-      m.attention_backend_name().c_str(), kv.c_str(), core.num_blocks(), sc.block_size,
-      core.num_blocks() * sc.block_size,
-      static_cast<double>(m.kv_bytes_per_block()) * core.num_blocks() / (1 << 20),
-      core.max_model_len(), sc.max_tokens_limit, sc.max_num_seqs, sc.max_batched_tokens,
-      sc.listen_address.c_str());
+  std::snprintf(buf, sizeof(buf),
+                "\n  | model              | %s (%s)\n"
+                "  | layers/hidden      | %d / %d, heads %d q / %d kv, head_dim %d, vocab %d\n"
+                "  | weights dtype      | %s on disk, device %s\n"
+                "  | attention backend  | %s\n"
+                "  | KV cache           | %s, %d blocks x %d tokens = %d tokens, %.1f MiB\n"
+                "  | context / max_tokens | %d / %d\n"
+                "  | scheduler          | max_num_seqs %d, max_batched_tokens %d\n"
+                "  | listen             | %s",
+                mc.name.c_str(), mc.architecture_name.c_str(), mc.num_layers, mc.hidden_size,
+                mc.num_q_heads, mc.num_kv_heads, mc.head_dim, mc.vocab_size,
+                llm::DTypeName(mc.dtype), sc.device.c_str(), m.attention_backend_name().c_str(),
+                kv.c_str(), core.num_blocks(), sc.block_size, core.num_blocks() * sc.block_size,
+                static_cast<double>(m.kv_bytes_per_block()) * core.num_blocks() / (1 << 20),
+                core.max_model_len(), sc.max_tokens_limit, sc.max_num_seqs, sc.max_batched_tokens,
+                sc.listen_address.c_str());
   return buf;
 }
 
@@ -67,8 +65,7 @@ int main(int argc, char** argv) {
 
   auto core_or = llm::EngineCore::Create(sc.ToEngineConfig());
   if (!core_or.ok()) {
-    spdlog::critical("cannot load model from {}: {}", sc.model_dir,
-                     core_or.status().ToString());
+    spdlog::critical("cannot load model from {}: {}", sc.model_dir, core_or.status().ToString());
     return 1;
   }
   llm::Engine engine(std::move(core_or).value());
@@ -110,7 +107,8 @@ int main(int argc, char** argv) {
   service.StopAccepting();
   // In-flight requests get a grace period to finish; then the engine aborts what remains, which
   // gives every accepted request exactly one final status before the server closes.
-  const auto grace_end = std::chrono::steady_clock::now() + std::chrono::seconds(sc.shutdown_grace_s);
+  const auto grace_end =
+      std::chrono::steady_clock::now() + std::chrono::seconds(sc.shutdown_grace_s);
   while (engine.num_active() > 0 && std::chrono::steady_clock::now() < grace_end) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

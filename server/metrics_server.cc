@@ -19,7 +19,9 @@ MetricsServer::MetricsServer(std::shared_ptr<EngineMetrics> metrics)
   });
 }
 
-MetricsServer::~MetricsServer() { Stop(); }
+MetricsServer::~MetricsServer() {
+  Stop();
+}
 
 StatusOr<int> MetricsServer::Start(const std::string& address) {
   const size_t colon = address.rfind(':');

@@ -14,7 +14,7 @@ namespace {
 using json = nlohmann::json;
 
 struct Field {
-  const char* key;   // JSON key; the flag is --key with '_' as '-'
+  const char* key;  // JSON key; the flag is --key with '_' as '-'
   const char* help;
   std::function<Status(ServerConfig&, const std::string&)> set;
 };
@@ -68,7 +68,8 @@ const std::vector<Field>& Fields() {
       StrField("metrics_address", "host:port for HTTP /metrics, or off (default 127.0.0.1:9400)",
                &ServerConfig::metrics_address),
       StrField("model_dir", "Hugging Face model directory", &ServerConfig::model_dir),
-      IntField("block_size", "tokens per KV block (default 64)", &ServerConfig::block_size, 1, 1024),
+      IntField("block_size", "tokens per KV block (default 64)", &ServerConfig::block_size, 1,
+               1024),
       IntField("num_kv_blocks", "KV blocks; 0 = from kv_cache_memory_mb",
                &ServerConfig::num_kv_blocks, 0, 1 << 24),
       IntField("kv_cache_memory_mb", "KV cache memory in MiB (default 256)",
@@ -77,8 +78,8 @@ const std::vector<Field>& Fields() {
                &ServerConfig::max_num_seqs, 1, 4096),
       IntField("max_batched_tokens", "token budget per step (default 512)",
                &ServerConfig::max_batched_tokens, 1, 1 << 20),
-      IntField("max_model_len", "context length; 0 = the model's", &ServerConfig::max_model_len,
-               0, 1 << 24),
+      IntField("max_model_len", "context length; 0 = the model's", &ServerConfig::max_model_len, 0,
+               1 << 24),
       IntField("max_tokens_limit", "largest max_tokens a request may ask (default 4096)",
                &ServerConfig::max_tokens_limit, 1, 1 << 24),
       IntField("default_max_tokens", "max_tokens when a request sets none (default 256)",
@@ -104,8 +105,7 @@ const std::vector<Field>& Fields() {
                 &ServerConfig::enable_prefix_caching),
       IntField("max_queued_requests", "waiting requests before RESOURCE_EXHAUSTED (default 1024)",
                &ServerConfig::max_queued_requests, 1, 1 << 20),
-      StrField("log_level", "trace|debug|info|warn|error (default info)",
-               &ServerConfig::log_level),
+      StrField("log_level", "trace|debug|info|warn|error (default info)", &ServerConfig::log_level),
   };
   return kFields;
 }
@@ -126,10 +126,14 @@ Status ApplyJson(const std::string& path, ServerConfig* c) {
     const Field* f = FindField(it.key());
     if (f == nullptr) return InvalidArgument(path + ": unknown key '" + it.key() + "'");
     std::string v;
-    if (it->is_string()) v = it->get<std::string>();
-    else if (it->is_number_integer()) v = std::to_string(it->get<int64_t>());
-    else if (it->is_boolean()) v = it->get<bool>() ? "true" : "false";
-    else return InvalidArgument(path + ": '" + it.key() + "' must be a string or an integer");
+    if (it->is_string())
+      v = it->get<std::string>();
+    else if (it->is_number_integer())
+      v = std::to_string(it->get<int64_t>());
+    else if (it->is_boolean())
+      v = it->get<bool>() ? "true" : "false";
+    else
+      return InvalidArgument(path + ": '" + it.key() + "' must be a string or an integer");
     Status st = f->set(*c, v);
     if (!st.ok()) return InvalidArgument(path + ": " + st.message());
   }
@@ -179,9 +183,10 @@ EngineConfig ServerConfig::ToEngineConfig() const {
 }
 
 std::string ServerUsage() {
-  std::string s = "usage: llm-server [--config FILE.json] [--FLAG VALUE ...]\n"
-                  "Every config key is also a flag (--max-num-seqs 32 or --max_num_seqs 32);\n"
-                  "flags override the file. --model is short for --model-dir.\nKeys:\n";
+  std::string s =
+      "usage: llm-server [--config FILE.json] [--FLAG VALUE ...]\n"
+      "Every config key is also a flag (--max-num-seqs 32 or --max_num_seqs 32);\n"
+      "flags override the file. --model is short for --model-dir.\nKeys:\n";
   for (const Field& f : Fields()) s += "  " + std::string(f.key) + ": " + f.help + "\n";
   return s;
 }

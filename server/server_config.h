@@ -13,11 +13,11 @@ struct ServerConfig {
   std::string listen_address = "127.0.0.1:50051";  // loopback unless configured otherwise
   std::string model_dir;
   int block_size = 64;
-  int num_kv_blocks = 0;       // 0: from kv_cache_memory_mb
+  int num_kv_blocks = 0;  // 0: from kv_cache_memory_mb
   int kv_cache_memory_mb = 256;
   int max_num_seqs = 64;
-  int max_batched_tokens = 512;   // small chunks keep decode latency low while prompts prefill
-  int max_model_len = 0;       // 0: the model's
+  int max_batched_tokens = 512;  // small chunks keep decode latency low while prompts prefill
+  int max_model_len = 0;         // 0: the model's
   int max_tokens_limit = 4096;
   int default_max_tokens = 256;
   int max_prompt_bytes = 1 << 20;
@@ -27,14 +27,17 @@ struct ServerConfig {
   std::string kv_cache_dtype = "auto";
   std::string kv_scale_granularity = "per_head";
   std::string kv_scales_file;
-  std::string device = "cpu";      // cpu | cuda | auto (cuda when built with it and present)
-  int gpu_memory_percent = 85;     // of the GPU memory left after weights, for the KV pool
-  bool dummy_weights = false;      // random weights on the device (benchmarks; cuda only)
+  std::string device = "cpu";   // cpu | cuda | auto (cuda when built with it and present)
+  int gpu_memory_percent = 85;  // of the GPU memory left after weights, for the KV pool
+  bool dummy_weights = false;   // random weights on the device (benchmarks; cuda only)
   std::string log_level = "info";
   int shutdown_grace_s = 10;
   bool enable_prefix_caching = true;
   int max_queued_requests = 1024;
-  std::string metrics_address = "127.0.0.1:9400";  // Prometheus /metrics; "off" disables  // waiting requests; past it, RESOURCE_EXHAUSTED at once  // SIGTERM: time in-flight requests get to finish
+  std::string metrics_address =
+      "127.0.0.1:9400";  // Prometheus /metrics; "off" disables  // waiting requests; past it,
+                         // RESOURCE_EXHAUSTED at once  // SIGTERM: time in-flight requests get to
+                         // finish
 
   EngineConfig ToEngineConfig() const;
 };

@@ -12,8 +12,8 @@
 #include <map>
 #include <string>
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "engine/engine_core.h"
 
@@ -38,13 +38,17 @@ int main(int argc, char** argv) {
   std::map<std::string, std::string> args;
   for (int i = 1; i + 1 < argc; i += 2) args[argv[i]] = argv[i + 1];
   if (!args.count("--model") || !args.count("--requests") || !args.count("--out")) {
-    std::fprintf(stderr, "usage: %s --model DIR --requests REQ.json --out OUT.json "
-                         "[--block-size N] [--max-batched-tokens N] [--max-num-seqs N] "
-                         "[--num-blocks N] [--kv-cache-dtype T] [--kv-scale-granularity G] "
-                         "[--kv-scales-file F]\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s --model DIR --requests REQ.json --out OUT.json "
+                 "[--block-size N] [--max-batched-tokens N] [--max-num-seqs N] "
+                 "[--num-blocks N] [--kv-cache-dtype T] [--kv-scale-granularity G] "
+                 "[--kv-scales-file F]\n",
+                 argv[0]);
     return 2;
   }
-  auto get = [&](const char* k, int def) { return args.count(k) ? std::atoi(args[k].c_str()) : def; };
+  auto get = [&](const char* k, int def) {
+    return args.count(k) ? std::atoi(args[k].c_str()) : def;
+  };
   spdlog::set_level(spdlog::level::warn);
 
   llm::EngineConfig cfg;

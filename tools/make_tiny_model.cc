@@ -129,8 +129,8 @@ int main(int argc, char** argv) {
   // An untied head: tied random embeddings make greedy decoding copy the last token forever.
   ts.push_back(RandomBf16("lm_head.weight", {d.vocab, d.hidden}, 0.0f, 0.15f, rng));
 
-  llm::Status st = llm::WriteSafetensors((out / "model.safetensors").string(), ts,
-                                         {{"format", "pt"}});
+  llm::Status st =
+      llm::WriteSafetensors((out / "model.safetensors").string(), ts, {{"format", "pt"}});
   if (!st.ok()) {
     std::fprintf(stderr, "%s\n", st.ToString().c_str());
     return 1;
@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
       << "# tiny-llama (llm-server embedded default)\n\nA Llama-architecture model with "
          "deterministic RANDOM weights, written by tools/make_tiny_model. Its output is "
          "gibberish; it exists to exercise the server end to end.\n";
-  std::printf("wrote %s (vocab %d, %d layers, hidden %d, RANDOM weights)\n", out.c_str(),
-              d.vocab, d.layers, d.hidden);
+  std::printf("wrote %s (vocab %d, %d layers, hidden %d, RANDOM weights)\n", out.c_str(), d.vocab,
+              d.layers, d.hidden);
   return 0;
 }

@@ -23,10 +23,10 @@ struct Voidify {
 
 }  // namespace llm::detail
 
-#define LLM_CHECK(cond)                  \
-  (cond) ? (void)0                       \
-         : ::llm::detail::Voidify() &    \
-               ::llm::detail::CheckFailure(__FILE__, __LINE__, #cond).stream()
+#define LLM_CHECK(cond) \
+  (cond)                \
+      ? (void)0         \
+      : ::llm::detail::Voidify() & ::llm::detail::CheckFailure(__FILE__, __LINE__, #cond).stream()
 
 #define LLM_CHECK_EQ(a, b) LLM_CHECK((a) == (b)) << (a) << " vs " << (b) << " "
 #define LLM_CHECK_LT(a, b) LLM_CHECK((a) < (b)) << (a) << " vs " << (b) << " "

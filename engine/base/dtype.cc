@@ -6,22 +6,30 @@ namespace llm {
 
 const char* DTypeName(DType t) {
   switch (t) {
-    case DType::kF32: return "float32";
-    case DType::kF16: return "float16";
-    case DType::kBF16: return "bfloat16";
-    case DType::kI8: return "int8";
-    case DType::kFp8E4M3: return "fp8_e4m3";
+    case DType::kF32:
+      return "float32";
+    case DType::kF16:
+      return "float16";
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kI8:
+      return "int8";
+    case DType::kFp8E4M3:
+      return "fp8_e4m3";
   }
   return "?";
 }
 
 int DTypeSize(DType t) {
   switch (t) {
-    case DType::kF32: return 4;
+    case DType::kF32:
+      return 4;
     case DType::kF16:
-    case DType::kBF16: return 2;
+    case DType::kBF16:
+      return 2;
     case DType::kI8:
-    case DType::kFp8E4M3: return 1;
+    case DType::kFp8E4M3:
+      return 1;
   }
   return 0;
 }
@@ -63,7 +71,7 @@ uint16_t F32ToF16(float f) {
   std::memcpy(&x, &f, 4);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t absx = x & 0x7fffffffu;
-  if (absx > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (absx > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
   if (absx < 0x38800000u) {
     // Subnormal half: round(|f| * 2^24) with ties to even.

@@ -23,7 +23,9 @@ inline int8_t QuantizeInt8(float x, float scale) {
   return static_cast<int8_t>(q);
 }
 
-inline float DequantizeInt8(int8_t q, float scale) { return static_cast<float>(q) * scale; }
+inline float DequantizeInt8(int8_t q, float scale) {
+  return static_cast<float>(q) * scale;
+}
 
 // e4m3fn byte -> float (exact).
 inline float Fp8E4M3ToFloat(uint8_t v) {
@@ -65,8 +67,12 @@ inline uint8_t FloatToFp8E4M3(float x) {
   return sign | static_cast<uint8_t>((biased << 3) | static_cast<int>(mant));
 }
 
-inline uint8_t QuantizeFp8(float x, float scale) { return FloatToFp8E4M3(x / scale); }
-inline float DequantizeFp8(uint8_t q, float scale) { return Fp8E4M3ToFloat(q) * scale; }
+inline uint8_t QuantizeFp8(float x, float scale) {
+  return FloatToFp8E4M3(x / scale);
+}
+inline float DequantizeFp8(uint8_t q, float scale) {
+  return Fp8E4M3ToFloat(q) * scale;
+}
 
 // Dynamic (per-token) dequant scale from a vector's absmax (NaNs ignored, as fmax does):
 // absmax / qmax, or 1 when that is not a positive finite number (all zeros, underflow, inf).

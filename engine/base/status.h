@@ -44,18 +44,30 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
-inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
-inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
-inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
-inline Status Unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
+inline Status InvalidArgument(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
+inline Status NotFound(std::string m) {
+  return {StatusCode::kNotFound, std::move(m)};
+}
+inline Status Internal(std::string m) {
+  return {StatusCode::kInternal, std::move(m)};
+}
+inline Status DataLoss(std::string m) {
+  return {StatusCode::kDataLoss, std::move(m)};
+}
+inline Status Unimplemented(std::string m) {
+  return {StatusCode::kUnimplemented, std::move(m)};
+}
 inline Status ResourceExhausted(std::string m) {
   return {StatusCode::kResourceExhausted, std::move(m)};
 }
 inline Status FailedPrecondition(std::string m) {
   return {StatusCode::kFailedPrecondition, std::move(m)};
 }
-inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
+inline Status Unavailable(std::string m) {
+  return {StatusCode::kUnavailable, std::move(m)};
+}
 
 template <typename T>
 class [[nodiscard]] StatusOr {
@@ -94,9 +106,9 @@ class [[nodiscard]] StatusOr {
 #define LLM_CONCAT(a, b) LLM_CONCAT_INNER(a, b)
 
 // Returns the status from the enclosing function when it is not OK.
-#define LLM_RETURN_IF_ERROR(expr)            \
-  do {                                       \
-    ::llm::Status _llm_status = (expr);      \
+#define LLM_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    ::llm::Status _llm_status = (expr);        \
     if (!_llm_status.ok()) return _llm_status; \
   } while (0)
 

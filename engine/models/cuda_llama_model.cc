@@ -111,8 +111,7 @@ class CudaLlamaModel final : public Model {
   AttentionSpec spec_;
   int num_blocks_ = 0;
   // Step scratch, grown on demand.
-  DeviceBuffer ints_, residual_, xn_, qkv_, q_, k_, v_, attn_, tmp_, gate_up_, act_, last_,
-      logits_;
+  DeviceBuffer ints_, residual_, xn_, qkv_, q_, k_, v_, attn_, tmp_, gate_up_, act_, last_, logits_;
   std::vector<int32_t> host_ints_;
   DeviceBuffer argmax_dev_;
   void* pinned_ = nullptr;  // logits staging
@@ -154,8 +153,8 @@ Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& option
   BLAS_RETURN_IF_ERROR(cublasSetStream(blas_, stream_));
 
   // Attention backend first: an unsupported combination fails before any weight is loaded.
-  LLM_ASSIGN_OR_RETURN(KvCacheType kv, ParseKvCacheType(options.kv_cache_dtype,
-                                                        options.kv_scale_granularity));
+  LLM_ASSIGN_OR_RETURN(KvCacheType kv,
+                       ParseKvCacheType(options.kv_cache_dtype, options.kv_scale_granularity));
   if (kv.dtype == DType::kF32) kv.dtype = DType::kBF16;  // "auto": the 16-bit cache on GPUs
   int dev = 0, major = 0, minor = 0;
   GPU_RETURN_IF_ERROR(cudaGetDevice(&dev));
@@ -193,15 +192,18 @@ Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& option
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     auto L = std::make_unique<LayerWeights>();
-    LLM_RETURN_IF_ERROR(LoadTensor(w, {p + "input_layernorm.weight"}, {{h}}, 1, 0.1f, &L->attn_norm));
+    LLM_RETURN_IF_ERROR(
+        LoadTensor(w, {p + "input_layernorm.weight"}, {{h}}, 1, 0.1f, &L->attn_norm));
     LLM_RETURN_IF_ERROR(
         LoadTensor(w, {p + "post_attention_layernorm.weight"}, {{h}}, 1, 0.1f, &L->mlp_norm));
-    LLM_RETURN_IF_ERROR(LoadTensor(
-        w, {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"},
-        {{q, h}, {kvs, h}, {kvs, h}}, 0, wstd, &L->wqkv));
+    LLM_RETURN_IF_ERROR(LoadTensor(w,
+                                   {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
+                                    p + "self_attn.v_proj.weight"},
+                                   {{q, h}, {kvs, h}, {kvs, h}}, 0, wstd, &L->wqkv));
     if (c.attention_bias) {
       LLM_RETURN_IF_ERROR(LoadTensor(
-          w, {p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"},
+          w,
+          {p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"},
           {{q}, {kvs}, {kvs}}, 0, wstd, &L->bqkv));
     }
     LLM_RETURN_IF_ERROR(LoadTensor(w, {p + "self_attn.o_proj.weight"}, {{h, q}}, 0, wstd, &L->wo));
@@ -225,15 +227,16 @@ Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& option
       if (wavelen > old_len / rs.low_freq_factor) {
         f /= rs.factor;
       } else if (wavelen >= old_len / rs.high_freq_factor) {
-        const double smooth = (old_len / wavelen - rs.low_freq_factor) /
-                              (rs.high_freq_factor - rs.low_freq_factor);
+        const double smooth =
+            (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
         f = (1.0 - smooth) * f / rs.factor + smooth * f;
       }
     }
     inv[i] = static_cast<float>(f);
   }
   LLM_RETURN_IF_ERROR(inv_freq_.Alloc(inv.size() * 4));
-  GPU_RETURN_IF_ERROR(cudaMemcpy(inv_freq_.ptr, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+  GPU_RETURN_IF_ERROR(
+      cudaMemcpy(inv_freq_.ptr, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
 
   // KV pool: an explicit block count, or a fraction of the memory left after the weights.
   GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
@@ -430,7 +433,9 @@ Status CudaLlamaModel::ForwardSampled(const ForwardBatch& batch, std::vector<flo
 
 }  // namespace
 
-bool CudaAvailable() { return cuda::CudaDeviceCount() > 0; }
+bool CudaAvailable() {
+  return cuda::CudaDeviceCount() > 0;
+}
 
 StatusOr<std::unique_ptr<Model>> CreateCudaLlamaModel(const ModelConfig& config,
                                                       const WeightStore* weights,

@@ -72,9 +72,8 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig& conf
   m->InitRope();
 
   const size_t per_block = m->attention_->BlockBytes() * config.num_layers;
-  m->num_blocks_ = options.num_kv_blocks > 0
-                       ? options.num_kv_blocks
-                       : static_cast<int>(options.kv_cache_bytes / per_block);
+  m->num_blocks_ = options.num_kv_blocks > 0 ? options.num_kv_blocks
+                                             : static_cast<int>(options.kv_cache_bytes / per_block);
   if (m->num_blocks_ < 1) {
     return ResourceExhausted("KV cache budget of " + std::to_string(options.kv_cache_bytes) +
                              " bytes holds no block of " + std::to_string(per_block) + " bytes");
@@ -155,8 +154,8 @@ void LlamaModel::InitRope() {
       if (wavelen > low_wavelen) {
         f /= rs.factor;
       } else if (wavelen >= high_wavelen) {
-        const double smooth = (old_len / wavelen - rs.low_freq_factor) /
-                              (rs.high_freq_factor - rs.low_freq_factor);
+        const double smooth =
+            (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
         f = (1.0 - smooth) * f / rs.factor + smooth * f;
       }
     }
@@ -187,9 +186,9 @@ Status LlamaModel::Forward(const ForwardBatch& batch, std::vector<float>* logits
   LLM_CHECK_EQ(batch.attn.num_tokens, T);
   LLM_CHECK_EQ(static_cast<int>(batch.positions.size()), T);
 
-  std::vector<float> x(static_cast<size_t>(T) * H);         // residual stream [T, H]
-  std::vector<float> xn(static_cast<size_t>(T) * H);        // normed
-  std::vector<float> qkv(static_cast<size_t>(T) * QKV);     // [T, Q + 2KV]
+  std::vector<float> x(static_cast<size_t>(T) * H);      // residual stream [T, H]
+  std::vector<float> xn(static_cast<size_t>(T) * H);     // normed
+  std::vector<float> qkv(static_cast<size_t>(T) * QKV);  // [T, Q + 2KV]
   std::vector<float> q(static_cast<size_t>(T) * Q), k(static_cast<size_t>(T) * KV),
       v(static_cast<size_t>(T) * KV), attn(static_cast<size_t>(T) * Q);
   std::vector<float> gu(static_cast<size_t>(T) * 2 * I), act(static_cast<size_t>(T) * I);
@@ -198,7 +197,8 @@ Status LlamaModel::Forward(const ForwardBatch& batch, std::vector<float>* logits
   for (int t = 0; t < T; ++t) {
     const int32_t id = batch.token_ids[t];
     if (id < 0 || id >= c.vocab_size) return InvalidArgument("token id out of range");
-    std::copy_n(embed_.data() + static_cast<size_t>(id) * H, H, x.data() + static_cast<size_t>(t) * H);
+    std::copy_n(embed_.data() + static_cast<size_t>(id) * H, H,
+                x.data() + static_cast<size_t>(t) * H);
   }
   LLM_RETURN_IF_ERROR(attention_->Plan(batch.attn));
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));

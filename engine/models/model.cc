@@ -1,7 +1,7 @@
 // Model factory: picks the implementation for a model directory.
+#include "engine/models/model.h"
 #include "engine/models/deepseek_model.h"
 #include "engine/models/llama_model.h"
-#include "engine/models/model.h"
 #include "engine/models/synthetic_model.h"
 #ifdef LLM_HAVE_CUDA
 #include "engine/models/cuda_llama_model.h"
@@ -35,8 +35,9 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
   }
 #else
   if (options.device == "cuda") {
-    return Unavailable("device 'cuda' requested but this build has no CUDA backend "
-                       "(configure with the cuda preset)");
+    return Unavailable(
+        "device 'cuda' requested but this build has no CUDA backend "
+        "(configure with the cuda preset)");
   }
 #endif
   if (options.dummy_weights) return InvalidArgument("dummy weights need the cuda device");

@@ -13,10 +13,10 @@
 namespace llm {
 
 struct ForwardBatch {
-  std::vector<int32_t> token_ids;    // [num_tokens]
-  std::vector<int32_t> positions;    // [num_tokens]
-  AttentionBatch attn;               // block tables and slots for the same tokens
-  std::vector<int32_t> logit_rows;   // rows of the batch whose logits are wanted
+  std::vector<int32_t> token_ids;   // [num_tokens]
+  std::vector<int32_t> positions;   // [num_tokens]
+  AttentionBatch attn;              // block tables and slots for the same tokens
+  std::vector<int32_t> logit_rows;  // rows of the batch whose logits are wanted
   // Per logit row: only its argmax is needed (greedy, no penalties, no logprobs). A model may
   // then return the argmax instead of the row's logits (see ForwardSampled).
   std::vector<uint8_t> argmax_only;
@@ -46,7 +46,7 @@ class Model {
 struct ModelLoadOptions {
   std::string model_dir;
   int block_size = 64;
-  int num_kv_blocks = 0;         // 0: derive from kv_cache_bytes
+  int num_kv_blocks = 0;  // 0: derive from kv_cache_bytes
   size_t kv_cache_bytes = 256ull << 20;
   std::string attention_backend;  // forced backend name, empty for automatic
   // KV cache element type and scales (engine/models/kv_cache_quant.h): "auto" (fp32 on CPU),

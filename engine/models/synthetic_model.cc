@@ -25,9 +25,12 @@ StatusOr<std::unique_ptr<Model>> SyntheticModel::Create(const ModelLoadOptions& 
       const std::string k = kv.substr(0, eq);
       const int v = eq == std::string::npos ? 0 : std::atoi(kv.c_str() + eq + 1);
       if (v <= 0) return InvalidArgument("synthetic model option '" + kv + "' needs a value > 0");
-      if (k == "vocab") c.vocab_size = v;
-      else if (k == "max_len") c.max_position_embeddings = v;
-      else return InvalidArgument("unknown synthetic model option '" + k + "'");
+      if (k == "vocab")
+        c.vocab_size = v;
+      else if (k == "max_len")
+        c.max_position_embeddings = v;
+      else
+        return InvalidArgument("unknown synthetic model option '" + k + "'");
     }
   }
   m->num_blocks_ = options.num_kv_blocks > 0 ? options.num_kv_blocks : 65536;

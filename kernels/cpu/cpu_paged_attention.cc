@@ -16,8 +16,8 @@ void CpuAppendKv(const PagedAttentionShape& s, const AttentionBatch& batch, cons
     const int slot = batch.slot_mapping[t];
     const int block = slot / s.block_size, offset = slot % s.block_size;
     for (int h = 0; h < s.num_kv_heads; ++h) {
-      const size_t dst = ((static_cast<size_t>(block) * s.num_kv_heads + h) * s.block_size +
-                          offset) * d;
+      const size_t dst =
+          ((static_cast<size_t>(block) * s.num_kv_heads + h) * s.block_size + offset) * d;
       const size_t src = (static_cast<size_t>(t) * s.num_kv_heads + h) * d;
       std::memcpy(k_cache + dst, k_new + src, d * sizeof(float));
       std::memcpy(v_cache + dst, v_new + src, d * sizeof(float));
@@ -44,8 +44,11 @@ void CpuPagedAttention(const PagedAttentionShape& s, const AttentionBatch& batch
         const float* qv = q + (static_cast<size_t>(t) * s.num_q_heads + h) * d;
         float max_score = -INFINITY;
         for (int j = 0; j <= pos; ++j) {
-          const size_t row = ((static_cast<size_t>(pages[j / s.block_size]) * s.num_kv_heads + kvh) *
-                                  s.block_size + j % s.block_size) * d;
+          const size_t row =
+              ((static_cast<size_t>(pages[j / s.block_size]) * s.num_kv_heads + kvh) *
+                   s.block_size +
+               j % s.block_size) *
+              d;
           float dot = 0.0f;
           for (int i = 0; i < d; ++i) dot += qv[i] * k_cache[row + i];
           scores[j] = dot * softmax_scale;
@@ -58,8 +61,11 @@ void CpuPagedAttention(const PagedAttentionShape& s, const AttentionBatch& batch
         }
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (int j = 0; j <= pos; ++j) {
-          const size_t row = ((static_cast<size_t>(pages[j / s.block_size]) * s.num_kv_heads + kvh) *
-                                  s.block_size + j % s.block_size) * d;
+          const size_t row =
+              ((static_cast<size_t>(pages[j / s.block_size]) * s.num_kv_heads + kvh) *
+                   s.block_size +
+               j % s.block_size) *
+              d;
           const float p = scores[j];
           for (int i = 0; i < d; ++i) acc[i] += p * v_cache[row + i];
         }

@@ -14,8 +14,8 @@ struct PagedAttentionShape {
 
 // Writes k_new/v_new rows into the cache at batch.slot_mapping.
 // k_cache, v_cache: [num_blocks, num_kv_heads, block_size, head_dim]
-void CpuAppendKv(const PagedAttentionShape& shape, const AttentionBatch& batch,
-                 const float* k_new, const float* v_new, float* k_cache, float* v_cache);
+void CpuAppendKv(const PagedAttentionShape& shape, const AttentionBatch& batch, const float* k_new,
+                 const float* v_new, float* k_cache, float* v_cache);
 
 // Causal attention of every query row over its sequence's paged cache (already appended).
 // q, out: [num_tokens, num_q_heads, head_dim]

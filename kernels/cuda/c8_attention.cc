@@ -112,9 +112,12 @@ C8Attention::C8Attention(const C8Shape& shape) : shape_(shape) {}
 
 int C8Attention::decode_ctas_per_sm() const {
   switch (shape_.cache) {
-    case CacheType::kBf16: return detail::DecodeCtasPerSmBf16(shape_.head_dim);
-    case CacheType::kInt8: return detail::DecodeCtasPerSmInt8(shape_.head_dim);
-    case CacheType::kFp8E4M3: return detail::DecodeCtasPerSmFp8(shape_.head_dim);
+    case CacheType::kBf16:
+      return detail::DecodeCtasPerSmBf16(shape_.head_dim);
+    case CacheType::kInt8:
+      return detail::DecodeCtasPerSmInt8(shape_.head_dim);
+    case CacheType::kFp8E4M3:
+      return detail::DecodeCtasPerSmFp8(shape_.head_dim);
   }
   return 1;
 }
@@ -183,8 +186,8 @@ Status C8Attention::Upload(const AttentionBatch& batch, const C8Plan& plan, void
   LLM_RETURN_IF_ERROR(Reserve(&d_ints_, &d_ints_cap_, std::max<size_t>(bytes, 256)));
   GPU_RETURN_IF_ERROR(cudaMemcpyAsync(d_ints_, h_pinned_, bytes, cudaMemcpyHostToDevice,
                                       static_cast<cudaStream_t>(stream)));
-  const size_t rows = static_cast<size_t>(num_partials_) * shape_.num_kv_heads *
-                      detail::kPartialRows;
+  const size_t rows =
+      static_cast<size_t>(num_partials_) * shape_.num_kv_heads * detail::kPartialRows;
   LLM_RETURN_IF_ERROR(Reserve(&d_partial_, &d_partial_cap_,
                               std::max<size_t>(rows * (shape_.head_dim + 1) * 4, 256)));
   return Status::Ok();
@@ -192,10 +195,17 @@ Status C8Attention::Upload(const AttentionBatch& batch, const C8Plan& plan, void
 
 Status C8Attention::Run(const LayerArgs& args, void* stream) {
   const auto* ints = static_cast<const int32_t*>(d_ints_);
-  detail::AppendArgs ap{args.k_new,   args.v_new,   args.k_cache,
-                        args.v_cache, args.k_scale, args.v_scale,
-                        ints + off_slots_, num_tokens_, shape_.num_kv_heads,
-                        shape_.block_size, static_cast<int>(shape_.scale)};
+  detail::AppendArgs ap{args.k_new,
+                        args.v_new,
+                        args.k_cache,
+                        args.v_cache,
+                        args.k_scale,
+                        args.v_scale,
+                        ints + off_slots_,
+                        num_tokens_,
+                        shape_.num_kv_heads,
+                        shape_.block_size,
+                        static_cast<int>(shape_.scale)};
   detail::LaunchAppend(ap, shape_.cache, shape_.head_dim, stream);
   GPU_RETURN_IF_ERROR(cudaGetLastError());
   return Attend(args, stream);
@@ -234,17 +244,24 @@ Status C8Attention::Attend(const LayerArgs& args, void* stream) {
     ta.items = items;
     ta.num_items = n;
     switch (shape_.cache) {
-      case CacheType::kBf16: detail::LaunchTilesBf16(ta, shape_.head_dim, prefill, stream); break;
-      case CacheType::kInt8: detail::LaunchTilesInt8(ta, shape_.head_dim, prefill, stream); break;
-      case CacheType::kFp8E4M3: detail::LaunchTilesFp8(ta, shape_.head_dim, prefill, stream); break;
+      case CacheType::kBf16:
+        detail::LaunchTilesBf16(ta, shape_.head_dim, prefill, stream);
+        break;
+      case CacheType::kInt8:
+        detail::LaunchTilesInt8(ta, shape_.head_dim, prefill, stream);
+        break;
+      case CacheType::kFp8E4M3:
+        detail::LaunchTilesFp8(ta, shape_.head_dim, prefill, stream);
+        break;
     }
   };
   launch(reinterpret_cast<const C8WorkItem*>(ints + off_decode_), num_decode_, false);
   GPU_RETURN_IF_ERROR(cudaGetLastError());
   launch(reinterpret_cast<const C8WorkItem*>(ints + off_prefill_), num_prefill_, true);
   GPU_RETURN_IF_ERROR(cudaGetLastError());
-  detail::MergeArgs ma{args.out, reinterpret_cast<const C8MergeItem*>(ints + off_merge_),
-                       partial_o, partial_lse, num_merges_, shape_.num_q_heads,
+  detail::MergeArgs ma{args.out,           reinterpret_cast<const C8MergeItem*>(ints + off_merge_),
+                       partial_o,          partial_lse,
+                       num_merges_,        shape_.num_q_heads,
                        shape_.num_kv_heads};
   detail::LaunchMerge(ma, shape_.head_dim, stream);
   GPU_RETURN_IF_ERROR(cudaGetLastError());

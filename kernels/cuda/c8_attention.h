@@ -20,7 +20,7 @@ enum class ScaleMode {
   kNone,        // bf16 cache
   kPerHead,     // k_scale/v_scale: [num_kv_heads]
   kPerChannel,  // k_scale/v_scale: [num_kv_heads, head_dim]
-  kPerToken,    // dynamic: k_scale/v_scale: [num_blocks, num_kv_heads, block_size], written by append
+  kPerToken,  // dynamic: k_scale/v_scale: [num_blocks, num_kv_heads, block_size], written by append
 };
 
 struct C8Shape {
@@ -39,7 +39,7 @@ struct C8WorkItem {
   int32_t q_len;     // query tokens in the tile
   int32_t kv_start;  // KV range [kv_start, kv_end) of this chunk
   int32_t kv_end;
-  int32_t partial;   // -1: write the output directly; else index of this chunk's partial slot
+  int32_t partial;  // -1: write the output directly; else index of this chunk's partial slot
 };
 
 // Combines the partial results of one split query tile.
@@ -55,7 +55,7 @@ struct C8PlanConfig {
   int ctas_per_sm = 2;         // resident decode CTAs per SM (C8Attention::decode_ctas_per_sm())
   int min_chunk_tokens = 128;  // never split KV finer than this
   int max_splits = 64;
-  bool force_split = false;    // tests: split every tile into min_chunk_tokens chunks
+  bool force_split = false;  // tests: split every tile into min_chunk_tokens chunks
 };
 
 // Host-side plan for one step. Kernel work is grouped by tile kind: decode tiles pack up to 16
@@ -65,7 +65,7 @@ struct C8Plan {
   std::vector<C8WorkItem> decode_items;
   std::vector<C8WorkItem> prefill_items;
   std::vector<C8MergeItem> merges;
-  int num_partials = 0;      // partial slots, each [64 rows x head_dim] fp32 + lse per KV head
+  int num_partials = 0;  // partial slots, each [64 rows x head_dim] fp32 + lse per KV head
   int decode_tile_tokens = 0;
   int prefill_tile_tokens = 0;
 };
@@ -88,10 +88,10 @@ class C8Attention {
     const void* q = nullptr;      // bf16 [num_tokens, num_q_heads, head_dim]
     const void* k_new = nullptr;  // bf16 [num_tokens, num_kv_heads, head_dim]
     const void* v_new = nullptr;
-    void* out = nullptr;          // bf16 [num_tokens, num_q_heads, head_dim]
-    void* k_cache = nullptr;      // [num_blocks, num_kv_heads, block_size, head_dim] of cache type
+    void* out = nullptr;      // bf16 [num_tokens, num_q_heads, head_dim]
+    void* k_cache = nullptr;  // [num_blocks, num_kv_heads, block_size, head_dim] of cache type
     void* v_cache = nullptr;
-    float* k_scale = nullptr;     // see ScaleMode; written by append only for kPerToken
+    float* k_scale = nullptr;  // see ScaleMode; written by append only for kPerToken
     float* v_scale = nullptr;
     float softmax_scale = 1.0f;
   };
@@ -119,8 +119,8 @@ class C8Attention {
   void* h_pinned_ = nullptr;  // staging for the upload
   size_t h_pinned_cap_ = 0;
   // Offsets (in int32 elements) into d_ints_.
-  size_t off_q_indptr_ = 0, off_kv_lens_ = 0, off_page_indptr_ = 0, off_pages_ = 0,
-         off_slots_ = 0, off_decode_ = 0, off_prefill_ = 0, off_merge_ = 0;
+  size_t off_q_indptr_ = 0, off_kv_lens_ = 0, off_page_indptr_ = 0, off_pages_ = 0, off_slots_ = 0,
+         off_decode_ = 0, off_prefill_ = 0, off_merge_ = 0;
 };
 
 int CudaDeviceCount();

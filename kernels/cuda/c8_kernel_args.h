@@ -25,7 +25,7 @@ struct TileArgs {
   int num_q_heads;
   int num_kv_heads;
   int log2_block_size;
-  int scale_mode;  // ScaleMode
+  int scale_mode;    // ScaleMode
   float scale_log2;  // softmax_scale * log2(e)
 };
 

@@ -23,7 +23,8 @@ __global__ void MergeKernel(const MergeArgs a, int D) {
   for (int tok = 0; tok < item.q_len; ++tok) {
     const int r = tok * group + g;
     auto prow = [&](int p) {
-      return (static_cast<size_t>(item.first_partial + p) * a.num_kv_heads + kvh) * kPartialRows + r;
+      return (static_cast<size_t>(item.first_partial + p) * a.num_kv_heads + kvh) * kPartialRows +
+             r;
     };
     __syncthreads();  // weights of the previous token are no longer read
     for (int p = threadIdx.x; p < n; p += blockDim.x) weight[p] = a.partial_lse[prow(p)];
@@ -114,7 +115,8 @@ __global__ void AppendKernel(const AppendArgs a, int cache_type) {
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int d = lane * kPer + i;
-      const float s = a.scale_mode == static_cast<int>(ScaleMode::kPerChannel) ? scale[h * D + d] : s_head;
+      const float s =
+          a.scale_mode == static_cast<int>(ScaleMode::kPerChannel) ? scale[h * D + d] : s_head;
       if (cache_type == static_cast<int>(CacheType::kInt8)) {
         static_cast<int8_t*>(cache)[dst + d] = QuantInt8(x[i], s);
       } else {

@@ -31,15 +31,17 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
 
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
   const int src_bytes = valid ? 16 : 0;  // 0: zero-fill (rows past the end must not hold NaNs)
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)),
-               "l"(gmem), "r"(src_bytes));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)), "l"(gmem),
+               "r"(src_bytes));
 }
 __device__ __forceinline__ void CpAsync4(void* smem, const void* gmem, bool valid) {
   const int src_bytes = valid ? 4 : 0;
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(SmemAddr(smem)), "l"(gmem),
                "r"(src_bytes));
 }
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
 template <int N>
 __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
@@ -70,7 +72,6 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
 }
-
 
 // Cache-type traits. The bf16 cache feeds bf16 tensor cores directly. 8-bit caches stay 8-bit in
 // shared memory and are dequantized in registers right after ldmatrix (int8 by the 0x6400
@@ -118,7 +119,8 @@ __device__ __forceinline__ uint32_t Bytes2ToF16x2(uint32_t w, uint32_t sel_int8,
     return *reinterpret_cast<uint32_t*>(&v);
   } else {
     const uint32_t pair = __byte_perm(w, 0u, sel_fp8) & 0xffffu;
-    const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+    const __half2_raw r =
+        __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
     return *reinterpret_cast<const uint32_t*>(&r);
   }
 }
@@ -130,23 +132,31 @@ struct Frag {
   static constexpr int kNTiles = D / 8;
 
   __device__ static void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    if constexpr (kEight) Mma16816F16(c, a, b0, b1);
-    else Mma16816(c, a, b0, b1);
+    if constexpr (kEight)
+      Mma16816F16(c, a, b0, b1);
+    else
+      Mma16816(c, a, b0, b1);
   }
   __device__ static uint32_t Pack(float lo, float hi) {
-    if constexpr (kEight) return PackF16(lo, hi);
-    else return PackBf16(lo, hi);
+    if constexpr (kEight)
+      return PackF16(lo, hi);
+    else
+      return PackBf16(lo, hi);
   }
   // Physical d of the q element a thread loads for fragment register j (0..3), pair element e.
   __device__ static int QCol(int kk, int t, int j) {
-    if constexpr (kEight) return kk * 16 + 4 * t + ((j & 2) ? 2 : 0);
-    else return kk * 16 + 2 * t + ((j & 2) ? 8 : 0);
+    if constexpr (kEight)
+      return kk * 16 + 4 * t + ((j & 2) ? 2 : 0);
+    else
+      return kk * 16 + 2 * t + ((j & 2) ? 8 : 0);
   }
   // Row (0..15 within the warp) and physical d of accumulator element acc[n][e].
   __device__ static void AccCoord(int n, int e, int g, int t, int* row, int* d) {
     *row = g + 8 * (e >> 1);
-    if constexpr (kEight) *d = (n >> 1) * 16 + 4 * t + 2 * (e & 1) + (n & 1);
-    else *d = n * 8 + 2 * t + (e & 1);
+    if constexpr (kEight)
+      *d = (n >> 1) * 16 + 4 * t + 2 * (e & 1) + (n & 1);
+    else
+      *d = n * 8 + 2 * t + (e & 1);
   }
   // S[16 x 16 tokens starting at n0] += q . K^T
   // kOffsetK: int8 K may carry the +1152 offset (only when scores are not scaled per token).
@@ -163,7 +173,8 @@ struct Frag {
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt) {
-            const uint32_t w = std::is_same_v<C, Int8Cache> ? r[h * 2 + nt] ^ 0x80808080u : r[h * 2 + nt];
+            const uint32_t w =
+                std::is_same_v<C, Int8Cache> ? r[h * 2 + nt] ^ 0x80808080u : r[h * 2 + nt];
             Mma(s[nt], qa[2 * c + h], Bytes2ToF16x2<C, kOffsetK>(w, 0x4140, 0x0010),
                 Bytes2ToF16x2<C, kOffsetK>(w, 0x4342, 0x0032));
           }
@@ -173,15 +184,16 @@ struct Frag {
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t b[4];
-        LdMatrixX4(b, k_tile + (n0 + rr + (mi >= 2 ? 8 : 0)) * kRowBytes + (kk * 16 + (mi & 1) * 8) * 2);
+        LdMatrixX4(
+            b, k_tile + (n0 + rr + (mi >= 2 ? 8 : 0)) * kRowBytes + (kk * 16 + (mi & 1) * 8) * 2);
         Mma(s[0], qa[kk], b[0], b[1]);
         Mma(s[1], qa[kk], b[2], b[3]);
       }
     }
   }
   // acc += P[16 x 16 tokens starting at n0] . V
-  __device__ static void PV(float (*acc)[4], const uint32_t (&pa)[4], const uint8_t* v_tile,
-                            int n0, int lane) {
+  __device__ static void PV(float (*acc)[4], const uint32_t (&pa)[4], const uint8_t* v_tile, int n0,
+                            int lane) {
     const int mi = lane / 8, rr = lane % 8;
     if constexpr (kEight) {
 #pragma unroll
@@ -203,7 +215,8 @@ struct Frag {
 #pragma unroll
       for (int dd = 0; dd < D / 16; ++dd) {
         uint32_t b[4];
-        LdMatrixX4T(b, v_tile + (n0 + rr + (mi & 1) * 8) * kRowBytes + (dd * 16 + (mi >> 1) * 8) * 2);
+        LdMatrixX4T(b,
+                    v_tile + (n0 + rr + (mi & 1) * 8) * kRowBytes + (dd * 16 + (mi >> 1) * 8) * 2);
         Mma(acc[2 * dd], pa, b[0], b[1]);
         Mma(acc[2 * dd + 1], pa, b[2], b[3]);
       }
@@ -221,14 +234,13 @@ struct TileConfig {
   static constexpr int kTileBytes = kTile * kRowBytes;  // one of K or V, one stage
   static constexpr int kRawBytes = 2 * 2 * kTileBytes;  // 2 stages x (K, V)
   static constexpr int kScaleBytes = 2 * 2 * kTile * 4;
-  static constexpr int kMergeBytes = TOK_WARPS > 1 ? kWarps * (16 * D + 32) * 4 : 0;
+  static constexpr int kMergeBytes = TOK_WARPS > 1 ? kWarps*(16 * D + 32) * 4 : 0;
   static constexpr int kMainBytes = kRawBytes + kScaleBytes;
   static constexpr int kSmemBytes = kMainBytes > kMergeBytes ? kMainBytes : kMergeBytes;
 };
 
 template <typename C, int D, int ROW_WARPS, int TOK_WARPS>
-__global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32)
-    C8TileKernel(const TileArgs args) {
+__global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const TileArgs args) {
   using Cfg = TileConfig<C, D, ROW_WARPS, TOK_WARPS>;
   using F = Frag<C, D>;
   constexpr int kTile = Cfg::kTile;
@@ -243,7 +255,7 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32)
   const int g = lane / 4, t = lane % 4;
   const int group = args.num_q_heads / args.num_kv_heads;
 
-  uint8_t* raw = smem;  // [stage][K|V][kTile rows]
+  uint8_t* raw = smem;                                                 // [stage][K|V][kTile rows]
   float* tok_scale = reinterpret_cast<float*>(smem + Cfg::kRawBytes);  // [stage][K|V][kTile]
 
   const int seq = item.seq;
@@ -253,7 +265,8 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32)
   const int32_t* pages = args.pages + args.page_indptr[seq];
   const int lbs = args.log2_block_size;  // block sizes are powers of two: shifts, not divisions
   const int bs_mask = (1 << lbs) - 1;
-  // Element offset of (page, token offset) for this KV head: page * page_stride + head_base + off * D.
+  // Element offset of (page, token offset) for this KV head: page * page_stride + head_base + off *
+  // D.
   const size_t page_stride = static_cast<size_t>(args.num_kv_heads) << lbs;
 
   int row_pos[2];
@@ -318,7 +331,8 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32)
     for (int i = 0; i < kRowsPerThread; ++i) {
       const int j = base + my_row0 + i * kRowsStep;
       if (tile < num_tiles && j < item.kv_end) {
-        const size_t row = static_cast<size_t>(pages[j >> lbs]) * page_stride + head_base + (j & bs_mask);
+        const size_t row =
+            static_cast<size_t>(pages[j >> lbs]) * page_stride + head_base + (j & bs_mask);
         next_off[i] = static_cast<int64_t>((row * D + my_chunk * (16 / C::kBytes)) * C::kBytes);
       } else {
         next_off[i] = -1;
@@ -332,8 +346,10 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32)
       const bool valid = next_off[i] >= 0;
       const size_t off = valid ? static_cast<size_t>(next_off[i]) : 0;
       uint8_t* dst = raw + row * Cfg::kRowBytes + my_chunk * 16;
-      CpAsync16(dst + (stage * 2 + 0) * Cfg::kTileBytes, static_cast<const uint8_t*>(args.k_cache) + off, valid);
-      CpAsync16(dst + (stage * 2 + 1) * Cfg::kTileBytes, static_cast<const uint8_t*>(args.v_cache) + off, valid);
+      CpAsync16(dst + (stage * 2 + 0) * Cfg::kTileBytes,
+                static_cast<const uint8_t*>(args.k_cache) + off, valid);
+      CpAsync16(dst + (stage * 2 + 1) * Cfg::kTileBytes,
+                static_cast<const uint8_t*>(args.v_cache) + off, valid);
       if (per_token && my_chunk == 0) {
         // Scale index = row element index / D.
         const size_t sidx = valid ? off / C::kBytes / D : 0;
@@ -457,9 +473,9 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32)
       v *= args.v_scale[kvh * D + d];
     }
     if (item.partial < 0) {
-      static_cast<__nv_bfloat16*>(args.out)
-          [(static_cast<size_t>(item.q_start + tok) * args.num_q_heads + head) * D + d] =
-              __float2bfloat16_rn(v);
+      static_cast<__nv_bfloat16*>(
+          args.out)[(static_cast<size_t>(item.q_start + tok) * args.num_q_heads + head) * D + d] =
+          __float2bfloat16_rn(v);
     } else {
       const size_t prow =
           (static_cast<size_t>(item.partial) * args.num_kv_heads + kvh) * kPartialRows + r;

@@ -7,6 +7,8 @@ void LaunchTilesBf16(const TileArgs& a, int head_dim, bool prefill, void* stream
   LaunchTilesForCache<Bf16Cache>(a, head_dim, prefill, stream);
 }
 
-int DecodeCtasPerSmBf16(int head_dim) { return DecodeCtasPerSm<Bf16Cache>(head_dim); }
+int DecodeCtasPerSmBf16(int head_dim) {
+  return DecodeCtasPerSm<Bf16Cache>(head_dim);
+}
 
 }  // namespace llm::cuda::detail

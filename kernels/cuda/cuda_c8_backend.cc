@@ -19,10 +19,14 @@ CacheType ToCacheType(DType t) {
 
 ScaleMode ToScaleMode(KvQuant q) {
   switch (q) {
-    case KvQuant::kStaticPerHead: return ScaleMode::kPerHead;
-    case KvQuant::kStaticPerChannel: return ScaleMode::kPerChannel;
-    case KvQuant::kDynamicPerToken: return ScaleMode::kPerToken;
-    case KvQuant::kNone: break;
+    case KvQuant::kStaticPerHead:
+      return ScaleMode::kPerHead;
+    case KvQuant::kStaticPerChannel:
+      return ScaleMode::kPerChannel;
+    case KvQuant::kDynamicPerToken:
+      return ScaleMode::kPerToken;
+    case KvQuant::kNone:
+      break;
   }
   return ScaleMode::kNone;
 }

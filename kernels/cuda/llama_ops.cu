@@ -165,9 +165,8 @@ void LaunchAddRmsNorm(float* residual, const void* delta, const void* weight, co
                       int num_rows, int hidden, float eps, void* out, void* stream) {
   if (num_rows == 0) return;
   AddRmsNormKernel<<<num_rows, 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      residual, static_cast<const __nv_bfloat16*>(delta),
-      static_cast<const __nv_bfloat16*>(weight), rows, hidden, eps,
-      static_cast<__nv_bfloat16*>(out));
+      residual, static_cast<const __nv_bfloat16*>(delta), static_cast<const __nv_bfloat16*>(weight),
+      rows, hidden, eps, static_cast<__nv_bfloat16*>(out));
 }
 
 void LaunchBiasRope(const RopeArgs& a, void* stream) {
@@ -187,8 +186,8 @@ void LaunchArgmax(const float* logits, int rows, int vocab, int32_t* argmax, voi
 }
 
 void LaunchFillRandomBf16(void* p, int64_t n, float mean, float std, uint64_t seed, void* stream) {
-  FillKernel<<<1024, 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<__nv_bfloat16*>(p), n, mean, std, seed);
+  FillKernel<<<1024, 256, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<__nv_bfloat16*>(p), n,
+                                                                  mean, std, seed);
 }
 
 }  // namespace llm::cuda

@@ -17,13 +17,13 @@ void LaunchAddRmsNorm(float* residual, const void* delta, const void* weight, co
                       int num_rows, int hidden, float eps, void* out, void* stream);
 
 struct RopeArgs {
-  const void* qkv = nullptr;   // bf16 [T, (Hq + 2 Hkv) * D] from the fused projection
-  const void* bias = nullptr;  // bf16 [(Hq + 2 Hkv) * D] or null
+  const void* qkv = nullptr;           // bf16 [T, (Hq + 2 Hkv) * D] from the fused projection
+  const void* bias = nullptr;          // bf16 [(Hq + 2 Hkv) * D] or null
   const int32_t* positions = nullptr;  // [T]
   const float* inv_freq = nullptr;     // [D / 2], rope scaling already applied
-  void* q = nullptr;  // bf16 [T, Hq, D]
-  void* k = nullptr;  // bf16 [T, Hkv, D]
-  void* v = nullptr;  // bf16 [T, Hkv, D]
+  void* q = nullptr;                   // bf16 [T, Hq, D]
+  void* k = nullptr;                   // bf16 [T, Hkv, D]
+  void* v = nullptr;                   // bf16 [T, Hkv, D]
   int num_tokens = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
 };
 // Splits q/k/v, adds the bias, applies rotary ("rotate_half" pairs (i, i + D/2)) to q and k.

@@ -9,8 +9,9 @@
 
 int main(int argc, char** argv) {
   if (llm::cuda::CudaDeviceCount() == 0) {
-    std::printf("SKIPPED: no CUDA device present; GPU tests run on the GPU machine "
-                "(see README, 'GPU tests').\n");
+    std::printf(
+        "SKIPPED: no CUDA device present; GPU tests run on the GPU machine "
+        "(see README, 'GPU tests').\n");
     return 77;
   }
   return Catch::Session().run(argc, argv);

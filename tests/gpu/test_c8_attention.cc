@@ -42,7 +42,9 @@ std::string Name(const Case& c) {
          (c.force_split ? " split" : "");
 }
 
-float RoundBf16(float x) { return Bf16ToF32(F32ToBf16(x)); }
+float RoundBf16(float x) {
+  return Bf16ToF32(F32ToBf16(x));
+}
 
 // Host model of one cache element: quantize per the storage definition.
 uint8_t QuantByte(CacheType c, float x, float s) {
@@ -102,10 +104,14 @@ void RunCase(const Case& c, std::mt19937& rng) {
   }
   auto scale_of = [&](const std::vector<float>& sc, int block, int h, int off, int d) {
     switch (c.scale) {
-      case ScaleMode::kPerHead: return sc[h];
-      case ScaleMode::kPerChannel: return sc[h * D + d];
-      case ScaleMode::kPerToken: return sc[(static_cast<size_t>(block) * hkv + h) * bs + off];
-      case ScaleMode::kNone: break;
+      case ScaleMode::kPerHead:
+        return sc[h];
+      case ScaleMode::kPerChannel:
+        return sc[h * D + d];
+      case ScaleMode::kPerToken:
+        return sc[(static_cast<size_t>(block) * hkv + h) * bs + off];
+      case ScaleMode::kNone:
+        break;
     }
     return 1.f;
   };
@@ -214,9 +220,11 @@ void RunCase(const Case& c, std::mt19937& rng) {
   for (int t = 0; t < T; ++t) {
     const int slot = b.slot_mapping[t], block = slot / bs, off = slot % bs;
     for (int h = 0; h < hkv; ++h) {
-      for (int d = 0; d < D; ++d) row[d] = Bf16ToF32(k16[(static_cast<size_t>(t) * hkv + h) * D + d]);
+      for (int d = 0; d < D; ++d)
+        row[d] = Bf16ToF32(k16[(static_cast<size_t>(t) * hkv + h) * D + d]);
       write_elem(kc_expect, ks_expect, block, h, off, row.data());
-      for (int d = 0; d < D; ++d) row[d] = Bf16ToF32(v16[(static_cast<size_t>(t) * hkv + h) * D + d]);
+      for (int d = 0; d < D; ++d)
+        row[d] = Bf16ToF32(v16[(static_cast<size_t>(t) * hkv + h) * D + d]);
       write_elem(vc_expect, vs_expect, block, h, off, row.data());
     }
   }
@@ -235,8 +243,10 @@ void RunCase(const Case& c, std::mt19937& rng) {
         const size_t base = ((static_cast<size_t>(block) * hkv + h) * bs + off) * D;
         for (int d = 0; d < D; ++d) {
           if (eight) {
-            kf[base + d] = Dequant(c.cache, kc_expect[base + d], scale_of(ks_expect, block, h, off, d));
-            vf[base + d] = Dequant(c.cache, vc_expect[base + d], scale_of(vs_expect, block, h, off, d));
+            kf[base + d] =
+                Dequant(c.cache, kc_expect[base + d], scale_of(ks_expect, block, h, off, d));
+            vf[base + d] =
+                Dequant(c.cache, vc_expect[base + d], scale_of(vs_expect, block, h, off, d));
           } else {
             uint16_t kb, vb;
             std::memcpy(&kb, &kc_expect[(base + d) * 2], 2);
@@ -300,8 +310,8 @@ TEST_CASE("C8 attention matches the CPU reference", "[gpu][c8]") {
   std::mt19937 rng(std::random_device{}());
   const std::pair<int, int> heads[] = {{8, 8}, {16, 4}, {32, 4}};  // GQA ratios 1, 4, 8
   const std::pair<CacheType, ScaleMode> modes[] = {
-      {CacheType::kBf16, ScaleMode::kNone},        {CacheType::kInt8, ScaleMode::kPerHead},
-      {CacheType::kInt8, ScaleMode::kPerChannel},  {CacheType::kFp8E4M3, ScaleMode::kPerHead},
+      {CacheType::kBf16, ScaleMode::kNone},          {CacheType::kInt8, ScaleMode::kPerHead},
+      {CacheType::kInt8, ScaleMode::kPerChannel},    {CacheType::kFp8E4M3, ScaleMode::kPerHead},
       {CacheType::kFp8E4M3, ScaleMode::kPerChannel}, {CacheType::kFp8E4M3, ScaleMode::kPerToken}};
   for (auto [cache, scale] : modes) {
     for (auto [hq, hkv] : heads) {

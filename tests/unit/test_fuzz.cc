@@ -24,11 +24,16 @@ std::string RandomBytes(std::mt19937_64& rng, size_t max_len) {
 
 float RandomFloat(std::mt19937_64& rng) {
   switch (rng() % 6) {
-    case 0: return NAN;
-    case 1: return INFINITY;
-    case 2: return -1.0f;
-    case 3: return 0.0f;
-    default: return std::uniform_real_distribution<float>(-3.0f, 3.0f)(rng);
+    case 0:
+      return NAN;
+    case 1:
+      return INFINITY;
+    case 2:
+      return -1.0f;
+    case 3:
+      return 0.0f;
+    default:
+      return std::uniform_real_distribution<float>(-3.0f, 3.0f)(rng);
   }
 }
 
@@ -54,7 +59,8 @@ TEST_CASE("fuzz: request conversion and validation never crash and enforce limit
         auto* ids = req.mutable_token_ids();
         const int n = static_cast<int>(rng() % 300);
         for (int i = 0; i < n; ++i) ids->add_ids(static_cast<int32_t>(rng() % 500));
-        if (n > 0 && rng() % 5 == 0) ids->set_ids(rng() % n, rng() % 2 ? -1 - rng() % 9 : 500 + rng() % 9);
+        if (n > 0 && rng() % 5 == 0)
+          ids->set_ids(rng() % n, rng() % 2 ? -1 - rng() % 9 : 500 + rng() % 9);
       } else {
         req.set_text(RandomBytes(rng, 32));
       }

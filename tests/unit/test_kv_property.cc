@@ -65,7 +65,8 @@ void RunProperty(uint64_t seed, bool prefix_caching, int total_ops) {
       seq->prompt_ids = prefixes[rng() % prefixes.size()];
       const int extra = static_cast<int>(rng() % 10);
       for (int i = 0; i < extra; ++i) seq->prompt_ids.push_back(static_cast<int32_t>(rng() % 50));
-      max_len[seq->id] = static_cast<int>(seq->prompt_ids.size()) + 1 + static_cast<int>(rng() % 20);
+      max_len[seq->id] =
+          static_cast<int>(seq->prompt_ids.size()) + 1 + static_cast<int>(rng() % 20);
       live[seq->id] = seq.get();
       sched.Add(std::move(seq));
     } else if (r < 25 && !live.empty()) {
