@@ -5,12 +5,12 @@
 
 #include <cmath>
 #include <cstring>
-#include <numbers>
 
 #include <spdlog/spdlog.h>
 
 #include "engine/base/dtype.h"
 #include "engine/models/kv_cache_quant.h"
+#include "engine/models/rope.h"
 #include "kernels/backend_registry.h"
 #include "kernels/cuda/c8_attention.h"
 #include "kernels/cuda/cuda_c8_backend.h"
@@ -214,26 +214,8 @@ Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& option
     layers_.push_back(std::move(L));
   }
 
-  // Rotary frequencies with rope scaling, computed exactly as the CPU oracle does.
-  std::vector<float> inv(c.head_dim / 2);
-  const RopeScaling& rs = c.rope_scaling;
-  for (int i = 0; i < c.head_dim / 2; ++i) {
-    double f = 1.0 / std::pow(static_cast<double>(c.rope_theta), 2.0 * i / c.head_dim);
-    if (rs.type == RopeScaling::Type::kLinear) {
-      f /= rs.factor;
-    } else if (rs.type == RopeScaling::Type::kLlama3) {
-      const double old_len = rs.original_max_position_embeddings;
-      const double wavelen = 2.0 * std::numbers::pi / f;
-      if (wavelen > old_len / rs.low_freq_factor) {
-        f /= rs.factor;
-      } else if (wavelen >= old_len / rs.high_freq_factor) {
-        const double smooth =
-            (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
-        f = (1.0 - smooth) * f / rs.factor + smooth * f;
-      }
-    }
-    inv[i] = static_cast<float>(f);
-  }
+  // Rotary frequencies: the CPU oracle's own definition.
+  const std::vector<float> inv = RopeInvFreq(c);
   LLM_RETURN_IF_ERROR(inv_freq_.Alloc(inv.size() * 4));
   GPU_RETURN_IF_ERROR(
       cudaMemcpy(inv_freq_.ptr, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));

@@ -3,11 +3,11 @@
 #include <cblas.h>
 
 #include <cmath>
-#include <numbers>
 
 #include <spdlog/spdlog.h>
 
 #include "engine/models/kv_cache_quant.h"
+#include "engine/models/rope.h"
 #include "kernels/backend_registry.h"
 
 namespace llm {
@@ -137,30 +137,7 @@ Status LlamaModel::LoadWeights(const WeightStore& w) {
 }
 
 void LlamaModel::InitRope() {
-  const int half = config_.head_dim / 2;
-  inv_freq_.resize(half);
-  const RopeScaling& rs = config_.rope_scaling;
-  for (int i = 0; i < half; ++i) {
-    double f = 1.0 / std::pow(static_cast<double>(config_.rope_theta),
-                              static_cast<double>(2 * i) / config_.head_dim);
-    if (rs.type == RopeScaling::Type::kLinear) {
-      f /= rs.factor;
-    } else if (rs.type == RopeScaling::Type::kLlama3) {
-      // Llama 3.1: keep high frequencies, divide low ones by `factor`, interpolate between.
-      const double old_len = rs.original_max_position_embeddings;
-      const double low_wavelen = old_len / rs.low_freq_factor;
-      const double high_wavelen = old_len / rs.high_freq_factor;
-      const double wavelen = 2.0 * std::numbers::pi / f;
-      if (wavelen > low_wavelen) {
-        f /= rs.factor;
-      } else if (wavelen >= high_wavelen) {
-        const double smooth =
-            (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
-        f = (1.0 - smooth) * f / rs.factor + smooth * f;
-      }
-    }
-    inv_freq_[i] = static_cast<float>(f);
-  }
+  inv_freq_ = RopeInvFreq(config_);
 }
 
 // Rotates each head of x in the "rotate_half" layout: pairs (i, i + d/2).
