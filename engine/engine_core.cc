@@ -166,8 +166,12 @@ void EngineCore::Finish(RequestState& st, FinishReason reason, GenerationOutput 
   std::unique_ptr<Sequence> seq = scheduler_->Remove(st.seq_id);  // frees KV blocks
   out.finished = true;
   out.finish_reason = reason;
-  metrics_->e2e.Observe(Seconds(std::chrono::steady_clock::now() - st.request.arrival_time));
+  const double e2e = Seconds(std::chrono::steady_clock::now() - st.request.arrival_time);
+  metrics_->e2e.Observe(e2e);
   metrics_->CountOutcome(Outcome(out));
+  spdlog::info("[{}] finished: {} prompt={} completion={} cached={} e2e={:.3f}s",
+               st.request.request_id, Outcome(out), seq ? seq->prompt_ids.size() : 0,
+               seq ? seq->output_ids.size() : 0, seq ? seq->num_cached_tokens : 0, e2e);
   if (seq) {
     metrics_->prompt_tokens.Inc(static_cast<double>(seq->prompt_ids.size()));
     out.usage.prompt_tokens = static_cast<int>(seq->prompt_ids.size());
