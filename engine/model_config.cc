@@ -60,6 +60,28 @@ const char* ArchitectureName(Architecture a) {
   return "?";
 }
 
+Status ReadSpecialTokenIds(const std::string& model_dir, const json& j, ModelConfig* c) {
+  if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) {
+    c->bos_token_id = j["bos_token_id"].get<int32_t>();
+  }
+  if (j.contains("eos_token_id")) ReadIds(j["eos_token_id"], &c->eos_token_ids);
+  const fs::path gen = fs::path(model_dir) / "generation_config.json";
+  if (fs::exists(gen)) {
+    LLM_ASSIGN_OR_RETURN(json g, ReadJsonFile(gen));
+    if (g.contains("eos_token_id")) ReadIds(g["eos_token_id"], &c->eos_token_ids);
+    if (g.contains("bos_token_id") && g["bos_token_id"].is_number_integer()) {
+      c->bos_token_id = g["bos_token_id"].get<int32_t>();
+    }
+  }
+  for (int32_t id : c->eos_token_ids) {
+    if (id < 0 || id >= c->vocab_size) {
+      return InvalidArgument((fs::path(model_dir) / "config.json").string() + ": eos_token_id " +
+                             std::to_string(id) + " is outside the vocabulary");
+    }
+  }
+  return Status::Ok();
+}
+
 StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
   const fs::path dir(model_dir);
   const std::string file = (dir / "config.json").string();
@@ -146,25 +168,7 @@ StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
       return Unimplemented(file + ": unsupported rope_scaling type '" + type + "'");
     }
   }
-  if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) {
-    c.bos_token_id = j["bos_token_id"].get<int32_t>();
-  }
-  if (j.contains("eos_token_id")) ReadIds(j["eos_token_id"], &c.eos_token_ids);
-
-  const fs::path gen = dir / "generation_config.json";
-  if (fs::exists(gen)) {
-    LLM_ASSIGN_OR_RETURN(json g, ReadJsonFile(gen));
-    if (g.contains("eos_token_id")) ReadIds(g["eos_token_id"], &c.eos_token_ids);
-    if (g.contains("bos_token_id") && g["bos_token_id"].is_number_integer()) {
-      c.bos_token_id = g["bos_token_id"].get<int32_t>();
-    }
-  }
-  for (int32_t id : c.eos_token_ids) {
-    if (id < 0 || id >= c.vocab_size) {
-      return InvalidArgument(file + ": eos_token_id " + std::to_string(id) +
-                             " is outside the vocabulary");
-    }
-  }
+  LLM_RETURN_IF_ERROR(ReadSpecialTokenIds(model_dir, j, &c));
   return c;
 }
 

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "engine/base/dtype.h"
 #include "engine/base/status.h"
 
@@ -49,6 +51,11 @@ struct ModelConfig {
   int q_size() const { return num_q_heads * head_dim; }
   int kv_size() const { return num_kv_heads * head_dim; }
 };
+
+// bos/eos ids from config.json's object and generation_config.json (whose eos ids win); every eos
+// id must lie inside the vocabulary (c->vocab_size set first). Shared by the config loaders.
+Status ReadSpecialTokenIds(const std::string& model_dir, const nlohmann::json& config_json,
+                           ModelConfig* c);
 
 // Reads config.json and, when present, generation_config.json (whose eos ids win).
 // Unknown architectures and missing or inconsistent fields are errors that name them.

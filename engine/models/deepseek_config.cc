@@ -65,16 +65,6 @@ Status String(const json& j, const char* key, std::string* out, const std::strin
   return Status::Ok();
 }
 
-void ReadIds(const json& v, std::vector<int32_t>* out) {
-  out->clear();
-  if (v.is_number_integer()) out->push_back(v.get<int32_t>());
-  if (v.is_array()) {
-    for (const json& x : v) {
-      if (x.is_number_integer()) out->push_back(x.get<int32_t>());
-    }
-  }
-}
-
 // DeepSeek's yarn_find_correction_dim / yarn_find_correction_range.
 double CorrectionDim(double rotations, int dim, double base, int max_pos) {
   return dim * std::log(max_pos / (rotations * 2.0 * std::numbers::pi)) / (2.0 * std::log(base));
@@ -291,24 +281,7 @@ StatusOr<DeepseekConfig> LoadDeepseekConfig(const std::string& model_dir) {
   LLM_RETURN_IF_ERROR(Float(j, "mla_cache_scale", &d.mla_cache_scale, file));
   if (d.mla_cache_scale <= 0.0f) return InvalidArgument(file + ": mla_cache_scale must be > 0");
 
-  if (Present(j, "bos_token_id") && j["bos_token_id"].is_number_integer()) {
-    c.bos_token_id = j["bos_token_id"].get<int32_t>();
-  }
-  if (j.contains("eos_token_id")) ReadIds(j["eos_token_id"], &c.eos_token_ids);
-  const fs::path gen = dir / "generation_config.json";
-  if (fs::exists(gen)) {
-    LLM_ASSIGN_OR_RETURN(json g, ReadJson(gen));
-    if (g.contains("eos_token_id")) ReadIds(g["eos_token_id"], &c.eos_token_ids);
-    if (g.contains("bos_token_id") && g["bos_token_id"].is_number_integer()) {
-      c.bos_token_id = g["bos_token_id"].get<int32_t>();
-    }
-  }
-  for (int32_t id : c.eos_token_ids) {
-    if (id < 0 || id >= c.vocab_size) {
-      return InvalidArgument(file + ": eos_token_id " + std::to_string(id) +
-                             " is outside the vocabulary");
-    }
-  }
+  LLM_RETURN_IF_ERROR(ReadSpecialTokenIds(model_dir, j, &c));
   return d;
 }
 

@@ -1,5 +1,7 @@
 #include "engine/models/deepseek_model.h"
 
+#include "engine/models/cpu_ops.h"
+
 #include <cblas.h>
 
 #include <algorithm>
@@ -20,20 +22,9 @@ constexpr float kLatentNormEps = 1e-6f;
 
 // y[M, N] = x[M, K] @ w[N, K]^T.
 void Linear(const float* x, const float* w, int m, int n, int k, float* y) {
-  if (m == 0) return;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, 0.0f, y, n);
+  cpu::Linear(x, w, nullptr, m, n, k, y);
 }
-
-void RmsNorm(const float* x, const float* w, int rows, int dim, float eps, float* y) {
-  for (int r = 0; r < rows; ++r) {
-    const float* xr = x + static_cast<size_t>(r) * dim;
-    float* yr = y + static_cast<size_t>(r) * dim;
-    double ss = 0.0;
-    for (int i = 0; i < dim; ++i) ss += static_cast<double>(xr[i]) * xr[i];
-    const float inv = 1.0f / std::sqrt(static_cast<float>(ss / dim) + eps);
-    for (int i = 0; i < dim; ++i) yr[i] = xr[i] * inv * w[i];
-  }
-}
+using cpu::RmsNorm;
 
 StatusOr<DType> CacheDType(const DeepseekConfig& config, const ModelLoadOptions& options) {
   if (!options.kv_scales_file.empty()) {
@@ -195,12 +186,7 @@ void DeepseekModel::Mlp(const DeepseekMlp& m, const float* x, int rows, float* o
   const int H = config_.base.hidden_size, I = m.intermediate;
   std::vector<float> gu(static_cast<size_t>(rows) * 2 * I), act(static_cast<size_t>(rows) * I);
   Linear(x, m.w_gate_up.data(), rows, 2 * I, H, gu.data());
-  for (int r = 0; r < rows; ++r) {
-    const float* g = gu.data() + static_cast<size_t>(r) * 2 * I;
-    const float* u = g + I;
-    float* a = act.data() + static_cast<size_t>(r) * I;
-    for (int i = 0; i < I; ++i) a[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-  }
+  cpu::SiluMul(gu.data(), rows, I, act.data());
   Linear(act.data(), m.w_down.data(), rows, H, I, out);
 }
 
@@ -467,15 +453,9 @@ Status DeepseekModel::Forward(const ForwardBatch& batch, std::vector<float>* log
     for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
   }
 
-  const int rows = static_cast<int>(batch.logit_rows.size());
-  std::vector<float> last(static_cast<size_t>(rows) * Hd);
-  for (int r = 0; r < rows; ++r) {
-    RmsNorm(x.data() + static_cast<size_t>(batch.logit_rows[r]) * Hd, final_norm_.data(), 1, Hd,
-            c.rms_norm_eps, last.data() + static_cast<size_t>(r) * Hd);
-  }
-  logits->resize(static_cast<size_t>(rows) * c.vocab_size);
-  const std::vector<float>& head = c.tie_word_embeddings ? embed_ : lm_head_;
-  Linear(last.data(), head.data(), rows, c.vocab_size, Hd, logits->data());
+  cpu::FinalLogits(x.data(), batch.logit_rows, final_norm_.data(),
+                   (c.tie_word_embeddings ? embed_ : lm_head_).data(), Hd, c.vocab_size,
+                   c.rms_norm_eps, logits);
   return Status::Ok();
 }
 

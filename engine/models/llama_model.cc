@@ -6,34 +6,14 @@
 
 #include <spdlog/spdlog.h>
 
+#include "engine/models/cpu_ops.h"
 #include "engine/models/kv_cache_quant.h"
 #include "engine/models/rope.h"
 #include "kernels/backend_registry.h"
 
 namespace llm {
-namespace {
-
-// y[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]).
-void Linear(const float* x, const float* w, const float* bias, int m, int n, int k, float* y) {
-  if (bias != nullptr) {
-    for (int i = 0; i < m; ++i) std::copy(bias, bias + n, y + static_cast<size_t>(i) * n);
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k,
-              bias != nullptr ? 1.0f : 0.0f, y, n);
-}
-
-void RmsNorm(const float* x, const float* w, int rows, int dim, float eps, float* y) {
-  for (int r = 0; r < rows; ++r) {
-    const float* xr = x + static_cast<size_t>(r) * dim;
-    float* yr = y + static_cast<size_t>(r) * dim;
-    double ss = 0.0;
-    for (int i = 0; i < dim; ++i) ss += static_cast<double>(xr[i]) * xr[i];
-    const float inv = 1.0f / std::sqrt(static_cast<float>(ss / dim) + eps);
-    for (int i = 0; i < dim; ++i) yr[i] = xr[i] * inv * w[i];
-  }
-}
-
-}  // namespace
+using cpu::Linear;
+using cpu::RmsNorm;
 
 StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig& config,
                                                          const WeightStore& weights,
@@ -218,28 +198,15 @@ Status LlamaModel::Forward(const ForwardBatch& batch, std::vector<float>* logits
 
     RmsNorm(x.data(), L.mlp_norm.data(), T, H, c.rms_norm_eps, xn.data());
     Linear(xn.data(), L.w_gate_up.data(), nullptr, T, 2 * I, H, gu.data());
-    for (int t = 0; t < T; ++t) {
-      const float* g = gu.data() + static_cast<size_t>(t) * 2 * I;
-      const float* u = g + I;
-      float* a = act.data() + static_cast<size_t>(t) * I;
-      for (int i = 0; i < I; ++i) a[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-    }
+    cpu::SiluMul(gu.data(), T, I, act.data());
     Linear(act.data(), L.w_down.data(), nullptr, T, H, I, tmp.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
   }
 
   // Final norm and LM head only for the rows that sample.
-  const int R = static_cast<int>(batch.logit_rows.size());
-  std::vector<float> last(static_cast<size_t>(R) * H);
-  for (int r = 0; r < R; ++r) {
-    RmsNorm(x.data() + static_cast<size_t>(batch.logit_rows[r]) * H, final_norm_.data(), 1, H,
-            c.rms_norm_eps, last.data() + static_cast<size_t>(r) * H);
-  }
-  logits->resize(static_cast<size_t>(R) * c.vocab_size);
-  if (R > 0) {
-    const std::vector<float>& head = c.tie_word_embeddings ? embed_ : lm_head_;
-    Linear(last.data(), head.data(), nullptr, R, c.vocab_size, H, logits->data());
-  }
+  cpu::FinalLogits(x.data(), batch.logit_rows, final_norm_.data(),
+                   (c.tie_word_embeddings ? embed_ : lm_head_).data(), H, c.vocab_size,
+                   c.rms_norm_eps, logits);
   return Status::Ok();
 }
 

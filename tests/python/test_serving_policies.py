@@ -91,7 +91,11 @@ def main():
         streams = [stub.Generate(long_request("hold-0"), timeout=120)]
         next(iter(streams[0]))
         streams += [stub.Generate(long_request(f"hold-{i}"), timeout=120) for i in (1, 2)]
-        time.sleep(1.0)  # both submitted and waiting behind hold-0
+        deadline = time.monotonic() + 30  # both submitted and waiting behind hold-0
+        while metrics(ports["metrics"]).get("llm_num_requests_waiting") != 2:
+            if time.monotonic() > deadline:
+                fail("the two queued requests never showed as waiting")
+            time.sleep(0.05)
         try:
             list(stub.Generate(long_request("overflow"), timeout=30))
             fail("a request past max_queued_requests was accepted")
