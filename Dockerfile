@@ -17,9 +17,9 @@ COPY scripts/install_runtime_deps.sh /tmp/
 RUN /tmp/install_runtime_deps.sh && rm /tmp/install_runtime_deps.sh \
     && useradd --system --uid 10001 --create-home llm
 COPY --from=build /opt/llm /opt/llm
-# CUDA runtime libraries the server links (cudart, cuBLAS) come from the build stage's toolkit.
-COPY --from=build /usr/local/cuda/lib64/ /usr/local/cuda/lib64/
-ENV LD_LIBRARY_PATH=/usr/local/cuda/lib64 PATH=/opt/llm/bin:$PATH
+# /opt/llm/lib holds the CUDA runtime libraries the server links (cudart, cuBLAS), copied by the
+# build stage; the driver comes from the host (docker run --gpus).
+ENV LD_LIBRARY_PATH=/opt/llm/lib PATH=/opt/llm/bin:$PATH
 USER llm
 EXPOSE 50051 9400
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \

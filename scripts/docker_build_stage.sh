@@ -18,4 +18,10 @@ mkdir -p "$prefix/bin" "$prefix/models" "$prefix/configs"
 cp "$bin/server/llm-server" "$bin/tools/llm-healthcheck" "$bin/tools/make_tiny_model" "$prefix/bin/"
 "$bin/tools/make_tiny_model" "$prefix/models/tiny-llama" >/dev/null
 cp configs/server.json "$prefix/configs/"
+# The CUDA runtime libraries the server links (cudart, cuBLAS/cuBLASLt), not the whole toolkit;
+# the driver (libcuda) comes from the host through the NVIDIA container runtime.
+mkdir -p "$prefix/lib"
+ldd "$bin/server/llm-server" | awk '/libcudart|libcublas/ {print $3}' | while read -r lib; do
+  cp -L "$lib" "$prefix/lib/"
+done
 echo "docker_build_stage: installed into $prefix"
