@@ -23,7 +23,12 @@ class ReleasingSink final : public ResultSink {
 
 }  // namespace
 
-Engine::Engine(std::unique_ptr<EngineCore> core) : core_(std::move(core)) {}
+Engine::Engine(std::unique_ptr<EngineCore> core) : core_(std::move(core)) {
+  core_->set_dequeue_observer([this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    --queued_;
+  });
+}
 
 Engine::~Engine() {
   Stop();
@@ -51,10 +56,9 @@ Status Engine::Submit(GenerationRequest request, std::shared_ptr<ResultSink> sin
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return Unavailable("server is shutting down");
-    // Admission control: requests accepted but not running yet form the queue.
-    const int queued = static_cast<int>(active_ids_.size()) - stats_.num_running;
-    if (queued >= core_->config().max_queued_requests) {
-      return ResourceExhausted("server queue is full (" + std::to_string(queued) +
+    // Admission control: requests accepted but never scheduled yet form the queue.
+    if (queued_ >= core_->config().max_queued_requests) {
+      return ResourceExhausted("server queue is full (" + std::to_string(queued_) +
                                " waiting requests); retry later");
     }
     if (request.request_id.empty()) {
@@ -68,6 +72,7 @@ Status Engine::Submit(GenerationRequest request, std::shared_ptr<ResultSink> sin
     const std::string id = request.request_id;
     auto wrapped = std::make_shared<ReleasingSink>(std::move(sink), [this, id] { Release(id); });
     inbox_.push_back(AddCmd{std::move(request), std::move(wrapped)});
+    ++queued_;
   }
   cv_.notify_one();
   return Status::Ok();

@@ -66,6 +66,7 @@ class Engine {
   std::condition_variable cv_;
   std::deque<Command> inbox_;
   std::set<std::string> active_ids_;  // ids submitted and not yet finished
+  int queued_ = 0;  // submitted and never scheduled yet (admission control); guarded by mu_
   bool stop_ = false;
   uint64_t next_auto_id_ = 0;
   EngineStats stats_;

@@ -163,6 +163,7 @@ void EngineCore::Add(GenerationRequest request, std::shared_ptr<ResultSink> sink
 }
 
 void EngineCore::Finish(RequestState& st, FinishReason reason, GenerationOutput out) {
+  if (!st.scheduled && dequeue_observer_) dequeue_observer_();    // ended while still queued
   std::unique_ptr<Sequence> seq = scheduler_->Remove(st.seq_id);  // frees KV blocks
   out.finished = true;
   out.finish_reason = reason;
@@ -330,6 +331,7 @@ StepRecord EngineCore::StepInner() {
     RequestState& rs = requests_.at(seq_to_request_.at(seq.id));
     if (!rs.scheduled) {
       rs.scheduled = true;
+      if (dequeue_observer_) dequeue_observer_();
       metrics_->queue_time.Observe(
           Seconds(std::chrono::steady_clock::now() - rs.request.arrival_time));
     }

@@ -61,6 +61,8 @@ class EngineCore {
   // Test hook: sees each sampled sequence's logits before sampling.
   using LogitsObserver = std::function<void(const std::string& request_id, std::span<const float>)>;
   void set_logits_observer(LogitsObserver f) { logits_observer_ = std::move(f); }
+  // Called once per request when it leaves the queue: first scheduled, or ended before that.
+  void set_dequeue_observer(std::function<void()> f) { dequeue_observer_ = std::move(f); }
 
   const ModelConfig& model_config() const { return model_->config(); }
   const Model& model() const { return *model_; }
@@ -102,6 +104,7 @@ class EngineCore {
   std::map<std::string, RequestState> requests_;  // by request id
   std::map<int64_t, std::string> seq_to_request_;
   LogitsObserver logits_observer_;
+  std::function<void()> dequeue_observer_;
   std::shared_ptr<EngineMetrics> metrics_ = std::make_shared<EngineMetrics>();
   std::vector<float> logits_scratch_;
   PrefixCacheStats last_prefix_stats_;
