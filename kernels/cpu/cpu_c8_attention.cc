@@ -1,5 +1,7 @@
 #include "kernels/cpu/cpu_c8_attention.h"
 
+#include "kernels/cpu/cpu_attention_math.h"
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -156,28 +158,15 @@ void CpuPagedAttentionQuant(const QuantKvCacheView& c, const AttentionBatch& bat
         const int pos = kv_len - (q_end - t);  // causal: attend to [0, pos]
         for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
           const float* qv = q + (static_cast<size_t>(t) * s.num_q_heads + h) * d;
-          float max_score = -INFINITY;
           for (int j = 0; j <= pos; ++j) {
             const float* kr = kf.data() + static_cast<size_t>(j) * d;
             float dot = 0.0f;
             for (int i = 0; i < d; ++i) dot += qv[i] * kr[i];
             scores[j] = dot * softmax_scale;
-            max_score = std::max(max_score, scores[j]);
           }
-          float sum = 0.0f;
-          for (int j = 0; j <= pos; ++j) {
-            scores[j] = std::exp(scores[j] - max_score);
-            sum += scores[j];
-          }
-          std::fill(acc.begin(), acc.end(), 0.0f);
-          for (int j = 0; j <= pos; ++j) {
-            const float* vr = vf.data() + static_cast<size_t>(j) * d;
-            const float p = scores[j];
-            for (int i = 0; i < d; ++i) acc[i] += p * vr[i];
-          }
-          float* o = out + (static_cast<size_t>(t) * s.num_q_heads + h) * d;
-          const float inv = 1.0f / sum;
-          for (int i = 0; i < d; ++i) o[i] = acc[i] * inv;
+          SoftmaxWeightedSum(
+              scores.data(), pos + 1, [&](int j) { return vf.data() + static_cast<size_t>(j) * d; },
+              d, acc.data(), out + (static_cast<size_t>(t) * s.num_q_heads + h) * d);
         }
       }
     }

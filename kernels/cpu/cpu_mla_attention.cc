@@ -1,5 +1,7 @@
 #include "kernels/cpu/cpu_mla_attention.h"
 
+#include "kernels/cpu/cpu_attention_math.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -71,30 +73,19 @@ void CpuMlaDecode(const MlaDecodeParams& p, const AttentionBatch& batch,
       for (int h = 0; h < H; ++h) {
         const float* ql = p.q_latent + (static_cast<size_t>(t) * H + h) * C;
         const float* qp = p.q_pe + (static_cast<size_t>(t) * H + h) * R;
-        float max_score = -INFINITY;
         for (int j = 0; j <= pos; ++j) {
           const float* c = latents.data() + static_cast<size_t>(j) * L;
           float dot = 0.0f;
           for (int i = 0; i < C; ++i) dot += ql[i] * c[i];
           for (int i = 0; i < R; ++i) dot += qp[i] * c[C + i];
           scores[j] = dot * p.softmax_scale;
-          max_score = std::max(max_score, scores[j]);
         }
-        float sum = 0.0f;
-        for (int j = 0; j <= pos; ++j) {
-          scores[j] = std::exp(scores[j] - max_score);
-          sum += scores[j];
-        }
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int j = 0; j <= pos; ++j) {
-          const float* c = latents.data() + static_cast<size_t>(j) * L;
-          const float w = scores[j];
-          for (int i = 0; i < C; ++i) acc[i] += w * c[i];
-        }
-        float* o = p.out_latent + (static_cast<size_t>(t) * H + h) * C;
-        const float inv = 1.0f / sum;
-        for (int i = 0; i < C; ++i) o[i] = acc[i] * inv;
-        if (p.lse != nullptr) p.lse[static_cast<size_t>(t) * H + h] = max_score + std::log(sum);
+        // PV reads the latent part (the first C values) of the same cached rows.
+        const float lse = SoftmaxWeightedSum(
+            scores.data(), pos + 1,
+            [&](int j) { return latents.data() + static_cast<size_t>(j) * L; }, C, acc.data(),
+            p.out_latent + (static_cast<size_t>(t) * H + h) * C);
+        if (p.lse != nullptr) p.lse[static_cast<size_t>(t) * H + h] = lse;
       }
     }
   }

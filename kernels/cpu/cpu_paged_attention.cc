@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/backend_registry.h"
+#include "kernels/cpu/cpu_attention_math.h"
 
 namespace llm {
 
@@ -42,36 +43,21 @@ void CpuPagedAttention(const PagedAttentionShape& s, const AttentionBatch& batch
       for (int h = 0; h < s.num_q_heads; ++h) {
         const int kvh = h / group;
         const float* qv = q + (static_cast<size_t>(t) * s.num_q_heads + h) * d;
-        float max_score = -INFINITY;
+        auto row = [&](int j) {
+          return ((static_cast<size_t>(pages[j / s.block_size]) * s.num_kv_heads + kvh) *
+                      s.block_size +
+                  j % s.block_size) *
+                 d;
+        };
         for (int j = 0; j <= pos; ++j) {
-          const size_t row =
-              ((static_cast<size_t>(pages[j / s.block_size]) * s.num_kv_heads + kvh) *
-                   s.block_size +
-               j % s.block_size) *
-              d;
+          const float* kr = k_cache + row(j);
           float dot = 0.0f;
-          for (int i = 0; i < d; ++i) dot += qv[i] * k_cache[row + i];
+          for (int i = 0; i < d; ++i) dot += qv[i] * kr[i];
           scores[j] = dot * softmax_scale;
-          max_score = std::max(max_score, scores[j]);
         }
-        float sum = 0.0f;
-        for (int j = 0; j <= pos; ++j) {
-          scores[j] = std::exp(scores[j] - max_score);
-          sum += scores[j];
-        }
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int j = 0; j <= pos; ++j) {
-          const size_t row =
-              ((static_cast<size_t>(pages[j / s.block_size]) * s.num_kv_heads + kvh) *
-                   s.block_size +
-               j % s.block_size) *
-              d;
-          const float p = scores[j];
-          for (int i = 0; i < d; ++i) acc[i] += p * v_cache[row + i];
-        }
-        float* o = out + (static_cast<size_t>(t) * s.num_q_heads + h) * d;
-        const float inv = 1.0f / sum;
-        for (int i = 0; i < d; ++i) o[i] = acc[i] * inv;
+        SoftmaxWeightedSum(
+            scores.data(), pos + 1, [&](int j) { return v_cache + row(j); }, d, acc.data(),
+            out + (static_cast<size_t>(t) * s.num_q_heads + h) * d);
       }
     }
   }
