@@ -1,18 +1,11 @@
 #!/usr/bin/env bash
-# Installs, builds and runs every test: the CPU build, the ASan+UBSan build, the format check, the
-# CUDA build (sm_90a) with its GPU tests (skipped with a message where no GPU is present), and the
-# Docker build stage (installed-server health probe).
+# Installs, builds and runs every test: the CUDA build (sm_90a) with its GPU tests (skipped with a
+# message where no GPU is present), the HIP build of the portable kernels (compile only), the
+# Docker build stage (installed-server health probe), the format check, the ASan+UBSan build and
+# its tests, and last the CPU build's full test suite, whose summary ends the log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh cpu
-ctest --preset cpu -j 2
-if [ "${LLM_SKIP_ASAN:-0}" != "1" ]; then
-  cmake --preset asan >/dev/null
-  cmake --build --preset asan -j "$(nproc)"
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --preset asan -j 2
-fi
-scripts/check_format.sh
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   # CUDA backend for sm_90a; GPU tests report "skipped" where no GPU is present.
   export PATH="/usr/local/cuda/bin:$PATH"
@@ -26,4 +19,14 @@ fi
 if [ "${LLM_SKIP_DOCKER_STAGE:-0}" != "1" ]; then
   LLM_DOCKER_PRESET=cuda scripts/docker_smoke.sh
 fi
+scripts/check_format.sh
+if [ "${LLM_SKIP_ASAN:-0}" != "1" ]; then
+  cmake --preset asan >/dev/null
+  cmake --build --preset asan -j "$(nproc)"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --preset asan -j 2
+fi
+# The CPU suite runs last so that its summary (every unit, Python and end-to-end test) closes
+# the log.
+ctest --preset cpu -j 2
 echo "ALL TESTS PASSED"
