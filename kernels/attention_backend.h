@@ -100,6 +100,10 @@ struct AttentionParams {
   void* out = nullptr;          // [num_tokens, num_q_heads, head_dim]
   KvCacheLayer cache;
   float softmax_scale = 1.0f;
+  // Causal sliding window of this layer (Mistral, Qwen2): a query at position p sees cache
+  // positions [p - window_left, p]; -1 = the whole prefix. Layers of one model may differ (Qwen2's
+  // max_window_layers). Only backends listing kFeatureSlidingWindow get a non-negative value.
+  int window_left = -1;
 };
 
 class AttentionBackend {

@@ -1,0 +1,1 @@
+# Filled in by the MLA decode kernel work (issue 6).
