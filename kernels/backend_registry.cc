@@ -1,7 +1,10 @@
 #include "kernels/backend_registry.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <sstream>
+
+#include "engine/base/check.h"
 
 namespace llm {
 
@@ -49,13 +52,77 @@ std::string FeatureNames(uint32_t f) {
   return s.empty() ? "none" : s;
 }
 
+std::string ArchName(DeviceKind device, int arch) {
+  char buf[32];
+  if (device == DeviceKind::kHip) {
+    std::snprintf(buf, sizeof(buf), "gfx%x", arch);
+  } else if (device == DeviceKind::kCuda) {
+    std::snprintf(buf, sizeof(buf), "sm_%d", arch);
+  } else {
+    return "cpu";
+  }
+  return buf;
+}
+
+bool ArchRuns(DeviceKind device, const std::string& built, int arch) {
+  if (device == DeviceKind::kHip) return built == ArchName(device, arch);
+  if (built.empty()) return false;
+  const bool specific = built.back() == 'a' || built.back() == 'f';  // sm_90a: no forward PTX
+  int n = 0;
+  for (char ch : built) {
+    if (ch < '0' || ch > '9') break;
+    n = n * 10 + (ch - '0');
+  }
+  // Plain archs embed PTX that the driver compiles for newer GPUs (CMake's default code=[sm,
+  // compute]); arch-specific ones ("90a") run only on that exact GPU.
+  return specific ? n == arch : arch >= n;
+}
+
+std::vector<std::string> SplitArchList(const std::string& list) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char ch : list + ";") {
+    if (ch == ';' || ch == ',' || ch == ' ') {
+      // CMake allows "90-real" / "90-virtual"; the number and suffix letter are what matter.
+      const size_t dash = cur.find('-');
+      if (dash != std::string::npos) cur.resize(dash);
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += ch;
+    }
+  }
+  return out;
+}
+
 BackendRegistry& BackendRegistry::Global() {
-  static BackendRegistry* r = new BackendRegistry();  // never destroyed: used by static registrars
+  // Never destroyed: static registrars in other translation units use it.
+  static BackendRegistry* r = new BackendRegistry(KernelCatalog());
   return *r;
 }
 
 void BackendRegistry::Register(BackendInfo info) {
+  for (BackendInfo& b : backends_) {
+    if (b.name == info.name) {
+      LLM_CHECK(!b.create) << "attention backend '" << info.name << "' registered twice";
+      b.create = std::move(info.create);
+      return;
+    }
+  }
   backends_.push_back(std::move(info));
+}
+
+BackendRegistrar::BackendRegistrar(
+    std::string name,
+    std::function<std::unique_ptr<AttentionBackend>(const AttentionSpec&)> create) {
+  auto& reg = BackendRegistry::Global();
+  bool known = false;
+  for (const BackendInfo& b : reg.backends()) known |= b.name == name;
+  LLM_CHECK(known) << "attention backend '" << name << "' is not in KernelCatalog()";
+  BackendInfo info;
+  info.name = std::move(name);
+  info.create = std::move(create);
+  reg.Register(std::move(info));
 }
 
 namespace {
@@ -64,10 +131,14 @@ namespace {
 std::string Mismatch(const BackendInfo& b, const AttentionSpec& s) {
   if (b.device != s.device) return std::string("device is ") + DeviceKindName(b.device);
   if (s.device_arch < b.min_arch || s.device_arch > b.max_arch) {
-    return "arch " + std::to_string(s.device_arch) + " outside [" + std::to_string(b.min_arch) +
-           ", " + std::to_string(b.max_arch) + "]";
+    return "arch " + ArchName(s.device, s.device_arch) + " outside [" +
+           ArchName(b.device, b.min_arch) + ", " +
+           (b.max_arch == (1 << 30) ? std::string("newest") : ArchName(b.device, b.max_arch)) + "]";
   }
   if (b.kind != s.kind) return std::string("kind is ") + AttentionKindName(b.kind);
+  if (b.kind == AttentionKind::kMla && b.mla_rope_dim != 0 && b.mla_rope_dim != s.mla_rope_dim) {
+    return "no mla rope dim " + std::to_string(s.mla_rope_dim);
+  }
   if (std::find(b.kv_dtypes.begin(), b.kv_dtypes.end(), s.kv_dtype) == b.kv_dtypes.end()) {
     return std::string("no kv dtype ") + DTypeName(s.kv_dtype);
   }
@@ -84,6 +155,17 @@ std::string Mismatch(const BackendInfo& b, const AttentionSpec& s) {
   }
   const uint32_t missing = s.features & ~b.features;
   if (missing) return "missing features " + FeatureNames(missing);
+  if (!b.archs.empty()) {
+    bool runs = false;
+    std::string built;
+    for (const std::string& a : b.archs) {
+      runs |= ArchRuns(s.device, a, s.device_arch);
+      built += (built.empty() ? "" : ",") + a;
+    }
+    if (!runs)
+      return "not compiled for " + ArchName(s.device, s.device_arch) + " (built: " + built + ")";
+  }
+  if (!b.create) return "not built into this binary (" + b.build_hint + ")";
   return "";
 }
 
@@ -99,9 +181,18 @@ Selection BackendRegistry::Select(const AttentionSpec& spec, const std::string& 
     if (row.fits && (sel.info == nullptr || b.priority > sel.info->priority)) sel.info = &b;
     sel.rows.push_back(row);
   }
+  int fitting = 0;
+  for (const SelectionRow& row : sel.rows) fitting += row.fits;
   for (SelectionRow& row : sel.rows) {
-    if (row.fits)
-      row.reason = (sel.info && row.name == sel.info->name) ? "SELECTED" : "fits, lower priority";
+    if (!row.fits) continue;
+    if (sel.info && row.name == sel.info->name) {
+      row.reason = !force.empty() ? "SELECTED (forced by attention_backend)"
+                   : fitting == 1
+                       ? "SELECTED (the only one that fits)"
+                       : "SELECTED (highest priority of " + std::to_string(fitting) + " that fit)";
+    } else {
+      row.reason = "fits, lower priority";
+    }
   }
   return sel;
 }
@@ -109,7 +200,7 @@ Selection BackendRegistry::Select(const AttentionSpec& spec, const std::string& 
 std::string Selection::Table(const AttentionSpec& s) const {
   std::ostringstream os;
   os << "attention backend selection for device=" << DeviceKindName(s.device)
-     << " arch=" << s.device_arch << " kind=" << AttentionKindName(s.kind)
+     << " arch=" << ArchName(s.device, s.device_arch) << " kind=" << AttentionKindName(s.kind)
      << " kv_dtype=" << DTypeName(s.kv_dtype) << " kv_quant=" << KvQuantName(s.kv_quant)
      << " heads=" << s.num_q_heads << "/" << s.num_kv_heads << " head_dim=" << s.head_dim
      << " block=" << s.block_size << " features=" << FeatureNames(s.features) << "\n";

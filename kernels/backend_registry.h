@@ -1,6 +1,9 @@
-// Registry of attention backends. Each implementation registers what it supports; selection runs
-// once at model load, logs a table of every candidate and why it was or was not chosen, and fails
-// before anything is allocated when nothing fits.
+// Registry of attention backends. The capabilities of every kernel family live in one table,
+// KernelCatalog() (kernels/kernel_catalog.cc), present in every build, so the selection rules are
+// the same (and tested as a table) whether or not a family is compiled in; each implementation
+// attaches its factory by name. Selection runs once at model load, logs a table of every
+// candidate and why it was or was not chosen, and fails before anything is allocated when nothing
+// fits, naming what is missing (including "not built into this binary").
 #pragma once
 
 #include <functional>
@@ -23,8 +26,24 @@ struct BackendInfo {
   int min_block_size = 1;                             // block sizes must be multiples of this
   uint32_t features = 0;                              // features implemented
   int priority = 0;                                   // higher wins when several fit
+  int mla_rope_dim = 0;                               // kMla: required rope width (0: any)
+  // GPU code objects in this binary: "90a" runs on exactly sm_90, "80" on sm_80 and newer (PTX),
+  // "gfx90a" on exactly gfx90a. Empty: no restriction beyond [min_arch, max_arch].
+  std::vector<std::string> archs;
+  std::string build_hint;  // how to build a binary that has it, for "not built" reasons
+  // Null when the family is described by the catalog but not compiled into this binary.
   std::function<std::unique_ptr<AttentionBackend>(const AttentionSpec&)> create;
 };
+
+// Device arch numbers: CUDA sm_XY is 10 * X + Y (90 for sm_90); AMD gfx9ab is 0x9ab (0x90a).
+std::string ArchName(DeviceKind device, int arch);
+// Whether a code object built for `built` (e.g. "90a", "80", "gfx90a") runs on `arch`.
+bool ArchRuns(DeviceKind device, const std::string& built, int arch);
+// Parses a ';'-separated arch list (CMAKE_CUDA_ARCHITECTURES style).
+std::vector<std::string> SplitArchList(const std::string& list);
+
+// Every kernel family's capabilities and preference (priority), factories unset.
+std::vector<BackendInfo> KernelCatalog();
 
 struct SelectionRow {
   std::string name;
@@ -41,7 +60,12 @@ struct Selection {
 
 class BackendRegistry {
  public:
+  // The catalog plus every factory this binary's implementations attached.
   static BackendRegistry& Global();
+  BackendRegistry() = default;
+  explicit BackendRegistry(std::vector<BackendInfo> catalog) : backends_(std::move(catalog)) {}
+  // A name already described (the catalog) only gets the factory: the catalog's capabilities are
+  // the rules. A new name is added as given (tests, out-of-tree backends).
   void Register(BackendInfo info);
   const std::vector<BackendInfo>& backends() const { return backends_; }
 
@@ -56,11 +80,14 @@ class BackendRegistry {
   std::vector<BackendInfo> backends_;
 };
 
-// Static registration: `static BackendRegistrar reg(BackendInfo{...});` in the backend's file.
+// Static registration in the backend's file: `const BackendRegistrar reg("cuda_c8", factory);`
+// for a catalog family, or with a whole BackendInfo for one the catalog does not describe.
 struct BackendRegistrar {
   explicit BackendRegistrar(BackendInfo info) {
     BackendRegistry::Global().Register(std::move(info));
   }
+  BackendRegistrar(std::string name,
+                   std::function<std::unique_ptr<AttentionBackend>(const AttentionSpec&)> create);
 };
 
 }  // namespace llm
