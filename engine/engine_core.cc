@@ -62,7 +62,6 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& con
   // A sequence must fit in the whole KV pool, or it could never be scheduled.
   int len = config.max_model_len > 0 ? config.max_model_len : mc.max_position_embeddings;
   len = std::min(len, mc.max_position_embeddings);
-  if (mc.sliding_window) len = std::min(len, *mc.sliding_window);  // windowed attention: issue 7
   len = std::min(len, num_blocks * sc.block_size);
   core->max_model_len_ = len;
   return core;

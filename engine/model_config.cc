@@ -42,6 +42,55 @@ void ReadIds(const json& v, std::vector<int32_t>* out) {
   }
 }
 
+// Sliding window as Hugging Face applies it. Mistral: every layer when sliding_window is
+// non-null. Qwen2: only with use_sliding_window, and then the layers named "sliding_attention" in
+// layer_types or, without that list, layers l >= max_window_layers (default 28, as in
+// Qwen2Config; Mistral ignores layer_types, as HF does). Llama has no sliding window.
+Status ReadSlidingWindow(const json& j, const std::string& file, ModelConfig* c) {
+  if (c->architecture != Architecture::kMistral && c->architecture != Architecture::kQwen2) {
+    return Status::Ok();
+  }
+  if (c->architecture == Architecture::kQwen2 &&
+      !(j.contains("use_sliding_window") && j["use_sliding_window"] == true)) {
+    return Status::Ok();
+  }
+  // An explicit null disables the window; an absent key means the HF config default, 4096.
+  if (j.contains("sliding_window") && j["sliding_window"].is_null()) return Status::Ok();
+  int window = 4096;
+  LLM_RETURN_IF_ERROR(ReadInt(j, "sliding_window", &window, false, file));
+  c->sliding_window = window;
+  if (c->architecture != Architecture::kQwen2) return Status::Ok();
+
+  c->window_layers.assign(c->num_layers, false);
+  if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+    const json& types = j["layer_types"];
+    if (!types.is_array() || static_cast<int>(types.size()) != c->num_layers) {
+      return InvalidArgument(file + ": 'layer_types' must list one type per layer (" +
+                             std::to_string(c->num_layers) + ")");
+    }
+    for (int l = 0; l < c->num_layers; ++l) {
+      const json& t = types[l];
+      if (t == "sliding_attention") {
+        c->window_layers[l] = true;
+      } else if (t != "full_attention") {
+        return InvalidArgument(file + ": 'layer_types'[" + std::to_string(l) + "] is " + t.dump() +
+                               "; expected \"full_attention\" or \"sliding_attention\"");
+      }
+    }
+    return Status::Ok();
+  }
+  int max_window_layers = 28;
+  if (j.contains("max_window_layers") && !j["max_window_layers"].is_null()) {
+    const json& m = j["max_window_layers"];
+    if (!m.is_number_integer() || m.get<int64_t>() < 0 || m.get<int64_t>() > (1ll << 30)) {
+      return InvalidArgument(file + ": field 'max_window_layers' must be a non-negative integer");
+    }
+    max_window_layers = m.get<int>();
+  }
+  for (int l = max_window_layers; l < c->num_layers; ++l) c->window_layers[l] = true;
+  return Status::Ok();
+}
+
 }  // namespace
 
 const char* ArchitectureName(Architecture a) {
@@ -138,12 +187,7 @@ StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
   if (j.contains("attention_bias") && j["attention_bias"].is_boolean()) {
     c.attention_bias = j["attention_bias"].get<bool>();
   }
-  // Mistral enables the window with a non-null sliding_window; Qwen2 also needs use_sliding_window.
-  if (j.contains("sliding_window") && j["sliding_window"].is_number_integer()) {
-    const bool enabled = c.architecture != Architecture::kQwen2 ||
-                         (j.contains("use_sliding_window") && j["use_sliding_window"] == true);
-    if (enabled) c.sliding_window = j["sliding_window"].get<int>();
-  }
+  LLM_RETURN_IF_ERROR(ReadSlidingWindow(j, file, &c));
   if (j.contains("torch_dtype") && j["torch_dtype"].is_string()) {
     DType t;
     if (ParseDType(j["torch_dtype"].get<std::string>(), &t)) c.dtype = t;

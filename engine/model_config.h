@@ -42,11 +42,29 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   int max_position_embeddings = 2048;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;        // q/k/v biases (Qwen2)
-  std::optional<int> sliding_window;  // Mistral / Qwen2 when enabled
-  DType dtype = DType::kF32;          // torch_dtype of the checkpoint
+  bool attention_bias = false;  // q/k/v biases (Qwen2)
+  // Sliding-window attention (Mistral, Qwen2): the window size W when enabled; a windowed layer's
+  // query i sees keys j with i - j < W (HF). Which layers use it: window_layers.
+  std::optional<int> sliding_window;
+  // [num_layers] when only some layers use the window (Qwen2: layer_types, or layer index >=
+  // max_window_layers); empty means every layer (Mistral).
+  std::vector<bool> window_layers;
+  DType dtype = DType::kF32;  // torch_dtype of the checkpoint
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;
+
+  // AttentionParams::window_left of a layer: W - 1 when it uses the window, else -1.
+  int WindowLeft(int layer) const {
+    if (!sliding_window) return -1;
+    if (!window_layers.empty() && !window_layers[layer]) return -1;
+    return *sliding_window - 1;
+  }
+  bool AnyLayerWindowed() const {
+    for (int l = 0; l < num_layers; ++l) {
+      if (WindowLeft(l) >= 0) return true;
+    }
+    return false;
+  }
 
   int q_size() const { return num_q_heads * head_dim; }
   int kv_size() const { return num_kv_heads * head_dim; }

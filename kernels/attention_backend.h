@@ -117,6 +117,9 @@ class AttentionBackend {
   virtual Status Plan(const AttentionBatch& batch) = 0;
   // Appends this step's K/V into the cache, then attends. Valid after Plan for the same step.
   virtual void Run(const AttentionParams& params) = 0;
+  // GPU backends: the stream (cudaStream_t / hipStream_t) every Plan upload and Run launch goes
+  // to, owned by the model. CPU backends ignore it.
+  virtual void set_stream(void* stream) {}
 };
 
 // ---- Multi-head latent attention (AttentionKind::kMla, DeepSeek-V2/V3) ----

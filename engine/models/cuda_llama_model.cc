@@ -170,6 +170,7 @@ Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& option
   spec_.head_dim = c.head_dim;
   spec_.block_size = options.block_size;
   spec_.features = kFeatureCausal;
+  if (c.AnyLayerWindowed()) spec_.features |= kFeatureSlidingWindow;
   if ((options.block_size & (options.block_size - 1)) != 0) {
     return InvalidArgument("the CUDA backend needs a power-of-two block_size, got " +
                            std::to_string(options.block_size));
@@ -349,6 +350,7 @@ Status CudaLlamaModel::ForwardSampled(const ForwardBatch& batch, std::vector<flo
     p.cache.k_block_scales = lc.k_block_scales.as<float>();
     p.cache.v_block_scales = lc.v_block_scales.as<float>();
     p.softmax_scale = scale;
+    p.window_left = c.WindowLeft(l);
     attention_->Run(p);
     LLM_RETURN_IF_ERROR(Gemm(attn_.ptr, L.wo.ptr, T, H, Q, tmp_.ptr, CUDA_R_16BF));
     cuda::LaunchAddRmsNorm(residual_.as<float>(), tmp_.ptr, L.mlp_norm.ptr, nullptr, T, H,

@@ -31,6 +31,7 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig& conf
   spec.head_dim = config.head_dim;
   spec.block_size = options.block_size;
   spec.features = kFeatureCausal;
+  if (config.AnyLayerWindowed()) spec.features |= kFeatureSlidingWindow;
   std::string table;
   auto backend = BackendRegistry::Global().Create(spec, options.attention_backend, &table);
   spdlog::info("{}", table);
@@ -192,6 +193,7 @@ Status LlamaModel::Forward(const ForwardBatch& batch, std::vector<float>* logits
       p.cache.v_block_scales = v_block_scales_[l].data();
     }
     p.softmax_scale = scale;
+    p.window_left = c.WindowLeft(l);
     attention_->Run(p);
     Linear(attn.data(), L.wo.data(), nullptr, T, H, Q, tmp.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];

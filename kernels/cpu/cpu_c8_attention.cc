@@ -130,7 +130,7 @@ void CpuAppendKvQuant(const QuantKvCacheView& c, const AttentionBatch& batch, co
 // dequantized inputs the two agree to the last bit. Each sequence's K and V rows of one KV head
 // are dequantized once into scratch and shared by that head's query rows and query heads.
 void CpuPagedAttentionQuant(const QuantKvCacheView& c, const AttentionBatch& batch, const float* q,
-                            float softmax_scale, float* out) {
+                            float softmax_scale, float* out, int window_left) {
   CheckView(c);
   const PagedAttentionShape& s = c.shape;
   const int d = s.head_dim;
@@ -146,8 +146,10 @@ void CpuPagedAttentionQuant(const QuantKvCacheView& c, const AttentionBatch& bat
     scores.resize(kv_len);
     kf.resize(static_cast<size_t>(kv_len) * d);
     vf.resize(static_cast<size_t>(kv_len) * d);
+    // The first row's window starts leftmost; nothing before it is read.
+    const int lo = WindowStart(kv_len - (q_end - q_begin), window_left);
     for (int kvh = 0; kvh < s.num_kv_heads; ++kvh) {
-      for (int j = 0; j < kv_len; ++j) {
+      for (int j = lo; j < kv_len; ++j) {
         const int block = pages[j / s.block_size], offset = j % s.block_size;
         DequantizeRow(c, k_cache, c.k_scale, c.k_block_scales, block, kvh, offset,
                       kf.data() + static_cast<size_t>(j) * d);
@@ -155,18 +157,20 @@ void CpuPagedAttentionQuant(const QuantKvCacheView& c, const AttentionBatch& bat
                       vf.data() + static_cast<size_t>(j) * d);
       }
       for (int t = q_begin; t < q_end; ++t) {
-        const int pos = kv_len - (q_end - t);  // causal: attend to [0, pos]
+        const int pos = kv_len - (q_end - t);  // causal: attend to [first, pos]
+        const int first = WindowStart(pos, window_left);
         for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
           const float* qv = q + (static_cast<size_t>(t) * s.num_q_heads + h) * d;
-          for (int j = 0; j <= pos; ++j) {
+          for (int j = first; j <= pos; ++j) {
             const float* kr = kf.data() + static_cast<size_t>(j) * d;
             float dot = 0.0f;
             for (int i = 0; i < d; ++i) dot += qv[i] * kr[i];
-            scores[j] = dot * softmax_scale;
+            scores[j - first] = dot * softmax_scale;
           }
           SoftmaxWeightedSum(
-              scores.data(), pos + 1, [&](int j) { return vf.data() + static_cast<size_t>(j) * d; },
-              d, acc.data(), out + (static_cast<size_t>(t) * s.num_q_heads + h) * d);
+              scores.data(), pos + 1 - first,
+              [&](int j) { return vf.data() + static_cast<size_t>(first + j) * d; }, d, acc.data(),
+              out + (static_cast<size_t>(t) * s.num_q_heads + h) * d);
         }
       }
     }
@@ -213,7 +217,7 @@ class CpuC8Backend final : public AttentionBackend {
     CpuAppendKvQuant(view, *batch_, static_cast<const float*>(p.k_new),
                      static_cast<const float*>(p.v_new));
     CpuPagedAttentionQuant(view, *batch_, static_cast<const float*>(p.q), p.softmax_scale,
-                           static_cast<float*>(p.out));
+                           static_cast<float*>(p.out), p.window_left);
   }
 
  private:
@@ -221,17 +225,11 @@ class CpuC8Backend final : public AttentionBackend {
   const AttentionBatch* batch_ = nullptr;
 };
 
-const BackendRegistrar kRegistrar(BackendInfo{
-    .name = "cpu_c8",
-    .device = DeviceKind::kCpu,
-    .kind = AttentionKind::kMha,
-    .kv_dtypes = {DType::kI8, DType::kFp8E4M3},
-    .kv_quants = {KvQuant::kStaticPerHead, KvQuant::kStaticPerChannel, KvQuant::kDynamicPerToken},
-    .features = kFeatureCausal,
-    .priority = 0,
-    .create = [](const AttentionSpec& spec) -> std::unique_ptr<AttentionBackend> {
+// Capabilities (including kFeatureSlidingWindow) are this family's row in KernelCatalog().
+const BackendRegistrar kRegistrar(
+    "cpu_c8", [](const AttentionSpec& spec) -> std::unique_ptr<AttentionBackend> {
       return std::make_unique<CpuC8Backend>(spec);
-    }});
+    });
 
 }  // namespace
 }  // namespace llm

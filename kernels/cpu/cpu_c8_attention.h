@@ -47,9 +47,11 @@ void CpuAppendKvQuant(const QuantKvCacheView& cache, const AttentionBatch& batch
                       const float* k_new, const float* v_new);
 
 // Causal attention of every query row over its sequence's 8-bit paged cache (already appended),
-// dequantizing each element as q * scale. q, out: [num_tokens, num_q_heads, head_dim].
+// dequantizing each element as q * scale; window_left as in CpuPagedAttention (positions left of
+// every row's window are neither read nor dequantized).
+// q, out: [num_tokens, num_q_heads, head_dim].
 void CpuPagedAttentionQuant(const QuantKvCacheView& cache, const AttentionBatch& batch,
-                            const float* q, float softmax_scale, float* out);
+                            const float* q, float softmax_scale, float* out, int window_left = -1);
 
 // Dequantizes blocks [0, num_blocks) to fp32 caches of the same layout (test oracle helper).
 // Dynamic mode reads the block scales, so every slot read must have been written.

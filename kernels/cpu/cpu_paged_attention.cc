@@ -27,8 +27,8 @@ void CpuAppendKv(const PagedAttentionShape& s, const AttentionBatch& batch, cons
 }
 
 void CpuPagedAttention(const PagedAttentionShape& s, const AttentionBatch& batch, const float* q,
-                       const float* k_cache, const float* v_cache, float softmax_scale,
-                       float* out) {
+                       const float* k_cache, const float* v_cache, float softmax_scale, float* out,
+                       int window_left) {
   const int d = s.head_dim;
   const int group = s.num_q_heads / s.num_kv_heads;
   std::vector<float> scores;
@@ -39,7 +39,8 @@ void CpuPagedAttention(const PagedAttentionShape& s, const AttentionBatch& batch
     const int32_t* pages = batch.page_indices.data() + batch.page_indptr[seq];
     scores.resize(kv_len);
     for (int t = q_begin; t < q_end; ++t) {
-      const int pos = kv_len - (q_end - t);  // causal: attend to [0, pos]
+      const int pos = kv_len - (q_end - t);  // causal: attend to [first, pos]
+      const int first = WindowStart(pos, window_left);
       for (int h = 0; h < s.num_q_heads; ++h) {
         const int kvh = h / group;
         const float* qv = q + (static_cast<size_t>(t) * s.num_q_heads + h) * d;
@@ -49,15 +50,15 @@ void CpuPagedAttention(const PagedAttentionShape& s, const AttentionBatch& batch
                   j % s.block_size) *
                  d;
         };
-        for (int j = 0; j <= pos; ++j) {
+        for (int j = first; j <= pos; ++j) {
           const float* kr = k_cache + row(j);
           float dot = 0.0f;
           for (int i = 0; i < d; ++i) dot += qv[i] * kr[i];
-          scores[j] = dot * softmax_scale;
+          scores[j - first] = dot * softmax_scale;
         }
         SoftmaxWeightedSum(
-            scores.data(), pos + 1, [&](int j) { return v_cache + row(j); }, d, acc.data(),
-            out + (static_cast<size_t>(t) * s.num_q_heads + h) * d);
+            scores.data(), pos + 1 - first, [&](int j) { return v_cache + row(first + j); }, d,
+            acc.data(), out + (static_cast<size_t>(t) * s.num_q_heads + h) * d);
       }
     }
   }
@@ -85,7 +86,7 @@ class CpuReferenceBackend final : public AttentionBackend {
     CpuAppendKv(shape_, *batch_, static_cast<const float*>(p.k_new),
                 static_cast<const float*>(p.v_new), k_cache, v_cache);
     CpuPagedAttention(shape_, *batch_, static_cast<const float*>(p.q), k_cache, v_cache,
-                      p.softmax_scale, static_cast<float*>(p.out));
+                      p.softmax_scale, static_cast<float*>(p.out), p.window_left);
   }
 
  private:
@@ -93,16 +94,11 @@ class CpuReferenceBackend final : public AttentionBackend {
   const AttentionBatch* batch_ = nullptr;
 };
 
-const BackendRegistrar kRegistrar(BackendInfo{
-    .name = "cpu_reference",
-    .device = DeviceKind::kCpu,
-    .kind = AttentionKind::kMha,
-    .kv_dtypes = {DType::kF32},
-    .features = kFeatureCausal,
-    .priority = 0,
-    .create = [](const AttentionSpec& spec) -> std::unique_ptr<AttentionBackend> {
+// Capabilities (including kFeatureSlidingWindow) are this family's row in KernelCatalog().
+const BackendRegistrar kRegistrar(
+    "cpu_reference", [](const AttentionSpec& spec) -> std::unique_ptr<AttentionBackend> {
       return std::make_unique<CpuReferenceBackend>(spec);
-    }});
+    });
 
 }  // namespace
 }  // namespace llm

@@ -17,10 +17,17 @@ struct PagedAttentionShape {
 void CpuAppendKv(const PagedAttentionShape& shape, const AttentionBatch& batch, const float* k_new,
                  const float* v_new, float* k_cache, float* v_cache);
 
-// Causal attention of every query row over its sequence's paged cache (already appended).
+// Causal attention of every query row over its sequence's paged cache (already appended): the
+// row at position p attends to [0, p], or to [p - window_left, p] when window_left >= 0 (sliding
+// window; cache positions left of every row's window are never read).
 // q, out: [num_tokens, num_q_heads, head_dim]
 void CpuPagedAttention(const PagedAttentionShape& shape, const AttentionBatch& batch,
                        const float* q, const float* k_cache, const float* v_cache,
-                       float softmax_scale, float* out);
+                       float softmax_scale, float* out, int window_left = -1);
+
+// First cache position a query row at position pos attends to.
+inline int WindowStart(int pos, int window_left) {
+  return window_left >= 0 && pos - window_left > 0 ? pos - window_left : 0;
+}
 
 }  // namespace llm

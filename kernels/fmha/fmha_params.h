@@ -19,7 +19,8 @@
 //   s = s + alibi_slopes[h] * (j - p)          if alibi_slopes; p = the query's diagonal key
 //   visible(i, j) (FmhaMask) else s = -inf
 // where p = i (top-left alignment) or p = i + seqlen_k - seqlen_q (bottom-right alignment: the
-// last query row sits on the last key, as in decode/append).
+// last query row sits on the last key, as in decode/append). Top-left is used only by
+// kCausalTopLeft; kNone, kCausalBottomRight and kWindow use bottom-right (this matters for ALiBi).
 //   out_i = sum_j e^(s_j - m) v_j / (sum_j e^(s_j - m) + [sink_logits] e^(sink_logits[h] - m))
 //   lse_i = ln(sum_j e^(s_j) [+ e^(sink_logits[h])])        (natural log, fp32)
 // A row with no visible key and no sink logit has out = 0 and lse = -inf.

@@ -59,6 +59,10 @@ class ModelSpec:
     rms_norm_eps: float = 1e-5
     shards: int = 1
     seed: int = 0
+    # Sliding window W (a windowed layer's query i sees keys j with i - j < W). mistral: every
+    # layer; qwen2: use_sliding_window, on layers l >= max_window_layers (None: 0, all layers).
+    sliding_window: Optional[int] = None
+    max_window_layers: Optional[int] = None
 
 
 def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -132,12 +136,17 @@ def make_config(spec: ModelSpec) -> dict:
         cfg["attention_bias"] = False
         cfg["mlp_bias"] = False
     if spec.arch == "mistral":
-        cfg["sliding_window"] = None
+        cfg["sliding_window"] = spec.sliding_window
     if spec.arch == "qwen2":
-        # As in real Qwen2 configs: window present but disabled.
-        cfg["use_sliding_window"] = False
-        cfg["sliding_window"] = 4096
-        cfg["max_window_layers"] = spec.layers
+        if spec.sliding_window is None:
+            # As in real Qwen2 configs: window present but disabled.
+            cfg["use_sliding_window"] = False
+            cfg["sliding_window"] = 4096
+            cfg["max_window_layers"] = spec.layers
+        else:
+            cfg["use_sliding_window"] = True
+            cfg["sliding_window"] = spec.sliding_window
+            cfg["max_window_layers"] = spec.max_window_layers or 0
     if spec.rope_scaling_llama3:
         # original_max_position_embeddings is tiny so that, for head_dim 16 and
         # theta 1e4, some frequencies stay, some are interpolated, some divided.
@@ -247,6 +256,9 @@ def main():
     ap.add_argument("--max-pos", type=int, default=512)
     ap.add_argument("--rms-norm-eps", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sliding-window", type=int, default=None,
+                    help="mistral: every layer; qwen2: layers >= --max-window-layers")
+    ap.add_argument("--max-window-layers", type=int, default=None)
     a = ap.parse_args()
     dtype = DTYPE_ALIASES.get(a.dtype, a.dtype)
     if dtype not in DTYPES:
@@ -255,7 +267,8 @@ def main():
                      heads=a.heads, kv_heads=a.kv_heads, layers=a.layers, vocab=a.vocab,
                      head_dim=a.head_dim, tie=a.tie, rope_theta=a.rope_theta,
                      rope_scaling_llama3=(a.rope_scaling == "llama3"), max_pos=a.max_pos,
-                     rms_norm_eps=a.rms_norm_eps, shards=a.shards, seed=a.seed)
+                     rms_norm_eps=a.rms_norm_eps, shards=a.shards, seed=a.seed,
+                     sliding_window=a.sliding_window, max_window_layers=a.max_window_layers)
     write_model(a.out_dir, spec)
     print(f"wrote {a.arch} ({dtype}, {a.shards} shard(s)) to {a.out_dir}")
 

@@ -12,7 +12,11 @@ prefill next to decoding, and asserts for every request and each generated token
     the batch run contains a step where one request is mid-prefill while another
     decodes.
 A negative check then perturbs one weight and asserts the comparison fails, so
-the harness is shown to be able to fail.  Exit status 0 = pass, 1 = fail.
+the harness is shown to be able to fail.  The sliding-window models (Mistral,
+every layer; Qwen2, layers >= max_window_layers) run prompts plus generations
+far longer than their window, and a second negative check asserts that a torch
+reference with the window ignored, off by one, or on the wrong layers is
+flagged.  Exit status 0 = pass, 1 = fail.
 """
 import argparse
 import json
@@ -54,6 +58,14 @@ MODELS = [
     ("mistral_f16_headdim32", hw.ModelSpec(
         arch="mistral", dtype="f16", hidden=64, intermediate=160, heads=4, kv_heads=2,
         head_dim=32, layers=2, vocab=448, seed=22)),
+    # Sliding window 5 on every layer (window_left 4); contexts reach 65 tokens.
+    ("mistral_window5", hw.ModelSpec(
+        arch="mistral", dtype="f32", hidden=64, intermediate=128, heads=4, kv_heads=2,
+        layers=2, vocab=384, sliding_window=5, seed=46)),
+    # Qwen2 with use_sliding_window: window 7 on layers 1 and 2 only (max_window_layers 1), MQA.
+    ("qwen2_window7_layers12", hw.ModelSpec(
+        arch="qwen2", dtype="bf16", hidden=64, intermediate=128, heads=4, kv_heads=1,
+        layers=3, vocab=320, sliding_window=7, max_window_layers=1, seed=30)),
 ]
 
 SINGLE_PROMPT_LENS = [1, 7, 33]  # 33 > max-batched-tokens 32: prefill spans two steps
@@ -266,6 +278,40 @@ def negative_check(workdir, name, spec, batch_result, fails):
               f"{sink.items[0][:110]}...)")
 
 
+def window_negative_check(model_dir, name, spec, batch_result, fails):
+    """The C++ output of a windowed model must NOT match a torch reference whose window is
+    ignored, off by one either way, or applied to the wrong layers."""
+    if batch_result is None:
+        fails.add(f"{name}/window-negative", "no batch output to check against")
+        return
+    ref = torch_llama.TorchLlama(model_dir)
+    right = list(ref.windows)
+    w = spec.sliding_window
+    if not any(x is not None for x in right):
+        fails.add(f"{name}/window-negative", f"torch reference has no windowed layer: {right}")
+        return
+    variants = {"ignored": [None] * len(right),
+                "W+1": [x and x + 1 for x in right],
+                "W-1": [x and x - 1 for x in right]}
+    if spec.arch == "qwen2":
+        variants["every layer"] = [w] * len(right)
+        variants["max_window_layers+1"] = [None if l <= spec.max_window_layers else w
+                                           for l in range(len(right))]
+    requests, outs = batch_result
+    for label, windows in variants.items():
+        if windows == right:
+            fails.add(f"{name}/window-negative", f"variant {label} equals the real windows")
+            continue
+        ref.windows = windows
+        sink = Failures(quiet=True)
+        for r, ((prompt, _), out) in enumerate(zip(requests, outs)):
+            compare_request(ref, f"request {r}", prompt, out, sink)
+        if not sink.items:
+            fails.add(f"{name}/window-negative",
+                      f"a torch reference with the window {label} ({windows}) matched too")
+    print(f"  window negative check ok: {len(variants)} wrong windowings of {name} flagged")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dump-bin", required=True, help="path to the llm-dump binary")
@@ -290,9 +336,11 @@ def main():
     first_batch = None
     for name, spec in MODELS:
         print(f"model {name}")
-        _, batch = check_model(dump_bin, args.workdir, name, spec, fails)
+        model_dir, batch = check_model(dump_bin, args.workdir, name, spec, fails)
         if first_batch is None:
             first_batch = batch
+        if spec.sliding_window is not None:
+            window_negative_check(model_dir, name, spec, batch, fails)
     name, spec = MODELS[0]
     negative_check(args.workdir, name, spec, first_batch, fails)
 

@@ -1,14 +1,20 @@
 #!/usr/bin/python3
 """Independent PyTorch reference forward for Llama / Mistral / Qwen2 checkpoints.
 
-Deliberately simple: float32, full-sequence causal attention, no KV cache, no
-paging.  Follows the Hugging Face modelling code conventions:
+Deliberately simple: float32, full-sequence causal attention (with the sliding
+window of Mistral / Qwen2 as a mask), no KV cache, no paging.  Follows the
+Hugging Face modelling code conventions:
   * RMSNorm: x * rsqrt(mean(x^2) + eps) * w, computed in fp32.
   * RoPE in the "rotate_half" layout (first half / second half of each head,
     NOT interleaved pairs), inv_freq = 1/theta^(2i/d), llama3 scaling as in
     transformers' `_compute_llama3_parameters`.
   * GQA by repeating each kv head for its group of query heads.
   * SiLU(gate) * up MLP, tied embeddings when lm_head.weight is absent.
+  * Sliding window W (transformers' sliding_window_overlay): a windowed layer's
+    query i sees keys j with i - W < j <= i.  Mistral: every layer when
+    sliding_window is not null.  Qwen2: only with use_sliding_window, on the
+    layers layer_types calls "sliding_attention", or else on layers
+    l >= max_window_layers (default 28); see layer_windows().
 
 Reads safetensors with its own numpy parser (bf16 -> fp32 by shifting the 16
 bits into the high half of a uint32).
@@ -123,6 +129,28 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 # ----------------------------------------------------------------------------
+# Sliding window
+
+
+def layer_windows(cfg: dict, n_layers: int) -> List:
+    """Window size W of each layer, or None for full causal attention, as transformers
+    reads the config (absent sliding_window: the config class default 4096)."""
+    arch = cfg["architectures"][0]
+    if arch == "MistralForCausalLM":
+        return [cfg.get("sliding_window", 4096)] * n_layers
+    if arch != "Qwen2ForCausalLM" or not cfg.get("use_sliding_window", False):
+        return [None] * n_layers
+    w = cfg.get("sliding_window", 4096)
+    types = cfg.get("layer_types")
+    if types is None:
+        first = cfg.get("max_window_layers", 28)
+        types = ["sliding_attention" if l >= first else "full_attention" for l in range(n_layers)]
+    if len(types) != n_layers:
+        raise ValueError(f"layer_types has {len(types)} entries for {n_layers} layers")
+    return [w if t == "sliding_attention" else None for t in types]
+
+
+# ----------------------------------------------------------------------------
 # Model
 
 
@@ -138,15 +166,12 @@ class TorchLlama:
             raise ValueError(f"unsupported architecture {arch}")
         if cfg.get("hidden_act", "silu") != "silu":
             raise ValueError("only silu is supported")
-        if arch == "Qwen2ForCausalLM" and cfg.get("use_sliding_window", False):
-            raise NotImplementedError("sliding window attention")
-        self.sliding_window = cfg.get("sliding_window") if arch == "MistralForCausalLM" else None
-
         self.H = cfg["hidden_size"]
         self.n_heads = cfg["num_attention_heads"]
         self.n_kv = cfg.get("num_key_value_heads") or self.n_heads
         self.head_dim = cfg.get("head_dim") or self.H // self.n_heads
         self.n_layers = cfg["num_hidden_layers"]
+        self.windows = layer_windows(cfg, self.n_layers)  # per layer: W or None
         self.vocab = cfg["vocab_size"]
         self.eps = cfg["rms_norm_eps"]
 
@@ -189,7 +214,7 @@ class TorchLlama:
         b = layer.get(name + ".bias")
         return y if b is None else y + b
 
-    def attention(self, x, layer, cos, sin):
+    def attention(self, x, layer, cos, sin, window=None):
         T, D = x.shape[0], self.head_dim
         q = self.linear(x, layer, "self_attn.q_proj").view(T, self.n_heads, D).transpose(0, 1)
         k = self.linear(x, layer, "self_attn.k_proj").view(T, self.n_kv, D).transpose(0, 1)
@@ -201,8 +226,8 @@ class TorchLlama:
         scores = (q @ k.transpose(1, 2)) / math.sqrt(D)  # [heads, T, T]
         i = torch.arange(T)
         allowed = i[None, :] <= i[:, None]  # key position <= query position
-        if self.sliding_window is not None:
-            allowed &= i[:, None] - i[None, :] < self.sliding_window
+        if window is not None:
+            allowed &= i[:, None] - i[None, :] < window
         scores = scores.masked_fill(~allowed, float("-inf"))
         out = torch.softmax(scores.to(torch.float32), dim=-1).to(x.dtype) @ v  # [heads, T, D]
         return self.linear(out.transpose(0, 1).reshape(T, self.n_heads * D), layer, "self_attn.o_proj")
@@ -221,8 +246,9 @@ class TorchLlama:
         positions = torch.arange(ids.numel()) + start_pos
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.dtype)
         h = self.embed[ids]
-        for layer in self.layers:
-            h = h + self.attention(self.rms_norm(h, layer["input_layernorm.weight"]), layer, cos, sin)
+        for layer, window in zip(self.layers, self.windows):
+            h = h + self.attention(self.rms_norm(h, layer["input_layernorm.weight"]), layer, cos, sin,
+                                   window)
             h = h + self.mlp(self.rms_norm(h, layer["post_attention_layernorm.weight"]), layer)
         return self.rms_norm(h, self.final_norm) @ self.lm_head.T
 
@@ -360,6 +386,41 @@ def self_check(workdir: str, verbose: bool = True) -> None:
         assert (swapped - full[7]).abs().max() > 1e-2 * full.abs().max(), "token order has no effect"
         say(f"{spec.arch}: causal invariance, greedy == teacher forcing, RoPE shift invariance, "
             f"fp32~fp64 (rel {err:.1e}) ok")
+
+    # 5. Sliding window, by its receptive field: a windowed layer's row i sees rows i-W+1..i, so
+    #    after L windowed layers the last row depends on exactly the last L*(W-1)+1 tokens (fp64,
+    #    same absolute positions, so any difference beyond rounding is a dependency).
+    W, L = 4, 3
+    ids = torch.randint(0, 384, (30,), generator=g).tolist()
+    for arch, first in (("mistral", None), ("qwen2", 0)):
+        spec = hw.ModelSpec(arch=arch, layers=L, sliding_window=W, max_window_layers=first, seed=13)
+        m = TorchLlama(hw.write_model(os.path.join(workdir, f"selfcheck_window_{arch}"), spec),
+                       dtype=torch.float64)
+        assert m.windows == [W] * L, m.windows
+        full = m.forward(ids)[-1]
+        keep = L * (W - 1) + 1
+        s = len(ids) - keep
+        cut = m.forward(ids[s:], start_pos=s)[-1]
+        assert (cut - full).abs().max() < 1e-9 * full.abs().max(), f"{arch}: window reaches too far"
+        shorter = m.forward(ids[s + 1:], start_pos=s + 1)[-1]
+        assert (shorter - full).abs().max() > 1e-6 * full.abs().max(), f"{arch}: window too short"
+        # A window wider than the sequence is plain causal attention.
+        m.windows = [len(ids)] * L
+        wide = m.forward(ids)
+        m.windows = [None] * L
+        assert torch.equal(wide, m.forward(ids)), f"{arch}: a wide window changes the result"
+    say(f"window {W} over {L} layers: the last row depends on exactly the last {keep} tokens")
+    # Qwen2 per layer: with the window only on layers >= 1, layer 0 still sees everything, so
+    # the cut that was exact above now changes the last row.
+    spec = hw.ModelSpec(arch="qwen2", layers=L, sliding_window=W, max_window_layers=1, seed=13)
+    m = TorchLlama(hw.write_model(os.path.join(workdir, "selfcheck_window_qwen2_l1"), spec),
+                   dtype=torch.float64)
+    assert m.windows == [None, W, W], m.windows
+    s = len(ids) - keep
+    cut = m.forward(ids[s:], start_pos=s)[-1]
+    full = m.forward(ids)[-1]
+    assert (cut - full).abs().max() > 1e-6 * full.abs().max(), "qwen2: layer 0 was windowed"
+    say("qwen2 max_window_layers=1: layer 0 attends to the whole prefix")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-// Tests for the CPU reference paged attention against a naive dense causal attention, and for
-// the attention backend registry.
+// Tests for the CPU reference paged attention against a naive dense causal attention (with and
+// without a sliding window), and for the attention backend registry.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/backend_registry.h"
+#include "kernels/cpu/cpu_c8_attention.h"
 #include "kernels/cpu/cpu_paged_attention.h"
 #include "kvcache/block_allocator.h"
 
@@ -112,8 +113,9 @@ AttnSetup Build(const AttnCase& c) {
 }
 
 // Naive dense causal attention in double: query row i of sequence s sits at position
-// kv_len - q_len + i and attends to positions [0, that].
-std::vector<double> Reference(const AttnCase& c, const AttnSetup& s, float scale) {
+// kv_len - q_len + i and attends to positions [0, that], or to the last window_left + 1 of them.
+std::vector<double> Reference(const AttnCase& c, const AttnSetup& s, float scale,
+                              int window_left = -1) {
   const int hq = c.num_q_heads, hkv = c.num_kv_heads, d = c.head_dim;
   const int group = hq / hkv;
   std::vector<double> out(s.q.size());
@@ -130,6 +132,10 @@ std::vector<double> Reference(const AttnCase& c, const AttnSetup& s, float scale
         std::vector<double> scores(static_cast<size_t>(pos) + 1);
         double max = -std::numeric_limits<double>::infinity();
         for (int j = 0; j <= pos; ++j) {
+          if (window_left >= 0 && pos - j > window_left) {  // slid out of the window
+            scores[static_cast<size_t>(j)] = -std::numeric_limits<double>::infinity();
+            continue;
+          }
           const float* kv = k.data() + (static_cast<size_t>(j) * hkv + kvh) * d;
           double dot = 0.0;
           for (int x = 0; x < d; ++x) dot += static_cast<double>(qv[x]) * kv[x];
@@ -155,14 +161,14 @@ std::vector<double> Reference(const AttnCase& c, const AttnSetup& s, float scale
 
 // Appends this step's K/V, runs the paged kernel, and compares with the dense reference.
 // Returns the kernel output.
-std::vector<float> CheckAgainstReference(const AttnCase& c) {
+std::vector<float> CheckAgainstReference(const AttnCase& c, int window_left = -1) {
   AttnSetup s = Build(c);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   CpuAppendKv(s.shape, s.batch, s.k_new.data(), s.v_new.data(), s.k_cache.data(), s.v_cache.data());
   std::vector<float> out(s.q.size(), std::numeric_limits<float>::quiet_NaN());
   CpuPagedAttention(s.shape, s.batch, s.q.data(), s.k_cache.data(), s.v_cache.data(), scale,
-                    out.data());
-  const std::vector<double> ref = Reference(c, s, scale);
+                    out.data(), window_left);
+  const std::vector<double> ref = Reference(c, s, scale, window_left);
   double worst = 0.0;
   size_t bad = 0;
   for (size_t i = 0; i < out.size(); ++i) {
@@ -175,7 +181,8 @@ std::vector<float> CheckAgainstReference(const AttnCase& c) {
       worst = std::max(worst, err);
   }
   INFO("block_size=" << c.block_size << " head_dim=" << c.head_dim << " heads=" << c.num_q_heads
-                     << "/" << c.num_kv_heads << " worst abs error " << worst);
+                     << "/" << c.num_kv_heads << " window_left=" << window_left
+                     << " worst abs error " << worst);
   CHECK(bad == 0);
   return out;
 }
@@ -241,6 +248,78 @@ TEST_CASE("CpuPagedAttention query rows only see their causal prefix", "[cpu_att
   CHECK(changed);
 }
 
+TEST_CASE("CpuPagedAttention sliding window matches dense windowed attention", "[cpu_attention]") {
+  // Decode, a prefill chunk straddling blocks, a whole prefill, a first token; windows from the
+  // diagonal alone to wider than every sequence (== no window).
+  int n = 0;
+  for (int block_size : {16, 64}) {
+    for (int window_left : {0, 1, 4, 15, 16, 63, 500}) {
+      AttnCase c{block_size, 32, 8, 2, {{130, 1}, {65, 24}, {17, 17}, {1, 1}}, 200u + n++};
+      const std::vector<float> windowed = CheckAgainstReference(c, window_left);
+      const std::vector<float> full = CheckAgainstReference(c, -1);
+      if (window_left < 129) {
+        CHECK(windowed != full);  // the window matters, so the comparison above can fail
+      } else {
+        CHECK(windowed == full);
+      }
+    }
+  }
+}
+
+// Blocks wholly left of the first query row's window get a page index far outside the cache, so
+// reading them faults: windowed attention must not touch them (the engine may free them).
+TEST_CASE("Windowed CPU attention never reads blocks left of the window; C8 matches fp32",
+          "[cpu_attention]") {
+  const int window_left = 6;
+  AttnCase c{16, 32, 4, 2, {{100, 1}, {70, 5}, {20, 20}}, 31};
+  AttnSetup s = Build(c);
+  CpuAppendKv(s.shape, s.batch, s.k_new.data(), s.v_new.data(), s.k_cache.data(), s.v_cache.data());
+  const float scale = 0.3f;
+  std::vector<float> clean(s.q.size()), wild(s.q.size());
+  CpuPagedAttention(s.shape, s.batch, s.q.data(), s.k_cache.data(), s.v_cache.data(), scale,
+                    clean.data(), window_left);
+
+  // The same cache as int8 with per-head scales (NaN in never-written slots quantizes to 0).
+  const size_t elems = s.k_cache.size();
+  std::vector<uint8_t> k8(elems), v8(elems);
+  const std::vector<float> head_scale(c.num_kv_heads, 1.0f / 127.0f);
+  for (size_t i = 0; i < elems; ++i) {
+    k8[i] = QuantizeKvElement(DType::kI8, s.k_cache[i], 1.0f / 127.0f);
+    v8[i] = QuantizeKvElement(DType::kI8, s.v_cache[i], 1.0f / 127.0f);
+  }
+  QuantKvCacheView view;
+  view.shape = s.shape;
+  view.dtype = DType::kI8;
+  view.quant = KvQuant::kStaticPerHead;
+  view.k = k8.data();
+  view.v = v8.data();
+  view.k_scale = head_scale.data();
+  view.v_scale = head_scale.data();
+  std::vector<float> kf(elems), vf(elems), ref(s.q.size()), c8(s.q.size()), c8_wild(s.q.size());
+  CpuDequantizeKvCache(view, s.num_blocks, kf.data(), vf.data());
+  CpuPagedAttention(s.shape, s.batch, s.q.data(), kf.data(), vf.data(), scale, ref.data(),
+                    window_left);
+  CpuPagedAttentionQuant(view, s.batch, s.q.data(), scale, c8.data(), window_left);
+  CHECK(c8 == ref);  // same operations in the same order on the dequantized values
+
+  AttentionBatch hidden = s.batch;
+  int wild_pages = 0;
+  for (int seq = 0; seq < hidden.num_seqs; ++seq) {
+    const int first_pos = hidden.kv_lens[seq] - (hidden.q_indptr[seq + 1] - hidden.q_indptr[seq]);
+    const int lo = std::max(0, first_pos - window_left);
+    for (int blk = 0; (blk + 1) * c.block_size <= lo; ++blk) {
+      hidden.page_indices[hidden.page_indptr[seq] + blk] = 1 << 24;
+      ++wild_pages;
+    }
+  }
+  CHECK(wild_pages == 5 + 3);  // positions < 93 and < 59: 5 and 3 whole blocks
+  CpuPagedAttention(s.shape, hidden, s.q.data(), s.k_cache.data(), s.v_cache.data(), scale,
+                    wild.data(), window_left);
+  CHECK(wild == clean);
+  CpuPagedAttentionQuant(view, hidden, s.q.data(), scale, c8_wild.data(), window_left);
+  CHECK(c8_wild == c8);
+}
+
 AttentionSpec CpuSpec() {
   AttentionSpec spec;
   spec.device = DeviceKind::kCpu;
@@ -304,6 +383,66 @@ TEST_CASE("cpu_reference backend Plan/Run equals the direct kernels", "[cpu_atte
   p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   (*backend)->Run(p);
   CHECK(out == direct);
+}
+
+TEST_CASE("CPU backends implement the sliding window and honor window_left", "[cpu_attention]") {
+  AttnCase c{16, 64, 8, 2, {{40, 1}, {70, 9}}, 123};
+  for (DType kv : {DType::kF32, DType::kI8}) {
+    AttentionSpec spec = CpuSpec();
+    spec.features = kFeatureCausal | kFeatureSlidingWindow;
+    spec.kv_dtype = kv;
+    spec.kv_quant = kv == DType::kI8 ? KvQuant::kStaticPerHead : KvQuant::kNone;
+    const Selection sel = BackendRegistry::Global().Select(spec);
+    REQUIRE(sel.info != nullptr);
+    CHECK(sel.info->name == (kv == DType::kF32 ? "cpu_reference" : "cpu_c8"));
+    CHECK((sel.info->features & kFeatureSlidingWindow) != 0);
+    auto backend = BackendRegistry::Global().Create(spec, "", nullptr);
+    REQUIRE(backend.ok());
+
+    std::vector<float> out[2];
+    for (int window_left : {-1, 5}) {
+      AttnSetup s = Build(c);
+      const std::vector<float> head_scale(c.num_kv_heads, 1.0f / 127.0f);
+      std::vector<uint8_t> k8(s.k_cache.size(), 0), v8(s.v_cache.size(), 0);
+      std::vector<float> direct(s.q.size());
+      REQUIRE((*backend)->Plan(s.batch).ok());
+      AttentionParams p;
+      p.q = s.q.data();
+      p.k_new = s.k_new.data();
+      p.v_new = s.v_new.data();
+      std::vector<float>& o = out[window_left < 0 ? 0 : 1];
+      o.assign(s.q.size(), std::numeric_limits<float>::quiet_NaN());
+      p.out = o.data();
+      if (kv == DType::kF32) {
+        p.cache.k = s.k_cache.data();
+        p.cache.v = s.v_cache.data();
+      } else {
+        // Re-quantize the prefix the fp32 setup holds (NaN slots -> 0) into the 8-bit cache.
+        for (size_t i = 0; i < k8.size(); ++i) {
+          k8[i] = QuantizeKvElement(DType::kI8, s.k_cache[i], head_scale[0]);
+          v8[i] = QuantizeKvElement(DType::kI8, s.v_cache[i], head_scale[0]);
+        }
+        p.cache.k = k8.data();
+        p.cache.v = v8.data();
+        p.cache.k_scale = head_scale.data();
+        p.cache.v_scale = head_scale.data();
+      }
+      p.softmax_scale = 0.125f;
+      p.window_left = window_left;
+      (*backend)->Run(p);
+      // The direct kernel on the cache the backend just appended to.
+      if (kv == DType::kF32) {
+        CpuPagedAttention(s.shape, s.batch, s.q.data(), s.k_cache.data(), s.v_cache.data(), 0.125f,
+                          direct.data(), window_left);
+      } else {
+        CpuPagedAttentionQuant(MakeQuantKvCacheView(spec, p.cache), s.batch, s.q.data(), 0.125f,
+                               direct.data(), window_left);
+      }
+      INFO(DTypeName(kv) << " window_left " << window_left);
+      CHECK(o == direct);
+    }
+    CHECK(out[0] != out[1]);  // window_left reached the kernel
+  }
 }
 
 TEST_CASE("BackendRegistry reports why nothing fits", "[cpu_attention]") {

@@ -172,6 +172,91 @@ TEST_CASE("ModelConfig Qwen2 sets attention_bias; sliding window needs use_slidi
     REQUIRE(c.ok());
     REQUIRE(c->sliding_window.has_value());
     CHECK(*c->sliding_window == 4096);
+    // HF's max_window_layers defaults to 28: neither of the 2 layers uses the window.
+    CHECK(c->WindowLeft(0) == -1);
+    CHECK(c->WindowLeft(1) == -1);
+    CHECK_FALSE(c->AnyLayerWindowed());
+  }
+}
+
+// Per-layer rule of HF's Qwen2Config: with use_sliding_window, layer l uses the window when
+// layer_types[l] == "sliding_attention" or, without layer_types, when l >= max_window_layers.
+TEST_CASE("ModelConfig Qwen2 per-layer sliding window", "[model_config]") {
+  TempModelDir dir;
+  json j = BaseLlama();
+  j["architectures"] = json::array({"Qwen2ForCausalLM"});
+  j["num_hidden_layers"] = 4;
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 7;
+  auto windows = [&]() {
+    dir.WriteConfig(j);
+    auto c = LoadModelConfig(dir.path());
+    REQUIRE(c.ok());
+    std::vector<int> w;
+    for (int l = 0; l < c->num_layers; ++l) w.push_back(c->WindowLeft(l));
+    return w;
+  };
+  SECTION("max_window_layers splits the stack") {
+    j["max_window_layers"] = 1;
+    CHECK(windows() == std::vector<int>{-1, 6, 6, 6});
+    j["max_window_layers"] = 3;
+    CHECK(windows() == std::vector<int>{-1, -1, -1, 6});
+  }
+  SECTION("max_window_layers 0: every layer; >= num layers: none") {
+    j["max_window_layers"] = 0;
+    CHECK(windows() == std::vector<int>{6, 6, 6, 6});
+    j["max_window_layers"] = 4;
+    CHECK(windows() == std::vector<int>{-1, -1, -1, -1});
+  }
+  SECTION("absent max_window_layers is 28") {
+    j["num_hidden_layers"] = 30;
+    const std::vector<int> w = windows();
+    for (int l = 0; l < 30; ++l) CHECK(w[l] == (l >= 28 ? 6 : -1));
+  }
+  SECTION("layer_types wins over max_window_layers") {
+    j["max_window_layers"] = 0;
+    j["layer_types"] = {"full_attention", "sliding_attention", "full_attention",
+                        "sliding_attention"};
+    CHECK(windows() == std::vector<int>{-1, 6, -1, 6});
+  }
+  SECTION("without use_sliding_window no layer has a window") {
+    j["use_sliding_window"] = false;
+    j["max_window_layers"] = 0;
+    j["layer_types"] = {"sliding_attention", "sliding_attention", "sliding_attention",
+                        "sliding_attention"};
+    CHECK(windows() == std::vector<int>{-1, -1, -1, -1});
+  }
+  SECTION("sliding_window null disables; absent means HF's default 4096") {
+    j["max_window_layers"] = 2;
+    j["sliding_window"] = nullptr;
+    CHECK(windows() == std::vector<int>{-1, -1, -1, -1});
+    j.erase("sliding_window");
+    CHECK(windows() == std::vector<int>{-1, -1, 4095, 4095});
+  }
+  SECTION("bad fields are errors naming them") {
+    const char* field = "";
+    SECTION("layer_types of the wrong length") {
+      j["layer_types"] = {"full_attention"};
+      field = "layer_types";
+    }
+    SECTION("unknown layer type") {
+      j["layer_types"] = {"full_attention", "chunked_attention", "full_attention",
+                          "full_attention"};
+      field = "chunked_attention";
+    }
+    SECTION("negative max_window_layers") {
+      j["max_window_layers"] = -1;
+      field = "max_window_layers";
+    }
+    SECTION("zero sliding_window") {
+      j["sliding_window"] = 0;
+      field = "sliding_window";
+    }
+    dir.WriteConfig(j);
+    auto c = LoadModelConfig(dir.path());
+    REQUIRE_FALSE(c.ok());
+    CHECK(c.status().code() == StatusCode::kInvalidArgument);
+    CHECK(Contains(c.status().message(), field));
   }
 }
 
@@ -188,6 +273,27 @@ TEST_CASE("ModelConfig Mistral sliding window", "[model_config]") {
     CHECK_FALSE(c->attention_bias);
     REQUIRE(c->sliding_window.has_value());
     CHECK(*c->sliding_window == 4096);
+    // Every layer, window_left = W - 1 (query i sees keys j with i - j < W).
+    CHECK(c->WindowLeft(0) == 4095);
+    CHECK(c->WindowLeft(1) == 4095);
+    CHECK(c->AnyLayerWindowed());
+  }
+  SECTION("layer_types and max_window_layers are Qwen2's, not Mistral's") {
+    j["sliding_window"] = 5;
+    j["max_window_layers"] = 1;
+    j["layer_types"] = {"full_attention", "full_attention"};
+    dir.WriteConfig(j);
+    auto c = LoadModelConfig(dir.path());
+    REQUIRE(c.ok());
+    CHECK(c->WindowLeft(0) == 4);
+    CHECK(c->WindowLeft(1) == 4);
+  }
+  SECTION("absent: HF's default 4096") {
+    dir.WriteConfig(j);
+    auto c = LoadModelConfig(dir.path());
+    REQUIRE(c.ok());
+    REQUIRE(c->sliding_window.has_value());
+    CHECK(*c->sliding_window == 4096);
   }
   SECTION("null") {
     j["sliding_window"] = nullptr;
@@ -195,6 +301,18 @@ TEST_CASE("ModelConfig Mistral sliding window", "[model_config]") {
     auto c = LoadModelConfig(dir.path());
     REQUIRE(c.ok());
     CHECK_FALSE(c->sliding_window.has_value());
+    CHECK(c->WindowLeft(0) == -1);
+    CHECK(c->WindowLeft(1) == -1);
+    CHECK_FALSE(c->AnyLayerWindowed());
+  }
+  SECTION("Llama has no sliding window, whatever the config says") {
+    j["architectures"] = json::array({"LlamaForCausalLM"});
+    j["sliding_window"] = 16;
+    dir.WriteConfig(j);
+    auto c = LoadModelConfig(dir.path());
+    REQUIRE(c.ok());
+    CHECK_FALSE(c->sliding_window.has_value());
+    CHECK(c->WindowLeft(0) == -1);
   }
   SECTION("an explicit attention_bias is honored for Llama") {
     j["architectures"] = json::array({"LlamaForCausalLM"});
