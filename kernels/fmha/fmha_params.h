@@ -80,9 +80,9 @@ struct FmhaParams {
 
   float softmax_scale = 1.0f;
   FmhaMask mask;
-  float softcap = 0.0f;                  // 0: off
-  const float* alibi_slopes = nullptr;   // [num_q_heads], optional
-  const float* sink_logits = nullptr;    // [num_q_heads], optional (learned per-head sinks)
+  float softcap = 0.0f;                 // 0: off
+  const float* alibi_slopes = nullptr;  // [num_q_heads], optional
+  const float* sink_logits = nullptr;   // [num_q_heads], optional (learned per-head sinks)
 };
 
 // Total query rows: batch * seqlen_q, or seqstart_q[batch] (host pointers only: the CPU

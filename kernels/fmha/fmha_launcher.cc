@@ -1,0 +1,207 @@
+// Host side of the FMHA forward: validation, plan (warp layout, row tiles, KV splits), dispatch
+// to the per-dtype device code. Plain C++ (compiled by the host compiler for CUDA and HIP).
+#include "kernels/fmha/fmha_launcher.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "kernels/fmha/fmha_dispatch.h"
+
+namespace llm {
+namespace {
+
+using fmha::Layout;
+
+constexpr int kMaxSplits = 64;
+constexpr int kMinKeysPerSplit = 256;
+
+bool Aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+int MaxSeqlenQ(const FmhaParams& p) {
+  return p.seqstart_q ? p.max_seqlen_q : p.seqlen_q;
+}
+
+// Upper bound of any sequence's key count, known on the host.
+int64_t MaxSeqlenK(const FmhaParams& p) {
+  return p.block_size > 0 ? static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size
+                          : p.cache_seqlen;
+}
+
+Layout ChooseLayout(const FmhaParams& p) {
+  const int64_t rows = static_cast<int64_t>(MaxSeqlenQ(p)) * (p.num_q_heads / p.num_kv_heads);
+  return rows <= fmha::kDecodeRows ? Layout::kDecode : Layout::kPrefill;
+}
+
+int RowTiles(const FmhaParams& p, Layout layout) {
+  const int64_t rows = static_cast<int64_t>(MaxSeqlenQ(p)) * (p.num_q_heads / p.num_kv_heads);
+  const int tile = fmha::LayoutRows(layout);
+  return static_cast<int>((rows + tile - 1) / tile);
+}
+
+struct DeviceInfo {
+  int num_sms = 0;
+  int smem_optin = 0;
+};
+
+DeviceInfo QueryDeviceInfo() {
+  DeviceInfo d;
+  if (fmha::QueryDevice(&d.num_sms, &d.smem_optin) != nullptr) d = DeviceInfo{};
+  return d;
+}
+
+// Splits for the automatic choice: the count whose grid fills the GPU's resident CTA slots in the
+// fullest waves (a 1.3-wave grid idles most SMs during its tail; a tiny grid leaves SMs empty),
+// never below kMinKeysPerSplit keys per split; a split beyond one wave must gain 3%.
+int AutoSplits(const FmhaParams& p, Layout layout, int row_tiles) {
+  const int64_t ctas = static_cast<int64_t>(p.batch) * p.num_kv_heads * row_tiles;
+  const DeviceInfo dev = QueryDeviceInfo();
+  if (ctas <= 0 || dev.num_sms <= 0) return 1;
+  fmha::Run probe;
+  probe.p = p;
+  probe.layout = layout;
+  probe.row_tiles = row_tiles;
+  int per_sm = 0;
+  const char* err = p.dtype == FmhaDType::kBf16 ? fmha::ResidentCtasBf16(probe, &per_sm)
+                                                : fmha::ResidentCtasFp16(probe, &per_sm);
+  if (err || per_sm <= 0) per_sm = 1;
+  const int64_t slots = static_cast<int64_t>(dev.num_sms) * per_sm;
+  auto efficiency = [&](int64_t n) {
+    const double waves = static_cast<double>(ctas * n) / slots;
+    return waves <= 1.0 ? waves : waves / std::ceil(waves);
+  };
+  const int64_t max_splits = std::clamp<int64_t>(MaxSeqlenK(p) / kMinKeysPerSplit, 1, kMaxSplits);
+  int best = 1;
+  double best_e = efficiency(1);
+  for (int n = 2; n <= max_splits; ++n) {
+    const double e = efficiency(n);
+    if (ctas * n <= slots ? e > best_e : e > best_e + 0.03) {
+      best = n;
+      best_e = e;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+Status FmhaCheckParams(const FmhaParams& p) {
+  auto bad = [](const std::string& m) { return InvalidArgument("FmhaForward: " + m); };
+  if (p.dtype != FmhaDType::kBf16 && p.dtype != FmhaDType::kFp16) {
+    return bad("dtype must be bf16 or fp16");
+  }
+  if (p.head_dim != 64 && p.head_dim != 128) {
+    return bad("head_dim " + std::to_string(p.head_dim) + " unsupported (64 or 128)");
+  }
+  if (p.batch < 0) return bad("batch " + std::to_string(p.batch) + " < 0");
+  if (p.num_q_heads <= 0 || p.num_kv_heads <= 0 || p.num_q_heads % p.num_kv_heads != 0) {
+    return bad("num_q_heads (" + std::to_string(p.num_q_heads) +
+               ") must be a positive multiple of num_kv_heads (" + std::to_string(p.num_kv_heads) +
+               ")");
+  }
+  if (p.seqstart_q) {
+    if (p.max_seqlen_q < 0) return bad("group mode needs max_seqlen_q >= 0");
+  } else if (p.seqlen_q < 0) {
+    return bad("seqlen_q " + std::to_string(p.seqlen_q) + " < 0");
+  }
+  if (p.batch == 0 || MaxSeqlenQ(p) == 0) return Status::Ok();  // nothing to do
+  if (!p.seqlen_k) return bad("seqlen_k is null");
+  if (!p.q || !p.k || !p.v || !p.out) return bad("q, k, v and out must be non-null");
+  if (!Aligned16(p.q) || !Aligned16(p.k) || !Aligned16(p.v) || !Aligned16(p.out)) {
+    return bad("q, k, v and out must be 16-byte aligned");
+  }
+  if (p.block_size > 0) {
+    if (p.block_size % 16 != 0) {
+      return bad("block_size " + std::to_string(p.block_size) + " is not a multiple of 16");
+    }
+    if (!p.block_table || p.max_blocks_per_seq <= 0) {
+      return bad("paged KV needs block_table and max_blocks_per_seq > 0");
+    }
+  } else if (p.block_size < 0) {
+    return bad("block_size " + std::to_string(p.block_size) + " < 0");
+  } else if (p.cache_seqlen <= 0) {
+    return bad("contiguous KV (block_size 0) needs cache_seqlen > 0");
+  }
+  if (p.mask.sink_tokens < 0) return bad("mask.sink_tokens < 0");
+  switch (p.mask.type) {
+    case FmhaMaskType::kNone:
+    case FmhaMaskType::kCausalTopLeft:
+    case FmhaMaskType::kCausalBottomRight:
+    case FmhaMaskType::kWindow:
+      break;
+    default:
+      return bad("unknown mask type");
+  }
+  if (!std::isfinite(p.softmax_scale)) return bad("softmax_scale is not finite");
+  if (!(p.softcap >= 0.f) || !std::isfinite(p.softcap)) return bad("softcap must be >= 0");
+  const int64_t rows = static_cast<int64_t>(MaxSeqlenQ(p)) * (p.num_q_heads / p.num_kv_heads);
+  if (rows > static_cast<int64_t>(fmha::kPrefillRows) * 65535 || p.batch > 65535) {
+    return bad("grid too large: max_seqlen_q * group must be <= 8388480 and batch <= 65535");
+  }
+  return Status::Ok();
+}
+
+size_t FmhaWorkspaceBytes(const FmhaParams& p, int num_splits) {
+  if (!FmhaCheckParams(p).ok() || p.batch == 0 || MaxSeqlenQ(p) == 0) return 0;
+  const Layout layout = ChooseLayout(p);
+  const int row_tiles = RowTiles(p, layout);
+  if (num_splits == 0) {
+    num_splits = AutoSplits(p, layout, row_tiles);
+  }
+  return fmha::WorkspaceBytes(p, layout, row_tiles, num_splits);
+}
+
+int FmhaAutoSplits(const FmhaParams& p) {
+  if (!FmhaCheckParams(p).ok() || p.batch == 0 || MaxSeqlenQ(p) == 0) return 1;
+  const Layout layout = ChooseLayout(p);
+  return AutoSplits(p, layout, RowTiles(p, layout));
+}
+
+Status FmhaForward(const FmhaParams& p, void* stream) {
+  return FmhaForward(p, FmhaLaunchOptions{}, stream);
+}
+
+Status FmhaForward(const FmhaParams& p, const FmhaLaunchOptions& options, void* stream) {
+  LLM_RETURN_IF_ERROR(FmhaCheckParams(p));
+  if (p.batch == 0 || MaxSeqlenQ(p) == 0) return Status::Ok();
+  if (options.num_splits < 0) {
+    return InvalidArgument("FmhaForward: num_splits " + std::to_string(options.num_splits) +
+                           " < 0");
+  }
+  fmha::Run run;
+  run.p = p;
+  run.layout = ChooseLayout(p);
+  run.row_tiles = RowTiles(p, run.layout);
+  int splits = options.num_splits;
+  if (splits == 0) {
+    splits = options.workspace ? AutoSplits(p, run.layout, run.row_tiles) : 1;
+  }
+  splits = std::min(splits, kMaxSplits);
+  if (splits > 1) {
+    const size_t need = fmha::WorkspaceBytes(p, run.layout, run.row_tiles, splits);
+    if (!options.workspace || options.workspace_bytes < need || !Aligned16(options.workspace)) {
+      return InvalidArgument("FmhaForward: " + std::to_string(splits) +
+                             " KV splits need a 16-byte aligned " + std::to_string(need) +
+                             "-byte workspace, got " +
+                             std::to_string(options.workspace ? options.workspace_bytes : 0));
+    }
+    if (static_cast<int64_t>(p.num_kv_heads) * splits > (int64_t{1} << 31) - 1) {
+      return InvalidArgument("FmhaForward: num_kv_heads * num_splits too large");
+    }
+    const size_t parts = static_cast<size_t>(p.batch) * p.num_kv_heads * run.row_tiles * splits *
+                         fmha::LayoutRows(run.layout);
+    auto* base = static_cast<char*>(options.workspace);
+    run.partial_o = reinterpret_cast<float*>(base);
+    run.partial_lse = reinterpret_cast<float*>(base + parts * p.head_dim * sizeof(float));
+  }
+  run.num_splits = splits;
+  const char* err =
+      p.dtype == FmhaDType::kBf16 ? fmha::LaunchBf16(run, stream) : fmha::LaunchFp16(run, stream);
+  if (err) return Internal(std::string("FmhaForward: kernel launch failed: ") + err);
+  return Status::Ok();
+}
+
+}  // namespace llm
