@@ -1,1 +1,11 @@
-# Filled in by the MLA decode kernel work (issue 6).
+# MLA decode (issue 6): the SM120 design (mma.sync, <= 99 KB shared memory per CTA), built for
+# every CUDA arch of the build (sm_90 and sm_120 included). One .cu per cache type, so a 2-core
+# build compiles them in parallel.
+if(LLM_HAVE_CUDA)
+  target_sources(llm_cuda_kernels PRIVATE
+    ${CMAKE_CURRENT_LIST_DIR}/mla_decode.cc
+    ${CMAKE_CURRENT_LIST_DIR}/mla_decode_bf16.cu
+    ${CMAKE_CURRENT_LIST_DIR}/mla_decode_fp8.cu
+    ${CMAKE_CURRENT_LIST_DIR}/mla_merge_append.cu
+    ${CMAKE_CURRENT_LIST_DIR}/cuda_mla_backend.cc)
+endif()

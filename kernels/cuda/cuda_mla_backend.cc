@@ -1,0 +1,75 @@
+// Attaches the CUDA MLA decode kernel to the "cuda_mla" catalog entry (kernels/kernel_catalog.cc):
+// AttentionKind::kMla, latent width 576 with rope 64, bf16 or fp8 e4m3 cache (one per-layer
+// scale, MlaParams::cache_scale), bf16 activations, causal, 1..kMlaMaxDecodeQueryLen query rows
+// per decode sequence, any block size. Plan uploads the step's plan; RunMla appends every row's
+// latent, then attends the decode sequences on the backend's stream (the model's compute stream)
+// and leaves the other rows of out_latent untouched.
+//
+// The model sets the stream through AttentionBackend::set_stream and calls RunMla through
+// MlaAttentionBackend (dynamic_cast from the registry's AttentionBackend).
+#include <memory>
+
+#include "engine/base/check.h"
+#include "kernels/backend_registry.h"
+#include "kernels/cuda/c8_attention.h"
+#include "kernels/cuda/cuda_c8_backend.h"
+#include "kernels/cuda/mla_decode.h"
+
+namespace llm::cuda {
+namespace {
+
+class CudaMlaBackend final : public MlaAttentionBackend {
+ public:
+  explicit CudaMlaBackend(const AttentionSpec& spec)
+      : spec_(spec),
+        attn_(MlaDecodeShape{
+            spec.num_q_heads, spec.block_size,
+            spec.kv_dtype == DType::kFp8E4M3 ? MlaCacheType::kFp8E4M3 : MlaCacheType::kBf16}) {
+    LLM_CHECK(spec.head_dim == kMlaCacheDim && spec.mla_rope_dim == kMlaRopeDim)
+        << "cuda_mla needs head_dim " << kMlaCacheDim << " with mla_rope_dim " << kMlaRopeDim;
+    LLM_CHECK(spec.kv_dtype == DType::kBF16 || spec.kv_dtype == DType::kFp8E4M3)
+        << "cuda_mla cache dtype " << DTypeName(spec.kv_dtype);
+    config_.num_sms = CudaNumSms();
+    attn_.ctas_per_sm(config_.ctas_per_sm);
+  }
+
+  std::string name() const override { return "cuda_mla"; }
+  size_t BlockBytes() const override {
+    return static_cast<size_t>(spec_.block_size) * kMlaCacheDim *
+           (spec_.kv_dtype == DType::kBF16 ? 2 : 1);
+  }
+  void set_stream(void* stream) override { stream_ = stream; }
+  Status Plan(const AttentionBatch& batch) override {
+    return attn_.Upload(batch, BuildMlaPlan(attn_.shape(), batch, config_), stream_);
+  }
+  void Run(const AttentionParams&) override {
+    LLM_CHECK(false) << "cuda_mla is an MLA backend: call RunMla";
+  }
+  void RunMla(const MlaParams& p) override {
+    MlaDecode::LayerArgs a;
+    a.q_latent = p.q_latent;
+    a.q_pe = p.q_pe;
+    a.latent_new = p.latent_new;
+    a.out_latent = p.out_latent;
+    a.cache = p.cache;
+    a.cache_scale = p.cache_scale;
+    a.softmax_scale = p.softmax_scale;
+    const Status st = attn_.Run(a, stream_);
+    LLM_CHECK(st.ok()) << st.ToString();
+  }
+
+ private:
+  AttentionSpec spec_;
+  MlaDecode attn_;
+  MlaPlanConfig config_;
+  void* stream_ = nullptr;
+};
+
+const BackendRegistrar kRegistrar(
+    "cuda_mla", [](const AttentionSpec& spec) -> std::unique_ptr<AttentionBackend> {
+      auto* b = new CudaMlaBackend(spec);
+      return std::unique_ptr<AttentionBackend>(static_cast<MlaAttentionBackend*>(b));
+    });
+
+}  // namespace
+}  // namespace llm::cuda

@@ -1,0 +1,130 @@
+// MLA (DeepSeek multi-head latent attention) decode on CUDA: the absorbed form over a paged latent
+// cache [num_blocks, block_size, 576] (512 latent + 64 rope) in bf16 or fp8 e4m3 with one per-layer
+// scale; 16..128 query heads and 1..kMlaMaxDecodeQueryLen query tokens per sequence (causal);
+// split-KV with a merge kernel. Plain C++ header: no CUDA types.
+//
+// Plan/run split (like C8): BuildMlaPlan makes the work list on the host once per step,
+// MlaDecode::Upload copies it to the device, and Run only consumes it, so a step's launches can be
+// captured in a CUDA graph. Design notes are in mla_decode_kernel.cuh.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/base/status.h"
+#include "kernels/attention_backend.h"
+
+namespace llm::cuda {
+
+enum class MlaCacheType { kBf16, kFp8E4M3 };
+
+constexpr int kMlaLatentDim = 512;  // kv_lora_rank: q_latent, PV and output width
+constexpr int kMlaRopeDim = 64;
+constexpr int kMlaCacheDim = kMlaLatentDim + kMlaRopeDim;  // QK width, cached row width
+
+struct MlaDecodeShape {
+  int num_heads = 0;  // query heads; every head reads the one latent per token
+  int block_size = 64;
+  MlaCacheType cache = MlaCacheType::kBf16;
+};
+
+// One CTA's work: the rows q_len x num_heads of one sequence (row r = token q_start + r /
+// num_heads, head head_start + r % num_heads) against cache positions [kv_start, kv_end).
+struct MlaWorkItem {
+  int32_t seq;
+  int32_t q_start;  // first query token of the item in the flattened batch
+  int32_t q_len;
+  int32_t head_start;
+  int32_t num_heads;
+  int32_t kv_start;
+  int32_t kv_end;   // causal: the position after the item's last query token, or a chunk end
+  int32_t partial;  // -1: write out_latent directly; else this chunk's partial slot
+};
+
+// Combines the partials [first_partial, first_partial + num_partials) of one split item.
+struct MlaMergeItem {
+  int32_t q_start;
+  int32_t q_len;
+  int32_t head_start;
+  int32_t num_heads;
+  int32_t first_partial;
+  int32_t num_partials;
+};
+
+// CTA row tiles: 16, 32 or 64 query rows (heads x tokens) per CTA, one kernel variant each.
+constexpr int kMlaNumRowVariants = 3;
+constexpr int kMlaVariantRows[kMlaNumRowVariants] = {16, 32, 64};
+constexpr int kMlaMaxRows = 64;
+
+struct MlaPlanConfig {
+  int num_sms = 132;
+  // Resident CTAs per SM of each row variant (MlaDecode::ctas_per_sm()).
+  int ctas_per_sm[kMlaNumRowVariants] = {1, 1, 1};
+  int min_chunk_tokens = 128;  // never split KV finer than this (a multiple of 64)
+  int max_splits = 64;         // 1 disables split-KV
+  bool force_split = false;    // tests: split every item into min_chunk_tokens chunks
+};
+
+struct MlaPlan {
+  std::vector<MlaWorkItem> items[kMlaNumRowVariants];  // by row variant
+  std::vector<MlaMergeItem> merges;
+  int num_partials = 0;  // partial slots, each [kMlaMaxRows, 512] fp32 + [kMlaMaxRows] lse
+};
+
+// Work for the decode sequences of `batch` (1..kMlaMaxDecodeQueryLen query rows); the rows of
+// other sequences get no work. Heads of one token fill a CTA first (64 at most), then tokens:
+// 16 heads x 4 tokens or 32 x 2 share one CTA, 128 heads take two CTAs per token. KV is split
+// into chunks (and merged) when that fills the GPU's resident CTA slots in fewer, fuller waves.
+MlaPlan BuildMlaPlan(const MlaDecodeShape& shape, const AttentionBatch& batch,
+                     const MlaPlanConfig& config);
+
+// Device-side state for one MLA decode instance: uploaded plan, batch arrays, workspace.
+class MlaDecode {
+ public:
+  explicit MlaDecode(const MlaDecodeShape& shape);
+  ~MlaDecode();
+  MlaDecode(const MlaDecode&) = delete;
+  MlaDecode& operator=(const MlaDecode&) = delete;
+
+  // Uploads the batch's CSR arrays and the plan (async on `stream`, a cudaStream_t).
+  Status Upload(const AttentionBatch& batch, const MlaPlan& plan, void* stream);
+
+  struct LayerArgs {
+    const void* q_latent = nullptr;    // bf16 [num_tokens, H, 512] (decode rows read)
+    const void* q_pe = nullptr;        // bf16 [num_tokens, H, 64]
+    const void* latent_new = nullptr;  // bf16 [num_tokens, 576], every row appended
+    void* out_latent = nullptr;        // bf16 [num_tokens, H, 512] (decode rows written)
+    void* cache = nullptr;             // [num_blocks, block_size, 576] bf16 or fp8 bytes
+    float cache_scale = 1.0f;          // fp8: x = e4m3(byte) * cache_scale; bf16: ignored
+    float softmax_scale = 1.0f;
+  };
+  // Appends latent_new at the slot mapping (quantizing for fp8), then attends; uses the last
+  // uploaded plan.
+  Status Run(const LayerArgs& args, void* stream);
+  // Attention only (the cache already holds the new rows): for benchmarks.
+  Status Attend(const LayerArgs& args, void* stream);
+
+  const MlaDecodeShape& shape() const { return shape_; }
+  // Resident CTAs per SM of each row variant on the current device, for MlaPlanConfig.
+  void ctas_per_sm(int out[kMlaNumRowVariants]) const;
+
+ private:
+  Status Reserve(void** ptr, size_t* cap, size_t bytes);
+
+  MlaDecodeShape shape_;
+  int num_tokens_ = 0;
+  int num_items_[kMlaNumRowVariants] = {0, 0, 0};
+  int num_merges_ = 0, num_partials_ = 0;
+  void* d_ints_ = nullptr;  // CSR arrays, slot mapping, work and merge items
+  size_t d_ints_cap_ = 0;
+  void* d_partial_ = nullptr;  // partial outputs + lse
+  size_t d_partial_cap_ = 0;
+  void* h_pinned_ = nullptr;  // staging for the upload
+  size_t h_pinned_cap_ = 0;
+  // Offsets (in int32 elements) into d_ints_.
+  size_t off_q_indptr_ = 0, off_kv_lens_ = 0, off_page_indptr_ = 0, off_pages_ = 0, off_slots_ = 0,
+         off_merge_ = 0;
+  size_t off_items_[kMlaNumRowVariants] = {0, 0, 0};
+};
+
+}  // namespace llm::cuda

@@ -1,0 +1,55 @@
+// Device-side argument structs shared by the MLA decode kernels and their launchers (internal).
+// Plain C++: the launchers take these and an opaque stream.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/mla_decode.h"
+
+namespace llm::cuda::mla {
+
+struct AttendArgs {
+  const void* q_latent;  // bf16 [T, H, 512]
+  const void* q_pe;      // bf16 [T, H, 64]
+  void* out;             // bf16 [T, H, 512]
+  const void* cache;     // [num_blocks, block_size, 576] of the cache type
+  const int32_t* q_indptr;
+  const int32_t* kv_lens;
+  const int32_t* page_indptr;
+  const int32_t* pages;
+  const MlaWorkItem* items;
+  float* partial_o;    // [num_partials, kMlaMaxRows, 512]
+  float* partial_lse;  // [num_partials, kMlaMaxRows], log2 domain
+  int num_items;
+  int num_heads;
+  int block_size;
+  float scale_log2;  // softmax_scale * log2(e), times the cache scale for fp8 (K dequant)
+  float out_scale;   // 1, or the cache scale for fp8 (V dequant)
+};
+
+struct MergeArgs {
+  void* out;  // bf16 [T, H, 512]
+  const MlaMergeItem* items;
+  const float* partial_o;
+  const float* partial_lse;
+  int num_items;
+  int num_heads;
+};
+
+struct AppendArgs {
+  const void* latent_new;  // bf16 [T, 576]
+  void* cache;
+  const int32_t* slots;  // [T]: block * block_size + offset
+  int num_tokens;
+  float cache_scale;
+};
+
+// One translation unit per cache type; `rows` is a kMlaVariantRows entry.
+void LaunchAttendBf16(const AttendArgs& a, int rows, void* stream);
+void LaunchAttendFp8(const AttendArgs& a, int rows, void* stream);
+int AttendCtasPerSmBf16(int rows);
+int AttendCtasPerSmFp8(int rows);
+void LaunchMerge(const MergeArgs& a, void* stream);
+void LaunchAppend(const AppendArgs& a, MlaCacheType cache, void* stream);
+
+}  // namespace llm::cuda::mla

@@ -1,0 +1,388 @@
+// MLA decode on the GPU (kernels/cuda/mla_decode.h, backend "cuda_mla") against the CPU oracle
+// CpuMlaDecode, on fresh random inputs every run: odd KV lengths (1, 63, 65, 1000, 4097, ...),
+// shuffled block tables, batches mixing decodes of 1..4 query tokens with a prefill sequence (whose
+// rows must stay untouched), 16/32/64/128 query heads, bf16 and fp8-e4m3 caches, with split-KV
+// forced, disabled, and chosen by the planner.
+//
+// Checks per case:
+//   1. Append: the cache bytes after Run equal the host model exactly: the bf16 input bits for a
+//      bf16 cache, CpuMlaAppendLatent's QuantizeFp8 bytes for fp8; every other byte unchanged.
+//   2. Attention: out_latent of the decode rows against CpuMlaDecode over the cache the GPU read
+//      (bf16 values widened to fp32, or the fp8 bytes with the layer scale), q as the bf16 values.
+//      The kernel rounds P to 16 bits and the output to bf16: |gpu - ref| <= 2e-2 + 1e-2 |ref|
+//      per element and a relative L2 error below 1e-2 (measured errors are ~10x smaller).
+//   3. Rows of non-decode sequences keep their poison (NaN) bits; decode rows are all finite.
+//
+// "[mla_sanitize]" is a quick subset for compute-sanitizer:
+//   compute-sanitizer --tool memcheck build/<dir>/tests/gpu_tests "[mla_sanitize]"
+//   compute-sanitizer --tool racecheck build/<dir>/tests/gpu_tests "[mla_sanitize]"
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/base/dtype.h"
+#include "engine/base/quant.h"
+#include "kernels/backend_registry.h"
+#include "kernels/cpu/cpu_mla_attention.h"
+#include "kernels/cuda/c8_attention.h"
+#include "kernels/cuda/cuda_c8_backend.h"
+#include "kernels/cuda/mla_decode.h"
+
+namespace llm::cuda {
+namespace {
+
+#define CUDA_REQUIRE(x) REQUIRE((x) == cudaSuccess)
+
+constexpr int kC = kMlaLatentDim, kR = kMlaRopeDim, kL = kMlaCacheDim;
+
+enum class Split { kNone, kForced, kPlanner };
+enum class Path { kDirect, kRegistry };
+
+struct MlaCase {
+  int heads;
+  MlaCacheType cache;
+  Split split;
+  std::vector<std::pair<int, int>> seqs;  // (q_len, kv_len); q_len > 4: prefill, left alone
+  float softmax_scale = 0.0721688f;       // 1 / sqrt(192), DeepSeek's q/k head dim
+  Path path = Path::kDirect;
+  int block_size = 64;
+};
+
+std::string Name(const MlaCase& c) {
+  const char* split[] = {"no split", "forced split", "planner split"};
+  std::string s = std::string(c.cache == MlaCacheType::kBf16 ? "bf16" : "fp8") +
+                  " heads=" + std::to_string(c.heads) + " " + split[static_cast<int>(c.split)] +
+                  " scale=" + std::to_string(c.softmax_scale) +
+                  (c.path == Path::kRegistry ? " via registry" : "") + " seqs(q,kv)=";
+  for (auto [q, kv] : c.seqs) s += "(" + std::to_string(q) + "," + std::to_string(kv) + ")";
+  return s;
+}
+
+// Device memory freed on scope exit, so a failing REQUIRE does not leak.
+struct DeviceBuffer {
+  void* p = nullptr;
+  explicit DeviceBuffer(size_t bytes) { REQUIRE(cudaMalloc(&p, std::max<size_t>(bytes, 16)) == 0); }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+template <typename T>
+void ToDevice(const DeviceBuffer& d, const std::vector<T>& h) {
+  CUDA_REQUIRE(cudaMemcpy(d.p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+}
+template <typename T>
+std::vector<T> FromDevice(const DeviceBuffer& d, size_t n) {
+  std::vector<T> h(n);
+  CUDA_REQUIRE(cudaMemcpy(h.data(), d.p, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+int DeviceArch() {
+  int dev = 0;
+  cudaDeviceProp prop{};
+  cudaGetDevice(&dev);
+  cudaGetDeviceProperties(&prop, dev);
+  return prop.major * 10 + prop.minor;
+}
+
+// Runs one case; returns the number of split-KV partials the plan used (-1 via the registry).
+int RunCase(const MlaCase& c, std::mt19937& rng) {
+  INFO(Name(c));
+  const int H = c.heads, bs = c.block_size;
+  const bool fp8 = c.cache == MlaCacheType::kFp8E4M3;
+  const size_t esize = fp8 ? 1 : 2;
+  const float cache_scale = fp8 ? 4.0f / kFp8E4M3Max : 1.0f;  // |x| <= 4 representable
+  std::normal_distribution<float> nd(0.f, 1.f);
+
+  // Batch: block ids shuffled over a pool with spare blocks.
+  AttentionBatch b;
+  b.num_seqs = static_cast<int>(c.seqs.size());
+  b.q_indptr.push_back(0);
+  b.page_indptr.push_back(0);
+  int total_blocks = 0;
+  for (auto [q, kv] : c.seqs) total_blocks += (kv + bs - 1) / bs;
+  const int num_blocks = total_blocks + 5;
+  std::vector<int32_t> pool(num_blocks);
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  int next = 0;
+  for (auto [q, kv] : c.seqs) {
+    REQUIRE(q <= kv);
+    for (int i = 0; i < (kv + bs - 1) / bs; ++i) b.page_indices.push_back(pool[next++]);
+    b.page_indptr.push_back(static_cast<int32_t>(b.page_indices.size()));
+    b.kv_lens.push_back(kv);
+    b.q_indptr.push_back(b.q_indptr.back() + q);
+  }
+  b.num_tokens = b.q_indptr.back();
+  for (int s = 0; s < b.num_seqs; ++s) {
+    const int q_len = b.q_indptr[s + 1] - b.q_indptr[s], kv = b.kv_lens[s];
+    for (int i = kv - q_len; i < kv; ++i) {
+      b.slot_mapping.push_back(b.page_indices[b.page_indptr[s] + i / bs] * bs + i % bs);
+    }
+  }
+  const int T = b.num_tokens;
+  const MlaShape ref_shape{H, kC, kR, bs};
+
+  // Cache image: old tokens written on the host in the cache format, NaN bytes everywhere else
+  // (0xff is NaN in bf16 pairs and in e4m3), so a read outside [0, kv_len) shows in the output.
+  const size_t cache_rows = static_cast<size_t>(num_blocks) * bs;
+  std::vector<uint8_t> cache(cache_rows * kL * esize, 0xff);
+  for (int s = 0; s < b.num_seqs; ++s) {
+    const int q_len = b.q_indptr[s + 1] - b.q_indptr[s];
+    for (int i = 0; i < b.kv_lens[s] - q_len; ++i) {
+      const size_t row =
+          static_cast<size_t>(b.page_indices[b.page_indptr[s] + i / bs]) * bs + i % bs;
+      for (int d = 0; d < kL; ++d) {
+        const float x = nd(rng);
+        if (fp8) {
+          cache[row * kL + d] = QuantizeFp8(x, cache_scale);
+        } else {
+          const uint16_t v = F32ToBf16(x);
+          std::memcpy(&cache[(row * kL + d) * 2], &v, 2);
+        }
+      }
+    }
+  }
+  // Activations, bf16 as the GPU model produces them.
+  std::vector<uint16_t> latent_new(static_cast<size_t>(T) * kL),
+      q_latent(static_cast<size_t>(T) * H * kC), q_pe(static_cast<size_t>(T) * H * kR);
+  for (auto& x : latent_new) x = F32ToBf16(nd(rng));
+  for (auto& x : q_latent) x = F32ToBf16(nd(rng));
+  for (auto& x : q_pe) x = F32ToBf16(nd(rng));
+
+  DeviceBuffer d_cache(cache.size()), d_latent_new(latent_new.size() * 2),
+      d_q_latent(q_latent.size() * 2), d_q_pe(q_pe.size() * 2),
+      d_out(static_cast<size_t>(T) * H * kC * 2);
+  ToDevice(d_cache, cache);
+  ToDevice(d_latent_new, latent_new);
+  ToDevice(d_q_latent, q_latent);
+  ToDevice(d_q_pe, q_pe);
+  CUDA_REQUIRE(cudaMemset(d_out.p, 0xff, static_cast<size_t>(T) * H * kC * 2));  // NaN poison
+
+  int num_partials = -1;
+  if (c.path == Path::kDirect) {
+    MlaDecode attn(MlaDecodeShape{H, bs, c.cache});
+    MlaPlanConfig pc;
+    pc.num_sms = CudaNumSms();
+    attn.ctas_per_sm(pc.ctas_per_sm);
+    pc.min_chunk_tokens = 64;
+    if (c.split == Split::kNone) pc.max_splits = 1;
+    pc.force_split = c.split == Split::kForced;
+    const MlaPlan plan = BuildMlaPlan(attn.shape(), b, pc);
+    num_partials = plan.num_partials;
+    if (c.split == Split::kNone) CHECK(plan.num_partials == 0);
+    REQUIRE(attn.Upload(b, plan, nullptr).ok());
+    MlaDecode::LayerArgs la;
+    la.q_latent = d_q_latent.p;
+    la.q_pe = d_q_pe.p;
+    la.latent_new = d_latent_new.p;
+    la.out_latent = d_out.p;
+    la.cache = d_cache.p;
+    la.cache_scale = cache_scale;
+    la.softmax_scale = c.softmax_scale;
+    const Status st = attn.Run(la, nullptr);
+    INFO(st.ToString());
+    REQUIRE(st.ok());
+    CUDA_REQUIRE(cudaDeviceSynchronize());
+  } else {
+    AttentionSpec spec;
+    spec.device = DeviceKind::kCuda;
+    spec.device_arch = DeviceArch();
+    spec.kind = AttentionKind::kMla;
+    spec.kv_dtype = fp8 ? DType::kFp8E4M3 : DType::kBF16;
+    spec.num_q_heads = H;
+    spec.num_kv_heads = 1;
+    spec.head_dim = kL;
+    spec.mla_rope_dim = kR;
+    spec.block_size = bs;
+    std::string table;
+    auto be = BackendRegistry::Global().Create(spec, "cuda_mla", &table);
+    INFO(table);
+    REQUIRE(be.ok());
+    auto* mla = dynamic_cast<MlaAttentionBackend*>(be.value().get());
+    auto* cuda = dynamic_cast<CudaAttentionBackend*>(be.value().get());
+    REQUIRE(mla != nullptr);
+    REQUIRE(cuda != nullptr);
+    CHECK(mla->name() == "cuda_mla");
+    CHECK(mla->BlockBytes() == static_cast<size_t>(bs) * kL * esize);
+    cuda->set_stream(nullptr);
+    REQUIRE(mla->Plan(b).ok());
+    MlaParams p;
+    p.q_latent = d_q_latent.p;
+    p.q_pe = d_q_pe.p;
+    p.latent_new = d_latent_new.p;
+    p.out_latent = d_out.p;
+    p.cache = d_cache.p;
+    p.cache_scale = cache_scale;
+    p.softmax_scale = c.softmax_scale;
+    mla->RunMla(p);
+    CUDA_REQUIRE(cudaDeviceSynchronize());
+  }
+  CUDA_REQUIRE(cudaGetLastError());
+
+  // 1. Append, bit for bit.
+  std::vector<float> latent_new_f(latent_new.size());
+  for (size_t i = 0; i < latent_new.size(); ++i) latent_new_f[i] = Bf16ToF32(latent_new[i]);
+  std::vector<uint8_t> expect = cache;
+  if (fp8) {
+    CpuMlaAppendLatent(ref_shape, b, latent_new_f.data(), DType::kFp8E4M3, cache_scale,
+                       expect.data());
+  } else {
+    for (int t = 0; t < T; ++t) {
+      std::memcpy(&expect[static_cast<size_t>(b.slot_mapping[t]) * kL * 2],
+                  &latent_new[static_cast<size_t>(t) * kL], kL * 2);
+    }
+  }
+  const std::vector<uint8_t> cache_gpu = FromDevice<uint8_t>(d_cache, cache.size());
+  size_t byte_mismatch = 0;
+  for (size_t i = 0; i < expect.size(); ++i) byte_mismatch += cache_gpu[i] != expect[i];
+  CHECK(byte_mismatch == 0);
+
+  // 2. Attention against the oracle over the same cache values.
+  std::vector<float> qlf(q_latent.size()), qpf(q_pe.size());
+  for (size_t i = 0; i < qlf.size(); ++i) qlf[i] = Bf16ToF32(q_latent[i]);
+  for (size_t i = 0; i < qpf.size(); ++i) qpf[i] = Bf16ToF32(q_pe[i]);
+  std::vector<float> cache_f32;
+  MlaDecodeParams dp;
+  dp.shape = ref_shape;
+  if (fp8) {
+    dp.cache_dtype = DType::kFp8E4M3;
+    dp.cache = expect.data();
+    dp.cache_scale = cache_scale;
+  } else {
+    cache_f32.resize(cache_rows * kL);
+    for (size_t i = 0; i < cache_f32.size(); ++i) {
+      uint16_t v;
+      std::memcpy(&v, &expect[i * 2], 2);
+      cache_f32[i] = Bf16ToF32(v);
+    }
+    dp.cache_dtype = DType::kF32;
+    dp.cache = cache_f32.data();
+  }
+  dp.q_latent = qlf.data();
+  dp.q_pe = qpf.data();
+  dp.softmax_scale = c.softmax_scale;
+  std::vector<float> ref(static_cast<size_t>(T) * H * kC, 0.f);
+  dp.out_latent = ref.data();
+  const std::vector<int32_t> decode_seqs = MlaDecodeSeqs(b);
+  CpuMlaDecode(dp, b, decode_seqs);
+
+  const std::vector<uint16_t> out = FromDevice<uint16_t>(d_out, ref.size());
+  double err2 = 0, ref2 = 0, max_err = 0;
+  size_t bad = 0, non_finite = 0, touched = 0;
+  std::vector<bool> is_decode_row(T, false);
+  for (int s : decode_seqs) {
+    for (int t = b.q_indptr[s]; t < b.q_indptr[s + 1]; ++t) is_decode_row[t] = true;
+  }
+  for (int t = 0; t < T; ++t) {
+    for (size_t i = static_cast<size_t>(t) * H * kC; i < static_cast<size_t>(t + 1) * H * kC; ++i) {
+      if (!is_decode_row[t]) {
+        touched += out[i] != 0xffff;  // 3. prefill rows are the caller's
+        continue;
+      }
+      const float gv = Bf16ToF32(out[i]), rv = ref[i];
+      if (!std::isfinite(gv)) {
+        ++non_finite;
+        continue;
+      }
+      const double e = std::fabs(static_cast<double>(gv) - rv);
+      err2 += e * e;
+      ref2 += static_cast<double>(rv) * rv;
+      max_err = std::max(max_err, e);
+      bad += e > 2e-2 + 1e-2 * std::fabs(rv);
+    }
+  }
+  const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
+  INFO("relative L2 error " << rel << ", max abs error " << max_err << ", elements out of "
+                            << "tolerance " << bad << ", non-finite " << non_finite
+                            << ", prefill elements written " << touched);
+  CHECK(non_finite == 0);
+  CHECK(touched == 0);
+  CHECK(bad == 0);
+  CHECK(rel < 1e-2);
+  return num_partials;
+}
+
+// Decodes of 1..4 query tokens over odd lengths (first token of a prompt, block edges 63/64/65,
+// long tails), and a prefill chunk the decode kernel must leave alone; in random order.
+std::vector<std::pair<int, int>> MixedBatch(std::mt19937& rng) {
+  std::vector<std::pair<int, int>> seqs = {{1, 1},   {4, 4},   {2, 63},   {3, 65},  {1, 64},
+                                           {4, 129}, {1, 300}, {2, 1000}, {3, 517}, {9, 40}};
+  std::uniform_int_distribution<int> kv(5, 700);
+  std::uniform_int_distribution<int> ql(1, 4);
+  const int q = ql(rng);
+  seqs.push_back({q, kv(rng)});
+  std::shuffle(seqs.begin(), seqs.end(), rng);
+  return seqs;
+}
+
+TEST_CASE("MLA decode matches the CPU reference: every head count, both caches, split or not",
+          "[gpu][mla]") {
+  std::mt19937 rng(std::random_device{}());
+  for (MlaCacheType cache : {MlaCacheType::kBf16, MlaCacheType::kFp8E4M3}) {
+    for (int heads : {16, 32, 64, 128}) {
+      for (Split split : {Split::kNone, Split::kForced}) {
+        const int partials = RunCase({heads, cache, split, MixedBatch(rng)}, rng);
+        if (split == Split::kForced) CHECK(partials > 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("MLA decode: long contexts, planner-chosen split-KV and a single unsplit CTA",
+          "[gpu][mla]") {
+  std::mt19937 rng(std::random_device{}());
+  for (MlaCacheType cache : {MlaCacheType::kBf16, MlaCacheType::kFp8E4M3}) {
+    // A small batch of long contexts: the planner must split to fill the GPU.
+    CHECK(RunCase({16, cache, Split::kPlanner, {{1, 4097}, {2, 4096}, {4, 2049}}}, rng) > 0);
+    CHECK(RunCase({128, cache, Split::kPlanner, {{1, 4097}}}, rng) > 0);
+    // One CTA streams all 4097 tokens (online softmax over 129 tiles).
+    RunCase({128, cache, Split::kNone, {{1, 4097}}}, rng);
+    RunCase({32, cache, Split::kNone, {{3, 4099}, {1, 1}}}, rng);
+  }
+}
+
+TEST_CASE("MLA decode: sharply peaked softmax and block size 128", "[gpu][mla]") {
+  std::mt19937 rng(std::random_device{}());
+  for (MlaCacheType cache : {MlaCacheType::kBf16, MlaCacheType::kFp8E4M3}) {
+    MlaCase c{64, cache, Split::kForced, MixedBatch(rng)};
+    c.softmax_scale = 0.5f;  // score std ~12: the running max moves and rescales often
+    RunCase(c, rng);
+    MlaCase big{16, cache, Split::kPlanner, MixedBatch(rng)};
+    big.block_size = 128;
+    RunCase(big, rng);
+  }
+}
+
+TEST_CASE("MLA decode through the registry: cuda_mla appends and attends via RunMla",
+          "[gpu][mla]") {
+  std::mt19937 rng(std::random_device{}());
+  MlaCase fp8{16, MlaCacheType::kFp8E4M3, Split::kPlanner, MixedBatch(rng)};
+  fp8.path = Path::kRegistry;
+  RunCase(fp8, rng);
+  MlaCase bf16{128, MlaCacheType::kBf16, Split::kPlanner, {{1, 2000}, {2, 65}, {17, 30}}};
+  bf16.path = Path::kRegistry;
+  RunCase(bf16, rng);
+}
+
+TEST_CASE("MLA decode: quick subset for compute-sanitizer", "[gpu][mla_sanitize]") {
+  std::mt19937 rng(12345);
+  const std::vector<std::pair<int, int>> seqs = {{1, 1}, {4, 70}, {2, 130}, {6, 20}};
+  for (MlaCacheType cache : {MlaCacheType::kBf16, MlaCacheType::kFp8E4M3}) {
+    RunCase({16, cache, Split::kForced, seqs}, rng);
+    RunCase({128, cache, Split::kNone, seqs}, rng);
+    RunCase({32, cache, Split::kForced, seqs}, rng);
+  }
+}
+
+}  // namespace
+}  // namespace llm::cuda
