@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <unordered_map>
 
 namespace llm {
 
@@ -26,116 +25,132 @@ void ComputeLogprobs(std::span<const float> logits, int32_t token, int n, Sample
   for (int i = 0; i < n; ++i) out->top.emplace_back(idx[i], logits[idx[i]] - log_z);
 }
 
-SampledToken Sampler::Sample(std::span<float> logits, std::span<const int32_t> prompt,
-                             std::span<const int32_t> generated) {
+SampledToken SampleWithJob(std::span<float> logits, const SamplingJob& job,
+                           std::span<const PenaltyEntry> penalties) {
   const int vocab = static_cast<int>(logits.size());
-  // Penalties act on the logits before anything else (vLLM/HF order).
-  if (params_.repetition_penalty != 1.0f) {
-    std::vector<bool> seen(vocab, false);
-    for (int32_t t : prompt) seen[t] = true;
-    for (int32_t t : generated) seen[t] = true;
-    for (int i = 0; i < vocab; ++i) {
-      if (!seen[i]) continue;
-      logits[i] = logits[i] > 0 ? logits[i] / params_.repetition_penalty
-                                : logits[i] * params_.repetition_penalty;
+  for (const PenaltyEntry& e : penalties) {
+    if (e.token >= 0 && e.token < vocab) {
+      logits[e.token] = sampling::Penalize(logits[e.token], e.generated_count, job);
     }
   }
-  if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
-    std::unordered_map<int32_t, int> counts;
-    for (int32_t t : generated) ++counts[t];
-    for (const auto& [t, c] : counts) {
-      logits[t] -= params_.presence_penalty + params_.frequency_penalty * static_cast<float>(c);
-    }
-  }
-
   SampledToken out;
-  if (params_.greedy()) {
-    out.token =
-        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    // Logprobs cost a pass of exp() over the vocabulary: only when asked for.
-    if (params_.logprobs > 0) ComputeLogprobs(logits, out.token, params_.logprobs, &out);
-    return out;
-  }
-  if (params_.top_k == 0 && params_.top_p >= 1.0f && params_.min_p == 0.0f) {
-    // Plain temperature sampling needs no sorted candidate list: one pass over the vocabulary.
-    const float max = *std::max_element(logits.begin(), logits.end());
-    const double inv_t = 1.0 / params_.temperature;
-    probs_.resize(vocab);
-    double sum = 0.0;
-    for (int i = 0; i < vocab; ++i)
-      sum += probs_[i] = static_cast<float>(std::exp((logits[i] - max) * inv_t));
-    const double u = static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0) * sum;
-    double cum = 0.0;
-    out.token = vocab - 1;
-    for (int i = 0; i < vocab; ++i) {
-      cum += probs_[i];
-      if (u < cum) {
-        out.token = i;
-        break;
-      }
-    }
-    if (params_.logprobs > 0) ComputeLogprobs(logits, out.token, params_.logprobs, &out);
-    return out;
-  }
-  // Logprobs are reported from the penalized logits before temperature and truncation.
-  std::vector<float> raw;
-  if (params_.logprobs > 0) raw.assign(logits.begin(), logits.end());
+  const int32_t argmax =
+      static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  out.token = argmax;
+  if (job.temperature == 0.0f) return out;
 
-  // Candidates sorted by logit, descending; ties by id so the order is deterministic.
-  order_.resize(vocab);
-  std::iota(order_.begin(), order_.end(), 0);
-  int keep = vocab;
-  if (params_.top_k > 0 && params_.top_k < vocab) keep = params_.top_k;
+  const float max = logits[argmax];
+  const float inv_t = sampling::InvTemperature(job.temperature);
+  auto prob = [&](int32_t i) { return sampling::Prob(logits[i], max, inv_t); };
+  // The draw over kept ids in ascending order.
+  auto draw = [&](const auto& kept_ids) {
+    uint64_t total = 0;
+    for (int32_t i : kept_ids) total += sampling::Mass(prob(i));
+    const uint64_t threshold = sampling::DrawThreshold(job.u, total);
+    uint64_t cum = 0;
+    for (int32_t i : kept_ids) {
+      cum += sampling::Mass(prob(i));
+      if (cum > threshold) return i;
+    }
+    return argmax;  // unreachable: threshold < total
+  };
+
+  const bool top_k = job.top_k > 0 && job.top_k < vocab;
+  const bool top_p = job.top_p < 1.0f;
+  const bool min_p = job.min_p > 0.0f;
+  if (!top_k && !top_p && !min_p) {
+    // Plain temperature: every id is kept; one pass, no ordering.
+    std::vector<int32_t> all(vocab);
+    std::iota(all.begin(), all.end(), 0);
+    out.token = draw(all);
+    return out;
+  }
+  // K is defined on the order "logit descending, lower id first".
+  std::vector<int32_t> order(vocab);
+  std::iota(order.begin(), order.end(), 0);
   auto by_logit = [&](int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   };
+  int keep = top_k ? job.top_k : vocab;
   if (keep < vocab) {
-    std::partial_sort(order_.begin(), order_.begin() + keep, order_.end(), by_logit);
+    std::partial_sort(order.begin(), order.begin() + keep, order.end(), by_logit);
   } else {
-    std::sort(order_.begin(), order_.end(), by_logit);
+    std::sort(order.begin(), order.end(), by_logit);
   }
-  // Softmax with temperature over the kept candidates (double for a stable cumulative sum).
-  const double inv_t = 1.0 / params_.temperature;
-  const float max = logits[order_[0]];
-  probs_.resize(keep);
-  double sum = 0.0;
-  for (int i = 0; i < keep; ++i) {
-    probs_[i] = static_cast<float>(std::exp((logits[order_[i]] - max) * inv_t));
-    sum += probs_[i];
-  }
-  // top-p: smallest prefix whose mass reaches top_p (always at least one token).
-  if (params_.top_p < 1.0f) {
-    double cum = 0.0;
+  if (top_p) {
+    uint64_t total = 0;
+    for (int i = 0; i < keep; ++i) total += sampling::Mass(prob(order[i]));
+    const uint64_t target = sampling::TopPTarget(job.top_p, total);
+    uint64_t cum = 0;
     int n = 0;
     while (n < keep) {
-      cum += probs_[n] / sum;
-      ++n;
-      if (cum >= params_.top_p) break;
+      cum += sampling::Mass(prob(order[n++]));
+      if (cum >= target) break;
     }
     keep = n;
   }
-  // min-p: drop tokens whose probability is below min_p x the top probability.
-  if (params_.min_p > 0.0f) {
-    const float threshold = params_.min_p * probs_[0];
-    int n = 1;
-    while (n < keep && probs_[n] >= threshold) ++n;
-    keep = n;
+  order.resize(keep);
+  if (min_p) {
+    // A filter, not a prefix: p falls along the order only up to rounding. The top has p = 1.
+    std::erase_if(order, [&](int32_t i) { return prob(i) < job.min_p; });
   }
-  double kept_sum = 0.0;
-  for (int i = 0; i < keep; ++i) kept_sum += probs_[i];
-  // 53-bit uniform from the request's own stream.
-  const double u = static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0) * kept_sum;
-  double cum = 0.0;
-  int chosen = keep - 1;
-  for (int i = 0; i < keep; ++i) {
-    cum += probs_[i];
-    if (u < cum) {
-      chosen = i;
-      break;
-    }
+  std::sort(order.begin(), order.end());
+  out.token = draw(order);
+  return out;
+}
+
+void Sampler::UpdatePenalties(std::span<const int32_t> prompt, std::span<const int32_t> generated) {
+  const bool repetition = params_.repetition_penalty != 1.0f;
+  const bool counts = params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f;
+  if (!repetition && !counts) return;
+  if (prompt.size() < prompt_seen_ || generated.size() < generated_seen_) {
+    // Not the same growing request: start over.
+    penalties_.clear();
+    index_.clear();
+    prompt_seen_ = generated_seen_ = 0;
   }
-  out.token = order_[chosen];
-  if (params_.logprobs > 0) ComputeLogprobs(raw, out.token, params_.logprobs, &out);
+  auto entry = [&](int32_t t) -> PenaltyEntry& {
+    auto [it, inserted] = index_.emplace(t, static_cast<int32_t>(penalties_.size()));
+    if (inserted) penalties_.push_back({t, 0});
+    return penalties_[it->second];
+  };
+  // Prompt tokens matter only to the repetition penalty.
+  if (repetition) {
+    for (size_t i = prompt_seen_; i < prompt.size(); ++i) entry(prompt[i]);
+  }
+  prompt_seen_ = prompt.size();
+  for (size_t i = generated_seen_; i < generated.size(); ++i) ++entry(generated[i]).generated_count;
+  generated_seen_ = generated.size();
+}
+
+SamplingJob Sampler::NextJob() {
+  SamplingJob job;
+  job.temperature = params_.temperature;
+  job.top_k = params_.top_k;
+  job.top_p = params_.top_p;
+  job.min_p = params_.min_p;
+  job.repetition_penalty = params_.repetition_penalty;
+  job.presence_penalty = params_.presence_penalty;
+  job.frequency_penalty = params_.frequency_penalty;
+  // 53-bit uniform from the request's own stream; greedy draws nothing.
+  if (!params_.greedy()) job.u = static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0);
+  return job;
+}
+
+SamplingJob Sampler::DeviceJob(std::span<const int32_t> prompt, std::span<const int32_t> generated,
+                               std::vector<PenaltyEntry>* penalties) {
+  UpdatePenalties(prompt, generated);
+  penalties->insert(penalties->end(), penalties_.begin(), penalties_.end());
+  return NextJob();
+}
+
+SampledToken Sampler::Sample(std::span<float> logits, std::span<const int32_t> prompt,
+                             std::span<const int32_t> generated) {
+  UpdatePenalties(prompt, generated);
+  SampledToken out = SampleWithJob(logits, NextJob(), penalties_);
+  // Logprobs cost a pass of exp() over the vocabulary: only when asked for. SampleWithJob leaves
+  // the penalized logits, before temperature, in place.
+  if (params_.logprobs > 0) ComputeLogprobs(logits, out.token, params_.logprobs, &out);
   return out;
 }
 

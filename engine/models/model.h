@@ -9,6 +9,7 @@
 #include "engine/base/status.h"
 #include "engine/model_config.h"
 #include "kernels/attention_backend.h"
+#include "kernels/cuda/sampling.h"
 
 namespace llm {
 
@@ -17,9 +18,14 @@ struct ForwardBatch {
   std::vector<int32_t> positions;   // [num_tokens]
   AttentionBatch attn;              // block tables and slots for the same tokens
   std::vector<int32_t> logit_rows;  // rows of the batch whose logits are wanted
-  // Per logit row: only its argmax is needed (greedy, no penalties, no logprobs). A model may
-  // then return the argmax instead of the row's logits (see ForwardSampled).
-  std::vector<uint8_t> argmax_only;
+  // Device sampling (only filled for a model whose samples_on_device() is true): per logit row,
+  // 1 if the row wants a token, not logits, drawn from sampling_jobs[r] with the penalty entries
+  // penalties[penalty_indptr[r] .. penalty_indptr[r + 1]) (kernels/cuda/sampling.h). Rows that
+  // need their logits (logprobs, a logits observer) are 0. Empty: every row returns logits.
+  std::vector<uint8_t> device_sampled;     // [logit_rows]
+  std::vector<SamplingJob> sampling_jobs;  // [logit_rows]
+  std::vector<int32_t> penalty_indptr;     // [logit_rows + 1]
+  std::vector<PenaltyEntry> penalties;     // CSR values
 };
 
 class Model {
@@ -28,14 +34,16 @@ class Model {
   virtual const ModelConfig& config() const = 0;
   // logits: [logit_rows.size(), vocab_size], resized by the call.
   virtual Status Forward(const ForwardBatch& batch, std::vector<float>* logits) = 0;
-  // Forward, with the option to reduce argmax_only rows on the device: argmax[r] >= 0 gives the
-  // token of logit row r, whose logits are then not filled. The default computes every row's
-  // logits and leaves argmax empty.
+  // Forward, sampling the device_sampled rows where the model can: tokens[r] >= 0 is the token of
+  // logit row r, whose logits are then not filled. The default computes every row's logits and
+  // leaves tokens empty (the engine samples them on the host, by the same definition).
   virtual Status ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,
-                                std::vector<int32_t>* argmax) {
-    argmax->clear();
+                                std::vector<int32_t>* tokens) {
+    tokens->clear();
     return Forward(batch, logits);
   }
+  // Whether ForwardSampled samples device_sampled rows (the engine builds jobs only then).
+  virtual bool samples_on_device() const { return false; }
   virtual std::string attention_backend_name() const = 0;
   virtual int num_kv_blocks() const = 0;
   virtual size_t kv_bytes_per_block() const = 0;  // all layers, K and V

@@ -1,10 +1,13 @@
 // Tests for the token sampler: greedy, seeded draws, truncation (top-k, top-p, min-p), the
-// empirical distribution, penalties and log-probabilities.
+// empirical distribution, penalties and log-probabilities; the shared host/device definition
+// (id-ordered draw, integer masses, the exp both sides compute) and the device-job split.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -318,6 +321,207 @@ TEST_CASE("Sampler large logits stay finite", "[sampler]") {
     const SampledToken t = Draw(s, logits);
     CHECK(t.token != 2);
     CHECK(std::isfinite(t.logprob));
+  }
+}
+
+// A job at temperature 1 with the given truncation and draw.
+SamplingJob Job(double u, int top_k = 0, float top_p = 1.0f, float min_p = 0.0f) {
+  SamplingJob j;
+  j.temperature = 1.0f;
+  j.top_k = top_k;
+  j.top_p = top_p;
+  j.min_p = min_p;
+  j.u = u;
+  return j;
+}
+
+int32_t DrawJob(const std::vector<float>& logits, const SamplingJob& job,
+                const std::vector<PenaltyEntry>& penalties = {}) {
+  std::vector<float> copy = logits;
+  return SampleWithJob(copy, job, penalties).token;
+}
+
+TEST_CASE("Sampler draw walks the kept ids in ascending id order", "[sampler]") {
+  // p proportional to 1, 2, 4, 1: sorted order 2, 1, 0, 3. With u = 0.2 the id-ordered walk
+  // crosses 0.2 * 8 = 1.6 at id 1 (cumulative 1, 3); the old sorted walk crossed it at id 2.
+  const std::vector<float> logits = {0.0f, std::log(2.0f), std::log(4.0f), 0.0f};
+  CHECK(DrawJob(logits, Job(0.2)) == 1);
+  CHECK(DrawJob(logits, Job(0.1)) == 0);
+  CHECK(DrawJob(logits, Job(0.99)) == 3);
+  // top_k = 4 truncates nothing but takes the sorted path: same id-ordered walk.
+  CHECK(DrawJob(logits, Job(0.2, 4)) == 1);
+  // top_k = 3: ids 0 and 3 tie at the cut, the lower id is kept. K = {0, 1, 2}, mass 7.
+  CHECK(DrawJob(logits, Job(0.2, 3)) == 1);
+  CHECK(DrawJob(logits, Job(0.99, 3)) == 2);
+  CHECK(DrawJob(logits, Job(0.0, 3)) == 0);
+}
+
+TEST_CASE("Sampler top_p keeps ties at the cut in ascending id order", "[sampler]") {
+  // Four tokens tie at the top (p = 1 each), one below. top_p = 0.5 needs ceil(0.5 * 4.37) =
+  // 2.19 units: the prefix is the first three ties by id, so id 4 is never drawn.
+  const std::vector<float> logits = {2.0f, 1.0f, 2.0f, 2.0f, 2.0f};
+  std::map<int32_t, int> seen;
+  for (int i = 0; i < 300; ++i) ++seen[DrawJob(logits, Job((i + 0.5) / 300.0, 0, 0.5f))];
+  CHECK(seen.size() == 3);
+  CHECK(seen[0] == 100);
+  CHECK(seen[2] == 100);
+  CHECK(seen[3] == 100);
+  // top_k = 2 on the same ties: ids 0 and 2.
+  seen.clear();
+  for (int i = 0; i < 100; ++i) ++seen[DrawJob(logits, Job((i + 0.5) / 100.0, 2))];
+  CHECK(seen.size() == 2);
+  CHECK(seen[0] == 50);
+  CHECK(seen[2] == 50);
+}
+
+TEST_CASE("Sampler stratified draws reproduce the kept distribution exactly", "[sampler]") {
+  // With u = (i + 0.5) / n, each kept token is drawn round(n * q_i / sum q) times, up to one.
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  std::vector<float> logits(300);
+  for (float& x : logits) x = nd(rng);
+  for (const SamplingJob& base : {Job(0), Job(0, 20), Job(0, 0, 0.8f), Job(0, 50, 0.9f, 0.05f)}) {
+    // The kept set and masses from the definition, computed here independently of the sampler.
+    std::vector<int32_t> order(logits.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    const float max = logits[order[0]];
+    auto mass = [&](int32_t i) { return sampling::Mass(sampling::Prob(logits[i], max, 1.0f)); };
+    size_t keep = base.top_k > 0 ? static_cast<size_t>(base.top_k) : order.size();
+    if (base.top_p < 1.0f) {
+      uint64_t total = 0, cum = 0;
+      for (size_t i = 0; i < keep; ++i) total += mass(order[i]);
+      size_t n = 0;
+      while (n < keep && cum < sampling::TopPTarget(base.top_p, total)) cum += mass(order[n++]);
+      keep = n;
+    }
+    order.resize(keep);
+    std::erase_if(order, [&](int32_t i) {
+      return base.min_p > 0 && sampling::Prob(logits[i], max, 1.0f) < base.min_p;
+    });
+    keep = order.size();
+    uint64_t total = 0;
+    for (size_t i = 0; i < keep; ++i) total += mass(order[i]);
+    const int n = 20000;
+    std::map<int32_t, int> seen;
+    for (int i = 0; i < n; ++i) {
+      SamplingJob job = base;
+      job.u = (i + 0.5) / n;
+      ++seen[DrawJob(logits, job)];
+    }
+    INFO("top_k " << base.top_k << " top_p " << base.top_p << " min_p " << base.min_p);
+    CHECK(seen.size() <= keep);
+    for (const auto& [id, count] : seen) {
+      const auto pos = std::find(order.begin(), order.end(), id) - order.begin();
+      REQUIRE(static_cast<size_t>(pos) < keep);
+      const double want = static_cast<double>(mass(id)) / static_cast<double>(total) * n;
+      CHECK(std::fabs(count - want) <= 1.0);
+    }
+  }
+}
+
+TEST_CASE("Sampler shared exp matches std::exp and gives the top token mass 2^34", "[sampler]") {
+  CHECK(sampling::Exp(0.0f) == 1.0f);
+  CHECK(sampling::Mass(sampling::Prob(3.5f, 3.5f, 0.7f)) == (uint64_t{1} << 34));
+  CHECK(sampling::Exp(-80.5f) == 0.0f);
+  double worst = 0.0;
+  for (float x = -79.0f; x <= 0.0f; x += 0.00731f) {
+    const double want = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::fabs(sampling::Exp(x) - want) / want);
+  }
+  CHECK(worst < 4e-7);
+  // Order-preserving keys; -0 and +0 are one key.
+  CHECK(sampling::Key(-0.0f) == sampling::Key(0.0f));
+  const std::vector<float> xs = {-1e30f, -2.0f, -1e-30f, 0.0f, 1e-30f, 1.5f, 2.0f, 1e30f};
+  for (size_t i = 1; i < xs.size(); ++i) CHECK(sampling::Key(xs[i - 1]) < sampling::Key(xs[i]));
+  for (float x : xs) CHECK(sampling::KeyValue(sampling::Key(x)) == x);
+  CHECK(sampling::TopPTarget(0.5f, 7) == 4);
+  CHECK(sampling::TopPTarget(1.0f, 7) == 7);
+  CHECK(sampling::DrawThreshold(0.0, 7) == 0);
+  CHECK(sampling::DrawThreshold(0.999999, 7) == 6);
+}
+
+std::map<int32_t, int32_t> AsMap(const std::vector<PenaltyEntry>& entries) {
+  std::map<int32_t, int32_t> m;
+  for (const PenaltyEntry& e : entries) {
+    CHECK(m.count(e.token) == 0);  // each token once
+    m[e.token] = e.generated_count;
+  }
+  return m;
+}
+
+TEST_CASE("Sampler device job lists each seen token once with its generated count", "[sampler]") {
+  SamplingParams p;
+  p.repetition_penalty = 1.3f;
+  p.frequency_penalty = 0.2f;
+  Sampler s(p);
+  std::vector<int32_t> prompt = {5, 3, 5};
+  std::vector<int32_t> generated = {3, 7, 7};
+  std::vector<PenaltyEntry> list;
+  const SamplingJob job = s.DeviceJob(prompt, generated, &list);
+  CHECK(job.repetition_penalty == 1.3f);
+  CHECK(job.frequency_penalty == 0.2f);
+  CHECK(AsMap(list) == std::map<int32_t, int32_t>{{3, 1}, {5, 0}, {7, 2}});
+  // The list follows the request as it grows.
+  generated.push_back(9);
+  generated.push_back(5);
+  list.clear();
+  s.DeviceJob(prompt, generated, &list);
+  CHECK(AsMap(list) == std::map<int32_t, int32_t>{{3, 1}, {5, 1}, {7, 2}, {9, 1}});
+
+  // Without a repetition penalty prompt tokens do nothing and are left out.
+  SamplingParams q;
+  q.presence_penalty = 0.5f;
+  Sampler s2(q);
+  list.clear();
+  s2.DeviceJob(prompt, generated, &list);
+  CHECK(AsMap(list) == std::map<int32_t, int32_t>{{3, 1}, {5, 1}, {7, 2}, {9, 1}});
+  prompt.push_back(11);
+  list.clear();
+  s2.DeviceJob(prompt, generated, &list);
+  CHECK(AsMap(list).count(11) == 0);
+
+  // No penalties: an empty list.
+  Sampler plain{SamplingParams{}};
+  list.clear();
+  plain.DeviceJob(prompt, generated, &list);
+  CHECK(list.empty());
+}
+
+TEST_CASE("Sampler device job takes the same draw as Sample", "[sampler]") {
+  // Two samplers on one seed: one samples on the host, the other hands out jobs that are then
+  // sampled with SampleWithJob (what the device computes). Same tokens, step after step.
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd(0.0f, 1.5f);
+  for (int variant = 0; variant < 4; ++variant) {
+    SamplingParams p;
+    p.seed = 100 + variant;
+    p.temperature = variant == 3 ? 0.0f : 0.8f;
+    p.top_k = variant == 1 ? 40 : 0;
+    p.top_p = variant == 2 ? 0.9f : 1.0f;
+    p.min_p = variant == 1 ? 0.02f : 0.0f;
+    p.repetition_penalty = 1.2f;
+    p.presence_penalty = 0.3f;
+    p.frequency_penalty = 0.1f;
+    Sampler host(p), device(p);
+    const std::vector<int32_t> prompt = {1, 2, 3, 40, 41};
+    std::vector<int32_t> generated;
+    for (int step = 0; step < 60; ++step) {
+      std::vector<float> logits(500);
+      for (float& x : logits) x = nd(rng);
+      std::vector<float> a = logits, b = logits;
+      const int32_t t_host = host.Sample(a, prompt, generated).token;
+      std::vector<PenaltyEntry> list;
+      const SamplingJob job = device.DeviceJob(prompt, generated, &list);
+      if (p.greedy()) CHECK(job.u == 0.0);
+      const int32_t t_dev = SampleWithJob(b, job, list).token;
+      INFO("variant " << variant << " step " << step);
+      REQUIRE(t_host == t_dev);
+      CHECK(a == b);  // the same penalized logits
+      generated.push_back(t_host);
+    }
   }
 }
 
