@@ -310,6 +310,8 @@ StepRecord EngineCore::StepInner() {
   AttentionBatch& attn = batch.attn;
   attn.q_indptr.push_back(0);
   attn.page_indptr.push_back(0);
+  const bool device_sampling = model_->samples_on_device();
+  if (device_sampling) batch.penalty_indptr.push_back(0);
   for (const ScheduledSeq& s : sched.seqs) {
     const Sequence& seq = *s.seq;
     for (int i = s.start; i < s.start + s.num_tokens; ++i) {
@@ -336,11 +338,16 @@ StepRecord EngineCore::StepInner() {
     }
     if (s.samples) {
       batch.logit_rows.push_back(static_cast<int32_t>(batch.token_ids.size()) - 1);
-      const SamplingParams& sp = rs.request.sampling;
-      const bool argmax_only = sp.greedy() && sp.logprobs == 0 && sp.repetition_penalty == 1.0f &&
-                               sp.presence_penalty == 0.0f && sp.frequency_penalty == 0.0f &&
-                               !logits_observer_;
-      batch.argmax_only.push_back(argmax_only ? 1 : 0);
+      if (device_sampling) {
+        // Rows whose logits someone reads (logprobs, an observer) come back; the others are
+        // sampled on the device with this step's draw, taken here from the request's stream.
+        const bool on_device = rs.request.sampling.logprobs == 0 && !logits_observer_;
+        batch.device_sampled.push_back(on_device ? 1 : 0);
+        batch.sampling_jobs.push_back(
+            on_device ? rs.sampler->DeviceJob(seq.prompt_ids, seq.output_ids, &batch.penalties)
+                      : SamplingJob{});
+        batch.penalty_indptr.push_back(static_cast<int32_t>(batch.penalties.size()));
+      }
     }
     record.entries.push_back({seq.id, seq_to_request_[seq.id], s.num_tokens,
                               s.start < static_cast<int>(seq.prompt_ids.size()) || s.num_tokens > 1,
@@ -353,8 +360,8 @@ StepRecord EngineCore::StepInner() {
   record.prepare_s = Seconds(t2 - t1);
   // Reused across steps: [rows, vocab] is 100+ MB at batch 256 with a 128K vocabulary.
   std::vector<float>& logits = logits_scratch_;
-  std::vector<int32_t> argmax;
-  Status st = model_->ForwardSampled(batch, &logits, &argmax);
+  std::vector<int32_t> device_tokens;
+  Status st = model_->ForwardSampled(batch, &logits, &device_tokens);
   const auto t3 = Clock::now();
   record.forward_s = Seconds(t3 - t2);
   if (!st.ok()) {
@@ -374,8 +381,15 @@ StepRecord EngineCore::StepInner() {
     RequestState& rs = requests_.at(seq_to_request_.at(seq.id));
     const int r = row++;
     SampledToken tok;
-    if (!argmax.empty() && argmax[r] >= 0) {
-      tok.token = argmax[r];  // greedy row reduced on the device
+    if (!device_tokens.empty() && device_tokens[r] >= 0) {
+      tok.token = device_tokens[r];  // sampled on the device
+    } else if (!batch.device_sampled.empty() && batch.device_sampled[r]) {
+      // The job's draw is already taken: sample the returned logits with it.
+      std::span<float> l(logits.data() + static_cast<size_t>(r) * vocab, vocab);
+      const std::span<const PenaltyEntry> pens(
+          batch.penalties.data() + batch.penalty_indptr[r],
+          batch.penalties.data() + batch.penalty_indptr[r + 1]);
+      tok = SampleWithJob(l, batch.sampling_jobs[r], pens);
     } else {
       std::span<float> l(logits.data() + static_cast<size_t>(r) * vocab, vocab);
       if (logits_observer_) logits_observer_(rs.request.request_id, l);

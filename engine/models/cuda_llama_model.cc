@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/base/dtype.h"
+#include "engine/models/cuda_weights.h"
 #include "engine/models/kv_cache_quant.h"
 #include "engine/models/rope.h"
 #include "kernels/backend_registry.h"
@@ -16,41 +17,10 @@
 #include "kernels/cuda/cuda_c8_backend.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/llama_ops.h"
+#include "kernels/cuda/sampling.h"
 
 namespace llm {
 namespace {
-
-#define BLAS_RETURN_IF_ERROR(expr)                                                   \
-  do {                                                                               \
-    cublasStatus_t _s = (expr);                                                      \
-    if (_s != CUBLAS_STATUS_SUCCESS) {                                               \
-      return Internal(std::string(#expr) + " failed: " + cublasGetStatusString(_s)); \
-    }                                                                                \
-  } while (0)
-
-// A device allocation that frees itself.
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (ptr) cudaFree(ptr);
-  }
-  Status Alloc(size_t n) {
-    if (n <= bytes) return Status::Ok();
-    if (ptr) GPU_RETURN_IF_ERROR(cudaFree(ptr));
-    ptr = nullptr;
-    GPU_RETURN_IF_ERROR(cudaMalloc(&ptr, n));
-    bytes = n;
-    return Status::Ok();
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr);
-  }
-};
 
 struct LayerWeights {
   DeviceBuffer attn_norm, wqkv, bqkv, wo, mlp_norm, w_gate_up, w_down;  // bf16
@@ -75,11 +45,12 @@ class CudaLlamaModel final : public Model {
   Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override {
     std::vector<int32_t> unused;
     ForwardBatch full = batch;
-    full.argmax_only.assign(batch.logit_rows.size(), 0);
+    full.device_sampled.clear();  // every row's logits
     return ForwardSampled(full, logits, &unused);
   }
   Status ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,
-                        std::vector<int32_t>* argmax) override;
+                        std::vector<int32_t>* tokens) override;
+  bool samples_on_device() const override { return true; }
   std::string attention_backend_name() const override { return attention_->name(); }
   std::string kv_cache_dtype_name() const override {
     std::string s = DTypeName(spec_.kv_dtype);
@@ -107,14 +78,15 @@ class CudaLlamaModel final : public Model {
   DeviceBuffer embed_, lm_head_, final_norm_, inv_freq_;
   std::vector<std::unique_ptr<LayerWeights>> layers_;
   std::vector<std::unique_ptr<LayerCache>> cache_;
-  std::unique_ptr<cuda::CudaAttentionBackend> attention_;
+  std::unique_ptr<AttentionBackend> attention_;
   AttentionSpec spec_;
   int num_blocks_ = 0;
   // Step scratch, grown on demand.
   DeviceBuffer ints_, residual_, xn_, qkv_, q_, k_, v_, attn_, tmp_, gate_up_, act_, last_, logits_;
   std::vector<int32_t> host_ints_;
-  DeviceBuffer argmax_dev_;
-  void* pinned_ = nullptr;  // logits staging
+  DeviceBuffer sampled_dev_, sampling_args_;  // device-sampled tokens; their jobs
+  std::vector<char> host_sampling_;           // jobs staging
+  void* pinned_ = nullptr;                    // logits staging
   size_t pinned_bytes_ = 0;
 };
 
@@ -179,7 +151,7 @@ Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& option
   auto backend = BackendRegistry::Global().Create(spec_, options.attention_backend, &table);
   spdlog::info("{}", table);
   if (!backend.ok()) return backend.status();
-  attention_.reset(static_cast<cuda::CudaAttentionBackend*>(backend.value().release()));
+  attention_ = std::move(backend.value());
   attention_->set_stream(stream_);
 
   const int64_t h = c.hidden_size, q = c.q_size(), kvs = c.kv_size(), inter = c.intermediate_size;
@@ -283,7 +255,7 @@ Status CudaLlamaModel::Gemm(const void* x, const void* w, int m, int n, int k, v
 }
 
 Status CudaLlamaModel::ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,
-                                      std::vector<int32_t>* argmax) {
+                                      std::vector<int32_t>* tokens) {
   const ModelConfig& c = config_;
   const int T = static_cast<int>(batch.token_ids.size());
   const int R = static_cast<int>(batch.logit_rows.size());
@@ -368,8 +340,16 @@ Status CudaLlamaModel::ForwardSampled(const ForwardBatch& batch, std::vector<flo
                            c.rms_norm_eps, last_.ptr, stream_);
     const void* head = c.tie_word_embeddings ? embed_.ptr : lm_head_.ptr;
     LLM_RETURN_IF_ERROR(Gemm(last_.ptr, head, R, V, H, logits_.ptr, CUDA_R_32F));
-    // Greedy rows are reduced on the device: their 4 x vocab bytes of logits never cross PCIe.
-    // Other rows come back through pinned memory (pageable runs at a fraction of PCIe speed).
+    // Rows sampled on the device return only their token: their 4 x vocab bytes of logits never
+    // cross PCIe. Other rows come back through pinned memory (pageable runs at a fraction of PCIe
+    // speed).
+    const bool any_device = !batch.device_sampled.empty();
+    if (any_device && (batch.device_sampled.size() != static_cast<size_t>(R) ||
+                       batch.sampling_jobs.size() != static_cast<size_t>(R) ||
+                       batch.penalty_indptr.size() != static_cast<size_t>(R) + 1)) {
+      return InvalidArgument("device sampling arrays do not match the logit rows");
+    }
+    auto on_device = [&](int r) { return any_device && batch.device_sampled[r] != 0; };
     const size_t row_bytes = static_cast<size_t>(V) * 4;
     const size_t bytes = static_cast<size_t>(R) * row_bytes + R * sizeof(int32_t);
     if (bytes > pinned_bytes_) {
@@ -378,36 +358,72 @@ Status CudaLlamaModel::ForwardSampled(const ForwardBatch& batch, std::vector<flo
       GPU_RETURN_IF_ERROR(cudaMallocHost(&pinned_, bytes));
       pinned_bytes_ = bytes;
     }
-    auto* h_argmax = reinterpret_cast<int32_t*>(static_cast<char*>(pinned_) + R * row_bytes);
-    LLM_RETURN_IF_ERROR(argmax_dev_.Alloc(R * sizeof(int32_t)));
-    cuda::LaunchArgmax(logits_.as<float>(), R, V, argmax_dev_.as<int32_t>(), stream_);
-    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(h_argmax, argmax_dev_.ptr, R * sizeof(int32_t),
-                                        cudaMemcpyDeviceToHost, stream_));
-    auto only = [&](int r) {
-      return batch.argmax_only.size() == static_cast<size_t>(R) && batch.argmax_only[r] != 0;
-    };
+    auto* h_tokens = reinterpret_cast<int32_t*>(static_cast<char*>(pinned_) + R * row_bytes);
+    // The device rows' jobs, compacted, in one upload:
+    // [jobs: n SamplingJob][rows: n][penalty indptr: n + 1][penalties: PenaltyEntry].
+    std::vector<int32_t> dev_rows;
+    size_t num_pen = 0;
+    for (int r = 0; r < R; ++r) {
+      if (!on_device(r)) continue;
+      dev_rows.push_back(r);
+      num_pen += batch.penalty_indptr[r + 1] - batch.penalty_indptr[r];
+    }
+    const int n = static_cast<int>(dev_rows.size());
+    if (n > 0) {
+      const size_t jobs_bytes = n * sizeof(SamplingJob);
+      const size_t ints_bytes = (2 * static_cast<size_t>(n) + 1) * sizeof(int32_t);
+      host_sampling_.resize(jobs_bytes + ints_bytes + num_pen * sizeof(PenaltyEntry));
+      char* h = host_sampling_.data();
+      std::vector<int32_t> indptr(n + 1, 0);
+      char* pen_out = h + jobs_bytes + ints_bytes;
+      for (int k = 0; k < n; ++k) {
+        const int r = dev_rows[k];
+        std::memcpy(h + k * sizeof(SamplingJob), &batch.sampling_jobs[r], sizeof(SamplingJob));
+        const size_t cnt = batch.penalty_indptr[r + 1] - batch.penalty_indptr[r];
+        std::memcpy(pen_out + indptr[k] * sizeof(PenaltyEntry),
+                    batch.penalties.data() + batch.penalty_indptr[r], cnt * sizeof(PenaltyEntry));
+        indptr[k + 1] = indptr[k] + static_cast<int32_t>(cnt);
+      }
+      std::memcpy(h + jobs_bytes, dev_rows.data(), n * sizeof(int32_t));
+      std::memcpy(h + jobs_bytes + n * sizeof(int32_t), indptr.data(), (n + 1) * sizeof(int32_t));
+      LLM_RETURN_IF_ERROR(sampling_args_.Alloc(host_sampling_.size()));
+      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(sampling_args_.ptr, h, host_sampling_.size(),
+                                          cudaMemcpyHostToDevice, stream_));
+      LLM_RETURN_IF_ERROR(sampled_dev_.Alloc(n * sizeof(int32_t)));
+      char* d = sampling_args_.as<char>();
+      cuda::SamplingArgs sa;
+      sa.logits = logits_.as<float>();
+      sa.vocab = V;
+      sa.num_jobs = n;
+      sa.jobs = reinterpret_cast<const SamplingJob*>(d);
+      sa.rows = reinterpret_cast<const int32_t*>(d + jobs_bytes);
+      sa.penalty_indptr = sa.rows + n;
+      sa.penalties = reinterpret_cast<const PenaltyEntry*>(d + jobs_bytes + ints_bytes);
+      sa.tokens = sampled_dev_.as<int32_t>();
+      cuda::LaunchSampling(sa, stream_);
+      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(h_tokens, sampled_dev_.ptr, n * sizeof(int32_t),
+                                          cudaMemcpyDeviceToHost, stream_));
+    }
     // Copy runs of consecutive full rows.
     for (int r = 0; r < R;) {
-      if (only(r)) {
+      if (on_device(r)) {
         ++r;
         continue;
       }
       int e = r + 1;
-      while (e < R && !only(e)) ++e;
+      while (e < R && !on_device(e)) ++e;
       GPU_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(pinned_) + r * row_bytes,
                                           logits_.as<char>() + r * row_bytes, (e - r) * row_bytes,
                                           cudaMemcpyDeviceToHost, stream_));
       r = e;
     }
     GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    argmax->assign(R, -1);
+    tokens->assign(R, -1);
+    for (int k = 0; k < n; ++k) (*tokens)[dev_rows[k]] = h_tokens[k];
     for (int r = 0; r < R; ++r) {
-      if (only(r)) {
-        (*argmax)[r] = h_argmax[r];
-      } else {
-        std::memcpy(logits->data() + r * static_cast<size_t>(V),
-                    static_cast<char*>(pinned_) + r * row_bytes, row_bytes);
-      }
+      if (on_device(r)) continue;
+      std::memcpy(logits->data() + r * static_cast<size_t>(V),
+                  static_cast<char*>(pinned_) + r * row_bytes, row_bytes);
     }
   }
   GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
