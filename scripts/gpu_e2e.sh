@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine: the server on dummy Llama-3-8B weights driven by the load generator,
+# Runs on the GPU machine: the server on dummy Llama-3-8B (or E2E_MODEL) weights driven by the load generator,
 # once per KV cache type. Results under $OUT. Pack first (see docs/PERFORMANCE.md):
 #   ../shared/gpu/pack.sh .devpack build/cuda/server/llm-server ...; cp -r build/cpu/python .devpack/
 set -uo pipefail
@@ -7,9 +7,14 @@ OUT="${OUT:-$(pwd)/gpu-out}"
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$(pwd)/.devpack/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 NUM="${E2E_REQUESTS:-512}"; CONC="${E2E_CONCURRENCY:-256}"; IN="${E2E_IN:-1000}"; OUTLEN="${E2E_OUT:-1000}"
-model=/tmp/llama3-8b-dummy
-mkdir -p $model && cp configs/models/llama3-8b/config.json $model/ && cp .devpack/tokenizer.json $model/
-for kv in ${E2E_KV:-auto fp8_e4m3_dynamic}; do
+# E2E_MODEL=deepseek-v2-lite serves the V2-Lite-shaped dummy config (MLA latent cache: auto = bf16,
+# or fp8_e4m3) instead of Llama-3-8B.
+E2E_MODEL="${E2E_MODEL:-llama3-8b}"
+default_kv="auto fp8_e4m3_dynamic"
+[ "$E2E_MODEL" = deepseek-v2-lite ] && default_kv="auto fp8_e4m3"
+model=/tmp/$E2E_MODEL-dummy
+mkdir -p $model && cp configs/models/$E2E_MODEL/config.json $model/ && cp .devpack/tokenizer.json $model/
+for kv in ${E2E_KV:-$default_kv}; do
   log="$OUT/server_$kv.log"
   .devpack/bin/llm-server --model-dir $model --device cuda --dummy-weights true \
     --kv-cache-dtype $kv --max-num-seqs $CONC --max-batched-tokens 8192 --max-tokens-limit 4096 \

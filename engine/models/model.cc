@@ -4,6 +4,7 @@
 #include "engine/models/llama_model.h"
 #include "engine/models/synthetic_model.h"
 #ifdef LLM_HAVE_CUDA
+#include "engine/models/cuda_deepseek_model.h"
 #include "engine/models/cuda_llama_model.h"
 #endif
 
@@ -16,6 +17,15 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
     if (options.block_size <= 0 || options.block_size > 1024) {
       return InvalidArgument("block_size must be in [1, 1024]");
     }
+#ifdef LLM_HAVE_CUDA
+    if (options.device == "cuda" || (options.device == "auto" && CudaAvailable())) {
+      if (options.dummy_weights) return CreateCudaDeepseekModel(config, nullptr, options);
+      LLM_ASSIGN_OR_RETURN(auto weights, WeightStore::Open(options.model_dir));
+      return CreateCudaDeepseekModel(config, weights.get(), options);
+    }
+#endif
+    if (options.device == "cuda") return Unavailable("this build has no CUDA backend");
+    if (options.dummy_weights) return InvalidArgument("dummy weights need the cuda device");
     LLM_ASSIGN_OR_RETURN(auto weights, WeightStore::Open(options.model_dir));
     LLM_ASSIGN_OR_RETURN(auto model, DeepseekModel::Create(config, *weights, options));
     return std::unique_ptr<Model>(std::move(model));

@@ -1,0 +1,70 @@
+// Fused kernels of the DeepSeek-V2/V3 decoder on CUDA (engine/models/cuda_deepseek_model*.cc).
+// Plain C++ launcher header: pointers are device pointers, `stream` is a cudaStream_t.
+// Activations are bf16 unless noted.
+#pragma once
+
+#include <cstdint>
+
+namespace llm::cuda {
+
+// out[r, :dim] = bf16(rmsnorm(in[r, :dim]) * weight), rows with their own strides (elements).
+// Used for q_a_layernorm and kv_a_layernorm, which read slices of the fused projection output.
+void LaunchRmsNormStrided(const void* in, int in_stride, const void* weight, int rows, int dim,
+                          float eps, void* out, int out_stride, void* stream);
+
+// DeepSeek rope (engine/models/deepseek_model.h): the (d/2, 2) pairs are de-interleaved, then
+// rotate_half; cos and sin times mscale, angle = float(pos) * inv_freq[i] in fp32 as on the CPU.
+// Row t, head h reads in + t * in_row + h * in_head and writes out + t * out_row + h * out_head
+// (may alias in exactly).
+struct DeepseekRopeArgs {
+  const void* in = nullptr;
+  void* out = nullptr;
+  int64_t in_row = 0, in_head = 0, out_row = 0, out_head = 0;  // element strides
+  const int32_t* positions = nullptr;                          // [num_tokens]
+  const float* inv_freq = nullptr;                             // [rope_dim / 2]
+  float mscale = 1.0f;
+  int num_tokens = 0, num_heads = 0, rope_dim = 0;
+};
+void LaunchDeepseekRope(const DeepseekRopeArgs& a, void* stream);
+
+// out[j, :] = bf16(latent j of sequence seq) for j in [0, kv_len): gathers a paged latent cache
+// [num_blocks, block_size, width] (bf16, or fp8 e4m3 bytes times scale) into [kv_len, width].
+void LaunchGatherLatents(const void* cache, bool fp8, float scale, const int32_t* pages,
+                         int block_size, int width, int kv_len, void* out, void* stream);
+
+// Causal softmax over materialized scores: s fp32 [heads, q_rows, kv_len] (unscaled); row i of
+// a head attends to [0, first_pos + i]. p = bf16(softmax(scale * s)), zeros past the causal edge.
+void LaunchCausalSoftmax(const float* s, int heads, int q_rows, int kv_len, int first_pos,
+                         float scale, void* p, void* stream);
+
+// DeepSeekMoE routing of every token (one thread per token), exactly the CPU model's rule:
+// scores softmax or sigmoid of logits; selection scores + bias (noaux_tc); group_limited_greedy
+// (group max) or noaux_tc (sum of top two) keeps topk_group groups, others score 0; top-k with
+// ties to the lower index; weights from the selection (noaux_tc: unbiased scores), normalized
+// (norm_topk_prob && k > 1) and scaled per the V2 / V3 rule.
+struct MoeRoutingArgs {
+  const float* logits = nullptr;  // fp32 [T, E]
+  const float* bias = nullptr;    // [E] e_score_correction_bias or null
+  int num_tokens = 0, num_experts = 0, top_k = 0;
+  bool sigmoid = false;
+  int method = 0;  // 0 greedy, 1 group_limited_greedy, 2 noaux_tc
+  int n_group = 1, topk_group = 1;
+  bool normalize = false;         // norm_topk_prob && top_k > 1
+  bool scale_after_norm = false;  // V3: always multiply by routed_scaling_factor
+  float routed_scaling_factor = 1.0f;
+  int32_t* topk_ids = nullptr;  // [T, top_k]
+  float* topk_w = nullptr;      // [T, top_k]
+};
+constexpr int kMoeMaxExperts = 512;
+void LaunchMoeRouting(const MoeRoutingArgs& a, void* stream);
+
+// out[i, :] = x[rows[i], :] (bf16, hidden wide): each expert's tokens made contiguous.
+void LaunchGatherRows(const void* x, const int32_t* rows, int n, int hidden, void* out,
+                      void* stream);
+
+// out[t, :] = bf16(shared[t, :] + sum_k topk_w[t, k] * y[slot[t, k], :]) with fp32 sums in
+// a fixed order (deterministic, no atomics). shared may be null.
+void LaunchMoeCombine(const void* y, const int32_t* slot, const float* topk_w, const void* shared,
+                      int num_tokens, int top_k, int hidden, void* out, void* stream);
+
+}  // namespace llm::cuda
