@@ -47,7 +47,9 @@ std::string FeatureNames(uint32_t f) {
       {kFeatureSinks, "sinks"}};
   std::string s;
   for (const auto& [bit, name] : kNames) {
-    if (f & bit) s += (s.empty() ? "" : "+") + std::string(name);
+    if (!(f & bit)) continue;
+    if (!s.empty()) s += '+';
+    s += name;
   }
   return s.empty() ? "none" : s;
 }
@@ -160,7 +162,8 @@ std::string Mismatch(const BackendInfo& b, const AttentionSpec& s) {
     std::string built;
     for (const std::string& a : b.archs) {
       runs |= ArchRuns(s.device, a, s.device_arch);
-      built += (built.empty() ? "" : ",") + a;
+      if (!built.empty()) built += ',';
+      built += a;
     }
     if (!runs)
       return "not compiled for " + ArchName(s.device, s.device_arch) + " (built: " + built + ")";

@@ -1,35 +1,68 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (H200): GPU tests, compute-sanitizer memcheck on the attention tests,
-# the kernel benchmark and the torch SDPA peer, in one call. Results under $OUT (or ./gpu-out).
-# Build and pack here first:
-#   cmake --preset cuda && cmake --build build/cuda -j2 --target gpu_tests c8_attention_bench
-#   ../shared/gpu/pack.sh .devpack build/cuda/tests/gpu_tests build/cuda/bench/c8_attention_bench
+# Runs on the GPU machine (H200): every GPU test, compute-sanitizer memcheck on quick subsets of
+# the kernel tests, the kernel benchmarks and their torch peers, in one call. Results under $OUT
+# (or ./gpu-out: summary, gpu_tests, memcheck, bench, peers .txt); a summary table is printed last.
+# Build and pack here first (docs/PERFORMANCE.md, "Reproducing"):
+#   cmake --preset cuda && cmake --build build/cuda -j2 --target gpu_tests c8_attention_bench \
+#       fmha_bench mla_decode_bench
+#   ../shared/gpu/pack.sh .devpack build/cuda/tests/gpu_tests build/cuda/bench/*_bench
 # then on the GPU machine: scripts/gpu_check.sh
+# Environment: SKIP_TESTS=1, SKIP_MEMCHECK=1, SKIP_BENCH=1, SKIP_PEER=1, NCU=1 (profile C8 decode),
+# TESTS="<catch2 filter>" (default: every test).
 set -uo pipefail
 OUT="${OUT:-$(pwd)/gpu-out}"
 mkdir -p "$OUT"
 here=$(pwd)
+bin="$here/.devpack/bin"
 export LD_LIBRARY_PATH="$here/.devpack/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
-tests_rc=skipped memcheck_rc=skipped
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/summary.txt"
+summary=()
+record() { summary+=("$(printf '%-34s %s' "$1" "$2")"); }
+
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  echo "== gpu_tests"
-  timeout 300 .devpack/bin/gpu_tests 2>&1 | tail -40 | tee "$OUT/gpu_tests.txt"
-  tests_rc=${PIPESTATUS[0]}
-  echo "== compute-sanitizer memcheck"
-  timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 .devpack/bin/gpu_tests \
-    "C8 attention: long single-sequence decode splits KV and merges" 2>&1 | tail -15 | tee "$OUT/memcheck.txt"
-  memcheck_rc=${PIPESTATUS[0]}
+  echo "== gpu_tests ${TESTS:-}"
+  timeout 420 "$bin/gpu_tests" ${TESTS:+"$TESTS"} > "$OUT/gpu_tests.txt" 2>&1
+  rc=$?
+  tail -25 "$OUT/gpu_tests.txt"
+  record "gpu_tests" "rc=$rc $(grep -E '^(All tests passed|test cases:)' "$OUT/gpu_tests.txt" | tail -1)"
+fi
+if [ "${SKIP_MEMCHECK:-0}" != 1 ]; then
+  # Quick subsets: memcheck slows kernels 10-100x.
+  for filter in "C8 attention: long single-sequence decode splits KV and merges" "[fmha][quick]" \
+      "[mla_sanitize]" "[sampling_sanitize]"; do
+    echo "== compute-sanitizer memcheck: $filter"
+    timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/gpu_tests" "$filter" \
+      > "$OUT/memcheck.txt.part" 2>&1
+    rc=$?
+    tail -4 "$OUT/memcheck.txt.part"
+    cat "$OUT/memcheck.txt.part" >> "$OUT/memcheck.txt"
+    record "memcheck $filter" "rc=$rc $(grep -m1 'ERROR SUMMARY' "$OUT/memcheck.txt.part")"
+  done
+  rm -f "$OUT/memcheck.txt.part"
 fi
 if [ "${NCU:-0}" = 1 ]; then
   echo "== ncu (first decode case)"
   timeout 300 ncu --clock-control none --kernel-name regex:C8TileKernel --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-    --section LaunchStats .devpack/bin/c8_attention_bench --iters 3 > "$OUT/ncu.txt" 2>&1
-  grep -E "Throughput|Duration|Occupancy|Stall|Warp Cycles|Registers|Shared Memory|Block Limit|Waves|L2 Hit|L1/TEX Hit|Mem Busy|Max Bandwidth|Issued|Eligible" "$OUT/ncu.txt" | head -60
+    --section LaunchStats "$bin/c8_attention_bench" --iters 3 > "$OUT/ncu.txt" 2>&1
+  grep -E "Throughput|Duration|Occupancy|Stall|Warp Cycles|Registers|Shared Memory|Block Limit|Waves|L2 Hit|Issued|Eligible" "$OUT/ncu.txt" | head -60
 fi
-echo "== benchmark"
-timeout 300 .devpack/bin/c8_attention_bench --iters 30 2>&1 | tee "$OUT/bench.txt"
-echo "== torch SDPA peer"
-[ "${SKIP_PEER:-0}" = 1 ] || timeout 300 python3 bench/torch_sdpa_peer.py 2>&1 | tee "$OUT/peer.txt"
-echo "gpu_tests rc=$tests_rc memcheck rc=$memcheck_rc" | tee "$OUT/summary.txt"
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  for b in c8_attention_bench fmha_bench mla_decode_bench; do
+    [ -x "$bin/$b" ] || continue
+    echo "== $b"
+    timeout 300 "$bin/$b" 2>&1 | tee -a "$OUT/bench.txt"
+    record "$b" "rc=${PIPESTATUS[0]}"
+  done
+fi
+if [ "${SKIP_PEER:-0}" != 1 ]; then
+  echo "== torch SDPA peer (cuDNN / FlashAttention-2)"
+  timeout 300 python3 bench/torch_sdpa_peer.py 2>&1 | tee -a "$OUT/peers.txt"
+  record "torch_sdpa_peer" "rc=${PIPESTATUS[0]}"
+  echo "== torch MLA peer (absorbed attention in plain torch)"
+  timeout 300 python3 bench/mla_torch_peer.py 2>&1 | tee -a "$OUT/peers.txt"
+  record "mla_torch_peer" "rc=${PIPESTATUS[0]}"
+fi
+echo "== summary"
+printf '%s\n' "${summary[@]}" | tee -a "$OUT/summary.txt"

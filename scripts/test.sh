@@ -11,11 +11,17 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
   cmake --preset cuda >/dev/null
   cmake --build --preset cuda -j "$(nproc)" --target gpu_tests llm-server llm-healthcheck \
-    make_tiny_model c8_attention_bench
+    make_tiny_model c8_attention_bench fmha_bench mla_decode_bench
   ctest --preset cuda -R gpu_tests
 else
   echo "test.sh: no nvcc; CUDA backend not built"
 fi
+# HIP build for gfx90a (compile only: no AMD GPU here; install_deps.sh installs hipcc): the
+# portable kernels, and the server and unit tests linked with them; the selection tests check that
+# hip_fmha attached its factory.
+cmake --preset hip >/dev/null
+cmake --build --preset hip -j"$(nproc)" --target llm_hip_kernels llm-server unit_tests
+build/hip/tests/unit_tests "[selection]"
 if [ "${LLM_SKIP_DOCKER_STAGE:-0}" != "1" ]; then
   LLM_DOCKER_PRESET=cuda scripts/docker_smoke.sh
 fi
