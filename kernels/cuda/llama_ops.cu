@@ -98,48 +98,6 @@ __global__ void SiluMulKernel(const __nv_bfloat16* gate_up, int inter, __nv_bflo
   }
 }
 
-__global__ void ArgmaxKernel(const float* logits, int vocab, int32_t* argmax) {
-  const float* row = logits + static_cast<size_t>(blockIdx.x) * vocab;
-  float best = -INFINITY;
-  int idx = vocab;  // larger than any real index
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float v = row[i];
-    if (v > best || (v == best && i < idx)) {
-      best = v;
-      idx = i;
-    }
-  }
-  __shared__ float sv[32];
-  __shared__ int si[32];
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffff, best, o);
-    const int oi = __shfl_xor_sync(0xffffffff, idx, o);
-    if (ov > best || (ov == best && oi < idx)) {
-      best = ov;
-      idx = oi;
-    }
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    sv[warp] = best;
-    si[warp] = idx;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    best = lane < blockDim.x / 32 ? sv[lane] : -INFINITY;
-    idx = lane < blockDim.x / 32 ? si[lane] : vocab;
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffff, best, o);
-      const int oi = __shfl_xor_sync(0xffffffff, idx, o);
-      if (ov > best || (ov == best && oi < idx)) {
-        best = ov;
-        idx = oi;
-      }
-    }
-    if (lane == 0) argmax[blockIdx.x] = idx < vocab ? idx : 0;
-  }
-}
-
 __global__ void FillKernel(__nv_bfloat16* p, int64_t n, float mean, float std, uint64_t seed) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -178,11 +136,6 @@ void LaunchSiluMul(const void* gate_up, int num_tokens, int inter, void* act, vo
   if (num_tokens == 0) return;
   SiluMulKernel<<<num_tokens, 256, 0, static_cast<cudaStream_t>(stream)>>>(
       static_cast<const __nv_bfloat16*>(gate_up), inter, static_cast<__nv_bfloat16*>(act));
-}
-
-void LaunchArgmax(const float* logits, int rows, int vocab, int32_t* argmax, void* stream) {
-  if (rows == 0) return;
-  ArgmaxKernel<<<rows, 1024, 0, static_cast<cudaStream_t>(stream)>>>(logits, vocab, argmax);
 }
 
 void LaunchFillRandomBf16(void* p, int64_t n, float mean, float std, uint64_t seed, void* stream) {

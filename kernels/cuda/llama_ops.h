@@ -32,10 +32,6 @@ void LaunchBiasRope(const RopeArgs& a, void* stream);
 // act[T, I] = silu(gate_up[:, :I]) * gate_up[:, I:]   (bf16)
 void LaunchSiluMul(const void* gate_up, int num_tokens, int inter, void* act, void* stream);
 
-// argmax[r] = index of the largest logits[r, :] (fp32 [rows, vocab]); ties go to the lowest
-// index, as std::max_element does on the CPU.
-void LaunchArgmax(const float* logits, int rows, int vocab, int32_t* argmax, void* stream);
-
 // Deterministic pseudo-random bf16 values mean + std * U(-sqrt3, sqrt3), for dummy weights.
 void LaunchFillRandomBf16(void* p, int64_t n, float mean, float std, uint64_t seed, void* stream);
 
