@@ -288,6 +288,12 @@ void EngineCore::UpdateGauges() {
 StepRecord EngineCore::Step() {
   StepRecord record = StepInner();
   metrics_->steps.Inc();
+  if (!record.entries.empty()) {
+    metrics_->step_schedule.Observe(record.schedule_s);
+    metrics_->step_prepare.Observe(record.prepare_s);
+    metrics_->step_forward.Observe(record.forward_s);
+    metrics_->step_sample.Observe(record.sample_s);
+  }
   UpdateGauges();
   return record;
 }

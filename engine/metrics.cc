@@ -51,6 +51,8 @@ const std::vector<double> kLatencyBuckets = {0.001, 0.0025, 0.005, 0.01, 0.02, 0
 const std::vector<double> kItlBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01,  0.015, 0.02,
                                          0.025,  0.03,  0.04,   0.05,  0.075, 0.1,   0.15,
                                          0.2,    0.3,   0.4,    0.5,   0.75,  1.0,   2.5};
+const std::vector<double> kStepBuckets = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                          0.015,  0.02,    0.03,   0.05,  0.1,    0.25,  1.0};
 
 std::string Num(double v) {
   char buf[64];
@@ -81,7 +83,14 @@ void RenderScalar(std::ostringstream& os, const char* name, const char* type, co
 }  // namespace
 
 EngineMetrics::EngineMetrics()
-    : ttft(kLatencyBuckets), itl(kItlBuckets), e2e(kLatencyBuckets), queue_time(kLatencyBuckets) {}
+    : ttft(kLatencyBuckets),
+      itl(kItlBuckets),
+      e2e(kLatencyBuckets),
+      queue_time(kLatencyBuckets),
+      step_schedule(kStepBuckets),
+      step_prepare(kStepBuckets),
+      step_forward(kStepBuckets),
+      step_sample(kStepBuckets) {}
 
 void EngineMetrics::CountOutcome(const std::string& outcome) {
   std::lock_guard<std::mutex> l(mu_);
@@ -111,6 +120,14 @@ std::string EngineMetrics::Render() const {
   RenderScalar(os, "llm_generation_tokens_total", "counter", "Generated tokens.",
                generation_tokens.value());
   RenderScalar(os, "llm_engine_steps_total", "counter", "Engine steps run.", steps.value());
+  RenderHistogram(os, "llm_engine_step_schedule_seconds", "Scheduling per non-empty step.",
+                  step_schedule);
+  RenderHistogram(os, "llm_engine_step_prepare_seconds", "Batch preparation per step.",
+                  step_prepare);
+  RenderHistogram(os, "llm_engine_step_forward_seconds", "Model forward per step (device synced).",
+                  step_forward);
+  RenderHistogram(os, "llm_engine_step_sample_seconds",
+                  "Sampling, detokenizing and streaming per step.", step_sample);
   os << "# HELP llm_requests_total Ended requests by outcome.\n# TYPE llm_requests_total counter\n";
   std::lock_guard<std::mutex> l(mu_);
   for (const auto& [outcome, n] : outcomes_) {

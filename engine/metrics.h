@@ -61,6 +61,10 @@ struct EngineMetrics {
   Counter preemptions;                  // llm_num_preemptions_total
   Counter prompt_tokens, generation_tokens;
   Counter steps;  // llm_engine_steps_total
+  // Where a non-empty engine step's time goes (llm_engine_step_{schedule,prepare,forward,sample}
+  // _seconds): scheduling, batch preparation, the model forward (on a GPU, until the stream has
+  // finished the step), and sampling + detokenizing + streaming the step's tokens.
+  Histogram step_schedule, step_prepare, step_forward, step_sample;
 
   void CountOutcome(const std::string& outcome);  // llm_requests_total{outcome=...}
   std::string Render() const;

@@ -18,7 +18,7 @@ for kv in ${E2E_KV:-$default_kv}; do
   log="$OUT/server_$kv.log"
   .devpack/bin/llm-server --model-dir $model --device cuda --dummy-weights true \
     --kv-cache-dtype $kv --max-num-seqs $CONC --max-batched-tokens 8192 --max-tokens-limit 4096 \
-    --max-queued-requests 4096 --listen-address 127.0.0.1:0 --metrics-address off > "$log" 2>&1 &
+    --max-queued-requests 4096 --listen-address 127.0.0.1:0 --metrics-address 127.0.0.1:0 > "$log" 2>&1 &
   pid=$!
   port=""
   for _ in $(seq 1 300); do
@@ -32,5 +32,19 @@ for kv in ${E2E_KV:-$default_kv}; do
   timeout 420 python3 tools/loadgen.py --target 127.0.0.1:$port --proto-python .devpack/python \
     --input-len $IN --output-len $OUTLEN --num-requests $NUM --concurrency $CONC --temperature 0 \
     --no-progress --output-json "$OUT/loadgen_$kv.json" 2>&1 | tail -22 | tee "$OUT/loadgen_$kv.txt"
+  # Where each step's time went (engine step-phase histograms: mean per non-empty step).
+  mport=$(grep -m1 '^METRICS_LISTENING' "$log" | awk '{print $2}')
+  [ -n "$mport" ] && python3 - "$mport" <<'PY' | tee "$OUT/step_phases_$kv.txt"
+import sys, urllib.request
+m = {}
+for line in urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics").read().decode().splitlines():
+    if line and not line.startswith("#"):
+        k, v = line.rsplit(" ", 1)
+        m[k] = float(v)
+for p in ("schedule", "prepare", "forward", "sample"):
+    n = m.get(f"llm_engine_step_{p}_seconds_count", 0)
+    s = m.get(f"llm_engine_step_{p}_seconds_sum", 0)
+    print(f"step {p:9s} mean {1e3 * s / max(n, 1):8.3f} ms over {int(n)} steps")
+PY
   kill -TERM $pid; wait $pid
 done

@@ -37,8 +37,7 @@ __global__ void AppendKvKernel(const uint4* __restrict__ k_new, const uint4* __r
   for (int i = threadIdx.x; i < row_vecs; i += blockDim.x) {
     const int h = i / vecs_per_head, c = i % vecs_per_head;
     const size_t dst =
-        ((static_cast<size_t>(block) * num_kv_heads + h) * block_size + offset) * vecs_per_head +
-        c;
+        ((static_cast<size_t>(block) * num_kv_heads + h) * block_size + offset) * vecs_per_head + c;
     const size_t src = static_cast<size_t>(t) * row_vecs + i;
     k_cache[dst] = k_new[src];
     v_cache[dst] = v_new[src];
@@ -90,7 +89,8 @@ class FmhaBackend final : public AttentionBackend {
     std::memcpy(h_ints_ + off_slots, b.slot_mapping.data(), b.num_tokens * sizeof(int32_t));
     const gpu::Error e = gpu::CopyToDeviceAsync(d_ints_, h_ints_, total * sizeof(int32_t),
                                                 static_cast<gpu::Stream>(stream_));
-    if (e != gpu::kSuccess) return Internal(std::string("fmha plan upload: ") + gpu::ErrorString(e));
+    if (e != gpu::kSuccess)
+      return Internal(std::string("fmha plan upload: ") + gpu::ErrorString(e));
 
     FmhaParams& p = base_;
     p.batch = n;
@@ -184,8 +184,7 @@ class FmhaBackend final : public AttentionBackend {
 
 const BackendRegistrar kRegistrar(std::string(gpu::kPlatformName) + "_fmha",
                                   [](const AttentionSpec& spec) {
-                                    return std::unique_ptr<AttentionBackend>(
-                                        new FmhaBackend(spec));
+                                    return std::unique_ptr<AttentionBackend>(new FmhaBackend(spec));
                                   });
 
 }  // namespace

@@ -156,6 +156,16 @@ def main():
                 fail("greedy token is not the top-1 logprob entry")
         print("ok: logprobs -> chosen token and sorted top-3 per token")
         wait_idle(ports["metrics"])
+
+        # 5. Step-phase histograms: every non-empty step observed once in each phase.
+        m = metrics(ports["metrics"])
+        phases = ("schedule", "prepare", "forward", "sample")
+        counts = [m.get(f"llm_engine_step_{p}_seconds_count", -1) for p in phases]
+        if len(set(counts)) != 1 or not 0 < counts[0] <= m["llm_engine_steps_total"]:
+            fail(f"step-phase counts {counts} vs {m['llm_engine_steps_total']} steps")
+        if m["llm_engine_step_forward_seconds_sum"] <= 0:
+            fail("no forward time recorded")
+        print(f"ok: step phases observed over {int(counts[0])} steps")
     finally:
         proc.terminate()
         try:
