@@ -56,6 +56,10 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& con
   }
   SchedulerConfig sc = config.scheduler;
   sc.block_size = config.model.block_size;
+  // Blocks that slid out of the window are freed only when no layer attends further back.
+  bool all_windowed = mc.sliding_window.has_value();
+  for (int l = 0; l < mc.num_layers && all_windowed; ++l) all_windowed = mc.WindowLeft(l) >= 0;
+  if (all_windowed) sc.sliding_window = *mc.sliding_window;
   const int num_blocks = core->model_->num_kv_blocks();
   core->scheduler_ = std::make_unique<Scheduler>(sc, num_blocks);
 

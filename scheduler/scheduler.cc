@@ -13,11 +13,31 @@ Scheduler::Scheduler(const SchedulerConfig& config, int num_blocks)
 }
 
 void Scheduler::ReleaseBlocks(Sequence* seq) {
-  // Tail first, so the LRU free list evicts a sequence's tail before its shared prefix.
-  std::vector<int32_t> reversed(seq->block_table.rbegin(), seq->block_table.rend());
+  // Tail first, so the LRU free list evicts a sequence's tail before its shared prefix. Blocks
+  // that slid out of the window were released already.
+  std::vector<int32_t> reversed(seq->block_table.rbegin(),
+                                seq->block_table.rend() - seq->num_released_blocks);
   allocator_.Release(reversed);
   seq->block_table.clear();
   seq->block_keys.clear();
+  seq->num_released_blocks = 0;
+}
+
+void Scheduler::ReleaseOutOfWindow(Sequence* seq) {
+  if (config_.sliding_window <= 0) return;
+  // The next query sits at position num_computed_tokens and sees [p - W + 1, p]; later ones
+  // see less of the past, so every block ending at or before p - W + 1 is dead for good.
+  const int first_needed = seq->num_computed_tokens - (config_.sliding_window - 1);
+  const int dead = std::min(std::max(first_needed, 0) / config_.block_size,
+                            static_cast<int>(seq->block_table.size()));
+  if (dead <= seq->num_released_blocks) return;
+  std::vector<int32_t> released;
+  for (int b = dead - 1; b >= seq->num_released_blocks; --b) {  // newest first, as above
+    released.push_back(seq->block_table[b]);
+    seq->block_table[b] = -1;
+  }
+  allocator_.Release(released);
+  seq->num_released_blocks = dead;
 }
 
 void Scheduler::MatchPrefix(Sequence* seq) {
@@ -141,7 +161,8 @@ SchedulerOutput Scheduler::Schedule() {
 void Scheduler::OnStepDone(const SchedulerOutput& out) {
   for (const ScheduledSeq& s : out.seqs) {
     s.seq->num_computed_tokens += s.num_tokens;
-    PublishFullBlocks(s.seq);
+    PublishFullBlocks(s.seq);  // before the window release: published blocks stay cached
+    ReleaseOutOfWindow(s.seq);
   }
 }
 

@@ -24,6 +24,9 @@ struct SchedulerConfig {
   bool enable_prefix_caching = true;
   // A sequence preempted this many times is protected: others are preempted first.
   int protect_after_preemptions = 2;
+  // > 0 when every layer attends only to the last `sliding_window` positions (Mistral): blocks
+  // wholly before the next query's window go back to the pool as a sequence advances.
+  int sliding_window = 0;
 };
 
 struct ScheduledSeq {
@@ -72,6 +75,8 @@ class Scheduler {
   void MatchPrefix(Sequence* seq);
   void ReleaseBlocks(Sequence* seq);
   void PublishFullBlocks(Sequence* seq);
+  // Sliding window: returns the blocks that slid out of every future query's window.
+  void ReleaseOutOfWindow(Sequence* seq);
 
   SchedulerConfig config_;
   BlockAllocator allocator_;

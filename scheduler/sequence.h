@@ -22,6 +22,9 @@ struct Sequence {
   // recomputed as one prefill.
   int num_computed_tokens = 0;
   std::vector<int32_t> block_table;  // KV block ids, in token order
+  // Sliding-window models: the leading blocks no future query can see have been returned to the
+  // allocator; their block_table entries are -1 (kernels never read them).
+  int num_released_blocks = 0;
   std::vector<uint64_t> block_keys;  // prefix-cache keys of the leading full, computed blocks
   int num_cached_tokens = 0;         // prompt tokens served from the prefix cache at admission
   int num_preemptions = 0;

@@ -388,9 +388,12 @@ TEST_CASE("Scheduler with prefix caching shares full prompt blocks", "[scheduler
 // Drives ~2000 steps of random arrivals, cancellations and completions on a small pool and
 // checks the scheduler's invariants after every step. With prefix caching, prompts start with
 // one of a few shared "system prompts" so blocks are shared between sequences.
-void RunRandomSimulation(bool prefix_caching, uint32_t seed) {
+// `window` > 0 simulates a sliding-window model: blocks that left every future query's window
+// must go back to the pool (and only those).
+void RunRandomSimulation(bool prefix_caching, uint32_t seed, int window = 0) {
   SchedulerConfig cfg = Config(4, 6, 24);
   cfg.enable_prefix_caching = prefix_caching;
+  cfg.sliding_window = window;
   constexpr int kBlocks = 24;  // 96 token slots: tight enough to preempt often
   Scheduler sched(cfg, kBlocks);
   std::mt19937 rng(seed);
@@ -403,7 +406,7 @@ void RunRandomSimulation(bool prefix_caching, uint32_t seed) {
   std::vector<int64_t> live;
   int64_t next_id = 1;
   int finished = 0, removed_early = 0, preemptions = 0, resumed_after_preemption = 0;
-  int prefix_hits = 0;
+  int prefix_hits = 0, window_releases = 0;
   std::set<int64_t> ever_preempted;
 
   for (int step = 0; step < 2000; ++step) {
@@ -519,8 +522,19 @@ void RunRandomSimulation(bool prefix_caching, uint32_t seed) {
         REQUIRE(s->block_table.empty());
         REQUIRE(s->num_computed_tokens == 0);
       }
+      // Released (out-of-window) blocks: exactly the whole blocks before the next query's window.
+      const int first_needed = std::max(s->num_computed_tokens - (window - 1), 0);
+      const int dead = window > 0 ? std::min(first_needed / cfg.block_size,
+                                             static_cast<int>(s->block_table.size()))
+                                  : 0;
+      REQUIRE(s->num_released_blocks == dead);
+      window_releases += dead;
       for (size_t i = 0; i < s->block_table.size(); ++i) {
         const int32_t b = s->block_table[i];
+        if (static_cast<int>(i) < s->num_released_blocks) {
+          REQUIRE(b == -1);
+          continue;
+        }
         REQUIRE(b >= 0);
         REQUIRE(b < kBlocks);
         users[b].emplace_back(s, i);
@@ -553,8 +567,12 @@ void RunRandomSimulation(bool prefix_caching, uint32_t seed) {
   // The run exercised preemption, resumption and completion.
   CHECK(finished > 100);
   CHECK(removed_early > 20);
-  CHECK(preemptions > 5);
-  CHECK(resumed_after_preemption > 0);
+  if (window > 0) {
+    CHECK(window_releases > 100);
+  } else {
+    CHECK(preemptions > 5);
+    CHECK(resumed_after_preemption > 0);
+  }
   if (prefix_caching) CHECK(prefix_hits > 10);
 
   for (int64_t id : live) REQUIRE(sched.Remove(id) != nullptr);
@@ -571,6 +589,33 @@ TEST_CASE("Scheduler randomized simulation keeps its invariants", "[scheduler]")
   SECTION("with prefix caching and shared prompt prefixes") {
     RunRandomSimulation(true, 777);
   }
+  SECTION("sliding window of 6 tokens, without prefix caching") {
+    RunRandomSimulation(false, 4242, 6);
+  }
+  SECTION("sliding window of 9 tokens, with prefix caching") {
+    RunRandomSimulation(true, 99, 9);
+  }
+}
+
+TEST_CASE("Scheduler returns blocks that slid out of the window, and only those", "[scheduler]") {
+  SchedulerConfig cfg = Config(4, 4, 64);
+  cfg.sliding_window = 6;
+  Scheduler sched(cfg, 8);  // 32 token slots
+  sched.Add(MakeSeq(1, 30, 0, -1, 200));
+  // A 230-token sequence in a 32-slot pool: only possible because old blocks come back.
+  for (int step = 0; step < 400 && sched.Find(1)->num_tokens() < 230; ++step) {
+    SchedulerOutput out = Step(sched);
+    REQUIRE(out.preempted.empty());
+    Sequence* s = sched.Find(1);
+    const int live = static_cast<int>(s->block_table.size()) - s->num_released_blocks;
+    // The window (6) plus the block being filled never needs more than 3 blocks of 4 tokens.
+    CHECK(live <= 3);
+    CHECK(sched.allocator().num_used() == live);
+    for (int i = 0; i < s->num_released_blocks; ++i) CHECK(s->block_table[i] == -1);
+  }
+  REQUIRE(sched.Find(1)->num_tokens() >= 230);
+  REQUIRE(sched.Remove(1) != nullptr);
+  CHECK(sched.allocator().num_free() == 8);
 }
 
 }  // namespace
