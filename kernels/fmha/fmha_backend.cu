@@ -83,7 +83,10 @@ class FmhaBackend final : public AttentionBackend {
     for (int s = 0; s < n; ++s) {
       int32_t* row = h_ints_ + off_table + static_cast<size_t>(s) * max_pages;
       const int pages = b.page_indptr[s + 1] - b.page_indptr[s];
-      std::copy_n(b.page_indices.data() + b.page_indptr[s], pages, row);
+      // Blocks that slid out of a sliding window are -1 in the engine's tables; the kernel never
+      // reads them, but block 0 keeps even a prefetched address inside the pool.
+      const int32_t* src = b.page_indices.data() + b.page_indptr[s];
+      for (int i = 0; i < pages; ++i) row[i] = std::max(src[i], 0);
       std::fill(row + pages, row + max_pages, 0);  // never read: seqlen_k bounds every sequence
     }
     std::memcpy(h_ints_ + off_slots, b.slot_mapping.data(), b.num_tokens * sizeof(int32_t));
