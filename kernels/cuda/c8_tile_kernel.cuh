@@ -22,56 +22,21 @@
 #include <type_traits>
 
 #include "kernels/cuda/c8_kernel_args.h"
+#include "kernels/cuda/ptx_ops.cuh"
 
 namespace llm::cuda::detail {
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
-  const int src_bytes = valid ? 16 : 0;  // 0: zero-fill (rows past the end must not hold NaNs)
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)), "l"(gmem),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void CpAsync4(void* smem, const void* gmem, bool valid) {
-  const int src_bytes = valid ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(SmemAddr(smem)), "l"(gmem),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddr(p)));
-}
-__device__ __forceinline__ void LdMatrixX4T(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddr(p)));
-}
-
-// c += a(16x16 bf16, row) * b(16x8 bf16, col)
-__device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
+using ptx::CpAsync16;
+using ptx::CpAsync4;
+using ptx::CpAsyncCommit;
+using ptx::CpAsyncWait;
+using ptx::LdMatrixX4;
+using ptx::LdMatrixX4T;
+using ptx::MmaBf16;
+using ptx::MmaF16;
+using ptx::PackBf16;
+using ptx::PackF16;
+using ptx::SmemAddr;
 
 // Cache-type traits. The bf16 cache feeds bf16 tensor cores directly. 8-bit caches stay 8-bit in
 // shared memory and are dequantized in registers right after ldmatrix (int8 by the 0x6400
@@ -90,20 +55,6 @@ struct Fp8Cache {
   static constexpr int kBytes = 1;
   static constexpr int kTile = 128;
 };
-
-__device__ __forceinline__ void Mma16816F16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                            uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t PackF16(float lo, float hi) {
-  __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
 
 // Two bytes of a 32-bit word (selected by a __byte_perm selector) -> f16x2. For int8 the caller
 // passes w ^ 0x80808080 (computed once per word). kOffset: leave int8 values as b + 1152 (exact
@@ -133,9 +84,9 @@ struct Frag {
 
   __device__ static void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     if constexpr (kEight)
-      Mma16816F16(c, a, b0, b1);
+      MmaF16(c, a, b0, b1);
     else
-      Mma16816(c, a, b0, b1);
+      MmaBf16(c, a, b0, b1);
   }
   __device__ static uint32_t Pack(float lo, float hi) {
     if constexpr (kEight)
