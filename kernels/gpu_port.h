@@ -4,7 +4,8 @@
 //
 // It provides
 //   - runtime names: kPlatformName, Stream, Error, ErrorString, GetLastError, Malloc/Free,
-//     MallocHost/FreeHost (pinned), CopyToDeviceAsync, device queries, smem opt-in, occupancy;
+//     MallocHost/FreeHost (pinned), CopyToDeviceAsync, StreamSynchronize, device queries, smem
+//     opt-in, occupancy;
 //   - warp size, lane id, xor shuffles, warp votes;
 //   - 16-byte global -> shared copies (cp.async on CUDA, plain loads on HIP) with zero fill;
 //   - bf16 / fp16 element tags (storage is uint16_t bits; conversions round to nearest even);
@@ -78,6 +79,9 @@ inline Error FreeHost(void* p) {
 inline Error CopyToDeviceAsync(void* dst, const void* src, size_t bytes, Stream s) {
   return hipMemcpyAsync(dst, src, bytes, hipMemcpyHostToDevice, s);
 }
+inline Error StreamSynchronize(Stream s) {
+  return hipStreamSynchronize(s);
+}
 inline Error SetMaxDynamicSmem(const void* kernel, int bytes) {
   return hipFuncSetAttribute(kernel, hipFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
@@ -122,6 +126,9 @@ inline Error FreeHost(void* p) {
 }
 inline Error CopyToDeviceAsync(void* dst, const void* src, size_t bytes, Stream s) {
   return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s);
+}
+inline Error StreamSynchronize(Stream s) {
+  return cudaStreamSynchronize(s);
 }
 inline Error SetMaxDynamicSmem(const void* kernel, int bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);

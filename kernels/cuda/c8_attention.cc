@@ -128,16 +128,6 @@ C8Attention::~C8Attention() {
   if (h_pinned_) cudaFreeHost(h_pinned_);
 }
 
-Status C8Attention::Reserve(void** ptr, size_t* cap, size_t bytes) {
-  if (bytes <= *cap) return Status::Ok();
-  if (*ptr) GPU_RETURN_IF_ERROR(cudaFree(*ptr));
-  *ptr = nullptr;
-  bytes = std::max(bytes, *cap * 2);
-  GPU_RETURN_IF_ERROR(cudaMalloc(ptr, bytes));
-  *cap = bytes;
-  return Status::Ok();
-}
-
 Status C8Attention::Upload(const AttentionBatch& batch, const C8Plan& plan, void* stream) {
   static_assert(sizeof(C8WorkItem) % 4 == 0 && sizeof(C8MergeItem) % 4 == 0);
   num_seqs_ = batch.num_seqs;
@@ -163,14 +153,9 @@ Status C8Attention::Upload(const AttentionBatch& batch, const C8Plan& plan, void
   off_prefill_ = take(plan.prefill_items.size() * sizeof(C8WorkItem) / 4);
   off_merge_ = take(plan.merges.size() * sizeof(C8MergeItem) / 4);
   const size_t bytes = off * 4;
-  if (bytes > h_pinned_cap_) {
-    if (h_pinned_) GPU_RETURN_IF_ERROR(cudaFreeHost(h_pinned_));
-    h_pinned_ = nullptr;
-    GPU_RETURN_IF_ERROR(cudaMallocHost(&h_pinned_, std::max(bytes, h_pinned_cap_ * 2)));
-    h_pinned_cap_ = std::max(bytes, h_pinned_cap_ * 2);
-  }
   // The host buffer may still feed the previous step's copy: wait for the stream first.
   GPU_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+  LLM_RETURN_IF_ERROR(GrowPinnedBuffer(&h_pinned_, &h_pinned_cap_, bytes));
   auto* h = static_cast<int32_t*>(h_pinned_);
   auto put = [&](size_t o, const void* src, size_t n_bytes) {
     if (n_bytes) std::memcpy(h + o, src, n_bytes);
@@ -183,13 +168,13 @@ Status C8Attention::Upload(const AttentionBatch& batch, const C8Plan& plan, void
   put(off_decode_, plan.decode_items.data(), plan.decode_items.size() * sizeof(C8WorkItem));
   put(off_prefill_, plan.prefill_items.data(), plan.prefill_items.size() * sizeof(C8WorkItem));
   put(off_merge_, plan.merges.data(), plan.merges.size() * sizeof(C8MergeItem));
-  LLM_RETURN_IF_ERROR(Reserve(&d_ints_, &d_ints_cap_, std::max<size_t>(bytes, 256)));
+  LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&d_ints_, &d_ints_cap_, std::max<size_t>(bytes, 256)));
   GPU_RETURN_IF_ERROR(cudaMemcpyAsync(d_ints_, h_pinned_, bytes, cudaMemcpyHostToDevice,
                                       static_cast<cudaStream_t>(stream)));
   const size_t rows =
       static_cast<size_t>(num_partials_) * shape_.num_kv_heads * detail::kPartialRows;
-  LLM_RETURN_IF_ERROR(Reserve(&d_partial_, &d_partial_cap_,
-                              std::max<size_t>(rows * (shape_.head_dim + 1) * 4, 256)));
+  LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&d_partial_, &d_partial_cap_,
+                                       std::max<size_t>(rows * (shape_.head_dim + 1) * 4, 256)));
   return Status::Ok();
 }
 

@@ -105,8 +105,6 @@ class C8Attention {
   int decode_ctas_per_sm() const;
 
  private:
-  Status Reserve(void** ptr, size_t* cap, size_t bytes);
-
   C8Shape shape_;
   int num_seqs_ = 0, num_tokens_ = 0;
   int num_decode_ = 0, num_prefill_ = 0, num_merges_ = 0, num_partials_ = 0;

@@ -3,6 +3,9 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <string>
+
 #include "engine/base/status.h"
 
 #define GPU_RETURN_IF_ERROR(expr)                                                 \
@@ -18,3 +21,30 @@
     cudaError_t _e = (expr);                                                 \
     LLM_CHECK(_e == cudaSuccess) << #expr << ": " << cudaGetErrorString(_e); \
   } while (0)
+
+namespace llm::cuda {
+
+// Grows a device (or pinned host) buffer to at least `bytes`, doubling to amortize; contents are
+// not kept. The plan uploads of the CUDA attention backends reuse their buffers across steps.
+inline Status GrowDeviceBuffer(void** ptr, size_t* cap, size_t bytes) {
+  if (bytes <= *cap) return Status::Ok();
+  const size_t n = std::max(bytes, 2 * *cap);
+  if (*ptr) GPU_RETURN_IF_ERROR(cudaFree(*ptr));
+  *ptr = nullptr;
+  *cap = 0;
+  GPU_RETURN_IF_ERROR(cudaMalloc(ptr, n));
+  *cap = n;
+  return Status::Ok();
+}
+inline Status GrowPinnedBuffer(void** ptr, size_t* cap, size_t bytes) {
+  if (bytes <= *cap) return Status::Ok();
+  const size_t n = std::max(bytes, 2 * *cap);
+  if (*ptr) GPU_RETURN_IF_ERROR(cudaFreeHost(*ptr));
+  *ptr = nullptr;
+  *cap = 0;
+  GPU_RETURN_IF_ERROR(cudaMallocHost(ptr, n));
+  *cap = n;
+  return Status::Ok();
+}
+
+}  // namespace llm::cuda

@@ -108,16 +108,6 @@ void MlaDecode::ctas_per_sm(int out[kMlaNumRowVariants]) const {
   }
 }
 
-Status MlaDecode::Reserve(void** ptr, size_t* cap, size_t bytes) {
-  if (bytes <= *cap) return Status::Ok();
-  if (*ptr) GPU_RETURN_IF_ERROR(cudaFree(*ptr));
-  *ptr = nullptr;
-  bytes = std::max(bytes, *cap * 2);
-  GPU_RETURN_IF_ERROR(cudaMalloc(ptr, bytes));
-  *cap = bytes;
-  return Status::Ok();
-}
-
 Status MlaDecode::Upload(const AttentionBatch& batch, const MlaPlan& plan, void* stream) {
   static_assert(sizeof(MlaWorkItem) % 16 == 0 && sizeof(MlaMergeItem) % 4 == 0);
   if (shape_.num_heads <= 0 || shape_.block_size <= 0) {
@@ -146,15 +136,9 @@ Status MlaDecode::Upload(const AttentionBatch& batch, const MlaPlan& plan, void*
   }
   off_merge_ = take(plan.merges.size() * sizeof(MlaMergeItem) / 4);
   const size_t bytes = off * 4;
-  if (bytes > h_pinned_cap_) {
-    if (h_pinned_) GPU_RETURN_IF_ERROR(cudaFreeHost(h_pinned_));
-    h_pinned_ = nullptr;
-    const size_t cap = std::max(bytes, h_pinned_cap_ * 2);
-    GPU_RETURN_IF_ERROR(cudaMallocHost(&h_pinned_, cap));
-    h_pinned_cap_ = cap;
-  }
   // The host buffer may still feed the previous step's copy: wait for the stream first.
   GPU_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+  LLM_RETURN_IF_ERROR(GrowPinnedBuffer(&h_pinned_, &h_pinned_cap_, bytes));
   auto* h = static_cast<int32_t*>(h_pinned_);
   auto put = [&](size_t o, const void* src, size_t n_bytes) {
     if (n_bytes) std::memcpy(h + o, src, n_bytes);
@@ -168,14 +152,14 @@ Status MlaDecode::Upload(const AttentionBatch& batch, const MlaPlan& plan, void*
     put(off_items_[v], plan.items[v].data(), plan.items[v].size() * sizeof(MlaWorkItem));
   }
   put(off_merge_, plan.merges.data(), plan.merges.size() * sizeof(MlaMergeItem));
-  LLM_RETURN_IF_ERROR(Reserve(&d_ints_, &d_ints_cap_, std::max<size_t>(bytes, 256)));
+  LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&d_ints_, &d_ints_cap_, std::max<size_t>(bytes, 256)));
   if (bytes) {
     GPU_RETURN_IF_ERROR(cudaMemcpyAsync(d_ints_, h_pinned_, bytes, cudaMemcpyHostToDevice,
                                         static_cast<cudaStream_t>(stream)));
   }
   const size_t rows = static_cast<size_t>(num_partials_) * kMlaMaxRows;
-  LLM_RETURN_IF_ERROR(
-      Reserve(&d_partial_, &d_partial_cap_, std::max<size_t>(rows * (kMlaLatentDim + 1) * 4, 256)));
+  LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&d_partial_, &d_partial_cap_,
+                                       std::max<size_t>(rows * (kMlaLatentDim + 1) * 4, 256)));
   return Status::Ok();
 }
 

@@ -109,8 +109,6 @@ class MlaDecode {
   void ctas_per_sm(int out[kMlaNumRowVariants]) const;
 
  private:
-  Status Reserve(void** ptr, size_t* cap, size_t bytes);
-
   MlaDecodeShape shape_;
   int num_tokens_ = 0;
   int num_items_[kMlaNumRowVariants] = {0, 0, 0};

@@ -78,6 +78,9 @@ class FmhaBackend final : public AttentionBackend {
     const size_t off_slots = off_table + static_cast<size_t>(n) * max_pages;
     const size_t total = off_slots + b.num_tokens;
     LLM_RETURN_IF_ERROR(Reserve(total * sizeof(int32_t)));
+    // The staging buffer may still feed the previous step's upload.
+    const gpu::Error sync = gpu::StreamSynchronize(static_cast<gpu::Stream>(stream_));
+    if (sync != gpu::kSuccess) return Internal(std::string("fmha plan: ") + gpu::ErrorString(sync));
     std::memcpy(h_ints_, b.q_indptr.data(), (n + 1) * sizeof(int32_t));
     std::memcpy(h_ints_ + off_seqlen, b.kv_lens.data(), n * sizeof(int32_t));
     for (int s = 0; s < n; ++s) {
