@@ -3,7 +3,9 @@
 // time per step spent in scheduling + batch preparation, and in sampling + streaming.
 //
 //   build/cpu/bench/serving_overhead [--seqs 256] [--steps 2000] [--vocab 32000]
-//                                    [--prompt 128] [--block-size 64]
+//                                    [--prompt 128] [--block-size 64] [--device-sampling 0|1]
+// --device-sampling 1: the model returns tokens as the GPU models do, so "sampling + streaming"
+// is the engine's per-token work (detokenize, stop strings, metrics, streaming) alone.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -29,11 +31,9 @@ double Percentile(std::vector<double> v, double p) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::map<std::string, int> a = {{"--seqs", 256},
-                                  {"--steps", 2000},
-                                  {"--vocab", 32000},
-                                  {"--prompt", 128},
-                                  {"--block-size", 64}};
+  std::map<std::string, int> a = {{"--seqs", 256},      {"--steps", 2000},
+                                  {"--vocab", 32000},   {"--prompt", 128},
+                                  {"--block-size", 64}, {"--device-sampling", 0}};
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!a.count(argv[i])) {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
@@ -43,7 +43,8 @@ int main(int argc, char** argv) {
   }
   spdlog::set_level(spdlog::level::warn);
   llm::EngineConfig cfg;
-  cfg.model.model_dir = "synthetic:vocab=" + std::to_string(a["--vocab"]) + ",max_len=1000000";
+  cfg.model.model_dir = "synthetic:vocab=" + std::to_string(a["--vocab"]) + ",max_len=1000000" +
+                        (a["--device-sampling"] ? ",device_sampling=1" : "");
   cfg.model.block_size = a["--block-size"];
   cfg.model.num_kv_blocks = 1 << 20;
   cfg.scheduler.max_num_seqs = a["--seqs"];
@@ -84,8 +85,10 @@ int main(int argc, char** argv) {
   }
   std::vector<double> overhead(sched.size());
   for (size_t i = 0; i < sched.size(); ++i) overhead[i] = sched[i] + prep[i];
-  std::printf("serving overhead, %d running sequences, vocab %d, %d steps (ms per step)\n",
-              a["--seqs"], a["--vocab"], a["--steps"]);
+  std::printf(
+      "serving overhead, %d running sequences, vocab %d, %d steps, %s sampling (ms per "
+      "step)\n",
+      a["--seqs"], a["--vocab"], a["--steps"], a["--device-sampling"] ? "device" : "host");
   std::printf("| phase                     |   p50   |   p90   |   p99   |\n");
   auto row = [](const char* name, const std::vector<double>& v) {
     std::printf("| %-25s | %7.4f | %7.4f | %7.4f |\n", name, Percentile(v, 0.5), Percentile(v, 0.9),

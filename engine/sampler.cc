@@ -8,8 +8,31 @@ namespace llm {
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
 
+int32_t Argmax(std::span<const float> x) {
+  // std::max_element's answer (lowest index on ties; a NaN at index 0 wins, other NaNs are
+  // skipped), but its compare-and-move chain runs at one element per ~4 cycles; eight
+  // independent running maxima vectorize (maxps keeps the old value on NaN, as `>` does), then
+  // one scan finds the first index holding the maximum.
+  const size_t n = x.size();
+  if (n == 0 || std::isnan(x[0])) return 0;
+  constexpr size_t kLanes = 8;
+  float m[kLanes];
+  std::fill(m, m + kLanes, x[0]);
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t k = 0; k < kLanes; ++k) m[k] = x[i + k] > m[k] ? x[i + k] : m[k];
+  }
+  for (; i < n; ++i) m[0] = x[i] > m[0] ? x[i] : m[0];
+  float best = m[0];
+  for (size_t k = 1; k < kLanes; ++k) best = m[k] > best ? m[k] : best;
+  for (i = 0; i < n; ++i) {
+    if (x[i] == best) return static_cast<int32_t>(i);
+  }
+  return 0;
+}
+
 void ComputeLogprobs(std::span<const float> logits, int32_t token, int n, SampledToken* out) {
-  const float max = *std::max_element(logits.begin(), logits.end());
+  const float max = logits[Argmax(logits)];
   double sum = 0.0;
   for (float x : logits) sum += std::exp(static_cast<double>(x - max));
   const float log_z = max + static_cast<float>(std::log(sum));
@@ -34,8 +57,7 @@ SampledToken SampleWithJob(std::span<float> logits, const SamplingJob& job,
     }
   }
   SampledToken out;
-  const int32_t argmax =
-      static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  const int32_t argmax = Argmax(logits);
   out.token = argmax;
   if (job.temperature == 0.0f) return out;
 

@@ -76,6 +76,9 @@ class Sampler {
 SampledToken SampleWithJob(std::span<float> logits, const SamplingJob& job,
                            std::span<const PenaltyEntry> penalties);
 
+// Index of the largest logit, lowest index on ties: exactly std::max_element's result.
+int32_t Argmax(std::span<const float> logits);
+
 // log-softmax of logits at `token`, and the top-n entries.
 void ComputeLogprobs(std::span<const float> logits, int32_t token, int n, SampledToken* out);
 

@@ -50,7 +50,8 @@ class GenerateReactor::Sink final : public ResultSink {
   GenerateReactor* r_;
 };
 
-GenerateReactor::GenerateReactor(Engine* engine) : engine_(engine) {}
+GenerateReactor::GenerateReactor(Engine* engine, StreamWriter* writer)
+    : engine_(engine), writer_(writer) {}
 
 void GenerateReactor::Start(GenerationRequest request) {
   auto sink = std::make_shared<Sink>(this);
@@ -75,6 +76,7 @@ void GenerateReactor::Fail(const Status& error) {
 void GenerateReactor::Push(GenerationOutput out) {
   pb::GenerateResponse msg;
   msg.set_request_id(request_id_);
+  bool schedule = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!out.error.ok()) {
@@ -97,8 +99,20 @@ void GenerateReactor::Push(GenerationOutput out) {
       AddLogprobs(out.logprobs, c->mutable_logprobs());
       queue_.push_back(std::move(msg));
     }
+    // With a write in flight, OnWriteDone sends this one; otherwise the writer thread starts it.
+    schedule = !writing_ && !pump_scheduled_ && !finish_called_;
+    if (schedule) pump_scheduled_ = true;
   }
-  Pump();
+  if (!schedule) return;
+  refs_.fetch_add(1, std::memory_order_relaxed);  // held until the queued Pump has run
+  writer_->Schedule([this] {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pump_scheduled_ = false;
+    }
+    Pump();
+    Unref();
+  });
 }
 
 void GenerateReactor::Pump() {

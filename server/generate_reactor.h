@@ -1,6 +1,7 @@
-// One server-streaming Generate call. The engine thread pushes outputs; gRPC threads drive
-// writes (OnWriteDone -> next write). The reactor lives until both gRPC is done with it (OnDone)
-// and the engine has dropped its sink, so neither side can touch freed memory.
+// One server-streaming Generate call. The engine thread pushes outputs and, when no write is in
+// flight, hands the first write to the StreamWriter thread; gRPC threads drive the rest
+// (OnWriteDone -> next write). The reactor lives until gRPC is done with it (OnDone), the engine
+// has dropped its sink, and no scheduled write is pending, so no side can touch freed memory.
 #pragma once
 
 #include <atomic>
@@ -13,12 +14,13 @@
 
 #include "engine/engine.h"
 #include "llm/v1/generation.grpc.pb.h"
+#include "server/stream_writer.h"
 
 namespace llm {
 
 class GenerateReactor final : public grpc::ServerWriteReactor<::llm::v1::GenerateResponse> {
  public:
-  explicit GenerateReactor(Engine* engine);
+  GenerateReactor(Engine* engine, StreamWriter* writer);
 
   // Submits to the engine; on error finishes the call with that status.
   void Start(GenerationRequest request);
@@ -39,14 +41,17 @@ class GenerateReactor final : public grpc::ServerWriteReactor<::llm::v1::Generat
   void Unref();
 
   Engine* engine_;
+  StreamWriter* writer_;
   std::string request_id_;
   std::mutex mu_;
   std::deque<::llm::v1::GenerateResponse> queue_;
   ::llm::v1::GenerateResponse current_;
   bool writing_ = false;
+  bool pump_scheduled_ = false;        // a Pump is queued on the writer thread
   std::optional<grpc::Status> final_;  // Finish with this once the queue drains
   bool finish_called_ = false;
-  std::atomic<int> refs_{2};  // gRPC (until OnDone) + engine sink (until destroyed)
+  // gRPC (until OnDone) + engine sink (until destroyed) + one per Pump queued on the writer.
+  std::atomic<int> refs_{2};
 };
 
 }  // namespace llm

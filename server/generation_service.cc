@@ -59,7 +59,7 @@ GenerationService::GenerationService(Engine* engine, const ServerConfig& config)
 
 grpc::ServerWriteReactor<pb::GenerateResponse>* GenerationService::Generate(
     grpc::CallbackServerContext* ctx, const pb::GenerateRequest* request) {
-  auto* reactor = new GenerateReactor(engine_);
+  auto* reactor = new GenerateReactor(engine_, &writer_);
   GenerationRequest req;
   Status st = accepting_ ? ConvertRequest(*request, engine_->core(), config_, &req)
                          : Unavailable("server is shutting down");

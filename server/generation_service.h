@@ -8,6 +8,7 @@
 #include "engine/engine.h"
 #include "llm/v1/generation.grpc.pb.h"
 #include "server/server_config.h"
+#include "server/stream_writer.h"
 
 namespace llm {
 
@@ -32,11 +33,15 @@ class GenerationService final : public ::llm::v1::Generation::CallbackService {
 
   // Rejects new Generate calls with UNAVAILABLE (graceful shutdown).
   void StopAccepting() { accepting_ = false; }
+  // Starts every write the engine has queued (call after the engine stopped, before the gRPC
+  // server shuts down, so each stream's final message or status is on its way).
+  void FlushWrites() { writer_.Flush(); }
 
  private:
   Engine* engine_;
   ServerConfig config_;
   std::atomic<bool> accepting_{true};
+  StreamWriter writer_;
 };
 
 // Converts the proto request into an engine request, applying documented defaults. Tokenizes

@@ -113,6 +113,7 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   engine.Stop();
+  service.FlushWrites();
   metrics.Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   spdlog::info("bye");

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <sstream>
+#include <vector>
+
+#include "engine/sampler.h"
 
 namespace llm {
 
@@ -29,6 +32,8 @@ StatusOr<std::unique_ptr<Model>> SyntheticModel::Create(const ModelLoadOptions& 
         c.vocab_size = v;
       else if (k == "max_len")
         c.max_position_embeddings = v;
+      else if (k == "device_sampling")
+        m->device_sampling_ = true;
       else
         return InvalidArgument("unknown synthetic model option '" + k + "'");
     }
@@ -37,14 +42,49 @@ StatusOr<std::unique_ptr<Model>> SyntheticModel::Create(const ModelLoadOptions& 
   return std::unique_ptr<Model>(std::move(m));
 }
 
+int32_t SyntheticModel::HotToken(const ForwardBatch& batch, int row) const {
+  const uint64_t h = (static_cast<uint64_t>(batch.token_ids[row]) * 0x9E3779B97F4A7C15ull) ^
+                     static_cast<uint64_t>(batch.positions[row]);
+  return static_cast<int32_t>((h >> 17) % static_cast<uint64_t>(config_.vocab_size));
+}
+
 Status SyntheticModel::Forward(const ForwardBatch& batch, std::vector<float>* logits) {
   const int v = config_.vocab_size;
   logits->assign(batch.logit_rows.size() * static_cast<size_t>(v), 0.0f);
   for (size_t r = 0; r < batch.logit_rows.size(); ++r) {
-    const int row = batch.logit_rows[r];
-    const uint64_t h = (static_cast<uint64_t>(batch.token_ids[row]) * 0x9E3779B97F4A7C15ull) ^
-                       static_cast<uint64_t>(batch.positions[row]);
-    (*logits)[r * v + (h >> 17) % v] = 10.0f;
+    (*logits)[r * v + HotToken(batch, batch.logit_rows[r])] = 10.0f;
+  }
+  return Status::Ok();
+}
+
+Status SyntheticModel::ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,
+                                      std::vector<int32_t>* tokens) {
+  if (batch.device_sampled.empty()) {
+    tokens->clear();
+    return Forward(batch, logits);
+  }
+  const int v = config_.vocab_size;
+  const size_t rows = batch.logit_rows.size();
+  logits->assign(rows * static_cast<size_t>(v), 0.0f);
+  tokens->assign(rows, -1);
+  std::vector<float> row(v);
+  for (size_t r = 0; r < rows; ++r) {
+    const int32_t hot = HotToken(batch, batch.logit_rows[r]);
+    if (!batch.device_sampled[r]) {
+      (*logits)[r * v + hot] = 10.0f;
+      continue;
+    }
+    const SamplingJob& job = batch.sampling_jobs[r];
+    const bool penalized = batch.penalty_indptr[r + 1] > batch.penalty_indptr[r];
+    if (job.temperature == 0.0f && !penalized) {
+      (*tokens)[r] = hot;  // the argmax of the row, without building it
+      continue;
+    }
+    std::fill(row.begin(), row.end(), 0.0f);
+    row[hot] = 10.0f;
+    const std::span<const PenaltyEntry> pens(batch.penalties.data() + batch.penalty_indptr[r],
+                                             batch.penalties.data() + batch.penalty_indptr[r + 1]);
+    (*tokens)[r] = SampleWithJob(row, job, pens).token;
   }
   return Status::Ok();
 }

@@ -3,6 +3,8 @@
 // (id-ordered draw, integer masses, the exp both sides compute) and the device-job split.
 #include <catch2/catch.hpp>
 
+#include <limits>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -57,6 +59,24 @@ std::vector<double> Frequencies(const SamplingParams& p, const std::vector<float
 }
 
 const std::vector<float> kLogits = {0.3f, 2.5f, -1.0f, 2.4f, 0.0f, 1.1f, -3.0f, 0.9f};
+
+TEST_CASE("Argmax equals std::max_element on ties, NaNs, infinities and odd lengths", "[sampler]") {
+  std::mt19937 rng(5);
+  const float kNaN = std::numeric_limits<float>::quiet_NaN();
+  const float kInf = std::numeric_limits<float>::infinity();
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 70);
+    std::vector<float> x(n);
+    // Few distinct values, so ties are common; sprinkle NaN and +-inf.
+    for (float& v : x) {
+      const unsigned r = rng() % 20;
+      v = r == 0 ? kNaN : r == 1 ? kInf : r == 2 ? -kInf : static_cast<float>(rng() % 5) - 2.0f;
+    }
+    const auto expect = static_cast<int32_t>(std::max_element(x.begin(), x.end()) - x.begin());
+    INFO("trial " << trial << " n " << n);
+    REQUIRE(Argmax(x) == expect);
+  }
+}
 
 TEST_CASE("Sampler greedy picks the argmax", "[sampler]") {
   SamplingParams p;

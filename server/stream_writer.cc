@@ -1,0 +1,46 @@
+#include "server/stream_writer.h"
+
+namespace llm {
+
+StreamWriter::StreamWriter() : thread_([this] { Loop(); }) {}
+
+StreamWriter::~StreamWriter() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_one();
+  thread_.join();
+}
+
+void StreamWriter::Schedule(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+}
+
+void StreamWriter::Flush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_cv_.wait(lock, [this] { return queue_.empty() && !running_batch_; });
+}
+
+void StreamWriter::Loop() {
+  std::vector<std::function<void()>> batch;
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) break;  // stop_ with nothing left to run
+    batch.swap(queue_);
+    running_batch_ = true;
+    lock.unlock();
+    for (auto& task : batch) task();
+    batch.clear();
+    lock.lock();
+    running_batch_ = false;
+    idle_cv_.notify_all();
+  }
+}
+
+}  // namespace llm
