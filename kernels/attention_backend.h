@@ -120,6 +120,20 @@ class AttentionBackend {
   // GPU backends: the stream (cudaStream_t / hipStream_t) every Plan upload and Run launch goes
   // to, owned by the model. CPU backends ignore it.
   virtual void set_stream(void* stream) {}
+
+  // ---- Decode steps in CUDA graphs (GPU backends that support it) ----
+  // ReserveGraphs fixes a second device area for decode-only steps (one query token per sequence)
+  // of up to max_seqs sequences and max_pages block-table entries in all. PlanGraph plans such a
+  // step padded to `bucket` rows (rows past num_tokens are padding: no append, output unwritten);
+  // the Runs after it launch the same grids with the same pointers for every step of that bucket,
+  // reading the step's counts from device memory, so a model may capture them once and replay.
+  virtual bool supports_graphs() const { return false; }
+  virtual Status ReserveGraphs(int max_seqs, int max_pages) {
+    return Unimplemented(name() + " cannot run in CUDA graphs");
+  }
+  virtual Status PlanGraph(const AttentionBatch& batch, int bucket) {
+    return Unimplemented(name() + " cannot run in CUDA graphs");
+  }
 };
 
 // ---- Multi-head latent attention (AttentionKind::kMla, DeepSeek-V2/V3) ----

@@ -4,10 +4,11 @@
 # (or ./gpu-out: summary, gpu_tests, memcheck, bench, peers .txt); a summary table is printed last.
 # Build and pack here first (docs/PERFORMANCE.md, "Reproducing"):
 #   cmake --preset cuda && cmake --build build/cuda -j2 --target gpu_tests c8_attention_bench \
-#       fmha_bench mla_decode_bench
+#       fmha_bench mla_decode_bench model_step_bench
 #   ../shared/gpu/pack.sh .devpack build/cuda/tests/gpu_tests build/cuda/bench/*_bench
 # then on the GPU machine: scripts/gpu_check.sh
-# Environment: SKIP_TESTS=1, SKIP_MEMCHECK=1, SKIP_BENCH=1, SKIP_PEER=1, NCU=1 (profile C8 decode),
+# Environment: SKIP_TESTS=1, SKIP_MEMCHECK=1, SKIP_BENCH=1, SKIP_MODEL_BENCH=1, SKIP_PEER=1,
+# NCU=1 (profile C8 decode),
 # TESTS="<catch2 filter>" (default: every test).
 set -uo pipefail
 OUT="${OUT:-$(pwd)/gpu-out}"
@@ -29,7 +30,8 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
 fi
 if [ "${SKIP_MEMCHECK:-0}" != 1 ]; then
   # Quick subsets: memcheck slows kernels 10-100x.
-  for filter in "C8 attention: long single-sequence decode splits KV and merges" "[fmha][quick]" \
+  for filter in "C8 attention: long single-sequence decode splits KV and merges" \
+      "C8 attention in CUDA graphs: one capture per bucket replays different decode steps" "[fmha][quick]" \
       "[mla_sanitize]" "[sampling_sanitize]"; do
     echo "== compute-sanitizer memcheck: $filter"
     timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/gpu_tests" "$filter" \
@@ -54,6 +56,15 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     echo "== $b"
     timeout 300 "$bin/$b" 2>&1 | tee -a "$OUT/bench.txt"
     record "$b" "rc=${PIPESTATUS[0]}"
+  done
+fi
+if [ "${SKIP_MODEL_BENCH:-0}" != 1 ] && [ -x "$bin/model_step_bench" ]; then
+  # Whole Llama-3-8B steps (dummy weights): eager launches against CUDA graphs.
+  for kv in int8 auto; do
+    echo "== model_step_bench llama3-8b kv=$kv"
+    timeout 300 "$bin/model_step_bench" --model configs/models/llama3-8b --kv $kv \
+      --batches 1,16,64,256 --ctx 1500 2>&1 | tee -a "$OUT/model_bench.txt"
+    record "model_step_bench kv=$kv" "rc=${PIPESTATUS[0]}"
   done
 fi
 if [ "${SKIP_PEER:-0}" != 1 ]; then

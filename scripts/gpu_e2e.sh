@@ -7,6 +7,7 @@ OUT="${OUT:-$(pwd)/gpu-out}"
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$(pwd)/.devpack/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 NUM="${E2E_REQUESTS:-512}"; CONC="${E2E_CONCURRENCY:-256}"; IN="${E2E_IN:-1000}"; OUTLEN="${E2E_OUT:-1000}"
+# E2E_EXTRA: more server flags (e.g. "--cuda-graph-max-batch 0" for eager decode steps).
 # E2E_MODEL=deepseek-v2-lite serves the V2-Lite-shaped dummy config (MLA latent cache: auto = bf16,
 # or fp8_e4m3) instead of Llama-3-8B.
 E2E_MODEL="${E2E_MODEL:-llama3-8b}"
@@ -18,7 +19,8 @@ for kv in ${E2E_KV:-$default_kv}; do
   log="$OUT/server_$kv.log"
   .devpack/bin/llm-server --model-dir $model --device cuda --dummy-weights true \
     --kv-cache-dtype $kv --max-num-seqs $CONC --max-batched-tokens 8192 --max-tokens-limit 4096 \
-    --max-queued-requests 4096 --listen-address 127.0.0.1:0 --metrics-address 127.0.0.1:0 > "$log" 2>&1 &
+    --max-queued-requests 4096 --listen-address 127.0.0.1:0 --metrics-address 127.0.0.1:0 \
+    ${E2E_EXTRA:-} > "$log" 2>&1 &
   pid=$!
   port=""
   for _ in $(seq 1 300); do

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include <spdlog/spdlog.h>
 
@@ -35,6 +36,7 @@ class CudaLlamaModel final : public Model {
  public:
   explicit CudaLlamaModel(const ModelConfig& config) : config_(config) {}
   ~CudaLlamaModel() override {
+    for (auto& [bucket, exec] : graphs_) cudaGraphExecDestroy(exec);
     if (pinned_) cudaFreeHost(pinned_);
     if (blas_) cublasDestroy(blas_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -58,6 +60,7 @@ class CudaLlamaModel final : public Model {
     return s;
   }
   int num_kv_blocks() const override { return num_blocks_; }
+  int64_t graph_steps() const override { return graph_steps_; }
   size_t kv_bytes_per_block() const override {
     return attention_->BlockBytes() * config_.num_layers;
   }
@@ -81,8 +84,34 @@ class CudaLlamaModel final : public Model {
   std::unique_ptr<AttentionBackend> attention_;
   AttentionSpec spec_;
   int num_blocks_ = 0;
-  // Step scratch, grown on demand.
-  DeviceBuffer ints_, residual_, xn_, qkv_, q_, k_, v_, attn_, tmp_, gate_up_, act_, last_, logits_;
+  // Activations of the layers for `tokens` rows. Eager steps grow theirs on demand; the graph set
+  // is allocated once for the largest bucket, since captured graphs hold its pointers.
+  struct Scratch {
+    DeviceBuffer ints;  // [ids: cap][positions: cap][logit rows: cap]
+    DeviceBuffer residual, xn, qkv, q, k, v, attn, tmp, gate_up, act;
+    int cap = 0;
+    Status Reserve(const ModelConfig& c, int tokens, cudaStream_t stream);
+    const int32_t* ids() const { return ints.as<int32_t>(); }
+    const int32_t* positions() const { return ints.as<int32_t>() + cap; }
+    const int32_t* rows() const { return ints.as<int32_t>() + 2 * cap; }
+  };
+  // Embedding and every layer for T rows of `s` (the part a decode graph captures).
+  Status LaunchLayers(Scratch& s, int T);
+  // Decode-only step of at most graph_max_batch_ sequences on a graph-capable backend: the padded
+  // row count of its graph, else 0 (eager).
+  int GraphBucket(const ForwardBatch& batch) const;
+  // Plans, uploads and runs the layers of a bucket's step through its graph (captured on first
+  // use, after one eager run of the same step).
+  Status RunGraph(const ForwardBatch& batch, int bucket);
+
+  Scratch eager_, graph_;
+  int graph_max_batch_ = 0;  // 0: no graphs
+  int graph_max_pages_ = 0;
+  bool graphs_reserved_ = false;
+  int64_t graph_steps_ = 0;
+  std::map<int, cudaGraphExec_t> graphs_;  // bucket -> instantiated decode graph
+  DeviceBuffer blas_workspace_;  // fixed, so cuBLAS needs no allocation inside a capture
+  DeviceBuffer last_, logits_;
   std::vector<int32_t> host_ints_;
   DeviceBuffer sampled_dev_, sampling_args_;  // device-sampled tokens; their jobs
   std::vector<char> host_sampling_;           // jobs staging
@@ -123,6 +152,8 @@ Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& option
   GPU_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   BLAS_RETURN_IF_ERROR(cublasCreate(&blas_));
   BLAS_RETURN_IF_ERROR(cublasSetStream(blas_, stream_));
+  LLM_RETURN_IF_ERROR(blas_workspace_.Alloc(32ull << 20));
+  BLAS_RETURN_IF_ERROR(cublasSetWorkspace(blas_, blas_workspace_.ptr, blas_workspace_.bytes));
 
   // Attention backend first: an unsupported combination fails before any weight is loaded.
   LLM_ASSIGN_OR_RETURN(KvCacheType kv,
@@ -153,6 +184,11 @@ Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& option
   if (!backend.ok()) return backend.status();
   attention_ = std::move(backend.value());
   attention_->set_stream(stream_);
+  if (options.cuda_graph_max_batch > 0 && attention_->supports_graphs()) {
+    graph_max_batch_ = options.cuda_graph_max_batch;
+    graph_max_pages_ =
+        graph_max_batch_ * ((c.max_position_embeddings + options.block_size - 1) / options.block_size);
+  }
 
   const int64_t h = c.hidden_size, q = c.q_size(), kvs = c.kv_size(), inter = c.intermediate_size;
   const int64_t vocab = c.vocab_size;
@@ -237,6 +273,9 @@ Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& option
     }
     cache_.push_back(std::move(lc));
   }
+  spdlog::info("cuda model: decode steps of up to {} sequences run in CUDA graphs{}",
+               graph_max_batch_,
+               graph_max_batch_ > 0 ? "" : " (none: disabled or the backend cannot be captured)");
   spdlog::info("cuda model: {} layers on sm_{}, {} weights, KV {} {} x {} blocks ({:.1f} GiB)",
                c.num_layers, spec_.device_arch, dummy_ ? "DUMMY (random)" : "checkpoint",
                DTypeName(kv.dtype), KvQuantName(kv.quant), num_blocks_,
@@ -254,66 +293,59 @@ Status CudaLlamaModel::Gemm(const void* x, const void* w, int m, int n, int k, v
   return Status::Ok();
 }
 
-Status CudaLlamaModel::ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,
-                                      std::vector<int32_t>* tokens) {
-  const ModelConfig& c = config_;
-  const int T = static_cast<int>(batch.token_ids.size());
-  const int R = static_cast<int>(batch.logit_rows.size());
-  const int H = c.hidden_size, Q = c.q_size(), KV = c.kv_size(), I = c.intermediate_size;
-  const int QKV = Q + 2 * KV, V = c.vocab_size;
-  for (int32_t id : batch.token_ids) {
-    if (id < 0 || id >= V) return InvalidArgument("token id out of range");
+Status CudaLlamaModel::Scratch::Reserve(const ModelConfig& c, int tokens, cudaStream_t stream) {
+  if (tokens <= cap) return Status::Ok();
+  const size_t T = static_cast<size_t>(tokens);
+  const size_t H = c.hidden_size, Q = c.q_size(), KV = c.kv_size(), I = c.intermediate_size;
+  LLM_RETURN_IF_ERROR(ints.Alloc(3 * T * 4));
+  LLM_RETURN_IF_ERROR(residual.Alloc(T * H * 4));
+  LLM_RETURN_IF_ERROR(xn.Alloc(T * H * 2));
+  LLM_RETURN_IF_ERROR(qkv.Alloc(T * (Q + 2 * KV) * 2));
+  LLM_RETURN_IF_ERROR(q.Alloc(T * Q * 2));
+  LLM_RETURN_IF_ERROR(k.Alloc(T * KV * 2));
+  LLM_RETURN_IF_ERROR(v.Alloc(T * KV * 2));
+  LLM_RETURN_IF_ERROR(attn.Alloc(T * Q * 2));
+  LLM_RETURN_IF_ERROR(tmp.Alloc(T * H * 2));
+  LLM_RETURN_IF_ERROR(gate_up.Alloc(T * 2 * I * 2));
+  LLM_RETURN_IF_ERROR(act.Alloc(T * I * 2));
+  // Padding rows of a graph bucket are computed too: keep them finite from the start.
+  for (DeviceBuffer* b : {&residual, &xn, &qkv, &q, &k, &v, &attn, &tmp, &gate_up, &act}) {
+    GPU_RETURN_IF_ERROR(cudaMemsetAsync(b->ptr, 0, b->bytes, stream));
   }
-  // One upload for ids, positions and logit rows.
-  host_ints_.assign(batch.token_ids.begin(), batch.token_ids.end());
-  host_ints_.insert(host_ints_.end(), batch.positions.begin(), batch.positions.end());
-  host_ints_.insert(host_ints_.end(), batch.logit_rows.begin(), batch.logit_rows.end());
-  LLM_RETURN_IF_ERROR(ints_.Alloc(std::max<size_t>(host_ints_.size() * 4, 64)));
-  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(ints_.ptr, host_ints_.data(), host_ints_.size() * 4,
-                                      cudaMemcpyHostToDevice, stream_));
-  const int32_t* d_ids = ints_.as<int32_t>();
-  const int32_t* d_pos = d_ids + T;
-  const int32_t* d_rows = d_pos + T;
-  LLM_RETURN_IF_ERROR(residual_.Alloc(static_cast<size_t>(T) * H * 4));
-  LLM_RETURN_IF_ERROR(xn_.Alloc(static_cast<size_t>(T) * H * 2));
-  LLM_RETURN_IF_ERROR(qkv_.Alloc(static_cast<size_t>(T) * QKV * 2));
-  LLM_RETURN_IF_ERROR(q_.Alloc(static_cast<size_t>(T) * Q * 2));
-  LLM_RETURN_IF_ERROR(k_.Alloc(static_cast<size_t>(T) * KV * 2));
-  LLM_RETURN_IF_ERROR(v_.Alloc(static_cast<size_t>(T) * KV * 2));
-  LLM_RETURN_IF_ERROR(attn_.Alloc(static_cast<size_t>(T) * Q * 2));
-  LLM_RETURN_IF_ERROR(tmp_.Alloc(static_cast<size_t>(T) * H * 2));
-  LLM_RETURN_IF_ERROR(gate_up_.Alloc(static_cast<size_t>(T) * 2 * I * 2));
-  LLM_RETURN_IF_ERROR(act_.Alloc(static_cast<size_t>(T) * I * 2));
-  LLM_RETURN_IF_ERROR(last_.Alloc(std::max<size_t>(static_cast<size_t>(R) * H * 2, 64)));
-  LLM_RETURN_IF_ERROR(logits_.Alloc(std::max<size_t>(static_cast<size_t>(R) * V * 4, 64)));
+  cap = tokens;
+  return Status::Ok();
+}
 
-  LLM_RETURN_IF_ERROR(attention_->Plan(batch.attn));
-  cuda::LaunchEmbedding(embed_.ptr, d_ids, T, H, residual_.as<float>(), stream_);
+Status CudaLlamaModel::LaunchLayers(Scratch& s, int T) {
+  const ModelConfig& c = config_;
+  const int H = c.hidden_size, Q = c.q_size(), KV = c.kv_size(), I = c.intermediate_size;
+  const int QKV = Q + 2 * KV;
+  cuda::LaunchEmbedding(embed_.ptr, s.ids(), T, H, s.residual.as<float>(), stream_);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = *layers_[l];
     // The previous layer's MLP output joins the residual inside this norm.
-    cuda::LaunchAddRmsNorm(residual_.as<float>(), l == 0 ? nullptr : tmp_.ptr, L.attn_norm.ptr,
-                           nullptr, T, H, c.rms_norm_eps, xn_.ptr, stream_);
-    LLM_RETURN_IF_ERROR(Gemm(xn_.ptr, L.wqkv.ptr, T, QKV, H, qkv_.ptr, CUDA_R_16BF));
+    cuda::LaunchAddRmsNorm(s.residual.as<float>(), l == 0 ? nullptr : s.tmp.ptr, L.attn_norm.ptr,
+                           nullptr, T, H, c.rms_norm_eps, s.xn.ptr, stream_);
+    LLM_RETURN_IF_ERROR(Gemm(s.xn.ptr, L.wqkv.ptr, T, QKV, H, s.qkv.ptr, CUDA_R_16BF));
     cuda::RopeArgs ra;
-    ra.qkv = qkv_.ptr;
+    ra.qkv = s.qkv.ptr;
     ra.bias = L.bqkv.ptr;
-    ra.positions = d_pos;
+    ra.positions = s.positions();
     ra.inv_freq = inv_freq_.as<float>();
-    ra.q = q_.ptr;
-    ra.k = k_.ptr;
-    ra.v = v_.ptr;
+    ra.q = s.q.ptr;
+    ra.k = s.k.ptr;
+    ra.v = s.v.ptr;
     ra.num_tokens = T;
     ra.num_q_heads = c.num_q_heads;
     ra.num_kv_heads = c.num_kv_heads;
     ra.head_dim = c.head_dim;
     cuda::LaunchBiasRope(ra, stream_);
     AttentionParams p;
-    p.q = q_.ptr;
-    p.k_new = k_.ptr;
-    p.v_new = v_.ptr;
-    p.out = attn_.ptr;
+    p.q = s.q.ptr;
+    p.k_new = s.k.ptr;
+    p.v_new = s.v.ptr;
+    p.out = s.attn.ptr;
     const LayerCache& lc = *cache_[l];
     p.cache.k = lc.k.ptr;
     p.cache.v = lc.v.ptr;
@@ -324,19 +356,110 @@ Status CudaLlamaModel::ForwardSampled(const ForwardBatch& batch, std::vector<flo
     p.softmax_scale = scale;
     p.window_left = c.WindowLeft(l);
     attention_->Run(p);
-    LLM_RETURN_IF_ERROR(Gemm(attn_.ptr, L.wo.ptr, T, H, Q, tmp_.ptr, CUDA_R_16BF));
-    cuda::LaunchAddRmsNorm(residual_.as<float>(), tmp_.ptr, L.mlp_norm.ptr, nullptr, T, H,
-                           c.rms_norm_eps, xn_.ptr, stream_);
-    LLM_RETURN_IF_ERROR(Gemm(xn_.ptr, L.w_gate_up.ptr, T, 2 * I, H, gate_up_.ptr, CUDA_R_16BF));
-    cuda::LaunchSiluMul(gate_up_.ptr, T, I, act_.ptr, stream_);
-    LLM_RETURN_IF_ERROR(Gemm(act_.ptr, L.w_down.ptr, T, H, I, tmp_.ptr, CUDA_R_16BF));
+    LLM_RETURN_IF_ERROR(Gemm(s.attn.ptr, L.wo.ptr, T, H, Q, s.tmp.ptr, CUDA_R_16BF));
+    cuda::LaunchAddRmsNorm(s.residual.as<float>(), s.tmp.ptr, L.mlp_norm.ptr, nullptr, T, H,
+                           c.rms_norm_eps, s.xn.ptr, stream_);
+    LLM_RETURN_IF_ERROR(Gemm(s.xn.ptr, L.w_gate_up.ptr, T, 2 * I, H, s.gate_up.ptr, CUDA_R_16BF));
+    cuda::LaunchSiluMul(s.gate_up.ptr, T, I, s.act.ptr, stream_);
+    LLM_RETURN_IF_ERROR(Gemm(s.act.ptr, L.w_down.ptr, T, H, I, s.tmp.ptr, CUDA_R_16BF));
   }
+  return Status::Ok();
+}
+
+int CudaLlamaModel::GraphBucket(const ForwardBatch& batch) const {
+  const AttentionBatch& a = batch.attn;
+  if (graph_max_batch_ == 0 || a.num_seqs == 0 || a.num_tokens != a.num_seqs ||
+      a.num_seqs > graph_max_batch_ ||
+      static_cast<int>(a.page_indices.size()) > graph_max_pages_) {
+    return 0;
+  }
+  for (int i = 0; i < a.num_seqs; ++i) {
+    if (a.q_indptr[i + 1] - a.q_indptr[i] != 1) return 0;
+  }
+  // 1, 2, 4, then multiples of 8 (as vLLM): at most 7 padding rows past 8.
+  const int n = a.num_seqs;
+  const int bucket = n <= 4 ? (n <= 1 ? 1 : n <= 2 ? 2 : 4) : (n + 7) / 8 * 8;
+  return std::min(bucket, std::max(graph_max_batch_, n));
+}
+
+Status CudaLlamaModel::RunGraph(const ForwardBatch& batch, int bucket) {
+  if (!graphs_reserved_) {
+    const int cap = (graph_max_batch_ + 7) / 8 * 8;
+    LLM_RETURN_IF_ERROR(graph_.Reserve(config_, cap, stream_));
+    LLM_RETURN_IF_ERROR(attention_->ReserveGraphs(cap, graph_max_pages_));
+    graphs_reserved_ = true;
+  }
+  LLM_RETURN_IF_ERROR(attention_->PlanGraph(batch.attn, bucket));
+  // Padding rows: token 0 at position 0 (their results are never read).
+  const int cap = graph_.cap;
+  host_ints_.assign(3 * static_cast<size_t>(cap), 0);
+  std::copy(batch.token_ids.begin(), batch.token_ids.end(), host_ints_.begin());
+  std::copy(batch.positions.begin(), batch.positions.end(), host_ints_.begin() + cap);
+  std::copy(batch.logit_rows.begin(), batch.logit_rows.end(), host_ints_.begin() + 2 * cap);
+  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(graph_.ints.ptr, host_ints_.data(),
+                                      (2 * cap + batch.logit_rows.size()) * 4,
+                                      cudaMemcpyHostToDevice, stream_));
+  auto it = graphs_.find(bucket);
+  if (it != graphs_.end()) {
+    GPU_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream_));
+    ++graph_steps_;
+    return Status::Ok();
+  }
+  // First step of this bucket: run it eagerly (its results are this step's), then capture the
+  // same launches for the next ones. Capture records without executing.
+  LLM_RETURN_IF_ERROR(LaunchLayers(graph_, bucket));
+  GPU_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  const Status launched = LaunchLayers(graph_, bucket);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+  LLM_RETURN_IF_ERROR(launched);
+  GPU_RETURN_IF_ERROR(ended);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  GPU_RETURN_IF_ERROR(inst);
+  graphs_[bucket] = exec;
+  spdlog::info("cuda model: captured the decode graph for {} rows ({} graphs)", bucket,
+               graphs_.size());
+  return Status::Ok();
+}
+
+Status CudaLlamaModel::ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,
+                                      std::vector<int32_t>* tokens) {
+  const ModelConfig& c = config_;
+  const int T = static_cast<int>(batch.token_ids.size());
+  const int R = static_cast<int>(batch.logit_rows.size());
+  const int H = c.hidden_size, V = c.vocab_size;
+  for (int32_t id : batch.token_ids) {
+    if (id < 0 || id >= V) return InvalidArgument("token id out of range");
+  }
+  const int bucket = GraphBucket(batch);
+  Scratch& s = bucket > 0 ? graph_ : eager_;
+  const int rows = bucket > 0 ? bucket : T;  // rows the layers computed
+  if (bucket > 0) {
+    LLM_RETURN_IF_ERROR(RunGraph(batch, bucket));
+  } else {
+    LLM_RETURN_IF_ERROR(eager_.Reserve(c, std::max(T, 16), stream_));
+    // One upload for ids, positions and logit rows.
+    host_ints_.assign(3 * static_cast<size_t>(eager_.cap), 0);
+    std::copy(batch.token_ids.begin(), batch.token_ids.end(), host_ints_.begin());
+    std::copy(batch.positions.begin(), batch.positions.end(), host_ints_.begin() + eager_.cap);
+    std::copy(batch.logit_rows.begin(), batch.logit_rows.end(),
+              host_ints_.begin() + 2 * eager_.cap);
+    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(eager_.ints.ptr, host_ints_.data(), host_ints_.size() * 4,
+                                        cudaMemcpyHostToDevice, stream_));
+    LLM_RETURN_IF_ERROR(attention_->Plan(batch.attn));
+    LLM_RETURN_IF_ERROR(LaunchLayers(eager_, T));
+  }
+  const int32_t* d_rows = s.rows();
+  LLM_RETURN_IF_ERROR(last_.Alloc(std::max<size_t>(static_cast<size_t>(R) * H * 2, 64)));
+  LLM_RETURN_IF_ERROR(logits_.Alloc(std::max<size_t>(static_cast<size_t>(R) * V * 4, 64)));
   logits->resize(static_cast<size_t>(R) * V);
   if (R > 0) {
     // Final residual add for all rows, then the norm of the sampled rows only.
-    cuda::LaunchAddRmsNorm(residual_.as<float>(), tmp_.ptr, final_norm_.ptr, nullptr, T, H,
-                           c.rms_norm_eps, xn_.ptr, stream_);
-    cuda::LaunchAddRmsNorm(residual_.as<float>(), nullptr, final_norm_.ptr, d_rows, R, H,
+    cuda::LaunchAddRmsNorm(s.residual.as<float>(), s.tmp.ptr, final_norm_.ptr, nullptr, rows, H,
+                           c.rms_norm_eps, s.xn.ptr, stream_);
+    cuda::LaunchAddRmsNorm(s.residual.as<float>(), nullptr, final_norm_.ptr, d_rows, R, H,
                            c.rms_norm_eps, last_.ptr, stream_);
     const void* head = c.tie_word_embeddings ? embed_.ptr : lm_head_.ptr;
     LLM_RETURN_IF_ERROR(Gemm(last_.ptr, head, R, V, H, logits_.ptr, CUDA_R_32F));

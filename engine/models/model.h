@@ -49,6 +49,8 @@ class Model {
   virtual size_t kv_bytes_per_block() const = 0;  // all layers, K and V
   // Element type (and 8-bit scaling) of the KV cache, for logs and GetModelInfo.
   virtual std::string kv_cache_dtype_name() const { return "float32"; }
+  // Forward passes whose layers ran from a captured CUDA graph (0 for models without graphs).
+  virtual int64_t graph_steps() const { return 0; }
 };
 
 struct ModelLoadOptions {
@@ -68,6 +70,9 @@ struct ModelLoadOptions {
   // Fill the config's tensors with deterministic random values on the device instead of reading
   // model.safetensors (benchmarking models too large to ship). CUDA only.
   bool dummy_weights = false;
+  // Decode-only steps of up to this many sequences replay a CUDA graph captured per padded batch
+  // size (1, 2, 4, then multiples of 8) when the attention backend supports it; 0 disables.
+  int cuda_graph_max_batch = 256;
 };
 
 // Loads config + weights and selects the attention backend (logging the selection table).

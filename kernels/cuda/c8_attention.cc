@@ -80,6 +80,9 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
     for (int n = 2; n <= config.max_splits; ++n) {
       const int64_t c = ((max_kv + n - 1) / n + 63) / 64 * 64;
       if (c < config.min_chunk_tokens) break;
+      if (config.max_decode_items > 0 && ctas_for(c) / shape.num_kv_heads > config.max_decode_items) {
+        break;  // finer chunks only add items
+      }
       // Under one wave, more CTAs are always better; past it, demand a real gain per split.
       const int64_t ctas = ctas_for(c);
       const double e = efficiency(ctas);
@@ -122,72 +125,172 @@ int C8Attention::decode_ctas_per_sm() const {
   return 1;
 }
 
+void C8Attention::Area::Free() {
+  if (d_ints) cudaFree(d_ints);
+  if (d_partial) cudaFree(d_partial);
+  if (h_pinned) cudaFreeHost(h_pinned);
+  *this = Area{};
+}
+
 C8Attention::~C8Attention() {
-  if (d_ints_) cudaFree(d_ints_);
-  if (d_partial_) cudaFree(d_partial_);
-  if (h_pinned_) cudaFreeHost(h_pinned_);
+  eager_.Free();
+  graph_.Free();
+}
+
+namespace {
+size_t Align4(size_t n) { return (n + 3) / 4 * 4; }
+}  // namespace
+
+Status C8Attention::Stage(Area* a, size_t bytes, void* stream) {
+  // The host buffer may still feed the previous step's copy: wait for the stream first.
+  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+  return GrowPinnedBuffer(&a->h_pinned, &a->h_pinned_cap, bytes);
 }
 
 Status C8Attention::Upload(const AttentionBatch& batch, const C8Plan& plan, void* stream) {
   static_assert(sizeof(C8WorkItem) % 4 == 0 && sizeof(C8MergeItem) % 4 == 0);
-  num_seqs_ = batch.num_seqs;
-  num_tokens_ = batch.num_tokens;
-  num_decode_ = static_cast<int>(plan.decode_items.size());
-  num_prefill_ = static_cast<int>(plan.prefill_items.size());
-  num_merges_ = static_cast<int>(plan.merges.size());
-  num_partials_ = plan.num_partials;
+  Area& a = eager_;
+  a.num_tokens = batch.num_tokens;
+  a.num_decode = static_cast<int>(plan.decode_items.size());
+  a.num_prefill = static_cast<int>(plan.prefill_items.size());
+  a.num_merges = static_cast<int>(plan.merges.size());
+  a.num_partials = plan.num_partials;
+  a.device_counts = false;
   // Layout of the one upload, in int32 elements (every section 16-byte aligned).
-  auto align4 = [](size_t n) { return (n + 3) / 4 * 4; };
   size_t off = 0;
   auto take = [&](size_t n) {
     const size_t o = off;
-    off += align4(n);
+    off += Align4(n);
     return o;
   };
-  off_q_indptr_ = take(batch.q_indptr.size());
-  off_kv_lens_ = take(batch.kv_lens.size());
-  off_page_indptr_ = take(batch.page_indptr.size());
-  off_pages_ = take(batch.page_indices.size());
-  off_slots_ = take(batch.slot_mapping.size());
-  off_decode_ = take(plan.decode_items.size() * sizeof(C8WorkItem) / 4);
-  off_prefill_ = take(plan.prefill_items.size() * sizeof(C8WorkItem) / 4);
-  off_merge_ = take(plan.merges.size() * sizeof(C8MergeItem) / 4);
+  a.off_counts = take(0);
+  a.off_q_indptr = take(batch.q_indptr.size());
+  a.off_kv_lens = take(batch.kv_lens.size());
+  a.off_page_indptr = take(batch.page_indptr.size());
+  a.off_pages = take(batch.page_indices.size());
+  a.off_slots = take(batch.slot_mapping.size());
+  a.off_decode = take(plan.decode_items.size() * sizeof(C8WorkItem) / 4);
+  a.off_prefill = take(plan.prefill_items.size() * sizeof(C8WorkItem) / 4);
+  a.off_merge = take(plan.merges.size() * sizeof(C8MergeItem) / 4);
   const size_t bytes = off * 4;
-  // The host buffer may still feed the previous step's copy: wait for the stream first.
-  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
-  LLM_RETURN_IF_ERROR(GrowPinnedBuffer(&h_pinned_, &h_pinned_cap_, bytes));
-  auto* h = static_cast<int32_t*>(h_pinned_);
+  LLM_RETURN_IF_ERROR(Stage(&a, bytes, stream));
+  auto* h = static_cast<int32_t*>(a.h_pinned);
   auto put = [&](size_t o, const void* src, size_t n_bytes) {
     if (n_bytes) std::memcpy(h + o, src, n_bytes);
   };
-  put(off_q_indptr_, batch.q_indptr.data(), batch.q_indptr.size() * 4);
-  put(off_kv_lens_, batch.kv_lens.data(), batch.kv_lens.size() * 4);
-  put(off_page_indptr_, batch.page_indptr.data(), batch.page_indptr.size() * 4);
-  put(off_pages_, batch.page_indices.data(), batch.page_indices.size() * 4);
-  put(off_slots_, batch.slot_mapping.data(), batch.slot_mapping.size() * 4);
-  put(off_decode_, plan.decode_items.data(), plan.decode_items.size() * sizeof(C8WorkItem));
-  put(off_prefill_, plan.prefill_items.data(), plan.prefill_items.size() * sizeof(C8WorkItem));
-  put(off_merge_, plan.merges.data(), plan.merges.size() * sizeof(C8MergeItem));
-  LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&d_ints_, &d_ints_cap_, std::max<size_t>(bytes, 256)));
-  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(d_ints_, h_pinned_, bytes, cudaMemcpyHostToDevice,
+  put(a.off_q_indptr, batch.q_indptr.data(), batch.q_indptr.size() * 4);
+  put(a.off_kv_lens, batch.kv_lens.data(), batch.kv_lens.size() * 4);
+  put(a.off_page_indptr, batch.page_indptr.data(), batch.page_indptr.size() * 4);
+  put(a.off_pages, batch.page_indices.data(), batch.page_indices.size() * 4);
+  put(a.off_slots, batch.slot_mapping.data(), batch.slot_mapping.size() * 4);
+  put(a.off_decode, plan.decode_items.data(), plan.decode_items.size() * sizeof(C8WorkItem));
+  put(a.off_prefill, plan.prefill_items.data(), plan.prefill_items.size() * sizeof(C8WorkItem));
+  put(a.off_merge, plan.merges.data(), plan.merges.size() * sizeof(C8MergeItem));
+  LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&a.d_ints, &a.d_ints_cap, std::max<size_t>(bytes, 256)));
+  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(a.d_ints, a.h_pinned, bytes, cudaMemcpyHostToDevice,
                                       static_cast<cudaStream_t>(stream)));
   const size_t rows =
-      static_cast<size_t>(num_partials_) * shape_.num_kv_heads * detail::kPartialRows;
-  LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&d_partial_, &d_partial_cap_,
+      static_cast<size_t>(a.num_partials) * shape_.num_kv_heads * detail::kPartialRows;
+  LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&a.d_partial, &a.d_partial_cap,
                                        std::max<size_t>(rows * (shape_.head_dim + 1) * 4, 256)));
+  active_ = &eager_;
+  return Status::Ok();
+}
+
+int C8Attention::GraphItemCapacity(int bucket) const {
+  // Splitting helps only while the decode CTAs do not fill the GPU's resident slots, so a plan
+  // never needs more than about two slots' worth of items, or one per sequence.
+  const int per_head = (graph_slots_ + shape_.num_kv_heads - 1) / shape_.num_kv_heads;
+  return std::max(bucket, 2 * per_head);
+}
+
+Status C8Attention::ReserveGraph(int max_seqs, int max_pages) {
+  if (max_seqs <= graph_max_seqs_ && max_pages <= graph_max_pages_) return Status::Ok();
+  if (graph_.d_ints != nullptr) {
+    return FailedPrecondition("the C8 graph area is reserved once: captured graphs point into it");
+  }
+  Area& a = graph_;
+  graph_slots_ = std::max(1, CudaNumSms()) * std::max(1, decode_ctas_per_sm());
+  const int S = max_seqs, items = GraphItemCapacity(S);
+  size_t off = 0;
+  auto take = [&](size_t n) {
+    const size_t o = off;
+    off += Align4(n);
+    return o;
+  };
+  a.off_counts = take(4);  // [decode items, merges]
+  a.off_q_indptr = take(S + 1);
+  a.off_kv_lens = take(S);
+  a.off_page_indptr = take(S + 1);
+  a.off_slots = take(S);
+  a.off_decode = take(static_cast<size_t>(items) * sizeof(C8WorkItem) / 4);
+  a.off_prefill = take(0);
+  a.off_merge = take(static_cast<size_t>(S) * sizeof(C8MergeItem) / 4);
+  a.off_pages = take(max_pages);  // last: a step copies only the entries it uses
+  a.num_partials = items;  // every item at most one partial slot
+  LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&a.d_ints, &a.d_ints_cap, off * 4));
+  LLM_RETURN_IF_ERROR(GrowPinnedBuffer(&a.h_pinned, &a.h_pinned_cap, off * 4));
+  const size_t rows = static_cast<size_t>(items) * shape_.num_kv_heads * detail::kPartialRows;
+  LLM_RETURN_IF_ERROR(
+      GrowDeviceBuffer(&a.d_partial, &a.d_partial_cap, rows * (shape_.head_dim + 1) * 4));
+  a.device_counts = true;
+  graph_max_seqs_ = S;
+  graph_max_pages_ = max_pages;
+  return Status::Ok();
+}
+
+Status C8Attention::UploadGraph(const AttentionBatch& batch, const C8Plan& plan, int bucket,
+                                void* stream) {
+  Area& a = graph_;
+  const int n = batch.num_seqs;
+  if (graph_max_seqs_ == 0) return FailedPrecondition("UploadGraph before ReserveGraph");
+  if (n > bucket || bucket > graph_max_seqs_ || batch.num_tokens != n) {
+    return InvalidArgument("graph upload: " + std::to_string(n) + " sequences, " +
+                           std::to_string(batch.num_tokens) + " tokens, bucket " +
+                           std::to_string(bucket) + ", capacity " +
+                           std::to_string(graph_max_seqs_));
+  }
+  if (static_cast<int>(batch.page_indices.size()) > graph_max_pages_ ||
+      !plan.prefill_items.empty() ||
+      static_cast<int>(plan.decode_items.size()) > GraphItemCapacity(bucket) ||
+      static_cast<int>(plan.merges.size()) > bucket || plan.num_partials > a.num_partials) {
+    return InvalidArgument("graph upload: the plan does not fit the bucket's capacities");
+  }
+  const size_t bytes = (a.off_pages + batch.page_indices.size()) * 4;
+  LLM_RETURN_IF_ERROR(Stage(&a, bytes, stream));
+  auto* h = static_cast<int32_t*>(a.h_pinned);
+  h[a.off_counts] = static_cast<int32_t>(plan.decode_items.size());
+  h[a.off_counts + 1] = static_cast<int32_t>(plan.merges.size());
+  std::memcpy(h + a.off_q_indptr, batch.q_indptr.data(), (n + 1) * 4);
+  std::memcpy(h + a.off_kv_lens, batch.kv_lens.data(), n * 4);
+  std::memcpy(h + a.off_page_indptr, batch.page_indptr.data(), (n + 1) * 4);
+  std::memcpy(h + a.off_pages, batch.page_indices.data(), batch.page_indices.size() * 4);
+  std::memcpy(h + a.off_slots, batch.slot_mapping.data(), n * 4);
+  std::fill(h + a.off_slots + n, h + a.off_slots + bucket, -1);  // padding rows: no append
+  std::memcpy(h + a.off_decode, plan.decode_items.data(),
+              plan.decode_items.size() * sizeof(C8WorkItem));
+  std::memcpy(h + a.off_merge, plan.merges.data(), plan.merges.size() * sizeof(C8MergeItem));
+  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(a.d_ints, a.h_pinned, bytes, cudaMemcpyHostToDevice,
+                                      static_cast<cudaStream_t>(stream)));
+  a.num_tokens = bucket;
+  a.num_decode = GraphItemCapacity(bucket);
+  a.num_prefill = 0;
+  a.num_merges = bucket;
+  active_ = &graph_;
   return Status::Ok();
 }
 
 Status C8Attention::Run(const LayerArgs& args, void* stream) {
-  const auto* ints = static_cast<const int32_t*>(d_ints_);
+  const Area& a = *active_;
+  const auto* ints = static_cast<const int32_t*>(a.d_ints);
   detail::AppendArgs ap{args.k_new,
                         args.v_new,
                         args.k_cache,
                         args.v_cache,
                         args.k_scale,
                         args.v_scale,
-                        ints + off_slots_,
-                        num_tokens_,
+                        ints + a.off_slots,
+                        a.num_tokens,
                         shape_.num_kv_heads,
                         shape_.block_size,
                         static_cast<int>(shape_.scale)};
@@ -197,10 +300,12 @@ Status C8Attention::Run(const LayerArgs& args, void* stream) {
 }
 
 Status C8Attention::Attend(const LayerArgs& args, void* stream) {
-  const auto* ints = static_cast<const int32_t*>(d_ints_);
-  float* partial_o = static_cast<float*>(d_partial_);
-  float* partial_lse = partial_o + static_cast<size_t>(num_partials_) * shape_.num_kv_heads *
+  const Area& a = *active_;
+  const auto* ints = static_cast<const int32_t*>(a.d_ints);
+  float* partial_o = static_cast<float*>(a.d_partial);
+  float* partial_lse = partial_o + static_cast<size_t>(a.num_partials) * shape_.num_kv_heads *
                                        detail::kPartialRows * shape_.head_dim;
+  const int32_t* counts = a.device_counts ? ints + a.off_counts : nullptr;
   detail::TileArgs ta{};
   ta.q = args.q;
   ta.out = args.out;
@@ -208,10 +313,11 @@ Status C8Attention::Attend(const LayerArgs& args, void* stream) {
   ta.v_cache = args.v_cache;
   ta.k_scale = args.k_scale;
   ta.v_scale = args.v_scale;
-  ta.q_indptr = ints + off_q_indptr_;
-  ta.kv_lens = ints + off_kv_lens_;
-  ta.page_indptr = ints + off_page_indptr_;
-  ta.pages = ints + off_pages_;
+  ta.q_indptr = ints + a.off_q_indptr;
+  ta.kv_lens = ints + a.off_kv_lens;
+  ta.page_indptr = ints + a.off_page_indptr;
+  ta.pages = ints + a.off_pages;
+  ta.device_num_items = counts;
   ta.partial_o = partial_o;
   ta.partial_lse = partial_lse;
   ta.num_q_heads = shape_.num_q_heads;
@@ -240,14 +346,19 @@ Status C8Attention::Attend(const LayerArgs& args, void* stream) {
         break;
     }
   };
-  launch(reinterpret_cast<const C8WorkItem*>(ints + off_decode_), num_decode_, false);
+  launch(reinterpret_cast<const C8WorkItem*>(ints + a.off_decode), a.num_decode, false);
   GPU_RETURN_IF_ERROR(cudaGetLastError());
-  launch(reinterpret_cast<const C8WorkItem*>(ints + off_prefill_), num_prefill_, true);
+  launch(reinterpret_cast<const C8WorkItem*>(ints + a.off_prefill), a.num_prefill, true);
   GPU_RETURN_IF_ERROR(cudaGetLastError());
-  detail::MergeArgs ma{args.out,           reinterpret_cast<const C8MergeItem*>(ints + off_merge_),
-                       partial_o,          partial_lse,
-                       num_merges_,        shape_.num_q_heads,
-                       shape_.num_kv_heads};
+  detail::MergeArgs ma{};
+  ma.out = args.out;
+  ma.items = reinterpret_cast<const C8MergeItem*>(ints + a.off_merge);
+  ma.partial_o = partial_o;
+  ma.partial_lse = partial_lse;
+  ma.device_num_items = counts == nullptr ? nullptr : counts + 1;
+  ma.num_items = a.num_merges;
+  ma.num_q_heads = shape_.num_q_heads;
+  ma.num_kv_heads = shape_.num_kv_heads;
   detail::LaunchMerge(ma, shape_.head_dim, stream);
   GPU_RETURN_IF_ERROR(cudaGetLastError());
   return Status::Ok();

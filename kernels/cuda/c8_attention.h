@@ -55,6 +55,7 @@ struct C8PlanConfig {
   int ctas_per_sm = 2;         // resident decode CTAs per SM (C8Attention::decode_ctas_per_sm())
   int min_chunk_tokens = 128;  // never split KV finer than this
   int max_splits = 64;
+  int max_decode_items = 0;  // > 0: never plan more decode items (a graph bucket's grid)
   bool force_split = false;  // tests: split every tile into min_chunk_tokens chunks
 };
 
@@ -74,6 +75,12 @@ struct C8Plan {
 C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8PlanConfig& config);
 
 // Device-side state for one C8 attention instance: uploaded plan, batch arrays, workspace.
+//
+// Two upload areas. Upload (any batch) packs the step tightly and the launches use its exact
+// counts. UploadGraph (decode steps: one query token per sequence) writes a fixed layout reserved
+// once by ReserveGraph; the launches after it cover a capacity set by the step's bucket and read
+// the real counts from device memory, and every pointer they pass is fixed. The launches of one
+// bucket can then be captured in a CUDA graph once and replayed after each UploadGraph for it.
 class C8Attention {
  public:
   explicit C8Attention(const C8Shape& shape);
@@ -83,6 +90,14 @@ class C8Attention {
 
   // Uploads the batch's CSR arrays and the plan (async on `stream`, a cudaStream_t).
   Status Upload(const AttentionBatch& batch, const C8Plan& plan, void* stream);
+
+  // Graph area for decode steps of up to max_seqs sequences and max_pages block-table entries.
+  Status ReserveGraph(int max_seqs, int max_pages);
+  // Decode items a bucket's grid covers: the plan for it must stay within (max_decode_items).
+  int GraphItemCapacity(int bucket) const;
+  // Uploads a decode step (num_seqs <= bucket <= max_seqs, one token each) into the graph area;
+  // rows [num_tokens, bucket) are padding (their K/V is not appended, their output not written).
+  Status UploadGraph(const AttentionBatch& batch, const C8Plan& plan, int bucket, void* stream);
 
   struct LayerArgs {
     const void* q = nullptr;      // bf16 [num_tokens, num_q_heads, head_dim]
@@ -95,7 +110,7 @@ class C8Attention {
     float* v_scale = nullptr;
     float softmax_scale = 1.0f;
   };
-  // Appends (quantizing) the new K/V, then attends; uses the last uploaded plan.
+  // Appends (quantizing) the new K/V, then attends; uses the last upload (either kind).
   Status Run(const LayerArgs& args, void* stream);
   // Attention only (cache already holds the new tokens): for benchmarks.
   Status Attend(const LayerArgs& args, void* stream);
@@ -105,20 +120,30 @@ class C8Attention {
   int decode_ctas_per_sm() const;
 
  private:
+  // One upload area: device ints (CSR arrays, slots, work and merge items), partial outputs,
+  // pinned staging, offsets in int32 elements, and what the launches cover.
+  struct Area {
+    void* d_ints = nullptr;
+    size_t d_ints_cap = 0;
+    void* d_partial = nullptr;  // partial outputs + lse
+    size_t d_partial_cap = 0;
+    void* h_pinned = nullptr;
+    size_t h_pinned_cap = 0;
+    size_t off_counts = 0, off_q_indptr = 0, off_kv_lens = 0, off_page_indptr = 0, off_pages = 0,
+           off_slots = 0, off_decode = 0, off_prefill = 0, off_merge = 0;
+    int num_partials = 0;  // partial slots the partial buffer is laid out for
+    // Grid extents of the launches, and whether the kernels read the exact counts on the device.
+    int num_tokens = 0, num_decode = 0, num_prefill = 0, num_merges = 0;
+    bool device_counts = false;
+    void Free();
+  };
+  Status Stage(Area* a, size_t bytes, void* stream);
+
   C8Shape shape_;
-  int num_seqs_ = 0, num_tokens_ = 0;
-  int num_decode_ = 0, num_prefill_ = 0, num_merges_ = 0, num_partials_ = 0;
-  int decode_tile_tokens_ = 0, prefill_tile_tokens_ = 0;
-  // Device buffers (grown on demand, never shrunk).
-  void* d_ints_ = nullptr;  // CSR arrays, slot mapping, work and merge items
-  size_t d_ints_cap_ = 0;
-  void* d_partial_ = nullptr;  // partial outputs + lse
-  size_t d_partial_cap_ = 0;
-  void* h_pinned_ = nullptr;  // staging for the upload
-  size_t h_pinned_cap_ = 0;
-  // Offsets (in int32 elements) into d_ints_.
-  size_t off_q_indptr_ = 0, off_kv_lens_ = 0, off_page_indptr_ = 0, off_pages_ = 0, off_slots_ = 0,
-         off_decode_ = 0, off_prefill_ = 0, off_merge_ = 0;
+  Area eager_, graph_;
+  Area* active_ = &eager_;
+  int graph_max_seqs_ = 0, graph_max_pages_ = 0;
+  int graph_slots_ = 0;  // resident decode CTA slots of the device (set by ReserveGraph)
 };
 
 int CudaDeviceCount();

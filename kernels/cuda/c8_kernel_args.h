@@ -21,6 +21,9 @@ struct TileArgs {
   const C8WorkItem* items;
   float* partial_o;    // [num_partials, Hkv, 64, D]
   float* partial_lse;  // [num_partials, Hkv, 64] (log2 domain)
+  // Graph launches: the grid covers a capacity and the step's item count is read here (CTAs past
+  // it exit). Null: num_items is exact.
+  const int32_t* device_num_items;
   int num_items;
   int num_q_heads;
   int num_kv_heads;
@@ -34,6 +37,7 @@ struct MergeArgs {
   const C8MergeItem* items;
   const float* partial_o;
   const float* partial_lse;
+  const int32_t* device_num_items;  // as in TileArgs
   int num_items;
   int num_q_heads;
   int num_kv_heads;
@@ -46,7 +50,7 @@ struct AppendArgs {
   void* v_cache;
   float* k_scale;
   float* v_scale;
-  const int32_t* slots;
+  const int32_t* slots;  // -1: padding row of a graph bucket, not written
   int num_tokens;
   int num_kv_heads;
   int block_size;

@@ -15,6 +15,7 @@ constexpr int kMaxMergePartials = 256;
 __global__ void MergeKernel(const MergeArgs a, int D) {
   __shared__ float weight[kMaxMergePartials];
   __shared__ float inv_sum;
+  if (a.device_num_items != nullptr && static_cast<int>(blockIdx.x) >= *a.device_num_items) return;
   const C8MergeItem item = a.items[blockIdx.x];
   const int head = blockIdx.y;
   const int group = a.num_q_heads / a.num_kv_heads;
@@ -77,6 +78,7 @@ __global__ void AppendKernel(const AppendArgs a, int cache_type) {
   if (warp_global >= a.num_tokens * a.num_kv_heads) return;
   const int tok = warp_global / a.num_kv_heads, h = warp_global % a.num_kv_heads;
   const int slot = a.slots[tok];
+  if (slot < 0) return;
   const int block = slot / a.block_size, off = slot % a.block_size;
   const size_t dst = ((static_cast<size_t>(block) * a.num_kv_heads + h) * a.block_size + off) * D;
   const size_t src = (static_cast<size_t>(tok) * a.num_kv_heads + h) * D;

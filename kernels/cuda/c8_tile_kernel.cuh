@@ -199,6 +199,9 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
   constexpr int kNTiles = D / 8;
   extern __shared__ __align__(16) uint8_t smem[];
 
+  if (args.device_num_items != nullptr && static_cast<int>(blockIdx.x) >= *args.device_num_items) {
+    return;
+  }
   const C8WorkItem item = args.items[blockIdx.x];
   const int kvh = blockIdx.y;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;

@@ -51,6 +51,15 @@ class CudaC8Backend final : public CudaAttentionBackend {
   Status Plan(const AttentionBatch& batch) override {
     return attn_.Upload(batch, BuildC8Plan(attn_.shape(), batch, config_), stream_);
   }
+  bool supports_graphs() const override { return true; }
+  Status ReserveGraphs(int max_seqs, int max_pages) override {
+    return attn_.ReserveGraph(max_seqs, max_pages);
+  }
+  Status PlanGraph(const AttentionBatch& batch, int bucket) override {
+    C8PlanConfig config = config_;
+    config.max_decode_items = attn_.GraphItemCapacity(bucket);
+    return attn_.UploadGraph(batch, BuildC8Plan(attn_.shape(), batch, config), bucket, stream_);
+  }
   void Run(const AttentionParams& p) override {
     C8Attention::LayerArgs a;
     a.q = p.q;

@@ -54,8 +54,22 @@ float Dequant(CacheType c, uint8_t b, float s) {
   return c == CacheType::kInt8 ? DequantizeInt8(static_cast<int8_t>(b), s) : DequantizeFp8(b, s);
 }
 
-void RunCase(const Case& c, std::mt19937& rng) {
-  INFO(Name(c));
+// Decode steps replayed from one CUDA graph per bucket: buffers sized once for the largest step (a
+// graph keeps the pointers it captured) and one C8Attention whose graph area the launches read.
+struct GraphCtx {
+  C8Attention* attn = nullptr;
+  cudaStream_t stream = nullptr;
+  int bucket = 0;
+  size_t cap = 0;  // bytes of each buffer below
+  void *dq = nullptr, *dk = nullptr, *dv = nullptr, *dout = nullptr, *dkc = nullptr,
+       *dvc = nullptr;
+  float *dks = nullptr, *dvs = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  int replays = 0;
+};
+
+void RunCase(const Case& c, std::mt19937& rng, GraphCtx* g = nullptr) {
+  INFO(Name(c) << (g ? " graph bucket " + std::to_string(g->bucket) : std::string()));
   const int D = c.d, bs = c.bs, hkv = c.hkv, hq = c.hq;
   const bool eight = c.cache != CacheType::kBf16;
   const int esize = eight ? 1 : 2;
@@ -160,12 +174,18 @@ void RunCase(const Case& c, std::mt19937& rng) {
   // Device buffers.
   void *dq, *dk, *dv, *dout, *dkc, *dvc;
   float *dks = nullptr, *dvs = nullptr;
-  CUDA_REQUIRE(cudaMalloc(&dq, q16.size() * 2));
-  CUDA_REQUIRE(cudaMalloc(&dk, k16.size() * 2));
-  CUDA_REQUIRE(cudaMalloc(&dv, v16.size() * 2));
-  CUDA_REQUIRE(cudaMalloc(&dout, q16.size() * 2));
-  CUDA_REQUIRE(cudaMalloc(&dkc, kc.size()));
-  CUDA_REQUIRE(cudaMalloc(&dvc, vc.size()));
+  if (g != nullptr) {
+    REQUIRE(std::max({q16.size() * 2, kc.size(), k_scale.size() * 4}) <= g->cap);
+    dq = g->dq, dk = g->dk, dv = g->dv, dout = g->dout, dkc = g->dkc, dvc = g->dvc;
+    if (!k_scale.empty()) dks = g->dks, dvs = g->dvs;
+  } else {
+    CUDA_REQUIRE(cudaMalloc(&dq, q16.size() * 2));
+    CUDA_REQUIRE(cudaMalloc(&dk, k16.size() * 2));
+    CUDA_REQUIRE(cudaMalloc(&dv, v16.size() * 2));
+    CUDA_REQUIRE(cudaMalloc(&dout, q16.size() * 2));
+    CUDA_REQUIRE(cudaMalloc(&dkc, kc.size()));
+    CUDA_REQUIRE(cudaMalloc(&dvc, vc.size()));
+  }
   CUDA_REQUIRE(cudaMemcpy(dq, q16.data(), q16.size() * 2, cudaMemcpyHostToDevice));
   CUDA_REQUIRE(cudaMemcpy(dk, k16.data(), k16.size() * 2, cudaMemcpyHostToDevice));
   CUDA_REQUIRE(cudaMemcpy(dv, v16.data(), v16.size() * 2, cudaMemcpyHostToDevice));
@@ -173,22 +193,33 @@ void RunCase(const Case& c, std::mt19937& rng) {
   CUDA_REQUIRE(cudaMemcpy(dvc, vc.data(), vc.size(), cudaMemcpyHostToDevice));
   CUDA_REQUIRE(cudaMemset(dout, 0xff, q16.size() * 2));  // poison: NaN bf16
   if (!k_scale.empty()) {
-    CUDA_REQUIRE(cudaMalloc(&dks, k_scale.size() * 4));
-    CUDA_REQUIRE(cudaMalloc(&dvs, v_scale.size() * 4));
+    if (g == nullptr) {
+      CUDA_REQUIRE(cudaMalloc(&dks, k_scale.size() * 4));
+      CUDA_REQUIRE(cudaMalloc(&dvs, v_scale.size() * 4));
+    }
     CUDA_REQUIRE(cudaMemcpy(dks, k_scale.data(), k_scale.size() * 4, cudaMemcpyHostToDevice));
     CUDA_REQUIRE(cudaMemcpy(dvs, v_scale.data(), v_scale.size() * 4, cudaMemcpyHostToDevice));
   }
 
   C8Shape shape{hq, hkv, D, bs, c.cache, c.scale};
-  C8Attention attn(shape);
+  C8Attention own_attn(shape);
+  C8Attention& attn = g ? *g->attn : own_attn;
   C8PlanConfig pc;
   pc.num_sms = CudaNumSms();
   pc.ctas_per_sm = attn.decode_ctas_per_sm();
   pc.force_split = c.force_split;
   pc.min_chunk_tokens = 64;
+  if (g) pc.max_decode_items = attn.GraphItemCapacity(g->bucket);
   const C8Plan plan = BuildC8Plan(shape, b, pc);
   if (c.force_split) CHECK(plan.num_partials > 0);
-  REQUIRE(attn.Upload(b, plan, nullptr).ok());
+  if (g) {
+    CHECK(static_cast<int>(plan.decode_items.size()) <= pc.max_decode_items);
+    const Status up = attn.UploadGraph(b, plan, g->bucket, g->stream);
+    INFO(up.ToString());
+    REQUIRE(up.ok());
+  } else {
+    REQUIRE(attn.Upload(b, plan, nullptr).ok());
+  }
   C8Attention::LayerArgs la;
   la.q = dq;
   la.k_new = dk;
@@ -199,9 +230,24 @@ void RunCase(const Case& c, std::mt19937& rng) {
   la.k_scale = dks;
   la.v_scale = dvs;
   la.softmax_scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const Status st = attn.Run(la, nullptr);
-  INFO(st.ToString());
-  REQUIRE(st.ok());
+  if (g == nullptr) {
+    const Status st = attn.Run(la, nullptr);
+    INFO(st.ToString());
+    REQUIRE(st.ok());
+  } else {
+    CUDA_REQUIRE(cudaDeviceSynchronize());  // the legacy-stream copies above, before g->stream
+    if (g->exec == nullptr) {  // first step of the bucket: capture (records, does not run)
+      CUDA_REQUIRE(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal));
+      const Status st = attn.Run(la, g->stream);
+      cudaGraph_t graph = nullptr;
+      CUDA_REQUIRE(cudaStreamEndCapture(g->stream, &graph));
+      REQUIRE(st.ok());
+      CUDA_REQUIRE(cudaGraphInstantiate(&g->exec, graph, 0));
+      cudaGraphDestroy(graph);
+    }
+    CUDA_REQUIRE(cudaGraphLaunch(g->exec, g->stream));
+    ++g->replays;
+  }
   CUDA_REQUIRE(cudaDeviceSynchronize());
 
   // 1. Append: the new tokens' bytes (and dynamic scales) equal the host quantization.
@@ -281,6 +327,7 @@ void RunCase(const Case& c, std::mt19937& rng) {
   CHECK(rel < 1e-2);
   CHECK(max_err < 5e-2);
 
+  if (g != nullptr) return;
   cudaFree(dq);
   cudaFree(dk);
   cudaFree(dv);
@@ -332,6 +379,47 @@ TEST_CASE("C8 attention: long single-sequence decode splits KV and merges", "[gp
     const ScaleMode scale = cache == CacheType::kBf16 ? ScaleMode::kNone : ScaleMode::kPerHead;
     RunCase({32, 8, 128, 64, cache, scale, false, {{1, 4099}}}, rng);
     RunCase({32, 8, 128, 64, cache, scale, false, {{4, 3001}, {2, 17}}}, rng);
+  }
+}
+
+TEST_CASE("C8 attention in CUDA graphs: one capture per bucket replays different decode steps",
+          "[gpu][c8]") {
+  std::mt19937 rng(std::random_device{}());
+  const std::pair<CacheType, ScaleMode> modes[] = {{CacheType::kBf16, ScaleMode::kNone},
+                                                   {CacheType::kInt8, ScaleMode::kPerHead},
+                                                   {CacheType::kFp8E4M3, ScaleMode::kPerToken}};
+  constexpr int kMaxSeqs = 16, kMaxKv = 3000, kBs = 16;
+  for (auto [cache, scale] : modes) {
+    C8Attention attn({32, 8, 128, kBs, cache, scale});
+    REQUIRE(attn.ReserveGraph(kMaxSeqs, kMaxSeqs * (kMaxKv / kBs + 1)).ok());
+    GraphCtx g;
+    g.attn = &attn;
+    CUDA_REQUIRE(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking));
+    // Enough for the largest step: the cache of kMaxSeqs x kMaxKv tokens plus slack, in bytes.
+    g.cap = static_cast<size_t>(kMaxSeqs * (kMaxKv / kBs + 1) + 8) * 8 * kBs * 128 * 2;
+    for (void** p : {&g.dq, &g.dk, &g.dv, &g.dout, &g.dkc, &g.dvc}) {
+      CUDA_REQUIRE(cudaMalloc(p, g.cap));
+    }
+    CUDA_REQUIRE(cudaMalloc(&g.dks, g.cap));
+    CUDA_REQUIRE(cudaMalloc(&g.dvs, g.cap));
+    std::uniform_int_distribution<int> kv(1, kMaxKv);
+    for (int bucket : {1, 8, 16}) {
+      g.bucket = bucket;
+      g.exec = nullptr;
+      g.replays = 0;
+      // Steps of the bucket: full, then fewer sequences (padding rows), long and short contexts.
+      for (int n : {bucket, std::max(1, bucket - 3), std::max(1, bucket / 2 + 1)}) {
+        std::vector<std::pair<int, int>> seqs;
+        for (int i = 0; i < n; ++i) seqs.push_back({1, kv(rng)});
+        RunCase({32, 8, 128, kBs, cache, scale, false, seqs}, rng, &g);
+      }
+      CHECK(g.replays == 3);
+      cudaGraphExecDestroy(g.exec);
+    }
+    for (void* p : {g.dq, g.dk, g.dv, g.dout, g.dkc, g.dvc}) cudaFree(p);
+    cudaFree(g.dks);
+    cudaFree(g.dvs);
+    cudaStreamDestroy(g.stream);
   }
 }
 

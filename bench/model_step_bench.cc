@@ -1,0 +1,207 @@
+// Model-step benchmark on the GPU: one decode step of B sequences at context L through the whole
+// model (dummy weights from a real config), with the layers launched eagerly and replayed from a
+// CUDA graph, and one prefill chunk. The host side is the real model runner (plan, upload, layers,
+// LM head, greedy device sampling, sync); the scheduler is not involved.
+//
+//   build/cuda/bench/model_step_bench --model configs/models/llama3-8b [--kv int8]
+//       [--batches 1,64,256] [--ctx 1500] [--steps 30] [--prefill 8192]
+//
+// Prints one table row per (batch, mode): mean and p50 milliseconds per step, and the step's
+// bytes (weights + KV read) over its time.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "engine/models/model.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::string model = "configs/models/llama3-8b";
+  std::string kv = "int8";
+  std::vector<int> batches = {1, 64, 256};
+  int ctx = 1500;
+  int steps = 30;
+  int prefill = 8192;
+  int block_size = 64;
+};
+
+std::vector<int> ParseList(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ',');) v.push_back(std::stoi(x));
+  return v;
+}
+
+// B sequences of ctx cached tokens each, decoding one token at position ctx + step; block tables
+// drawn from a shuffled pool.
+struct DecodeState {
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<int> lens;
+};
+
+llm::ForwardBatch DecodeBatch(DecodeState& st, int vocab, int bs, std::mt19937& rng) {
+  llm::ForwardBatch fb;
+  llm::AttentionBatch& a = fb.attn;
+  const int B = static_cast<int>(st.lens.size());
+  a.num_seqs = B;
+  a.num_tokens = B;
+  a.q_indptr.push_back(0);
+  a.page_indptr.push_back(0);
+  for (int s = 0; s < B; ++s) {
+    const int pos = st.lens[s]++;  // the new token's position; the sequence now holds pos + 1
+    fb.token_ids.push_back(static_cast<int32_t>(rng() % vocab));
+    fb.positions.push_back(pos);
+    fb.logit_rows.push_back(s);
+    a.q_indptr.push_back(s + 1);
+    a.kv_lens.push_back(pos + 1);
+    const auto& t = st.tables[s];
+    const int pages = (pos + 1 + bs - 1) / bs;
+    a.page_indices.insert(a.page_indices.end(), t.begin(), t.begin() + pages);
+    a.page_indptr.push_back(static_cast<int32_t>(a.page_indices.size()));
+    a.slot_mapping.push_back(t[pos / bs] * bs + pos % bs);
+  }
+  fb.device_sampled.assign(B, 1);
+  fb.sampling_jobs.assign(B, llm::SamplingJob{});  // greedy
+  fb.penalty_indptr.assign(B + 1, 0);
+  return fb;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--model") {
+      args.model = v;
+    } else if (k == "--kv") {
+      args.kv = v;
+    } else if (k == "--batches") {
+      args.batches = ParseList(v);
+    } else if (k == "--ctx") {
+      args.ctx = std::stoi(v);
+    } else if (k == "--steps") {
+      args.steps = std::stoi(v);
+    } else if (k == "--prefill") {
+      args.prefill = std::stoi(v);
+    } else {
+      std::fprintf(stderr, "unknown flag %s\n", k.c_str());
+      return 2;
+    }
+  }
+  spdlog::set_level(spdlog::level::warn);
+  const int max_b = *std::max_element(args.batches.begin(), args.batches.end());
+  const int bs = args.block_size;
+  const int pages_per_seq = (args.ctx + args.steps * 2 + 8 + bs - 1) / bs;
+  const int prefill_pages = (args.prefill + bs - 1) / bs;
+  const int pool = std::max(max_b * pages_per_seq, prefill_pages) + 16;
+
+  std::printf("| batch x ctx | mode | mean ms/step | p50 ms | tok/s | GB/step | TB/s |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  for (int graphs : {0, 1}) {
+    llm::ModelLoadOptions o;
+    o.model_dir = args.model;
+    o.device = "cuda";
+    o.dummy_weights = true;
+    o.kv_cache_dtype = args.kv;
+    o.block_size = bs;
+    o.num_kv_blocks = pool;
+    o.cuda_graph_max_batch = graphs ? 256 : 0;
+    auto m = llm::LoadModel(o);
+    if (!m.ok()) {
+      std::fprintf(stderr, "load: %s\n", m.status().ToString().c_str());
+      return 1;
+    }
+    llm::Model& model = **m;
+    const llm::ModelConfig& c = model.config();
+    std::mt19937 rng(1);
+    std::vector<float> logits;
+    std::vector<int32_t> tokens;
+    // Bytes a decode step must read: every weight once (bf16) plus each sequence's KV.
+    const double weight_bytes =
+        2.0 * (static_cast<double>(c.vocab_size) * c.hidden_size * (c.tie_word_embeddings ? 1 : 2) +
+               static_cast<double>(c.num_layers) *
+                   (static_cast<double>(c.hidden_size) * (c.q_size() + 2 * c.kv_size()) +
+                    static_cast<double>(c.q_size()) * c.hidden_size +
+                    3.0 * c.hidden_size * c.intermediate_size));
+    const double kv_bytes_per_token = static_cast<double>(model.kv_bytes_per_block()) / bs;
+    for (int B : args.batches) {
+      DecodeState st;
+      std::vector<int32_t> pool_ids(pool);
+      std::iota(pool_ids.begin(), pool_ids.end(), 0);
+      std::shuffle(pool_ids.begin(), pool_ids.end(), rng);
+      for (int s = 0; s < B; ++s) {
+        st.tables.emplace_back(pool_ids.begin() + s * pages_per_seq,
+                               pool_ids.begin() + (s + 1) * pages_per_seq);
+        st.lens.push_back(args.ctx);  // cache contents are whatever the pool holds
+      }
+      std::vector<double> ms;
+      for (int step = 0; step < args.steps + 3; ++step) {
+        const llm::ForwardBatch fb = DecodeBatch(st, c.vocab_size, bs, rng);
+        const auto t0 = Clock::now();
+        const llm::Status s = model.ForwardSampled(fb, &logits, &tokens);
+        const double dt = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        if (!s.ok()) {
+          std::fprintf(stderr, "forward: %s\n", s.ToString().c_str());
+          return 1;
+        }
+        if (step >= 3) ms.push_back(dt);  // warm-up (and the graph capture) excluded
+      }
+      const double mean = std::accumulate(ms.begin(), ms.end(), 0.0) / ms.size();
+      const double gb = (weight_bytes + kv_bytes_per_token * B * (args.ctx + args.steps / 2)) / 1e9;
+      std::printf("| %d x %d | %s | %.3f | %.3f | %.0f | %.2f | %.2f |\n", B, args.ctx,
+                  graphs ? "graph" : "eager", mean, Percentile(ms, 0.5), B * 1000.0 / mean, gb,
+                  gb / mean);
+    }
+    if (!graphs && args.prefill > 0) {
+      // One prefill chunk: a single fresh sequence of `prefill` tokens (eager in both modes).
+      llm::ForwardBatch fb;
+      llm::AttentionBatch& a = fb.attn;
+      const int P = args.prefill;
+      a.num_seqs = 1;
+      a.num_tokens = P;
+      a.q_indptr = {0, P};
+      a.kv_lens = {P};
+      a.page_indptr = {0, prefill_pages};
+      for (int i = 0; i < prefill_pages; ++i) a.page_indices.push_back(i);
+      for (int i = 0; i < P; ++i) {
+        fb.token_ids.push_back(static_cast<int32_t>(rng() % c.vocab_size));
+        fb.positions.push_back(i);
+        a.slot_mapping.push_back(i);
+      }
+      fb.logit_rows = {P - 1};
+      fb.device_sampled = {1};
+      fb.sampling_jobs = {llm::SamplingJob{}};
+      fb.penalty_indptr = {0, 0};
+      std::vector<double> ms;
+      for (int i = 0; i < 6; ++i) {
+        const auto t0 = Clock::now();
+        if (!model.ForwardSampled(fb, &logits, &tokens).ok()) return 1;
+        if (i >= 1) {
+          ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+        }
+      }
+      const double mean = std::accumulate(ms.begin(), ms.end(), 0.0) / ms.size();
+      const double flops = 2.0 * weight_bytes / 2.0 * P;  // 2 x params x tokens (no attention)
+      std::printf("| prefill %d | eager | %.3f | %.3f | %.0f | GEMM TFLOP/s %.1f | |\n", P, mean,
+                  Percentile(ms, 0.5), P * 1000.0 / mean, flops / mean / 1e9);
+    }
+  }
+  return 0;
+}
