@@ -4,7 +4,9 @@
 // LM head, greedy device sampling, sync); the scheduler is not involved.
 //
 //   build/cuda/bench/model_step_bench --model configs/models/llama3-8b [--kv int8]
-//       [--batches 1,64,256] [--ctx 1500] [--steps 30] [--prefill 8192]
+//       [--batches 1,64,256] [--ctx 1500] [--steps 30] [--prefill 8192] [--profile B]
+// --profile B: one more eager step of batch B between cudaProfilerStart/Stop, for
+//   ncu --profile-from-start off --metrics gpu__time_duration.sum (per-kernel time of a step).
 //
 // Prints one table row per (batch, mode): mean and p50 milliseconds per step, and the step's
 // bytes (weights + KV read) over its time.
@@ -18,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include <cuda_profiler_api.h>
 #include <spdlog/spdlog.h>
 
 #include "engine/models/model.h"
@@ -34,6 +37,7 @@ struct Args {
   int steps = 30;
   int prefill = 8192;
   int block_size = 64;
+  int profile = 0;
 };
 
 std::vector<int> ParseList(const std::string& s) {
@@ -100,6 +104,8 @@ int main(int argc, char** argv) {
       args.steps = std::stoi(v);
     } else if (k == "--prefill") {
       args.prefill = std::stoi(v);
+    } else if (k == "--profile") {
+      args.profile = std::stoi(v);
     } else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
@@ -162,6 +168,13 @@ int main(int argc, char** argv) {
           return 1;
         }
         if (step >= 3) ms.push_back(dt);  // warm-up (and the graph capture) excluded
+      }
+      if (!graphs && B == args.profile) {
+        const llm::ForwardBatch fb = DecodeBatch(st, c.vocab_size, bs, rng);
+        cudaProfilerStart();
+        const llm::Status s = model.ForwardSampled(fb, &logits, &tokens);
+        cudaProfilerStop();
+        if (!s.ok()) return 1;
       }
       const double mean = std::accumulate(ms.begin(), ms.end(), 0.0) / ms.size();
       const double gb = (weight_bytes + kv_bytes_per_token * B * (args.ctx + args.steps / 2)) / 1e9;

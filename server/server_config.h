@@ -27,9 +27,9 @@ struct ServerConfig {
   std::string kv_cache_dtype = "auto";
   std::string kv_scale_granularity = "per_head";
   std::string kv_scales_file;
-  std::string device = "cpu";   // cpu | cuda | auto (cuda when built with it and present)
-  int gpu_memory_percent = 85;  // of the GPU memory left after weights, for the KV pool
-  bool dummy_weights = false;   // random weights on the device (benchmarks; cuda only)
+  std::string device = "cpu";      // cpu | cuda | auto (cuda when built with it and present)
+  int gpu_memory_percent = 85;     // of the GPU memory left after weights, for the KV pool
+  bool dummy_weights = false;      // random weights on the device (benchmarks; cuda only)
   int cuda_graph_max_batch = 256;  // decode steps of up to this many sequences use CUDA graphs
   std::string log_level = "info";
   int shutdown_grace_s = 10;

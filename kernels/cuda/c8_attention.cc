@@ -80,7 +80,8 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
     for (int n = 2; n <= config.max_splits; ++n) {
       const int64_t c = ((max_kv + n - 1) / n + 63) / 64 * 64;
       if (c < config.min_chunk_tokens) break;
-      if (config.max_decode_items > 0 && ctas_for(c) / shape.num_kv_heads > config.max_decode_items) {
+      if (config.max_decode_items > 0 &&
+          ctas_for(c) / shape.num_kv_heads > config.max_decode_items) {
         break;  // finer chunks only add items
       }
       // Under one wave, more CTAs are always better; past it, demand a real gain per split.
@@ -138,7 +139,9 @@ C8Attention::~C8Attention() {
 }
 
 namespace {
-size_t Align4(size_t n) { return (n + 3) / 4 * 4; }
+size_t Align4(size_t n) {
+  return (n + 3) / 4 * 4;
+}
 }  // namespace
 
 Status C8Attention::Stage(Area* a, size_t bytes, void* stream) {
@@ -227,7 +230,7 @@ Status C8Attention::ReserveGraph(int max_seqs, int max_pages) {
   a.off_prefill = take(0);
   a.off_merge = take(static_cast<size_t>(S) * sizeof(C8MergeItem) / 4);
   a.off_pages = take(max_pages);  // last: a step copies only the entries it uses
-  a.num_partials = items;  // every item at most one partial slot
+  a.num_partials = items;         // every item at most one partial slot
   LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&a.d_ints, &a.d_ints_cap, off * 4));
   LLM_RETURN_IF_ERROR(GrowPinnedBuffer(&a.h_pinned, &a.h_pinned_cap, off * 4));
   const size_t rows = static_cast<size_t>(items) * shape_.num_kv_heads * detail::kPartialRows;

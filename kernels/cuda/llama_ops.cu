@@ -1,6 +1,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdint>
+
 #include "kernels/cuda/llama_ops.h"
 
 namespace llm::cuda {
@@ -50,7 +53,71 @@ __global__ void AddRmsNormKernel(float* residual, const __nv_bfloat16* delta,
   }
 }
 
-// One CTA per token; threads over (head, pair).
+// 8 bf16 <-> fp32, through one 16-byte access.
+__device__ __forceinline__ void LoadBf16x8(const __nv_bfloat16* p, float (&f)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 x = __bfloat1622float2(h[j]);
+    f[2 * j] = x.x;
+    f[2 * j + 1] = x.y;
+  }
+}
+__device__ __forceinline__ void StoreBf16x8(__nv_bfloat16* p, const float (&f)[8]) {
+  uint4 u;
+  auto* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) h[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
+  *reinterpret_cast<uint4*>(p) = u;
+}
+
+// AddRmsNormKernel for hidden % 8 == 0 and hidden <= 8 * kChunks * blockDim: the row stays in
+// registers between the sum and the scaling, and every access is 16 bytes (one CTA per row).
+template <int kChunks>
+__global__ void AddRmsNormVecKernel(float* residual, const __nv_bfloat16* delta,
+                                    const __nv_bfloat16* weight, const int32_t* rows, int hidden,
+                                    float eps, __nv_bfloat16* out) {
+  const int out_row = blockIdx.x;
+  const int t = rows ? rows[out_row] : out_row;
+  float* x = residual + static_cast<size_t>(t) * hidden;
+  float v[kChunks][8];
+  float ss = 0.f;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int i = (c * blockDim.x + threadIdx.x) * 8;
+    if (i >= hidden) break;
+    const float4 a = *reinterpret_cast<const float4*>(x + i);
+    const float4 b = *reinterpret_cast<const float4*>(x + i + 4);
+    float r[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    if (delta) {
+      float d[8];
+      LoadBf16x8(delta + static_cast<size_t>(t) * hidden + i, d);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) r[j] += d[j];
+      *reinterpret_cast<float4*>(x + i) = make_float4(r[0], r[1], r[2], r[3]);
+      *reinterpret_cast<float4*>(x + i + 4) = make_float4(r[4], r[5], r[6], r[7]);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      v[c][j] = r[j];
+      ss += r[j] * r[j];
+    }
+  }
+  const float inv = rsqrtf(BlockSum(ss) / hidden + eps);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int i = (c * blockDim.x + threadIdx.x) * 8;
+    if (i >= hidden) break;
+    float w[8], o[8];
+    LoadBf16x8(weight + i, w);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j] = v[c][j] * inv * w[j];
+    StoreBf16x8(out + static_cast<size_t>(out_row) * hidden + i, o);
+  }
+}
+
+// One CTA per (token, head); threads over the head's rotary pairs.
 __global__ void BiasRopeKernel(const RopeArgs a) {
   const int t = blockIdx.x;
   const int D = a.head_dim, half = D / 2;
@@ -59,8 +126,8 @@ __global__ void BiasRopeKernel(const RopeArgs a) {
   const auto* qkv = static_cast<const __nv_bfloat16*>(a.qkv) + static_cast<size_t>(t) * width;
   const auto* bias = static_cast<const __nv_bfloat16*>(a.bias);
   const float pos = static_cast<float>(a.positions[t]);
-  for (int idx = threadIdx.x; idx < heads * half; idx += blockDim.x) {
-    const int h = idx / half, i = idx % half;
+  const int h = blockIdx.y;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
     const int c1 = h * D + i, c2 = c1 + half;
     float x1 = __bfloat162float(qkv[c1]), x2 = __bfloat162float(qkv[c2]);
     if (bias) {
@@ -88,13 +155,30 @@ __global__ void BiasRopeKernel(const RopeArgs a) {
   }
 }
 
+__device__ __forceinline__ float SiluMul(float x, float up) {
+  return x / (1.f + __expf(-x)) * up;
+}
+
+// grid (tokens, column blocks); 8 columns per thread with 16-byte accesses (inter % 8 == 0).
+__global__ void SiluMulVecKernel(const __nv_bfloat16* gate_up, int inter, __nv_bfloat16* act) {
+  const int t = blockIdx.x;
+  const int i = (blockIdx.y * blockDim.x + threadIdx.x) * 8;
+  if (i >= inter) return;
+  const __nv_bfloat16* g = gate_up + static_cast<size_t>(t) * 2 * inter;
+  float x[8], u[8], o[8];
+  LoadBf16x8(g + i, x);
+  LoadBf16x8(g + inter + i, u);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) o[j] = SiluMul(x[j], u[j]);
+  StoreBf16x8(act + static_cast<size_t>(t) * inter + i, o);
+}
+
 __global__ void SiluMulKernel(const __nv_bfloat16* gate_up, int inter, __nv_bfloat16* act) {
   const int t = blockIdx.x;
   const __nv_bfloat16* g = gate_up + static_cast<size_t>(t) * 2 * inter;
-  for (int i = threadIdx.x; i < inter; i += blockDim.x) {
-    const float x = __bfloat162float(g[i]);
+  for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < inter; i += gridDim.y * blockDim.x) {
     act[static_cast<size_t>(t) * inter + i] =
-        __float2bfloat16_rn(x / (1.f + __expf(-x)) * __bfloat162float(g[inter + i]));
+        __float2bfloat16_rn(SiluMul(__bfloat162float(g[i]), __bfloat162float(g[inter + i])));
   }
 }
 
@@ -110,6 +194,10 @@ __global__ void FillKernel(__nv_bfloat16* p, int64_t n, float mean, float std, u
   }
 }
 
+bool Aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
 }  // namespace
 
 void LaunchEmbedding(const void* table, const int32_t* ids, int num_tokens, int hidden,
@@ -122,20 +210,43 @@ void LaunchEmbedding(const void* table, const int32_t* ids, int num_tokens, int 
 void LaunchAddRmsNorm(float* residual, const void* delta, const void* weight, const int32_t* rows,
                       int num_rows, int hidden, float eps, void* out, void* stream) {
   if (num_rows == 0) return;
-  AddRmsNormKernel<<<num_rows, 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      residual, static_cast<const __nv_bfloat16*>(delta), static_cast<const __nv_bfloat16*>(weight),
-      rows, hidden, eps, static_cast<__nv_bfloat16*>(out));
+  auto s = static_cast<cudaStream_t>(stream);
+  const auto* d = static_cast<const __nv_bfloat16*>(delta);
+  const auto* w = static_cast<const __nv_bfloat16*>(weight);
+  auto* o = static_cast<__nv_bfloat16*>(out);
+  if (hidden % 8 == 0 && hidden <= 8 * 4 * 256 && Aligned16(residual) && Aligned16(d) &&
+      Aligned16(w) && Aligned16(o)) {
+    // Threads so that each holds at most 4 chunks of 8 (hidden 4096: 128 threads x 4).
+    const int chunks = hidden / 8;
+    const int threads = std::min(256, std::max(32, (chunks + 3) / 4 + 31) / 32 * 32);
+    if (chunks <= 2 * threads) {
+      AddRmsNormVecKernel<2><<<num_rows, threads, 0, s>>>(residual, d, w, rows, hidden, eps, o);
+    } else {
+      AddRmsNormVecKernel<4><<<num_rows, threads, 0, s>>>(residual, d, w, rows, hidden, eps, o);
+    }
+    return;
+  }
+  AddRmsNormKernel<<<num_rows, 256, 0, s>>>(residual, d, w, rows, hidden, eps, o);
 }
 
 void LaunchBiasRope(const RopeArgs& a, void* stream) {
   if (a.num_tokens == 0) return;
-  BiasRopeKernel<<<a.num_tokens, 256, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  const dim3 grid(a.num_tokens, a.num_q_heads + 2 * a.num_kv_heads);
+  BiasRopeKernel<<<grid, std::min(256, std::max(32, a.head_dim / 2)), 0,
+                   static_cast<cudaStream_t>(stream)>>>(a);
 }
 
 void LaunchSiluMul(const void* gate_up, int num_tokens, int inter, void* act, void* stream) {
   if (num_tokens == 0) return;
-  SiluMulKernel<<<num_tokens, 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const __nv_bfloat16*>(gate_up), inter, static_cast<__nv_bfloat16*>(act));
+  auto s = static_cast<cudaStream_t>(stream);
+  const auto* g = static_cast<const __nv_bfloat16*>(gate_up);
+  auto* o = static_cast<__nv_bfloat16*>(act);
+  if (inter % 8 == 0 && Aligned16(g) && Aligned16(o)) {
+    const dim3 grid(num_tokens, (inter / 8 + 127) / 128);
+    SiluMulVecKernel<<<grid, 128, 0, s>>>(g, inter, o);
+    return;
+  }
+  SiluMulKernel<<<dim3(num_tokens, (inter + 255) / 256), 256, 0, s>>>(g, inter, o);
 }
 
 void LaunchFillRandomBf16(void* p, int64_t n, float mean, float std, uint64_t seed, void* stream) {

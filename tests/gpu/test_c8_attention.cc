@@ -61,8 +61,7 @@ struct GraphCtx {
   cudaStream_t stream = nullptr;
   int bucket = 0;
   size_t cap = 0;  // bytes of each buffer below
-  void *dq = nullptr, *dk = nullptr, *dv = nullptr, *dout = nullptr, *dkc = nullptr,
-       *dvc = nullptr;
+  void *dq = nullptr, *dk = nullptr, *dv = nullptr, *dout = nullptr, *dkc = nullptr, *dvc = nullptr;
   float *dks = nullptr, *dvs = nullptr;
   cudaGraphExec_t exec = nullptr;
   int replays = 0;

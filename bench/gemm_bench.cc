@@ -1,0 +1,160 @@
+// The model's projection GEMMs on the GPU, at the decode batch sizes: y[m, n] = x[m, k] w[n, k]^T
+// in bf16 with fp32 accumulation, as engine/models/cuda_llama_model.cc issues them
+// (cublasGemmEx, CUBLAS_GEMM_DEFAULT), against the fastest of the algorithms cuBLASLt's heuristic
+// offers for the same problem. Shapes: Llama-3-8B (qkv, o, gate_up, down, lm_head).
+//
+//   build/cuda/bench/gemm_bench [--ms 1,8,64,256] [--iters 50]
+//
+// Per row: microseconds, weight bytes over time (TB/s) and TFLOP/s; then the per-step sum over
+// 32 layers and the LM head, for each m.
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+#define CK(x)                                                                                  \
+  do {                                                                                         \
+    auto _e = (x);                                                                             \
+    if (static_cast<int>(_e) != 0) {                                                           \
+      std::fprintf(stderr, "%s failed (%d) at line %d\n", #x, static_cast<int>(_e), __LINE__); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+struct Shape {
+  const char* name;
+  int n, k;
+  bool f32_out;
+  int per_step;  // times per decode step (32 layers, or 1 for the LM head)
+};
+
+template <typename F>
+float TimeUs(F&& f, int iters, cudaStream_t s) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) f();
+  CK(cudaEventRecord(a, s));
+  for (int i = 0; i < iters; ++i) f();
+  CK(cudaEventRecord(b, s));
+  CK(cudaEventSynchronize(b));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms * 1000.f / iters;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> ms = {1, 8, 16, 64, 128, 256};
+  int iters = 50;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    if (k == "--ms") {
+      ms.clear();
+      std::stringstream ss(argv[i + 1]);
+      for (std::string x; std::getline(ss, x, ',');) ms.push_back(std::stoi(x));
+    } else if (k == "--iters") {
+      iters = std::stoi(argv[i + 1]);
+    }
+  }
+  const Shape shapes[] = {{"qkv", 6144, 4096, false, 32},
+                          {"o", 4096, 4096, false, 32},
+                          {"gate_up", 28672, 4096, false, 32},
+                          {"down", 4096, 14336, false, 32},
+                          {"lm_head", 128256, 4096, true, 1}};
+  const int max_m = *std::max_element(ms.begin(), ms.end());
+  size_t max_w = 0, max_x = 0, max_y = 0;
+  for (const Shape& s : shapes) {
+    max_w = std::max(max_w, static_cast<size_t>(s.n) * s.k * 2);
+    max_x = std::max(max_x, static_cast<size_t>(max_m) * s.k * 2);
+    max_y = std::max(max_y, static_cast<size_t>(max_m) * s.n * 4);
+  }
+  // Several weight copies rotate so that one GEMM's weights are not in L2 for the next.
+  constexpr int kCopies = 4;
+  void* w[kCopies];
+  void *x, *y, *ws;
+  for (auto& p : w) CK(cudaMalloc(&p, max_w));
+  CK(cudaMalloc(&x, max_x));
+  CK(cudaMalloc(&y, max_y));
+  const size_t ws_bytes = 32ull << 20;
+  CK(cudaMalloc(&ws, ws_bytes));
+  for (auto& p : w) CK(cudaMemset(p, 0x3c, max_w));  // small finite bf16 values
+  CK(cudaMemset(x, 0x3c, max_x));
+  cudaStream_t stream;
+  CK(cudaStreamCreate(&stream));
+  cublasHandle_t blas;
+  CK(cublasCreate(&blas));
+  CK(cublasSetStream(blas, stream));
+  CK(cublasSetWorkspace(blas, ws, ws_bytes));
+  cublasLtHandle_t lt;
+  CK(cublasLtCreate(&lt));
+
+  std::printf("| m | gemm | n x k | gemmEx us | TB/s | TFLOP/s | best Lt us | TB/s | algos |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  for (int m : ms) {
+    double step_ex = 0, step_lt = 0;
+    for (const Shape& s : shapes) {
+      const float alpha = 1.f, beta = 0.f;
+      const cudaDataType out = s.f32_out ? CUDA_R_32F : CUDA_R_16BF;
+      int rot = 0;
+      const float ex = TimeUs(
+          [&] {
+            CK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, s.n, m, s.k, &alpha, w[rot++ % kCopies],
+                            CUDA_R_16BF, s.k, x, CUDA_R_16BF, s.k, &beta, y, out, s.n,
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+          },
+          iters, stream);
+      // cuBLASLt: the same column-major problem, every algorithm the heuristic returns.
+      cublasLtMatmulDesc_t op;
+      CK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+      CK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+      CK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+      cublasLtMatrixLayout_t la, lb, lc;
+      CK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, s.k, s.n, s.k));
+      CK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, s.k, m, s.k));
+      CK(cublasLtMatrixLayoutCreate(&lc, out, s.n, m, s.n));
+      cublasLtMatmulPreference_t pref;
+      CK(cublasLtMatmulPreferenceCreate(&pref));
+      CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                              &ws_bytes, sizeof(ws_bytes)));
+      cublasLtMatmulHeuristicResult_t res[32];
+      int found = 0;
+      CK(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 32, res, &found));
+      float best = 1e30f;
+      for (int i = 0; i < found; ++i) {
+        if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        const float t = TimeUs(
+            [&] {
+              CK(cublasLtMatmul(lt, op, &alpha, w[rot++ % kCopies], la, x, lb, &beta, y, lc, y, lc,
+                                &res[i].algo, ws, ws_bytes, stream));
+            },
+            iters, stream);
+        best = std::min(best, t);
+      }
+      cublasLtMatmulPreferenceDestroy(pref);
+      cublasLtMatrixLayoutDestroy(la);
+      cublasLtMatrixLayoutDestroy(lb);
+      cublasLtMatrixLayoutDestroy(lc);
+      cublasLtMatmulDescDestroy(op);
+      const double wbytes = 2.0 * s.n * s.k, flops = 2.0 * m * s.n * s.k;
+      std::printf("| %d | %s | %d x %d | %.1f | %.2f | %.0f | %.1f | %.2f | %d |\n", m, s.name, s.n,
+                  s.k, ex, wbytes / ex / 1e6, flops / ex / 1e6, best, wbytes / best / 1e6, found);
+      step_ex += ex * s.per_step;
+      step_lt += best * s.per_step;
+    }
+    std::printf("| %d | **step (32 layers + head)** | | %.0f | | | %.0f | | |\n", m, step_ex,
+                step_lt);
+  }
+  return 0;
+}
