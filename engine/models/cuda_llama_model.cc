@@ -110,7 +110,7 @@ class CudaLlamaModel final : public Model {
   bool graphs_reserved_ = false;
   int64_t graph_steps_ = 0;
   std::map<int, cudaGraphExec_t> graphs_;  // bucket -> instantiated decode graph
-  DeviceBuffer blas_workspace_;  // fixed, so cuBLAS needs no allocation inside a capture
+  DeviceBuffer blas_workspace_;            // fixed, so cuBLAS needs no allocation inside a capture
   DeviceBuffer last_, logits_;
   std::vector<int32_t> host_ints_;
   DeviceBuffer sampled_dev_, sampling_args_;  // device-sampled tokens; their jobs
@@ -186,8 +186,8 @@ Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& option
   attention_->set_stream(stream_);
   if (options.cuda_graph_max_batch > 0 && attention_->supports_graphs()) {
     graph_max_batch_ = options.cuda_graph_max_batch;
-    graph_max_pages_ =
-        graph_max_batch_ * ((c.max_position_embeddings + options.block_size - 1) / options.block_size);
+    graph_max_pages_ = graph_max_batch_ *
+                       ((c.max_position_embeddings + options.block_size - 1) / options.block_size);
   }
 
   const int64_t h = c.hidden_size, q = c.q_size(), kvs = c.kv_size(), inter = c.intermediate_size;
@@ -369,8 +369,7 @@ Status CudaLlamaModel::LaunchLayers(Scratch& s, int T) {
 int CudaLlamaModel::GraphBucket(const ForwardBatch& batch) const {
   const AttentionBatch& a = batch.attn;
   if (graph_max_batch_ == 0 || a.num_seqs == 0 || a.num_tokens != a.num_seqs ||
-      a.num_seqs > graph_max_batch_ ||
-      static_cast<int>(a.page_indices.size()) > graph_max_pages_) {
+      a.num_seqs > graph_max_batch_ || static_cast<int>(a.page_indices.size()) > graph_max_pages_) {
     return 0;
   }
   for (int i = 0; i < a.num_seqs; ++i) {
