@@ -31,7 +31,8 @@ fi
 if [ "${SKIP_MEMCHECK:-0}" != 1 ]; then
   # Quick subsets: memcheck slows kernels 10-100x.
   for filter in "C8 attention: long single-sequence decode splits KV and merges" \
-      "C8 attention in CUDA graphs: one capture per bucket replays different decode steps" "[fmha][quick]" \
+      "C8 attention in CUDA graphs: one capture per bucket replays different decode steps" \
+      "GPU decode steps replayed from CUDA graphs give the eager launches' tokens" "[fmha][quick]" \
       "[mla_sanitize]" "[sampling_sanitize]"; do
     echo "== compute-sanitizer memcheck: $filter"
     timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/gpu_tests" "$filter" \

@@ -11,6 +11,7 @@
 
 #include "engine/base/dtype.h"
 #include "engine/models/cuda_llama_model.h"
+#include "engine/models/cuda_logits_readback.h"
 #include "engine/models/cuda_weights.h"
 #include "kernels/backend_registry.h"
 #include "kernels/cpu/cpu_mla_attention.h"
@@ -111,10 +112,9 @@ class CudaDeepseekModel final : public Model {
   DeviceBuffer lat_, kvx_, scores_, probs_;  // prefill
   DeviceBuffer router_logits_, topk_ids_, topk_w_, moe_ints_, xg_, ge_, ae_, ye_,
       shared_out_;  // MoE
-  DeviceBuffer sampled_dev_, sampling_args_;
+  CudaLogitsReadback readback_;
   std::vector<int32_t> host_ints_;
-  std::vector<char> host_sampling_;
-  void* pinned_ = nullptr;  // logits staging, MoE routing copies
+  void* pinned_ = nullptr;  // MoE routing copies
   size_t pinned_bytes_ = 0;
   Status Pinned(size_t bytes) {
     if (bytes <= pinned_bytes_) return Status::Ok();
@@ -597,9 +597,7 @@ Status CudaDeepseekModel::ForwardSampled(const ForwardBatch& batch, std::vector<
 
 Status CudaDeepseekModel::SampleTail(const ForwardBatch& batch, int T, const int32_t* d_rows,
                                      std::vector<float>* logits, std::vector<int32_t>* tokens) {
-  // Mirrors CudaLlamaModel's tail: final norm of the logit rows, LM head, device sampling of the
-  // device_sampled rows (their logits never cross PCIe), the other rows' logits back through
-  // pinned memory.
+  // As CudaLlamaModel's tail: final norm of the logit rows, LM head, then CudaLogitsReadback.
   const ModelConfig& c = d_.base;
   const int R = static_cast<int>(batch.logit_rows.size()), Hd = c.hidden_size, V = c.vocab_size;
   logits->resize(static_cast<size_t>(R) * V);
@@ -618,79 +616,7 @@ Status CudaDeepseekModel::SampleTail(const ForwardBatch& batch, int T, const int
   const void* head = c.tie_word_embeddings ? embed_.ptr : lm_head_.ptr;
   LLM_RETURN_IF_ERROR(Gemm(last_.ptr, head, R, V, Hd, logits_.ptr, CUDA_R_32F));
 
-  const bool any_device = !batch.device_sampled.empty();
-  if (any_device && (batch.device_sampled.size() != static_cast<size_t>(R) ||
-                     batch.sampling_jobs.size() != static_cast<size_t>(R) ||
-                     batch.penalty_indptr.size() != static_cast<size_t>(R) + 1)) {
-    return InvalidArgument("device sampling arrays do not match the logit rows");
-  }
-  auto on_device = [&](int r) { return any_device && batch.device_sampled[r] != 0; };
-  const size_t row_bytes = static_cast<size_t>(V) * 4;
-  LLM_RETURN_IF_ERROR(Pinned(static_cast<size_t>(R) * row_bytes + R * sizeof(int32_t)));
-  auto* h_tokens = reinterpret_cast<int32_t*>(static_cast<char*>(pinned_) + R * row_bytes);
-  // Device rows' jobs in one upload: [jobs][rows: n][penalty indptr: n + 1][penalties].
-  std::vector<int32_t> dev_rows, indptr(1, 0);
-  for (int r = 0; r < R; ++r) {
-    if (!on_device(r)) continue;
-    dev_rows.push_back(r);
-    indptr.push_back(indptr.back() + batch.penalty_indptr[r + 1] - batch.penalty_indptr[r]);
-  }
-  const int n = static_cast<int>(dev_rows.size());
-  if (n > 0) {
-    const size_t jobs_bytes = n * sizeof(SamplingJob);
-    const size_t ints_bytes = (2 * static_cast<size_t>(n) + 1) * sizeof(int32_t);
-    host_sampling_.resize(jobs_bytes + ints_bytes + indptr.back() * sizeof(PenaltyEntry));
-    char* h = host_sampling_.data();
-    char* pen_out = h + jobs_bytes + ints_bytes;
-    for (int k = 0; k < n; ++k) {
-      const int r = dev_rows[k];
-      std::memcpy(h + k * sizeof(SamplingJob), &batch.sampling_jobs[r], sizeof(SamplingJob));
-      std::memcpy(pen_out + indptr[k] * sizeof(PenaltyEntry),
-                  batch.penalties.data() + batch.penalty_indptr[r],
-                  (indptr[k + 1] - indptr[k]) * sizeof(PenaltyEntry));
-    }
-    std::memcpy(h + jobs_bytes, dev_rows.data(), n * sizeof(int32_t));
-    std::memcpy(h + jobs_bytes + n * sizeof(int32_t), indptr.data(), (n + 1) * sizeof(int32_t));
-    LLM_RETURN_IF_ERROR(sampling_args_.Alloc(host_sampling_.size()));
-    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(sampling_args_.ptr, h, host_sampling_.size(),
-                                        cudaMemcpyHostToDevice, stream_));
-    LLM_RETURN_IF_ERROR(sampled_dev_.Alloc(n * sizeof(int32_t)));
-    char* d = sampling_args_.as<char>();
-    cuda::SamplingArgs sa;
-    sa.logits = logits_.as<float>();
-    sa.vocab = V;
-    sa.num_jobs = n;
-    sa.jobs = reinterpret_cast<const SamplingJob*>(d);
-    sa.rows = reinterpret_cast<const int32_t*>(d + jobs_bytes);
-    sa.penalty_indptr = sa.rows + n;
-    sa.penalties = reinterpret_cast<const PenaltyEntry*>(d + jobs_bytes + ints_bytes);
-    sa.tokens = sampled_dev_.as<int32_t>();
-    cuda::LaunchSampling(sa, stream_);
-    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(h_tokens, sampled_dev_.ptr, n * sizeof(int32_t),
-                                        cudaMemcpyDeviceToHost, stream_));
-  }
-  for (int r = 0; r < R;) {  // runs of consecutive logit rows
-    if (on_device(r)) {
-      ++r;
-      continue;
-    }
-    int e = r + 1;
-    while (e < R && !on_device(e)) ++e;
-    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(pinned_) + r * row_bytes,
-                                        logits_.as<char>() + r * row_bytes, (e - r) * row_bytes,
-                                        cudaMemcpyDeviceToHost, stream_));
-    r = e;
-  }
-  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  GPU_RETURN_IF_ERROR(cudaGetLastError());
-  tokens->assign(R, -1);
-  for (int k = 0; k < n; ++k) (*tokens)[dev_rows[k]] = h_tokens[k];
-  for (int r = 0; r < R; ++r) {
-    if (on_device(r)) continue;
-    std::memcpy(logits->data() + r * static_cast<size_t>(V),
-                static_cast<char*>(pinned_) + r * row_bytes, row_bytes);
-  }
-  return Status::Ok();
+  return readback_.Run(batch, logits_.as<float>(), V, stream_, logits, tokens);
 }
 
 }  // namespace

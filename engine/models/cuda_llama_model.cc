@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/base/dtype.h"
+#include "engine/models/cuda_logits_readback.h"
 #include "engine/models/cuda_weights.h"
 #include "engine/models/kv_cache_quant.h"
 #include "engine/models/rope.h"
@@ -37,7 +38,6 @@ class CudaLlamaModel final : public Model {
   explicit CudaLlamaModel(const ModelConfig& config) : config_(config) {}
   ~CudaLlamaModel() override {
     for (auto& [bucket, exec] : graphs_) cudaGraphExecDestroy(exec);
-    if (pinned_) cudaFreeHost(pinned_);
     if (blas_) cublasDestroy(blas_);
     if (stream_) cudaStreamDestroy(stream_);
   }
@@ -66,16 +66,13 @@ class CudaLlamaModel final : public Model {
   }
 
  private:
-  // Uploads one tensor as bf16 (stacking several sources when given), or fills it randomly.
-  Status LoadTensor(const WeightStore* w, const std::vector<std::string>& names,
-                    const std::vector<std::vector<int64_t>>& shapes, float mean, float std,
-                    DeviceBuffer* out);
   // y[m, n] = x[m, k] @ w[n, k]^T; bf16 in, out_type out, fp32 accumulation.
-  Status Gemm(const void* x, const void* w, int m, int n, int k, void* y, cudaDataType out_type);
+  Status Gemm(const void* x, const void* w, int m, int n, int k, void* y, cudaDataType out_type) {
+    return GemmBf16(blas_, x, w, m, n, k, y, out_type);
+  }
 
   ModelConfig config_;
   bool dummy_ = false;
-  uint64_t dummy_seed_ = 1;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   DeviceBuffer embed_, lm_head_, final_norm_, inv_freq_;
@@ -105,46 +102,16 @@ class CudaLlamaModel final : public Model {
   Status RunGraph(const ForwardBatch& batch, int bucket);
 
   Scratch eager_, graph_;
-  int graph_max_batch_ = 0;  // 0: no graphs
-  int graph_max_pages_ = 0;
+  int graph_max_batch_ = 0;      // 0: no graphs
+  int graph_pages_per_seq_ = 0;  // block-table entries a graph step's sequence may have
   bool graphs_reserved_ = false;
   int64_t graph_steps_ = 0;
   std::map<int, cudaGraphExec_t> graphs_;  // bucket -> instantiated decode graph
   DeviceBuffer blas_workspace_;            // fixed, so cuBLAS needs no allocation inside a capture
   DeviceBuffer last_, logits_;
   std::vector<int32_t> host_ints_;
-  DeviceBuffer sampled_dev_, sampling_args_;  // device-sampled tokens; their jobs
-  std::vector<char> host_sampling_;           // jobs staging
-  void* pinned_ = nullptr;                    // logits staging
-  size_t pinned_bytes_ = 0;
+  CudaLogitsReadback readback_;
 };
-
-Status CudaLlamaModel::LoadTensor(const WeightStore* w, const std::vector<std::string>& names,
-                                  const std::vector<std::vector<int64_t>>& shapes, float mean,
-                                  float std, DeviceBuffer* out) {
-  size_t n = 0;
-  for (const auto& s : shapes) {
-    size_t e = 1;
-    for (int64_t d : s) e *= static_cast<size_t>(d);
-    n += e;
-  }
-  LLM_RETURN_IF_ERROR(out->Alloc(n * 2));
-  if (dummy_) {
-    cuda::LaunchFillRandomBf16(out->ptr, static_cast<int64_t>(n), mean, std, dummy_seed_++,
-                               stream_);
-    GPU_RETURN_IF_ERROR(cudaGetLastError());
-    return Status::Ok();
-  }
-  std::vector<uint16_t> host;
-  host.reserve(n);
-  std::vector<float> f;
-  for (size_t i = 0; i < names.size(); ++i) {
-    LLM_RETURN_IF_ERROR(w->ReadF32(names[i], shapes[i], &f));
-    for (float x : f) host.push_back(F32ToBf16(x));
-  }
-  GPU_RETURN_IF_ERROR(cudaMemcpy(out->ptr, host.data(), n * 2, cudaMemcpyHostToDevice));
-  return Status::Ok();
-}
 
 Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& options) {
   const ModelConfig& c = config_;
@@ -186,40 +153,38 @@ Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& option
   attention_->set_stream(stream_);
   if (options.cuda_graph_max_batch > 0 && attention_->supports_graphs()) {
     graph_max_batch_ = options.cuda_graph_max_batch;
-    graph_max_pages_ = graph_max_batch_ *
-                       ((c.max_position_embeddings + options.block_size - 1) / options.block_size);
+    graph_pages_per_seq_ =
+        (c.max_position_embeddings + options.block_size - 1) / options.block_size;
   }
 
   const int64_t h = c.hidden_size, q = c.q_size(), kvs = c.kv_size(), inter = c.intermediate_size;
   const int64_t vocab = c.vocab_size;
   const float wstd = 0.02f;
-  LLM_RETURN_IF_ERROR(LoadTensor(w, {"model.embed_tokens.weight"}, {{vocab, h}}, 0, 1.0f, &embed_));
-  LLM_RETURN_IF_ERROR(LoadTensor(w, {"model.norm.weight"}, {{h}}, 1.0f, 0.1f, &final_norm_));
+  Bf16WeightLoader loader(dummy_ ? nullptr : w, stream_);
+  LLM_RETURN_IF_ERROR(loader.Load({"model.embed_tokens.weight"}, {{vocab, h}}, 0, 1.0f, &embed_));
+  LLM_RETURN_IF_ERROR(loader.Load({"model.norm.weight"}, {{h}}, 1.0f, 0.1f, &final_norm_));
   if (!c.tie_word_embeddings) {
-    LLM_RETURN_IF_ERROR(LoadTensor(w, {"lm_head.weight"}, {{vocab, h}}, 0, wstd, &lm_head_));
+    LLM_RETURN_IF_ERROR(loader.Load({"lm_head.weight"}, {{vocab, h}}, 0, wstd, &lm_head_));
   }
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     auto L = std::make_unique<LayerWeights>();
+    LLM_RETURN_IF_ERROR(loader.Load({p + "input_layernorm.weight"}, {{h}}, 1, 0.1f, &L->attn_norm));
     LLM_RETURN_IF_ERROR(
-        LoadTensor(w, {p + "input_layernorm.weight"}, {{h}}, 1, 0.1f, &L->attn_norm));
-    LLM_RETURN_IF_ERROR(
-        LoadTensor(w, {p + "post_attention_layernorm.weight"}, {{h}}, 1, 0.1f, &L->mlp_norm));
-    LLM_RETURN_IF_ERROR(LoadTensor(w,
-                                   {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
-                                    p + "self_attn.v_proj.weight"},
-                                   {{q, h}, {kvs, h}, {kvs, h}}, 0, wstd, &L->wqkv));
+        loader.Load({p + "post_attention_layernorm.weight"}, {{h}}, 1, 0.1f, &L->mlp_norm));
+    LLM_RETURN_IF_ERROR(loader.Load({p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
+                                     p + "self_attn.v_proj.weight"},
+                                    {{q, h}, {kvs, h}, {kvs, h}}, 0, wstd, &L->wqkv));
     if (c.attention_bias) {
-      LLM_RETURN_IF_ERROR(LoadTensor(
-          w,
+      LLM_RETURN_IF_ERROR(loader.Load(
           {p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"},
           {{q}, {kvs}, {kvs}}, 0, wstd, &L->bqkv));
     }
-    LLM_RETURN_IF_ERROR(LoadTensor(w, {p + "self_attn.o_proj.weight"}, {{h, q}}, 0, wstd, &L->wo));
-    LLM_RETURN_IF_ERROR(LoadTensor(w, {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"},
-                                   {{inter, h}, {inter, h}}, 0, wstd, &L->w_gate_up));
+    LLM_RETURN_IF_ERROR(loader.Load({p + "self_attn.o_proj.weight"}, {{h, q}}, 0, wstd, &L->wo));
+    LLM_RETURN_IF_ERROR(loader.Load({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"},
+                                    {{inter, h}, {inter, h}}, 0, wstd, &L->w_gate_up));
     LLM_RETURN_IF_ERROR(
-        LoadTensor(w, {p + "mlp.down_proj.weight"}, {{h, inter}}, 0, wstd, &L->w_down));
+        loader.Load({p + "mlp.down_proj.weight"}, {{h, inter}}, 0, wstd, &L->w_down));
     layers_.push_back(std::move(L));
   }
 
@@ -280,16 +245,6 @@ Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& option
                c.num_layers, spec_.device_arch, dummy_ ? "DUMMY (random)" : "checkpoint",
                DTypeName(kv.dtype), KvQuantName(kv.quant), num_blocks_,
                static_cast<double>(per_block) * num_blocks_ / (1ull << 30));
-  return Status::Ok();
-}
-
-Status CudaLlamaModel::Gemm(const void* x, const void* w, int m, int n, int k, void* y,
-                            cudaDataType out_type) {
-  // Row-major y[m,n] = x[m,k] w[n,k]^T is column-major y^T[n,m] = w^T . x^T.
-  const float alpha = 1.0f, beta = 0.0f;
-  BLAS_RETURN_IF_ERROR(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w,
-                                    CUDA_R_16BF, k, x, CUDA_R_16BF, k, &beta, y, out_type, n,
-                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return Status::Ok();
 }
 
@@ -369,11 +324,12 @@ Status CudaLlamaModel::LaunchLayers(Scratch& s, int T) {
 int CudaLlamaModel::GraphBucket(const ForwardBatch& batch) const {
   const AttentionBatch& a = batch.attn;
   if (graph_max_batch_ == 0 || a.num_seqs == 0 || a.num_tokens != a.num_seqs ||
-      a.num_seqs > graph_max_batch_ || static_cast<int>(a.page_indices.size()) > graph_max_pages_) {
+      a.num_seqs > graph_max_batch_) {
     return 0;
   }
   for (int i = 0; i < a.num_seqs; ++i) {
     if (a.q_indptr[i + 1] - a.q_indptr[i] != 1) return 0;
+    if (a.page_indptr[i + 1] - a.page_indptr[i] > graph_pages_per_seq_) return 0;
   }
   // 1, 2, 4, then multiples of 8 (as vLLM): at most 7 padding rows past 8.
   const int n = a.num_seqs;
@@ -385,7 +341,7 @@ Status CudaLlamaModel::RunGraph(const ForwardBatch& batch, int bucket) {
   if (!graphs_reserved_) {
     const int cap = (graph_max_batch_ + 7) / 8 * 8;
     LLM_RETURN_IF_ERROR(graph_.Reserve(config_, cap, stream_));
-    LLM_RETURN_IF_ERROR(attention_->ReserveGraphs(cap, graph_max_pages_));
+    LLM_RETURN_IF_ERROR(attention_->ReserveGraphs(cap, cap * graph_pages_per_seq_));
     graphs_reserved_ = true;
   }
   LLM_RETURN_IF_ERROR(attention_->PlanGraph(batch.attn, bucket));
@@ -453,104 +409,20 @@ Status CudaLlamaModel::ForwardSampled(const ForwardBatch& batch, std::vector<flo
   const int32_t* d_rows = s.rows();
   LLM_RETURN_IF_ERROR(last_.Alloc(std::max<size_t>(static_cast<size_t>(R) * H * 2, 64)));
   LLM_RETURN_IF_ERROR(logits_.Alloc(std::max<size_t>(static_cast<size_t>(R) * V * 4, 64)));
-  logits->resize(static_cast<size_t>(R) * V);
-  if (R > 0) {
-    // Final residual add for all rows, then the norm of the sampled rows only.
-    cuda::LaunchAddRmsNorm(s.residual.as<float>(), s.tmp.ptr, final_norm_.ptr, nullptr, rows, H,
-                           c.rms_norm_eps, s.xn.ptr, stream_);
-    cuda::LaunchAddRmsNorm(s.residual.as<float>(), nullptr, final_norm_.ptr, d_rows, R, H,
-                           c.rms_norm_eps, last_.ptr, stream_);
-    const void* head = c.tie_word_embeddings ? embed_.ptr : lm_head_.ptr;
-    LLM_RETURN_IF_ERROR(Gemm(last_.ptr, head, R, V, H, logits_.ptr, CUDA_R_32F));
-    // Rows sampled on the device return only their token: their 4 x vocab bytes of logits never
-    // cross PCIe. Other rows come back through pinned memory (pageable runs at a fraction of PCIe
-    // speed).
-    const bool any_device = !batch.device_sampled.empty();
-    if (any_device && (batch.device_sampled.size() != static_cast<size_t>(R) ||
-                       batch.sampling_jobs.size() != static_cast<size_t>(R) ||
-                       batch.penalty_indptr.size() != static_cast<size_t>(R) + 1)) {
-      return InvalidArgument("device sampling arrays do not match the logit rows");
-    }
-    auto on_device = [&](int r) { return any_device && batch.device_sampled[r] != 0; };
-    const size_t row_bytes = static_cast<size_t>(V) * 4;
-    const size_t bytes = static_cast<size_t>(R) * row_bytes + R * sizeof(int32_t);
-    if (bytes > pinned_bytes_) {
-      if (pinned_) GPU_RETURN_IF_ERROR(cudaFreeHost(pinned_));
-      pinned_ = nullptr;
-      GPU_RETURN_IF_ERROR(cudaMallocHost(&pinned_, bytes));
-      pinned_bytes_ = bytes;
-    }
-    auto* h_tokens = reinterpret_cast<int32_t*>(static_cast<char*>(pinned_) + R * row_bytes);
-    // The device rows' jobs, compacted, in one upload:
-    // [jobs: n SamplingJob][rows: n][penalty indptr: n + 1][penalties: PenaltyEntry].
-    std::vector<int32_t> dev_rows;
-    size_t num_pen = 0;
-    for (int r = 0; r < R; ++r) {
-      if (!on_device(r)) continue;
-      dev_rows.push_back(r);
-      num_pen += batch.penalty_indptr[r + 1] - batch.penalty_indptr[r];
-    }
-    const int n = static_cast<int>(dev_rows.size());
-    if (n > 0) {
-      const size_t jobs_bytes = n * sizeof(SamplingJob);
-      const size_t ints_bytes = (2 * static_cast<size_t>(n) + 1) * sizeof(int32_t);
-      host_sampling_.resize(jobs_bytes + ints_bytes + num_pen * sizeof(PenaltyEntry));
-      char* h = host_sampling_.data();
-      std::vector<int32_t> indptr(n + 1, 0);
-      char* pen_out = h + jobs_bytes + ints_bytes;
-      for (int k = 0; k < n; ++k) {
-        const int r = dev_rows[k];
-        std::memcpy(h + k * sizeof(SamplingJob), &batch.sampling_jobs[r], sizeof(SamplingJob));
-        const size_t cnt = batch.penalty_indptr[r + 1] - batch.penalty_indptr[r];
-        std::memcpy(pen_out + indptr[k] * sizeof(PenaltyEntry),
-                    batch.penalties.data() + batch.penalty_indptr[r], cnt * sizeof(PenaltyEntry));
-        indptr[k + 1] = indptr[k] + static_cast<int32_t>(cnt);
-      }
-      std::memcpy(h + jobs_bytes, dev_rows.data(), n * sizeof(int32_t));
-      std::memcpy(h + jobs_bytes + n * sizeof(int32_t), indptr.data(), (n + 1) * sizeof(int32_t));
-      LLM_RETURN_IF_ERROR(sampling_args_.Alloc(host_sampling_.size()));
-      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(sampling_args_.ptr, h, host_sampling_.size(),
-                                          cudaMemcpyHostToDevice, stream_));
-      LLM_RETURN_IF_ERROR(sampled_dev_.Alloc(n * sizeof(int32_t)));
-      char* d = sampling_args_.as<char>();
-      cuda::SamplingArgs sa;
-      sa.logits = logits_.as<float>();
-      sa.vocab = V;
-      sa.num_jobs = n;
-      sa.jobs = reinterpret_cast<const SamplingJob*>(d);
-      sa.rows = reinterpret_cast<const int32_t*>(d + jobs_bytes);
-      sa.penalty_indptr = sa.rows + n;
-      sa.penalties = reinterpret_cast<const PenaltyEntry*>(d + jobs_bytes + ints_bytes);
-      sa.tokens = sampled_dev_.as<int32_t>();
-      cuda::LaunchSampling(sa, stream_);
-      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(h_tokens, sampled_dev_.ptr, n * sizeof(int32_t),
-                                          cudaMemcpyDeviceToHost, stream_));
-    }
-    // Copy runs of consecutive full rows.
-    for (int r = 0; r < R;) {
-      if (on_device(r)) {
-        ++r;
-        continue;
-      }
-      int e = r + 1;
-      while (e < R && !on_device(e)) ++e;
-      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(pinned_) + r * row_bytes,
-                                          logits_.as<char>() + r * row_bytes, (e - r) * row_bytes,
-                                          cudaMemcpyDeviceToHost, stream_));
-      r = e;
-    }
+  if (R == 0) {
+    logits->clear();
+    tokens->clear();
     GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    tokens->assign(R, -1);
-    for (int k = 0; k < n; ++k) (*tokens)[dev_rows[k]] = h_tokens[k];
-    for (int r = 0; r < R; ++r) {
-      if (on_device(r)) continue;
-      std::memcpy(logits->data() + r * static_cast<size_t>(V),
-                  static_cast<char*>(pinned_) + r * row_bytes, row_bytes);
-    }
+    return Status::Ok();
   }
-  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  GPU_RETURN_IF_ERROR(cudaGetLastError());
-  return Status::Ok();
+  // Final residual add for all rows, then the norm of the sampled rows only.
+  cuda::LaunchAddRmsNorm(s.residual.as<float>(), s.tmp.ptr, final_norm_.ptr, nullptr, rows, H,
+                         c.rms_norm_eps, s.xn.ptr, stream_);
+  cuda::LaunchAddRmsNorm(s.residual.as<float>(), nullptr, final_norm_.ptr, d_rows, R, H,
+                         c.rms_norm_eps, last_.ptr, stream_);
+  const void* head = c.tie_word_embeddings ? embed_.ptr : lm_head_.ptr;
+  LLM_RETURN_IF_ERROR(Gemm(last_.ptr, head, R, V, H, logits_.ptr, CUDA_R_32F));
+  return readback_.Run(batch, logits_.as<float>(), V, stream_, logits, tokens);
 }
 
 }  // namespace

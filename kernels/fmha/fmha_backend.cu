@@ -55,9 +55,12 @@ class FmhaBackend final : public AttentionBackend {
   }
   ~FmhaBackend() override {
     // Frees never fail meaningfully at teardown; errors are ignored on purpose.
-    if (d_ints_) (void)gpu::Free(d_ints_);
-    if (workspace_) (void)gpu::Free(workspace_);
-    if (h_ints_) (void)gpu::FreeHost(h_ints_);
+    for (void* p : {static_cast<void*>(eager_.d_ints), static_cast<void*>(graph_.d_ints),
+                    workspace_, graph_.workspace}) {
+      if (p) (void)gpu::Free(p);
+    }
+    if (eager_.h_ints) (void)gpu::FreeHost(eager_.h_ints);
+    if (graph_.h_ints) (void)gpu::FreeHost(graph_.h_ints);
   }
 
   std::string name() const override { return std::string(gpu::kPlatformName) + "_fmha"; }
@@ -73,40 +76,12 @@ class FmhaBackend final : public AttentionBackend {
       max_pages = std::max(max_pages, b.page_indptr[s + 1] - b.page_indptr[s]);
       max_q = std::max(max_q, b.q_indptr[s + 1] - b.q_indptr[s]);
     }
-    // Layout of the one upload (int32 elements): seqstart_q, seqlen_k, block table, slots.
-    const size_t off_seqlen = n + 1, off_table = off_seqlen + n;
-    const size_t off_slots = off_table + static_cast<size_t>(n) * max_pages;
-    const size_t total = off_slots + b.num_tokens;
-    LLM_RETURN_IF_ERROR(Reserve(total * sizeof(int32_t)));
-    // The staging buffer may still feed the previous step's upload.
-    const gpu::Error sync = gpu::StreamSynchronize(static_cast<gpu::Stream>(stream_));
-    if (sync != gpu::kSuccess) return Internal(std::string("fmha plan: ") + gpu::ErrorString(sync));
-    std::memcpy(h_ints_, b.q_indptr.data(), (n + 1) * sizeof(int32_t));
-    std::memcpy(h_ints_ + off_seqlen, b.kv_lens.data(), n * sizeof(int32_t));
-    for (int s = 0; s < n; ++s) {
-      int32_t* row = h_ints_ + off_table + static_cast<size_t>(s) * max_pages;
-      const int pages = b.page_indptr[s + 1] - b.page_indptr[s];
-      // Blocks that slid out of a sliding window are -1 in the engine's tables; the kernel never
-      // reads them, but block 0 keeps even a prefetched address inside the pool.
-      const int32_t* src = b.page_indices.data() + b.page_indptr[s];
-      for (int i = 0; i < pages; ++i) row[i] = std::max(src[i], 0);
-      std::fill(row + pages, row + max_pages, 0);  // never read: seqlen_k bounds every sequence
-    }
-    std::memcpy(h_ints_ + off_slots, b.slot_mapping.data(), b.num_tokens * sizeof(int32_t));
-    const gpu::Error e = gpu::CopyToDeviceAsync(d_ints_, h_ints_, total * sizeof(int32_t),
-                                                static_cast<gpu::Stream>(stream_));
-    if (e != gpu::kSuccess)
-      return Internal(std::string("fmha plan upload: ") + gpu::ErrorString(e));
-
-    FmhaParams& p = base_;
+    LLM_RETURN_IF_ERROR(Reserve(Area::Ints(n, max_pages, b.num_tokens) * sizeof(int32_t)));
+    LLM_RETURN_IF_ERROR(Stage(eager_, b, n, max_pages, b.num_tokens));
+    FmhaParams& p = eager_.params;
     p.batch = n;
-    p.seqstart_q = d_ints_;
     p.max_seqlen_q = max_q;
-    p.seqlen_k = d_ints_ + off_seqlen;
-    p.block_table = d_ints_ + off_table;
-    p.max_blocks_per_seq = max_pages;
-    slots_ = d_ints_ + off_slots;
-    num_tokens_ = b.num_tokens;
+    eager_.num_tokens = b.num_tokens;
     {
       // Shape checks now, so a bad plan fails the step instead of a layer call; the tensors are
       // per layer, so stand-in (aligned, never dereferenced) pointers take their place.
@@ -116,28 +91,72 @@ class FmhaBackend final : public AttentionBackend {
       LLM_RETURN_IF_ERROR(FmhaCheckParams(check));
     }
     // Split-KV when one CTA per (sequence, KV head, row tile) would leave the GPU underfilled.
-    splits_ = n > 0 ? FmhaAutoSplits(p) : 1;
-    const size_t ws = splits_ > 1 ? FmhaWorkspaceBytes(p, splits_) : 0;
-    if (ws > workspace_bytes_) {
-      if (workspace_) (void)gpu::Free(workspace_);
-      workspace_ = nullptr;
-      workspace_bytes_ = 0;
-      const gpu::Error a = gpu::Malloc(&workspace_, ws);
-      if (a != gpu::kSuccess) return ResourceExhausted("fmha split-KV workspace");
-      workspace_bytes_ = ws;
+    eager_.splits = n > 0 ? FmhaAutoSplits(p) : 1;
+    const size_t ws = eager_.splits > 1 ? FmhaWorkspaceBytes(p, eager_.splits) : 0;
+    LLM_RETURN_IF_ERROR(GrowWorkspace(&workspace_, &workspace_bytes_, ws));
+    eager_.workspace = workspace_;
+    eager_.workspace_bytes = workspace_bytes_;
+    active_ = &eager_;
+    return Status::Ok();
+  }
+
+  // Graph area: fixed buffers for decode steps of up to max_seqs sequences, the block table
+  // [max_seqs, max_pages / max_seqs] (padding sequences have no query rows and no keys).
+  bool supports_graphs() const override { return true; }
+  Status ReserveGraphs(int max_seqs, int max_pages) override {
+    if (graph_.d_ints != nullptr) {
+      return FailedPrecondition("the FMHA graph area is reserved once: graphs point into it");
     }
+    const int per_seq = std::max(1, max_pages / std::max(1, max_seqs));
+    const size_t bytes = Area::Ints(max_seqs, per_seq, max_seqs) * sizeof(int32_t);
+    void* d = nullptr;
+    void* h = nullptr;
+    if (gpu::Malloc(&d, bytes) != gpu::kSuccess) return ResourceExhausted("fmha graph area");
+    graph_.d_ints = static_cast<int32_t*>(d);
+    if (gpu::MallocHost(&h, bytes) != gpu::kSuccess) return ResourceExhausted("fmha graph staging");
+    graph_.h_ints = static_cast<int32_t*>(h);
+    graph_max_seqs_ = max_seqs;
+    graph_pages_per_seq_ = per_seq;
+    // One workspace for every bucket: the largest any bucket's split choice needs.
+    size_t ws = 0;
+    for (int bucket = 1; bucket <= max_seqs; ++bucket) {
+      const FmhaParams p = GraphParams(bucket);
+      const int splits = FmhaAutoSplits(p);
+      if (splits > 1) ws = std::max(ws, FmhaWorkspaceBytes(p, splits));
+    }
+    return GrowWorkspace(&graph_.workspace, &graph_.workspace_bytes, ws);
+  }
+  Status PlanGraph(const AttentionBatch& b, int bucket) override {
+    const int n = b.num_seqs;
+    if (graph_max_seqs_ == 0) return FailedPrecondition("PlanGraph before ReserveGraphs");
+    if (n > bucket || bucket > graph_max_seqs_ || b.num_tokens != n) {
+      return InvalidArgument("fmha graph plan: " + std::to_string(n) + " sequences, bucket " +
+                             std::to_string(bucket));
+    }
+    for (int s = 0; s < n; ++s) {
+      if (b.page_indptr[s + 1] - b.page_indptr[s] > graph_pages_per_seq_) {
+        return InvalidArgument("fmha graph plan: a block table is longer than the graph area's");
+      }
+    }
+    // The whole fixed layout (GraphParams' offsets), padded to the largest bucket.
+    LLM_RETURN_IF_ERROR(Stage(graph_, b, graph_max_seqs_, graph_pages_per_seq_, bucket));
+    graph_.params = GraphParams(bucket);
+    graph_.num_tokens = bucket;
+    graph_.splits = FmhaAutoSplits(graph_.params);  // a function of the bucket alone
+    active_ = &graph_;
     return Status::Ok();
   }
 
   void Run(const AttentionParams& params) override {
-    if (num_tokens_ == 0) return;
+    const Area& a = *active_;
+    if (a.num_tokens == 0) return;
     const auto stream = static_cast<gpu::Stream>(stream_);
     const int vecs_per_head = spec_.head_dim * 2 / 16;
-    AppendKvKernel<<<num_tokens_, 128, 0, stream>>>(
-        static_cast<const uint4*>(params.k_new), static_cast<const uint4*>(params.v_new), slots_,
+    AppendKvKernel<<<a.num_tokens, 128, 0, stream>>>(
+        static_cast<const uint4*>(params.k_new), static_cast<const uint4*>(params.v_new), a.slots,
         static_cast<uint4*>(params.cache.k), static_cast<uint4*>(params.cache.v),
         spec_.num_kv_heads, spec_.block_size, vecs_per_head);
-    FmhaParams p = base_;
+    FmhaParams p = a.params;
     p.q = params.q;
     p.out = params.out;
     p.k = params.cache.k;
@@ -149,43 +168,121 @@ class FmhaBackend final : public AttentionBackend {
       p.mask = FmhaMask{FmhaMaskType::kCausalBottomRight, -1, 0, 0};
     }
     FmhaLaunchOptions opt;
-    opt.num_splits = splits_;
-    opt.workspace = workspace_;
-    opt.workspace_bytes = workspace_bytes_;
+    opt.num_splits = a.splits;
+    opt.workspace = a.workspace;
+    opt.workspace_bytes = a.workspace_bytes;
     const Status st = FmhaForward(p, opt, stream_);
     LLM_CHECK(st.ok()) << name() << ": " << st.ToString();
   }
 
  private:
+  // One upload area: the device ints [seqstart_q: rows + 1][seqlen_k: rows][block table: rows x
+  // stride][slots: tokens], the params that point into them, the split-KV choice.
+  struct Area {
+    int32_t* d_ints = nullptr;
+    int32_t* h_ints = nullptr;  // pinned staging (the eager area's grows; the graph area's fixed)
+    const int32_t* slots = nullptr;
+    FmhaParams params;
+    int num_tokens = 0;
+    int splits = 1;
+    void* workspace = nullptr;
+    size_t workspace_bytes = 0;
+    static size_t Ints(int rows, int stride, int tokens) {
+      return static_cast<size_t>(rows) * (2 + stride) + 1 + tokens;
+    }
+  };
+
+  // Writes the batch into `a` padded to `rows` sequences (no query rows, no keys) and `tokens`
+  // slots (-1), with a block table of `stride` entries per sequence, and uploads it.
+  Status Stage(Area& a, const AttentionBatch& b, int rows, int stride, int tokens) {
+    const int n = b.num_seqs;
+    const size_t off_seqlen = rows + 1, off_table = off_seqlen + rows;
+    const size_t off_slots = off_table + static_cast<size_t>(rows) * stride;
+    const size_t total = off_slots + tokens;
+    // The staging buffer may still feed the previous step's upload.
+    const gpu::Error sync = gpu::StreamSynchronize(static_cast<gpu::Stream>(stream_));
+    if (sync != gpu::kSuccess) return Internal(std::string("fmha plan: ") + gpu::ErrorString(sync));
+    int32_t* h = a.h_ints;
+    std::memcpy(h, b.q_indptr.data(), (n + 1) * sizeof(int32_t));
+    std::fill(h + n + 1, h + rows + 1, b.q_indptr[n]);
+    std::memcpy(h + off_seqlen, b.kv_lens.data(), n * sizeof(int32_t));
+    std::fill(h + off_seqlen + n, h + off_seqlen + rows, 0);
+    for (int s = 0; s < rows; ++s) {
+      int32_t* row = h + off_table + static_cast<size_t>(s) * stride;
+      const int pages = s < n ? b.page_indptr[s + 1] - b.page_indptr[s] : 0;
+      // Blocks that slid out of a sliding window are -1 in the engine's tables; the kernel never
+      // reads them, but block 0 keeps even a prefetched address inside the pool.
+      const int32_t* src = b.page_indices.data() + (s < n ? b.page_indptr[s] : 0);
+      for (int i = 0; i < pages; ++i) row[i] = std::max(src[i], 0);
+      std::fill(row + pages, row + stride, 0);  // never read: seqlen_k bounds every sequence
+    }
+    std::memcpy(h + off_slots, b.slot_mapping.data(), b.num_tokens * sizeof(int32_t));
+    std::fill(h + off_slots + b.num_tokens, h + off_slots + tokens, -1);
+    const gpu::Error e = gpu::CopyToDeviceAsync(a.d_ints, h, total * sizeof(int32_t),
+                                                static_cast<gpu::Stream>(stream_));
+    if (e != gpu::kSuccess) {
+      return Internal(std::string("fmha plan upload: ") + gpu::ErrorString(e));
+    }
+    a.params = base_;
+    a.params.seqstart_q = a.d_ints;
+    a.params.seqlen_k = a.d_ints + off_seqlen;
+    a.params.block_table = a.d_ints + off_table;
+    a.params.max_blocks_per_seq = stride;
+    a.slots = a.d_ints + off_slots;
+    return Status::Ok();
+  }
+
+  // The graph area's params for a bucket: one query row per sequence, the full table stride.
+  FmhaParams GraphParams(int bucket) const {
+    const size_t off_seqlen = graph_max_seqs_ + 1, off_table = off_seqlen + graph_max_seqs_;
+    FmhaParams p = base_;
+    p.batch = bucket;
+    p.max_seqlen_q = 1;
+    p.seqstart_q = graph_.d_ints;
+    p.seqlen_k = graph_.d_ints + off_seqlen;
+    p.block_table = graph_.d_ints + off_table;
+    p.max_blocks_per_seq = graph_pages_per_seq_;
+    return p;
+  }
+
+  static Status GrowWorkspace(void** ptr, size_t* bytes, size_t need) {
+    if (need <= *bytes) return Status::Ok();
+    if (*ptr) (void)gpu::Free(*ptr);
+    *ptr = nullptr;
+    *bytes = 0;
+    if (gpu::Malloc(ptr, need) != gpu::kSuccess)
+      return ResourceExhausted("fmha split-KV workspace");
+    *bytes = need;
+    return Status::Ok();
+  }
+
   Status Reserve(size_t bytes) {
     if (bytes <= capacity_) return Status::Ok();
     const size_t cap = std::max(bytes, capacity_ * 2);
-    if (d_ints_) (void)gpu::Free(d_ints_);
-    if (h_ints_) (void)gpu::FreeHost(h_ints_);
-    d_ints_ = nullptr;
-    h_ints_ = nullptr;
+    if (eager_.d_ints) (void)gpu::Free(eager_.d_ints);
+    if (eager_.h_ints) (void)gpu::FreeHost(eager_.h_ints);
+    eager_.d_ints = nullptr;
+    eager_.h_ints = nullptr;
     capacity_ = 0;
     void* d = nullptr;
     void* h = nullptr;
     if (gpu::Malloc(&d, cap) != gpu::kSuccess) return ResourceExhausted("fmha plan buffer");
-    d_ints_ = static_cast<int32_t*>(d);
+    eager_.d_ints = static_cast<int32_t*>(d);
     if (gpu::MallocHost(&h, cap) != gpu::kSuccess) return ResourceExhausted("fmha plan staging");
-    h_ints_ = static_cast<int32_t*>(h);
+    eager_.h_ints = static_cast<int32_t*>(h);
     capacity_ = cap;
     return Status::Ok();
   }
 
   AttentionSpec spec_;
-  FmhaParams base_;  // the step's plan: everything but the per-layer tensors and mask
+  FmhaParams base_;  // shapes; each area adds its pointers and batch
   void* stream_ = nullptr;
-  int32_t* d_ints_ = nullptr;
-  int32_t* h_ints_ = nullptr;  // pinned staging: the upload stays asynchronous
-  size_t capacity_ = 0;
-  const int32_t* slots_ = nullptr;
-  int num_tokens_ = 0;
-  int splits_ = 1;
-  void* workspace_ = nullptr;
+  Area eager_, graph_;
+  Area* active_ = &eager_;
+  size_t capacity_ = 0;        // of the eager area's buffers
+  void* workspace_ = nullptr;  // the eager area's split-KV workspace
   size_t workspace_bytes_ = 0;
+  int graph_max_seqs_ = 0, graph_pages_per_seq_ = 0;
 };
 
 const BackendRegistrar kRegistrar(std::string(gpu::kPlatformName) + "_fmha",

@@ -247,17 +247,23 @@ TEST_CASE("GPU decode steps replayed from CUDA graphs give the eager launches' t
     prompts.push_back(p);
     max_tokens.push_back(8 + 5 * i);
   }
-  Gaps gaps;
-  int64_t eager_graph_steps = -1, graph_steps = -1;
-  const auto eager = Generate(dir, "cuda", "auto", prompts, 0, &gaps, nullptr, nullptr, "", nullptr,
-                              /*graph_max_batch=*/0, &max_tokens, &eager_graph_steps);
-  const auto graphs = Generate(dir, "cuda", "auto", prompts, 0, nullptr, nullptr, nullptr, "",
-                               nullptr, /*graph_max_batch=*/256, &max_tokens, &graph_steps);
-  CHECK(eager_graph_steps == 0);
-  // Decode-only steps: about 60 of them (the longest request) minus one capture per bucket.
-  CHECK(graph_steps >= 40);
-  // Padded GEMMs may pick other cuBLAS kernels, so rounding (not the math) may differ.
-  CheckSameUpToTies("graphs vs eager", eager, gaps, graphs, 0.8);
+  for (const std::string backend : {"cuda_c8", "cuda_fmha"}) {
+    INFO(backend);
+    Gaps gaps;
+    int64_t eager_graph_steps = -1, graph_steps = -1;
+    std::string used;
+    const auto eager = Generate(dir, "cuda", "auto", prompts, 0, &gaps, nullptr, nullptr, backend,
+                                &used, /*graph_max_batch=*/0, &max_tokens, &eager_graph_steps);
+    const auto graphs =
+        Generate(dir, "cuda", "auto", prompts, 0, nullptr, nullptr, nullptr, backend, nullptr,
+                 /*graph_max_batch=*/256, &max_tokens, &graph_steps);
+    CHECK(used == backend);
+    CHECK(eager_graph_steps == 0);
+    // Decode-only steps: about 60 of them (the longest request) minus one capture per bucket.
+    CHECK(graph_steps >= 40);
+    // Padded GEMMs may pick other cuBLAS kernels, so rounding (not the math) may differ.
+    CheckSameUpToTies("graphs vs eager, " + backend, eager, gaps, graphs, 0.8);
+  }
   fs::remove_all(dir);
 }
 

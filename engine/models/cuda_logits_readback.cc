@@ -1,0 +1,101 @@
+#include "engine/models/cuda_logits_readback.h"
+
+#include <cstring>
+
+#include "kernels/cuda/sampling.h"
+
+namespace llm {
+
+CudaLogitsReadback::~CudaLogitsReadback() {
+  if (pinned_) cudaFreeHost(pinned_);
+}
+
+Status CudaLogitsReadback::Run(const ForwardBatch& batch, float* d_logits, int vocab,
+                               cudaStream_t stream, std::vector<float>* logits,
+                               std::vector<int32_t>* tokens) {
+  const int R = static_cast<int>(batch.logit_rows.size());
+  logits->resize(static_cast<size_t>(R) * vocab);
+  tokens->assign(R, -1);
+  const bool any_device = !batch.device_sampled.empty();
+  if (any_device && (batch.device_sampled.size() != static_cast<size_t>(R) ||
+                     batch.sampling_jobs.size() != static_cast<size_t>(R) ||
+                     batch.penalty_indptr.size() != static_cast<size_t>(R) + 1)) {
+    return InvalidArgument("device sampling arrays do not match the logit rows");
+  }
+  auto on_device = [&](int r) { return any_device && batch.device_sampled[r] != 0; };
+  const size_t row_bytes = static_cast<size_t>(vocab) * 4;
+  const size_t bytes = static_cast<size_t>(R) * row_bytes + R * sizeof(int32_t);
+  if (bytes > pinned_bytes_) {
+    if (pinned_) GPU_RETURN_IF_ERROR(cudaFreeHost(pinned_));
+    pinned_ = nullptr;
+    pinned_bytes_ = 0;
+    GPU_RETURN_IF_ERROR(cudaMallocHost(&pinned_, bytes));
+    pinned_bytes_ = bytes;
+  }
+  auto* h_tokens = reinterpret_cast<int32_t*>(static_cast<char*>(pinned_) + R * row_bytes);
+  // The device rows' jobs, compacted, in one upload:
+  // [jobs: n SamplingJob][rows: n][penalty indptr: n + 1][penalties: PenaltyEntry].
+  std::vector<int32_t> dev_rows, indptr(1, 0);
+  for (int r = 0; r < R; ++r) {
+    if (!on_device(r)) continue;
+    dev_rows.push_back(r);
+    indptr.push_back(indptr.back() + batch.penalty_indptr[r + 1] - batch.penalty_indptr[r]);
+  }
+  const int n = static_cast<int>(dev_rows.size());
+  if (n > 0) {
+    const size_t jobs_bytes = n * sizeof(SamplingJob);
+    const size_t ints_bytes = (2 * static_cast<size_t>(n) + 1) * sizeof(int32_t);
+    host_sampling_.resize(jobs_bytes + ints_bytes + indptr.back() * sizeof(PenaltyEntry));
+    char* h = host_sampling_.data();
+    char* pen_out = h + jobs_bytes + ints_bytes;
+    for (int k = 0; k < n; ++k) {
+      const int r = dev_rows[k];
+      std::memcpy(h + k * sizeof(SamplingJob), &batch.sampling_jobs[r], sizeof(SamplingJob));
+      std::memcpy(pen_out + indptr[k] * sizeof(PenaltyEntry),
+                  batch.penalties.data() + batch.penalty_indptr[r],
+                  (indptr[k + 1] - indptr[k]) * sizeof(PenaltyEntry));
+    }
+    std::memcpy(h + jobs_bytes, dev_rows.data(), n * sizeof(int32_t));
+    std::memcpy(h + jobs_bytes + n * sizeof(int32_t), indptr.data(), (n + 1) * sizeof(int32_t));
+    LLM_RETURN_IF_ERROR(sampling_args_.Alloc(host_sampling_.size()));
+    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(sampling_args_.ptr, h, host_sampling_.size(),
+                                        cudaMemcpyHostToDevice, stream));
+    LLM_RETURN_IF_ERROR(sampled_dev_.Alloc(n * sizeof(int32_t)));
+    char* d = sampling_args_.as<char>();
+    cuda::SamplingArgs sa;
+    sa.logits = d_logits;
+    sa.vocab = vocab;
+    sa.num_jobs = n;
+    sa.jobs = reinterpret_cast<const SamplingJob*>(d);
+    sa.rows = reinterpret_cast<const int32_t*>(d + jobs_bytes);
+    sa.penalty_indptr = sa.rows + n;
+    sa.penalties = reinterpret_cast<const PenaltyEntry*>(d + jobs_bytes + ints_bytes);
+    sa.tokens = sampled_dev_.as<int32_t>();
+    cuda::LaunchSampling(sa, stream);
+    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(h_tokens, sampled_dev_.ptr, n * sizeof(int32_t),
+                                        cudaMemcpyDeviceToHost, stream));
+  }
+  for (int r = 0; r < R;) {  // runs of consecutive full rows
+    if (on_device(r)) {
+      ++r;
+      continue;
+    }
+    int e = r + 1;
+    while (e < R && !on_device(e)) ++e;
+    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(pinned_) + r * row_bytes,
+                                        reinterpret_cast<const char*>(d_logits) + r * row_bytes,
+                                        (e - r) * row_bytes, cudaMemcpyDeviceToHost, stream));
+    r = e;
+  }
+  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  GPU_RETURN_IF_ERROR(cudaGetLastError());
+  for (int k = 0; k < n; ++k) (*tokens)[dev_rows[k]] = h_tokens[k];
+  for (int r = 0; r < R; ++r) {
+    if (on_device(r)) continue;
+    std::memcpy(logits->data() + r * static_cast<size_t>(vocab),
+                static_cast<char*>(pinned_) + r * row_bytes, row_bytes);
+  }
+  return Status::Ok();
+}
+
+}  // namespace llm
