@@ -82,12 +82,15 @@ TEST_CASE("ServerConfig JSON file then flags override", "[server_config]") {
   CHECK(c->log_level == "debug");
   CHECK(c->max_batched_tokens == 512);  // --key=value form with underscores
 
-  auto c2 = ParseServerConfig({"--config", file.path(), "--model", "/from/flag"});
+  auto c2 = ParseServerConfig(
+      {"--config", file.path(), "--model", "/from/flag", "--cuda-graph-max-batch", "0"});
   REQUIRE(c2.ok());
   CHECK(c2->model_dir == "/from/flag");  // --model is short for --model-dir
   CHECK(c2->max_num_seqs == 16);
+  CHECK(c2->ToEngineConfig().model.cuda_graph_max_batch == 0);  // graphs off
 
   const EngineConfig e = c->ToEngineConfig();
+  CHECK(e.model.cuda_graph_max_batch == 256);  // default: graphs on up to 256 sequences
   CHECK(e.scheduler.max_num_seqs == 8);
   CHECK(e.scheduler.max_batched_tokens == 512);
   CHECK(e.scheduler.block_size == 32);
@@ -125,6 +128,11 @@ TEST_CASE("ServerConfig rejects bad values naming the field", "[server_config]")
     REQUIRE_FALSE(c.ok());
     CHECK(Contains(c.status().message(), "max_num_seqs"));
     CHECK(Contains(c.status().message(), file.path()));
+  }
+  SECTION("negative CUDA graph batch") {
+    auto c = ParseServerConfig({"--model-dir", "/m", "--cuda-graph-max-batch", "-1"});
+    REQUIRE_FALSE(c.ok());
+    CHECK(Contains(c.status().message(), "cuda_graph_max_batch"));
   }
   SECTION("bad log level") {
     auto c = ParseServerConfig({"--model-dir", "/m", "--log-level", "loud"});
