@@ -100,6 +100,8 @@ class CudaLlamaModel final : public Model {
   // Plans, uploads and runs the layers of a bucket's step through its graph (captured on first
   // use, after one eager run of the same step).
   Status RunGraph(const ForwardBatch& batch, int bucket);
+  // Records LaunchLayers for `bucket` into graphs_ (nothing runs).
+  Status Capture(int bucket);
 
   Scratch eager_, graph_;
   int graph_max_batch_ = 0;      // 0: no graphs
@@ -363,12 +365,29 @@ Status CudaLlamaModel::RunGraph(const ForwardBatch& batch, int bucket) {
   // First step of this bucket: run it eagerly (its results are this step's), then capture the
   // same launches for the next ones. Capture records without executing.
   LLM_RETURN_IF_ERROR(LaunchLayers(graph_, bucket));
+  const Status captured = Capture(bucket);
+  if (!captured.ok()) {
+    // The step itself already ran: a capture failure costs speed, never a request.
+    spdlog::warn(
+        "cuda model: capturing the decode graph for {} rows failed ({}); decode steps run "
+        "eagerly from now on",
+        bucket, captured.ToString());
+    graph_max_batch_ = 0;
+    (void)cudaGetLastError();  // capture errors are not sticky; clear the last one
+  }
+  return Status::Ok();
+}
+
+Status CudaLlamaModel::Capture(int bucket) {
   GPU_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   const Status launched = LaunchLayers(graph_, bucket);
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
-  LLM_RETURN_IF_ERROR(launched);
-  GPU_RETURN_IF_ERROR(ended);
+  if (!launched.ok() || ended != cudaSuccess) {
+    if (graph) cudaGraphDestroy(graph);
+    LLM_RETURN_IF_ERROR(launched);
+    GPU_RETURN_IF_ERROR(ended);
+  }
   cudaGraphExec_t exec = nullptr;
   const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
