@@ -25,6 +25,7 @@
 #include "engine/base/dtype.h"
 #include "engine/engine_core.h"
 #include "engine/safetensors.h"
+#include "tests/gpu/engine_generate.h"
 
 namespace llm {
 namespace {
@@ -139,16 +140,7 @@ std::string WriteRandomDeepseek(const std::string& name, bool v3, const char* ca
   return dir.string();
 }
 
-using Gaps = std::map<std::string, std::vector<float>>;  // per request: top-2 gap / max |logit|
-
-struct Collect : ResultSink {
-  std::vector<int32_t> ids;
-  bool done = false;
-  void OnOutput(GenerationOutput o) override {
-    ids.insert(ids.end(), o.token_ids.begin(), o.token_ids.end());
-    done |= o.finished || !o.error.ok();
-  }
-};
+using gpu_test::Gaps;
 
 // Greedy tokens of all prompts submitted together (continuous batching, chunked prefill). With
 // gaps, every row returns logits (host argmax) and the top-2 gaps are recorded.
@@ -156,51 +148,14 @@ std::vector<std::vector<int32_t>> Generate(const std::string& dir, const std::st
                                            const std::string& kv_dtype,
                                            const std::vector<std::vector<int32_t>>& prompts,
                                            Gaps* gaps) {
-  EngineConfig cfg;
-  cfg.model.model_dir = dir;
-  cfg.model.device = device;
-  cfg.model.kv_cache_dtype = kv_dtype;
-  cfg.model.block_size = 64;  // cuda_mla's minimum
-  cfg.model.num_kv_blocks = 64;
-  cfg.scheduler.max_batched_tokens = 48;  // forces chunked prefill beside decodes
-  cfg.require_tokenizer = false;
-  auto core = EngineCore::Create(cfg);
-  INFO(core.status().ToString());
-  REQUIRE(core.ok());
-  if (gaps) {
-    (*core)->set_logits_observer([gaps](const std::string& id, std::span<const float> l) {
-      float a = -INFINITY, b = -INFINITY, m = 0.f;
-      for (float x : l) {
-        m = std::max(m, std::fabs(x));
-        if (x > a) {
-          b = a;
-          a = x;
-        } else if (x > b) {
-          b = x;
-        }
-      }
-      (*gaps)[id].push_back((a - b) / std::max(m, 1e-6f));
-    });
-  }
-  std::vector<std::shared_ptr<Collect>> sinks;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    GenerationRequest r;
-    r.request_id = std::to_string(i);
-    r.prompt_ids = prompts[i];
-    r.sampling.temperature = 0.0f;
-    r.stopping.max_tokens = kSteps;
-    r.stopping.ignore_eos = true;
-    REQUIRE((*core)->Validate(&r).ok());
-    sinks.push_back(std::make_shared<Collect>());
-    (*core)->Add(std::move(r), sinks.back());
-  }
-  for (int guard = 0; (*core)->HasWork() && guard < 10000; ++guard) (*core)->Step();
-  std::vector<std::vector<int32_t>> out;
-  for (auto& s : sinks) {
-    REQUIRE(s->done);
-    out.push_back(s->ids);
-  }
-  return out;
+  return gpu_test::Generate(dir, prompts,
+                            {.device = device,
+                             .kv_dtype = kv_dtype,
+                             .block_size = 64,  // cuda_mla's minimum
+                             .num_kv_blocks = 64,
+                             .steps = kSteps,
+                             .gaps = gaps})
+      .tokens;
 }
 
 std::vector<std::vector<int32_t>> Prompts() {

@@ -21,6 +21,7 @@
 #include "engine/engine_core.h"
 #include "engine/safetensors.h"
 #include "engine/sampler.h"
+#include "tests/gpu/engine_generate.h"
 
 namespace llm {
 namespace {
@@ -97,85 +98,18 @@ std::string WriteRandomModel(const std::string& name, bool qwen2, int window = 0
   return dir.string();
 }
 
-// Per request and step: top-1 minus top-2 logit, relative to the step's max |logit|.
-using Gaps = std::map<std::string, std::vector<float>>;
-// Per request and step: the raw logits the host sampled from.
-using Logits = std::map<std::string, std::vector<std::vector<float>>>;
+using gpu_test::Gaps;
+using gpu_test::GenerateOptions;
+using gpu_test::Logits;
 
-struct Collect : ResultSink {
-  std::vector<int32_t> ids;
-  bool done = false;
-  void OnOutput(GenerationOutput o) override {
-    ids.insert(ids.end(), o.token_ids.begin(), o.token_ids.end());
-    done |= o.finished || !o.error.ok();
-  }
-};
-
-// Tokens for each prompt, all submitted together (continuous batching, chunked prefill): greedy,
-// or `sampling` with seed sampling->seed + prompt index. An observer (gaps, logits) makes every
-// row return its logits, so the host samples them.
-std::vector<std::vector<int32_t>> Generate(
-    const std::string& dir, const std::string& device, const std::string& kv_dtype,
-    const std::vector<std::vector<int32_t>>& prompts, int steps, Gaps* gaps = nullptr,
-    const SamplingParams* sampling = nullptr, Logits* logits = nullptr,
-    const std::string& force_backend = "", std::string* backend_used = nullptr,
-    int graph_max_batch = 256, const std::vector<int>* max_tokens = nullptr,
-    int64_t* graph_steps = nullptr) {
-  EngineConfig cfg;
-  cfg.model.cuda_graph_max_batch = graph_max_batch;
-  cfg.model.model_dir = dir;
-  cfg.model.device = device;
-  cfg.model.attention_backend = force_backend;
-  cfg.model.kv_cache_dtype = kv_dtype;
-  cfg.model.block_size = 16;
-  cfg.model.num_kv_blocks = 256;
-  cfg.scheduler.max_batched_tokens = 48;  // forces chunked prefill beside decodes
-  cfg.require_tokenizer = false;
-  auto core = EngineCore::Create(cfg);
-  INFO(core.status().ToString());
-  REQUIRE(core.ok());
-  if (backend_used) *backend_used = (*core)->model().attention_backend_name();
-  if (gaps || logits) {
-    (*core)->set_logits_observer([gaps, logits](const std::string& id, std::span<const float> l) {
-      if (logits) (*logits)[id].emplace_back(l.begin(), l.end());
-      if (!gaps) return;
-      float a = -INFINITY, b = -INFINITY, m = 0.f;
-      for (float x : l) {
-        m = std::max(m, std::fabs(x));
-        if (x > a) {
-          b = a;
-          a = x;
-        } else if (x > b) {
-          b = x;
-        }
-      }
-      (*gaps)[id].push_back((a - b) / std::max(m, 1e-6f));
-    });
-  }
-  std::vector<std::shared_ptr<Collect>> sinks;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    GenerationRequest r;
-    r.request_id = std::to_string(i);
-    r.prompt_ids = prompts[i];
-    r.sampling.temperature = 0.0f;
-    if (sampling) {
-      r.sampling = *sampling;
-      r.sampling.seed = sampling->seed + i;
-    }
-    r.stopping.max_tokens = max_tokens ? (*max_tokens)[i] : steps;
-    r.stopping.ignore_eos = true;
-    REQUIRE((*core)->Validate(&r).ok());
-    sinks.push_back(std::make_shared<Collect>());
-    (*core)->Add(std::move(r), sinks.back());
-  }
-  for (int guard = 0; (*core)->HasWork() && guard < 10000; ++guard) (*core)->Step();
-  if (graph_steps) *graph_steps = (*core)->model().graph_steps();
-  std::vector<std::vector<int32_t>> out;
-  for (auto& s : sinks) {
-    REQUIRE(s->done);
-    out.push_back(s->ids);
-  }
-  return out;
+// Tokens of each prompt (options as gpu_test::GenerateOptions, on `device`).
+std::vector<std::vector<int32_t>> Generate(const std::string& dir, const std::string& device,
+                                           const std::string& kv_dtype,
+                                           const std::vector<std::vector<int32_t>>& prompts,
+                                           GenerateOptions o = {}) {
+  o.device = device;
+  o.kv_dtype = kv_dtype;
+  return gpu_test::Generate(dir, prompts, o).tokens;
 }
 
 std::vector<std::vector<int32_t>> Prompts() {
@@ -226,8 +160,8 @@ TEST_CASE("GPU model matches the CPU backend over 64 greedy steps (16-bit cache)
   for (bool qwen2 : {false, true}) {
     const std::string dir = WriteRandomModel(qwen2 ? "qwen2" : "llama", qwen2);
     Gaps gaps;
-    const auto cpu = Generate(dir, "cpu", "auto", Prompts(), 64, &gaps);
-    const auto gpu = Generate(dir, "cuda", "auto", Prompts(), 64);
+    const auto cpu = Generate(dir, "cpu", "auto", Prompts(), {.gaps = &gaps});
+    const auto gpu = Generate(dir, "cuda", "auto", Prompts());
     CheckSameUpToTies(qwen2 ? "qwen2 bf16" : "llama bf16", cpu, gaps, gpu, 0.5);
     fs::remove_all(dir);
   }
@@ -250,19 +184,21 @@ TEST_CASE("GPU decode steps replayed from CUDA graphs give the eager launches' t
   for (const std::string backend : {"cuda_c8", "cuda_fmha"}) {
     INFO(backend);
     Gaps gaps;
-    int64_t eager_graph_steps = -1, graph_steps = -1;
-    std::string used;
-    const auto eager = Generate(dir, "cuda", "auto", prompts, 0, &gaps, nullptr, nullptr, backend,
-                                &used, /*graph_max_batch=*/0, &max_tokens, &eager_graph_steps);
-    const auto graphs =
-        Generate(dir, "cuda", "auto", prompts, 0, nullptr, nullptr, nullptr, backend, nullptr,
-                 /*graph_max_batch=*/256, &max_tokens, &graph_steps);
-    CHECK(used == backend);
-    CHECK(eager_graph_steps == 0);
+    const auto eager = gpu_test::Generate(dir, prompts,
+                                          {.force_backend = backend,
+                                           .cuda_graph_max_batch = 0,
+                                           .max_tokens = &max_tokens,
+                                           .gaps = &gaps});
+    const auto graphs = gpu_test::Generate(
+        dir, prompts,
+        {.force_backend = backend, .cuda_graph_max_batch = 256, .max_tokens = &max_tokens});
+    CHECK(eager.backend == backend);
+    CHECK(graphs.backend == backend);
+    CHECK(eager.graph_steps == 0);
     // Decode-only steps: about 60 of them (the longest request) minus one capture per bucket.
-    CHECK(graph_steps >= 40);
+    CHECK(graphs.graph_steps >= 40);
     // Padded GEMMs may pick other cuBLAS kernels, so rounding (not the math) may differ.
-    CheckSameUpToTies("graphs vs eager, " + backend, eager, gaps, graphs, 0.8);
+    CheckSameUpToTies("graphs vs eager, " + backend, eager.tokens, gaps, graphs.tokens, 0.8);
   }
   fs::remove_all(dir);
 }
@@ -273,22 +209,19 @@ TEST_CASE("GPU FMHA backend serves sliding windows and plain GQA like the CPU ba
   // and 90 tokens and 64 decode steps run far past the window.
   const std::string mistral = WriteRandomModel("mistral_w8", false, 8);
   Gaps gaps;
-  const auto cpu = Generate(mistral, "cpu", "auto", Prompts(), 64, &gaps);
-  std::string used;
-  const auto gpu =
-      Generate(mistral, "cuda", "auto", Prompts(), 64, nullptr, nullptr, nullptr, "", &used);
-  CHECK(used == "cuda_fmha");
-  CheckSameUpToTies("mistral window 8 (cuda_fmha)", cpu, gaps, gpu, 0.5);
+  const auto cpu = Generate(mistral, "cpu", "auto", Prompts(), {.gaps = &gaps});
+  const auto gpu = gpu_test::Generate(mistral, Prompts(), {});
+  CHECK(gpu.backend == "cuda_fmha");
+  CheckSameUpToTies("mistral window 8 (cuda_fmha)", cpu, gaps, gpu.tokens, 0.5);
   fs::remove_all(mistral);
 
   // The plain Llama through cuda_fmha forced by the attention_backend override.
   const std::string llama = WriteRandomModel("llama_fmha", false);
   Gaps llama_gaps;
-  const auto llama_cpu = Generate(llama, "cpu", "auto", Prompts(), 64, &llama_gaps);
-  const auto llama_gpu =
-      Generate(llama, "cuda", "auto", Prompts(), 64, nullptr, nullptr, nullptr, "cuda_fmha", &used);
-  CHECK(used == "cuda_fmha");
-  CheckSameUpToTies("llama forced cuda_fmha", llama_cpu, llama_gaps, llama_gpu, 0.5);
+  const auto llama_cpu = Generate(llama, "cpu", "auto", Prompts(), {.gaps = &llama_gaps});
+  const auto llama_gpu = gpu_test::Generate(llama, Prompts(), {.force_backend = "cuda_fmha"});
+  CHECK(llama_gpu.backend == "cuda_fmha");
+  CheckSameUpToTies("llama forced cuda_fmha", llama_cpu, llama_gaps, llama_gpu.tokens, 0.5);
   fs::remove_all(llama);
 }
 
@@ -298,8 +231,8 @@ TEST_CASE("GPU 8-bit caches match the CPU C8 reference over 64 greedy steps", "[
   const std::string dir = WriteRandomModel("llama8", false);
   for (const char* kv : {"fp8_e4m3_dynamic"}) {
     Gaps gaps;
-    const auto cpu = Generate(dir, "cpu", kv, Prompts(), 64, &gaps);
-    const auto gpu = Generate(dir, "cuda", kv, Prompts(), 64);
+    const auto cpu = Generate(dir, "cpu", kv, Prompts(), {.gaps = &gaps});
+    const auto gpu = Generate(dir, "cuda", kv, Prompts());
     // 8-bit rounding turns bf16-vs-fp32 differences into whole quantization steps, so near-ties
     // come sooner (H200, 2026-11-29: 1 of 4 sequences identical, every divergence at a gap under
     // 0.5%); only the near-tie rule is asserted.
@@ -386,12 +319,13 @@ TEST_CASE("GPU model samples seeded requests like the host and the CPU backend",
   const auto prompts = Prompts();
   // The observer makes the host sample the GPU's logits: device sampling must give the same tokens.
   Logits gpu_logits;
-  const auto host = Generate(dir, "cuda", "auto", prompts, 64, nullptr, &sp, &gpu_logits);
-  const auto device = Generate(dir, "cuda", "auto", prompts, 64, nullptr, &sp);
+  const auto host =
+      Generate(dir, "cuda", "auto", prompts, {.sampling = &sp, .logits = &gpu_logits});
+  const auto device = Generate(dir, "cuda", "auto", prompts, {.sampling = &sp});
   CHECK(device == host);
 
   Logits cpu_logits;
-  const auto cpu = Generate(dir, "cpu", "auto", prompts, 64, nullptr, &sp, &cpu_logits);
+  const auto cpu = Generate(dir, "cpu", "auto", prompts, {.sampling = &sp, .logits = &cpu_logits});
   int identical = 0, not_argmax = 0;
   for (size_t i = 0; i < cpu.size(); ++i) {
     REQUIRE(cpu[i].size() == 64);

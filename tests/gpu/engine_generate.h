@@ -1,0 +1,118 @@
+// Whole-model GPU tests: runs the real EngineCore over prompts submitted together (continuous
+// batching, chunked prefill beside decodes) and collects each request's tokens, optionally the
+// top-2 logit gaps or the raw logits of every step (an observer: every row then returns its
+// logits and the host samples them).
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/engine_core.h"
+
+namespace llm::gpu_test {
+
+// Per request and step: top-1 minus top-2 logit, relative to the step's max |logit|.
+using Gaps = std::map<std::string, std::vector<float>>;
+// Per request and step: the raw logits the host sampled from.
+using Logits = std::map<std::string, std::vector<std::vector<float>>>;
+
+struct GenerateOptions {
+  std::string device = "cuda";
+  std::string kv_dtype = "auto";
+  std::string force_backend;  // empty: the selection's choice
+  int block_size = 16;
+  int num_kv_blocks = 256;
+  int max_batched_tokens = 48;  // forces chunked prefill beside decodes
+  int cuda_graph_max_batch = 256;
+  int steps = 64;                                // max_tokens of every request, or
+  const std::vector<int>* max_tokens = nullptr;  // one per prompt
+  const SamplingParams* sampling = nullptr;      // null: greedy; else seed + prompt index
+  Gaps* gaps = nullptr;
+  Logits* logits = nullptr;
+};
+
+struct GenerateResult {
+  std::vector<std::vector<int32_t>> tokens;  // per prompt
+  std::string backend;                       // the attention backend that served
+  int64_t graph_steps = 0;                   // forward passes replayed from CUDA graphs
+};
+
+struct CollectSink : ResultSink {
+  std::vector<int32_t> ids;
+  bool done = false;
+  void OnOutput(GenerationOutput o) override {
+    ids.insert(ids.end(), o.token_ids.begin(), o.token_ids.end());
+    done |= o.finished || !o.error.ok();
+  }
+};
+
+inline GenerateResult Generate(const std::string& dir,
+                               const std::vector<std::vector<int32_t>>& prompts,
+                               const GenerateOptions& o) {
+  EngineConfig cfg;
+  cfg.model.model_dir = dir;
+  cfg.model.device = o.device;
+  cfg.model.attention_backend = o.force_backend;
+  cfg.model.kv_cache_dtype = o.kv_dtype;
+  cfg.model.block_size = o.block_size;
+  cfg.model.num_kv_blocks = o.num_kv_blocks;
+  cfg.model.cuda_graph_max_batch = o.cuda_graph_max_batch;
+  cfg.scheduler.max_batched_tokens = o.max_batched_tokens;
+  cfg.require_tokenizer = false;
+  auto core = EngineCore::Create(cfg);
+  INFO(core.status().ToString());
+  REQUIRE(core.ok());
+  GenerateResult result;
+  result.backend = (*core)->model().attention_backend_name();
+  if (o.gaps || o.logits) {
+    Gaps* gaps = o.gaps;
+    Logits* logits = o.logits;
+    (*core)->set_logits_observer([gaps, logits](const std::string& id, std::span<const float> l) {
+      if (logits) (*logits)[id].emplace_back(l.begin(), l.end());
+      if (!gaps) return;
+      float a = -INFINITY, b = -INFINITY, m = 0.f;
+      for (float x : l) {
+        m = std::max(m, std::fabs(x));
+        if (x > a) {
+          b = a;
+          a = x;
+        } else if (x > b) {
+          b = x;
+        }
+      }
+      (*gaps)[id].push_back((a - b) / std::max(m, 1e-6f));
+    });
+  }
+  std::vector<std::shared_ptr<CollectSink>> sinks;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerationRequest r;
+    r.request_id = std::to_string(i);
+    r.prompt_ids = prompts[i];
+    r.sampling.temperature = 0.0f;
+    if (o.sampling) {
+      r.sampling = *o.sampling;
+      r.sampling.seed = o.sampling->seed + i;
+    }
+    r.stopping.max_tokens = o.max_tokens ? (*o.max_tokens)[i] : o.steps;
+    r.stopping.ignore_eos = true;
+    REQUIRE((*core)->Validate(&r).ok());
+    sinks.push_back(std::make_shared<CollectSink>());
+    (*core)->Add(std::move(r), sinks.back());
+  }
+  for (int guard = 0; (*core)->HasWork() && guard < 10000; ++guard) (*core)->Step();
+  result.graph_steps = (*core)->model().graph_steps();
+  for (auto& s : sinks) {
+    REQUIRE(s->done);
+    result.tokens.push_back(s->ids);
+  }
+  return result;
+}
+
+}  // namespace llm::gpu_test
