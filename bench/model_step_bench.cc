@@ -5,7 +5,7 @@
 //
 //   build/cuda/bench/model_step_bench --model configs/models/llama3-8b [--kv int8]
 //       [--batches 1,64,256] [--ctx 1500] [--steps 30] [--prefill 8192] [--profile B]
-//       [--backend cuda_fmha]
+//       [--backend cuda_fmha] [--prefill-backend auto|none|NAME]
 // --profile B: one more eager step of batch B between cudaProfilerStart/Stop, for
 //   ncu --profile-from-start off --metrics gpu__time_duration.sum (per-kernel time of a step).
 //
@@ -40,6 +40,7 @@ struct Args {
   int block_size = 64;
   int profile = 0;
   std::string backend;  // forced attention backend (e.g. cuda_fmha); empty: the selection's
+  std::string prefill_backend = "auto";  // ModelLoadOptions::prefill_attention_backend
 };
 
 std::vector<int> ParseList(const std::string& s) {
@@ -108,6 +109,8 @@ int main(int argc, char** argv) {
       args.prefill = std::stoi(v);
     } else if (k == "--backend") {
       args.backend = v;
+    } else if (k == "--prefill-backend") {
+      args.prefill_backend = v;
     } else if (k == "--profile") {
       args.profile = std::stoi(v);
     } else {
@@ -134,6 +137,7 @@ int main(int argc, char** argv) {
     o.num_kv_blocks = pool;
     o.cuda_graph_max_batch = graphs ? 256 : 0;
     o.attention_backend = args.backend;
+    o.prefill_attention_backend = args.prefill_backend;
     auto m = llm::LoadModel(o);
     if (!m.ok()) {
       std::fprintf(stderr, "load: %s\n", m.status().ToString().c_str());

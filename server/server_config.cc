@@ -97,6 +97,10 @@ const std::vector<Field>& Fields() {
                &ServerConfig::gpu_memory_percent, 1, 99),
       BoolField("dummy_weights", "random weights on the device instead of the checkpoint (cuda)",
                 &ServerConfig::dummy_weights),
+      StrField("prefill_attention_backend",
+               "attention for steps with a prefill chunk: auto (cuda_fmha on a 16-bit cache) | "
+               "none | a backend name (cuda)",
+               &ServerConfig::prefill_attention_backend),
       IntField("cuda_graph_max_batch",
                "decode steps of up to this many sequences replay CUDA graphs; 0: off (default 256)",
                &ServerConfig::cuda_graph_max_batch, 0, 4096),
@@ -172,6 +176,7 @@ EngineConfig ServerConfig::ToEngineConfig() const {
   e.model.gpu_memory_fraction = gpu_memory_percent / 100.0;
   e.model.dummy_weights = dummy_weights;
   e.model.cuda_graph_max_batch = cuda_graph_max_batch;
+  e.model.prefill_attention_backend = prefill_attention_backend;
   e.model.kv_cache_dtype = kv_cache_dtype;
   e.model.kv_scale_granularity = kv_scale_granularity;
   e.model.kv_scales_file = kv_scales_file;

@@ -79,6 +79,10 @@ class CudaLlamaModel final : public Model {
   std::vector<std::unique_ptr<LayerWeights>> layers_;
   std::vector<std::unique_ptr<LayerCache>> cache_;
   std::unique_ptr<AttentionBackend> attention_;
+  // Steps with a prefill chunk may attend through a second family on the same cache (16-bit:
+  // cuda_fmha's prefill tiles run at about twice cuda_c8's rate); null: attention_ for all steps.
+  std::unique_ptr<AttentionBackend> prefill_attention_;
+  AttentionBackend* step_attention_ = nullptr;  // the one this step planned
   AttentionSpec spec_;
   int num_blocks_ = 0;
   // Activations of the layers for `tokens` rows. Eager steps grow theirs on demand; the graph set
@@ -92,6 +96,9 @@ class CudaLlamaModel final : public Model {
     const int32_t* positions() const { return ints.as<int32_t>() + cap; }
     const int32_t* rows() const { return ints.as<int32_t>() + 2 * cap; }
   };
+  // prefill_attention_ from the option: "auto" (cuda_fmha for a 16-bit cache whose decode
+  // backend is another family), "none", or a backend name (fails if it cannot serve the spec).
+  Status SelectPrefillBackend(const std::string& choice);
   // Embedding and every layer for T rows of `s` (the part a decode graph captures).
   Status LaunchLayers(Scratch& s, int T);
   // Decode-only step of at most graph_max_batch_ sequences on a graph-capable backend: the padded
@@ -153,6 +160,8 @@ Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& option
   if (!backend.ok()) return backend.status();
   attention_ = std::move(backend.value());
   attention_->set_stream(stream_);
+  step_attention_ = attention_.get();
+  LLM_RETURN_IF_ERROR(SelectPrefillBackend(options.prefill_attention_backend));
   if (options.cuda_graph_max_batch > 0 && attention_->supports_graphs()) {
     graph_max_batch_ = options.cuda_graph_max_batch;
     graph_pages_per_seq_ =
@@ -250,6 +259,33 @@ Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& option
   return Status::Ok();
 }
 
+Status CudaLlamaModel::SelectPrefillBackend(const std::string& choice) {
+  if (choice == "none") return Status::Ok();
+  std::string name = choice;
+  if (choice == "auto") {
+    const bool sixteen = spec_.kv_dtype == DType::kBF16 && spec_.kv_quant == KvQuant::kNone;
+    if (!sixteen || attention_->name() == "cuda_fmha") return Status::Ok();
+    name = "cuda_fmha";
+  }
+  if (name == attention_->name()) return Status::Ok();
+  std::string table;
+  auto backend = BackendRegistry::Global().Create(spec_, name, &table);
+  if (!backend.ok()) {
+    if (choice == "auto") return Status::Ok();  // not built in, or cannot serve this spec
+    spdlog::info("prefill attention: {}", table);
+    return backend.status();
+  }
+  if ((*backend)->BlockBytes() != attention_->BlockBytes()) {
+    return FailedPrecondition("prefill attention backend " + name +
+                              " lays out KV blocks differently from " + attention_->name());
+  }
+  prefill_attention_ = std::move(backend.value());
+  prefill_attention_->set_stream(stream_);
+  spdlog::info("cuda model: steps with a prefill chunk attend through {}, decode steps through {}",
+               prefill_attention_->name(), attention_->name());
+  return Status::Ok();
+}
+
 Status CudaLlamaModel::Scratch::Reserve(const ModelConfig& c, int tokens, cudaStream_t stream) {
   if (tokens <= cap) return Status::Ok();
   const size_t T = static_cast<size_t>(tokens);
@@ -312,7 +348,7 @@ Status CudaLlamaModel::LaunchLayers(Scratch& s, int T) {
     p.cache.v_block_scales = lc.v_block_scales.as<float>();
     p.softmax_scale = scale;
     p.window_left = c.WindowLeft(l);
-    attention_->Run(p);
+    step_attention_->Run(p);
     LLM_RETURN_IF_ERROR(Gemm(s.attn.ptr, L.wo.ptr, T, H, Q, s.tmp.ptr, CUDA_R_16BF));
     cuda::LaunchAddRmsNorm(s.residual.as<float>(), s.tmp.ptr, L.mlp_norm.ptr, nullptr, T, H,
                            c.rms_norm_eps, s.xn.ptr, stream_);
@@ -346,6 +382,7 @@ Status CudaLlamaModel::RunGraph(const ForwardBatch& batch, int bucket) {
     LLM_RETURN_IF_ERROR(attention_->ReserveGraphs(cap, cap * graph_pages_per_seq_));
     graphs_reserved_ = true;
   }
+  step_attention_ = attention_.get();
   LLM_RETURN_IF_ERROR(attention_->PlanGraph(batch.attn, bucket));
   // Padding rows: token 0 at position 0 (their results are never read).
   const int cap = graph_.cap;
@@ -422,7 +459,13 @@ Status CudaLlamaModel::ForwardSampled(const ForwardBatch& batch, std::vector<flo
               host_ints_.begin() + 2 * eager_.cap);
     GPU_RETURN_IF_ERROR(cudaMemcpyAsync(eager_.ints.ptr, host_ints_.data(), host_ints_.size() * 4,
                                         cudaMemcpyHostToDevice, stream_));
-    LLM_RETURN_IF_ERROR(attention_->Plan(batch.attn));
+    // A prefill chunk (more query tokens than a decode of 1..4) goes to the prefill family.
+    bool prefill = false;
+    for (int i = 0; i < batch.attn.num_seqs && !prefill; ++i) {
+      prefill = batch.attn.q_indptr[i + 1] - batch.attn.q_indptr[i] > 4;
+    }
+    step_attention_ = prefill && prefill_attention_ ? prefill_attention_.get() : attention_.get();
+    LLM_RETURN_IF_ERROR(step_attention_->Plan(batch.attn));
     LLM_RETURN_IF_ERROR(LaunchLayers(eager_, T));
   }
   const int32_t* d_rows = s.rows();

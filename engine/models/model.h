@@ -73,6 +73,10 @@ struct ModelLoadOptions {
   // Decode-only steps of up to this many sequences replay a CUDA graph captured per padded batch
   // size (1, 2, 4, then multiples of 8) when the attention backend supports it; 0 disables.
   int cuda_graph_max_batch = 256;
+  // Attention family for steps with a prefill chunk (CUDA Llama): "auto" (cuda_fmha for a 16-bit
+  // cache: its prefill tiles run at about twice cuda_c8's rate), "none" (the decode backend), or a
+  // backend name that shares the decode backend's cache layout.
+  std::string prefill_attention_backend = "auto";
 };
 
 // Loads config + weights and selects the attention backend (logging the selection table).
