@@ -5,7 +5,7 @@
 //
 //   build/cuda/bench/model_step_bench --model configs/models/llama3-8b [--kv int8]
 //       [--batches 1,64,256] [--ctx 1500] [--steps 30] [--prefill 8192] [--profile B]
-//       [--backend cuda_fmha] [--prefill-backend auto|none|NAME]
+//       [--backend cuda_fmha] [--prefill-backend auto|none|NAME] [--weights bf16|fp8]
 // --profile B: one more eager step of batch B between cudaProfilerStart/Stop, for
 //   ncu --profile-from-start off --metrics gpu__time_duration.sum (per-kernel time of a step).
 //
@@ -41,6 +41,7 @@ struct Args {
   int profile = 0;
   std::string backend;  // forced attention backend (e.g. cuda_fmha); empty: the selection's
   std::string prefill_backend = "auto";  // ModelLoadOptions::prefill_attention_backend
+  std::string weights = "auto";          // ModelLoadOptions::weight_dtype (bf16 | fp8)
 };
 
 std::vector<int> ParseList(const std::string& s) {
@@ -109,6 +110,8 @@ int main(int argc, char** argv) {
       args.prefill = std::stoi(v);
     } else if (k == "--backend") {
       args.backend = v;
+    } else if (k == "--weights") {
+      args.weights = v;
     } else if (k == "--prefill-backend") {
       args.prefill_backend = v;
     } else if (k == "--profile") {
@@ -138,6 +141,7 @@ int main(int argc, char** argv) {
     o.cuda_graph_max_batch = graphs ? 256 : 0;
     o.attention_backend = args.backend;
     o.prefill_attention_backend = args.prefill_backend;
+    o.weight_dtype = args.weights;
     auto m = llm::LoadModel(o);
     if (!m.ok()) {
       std::fprintf(stderr, "load: %s\n", m.status().ToString().c_str());
@@ -148,7 +152,8 @@ int main(int argc, char** argv) {
     std::mt19937 rng(1);
     std::vector<float> logits;
     std::vector<int32_t> tokens;
-    // Bytes a decode step must read: every weight once (bf16) plus each sequence's KV.
+    // Bytes a decode step must read: every weight once plus each sequence's KV (bf16 weights;
+    // fp8 halves the projections but not the embedding / LM head).
     const double weight_bytes =
         2.0 * (static_cast<double>(c.vocab_size) * c.hidden_size * (c.tie_word_embeddings ? 1 : 2) +
                static_cast<double>(c.num_layers) *

@@ -101,6 +101,9 @@ const std::vector<Field>& Fields() {
                "attention for steps with a prefill chunk: auto (cuda_fmha on a 16-bit cache) | "
                "none | a backend name (cuda)",
                &ServerConfig::prefill_attention_backend),
+      StrField("weight_dtype",
+               "projection weights on the GPU: auto (bf16) | bf16 | fp8 (e4m3, per-tensor scales)",
+               &ServerConfig::weight_dtype),
       IntField("cuda_graph_max_batch",
                "decode steps of up to this many sequences replay CUDA graphs; 0: off (default 256)",
                &ServerConfig::cuda_graph_max_batch, 0, 4096),
@@ -177,6 +180,7 @@ EngineConfig ServerConfig::ToEngineConfig() const {
   e.model.dummy_weights = dummy_weights;
   e.model.cuda_graph_max_batch = cuda_graph_max_batch;
   e.model.prefill_attention_backend = prefill_attention_backend;
+  e.model.weight_dtype = weight_dtype;
   e.model.kv_cache_dtype = kv_cache_dtype;
   e.model.kv_scale_granularity = kv_scale_granularity;
   e.model.kv_scales_file = kv_scales_file;

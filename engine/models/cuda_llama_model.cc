@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/base/dtype.h"
+#include "engine/models/cuda_fp8_gemm.h"
 #include "engine/models/cuda_logits_readback.h"
 #include "engine/models/cuda_weights.h"
 #include "engine/models/kv_cache_quant.h"
@@ -18,6 +19,7 @@
 #include "kernels/cuda/c8_attention.h"
 #include "kernels/cuda/cuda_c8_backend.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/fp8_quant.h"
 #include "kernels/cuda/llama_ops.h"
 #include "kernels/cuda/sampling.h"
 
@@ -26,7 +28,16 @@ namespace {
 
 struct LayerWeights {
   DeviceBuffer attn_norm, wqkv, bqkv, wo, mlp_norm, w_gate_up, w_down;  // bf16
+  // fp8 weights (weight_dtype "fp8"): the four projections in e4m3 with per-tensor scales
+  // [qkv, o, gate_up, down]; their bf16 buffers above are then released.
+  DeviceBuffer wqkv_q, wo_q, w_gate_up_q, w_down_q, scales;
 };
+
+// The four projections of a layer, indexing LayerWeights::scales and the activation scales.
+enum Proj { kQkv = 0, kO = 1, kGateUp = 2, kDown = 3, kNumProj = 4 };
+// Each fp8 scale (and absmax) sits in its own 16-byte slot: cuBLASLt rejects (NOT_SUPPORTED) scale
+// pointers that are only 4-byte aligned.
+constexpr int kScaleSlot = 4;  // floats
 
 struct LayerCache {
   DeviceBuffer k, v, k_block_scales, v_block_scales;  // cache in the kv dtype; dynamic scales
@@ -70,6 +81,8 @@ class CudaLlamaModel final : public Model {
   Status Gemm(const void* x, const void* w, int m, int n, int k, void* y, cudaDataType out_type) {
     return GemmBf16(blas_, x, w, m, n, k, y, out_type);
   }
+  // Quantizes a loaded bf16 projection to e4m3 (scale into scales[proj]) and frees the bf16.
+  Status QuantizeWeight(DeviceBuffer* bf16, DeviceBuffer* q, LayerWeights* L, Proj proj);
 
   ModelConfig config_;
   bool dummy_ = false;
@@ -90,6 +103,9 @@ class CudaLlamaModel final : public Model {
   struct Scratch {
     DeviceBuffer ints;  // [ids: cap][positions: cap][logit rows: cap]
     DeviceBuffer residual, xn, qkv, q, k, v, attn, tmp, gate_up, act;
+    // fp8 weights: the quantized activation of the current projection, and per (layer, proj)
+    // the activation's absmax and scale.
+    DeviceBuffer xq, act_amax, act_scale;
     int cap = 0;
     Status Reserve(const ModelConfig& c, int tokens, cudaStream_t stream);
     const int32_t* ids() const { return ints.as<int32_t>(); }
@@ -99,6 +115,9 @@ class CudaLlamaModel final : public Model {
   // prefill_attention_ from the option: "auto" (cuda_fmha for a 16-bit cache whose decode
   // backend is another family), "none", or a backend name (fails if it cannot serve the spec).
   Status SelectPrefillBackend(const std::string& choice);
+  // A layer projection y[T, n] = x[T, k] W^T (bf16 out): bf16 weights through cuBLAS, or fp8
+  // weights with x quantized per tensor on the fly (its scale in s.act_scale[layer, proj]).
+  Status Project(Scratch& s, int layer, Proj proj, const void* x, int T, int n, int k, void* y);
   // Embedding and every layer for T rows of `s` (the part a decode graph captures).
   Status LaunchLayers(Scratch& s, int T);
   // Decode-only step of at most graph_max_batch_ sequences on a graph-capable backend: the padded
@@ -117,6 +136,9 @@ class CudaLlamaModel final : public Model {
   int64_t graph_steps_ = 0;
   std::map<int, cudaGraphExec_t> graphs_;  // bucket -> instantiated decode graph
   DeviceBuffer blas_workspace_;            // fixed, so cuBLAS needs no allocation inside a capture
+  bool fp8_ = false;                       // weight_dtype "fp8"
+  CudaFp8Gemm fp8_gemm_;
+  DeviceBuffer weight_amax_;  // scratch for QuantizeWeight
   DeviceBuffer last_, logits_;
   std::vector<int32_t> host_ints_;
   CudaLogitsReadback readback_;
@@ -130,6 +152,11 @@ Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& option
   BLAS_RETURN_IF_ERROR(cublasSetStream(blas_, stream_));
   LLM_RETURN_IF_ERROR(blas_workspace_.Alloc(32ull << 20));
   BLAS_RETURN_IF_ERROR(cublasSetWorkspace(blas_, blas_workspace_.ptr, blas_workspace_.bytes));
+  if (options.weight_dtype == "fp8") {
+    fp8_ = true;
+    LLM_RETURN_IF_ERROR(fp8_gemm_.Init(stream_, blas_workspace_.ptr, blas_workspace_.bytes));
+    LLM_RETURN_IF_ERROR(weight_amax_.Alloc(sizeof(float)));
+  }
 
   // Attention backend first: an unsupported combination fails before any weight is loaded.
   LLM_ASSIGN_OR_RETURN(KvCacheType kv,
@@ -196,6 +223,13 @@ Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& option
                                     {{inter, h}, {inter, h}}, 0, wstd, &L->w_gate_up));
     LLM_RETURN_IF_ERROR(
         loader.Load({p + "mlp.down_proj.weight"}, {{h, inter}}, 0, wstd, &L->w_down));
+    if (fp8_) {
+      LLM_RETURN_IF_ERROR(L->scales.Alloc(kNumProj * kScaleSlot * sizeof(float)));
+      LLM_RETURN_IF_ERROR(QuantizeWeight(&L->wqkv, &L->wqkv_q, L.get(), kQkv));
+      LLM_RETURN_IF_ERROR(QuantizeWeight(&L->wo, &L->wo_q, L.get(), kO));
+      LLM_RETURN_IF_ERROR(QuantizeWeight(&L->w_gate_up, &L->w_gate_up_q, L.get(), kGateUp));
+      LLM_RETURN_IF_ERROR(QuantizeWeight(&L->w_down, &L->w_down_q, L.get(), kDown));
+    }
     layers_.push_back(std::move(L));
   }
 
@@ -252,9 +286,10 @@ Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& option
   spdlog::info("cuda model: decode steps of up to {} sequences run in CUDA graphs{}",
                graph_max_batch_,
                graph_max_batch_ > 0 ? "" : " (none: disabled or the backend cannot be captured)");
-  spdlog::info("cuda model: {} layers on sm_{}, {} weights, KV {} {} x {} blocks ({:.1f} GiB)",
+  spdlog::info("cuda model: {} layers on sm_{}, {} {} weights, KV {} {} x {} blocks ({:.1f} GiB)",
                c.num_layers, spec_.device_arch, dummy_ ? "DUMMY (random)" : "checkpoint",
-               DTypeName(kv.dtype), KvQuantName(kv.quant), num_blocks_,
+               fp8_ ? "fp8-e4m3 (per-tensor scales)" : "bf16", DTypeName(kv.dtype),
+               KvQuantName(kv.quant), num_blocks_,
                static_cast<double>(per_block) * num_blocks_ / (1ull << 30));
   return Status::Ok();
 }
@@ -287,6 +322,7 @@ Status CudaLlamaModel::SelectPrefillBackend(const std::string& choice) {
 }
 
 Status CudaLlamaModel::Scratch::Reserve(const ModelConfig& c, int tokens, cudaStream_t stream) {
+  tokens = (tokens + 15) / 16 * 16;  // fp8 GEMMs run on whole 16-row groups
   if (tokens <= cap) return Status::Ok();
   const size_t T = static_cast<size_t>(tokens);
   const size_t H = c.hidden_size, Q = c.q_size(), KV = c.kv_size(), I = c.intermediate_size;
@@ -301,8 +337,13 @@ Status CudaLlamaModel::Scratch::Reserve(const ModelConfig& c, int tokens, cudaSt
   LLM_RETURN_IF_ERROR(tmp.Alloc(T * H * 2));
   LLM_RETURN_IF_ERROR(gate_up.Alloc(T * 2 * I * 2));
   LLM_RETURN_IF_ERROR(act.Alloc(T * I * 2));
+  LLM_RETURN_IF_ERROR(xq.Alloc(T * std::max({H, Q, I})));
+  LLM_RETURN_IF_ERROR(
+      act_amax.Alloc(static_cast<size_t>(c.num_layers) * kNumProj * kScaleSlot * 4));
+  LLM_RETURN_IF_ERROR(
+      act_scale.Alloc(static_cast<size_t>(c.num_layers) * kNumProj * kScaleSlot * 4));
   // Padding rows of a graph bucket are computed too: keep them finite from the start.
-  for (DeviceBuffer* b : {&residual, &xn, &qkv, &q, &k, &v, &attn, &tmp, &gate_up, &act}) {
+  for (DeviceBuffer* b : {&residual, &xn, &qkv, &q, &k, &v, &attn, &tmp, &gate_up, &act, &xq}) {
     GPU_RETURN_IF_ERROR(cudaMemsetAsync(b->ptr, 0, b->bytes, stream));
   }
   cap = tokens;
@@ -313,6 +354,9 @@ Status CudaLlamaModel::LaunchLayers(Scratch& s, int T) {
   const ModelConfig& c = config_;
   const int H = c.hidden_size, Q = c.q_size(), KV = c.kv_size(), I = c.intermediate_size;
   const int QKV = Q + 2 * KV;
+  if (fp8_) {  // the activation absmaxes of this step start from 0
+    GPU_RETURN_IF_ERROR(cudaMemsetAsync(s.act_amax.ptr, 0, s.act_amax.bytes, stream_));
+  }
   cuda::LaunchEmbedding(embed_.ptr, s.ids(), T, H, s.residual.as<float>(), stream_);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   for (int l = 0; l < c.num_layers; ++l) {
@@ -320,7 +364,7 @@ Status CudaLlamaModel::LaunchLayers(Scratch& s, int T) {
     // The previous layer's MLP output joins the residual inside this norm.
     cuda::LaunchAddRmsNorm(s.residual.as<float>(), l == 0 ? nullptr : s.tmp.ptr, L.attn_norm.ptr,
                            nullptr, T, H, c.rms_norm_eps, s.xn.ptr, stream_);
-    LLM_RETURN_IF_ERROR(Gemm(s.xn.ptr, L.wqkv.ptr, T, QKV, H, s.qkv.ptr, CUDA_R_16BF));
+    LLM_RETURN_IF_ERROR(Project(s, l, kQkv, s.xn.ptr, T, QKV, H, s.qkv.ptr));
     cuda::RopeArgs ra;
     ra.qkv = s.qkv.ptr;
     ra.bias = L.bqkv.ptr;
@@ -349,13 +393,46 @@ Status CudaLlamaModel::LaunchLayers(Scratch& s, int T) {
     p.softmax_scale = scale;
     p.window_left = c.WindowLeft(l);
     step_attention_->Run(p);
-    LLM_RETURN_IF_ERROR(Gemm(s.attn.ptr, L.wo.ptr, T, H, Q, s.tmp.ptr, CUDA_R_16BF));
+    LLM_RETURN_IF_ERROR(Project(s, l, kO, s.attn.ptr, T, H, Q, s.tmp.ptr));
     cuda::LaunchAddRmsNorm(s.residual.as<float>(), s.tmp.ptr, L.mlp_norm.ptr, nullptr, T, H,
                            c.rms_norm_eps, s.xn.ptr, stream_);
-    LLM_RETURN_IF_ERROR(Gemm(s.xn.ptr, L.w_gate_up.ptr, T, 2 * I, H, s.gate_up.ptr, CUDA_R_16BF));
+    LLM_RETURN_IF_ERROR(Project(s, l, kGateUp, s.xn.ptr, T, 2 * I, H, s.gate_up.ptr));
     cuda::LaunchSiluMul(s.gate_up.ptr, T, I, s.act.ptr, stream_);
-    LLM_RETURN_IF_ERROR(Gemm(s.act.ptr, L.w_down.ptr, T, H, I, s.tmp.ptr, CUDA_R_16BF));
+    LLM_RETURN_IF_ERROR(Project(s, l, kDown, s.act.ptr, T, H, I, s.tmp.ptr));
   }
+  return Status::Ok();
+}
+
+Status CudaLlamaModel::Project(Scratch& s, int layer, Proj proj, const void* x, int T, int n, int k,
+                               void* y) {
+  const LayerWeights& L = *layers_[layer];
+  if (!fp8_) {
+    const void* w[] = {L.wqkv.ptr, L.wo.ptr, L.w_gate_up.ptr, L.w_down.ptr};
+    return Gemm(x, w[proj], T, n, k, y, CUDA_R_16BF);
+  }
+  const void* w[] = {L.wqkv_q.ptr, L.wo_q.ptr, L.w_gate_up_q.ptr, L.w_down_q.ptr};
+  const int slot = (layer * kNumProj + proj) * kScaleSlot;
+  float* amax = s.act_amax.as<float>() + slot;
+  float* scale = s.act_scale.as<float>() + slot;
+  const int64_t n_in = static_cast<int64_t>(T) * k;
+  cuda::LaunchAbsMaxBf16(x, n_in, amax, stream_);
+  cuda::LaunchQuantizeFp8(x, n_in, amax, scale, s.xq.ptr, stream_);
+  // Whole 16-row groups (the scratch is sized for them; rows past T are never read back).
+  const int rows = (T + 15) / 16 * 16;
+  return fp8_gemm_.Run(s.xq.ptr, scale, w[proj], L.scales.as<float>() + proj * kScaleSlot, rows, n,
+                       k, y);
+}
+
+Status CudaLlamaModel::QuantizeWeight(DeviceBuffer* bf16, DeviceBuffer* q, LayerWeights* L,
+                                      Proj proj) {
+  const int64_t n = static_cast<int64_t>(bf16->bytes / 2);
+  LLM_RETURN_IF_ERROR(q->Alloc(n));
+  GPU_RETURN_IF_ERROR(cudaMemsetAsync(weight_amax_.ptr, 0, sizeof(float), stream_));
+  cuda::LaunchAbsMaxBf16(bf16->ptr, n, weight_amax_.as<float>(), stream_);
+  cuda::LaunchQuantizeFp8(bf16->ptr, n, weight_amax_.as<float>(),
+                          L->scales.as<float>() + proj * kScaleSlot, q->ptr, stream_);
+  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));  // before the bf16 copy goes
+  bf16->Reset();
   return Status::Ok();
 }
 

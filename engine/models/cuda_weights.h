@@ -42,6 +42,11 @@ struct DeviceBuffer {
     bytes = n;
     return Status::Ok();
   }
+  void Reset() {
+    if (ptr) cudaFree(ptr);
+    ptr = nullptr;
+    bytes = 0;
+  }
   template <typename T>
   T* as() const {
     return static_cast<T*>(ptr);

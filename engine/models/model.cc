@@ -12,7 +12,14 @@ namespace llm {
 
 StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
   if (options.model_dir.rfind("synthetic", 0) == 0) return SyntheticModel::Create(options);
+  if (options.weight_dtype != "auto" && options.weight_dtype != "bf16" &&
+      options.weight_dtype != "fp8") {
+    return InvalidArgument("weight_dtype must be auto, bf16 or fp8, got '" + options.weight_dtype +
+                           "'");
+  }
+  const bool fp8_weights = options.weight_dtype == "fp8";
   if (IsDeepseekModelDir(options.model_dir)) {  // MLA + MoE: its own config and model
+    if (fp8_weights) return Unimplemented("fp8 weights are implemented for Llama-family models");
     LLM_ASSIGN_OR_RETURN(DeepseekConfig config, LoadDeepseekConfig(options.model_dir));
     if (options.block_size <= 0 || options.block_size > 1024) {
       return InvalidArgument("block_size must be in [1, 1024]");
@@ -51,6 +58,7 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
   }
 #endif
   if (options.dummy_weights) return InvalidArgument("dummy weights need the cuda device");
+  if (fp8_weights) return InvalidArgument("fp8 weights need the cuda device");
   LLM_ASSIGN_OR_RETURN(auto weights, WeightStore::Open(options.model_dir));
   LLM_ASSIGN_OR_RETURN(auto model, LlamaModel::Create(config, *weights, options));
   return std::unique_ptr<Model>(std::move(model));

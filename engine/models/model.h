@@ -77,6 +77,10 @@ struct ModelLoadOptions {
   // cache: its prefill tiles run at about twice cuda_c8's rate), "none" (the decode backend), or a
   // backend name that shares the decode backend's cache layout.
   std::string prefill_attention_backend = "auto";
+  // Projection weights on the GPU (CUDA Llama): "auto"/"bf16", or "fp8": e4m3 with one scale per
+  // tensor, activations quantized per tensor at run time, cuBLASLt fp8 GEMMs (embedding, norms
+  // and LM head stay bf16).
+  std::string weight_dtype = "auto";
 };
 
 // Loads config + weights and selects the attention backend (logging the selection table).

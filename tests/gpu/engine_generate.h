@@ -31,6 +31,7 @@ struct GenerateOptions {
   int num_kv_blocks = 256;
   int max_batched_tokens = 48;  // forces chunked prefill beside decodes
   int cuda_graph_max_batch = 256;
+  std::string weight_dtype = "auto";
   int steps = 64;                                // max_tokens of every request, or
   const std::vector<int>* max_tokens = nullptr;  // one per prompt
   const SamplingParams* sampling = nullptr;      // null: greedy; else seed + prompt index
@@ -64,6 +65,7 @@ inline GenerateResult Generate(const std::string& dir,
   cfg.model.block_size = o.block_size;
   cfg.model.num_kv_blocks = o.num_kv_blocks;
   cfg.model.cuda_graph_max_batch = o.cuda_graph_max_batch;
+  cfg.model.weight_dtype = o.weight_dtype;
   cfg.scheduler.max_batched_tokens = o.max_batched_tokens;
   cfg.require_tokenizer = false;
   auto core = EngineCore::Create(cfg);

@@ -26,9 +26,12 @@
 #include "engine/engine_core.h"
 #include "engine/safetensors.h"
 #include "tests/gpu/engine_generate.h"
+#include "tests/gpu/random_llama.h"
 
 namespace llm {
 namespace {
+
+using gpu_test::RandomBf16Tensor;
 
 namespace fs = std::filesystem;
 
@@ -91,14 +94,7 @@ std::string WriteRandomDeepseek(const std::string& name, bool v3, const char* ca
   std::mt19937 rng(v3 ? 31 : 17);
   std::vector<TensorToWrite> ts;
   auto add = [&](const std::string& n, std::vector<int64_t> shape, float mean, float std) {
-    TensorToWrite t{n, DType::kBF16, shape, {}};
-    int64_t e = 1;
-    for (int64_t d : shape) e *= d;
-    t.data.resize(e * 2);
-    std::normal_distribution<float> nd(mean, std);
-    auto* p = reinterpret_cast<uint16_t*>(t.data.data());
-    for (int64_t i = 0; i < e; ++i) p[i] = F32ToBf16(nd(rng));
-    ts.push_back(std::move(t));
+    ts.push_back(RandomBf16Tensor(n, std::move(shape), mean, std, rng));
   };
   auto mlp = [&](const std::string& p, int n) {
     add(p + "gate_proj.weight", {n, hidden}, 0, 0.06f);

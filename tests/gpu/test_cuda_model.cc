@@ -22,80 +22,15 @@
 #include "engine/safetensors.h"
 #include "engine/sampler.h"
 #include "tests/gpu/engine_generate.h"
+#include "tests/gpu/random_llama.h"
 
 namespace llm {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A random bf16 Llama (or Qwen2, with q/k/v biases) with head_dim 64, in the HF layout; with
-// `window` > 0 a Mistral whose every layer attends to the last `window` positions.
 std::string WriteRandomModel(const std::string& name, bool qwen2, int window = 0) {
-  const fs::path dir = fs::temp_directory_path() / ("llm_gpu_model_" + name);
-  fs::create_directories(dir);
-  const int hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, inter = 512, layers = 3,
-            vocab = 600;
-  nlohmann::json cfg = {{"architectures", {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
-                        {"hidden_size", hidden},
-                        {"intermediate_size", inter},
-                        {"num_hidden_layers", layers},
-                        {"num_attention_heads", heads},
-                        {"num_key_value_heads", kv_heads},
-                        {"head_dim", head_dim},
-                        {"vocab_size", vocab},
-                        {"max_position_embeddings", 2048},
-                        {"rms_norm_eps", 1e-5},
-                        {"rope_theta", 10000.0},
-                        {"tie_word_embeddings", false},
-                        {"torch_dtype", "bfloat16"}};
-  if (window > 0) {
-    cfg["architectures"] = {"MistralForCausalLM"};
-    cfg["sliding_window"] = window;
-  } else if (!qwen2) {
-    cfg["rope_scaling"] = {{"rope_type", "llama3"},
-                           {"factor", 8.0},
-                           {"low_freq_factor", 1.0},
-                           {"high_freq_factor", 4.0},
-                           {"original_max_position_embeddings", 128}};
-  }
-  std::ofstream(dir / "config.json") << cfg.dump();
-  std::mt19937 rng(qwen2 ? 7 : 3);
-  std::vector<TensorToWrite> ts;
-  auto add = [&](const std::string& n, std::vector<int64_t> shape, float mean, float std) {
-    TensorToWrite t{n, DType::kBF16, shape, {}};
-    int64_t e = 1;
-    for (int64_t d : shape) e *= d;
-    t.data.resize(e * 2);
-    std::normal_distribution<float> nd(mean, std);
-    auto* p = reinterpret_cast<uint16_t*>(t.data.data());
-    for (int64_t i = 0; i < e; ++i) p[i] = F32ToBf16(nd(rng));
-    ts.push_back(std::move(t));
-  };
-  const int64_t q = heads * head_dim, kv = kv_heads * head_dim;
-  add("model.embed_tokens.weight", {vocab, hidden}, 0, 1.0f);
-  for (int l = 0; l < layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "input_layernorm.weight", {hidden}, 1, 0.1f);
-    add(p + "post_attention_layernorm.weight", {hidden}, 1, 0.1f);
-    add(p + "self_attn.q_proj.weight", {q, hidden}, 0, 0.08f);
-    add(p + "self_attn.k_proj.weight", {kv, hidden}, 0, 0.08f);
-    add(p + "self_attn.v_proj.weight", {kv, hidden}, 0, 0.08f);
-    if (qwen2) {
-      add(p + "self_attn.q_proj.bias", {q}, 0, 0.1f);
-      add(p + "self_attn.k_proj.bias", {kv}, 0, 0.1f);
-      add(p + "self_attn.v_proj.bias", {kv}, 0, 0.1f);
-    }
-    add(p + "self_attn.o_proj.weight", {hidden, q}, 0, 0.05f);
-    add(p + "mlp.gate_proj.weight", {inter, hidden}, 0, 0.06f);
-    add(p + "mlp.up_proj.weight", {inter, hidden}, 0, 0.06f);
-    add(p + "mlp.down_proj.weight", {hidden, inter}, 0, 0.04f);
-  }
-  add("model.norm.weight", {hidden}, 1, 0.1f);
-  // A wide head keeps the top-2 logit gaps of a random model well above bf16 rounding, so greedy
-  // paths can be compared token for token.
-  add("lm_head.weight", {vocab, hidden}, 0, 1.0f);
-  REQUIRE(WriteSafetensors((dir / "model.safetensors").string(), ts).ok());
-  return dir.string();
+  return gpu_test::WriteRandomLlama(name, qwen2, window);
 }
 
 using gpu_test::Gaps;
