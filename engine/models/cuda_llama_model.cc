@@ -107,7 +107,8 @@ class CudaLlamaModel final : public Model {
     // the activation's absmax and scale.
     DeviceBuffer xq, act_amax, act_scale;
     int cap = 0;
-    Status Reserve(const ModelConfig& c, int tokens, cudaStream_t stream);
+    // fp8: also the quantized-activation buffer and the absmax / scale slots.
+    Status Reserve(const ModelConfig& c, int tokens, bool fp8, cudaStream_t stream);
     const int32_t* ids() const { return ints.as<int32_t>(); }
     const int32_t* positions() const { return ints.as<int32_t>() + cap; }
     const int32_t* rows() const { return ints.as<int32_t>() + 2 * cap; }
@@ -321,7 +322,8 @@ Status CudaLlamaModel::SelectPrefillBackend(const std::string& choice) {
   return Status::Ok();
 }
 
-Status CudaLlamaModel::Scratch::Reserve(const ModelConfig& c, int tokens, cudaStream_t stream) {
+Status CudaLlamaModel::Scratch::Reserve(const ModelConfig& c, int tokens, bool fp8,
+                                        cudaStream_t stream) {
   tokens = (tokens + 15) / 16 * 16;  // fp8 GEMMs run on whole 16-row groups
   if (tokens <= cap) return Status::Ok();
   const size_t T = static_cast<size_t>(tokens);
@@ -337,13 +339,15 @@ Status CudaLlamaModel::Scratch::Reserve(const ModelConfig& c, int tokens, cudaSt
   LLM_RETURN_IF_ERROR(tmp.Alloc(T * H * 2));
   LLM_RETURN_IF_ERROR(gate_up.Alloc(T * 2 * I * 2));
   LLM_RETURN_IF_ERROR(act.Alloc(T * I * 2));
-  LLM_RETURN_IF_ERROR(xq.Alloc(T * std::max({H, Q, I})));
-  LLM_RETURN_IF_ERROR(
-      act_amax.Alloc(static_cast<size_t>(c.num_layers) * kNumProj * kScaleSlot * 4));
-  LLM_RETURN_IF_ERROR(
-      act_scale.Alloc(static_cast<size_t>(c.num_layers) * kNumProj * kScaleSlot * 4));
+  if (fp8) {
+    const size_t slots = static_cast<size_t>(c.num_layers) * kNumProj * kScaleSlot;
+    LLM_RETURN_IF_ERROR(xq.Alloc(T * std::max({H, Q, I})));
+    LLM_RETURN_IF_ERROR(act_amax.Alloc(slots * 4));
+    LLM_RETURN_IF_ERROR(act_scale.Alloc(slots * 4));
+    GPU_RETURN_IF_ERROR(cudaMemsetAsync(xq.ptr, 0, xq.bytes, stream));
+  }
   // Padding rows of a graph bucket are computed too: keep them finite from the start.
-  for (DeviceBuffer* b : {&residual, &xn, &qkv, &q, &k, &v, &attn, &tmp, &gate_up, &act, &xq}) {
+  for (DeviceBuffer* b : {&residual, &xn, &qkv, &q, &k, &v, &attn, &tmp, &gate_up, &act}) {
     GPU_RETURN_IF_ERROR(cudaMemsetAsync(b->ptr, 0, b->bytes, stream));
   }
   cap = tokens;
@@ -455,7 +459,7 @@ int CudaLlamaModel::GraphBucket(const ForwardBatch& batch) const {
 Status CudaLlamaModel::RunGraph(const ForwardBatch& batch, int bucket) {
   if (!graphs_reserved_) {
     const int cap = (graph_max_batch_ + 7) / 8 * 8;
-    LLM_RETURN_IF_ERROR(graph_.Reserve(config_, cap, stream_));
+    LLM_RETURN_IF_ERROR(graph_.Reserve(config_, cap, fp8_, stream_));
     LLM_RETURN_IF_ERROR(attention_->ReserveGraphs(cap, cap * graph_pages_per_seq_));
     graphs_reserved_ = true;
   }
@@ -527,7 +531,7 @@ Status CudaLlamaModel::ForwardSampled(const ForwardBatch& batch, std::vector<flo
   if (bucket > 0) {
     LLM_RETURN_IF_ERROR(RunGraph(batch, bucket));
   } else {
-    LLM_RETURN_IF_ERROR(eager_.Reserve(c, std::max(T, 16), stream_));
+    LLM_RETURN_IF_ERROR(eager_.Reserve(c, std::max(T, 16), fp8_, stream_));
     // One upload for ids, positions and logit rows.
     host_ints_.assign(3 * static_cast<size_t>(eager_.cap), 0);
     std::copy(batch.token_ids.begin(), batch.token_ids.end(), host_ints_.begin());
