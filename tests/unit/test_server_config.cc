@@ -211,5 +211,22 @@ TEST_CASE("ServerConfig --help returns FailedPrecondition with the usage text", 
   }
 }
 
+TEST_CASE("Every shipped server config parses and maps to the engine", "[server_config]") {
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(LLM_CONFIGS_DIR)) {
+    if (e.path().extension() != ".json") continue;
+    ++files;
+    INFO(e.path().string());
+    auto c = ParseServerConfig({"--config", e.path().string()});
+    INFO(c.status().ToString());
+    REQUIRE(c.ok());
+    const EngineConfig eng = c->ToEngineConfig();
+    CHECK(eng.model.model_dir == c->model_dir);
+    CHECK(eng.model.weight_dtype == c->weight_dtype);
+    CHECK(eng.model.cuda_graph_max_batch == c->cuda_graph_max_batch);
+  }
+  CHECK(files >= 2);  // server.json and the CUDA Llama-3-8B example
+}
+
 }  // namespace
 }  // namespace llm
