@@ -287,6 +287,9 @@ void EngineCore::UpdateGauges() {
   const int64_t pre = scheduler_->num_preemptions_total();
   metrics_->preemptions.Inc(static_cast<double>(pre - last_preemptions_));
   last_preemptions_ = pre;
+  const int64_t graphs = model_->graph_steps();
+  metrics_->graph_steps.Inc(static_cast<double>(graphs - last_graph_steps_));
+  last_graph_steps_ = graphs;
 }
 
 StepRecord EngineCore::Step() {

@@ -109,6 +109,7 @@ class EngineCore {
   std::vector<float> logits_scratch_;
   PrefixCacheStats last_prefix_stats_;
   int64_t last_preemptions_ = 0;
+  int64_t last_graph_steps_ = 0;  // Model::graph_steps() at the last metrics update
 };
 
 }  // namespace llm

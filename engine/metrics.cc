@@ -120,6 +120,9 @@ std::string EngineMetrics::Render() const {
   RenderScalar(os, "llm_generation_tokens_total", "counter", "Generated tokens.",
                generation_tokens.value());
   RenderScalar(os, "llm_engine_steps_total", "counter", "Engine steps run.", steps.value());
+  RenderScalar(os, "llm_engine_graph_steps_total", "counter",
+               "Model forwards whose layers replayed a CUDA graph (decode steps).",
+               graph_steps.value());
   RenderHistogram(os, "llm_engine_step_schedule_seconds", "Scheduling per non-empty step.",
                   step_schedule);
   RenderHistogram(os, "llm_engine_step_prepare_seconds", "Batch preparation per step.",

@@ -60,7 +60,8 @@ struct EngineMetrics {
   Counter prefix_queries, prefix_hits;  // llm_prefix_cache_{queries,hits}_total (blocks)
   Counter preemptions;                  // llm_num_preemptions_total
   Counter prompt_tokens, generation_tokens;
-  Counter steps;  // llm_engine_steps_total
+  Counter steps;        // llm_engine_steps_total
+  Counter graph_steps;  // llm_engine_graph_steps_total: forwards replayed from CUDA graphs
   // Where a non-empty engine step's time goes (llm_engine_step_{schedule,prepare,forward,sample}
   // _seconds): scheduling, batch preparation, the model forward (on a GPU, until the stream has
   // finished the step), and sampling + detokenizing + streaming the step's tokens.

@@ -166,6 +166,10 @@ def main():
         if m["llm_engine_step_forward_seconds_sum"] <= 0:
             fail("no forward time recorded")
         print(f"ok: step phases observed over {int(counts[0])} steps")
+        # CUDA-graph replays are counted; the CPU model has none.
+        if m.get("llm_engine_graph_steps_total", -1) != 0:
+            fail(f"llm_engine_graph_steps_total {m.get('llm_engine_graph_steps_total')} on the CPU")
+        print("ok: graph-step counter present (0 on the CPU)")
     finally:
         proc.terminate()
         try:
