@@ -109,6 +109,9 @@ class CudaLlamaModel final : public Model {
     int cap = 0;
     // fp8: also the quantized-activation buffer and the absmax / scale slots.
     Status Reserve(const ModelConfig& c, int tokens, bool fp8, cudaStream_t stream);
+    // One upload of the batch's ids, positions and logit rows into `ints`; rows past the batch
+    // (graph padding) get token 0 at position 0. `host` is reused staging.
+    Status UploadInputs(const ForwardBatch& batch, std::vector<int32_t>* host, cudaStream_t stream);
     const int32_t* ids() const { return ints.as<int32_t>(); }
     const int32_t* positions() const { return ints.as<int32_t>() + cap; }
     const int32_t* rows() const { return ints.as<int32_t>() + 2 * cap; }
@@ -354,6 +357,18 @@ Status CudaLlamaModel::Scratch::Reserve(const ModelConfig& c, int tokens, bool f
   return Status::Ok();
 }
 
+Status CudaLlamaModel::Scratch::UploadInputs(const ForwardBatch& batch, std::vector<int32_t>* host,
+                                             cudaStream_t stream) {
+  host->assign(3 * static_cast<size_t>(cap), 0);
+  std::copy(batch.token_ids.begin(), batch.token_ids.end(), host->begin());
+  std::copy(batch.positions.begin(), batch.positions.end(), host->begin() + cap);
+  std::copy(batch.logit_rows.begin(), batch.logit_rows.end(), host->begin() + 2 * cap);
+  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(ints.ptr, host->data(),
+                                      (2 * static_cast<size_t>(cap) + batch.logit_rows.size()) * 4,
+                                      cudaMemcpyHostToDevice, stream));
+  return Status::Ok();
+}
+
 Status CudaLlamaModel::LaunchLayers(Scratch& s, int T) {
   const ModelConfig& c = config_;
   const int H = c.hidden_size, Q = c.q_size(), KV = c.kv_size(), I = c.intermediate_size;
@@ -466,14 +481,7 @@ Status CudaLlamaModel::RunGraph(const ForwardBatch& batch, int bucket) {
   step_attention_ = attention_.get();
   LLM_RETURN_IF_ERROR(attention_->PlanGraph(batch.attn, bucket));
   // Padding rows: token 0 at position 0 (their results are never read).
-  const int cap = graph_.cap;
-  host_ints_.assign(3 * static_cast<size_t>(cap), 0);
-  std::copy(batch.token_ids.begin(), batch.token_ids.end(), host_ints_.begin());
-  std::copy(batch.positions.begin(), batch.positions.end(), host_ints_.begin() + cap);
-  std::copy(batch.logit_rows.begin(), batch.logit_rows.end(), host_ints_.begin() + 2 * cap);
-  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(graph_.ints.ptr, host_ints_.data(),
-                                      (2 * cap + batch.logit_rows.size()) * 4,
-                                      cudaMemcpyHostToDevice, stream_));
+  LLM_RETURN_IF_ERROR(graph_.UploadInputs(batch, &host_ints_, stream_));
   auto it = graphs_.find(bucket);
   if (it != graphs_.end()) {
     GPU_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream_));
@@ -532,14 +540,7 @@ Status CudaLlamaModel::ForwardSampled(const ForwardBatch& batch, std::vector<flo
     LLM_RETURN_IF_ERROR(RunGraph(batch, bucket));
   } else {
     LLM_RETURN_IF_ERROR(eager_.Reserve(c, std::max(T, 16), fp8_, stream_));
-    // One upload for ids, positions and logit rows.
-    host_ints_.assign(3 * static_cast<size_t>(eager_.cap), 0);
-    std::copy(batch.token_ids.begin(), batch.token_ids.end(), host_ints_.begin());
-    std::copy(batch.positions.begin(), batch.positions.end(), host_ints_.begin() + eager_.cap);
-    std::copy(batch.logit_rows.begin(), batch.logit_rows.end(),
-              host_ints_.begin() + 2 * eager_.cap);
-    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(eager_.ints.ptr, host_ints_.data(), host_ints_.size() * 4,
-                                        cudaMemcpyHostToDevice, stream_));
+    LLM_RETURN_IF_ERROR(eager_.UploadInputs(batch, &host_ints_, stream_));
     // A prefill chunk (more query tokens than a decode of 1..4) goes to the prefill family.
     bool prefill = false;
     for (int i = 0; i < batch.attn.num_seqs && !prefill; ++i) {
