@@ -1,7 +1,11 @@
 // C8 attention kernel benchmark on the GPU (not a test). Prints effective bandwidth / TFLOP/s and
 // the ratio to the measured device copy bandwidth (the decode roofline).
 //
-//   build/cuda/bench/c8_attention_bench [--iters 50]
+//   build/cuda/bench/c8_attention_bench [--iters 50] [--layers 8] [--only SUBSTRING]
+//
+// Two times per case: one graph replay of a single attention call (what a lone call costs,
+// launch included), and the per-call time inside a graph of --layers calls over distinct caches,
+// as a model's decode step runs them (launch amortized; each layer's cache is cold in L2).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -31,6 +35,8 @@ using llm::cuda::ScaleMode;
   } while (0)
 
 int g_iters = 50;
+int g_layers = 8;
+std::string g_only;
 
 // Fills device memory with non-zero random bytes that are valid finite values for every cache
 // type (bf16 in [-2, 2], int8 in [-100, 100], fp8 bytes with the exponent kept small).
@@ -90,8 +96,9 @@ double CopyBandwidth() {
 
 struct Result {
   std::string name;
-  float us;
-  double tbps;  // effective KV bytes / time
+  float us_single;  // one call per graph replay
+  float us;         // per call in a graph of g_layers calls
+  double tbps;      // effective KV bytes / time
   double tflops;
 };
 
@@ -119,13 +126,14 @@ Result RunDecode(const char* name, int batch, int kv_len, int q_len, CacheType c
   const size_t cache_bytes = static_cast<size_t>(num_blocks) * hkv * bs * d * esize;
   void *kc, *vc, *q, *out;
   float *ks = nullptr, *vs = nullptr;
-  CK(cudaMalloc(&kc, cache_bytes));
-  CK(cudaMalloc(&vc, cache_bytes));
+  const size_t layers = static_cast<size_t>(g_layers);
+  CK(cudaMalloc(&kc, cache_bytes * layers));
+  CK(cudaMalloc(&vc, cache_bytes * layers));
   CK(cudaMalloc(&q, static_cast<size_t>(b.num_tokens) * hq * d * 2));
   CK(cudaMalloc(&out, static_cast<size_t>(b.num_tokens) * hq * d * 2));
   const int mode = cache == CacheType::kBf16 ? 0 : cache == CacheType::kInt8 ? 1 : 2;
-  Fill(kc, cache_bytes, mode, 2);
-  Fill(vc, cache_bytes, mode, 3);
+  Fill(kc, cache_bytes * layers, mode, 2);
+  Fill(vc, cache_bytes * layers, mode, 3);
   Fill(q, static_cast<size_t>(b.num_tokens) * hq * d * 2, 0, 4);
   size_t scale_n = 0;
   if (scale == ScaleMode::kPerHead) scale_n = hkv;
@@ -160,15 +168,24 @@ Result RunDecode(const char* name, int batch, int kv_len, int q_len, CacheType c
   // the tile and merge kernels are not counted as kernel time.
   cudaStream_t stream;
   CK(cudaStreamCreate(&stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  if (!attn.Attend(la, stream).ok()) std::exit(1);
-  CK(cudaStreamEndCapture(stream, &graph));
-  CK(cudaGraphInstantiate(&exec, graph, 0));
-  const float ms = MedianMs([&] { CK(cudaGraphLaunch(exec, stream)); }, stream);
-  CK(cudaGraphExecDestroy(exec));
-  CK(cudaGraphDestroy(graph));
+  auto time_graph = [&](int calls) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    for (int l = 0; l < calls; ++l) {
+      la.k_cache = static_cast<uint8_t*>(kc) + l * cache_bytes;
+      la.v_cache = static_cast<uint8_t*>(vc) + l * cache_bytes;
+      if (!attn.Attend(la, stream).ok()) std::exit(1);
+    }
+    CK(cudaStreamEndCapture(stream, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    const float ms = MedianMs([&] { CK(cudaGraphLaunch(exec, stream)); }, stream);
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    return ms / calls;
+  };
+  const float ms_single = time_graph(1);
+  const float ms = time_graph(g_layers);
   CK(cudaStreamDestroy(stream));
   CK(cudaDeviceSynchronize());
   double kv_bytes = 2.0 * batch * kv_len * hkv * d * esize;
@@ -183,7 +200,8 @@ Result RunDecode(const char* name, int batch, int kv_len, int q_len, CacheType c
   CK(cudaFree(out));
   if (ks) CK(cudaFree(ks));
   if (vs) CK(cudaFree(vs));
-  return {name, ms * 1000.f, kv_bytes / (ms * 1e-3) / 1e12, flops / (ms * 1e-3) / 1e12};
+  return {name, ms_single * 1000.f, ms * 1000.f, kv_bytes / (ms * 1e-3) / 1e12,
+          flops / (ms * 1e-3) / 1e12};
 }
 
 }  // namespace
@@ -191,6 +209,8 @@ Result RunDecode(const char* name, int batch, int kv_len, int q_len, CacheType c
 int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::string(argv[i]) == "--iters") g_iters = std::atoi(argv[i + 1]);
+    if (std::string(argv[i]) == "--layers") g_layers = std::max(1, std::atoi(argv[i + 1]));
+    if (std::string(argv[i]) == "--only") g_only = argv[i + 1];
   }
   if (llm::cuda::CudaDeviceCount() == 0) {
     std::printf("no CUDA device\n");
@@ -201,31 +221,44 @@ int main(int argc, char** argv) {
   const double copy_tbps = CopyBandwidth();
   std::printf("device: %s, %d SMs; device-to-device copy %.2f TB/s (read + write)\n", prop.name,
               prop.multiProcessorCount, copy_tbps);
+  struct Case {
+    const char* name;
+    int batch, kv_len, q_len;
+    CacheType cache;
+    ScaleMode scale;
+  };
+  const Case cases[] = {
+      {"bf16 decode 64x4096", 64, 4096, 1, CacheType::kBf16, ScaleMode::kNone},
+      {"int8/head decode 64x4096", 64, 4096, 1, CacheType::kInt8, ScaleMode::kPerHead},
+      {"int8/chan decode 64x4096", 64, 4096, 1, CacheType::kInt8, ScaleMode::kPerChannel},
+      {"fp8/head decode 64x4096", 64, 4096, 1, CacheType::kFp8E4M3, ScaleMode::kPerHead},
+      {"fp8/token decode 64x4096", 64, 4096, 1, CacheType::kFp8E4M3, ScaleMode::kPerToken},
+      {"bf16 decode 1x4096", 1, 4096, 1, CacheType::kBf16, ScaleMode::kNone},
+      {"int8/head decode 1x4096", 1, 4096, 1, CacheType::kInt8, ScaleMode::kPerHead},
+      {"bf16 decode 32x16384", 32, 16384, 1, CacheType::kBf16, ScaleMode::kNone},
+      {"bf16 4-token decode 64x4096", 64, 4096, 4, CacheType::kBf16, ScaleMode::kNone},
+      {"bf16 prefill 1x4096 causal", 1, 4096, 4096, CacheType::kBf16, ScaleMode::kNone},
+      {"bf16 prefill 4x4096 causal", 4, 4096, 4096, CacheType::kBf16, ScaleMode::kNone},
+  };
   std::vector<Result> rs;
-  rs.push_back(RunDecode("bf16 decode 64x4096", 64, 4096, 1, CacheType::kBf16, ScaleMode::kNone));
-  rs.push_back(
-      RunDecode("int8/head decode 64x4096", 64, 4096, 1, CacheType::kInt8, ScaleMode::kPerHead));
-  rs.push_back(
-      RunDecode("int8/chan decode 64x4096", 64, 4096, 1, CacheType::kInt8, ScaleMode::kPerChannel));
-  rs.push_back(
-      RunDecode("fp8/head decode 64x4096", 64, 4096, 1, CacheType::kFp8E4M3, ScaleMode::kPerHead));
-  rs.push_back(RunDecode("fp8/token decode 64x4096", 64, 4096, 1, CacheType::kFp8E4M3,
-                         ScaleMode::kPerToken));
-  rs.push_back(RunDecode("bf16 decode 1x4096", 1, 4096, 1, CacheType::kBf16, ScaleMode::kNone));
-  rs.push_back(
-      RunDecode("int8/head decode 1x4096", 1, 4096, 1, CacheType::kInt8, ScaleMode::kPerHead));
-  rs.push_back(RunDecode("bf16 decode 32x16384", 32, 16384, 1, CacheType::kBf16, ScaleMode::kNone));
-  rs.push_back(
-      RunDecode("bf16 4-token decode 64x4096", 64, 4096, 4, CacheType::kBf16, ScaleMode::kNone));
-  rs.push_back(
-      RunDecode("bf16 prefill 1x4096 causal", 1, 4096, 4096, CacheType::kBf16, ScaleMode::kNone));
-  rs.push_back(
-      RunDecode("bf16 prefill 4x4096 causal", 4, 4096, 4096, CacheType::kBf16, ScaleMode::kNone));
-  std::printf("\n| case | time (us) | KV TB/s | of copy BW | TFLOP/s |\n|---|---|---|---|---|\n");
-  for (const Result& r : rs) {
-    std::printf("| %s | %.1f | %.2f | %.0f%% | %.1f |\n", r.name.c_str(), r.us, r.tbps,
-                100.0 * r.tbps / copy_tbps, r.tflops);
+  for (const Case& c : cases) {
+    if (!g_only.empty() && std::string(c.name).find(g_only) == std::string::npos) continue;
+    rs.push_back(RunDecode(c.name, c.batch, c.kv_len, c.q_len, c.cache, c.scale));
   }
-  std::printf("\nint8/head vs bf16 at 64x4096: %.2fx the time\n", rs[1].us / rs[0].us);
+  std::printf(
+      "\n| case | 1 call (us) | per call, %d-layer graph (us) | KV TB/s | of copy BW | TFLOP/s "
+      "|\n|---|---|---|---|---|---|\n",
+      g_layers);
+  const Result* bf16 = nullptr;
+  const Result* int8 = nullptr;
+  for (const Result& r : rs) {
+    std::printf("| %s | %.1f | %.1f | %.2f | %.0f%% | %.1f |\n", r.name.c_str(), r.us_single, r.us,
+                r.tbps, 100.0 * r.tbps / copy_tbps, r.tflops);
+    if (r.name == "bf16 decode 64x4096") bf16 = &r;
+    if (r.name == "int8/head decode 64x4096") int8 = &r;
+  }
+  if (bf16 && int8) {
+    std::printf("\nint8/head vs bf16 at 64x4096: %.2fx the time\n", int8->us / bf16->us);
+  }
   return 0;
 }

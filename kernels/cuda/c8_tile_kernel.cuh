@@ -3,14 +3,17 @@
 // One CTA = one work item (a query tile of one sequence x a KV chunk) for one KV head. The GQA
 // group is packed into the tile's rows: row r is query token r / group, query head
 // kv_head * group + r % group, so every K/V byte a CTA loads serves the whole group.
-// KV tiles of 64 tokens stream through a two-stage cp.async ring; 8-bit tiles are converted to
-// bf16 in shared memory right after landing; QK^T and PV run on tensor cores (mma.sync
-// m16n8k16 bf16 -> fp32) with an online softmax in the log2 domain.
-// Two warp layouts: decode (1 row group x 4 token groups: the four warps split each KV tile and
-// merge at the end) and prefill (4 row groups x 1: each warp owns 16 rows, all warps share a tile).
+// KV tiles (64 tokens for bf16, 128 for 8-bit) stream through a two-stage cp.async ring; each
+// thread copies one 16-byte column of a few consecutive rows of one page, so it looks up one page
+// id per tile. 8-bit tiles stay 8-bit in shared memory and are dequantized in registers after
+// ldmatrix. QK^T and PV run on tensor cores (mma.sync m16n8k16 -> fp32) with an online softmax
+// whose running max moves lazily (only when a row's max grows by 2^8), so most steps skip the
+// accumulator rescale. Two warp layouts: decode (1 row group x 4 token groups: the four warps
+// split each KV tile and merge at the end) and prefill (8 row groups x 1: each warp owns 16
+// rows, all warps share a tile). Outputs are staged in shared memory and written as 16-byte rows.
 // Scales: per-head K scale folds into the softmax scale; per-channel K scale folds into q; V
 // scales (per head / channel) multiply the output; per-token (dynamic) scales multiply score
-// columns (K) and probabilities (V).
+// columns (K) and probabilities (V), in a separate instantiation.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -185,12 +188,91 @@ struct TileConfig {
   static constexpr int kTileBytes = kTile * kRowBytes;  // one of K or V, one stage
   static constexpr int kRawBytes = 2 * 2 * kTileBytes;  // 2 stages x (K, V)
   static constexpr int kScaleBytes = 2 * 2 * kTile * 4;
-  static constexpr int kMergeBytes = TOK_WARPS > 1 ? kWarps*(16 * D + 32) * 4 : 0;
+  // Token-split merge: [warp][16] m, [warp][16] l, [warp][16] factors, [warp][16][D] acc.
+  static constexpr int kMergeBytes = TOK_WARPS > 1 ? kWarps*(16 * D + 48) * 4 : 0;
   static constexpr int kMainBytes = kRawBytes + kScaleBytes;
   static constexpr int kSmemBytes = kMainBytes > kMergeBytes ? kMainBytes : kMergeBytes;
+  // Copy mapping: each thread copies one 16-byte column chunk of kRowsPerThread consecutive
+  // rows, which lie in one page (pages hold at least 8 tokens and tiles start page-aligned), so a
+  // thread looks up one page per tile and its row addresses are constant strides.
+  static constexpr int kChunksPerRow = D * C::kBytes / 16;
+  static constexpr int kRowGroups = kThreads / kChunksPerRow;
+  static constexpr int kRowsPerThread = kTile / kRowGroups;
+  static_assert(kThreads % kChunksPerRow == 0 && kTile % kRowGroups == 0, "tile mapping");
+  static_assert(kRowsPerThread <= 8, "a thread's rows must fit the smallest page (8 tokens)");
 };
 
-template <typename C, int D, int ROW_WARPS, int TOK_WARPS>
+// Online softmax over one 16-token step of a warp's 16 rows. s[n][e]: raw scores (q.k, with
+// per-token K scales applied); row g (e < 2) or g + 8 (e >= 2), token n0 + n*8 + 2t + (e & 1).
+// The running max is kept in raw-score units and only moves when a row's max grows by more than
+// kLazyLog2 in the exp2 domain, so most steps skip the accumulator rescale; probabilities then
+// reach at most 2^kLazyLog2, well inside fp16/bf16 range. Returns P as an mma A fragment.
+constexpr float kLazyLog2 = 8.f;
+
+// vs: per-token V scales of the step's 16 tokens (kPerToken), folded into P after l is summed.
+template <typename F, bool kMask, bool kPerToken, int kNTiles>
+__device__ __forceinline__ void SoftmaxStep(float (&s)[2][4], float (&m_run)[2], float (&l_run)[2],
+                                            float (&acc)[kNTiles][4], uint32_t (&pa)[4],
+                                            float scale_log2, float lazy_raw, int col0, int kv_end,
+                                            const int (&row_pos)[2], int t, const float* vs) {
+  if constexpr (kMask) {
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = col0 + n * 8 + 2 * t + (e & 1);
+        if (j >= kv_end || j > row_pos[e >> 1]) s[n][e] = -INFINITY;
+      }
+    }
+  }
+  float mx[2];
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    mx[ri] = fmaxf(fmaxf(s[0][2 * ri], s[0][2 * ri + 1]), fmaxf(s[1][2 * ri], s[1][2 * ri + 1]));
+    mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffff, mx[ri], 1));
+    mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffff, mx[ri], 2));
+  }
+  // A row whose max grew past the slack (or that saw its first visible key) moves its max.
+  const bool grow0 = mx[0] > m_run[0] + lazy_raw, grow1 = mx[1] > m_run[1] + lazy_raw;
+  if (__any_sync(0xffffffff, grow0 || grow1)) {
+    float alpha[2];
+    const bool grow[2] = {grow0, grow1};
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      const float m_new = grow[ri] ? mx[ri] : m_run[ri];
+      alpha[ri] = m_run[ri] == -INFINITY ? 0.f : ptx::Exp2Ftz((m_run[ri] - m_new) * scale_log2);
+      m_run[ri] = m_new;
+      l_run[ri] *= alpha[ri];
+    }
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+      acc[n][0] *= alpha[0];
+      acc[n][1] *= alpha[0];
+      acc[n][2] *= alpha[1];
+      acc[n][3] *= alpha[1];
+    }
+  }
+  // A fully masked row so far keeps m = -inf: its probabilities must come out 0, not NaN.
+  float neg_m[2];
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) neg_m[ri] = m_run[ri] == -INFINITY ? 0.f : -m_run[ri] * scale_log2;
+  float p[2][4];
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      p[n][e] = ptx::Exp2Ftz(fmaf(s[n][e], scale_log2, neg_m[e >> 1]));
+      l_run[e >> 1] += p[n][e];
+      if constexpr (kPerToken) p[n][e] *= vs[n * 8 + 2 * t + (e & 1)];
+    }
+  }
+  pa[0] = F::Pack(p[0][0], p[0][1]);
+  pa[1] = F::Pack(p[0][2], p[0][3]);
+  pa[2] = F::Pack(p[1][0], p[1][1]);
+  pa[3] = F::Pack(p[1][2], p[1][3]);
+}
+
+template <typename C, int D, int ROW_WARPS, int TOK_WARPS, bool kPerToken>
 __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const TileArgs args) {
   using Cfg = TileConfig<C, D, ROW_WARPS, TOK_WARPS>;
   using F = Frag<C, D>;
@@ -219,9 +301,7 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
   const int32_t* pages = args.pages + args.page_indptr[seq];
   const int lbs = args.log2_block_size;  // block sizes are powers of two: shifts, not divisions
   const int bs_mask = (1 << lbs) - 1;
-  // Element offset of (page, token offset) for this KV head: page * page_stride + head_base + off *
-  // D.
-  const size_t page_stride = static_cast<size_t>(args.num_kv_heads) << lbs;
+  const size_t page_stride = static_cast<size_t>(args.num_kv_heads) << lbs;  // rows per page
 
   int row_pos[2];
 #pragma unroll
@@ -259,7 +339,7 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
   }
   float scale_log2 = args.scale_log2;
   if (args.scale_mode == static_cast<int>(ScaleMode::kPerHead)) scale_log2 *= args.k_scale[kvh];
-  const bool per_token = args.scale_mode == static_cast<int>(ScaleMode::kPerToken);
+  const float lazy_raw = kLazyLog2 / scale_log2;  // the lazy-max slack in raw-score units
 
   float acc[kNTiles][4];
 #pragma unroll
@@ -268,59 +348,59 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
   float l_run[2] = {0.f, 0.f};
 
   const int num_tiles = (item.kv_end - item.kv_start + kTile - 1) / kTile;
-  // Each thread copies fixed 16-byte chunks of fixed rows of every tile (for K and for V), so it
-  // can fetch the page ids of the next tile's rows one iteration early: the dependent page-table
-  // load then hides behind compute instead of stalling every tile's copies.
-  constexpr int kChunksPerRow = D * C::kBytes / 16;
-  constexpr int kRowsStep = Cfg::kThreads / kChunksPerRow;
-  constexpr int kRowsPerThread = kTile / kRowsStep;
-  static_assert(Cfg::kThreads % kChunksPerRow == 0 && kTile % kRowsStep == 0, "tile mapping");
-  const int my_chunk = tid % kChunksPerRow, my_row0 = tid / kChunksPerRow;
-  // Byte offset of each of this thread's rows in the next tile (-1: past the end).
-  int64_t next_off[kRowsPerThread];
+  constexpr int kRowsPerThread = Cfg::kRowsPerThread;
+  constexpr int kSrcRowBytes = D * C::kBytes;
+  const int my_chunk = tid % Cfg::kChunksPerRow;
+  const int my_row0 = (tid / Cfg::kChunksPerRow) * kRowsPerThread;
+  // The next tile's copy, looked up one iteration early so the dependent page-table load hides
+  // behind compute: the cache row index of this thread's first row, and how many of its rows lie
+  // before the chunk end (the rest are zero-filled: they must not hold NaNs).
+  int64_t next_row = 0;
+  int next_valid = 0;
   const size_t head_base = static_cast<size_t>(kvh) << lbs;
   auto fetch_pages = [&](int tile) {
-    const int base = item.kv_start + tile * kTile;
-#pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) {
-      const int j = base + my_row0 + i * kRowsStep;
-      if (tile < num_tiles && j < item.kv_end) {
-        const size_t row =
-            static_cast<size_t>(pages[j >> lbs]) * page_stride + head_base + (j & bs_mask);
-        next_off[i] = static_cast<int64_t>((row * D + my_chunk * (16 / C::kBytes)) * C::kBytes);
-      } else {
-        next_off[i] = -1;
-      }
-    }
+    const int j = item.kv_start + tile * kTile + my_row0;
+    next_valid = tile < num_tiles ? min(max(item.kv_end - j, 0), kRowsPerThread) : 0;
+    next_row = next_valid > 0
+                   ? static_cast<int64_t>(static_cast<size_t>(pages[j >> lbs]) * page_stride +
+                                          head_base + (j & bs_mask))
+                   : 0;
   };
-  auto issue_tile = [&](int stage, int tile) {
+  auto issue_tile = [&](int stage) {
+    // Rows past the end stay inside the page of the thread's first row: addresses stay valid.
+    const size_t src = static_cast<size_t>(next_row) * kSrcRowBytes + my_chunk * 16;
+    const uint8_t* k_src = static_cast<const uint8_t*>(args.k_cache) + src;
+    const uint8_t* v_src = static_cast<const uint8_t*>(args.v_cache) + src;
+    uint8_t* dst = raw + stage * 2 * Cfg::kTileBytes + my_row0 * Cfg::kRowBytes + my_chunk * 16;
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
-      const int row = my_row0 + i * kRowsStep;
-      const bool valid = next_off[i] >= 0;
-      const size_t off = valid ? static_cast<size_t>(next_off[i]) : 0;
-      uint8_t* dst = raw + row * Cfg::kRowBytes + my_chunk * 16;
-      CpAsync16(dst + (stage * 2 + 0) * Cfg::kTileBytes,
-                static_cast<const uint8_t*>(args.k_cache) + off, valid);
-      CpAsync16(dst + (stage * 2 + 1) * Cfg::kTileBytes,
-                static_cast<const uint8_t*>(args.v_cache) + off, valid);
-      if (per_token && my_chunk == 0) {
-        // Scale index = row element index / D.
-        const size_t sidx = valid ? off / C::kBytes / D : 0;
-        CpAsync4(tok_scale + (stage * 2 + 0) * kTile + row, args.k_scale + sidx, valid);
-        CpAsync4(tok_scale + (stage * 2 + 1) * kTile + row, args.v_scale + sidx, valid);
+      const bool valid = i < next_valid;
+      CpAsync16(dst + i * Cfg::kRowBytes, k_src + i * kSrcRowBytes, valid);
+      CpAsync16(dst + Cfg::kTileBytes + i * Cfg::kRowBytes, v_src + i * kSrcRowBytes, valid);
+    }
+    if constexpr (kPerToken) {
+      if (my_chunk == 0) {
+        // Per-token scales are indexed like cache rows.
+#pragma unroll
+        for (int i = 0; i < kRowsPerThread; ++i) {
+          const bool valid = i < next_valid;
+          float* ds = tok_scale + stage * 2 * kTile + my_row0 + i;
+          CpAsync4(ds, args.k_scale + next_row + i, valid);
+          CpAsync4(ds + kTile, args.v_scale + next_row + i, valid);
+        }
       }
     }
   };
 
   fetch_pages(0);
-  if (num_tiles > 0) issue_tile(0, 0);
+  if (num_tiles > 0) issue_tile(0);
   CpAsyncCommit();
   fetch_pages(1);
+  const int first_row_pos = kv_len - seq_q_len + (item.q_start - seq_q_begin);
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int stage = tile & 1;
     if (tile + 1 < num_tiles) {
-      issue_tile(stage ^ 1, tile + 1);
+      issue_tile(stage ^ 1);
       CpAsyncCommit();
       fetch_pages(tile + 2);
       CpAsyncWait<1>();
@@ -334,79 +414,39 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
     const float* vs = tok_scale + (stage * 2 + 1) * kTile;
     const int tile_base = item.kv_start + tile * kTile;
     // Masking is only needed where the tile crosses the chunk end or the causal diagonal.
-    const int first_row_pos = kv_len - seq_q_len + (item.q_start - seq_q_begin);
     const bool need_mask = tile_base + kTile > item.kv_end || tile_base + kTile - 1 > first_row_pos;
 
     constexpr int kStepsPerWarp = kTile / 16 / TOK_WARPS;
-#pragma unroll
-    for (int st = 0; st < kStepsPerWarp; ++st) {
-      const int n0 = (tw * kStepsPerWarp + st) * 16;  // first token of this 16-token step
-      if (tile_base + n0 >= item.kv_end) break;
+    auto step = [&](auto mask_tag, int n0) {
+      constexpr bool kMask = decltype(mask_tag)::value;
       float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-      if (per_token) {
-        F::template QK<false>(s, qa, k_tile, n0, lane);
-      } else {
-        F::template QK<true>(s, qa, k_tile, n0, lane);
-      }
-      // Scale, mask, online softmax. s[n][0..1]: row g, s[n][2..3]: row g+8;
-      // column (token) n0 + n*8 + 2t + (e & 1).
-      float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = n0 + n * 8 + 2 * t + (e & 1);
-          const int j = tile_base + col;
-          const int ri = e >> 1;
-          float v = s[n][e] * scale_log2;
-          if (per_token) v *= ks[col];
-          if (need_mask && (j >= item.kv_end || j > row_pos[ri])) v = -INFINITY;
-          s[n][e] = v;
-          mx[ri] = fmaxf(mx[ri], v);
-        }
-      }
-      float alpha[2];
-#pragma unroll
-      for (int ri = 0; ri < 2; ++ri) {
-        mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffff, mx[ri], 1));
-        mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffff, mx[ri], 2));
-        const float m_new = fmaxf(m_run[ri], mx[ri]);
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // fully masked so far: no NaN
-        alpha[ri] = exp2f(m_run[ri] - m_use);
-        m_run[ri] = m_new;
-        l_run[ri] *= alpha[ri];
-        mx[ri] = m_use;
-      }
-      uint32_t pa[4];
-      {
-        float p[2][4];
+      // The +1152 int8 offset shifts a row's scores by a constant, unless per-token scales
+      // multiply the columns.
+      F::template QK<!kPerToken>(s, qa, k_tile, n0, lane);
+      if constexpr (kPerToken) {
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int ri = e >> 1;
-            p[n][e] = exp2f(s[n][e] - mx[ri]);
-            l_run[ri] += p[n][e];
-            if (per_token) p[n][e] *= vs[n0 + n * 8 + 2 * t + (e & 1)];
-          }
-        }
-        pa[0] = F::Pack(p[0][0], p[0][1]);
-        pa[1] = F::Pack(p[0][2], p[0][3]);
-        pa[2] = F::Pack(p[1][0], p[1][1]);
-        pa[3] = F::Pack(p[1][2], p[1][3]);
-      }
-      // Rescaling the accumulator is 4 x D/8 multiplies; skip it (warp-uniformly) when no row's
-      // running max moved, which is the common case once a decode has seen a few tiles.
-      if (!__all_sync(0xffffffff, alpha[0] == 1.f && alpha[1] == 1.f)) {
-#pragma unroll
-        for (int n = 0; n < kNTiles; ++n) {
-          acc[n][0] *= alpha[0];
-          acc[n][1] *= alpha[0];
-          acc[n][2] *= alpha[1];
-          acc[n][3] *= alpha[1];
+          for (int e = 0; e < 4; ++e) s[n][e] *= ks[n0 + n * 8 + 2 * t + (e & 1)];
         }
       }
+      uint32_t pa[4];
+      // P . diag(v_scale) . V for per-token scales.
+      SoftmaxStep<F, kMask, kPerToken>(s, m_run, l_run, acc, pa, scale_log2, lazy_raw,
+                                       tile_base + n0, item.kv_end, row_pos, t, vs + n0);
       F::PV(acc, pa, v_tile, n0, lane);
+    };
+    if (need_mask) {
+#pragma unroll
+      for (int st = 0; st < kStepsPerWarp; ++st) {
+        const int n0 = (tw * kStepsPerWarp + st) * 16;
+        if (tile_base + n0 >= item.kv_end) break;
+        step(std::true_type{}, n0);
+      }
+    } else {
+#pragma unroll
+      for (int st = 0; st < kStepsPerWarp; ++st)
+        step(std::false_type{}, (tw * kStepsPerWarp + st) * 16);
     }
     __syncthreads();  // the next iteration's loads overwrite this stage
   }
@@ -416,34 +456,65 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
     l_run[ri] += __shfl_xor_sync(0xffffffff, l_run[ri], 1);
     l_run[ri] += __shfl_xor_sync(0xffffffff, l_run[ri], 2);
   }
+  // m_run is in raw-score units; the log2-domain max is m * scale_log2.
+  float m_log2[2];
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    m_log2[ri] = m_run[ri] == -INFINITY ? -INFINITY : m_run[ri] * scale_log2;
+  }
 
-  // Writes one normalized output element (row r of the tile, physical dim d) with its lse.
-  auto emit = [&](int r, int d, float v, float lse) {
+  // Rows of this tile that hold a query (tokens x group); the rest are padding.
+  const int valid_rows = min(item.q_len * group, Cfg::kRows);
+  // Writes normalized output elements d0..d0+3 of tile row r, and the row's lse (log2) with d0 0.
+  auto emit4 = [&](int r, int d0, float4 v, float lse) {
     const int tok = r / group, head = kvh * group + r % group;
-    if (tok >= item.q_len) return;
+    float o[4] = {v.x, v.y, v.z, v.w};
     if (args.scale_mode == static_cast<int>(ScaleMode::kPerHead)) {
-      v *= args.v_scale[kvh];
+      const float vsc = args.v_scale[kvh];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[i] *= vsc;
     } else if (args.scale_mode == static_cast<int>(ScaleMode::kPerChannel)) {
-      v *= args.v_scale[kvh * D + d];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[i] *= args.v_scale[kvh * D + d0 + i];
     }
     if (item.partial < 0) {
-      static_cast<__nv_bfloat16*>(
-          args.out)[(static_cast<size_t>(item.q_start + tok) * args.num_q_heads + head) * D + d] =
-          __float2bfloat16_rn(v);
+      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(args.out) +
+                           (static_cast<size_t>(item.q_start + tok) * args.num_q_heads + head) * D +
+                           d0;
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(o[0], o[1]);
+      const __nv_bfloat162 hi = __floats2bfloat162_rn(o[2], o[3]);
+      uint2 w;
+      w.x = *reinterpret_cast<const uint32_t*>(&lo);
+      w.y = *reinterpret_cast<const uint32_t*>(&hi);
+      *reinterpret_cast<uint2*>(out) = w;
     } else {
       const size_t prow =
           (static_cast<size_t>(item.partial) * args.num_kv_heads + kvh) * kPartialRows + r;
-      args.partial_o[prow * D + d] = v;
-      if (d == 0) args.partial_lse[prow] = lse;
+      *reinterpret_cast<float4*>(args.partial_o + prow * D + d0) =
+          make_float4(o[0], o[1], o[2], o[3]);
+      if (d0 == 0) args.partial_lse[prow] = lse;
     }
   };
 
+  // Both layouts stage the normalized rows through shared memory (the KV tiles are no longer
+  // needed) so the global writes are 16-byte vectors of whole rows.
+  float* ms = reinterpret_cast<float*>(smem);  // [warp][16] m (log2)
+  float* ls = ms + Cfg::kWarps * 16;           // [warp][16] l
+  float* fs = ls + Cfg::kWarps * 16;           // [warp][16] merge factor
+  float* as = fs + Cfg::kWarps * 16;           // [warp][16][D]
   if constexpr (TOK_WARPS == 1) {
-    float inv[2], lse[2];
+    static_assert(Cfg::kRows * (D + 1) * 4 <= Cfg::kMainBytes, "output staging fits the KV area");
+    float* os = reinterpret_cast<float*>(smem);  // [kRows][D] normalized rows, then lse
+    float* lse_s = os + Cfg::kRows * D;
+    __syncthreads();
+    float inv[2];
 #pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      inv[ri] = l_run[ri] > 0.f ? 1.f / l_run[ri] : 0.f;
-      lse[ri] = l_run[ri] > 0.f ? m_run[ri] + log2f(l_run[ri]) : -INFINITY;
+    for (int ri = 0; ri < 2; ++ri) inv[ri] = l_run[ri] > 0.f ? 1.f / l_run[ri] : 0.f;
+    if (t == 0) {
+#pragma unroll
+      for (int ri = 0; ri < 2; ++ri) {
+        lse_s[rw * 16 + g + 8 * ri] = l_run[ri] > 0.f ? m_log2[ri] + __log2f(l_run[ri]) : -INFINITY;
+      }
     }
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) {
@@ -451,18 +522,20 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
       for (int e = 0; e < 4; ++e) {
         int row, d;
         F::AccCoord(n, e, g, t, &row, &d);
-        emit(rw * 16 + row, d, acc[n][e] * inv[e >> 1], lse[e >> 1]);
+        os[(rw * 16 + row) * D + d] = acc[n][e] * inv[e >> 1];
       }
     }
+    __syncthreads();
+    for (int idx = tid; idx < valid_rows * (D / 4); idx += Cfg::kThreads) {
+      const int r = idx / (D / 4), d0 = (idx % (D / 4)) * 4;
+      emit4(r, d0, *reinterpret_cast<const float4*>(os + r * D + d0), lse_s[r]);
+    }
   } else {
-    // Merge the token-split warps through shared memory (the KV tiles are no longer needed).
-    float* ms = reinterpret_cast<float*>(smem);  // [warp][16] m, then [warp][16] l, then acc
-    float* ls = ms + Cfg::kWarps * 16;
-    float* as = ls + Cfg::kWarps * 16;  // [warp][16][D]
+    // Merge the token-split warps: per-row factors once, then a weighted sum of float4s.
     __syncthreads();
     if (t == 0) {
-      ms[warp * 16 + g] = m_run[0];
-      ms[warp * 16 + g + 8] = m_run[1];
+      ms[warp * 16 + g] = m_log2[0];
+      ms[warp * 16 + g + 8] = m_log2[1];
       ls[warp * 16 + g] = l_run[0];
       ls[warp * 16 + g + 8] = l_run[1];
     }
@@ -476,29 +549,48 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
       }
     }
     __syncthreads();
-    for (int idx = tid; idx < 16 * D; idx += Cfg::kThreads) {
-      const int r = idx / D, d = idx % D;
+    if (tid < 16) {
+      const int r = tid;
       float m = -INFINITY;
 #pragma unroll
       for (int w = 0; w < Cfg::kWarps; ++w) m = fmaxf(m, ms[w * 16 + r]);
       const float m_use = m == -INFINITY ? 0.f : m;
-      float l = 0.f, v = 0.f;
+      float l = 0.f;
+      float f[Cfg::kWarps];
 #pragma unroll
       for (int w = 0; w < Cfg::kWarps; ++w) {
-        const float f = exp2f(ms[w * 16 + r] - m_use);
-        l += ls[w * 16 + r] * f;
-        v += as[(w * 16 + r) * D + d] * f;
+        f[w] = ptx::Exp2Ftz(ms[w * 16 + r] - m_use);
+        l += ls[w * 16 + r] * f[w];
       }
-      emit(r, d, l > 0.f ? v / l : 0.f, l > 0.f ? m_use + log2f(l) : -INFINITY);
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+      for (int w = 0; w < Cfg::kWarps; ++w) fs[w * 16 + r] = f[w] * inv;
+      ms[r] = l > 0.f ? m_use + __log2f(l) : -INFINITY;  // row lse; warp 0's m is consumed
+    }
+    __syncthreads();
+    for (int idx = tid; idx < valid_rows * (D / 4); idx += Cfg::kThreads) {
+      const int r = idx / (D / 4), d0 = (idx % (D / 4)) * 4;
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int w = 0; w < Cfg::kWarps; ++w) {
+        const float f = fs[w * 16 + r];
+        const float4 a = *reinterpret_cast<const float4*>(as + (w * 16 + r) * D + d0);
+        v.x += a.x * f;
+        v.y += a.y * f;
+        v.z += a.z * f;
+        v.w += a.w * f;
+      }
+      emit4(r, d0, v, ms[r]);
     }
   }
 }
 
 // Raising the dynamic shared-memory limit is a host call: once per kernel instantiation.
-template <typename C, int D, int RW, int TW>
+template <typename C, int D, int RW, int TW, bool PT>
 void EnsureSmemLimit() {
   static const bool done = [] {
-    cudaFuncSetAttribute(C8TileKernel<C, D, RW, TW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute(C8TileKernel<C, D, RW, TW, PT>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                          TileConfig<C, D, RW, TW>::kSmemBytes);
     return true;
   }();
@@ -508,28 +600,43 @@ void EnsureSmemLimit() {
 constexpr int kPrefillRowWarps = 8;  // 128-row prefill tiles
 constexpr int kDecodeTokWarps = 4;   // 16-row decode tiles, KV split over 4 warps
 
+template <typename C, int D, int RW, int TW, bool PT>
+void LaunchTileKernel(const TileArgs& a, cudaStream_t s) {
+  using Cfg = TileConfig<C, D, RW, TW>;
+  EnsureSmemLimit<C, D, RW, TW, PT>();
+  const dim3 grid(a.num_items, a.num_kv_heads);
+  C8TileKernel<C, D, RW, TW, PT><<<grid, Cfg::kThreads, Cfg::kSmemBytes, s>>>(a);
+}
+
+template <typename C, int D, bool PT>
+void LaunchTilesImpl(const TileArgs& a, bool prefill, cudaStream_t s) {
+  if (prefill) {
+    LaunchTileKernel<C, D, kPrefillRowWarps, 1, PT>(a, s);
+  } else {
+    LaunchTileKernel<C, D, 1, kDecodeTokWarps, PT>(a, s);
+  }
+}
+
 template <typename C, int D>
 void LaunchTilesImpl(const TileArgs& a, bool prefill, void* stream) {
   if (a.num_items == 0) return;
-  const dim3 grid(a.num_items, a.num_kv_heads);
   auto s = static_cast<cudaStream_t>(stream);
-  if (prefill) {
-    using Cfg = TileConfig<C, D, kPrefillRowWarps, 1>;
-    EnsureSmemLimit<C, D, kPrefillRowWarps, 1>();
-    C8TileKernel<C, D, kPrefillRowWarps, 1><<<grid, Cfg::kThreads, Cfg::kSmemBytes, s>>>(a);
-  } else {
-    using Cfg = TileConfig<C, D, 1, kDecodeTokWarps>;
-    EnsureSmemLimit<C, D, 1, kDecodeTokWarps>();
-    C8TileKernel<C, D, 1, kDecodeTokWarps><<<grid, Cfg::kThreads, Cfg::kSmemBytes, s>>>(a);
+  // Per-token scales exist only for 8-bit caches.
+  if constexpr (C::kBytes == 1) {
+    if (a.scale_mode == static_cast<int>(ScaleMode::kPerToken)) {
+      LaunchTilesImpl<C, D, true>(a, prefill, s);
+      return;
+    }
   }
+  LaunchTilesImpl<C, D, false>(a, prefill, s);
 }
 
 template <typename C, int D>
 int DecodeCtasPerSmImpl() {
   using Cfg = TileConfig<C, D, 1, kDecodeTokWarps>;
-  EnsureSmemLimit<C, D, 1, kDecodeTokWarps>();
+  EnsureSmemLimit<C, D, 1, kDecodeTokWarps, false>();
   int n = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, C8TileKernel<C, D, 1, kDecodeTokWarps>,
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, C8TileKernel<C, D, 1, kDecodeTokWarps, false>,
                                                 Cfg::kThreads, Cfg::kSmemBytes);
   return n;
 }
