@@ -15,6 +15,8 @@
 
 namespace llm::cuda {
 
+// kInt8 bytes are stored excess-128 (byte = q ^ 0x80 for the quantized value q in [-127, 127]):
+// the tile kernel's magic-number dequantization then needs no fix-up instruction.
 enum class CacheType { kBf16, kInt8, kFp8E4M3 };
 enum class ScaleMode {
   kNone,        // bf16 cache

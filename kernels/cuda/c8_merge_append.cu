@@ -120,7 +120,8 @@ __global__ void AppendKernel(const AppendArgs a, int cache_type) {
       const float s =
           a.scale_mode == static_cast<int>(ScaleMode::kPerChannel) ? scale[h * D + d] : s_head;
       if (cache_type == static_cast<int>(CacheType::kInt8)) {
-        static_cast<int8_t*>(cache)[dst + d] = QuantInt8(x[i], s);
+        // Stored excess-128 (C8Shape): the tile kernel's dequantization then needs no fix-up.
+        static_cast<uint8_t*>(cache)[dst + d] = static_cast<uint8_t>(QuantInt8(x[i], s)) ^ 0x80u;
       } else {
         static_cast<uint8_t*>(cache)[dst + d] = QuantFp8(x[i], s);
       }

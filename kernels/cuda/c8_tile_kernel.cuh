@@ -59,13 +59,14 @@ struct Fp8Cache {
   static constexpr int kTile = 128;
 };
 
-// Two bytes of a 32-bit word (selected by a __byte_perm selector) -> f16x2. For int8 the caller
-// passes w ^ 0x80808080 (computed once per word). kOffset: leave int8 values as b + 1152 (exact
-// in fp16); q.(k + 1152) shifts a row's scores by a constant, which softmax ignores.
+// Two bytes of a 32-bit word (selected by a __byte_perm selector) -> f16x2. int8 values are
+// stored excess-128 (byte = q ^ 0x80 = q + 128), so placing a byte in the mantissa of 1024.0
+// gives 1024 + q + 128 = q + 1152, exact in fp16. kOffset: keep the +1152 (K: q.(k + 1152)
+// shifts a row's scores by a constant, which softmax ignores; V: the caller subtracts
+// 1152 x sum(P) at the end); otherwise subtract it here.
 template <typename C, bool kOffset = false>
 __device__ __forceinline__ uint32_t Bytes2ToF16x2(uint32_t w, uint32_t sel_int8, uint32_t sel_fp8) {
   if constexpr (std::is_same_v<C, Int8Cache>) {
-    // (b ^ 0x80) in the mantissa of 1024.0: value 1024 + b + 128; subtract 1152.
     const uint32_t h = __byte_perm(w, 0x64646464u, sel_int8);
     if constexpr (kOffset) return h;
     __half2 v = *reinterpret_cast<const __half2*>(&h);
@@ -127,8 +128,7 @@ struct Frag {
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt) {
-            const uint32_t w =
-                std::is_same_v<C, Int8Cache> ? r[h * 2 + nt] ^ 0x80808080u : r[h * 2 + nt];
+            const uint32_t w = r[h * 2 + nt];
             Mma(s[nt], qa[2 * c + h], Bytes2ToF16x2<C, kOffsetK>(w, 0x4140, 0x0010),
                 Bytes2ToF16x2<C, kOffsetK>(w, 0x4342, 0x0032));
           }
@@ -145,6 +145,12 @@ struct Frag {
       }
     }
   }
+  // int8 V keeps its +1152 offset in the product; psum (sum of the fp16 P actually multiplied,
+  // by one more mma against ones) removes it at the end.
+  static constexpr bool kVOffset = std::is_same_v<C, Int8Cache>;
+  __device__ static void RowSums(float (&psum)[4], const uint32_t (&pa)[4]) {
+    if constexpr (kVOffset) MmaF16(psum, pa, 0x3c003c00u, 0x3c003c00u);  // B = ones (fp16 1.0)
+  }
   // acc += P[16 x 16 tokens starting at n0] . V
   __device__ static void PV(float (*acc)[4], const uint32_t (&pa)[4], const uint8_t* v_tile, int n0,
                             int lane) {
@@ -156,13 +162,12 @@ struct Frag {
         LdMatrixX4T(r, v_tile + (n0 + rr + (mi & 1) * 8) * kRowBytes + j * 32 + (mi >> 1) * 16);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int blk = 2 * j + h;  // 16-d block
-          const uint32_t x = std::is_same_v<C, Int8Cache> ? 0x80808080u : 0u;
-          const uint32_t lo = r[2 * h] ^ x, hi = r[2 * h + 1] ^ x;  // tokens 0-7 and 8-15
-          Mma(acc[2 * blk], pa, Bytes2ToF16x2<C>(lo, 0x4240, 0x0020),
-              Bytes2ToF16x2<C>(hi, 0x4240, 0x0020));
-          Mma(acc[2 * blk + 1], pa, Bytes2ToF16x2<C>(lo, 0x4341, 0x0031),
-              Bytes2ToF16x2<C>(hi, 0x4341, 0x0031));
+          const int blk = 2 * j + h;                        // 16-d block
+          const uint32_t lo = r[2 * h], hi = r[2 * h + 1];  // tokens 0-7 and 8-15
+          Mma(acc[2 * blk], pa, Bytes2ToF16x2<C, kVOffset>(lo, 0x4240, 0x0020),
+              Bytes2ToF16x2<C, kVOffset>(hi, 0x4240, 0x0020));
+          Mma(acc[2 * blk + 1], pa, Bytes2ToF16x2<C, kVOffset>(lo, 0x4341, 0x0031),
+              Bytes2ToF16x2<C, kVOffset>(hi, 0x4341, 0x0031));
         }
       }
     } else {
@@ -212,9 +217,10 @@ constexpr float kLazyLog2 = 8.f;
 // vs: per-token V scales of the step's 16 tokens (kPerToken), folded into P after l is summed.
 template <typename F, bool kMask, bool kPerToken, int kNTiles>
 __device__ __forceinline__ void SoftmaxStep(float (&s)[2][4], float (&m_run)[2], float (&l_run)[2],
-                                            float (&acc)[kNTiles][4], uint32_t (&pa)[4],
-                                            float scale_log2, float lazy_raw, int col0, int kv_end,
-                                            const int (&row_pos)[2], int t, const float* vs) {
+                                            float (&acc)[kNTiles][4], float (&psum)[4],
+                                            uint32_t (&pa)[4], float scale_log2, float lazy_raw,
+                                            int col0, int kv_end, const int (&row_pos)[2], int t,
+                                            const float* vs) {
   if constexpr (kMask) {
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
@@ -251,6 +257,10 @@ __device__ __forceinline__ void SoftmaxStep(float (&s)[2][4], float (&m_run)[2],
       acc[n][2] *= alpha[1];
       acc[n][3] *= alpha[1];
     }
+    psum[0] *= alpha[0];
+    psum[1] *= alpha[0];
+    psum[2] *= alpha[1];
+    psum[3] *= alpha[1];
   }
   // A fully masked row so far keeps m = -inf: its probabilities must come out 0, not NaN.
   float neg_m[2];
@@ -346,29 +356,30 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
   for (int n = 0; n < kNTiles; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.f, 0.f};
+  float psum[4] = {0.f, 0.f, 0.f, 0.f};  // int8: per-row sums of the fp16 P (Frag::RowSums)
 
   const int num_tiles = (item.kv_end - item.kv_start + kTile - 1) / kTile;
   constexpr int kRowsPerThread = Cfg::kRowsPerThread;
   constexpr int kSrcRowBytes = D * C::kBytes;
   const int my_chunk = tid % Cfg::kChunksPerRow;
   const int my_row0 = (tid / Cfg::kChunksPerRow) * kRowsPerThread;
-  // The next tile's copy, looked up one iteration early so the dependent page-table load hides
-  // behind compute: the cache row index of this thread's first row, and how many of its rows lie
-  // before the chunk end (the rest are zero-filled: they must not hold NaNs).
-  int64_t next_row = 0;
-  int next_valid = 0;
+  // The next tile's copy: the page id of this thread's first row is loaded two tiles ahead and
+  // only used when that tile's copy is issued, so the dependent page-table load hides behind a
+  // whole tile of compute. Rows past the chunk end are zero-filled: they must not hold NaNs.
+  int next_page = 0, next_j = 0, next_valid = 0;
   const size_t head_base = static_cast<size_t>(kvh) << lbs;
   auto fetch_pages = [&](int tile) {
-    const int j = item.kv_start + tile * kTile + my_row0;
-    next_valid = tile < num_tiles ? min(max(item.kv_end - j, 0), kRowsPerThread) : 0;
-    next_row = next_valid > 0
-                   ? static_cast<int64_t>(static_cast<size_t>(pages[j >> lbs]) * page_stride +
-                                          head_base + (j & bs_mask))
-                   : 0;
+    next_j = item.kv_start + tile * kTile + my_row0;
+    next_valid = tile < num_tiles ? min(max(item.kv_end - next_j, 0), kRowsPerThread) : 0;
+    next_page = next_valid > 0 ? pages[next_j >> lbs] : 0;
   };
   auto issue_tile = [&](int stage) {
-    // Rows past the end stay inside the page of the thread's first row: addresses stay valid.
-    const size_t src = static_cast<size_t>(next_row) * kSrcRowBytes + my_chunk * 16;
+    // Cache row of this thread's first row. Rows past the end stay inside that page, so their
+    // (unread) addresses stay valid.
+    const size_t next_row = next_valid > 0 ? static_cast<size_t>(next_page) * page_stride +
+                                                 head_base + (next_j & bs_mask)
+                                           : 0;
+    const size_t src = next_row * kSrcRowBytes + my_chunk * 16;
     const uint8_t* k_src = static_cast<const uint8_t*>(args.k_cache) + src;
     const uint8_t* v_src = static_cast<const uint8_t*>(args.v_cache) + src;
     uint8_t* dst = raw + stage * 2 * Cfg::kTileBytes + my_row0 * Cfg::kRowBytes + my_chunk * 16;
@@ -432,9 +443,10 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
       }
       uint32_t pa[4];
       // P . diag(v_scale) . V for per-token scales.
-      SoftmaxStep<F, kMask, kPerToken>(s, m_run, l_run, acc, pa, scale_log2, lazy_raw,
+      SoftmaxStep<F, kMask, kPerToken>(s, m_run, l_run, acc, psum, pa, scale_log2, lazy_raw,
                                        tile_base + n0, item.kv_end, row_pos, t, vs + n0);
       F::PV(acc, pa, v_tile, n0, lane);
+      F::RowSums(psum, pa);
     };
     if (need_mask) {
 #pragma unroll
@@ -451,6 +463,13 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
     __syncthreads();  // the next iteration's loads overwrite this stage
   }
 
+  if constexpr (F::kVOffset) {  // remove the +1152 carried by every int8 V value
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[n][e] -= 1152.f * psum[e & 2];
+    }
+  }
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {  // each thread summed only its own columns
     l_run[ri] += __shfl_xor_sync(0xffffffff, l_run[ri], 1);

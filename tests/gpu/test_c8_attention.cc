@@ -46,12 +46,15 @@ float RoundBf16(float x) {
   return Bf16ToF32(F32ToBf16(x));
 }
 
-// Host model of one cache element: quantize per the storage definition.
+// Host model of one cache element: quantize per the storage definition (int8 is stored
+// excess-128: byte = q ^ 0x80).
 uint8_t QuantByte(CacheType c, float x, float s) {
-  return c == CacheType::kInt8 ? static_cast<uint8_t>(QuantizeInt8(x, s)) : QuantizeFp8(x, s);
+  return c == CacheType::kInt8 ? static_cast<uint8_t>(QuantizeInt8(x, s)) ^ 0x80u
+                               : QuantizeFp8(x, s);
 }
 float Dequant(CacheType c, uint8_t b, float s) {
-  return c == CacheType::kInt8 ? DequantizeInt8(static_cast<int8_t>(b), s) : DequantizeFp8(b, s);
+  return c == CacheType::kInt8 ? DequantizeInt8(static_cast<int8_t>(b ^ 0x80u), s)
+                               : DequantizeFp8(b, s);
 }
 
 // Decode steps replayed from one CUDA graph per bucket: buffers sized once for the largest step (a
