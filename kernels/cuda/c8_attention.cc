@@ -77,7 +77,7 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
     chunk = config.min_chunk_tokens;
   } else if (any_decode) {
     double best = efficiency(ctas_for(chunk));
-    for (int n = 2; n <= config.max_splits; ++n) {
+    for (int n = 2; n <= std::min(config.max_splits, detail::kMaxSplits); ++n) {
       const int64_t c = ((max_kv + n - 1) / n + 63) / 64 * 64;
       if (c < config.min_chunk_tokens) break;
       if (config.max_decode_items > 0 &&
@@ -94,19 +94,22 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
       }
     }
   }
+  // The merging CTA holds one weight per chunk: never more than kMaxSplits chunks per tile.
+  chunk = std::max<int64_t>(chunk, (max_kv + detail::kMaxSplits - 1) / detail::kMaxSplits);
   chunk = (chunk + 63) / 64 * 64;
   for (const Tile& t : tiles) {
     auto& items = t.prefill ? plan.prefill_items : plan.decode_items;
     if (t.kv_end <= chunk || (t.prefill && !config.force_split)) {
-      items.push_back({t.seq, t.q_start, t.q_len, 0, t.kv_end, -1});
+      items.push_back({t.seq, t.q_start, t.q_len, 0, t.kv_end, -1, -1});
       continue;
     }
     const int n = static_cast<int>((t.kv_end + chunk - 1) / chunk);
+    const int merge = static_cast<int>(plan.merges.size());
     plan.merges.push_back({t.q_start, t.q_len, plan.num_partials, n});
     for (int c = 0; c < n; ++c) {
       const int b = static_cast<int>(c * chunk);
       const int e = static_cast<int>(std::min<int64_t>(t.kv_end, b + chunk));
-      items.push_back({t.seq, t.q_start, t.q_len, b, e, plan.num_partials++});
+      items.push_back({t.seq, t.q_start, t.q_len, b, e, plan.num_partials++, merge});
     }
   }
   return plan;
@@ -129,6 +132,7 @@ int C8Attention::decode_ctas_per_sm() const {
 void C8Attention::Area::Free() {
   if (d_ints) cudaFree(d_ints);
   if (d_partial) cudaFree(d_partial);
+  if (d_counters) cudaFree(d_counters);
   if (h_pinned) cudaFreeHost(h_pinned);
   *this = Area{};
 }
@@ -196,7 +200,19 @@ Status C8Attention::Upload(const AttentionBatch& batch, const C8Plan& plan, void
       static_cast<size_t>(a.num_partials) * shape_.num_kv_heads * detail::kPartialRows;
   LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&a.d_partial, &a.d_partial_cap,
                                        std::max<size_t>(rows * (shape_.head_dim + 1) * 4, 256)));
+  LLM_RETURN_IF_ERROR(EnsureCounters(&a, a.num_merges, stream));
   active_ = &eager_;
+  return Status::Ok();
+}
+
+Status C8Attention::EnsureCounters(Area* a, int merges, void* stream) {
+  const size_t bytes = static_cast<size_t>(std::max(merges, 1)) * shape_.num_kv_heads * sizeof(int);
+  if (bytes <= a->d_counters_cap) return Status::Ok();
+  void* p = a->d_counters;
+  LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&p, &a->d_counters_cap, bytes));
+  a->d_counters = static_cast<int*>(p);
+  GPU_RETURN_IF_ERROR(
+      cudaMemsetAsync(a->d_counters, 0, a->d_counters_cap, static_cast<cudaStream_t>(stream)));
   return Status::Ok();
 }
 
@@ -236,6 +252,7 @@ Status C8Attention::ReserveGraph(int max_seqs, int max_pages) {
   const size_t rows = static_cast<size_t>(items) * shape_.num_kv_heads * detail::kPartialRows;
   LLM_RETURN_IF_ERROR(
       GrowDeviceBuffer(&a.d_partial, &a.d_partial_cap, rows * (shape_.head_dim + 1) * 4));
+  LLM_RETURN_IF_ERROR(EnsureCounters(&a, S, nullptr));
   a.device_counts = true;
   graph_max_seqs_ = S;
   graph_max_pages_ = max_pages;
@@ -323,6 +340,8 @@ Status C8Attention::Attend(const LayerArgs& args, void* stream) {
   ta.device_num_items = counts;
   ta.partial_o = partial_o;
   ta.partial_lse = partial_lse;
+  ta.merges = reinterpret_cast<const C8MergeItem*>(ints + a.off_merge);
+  ta.merge_counters = a.d_counters;
   ta.num_q_heads = shape_.num_q_heads;
   ta.num_kv_heads = shape_.num_kv_heads;
   int lbs = 0;
@@ -352,17 +371,6 @@ Status C8Attention::Attend(const LayerArgs& args, void* stream) {
   launch(reinterpret_cast<const C8WorkItem*>(ints + a.off_decode), a.num_decode, false);
   GPU_RETURN_IF_ERROR(cudaGetLastError());
   launch(reinterpret_cast<const C8WorkItem*>(ints + a.off_prefill), a.num_prefill, true);
-  GPU_RETURN_IF_ERROR(cudaGetLastError());
-  detail::MergeArgs ma{};
-  ma.out = args.out;
-  ma.items = reinterpret_cast<const C8MergeItem*>(ints + a.off_merge);
-  ma.partial_o = partial_o;
-  ma.partial_lse = partial_lse;
-  ma.device_num_items = counts == nullptr ? nullptr : counts + 1;
-  ma.num_items = a.num_merges;
-  ma.num_q_heads = shape_.num_q_heads;
-  ma.num_kv_heads = shape_.num_kv_heads;
-  detail::LaunchMerge(ma, shape_.head_dim, stream);
   GPU_RETURN_IF_ERROR(cudaGetLastError());
   return Status::Ok();
 }

@@ -42,9 +42,11 @@ struct C8WorkItem {
   int32_t kv_start;  // KV range [kv_start, kv_end) of this chunk
   int32_t kv_end;
   int32_t partial;  // -1: write the output directly; else index of this chunk's partial slot
+  int32_t merge;    // with a partial: index of the C8MergeItem that combines it (else -1)
 };
 
-// Combines the partial results of one split query tile.
+// Combines the partial results of one split query tile. The tile kernel's CTA that finishes a
+// tile's last chunk (per KV head, counted atomically) merges them: no separate merge launch.
 struct C8MergeItem {
   int32_t q_start;
   int32_t q_len;
@@ -129,6 +131,10 @@ class C8Attention {
     size_t d_ints_cap = 0;
     void* d_partial = nullptr;  // partial outputs + lse
     size_t d_partial_cap = 0;
+    // [merge items x num_kv_heads] chunks finished so far; zero between launches (the merging
+    // CTA resets its counter).
+    int* d_counters = nullptr;
+    size_t d_counters_cap = 0;  // bytes
     void* h_pinned = nullptr;
     size_t h_pinned_cap = 0;
     size_t off_counts = 0, off_q_indptr = 0, off_kv_lens = 0, off_page_indptr = 0, off_pages = 0,
@@ -140,6 +146,7 @@ class C8Attention {
     void Free();
   };
   Status Stage(Area* a, size_t bytes, void* stream);
+  Status EnsureCounters(Area* a, int merges, void* stream);
 
   C8Shape shape_;
   Area eager_, graph_;

@@ -19,8 +19,10 @@ struct TileArgs {
   const int32_t* page_indptr;
   const int32_t* pages;
   const C8WorkItem* items;
-  float* partial_o;    // [num_partials, Hkv, 64, D]
-  float* partial_lse;  // [num_partials, Hkv, 64] (log2 domain)
+  float* partial_o;    // [num_partials, Hkv, kPartialRows, D]
+  float* partial_lse;  // [num_partials, Hkv, kPartialRows] (log2 domain)
+  const C8MergeItem* merges;
+  int* merge_counters;  // [merges, Hkv], zero between launches
   // Graph launches: the grid covers a capacity and the step's item count is read here (CTAs past
   // it exit). Null: num_items is exact.
   const int32_t* device_num_items;
@@ -30,17 +32,6 @@ struct TileArgs {
   int log2_block_size;
   int scale_mode;    // ScaleMode
   float scale_log2;  // softmax_scale * log2(e)
-};
-
-struct MergeArgs {
-  void* out;
-  const C8MergeItem* items;
-  const float* partial_o;
-  const float* partial_lse;
-  const int32_t* device_num_items;  // as in TileArgs
-  int num_items;
-  int num_q_heads;
-  int num_kv_heads;
 };
 
 struct AppendArgs {
@@ -59,6 +50,7 @@ struct AppendArgs {
 
 constexpr int kPartialRows = 128;  // rows of the largest (prefill) tile
 constexpr int kDecodeRows = 16;    // decode tile: query tokens x GQA group <= 16
+constexpr int kMaxSplits = 64;     // KV chunks of one query tile (the fused merge's weights)
 
 // Launchers, one translation unit per cache type (explicit instantiation groups).
 void LaunchTilesBf16(const TileArgs& a, int head_dim, bool prefill, void* stream);
@@ -68,7 +60,6 @@ void LaunchTilesFp8(const TileArgs& a, int head_dim, bool prefill, void* stream)
 int DecodeCtasPerSmBf16(int head_dim);
 int DecodeCtasPerSmInt8(int head_dim);
 int DecodeCtasPerSmFp8(int head_dim);
-void LaunchMerge(const MergeArgs& a, int head_dim, void* stream);
 void LaunchAppend(const AppendArgs& a, CacheType cache, int head_dim, void* stream);
 
 }  // namespace llm::cuda::detail

@@ -282,6 +282,62 @@ __device__ __forceinline__ void SoftmaxStep(float (&s)[2][4], float (&m_run)[2],
   pa[3] = F::Pack(p[1][2], p[1][3]);
 }
 
+__device__ __forceinline__ void StoreBf16x4(void* dst, const float (&o)[4]) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(o[0], o[1]);
+  const __nv_bfloat162 hi = __floats2bfloat162_rn(o[2], o[3]);
+  uint2 w;
+  w.x = *reinterpret_cast<const uint32_t*>(&lo);
+  w.y = *reinterpret_cast<const uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(dst) = w;
+}
+
+// Combines the chunks of one split query tile for one KV head (rows: its query rows), run by the
+// CTA that finished the tile's last chunk. Partials come from other CTAs: loads bypass L1.
+template <int D, int kThreads, int kRows>
+__device__ void MergeChunks(const TileArgs& args, const C8MergeItem& mi, int kvh, int group,
+                            int rows, uint8_t* smem) {
+  static_assert(kRows * kMaxSplits * 4 <= 32 * 1024, "merge weights fit the tile's shared memory");
+  float* w = reinterpret_cast<float*>(smem);  // [kRows][kMaxSplits] chunk weights
+  const int n = min(mi.num_partials, kMaxSplits);
+  auto prow = [&](int p, int r) {
+    return (static_cast<size_t>(mi.first_partial + p) * args.num_kv_heads + kvh) * kPartialRows + r;
+  };
+  for (int r = threadIdx.x; r < rows; r += kThreads) {
+    float* wr = w + r * kMaxSplits;
+    float m = -INFINITY;
+    for (int p = 0; p < n; ++p) {
+      wr[p] = __ldcg(args.partial_lse + prow(p, r));
+      m = fmaxf(m, wr[p]);
+    }
+    const float m_use = m == -INFINITY ? 0.f : m;
+    float sum = 0.f;
+    for (int p = 0; p < n; ++p) {
+      wr[p] = ptx::Exp2Ftz(wr[p] - m_use);
+      sum += wr[p];
+    }
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    for (int p = 0; p < n; ++p) wr[p] *= inv;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < rows * (D / 4); idx += kThreads) {
+    const int r = idx / (D / 4), d0 = (idx % (D / 4)) * 4;
+    float o[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int p = 0; p < n; ++p) {
+      const float f = w[r * kMaxSplits + p];
+      const float4 a =
+          __ldcg(reinterpret_cast<const float4*>(args.partial_o + prow(p, r) * D + d0));
+      o[0] += f * a.x;
+      o[1] += f * a.y;
+      o[2] += f * a.z;
+      o[3] += f * a.w;
+    }
+    const int tok = r / group, head = kvh * group + r % group;
+    StoreBf16x4(static_cast<__nv_bfloat16*>(args.out) +
+                    (static_cast<size_t>(mi.q_start + tok) * args.num_q_heads + head) * D + d0,
+                o);
+  }
+}
+
 template <typename C, int D, int ROW_WARPS, int TOK_WARPS, bool kPerToken>
 __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const TileArgs args) {
   using Cfg = TileConfig<C, D, ROW_WARPS, TOK_WARPS>;
@@ -497,15 +553,9 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
       for (int i = 0; i < 4; ++i) o[i] *= args.v_scale[kvh * D + d0 + i];
     }
     if (item.partial < 0) {
-      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(args.out) +
-                           (static_cast<size_t>(item.q_start + tok) * args.num_q_heads + head) * D +
-                           d0;
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(o[0], o[1]);
-      const __nv_bfloat162 hi = __floats2bfloat162_rn(o[2], o[3]);
-      uint2 w;
-      w.x = *reinterpret_cast<const uint32_t*>(&lo);
-      w.y = *reinterpret_cast<const uint32_t*>(&hi);
-      *reinterpret_cast<uint2*>(out) = w;
+      StoreBf16x4(static_cast<__nv_bfloat16*>(args.out) +
+                      (static_cast<size_t>(item.q_start + tok) * args.num_q_heads + head) * D + d0,
+                  o);
     } else {
       const size_t prow =
           (static_cast<size_t>(item.partial) * args.num_kv_heads + kvh) * kPartialRows + r;
@@ -602,6 +652,25 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
       emit4(r, d0, v, ms[r]);
     }
   }
+
+  if (item.partial < 0) return;
+  // A split tile: the CTA that finishes the tile's last chunk (for this KV head) merges them.
+  // Release/acquire through thread 0 (as CUTLASS's semaphore does): the barrier orders every
+  // thread's partial stores before its fence and atomic, and its fence after the atomic orders
+  // the merge's loads after the other chunks' counts.
+  __shared__ int s_last;
+  __syncthreads();  // (also: the staging reads above are done; the merge reuses shared memory)
+  const C8MergeItem mi = args.merges[item.merge];
+  int* counter = args.merge_counters + static_cast<size_t>(item.merge) * args.num_kv_heads + kvh;
+  if (tid == 0) {
+    __threadfence();
+    s_last = atomicAdd(counter, 1) == mi.num_partials - 1;
+    __threadfence();
+  }
+  __syncthreads();
+  if (!s_last) return;
+  MergeChunks<D, Cfg::kThreads, Cfg::kRows>(args, mi, kvh, group, valid_rows, smem);
+  if (tid == 0) *counter = 0;  // zero again for the next launch (graph replays reuse it)
 }
 
 // Raising the dynamic shared-memory limit is a host call: once per kernel instantiation.

@@ -1,4 +1,5 @@
-// Split-KV merge and KV append (quantizing) kernels for C8 attention.
+// KV append (quantizing) kernel for C8 attention. (Split-KV chunks are merged inside the tile
+// kernel: c8_tile_kernel.cuh.)
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -7,57 +8,6 @@
 
 namespace llm::cuda::detail {
 namespace {
-
-// One CTA per (merge item, query head). The chunk weights are computed once into shared memory,
-// then each thread sums its output dims over the chunks with independent loads in flight.
-constexpr int kMaxMergePartials = 256;
-
-__global__ void MergeKernel(const MergeArgs a, int D) {
-  __shared__ float weight[kMaxMergePartials];
-  __shared__ float inv_sum;
-  if (a.device_num_items != nullptr && static_cast<int>(blockIdx.x) >= *a.device_num_items) return;
-  const C8MergeItem item = a.items[blockIdx.x];
-  const int head = blockIdx.y;
-  const int group = a.num_q_heads / a.num_kv_heads;
-  const int kvh = head / group, g = head % group;
-  const int n = min(item.num_partials, kMaxMergePartials);
-  for (int tok = 0; tok < item.q_len; ++tok) {
-    const int r = tok * group + g;
-    auto prow = [&](int p) {
-      return (static_cast<size_t>(item.first_partial + p) * a.num_kv_heads + kvh) * kPartialRows +
-             r;
-    };
-    __syncthreads();  // weights of the previous token are no longer read
-    for (int p = threadIdx.x; p < n; p += blockDim.x) weight[p] = a.partial_lse[prow(p)];
-    __syncthreads();
-    if (threadIdx.x < 32) {
-      float m = -INFINITY;
-      for (int p = threadIdx.x; p < n; p += 32) m = fmaxf(m, weight[p]);
-      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
-      const float m_use = m == -INFINITY ? 0.f : m;
-      float sum = 0.f;
-      for (int p = threadIdx.x; p < n; p += 32) {
-        weight[p] = exp2f(weight[p] - m_use);
-        sum += weight[p];
-      }
-      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, o);
-      if (threadIdx.x == 0) inv_sum = sum > 0.f ? 1.f / sum : 0.f;
-    }
-    __syncthreads();
-    for (int d = threadIdx.x * 2; d < D; d += blockDim.x * 2) {
-      float v0 = 0.f, v1 = 0.f;
-#pragma unroll 8
-      for (int p = 0; p < n; ++p) {
-        const float2 o = *reinterpret_cast<const float2*>(a.partial_o + prow(p) * D + d);
-        v0 += weight[p] * o.x;
-        v1 += weight[p] * o.y;
-      }
-      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(a.out) +
-                           (static_cast<size_t>(item.q_start + tok) * a.num_q_heads + head) * D + d;
-      *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(v0 * inv_sum, v1 * inv_sum);
-    }
-  }
-}
 
 // Quantization exactly as engine/base/quant.h defines it.
 __device__ __forceinline__ int8_t QuantInt8(float x, float scale) {
@@ -130,12 +80,6 @@ __global__ void AppendKernel(const AppendArgs a, int cache_type) {
 }
 
 }  // namespace
-
-void LaunchMerge(const MergeArgs& a, int head_dim, void* stream) {
-  if (a.num_items == 0) return;
-  MergeKernel<<<dim3(a.num_items, a.num_q_heads), 64, 0, static_cast<cudaStream_t>(stream)>>>(
-      a, head_dim);
-}
 
 void LaunchAppend(const AppendArgs& a, CacheType cache, int head_dim, void* stream) {
   if (a.num_tokens == 0) return;
