@@ -34,7 +34,7 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
   plan.prefill_tile_tokens = std::max(1, detail::kPartialRows / group);
 
   struct Tile {
-    int seq, q_start, q_len, kv_end;
+    int q_start, q_len, kv_end, page_base;
     bool prefill;
   };
   std::vector<Tile> tiles;
@@ -49,7 +49,7 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
       const int len = std::min(tile_tokens, q_len - t0);
       // Causal: the tile's last query sits at position kv_len - q_len + t0 + len - 1.
       const int kv_end = kv_len - q_len + t0 + len;
-      tiles.push_back({s, q0 + t0, len, kv_end, prefill});
+      tiles.push_back({q0 + t0, len, kv_end, batch.page_indptr[s], prefill});
       total_kv += kv_end;
     }
   }
@@ -99,8 +99,9 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
   chunk = (chunk + 63) / 64 * 64;
   for (const Tile& t : tiles) {
     auto& items = t.prefill ? plan.prefill_items : plan.decode_items;
+    const int q_pos0 = t.kv_end - t.q_len;  // the tile's last query sits at kv_end - 1
     if (t.kv_end <= chunk || (t.prefill && !config.force_split)) {
-      items.push_back({t.seq, t.q_start, t.q_len, 0, t.kv_end, -1, -1});
+      items.push_back({t.q_start, t.q_len, 0, t.kv_end, -1, -1, t.page_base, q_pos0});
       continue;
     }
     const int n = static_cast<int>((t.kv_end + chunk - 1) / chunk);
@@ -109,7 +110,7 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
     for (int c = 0; c < n; ++c) {
       const int b = static_cast<int>(c * chunk);
       const int e = static_cast<int>(std::min<int64_t>(t.kv_end, b + chunk));
-      items.push_back({t.seq, t.q_start, t.q_len, b, e, plan.num_partials++, merge});
+      items.push_back({t.q_start, t.q_len, b, e, plan.num_partials++, merge, t.page_base, q_pos0});
     }
   }
   return plan;
@@ -171,9 +172,6 @@ Status C8Attention::Upload(const AttentionBatch& batch, const C8Plan& plan, void
     return o;
   };
   a.off_counts = take(0);
-  a.off_q_indptr = take(batch.q_indptr.size());
-  a.off_kv_lens = take(batch.kv_lens.size());
-  a.off_page_indptr = take(batch.page_indptr.size());
   a.off_pages = take(batch.page_indices.size());
   a.off_slots = take(batch.slot_mapping.size());
   a.off_decode = take(plan.decode_items.size() * sizeof(C8WorkItem) / 4);
@@ -185,9 +183,6 @@ Status C8Attention::Upload(const AttentionBatch& batch, const C8Plan& plan, void
   auto put = [&](size_t o, const void* src, size_t n_bytes) {
     if (n_bytes) std::memcpy(h + o, src, n_bytes);
   };
-  put(a.off_q_indptr, batch.q_indptr.data(), batch.q_indptr.size() * 4);
-  put(a.off_kv_lens, batch.kv_lens.data(), batch.kv_lens.size() * 4);
-  put(a.off_page_indptr, batch.page_indptr.data(), batch.page_indptr.size() * 4);
   put(a.off_pages, batch.page_indices.data(), batch.page_indices.size() * 4);
   put(a.off_slots, batch.slot_mapping.data(), batch.slot_mapping.size() * 4);
   put(a.off_decode, plan.decode_items.data(), plan.decode_items.size() * sizeof(C8WorkItem));
@@ -238,9 +233,6 @@ Status C8Attention::ReserveGraph(int max_seqs, int max_pages) {
     return o;
   };
   a.off_counts = take(4);  // [decode items, merges]
-  a.off_q_indptr = take(S + 1);
-  a.off_kv_lens = take(S);
-  a.off_page_indptr = take(S + 1);
   a.off_slots = take(S);
   a.off_decode = take(static_cast<size_t>(items) * sizeof(C8WorkItem) / 4);
   a.off_prefill = take(0);
@@ -281,9 +273,6 @@ Status C8Attention::UploadGraph(const AttentionBatch& batch, const C8Plan& plan,
   auto* h = static_cast<int32_t*>(a.h_pinned);
   h[a.off_counts] = static_cast<int32_t>(plan.decode_items.size());
   h[a.off_counts + 1] = static_cast<int32_t>(plan.merges.size());
-  std::memcpy(h + a.off_q_indptr, batch.q_indptr.data(), (n + 1) * 4);
-  std::memcpy(h + a.off_kv_lens, batch.kv_lens.data(), n * 4);
-  std::memcpy(h + a.off_page_indptr, batch.page_indptr.data(), (n + 1) * 4);
   std::memcpy(h + a.off_pages, batch.page_indices.data(), batch.page_indices.size() * 4);
   std::memcpy(h + a.off_slots, batch.slot_mapping.data(), n * 4);
   std::fill(h + a.off_slots + n, h + a.off_slots + bucket, -1);  // padding rows: no append
@@ -333,9 +322,6 @@ Status C8Attention::Attend(const LayerArgs& args, void* stream) {
   ta.v_cache = args.v_cache;
   ta.k_scale = args.k_scale;
   ta.v_scale = args.v_scale;
-  ta.q_indptr = ints + a.off_q_indptr;
-  ta.kv_lens = ints + a.off_kv_lens;
-  ta.page_indptr = ints + a.off_page_indptr;
   ta.pages = ints + a.off_pages;
   ta.device_num_items = counts;
   ta.partial_o = partial_o;

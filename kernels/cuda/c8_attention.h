@@ -35,14 +35,17 @@ struct C8Shape {
 };
 
 // One unit of kernel work: a query tile of one sequence against a KV range, for every KV head.
-struct C8WorkItem {
-  int32_t seq;
+// It carries everything the kernel needs about its sequence, so a CTA's first dependent loads are
+// this item (two 16-byte loads) and then its first page ids.
+struct alignas(16) C8WorkItem {
   int32_t q_start;   // first query row of the tile in the flattened batch
   int32_t q_len;     // query tokens in the tile
   int32_t kv_start;  // KV range [kv_start, kv_end) of this chunk
   int32_t kv_end;
-  int32_t partial;  // -1: write the output directly; else index of this chunk's partial slot
-  int32_t merge;    // with a partial: index of the C8MergeItem that combines it (else -1)
+  int32_t partial;    // -1: write the output directly; else index of this chunk's partial slot
+  int32_t merge;      // with a partial: index of the C8MergeItem that combines it (else -1)
+  int32_t page_base;  // the sequence's first entry in the block table (page_indptr[seq])
+  int32_t q_pos0;     // causal position of the tile's first query token (sees keys [0, q_pos0])
 };
 
 // Combines the partial results of one split query tile. The tile kernel's CTA that finishes a
@@ -124,7 +127,7 @@ class C8Attention {
   int decode_ctas_per_sm() const;
 
  private:
-  // One upload area: device ints (CSR arrays, slots, work and merge items), partial outputs,
+  // One upload area: device ints (block table, slots, work and merge items), partial outputs,
   // pinned staging, offsets in int32 elements, and what the launches cover.
   struct Area {
     void* d_ints = nullptr;
@@ -137,8 +140,8 @@ class C8Attention {
     size_t d_counters_cap = 0;  // bytes
     void* h_pinned = nullptr;
     size_t h_pinned_cap = 0;
-    size_t off_counts = 0, off_q_indptr = 0, off_kv_lens = 0, off_page_indptr = 0, off_pages = 0,
-           off_slots = 0, off_decode = 0, off_prefill = 0, off_merge = 0;
+    size_t off_counts = 0, off_pages = 0, off_slots = 0, off_decode = 0, off_prefill = 0,
+           off_merge = 0;
     int num_partials = 0;  // partial slots the partial buffer is laid out for
     // Grid extents of the launches, and whether the kernels read the exact counts on the device.
     int num_tokens = 0, num_decode = 0, num_prefill = 0, num_merges = 0;

@@ -14,10 +14,7 @@ struct TileArgs {
   const void* v_cache;
   const float* k_scale;
   const float* v_scale;
-  const int32_t* q_indptr;
-  const int32_t* kv_lens;
-  const int32_t* page_indptr;
-  const int32_t* pages;
+  const int32_t* pages;  // block table (C8WorkItem::page_base indexes it)
   const C8WorkItem* items;
   float* partial_o;    // [num_partials, Hkv, kPartialRows, D]
   float* partial_lse;  // [num_partials, Hkv, kPartialRows] (log2 domain)

@@ -350,7 +350,12 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
   if (args.device_num_items != nullptr && static_cast<int>(blockIdx.x) >= *args.device_num_items) {
     return;
   }
-  const C8WorkItem item = args.items[blockIdx.x];
+  C8WorkItem item;
+  {  // two 16-byte loads (the item array is 16-byte aligned)
+    const int4* src = reinterpret_cast<const int4*>(args.items + blockIdx.x);
+    *reinterpret_cast<int4*>(&item) = src[0];
+    *(reinterpret_cast<int4*>(&item) + 1) = src[1];
+  }
   const int kvh = blockIdx.y;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int rw = warp / TOK_WARPS, tw = warp % TOK_WARPS;
@@ -360,59 +365,16 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
   uint8_t* raw = smem;                                                 // [stage][K|V][kTile rows]
   float* tok_scale = reinterpret_cast<float*>(smem + Cfg::kRawBytes);  // [stage][K|V][kTile]
 
-  const int seq = item.seq;
-  const int seq_q_begin = args.q_indptr[seq];
-  const int seq_q_len = args.q_indptr[seq + 1] - seq_q_begin;
-  const int kv_len = args.kv_lens[seq];
-  const int32_t* pages = args.pages + args.page_indptr[seq];
+  const int32_t* pages = args.pages + item.page_base;
   const int lbs = args.log2_block_size;  // block sizes are powers of two: shifts, not divisions
   const int bs_mask = (1 << lbs) - 1;
   const size_t page_stride = static_cast<size_t>(args.num_kv_heads) << lbs;  // rows per page
 
+  // Causal: the query token at sequence position p sees keys [0, p].
+  const int first_row_pos = item.q_pos0;
   int row_pos[2];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = rw * 16 + g + 8 * i;
-    // Causal: the query token at sequence position p sees keys [0, p].
-    row_pos[i] = kv_len - seq_q_len + (item.q_start - seq_q_begin) + r / group;
-  }
-
-  // q fragments for this warp's 16 rows (per-channel K scale folded in).
-  uint32_t qa[kKSteps][4];
-  {
-    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(args.q);
-#pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int r = rw * 16 + g + ((j & 1) ? 8 : 0);
-        const int col = F::QCol(kk, t, j);
-        const int tok = r / group, head = kvh * group + r % group;
-        float x0 = 0.f, x1 = 0.f;
-        if (tok < item.q_len) {
-          const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(
-              q + (static_cast<size_t>(item.q_start + tok) * args.num_q_heads + head) * D + col);
-          x0 = __bfloat162float(v.x);
-          x1 = __bfloat162float(v.y);
-          if (args.scale_mode == static_cast<int>(ScaleMode::kPerChannel)) {
-            x0 *= args.k_scale[kvh * D + col];
-            x1 *= args.k_scale[kvh * D + col + 1];
-          }
-        }
-        qa[kk][j] = F::Pack(x0, x1);
-      }
-    }
-  }
-  float scale_log2 = args.scale_log2;
-  if (args.scale_mode == static_cast<int>(ScaleMode::kPerHead)) scale_log2 *= args.k_scale[kvh];
-  const float lazy_raw = kLazyLog2 / scale_log2;  // the lazy-max slack in raw-score units
-
-  float acc[kNTiles][4];
-#pragma unroll
-  for (int n = 0; n < kNTiles; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-  float m_run[2] = {-INFINITY, -INFINITY};
-  float l_run[2] = {0.f, 0.f};
-  float psum[4] = {0.f, 0.f, 0.f, 0.f};  // int8: per-row sums of the fp16 P (Frag::RowSums)
+  for (int i = 0; i < 2; ++i) row_pos[i] = item.q_pos0 + (rw * 16 + g + 8 * i) / group;
 
   const int num_tiles = (item.kv_end - item.kv_start + kTile - 1) / kTile;
   constexpr int kRowsPerThread = Cfg::kRowsPerThread;
@@ -459,11 +421,58 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
     }
   };
 
+  // Prologue order matters (warps issue in order): the first page id and this warp's q are both
+  // requested before anything waits on either, then tile 0's copy, then q is packed.
   fetch_pages(0);
+  uint32_t qraw[kKSteps][4];  // bf16x2 bits of q (0 for padding rows)
+  {
+    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(args.q);
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int r = rw * 16 + g + ((j & 1) ? 8 : 0);
+        const int tok = r / group, head = kvh * group + r % group;
+        qraw[kk][j] =
+            tok < item.q_len
+                ? *reinterpret_cast<const uint32_t*>(
+                      q + (static_cast<size_t>(item.q_start + tok) * args.num_q_heads + head) * D +
+                      F::QCol(kk, t, j))
+                : 0u;
+      }
+    }
+  }
   if (num_tiles > 0) issue_tile(0);
   CpAsyncCommit();
   fetch_pages(1);
-  const int first_row_pos = kv_len - seq_q_len + (item.q_start - seq_q_begin);
+
+  // q fragments for this warp's 16 rows (per-channel K scale folded in).
+  uint32_t qa[kKSteps][4];
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&qraw[kk][j]);
+      float x0 = __bfloat162float(v.x), x1 = __bfloat162float(v.y);
+      if (args.scale_mode == static_cast<int>(ScaleMode::kPerChannel)) {
+        const int col = F::QCol(kk, t, j);
+        x0 *= args.k_scale[kvh * D + col];
+        x1 *= args.k_scale[kvh * D + col + 1];
+      }
+      qa[kk][j] = F::Pack(x0, x1);
+    }
+  }
+  float scale_log2 = args.scale_log2;
+  if (args.scale_mode == static_cast<int>(ScaleMode::kPerHead)) scale_log2 *= args.k_scale[kvh];
+  const float lazy_raw = kLazyLog2 / scale_log2;  // the lazy-max slack in raw-score units
+
+  float acc[kNTiles][4];
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float l_run[2] = {0.f, 0.f};
+  float psum[4] = {0.f, 0.f, 0.f, 0.f};  // int8: per-row sums of the fp16 P (Frag::RowSums)
+
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int stage = tile & 1;
     if (tile + 1 < num_tiles) {
