@@ -121,7 +121,11 @@ class CudaLlamaModel final : public Model {
   Status SelectPrefillBackend(const std::string& choice);
   // A layer projection y[T, n] = x[T, k] W^T (bf16 out): bf16 weights through cuBLAS, or fp8
   // weights with x quantized per tensor on the fly (its scale in s.act_scale[layer, proj]).
-  Status Project(Scratch& s, int layer, Proj proj, const void* x, int T, int n, int k, void* y);
+  // amax_ready: x's producer already folded max |x| into ActAmax(s, layer, proj) (fp8 only).
+  Status Project(Scratch& s, int layer, Proj proj, const void* x, int T, int n, int k, void* y,
+                 bool amax_ready = false);
+  // The fp8 activation absmax slot of (layer, proj) in s; null with bf16 weights.
+  float* ActAmax(Scratch& s, int layer, Proj proj) const;
   // Embedding and every layer for T rows of `s` (the part a decode graph captures).
   Status LaunchLayers(Scratch& s, int T);
   // Decode-only step of at most graph_max_batch_ sequences on a graph-capable backend: the padded
@@ -380,10 +384,11 @@ Status CudaLlamaModel::LaunchLayers(Scratch& s, int T) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = *layers_[l];
-    // The previous layer's MLP output joins the residual inside this norm.
+    // The previous layer's MLP output joins the residual inside this norm. With fp8 weights the
+    // norms and SiluMul also produce the absmax of their output for the next projection.
     cuda::LaunchAddRmsNorm(s.residual.as<float>(), l == 0 ? nullptr : s.tmp.ptr, L.attn_norm.ptr,
-                           nullptr, T, H, c.rms_norm_eps, s.xn.ptr, stream_);
-    LLM_RETURN_IF_ERROR(Project(s, l, kQkv, s.xn.ptr, T, QKV, H, s.qkv.ptr));
+                           nullptr, T, H, c.rms_norm_eps, s.xn.ptr, stream_, ActAmax(s, l, kQkv));
+    LLM_RETURN_IF_ERROR(Project(s, l, kQkv, s.xn.ptr, T, QKV, H, s.qkv.ptr, true));
     cuda::RopeArgs ra;
     ra.qkv = s.qkv.ptr;
     ra.bias = L.bqkv.ptr;
@@ -414,16 +419,21 @@ Status CudaLlamaModel::LaunchLayers(Scratch& s, int T) {
     step_attention_->Run(p);
     LLM_RETURN_IF_ERROR(Project(s, l, kO, s.attn.ptr, T, H, Q, s.tmp.ptr));
     cuda::LaunchAddRmsNorm(s.residual.as<float>(), s.tmp.ptr, L.mlp_norm.ptr, nullptr, T, H,
-                           c.rms_norm_eps, s.xn.ptr, stream_);
-    LLM_RETURN_IF_ERROR(Project(s, l, kGateUp, s.xn.ptr, T, 2 * I, H, s.gate_up.ptr));
-    cuda::LaunchSiluMul(s.gate_up.ptr, T, I, s.act.ptr, stream_);
-    LLM_RETURN_IF_ERROR(Project(s, l, kDown, s.act.ptr, T, H, I, s.tmp.ptr));
+                           c.rms_norm_eps, s.xn.ptr, stream_, ActAmax(s, l, kGateUp));
+    LLM_RETURN_IF_ERROR(Project(s, l, kGateUp, s.xn.ptr, T, 2 * I, H, s.gate_up.ptr, true));
+    cuda::LaunchSiluMul(s.gate_up.ptr, T, I, s.act.ptr, stream_, ActAmax(s, l, kDown));
+    LLM_RETURN_IF_ERROR(Project(s, l, kDown, s.act.ptr, T, H, I, s.tmp.ptr, true));
   }
   return Status::Ok();
 }
 
+float* CudaLlamaModel::ActAmax(Scratch& s, int layer, Proj proj) const {
+  if (!fp8_) return nullptr;
+  return s.act_amax.as<float>() + (layer * kNumProj + proj) * kScaleSlot;
+}
+
 Status CudaLlamaModel::Project(Scratch& s, int layer, Proj proj, const void* x, int T, int n, int k,
-                               void* y) {
+                               void* y, bool amax_ready) {
   const LayerWeights& L = *layers_[layer];
   if (!fp8_) {
     const void* w[] = {L.wqkv.ptr, L.wo.ptr, L.w_gate_up.ptr, L.w_down.ptr};
@@ -434,7 +444,7 @@ Status CudaLlamaModel::Project(Scratch& s, int layer, Proj proj, const void* x, 
   float* amax = s.act_amax.as<float>() + slot;
   float* scale = s.act_scale.as<float>() + slot;
   const int64_t n_in = static_cast<int64_t>(T) * k;
-  cuda::LaunchAbsMaxBf16(x, n_in, amax, stream_);
+  if (!amax_ready) cuda::LaunchAbsMaxBf16(x, n_in, amax, stream_);
   cuda::LaunchQuantizeFp8(x, n_in, amax, scale, s.xq.ptr, stream_);
   // Whole 16-row groups (the scratch is sized for them; rows past T are never read back).
   const int rows = (T + 15) / 16 * 16;

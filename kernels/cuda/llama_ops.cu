@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/fp8_quant.h"
 #include "kernels/cuda/llama_ops.h"
 
 namespace llm::cuda {
@@ -64,20 +65,48 @@ __device__ __forceinline__ void LoadBf16x8(const __nv_bfloat16* p, float (&f)[8]
     f[2 * j + 1] = x.y;
   }
 }
-__device__ __forceinline__ void StoreBf16x8(__nv_bfloat16* p, const float (&f)[8]) {
+// Stores 8 values as bf16; with kAmax also folds max |stored value| into *m.
+template <bool kAmax = false>
+__device__ __forceinline__ void StoreBf16x8(__nv_bfloat16* p, const float (&f)[8],
+                                            float* m = nullptr) {
   uint4 u;
   auto* h = reinterpret_cast<__nv_bfloat162*>(&u);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) h[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
+  for (int j = 0; j < 4; ++j) {
+    h[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
+    if constexpr (kAmax) {
+      const float2 r = __bfloat1622float2(h[j]);
+      *m = fmaxf(*m, fmaxf(fabsf(r.x), fabsf(r.y)));
+    }
+  }
   *reinterpret_cast<uint4*>(p) = u;
+}
+
+// One atomic per CTA into the fp8 activation absmax, skipped when the CTA's max cannot raise it
+// (non-negative floats order like their bits; a stale read only costs an extra atomic).
+template <bool kAmax>
+__device__ __forceinline__ void FoldAmax(float m, float* amax) {
+  if constexpr (kAmax) {
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
+    __shared__ float warp_max[32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) warp_max[warp] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 1; w < static_cast<int>((blockDim.x + 31) / 32); ++w) m = fmaxf(m, warp_max[w]);
+      if (m > *reinterpret_cast<volatile float*>(amax)) {
+        atomicMax(reinterpret_cast<int*>(amax), __float_as_int(m));
+      }
+    }
+  }
 }
 
 // AddRmsNormKernel for hidden % 8 == 0 and hidden <= 8 * kChunks * blockDim: the row stays in
 // registers between the sum and the scaling, and every access is 16 bytes (one CTA per row).
-template <int kChunks>
+template <int kChunks, bool kAmax>
 __global__ void AddRmsNormVecKernel(float* residual, const __nv_bfloat16* delta,
                                     const __nv_bfloat16* weight, const int32_t* rows, int hidden,
-                                    float eps, __nv_bfloat16* out) {
+                                    float eps, __nv_bfloat16* out, float* amax) {
   const int out_row = blockIdx.x;
   const int t = rows ? rows[out_row] : out_row;
   float* x = residual + static_cast<size_t>(t) * hidden;
@@ -105,6 +134,7 @@ __global__ void AddRmsNormVecKernel(float* residual, const __nv_bfloat16* delta,
     }
   }
   const float inv = rsqrtf(BlockSum(ss) / hidden + eps);
+  float m = 0.f;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int i = (c * blockDim.x + threadIdx.x) * 8;
@@ -113,8 +143,9 @@ __global__ void AddRmsNormVecKernel(float* residual, const __nv_bfloat16* delta,
     LoadBf16x8(weight + i, w);
 #pragma unroll
     for (int j = 0; j < 8; ++j) o[j] = v[c][j] * inv * w[j];
-    StoreBf16x8(out + static_cast<size_t>(out_row) * hidden + i, o);
+    StoreBf16x8<kAmax>(out + static_cast<size_t>(out_row) * hidden + i, o, &m);
   }
+  FoldAmax<kAmax>(m, amax);
 }
 
 // One CTA per (token, head); threads over the head's rotary pairs.
@@ -160,17 +191,22 @@ __device__ __forceinline__ float SiluMul(float x, float up) {
 }
 
 // grid (tokens, column blocks); 8 columns per thread with 16-byte accesses (inter % 8 == 0).
-__global__ void SiluMulVecKernel(const __nv_bfloat16* gate_up, int inter, __nv_bfloat16* act) {
+template <bool kAmax>
+__global__ void SiluMulVecKernel(const __nv_bfloat16* gate_up, int inter, __nv_bfloat16* act,
+                                 float* amax) {
   const int t = blockIdx.x;
   const int i = (blockIdx.y * blockDim.x + threadIdx.x) * 8;
-  if (i >= inter) return;
-  const __nv_bfloat16* g = gate_up + static_cast<size_t>(t) * 2 * inter;
-  float x[8], u[8], o[8];
-  LoadBf16x8(g + i, x);
-  LoadBf16x8(g + inter + i, u);
+  float m = 0.f;
+  if (i < inter) {  // no early return: FoldAmax has a barrier
+    const __nv_bfloat16* g = gate_up + static_cast<size_t>(t) * 2 * inter;
+    float x[8], u[8], o[8];
+    LoadBf16x8(g + i, x);
+    LoadBf16x8(g + inter + i, u);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) o[j] = SiluMul(x[j], u[j]);
-  StoreBf16x8(act + static_cast<size_t>(t) * inter + i, o);
+    for (int j = 0; j < 8; ++j) o[j] = SiluMul(x[j], u[j]);
+    StoreBf16x8<kAmax>(act + static_cast<size_t>(t) * inter + i, o, &m);
+  }
+  FoldAmax<kAmax>(m, amax);
 }
 
 __global__ void SiluMulKernel(const __nv_bfloat16* gate_up, int inter, __nv_bfloat16* act) {
@@ -208,7 +244,7 @@ void LaunchEmbedding(const void* table, const int32_t* ids, int num_tokens, int 
 }
 
 void LaunchAddRmsNorm(float* residual, const void* delta, const void* weight, const int32_t* rows,
-                      int num_rows, int hidden, float eps, void* out, void* stream) {
+                      int num_rows, int hidden, float eps, void* out, void* stream, float* amax) {
   if (num_rows == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
   const auto* d = static_cast<const __nv_bfloat16*>(delta);
@@ -219,14 +255,18 @@ void LaunchAddRmsNorm(float* residual, const void* delta, const void* weight, co
     // Threads so that each holds at most 4 chunks of 8 (hidden 4096: 128 threads x 4).
     const int chunks = hidden / 8;
     const int threads = std::min(256, std::max(32, (chunks + 3) / 4 + 31) / 32 * 32);
+    auto launch = [&](auto kernel) {
+      kernel<<<num_rows, threads, 0, s>>>(residual, d, w, rows, hidden, eps, o, amax);
+    };
     if (chunks <= 2 * threads) {
-      AddRmsNormVecKernel<2><<<num_rows, threads, 0, s>>>(residual, d, w, rows, hidden, eps, o);
+      amax ? launch(AddRmsNormVecKernel<2, true>) : launch(AddRmsNormVecKernel<2, false>);
     } else {
-      AddRmsNormVecKernel<4><<<num_rows, threads, 0, s>>>(residual, d, w, rows, hidden, eps, o);
+      amax ? launch(AddRmsNormVecKernel<4, true>) : launch(AddRmsNormVecKernel<4, false>);
     }
     return;
   }
   AddRmsNormKernel<<<num_rows, 256, 0, s>>>(residual, d, w, rows, hidden, eps, o);
+  if (amax) LaunchAbsMaxBf16(out, static_cast<int64_t>(num_rows) * hidden, amax, stream);
 }
 
 void LaunchBiasRope(const RopeArgs& a, void* stream) {
@@ -236,17 +276,23 @@ void LaunchBiasRope(const RopeArgs& a, void* stream) {
                    static_cast<cudaStream_t>(stream)>>>(a);
 }
 
-void LaunchSiluMul(const void* gate_up, int num_tokens, int inter, void* act, void* stream) {
+void LaunchSiluMul(const void* gate_up, int num_tokens, int inter, void* act, void* stream,
+                   float* amax) {
   if (num_tokens == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
   const auto* g = static_cast<const __nv_bfloat16*>(gate_up);
   auto* o = static_cast<__nv_bfloat16*>(act);
   if (inter % 8 == 0 && Aligned16(g) && Aligned16(o)) {
     const dim3 grid(num_tokens, (inter / 8 + 127) / 128);
-    SiluMulVecKernel<<<grid, 128, 0, s>>>(g, inter, o);
+    if (amax) {
+      SiluMulVecKernel<true><<<grid, 128, 0, s>>>(g, inter, o, amax);
+    } else {
+      SiluMulVecKernel<false><<<grid, 128, 0, s>>>(g, inter, o, nullptr);
+    }
     return;
   }
   SiluMulKernel<<<dim3(num_tokens, (inter + 255) / 256), 256, 0, s>>>(g, inter, o);
+  if (amax) LaunchAbsMaxBf16(act, static_cast<int64_t>(num_tokens) * inter, amax, stream);
 }
 
 void LaunchFillRandomBf16(void* p, int64_t n, float mean, float std, uint64_t seed, void* stream) {

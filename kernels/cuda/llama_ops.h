@@ -13,8 +13,11 @@ void LaunchEmbedding(const void* table, const int32_t* ids, int num_tokens, int 
 
 // residual[T, H] (+)= delta (bf16, may be null); out = bf16(rmsnorm(residual) * weight).
 // rows: optional row indices (gather; null = all T rows), out has one row per index.
+// amax (optional): *amax = max(*amax, max |out|), as LaunchAbsMaxBf16 (fp8_quant.h) would compute
+// it, so an fp8 GEMM consuming out needs no separate absmax pass.
 void LaunchAddRmsNorm(float* residual, const void* delta, const void* weight, const int32_t* rows,
-                      int num_rows, int hidden, float eps, void* out, void* stream);
+                      int num_rows, int hidden, float eps, void* out, void* stream,
+                      float* amax = nullptr);
 
 struct RopeArgs {
   const void* qkv = nullptr;           // bf16 [T, (Hq + 2 Hkv) * D] from the fused projection
@@ -29,8 +32,9 @@ struct RopeArgs {
 // Splits q/k/v, adds the bias, applies rotary ("rotate_half" pairs (i, i + D/2)) to q and k.
 void LaunchBiasRope(const RopeArgs& a, void* stream);
 
-// act[T, I] = silu(gate_up[:, :I]) * gate_up[:, I:]   (bf16)
-void LaunchSiluMul(const void* gate_up, int num_tokens, int inter, void* act, void* stream);
+// act[T, I] = silu(gate_up[:, :I]) * gate_up[:, I:]   (bf16); amax as in LaunchAddRmsNorm.
+void LaunchSiluMul(const void* gate_up, int num_tokens, int inter, void* act, void* stream,
+                   float* amax = nullptr);
 
 // Deterministic pseudo-random bf16 values mean + std * U(-sqrt3, sqrt3), for dummy weights.
 void LaunchFillRandomBf16(void* p, int64_t n, float mean, float std, uint64_t seed, void* stream);

@@ -1,10 +1,12 @@
 // The Llama element-wise kernels (kernels/cuda/llama_ops.h) against a host computation of the same
 // definition, on shapes that take the vectorized paths (multiples of 8) and the scalar fallbacks
-// (odd widths), with and without the residual delta and the row gather.
+// (odd widths), with and without the residual delta and the row gather, and with and without the
+// fp8 activation absmax they can produce.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -50,6 +52,13 @@ void CheckBf16Close(const std::vector<uint16_t>& got, const std::vector<float>& 
   CHECK(bad == 0);
 }
 
+// What LaunchAbsMaxBf16 defines: max |x| over the bf16 values, in fp32.
+float MaxAbsBf16(const std::vector<uint16_t>& v) {
+  float m = 0.f;
+  for (uint16_t x : v) m = std::max(m, std::fabs(Bf16ToF32(x)));
+  return m;
+}
+
 TEST_CASE("Llama ops: add + RMSNorm and SiluMul match the host definition", "[gpu][ops]") {
   std::mt19937 rng(std::random_device{}());
   for (int hidden : {256, 4096, 4100, 8192, 8200}) {
@@ -72,8 +81,12 @@ TEST_CASE("Llama ops: add + RMSNorm and SiluMul match the host definition", "[gp
           int32_t* d_rows = Upload(rows);
           uint16_t* d_out = nullptr;
           CUDA_REQUIRE(cudaMalloc(&d_out, static_cast<size_t>(R) * hidden * 2));
+          // The fp8 absmax output (half the cases; the other half take the kernels without it).
+          float* d_amax = nullptr;
+          CUDA_REQUIRE(cudaMalloc(&d_amax, sizeof(float)));
+          CUDA_REQUIRE(cudaMemset(d_amax, 0, sizeof(float)));
           LaunchAddRmsNorm(d_res, with_delta ? d_delta : nullptr, d_w, gather ? d_rows : nullptr, R,
-                           hidden, 1e-5f, d_out, nullptr);
+                           hidden, 1e-5f, d_out, nullptr, with_delta ? d_amax : nullptr);
           CUDA_REQUIRE(cudaDeviceSynchronize());
           // Host: the residual gains the delta on the processed rows; each output row is normed.
           std::vector<float> want_res = res, want_out(static_cast<size_t>(R) * hidden);
@@ -92,10 +105,12 @@ TEST_CASE("Llama ops: add + RMSNorm and SiluMul match the host definition", "[gp
             }
           }
           CHECK(Download(d_res, res.size()) == want_res);  // fp32 adds: exact
-          CheckBf16Close(Download(d_out, want_out.size()), want_out);
-          for (void* p :
-               {static_cast<void*>(d_res), static_cast<void*>(d_delta), static_cast<void*>(d_w),
-                static_cast<void*>(d_rows), static_cast<void*>(d_out)}) {
+          const auto got_out = Download(d_out, want_out.size());
+          CheckBf16Close(got_out, want_out);
+          CHECK(Download(d_amax, 1)[0] == (with_delta ? MaxAbsBf16(got_out) : 0.f));
+          for (void* p : {static_cast<void*>(d_res), static_cast<void*>(d_delta),
+                          static_cast<void*>(d_w), static_cast<void*>(d_rows),
+                          static_cast<void*>(d_out), static_cast<void*>(d_amax)}) {
             cudaFree(p);
           }
         }
@@ -109,7 +124,11 @@ TEST_CASE("Llama ops: add + RMSNorm and SiluMul match the host definition", "[gp
       uint16_t* d_gu = Upload(gu);
       uint16_t* d_act = nullptr;
       CUDA_REQUIRE(cudaMalloc(&d_act, static_cast<size_t>(T) * inter * 2));
-      LaunchSiluMul(d_gu, T, inter, d_act, nullptr);
+      float* d_amax = nullptr;
+      CUDA_REQUIRE(cudaMalloc(&d_amax, sizeof(float)));
+      CUDA_REQUIRE(cudaMemset(d_amax, 0, sizeof(float)));
+      const bool with_amax = T != 5;
+      LaunchSiluMul(d_gu, T, inter, d_act, nullptr, with_amax ? d_amax : nullptr);
       CUDA_REQUIRE(cudaDeviceSynchronize());
       std::vector<float> want(static_cast<size_t>(T) * inter);
       for (int t = 0; t < T; ++t) {
@@ -119,9 +138,12 @@ TEST_CASE("Llama ops: add + RMSNorm and SiluMul match the host definition", "[gp
           want[static_cast<size_t>(t) * inter + i] = x / (1.f + std::exp(-x)) * up;
         }
       }
-      CheckBf16Close(Download(d_act, want.size()), want);
+      const auto got = Download(d_act, want.size());
+      CheckBf16Close(got, want);
+      CHECK(Download(d_amax, 1)[0] == (with_amax ? MaxAbsBf16(got) : 0.f));
       cudaFree(d_gu);
       cudaFree(d_act);
+      cudaFree(d_amax);
     }
   }
 }
