@@ -161,7 +161,6 @@ Status C8Attention::Upload(const AttentionBatch& batch, const C8Plan& plan, void
   a.num_tokens = batch.num_tokens;
   a.num_decode = static_cast<int>(plan.decode_items.size());
   a.num_prefill = static_cast<int>(plan.prefill_items.size());
-  a.num_merges = static_cast<int>(plan.merges.size());
   a.num_partials = plan.num_partials;
   a.device_counts = false;
   // Layout of the one upload, in int32 elements (every section 16-byte aligned).
@@ -195,7 +194,7 @@ Status C8Attention::Upload(const AttentionBatch& batch, const C8Plan& plan, void
       static_cast<size_t>(a.num_partials) * shape_.num_kv_heads * detail::kPartialRows;
   LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&a.d_partial, &a.d_partial_cap,
                                        std::max<size_t>(rows * (shape_.head_dim + 1) * 4, 256)));
-  LLM_RETURN_IF_ERROR(EnsureCounters(&a, a.num_merges, stream));
+  LLM_RETURN_IF_ERROR(EnsureCounters(&a, static_cast<int>(plan.merges.size()), stream));
   active_ = &eager_;
   return Status::Ok();
 }
@@ -208,6 +207,9 @@ Status C8Attention::EnsureCounters(Area* a, int merges, void* stream) {
   a->d_counters = static_cast<int*>(p);
   GPU_RETURN_IF_ERROR(
       cudaMemsetAsync(a->d_counters, 0, a->d_counters_cap, static_cast<cudaStream_t>(stream)));
+  // Without a stream (ReserveGraph, at start-up) the zeros must land before any later stream's
+  // kernels: non-blocking streams do not wait for the legacy stream.
+  if (stream == nullptr) GPU_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return Status::Ok();
 }
 
@@ -232,7 +234,7 @@ Status C8Attention::ReserveGraph(int max_seqs, int max_pages) {
     off += Align4(n);
     return o;
   };
-  a.off_counts = take(4);  // [decode items, merges]
+  a.off_counts = take(4);  // [decode items]
   a.off_slots = take(S);
   a.off_decode = take(static_cast<size_t>(items) * sizeof(C8WorkItem) / 4);
   a.off_prefill = take(0);
@@ -272,7 +274,6 @@ Status C8Attention::UploadGraph(const AttentionBatch& batch, const C8Plan& plan,
   LLM_RETURN_IF_ERROR(Stage(&a, bytes, stream));
   auto* h = static_cast<int32_t*>(a.h_pinned);
   h[a.off_counts] = static_cast<int32_t>(plan.decode_items.size());
-  h[a.off_counts + 1] = static_cast<int32_t>(plan.merges.size());
   std::memcpy(h + a.off_pages, batch.page_indices.data(), batch.page_indices.size() * 4);
   std::memcpy(h + a.off_slots, batch.slot_mapping.data(), n * 4);
   std::fill(h + a.off_slots + n, h + a.off_slots + bucket, -1);  // padding rows: no append
@@ -284,7 +285,6 @@ Status C8Attention::UploadGraph(const AttentionBatch& batch, const C8Plan& plan,
   a.num_tokens = bucket;
   a.num_decode = GraphItemCapacity(bucket);
   a.num_prefill = 0;
-  a.num_merges = bucket;
   active_ = &graph_;
   return Status::Ok();
 }

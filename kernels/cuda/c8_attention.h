@@ -144,7 +144,7 @@ class C8Attention {
            off_merge = 0;
     int num_partials = 0;  // partial slots the partial buffer is laid out for
     // Grid extents of the launches, and whether the kernels read the exact counts on the device.
-    int num_tokens = 0, num_decode = 0, num_prefill = 0, num_merges = 0;
+    int num_tokens = 0, num_decode = 0, num_prefill = 0;
     bool device_counts = false;
     void Free();
   };
