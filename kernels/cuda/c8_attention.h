@@ -73,7 +73,7 @@ struct C8Plan {
   std::vector<C8WorkItem> decode_items;
   std::vector<C8WorkItem> prefill_items;
   std::vector<C8MergeItem> merges;
-  int num_partials = 0;  // partial slots, each [64 rows x head_dim] fp32 + lse per KV head
+  int num_partials = 0;  // partial slots, each [kPartialRows x head_dim] fp32 + lse per KV head
   int decode_tile_tokens = 0;
   int prefill_tile_tokens = 0;
 };

@@ -1,0 +1,153 @@
+// BuildC8Plan's invariants on random batches (host only: runs in CI without a GPU, see
+// gpu_main.cc). The GPU tests check the kernels that consume a plan; these check the plan itself:
+// every query row covered once, split chunks contiguous and merged exactly once, the per-item
+// sequence fields (block-table base, causal position) equal to the batch's, and the limits the
+// fused merge and the graph grids rely on.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "kernels/cuda/c8_attention.h"
+#include "kernels/cuda/c8_kernel_args.h"
+
+namespace llm::cuda {
+namespace {
+
+struct PlanCase {
+  AttentionBatch batch;
+  C8Shape shape;
+  C8PlanConfig config;
+};
+
+PlanCase RandomCase(std::mt19937& rng) {
+  PlanCase c;
+  const int groups[] = {1, 4, 8};
+  const int group = groups[rng() % 3];
+  c.shape.num_kv_heads = 1 + static_cast<int>(rng() % 8);
+  c.shape.num_q_heads = c.shape.num_kv_heads * group;
+  c.shape.block_size = (rng() % 2) ? 16 : 64;
+  c.config.num_sms = 132;
+  c.config.ctas_per_sm = 1 + static_cast<int>(rng() % 3);
+  c.config.force_split = rng() % 5 == 0;
+  const bool decode_only = rng() % 2 == 0;
+  AttentionBatch& b = c.batch;
+  b.num_seqs = 1 + static_cast<int>(rng() % 40);
+  b.q_indptr = {0};
+  b.page_indptr = {0};
+  for (int s = 0; s < b.num_seqs; ++s) {
+    // Decode rows: 1..4 query tokens (as many as fit 16 rows); else sometimes a prefill chunk.
+    const int max_decode = std::max(1, 16 / group);
+    int q_len = 1 + static_cast<int>(rng() % std::min(4, max_decode));
+    if (!decode_only && rng() % 3 == 0) q_len = 1 + static_cast<int>(rng() % 300);
+    const int kv_len = q_len + static_cast<int>(rng() % (rng() % 4 == 0 ? 20000 : 700));
+    b.q_indptr.push_back(b.q_indptr.back() + q_len);
+    b.kv_lens.push_back(kv_len);
+    const int pages = (kv_len + c.shape.block_size - 1) / c.shape.block_size;
+    for (int p = 0; p < pages; ++p) b.page_indices.push_back(static_cast<int32_t>(rng() % 100000));
+    b.page_indptr.push_back(static_cast<int32_t>(b.page_indices.size()));
+  }
+  b.num_tokens = b.q_indptr.back();
+  if (decode_only && !c.config.force_split && rng() % 2 == 0) {
+    c.config.max_decode_items = b.num_seqs + static_cast<int>(rng() % 200);  // a graph bucket
+  }
+  return c;
+}
+
+// The sequence whose query rows hold flattened row `row`.
+int SeqOfRow(const AttentionBatch& b, int row) {
+  const auto it = std::upper_bound(b.q_indptr.begin(), b.q_indptr.end(), row);
+  return static_cast<int>(it - b.q_indptr.begin()) - 1;
+}
+
+TEST_CASE("C8 plan: random batches cover every query row once with consistent items",
+          "[host][c8]") {
+  std::mt19937 rng(std::random_device{}());
+  for (int iter = 0; iter < 300; ++iter) {
+    const PlanCase c = RandomCase(rng);
+    const AttentionBatch& b = c.batch;
+    const C8Plan plan = BuildC8Plan(c.shape, b, c.config);
+    const int group = c.shape.num_q_heads / c.shape.num_kv_heads;
+    INFO("iter " << iter << " seqs " << b.num_seqs << " group " << group << " bs "
+                 << c.shape.block_size << " force_split " << c.config.force_split
+                 << " max_decode_items " << c.config.max_decode_items);
+
+    std::vector<int> covered(b.num_tokens, 0);
+    std::vector<int> merge_seen(plan.merges.size(), 0);
+    std::vector<int> partial_seen(plan.num_partials, 0);
+    for (int kind = 0; kind < 2; ++kind) {
+      const auto& items = kind == 0 ? plan.decode_items : plan.prefill_items;
+      const int rows_cap = kind == 0 ? detail::kDecodeRows : detail::kPartialRows;
+      for (const C8WorkItem& it : items) {
+        REQUIRE(it.q_len > 0);
+        const int s = SeqOfRow(b, it.q_start);
+        REQUIRE(s >= 0);
+        REQUIRE(s < b.num_seqs);
+        const int seq_q_begin = b.q_indptr[s], seq_q_len = b.q_indptr[s + 1] - seq_q_begin;
+        REQUIRE(it.q_start + it.q_len <= b.q_indptr[s + 1]);  // one sequence per tile
+        CHECK(it.q_len * group <= rows_cap);
+        CHECK(it.page_base == b.page_indptr[s]);
+        CHECK(it.q_pos0 == b.kv_lens[s] - seq_q_len + (it.q_start - seq_q_begin));
+        const int causal_end = it.q_pos0 + it.q_len;  // the tile's last query sees keys < this
+        REQUIRE(0 <= it.kv_start);
+        REQUIRE(it.kv_start < it.kv_end);
+        CHECK(it.kv_end <= causal_end);
+        CHECK(it.kv_start % 64 == 0);  // page-aligned tiles: the kernel's copy mapping needs it
+        if (it.partial < 0) {
+          CHECK(it.merge == -1);
+          CHECK(it.kv_start == 0);
+          CHECK(it.kv_end == causal_end);
+          for (int r = it.q_start; r < it.q_start + it.q_len; ++r) ++covered[r];
+          continue;
+        }
+        REQUIRE(it.merge >= 0);
+        REQUIRE(it.merge < static_cast<int>(plan.merges.size()));
+        const C8MergeItem& m = plan.merges[it.merge];
+        CHECK(m.q_start == it.q_start);
+        CHECK(m.q_len == it.q_len);
+        REQUIRE(it.partial >= m.first_partial);
+        REQUIRE(it.partial < m.first_partial + m.num_partials);
+        ++partial_seen[it.partial];
+        ++merge_seen[it.merge];
+      }
+    }
+    // Each split tile: chunk i of n is partial first_partial + i, contiguous, ending at the
+    // causal end; at most kMaxSplits chunks (the merging CTA's weight array).
+    std::vector<std::vector<const C8WorkItem*>> chunks(plan.merges.size());
+    for (const auto* items : {&plan.decode_items, &plan.prefill_items}) {
+      for (const C8WorkItem& it : *items) {
+        if (it.merge >= 0) chunks[it.merge].push_back(&it);
+      }
+    }
+    for (size_t mi = 0; mi < plan.merges.size(); ++mi) {
+      const C8MergeItem& m = plan.merges[mi];
+      INFO("merge " << mi);
+      CHECK(m.num_partials >= 2);
+      CHECK(m.num_partials <= detail::kMaxSplits);
+      REQUIRE(merge_seen[mi] == m.num_partials);
+      std::sort(chunks[mi].begin(), chunks[mi].end(),
+                [](const C8WorkItem* x, const C8WorkItem* y) { return x->partial < y->partial; });
+      int expect_start = 0;
+      for (int i = 0; i < m.num_partials; ++i) {
+        CHECK(chunks[mi][i]->partial == m.first_partial + i);
+        CHECK(chunks[mi][i]->kv_start == expect_start);
+        expect_start = chunks[mi][i]->kv_end;
+      }
+      CHECK(expect_start == chunks[mi][0]->q_pos0 + m.q_len);
+      for (int r = m.q_start; r < m.q_start + m.q_len; ++r) ++covered[r];
+    }
+    for (int p = 0; p < plan.num_partials; ++p) CHECK(partial_seen[p] == 1);
+    for (int r = 0; r < b.num_tokens; ++r) {
+      INFO("row " << r);
+      CHECK(covered[r] == 1);
+    }
+    if (c.config.max_decode_items > 0) {
+      CHECK(static_cast<int>(plan.decode_items.size()) <=
+            std::max(c.config.max_decode_items, b.num_seqs));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace llm::cuda
