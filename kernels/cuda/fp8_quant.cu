@@ -7,13 +7,10 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/block_abs_max.cuh"
+
 namespace llm::cuda {
 namespace {
-
-// Non-negative floats order like their bit patterns, so an integer atomic max is a float max.
-__device__ __forceinline__ void AtomicMaxNonNegative(float* addr, float v) {
-  atomicMax(reinterpret_cast<int*>(addr), __float_as_int(v));
-}
 
 // engine/base/quant.h DynamicScale(amax, 448).
 __device__ __forceinline__ float Fp8Scale(float amax) {
@@ -44,16 +41,7 @@ __global__ void AbsMaxKernel(const __nv_bfloat16* x, int64_t n, float* amax) {
     }
   }
   for (int64_t i = nv * kVec + tid; i < n; i += stride) m = fmaxf(m, fabsf(__bfloat162float(x[i])));
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
-  __shared__ float warp_max[32];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) warp_max[warp] = m;
-  __syncthreads();
-  if (warp == 0) {
-    m = lane < static_cast<int>(blockDim.x / 32) ? warp_max[lane] : 0.f;
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
-    if (lane == 0) AtomicMaxNonNegative(amax, m);
-  }
+  detail::BlockFoldAbsMax(m, amax);
 }
 
 __device__ __forceinline__ __nv_fp8_storage_t ToFp8(float v, float s) {

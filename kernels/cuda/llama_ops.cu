@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/block_abs_max.cuh"
 #include "kernels/cuda/fp8_quant.h"
 #include "kernels/cuda/llama_ops.h"
 
@@ -82,23 +83,10 @@ __device__ __forceinline__ void StoreBf16x8(__nv_bfloat16* p, const float (&f)[8
   *reinterpret_cast<uint4*>(p) = u;
 }
 
-// One atomic per CTA into the fp8 activation absmax, skipped when the CTA's max cannot raise it
-// (non-negative floats order like their bits; a stale read only costs an extra atomic).
+// The fp8 activation absmax of the kernel's output, when the next projection is an fp8 GEMM.
 template <bool kAmax>
 __device__ __forceinline__ void FoldAmax(float m, float* amax) {
-  if constexpr (kAmax) {
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
-    __shared__ float warp_max[32];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) warp_max[warp] = m;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      for (int w = 1; w < static_cast<int>((blockDim.x + 31) / 32); ++w) m = fmaxf(m, warp_max[w]);
-      if (m > *reinterpret_cast<volatile float*>(amax)) {
-        atomicMax(reinterpret_cast<int*>(amax), __float_as_int(m));
-      }
-    }
-  }
+  if constexpr (kAmax) detail::BlockFoldAbsMax(m, amax);
 }
 
 // AddRmsNormKernel for hidden % 8 == 0 and hidden <= 8 * kChunks * blockDim: the row stays in

@@ -82,9 +82,7 @@ TEST_CASE("Llama ops: add + RMSNorm and SiluMul match the host definition", "[gp
           uint16_t* d_out = nullptr;
           CUDA_REQUIRE(cudaMalloc(&d_out, static_cast<size_t>(R) * hidden * 2));
           // The fp8 absmax output (half the cases; the other half take the kernels without it).
-          float* d_amax = nullptr;
-          CUDA_REQUIRE(cudaMalloc(&d_amax, sizeof(float)));
-          CUDA_REQUIRE(cudaMemset(d_amax, 0, sizeof(float)));
+          float* d_amax = Upload(std::vector<float>{0.f});
           LaunchAddRmsNorm(d_res, with_delta ? d_delta : nullptr, d_w, gather ? d_rows : nullptr, R,
                            hidden, 1e-5f, d_out, nullptr, with_delta ? d_amax : nullptr);
           CUDA_REQUIRE(cudaDeviceSynchronize());
@@ -124,9 +122,7 @@ TEST_CASE("Llama ops: add + RMSNorm and SiluMul match the host definition", "[gp
       uint16_t* d_gu = Upload(gu);
       uint16_t* d_act = nullptr;
       CUDA_REQUIRE(cudaMalloc(&d_act, static_cast<size_t>(T) * inter * 2));
-      float* d_amax = nullptr;
-      CUDA_REQUIRE(cudaMalloc(&d_amax, sizeof(float)));
-      CUDA_REQUIRE(cudaMemset(d_amax, 0, sizeof(float)));
+      float* d_amax = Upload(std::vector<float>{0.f});
       const bool with_amax = T != 5;
       LaunchSiluMul(d_gu, T, inter, d_act, nullptr, with_amax ? d_amax : nullptr);
       CUDA_REQUIRE(cudaDeviceSynchronize());
