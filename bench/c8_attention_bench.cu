@@ -1,7 +1,7 @@
 // C8 attention kernel benchmark on the GPU (not a test). Prints effective bandwidth / TFLOP/s and
 // the ratio to the measured device copy bandwidth (the decode roofline).
 //
-//   build/cuda/bench/c8_attention_bench [--iters 50] [--layers 8] [--only SUBSTRING]
+//   build/cuda/bench/c8_attention_bench [--iters 50] [--layers 8] [--only SUBSTRING] [--sweep 1]
 //
 // Two times per case: one graph replay of a single attention call (what a lone call costs,
 // launch included), and the per-call time inside a graph of --layers calls over distinct caches,
@@ -37,6 +37,7 @@ using llm::cuda::ScaleMode;
 int g_iters = 50;
 int g_layers = 8;
 std::string g_only;
+bool g_sweep = false;
 
 // Fills device memory with non-zero random bytes that are valid finite values for every cache
 // type (bf16 in [-2, 2], int8 in [-100, 100], fp8 bytes with the exponent kept small).
@@ -102,8 +103,10 @@ struct Result {
   double tflops;
 };
 
+// chunk > 0: every decode sequence split into KV chunks of that many tokens (the planner's choice
+// otherwise).
 Result RunDecode(const char* name, int batch, int kv_len, int q_len, CacheType cache,
-                 ScaleMode scale) {
+                 ScaleMode scale, int chunk = 0) {
   const int hq = 32, hkv = 8, d = 128, bs = 64;
   const int esize = cache == CacheType::kBf16 ? 2 : 1;
   llm::AttentionBatch b;
@@ -151,6 +154,10 @@ Result RunDecode(const char* name, int batch, int kv_len, int q_len, CacheType c
   llm::cuda::C8PlanConfig pc;
   pc.num_sms = llm::cuda::CudaNumSms();
   pc.ctas_per_sm = attn.decode_ctas_per_sm();
+  if (chunk > 0) {
+    pc.force_split = true;
+    pc.min_chunk_tokens = chunk;
+  }
   const auto plan = llm::cuda::BuildC8Plan(shape, b, pc);
   std::printf("  [%s] decode items %zu, prefill items %zu, partials %d, ctas/sm %d\n", name,
               plan.decode_items.size(), plan.prefill_items.size(), plan.num_partials,
@@ -211,6 +218,7 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--iters") g_iters = std::atoi(argv[i + 1]);
     if (std::string(argv[i]) == "--layers") g_layers = std::max(1, std::atoi(argv[i + 1]));
     if (std::string(argv[i]) == "--only") g_only = argv[i + 1];
+    if (std::string(argv[i]) == "--sweep") g_sweep = std::atoi(argv[i + 1]) != 0;
   }
   if (llm::cuda::CudaDeviceCount() == 0) {
     std::printf("no CUDA device\n");
@@ -233,6 +241,7 @@ int main(int argc, char** argv) {
       {"int8/chan decode 64x4096", 64, 4096, 1, CacheType::kInt8, ScaleMode::kPerChannel},
       {"fp8/head decode 64x4096", 64, 4096, 1, CacheType::kFp8E4M3, ScaleMode::kPerHead},
       {"fp8/token decode 64x4096", 64, 4096, 1, CacheType::kFp8E4M3, ScaleMode::kPerToken},
+      {"int8/head decode 256x1500", 256, 1500, 1, CacheType::kInt8, ScaleMode::kPerHead},
       {"bf16 decode 1x4096", 1, 4096, 1, CacheType::kBf16, ScaleMode::kNone},
       {"int8/head decode 1x4096", 1, 4096, 1, CacheType::kInt8, ScaleMode::kPerHead},
       {"bf16 decode 32x16384", 32, 16384, 1, CacheType::kBf16, ScaleMode::kNone},
@@ -244,6 +253,16 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) {
     if (!g_only.empty() && std::string(c.name).find(g_only) == std::string::npos) continue;
     rs.push_back(RunDecode(c.name, c.batch, c.kv_len, c.q_len, c.cache, c.scale));
+    // --sweep 1: the same decode case at forced split counts, to fit the planner's cost model.
+    if (g_sweep && c.q_len <= 4) {
+      for (int n : {1, 2, 3, 4, 6, 8, 16, 32, 64}) {
+        const int chunk = (c.kv_len + n - 1) / n;
+        if (chunk < 64 || (c.batch > 1 && n > 8)) continue;
+        const std::string name = std::string(c.name) + " split " + std::to_string(n);
+        rs.push_back(RunDecode(name.c_str(), c.batch, c.kv_len, c.q_len, c.cache, c.scale,
+                               (chunk + 63) / 64 * 64));
+      }
+    }
   }
   std::printf(
       "\n| case | 1 call (us) | per call, %d-layer graph (us) | KV TB/s | of copy BW | TFLOP/s "

@@ -3,7 +3,11 @@
 // (cublasGemmEx, CUBLAS_GEMM_DEFAULT), against the fastest of the algorithms cuBLASLt's heuristic
 // offers for the same problem. Shapes: Llama-3-8B (qkv, o, gate_up, down, lm_head).
 //
-//   build/cuda/bench/gemm_bench [--ms 1,8,64,256] [--iters 50]
+//   build/cuda/bench/gemm_bench [--ms 1,8,64,256] [--iters 50] [--fp8]
+//
+// --fp8: the e4m3 projections as engine/models/cuda_fp8_gemm.cc issues them (cuBLASLt, per-tensor
+// scale pointers, bf16 out): the heuristic's first algorithm with and without fast accumulation
+// (CUBLASLT_MATMUL_DESC_FAST_ACCUM), and the fastest of its candidates with it.
 //
 // Per row: microseconds, weight bytes over time (TB/s) and TFLOP/s; then the per-step sum over
 // 32 layers and the LM head, for each m.
@@ -52,20 +56,129 @@ float TimeUs(F&& f, int iters, cudaStream_t s) {
   return ms * 1000.f / iters;
 }
 
+struct Fp8Problem {
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t a, b, c;
+};
+
+Fp8Problem MakeFp8(int m, int n, int k, bool fast, const float* scale) {
+  Fp8Problem p;
+  CK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  CK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  CK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  CK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale,
+                                    sizeof(scale)));
+  CK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale,
+                                    sizeof(scale)));
+  const int8_t f = fast ? 1 : 0;
+  CK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &f, sizeof(f)));
+  CK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8F_E4M3, k, n, k));
+  CK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8F_E4M3, k, m, k));
+  CK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_16BF, n, m, n));
+  return p;
+}
+
+void FreeFp8(Fp8Problem& p) {
+  cublasLtMatrixLayoutDestroy(p.a);
+  cublasLtMatrixLayoutDestroy(p.b);
+  cublasLtMatrixLayoutDestroy(p.c);
+  cublasLtMatmulDescDestroy(p.op);
+}
+
+// fp8 projections: heuristic[0] without / with fast accumulation, and the best candidate with it.
+void RunFp8(const std::vector<int>& ms, int iters) {
+  struct P {
+    const char* name;
+    int n, k;
+  };
+  const P shapes[] = {
+      {"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
+  const int max_m = *std::max_element(ms.begin(), ms.end());
+  constexpr int kCopies = 4;
+  const size_t max_w = 28672ull * 4096, max_x = static_cast<size_t>(max_m) * 14336;
+  const size_t max_y = static_cast<size_t>(max_m) * 28672 * 2;
+  void* w[kCopies];
+  void *x, *y, *ws;
+  float* scale;
+  for (auto& p : w) CK(cudaMalloc(&p, max_w));
+  CK(cudaMalloc(&x, max_x));
+  CK(cudaMalloc(&y, max_y));
+  CK(cudaMalloc(&scale, sizeof(float)));
+  const size_t ws_bytes = 32ull << 20;
+  CK(cudaMalloc(&ws, ws_bytes));
+  for (auto& p : w) CK(cudaMemset(p, 0x30, max_w));  // small finite e4m3 values
+  CK(cudaMemset(x, 0x30, max_x));
+  const float one = 1.f;
+  CK(cudaMemcpy(scale, &one, sizeof(one), cudaMemcpyHostToDevice));
+  cudaStream_t stream;
+  CK(cudaStreamCreate(&stream));
+  cublasLtHandle_t lt;
+  CK(cublasLtCreate(&lt));
+  cublasLtMatmulPreference_t pref;
+  CK(cublasLtMatmulPreferenceCreate(&pref));
+  CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                          sizeof(ws_bytes)));
+  std::printf(
+      "\n| m | fp8 gemm | n x k | heuristic us | fast-accum us | best fast us | TB/s | "
+      "TFLOP/s | algos |\n|---|---|---|---|---|---|---|---|---|\n");
+  for (int m : ms) {
+    double sums[3] = {0, 0, 0};
+    for (const P& s : shapes) {
+      float t[3] = {0, 0, 1e30f};
+      int found_fast = 0;
+      for (int fast = 0; fast < 2; ++fast) {
+        Fp8Problem p = MakeFp8(m, s.n, s.k, fast != 0, scale);
+        cublasLtMatmulHeuristicResult_t res[16];
+        int found = 0;
+        CK(cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.a, p.b, p.c, p.c, pref, 16, res, &found));
+        const float alpha = 1.f, beta = 0.f;
+        int rot = 0;
+        for (int i = 0; i < (fast ? found : std::min(found, 1)); ++i) {
+          const float us = TimeUs(
+              [&] {
+                CK(cublasLtMatmul(lt, p.op, &alpha, w[rot++ % kCopies], p.a, x, p.b, &beta, y, p.c,
+                                  y, p.c, &res[i].algo, ws, ws_bytes, stream));
+              },
+              iters, stream);
+          if (i == 0) t[fast] = us;
+          if (fast) t[2] = std::min(t[2], us);
+        }
+        if (fast) found_fast = found;
+        FreeFp8(p);
+      }
+      const double wbytes = 1.0 * s.n * s.k, flops = 2.0 * m * s.n * s.k;
+      std::printf("| %d | %s | %d x %d | %.1f | %.1f | %.1f | %.2f | %.0f | %d |\n", m, s.name, s.n,
+                  s.k, t[0], t[1], t[2], wbytes / t[2] / 1e6, flops / t[2] / 1e6, found_fast);
+      for (int i = 0; i < 3; ++i) sums[i] += 32.0 * t[i];
+    }
+    std::printf("| %d | **32 layers** | | %.0f | %.0f | %.0f | | | |\n", m, sums[0], sums[1],
+                sums[2]);
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<int> ms = {1, 8, 16, 64, 128, 256};
   int iters = 50;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool fp8 = false;
+  for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
-    if (k == "--ms") {
+    if (k == "--fp8") {
+      fp8 = true;
+    } else if (k == "--ms" && i + 1 < argc) {
       ms.clear();
-      std::stringstream ss(argv[i + 1]);
+      std::stringstream ss(argv[++i]);
       for (std::string x; std::getline(ss, x, ',');) ms.push_back(std::stoi(x));
-    } else if (k == "--iters") {
-      iters = std::stoi(argv[i + 1]);
+    } else if (k == "--iters" && i + 1 < argc) {
+      iters = std::stoi(argv[++i]);
     }
+  }
+  if (fp8) {
+    RunFp8(ms, iters);
+    return 0;
   }
   const Shape shapes[] = {{"qkv", 6144, 4096, false, 32},
                           {"o", 4096, 4096, false, 32},

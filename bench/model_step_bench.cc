@@ -6,6 +6,10 @@
 //   build/cuda/bench/model_step_bench --model configs/models/llama3-8b [--kv int8]
 //       [--batches 1,64,256] [--ctx 1500] [--steps 30] [--prefill 8192] [--profile B]
 //       [--backend cuda_fmha] [--prefill-backend auto|none|NAME] [--weights bf16|fp8]
+//       [--prefill-seqs S] [--profile-prefill 1]
+// --prefill-seqs S: the prefill chunk is S fresh sequences of prefill / S tokens each (the
+//   serving workload's chunks: 8 x 1024 is what 8,192-token steps of 1,000-token prompts hold).
+// --profile-prefill 1: one more prefill chunk between cudaProfilerStart/Stop.
 // --profile B: one more eager step of batch B between cudaProfilerStart/Stop, for
 //   ncu --profile-from-start off --metrics gpu__time_duration.sum (per-kernel time of a step).
 //
@@ -39,6 +43,8 @@ struct Args {
   int prefill = 8192;
   int block_size = 64;
   int profile = 0;
+  int prefill_seqs = 1;
+  bool profile_prefill = false;
   std::string backend;  // forced attention backend (e.g. cuda_fmha); empty: the selection's
   std::string prefill_backend = "auto";  // ModelLoadOptions::prefill_attention_backend
   std::string weights = "auto";          // ModelLoadOptions::weight_dtype (bf16 | fp8)
@@ -116,6 +122,10 @@ int main(int argc, char** argv) {
       args.prefill_backend = v;
     } else if (k == "--profile") {
       args.profile = std::stoi(v);
+    } else if (k == "--prefill-seqs") {
+      args.prefill_seqs = std::max(1, std::stoi(v));
+    } else if (k == "--profile-prefill") {
+      args.profile_prefill = std::stoi(v) != 0;
     } else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
@@ -126,7 +136,7 @@ int main(int argc, char** argv) {
   const int bs = args.block_size;
   const int pages_per_seq = (args.ctx + args.steps * 2 + 8 + bs - 1) / bs;
   const int prefill_pages = (args.prefill + bs - 1) / bs;
-  const int pool = std::max(max_b * pages_per_seq, prefill_pages) + 16;
+  const int pool = std::max(max_b * pages_per_seq, prefill_pages + args.prefill_seqs) + 16;
 
   std::printf("| batch x ctx | mode | mean ms/step | p50 ms | tok/s | GB/step | TB/s |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
@@ -197,25 +207,32 @@ int main(int argc, char** argv) {
                   gb / mean);
     }
     if (!graphs && args.prefill > 0) {
-      // One prefill chunk: a single fresh sequence of `prefill` tokens (eager in both modes).
+      // One prefill chunk: S fresh sequences of P / S tokens (eager in both modes).
       llm::ForwardBatch fb;
       llm::AttentionBatch& a = fb.attn;
-      const int P = args.prefill;
-      a.num_seqs = 1;
+      const int P = args.prefill, S = args.prefill_seqs;
+      a.num_seqs = S;
       a.num_tokens = P;
-      a.q_indptr = {0, P};
-      a.kv_lens = {P};
-      a.page_indptr = {0, prefill_pages};
-      for (int i = 0; i < prefill_pages; ++i) a.page_indices.push_back(i);
-      for (int i = 0; i < P; ++i) {
-        fb.token_ids.push_back(static_cast<int32_t>(rng() % c.vocab_size));
-        fb.positions.push_back(i);
-        a.slot_mapping.push_back(i);
+      a.q_indptr = {0};
+      a.page_indptr = {0};
+      int page = 0;
+      for (int q = 0; q < S; ++q) {
+        const int len = P / S + (q < P % S ? 1 : 0);
+        const int first_page = page;
+        for (int i = 0; i < len; ++i) {
+          fb.token_ids.push_back(static_cast<int32_t>(rng() % c.vocab_size));
+          fb.positions.push_back(i);
+          a.slot_mapping.push_back(first_page * bs + i);
+        }
+        for (int i = 0; i < (len + bs - 1) / bs; ++i) a.page_indices.push_back(page++);
+        a.q_indptr.push_back(a.q_indptr.back() + len);
+        a.kv_lens.push_back(len);
+        a.page_indptr.push_back(page);
+        fb.logit_rows.push_back(a.q_indptr.back() - 1);
       }
-      fb.logit_rows = {P - 1};
-      fb.device_sampled = {1};
-      fb.sampling_jobs = {llm::SamplingJob{}};
-      fb.penalty_indptr = {0, 0};
+      fb.device_sampled.assign(S, 1);
+      fb.sampling_jobs.assign(S, llm::SamplingJob{});
+      fb.penalty_indptr.assign(S + 1, 0);
       std::vector<double> ms;
       for (int i = 0; i < 6; ++i) {
         const auto t0 = Clock::now();
@@ -224,10 +241,16 @@ int main(int argc, char** argv) {
           ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
         }
       }
+      if (args.profile_prefill) {
+        cudaProfilerStart();
+        const llm::Status s = model.ForwardSampled(fb, &logits, &tokens);
+        cudaProfilerStop();
+        if (!s.ok()) return 1;
+      }
       const double mean = std::accumulate(ms.begin(), ms.end(), 0.0) / ms.size();
       const double flops = 2.0 * weight_bytes / 2.0 * P;  // 2 x params x tokens (no attention)
-      std::printf("| prefill %d | eager | %.3f | %.3f | %.0f | GEMM TFLOP/s %.1f | |\n", P, mean,
-                  Percentile(ms, 0.5), P * 1000.0 / mean, flops / mean / 1e9);
+      std::printf("| prefill %d x %d | eager | %.3f | %.3f | %.0f | GEMM TFLOP/s %.1f | |\n", S,
+                  P / S, mean, Percentile(ms, 0.5), P * 1000.0 / mean, flops / mean / 1e9);
     }
   }
   return 0;

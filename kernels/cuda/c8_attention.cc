@@ -53,43 +53,64 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
       total_kv += kv_end;
     }
   }
-  // Choose the KV chunk so that the CTAs fill the resident slots in full waves: a 1.3-wave grid
-  // idles most SMs during its tail, and a tiny batch leaves most SMs empty without a split.
+  // Choose the KV chunk by a cost model of the decode launch, in units of one KV tile's compute
+  // (32 KB of K and V). The CTAs run in waves over the resident slots: the launch takes about
+  // (waves - 1) average CTAs plus one longest. A CTA costs its tiles plus a fixed prologue /
+  // epilogue, and a split CTA also writes a partial and joins a merge; the CTA that finishes a
+  // split tile last then reads all of its chunks. A 1.3-wave grid idles most SMs during its tail
+  // and a tiny batch leaves most SMs empty without a split, but past a few waves the fixed costs
+  // of splitting outweigh the shorter tail, and many small chunks make the final merge the long
+  // pole. Fitted to H200 sweeps (c8_attention_bench --sweep 1): 256 x 1,500 int8 213 us whole,
+  // 238 us in two; 1 x 4,096 bf16 11.9 us in 16 chunks, 13.8 us in 32.
+  constexpr double kCtaCost = 0.4, kSplitCost = 1.0, kMergeCost = 0.2;  // in tiles
+  const int kv_tile = shape.cache == CacheType::kBf16 ? detail::kKvTile16 : detail::kKvTile8;
   const int64_t slots = std::max(1, config.num_sms * config.ctas_per_sm);
   int max_kv = 0;
   for (const Tile& t : tiles) max_kv = std::max(max_kv, t.kv_end);
   // Only decode tiles are split: prefill tiles are plentiful and the merge would cost more.
   bool any_decode = false;
   for (const Tile& t : tiles) any_decode |= !t.prefill;
-  auto ctas_for = [&](int64_t chunk) {
-    int64_t n = 0;
-    for (const Tile& t : tiles) {
-      if (!t.prefill) n += (t.kv_end + chunk - 1) / chunk;
-    }
-    return n * shape.num_kv_heads;
+  struct Launch {
+    int64_t ctas = 0;  // per KV head
+    double total = 0, longest = 0;
   };
-  auto efficiency = [&](int64_t ctas) {
-    const double waves = static_cast<double>(ctas) / slots;
-    return waves <= 1.0 ? waves : waves / std::ceil(waves);
+  auto launch_for = [&](int64_t chunk) {
+    Launch l;
+    for (const Tile& t : tiles) {
+      if (t.prefill) continue;
+      const int64_t n = (t.kv_end + chunk - 1) / chunk;
+      const double fixed = kCtaCost + (n > 1 ? kSplitCost : 0.0);
+      // n - 1 full chunks and the rest (a chunk is a multiple of 64, a tile 64 or 128 tokens).
+      const int64_t rest = t.kv_end - (n - 1) * chunk;
+      const double full_cost = static_cast<double>((chunk + kv_tile - 1) / kv_tile) + fixed;
+      const double rest_cost = static_cast<double>((rest + kv_tile - 1) / kv_tile) + fixed;
+      const double merge = n > 1 ? kMergeCost * static_cast<double>(n) : 0.0;
+      l.total += static_cast<double>(n - 1) * full_cost + rest_cost + merge;
+      l.longest = std::max(l.longest, (n > 1 ? full_cost : rest_cost) + merge);
+      l.ctas += n;
+    }
+    return l;
+  };
+  auto time_of = [&](const Launch& l) {
+    const int64_t ctas = l.ctas * shape.num_kv_heads;
+    const double waves = std::ceil(static_cast<double>(ctas) / slots);
+    return (waves - 1) * (l.total / std::max<int64_t>(l.ctas, 1)) + l.longest;
   };
   int64_t chunk = std::max(max_kv, 1);
   if (config.force_split) {
     chunk = config.min_chunk_tokens;
   } else if (any_decode) {
-    double best = efficiency(ctas_for(chunk));
+    double best = time_of(launch_for(chunk));
     for (int n = 2; n <= std::min(config.max_splits, detail::kMaxSplits); ++n) {
       const int64_t c = ((max_kv + n - 1) / n + 63) / 64 * 64;
       if (c < config.min_chunk_tokens) break;
-      if (config.max_decode_items > 0 &&
-          ctas_for(c) / shape.num_kv_heads > config.max_decode_items) {
+      const Launch l = launch_for(c);
+      if (config.max_decode_items > 0 && l.ctas > config.max_decode_items) {
         break;  // finer chunks only add items
       }
-      // Under one wave, more CTAs are always better; past it, demand a real gain per split.
-      const int64_t ctas = ctas_for(c);
-      const double e = efficiency(ctas);
-      const bool better = ctas <= slots ? e > best : e > best + 0.03;
-      if (better) {
-        best = e;
+      const double time = time_of(l);
+      if (time < best) {
+        best = time;
         chunk = c;
       }
     }

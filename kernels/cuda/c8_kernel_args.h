@@ -48,6 +48,10 @@ struct AppendArgs {
 constexpr int kPartialRows = 128;  // rows of the largest (prefill) tile
 constexpr int kDecodeRows = 16;    // decode tile: query tokens x GQA group <= 16
 constexpr int kMaxSplits = 64;     // KV chunks of one query tile (the fused merge's weights)
+// KV tokens per shared-memory stage of the tile kernel (32 KB of K and V either way); the planner
+// prices CTAs in these tiles.
+constexpr int kKvTile16 = 64;  // bf16 cache
+constexpr int kKvTile8 = 128;  // int8 / fp8 cache
 
 // Launchers, one translation unit per cache type (explicit instantiation groups).
 void LaunchTilesBf16(const TileArgs& a, int head_dim, bool prefill, void* stream);

@@ -48,15 +48,15 @@ using ptx::SmemAddr;
 // thread holds; q is loaded with the same permutation and the output is un-permuted at the end.
 struct Bf16Cache {
   static constexpr int kBytes = 2;
-  static constexpr int kTile = 64;  // KV tokens per shared-memory stage
+  static constexpr int kTile = kKvTile16;  // KV tokens per shared-memory stage
 };
 struct Int8Cache {
   static constexpr int kBytes = 1;
-  static constexpr int kTile = 128;
+  static constexpr int kTile = kKvTile8;
 };
 struct Fp8Cache {
   static constexpr int kBytes = 1;
-  static constexpr int kTile = 128;
+  static constexpr int kTile = kKvTile8;
 };
 
 // Two bytes of a 32-bit word (selected by a __byte_perm selector) -> f16x2. int8 values are

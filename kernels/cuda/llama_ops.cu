@@ -174,6 +174,83 @@ __global__ void BiasRopeKernel(const RopeArgs a) {
   }
 }
 
+// 4 bf16 <-> 4 floats through one 8-byte access.
+__device__ __forceinline__ void LoadBf16x4(const __nv_bfloat16* p, float (&f)[4]) {
+  const uint2 w = *reinterpret_cast<const uint2*>(p);
+  const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&w.x);
+  const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&w.y);
+  f[0] = __low2float(lo);
+  f[1] = __high2float(lo);
+  f[2] = __low2float(hi);
+  f[3] = __high2float(hi);
+}
+__device__ __forceinline__ void StoreBf16x4(__nv_bfloat16* p, const float (&f)[4]) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(f[0], f[1]);
+  const __nv_bfloat162 hi = __floats2bfloat162_rn(f[2], f[3]);
+  uint2 w;
+  w.x = *reinterpret_cast<const uint32_t*>(&lo);
+  w.y = *reinterpret_cast<const uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(p) = w;
+}
+
+// One CTA per token: the token's cos/sin (D / 2 angles) once in shared memory instead of once per
+// head, then every head's (i, i + D/2) pairs four at a time with 8-byte accesses. The per-head
+// kernel above spent most of its time in per-head sincosf and 2-byte accesses over a
+// tokens x heads grid of 64-thread CTAs. Same float math as the CPU oracle.
+__global__ void BiasRopeVecKernel(const RopeArgs a) {
+  extern __shared__ float cs[];  // [D / 2] cos, then [D / 2] sin
+  const int t = blockIdx.x;
+  const int D = a.head_dim, half = D / 2;
+  const int heads = a.num_q_heads + 2 * a.num_kv_heads;
+  const float pos = static_cast<float>(a.positions[t]);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    sincosf(pos * a.inv_freq[i], &cs[half + i], &cs[i]);
+  }
+  __syncthreads();
+  const auto* qkv = static_cast<const __nv_bfloat16*>(a.qkv) + static_cast<size_t>(t) * heads * D;
+  const auto* bias = static_cast<const __nv_bfloat16*>(a.bias);
+  const int groups = half / 4;  // 4-wide groups of pairs per head
+  for (int idx = threadIdx.x; idx < heads * groups; idx += blockDim.x) {
+    const int h = idx / groups, i = (idx - h * groups) * 4;
+    const int c1 = h * D + i, c2 = c1 + half;
+    float x1[4], x2[4];
+    LoadBf16x4(qkv + c1, x1);
+    LoadBf16x4(qkv + c2, x2);
+    if (bias) {
+      float b1[4], b2[4];
+      LoadBf16x4(bias + c1, b1);
+      LoadBf16x4(bias + c2, b2);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        x1[j] += b1[j];
+        x2[j] += b2[j];
+      }
+    }
+    __nv_bfloat16* dst;
+    if (h < a.num_q_heads) {
+      dst = static_cast<__nv_bfloat16*>(a.q) + (static_cast<size_t>(t) * a.num_q_heads + h) * D;
+    } else if (h < a.num_q_heads + a.num_kv_heads) {
+      dst = static_cast<__nv_bfloat16*>(a.k) +
+            (static_cast<size_t>(t) * a.num_kv_heads + (h - a.num_q_heads)) * D;
+    } else {
+      dst = static_cast<__nv_bfloat16*>(a.v) +
+            (static_cast<size_t>(t) * a.num_kv_heads + (h - a.num_q_heads - a.num_kv_heads)) * D;
+      StoreBf16x4(dst + i, x1);
+      StoreBf16x4(dst + i + half, x2);
+      continue;
+    }
+    float o1[4], o2[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float c = cs[i + j], sn = cs[half + i + j];
+      o1[j] = x1[j] * c - x2[j] * sn;
+      o2[j] = x2[j] * c + x1[j] * sn;
+    }
+    StoreBf16x4(dst + i, o1);
+    StoreBf16x4(dst + i + half, o2);
+  }
+}
+
 __device__ __forceinline__ float SiluMul(float x, float up) {
   return x / (1.f + __expf(-x)) * up;
 }
@@ -257,8 +334,20 @@ void LaunchAddRmsNorm(float* residual, const void* delta, const void* weight, co
   if (amax) LaunchAbsMaxBf16(out, static_cast<int64_t>(num_rows) * hidden, amax, stream);
 }
 
+bool Aligned8(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 8 == 0;
+}
+
 void LaunchBiasRope(const RopeArgs& a, void* stream) {
   if (a.num_tokens == 0) return;
+  if (a.head_dim % 8 == 0 && Aligned8(a.qkv) && (a.bias == nullptr || Aligned8(a.bias)) &&
+      Aligned8(a.q) && Aligned8(a.k) && Aligned8(a.v)) {
+    const int heads = a.num_q_heads + 2 * a.num_kv_heads;
+    const int threads = std::min(256, std::max(32, (heads * a.head_dim / 8 + 31) / 32 * 32));
+    BiasRopeVecKernel<<<a.num_tokens, threads, a.head_dim * sizeof(float),
+                        static_cast<cudaStream_t>(stream)>>>(a);
+    return;
+  }
   const dim3 grid(a.num_tokens, a.num_q_heads + 2 * a.num_kv_heads);
   BiasRopeKernel<<<grid, std::min(256, std::max(32, a.head_dim / 2)), 0,
                    static_cast<cudaStream_t>(stream)>>>(a);

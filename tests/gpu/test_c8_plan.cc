@@ -151,3 +151,53 @@ TEST_CASE("C8 plan: random batches cover every query row once with consistent it
 
 }  // namespace
 }  // namespace llm::cuda
+
+namespace llm::cuda {
+namespace {
+
+// n sequences of kv tokens, one query token each.
+AttentionBatch DecodeBatch(int n, int kv) {
+  AttentionBatch b;
+  b.num_seqs = n;
+  b.q_indptr = {0};
+  b.page_indptr = {0};
+  for (int s = 0; s < n; ++s) {
+    b.q_indptr.push_back(s + 1);
+    b.kv_lens.push_back(kv);
+    for (int p = 0; p < (kv + 63) / 64; ++p) b.page_indices.push_back(s * 1000 + p);
+    b.page_indptr.push_back(static_cast<int32_t>(b.page_indices.size()));
+  }
+  b.num_tokens = n;
+  return b;
+}
+
+// Splits per sequence the planner chooses for n x kv decode on an H200-sized grid.
+int Splits(CacheType cache, int n, int kv, int ctas_per_sm) {
+  C8Shape shape;
+  shape.num_q_heads = 32;
+  shape.num_kv_heads = 8;
+  shape.cache = cache;
+  C8PlanConfig config;
+  config.num_sms = 132;
+  config.ctas_per_sm = ctas_per_sm;
+  const C8Plan plan = BuildC8Plan(shape, DecodeBatch(n, kv), config);
+  return static_cast<int>(plan.decode_items.size()) / n;
+}
+
+// The split choices behind the H200 timings in docs/PERFORMANCE.md: a batch that already fills
+// several waves of CTAs runs whole (splitting 256 x 1,500 int8 in two cost 12%), a 1.3-wave grid
+// is split into about three, and a lone sequence is spread over the GPU in 16 chunks (32 made
+// the final merge 16% slower).
+TEST_CASE("C8 plan: the split cost model keeps full batches whole and spreads small ones",
+          "[host][c8]") {
+  CHECK(Splits(CacheType::kInt8, 256, 1500, 3) == 1);
+  CHECK(Splits(CacheType::kInt8, 256, 1500, 2) == 1);
+  CHECK(Splits(CacheType::kInt8, 64, 4096, 3) == 3);
+  CHECK(Splits(CacheType::kBf16, 64, 4096, 3) == 3);
+  CHECK(Splits(CacheType::kBf16, 32, 16384, 3) == 3);
+  CHECK(Splits(CacheType::kBf16, 1, 4096, 3) == 16);  // 256-token chunks: 128 CTAs
+  CHECK(Splits(CacheType::kInt8, 1, 4096, 3) == 16);
+}
+
+}  // namespace
+}  // namespace llm::cuda

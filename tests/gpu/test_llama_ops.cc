@@ -144,5 +144,93 @@ TEST_CASE("Llama ops: add + RMSNorm and SiluMul match the host definition", "[gp
   }
 }
 
+// Rotary embedding over the fused q/k/v projection: the vectorized kernel (8-byte aligned rows)
+// and the per-head fallback (rows offset by one element) against the host definition, with and
+// without the bias, at head dims 64 and 128, GQA 32/8 and 4/1.
+TEST_CASE("Llama ops: bias + rotary split q/k/v as the host definition", "[gpu][ops]") {
+  std::mt19937 rng(11);
+  for (int D : {64, 128}) {
+    for (int hq : {32, 4}) {
+      for (int variant = 0; variant < 3; ++variant) {
+        const int hkv = hq == 32 ? 8 : 1, T = 7, heads = hq + 2 * hkv, width = heads * D;
+        const bool with_bias = variant != 1, misaligned = variant == 2;
+        INFO("D " << D << " hq " << hq << " bias " << with_bias << " misaligned " << misaligned);
+        const auto qkv = RandomBf16(static_cast<size_t>(T) * width + 1, rng);
+        const auto bias = RandomBf16(static_cast<size_t>(width) + 1, rng);
+        std::vector<int32_t> pos(T);
+        for (int t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(rng() % 9000);
+        std::vector<float> inv_freq(D / 2);
+        for (int i = 0; i < D / 2; ++i) inv_freq[i] = std::pow(500000.f, -2.f * i / D);
+        uint16_t* d_qkv = Upload(qkv);
+        uint16_t* d_bias = Upload(bias);
+        int32_t* d_pos = Upload(pos);
+        float* d_freq = Upload(inv_freq);
+        uint16_t *d_q = nullptr, *d_k = nullptr, *d_v = nullptr;
+        const size_t nq = static_cast<size_t>(T) * hq * D, nkv = static_cast<size_t>(T) * hkv * D;
+        CUDA_REQUIRE(cudaMalloc(&d_q, (nq + 1) * 2));
+        CUDA_REQUIRE(cudaMalloc(&d_k, (nkv + 1) * 2));
+        CUDA_REQUIRE(cudaMalloc(&d_v, (nkv + 1) * 2));
+        const int off = misaligned ? 1 : 0;  // one bf16 in: 2-byte aligned rows
+        RopeArgs a;
+        a.qkv = d_qkv + off;
+        a.bias = with_bias ? d_bias + off : nullptr;
+        a.positions = d_pos;
+        a.inv_freq = d_freq;
+        a.q = d_q + off;
+        a.k = d_k + off;
+        a.v = d_v + off;
+        a.num_tokens = T;
+        a.num_q_heads = hq;
+        a.num_kv_heads = hkv;
+        a.head_dim = D;
+        LaunchBiasRope(a, nullptr);
+        CUDA_REQUIRE(cudaDeviceSynchronize());
+        std::vector<float> want_q(nq), want_k(nkv), want_v(nkv);
+        for (int t = 0; t < T; ++t) {
+          for (int h = 0; h < heads; ++h) {
+            for (int i = 0; i < D / 2; ++i) {
+              const size_t c1 = static_cast<size_t>(h) * D + i, c2 = c1 + D / 2;
+              float x1 = Bf16ToF32(qkv[off + static_cast<size_t>(t) * width + c1]);
+              float x2 = Bf16ToF32(qkv[off + static_cast<size_t>(t) * width + c2]);
+              if (with_bias) {
+                x1 += Bf16ToF32(bias[off + c1]);
+                x2 += Bf16ToF32(bias[off + c2]);
+              }
+              const float ang = static_cast<float>(pos[t]) * inv_freq[i];
+              const float c = std::cos(ang), sn = std::sin(ang);
+              if (h < hq) {
+                const size_t o = (static_cast<size_t>(t) * hq + h) * D + i;
+                want_q[o] = x1 * c - x2 * sn;
+                want_q[o + D / 2] = x2 * c + x1 * sn;
+              } else if (h < hq + hkv) {
+                const size_t o = (static_cast<size_t>(t) * hkv + h - hq) * D + i;
+                want_k[o] = x1 * c - x2 * sn;
+                want_k[o + D / 2] = x2 * c + x1 * sn;
+              } else {
+                const size_t o = (static_cast<size_t>(t) * hkv + h - hq - hkv) * D + i;
+                want_v[o] = x1;
+                want_v[o + D / 2] = x2;
+              }
+            }
+          }
+        }
+        auto got = [&](const uint16_t* d, size_t n) {
+          auto v = Download(d, n + 1);
+          return std::vector<uint16_t>(v.begin() + off, v.begin() + off + n);
+        };
+        CheckBf16Close(got(d_q, nq), want_q);
+        CheckBf16Close(got(d_k, nkv), want_k);
+        CheckBf16Close(got(d_v, nkv), want_v);
+        for (void* p :
+             {static_cast<void*>(d_qkv), static_cast<void*>(d_bias), static_cast<void*>(d_pos),
+              static_cast<void*>(d_freq), static_cast<void*>(d_q), static_cast<void*>(d_k),
+              static_cast<void*>(d_v)}) {
+          cudaFree(p);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace llm::cuda
