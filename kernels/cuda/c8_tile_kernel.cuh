@@ -40,6 +40,7 @@ using ptx::MmaF16;
 using ptx::PackBf16;
 using ptx::PackF16;
 using ptx::SmemAddr;
+using ptx::StoreBf16x4;
 
 // Cache-type traits. The bf16 cache feeds bf16 tensor cores directly. 8-bit caches stay 8-bit in
 // shared memory and are dequantized in registers right after ldmatrix (int8 by the 0x6400
@@ -280,15 +281,6 @@ __device__ __forceinline__ void SoftmaxStep(float (&s)[2][4], float (&m_run)[2],
   pa[1] = F::Pack(p[0][2], p[0][3]);
   pa[2] = F::Pack(p[1][0], p[1][1]);
   pa[3] = F::Pack(p[1][2], p[1][3]);
-}
-
-__device__ __forceinline__ void StoreBf16x4(void* dst, const float (&o)[4]) {
-  const __nv_bfloat162 lo = __floats2bfloat162_rn(o[0], o[1]);
-  const __nv_bfloat162 hi = __floats2bfloat162_rn(o[2], o[3]);
-  uint2 w;
-  w.x = *reinterpret_cast<const uint32_t*>(&lo);
-  w.y = *reinterpret_cast<const uint32_t*>(&hi);
-  *reinterpret_cast<uint2*>(dst) = w;
 }
 
 // Combines the chunks of one split query tile for one KV head (rows: its query rows), run by the

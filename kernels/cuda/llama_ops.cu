@@ -7,6 +7,7 @@
 #include "kernels/cuda/block_abs_max.cuh"
 #include "kernels/cuda/fp8_quant.h"
 #include "kernels/cuda/llama_ops.h"
+#include "kernels/cuda/ptx_ops.cuh"
 
 namespace llm::cuda {
 namespace {
@@ -174,30 +175,13 @@ __global__ void BiasRopeKernel(const RopeArgs a) {
   }
 }
 
-// 4 bf16 <-> 4 floats through one 8-byte access.
-__device__ __forceinline__ void LoadBf16x4(const __nv_bfloat16* p, float (&f)[4]) {
-  const uint2 w = *reinterpret_cast<const uint2*>(p);
-  const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&w.x);
-  const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&w.y);
-  f[0] = __low2float(lo);
-  f[1] = __high2float(lo);
-  f[2] = __low2float(hi);
-  f[3] = __high2float(hi);
-}
-__device__ __forceinline__ void StoreBf16x4(__nv_bfloat16* p, const float (&f)[4]) {
-  const __nv_bfloat162 lo = __floats2bfloat162_rn(f[0], f[1]);
-  const __nv_bfloat162 hi = __floats2bfloat162_rn(f[2], f[3]);
-  uint2 w;
-  w.x = *reinterpret_cast<const uint32_t*>(&lo);
-  w.y = *reinterpret_cast<const uint32_t*>(&hi);
-  *reinterpret_cast<uint2*>(p) = w;
-}
-
 // One CTA per token: the token's cos/sin (D / 2 angles) once in shared memory instead of once per
 // head, then every head's (i, i + D/2) pairs four at a time with 8-byte accesses. The per-head
 // kernel above spent most of its time in per-head sincosf and 2-byte accesses over a
 // tokens x heads grid of 64-thread CTAs. Same float math as the CPU oracle.
 __global__ void BiasRopeVecKernel(const RopeArgs a) {
+  using ptx::LoadBf16x4;
+  using ptx::StoreBf16x4;
   extern __shared__ float cs[];  // [D / 2] cos, then [D / 2] sin
   const int t = blockIdx.x;
   const int D = a.head_dim, half = D / 2;

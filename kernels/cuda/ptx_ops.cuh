@@ -1,6 +1,7 @@
 // Warp-level PTX wrappers shared by the CUDA-only kernels (C8 attention, MLA decode): shared-
 // memory addresses, cp.async, ldmatrix, mma.sync m16n8k16 (bf16 and f16 inputs, fp32
-// accumulators) and register packing. The portable FMHA family has its own in kernels/gpu_port.h.
+// accumulators), register packing and 8-byte bf16x4 loads/stores. The portable FMHA family has its
+// own in kernels/gpu_port.h.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -78,6 +79,23 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
 __device__ __forceinline__ uint32_t PackF16(float lo, float hi) {
   __half2 v = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Four bf16 <-> four floats through one 8-byte access (p 8-byte aligned).
+__device__ __forceinline__ void LoadBf16x4(const void* p, float (&f)[4]) {
+  const uint2 w = *reinterpret_cast<const uint2*>(p);
+  const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&w.x);
+  const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&w.y);
+  f[0] = __low2float(lo);
+  f[1] = __high2float(lo);
+  f[2] = __low2float(hi);
+  f[3] = __high2float(hi);
+}
+__device__ __forceinline__ void StoreBf16x4(void* p, const float (&f)[4]) {
+  uint2 w;
+  w.x = PackBf16(f[0], f[1]);
+  w.y = PackBf16(f[2], f[3]);
+  *reinterpret_cast<uint2*>(p) = w;
 }
 
 }  // namespace llm::cuda::ptx

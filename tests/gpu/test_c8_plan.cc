@@ -149,12 +149,6 @@ TEST_CASE("C8 plan: random batches cover every query row once with consistent it
   }
 }
 
-}  // namespace
-}  // namespace llm::cuda
-
-namespace llm::cuda {
-namespace {
-
 // n sequences of kv tokens, one query token each.
 AttentionBatch DecodeBatch(int n, int kv) {
   AttentionBatch b;
