@@ -137,6 +137,23 @@ __global__ void AddRmsNormVecKernel(float* residual, const __nv_bfloat16* delta,
   FoldAmax<kAmax>(m, amax);
 }
 
+// Row of token t's fused-projection head h in the split outputs: q heads, then k, then v; only q
+// and k are rotated.
+__device__ __forceinline__ __nv_bfloat16* RopeDestination(const RopeArgs& a, int t, int h,
+                                                          bool* rotate) {
+  const size_t D = a.head_dim;
+  *rotate = h < a.num_q_heads + a.num_kv_heads;
+  if (h < a.num_q_heads) {
+    return static_cast<__nv_bfloat16*>(a.q) + (static_cast<size_t>(t) * a.num_q_heads + h) * D;
+  }
+  h -= a.num_q_heads;
+  if (h < a.num_kv_heads) {
+    return static_cast<__nv_bfloat16*>(a.k) + (static_cast<size_t>(t) * a.num_kv_heads + h) * D;
+  }
+  h -= a.num_kv_heads;
+  return static_cast<__nv_bfloat16*>(a.v) + (static_cast<size_t>(t) * a.num_kv_heads + h) * D;
+}
+
 // One CTA per (token, head); threads over the head's rotary pairs.
 __global__ void BiasRopeKernel(const RopeArgs a) {
   const int t = blockIdx.x;
@@ -154,15 +171,9 @@ __global__ void BiasRopeKernel(const RopeArgs a) {
       x1 += __bfloat162float(bias[c1]);
       x2 += __bfloat162float(bias[c2]);
     }
-    __nv_bfloat16* dst;
-    if (h < a.num_q_heads) {
-      dst = static_cast<__nv_bfloat16*>(a.q) + (static_cast<size_t>(t) * a.num_q_heads + h) * D;
-    } else if (h < a.num_q_heads + a.num_kv_heads) {
-      dst = static_cast<__nv_bfloat16*>(a.k) +
-            (static_cast<size_t>(t) * a.num_kv_heads + (h - a.num_q_heads)) * D;
-    } else {
-      dst = static_cast<__nv_bfloat16*>(a.v) +
-            (static_cast<size_t>(t) * a.num_kv_heads + (h - a.num_q_heads - a.num_kv_heads)) * D;
+    bool rotate;
+    __nv_bfloat16* dst = RopeDestination(a, t, h, &rotate);
+    if (!rotate) {
       dst[i] = __float2bfloat16_rn(x1);
       dst[i + half] = __float2bfloat16_rn(x2);
       continue;
@@ -210,15 +221,9 @@ __global__ void BiasRopeVecKernel(const RopeArgs a) {
         x2[j] += b2[j];
       }
     }
-    __nv_bfloat16* dst;
-    if (h < a.num_q_heads) {
-      dst = static_cast<__nv_bfloat16*>(a.q) + (static_cast<size_t>(t) * a.num_q_heads + h) * D;
-    } else if (h < a.num_q_heads + a.num_kv_heads) {
-      dst = static_cast<__nv_bfloat16*>(a.k) +
-            (static_cast<size_t>(t) * a.num_kv_heads + (h - a.num_q_heads)) * D;
-    } else {
-      dst = static_cast<__nv_bfloat16*>(a.v) +
-            (static_cast<size_t>(t) * a.num_kv_heads + (h - a.num_q_heads - a.num_kv_heads)) * D;
+    bool rotate;
+    __nv_bfloat16* dst = RopeDestination(a, t, h, &rotate);
+    if (!rotate) {
       StoreBf16x4(dst + i, x1);
       StoreBf16x4(dst + i + half, x2);
       continue;
