@@ -102,7 +102,8 @@ const std::vector<Field>& Fields() {
                "none | a backend name (cuda)",
                &ServerConfig::prefill_attention_backend),
       StrField("weight_dtype",
-               "projection weights on the GPU: auto (bf16) | bf16 | fp8 (e4m3, per-tensor scales)",
+               "projection weights on the GPU: auto (bf16) | bf16 | fp8 (e4m3, per-tensor scales; "
+               "activations per token)",
                &ServerConfig::weight_dtype),
       IntField("cuda_graph_max_batch",
                "decode steps of up to this many sequences replay CUDA graphs; 0: off (default 256)",

@@ -14,11 +14,16 @@ StreamWriter::~StreamWriter() {
 }
 
 void StreamWriter::Schedule(std::function<void()> task) {
+  bool was_empty;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    was_empty = queue_.empty();
     queue_.push_back(std::move(task));
   }
-  cv_.notify_one();
+  // Only the first task of a burst wakes the writer: it takes the whole queue when it runs, and
+  // re-checks the queue before it waits again, so a step's hundreds of tasks need not each pay
+  // for a wake-up.
+  if (was_empty) cv_.notify_one();
 }
 
 void StreamWriter::Flush() {

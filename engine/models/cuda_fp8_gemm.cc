@@ -1,6 +1,10 @@
 #include "engine/models/cuda_fp8_gemm.h"
 
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
 #include <string>
+#include <vector>
 
 namespace llm {
 namespace {
@@ -25,8 +29,10 @@ CudaFp8Gemm::~CudaFp8Gemm() {
   if (lt_) cublasLtDestroy(lt_);
 }
 
-Status CudaFp8Gemm::Init(cudaStream_t stream, void* workspace, size_t workspace_bytes) {
+Status CudaFp8Gemm::Init(cudaStream_t stream, void* workspace, size_t workspace_bytes,
+                         int tune_max_m) {
   stream_ = stream;
+  tune_max_m_ = tune_max_m;
   workspace_ = workspace;
   workspace_bytes_ = workspace_bytes;
   LT_RETURN_IF_ERROR(cublasLtCreate(&lt_));
@@ -34,7 +40,8 @@ Status CudaFp8Gemm::Init(cudaStream_t stream, void* workspace, size_t workspace_
 }
 
 StatusOr<CudaFp8Gemm::Shape*> CudaFp8Gemm::Get(int m, int n, int k, const float* x_scale,
-                                               const float* w_scale) {
+                                               const float* w_scale, const void* x, const void* w,
+                                               void* y) {
   const auto key = std::make_tuple(m, n, k);
   auto it = shapes_.find(key);
   if (it != shapes_.end()) return &it->second;
@@ -60,10 +67,11 @@ StatusOr<CudaFp8Gemm::Shape*> CudaFp8Gemm::Get(int m, int n, int k, const float*
   LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
   LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_, sizeof(workspace_bytes_)));
-  cublasLtMatmulHeuristicResult_t result;
+  constexpr int kCandidates = 8;
+  cublasLtMatmulHeuristicResult_t results[kCandidates];
   int found = 0;
-  const cublasStatus_t h =
-      cublasLtMatmulAlgoGetHeuristic(lt_, s.op, s.a, s.b, s.c, s.c, pref, 1, &result, &found);
+  const cublasStatus_t h = cublasLtMatmulAlgoGetHeuristic(
+      lt_, s.op, s.a, s.b, s.c, s.c, pref, m <= tune_max_m_ ? kCandidates : 1, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (h != CUBLAS_STATUS_SUCCESS || found == 0) {
     cublasLtMatrixLayoutDestroy(s.a);
@@ -73,7 +81,21 @@ StatusOr<CudaFp8Gemm::Shape*> CudaFp8Gemm::Get(int m, int n, int k, const float*
     return Unimplemented("cuBLASLt has no fp8 algorithm for m=" + std::to_string(m) +
                          " n=" + std::to_string(n) + " k=" + std::to_string(k));
   }
-  s.algo = result.algo;
+  int pick = 0;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(stream_, &capturing);
+  if (found > 1 && capturing == cudaStreamCaptureStatusNone) {
+    auto tuned = Tune(s, results, found, x, w, y);
+    if (!tuned.ok()) {
+      spdlog::warn("fp8 GEMM m={} n={} k={}: tuning failed ({}); using the heuristic's choice", m,
+                   n, k, tuned.status().ToString());
+      (void)cudaGetLastError();
+    } else {
+      pick = *tuned;
+    }
+  }
+  spdlog::debug("fp8 GEMM m={} n={} k={}: candidate {} of {}", m, n, k, pick, found);
+  s.algo = results[pick].algo;
   return &shapes_.emplace(key, s).first->second;
 }
 
@@ -84,7 +106,7 @@ Status CudaFp8Gemm::Run(const void* x, const float* x_scale, const void* w, cons
     return InvalidArgument("fp8 GEMM needs n and k multiples of 16, got n=" + std::to_string(n) +
                            " k=" + std::to_string(k));
   }
-  LLM_ASSIGN_OR_RETURN(Shape * s, Get(m, n, k, x_scale, w_scale));
+  LLM_ASSIGN_OR_RETURN(Shape * s, Get(m, n, k, x_scale, w_scale, x, w, y));
   // A is the weight, B the activation: D = alpha * a_scale * b_scale * (A^T B).
   LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(s->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
                                                     &w_scale, sizeof(w_scale)));
@@ -94,6 +116,66 @@ Status CudaFp8Gemm::Run(const void* x, const float* x_scale, const void* w, cons
   LT_RETURN_IF_ERROR(cublasLtMatmul(lt_, s->op, &alpha, w, s->a, x, s->b, &beta, y, s->c, y, s->c,
                                     &s->algo, workspace_, workspace_bytes_, stream_));
   return Status::Ok();
+}
+
+StatusOr<int> CudaFp8Gemm::Tune(const Shape& s, const cublasLtMatmulHeuristicResult_t* candidates,
+                                int found, const void* x, const void* w, void* y) {
+#define TUNE_CUDA(expr)                                                                         \
+  do {                                                                                          \
+    const cudaError_t _e = (expr);                                                              \
+    if (_e != cudaSuccess) return Internal(std::string(#expr) + ": " + cudaGetErrorString(_e)); \
+  } while (0)
+  // Writing a buffer twice the L2 evicts the previous run's weights and output.
+  int dev = 0, l2 = 0;
+  TUNE_CUDA(cudaGetDevice(&dev));
+  TUNE_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  const size_t flush_bytes = std::max<size_t>(2ull * l2, 8ull << 20);
+  void* flush = nullptr;
+  TUNE_CUDA(cudaMallocAsync(&flush, flush_bytes, stream_));
+  cudaEvent_t ev[2];
+  TUNE_CUDA(cudaEventCreate(&ev[0]));
+  TUNE_CUDA(cudaEventCreate(&ev[1]));
+  const float alpha = 1.0f, beta = 0.0f;
+  constexpr int kReps = 5;
+  int best = 0;
+  float best_us = 0.f;
+  bool have = false;
+  Status status = Status::Ok();
+  for (int i = 0; i < found && status.ok(); ++i) {
+    if (candidates[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    std::vector<float> us;
+    for (int r = 0; r <= kReps; ++r) {  // r == 0 warms up
+      cudaMemsetAsync(flush, r, flush_bytes, stream_);
+      cudaEventRecord(ev[0], stream_);
+      const cublasStatus_t st =
+          cublasLtMatmul(lt_, s.op, &alpha, w, s.a, x, s.b, &beta, y, s.c, y, s.c,
+                         &candidates[i].algo, workspace_, workspace_bytes_, stream_);
+      cudaEventRecord(ev[1], stream_);
+      if (st != CUBLAS_STATUS_SUCCESS) break;  // this candidate cannot run: skip it
+      if (cudaEventSynchronize(ev[1]) != cudaSuccess) {
+        status = Internal("fp8 GEMM tuning: a candidate failed on the device");
+        break;
+      }
+      float ms = 0.f;
+      cudaEventElapsedTime(&ms, ev[0], ev[1]);
+      if (r > 0) us.push_back(ms * 1000.f);
+    }
+    if (static_cast<int>(us.size()) < kReps) continue;
+    std::nth_element(us.begin(), us.begin() + kReps / 2, us.end());
+    const float median = us[kReps / 2];
+    if (!have || median < best_us) {
+      best = i;
+      best_us = median;
+      have = true;
+    }
+  }
+  cudaEventDestroy(ev[0]);
+  cudaEventDestroy(ev[1]);
+  cudaFreeAsync(flush, stream_);
+  TUNE_CUDA(cudaStreamSynchronize(stream_));
+#undef TUNE_CUDA
+  if (!status.ok()) return status;
+  return best;
 }
 
 }  // namespace llm

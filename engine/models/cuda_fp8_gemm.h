@@ -1,7 +1,6 @@
-// fp8 (e4m3) GEMMs through cuBLASLt, for fp8 linear weights with dynamic per-tensor activation
-// scales: y[m, n] (bf16) = (x_scale * x[m, k]) @ (w_scale * w[n, k])^T with fp32 accumulation.
-// Both scales are device pointers, so a CUDA graph replays with whatever scale the step's
-// activation quantization computed. Built only with the CUDA backend.
+// fp8 (e4m3) GEMMs through cuBLASLt, for fp8 linear weights: y[m, n] (bf16) =
+// (x_scale * x[m, k]) @ (w_scale * w[n, k])^T with fp32 accumulation. Both scales are device
+// pointers (a CUDA graph replays with whatever values they hold). Built only with the CUDA backend.
 #pragma once
 
 #include <cublasLt.h>
@@ -22,9 +21,12 @@ class CudaFp8Gemm {
   ~CudaFp8Gemm();
 
   // workspace: device memory the matmuls may use (shared with other work on the same stream).
-  Status Init(cudaStream_t stream, void* workspace, size_t workspace_bytes);
+  // tune_max_m: shapes with m <= tune_max_m (decode steps, replayed thousands of times) time the
+  // heuristic's candidates once on their first call instead of taking its first choice.
+  Status Init(cudaStream_t stream, void* workspace, size_t workspace_bytes, int tune_max_m = 256);
   // x: e4m3 [m, k], w: e4m3 [n, k], y: bf16 [m, n]; k and n multiples of 16, m > 0. The
-  // algorithm for each (m, n, k) is chosen once by cuBLASLt's heuristic and cached.
+  // algorithm for each (m, n, k) is chosen once and cached; a shape's first call must not be
+  // inside a CUDA graph capture when it is tuned (it synchronizes the stream).
   Status Run(const void* x, const float* x_scale, const void* w, const float* w_scale, int m, int n,
              int k, void* y);
 
@@ -34,12 +36,18 @@ class CudaFp8Gemm {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo;
   };
-  StatusOr<Shape*> Get(int m, int n, int k, const float* x_scale, const float* w_scale);
+  StatusOr<Shape*> Get(int m, int n, int k, const float* x_scale, const float* w_scale,
+                       const void* x, const void* w, void* y);
+  // The fastest of `found` candidates on this call's operands, each timed with a cold L2 (the
+  // weights of a projection stream from HBM in a model step); index into candidates.
+  StatusOr<int> Tune(const Shape& s, const cublasLtMatmulHeuristicResult_t* candidates, int found,
+                     const void* x, const void* w, void* y);
 
   cublasLtHandle_t lt_ = nullptr;
   cudaStream_t stream_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  int tune_max_m_ = 0;
   std::map<std::tuple<int, int, int>, Shape> shapes_;
 };
 

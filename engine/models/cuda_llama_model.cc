@@ -33,9 +33,9 @@ struct LayerWeights {
   DeviceBuffer wqkv_q, wo_q, w_gate_up_q, w_down_q, scales;
 };
 
-// The four projections of a layer, indexing LayerWeights::scales and the activation scales.
+// The four projections of a layer, indexing LayerWeights::scales and the activations' row scales.
 enum Proj { kQkv = 0, kO = 1, kGateUp = 2, kDown = 3, kNumProj = 4 };
-// Each fp8 scale (and absmax) sits in its own 16-byte slot: cuBLASLt rejects (NOT_SUPPORTED) scale
+// Each fp8 weight scale sits in its own 16-byte slot: cuBLASLt rejects (NOT_SUPPORTED) scale
 // pointers that are only 4-byte aligned.
 constexpr int kScaleSlot = 4;  // floats
 
@@ -103,12 +103,15 @@ class CudaLlamaModel final : public Model {
   struct Scratch {
     DeviceBuffer ints;  // [ids: cap][positions: cap][logit rows: cap]
     DeviceBuffer residual, xn, qkv, q, k, v, attn, tmp, gate_up, act;
-    // fp8 weights: the quantized activation of the current projection, and per (layer, proj)
-    // the activation's absmax and scale.
-    DeviceBuffer xq, act_amax, act_scale;
+    // fp8 weights: the e4m3 input of the current projection, and per projection the row scales
+    // of its input [kNumProj][cap], which the projection's consumer applies to its output.
+    DeviceBuffer xq, row_scales;
     int cap = 0;
-    // fp8: also the quantized-activation buffer and the absmax / scale slots.
+    // fp8: also the quantized-activation buffer and the row scales.
     Status Reserve(const ModelConfig& c, int tokens, bool fp8, cudaStream_t stream);
+    cuda::Fp8Rows Fp8In(Proj proj) const {
+      return {xq.ptr, row_scales.as<float>() + static_cast<size_t>(proj) * cap};
+    }
     // One upload of the batch's ids, positions and logit rows into `ints`; rows past the batch
     // (graph padding) get token 0 at position 0. `host` is reused staging.
     Status UploadInputs(const ForwardBatch& batch, std::vector<int32_t>* host, cudaStream_t stream);
@@ -119,13 +122,16 @@ class CudaLlamaModel final : public Model {
   // prefill_attention_ from the option: "auto" (cuda_fmha for a 16-bit cache whose decode
   // backend is another family), "none", or a backend name (fails if it cannot serve the spec).
   Status SelectPrefillBackend(const std::string& choice);
-  // A layer projection y[T, n] = x[T, k] W^T (bf16 out): bf16 weights through cuBLAS, or fp8
-  // weights with x quantized per tensor on the fly (its scale in s.act_scale[layer, proj]).
-  // amax_ready: x's producer already folded max |x| into ActAmax(s, layer, proj) (fp8 only).
-  Status Project(Scratch& s, int layer, Proj proj, const void* x, int T, int n, int k, void* y,
-                 bool amax_ready = false);
-  // The fp8 activation absmax slot of (layer, proj) in s; null with bf16 weights.
-  float* ActAmax(Scratch& s, int layer, Proj proj) const;
+  // A layer projection y[T, n] = x[T, k] W^T (bf16 out). bf16 weights: cuBLAS on x. fp8
+  // weights: x is ignored; the input is s.Fp8In(proj), which x's producer wrote, and y is the raw
+  // product without the input's row scales (RowScales(s, proj) holds them for y's consumer).
+  Status Project(Scratch& s, int layer, Proj proj, const void* x, int T, int n, int k, void* y);
+  // The fp8 input of proj (what the producer of x writes), or nothing with bf16 weights.
+  cuda::Fp8Rows Fp8In(const Scratch& s, Proj proj) const {
+    return fp8_ ? s.Fp8In(proj) : cuda::Fp8Rows{};
+  }
+  // The row scales that proj's output still needs (null with bf16 weights).
+  const float* RowScales(const Scratch& s, Proj proj) const { return Fp8In(s, proj).scale; }
   // Embedding and every layer for T rows of `s` (the part a decode graph captures).
   Status LaunchLayers(Scratch& s, int T);
   // Decode-only step of at most graph_max_batch_ sequences on a graph-capable backend: the padded
@@ -147,6 +153,7 @@ class CudaLlamaModel final : public Model {
   bool fp8_ = false;                       // weight_dtype "fp8"
   CudaFp8Gemm fp8_gemm_;
   DeviceBuffer weight_amax_;  // scratch for QuantizeWeight
+  DeviceBuffer unit_scale_;   // 1.0f: the fp8 GEMMs' activation scale (row scales come after)
   DeviceBuffer last_, logits_;
   std::vector<int32_t> host_ints_;
   CudaLogitsReadback readback_;
@@ -164,6 +171,9 @@ Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& option
     fp8_ = true;
     LLM_RETURN_IF_ERROR(fp8_gemm_.Init(stream_, blas_workspace_.ptr, blas_workspace_.bytes));
     LLM_RETURN_IF_ERROR(weight_amax_.Alloc(sizeof(float)));
+    LLM_RETURN_IF_ERROR(unit_scale_.Alloc(kScaleSlot * sizeof(float)));
+    const float one = 1.0f;
+    GPU_RETURN_IF_ERROR(cudaMemcpy(unit_scale_.ptr, &one, sizeof(one), cudaMemcpyHostToDevice));
   }
 
   // Attention backend first: an unsupported combination fails before any weight is loaded.
@@ -347,11 +357,10 @@ Status CudaLlamaModel::Scratch::Reserve(const ModelConfig& c, int tokens, bool f
   LLM_RETURN_IF_ERROR(gate_up.Alloc(T * 2 * I * 2));
   LLM_RETURN_IF_ERROR(act.Alloc(T * I * 2));
   if (fp8) {
-    const size_t slots = static_cast<size_t>(c.num_layers) * kNumProj * kScaleSlot;
     LLM_RETURN_IF_ERROR(xq.Alloc(T * std::max({H, Q, I})));
-    LLM_RETURN_IF_ERROR(act_amax.Alloc(slots * 4));
-    LLM_RETURN_IF_ERROR(act_scale.Alloc(slots * 4));
+    LLM_RETURN_IF_ERROR(row_scales.Alloc(kNumProj * T * 4));
     GPU_RETURN_IF_ERROR(cudaMemsetAsync(xq.ptr, 0, xq.bytes, stream));
+    GPU_RETURN_IF_ERROR(cudaMemsetAsync(row_scales.ptr, 0, row_scales.bytes, stream));
   }
   // Padding rows of a graph bucket are computed too: keep them finite from the start.
   for (DeviceBuffer* b : {&residual, &xn, &qkv, &q, &k, &v, &attn, &tmp, &gate_up, &act}) {
@@ -377,21 +386,30 @@ Status CudaLlamaModel::LaunchLayers(Scratch& s, int T) {
   const ModelConfig& c = config_;
   const int H = c.hidden_size, Q = c.q_size(), KV = c.kv_size(), I = c.intermediate_size;
   const int QKV = Q + 2 * KV;
-  if (fp8_) {  // the activation absmaxes of this step start from 0
-    GPU_RETURN_IF_ERROR(cudaMemsetAsync(s.act_amax.ptr, 0, s.act_amax.bytes, stream_));
-  }
   cuda::LaunchEmbedding(embed_.ptr, s.ids(), T, H, s.residual.as<float>(), stream_);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  // With fp8 weights every projection's input is produced as e4m3 rows by the kernel before it
+  // (norm, SiluMul, or a row quantization of the attention output), and its raw output is scaled
+  // back by the kernel after it (rotary, norm, SiluMul): no separate quantization pass.
+  cuda::RmsNormArgs norm;
+  norm.residual = s.residual.as<float>();
+  norm.num_rows = T;
+  norm.hidden = H;
+  norm.eps = c.rms_norm_eps;
+  norm.out = s.xn.ptr;
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = *layers_[l];
-    // The previous layer's MLP output joins the residual inside this norm. With fp8 weights the
-    // norms and SiluMul also produce the absmax of their output for the next projection.
-    cuda::LaunchAddRmsNorm(s.residual.as<float>(), l == 0 ? nullptr : s.tmp.ptr, L.attn_norm.ptr,
-                           nullptr, T, H, c.rms_norm_eps, s.xn.ptr, stream_, ActAmax(s, l, kQkv));
-    LLM_RETURN_IF_ERROR(Project(s, l, kQkv, s.xn.ptr, T, QKV, H, s.qkv.ptr, true));
+    // The previous layer's MLP output joins the residual inside this norm.
+    norm.delta = l == 0 ? nullptr : s.tmp.ptr;
+    norm.delta_scale = l == 0 ? nullptr : RowScales(s, kDown);
+    norm.weight = L.attn_norm.ptr;
+    norm.out_fp8 = Fp8In(s, kQkv);
+    cuda::LaunchAddRmsNorm(norm, stream_);
+    LLM_RETURN_IF_ERROR(Project(s, l, kQkv, s.xn.ptr, T, QKV, H, s.qkv.ptr));
     cuda::RopeArgs ra;
     ra.qkv = s.qkv.ptr;
     ra.bias = L.bqkv.ptr;
+    ra.qkv_scale = RowScales(s, kQkv);
     ra.positions = s.positions();
     ra.inv_freq = inv_freq_.as<float>();
     ra.q = s.q.ptr;
@@ -417,39 +435,39 @@ Status CudaLlamaModel::LaunchLayers(Scratch& s, int T) {
     p.softmax_scale = scale;
     p.window_left = c.WindowLeft(l);
     step_attention_->Run(p);
+    if (fp8_) cuda::LaunchQuantizeRowsFp8(s.attn.ptr, T, Q, Fp8In(s, kO), stream_);
     LLM_RETURN_IF_ERROR(Project(s, l, kO, s.attn.ptr, T, H, Q, s.tmp.ptr));
-    cuda::LaunchAddRmsNorm(s.residual.as<float>(), s.tmp.ptr, L.mlp_norm.ptr, nullptr, T, H,
-                           c.rms_norm_eps, s.xn.ptr, stream_, ActAmax(s, l, kGateUp));
-    LLM_RETURN_IF_ERROR(Project(s, l, kGateUp, s.xn.ptr, T, 2 * I, H, s.gate_up.ptr, true));
-    cuda::LaunchSiluMul(s.gate_up.ptr, T, I, s.act.ptr, stream_, ActAmax(s, l, kDown));
-    LLM_RETURN_IF_ERROR(Project(s, l, kDown, s.act.ptr, T, H, I, s.tmp.ptr, true));
+    norm.delta = s.tmp.ptr;
+    norm.delta_scale = RowScales(s, kO);
+    norm.weight = L.mlp_norm.ptr;
+    norm.out_fp8 = Fp8In(s, kGateUp);
+    cuda::LaunchAddRmsNorm(norm, stream_);
+    LLM_RETURN_IF_ERROR(Project(s, l, kGateUp, s.xn.ptr, T, 2 * I, H, s.gate_up.ptr));
+    cuda::SiluMulArgs sm;
+    sm.gate_up = s.gate_up.ptr;
+    sm.gate_up_scale = RowScales(s, kGateUp);
+    sm.num_tokens = T;
+    sm.inter = I;
+    sm.act = s.act.ptr;
+    sm.act_fp8 = Fp8In(s, kDown);
+    cuda::LaunchSiluMul(sm, stream_);
+    LLM_RETURN_IF_ERROR(Project(s, l, kDown, s.act.ptr, T, H, I, s.tmp.ptr));
   }
   return Status::Ok();
 }
 
-float* CudaLlamaModel::ActAmax(Scratch& s, int layer, Proj proj) const {
-  if (!fp8_) return nullptr;
-  return s.act_amax.as<float>() + (layer * kNumProj + proj) * kScaleSlot;
-}
-
 Status CudaLlamaModel::Project(Scratch& s, int layer, Proj proj, const void* x, int T, int n, int k,
-                               void* y, bool amax_ready) {
+                               void* y) {
   const LayerWeights& L = *layers_[layer];
   if (!fp8_) {
     const void* w[] = {L.wqkv.ptr, L.wo.ptr, L.w_gate_up.ptr, L.w_down.ptr};
     return Gemm(x, w[proj], T, n, k, y, CUDA_R_16BF);
   }
   const void* w[] = {L.wqkv_q.ptr, L.wo_q.ptr, L.w_gate_up_q.ptr, L.w_down_q.ptr};
-  const int slot = (layer * kNumProj + proj) * kScaleSlot;
-  float* amax = s.act_amax.as<float>() + slot;
-  float* scale = s.act_scale.as<float>() + slot;
-  const int64_t n_in = static_cast<int64_t>(T) * k;
-  if (!amax_ready) cuda::LaunchAbsMaxBf16(x, n_in, amax, stream_);
-  cuda::LaunchQuantizeFp8(x, n_in, amax, scale, s.xq.ptr, stream_);
   // Whole 16-row groups (the scratch is sized for them; rows past T are never read back).
   const int rows = (T + 15) / 16 * 16;
-  return fp8_gemm_.Run(s.xq.ptr, scale, w[proj], L.scales.as<float>() + proj * kScaleSlot, rows, n,
-                       k, y);
+  return fp8_gemm_.Run(s.xq.ptr, unit_scale_.as<float>(), w[proj],
+                       L.scales.as<float>() + proj * kScaleSlot, rows, n, k, y);
 }
 
 Status CudaLlamaModel::QuantizeWeight(DeviceBuffer* bf16, DeviceBuffer* q, LayerWeights* L,
@@ -570,8 +588,16 @@ Status CudaLlamaModel::ForwardSampled(const ForwardBatch& batch, std::vector<flo
     return Status::Ok();
   }
   // Final residual add for all rows, then the norm of the sampled rows only.
-  cuda::LaunchAddRmsNorm(s.residual.as<float>(), s.tmp.ptr, final_norm_.ptr, nullptr, rows, H,
-                         c.rms_norm_eps, s.xn.ptr, stream_);
+  cuda::RmsNormArgs fin;
+  fin.residual = s.residual.as<float>();
+  fin.delta = s.tmp.ptr;
+  fin.delta_scale = RowScales(s, kDown);
+  fin.weight = final_norm_.ptr;
+  fin.num_rows = rows;
+  fin.hidden = H;
+  fin.eps = c.rms_norm_eps;
+  fin.out = s.xn.ptr;
+  cuda::LaunchAddRmsNorm(fin, stream_);
   cuda::LaunchAddRmsNorm(s.residual.as<float>(), nullptr, final_norm_.ptr, d_rows, R, H,
                          c.rms_norm_eps, last_.ptr, stream_);
   const void* head = c.tie_word_embeddings ? embed_.ptr : lm_head_.ptr;

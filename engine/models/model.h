@@ -78,8 +78,8 @@ struct ModelLoadOptions {
   // backend name that shares the decode backend's cache layout.
   std::string prefill_attention_backend = "auto";
   // Projection weights on the GPU (CUDA Llama): "auto"/"bf16", or "fp8": e4m3 with one scale per
-  // tensor, activations quantized per tensor at run time, cuBLASLt fp8 GEMMs (embedding, norms
-  // and LM head stay bf16).
+  // tensor, activations quantized per row (token) at run time by the kernel that produces them,
+  // cuBLASLt fp8 GEMMs (embedding, norms and LM head stay bf16).
   std::string weight_dtype = "auto";
 };
 

@@ -8,15 +8,13 @@
 #include <cstdint>
 
 #include "kernels/cuda/block_abs_max.cuh"
+#include "kernels/cuda/fp8_rows.cuh"
 
 namespace llm::cuda {
 namespace {
 
-// engine/base/quant.h DynamicScale(amax, 448).
-__device__ __forceinline__ float Fp8Scale(float amax) {
-  const float s = amax / 448.0f;
-  return (s > 0.0f && isfinite(s)) ? s : 1.0f;
-}
+using detail::Fp8Scale;
+using detail::ToFp8;
 
 // Both kernels move 8 elements per 16-byte access where x is 16-byte aligned (always, for the
 // model's buffers), with a scalar loop for the rest.
@@ -44,10 +42,6 @@ __global__ void AbsMaxKernel(const __nv_bfloat16* x, int64_t n, float* amax) {
   detail::BlockFoldAbsMax(m, amax);
 }
 
-__device__ __forceinline__ __nv_fp8_storage_t ToFp8(float v, float s) {
-  return __nv_cvt_float_to_fp8(v / s, __NV_SATFINITE, __NV_E4M3);
-}
-
 __global__ void QuantizeKernel(const __nv_bfloat16* x, int64_t n, const float* amax, float* scale,
                                __nv_fp8_storage_t* out) {
   const float s = Fp8Scale(*amax);
@@ -71,6 +65,47 @@ __global__ void QuantizeKernel(const __nv_bfloat16* x, int64_t n, const float* a
   for (int64_t i = nv * kVec + tid; i < n; i += stride) out[i] = ToFp8(__bfloat162float(x[i]), s);
 }
 
+// One CTA per row: the row's absmax, then its bytes (the second read of the row hits L1/L2).
+__global__ void QuantizeRowsKernel(const __nv_bfloat16* x, int cols, uint8_t* q, float* scales) {
+  const size_t row = blockIdx.x;
+  const __nv_bfloat16* xr = x + row * cols;
+  uint8_t* qr = q + row * cols;
+  const bool vec = cols % 8 == 0 && Aligned16(x) && (reinterpret_cast<uintptr_t>(q) & 7u) == 0;
+  float m = 0.f;
+  if (vec) {
+    for (int i = threadIdx.x * 8; i < cols; i += blockDim.x * 8) {
+      const uint4 w = *reinterpret_cast<const uint4*>(xr + i);
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&w);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 f = __bfloat1622float2(h[k]);
+        m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
+      }
+    }
+  } else {
+    for (int i = threadIdx.x; i < cols; i += blockDim.x)
+      m = fmaxf(m, fabsf(__bfloat162float(xr[i])));
+  }
+  const float s = Fp8Scale(detail::BlockMax(m));
+  if (threadIdx.x == 0) scales[row] = s;
+  if (vec) {
+    for (int i = threadIdx.x * 8; i < cols; i += blockDim.x * 8) {
+      const uint4 w = *reinterpret_cast<const uint4*>(xr + i);
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&w);
+      float f[8];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 p = __bfloat1622float2(h[k]);
+        f[2 * k] = p.x;
+        f[2 * k + 1] = p.y;
+      }
+      detail::StoreFp8x8(qr + i, f, s);
+    }
+  } else {
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) qr[i] = ToFp8(__bfloat162float(xr[i]), s);
+  }
+}
+
 int Blocks(int64_t n) {
   return static_cast<int>(std::clamp<int64_t>((n / kVec + 255) / 256, 1, 1024));
 }
@@ -87,6 +122,13 @@ void LaunchQuantizeFp8(const void* x, int64_t n, const float* amax, float* scale
                        void* stream) {
   QuantizeKernel<<<Blocks(n), 256, 0, static_cast<cudaStream_t>(stream)>>>(
       static_cast<const __nv_bfloat16*>(x), n, amax, scale, static_cast<__nv_fp8_storage_t*>(out));
+}
+
+void LaunchQuantizeRowsFp8(const void* x, int rows, int cols, const Fp8Rows& out, void* stream) {
+  if (rows == 0) return;
+  const int threads = std::clamp((cols / 8 + 31) / 32 * 32, 32, 512);
+  QuantizeRowsKernel<<<rows, threads, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const __nv_bfloat16*>(x), cols, static_cast<uint8_t*>(out.q), out.scale);
 }
 
 }  // namespace llm::cuda

@@ -1,5 +1,5 @@
-// Per-tensor fp8 (e4m3) quantization of bf16 tensors on CUDA, for fp8 weights and the dynamic
-// activation scales of fp8 GEMMs. Plain C++ launcher header: device pointers, `stream` is a
+// fp8 (e4m3) quantization of bf16 tensors on CUDA: per tensor for fp8 weights, per row for the
+// activations an fp8 GEMM reads. Plain C++ launcher header: device pointers, `stream` is a
 // cudaStream_t.
 //
 // Definition (engine/base/quant.h): scale = max(amax / 448, tiny), q = e4m3(x / scale) with
@@ -18,5 +18,18 @@ void LaunchAbsMaxBf16(const void* x, int64_t n, float* amax, void* stream);
 // written to *scale (read by the GEMM).
 void LaunchQuantizeFp8(const void* x, int64_t n, const float* amax, float* scale, void* out,
                        void* stream);
+
+// An fp8 activation with one dynamic scale per row, the input of an fp8 GEMM:
+// q[t, :] = e4m3(x[t, :] / scale[t]), scale[t] = max(max_i |x[t, i]| / 448, tiny) (quant.h
+// definition per row). The GEMM leaves the row scale out (it has no per-row operand scale on
+// sm_90); whatever consumes its output multiplies row t by scale[t].
+struct Fp8Rows {
+  void* q = nullptr;       // e4m3 [T, cols], 8-byte aligned rows
+  float* scale = nullptr;  // [T]
+  bool enabled() const { return q != nullptr; }
+};
+
+// out: x (bf16 [rows, cols]) quantized per row (one CTA per row).
+void LaunchQuantizeRowsFp8(const void* x, int rows, int cols, const Fp8Rows& out, void* stream);
 
 }  // namespace llm::cuda

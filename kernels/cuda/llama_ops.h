@@ -5,23 +5,36 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/fp8_quant.h"
+
 namespace llm::cuda {
 
 // out[t, :] = table[ids[t], :]  (bf16 table [vocab, hidden]) -> fp32 residual [T, hidden]
 void LaunchEmbedding(const void* table, const int32_t* ids, int num_tokens, int hidden,
                      float* residual, void* stream);
 
-// residual[T, H] (+)= delta (bf16, may be null); out = bf16(rmsnorm(residual) * weight).
-// rows: optional row indices (gather; null = all T rows), out has one row per index.
-// amax (optional): *amax = max(*amax, max |out|), as LaunchAbsMaxBf16 (fp8_quant.h) would compute
-// it, so an fp8 GEMM consuming out needs no separate absmax pass.
+struct RmsNormArgs {
+  float* residual = nullptr;           // fp32 [T, H], updated in place when delta is set
+  const void* delta = nullptr;         // bf16 [T, H] or null
+  const float* delta_scale = nullptr;  // [T]: delta row t is delta[t] * delta_scale[t] (the raw
+                                       // output of an fp8 GEMM, fp8_quant.h Fp8Rows), or null
+  const void* weight = nullptr;        // bf16 [H]
+  const int32_t* rows = nullptr;       // optional gather: output row r normalizes row rows[r]
+  int num_rows = 0, hidden = 0;
+  float eps = 1e-5f;
+  void* out = nullptr;  // bf16 [R, H], or
+  Fp8Rows out_fp8;      // e4m3 [R, H] with row scales (the next fp8 GEMM's input)
+};
+// residual (+)= delta; out = rmsnorm(residual) * weight, per output row.
+void LaunchAddRmsNorm(const RmsNormArgs& a, void* stream);
+// The bf16 form: residual[T, H] (+)= delta (may be null); out = bf16(rmsnorm(residual) * weight).
 void LaunchAddRmsNorm(float* residual, const void* delta, const void* weight, const int32_t* rows,
-                      int num_rows, int hidden, float eps, void* out, void* stream,
-                      float* amax = nullptr);
+                      int num_rows, int hidden, float eps, void* out, void* stream);
 
 struct RopeArgs {
   const void* qkv = nullptr;           // bf16 [T, (Hq + 2 Hkv) * D] from the fused projection
   const void* bias = nullptr;          // bf16 [(Hq + 2 Hkv) * D] or null
+  const float* qkv_scale = nullptr;    // [T] row scales of qkv (an fp8 GEMM's raw output) or null
   const int32_t* positions = nullptr;  // [T]
   const float* inv_freq = nullptr;     // [D / 2], rope scaling already applied
   void* q = nullptr;                   // bf16 [T, Hq, D]
@@ -29,12 +42,20 @@ struct RopeArgs {
   void* v = nullptr;                   // bf16 [T, Hkv, D]
   int num_tokens = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
 };
-// Splits q/k/v, adds the bias, applies rotary ("rotate_half" pairs (i, i + D/2)) to q and k.
+// Splits q/k/v, scales rows by qkv_scale, adds the bias, applies rotary ("rotate_half" pairs (i, i
+// + D/2)) to q and k.
 void LaunchBiasRope(const RopeArgs& a, void* stream);
 
-// act[T, I] = silu(gate_up[:, :I]) * gate_up[:, I:]   (bf16); amax as in LaunchAddRmsNorm.
-void LaunchSiluMul(const void* gate_up, int num_tokens, int inter, void* act, void* stream,
-                   float* amax = nullptr);
+struct SiluMulArgs {
+  const void* gate_up = nullptr;         // bf16 [T, 2 I]
+  const float* gate_up_scale = nullptr;  // [T] row scales of gate_up (fp8 GEMM output) or null
+  int num_tokens = 0, inter = 0;
+  void* act = nullptr;  // bf16 [T, I], or
+  Fp8Rows act_fp8;      // e4m3 [T, I] with row scales
+};
+// act = silu(g) * u with g = gate_up[:, :I] and u = gate_up[:, I:] (after the row scale).
+void LaunchSiluMul(const SiluMulArgs& a, void* stream);
+void LaunchSiluMul(const void* gate_up, int num_tokens, int inter, void* act, void* stream);
 
 // Deterministic pseudo-random bf16 values mean + std * U(-sqrt3, sqrt3), for dummy weights.
 void LaunchFillRandomBf16(void* p, int64_t n, float mean, float std, uint64_t seed, void* stream);

@@ -1,6 +1,7 @@
-// fp8 (e4m3) projection weights on the GPU: the per-tensor quantization kernels bit for bit against
-// engine/base/quant.h, the cuBLASLt fp8 GEMM against a host product of the same quantized
-// operands, and a whole Llama with fp8 weights against the same model with bf16 weights.
+// fp8 (e4m3) projection weights on the GPU: the per-tensor (weights) and per-row (activations)
+// quantization kernels bit for bit against engine/base/quant.h, the cuBLASLt fp8 GEMM against a
+// host product of the same quantized operands, and a whole Llama with fp8 weights against the same
+// model with bf16 weights.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime.h>
@@ -121,6 +122,49 @@ TEST_CASE("fp8 weights: quantization and the cuBLASLt GEMM match the host defini
   }
   cudaFree(ws);
   cudaStreamDestroy(stream);
+}
+
+// Per-row activation quantization (the attention output before o_proj): every row's scale and
+// bytes exactly as quant.h defines them for that row alone, on the 16-byte path and the scalar one.
+TEST_CASE("fp8 weights: per-row activation quantization matches the host definition",
+          "[gpu][fp8]") {
+  std::mt19937 rng(std::random_device{}());
+  for (int cols : {4096, 4100, 24}) {
+    for (int rows : {1, 7, 300}) {
+      INFO("rows " << rows << " cols " << cols);
+      std::normal_distribution<float> nd(0.f, 1.f);
+      std::vector<uint16_t> x(static_cast<size_t>(rows) * cols);
+      for (size_t i = 0; i < x.size(); ++i) {
+        // Rows of very different magnitudes, and one all-zero row (scale 1).
+        const int r = static_cast<int>(i / cols);
+        x[i] = F32ToBf16(r == 1 ? 0.f : nd(rng) * std::ldexp(1.f, r % 9 - 4));
+      }
+      void* dx;
+      void* dq;
+      float* ds;
+      CUDA_REQUIRE(cudaMalloc(&dx, x.size() * 2));
+      CUDA_REQUIRE(cudaMalloc(&dq, x.size()));
+      CUDA_REQUIRE(cudaMalloc(&ds, rows * sizeof(float)));
+      CUDA_REQUIRE(cudaMemcpy(dx, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+      cuda::LaunchQuantizeRowsFp8(dx, rows, cols, {dq, ds}, nullptr);
+      std::vector<uint8_t> q(x.size());
+      std::vector<float> scales(rows);
+      CUDA_REQUIRE(cudaMemcpy(q.data(), dq, q.size(), cudaMemcpyDeviceToHost));
+      CUDA_REQUIRE(cudaMemcpy(scales.data(), ds, rows * sizeof(float), cudaMemcpyDeviceToHost));
+      int bad_scales = 0, bad_bytes = 0;
+      for (int r = 0; r < rows; ++r) {
+        const std::vector<uint16_t> row(x.begin() + static_cast<size_t>(r) * cols,
+                                        x.begin() + static_cast<size_t>(r + 1) * cols);
+        std::vector<uint8_t> want;
+        bad_scales += HostQuantize(row, &want) != scales[r];
+        for (int i = 0; i < cols; ++i) bad_bytes += want[i] != q[static_cast<size_t>(r) * cols + i];
+      }
+      CHECK(bad_scales == 0);
+      CHECK(bad_bytes == 0);
+      CHECK(scales[std::min(1, rows - 1)] == (rows > 1 ? 1.f : scales[0]));
+      for (void* p : {dx, dq, static_cast<void*>(ds)}) cudaFree(p);
+    }
+  }
 }
 
 TEST_CASE("fp8 weights: a whole Llama tracks the bf16-weight model", "[gpu][fp8]") {

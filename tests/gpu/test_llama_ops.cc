@@ -1,7 +1,7 @@
 // The Llama element-wise kernels (kernels/cuda/llama_ops.h) against a host computation of the same
 // definition, on shapes that take the vectorized paths (multiples of 8) and the scalar fallbacks
-// (odd widths), with and without the residual delta and the row gather, and with and without the
-// fp8 activation absmax they can produce.
+// (odd widths), with and without the residual delta and the row gather, and with bf16 or fp8
+// (e4m3 rows with one scale each, the input of an fp8 GEMM) outputs and row-scaled inputs.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime.h>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/base/dtype.h"
+#include "engine/base/quant.h"
 #include "kernels/cuda/llama_ops.h"
 
 namespace llm::cuda {
@@ -52,39 +53,91 @@ void CheckBf16Close(const std::vector<uint16_t>& got, const std::vector<float>& 
   CHECK(bad == 0);
 }
 
-// What LaunchAbsMaxBf16 defines: max |x| over the bf16 values, in fp32.
-float MaxAbsBf16(const std::vector<uint16_t>& v) {
-  float m = 0.f;
-  for (uint16_t x : v) m = std::max(m, std::fabs(Bf16ToF32(x)));
-  return m;
+// fp8 rows (fp8_quant.h Fp8Rows) against the fp32 host values `want` [rows, cols]: each row's
+// scale is its absmax / 448 (quant.h DynamicScale) up to fp32 summation order, and each byte is
+// the host quantization of the same value with the device's scale, give or take one e4m3 step
+// for values on a rounding boundary (the host and the device sum squares in different orders),
+// which at most 1% of the bytes may be.
+void CheckFp8Rows(const std::vector<uint8_t>& q, const std::vector<float>& scales,
+                  const std::vector<float>& want, int cols) {
+  const size_t rows = scales.size();
+  REQUIRE(q.size() == rows * cols);
+  REQUIRE(want.size() == q.size());
+  size_t far = 0, off_by_one = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    float amax = 0.f;
+    for (int i = 0; i < cols; ++i) amax = std::max(amax, std::fabs(want[r * cols + i]));
+    const float host_scale = DynamicScale(amax, kFp8E4M3Max);
+    INFO("row " << r << " scale " << scales[r] << " host " << host_scale);
+    CHECK(std::fabs(scales[r] - host_scale) <= 1e-5f * host_scale);
+    for (int i = 0; i < cols; ++i) {
+      const uint8_t h = QuantizeFp8(want[r * cols + i], scales[r]), g = q[r * cols + i];
+      if (h == g) continue;
+      // e4m3 magnitudes order like their 7-bit codes; zero may carry either sign.
+      const int dh = h & 0x7f, dg = g & 0x7f;
+      const bool same_sign = (h & 0x80) == (g & 0x80) || dh == 0 || dg == 0;
+      if (same_sign && std::abs(dh - dg) == 1) {
+        ++off_by_one;
+      } else {
+        ++far;
+      }
+    }
+  }
+  CHECK(far == 0);
+  CHECK(off_by_one <= q.size() / 100);
+}
+
+std::vector<float> RandomRowScales(size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(0.25f, 4.f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
 }
 
 TEST_CASE("Llama ops: add + RMSNorm and SiluMul match the host definition", "[gpu][ops]") {
   std::mt19937 rng(std::random_device{}());
   for (int hidden : {256, 4096, 4100, 8192, 8200}) {
     for (int T : {1, 3, 17}) {
-      for (bool with_delta : {false, true}) {
+      for (int variant = 0; variant < 6; ++variant) {
+        // delta: none, bf16, or an fp8 GEMM's raw output with row scales; output bf16 or fp8.
+        const bool with_delta = variant % 3 != 0, scaled_delta = variant % 3 == 2;
+        const bool fp8 = variant >= 3;
         for (bool gather : {false, true}) {
-          INFO("hidden " << hidden << " T " << T << " delta " << with_delta << " gather "
-                         << gather);
+          INFO("hidden " << hidden << " T " << T << " delta " << with_delta << " scaled "
+                         << scaled_delta << " fp8 " << fp8 << " gather " << gather);
           std::normal_distribution<float> nd(0.f, 2.f);
           std::vector<float> res(static_cast<size_t>(T) * hidden);
           for (auto& x : res) x = nd(rng);
           const auto delta = RandomBf16(res.size(), rng);
+          const auto delta_scale = RandomRowScales(T, rng);
           const auto weight = RandomBf16(hidden, rng, 1.f);
           std::vector<int32_t> rows;
           for (int t = T - 1; t >= 0; t -= 2) rows.push_back(t);  // reversed, every other row
           const int R = gather ? static_cast<int>(rows.size()) : T;
           float* d_res = Upload(res);
           uint16_t* d_delta = Upload(delta);
+          float* d_ds = Upload(delta_scale);
           uint16_t* d_w = Upload(weight);
           int32_t* d_rows = Upload(rows);
-          uint16_t* d_out = nullptr;
+          void* d_out = nullptr;
+          float* d_scales = nullptr;
           CUDA_REQUIRE(cudaMalloc(&d_out, static_cast<size_t>(R) * hidden * 2));
-          // The fp8 absmax output (half the cases; the other half take the kernels without it).
-          float* d_amax = Upload(std::vector<float>{0.f});
-          LaunchAddRmsNorm(d_res, with_delta ? d_delta : nullptr, d_w, gather ? d_rows : nullptr, R,
-                           hidden, 1e-5f, d_out, nullptr, with_delta ? d_amax : nullptr);
+          CUDA_REQUIRE(cudaMalloc(&d_scales, static_cast<size_t>(R) * 4));
+          RmsNormArgs a;
+          a.residual = d_res;
+          a.delta = with_delta ? d_delta : nullptr;
+          a.delta_scale = scaled_delta ? d_ds : nullptr;
+          a.weight = d_w;
+          a.rows = gather ? d_rows : nullptr;
+          a.num_rows = R;
+          a.hidden = hidden;
+          a.eps = 1e-5f;
+          if (fp8) {
+            a.out_fp8 = {d_out, d_scales};
+          } else {
+            a.out = d_out;
+          }
+          LaunchAddRmsNorm(a, nullptr);
           CUDA_REQUIRE(cudaDeviceSynchronize());
           // Host: the residual gains the delta on the processed rows; each output row is normed.
           std::vector<float> want_res = res, want_out(static_cast<size_t>(R) * hidden);
@@ -93,7 +146,10 @@ TEST_CASE("Llama ops: add + RMSNorm and SiluMul match the host definition", "[gp
             double ss = 0;
             for (int i = 0; i < hidden; ++i) {
               float& x = want_res[static_cast<size_t>(t) * hidden + i];
-              if (with_delta) x += Bf16ToF32(delta[static_cast<size_t>(t) * hidden + i]);
+              if (with_delta) {
+                const float d = Bf16ToF32(delta[static_cast<size_t>(t) * hidden + i]);
+                x += scaled_delta ? d * delta_scale[t] : d;
+              }
               ss += static_cast<double>(x) * x;
             }
             const float inv = 1.f / std::sqrt(static_cast<float>(ss / hidden) + 1e-5f);
@@ -102,44 +158,77 @@ TEST_CASE("Llama ops: add + RMSNorm and SiluMul match the host definition", "[gp
                   want_res[static_cast<size_t>(t) * hidden + i] * inv * Bf16ToF32(weight[i]);
             }
           }
-          CHECK(Download(d_res, res.size()) == want_res);  // fp32 adds: exact
-          const auto got_out = Download(d_out, want_out.size());
-          CheckBf16Close(got_out, want_out);
-          CHECK(Download(d_amax, 1)[0] == (with_delta ? MaxAbsBf16(got_out) : 0.f));
+          const auto got_res = Download(d_res, res.size());
+          if (!scaled_delta) {
+            CHECK(got_res == want_res);  // fp32 adds: exact
+          } else {                       // the device may fuse delta * scale + x into one rounding
+            int bad = 0;
+            for (size_t i = 0; i < got_res.size(); ++i) {
+              bad += std::fabs(got_res[i] - want_res[i]) > 1e-6f * (1.f + std::fabs(want_res[i]));
+            }
+            CHECK(bad == 0);
+          }
+          if (fp8) {
+            CheckFp8Rows(Download(static_cast<uint8_t*>(d_out), want_out.size()),
+                         Download(d_scales, R), want_out, hidden);
+          } else {
+            CheckBf16Close(Download(static_cast<uint16_t*>(d_out), want_out.size()), want_out);
+          }
           for (void* p : {static_cast<void*>(d_res), static_cast<void*>(d_delta),
-                          static_cast<void*>(d_w), static_cast<void*>(d_rows),
-                          static_cast<void*>(d_out), static_cast<void*>(d_amax)}) {
+                          static_cast<void*>(d_ds), static_cast<void*>(d_w),
+                          static_cast<void*>(d_rows), d_out, static_cast<void*>(d_scales)}) {
             cudaFree(p);
           }
         }
       }
     }
   }
-  for (int inter : {512, 14336, 1001}) {
+  // 1001: the scalar kernels; 40000: fp8 rows too wide to stay in registers.
+  for (int inter : {512, 14336, 1001, 40000}) {
     for (int T : {1, 5, 64}) {
-      INFO("inter " << inter << " T " << T);
-      const auto gu = RandomBf16(static_cast<size_t>(T) * 2 * inter, rng);
-      uint16_t* d_gu = Upload(gu);
-      uint16_t* d_act = nullptr;
-      CUDA_REQUIRE(cudaMalloc(&d_act, static_cast<size_t>(T) * inter * 2));
-      float* d_amax = Upload(std::vector<float>{0.f});
-      const bool with_amax = T != 5;
-      LaunchSiluMul(d_gu, T, inter, d_act, nullptr, with_amax ? d_amax : nullptr);
-      CUDA_REQUIRE(cudaDeviceSynchronize());
-      std::vector<float> want(static_cast<size_t>(T) * inter);
-      for (int t = 0; t < T; ++t) {
-        for (int i = 0; i < inter; ++i) {
-          const float x = Bf16ToF32(gu[static_cast<size_t>(t) * 2 * inter + i]);
-          const float up = Bf16ToF32(gu[static_cast<size_t>(t) * 2 * inter + inter + i]);
-          want[static_cast<size_t>(t) * inter + i] = x / (1.f + std::exp(-x)) * up;
+      for (bool fp8 : {false, true}) {
+        INFO("inter " << inter << " T " << T << " fp8 " << fp8);
+        const auto gu = RandomBf16(static_cast<size_t>(T) * 2 * inter, rng);
+        const auto gu_scale = RandomRowScales(T, rng);
+        uint16_t* d_gu = Upload(gu);
+        float* d_gs = Upload(gu_scale);
+        void* d_act = nullptr;
+        float* d_scales = nullptr;
+        CUDA_REQUIRE(cudaMalloc(&d_act, static_cast<size_t>(T) * inter * 2));
+        CUDA_REQUIRE(cudaMalloc(&d_scales, static_cast<size_t>(T) * 4));
+        // fp8 cases also take row-scaled input (an fp8 gate_up projection's raw output).
+        SiluMulArgs a;
+        a.gate_up = d_gu;
+        a.gate_up_scale = fp8 ? d_gs : nullptr;
+        a.num_tokens = T;
+        a.inter = inter;
+        if (fp8) {
+          a.act_fp8 = {d_act, d_scales};
+        } else {
+          a.act = d_act;
+        }
+        LaunchSiluMul(a, nullptr);
+        CUDA_REQUIRE(cudaDeviceSynchronize());
+        std::vector<float> want(static_cast<size_t>(T) * inter);
+        for (int t = 0; t < T; ++t) {
+          const float gs = fp8 ? gu_scale[t] : 1.f;
+          for (int i = 0; i < inter; ++i) {
+            const float x = Bf16ToF32(gu[static_cast<size_t>(t) * 2 * inter + i]) * gs;
+            const float up = Bf16ToF32(gu[static_cast<size_t>(t) * 2 * inter + inter + i]) * gs;
+            want[static_cast<size_t>(t) * inter + i] = x / (1.f + std::exp(-x)) * up;
+          }
+        }
+        if (fp8) {
+          CheckFp8Rows(Download(static_cast<uint8_t*>(d_act), want.size()), Download(d_scales, T),
+                       want, inter);
+        } else {
+          CheckBf16Close(Download(static_cast<uint16_t*>(d_act), want.size()), want);
+        }
+        for (void* p : {static_cast<void*>(d_gu), static_cast<void*>(d_gs), d_act,
+                        static_cast<void*>(d_scales)}) {
+          cudaFree(p);
         }
       }
-      const auto got = Download(d_act, want.size());
-      CheckBf16Close(got, want);
-      CHECK(Download(d_amax, 1)[0] == (with_amax ? MaxAbsBf16(got) : 0.f));
-      cudaFree(d_gu);
-      cudaFree(d_act);
-      cudaFree(d_amax);
     }
   }
 }
@@ -153,10 +242,14 @@ TEST_CASE("Llama ops: bias + rotary split q/k/v as the host definition", "[gpu][
     for (int hq : {32, 4}) {
       for (int variant = 0; variant < 3; ++variant) {
         const int hkv = hq == 32 ? 8 : 1, T = 7, heads = hq + 2 * hkv, width = heads * D;
-        const bool with_bias = variant != 1, misaligned = variant == 2;
-        INFO("D " << D << " hq " << hq << " bias " << with_bias << " misaligned " << misaligned);
+        // Row-scaled input (an fp8 projection's raw output) in the aligned and misaligned cases.
+        const bool with_bias = variant != 1, misaligned = variant == 2, scaled = variant != 1;
+        INFO("D " << D << " hq " << hq << " bias " << with_bias << " misaligned " << misaligned
+                  << " scaled " << scaled);
         const auto qkv = RandomBf16(static_cast<size_t>(T) * width + 1, rng);
         const auto bias = RandomBf16(static_cast<size_t>(width) + 1, rng);
+        const auto row_scale = RandomRowScales(T, rng);
+        float* d_rs = Upload(row_scale);
         std::vector<int32_t> pos(T);
         for (int t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(rng() % 9000);
         std::vector<float> inv_freq(D / 2);
@@ -174,6 +267,7 @@ TEST_CASE("Llama ops: bias + rotary split q/k/v as the host definition", "[gpu][
         RopeArgs a;
         a.qkv = d_qkv + off;
         a.bias = with_bias ? d_bias + off : nullptr;
+        a.qkv_scale = scaled ? d_rs : nullptr;
         a.positions = d_pos;
         a.inv_freq = d_freq;
         a.q = d_q + off;
@@ -190,8 +284,9 @@ TEST_CASE("Llama ops: bias + rotary split q/k/v as the host definition", "[gpu][
           for (int h = 0; h < heads; ++h) {
             for (int i = 0; i < D / 2; ++i) {
               const size_t c1 = static_cast<size_t>(h) * D + i, c2 = c1 + D / 2;
-              float x1 = Bf16ToF32(qkv[off + static_cast<size_t>(t) * width + c1]);
-              float x2 = Bf16ToF32(qkv[off + static_cast<size_t>(t) * width + c2]);
+              const float rs = scaled ? row_scale[t] : 1.f;
+              float x1 = Bf16ToF32(qkv[off + static_cast<size_t>(t) * width + c1]) * rs;
+              float x2 = Bf16ToF32(qkv[off + static_cast<size_t>(t) * width + c2]) * rs;
               if (with_bias) {
                 x1 += Bf16ToF32(bias[off + c1]);
                 x2 += Bf16ToF32(bias[off + c2]);
@@ -224,7 +319,7 @@ TEST_CASE("Llama ops: bias + rotary split q/k/v as the host definition", "[gpu][
         for (void* p :
              {static_cast<void*>(d_qkv), static_cast<void*>(d_bias), static_cast<void*>(d_pos),
               static_cast<void*>(d_freq), static_cast<void*>(d_q), static_cast<void*>(d_k),
-              static_cast<void*>(d_v)}) {
+              static_cast<void*>(d_v), static_cast<void*>(d_rs)}) {
           cudaFree(p);
         }
       }

@@ -1,0 +1,61 @@
+// Device helpers for fp8 (e4m3) activations with one dequant scale per row (fp8_quant.h's
+// Fp8Rows), shared by the kernels that produce an fp8 GEMM's input (internal to kernels/cuda).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace llm::cuda::detail {
+
+// engine/base/quant.h DynamicScale(amax, 448): never zero, never infinite.
+__device__ __forceinline__ float Fp8Scale(float amax) {
+  const float s = amax / 448.0f;
+  return (s > 0.0f && isfinite(s)) ? s : 1.0f;
+}
+
+// engine/base/quant.h QuantizeFp8(v, s): e4m3(v / s), nearest-even, saturating to +-448.
+__device__ __forceinline__ uint32_t ToFp8(float v, float s) {
+  return __nv_cvt_float_to_fp8(v / s, __NV_SATFINITE, __NV_E4M3);
+}
+
+// 8 values -> 8 e4m3 bytes through one 8-byte store (p 8-byte aligned), exactly ToFp8(f[j], s).
+__device__ __forceinline__ void StoreFp8x8(uint8_t* p, const float (&f)[8], float s) {
+  uint32_t w[2] = {0u, 0u};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) w[j / 4] |= ToFp8(f[j], s) << (8 * (j % 4));
+  *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+}
+
+// The same with f[j] * inv_s (inv_s = 1 / s) and paired conversions: an IEEE division per element
+// made the fused producers (norm, SiluMul) issue-bound. x * (1 / s) can differ from x / s in the
+// last bit, so a value on an e4m3 rounding tie may land one step from ToFp8's.
+__device__ __forceinline__ void StoreFp8x8Fast(uint8_t* p, const float (&f)[8], float inv_s) {
+  uint32_t w[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(
+        make_float2(f[4 * h] * inv_s, f[4 * h + 1] * inv_s), __NV_SATFINITE, __NV_E4M3);
+    const uint32_t hi = __nv_cvt_float2_to_fp8x2(
+        make_float2(f[4 * h + 2] * inv_s, f[4 * h + 3] * inv_s), __NV_SATFINITE, __NV_E4M3);
+    w[h] = lo | (hi << 16);
+  }
+  *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+}
+
+// Max of v over the block, returned to every thread. Every thread must call it (barriers).
+__device__ __forceinline__ float BlockMax(float v) {
+  __shared__ float partial[32];
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < (blockDim.x + 31) / 32 ? partial[lane] : 0.f;
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+  return v;
+}
+
+}  // namespace llm::cuda::detail
