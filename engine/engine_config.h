@@ -19,6 +19,10 @@ struct EngineConfig {
   int max_logprobs = 20;
   int max_queued_requests = 1024;  // accepted but not yet running; past it RESOURCE_EXHAUSTED
   bool require_tokenizer = true;   // false: token-id-only use (tests, llm-dump)
+  // Overlapped steps (models that support them): step k + 1 is scheduled and queued on the
+  // device before step k's tokens are read back, so host work hides behind the GPU. A request
+  // that stops on a token the host has not seen yet costs one discarded extra step.
+  bool overlap_steps = true;
 };
 
 }  // namespace llm

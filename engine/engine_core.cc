@@ -38,6 +38,13 @@ std::string Outcome(const GenerationOutput& out) {
 
 }  // namespace
 
+EngineCore::~EngineCore() {
+  if (inflight_) {
+    std::vector<int32_t> unused;
+    (void)model_->Collect(&unused);  // the device may still write into memory we free
+  }
+}
+
 StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& config) {
   std::unique_ptr<EngineCore> core(new EngineCore());
   core->config_ = config;
@@ -175,11 +182,11 @@ void EngineCore::Finish(RequestState& st, FinishReason reason, GenerationOutput 
   metrics_->CountOutcome(Outcome(out));
   spdlog::info("[{}] finished: {} prompt={} completion={} cached={} e2e={:.3f}s",
                st.request.request_id, Outcome(out), seq ? seq->prompt_ids.size() : 0,
-               seq ? seq->output_ids.size() : 0, seq ? seq->num_cached_tokens : 0, e2e);
+               seq ? seq->num_known_outputs() : 0, seq ? seq->num_cached_tokens : 0, e2e);
   if (seq) {
     metrics_->prompt_tokens.Inc(static_cast<double>(seq->prompt_ids.size()));
     out.usage.prompt_tokens = static_cast<int>(seq->prompt_ids.size());
-    out.usage.completion_tokens = static_cast<int>(seq->output_ids.size());
+    out.usage.completion_tokens = seq->num_known_outputs();
     out.usage.cached_tokens = seq->num_cached_tokens;
   }
   std::shared_ptr<ResultSink> sink = std::move(st.sink);
@@ -220,7 +227,6 @@ void EngineCore::ExpireDeadlines(std::chrono::steady_clock::time_point now) {
 }
 
 void EngineCore::OnToken(RequestState& st, Sequence& seq, const SampledToken& tok) {
-  seq.output_ids.push_back(tok.token);
   const auto now = std::chrono::steady_clock::now();
   if (seq.output_ids.size() == 1) {
     metrics_->ttft.Observe(Seconds(now - st.request.arrival_time));
@@ -316,7 +322,21 @@ StepRecord EngineCore::StepInner() {
   for (int64_t id : sched.preempted) {
     spdlog::warn("[{}] preempted (KV cache full); will recompute", seq_to_request_[id]);
   }
-  if (sched.empty()) return record;
+  if (sched.empty()) {
+    if (inflight_) {  // nothing new to run: read back and stream the last overlapped step
+      const InFlight prev = std::move(*inflight_);
+      inflight_.reset();
+      std::vector<int32_t> tokens;
+      const Status st = model_->Collect(&tokens);
+      if (st.ok()) {
+        ResolveInflight(prev, tokens);
+        StreamInflight(prev, tokens);
+      } else {
+        FailRows(prev.row_seq, Internal("forward pass failed: " + st.message()));
+      }
+    }
+    return record;
+  }
 
   const int block_size = scheduler_->config().block_size;
   ForwardBatch batch;
@@ -368,50 +388,122 @@ StepRecord EngineCore::StepInner() {
   }
   attn.num_seqs = static_cast<int>(sched.seqs.size());
   attn.num_tokens = static_cast<int>(batch.token_ids.size());
+  // The logit rows' sequences (the pointers in `sched` do not outlive a request that ends below).
+  std::vector<int64_t> row_seq;
+  bool overlap =
+      config_.overlap_steps && device_sampling && model_->supports_overlap() && !logits_observer_;
+  for (const ScheduledSeq& s : sched.seqs) {
+    if (!s.samples) continue;
+    row_seq.push_back(s.seq->id);
+    overlap = overlap && Overlappable(requests_.at(seq_to_request_.at(s.seq->id)));
+  }
 
   const auto t2 = Clock::now();
   record.prepare_s = Seconds(t2 - t1);
   // Reused across steps: [rows, vocab] is 100+ MB at batch 256 with a 128K vocabulary.
   std::vector<float>& logits = logits_scratch_;
   std::vector<int32_t> device_tokens;
-  Status st = model_->ForwardSampled(batch, &logits, &device_tokens);
+  // This step goes to the device first; the host then reads the previous step's tokens while
+  // this one runs (overlap), or waits for this one too (a step that needs the host's sampling).
+  Status st =
+      overlap ? model_->Launch(batch) : model_->ForwardSampled(batch, &logits, &device_tokens);
+  std::optional<InFlight> prev = std::move(inflight_);
+  inflight_.reset();
+  std::vector<int32_t> prev_tokens;
+  Status prev_st = prev ? model_->Collect(&prev_tokens) : Status::Ok();
   const auto t3 = Clock::now();
   record.forward_s = Seconds(t3 - t2);
-  if (!st.ok()) {
-    spdlog::error("forward pass failed: {}", st.ToString());
-    for (const ScheduledSeq& s : sched.seqs) {
-      Fail(seq_to_request_[s.seq->id], Internal("forward pass failed: " + st.message()));
+  if (!st.ok()) spdlog::error("forward pass failed: {}", st.ToString());
+  if (!prev_st.ok()) spdlog::error("reading back the previous step failed: {}", prev_st.ToString());
+  if (prev && prev_st.ok()) ResolveInflight(*prev, prev_tokens);
+  // Placeholders are resolved: the prefix cache may hash the newly computed blocks.
+  scheduler_->OnStepDone(sched);
+  if (prev) {
+    if (prev_st.ok()) {
+      StreamInflight(*prev, prev_tokens);
+    } else {
+      FailRows(prev->row_seq, Internal("forward pass failed: " + prev_st.message()));
     }
+  }
+  if (!st.ok()) {
+    std::vector<int64_t> ids;
+    for (const ScheduledSeq& s : sched.seqs) ids.push_back(s.seq->id);
+    FailRows(ids, Internal("forward pass failed: " + st.message()));
     return record;
   }
-  scheduler_->OnStepDone(sched);
+  if (overlap) {
+    // The tokens arrive with the next step: placeholders until then.
+    for (size_t r = 0; r < row_seq.size(); ++r) {
+      if (Sequence* seq = scheduler_->Find(row_seq[r])) {
+        seq->output_ids.push_back(-static_cast<int32_t>(r) - 1);
+      }
+    }
+    inflight_ = InFlight{std::move(row_seq)};
+    ++num_overlapped_steps_;
+    record.sample_s = Seconds(Clock::now() - t3);
+    return record;
+  }
 
   const int vocab = model_->config().vocab_size;
-  int row = 0;
-  for (const ScheduledSeq& s : sched.seqs) {
-    if (!s.samples) continue;
-    Sequence& seq = *s.seq;
-    RequestState& rs = requests_.at(seq_to_request_.at(seq.id));
-    const int r = row++;
+  for (size_t r = 0; r < row_seq.size(); ++r) {
+    Sequence* seq = scheduler_->Find(row_seq[r]);
+    if (seq == nullptr) continue;  // ended while the previous step's tokens were streamed
+    RequestState& rs = requests_.at(seq_to_request_.at(seq->id));
     SampledToken tok;
     if (!device_tokens.empty() && device_tokens[r] >= 0) {
       tok.token = device_tokens[r];  // sampled on the device
     } else if (!batch.device_sampled.empty() && batch.device_sampled[r]) {
       // The job's draw is already taken: sample the returned logits with it.
-      std::span<float> l(logits.data() + static_cast<size_t>(r) * vocab, vocab);
+      std::span<float> l(logits.data() + r * vocab, vocab);
       const std::span<const PenaltyEntry> pens(
           batch.penalties.data() + batch.penalty_indptr[r],
           batch.penalties.data() + batch.penalty_indptr[r + 1]);
       tok = SampleWithJob(l, batch.sampling_jobs[r], pens);
     } else {
-      std::span<float> l(logits.data() + static_cast<size_t>(r) * vocab, vocab);
+      std::span<float> l(logits.data() + r * vocab, vocab);
       if (logits_observer_) logits_observer_(rs.request.request_id, l);
-      tok = rs.sampler->Sample(l, seq.prompt_ids, seq.output_ids);
+      tok = rs.sampler->Sample(l, seq->prompt_ids, seq->output_ids);
     }
-    OnToken(rs, seq, tok);  // may finish and free the sequence
+    seq->output_ids.push_back(tok.token);
+    OnToken(rs, *seq, tok);  // may finish and free the sequence
   }
   record.sample_s = Seconds(Clock::now() - t3);
   return record;
+}
+
+bool EngineCore::Overlappable(const RequestState& st) const {
+  const SamplingParams& p = st.request.sampling;
+  return p.logprobs == 0 && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+         p.frequency_penalty == 0.0f;
+}
+
+void EngineCore::ResolveInflight(const InFlight& f, const std::vector<int32_t>& tokens) {
+  LLM_CHECK_EQ(tokens.size(), f.row_seq.size());
+  for (size_t r = 0; r < f.row_seq.size(); ++r) {
+    Sequence* seq = scheduler_->Find(f.row_seq[r]);
+    if (seq == nullptr) continue;  // aborted, expired or finished while on the device
+    LLM_CHECK(!seq->output_ids.empty() && seq->output_ids.back() == -static_cast<int32_t>(r) - 1)
+        << "sequence " << seq->id << " lost its placeholder for row " << r;
+    LLM_CHECK(tokens[r] >= 0) << "no token for an overlapped row";
+    seq->output_ids.back() = tokens[r];
+  }
+}
+
+void EngineCore::StreamInflight(const InFlight& f, const std::vector<int32_t>& tokens) {
+  for (size_t r = 0; r < f.row_seq.size(); ++r) {
+    Sequence* seq = scheduler_->Find(f.row_seq[r]);
+    if (seq == nullptr) continue;
+    SampledToken tok;
+    tok.token = tokens[r];
+    OnToken(requests_.at(seq_to_request_.at(seq->id)), *seq, tok);  // may finish the request
+  }
+}
+
+void EngineCore::FailRows(const std::vector<int64_t>& seq_ids, const Status& error) {
+  for (int64_t id : seq_ids) {
+    auto it = seq_to_request_.find(id);
+    if (it != seq_to_request_.end()) Fail(it->second, error);
+  }
 }
 
 }  // namespace llm

@@ -41,6 +41,7 @@ struct StepRecord {
 class EngineCore {
  public:
   static StatusOr<std::unique_ptr<EngineCore>> Create(const EngineConfig& config);
+  ~EngineCore();  // waits for a step still on the device
 
   // Checks a request against the model and limits; fills defaults (max_tokens). Thread-safe:
   // reads only immutable state.
@@ -52,7 +53,7 @@ class EngineCore {
   bool Abort(const std::string& request_id, const Status& error);
   // Ends every request whose deadline has passed with DEADLINE_EXCEEDED.
   void ExpireDeadlines(std::chrono::steady_clock::time_point now);
-  bool HasWork() const { return !requests_.empty(); }
+  bool HasWork() const { return !requests_.empty() || inflight_.has_value(); }
   // Runs one schedule + forward + sample step. An error here fails the step's requests.
   StepRecord Step();
   // Refreshes gauges and counters derived from scheduler state (Step does this itself).
@@ -72,6 +73,8 @@ class EngineCore {
   int num_running() const { return scheduler_->num_running(); }
   int num_waiting() const { return scheduler_->num_waiting(); }
   int num_free_blocks() const { return scheduler_->allocator().num_free(); }
+  // Steps queued on the device before the previous step's tokens were read (Model::Launch).
+  int64_t num_overlapped_steps() const { return num_overlapped_steps_; }
   int num_blocks() const { return scheduler_->allocator().num_blocks(); }
   // Thread-safe; rendered by the metrics endpoint.
   const std::shared_ptr<EngineMetrics>& metrics() const { return metrics_; }
@@ -89,8 +92,22 @@ class EngineCore {
   };
 
   EngineCore() = default;
-  // Appends a sampled token, streams it, and finishes the request when a stop condition holds.
+  // A step launched on the device whose tokens the host has not read yet (overlapped steps).
+  struct InFlight {
+    std::vector<int64_t> row_seq;  // the sequence of each logit row
+  };
+
+  // Streams the sequence's newest token (already in output_ids) and finishes the request when a
+  // stop condition holds.
   void OnToken(RequestState& st, Sequence& seq, const SampledToken& token);
+  // Whether a request's rows may be sampled in an overlapped step: its sampling needs nothing
+  // the host has not seen (no logits back, no penalties over the generated tokens).
+  bool Overlappable(const RequestState& st) const;
+  // Writes the in-flight step's tokens over their placeholders (sequences that ended meanwhile
+  // are skipped), then, after the caller's scheduler bookkeeping, streams them.
+  void ResolveInflight(const InFlight& f, const std::vector<int32_t>& tokens);
+  void StreamInflight(const InFlight& f, const std::vector<int32_t>& tokens);
+  void FailRows(const std::vector<int64_t>& seq_ids, const Status& error);
   void Finish(RequestState& st, FinishReason reason, GenerationOutput out);
   void Fail(const std::string& request_id, const Status& error);
   StepRecord StepInner();
@@ -107,6 +124,8 @@ class EngineCore {
   std::function<void()> dequeue_observer_;
   std::shared_ptr<EngineMetrics> metrics_ = std::make_shared<EngineMetrics>();
   std::vector<float> logits_scratch_;
+  std::optional<InFlight> inflight_;
+  int64_t num_overlapped_steps_ = 0;
   PrefixCacheStats last_prefix_stats_;
   int64_t last_preemptions_ = 0;
   int64_t last_graph_steps_ = 0;  // Model::graph_steps() at the last metrics update

@@ -115,7 +115,9 @@ SchedulerOutput Scheduler::Schedule() {
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence* seq = running_[i];
     const int n = std::min(seq->num_tokens() - seq->num_computed_tokens, budget);
-    if (n <= 0) {
+    // A sequence whose pending token is its last allowed one (overlapped steps) computes nothing
+    // more: it finishes when that token arrives.
+    if (n <= 0 || (seq->has_pending_token() && seq->num_tokens() >= seq->max_total_tokens)) {
       ++i;
       continue;
     }

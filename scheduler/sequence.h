@@ -14,6 +14,9 @@ struct Sequence {
   int priority = 0;     // lower runs first
   int64_t arrival = 0;  // admission order, for FCFS
   std::vector<int32_t> prompt_ids;
+  // Generated tokens. With overlapped steps the last one may still be on its way: a placeholder
+  // -(r + 1) for "the token that logit row r of the in-flight step samples", which is also the id
+  // the model reads on the device when the next step feeds it back (Model::Launch).
   std::vector<int32_t> output_ids;
   int max_total_tokens = 0;  // prompt + max_tokens, capped by the context length
 
@@ -30,6 +33,10 @@ struct Sequence {
   int num_preemptions = 0;
 
   int num_tokens() const { return static_cast<int>(prompt_ids.size() + output_ids.size()); }
+  bool has_pending_token() const { return !output_ids.empty() && output_ids.back() < 0; }
+  int num_known_outputs() const {
+    return static_cast<int>(output_ids.size()) - (has_pending_token() ? 1 : 0);
+  }
   std::vector<int32_t> AllTokens() const {
     std::vector<int32_t> t = prompt_ids;
     t.insert(t.end(), output_ids.begin(), output_ids.end());

@@ -114,6 +114,9 @@ const std::vector<Field>& Fields() {
                &ServerConfig::shutdown_grace_s, 0, 3600),
       BoolField("enable_prefix_caching", "share full KV blocks across requests (default true)",
                 &ServerConfig::enable_prefix_caching),
+      BoolField("overlap_steps",
+                "queue step k + 1 on the GPU before reading step k's tokens (default true)",
+                &ServerConfig::overlap_steps),
       IntField("max_queued_requests", "waiting requests before RESOURCE_EXHAUSTED (default 1024)",
                &ServerConfig::max_queued_requests, 1, 1 << 20),
       StrField("log_level", "trace|debug|info|warn|error (default info)", &ServerConfig::log_level),
@@ -190,6 +193,7 @@ EngineConfig ServerConfig::ToEngineConfig() const {
   e.scheduler.max_batched_tokens = max_batched_tokens;
   e.scheduler.enable_prefix_caching = enable_prefix_caching;
   e.max_queued_requests = max_queued_requests;
+  e.overlap_steps = overlap_steps;
   e.max_model_len = max_model_len;
   e.max_tokens_limit = max_tokens_limit;
   e.default_max_tokens = default_max_tokens;

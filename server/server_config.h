@@ -36,6 +36,7 @@ struct ServerConfig {
   std::string log_level = "info";
   int shutdown_grace_s = 10;
   bool enable_prefix_caching = true;
+  bool overlap_steps = true;
   int max_queued_requests = 1024;
   std::string metrics_address =
       "127.0.0.1:9400";  // Prometheus /metrics; "off" disables  // waiting requests; past it,

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <map>
 
 #include <spdlog/spdlog.h>
@@ -21,6 +22,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/fp8_quant.h"
 #include "kernels/cuda/llama_ops.h"
+#include "kernels/cuda/pinned_staging.h"
 #include "kernels/cuda/sampling.h"
 
 namespace llm {
@@ -64,6 +66,9 @@ class CudaLlamaModel final : public Model {
   Status ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,
                         std::vector<int32_t>* tokens) override;
   bool samples_on_device() const override { return true; }
+  bool supports_overlap() const override { return true; }
+  Status Launch(const ForwardBatch& batch) override;
+  Status Collect(std::vector<int32_t>* tokens) override;
   std::string attention_backend_name() const override { return attention_->name(); }
   std::string kv_cache_dtype_name() const override {
     std::string s = DTypeName(spec_.kv_dtype);
@@ -113,8 +118,10 @@ class CudaLlamaModel final : public Model {
       return {xq.ptr, row_scales.as<float>() + static_cast<size_t>(proj) * cap};
     }
     // One upload of the batch's ids, positions and logit rows into `ints`; rows past the batch
-    // (graph padding) get token 0 at position 0. `host` is reused staging.
-    Status UploadInputs(const ForwardBatch& batch, std::vector<int32_t>* host, cudaStream_t stream);
+    // (graph padding) get token 0 at position 0. Pinned staging: a pageable source may make the
+    // copy wait for the stream, i.e. for the previous step, which overlapped steps must not.
+    Status UploadInputs(const ForwardBatch& batch, cuda::PinnedStaging* staging,
+                        cudaStream_t stream);
     const int32_t* ids() const { return ints.as<int32_t>(); }
     const int32_t* positions() const { return ints.as<int32_t>() + cap; }
     const int32_t* rows() const { return ints.as<int32_t>() + 2 * cap; }
@@ -142,6 +149,8 @@ class CudaLlamaModel final : public Model {
   Status RunGraph(const ForwardBatch& batch, int bucket);
   // Records LaunchLayers for `bucket` into graphs_ (nothing runs).
   Status Capture(int bucket);
+  // Queues the whole forward, sampling and readback of a batch; returns its readback slot.
+  StatusOr<int> Enqueue(const ForwardBatch& batch);
 
   Scratch eager_, graph_;
   int graph_max_batch_ = 0;      // 0: no graphs
@@ -155,8 +164,13 @@ class CudaLlamaModel final : public Model {
   DeviceBuffer weight_amax_;  // scratch for QuantizeWeight
   DeviceBuffer unit_scale_;   // 1.0f: the fp8 GEMMs' activation scale (row scales come after)
   DeviceBuffer last_, logits_;
-  std::vector<int32_t> host_ints_;
+  cuda::PinnedStaging input_staging_;
   CudaLogitsReadback readback_;
+  std::deque<int> launched_;  // readback slots of launched, not yet collected forwards
+  // Logit rows whose tokens the last forward left in readback_.device_tokens() (all its rows were
+  // sampled on the device), which the next forward may feed back; 0 otherwise.
+  int feed_rows_ = 0;
+  std::vector<float> collect_logits_;  // unused logits output of Collect
 };
 
 Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& options) {
@@ -250,6 +264,8 @@ Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& option
     }
     layers_.push_back(std::move(L));
   }
+
+  LLM_RETURN_IF_ERROR(readback_.Reserve());  // fed-back tokens: a fixed address for the graphs
 
   // Rotary frequencies: the CPU oracle's own definition.
   const std::vector<float> inv = RopeInvFreq(c);
@@ -370,23 +386,25 @@ Status CudaLlamaModel::Scratch::Reserve(const ModelConfig& c, int tokens, bool f
   return Status::Ok();
 }
 
-Status CudaLlamaModel::Scratch::UploadInputs(const ForwardBatch& batch, std::vector<int32_t>* host,
-                                             cudaStream_t stream) {
-  host->assign(3 * static_cast<size_t>(cap), 0);
-  std::copy(batch.token_ids.begin(), batch.token_ids.end(), host->begin());
-  std::copy(batch.positions.begin(), batch.positions.end(), host->begin() + cap);
-  std::copy(batch.logit_rows.begin(), batch.logit_rows.end(), host->begin() + 2 * cap);
-  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(ints.ptr, host->data(),
-                                      (2 * static_cast<size_t>(cap) + batch.logit_rows.size()) * 4,
-                                      cudaMemcpyHostToDevice, stream));
-  return Status::Ok();
+Status CudaLlamaModel::Scratch::UploadInputs(const ForwardBatch& batch,
+                                             cuda::PinnedStaging* staging, cudaStream_t stream) {
+  const size_t n = 2 * static_cast<size_t>(cap) + batch.logit_rows.size();
+  LLM_ASSIGN_OR_RETURN(void* buf, staging->Acquire(n * 4));
+  auto* host = static_cast<int32_t*>(buf);
+  std::fill(host, host + n, 0);
+  std::copy(batch.token_ids.begin(), batch.token_ids.end(), host);
+  std::copy(batch.positions.begin(), batch.positions.end(), host + cap);
+  std::copy(batch.logit_rows.begin(), batch.logit_rows.end(), host + 2 * cap);
+  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(ints.ptr, host, n * 4, cudaMemcpyHostToDevice, stream));
+  return staging->Queued(stream);
 }
 
 Status CudaLlamaModel::LaunchLayers(Scratch& s, int T) {
   const ModelConfig& c = config_;
   const int H = c.hidden_size, Q = c.q_size(), KV = c.kv_size(), I = c.intermediate_size;
   const int QKV = Q + 2 * KV;
-  cuda::LaunchEmbedding(embed_.ptr, s.ids(), T, H, s.residual.as<float>(), stream_);
+  cuda::LaunchEmbedding(embed_.ptr, s.ids(), T, H, s.residual.as<float>(), stream_,
+                        readback_.device_tokens());
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   // With fp8 weights every projection's input is produced as e4m3 rows by the kernel before it
   // (norm, SiluMul, or a row quantization of the attention output), and its raw output is scaled
@@ -509,7 +527,7 @@ Status CudaLlamaModel::RunGraph(const ForwardBatch& batch, int bucket) {
   step_attention_ = attention_.get();
   LLM_RETURN_IF_ERROR(attention_->PlanGraph(batch.attn, bucket));
   // Padding rows: token 0 at position 0 (their results are never read).
-  LLM_RETURN_IF_ERROR(graph_.UploadInputs(batch, &host_ints_, stream_));
+  LLM_RETURN_IF_ERROR(graph_.UploadInputs(batch, &input_staging_, stream_));
   auto it = graphs_.find(bucket);
   if (it != graphs_.end()) {
     GPU_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream_));
@@ -552,14 +570,17 @@ Status CudaLlamaModel::Capture(int bucket) {
   return Status::Ok();
 }
 
-Status CudaLlamaModel::ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,
-                                      std::vector<int32_t>* tokens) {
+StatusOr<int> CudaLlamaModel::Enqueue(const ForwardBatch& batch) {
   const ModelConfig& c = config_;
   const int T = static_cast<int>(batch.token_ids.size());
   const int R = static_cast<int>(batch.logit_rows.size());
   const int H = c.hidden_size, V = c.vocab_size;
   for (int32_t id : batch.token_ids) {
-    if (id < 0 || id >= V) return InvalidArgument("token id out of range");
+    if (id >= V || (id < 0 && -(id + 1) >= feed_rows_)) {
+      return InvalidArgument(id < 0 ? "fed-back token row " + std::to_string(-(id + 1)) +
+                                          " is not a row the previous step sampled on the device"
+                                    : "token id out of range");
+    }
   }
   const int bucket = GraphBucket(batch);
   Scratch& s = bucket > 0 ? graph_ : eager_;
@@ -568,7 +589,7 @@ Status CudaLlamaModel::ForwardSampled(const ForwardBatch& batch, std::vector<flo
     LLM_RETURN_IF_ERROR(RunGraph(batch, bucket));
   } else {
     LLM_RETURN_IF_ERROR(eager_.Reserve(c, std::max(T, 16), fp8_, stream_));
-    LLM_RETURN_IF_ERROR(eager_.UploadInputs(batch, &host_ints_, stream_));
+    LLM_RETURN_IF_ERROR(eager_.UploadInputs(batch, &input_staging_, stream_));
     // A prefill chunk (more query tokens than a decode of 1..4) goes to the prefill family.
     bool prefill = false;
     for (int i = 0; i < batch.attn.num_seqs && !prefill; ++i) {
@@ -578,31 +599,57 @@ Status CudaLlamaModel::ForwardSampled(const ForwardBatch& batch, std::vector<flo
     LLM_RETURN_IF_ERROR(step_attention_->Plan(batch.attn));
     LLM_RETURN_IF_ERROR(LaunchLayers(eager_, T));
   }
-  const int32_t* d_rows = s.rows();
   LLM_RETURN_IF_ERROR(last_.Alloc(std::max<size_t>(static_cast<size_t>(R) * H * 2, 64)));
   LLM_RETURN_IF_ERROR(logits_.Alloc(std::max<size_t>(static_cast<size_t>(R) * V * 4, 64)));
-  if (R == 0) {
-    logits->clear();
-    tokens->clear();
-    GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    return Status::Ok();
+  if (R > 0) {
+    // Final residual add for all rows, then the norm of the sampled rows only.
+    cuda::RmsNormArgs fin;
+    fin.residual = s.residual.as<float>();
+    fin.delta = s.tmp.ptr;
+    fin.delta_scale = RowScales(s, kDown);
+    fin.weight = final_norm_.ptr;
+    fin.num_rows = rows;
+    fin.hidden = H;
+    fin.eps = c.rms_norm_eps;
+    fin.out = s.xn.ptr;
+    cuda::LaunchAddRmsNorm(fin, stream_);
+    cuda::LaunchAddRmsNorm(s.residual.as<float>(), nullptr, final_norm_.ptr, s.rows(), R, H,
+                           c.rms_norm_eps, last_.ptr, stream_);
+    const void* head = c.tie_word_embeddings ? embed_.ptr : lm_head_.ptr;
+    LLM_RETURN_IF_ERROR(Gemm(last_.ptr, head, R, V, H, logits_.ptr, CUDA_R_32F));
   }
-  // Final residual add for all rows, then the norm of the sampled rows only.
-  cuda::RmsNormArgs fin;
-  fin.residual = s.residual.as<float>();
-  fin.delta = s.tmp.ptr;
-  fin.delta_scale = RowScales(s, kDown);
-  fin.weight = final_norm_.ptr;
-  fin.num_rows = rows;
-  fin.hidden = H;
-  fin.eps = c.rms_norm_eps;
-  fin.out = s.xn.ptr;
-  cuda::LaunchAddRmsNorm(fin, stream_);
-  cuda::LaunchAddRmsNorm(s.residual.as<float>(), nullptr, final_norm_.ptr, d_rows, R, H,
-                         c.rms_norm_eps, last_.ptr, stream_);
-  const void* head = c.tie_word_embeddings ? embed_.ptr : lm_head_.ptr;
-  LLM_RETURN_IF_ERROR(Gemm(last_.ptr, head, R, V, H, logits_.ptr, CUDA_R_32F));
-  return readback_.Run(batch, logits_.as<float>(), V, stream_, logits, tokens);
+  LLM_ASSIGN_OR_RETURN(int slot, readback_.Issue(batch, logits_.as<float>(), V, stream_));
+  bool all_device = batch.device_sampled.size() == static_cast<size_t>(R);
+  for (int r = 0; r < R && all_device; ++r) all_device = batch.device_sampled[r] != 0;
+  feed_rows_ = all_device ? R : 0;
+  return slot;
+}
+
+Status CudaLlamaModel::ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,
+                                      std::vector<int32_t>* tokens) {
+  // A launched forward may still be outstanding (collected after this one); its slot is busy.
+  if (launched_.size() > 1) return FailedPrecondition("two launched forwards are outstanding");
+  LLM_ASSIGN_OR_RETURN(int slot, Enqueue(batch));
+  return readback_.Finish(slot, logits, tokens);
+}
+
+Status CudaLlamaModel::Launch(const ForwardBatch& batch) {
+  if (launched_.size() > 1) return FailedPrecondition("two launched forwards are outstanding");
+  for (size_t r = 0; r < batch.logit_rows.size(); ++r) {
+    if (batch.device_sampled.size() != batch.logit_rows.size() || !batch.device_sampled[r]) {
+      return InvalidArgument("a launched forward must sample every logit row on the device");
+    }
+  }
+  LLM_ASSIGN_OR_RETURN(int slot, Enqueue(batch));
+  launched_.push_back(slot);
+  return Status::Ok();
+}
+
+Status CudaLlamaModel::Collect(std::vector<int32_t>* tokens) {
+  if (launched_.empty()) return FailedPrecondition("no launched forward to collect");
+  const int slot = launched_.front();
+  launched_.pop_front();
+  return readback_.Finish(slot, &collect_logits_, tokens);
 }
 
 }  // namespace

@@ -7,37 +7,53 @@
 namespace llm {
 
 CudaLogitsReadback::~CudaLogitsReadback() {
-  if (pinned_) cudaFreeHost(pinned_);
+  for (Slot& s : slots_) {
+    if (s.done) {
+      cudaEventSynchronize(s.done);
+      cudaEventDestroy(s.done);
+    }
+    if (s.pinned) cudaFreeHost(s.pinned);
+  }
 }
 
-Status CudaLogitsReadback::Run(const ForwardBatch& batch, float* d_logits, int vocab,
-                               cudaStream_t stream, std::vector<float>* logits,
-                               std::vector<int32_t>* tokens) {
+StatusOr<int> CudaLogitsReadback::Issue(const ForwardBatch& batch, float* d_logits, int vocab,
+                                        cudaStream_t stream) {
   const int R = static_cast<int>(batch.logit_rows.size());
-  logits->resize(static_cast<size_t>(R) * vocab);
-  tokens->assign(R, -1);
   const bool any_device = !batch.device_sampled.empty();
   if (any_device && (batch.device_sampled.size() != static_cast<size_t>(R) ||
                      batch.sampling_jobs.size() != static_cast<size_t>(R) ||
                      batch.penalty_indptr.size() != static_cast<size_t>(R) + 1)) {
     return InvalidArgument("device sampling arrays do not match the logit rows");
   }
-  auto on_device = [&](int r) { return any_device && batch.device_sampled[r] != 0; };
+  if (R > kMaxRows) return InvalidArgument("more than 65536 sampled rows in one step");
+  const int slot = next_;
+  Slot& sl = slots_[slot];
+  if (sl.busy) return FailedPrecondition("two steps are already waiting to be read back");
+  next_ ^= 1;
+  if (sl.done == nullptr)
+    GPU_RETURN_IF_ERROR(cudaEventCreateWithFlags(&sl.done, cudaEventDisableTiming));
+  sl.rows = R;
+  sl.vocab = vocab;
+  sl.on_device.assign(R, 0);
+  for (int r = 0; r < R; ++r) sl.on_device[r] = any_device && batch.device_sampled[r] != 0;
   const size_t row_bytes = static_cast<size_t>(vocab) * 4;
   const size_t bytes = static_cast<size_t>(R) * row_bytes + R * sizeof(int32_t);
-  if (bytes > pinned_bytes_) {
-    if (pinned_) GPU_RETURN_IF_ERROR(cudaFreeHost(pinned_));
-    pinned_ = nullptr;
-    pinned_bytes_ = 0;
-    GPU_RETURN_IF_ERROR(cudaMallocHost(&pinned_, bytes));
-    pinned_bytes_ = bytes;
+  if (bytes > sl.bytes) {
+    if (sl.pinned) GPU_RETURN_IF_ERROR(cudaFreeHost(sl.pinned));
+    sl.pinned = nullptr;
+    sl.bytes = 0;
+    GPU_RETURN_IF_ERROR(cudaMallocHost(&sl.pinned, bytes));
+    sl.bytes = bytes;
   }
-  auto* h_tokens = reinterpret_cast<int32_t*>(static_cast<char*>(pinned_) + R * row_bytes);
+  LLM_RETURN_IF_ERROR(Reserve());
+  auto* h_tokens = reinterpret_cast<int32_t*>(static_cast<char*>(sl.pinned) + R * row_bytes);
   // The device rows' jobs, compacted, in one upload:
   // [jobs: n SamplingJob][rows: n][penalty indptr: n + 1][penalties: PenaltyEntry].
-  std::vector<int32_t> dev_rows, indptr(1, 0);
+  std::vector<int32_t>& dev_rows = sl.dev_rows;
+  std::vector<int32_t> indptr(1, 0);
+  dev_rows.clear();
   for (int r = 0; r < R; ++r) {
-    if (!on_device(r)) continue;
+    if (!sl.on_device[r]) continue;
     dev_rows.push_back(r);
     indptr.push_back(indptr.back() + batch.penalty_indptr[r + 1] - batch.penalty_indptr[r]);
   }
@@ -57,10 +73,13 @@ Status CudaLogitsReadback::Run(const ForwardBatch& batch, float* d_logits, int v
     }
     std::memcpy(h + jobs_bytes, dev_rows.data(), n * sizeof(int32_t));
     std::memcpy(h + jobs_bytes + n * sizeof(int32_t), indptr.data(), (n + 1) * sizeof(int32_t));
+    // From pinned memory: a pageable source may make the copy wait for the previous step.
     LLM_RETURN_IF_ERROR(sampling_args_.Alloc(host_sampling_.size()));
-    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(sampling_args_.ptr, h, host_sampling_.size(),
+    LLM_ASSIGN_OR_RETURN(void* staged, args_staging_.Acquire(host_sampling_.size()));
+    std::memcpy(staged, h, host_sampling_.size());
+    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(sampling_args_.ptr, staged, host_sampling_.size(),
                                         cudaMemcpyHostToDevice, stream));
-    LLM_RETURN_IF_ERROR(sampled_dev_.Alloc(n * sizeof(int32_t)));
+    LLM_RETURN_IF_ERROR(args_staging_.Queued(stream));
     char* d = sampling_args_.as<char>();
     cuda::SamplingArgs sa;
     sa.logits = d_logits;
@@ -76,26 +95,49 @@ Status CudaLogitsReadback::Run(const ForwardBatch& batch, float* d_logits, int v
                                         cudaMemcpyDeviceToHost, stream));
   }
   for (int r = 0; r < R;) {  // runs of consecutive full rows
-    if (on_device(r)) {
+    if (sl.on_device[r]) {
       ++r;
       continue;
     }
     int e = r + 1;
-    while (e < R && !on_device(e)) ++e;
-    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(pinned_) + r * row_bytes,
+    while (e < R && !sl.on_device[e]) ++e;
+    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(sl.pinned) + r * row_bytes,
                                         reinterpret_cast<const char*>(d_logits) + r * row_bytes,
                                         (e - r) * row_bytes, cudaMemcpyDeviceToHost, stream));
     r = e;
   }
-  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  GPU_RETURN_IF_ERROR(cudaEventRecord(sl.done, stream));
+  sl.busy = true;
+  return slot;
+}
+
+Status CudaLogitsReadback::Finish(int slot, std::vector<float>* logits,
+                                  std::vector<int32_t>* tokens) {
+  Slot& sl = slots_[slot];
+  if (!sl.busy) return FailedPrecondition("no step is waiting in this readback slot");
+  sl.busy = false;
+  GPU_RETURN_IF_ERROR(cudaEventSynchronize(sl.done));
   GPU_RETURN_IF_ERROR(cudaGetLastError());
-  for (int k = 0; k < n; ++k) (*tokens)[dev_rows[k]] = h_tokens[k];
+  const int R = sl.rows;
+  const size_t row_bytes = static_cast<size_t>(sl.vocab) * 4;
+  const auto* h_tokens =
+      reinterpret_cast<const int32_t*>(static_cast<char*>(sl.pinned) + R * row_bytes);
+  tokens->assign(R, -1);
+  for (size_t k = 0; k < sl.dev_rows.size(); ++k) (*tokens)[sl.dev_rows[k]] = h_tokens[k];
+  logits->resize(static_cast<size_t>(R) * sl.vocab);
   for (int r = 0; r < R; ++r) {
-    if (on_device(r)) continue;
-    std::memcpy(logits->data() + r * static_cast<size_t>(vocab),
-                static_cast<char*>(pinned_) + r * row_bytes, row_bytes);
+    if (sl.on_device[r]) continue;
+    std::memcpy(logits->data() + r * static_cast<size_t>(sl.vocab),
+                static_cast<char*>(sl.pinned) + r * row_bytes, row_bytes);
   }
   return Status::Ok();
+}
+
+Status CudaLogitsReadback::Run(const ForwardBatch& batch, float* d_logits, int vocab,
+                               cudaStream_t stream, std::vector<float>* logits,
+                               std::vector<int32_t>* tokens) {
+  LLM_ASSIGN_OR_RETURN(int slot, Issue(batch, d_logits, vocab, stream));
+  return Finish(slot, logits, tokens);
 }
 
 }  // namespace llm

@@ -44,6 +44,23 @@ class Model {
   }
   // Whether ForwardSampled samples device_sampled rows (the engine builds jobs only then).
   virtual bool samples_on_device() const { return false; }
+
+  // Overlapped steps, for models that sample on the device. Launch queues a forward whose logit
+  // rows are all device_sampled and returns without waiting for it; Collect waits for the oldest
+  // launched forward and returns its tokens, one per logit row. At most one launched forward may
+  // be outstanding when the next forward (Launch or ForwardSampled) is issued.
+  // Fed-back tokens: token_ids[t] = -(r + 1) stands for the token that the previous forward
+  // sampled at its logit row r, read on the device, so that step k + 1 can be queued before step
+  // k's tokens reach the host. The previous forward must have sampled all its rows on the device.
+  virtual bool supports_overlap() const { return false; }
+  virtual Status Launch(const ForwardBatch& batch) {
+    (void)batch;
+    return Unimplemented("this model cannot overlap steps");
+  }
+  virtual Status Collect(std::vector<int32_t>* tokens) {
+    (void)tokens;
+    return Unimplemented("this model cannot overlap steps");
+  }
   virtual std::string attention_backend_name() const = 0;
   virtual int num_kv_blocks() const = 0;
   virtual size_t kv_bytes_per_block() const = 0;  // all layers, K and V

@@ -43,12 +43,61 @@ StatusOr<std::unique_ptr<Model>> SyntheticModel::Create(const ModelLoadOptions& 
 }
 
 int32_t SyntheticModel::HotToken(const ForwardBatch& batch, int row) const {
-  const uint64_t h = (static_cast<uint64_t>(batch.token_ids[row]) * 0x9E3779B97F4A7C15ull) ^
-                     static_cast<uint64_t>(batch.positions[row]);
-  return static_cast<int32_t>((h >> 17) % static_cast<uint64_t>(config_.vocab_size));
+  const int32_t id =
+      batch.token_ids[row] >= 0 ? batch.token_ids[row] : feed_[-batch.token_ids[row] - 1];
+  // splitmix64 finalizer over (id, position): every input bit reaches the output, so greedy
+  // chains do not fall into a fixed point and a wrong fed-back id changes what follows.
+  uint64_t h = static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull +
+               static_cast<uint64_t>(batch.positions[row]) * 0xD1B54A32D192ED03ull;
+  h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+  h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+  h ^= h >> 31;
+  return static_cast<int32_t>(h % static_cast<uint64_t>(config_.vocab_size));
+}
+
+Status SyntheticModel::CheckIds(const ForwardBatch& batch) const {
+  for (int32_t id : batch.token_ids) {
+    if (id >= config_.vocab_size || (id < 0 && -(id + 1) >= static_cast<int>(feed_.size()))) {
+      return InvalidArgument("token id " + std::to_string(id) + " is not valid in this step");
+    }
+  }
+  return Status::Ok();
+}
+
+void SyntheticModel::SetFeed(const ForwardBatch& batch, const std::vector<int32_t>& tokens) {
+  const bool all_device = batch.device_sampled.size() == batch.logit_rows.size() &&
+                          std::all_of(batch.device_sampled.begin(), batch.device_sampled.end(),
+                                      [](uint8_t d) { return d != 0; });
+  if (all_device) {
+    feed_ = tokens;
+  } else {
+    feed_.clear();
+  }
+}
+
+Status SyntheticModel::Launch(const ForwardBatch& batch) {
+  for (uint8_t d : batch.device_sampled) {
+    if (!d) return InvalidArgument("a launched forward must sample every row on the device");
+  }
+  if (batch.device_sampled.size() != batch.logit_rows.size()) {
+    return InvalidArgument("a launched forward must sample every row on the device");
+  }
+  std::vector<float> logits;
+  std::vector<int32_t> tokens;
+  LLM_RETURN_IF_ERROR(ForwardSampled(batch, &logits, &tokens));
+  launched_.push_back(std::move(tokens));
+  return Status::Ok();
+}
+
+Status SyntheticModel::Collect(std::vector<int32_t>* tokens) {
+  if (launched_.empty()) return FailedPrecondition("no launched forward to collect");
+  *tokens = std::move(launched_.front());
+  launched_.pop_front();
+  return Status::Ok();
 }
 
 Status SyntheticModel::Forward(const ForwardBatch& batch, std::vector<float>* logits) {
+  LLM_RETURN_IF_ERROR(CheckIds(batch));
   const int v = config_.vocab_size;
   logits->assign(batch.logit_rows.size() * static_cast<size_t>(v), 0.0f);
   for (size_t r = 0; r < batch.logit_rows.size(); ++r) {
@@ -61,8 +110,11 @@ Status SyntheticModel::ForwardSampled(const ForwardBatch& batch, std::vector<flo
                                       std::vector<int32_t>* tokens) {
   if (batch.device_sampled.empty()) {
     tokens->clear();
-    return Forward(batch, logits);
+    LLM_RETURN_IF_ERROR(Forward(batch, logits));
+    feed_.clear();
+    return Status::Ok();
   }
+  LLM_RETURN_IF_ERROR(CheckIds(batch));
   const int v = config_.vocab_size;
   const size_t rows = batch.logit_rows.size();
   logits->assign(rows * static_cast<size_t>(v), 0.0f);
@@ -86,6 +138,7 @@ Status SyntheticModel::ForwardSampled(const ForwardBatch& batch, std::vector<flo
                                              batch.penalties.data() + batch.penalty_indptr[r + 1]);
     (*tokens)[r] = SampleWithJob(row, job, pens).token;
   }
+  SetFeed(batch, *tokens);
   return Status::Ok();
 }
 

@@ -3,6 +3,8 @@
 // Selected with model_dir "synthetic" or "synthetic:vocab=32000,max_len=8192,device_sampling=1".
 #pragma once
 
+#include <deque>
+
 #include "engine/models/model.h"
 
 namespace llm {
@@ -21,6 +23,12 @@ class SyntheticModel final : public Model {
   Status ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,
                         std::vector<int32_t>* tokens) override;
   bool samples_on_device() const override { return device_sampling_; }
+  // With device sampling it also overlaps steps like the GPU models: Launch computes the tokens
+  // at once and Collect hands them out in order; fed-back ids (-(r + 1)) read the previous
+  // forward's tokens.
+  bool supports_overlap() const override { return device_sampling_; }
+  Status Launch(const ForwardBatch& batch) override;
+  Status Collect(std::vector<int32_t>* tokens) override;
   std::string attention_backend_name() const override { return "none (synthetic)"; }
   int num_kv_blocks() const override { return num_blocks_; }
   size_t kv_bytes_per_block() const override { return 0; }
@@ -28,10 +36,16 @@ class SyntheticModel final : public Model {
  private:
   // The one-hot-ish row's hot token: a hash of (last token, position).
   int32_t HotToken(const ForwardBatch& batch, int row) const;
+  // Checks the batch's ids (fed-back ids against feed_).
+  Status CheckIds(const ForwardBatch& batch) const;
+  // Remembers the forward's tokens for the next one's fed-back ids (all rows device-sampled).
+  void SetFeed(const ForwardBatch& batch, const std::vector<int32_t>& tokens);
 
   ModelConfig config_;
   int num_blocks_ = 0;
   bool device_sampling_ = false;
+  std::vector<int32_t> feed_;                  // the last forward's tokens by logit row
+  std::deque<std::vector<int32_t>> launched_;  // tokens of launched, uncollected forwards
 };
 
 }  // namespace llm

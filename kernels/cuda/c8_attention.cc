@@ -155,7 +155,6 @@ void C8Attention::Area::Free() {
   if (d_ints) cudaFree(d_ints);
   if (d_partial) cudaFree(d_partial);
   if (d_counters) cudaFree(d_counters);
-  if (h_pinned) cudaFreeHost(h_pinned);
   *this = Area{};
 }
 
@@ -170,10 +169,16 @@ size_t Align4(size_t n) {
 }
 }  // namespace
 
-Status C8Attention::Stage(Area* a, size_t bytes, void* stream) {
-  // The host buffer may still feed the previous step's copy: wait for the stream first.
-  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
-  return GrowPinnedBuffer(&a->h_pinned, &a->h_pinned_cap, bytes);
+Status C8Attention::Stage(Area* a, size_t bytes) {
+  PinnedStaging& staging = a == &graph_ ? graph_staging_ : eager_staging_;
+  LLM_ASSIGN_OR_RETURN(a->h_pinned, staging.Acquire(bytes));
+  return Status::Ok();
+}
+
+Status C8Attention::Send(Area* a, size_t bytes, void* stream) {
+  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(a->d_ints, a->h_pinned, bytes, cudaMemcpyHostToDevice,
+                                      static_cast<cudaStream_t>(stream)));
+  return (a == &graph_ ? graph_staging_ : eager_staging_).Queued(stream);
 }
 
 Status C8Attention::Upload(const AttentionBatch& batch, const C8Plan& plan, void* stream) {
@@ -198,7 +203,7 @@ Status C8Attention::Upload(const AttentionBatch& batch, const C8Plan& plan, void
   a.off_prefill = take(plan.prefill_items.size() * sizeof(C8WorkItem) / 4);
   a.off_merge = take(plan.merges.size() * sizeof(C8MergeItem) / 4);
   const size_t bytes = off * 4;
-  LLM_RETURN_IF_ERROR(Stage(&a, bytes, stream));
+  LLM_RETURN_IF_ERROR(Stage(&a, bytes));
   auto* h = static_cast<int32_t*>(a.h_pinned);
   auto put = [&](size_t o, const void* src, size_t n_bytes) {
     if (n_bytes) std::memcpy(h + o, src, n_bytes);
@@ -209,8 +214,7 @@ Status C8Attention::Upload(const AttentionBatch& batch, const C8Plan& plan, void
   put(a.off_prefill, plan.prefill_items.data(), plan.prefill_items.size() * sizeof(C8WorkItem));
   put(a.off_merge, plan.merges.data(), plan.merges.size() * sizeof(C8MergeItem));
   LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&a.d_ints, &a.d_ints_cap, std::max<size_t>(bytes, 256)));
-  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(a.d_ints, a.h_pinned, bytes, cudaMemcpyHostToDevice,
-                                      static_cast<cudaStream_t>(stream)));
+  LLM_RETURN_IF_ERROR(Send(&a, bytes, stream));
   const size_t rows =
       static_cast<size_t>(a.num_partials) * shape_.num_kv_heads * detail::kPartialRows;
   LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&a.d_partial, &a.d_partial_cap,
@@ -263,7 +267,6 @@ Status C8Attention::ReserveGraph(int max_seqs, int max_pages) {
   a.off_pages = take(max_pages);  // last: a step copies only the entries it uses
   a.num_partials = items;         // every item at most one partial slot
   LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&a.d_ints, &a.d_ints_cap, off * 4));
-  LLM_RETURN_IF_ERROR(GrowPinnedBuffer(&a.h_pinned, &a.h_pinned_cap, off * 4));
   const size_t rows = static_cast<size_t>(items) * shape_.num_kv_heads * detail::kPartialRows;
   LLM_RETURN_IF_ERROR(
       GrowDeviceBuffer(&a.d_partial, &a.d_partial_cap, rows * (shape_.head_dim + 1) * 4));
@@ -292,7 +295,7 @@ Status C8Attention::UploadGraph(const AttentionBatch& batch, const C8Plan& plan,
     return InvalidArgument("graph upload: the plan does not fit the bucket's capacities");
   }
   const size_t bytes = (a.off_pages + batch.page_indices.size()) * 4;
-  LLM_RETURN_IF_ERROR(Stage(&a, bytes, stream));
+  LLM_RETURN_IF_ERROR(Stage(&a, bytes));
   auto* h = static_cast<int32_t*>(a.h_pinned);
   h[a.off_counts] = static_cast<int32_t>(plan.decode_items.size());
   std::memcpy(h + a.off_pages, batch.page_indices.data(), batch.page_indices.size() * 4);
@@ -301,8 +304,7 @@ Status C8Attention::UploadGraph(const AttentionBatch& batch, const C8Plan& plan,
   std::memcpy(h + a.off_decode, plan.decode_items.data(),
               plan.decode_items.size() * sizeof(C8WorkItem));
   std::memcpy(h + a.off_merge, plan.merges.data(), plan.merges.size() * sizeof(C8MergeItem));
-  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(a.d_ints, a.h_pinned, bytes, cudaMemcpyHostToDevice,
-                                      static_cast<cudaStream_t>(stream)));
+  LLM_RETURN_IF_ERROR(Send(&a, bytes, stream));
   a.num_tokens = bucket;
   a.num_decode = GraphItemCapacity(bucket);
   a.num_prefill = 0;

@@ -12,6 +12,7 @@
 
 #include "engine/base/status.h"
 #include "kernels/attention_backend.h"
+#include "kernels/cuda/pinned_staging.h"
 
 namespace llm::cuda {
 
@@ -138,8 +139,7 @@ class C8Attention {
     // CTA resets its counter).
     int* d_counters = nullptr;
     size_t d_counters_cap = 0;  // bytes
-    void* h_pinned = nullptr;
-    size_t h_pinned_cap = 0;
+    void* h_pinned = nullptr;   // this step's staging buffer (owned by the area's PinnedStaging)
     size_t off_counts = 0, off_pages = 0, off_slots = 0, off_decode = 0, off_prefill = 0,
            off_merge = 0;
     int num_partials = 0;  // partial slots the partial buffer is laid out for
@@ -148,11 +148,15 @@ class C8Attention {
     bool device_counts = false;
     void Free();
   };
-  Status Stage(Area* a, size_t bytes, void* stream);
+  // Points a->h_pinned at a staging buffer of `bytes` that no queued copy still reads.
+  Status Stage(Area* a, size_t bytes);
+  // Queues the upload of a->h_pinned[0, bytes) to a->d_ints.
+  Status Send(Area* a, size_t bytes, void* stream);
   Status EnsureCounters(Area* a, int merges, void* stream);
 
   C8Shape shape_;
   Area eager_, graph_;
+  PinnedStaging eager_staging_, graph_staging_;
   Area* active_ = &eager_;
   int graph_max_seqs_ = 0, graph_max_pages_ = 0;
   int graph_slots_ = 0;  // resident decode CTA slots of the device (set by ReserveGraph)

@@ -11,10 +11,11 @@
 namespace llm::cuda {
 namespace {
 
-__global__ void EmbeddingKernel(const __nv_bfloat16* table, const int32_t* ids, int hidden,
-                                float* residual) {
+__global__ void EmbeddingKernel(const __nv_bfloat16* table, const int32_t* ids, const int32_t* feed,
+                                int hidden, float* residual) {
   const int t = blockIdx.x;
-  const __nv_bfloat16* row = table + static_cast<size_t>(ids[t]) * hidden;
+  const int32_t id = ids[t] >= 0 ? ids[t] : feed[-ids[t] - 1];
+  const __nv_bfloat16* row = table + static_cast<size_t>(id) * hidden;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
     residual[static_cast<size_t>(t) * hidden + i] = __bfloat162float(row[i]);
   }
@@ -384,10 +385,10 @@ bool Aligned8(const void* p) {
 }  // namespace
 
 void LaunchEmbedding(const void* table, const int32_t* ids, int num_tokens, int hidden,
-                     float* residual, void* stream) {
+                     float* residual, void* stream, const int32_t* feed) {
   if (num_tokens == 0) return;
   EmbeddingKernel<<<num_tokens, 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const __nv_bfloat16*>(table), ids, hidden, residual);
+      static_cast<const __nv_bfloat16*>(table), ids, feed, hidden, residual);
 }
 
 void LaunchAddRmsNorm(const RmsNormArgs& a, void* stream) {

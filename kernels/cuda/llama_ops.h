@@ -9,9 +9,11 @@
 
 namespace llm::cuda {
 
-// out[t, :] = table[ids[t], :]  (bf16 table [vocab, hidden]) -> fp32 residual [T, hidden]
+// out[t, :] = table[id, :]  (bf16 table [vocab, hidden]) -> fp32 residual [T, hidden], with
+// id = ids[t], or feed[-ids[t] - 1] for ids[t] < 0 (a token the previous step sampled on the
+// device; feed may be null when no id is negative).
 void LaunchEmbedding(const void* table, const int32_t* ids, int num_tokens, int hidden,
-                     float* residual, void* stream);
+                     float* residual, void* stream, const int32_t* feed = nullptr);
 
 struct RmsNormArgs {
   float* residual = nullptr;           // fp32 [T, H], updated in place when delta is set

@@ -98,7 +98,6 @@ MlaDecode::MlaDecode(const MlaDecodeShape& shape) : shape_(shape) {}
 MlaDecode::~MlaDecode() {
   if (d_ints_) cudaFree(d_ints_);
   if (d_partial_) cudaFree(d_partial_);
-  if (h_pinned_) cudaFreeHost(h_pinned_);
 }
 
 void MlaDecode::ctas_per_sm(int out[kMlaNumRowVariants]) const {
@@ -136,10 +135,8 @@ Status MlaDecode::Upload(const AttentionBatch& batch, const MlaPlan& plan, void*
   }
   off_merge_ = take(plan.merges.size() * sizeof(MlaMergeItem) / 4);
   const size_t bytes = off * 4;
-  // The host buffer may still feed the previous step's copy: wait for the stream first.
-  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
-  LLM_RETURN_IF_ERROR(GrowPinnedBuffer(&h_pinned_, &h_pinned_cap_, bytes));
-  auto* h = static_cast<int32_t*>(h_pinned_);
+  LLM_ASSIGN_OR_RETURN(void* staged, staging_.Acquire(bytes));
+  auto* h = static_cast<int32_t*>(staged);
   auto put = [&](size_t o, const void* src, size_t n_bytes) {
     if (n_bytes) std::memcpy(h + o, src, n_bytes);
   };
@@ -154,8 +151,9 @@ Status MlaDecode::Upload(const AttentionBatch& batch, const MlaPlan& plan, void*
   put(off_merge_, plan.merges.data(), plan.merges.size() * sizeof(MlaMergeItem));
   LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&d_ints_, &d_ints_cap_, std::max<size_t>(bytes, 256)));
   if (bytes) {
-    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(d_ints_, h_pinned_, bytes, cudaMemcpyHostToDevice,
+    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(d_ints_, staged, bytes, cudaMemcpyHostToDevice,
                                         static_cast<cudaStream_t>(stream)));
+    LLM_RETURN_IF_ERROR(staging_.Queued(stream));
   }
   const size_t rows = static_cast<size_t>(num_partials_) * kMlaMaxRows;
   LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&d_partial_, &d_partial_cap_,

@@ -13,6 +13,7 @@
 
 #include "engine/base/status.h"
 #include "kernels/attention_backend.h"
+#include "kernels/cuda/pinned_staging.h"
 
 namespace llm::cuda {
 
@@ -117,8 +118,7 @@ class MlaDecode {
   size_t d_ints_cap_ = 0;
   void* d_partial_ = nullptr;  // partial outputs + lse
   size_t d_partial_cap_ = 0;
-  void* h_pinned_ = nullptr;  // staging for the upload
-  size_t h_pinned_cap_ = 0;
+  PinnedStaging staging_;  // for the upload
   // Offsets (in int32 elements) into d_ints_.
   size_t off_q_indptr_ = 0, off_kv_lens_ = 0, off_page_indptr_ = 0, off_pages_ = 0, off_slots_ = 0,
          off_merge_ = 0;

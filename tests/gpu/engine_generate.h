@@ -31,6 +31,7 @@ struct GenerateOptions {
   int num_kv_blocks = 256;
   int max_batched_tokens = 48;  // forces chunked prefill beside decodes
   int cuda_graph_max_batch = 256;
+  bool overlap = true;  // EngineConfig::overlap_steps (a logits observer turns it off)
   std::string weight_dtype = "auto";
   int steps = 64;                                // max_tokens of every request, or
   const std::vector<int>* max_tokens = nullptr;  // one per prompt
@@ -43,6 +44,7 @@ struct GenerateResult {
   std::vector<std::vector<int32_t>> tokens;  // per prompt
   std::string backend;                       // the attention backend that served
   int64_t graph_steps = 0;                   // forward passes replayed from CUDA graphs
+  int64_t overlapped_steps = 0;              // steps queued before the previous one was read
 };
 
 struct CollectSink : ResultSink {
@@ -68,6 +70,7 @@ inline GenerateResult Generate(const std::string& dir,
   cfg.model.weight_dtype = o.weight_dtype;
   cfg.scheduler.max_batched_tokens = o.max_batched_tokens;
   cfg.require_tokenizer = false;
+  cfg.overlap_steps = o.overlap;
   auto core = EngineCore::Create(cfg);
   INFO(core.status().ToString());
   REQUIRE(core.ok());
@@ -110,6 +113,7 @@ inline GenerateResult Generate(const std::string& dir,
   }
   for (int guard = 0; (*core)->HasWork() && guard < 10000; ++guard) (*core)->Step();
   result.graph_steps = (*core)->model().graph_steps();
+  result.overlapped_steps = (*core)->num_overlapped_steps();
   for (auto& s : sinks) {
     REQUIRE(s->done);
     result.tokens.push_back(s->ids);
