@@ -440,6 +440,7 @@ StepRecord EngineCore::StepInner() {
     }
     inflight_ = InFlight{std::move(row_seq)};
     ++num_overlapped_steps_;
+    metrics_->overlapped_steps.Inc();
     record.sample_s = Seconds(Clock::now() - t3);
     return record;
   }

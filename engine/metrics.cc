@@ -123,6 +123,9 @@ std::string EngineMetrics::Render() const {
   RenderScalar(os, "llm_engine_graph_steps_total", "counter",
                "Model forwards whose layers replayed a CUDA graph (decode steps).",
                graph_steps.value());
+  RenderScalar(os, "llm_engine_overlapped_steps_total", "counter",
+               "Steps queued on the device before the previous step's tokens were read.",
+               overlapped_steps.value());
   RenderHistogram(os, "llm_engine_step_schedule_seconds", "Scheduling per non-empty step.",
                   step_schedule);
   RenderHistogram(os, "llm_engine_step_prepare_seconds", "Batch preparation per step.",

@@ -60,8 +60,10 @@ struct EngineMetrics {
   Counter prefix_queries, prefix_hits;  // llm_prefix_cache_{queries,hits}_total (blocks)
   Counter preemptions;                  // llm_num_preemptions_total
   Counter prompt_tokens, generation_tokens;
-  Counter steps;        // llm_engine_steps_total
-  Counter graph_steps;  // llm_engine_graph_steps_total: forwards replayed from CUDA graphs
+  Counter steps;             // llm_engine_steps_total
+  Counter graph_steps;       // llm_engine_graph_steps_total: forwards replayed from CUDA graphs
+  Counter overlapped_steps;  // llm_engine_overlapped_steps_total: queued before the previous
+                             // step's tokens were read
   // Where a non-empty engine step's time goes (llm_engine_step_{schedule,prepare,forward,sample}
   // _seconds): scheduling, batch preparation, the model forward (on a GPU, until the stream has
   // finished the step), and sampling + detokenizing + streaming the step's tokens.

@@ -44,6 +44,7 @@ for line in urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics").re
         k, v = line.rsplit(" ", 1)
         m[k] = float(v)
 print(f"decode forwards replayed from CUDA graphs: {int(m.get('llm_engine_graph_steps_total', 0))}")
+print(f"steps overlapped with the previous one: {int(m.get('llm_engine_overlapped_steps_total', 0))}")
 for p in ("schedule", "prepare", "forward", "sample"):
     n = m.get(f"llm_engine_step_{p}_seconds_count", 0)
     s = m.get(f"llm_engine_step_{p}_seconds_sum", 0)

@@ -170,6 +170,11 @@ def main():
         if m.get("llm_engine_graph_steps_total", -1) != 0:
             fail(f"llm_engine_graph_steps_total {m.get('llm_engine_graph_steps_total')} on the CPU")
         print("ok: graph-step counter present (0 on the CPU)")
+        # The CPU model runs one step at a time.
+        if m.get("llm_engine_overlapped_steps_total", -1) != 0:
+            fail(f"llm_engine_overlapped_steps_total "
+                 f"{m.get('llm_engine_overlapped_steps_total')} on the CPU")
+        print("ok: overlapped-step counter present (0 on the CPU)")
     finally:
         proc.terminate()
         try:
