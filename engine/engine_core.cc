@@ -388,11 +388,13 @@ StepRecord EngineCore::StepInner() {
   }
   attn.num_seqs = static_cast<int>(sched.seqs.size());
   attn.num_tokens = static_cast<int>(batch.token_ids.size());
-  // The logit rows' sequences (the pointers in `sched` do not outlive a request that ends below).
-  std::vector<int64_t> row_seq;
+  // The step's sequences and its logit rows' sequences, by id: the pointers in `sched` do not
+  // outlive a request that ends below.
+  std::vector<int64_t> step_seq, row_seq;
   bool overlap =
       config_.overlap_steps && device_sampling && model_->supports_overlap() && !logits_observer_;
   for (const ScheduledSeq& s : sched.seqs) {
+    step_seq.push_back(s.seq->id);
     if (!s.samples) continue;
     row_seq.push_back(s.seq->id);
     overlap = overlap && Overlappable(requests_.at(seq_to_request_.at(s.seq->id)));
@@ -426,9 +428,7 @@ StepRecord EngineCore::StepInner() {
     }
   }
   if (!st.ok()) {
-    std::vector<int64_t> ids;
-    for (const ScheduledSeq& s : sched.seqs) ids.push_back(s.seq->id);
-    FailRows(ids, Internal("forward pass failed: " + st.message()));
+    FailRows(step_seq, Internal("forward pass failed: " + st.message()));
     return record;
   }
   if (overlap) {
