@@ -162,6 +162,39 @@ TEST_CASE("Scheduler never starves a running decode during another prefill", "[s
   CHECK(sched.Find(2)->output_ids.size() == 1);
 }
 
+// Overlapped steps leave the newest output a placeholder (< 0) until the token arrives. A
+// sequence whose placeholder is its last allowed token computes nothing more; one with room left
+// decodes the placeholder position like any token.
+TEST_CASE("Scheduler skips a sequence whose pending token is its last one", "[scheduler]") {
+  Scheduler sched(Config(16, 8, 64), 64);
+  sched.Add(MakeSeq(1, 5, 0, -1, /*max_new=*/2));
+  sched.Add(MakeSeq(2, 5, 0, -1, /*max_new=*/3));
+  SchedulerOutput out = sched.Schedule();  // both prefills, both sample
+  REQUIRE(out.seqs.size() == 2);
+  sched.OnStepDone(out);
+  for (const ScheduledSeq& s : out.seqs) s.seq->output_ids.push_back(-1);  // in flight
+  out = sched.Schedule();  // both decode their pending position
+  REQUIRE(out.seqs.size() == 2);
+  sched.OnStepDone(out);
+  // The first tokens arrive; the second ones are in flight: sequence 1 has reached prompt + 2.
+  for (int64_t id : {1, 2}) {
+    Sequence* seq = sched.Find(id);
+    seq->output_ids.back() = 7;
+    seq->output_ids.push_back(-1);
+  }
+  REQUIRE(sched.Find(1)->num_tokens() == sched.Find(1)->max_total_tokens);
+  out = sched.Schedule();
+  CHECK(FindIn(out, 1) == nullptr);  // its pending token ends it: nothing to compute
+  REQUIRE(FindIn(out, 2) != nullptr);
+  CHECK(FindIn(out, 2)->num_tokens == 1);
+  // Without a placeholder, a sequence at its limit would still be scheduled (the engine finishes
+  // it first when steps do not overlap).
+  sched.Find(1)->output_ids.back() = 7;
+  sched.OnStepDone(out);
+  out = sched.Schedule();
+  CHECK(FindIn(out, 1) != nullptr);
+}
+
 TEST_CASE("Scheduler respects max_num_seqs", "[scheduler]") {
   const SchedulerConfig cfg = Config(16, 2, 256);
   Scheduler sched(cfg, 64);
