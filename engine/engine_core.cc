@@ -323,18 +323,8 @@ StepRecord EngineCore::StepInner() {
     spdlog::warn("[{}] preempted (KV cache full); will recompute", seq_to_request_[id]);
   }
   if (sched.empty()) {
-    if (inflight_) {  // nothing new to run: read back and stream the last overlapped step
-      const InFlight prev = std::move(*inflight_);
-      inflight_.reset();
-      std::vector<int32_t> tokens;
-      const Status st = model_->Collect(&tokens);
-      if (st.ok()) {
-        ResolveInflight(prev, tokens);
-        StreamInflight(prev, tokens);
-      } else {
-        FailRows(prev.row_seq, Internal("forward pass failed: " + st.message()));
-      }
-    }
+    // Nothing new to run: read back and stream the last overlapped step.
+    if (auto prev = CollectInflight()) StreamCollected(*prev);
     return record;
   }
 
@@ -409,24 +399,13 @@ StepRecord EngineCore::StepInner() {
   // this one runs (overlap), or waits for this one too (a step that needs the host's sampling).
   Status st =
       overlap ? model_->Launch(batch) : model_->ForwardSampled(batch, &logits, &device_tokens);
-  std::optional<InFlight> prev = std::move(inflight_);
-  inflight_.reset();
-  std::vector<int32_t> prev_tokens;
-  Status prev_st = prev ? model_->Collect(&prev_tokens) : Status::Ok();
+  const std::optional<Collected> prev = CollectInflight();
   const auto t3 = Clock::now();
   record.forward_s = Seconds(t3 - t2);
   if (!st.ok()) spdlog::error("forward pass failed: {}", st.ToString());
-  if (!prev_st.ok()) spdlog::error("reading back the previous step failed: {}", prev_st.ToString());
-  if (prev && prev_st.ok()) ResolveInflight(*prev, prev_tokens);
   // Placeholders are resolved: the prefix cache may hash the newly computed blocks.
   scheduler_->OnStepDone(sched);
-  if (prev) {
-    if (prev_st.ok()) {
-      StreamInflight(*prev, prev_tokens);
-    } else {
-      FailRows(prev->row_seq, Internal("forward pass failed: " + prev_st.message()));
-    }
-  }
+  if (prev) StreamCollected(*prev);
   if (!st.ok()) {
     FailRows(step_seq, Internal("forward pass failed: " + st.message()));
     return record;
@@ -439,7 +418,6 @@ StepRecord EngineCore::StepInner() {
       }
     }
     inflight_ = InFlight{std::move(row_seq)};
-    ++num_overlapped_steps_;
     metrics_->overlapped_steps.Inc();
     record.sample_s = Seconds(Clock::now() - t3);
     return record;
@@ -478,7 +456,17 @@ bool EngineCore::Overlappable(const RequestState& st) const {
          p.frequency_penalty == 0.0f;
 }
 
-void EngineCore::ResolveInflight(const InFlight& f, const std::vector<int32_t>& tokens) {
+std::optional<EngineCore::Collected> EngineCore::CollectInflight() {
+  if (!inflight_) return std::nullopt;
+  Collected c{std::move(*inflight_), {}, Status::Ok()};
+  inflight_.reset();
+  c.status = model_->Collect(&c.tokens);
+  if (!c.status.ok()) {
+    spdlog::error("reading back the previous step failed: {}", c.status.ToString());
+    return c;
+  }
+  const InFlight& f = c.step;
+  const std::vector<int32_t>& tokens = c.tokens;
   LLM_CHECK_EQ(tokens.size(), f.row_seq.size());
   for (size_t r = 0; r < f.row_seq.size(); ++r) {
     Sequence* seq = scheduler_->Find(f.row_seq[r]);
@@ -488,14 +476,19 @@ void EngineCore::ResolveInflight(const InFlight& f, const std::vector<int32_t>& 
     LLM_CHECK(tokens[r] >= 0) << "no token for an overlapped row";
     seq->output_ids.back() = tokens[r];
   }
+  return c;
 }
 
-void EngineCore::StreamInflight(const InFlight& f, const std::vector<int32_t>& tokens) {
-  for (size_t r = 0; r < f.row_seq.size(); ++r) {
-    Sequence* seq = scheduler_->Find(f.row_seq[r]);
+void EngineCore::StreamCollected(const Collected& c) {
+  if (!c.status.ok()) {
+    FailRows(c.step.row_seq, Internal("forward pass failed: " + c.status.message()));
+    return;
+  }
+  for (size_t r = 0; r < c.step.row_seq.size(); ++r) {
+    Sequence* seq = scheduler_->Find(c.step.row_seq[r]);
     if (seq == nullptr) continue;
     SampledToken tok;
-    tok.token = tokens[r];
+    tok.token = c.tokens[r];
     OnToken(requests_.at(seq_to_request_.at(seq->id)), *seq, tok);  // may finish the request
   }
 }

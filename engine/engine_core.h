@@ -74,7 +74,9 @@ class EngineCore {
   int num_waiting() const { return scheduler_->num_waiting(); }
   int num_free_blocks() const { return scheduler_->allocator().num_free(); }
   // Steps queued on the device before the previous step's tokens were read (Model::Launch).
-  int64_t num_overlapped_steps() const { return num_overlapped_steps_; }
+  int64_t num_overlapped_steps() const {
+    return static_cast<int64_t>(metrics_->overlapped_steps.value());
+  }
   int num_blocks() const { return scheduler_->allocator().num_blocks(); }
   // Thread-safe; rendered by the metrics endpoint.
   const std::shared_ptr<EngineMetrics>& metrics() const { return metrics_; }
@@ -103,10 +105,18 @@ class EngineCore {
   // Whether a request's rows may be sampled in an overlapped step: its sampling needs nothing
   // the host has not seen (no logits back, no penalties over the generated tokens).
   bool Overlappable(const RequestState& st) const;
-  // Writes the in-flight step's tokens over their placeholders (sequences that ended meanwhile
-  // are skipped), then, after the caller's scheduler bookkeeping, streams them.
-  void ResolveInflight(const InFlight& f, const std::vector<int32_t>& tokens);
-  void StreamInflight(const InFlight& f, const std::vector<int32_t>& tokens);
+  // An in-flight step read back: its rows, their tokens, and how the read went.
+  struct Collected {
+    InFlight step;
+    std::vector<int32_t> tokens;
+    Status status;
+  };
+  // Takes the in-flight step (if any), waits for its tokens and writes them over their
+  // placeholders (sequences that ended meanwhile are skipped). Nothing is streamed yet: the
+  // caller does its scheduler bookkeeping first.
+  std::optional<Collected> CollectInflight();
+  // Streams a collected step's tokens, or fails its requests when reading it back failed.
+  void StreamCollected(const Collected& c);
   void FailRows(const std::vector<int64_t>& seq_ids, const Status& error);
   void Finish(RequestState& st, FinishReason reason, GenerationOutput out);
   void Fail(const std::string& request_id, const Status& error);
@@ -125,7 +135,6 @@ class EngineCore {
   std::shared_ptr<EngineMetrics> metrics_ = std::make_shared<EngineMetrics>();
   std::vector<float> logits_scratch_;
   std::optional<InFlight> inflight_;
-  int64_t num_overlapped_steps_ = 0;
   PrefixCacheStats last_prefix_stats_;
   int64_t last_preemptions_ = 0;
   int64_t last_graph_steps_ = 0;  // Model::graph_steps() at the last metrics update
