@@ -8,6 +8,8 @@
 // Timing: each kernel is captured in a CUDA graph (as decode steps run in production); before
 // every timed replay a 512 MB memset evicts the 60 MB L2, outside the timed events; the median
 // of --iters replays after warm-up is reported. Inputs are random non-zero bf16.
+// On Hopper the prefill shapes run twice: "fmha" (the automatic choice, the wgmma kernel) and
+// "fmha_portable" (the one-source kernel).
 // Output: one CSV line per measurement ("result,<shape>,<kernel>,<us>,<TFLOP/s>,<KV TB/s>,
 // <splits>"), then a table. Prefill FLOPs = 2 * 2 * B * Hq * L^2 * d / 2 (causal); decode
 // KV bytes = 2 * B * L * Hkv * d * 2.
@@ -190,7 +192,7 @@ struct Inputs {
   }
 };
 
-Row RunFmha(const Shape& s, const Inputs& in) {
+Row RunFmha(const Shape& s, const Inputs& in, llm::FmhaKernel kernel, const char* name) {
   llm::FmhaParams p;
   p.dtype = llm::FmhaDType::kBf16;
   p.batch = s.batch;
@@ -213,6 +215,7 @@ Row RunFmha(const Shape& s, const Inputs& in) {
   p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(kD));
   p.mask.type = llm::FmhaMaskType::kCausalBottomRight;
   llm::FmhaLaunchOptions opt;
+  opt.kernel = kernel;
   opt.num_splits = 0;  // automatic: splits only when the grid leaves SMs idle
   opt.workspace_bytes = llm::FmhaWorkspaceBytes(p, 0);
   void* ws = nullptr;
@@ -221,7 +224,7 @@ Row RunFmha(const Shape& s, const Inputs& in) {
   const float ms = TimeGraph([&](cudaStream_t st) { OK(llm::FmhaForward(p, opt, st)); });
   if (ws) CK(cudaFree(ws));
   return {s.name,
-          "fmha",
+          name,
           ms * 1000.f,
           Flops(s) / (ms * 1e-3) / 1e12,
           KvBytes(s) / (ms * 1e-3) / 1e12,
@@ -303,7 +306,10 @@ int main(int argc, char** argv) {
   for (const Shape& s : shapes) {
     const Inputs in(s);
     CK(cudaDeviceSynchronize());
-    std::vector<Row> rs{RunFmha(s, in)};
+    std::vector<Row> rs{RunFmha(s, in, llm::FmhaKernel::kAuto, "fmha")};
+    if (s.prefill && llm::FmhaWgmmaAvailable()) {  // the auto row is wgmma: the portable beside it
+      rs.push_back(RunFmha(s, in, llm::FmhaKernel::kPortable, "fmha_portable"));
+    }
     if (with_c8 && !s.contiguous) rs.push_back(RunC8(s, in));
     for (const Row& r : rs) {
       std::printf("result,%s,%s,%.1f,%.1f,%.3f,%d\n", r.shape.c_str(), r.kernel.c_str(), r.us,
@@ -320,9 +326,11 @@ int main(int argc, char** argv) {
                 r.kernel.c_str(), r.us, r.tflops, r.tbps, 100.0 * r.tbps / copy_tbps, r.splits);
   }
   std::printf(
-      "\nsplits: fmha = automatic KV splits; c8 = partial slots of its plan (0: none).\n"
+      "\nfmha: the automatic kernel choice (%s for prefill); splits: fmha = automatic KV splits; "
+      "c8 = partial slots of its plan (0: none).\n"
       "Peer (cuDNN / FA2 through torch SDPA, same shapes): python3 "
-      "bench/torch_sdpa_peer.py\n");
+      "bench/torch_sdpa_peer.py\n",
+      llm::FmhaWgmmaAvailable() ? "wgmma" : "portable");
   CK(cudaFree(g_flush));
   return 0;
 }

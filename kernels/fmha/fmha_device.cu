@@ -12,4 +12,11 @@ const char* QueryDevice(int* num_sms, int* smem_optin_bytes) {
   return nullptr;
 }
 
+const char* QueryArch(int* major, int* minor) {
+  int dev = 0;
+  LLM_GPU_TRY(gpu::CurrentDevice(&dev));
+  LLM_GPU_TRY(gpu::ComputeCapability(dev, major, minor));
+  return nullptr;
+}
+
 }  // namespace llm::fmha

@@ -8,16 +8,18 @@
 
 namespace llm::fmha {
 
-// Two warp layouts (fmha_kernel.cuh):
-//   kPrefill: 128-row tiles, 4 warps x 32 rows, all warps share each KV tile.
+// Warp layouts:
+//   kPrefill: 128-row tiles, 4 warps x 32 rows, all warps share each KV tile (fmha_kernel.cuh).
 //   kDecode:  16-row tiles, the 4 warps split each KV tile and merge at the end.
-enum class Layout { kPrefill, kDecode };
+//   kPrefillWgmma: 128-row tiles, 2 warpgroups x 64 rows on wgmma (fmha_wgmma_kernel.cuh; sm_90
+//             devices, builds with sm_90a). Same partial layout as kPrefill.
+enum class Layout { kPrefill, kDecode, kPrefillWgmma };
 
 inline constexpr int kPrefillRows = 128;
 inline constexpr int kDecodeRows = 16;
 
 inline int LayoutRows(Layout l) {
-  return l == Layout::kPrefill ? kPrefillRows : kDecodeRows;
+  return l == Layout::kDecode ? kDecodeRows : kPrefillRows;
 }
 
 // One launch, as planned on the host.
@@ -44,7 +46,15 @@ const char* LaunchFp16(const Run& run, void* stream);
 // Resident CTAs per SM of the kernel `run` would launch (run.num_splits is ignored).
 const char* ResidentCtasBf16(const Run& run, int* ctas_per_sm);
 const char* ResidentCtasFp16(const Run& run, int* ctas_per_sm);
+// The wgmma prefill kernel (kPrefillWgmma), defined only in builds that compile sm_90a
+// (LLM_FMHA_WGMMA); the launcher calls them only on a compute capability 9.0 device.
+const char* LaunchWgmmaBf16(const Run& run, void* stream);
+const char* LaunchWgmmaFp16(const Run& run, void* stream);
+const char* ResidentCtasWgmmaBf16(const Run& run, int* ctas_per_sm);
+const char* ResidentCtasWgmmaFp16(const Run& run, int* ctas_per_sm);
 // Device properties of the current device (cached per device by the caller if needed).
 const char* QueryDevice(int* num_sms, int* smem_optin_bytes);
+// Compute capability of the current device.
+const char* QueryArch(int* major, int* minor);
 
 }  // namespace llm::fmha

@@ -57,7 +57,8 @@ struct KernelArgs {
   int num_q_heads;
   int num_kv_heads;
   int group;
-  int block_size;  // 0: contiguous
+  int block_size;   // 0: contiguous
+  int block_shift;  // log2(block_size) when it is a power of two, else -1
   int max_blocks_per_seq;
   int cache_seqlen;
   int mask_type;
@@ -152,6 +153,111 @@ __device__ __forceinline__ RowWindow MakeWindow(const KernelArgs& a, int i, int 
   return w;
 }
 
+// The KV tiles (kN keys each) one CTA visits: the sink tiles, then the tiles covering the union of
+// its rows' windows, cut into num_splits contiguous pieces. Row windows [lo, hi] are
+// non-decreasing in the query index, so the first and last query tokens of the CTA bound them.
+struct TileList {
+  int max_hi, min_hi, min_lo, max_lo;  // bounds of the rows' windows
+  int sink_end;                        // keys < sink_end are sink keys some row can see
+  int n_sink_tiles, main_first;
+  int v_begin, v_end;  // this split's range of list positions
+  __device__ __forceinline__ int TileOf(int v) const {
+    return v < n_sink_tiles ? v : main_first + (v - n_sink_tiles);
+  }
+  // Whether some row of the CTA can see key j (others are zero-filled instead of read).
+  __device__ __forceinline__ bool Needed(int j) const {
+    return j <= max_hi && (j >= min_lo || j < sink_end);
+  }
+  // Whether some row sees only part of the tile starting at key t0 (then the mask runs).
+  __device__ __forceinline__ bool NeedsMask(int t0, int kN, int sink_tokens) const {
+    const int t1 = t0 + kN - 1;
+    return !((t0 >= max_lo && t1 <= min_hi) || (t1 < sink_tokens && t1 <= min_hi));
+  }
+};
+
+__device__ __forceinline__ TileList MakeTileList(const KernelArgs& a, int tok_first, int tok_last,
+                                                 int sq, int sk, int kN, int split) {
+  const RowWindow w_first = MakeWindow(a, tok_first, sq, sk);
+  const RowWindow w_last = MakeWindow(a, tok_last, sq, sk);
+  TileList t;
+  t.max_hi = w_last.hi;
+  t.min_hi = w_first.hi;
+  t.min_lo = w_first.lo;
+  t.max_lo = w_last.lo;
+  t.sink_end = min(a.sink_tokens, t.max_hi + 1);
+  t.n_sink_tiles = t.sink_end > 0 ? (t.sink_end + kN - 1) / kN : 0;
+  t.main_first = max(t.min_lo / kN, t.n_sink_tiles);
+  const int main_last = t.max_hi >= 0 ? t.max_hi / kN : -1;
+  const int total = t.n_sink_tiles + max(0, main_last - t.main_first + 1);
+  const int per_split = (total + a.num_splits - 1) / a.num_splits;
+  t.v_begin = min(total, split * per_split);
+  t.v_end = min(total, t.v_begin + per_split);
+  return t;
+}
+
+// KV row (element offset / head_dim) of key j of KV head kvh: paged through block id `blk`, or
+// contiguous in cache row `cache_row`.
+__device__ __forceinline__ int64_t PagedKvRow(const KernelArgs& a, int blk, int kvh, int j) {
+  return (static_cast<int64_t>(blk) * a.num_kv_heads + kvh) * a.block_size + j % a.block_size;
+}
+__device__ __forceinline__ int64_t ContiguousKvRow(const KernelArgs& a, int cache_row, int kvh,
+                                                   int j) {
+  return (static_cast<int64_t>(cache_row) * a.cache_seqlen + j) * a.num_kv_heads + kvh;
+}
+
+// Normalizes and stores the rows of one CTA tile (kRows packed rows starting at row0): the final
+// output and lse, or with split-KV the partial output and its log2-sum-exp.
+template <typename T, int D, int kRows>
+struct OutputWriter {
+  const KernelArgs& a;
+  int kvh, row0, q_begin, sq;
+  size_t part;  // partial slot of (sequence, KV head, row tile, split)
+  __device__ OutputWriter(const KernelArgs& args, int b, int kvh_, int tile, int split, int row0_,
+                          int q_begin_, int sq_)
+      : a(args), kvh(kvh_), row0(row0_), q_begin(q_begin_), sq(sq_) {
+    part = ((static_cast<size_t>(b) * a.num_kv_heads + kvh) * a.row_tiles + tile) * a.num_splits +
+           split;
+  }
+  // Final scale of a row's accumulator (m: running max in log2 units, l: sum of 2^(s - m)) and its
+  // lse (natural log, or log2 for split partials).
+  __device__ void Finalize(int r, float m, float l, float* factor, float* lse) const {
+    if (a.num_splits > 1) {
+      *factor = l > 0.f ? 1.f / l : 0.f;
+      *lse = l > 0.f ? m + log2f(l) : -INFINITY;
+      return;
+    }
+    const int rr = row0 + r;
+    const float sink =
+        a.sink_logits ? a.sink_logits[kvh * a.group + rr % a.group] * kLog2e : -INFINITY;
+    const float mf = fmaxf(m, sink);
+    if (mf == -INFINITY) {
+      *factor = 0.f;
+      *lse = -INFINITY;
+      return;
+    }
+    const float scale = exp2f(m - mf);
+    const float den = l * scale + exp2f(sink - mf);
+    *factor = scale / den;
+    *lse = (mf + log2f(den)) * kLn2;
+  }
+  // Writes two adjacent output columns (d even) of CTA row r.
+  __device__ void Emit(int r, int d, float v0, float v1, float lse, bool write_lse) const {
+    const int rr = row0 + r;
+    const int tok = rr / a.group;
+    if (tok >= sq) return;
+    if (a.num_splits > 1) {
+      const size_t prow = part * kRows + r;
+      *reinterpret_cast<float2*>(a.partial_o + prow * D + d) = make_float2(v0, v1);
+      if (write_lse) a.partial_lse[prow] = lse;
+      return;
+    }
+    const size_t orow =
+        static_cast<size_t>(q_begin + tok) * a.num_q_heads + kvh * a.group + rr % a.group;
+    *reinterpret_cast<uint32_t*>(a.out + orow * D + d) = T::Pack(v0, v1);
+    if (write_lse && a.lse) a.lse[orow] = lse;
+  }
+};
+
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) FmhaFwdKernel(const KernelArgs a) {
   using T = typename C::Elem;
@@ -184,21 +290,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) FmhaFwdKernel(cons
   const int tok_first = row0 / a.group;
   const int tok_last = min(row0 + C::kRows - 1, sq * a.group - 1) / a.group;
 
-  // Tile list: sink tiles, then the tiles covering the union of the rows' windows. lo and hi are
-  // non-decreasing in the query index, so the first and last rows bound them.
-  const RowWindow w_first = MakeWindow(a, tok_first, sq, sk);
-  const RowWindow w_last = MakeWindow(a, tok_last, sq, sk);
-  const int max_hi = w_last.hi, min_hi = w_first.hi;
-  const int min_lo = w_first.lo, max_lo = w_last.lo;
-  const int sink_end = min(a.sink_tokens, max_hi + 1);
-  const int n_sink_tiles = sink_end > 0 ? (sink_end + kN - 1) / kN : 0;
-  const int main_first = max(min_lo / kN, n_sink_tiles);
-  const int main_last = max_hi >= 0 ? max_hi / kN : -1;
-  const int total = n_sink_tiles + max(0, main_last - main_first + 1);
-  const int per_split = (total + a.num_splits - 1) / a.num_splits;
-  const int v_begin = min(total, split * per_split);
-  const int v_end = min(total, v_begin + per_split);
-  auto tile_of = [&](int v) { return v < n_sink_tiles ? v : main_first + (v - n_sink_tiles); };
+  const TileList tl = MakeTileList(a, tok_first, tok_last, sq, sk, kN, split);
+  const int v_begin = tl.v_begin, v_end = tl.v_end;
 
   // ---- Q tile -> shared memory (zero rows past the sequence).
   {
@@ -228,12 +321,12 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) FmhaFwdKernel(cons
   // Block ids of tile v -> ring slot v % 3 (kIdsInSmem; only ids of blocks holding needed keys).
   auto copy_ids = [&](int v) {
     if (!bt || tid >= C::kIdsPerTile) return;
-    const int bi = (v < v_end ? tile_of(v) * kN : 0) / a.block_size + tid;
-    const bool valid = v < v_end && bi * a.block_size <= max_hi;
+    const int bi = (v < v_end ? tl.TileOf(v) * kN : 0) / a.block_size + tid;
+    const bool valid = v < v_end && bi * a.block_size <= tl.max_hi;
     gpu::CopyAsync4(ids_smem + (v % 3) * 8 + tid, bt + (valid ? bi : 0), valid);
   };
   auto fetch = [&](int v) {
-    const int t0 = v < v_end ? tile_of(v) * kN : 0;
+    const int t0 = v < v_end ? tl.TileOf(v) * kN : 0;
     const int b0 = t0 / a.block_size;
 #pragma unroll
     for (int i = 0; i < C::kPasses; ++i) {
@@ -241,14 +334,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) FmhaFwdKernel(cons
       int64_t row = -1;
       // Only keys some row of this CTA can see are read (others, and the block-table entries of
       // blocks wholly outside every window, may hold anything); the rest are zero-filled.
-      if (v < v_end && j <= max_hi && (j >= min_lo || j < sink_end)) {
+      if (v < v_end && tl.Needed(j)) {
         if (bt) {
           const int blk =
               C::kIdsInSmem ? ids_smem[(v % 3) * 8 + j / a.block_size - b0] : bt[j / a.block_size];
-          row =
-              (static_cast<int64_t>(blk) * a.num_kv_heads + kvh) * a.block_size + j % a.block_size;
+          row = PagedKvRow(a, blk, kvh, j);
         } else {
-          row = (static_cast<int64_t>(cache_row) * a.cache_seqlen + j) * a.num_kv_heads + kvh;
+          row = ContiguousKvRow(a, cache_row, kvh, j);
         }
       }
       next_row[i] = static_cast<int32_t>(row);
@@ -339,11 +431,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) FmhaFwdKernel(cons
     }
     __syncthreads();
 
-    const int t0 = tile_of(v) * kN;
+    const int t0 = tl.TileOf(v) * kN;
     // Mask arithmetic only where some row does not see the whole tile.
-    const int t1 = t0 + kN - 1;
-    const bool need_mask =
-        !((t0 >= max_lo && t1 <= min_hi) || (t1 < a.sink_tokens && t1 <= min_hi));
+    const bool need_mask = tl.NeedsMask(t0, kN, a.sink_tokens);
 #pragma unroll 1
     for (int st = 0; st < C::kSteps; ++st) {
       const int n0 = tw * C::kNPerWarp + st * C::kStepN;  // this step's first key in the tile
@@ -518,46 +608,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) FmhaFwdKernel(cons
 #pragma unroll
     for (int sl = 0; sl < kSlots; ++sl) l_run[mt][sl] = gpu::RowSum(l_run[mt][sl]);
   }
-  const bool split_mode = a.num_splits > 1;
-  // Final scale of a row's accumulator and its lse (natural log, or log2 for split partials).
-  auto finalize = [&](int r, float m, float l, float* factor, float* lse) {
-    if (split_mode) {
-      *factor = l > 0.f ? 1.f / l : 0.f;
-      *lse = l > 0.f ? m + log2f(l) : -INFINITY;
-      return;
-    }
-    const int rr = row0 + r;
-    const float sink =
-        a.sink_logits ? a.sink_logits[kvh * a.group + rr % a.group] * kLog2e : -INFINITY;
-    const float mf = fmaxf(m, sink);
-    if (mf == -INFINITY) {
-      *factor = 0.f;
-      *lse = -INFINITY;
-      return;
-    }
-    const float scale = exp2f(m - mf);
-    const float den = l * scale + exp2f(sink - mf);
-    *factor = scale / den;
-    *lse = (mf + log2f(den)) * kLn2;
-  };
-  // Writes two adjacent output columns (d even) of CTA row r.
-  const size_t part =
-      ((static_cast<size_t>(b) * a.num_kv_heads + kvh) * a.row_tiles + tile) * a.num_splits + split;
-  auto emit = [&](int r, int d, float v0, float v1, float lse, bool write_lse) {
-    const int rr = row0 + r;
-    const int tok = rr / a.group;
-    if (tok >= sq) return;
-    if (split_mode) {
-      const size_t prow = part * C::kRows + r;
-      *reinterpret_cast<float2*>(a.partial_o + prow * D + d) = make_float2(v0, v1);
-      if (write_lse) a.partial_lse[prow] = lse;
-      return;
-    }
-    const size_t orow =
-        static_cast<size_t>(q_begin + tok) * a.num_q_heads + kvh * a.group + rr % a.group;
-    *reinterpret_cast<uint32_t*>(a.out + orow * D + d) = T::Pack(v0, v1);
-    if (write_lse && a.lse) a.lse[orow] = lse;
-  };
+  const OutputWriter<T, D, C::kRows> writer(a, b, kvh, tile, split, row0, q_begin, sq);
 
   if constexpr (C::kTokW == 1) {
 #pragma unroll
@@ -565,17 +616,17 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) FmhaFwdKernel(cons
       float factor[kSlots], lse[kSlots];
 #pragma unroll
       for (int sl = 0; sl < kSlots; ++sl) {
-        finalize(row_base + mt * 16 + gpu::SlotRow(sl), m_run[mt][sl], l_run[mt][sl], &factor[sl],
-                 &lse[sl]);
+        writer.Finalize(row_base + mt * 16 + gpu::SlotRow(sl), m_run[mt][sl], l_run[mt][sl],
+                        &factor[sl], &lse[sl]);
       }
 #pragma unroll
       for (int dd = 0; dd < kDTiles; ++dd) {
 #pragma unroll
         for (int e = 0; e < gpu::kAccElems; e += 2) {
           const int sl = gpu::AccSlot(e);
-          emit(row_base + mt * 16 + gpu::AccRow(e), dd * 16 + gpu::AccCol(e),
-               o[mt][dd].x[e] * factor[sl], o[mt][dd].x[e + 1] * factor[sl], lse[sl],
-               dd == 0 && gpu::AccCol(e) == 0);
+          writer.Emit(row_base + mt * 16 + gpu::AccRow(e), dd * 16 + gpu::AccCol(e),
+                      o[mt][dd].x[e] * factor[sl], o[mt][dd].x[e + 1] * factor[sl], lse[sl],
+                      dd == 0 && gpu::AccCol(e) == 0);
         }
       }
     }
@@ -616,8 +667,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) FmhaFwdKernel(cons
         v1 += os[(w * 16 + r) * kOLd + d + 1] * f;
       }
       float factor, lse;
-      finalize(r, m, l, &factor, &lse);
-      emit(r, d, v0 * factor, v1 * factor, lse, d == 0);
+      writer.Finalize(r, m, l, &factor, &lse);
+      writer.Emit(r, d, v0 * factor, v1 * factor, lse, d == 0);
     }
   }
 }
@@ -696,6 +747,10 @@ inline KernelArgs MakeKernelArgs(const Run& run) {
   a.num_kv_heads = p.num_kv_heads;
   a.group = p.num_q_heads / p.num_kv_heads;
   a.block_size = p.block_size;
+  a.block_shift = -1;
+  for (int sh = 0; sh < 31; ++sh) {
+    if (p.block_size == (1 << sh)) a.block_shift = sh;
+  }
   a.max_blocks_per_seq = p.max_blocks_per_seq;
   a.cache_seqlen = p.cache_seqlen;
   a.mask_type = static_cast<int>(p.mask.type);

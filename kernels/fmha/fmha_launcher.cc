@@ -31,9 +31,34 @@ int64_t MaxSeqlenK(const FmhaParams& p) {
                           : p.cache_seqlen;
 }
 
-Layout ChooseLayout(const FmhaParams& p) {
+Layout ChooseLayout(const FmhaParams& p, FmhaKernel kernel) {
   const int64_t rows = static_cast<int64_t>(MaxSeqlenQ(p)) * (p.num_q_heads / p.num_kv_heads);
-  return rows <= fmha::kDecodeRows ? Layout::kDecode : Layout::kPrefill;
+  if (rows <= fmha::kDecodeRows) return Layout::kDecode;
+  if (kernel == FmhaKernel::kWgmma || (kernel == FmhaKernel::kAuto && FmhaWgmmaAvailable())) {
+    return Layout::kPrefillWgmma;
+  }
+  return Layout::kPrefill;
+}
+
+const char* ResidentCtas(const fmha::Run& run, int* per_sm) {
+  const bool bf16 = run.p.dtype == FmhaDType::kBf16;
+#if LLM_FMHA_WGMMA
+  if (run.layout == Layout::kPrefillWgmma) {
+    return bf16 ? fmha::ResidentCtasWgmmaBf16(run, per_sm)
+                : fmha::ResidentCtasWgmmaFp16(run, per_sm);
+  }
+#endif
+  return bf16 ? fmha::ResidentCtasBf16(run, per_sm) : fmha::ResidentCtasFp16(run, per_sm);
+}
+
+const char* Launch(const fmha::Run& run, void* stream) {
+  const bool bf16 = run.p.dtype == FmhaDType::kBf16;
+#if LLM_FMHA_WGMMA
+  if (run.layout == Layout::kPrefillWgmma) {
+    return bf16 ? fmha::LaunchWgmmaBf16(run, stream) : fmha::LaunchWgmmaFp16(run, stream);
+  }
+#endif
+  return bf16 ? fmha::LaunchBf16(run, stream) : fmha::LaunchFp16(run, stream);
 }
 
 int RowTiles(const FmhaParams& p, Layout layout) {
@@ -65,9 +90,7 @@ int AutoSplits(const FmhaParams& p, Layout layout, int row_tiles) {
   probe.layout = layout;
   probe.row_tiles = row_tiles;
   int per_sm = 0;
-  const char* err = p.dtype == FmhaDType::kBf16 ? fmha::ResidentCtasBf16(probe, &per_sm)
-                                                : fmha::ResidentCtasFp16(probe, &per_sm);
-  if (err || per_sm <= 0) per_sm = 1;
+  if (ResidentCtas(probe, &per_sm) != nullptr || per_sm <= 0) per_sm = 1;
   const int64_t slots = static_cast<int64_t>(dev.num_sms) * per_sm;
   auto efficiency = [&](int64_t n) {
     const double waves = static_cast<double>(ctas * n) / slots;
@@ -87,6 +110,15 @@ int AutoSplits(const FmhaParams& p, Layout layout, int row_tiles) {
 }
 
 }  // namespace
+
+bool FmhaWgmmaAvailable() {
+#if LLM_FMHA_WGMMA
+  int major = 0, minor = 0;
+  return fmha::QueryArch(&major, &minor) == nullptr && major == 9 && minor == 0;
+#else
+  return false;
+#endif
+}
 
 Status FmhaCheckParams(const FmhaParams& p) {
   auto bad = [](const std::string& m) { return InvalidArgument("FmhaForward: " + m); };
@@ -146,7 +178,7 @@ Status FmhaCheckParams(const FmhaParams& p) {
 
 size_t FmhaWorkspaceBytes(const FmhaParams& p, int num_splits) {
   if (!FmhaCheckParams(p).ok() || p.batch == 0 || MaxSeqlenQ(p) == 0) return 0;
-  const Layout layout = ChooseLayout(p);
+  const Layout layout = ChooseLayout(p, FmhaKernel::kAuto);
   const int row_tiles = RowTiles(p, layout);
   if (num_splits == 0) {
     num_splits = AutoSplits(p, layout, row_tiles);
@@ -156,7 +188,7 @@ size_t FmhaWorkspaceBytes(const FmhaParams& p, int num_splits) {
 
 int FmhaAutoSplits(const FmhaParams& p) {
   if (!FmhaCheckParams(p).ok() || p.batch == 0 || MaxSeqlenQ(p) == 0) return 1;
-  const Layout layout = ChooseLayout(p);
+  const Layout layout = ChooseLayout(p, FmhaKernel::kAuto);
   return AutoSplits(p, layout, RowTiles(p, layout));
 }
 
@@ -171,13 +203,20 @@ Status FmhaForward(const FmhaParams& p, const FmhaLaunchOptions& options, void* 
     return InvalidArgument("FmhaForward: num_splits " + std::to_string(options.num_splits) +
                            " < 0");
   }
+  if (options.kernel == FmhaKernel::kWgmma && !FmhaWgmmaAvailable()) {
+    return InvalidArgument(
+        "FmhaForward: the wgmma kernel needs a compute capability 9.0 device and a build that "
+        "includes sm_90a");
+  }
   fmha::Run run;
   run.p = p;
-  run.layout = ChooseLayout(p);
+  run.layout = ChooseLayout(p, options.kernel);
   run.row_tiles = RowTiles(p, run.layout);
   int splits = options.num_splits;
   if (splits == 0) {
-    splits = options.workspace ? AutoSplits(p, run.layout, run.row_tiles) : 1;
+    // The automatic count is the one FmhaWorkspaceBytes(p, 0) sized (the kAuto kernel's).
+    splits =
+        options.workspace ? AutoSplits(p, ChooseLayout(p, FmhaKernel::kAuto), run.row_tiles) : 1;
   }
   splits = std::min(splits, kMaxSplits);
   if (splits > 1) {
@@ -198,8 +237,7 @@ Status FmhaForward(const FmhaParams& p, const FmhaLaunchOptions& options, void* 
     run.partial_lse = reinterpret_cast<float*>(base + parts * p.head_dim * sizeof(float));
   }
   run.num_splits = splits;
-  const char* err =
-      p.dtype == FmhaDType::kBf16 ? fmha::LaunchBf16(run, stream) : fmha::LaunchFp16(run, stream);
+  const char* err = Launch(run, stream);
   if (err) return Internal(std::string("FmhaForward: kernel launch failed: ") + err);
   return Status::Ok();
 }

@@ -9,8 +9,10 @@
 //
 // The launch picks a warp layout from the packed rows per sequence (query tokens x GQA group):
 // up to 16 -> decode tiles (16 rows, the KV tile split over 4 warps), else prefill tiles
-// (128 rows). Split-KV (flash-decoding) needs a caller-provided workspace: the engine sizes it
-// once with FmhaWorkspaceBytes for its largest step and passes it every step.
+// (128 rows): on a compute capability 9.0 device in a build with sm_90a, the Hopper kernel on
+// warpgroup MMA (fmha_wgmma_kernel.cuh), elsewhere the portable one. Split-KV (flash-decoding)
+// needs a caller-provided workspace: the engine sizes it once with FmhaWorkspaceBytes for its
+// largest step and passes it every step.
 #pragma once
 
 #include <cstddef>
@@ -20,13 +22,26 @@
 
 namespace llm {
 
+// Which kernel serves prefill-shaped launches (more than 16 packed rows per sequence; decode
+// shapes always take the portable decode tiles).
+enum class FmhaKernel {
+  kAuto,      // wgmma where FmhaWgmmaAvailable(), else portable
+  kPortable,  // the one-source CUDA/HIP kernel
+  kWgmma,     // the Hopper kernel; InvalidArgument where it is not available
+};
+
 struct FmhaLaunchOptions {
   // 1: no split. 0: choose from the device's SM count when the grid would not fill it (uses the
   // workspace; falls back to 1 without one). > 1: exactly this many KV splits.
   int num_splits = 1;
   void* workspace = nullptr;  // device memory, 16-byte aligned, >= FmhaWorkspaceBytes(p, splits)
   size_t workspace_bytes = 0;
+  FmhaKernel kernel = FmhaKernel::kAuto;
 };
+
+// Whether this build carries the sm_90a wgmma kernel and the current device is compute
+// capability 9.0 (H100, H200).
+bool FmhaWgmmaAvailable();
 
 // InvalidArgument naming the first unsupported or inconsistent field; OK otherwise. Reads only
 // host-side fields (never dereferences the device pointers).

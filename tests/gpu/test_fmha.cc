@@ -16,7 +16,8 @@
 // with sink tokens), learned sink logits, ALiBi, soft-cap, with and without LSE, ragged lengths
 // not multiple of any tile, seqlen_k < seqlen_q (rows that see nothing), empty sequences, decode
 // shapes (1-4 query rows, long KV) and prefill shapes (hundreds of rows), and split-KV (explicit
-// and automatic) with the merge.
+// and automatic) with the merge. Prefill-shaped cases run on every kernel the device has: the
+// portable one and, on Hopper (FmhaWgmmaAvailable), the wgmma one, against the same reference.
 //
 // Run (GPU machine):     build/cuda/tests/gpu_tests "[fmha]"
 // Quick subset:          build/cuda/tests/gpu_tests "[fmha][quick]"
@@ -149,6 +150,72 @@ void Upload(DevBuf& b, const std::vector<T>& v) {
   if (!v.empty()) {
     CUDA_REQUIRE(cudaMemcpy(b.p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
   }
+}
+
+// Reads back the GPU output and lse and compares them with the CPU reference (tolerances in the
+// file comment).
+void CompareToReference(const Case& c, size_t out_elems, int D, int hq, float max_abs_v,
+                        const std::vector<float>& ref, const std::vector<float>& ref_lse,
+                        const DevBuf& dout, const DevBuf& dlse) {
+  std::vector<uint16_t> out(out_elems);
+  std::vector<float> lse(ref_lse.size());
+  if (!out.empty()) {
+    CUDA_REQUIRE(cudaMemcpy(out.data(), dout.p, out.size() * 2, cudaMemcpyDeviceToHost));
+    CUDA_REQUIRE(cudaMemcpy(lse.data(), dlse.p, lse.size() * 4, cudaMemcpyDeviceToHost));
+  }
+
+  // Compare.
+  const float ulp = c.dtype == FmhaDType::kBf16 ? 1.f / 256 : 1.f / 2048;
+  const float tol_max = 3.f * ulp * std::max(max_abs_v, 1.f);
+  double err2 = 0, ref2 = 0, max_err = 0;
+  size_t worst = 0, bad_zero = 0, non_finite = 0, bad_lse = 0, worst_lse = 0;
+  double max_lse_err = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const float g = FromBits(c.dtype, out[i]);
+    if (!std::isfinite(g)) {
+      ++non_finite;
+      continue;
+    }
+    const double e = std::fabs(static_cast<double>(g) - ref[i]);
+    err2 += e * e;
+    ref2 += static_cast<double>(ref[i]) * ref[i];
+    if (e > max_err) {
+      max_err = e;
+      worst = i;
+    }
+    const size_t row = i / D;
+    if (c.lse && std::isinf(ref_lse[row]) && g != 0.f) ++bad_zero;
+  }
+  if (c.lse) {
+    for (size_t r = 0; r < lse.size(); ++r) {
+      if (std::isinf(ref_lse[r])) {
+        if (!(std::isinf(lse[r]) && lse[r] < 0)) ++bad_lse;
+        continue;
+      }
+      const double e = std::fabs(static_cast<double>(lse[r]) - ref_lse[r]);
+      if (!(e <= 2e-3 + 1e-4 * std::fabs(ref_lse[r]))) ++bad_lse;
+      if (!(e <= max_lse_err)) {
+        max_lse_err = std::isfinite(e) ? e : 1e30;
+        worst_lse = r;
+      }
+    }
+  }
+  const double n = std::max<size_t>(out.size(), 1);
+  const double rms_err = std::sqrt(err2 / n), rms_ref = std::sqrt(ref2 / n);
+  const size_t wr = worst / D;
+  INFO("worst element: token " << wr / hq << " head " << wr % hq << " d " << worst % D << ": gpu "
+                               << (out.empty() ? 0.f : FromBits(c.dtype, out[worst])) << " ref "
+                               << (ref.empty() ? 0.f : ref[worst]));
+  INFO("max err " << max_err << " (tol " << tol_max << ", max|v| " << max_abs_v << "), rms err "
+                  << rms_err << " (rms ref " << rms_ref << ")");
+  INFO("lse: " << bad_lse << " bad, max err " << max_lse_err << " at row " << worst_lse << " (gpu "
+               << (lse.empty() ? 0.f : lse[worst_lse]) << " ref "
+               << (ref_lse.empty() ? 0.f : ref_lse[worst_lse]) << ")");
+  CHECK(non_finite == 0);
+  CHECK(max_err <= tol_max);
+  CHECK(rms_err <= 2.0 * ulp * rms_ref + 1e-6);
+  CHECK(bad_zero == 0);
+  CHECK(bad_lse == 0);
 }
 
 void RunCase(const Case& c, std::mt19937& rng) {
@@ -303,9 +370,7 @@ void RunCase(const Case& c, std::mt19937& rng) {
   Upload(dsink, sinks);
   const size_t out_bytes = std::max<size_t>(q.size() * 2, 16);
   CUDA_REQUIRE(cudaMalloc(&dout.p, out_bytes));
-  CUDA_REQUIRE(cudaMemset(dout.p, 0xff, out_bytes));  // NaN: every element must be written
   CUDA_REQUIRE(cudaMalloc(&dlse.p, std::max<size_t>(ref_lse.size() * 4, 16)));
-  CUDA_REQUIRE(cudaMemset(dlse.p, 0xff, std::max<size_t>(ref_lse.size() * 4, 16)));
   FmhaParams dp = p;
   dp.q = dq.p;
   dp.k = dk.p;
@@ -331,69 +396,23 @@ void RunCase(const Case& c, std::mt19937& rng) {
       opt.workspace = dws.p;
     }
   }
-  const Status st = FmhaForward(dp, opt, nullptr);
-  INFO(st.ToString());
-  REQUIRE(st.ok());
-  CUDA_REQUIRE(cudaDeviceSynchronize());
-  std::vector<uint16_t> out(q.size());
-  std::vector<float> lse(ref_lse.size());
-  if (!out.empty()) {
-    CUDA_REQUIRE(cudaMemcpy(out.data(), dout.p, out.size() * 2, cudaMemcpyDeviceToHost));
-    CUDA_REQUIRE(cudaMemcpy(lse.data(), dlse.p, lse.size() * 4, cudaMemcpyDeviceToHost));
+  // Prefill-shaped launches (more than 16 packed rows) run on every kernel this device has: the
+  // portable one and, on Hopper, the wgmma one.
+  std::vector<FmhaKernel> kernels{FmhaKernel::kPortable};
+  if (static_cast<int64_t>(max_q) * (hq / hkv) > 16 && FmhaWgmmaAvailable()) {
+    kernels.push_back(FmhaKernel::kWgmma);
   }
-
-  // Compare.
-  const float ulp = c.dtype == FmhaDType::kBf16 ? 1.f / 256 : 1.f / 2048;
-  const float tol_max = 3.f * ulp * std::max(max_abs_v, 1.f);
-  double err2 = 0, ref2 = 0, max_err = 0;
-  size_t worst = 0, bad_zero = 0, non_finite = 0, bad_lse = 0, worst_lse = 0;
-  double max_lse_err = 0;
-  for (size_t i = 0; i < out.size(); ++i) {
-    const float g = FromBits(c.dtype, out[i]);
-    if (!std::isfinite(g)) {
-      ++non_finite;
-      continue;
-    }
-    const double e = std::fabs(static_cast<double>(g) - ref[i]);
-    err2 += e * e;
-    ref2 += static_cast<double>(ref[i]) * ref[i];
-    if (e > max_err) {
-      max_err = e;
-      worst = i;
-    }
-    const size_t row = i / D;
-    if (c.lse && std::isinf(ref_lse[row]) && g != 0.f) ++bad_zero;
+  for (const FmhaKernel kernel : kernels) {
+    INFO("kernel " << (kernel == FmhaKernel::kWgmma ? "wgmma" : "portable"));
+    CUDA_REQUIRE(cudaMemset(dout.p, 0xff, out_bytes));  // NaN: every element must be written
+    CUDA_REQUIRE(cudaMemset(dlse.p, 0xff, std::max<size_t>(ref_lse.size() * 4, 16)));
+    opt.kernel = kernel;
+    const Status st = FmhaForward(dp, opt, nullptr);
+    INFO(st.ToString());
+    REQUIRE(st.ok());
+    CUDA_REQUIRE(cudaDeviceSynchronize());
+    CompareToReference(c, q.size(), D, hq, max_abs_v, ref, ref_lse, dout, dlse);
   }
-  if (c.lse) {
-    for (size_t r = 0; r < lse.size(); ++r) {
-      if (std::isinf(ref_lse[r])) {
-        if (!(std::isinf(lse[r]) && lse[r] < 0)) ++bad_lse;
-        continue;
-      }
-      const double e = std::fabs(static_cast<double>(lse[r]) - ref_lse[r]);
-      if (!(e <= 2e-3 + 1e-4 * std::fabs(ref_lse[r]))) ++bad_lse;
-      if (!(e <= max_lse_err)) {
-        max_lse_err = std::isfinite(e) ? e : 1e30;
-        worst_lse = r;
-      }
-    }
-  }
-  const double n = std::max<size_t>(out.size(), 1);
-  const double rms_err = std::sqrt(err2 / n), rms_ref = std::sqrt(ref2 / n);
-  const size_t wr = worst / D;
-  INFO("worst element: token " << wr / hq << " head " << wr % hq << " d " << worst % D << ": gpu "
-                               << (out.empty() ? 0.f : FromBits(c.dtype, out[worst])) << " ref "
-                               << (ref.empty() ? 0.f : ref[worst]));
-  INFO("max err " << max_err << " (tol " << tol_max << ", max|v| " << max_abs_v << "), rms err "
-                  << rms_err << " (rms ref " << rms_ref << ")");
-  INFO("lse: " << bad_lse << " bad, max err " << max_lse_err << " at row " << worst_lse << " (gpu "
-               << (lse.empty() ? 0.f : lse[worst_lse]) << " ref "
-               << (ref_lse.empty() ? 0.f : ref_lse[worst_lse]) << ")");
-  CHECK(non_finite == 0);
-  CHECK(max_err <= tol_max);
-  CHECK(rms_err <= 2.0 * ulp * rms_ref + 1e-6);
-  CHECK(bad_zero == 0);
-  CHECK(bad_lse == 0);
 }
 
 FmhaMask Mask(FmhaMaskType t, int left = -1, int right = 0, int sinks = 0) {
@@ -629,6 +648,15 @@ TEST_CASE("FMHA forward: unsupported parameters are rejected", "[gpu][fmha][quic
   const Status s = FmhaForward(p, opt, nullptr);
   CHECK(s.code() == StatusCode::kInvalidArgument);
   CHECK(s.message().find("workspace") != std::string::npos);
+  if (!FmhaWgmmaAvailable()) {  // forcing the Hopper kernel elsewhere is an error, not a fallback
+    x = p;
+    x.seqlen_q = 64;
+    FmhaLaunchOptions w;
+    w.kernel = FmhaKernel::kWgmma;
+    const Status sw = FmhaForward(x, w, nullptr);
+    CHECK(sw.code() == StatusCode::kInvalidArgument);
+    CHECK(sw.message().find("wgmma") != std::string::npos);
+  }
 }
 
 }  // namespace
