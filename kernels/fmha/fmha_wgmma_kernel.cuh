@@ -41,9 +41,10 @@ struct WgmmaCfg {
   // + a scratch word (wgmma::KeepAbove) + 1024-byte alignment
   static constexpr int kSmemBytes = kQBytes + 4 * kTileBytes + kIdBytes + 16 + 1024;
   static constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  static constexpr int kRowsPerPass = kThreads / kChunks;
-  static constexpr int kPasses = kN / kRowsPerPass;
-  static constexpr int kQPasses = kRows / kRowsPerPass;
+  // Copies: two threads per row (of a 128-row Q, K or V tile), kChunks / 2 chunks each, so the
+  // row's address (block-table lookup, visibility) is computed once per thread and tile.
+  static constexpr int kThreadChunks = kChunks / 2;
+  static_assert(kThreads == 2 * kN && kN == kRows, "copy mapping: two threads per row");
   static constexpr int kSAcc = kN / 2;  // S accumulators per thread (64 rows x kN / 128 threads)
   static constexpr int kOAcc = D / 2;   // O accumulators per thread
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
@@ -89,23 +90,27 @@ __global__ void __launch_bounds__(C::kThreads, 1) FmhaWgmmaKernel(const KernelAr
   const TileList tl = MakeTileList(a, tok_first, tok_last, sq, sk, kN, split);
   const int n_tiles = tl.v_end - tl.v_begin;
 
-  // ---- Copies. Thread tid moves chunk tid % kChunks of rows tid / kChunks + kRowsPerPass * i;
-  // rows advance by a multiple of 8 per pass, so the swizzle term is fixed per thread.
-  const int my_chunk = tid % C::kChunks, my_row = tid / C::kChunks;
-  {
-    const uint16_t* q = a.q;
+  // ---- Copies. Thread tid moves the chunks of parity tid % 2 of row tid / 2 of each tile: a
+  // thread pair reads 32 contiguous bytes (a full sector) per instruction.
+  const int my_row = tid / 2, parity = tid % 2;
+  auto copy_row = [&](uint32_t tile_offset, const uint16_t* src, bool valid) {
 #pragma unroll
-    for (int i = 0; i < C::kQPasses; ++i) {
-      const int r = my_row + i * C::kRowsPerPass;
-      const int rr = row0 + r;
-      const int tok = rr / a.group;
-      const bool valid = tok < sq;
-      const size_t src = valid ? (static_cast<size_t>(q_begin + tok) * a.num_q_heads +
-                                  kvh * a.group + rr % a.group) *
-                                     D
-                               : 0;
-      gpu::CopyAsync16(smem + SwizzledChunk(r, my_chunk, C::kRows), q + src + my_chunk * 8, valid);
+    for (int c = 0; c < C::kThreadChunks; ++c) {
+      const int chunk = 2 * c + parity;
+      gpu::CopyAsync16(smem + tile_offset + SwizzledChunk(my_row, chunk, kN),
+                       valid ? src + chunk * 8 : src, valid);
     }
+  };
+  {
+    const int rr = row0 + my_row;
+    const int tok = rr / a.group;
+    const bool valid = tok < sq;
+    const size_t src =
+        valid
+            ? (static_cast<size_t>(q_begin + tok) * a.num_q_heads + kvh * a.group + rr % a.group) *
+                  D
+            : 0;
+    copy_row(0, a.q + src, valid);
   }
   const int32_t* bt =
       a.block_table ? a.block_table + static_cast<size_t>(b) * a.max_blocks_per_seq : nullptr;
@@ -121,40 +126,28 @@ __global__ void __launch_bounds__(C::kThreads, 1) FmhaWgmmaKernel(const KernelAr
     const bool valid = bi * a.block_size <= tl.max_hi;
     gpu::CopyAsync4(ids + (v % 3) * C::kIdSlots + tid, bt + (valid ? bi : 0), valid);
   };
-  // KV rows of this thread's keys in list position v (-1: not needed, zero-filled); block ids
-  // from the ring (from_ring) or straight from the block table. Branch-free per row, and the
-  // visibility test only on tiles some row sees partly: this runs every iteration.
-  auto rows_of = [&](int v, int32_t(&rows)[C::kPasses], bool from_ring) {
+  // KV row of this thread's key in list position v (-1: not needed, zero-filled); the block id
+  // from the ring (from_ring) or straight from the block table.
+  auto row_of = [&](int v, bool from_ring) -> int32_t {
     const int t0 = tl.TileOf(v) * kN;
-    const bool live = v < tl.v_end;
-    const bool all_needed = live && t0 >= tl.min_lo && t0 + kN - 1 <= tl.max_hi;
-    const int32_t* ring = ids + (v % 3) * C::kIdSlots;
-    const int b0 = bt ? (a.block_shift >= 0 ? t0 >> a.block_shift : t0 / a.block_size) : 0;
-#pragma unroll
-    for (int i = 0; i < C::kPasses; ++i) {
-      const int j = t0 + my_row + i * C::kRowsPerPass;
-      const bool needed = all_needed || (live && tl.Needed(j));
-      int32_t row;
-      if (bt) {
-        const int bi = a.block_shift >= 0 ? j >> a.block_shift : j / a.block_size;
-        const int blk = needed ? (from_ring ? ring[bi - b0] : bt[bi]) : 0;
-        row = (blk * a.num_kv_heads + kvh) * a.block_size + (j - bi * a.block_size);
-      } else {
-        row = (cache_row * a.cache_seqlen + j) * a.num_kv_heads + kvh;
-      }
-      rows[i] = needed ? row : -1;
+    const int j = t0 + my_row;
+    if (!(v < tl.v_end && tl.Needed(j))) return -1;
+    if (!bt) return (cache_row * a.cache_seqlen + j) * a.num_kv_heads + kvh;
+    const int bi = a.block_shift >= 0 ? j >> a.block_shift : j / a.block_size;
+    int blk;
+    if (from_ring) {
+      const int b0 = a.block_shift >= 0 ? t0 >> a.block_shift : t0 / a.block_size;
+      blk = ids[(v % 3) * C::kIdSlots + bi - b0];
+    } else {
+      blk = bt[bi];
     }
+    return (blk * a.num_kv_heads + kvh) * a.block_size + (j - bi * a.block_size);
   };
-  auto issue = [&](const uint16_t* src, uint32_t tile_offset, const int32_t(&rows)[C::kPasses]) {
-#pragma unroll
-    for (int i = 0; i < C::kPasses; ++i) {
-      const int r = my_row + i * C::kRowsPerPass;
-      const bool valid = rows[i] >= 0;
-      const size_t off = valid ? static_cast<size_t>(rows[i]) * D + my_chunk * 8 : 0;
-      gpu::CopyAsync16(smem + tile_offset + SwizzledChunk(r, my_chunk, kN), src + off, valid);
-    }
+  auto issue = [&](const uint16_t* src, uint32_t tile_offset, int32_t row) {
+    copy_row(tile_offset, src + (row >= 0 ? static_cast<size_t>(row) * D : 0), row >= 0);
   };
   const uint32_t k_off = C::kQBytes, v_off = C::kQBytes + 2 * C::kTileBytes;
+  static_assert(C::kQBytes == C::kTileBytes, "Q uses the K/V copy mapping");
 
   // ---- Per-thread state: rows g and g + 8 (slot sl) of this warp's 16 rows of the warpgroup's
   // 64; CTA row = wg * 64 + warp * 16 + g + 8 * sl.
@@ -263,14 +256,13 @@ __global__ void __launch_bounds__(C::kThreads, 1) FmhaWgmmaKernel(const KernelAr
 
   if (n_tiles > 0) {
     // Prologue: group A = Q + K_0, group B = V_0 + K_1 + the block ids of tile 2.
-    int32_t rows_v[C::kPasses], rows_k[C::kPasses] = {};
-    rows_of(tl.v_begin, rows_v, false);
-    issue(a.k, k_off, rows_v);
+    int32_t row_v = row_of(tl.v_begin, false), row_k = -1;
+    issue(a.k, k_off, row_v);
     gpu::AsyncCommit();
-    issue(a.v, v_off, rows_v);
+    issue(a.v, v_off, row_v);
     if (n_tiles > 1) {
-      rows_of(tl.v_begin + 1, rows_k, false);
-      issue(a.k, k_off + C::kTileBytes, rows_k);
+      row_k = row_of(tl.v_begin + 1, false);
+      issue(a.k, k_off + C::kTileBytes, row_k);
     }
     copy_ids(tl.v_begin + 2);
     gpu::AsyncCommit();
@@ -298,12 +290,11 @@ __global__ void __launch_bounds__(C::kThreads, 1) FmhaWgmmaKernel(const KernelAr
       wgmma::Commit();
       // Copies for iteration i + 1: V_i (rows computed for K_i) and K_{i+1}, into the slots that
       // iteration i - 1 read.
-#pragma unroll
-      for (int x = 0; x < C::kPasses; ++x) rows_v[x] = rows_k[x];
-      issue(a.v, v_off + (i & 1) * C::kTileBytes, rows_v);
+      row_v = row_k;
+      issue(a.v, v_off + (i & 1) * C::kTileBytes, row_v);
       if (i + 1 < n_tiles) {
-        rows_of(v + 1, rows_k, true);
-        issue(a.k, k_off + ((i + 1) & 1) * C::kTileBytes, rows_k);
+        row_k = row_of(v + 1, true);
+        issue(a.k, k_off + ((i + 1) & 1) * C::kTileBytes, row_k);
       }
       copy_ids(v + 2);  // into the slot of tile v - 1, which every thread read last iteration
       gpu::AsyncCommit();
