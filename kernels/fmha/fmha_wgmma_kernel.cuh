@@ -3,18 +3,21 @@
 // portable kernel (fmha_kernel.cuh, whose helpers it uses); what differs is the math engine:
 //
 //   - CTA = 128 packed rows (query token x GQA head, as in the portable kernel) of one (sequence,
-//     KV head), 2 warpgroups x 64 rows; KV tiles of 128 keys.
-//   - Q, K and V live in shared memory in the 128-byte swizzle (wgmma.cuh). S = Q K^T is a
-//     shared x shared wgmma (m64n128k16, 8 k-steps over d = 128); O += P V takes P from registers
-//     (the S accumulators rounded to 16 bits) and V through an MN-major descriptor.
-//   - Software pipeline inside each warpgroup (FlashAttention-3's intra-warpgroup overlap):
-//     iteration i issues S_i = Q K_i and O += P_{i-1} V_{i-1} back to back, waits for S_i only,
-//     and runs the softmax of S_i while the tensor cores still work on P_{i-1} V_{i-1}; then it
-//     waits for O, rescales it, and P_i takes P_{i-1}'s place.
-//   - K and V have separate two-slot rings, filled by cp.async from every thread (the paged gather
-//     goes through the block table row by row, which the tensor-copy engine cannot do for block
-//     sizes under the tile). Iteration i loads K_{i+1} and V_i, one iteration ahead of their use.
-//   - One CTA per SM (161 KB of shared memory at d = 128, up to 255 registers per thread).
+//     KV head); KV tiles of 128 keys. Three warpgroups with their own roles (FlashAttention-3's
+//     warp specialization): warpgroup 0 copies, warpgroups 1 and 2 compute 64 rows each.
+//   - The producer gathers Q once and the K and V tiles (through the block table, row by row,
+//     which the tensor-copy engine cannot do for blocks smaller than the tile) with cp.async into
+//     two-slot K and V rings in the 128-byte swizzle (wgmma.cuh). mbarriers hand slots over: a
+//     "full" barrier completes when the producer's copies of a slot have landed, an "empty"
+//     barrier when both consumers are done reading it. The producer keeps 56 registers, the
+//     consumers take 224 (setmaxnreg).
+//   - Consumers: S = Q K^T is a shared x shared wgmma (m64n128k16); O += P V takes P from
+//     registers (the S accumulators rounded to 16 bits) and V through an MN-major descriptor.
+//     Iteration i issues S_i and P_{i-1} V_{i-1} back to back, waits for S_i only, and runs the
+//     softmax of S_i while the tensor cores still work on P_{i-1} V_{i-1}. The two consumers are
+//     not kept in step: while one runs its softmax, the other's products keep the tensor cores
+//     busy.
+//   - One CTA per SM (161 KB of shared memory at d = 128).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,25 +33,28 @@ template <typename T, int D>
 struct WgmmaCfg {
   using Elem = T;
   static constexpr int kHeadDim = D;
-  static constexpr int kRows = kPrefillRows;  // 2 warpgroups x 64
+  static constexpr int kRows = kPrefillRows;  // 2 consumer warpgroups x 64
   static constexpr int kN = 128;              // keys per KV tile
-  static constexpr int kThreads = 256;
+  static constexpr int kThreads = 384;        // producer + 2 consumer warpgroups
+  // setmaxnreg moves registers within what the CTA got at launch: 384 threads x 168 (the cap
+  // __launch_bounds__(384, 1) implies). Asking for more makes setmaxnreg.inc wait forever (a hang
+  // seen on the H200 with 64 + 2 x 224).
+  static constexpr int kEntryRegs = 168;
+  static constexpr int kProducerRegs = 56;
+  static constexpr int kConsumerRegs = 224;
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * kEntryRegs,
+                "register split exceeds the CTA's allocation");
   static constexpr int kQBytes = kRows * D * 2;
   static constexpr int kTileBytes = kN * D * 2;
-  // Block ids of three tiles (a 128-key tile touches at most 128 / 16 + 1 blocks).
-  static constexpr int kIdSlots = 16;
-  static constexpr int kIdBytes = 3 * kIdSlots * 4;
-  // + a scratch word (wgmma::KeepAbove) + 1024-byte alignment
-  static constexpr int kSmemBytes = kQBytes + 4 * kTileBytes + kIdBytes + 16 + 1024;
-  static constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  // Copies: two threads per row (of a 128-row Q, K or V tile), kChunks / 2 chunks each, so the
-  // row's address (block-table lookup, visibility) is computed once per thread and tile.
-  static constexpr int kThreadChunks = kChunks / 2;
-  static_assert(kThreads == 2 * kN && kN == kRows, "copy mapping: two threads per row");
+  // Barriers: full_k[2], full_v[2], empty_k[2], empty_v[2]; then a scratch word.
+  static constexpr int kBarBytes = 8 * 8 + 16;
+  static constexpr int kSmemBytes = kQBytes + 4 * kTileBytes + kBarBytes + 1024;  // + alignment
+  static constexpr int kChunks = D / 8;              // 16-byte chunks per row
+  static constexpr int kThreadChunks = kChunks / 2;  // a producer thread pair shares a row
   static constexpr int kSAcc = kN / 2;  // S accumulators per thread (64 rows x kN / 128 threads)
   static constexpr int kOAcc = D / 2;   // O accumulators per thread
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
-  static_assert(kRows == 128, "two warpgroups of 64 rows");
+  static_assert(kRows == 128 && kN == 128 && kQBytes == kTileBytes, "copy mapping");
 };
 
 // Byte offset of 16-byte chunk c (of D / 8) of row r in a swizzled tile of `rows` rows.
@@ -56,102 +62,40 @@ __device__ __forceinline__ uint32_t SwizzledChunk(int r, int c, int rows) {
   return static_cast<uint32_t>((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
+// The consumer warpgroups' part of FmhaWgmmaKernel (one branch of its role if/else, as
+// setmaxnreg requires).
+// Shared-memory map (addresses in the shared window): Q, the K ring, the V ring (each [2 slots]
+// [kN][D] swizzled), 8 mbarriers, a scratch word.
 template <class C>
-__global__ void __launch_bounds__(C::kThreads, 1) FmhaWgmmaKernel(const KernelArgs a) {
+struct WgmmaSmem {
+  uint32_t q, k, v, bar;
+  __device__ explicit WgmmaSmem(uint32_t q_addr)
+      : q(q_addr), k(q_addr + C::kQBytes), v(k + 2 * C::kTileBytes), bar(v + 2 * C::kTileBytes) {}
+  __device__ uint32_t full_k(int slot) const { return bar + 8 * slot; }
+  __device__ uint32_t full_v(int slot) const { return bar + 16 + 8 * slot; }
+  __device__ uint32_t empty_k(int slot) const { return bar + 32 + 8 * slot; }
+  __device__ uint32_t empty_v(int slot) const { return bar + 48 + 8 * slot; }
+  __device__ uint32_t scratch() const { return bar + 64; }
+};
+
+template <class C>
+__device__ __forceinline__ void Consume(const KernelArgs& a, const TileList& tl, int n_tiles, int b,
+                                        int kvh, int tile, int split, int row0, int q_begin, int sq,
+                                        int sk, int tid, uint32_t q_addr) {
   using T = typename C::Elem;
   constexpr int D = C::kHeadDim;
   constexpr int kN = C::kN;
   constexpr bool kBf16 = T::kIsBf16;
-  extern __shared__ uint8_t smem_raw[];
-  // 1024-byte aligned for the swizzle; offset from the __shared__ array itself, so the compiler
-  // keeps knowing these are shared-memory addresses (ld.shared, not generic loads).
-  const uint32_t raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
-  uint8_t* smem = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);
-  const uint32_t q_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const uint32_t k_addr = q_addr + C::kQBytes;         // [2 slots][kN][D] swizzled
-  const uint32_t v_addr = k_addr + 2 * C::kTileBytes;  // [2 slots][kN][D] swizzled
-
-  const int tid = threadIdx.x;
+  const WgmmaSmem<C> sm(q_addr);
   const int wg = tid / 128;
-  const int warp = (tid / 32) % 4;  // within the warpgroup
+
+  // ---- Consumers: warpgroup cw (0 or 1) owns CTA rows cw * 64 .. cw * 64 + 63; this thread
+  // holds rows g and g + 8 (slot sl) of its warp's 16: CTA row = row_base + 8 * sl.
+  wgmma::RegAlloc<C::kConsumerRegs>();
+  const int cw = wg - 1;
+  const int warp = (tid / 32) % 4;
   const int g = (tid % 32) / 4, t4 = tid % 4;
-  const int kvh = blockIdx.x / a.num_splits;
-  const int split = blockIdx.x % a.num_splits;
-  const int tile = a.row_tiles - 1 - blockIdx.y;  // heaviest (causal) tiles first
-  const int b = blockIdx.z;
-
-  const int q_begin = a.seqstart_q ? a.seqstart_q[b] : b * a.seqlen_q;
-  const int sq = a.seqstart_q ? a.seqstart_q[b + 1] - q_begin : a.seqlen_q;
-  const int sk = a.seqlen_k[b];
-  const int row0 = tile * C::kRows;
-  if (row0 >= sq * a.group) return;
-  const int tok_first = row0 / a.group;
-  const int tok_last = min(row0 + C::kRows - 1, sq * a.group - 1) / a.group;
-  const TileList tl = MakeTileList(a, tok_first, tok_last, sq, sk, kN, split);
-  const int n_tiles = tl.v_end - tl.v_begin;
-
-  // ---- Copies. Thread tid moves the chunks of parity tid % 2 of row tid / 2 of each tile: a
-  // thread pair reads 32 contiguous bytes (a full sector) per instruction.
-  const int my_row = tid / 2, parity = tid % 2;
-  auto copy_row = [&](uint32_t tile_offset, const uint16_t* src, bool valid) {
-#pragma unroll
-    for (int c = 0; c < C::kThreadChunks; ++c) {
-      const int chunk = 2 * c + parity;
-      gpu::CopyAsync16(smem + tile_offset + SwizzledChunk(my_row, chunk, kN),
-                       valid ? src + chunk * 8 : src, valid);
-    }
-  };
-  {
-    const int rr = row0 + my_row;
-    const int tok = rr / a.group;
-    const bool valid = tok < sq;
-    const size_t src =
-        valid
-            ? (static_cast<size_t>(q_begin + tok) * a.num_q_heads + kvh * a.group + rr % a.group) *
-                  D
-            : 0;
-    copy_row(0, a.q + src, valid);
-  }
-  const int32_t* bt =
-      a.block_table ? a.block_table + static_cast<size_t>(b) * a.max_blocks_per_seq : nullptr;
-  const int cache_row = a.cache_batch_idx ? a.cache_batch_idx[b] : b;
-  // Paged KV: the block ids of list position v + 2 are copied into a shared-memory ring slot
-  // ((v + 2) % 3) during iteration v, with that iteration's KV copies, so the row computation of
-  // the next iteration reads them from shared memory instead of waiting on global loads.
-  int32_t* ids = reinterpret_cast<int32_t*>(smem + C::kQBytes + 4 * C::kTileBytes);  // [3][16]
-  const uint32_t ids_addr = q_addr + C::kQBytes + 4 * C::kTileBytes;
-  auto copy_ids = [&](int v) {
-    if (!bt || tid >= C::kIdSlots || v >= tl.v_end) return;
-    const int bi = tl.TileOf(v) * kN / a.block_size + tid;
-    const bool valid = bi * a.block_size <= tl.max_hi;
-    gpu::CopyAsync4(ids + (v % 3) * C::kIdSlots + tid, bt + (valid ? bi : 0), valid);
-  };
-  // KV row of this thread's key in list position v (-1: not needed, zero-filled); the block id
-  // from the ring (from_ring) or straight from the block table.
-  auto row_of = [&](int v, bool from_ring) -> int32_t {
-    const int t0 = tl.TileOf(v) * kN;
-    const int j = t0 + my_row;
-    if (!(v < tl.v_end && tl.Needed(j))) return -1;
-    if (!bt) return (cache_row * a.cache_seqlen + j) * a.num_kv_heads + kvh;
-    const int bi = a.block_shift >= 0 ? j >> a.block_shift : j / a.block_size;
-    int blk;
-    if (from_ring) {
-      const int b0 = a.block_shift >= 0 ? t0 >> a.block_shift : t0 / a.block_size;
-      blk = ids[(v % 3) * C::kIdSlots + bi - b0];
-    } else {
-      blk = bt[bi];
-    }
-    return (blk * a.num_kv_heads + kvh) * a.block_size + (j - bi * a.block_size);
-  };
-  auto issue = [&](const uint16_t* src, uint32_t tile_offset, int32_t row) {
-    copy_row(tile_offset, src + (row >= 0 ? static_cast<size_t>(row) * D : 0), row >= 0);
-  };
-  const uint32_t k_off = C::kQBytes, v_off = C::kQBytes + 2 * C::kTileBytes;
-  static_assert(C::kQBytes == C::kTileBytes, "Q uses the K/V copy mapping");
-
-  // ---- Per-thread state: rows g and g + 8 (slot sl) of this warp's 16 rows of the warpgroup's
-  // 64; CTA row = wg * 64 + warp * 16 + g + 8 * sl.
-  const int row_base = wg * 64 + warp * 16 + g;
+  const int row_base = cw * 64 + warp * 16 + g;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   float o[C::kOAcc];
 #pragma unroll
@@ -165,8 +109,8 @@ __global__ void __launch_bounds__(C::kThreads, 1) FmhaWgmmaKernel(const KernelAr
 
   // S = Q K^T over the K tile in slot `slot` (issued, not waited).
   auto issue_s = [&](int slot) {
-    const uint32_t qa = q_addr + wg * 64 * 128;
-    const uint32_t kb = k_addr + slot * C::kTileBytes;
+    const uint32_t qa = sm.q + cw * 64 * 128;
+    const uint32_t kb = sm.k + slot * C::kTileBytes;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t col = (kk % 4) * 32;  // the k-slice's byte offset within a panel row
@@ -177,7 +121,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) FmhaWgmmaKernel(const KernelAr
   };
   // O += P V over the V tile in slot `slot` (issued, not waited).
   auto issue_pv = [&](int slot) {
-    const uint32_t vb = v_addr + slot * C::kTileBytes;
+    const uint32_t vb = sm.v + slot * C::kTileBytes;
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
       const uint64_t db = wgmma::Desc(vb + kk * 16 * 128, kN * 128, 1024);
@@ -254,74 +198,53 @@ __global__ void __launch_bounds__(C::kThreads, 1) FmhaWgmmaKernel(const KernelAr
     }
   };
 
+  // Tile i of this split sits in ring slot i % 2; its full / empty barriers complete once per
+  // use of the slot, so use u = i / 2 waits for parity u % 2.
+  auto wait_full = [&](uint32_t barrier, int i) {
+    wgmma::MbarWait(barrier, (i >> 1) & 1);
+    wgmma::ProxyFence();  // cp.async wrote through the generic proxy; wgmma reads async
+  };
   if (n_tiles > 0) {
-    // Prologue: group A = Q + K_0, group B = V_0 + K_1 + the block ids of tile 2.
-    int32_t row_v = row_of(tl.v_begin, false), row_k = -1;
-    issue(a.k, k_off, row_v);
-    gpu::AsyncCommit();
-    issue(a.v, v_off, row_v);
-    if (n_tiles > 1) {
-      row_k = row_of(tl.v_begin + 1, false);
-      issue(a.k, k_off + C::kTileBytes, row_k);
-    }
-    copy_ids(tl.v_begin + 2);
-    gpu::AsyncCommit();
-    gpu::AsyncWait<1>();
-    wgmma::ProxyFence();
-    __syncthreads();
+    wait_full(sm.full_k(0), 0);  // Q and K_0
     wgmma::Fence();
     issue_s(0);
     wgmma::Commit();
     wgmma::Wait<0>();
     wgmma::Pin(s);
+    wgmma::MbarArrive(sm.empty_k(0));
     float alpha[2];
     softmax(tl.v_begin, alpha);  // O is still zero: nothing to rescale
     to_p();
 
     for (int i = 1; i < n_tiles; ++i) {
-      const int v = tl.v_begin + i;
-      gpu::AsyncWait<0>();  // K_i and V_{i-1}
-      wgmma::ProxyFence();
-      __syncthreads();  // ... from every thread; and everyone is done with iteration i - 1
+      wait_full(sm.full_k(i & 1), i);
+      wait_full(sm.full_v((i - 1) & 1), i - 1);
       wgmma::Fence();
       issue_s(i & 1);
       wgmma::Commit();
       issue_pv((i - 1) & 1);
       wgmma::Commit();
-      // Copies for iteration i + 1: V_i (rows computed for K_i) and K_{i+1}, into the slots that
-      // iteration i - 1 read.
-      row_v = row_k;
-      issue(a.v, v_off + (i & 1) * C::kTileBytes, row_v);
-      if (i + 1 < n_tiles) {
-        row_k = row_of(v + 1, true);
-        issue(a.k, k_off + ((i + 1) & 1) * C::kTileBytes, row_k);
-      }
-      copy_ids(v + 2);  // into the slot of tile v - 1, which every thread read last iteration
-      gpu::AsyncCommit();
       wgmma::Wait<1>();  // S_i
       wgmma::Pin(s);
-      softmax(v, alpha);
+      wgmma::MbarArrive(sm.empty_k(i & 1));
+      softmax(tl.v_begin + i, alpha);
       // The softmax must stay above this wait, or it does not overlap P_{i-1} V_{i-1}.
-      wgmma::KeepAbove(l_run[0] + l_run[1], ids_addr + C::kIdBytes);
+      wgmma::KeepAbove(l_run[0] + l_run[1], sm.scratch());
       wgmma::Wait<0>();  // O += P_{i-1} V_{i-1}
       wgmma::Pin(o);
 #pragma unroll
       for (int kk = 0; kk < kN / 16; ++kk) wgmma::Pin(p[kk]);
+      wgmma::MbarArrive(sm.empty_v((i - 1) & 1));
 #pragma unroll
       for (int x = 0; x < C::kOAcc; ++x) o[x] *= alpha[(x >> 1) & 1];
       to_p();
     }
-    gpu::AsyncWait<0>();  // V of the last tile
-    wgmma::ProxyFence();
-    __syncthreads();
+    wait_full(sm.full_v((n_tiles - 1) & 1), n_tiles - 1);
     wgmma::Fence();
     issue_pv((n_tiles - 1) & 1);
     wgmma::Commit();
     wgmma::Wait<0>();
     wgmma::Pin(o);
-  } else {
-    gpu::AsyncCommit();
-    gpu::AsyncWait<0>();  // the Q copies (unused) finish before the CTA exits
   }
 
   // ---- Epilogue: each lane summed only its own columns.
@@ -336,6 +259,110 @@ __global__ void __launch_bounds__(C::kThreads, 1) FmhaWgmmaKernel(const KernelAr
       writer.Emit(row_base + 8 * sl, 8 * j + 2 * t4, o[4 * j + 2 * sl] * factor,
                   o[4 * j + 2 * sl + 1] * factor, lse, j == 0 && t4 == 0);
     }
+  }
+}
+
+template <class C>
+__global__ void __launch_bounds__(C::kThreads, 1) FmhaWgmmaKernel(const KernelArgs a) {
+  constexpr int D = C::kHeadDim;
+  constexpr int kN = C::kN;
+  extern __shared__ uint8_t smem_raw[];
+  // 1024-byte aligned for the swizzle; offset from the __shared__ array itself, so the compiler
+  // keeps knowing these are shared-memory addresses.
+  const uint32_t raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  uint8_t* smem = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);
+  const uint32_t q_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const WgmmaSmem<C> sm(q_addr);
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int kvh = blockIdx.x / a.num_splits;
+  const int split = blockIdx.x % a.num_splits;
+  const int tile = a.row_tiles - 1 - blockIdx.y;  // heaviest (causal) tiles first
+  const int b = blockIdx.z;
+
+  const int q_begin = a.seqstart_q ? a.seqstart_q[b] : b * a.seqlen_q;
+  const int sq = a.seqstart_q ? a.seqstart_q[b + 1] - q_begin : a.seqlen_q;
+  const int sk = a.seqlen_k[b];
+  const int row0 = tile * C::kRows;
+  if (row0 >= sq * a.group) return;
+  const int tok_first = row0 / a.group;
+  const int tok_last = min(row0 + C::kRows - 1, sq * a.group - 1) / a.group;
+  const TileList tl = MakeTileList(a, tok_first, tok_last, sq, sk, kN, split);
+  const int n_tiles = tl.v_end - tl.v_begin;
+
+  if (tid == 0) {
+    for (int slot = 0; slot < 2; ++slot) {
+      wgmma::MbarInit(sm.full_k(slot), 128);  // one arrival per producer thread
+      wgmma::MbarInit(sm.full_v(slot), 128);
+      wgmma::MbarInit(sm.empty_k(slot), 256);  // one per consumer thread
+      wgmma::MbarInit(sm.empty_v(slot), 256);
+    }
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- Producer. Thread t copies the chunks of parity t % 2 of rows t / 2 and t / 2 + 64 of
+    // each tile: a thread pair reads 32 contiguous bytes (a full sector) per instruction.
+    wgmma::RegDealloc<C::kProducerRegs>();
+    if (n_tiles == 0) return;
+    const int parity = tid % 2;
+    // Chunks 2c + parity of row r of the tile at shared address `dst` (zeros when !valid). Rows
+    // r and r + 64 share r % 8, so the swizzle term of each chunk is fixed per thread.
+    const uint32_t r7 = (tid / 2) & 7;
+    auto copy_row = [&](uint32_t dst, int r, const uint16_t* src, bool valid) {
+      dst += r * 128;
+#pragma unroll
+      for (int c = 0; c < C::kThreadChunks; ++c) {
+        const int chunk = 2 * c + parity;
+        const uint32_t at = dst + (chunk >> 3) * kN * 128 + (((chunk & 7) ^ r7) << 4);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(at),
+                     "l"(valid ? src + chunk * 8 : src), "r"(valid ? 16 : 0));
+      }
+    };
+    for (int h = 0; h < 2; ++h) {
+      const int r = tid / 2 + 64 * h;
+      const int rr = row0 + r;
+      const int tok = rr / a.group;
+      const bool valid = tok < sq;
+      const size_t src = valid ? (static_cast<size_t>(q_begin + tok) * a.num_q_heads +
+                                  kvh * a.group + rr % a.group) *
+                                     D
+                               : 0;
+      copy_row(sm.q, r, a.q + src, valid);
+    }
+    const int32_t* bt =
+        a.block_table ? a.block_table + static_cast<size_t>(b) * a.max_blocks_per_seq : nullptr;
+    const int cache_row = a.cache_batch_idx ? a.cache_batch_idx[b] : b;
+    // KV row of key j (-1: no row of the CTA sees it; zero-filled instead of read).
+    auto row_of = [&](int j) -> int32_t {
+      if (!tl.Needed(j)) return -1;
+      if (!bt) return (cache_row * a.cache_seqlen + j) * a.num_kv_heads + kvh;
+      const int bi = a.block_shift >= 0 ? j >> a.block_shift : j / a.block_size;
+      return (bt[bi] * a.num_kv_heads + kvh) * a.block_size + (j - bi * a.block_size);
+    };
+    for (int i = 0; i < n_tiles; ++i) {
+      const int slot = i & 1;
+      const int t0 = tl.TileOf(tl.v_begin + i) * kN;
+      int32_t rows[2];
+      for (int h = 0; h < 2; ++h) rows[h] = row_of(t0 + tid / 2 + 64 * h);
+      // Slot reuse: wait until both consumers are done with tile i - 2.
+      if (i >= 2) wgmma::MbarWait(sm.empty_k(slot), ((i >> 1) - 1) & 1);
+      for (int h = 0; h < 2; ++h) {
+        copy_row(sm.k + slot * C::kTileBytes, tid / 2 + 64 * h,
+                 a.k + (rows[h] >= 0 ? static_cast<size_t>(rows[h]) * D : 0), rows[h] >= 0);
+      }
+      wgmma::MbarArriveOnCopies(sm.full_k(slot));  // the first phase also covers Q
+      if (i >= 2) wgmma::MbarWait(sm.empty_v(slot), ((i >> 1) - 1) & 1);
+      for (int h = 0; h < 2; ++h) {
+        copy_row(sm.v + slot * C::kTileBytes, tid / 2 + 64 * h,
+                 a.v + (rows[h] >= 0 ? static_cast<size_t>(rows[h]) * D : 0), rows[h] >= 0);
+      }
+      wgmma::MbarArriveOnCopies(sm.full_v(slot));
+    }
+    gpu::AsyncWait<0>();  // nothing in flight when the thread exits
+  } else {
+    Consume<C>(a, tl, n_tiles, b, kvh, tile, split, row0, q_begin, sq, sk, tid, q_addr);
   }
 }
 

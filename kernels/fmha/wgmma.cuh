@@ -60,6 +60,42 @@ __device__ __forceinline__ void Pin(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
+// ---- mbarriers (shared-memory arrive/wait barriers) and warpgroup register reallocation.
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar)
+               : "memory");
+}
+// One arrival on `bar` once every cp.async this thread issued so far has landed (counted in the
+// barrier's initial count: .noinc).
+__device__ __forceinline__ void MbarArriveOnCopies(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits for the completion of the barrier phase with this parity (0 for its first phase, then
+// alternating).
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// Register file split between warpgroup roles (needs a register cap at kernel entry).
+template <int N>
+__device__ __forceinline__ void RegAlloc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void RegDealloc() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
 // ptxas hoists a wgmma wait above independent arithmetic (seen in the FMHA kernel: the softmax
 // of S_i moved below the wait for P_{i-1} V_{i-1}, and the two no longer overlapped). A shared
 // store that depends on `x` (a result of that arithmetic) and is never executed (x >= 0 always)
