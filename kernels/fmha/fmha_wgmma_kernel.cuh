@@ -235,8 +235,11 @@ __device__ __forceinline__ void Consume(const KernelArgs& a, const TileList& tl,
 #pragma unroll
       for (int kk = 0; kk < kN / 16; ++kk) wgmma::Pin(p[kk]);
       wgmma::MbarArrive(sm.empty_v((i - 1) & 1));
+      // Rescale O unless no row maximum of the warp moved (common late in long rows).
+      if (!gpu::WarpAll(alpha[0] == 1.f && alpha[1] == 1.f)) {
 #pragma unroll
-      for (int x = 0; x < C::kOAcc; ++x) o[x] *= alpha[(x >> 1) & 1];
+        for (int x = 0; x < C::kOAcc; ++x) o[x] *= alpha[(x >> 1) & 1];
+      }
       to_p();
     }
     wait_full(sm.full_v((n_tiles - 1) & 1), n_tiles - 1);
