@@ -62,8 +62,6 @@ __device__ __forceinline__ uint32_t SwizzledChunk(int r, int c, int rows) {
   return static_cast<uint32_t>((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
-// The consumer warpgroups' part of FmhaWgmmaKernel (one branch of its role if/else, as
-// setmaxnreg requires).
 // Shared-memory map (addresses in the shared window): Q, the K ring, the V ring (each [2 slots]
 // [kN][D] swizzled), 8 mbarriers, a scratch word.
 template <class C>
@@ -78,6 +76,8 @@ struct WgmmaSmem {
   __device__ uint32_t scratch() const { return bar + 64; }
 };
 
+// The consumer warpgroups' part of FmhaWgmmaKernel (one branch of its role if/else, as
+// setmaxnreg requires).
 template <class C>
 __device__ __forceinline__ void Consume(const KernelArgs& a, const TileList& tl, int n_tiles, int b,
                                         int kvh, int tile, int split, int row0, int q_begin, int sq,
@@ -136,7 +136,7 @@ __device__ __forceinline__ void Consume(const KernelArgs& a, const TileList& tl,
   // running max and sum; alpha = the factor O needs. Runs between the wait for S and the wait for
   // the P V product, like FlashAttention-3: writing S there is fine for ptxas, whereas writing
   // the registers P V reads (P itself) would serialize every wgmma (C7513), so P is packed from s
-  // only after O is complete (ToP).
+  // only after O is complete (to_p).
   auto softmax = [&](int v, float(&alpha)[2]) {
     const int key0 = tl.TileOf(v) * kN;
     if (a.has_softcap) {
