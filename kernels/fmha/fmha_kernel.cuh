@@ -195,6 +195,49 @@ __device__ __forceinline__ TileList MakeTileList(const KernelArgs& a, int tok_fi
   return t;
 }
 
+// What one CTA of a forward kernel works on. Grid: (kv_heads x splits, row tiles, batch), row
+// tiles in reverse so the heaviest causal tiles start first. `past_end`: the tile lies past this
+// sequence's rows (group mode sizes the grid by max_seqlen_q); the CTA has nothing to do.
+struct CtaWork {
+  int kvh, split, tile, b;
+  int q_begin, sq, sk;  // first query row of the sequence, its query rows, its keys
+  int row0;             // first packed row of the tile
+  bool past_end;
+  TileList tl;
+};
+
+__device__ __forceinline__ CtaWork MakeCtaWork(const KernelArgs& a, int rows, int kN) {
+  CtaWork w;
+  w.kvh = blockIdx.x / a.num_splits;
+  w.split = blockIdx.x % a.num_splits;
+  w.tile = a.row_tiles - 1 - blockIdx.y;
+  w.b = blockIdx.z;
+  w.q_begin = a.seqstart_q ? a.seqstart_q[w.b] : w.b * a.seqlen_q;
+  w.sq = a.seqstart_q ? a.seqstart_q[w.b + 1] - w.q_begin : a.seqlen_q;
+  w.sk = a.seqlen_k[w.b];
+  w.row0 = w.tile * rows;
+  w.past_end = w.row0 >= w.sq * a.group;
+  if (!w.past_end) {
+    const int tok_first = w.row0 / a.group;
+    const int tok_last = min(w.row0 + rows - 1, w.sq * a.group - 1) / a.group;
+    w.tl = MakeTileList(a, tok_first, tok_last, w.sq, w.sk, kN, w.split);
+  }
+  return w;
+}
+
+// Element offset of packed row rr's query vector (token rr / group, query head
+// kvh * group + rr % group, head_dim D); 0 with valid = false past the sequence's rows.
+template <int D>
+__device__ __forceinline__ size_t QueryRowOffset(const KernelArgs& a, const CtaWork& w, int rr,
+                                                 bool* valid) {
+  const int tok = rr / a.group;
+  *valid = tok < w.sq;
+  return *valid ? (static_cast<size_t>(w.q_begin + tok) * a.num_q_heads + w.kvh * a.group +
+                   rr % a.group) *
+                      D
+                : 0;
+}
+
 // KV row (element offset / head_dim) of key j of KV head kvh: paged through block id `blk`, or
 // contiguous in cache row `cache_row`.
 __device__ __forceinline__ int64_t PagedKvRow(const KernelArgs& a, int blk, int kvh, int j) {
@@ -277,20 +320,11 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) FmhaFwdKernel(cons
   const int tid = threadIdx.x;
   const int warp = gpu::WarpId();
   const int rw = warp / C::kTokW, tw = warp % C::kTokW;
-  const int kvh = blockIdx.x / a.num_splits;
-  const int split = blockIdx.x % a.num_splits;
-  const int tile = a.row_tiles - 1 - blockIdx.y;  // heaviest (causal) tiles first
-  const int b = blockIdx.z;
-
-  const int q_begin = a.seqstart_q ? a.seqstart_q[b] : b * a.seqlen_q;
-  const int sq = a.seqstart_q ? a.seqstart_q[b + 1] - q_begin : a.seqlen_q;
-  const int sk = a.seqlen_k[b];
-  const int row0 = tile * C::kRows;  // first packed row of the tile
-  if (row0 >= sq * a.group) return;  // tile past this sequence (group mode, max_seqlen_q grid)
-  const int tok_first = row0 / a.group;
-  const int tok_last = min(row0 + C::kRows - 1, sq * a.group - 1) / a.group;
-
-  const TileList tl = MakeTileList(a, tok_first, tok_last, sq, sk, kN, split);
+  const CtaWork work = MakeCtaWork(a, C::kRows, kN);
+  if (work.past_end) return;
+  const int kvh = work.kvh, split = work.split, tile = work.tile, b = work.b;
+  const int q_begin = work.q_begin, sq = work.sq, sk = work.sk, row0 = work.row0;
+  const TileList& tl = work.tl;
   const int v_begin = tl.v_begin, v_end = tl.v_end;
 
   // ---- Q tile -> shared memory (zero rows past the sequence).
@@ -298,12 +332,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) FmhaFwdKernel(cons
     const uint16_t* q = a.q;
     for (int idx = tid; idx < C::kRows * C::kCopyChunks; idx += C::kThreads) {
       const int r = idx / C::kCopyChunks, c = idx % C::kCopyChunks;
-      const int rr = row0 + r;
-      const int tok = rr / a.group;
-      const bool valid = tok < sq;
-      const int head = kvh * a.group + rr % a.group;
-      const size_t src =
-          valid ? (static_cast<size_t>(q_begin + tok) * a.num_q_heads + head) * D : 0;
+      bool valid;
+      const size_t src = QueryRowOffset<D>(a, work, row0 + r, &valid);
       gpu::CopyAsync16(q_smem + r * kLd + c * 8, q + src + c * 8, valid);
     }
     gpu::AsyncCommit();

@@ -79,15 +79,17 @@ struct WgmmaSmem {
 // The consumer warpgroups' part of FmhaWgmmaKernel (one branch of its role if/else, as
 // setmaxnreg requires).
 template <class C>
-__device__ __forceinline__ void Consume(const KernelArgs& a, const TileList& tl, int n_tiles, int b,
-                                        int kvh, int tile, int split, int row0, int q_begin, int sq,
-                                        int sk, int tid, uint32_t q_addr) {
+__device__ __forceinline__ void Consume(const KernelArgs& a, const CtaWork& work, int tid,
+                                        uint32_t q_addr) {
   using T = typename C::Elem;
   constexpr int D = C::kHeadDim;
   constexpr int kN = C::kN;
   constexpr bool kBf16 = T::kIsBf16;
   const WgmmaSmem<C> sm(q_addr);
   const int wg = tid / 128;
+  const TileList& tl = work.tl;
+  const int n_tiles = tl.v_end - tl.v_begin;
+  const int kvh = work.kvh, row0 = work.row0, sq = work.sq, sk = work.sk;
 
   // ---- Consumers: warpgroup cw (0 or 1) owns CTA rows cw * 64 .. cw * 64 + 63; this thread
   // holds rows g and g + 8 (slot sl) of its warp's 16: CTA row = row_base + 8 * sl.
@@ -251,7 +253,8 @@ __device__ __forceinline__ void Consume(const KernelArgs& a, const TileList& tl,
   }
 
   // ---- Epilogue: each lane summed only its own columns.
-  const OutputWriter<T, D, C::kRows> writer(a, b, kvh, tile, split, row0, q_begin, sq);
+  const OutputWriter<T, D, C::kRows> writer(a, work.b, kvh, work.tile, work.split, row0,
+                                            work.q_begin, sq);
 #pragma unroll
   for (int sl = 0; sl < 2; ++sl) {
     const float l = gpu::RowSum(l_run[sl]);
@@ -279,19 +282,9 @@ __global__ void __launch_bounds__(C::kThreads, 1) FmhaWgmmaKernel(const KernelAr
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
-  const int kvh = blockIdx.x / a.num_splits;
-  const int split = blockIdx.x % a.num_splits;
-  const int tile = a.row_tiles - 1 - blockIdx.y;  // heaviest (causal) tiles first
-  const int b = blockIdx.z;
-
-  const int q_begin = a.seqstart_q ? a.seqstart_q[b] : b * a.seqlen_q;
-  const int sq = a.seqstart_q ? a.seqstart_q[b + 1] - q_begin : a.seqlen_q;
-  const int sk = a.seqlen_k[b];
-  const int row0 = tile * C::kRows;
-  if (row0 >= sq * a.group) return;
-  const int tok_first = row0 / a.group;
-  const int tok_last = min(row0 + C::kRows - 1, sq * a.group - 1) / a.group;
-  const TileList tl = MakeTileList(a, tok_first, tok_last, sq, sk, kN, split);
+  const CtaWork work = MakeCtaWork(a, C::kRows, kN);
+  if (work.past_end) return;
+  const TileList& tl = work.tl;
   const int n_tiles = tl.v_end - tl.v_begin;
 
   if (tid == 0) {
@@ -325,24 +318,20 @@ __global__ void __launch_bounds__(C::kThreads, 1) FmhaWgmmaKernel(const KernelAr
     };
     for (int h = 0; h < 2; ++h) {
       const int r = tid / 2 + 64 * h;
-      const int rr = row0 + r;
-      const int tok = rr / a.group;
-      const bool valid = tok < sq;
-      const size_t src = valid ? (static_cast<size_t>(q_begin + tok) * a.num_q_heads +
-                                  kvh * a.group + rr % a.group) *
-                                     D
-                               : 0;
+      bool valid;
+      const size_t src = QueryRowOffset<D>(a, work, work.row0 + r, &valid);
       copy_row(sm.q, r, a.q + src, valid);
     }
-    const int32_t* bt =
-        a.block_table ? a.block_table + static_cast<size_t>(b) * a.max_blocks_per_seq : nullptr;
-    const int cache_row = a.cache_batch_idx ? a.cache_batch_idx[b] : b;
+    const int32_t* bt = a.block_table
+                            ? a.block_table + static_cast<size_t>(work.b) * a.max_blocks_per_seq
+                            : nullptr;
+    const int cache_row = a.cache_batch_idx ? a.cache_batch_idx[work.b] : work.b;
     // KV row of key j (-1: no row of the CTA sees it; zero-filled instead of read).
     auto row_of = [&](int j) -> int32_t {
       if (!tl.Needed(j)) return -1;
-      if (!bt) return (cache_row * a.cache_seqlen + j) * a.num_kv_heads + kvh;
+      if (!bt) return (cache_row * a.cache_seqlen + j) * a.num_kv_heads + work.kvh;
       const int bi = a.block_shift >= 0 ? j >> a.block_shift : j / a.block_size;
-      return (bt[bi] * a.num_kv_heads + kvh) * a.block_size + (j - bi * a.block_size);
+      return (bt[bi] * a.num_kv_heads + work.kvh) * a.block_size + (j - bi * a.block_size);
     };
     for (int i = 0; i < n_tiles; ++i) {
       const int slot = i & 1;
@@ -365,7 +354,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) FmhaWgmmaKernel(const KernelAr
     }
     gpu::AsyncWait<0>();  // nothing in flight when the thread exits
   } else {
-    Consume<C>(a, tl, n_tiles, b, kvh, tile, split, row0, q_begin, sq, sk, tid, q_addr);
+    Consume<C>(a, work, tid, q_addr);
   }
 }
 
