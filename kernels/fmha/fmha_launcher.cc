@@ -113,8 +113,17 @@ int AutoSplits(const FmhaParams& p, Layout layout, int row_tiles) {
 
 bool FmhaWgmmaAvailable() {
 #if LLM_FMHA_WGMMA
-  int major = 0, minor = 0;
-  return fmha::QueryArch(&major, &minor) == nullptr && major == 9 && minor == 0;
+  // Asked on every launch (and twice for automatic splits): the answer is cached per device.
+  thread_local int cached_dev = -1;
+  thread_local bool cached = false;
+  int dev = 0;
+  if (fmha::CurrentDeviceIndex(&dev) != nullptr) return false;
+  if (dev != cached_dev) {
+    int major = 0, minor = 0;
+    cached = fmha::QueryArch(&major, &minor) == nullptr && major == 9 && minor == 0;
+    cached_dev = dev;
+  }
+  return cached;
 #else
   return false;
 #endif
