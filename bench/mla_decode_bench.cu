@@ -72,10 +72,11 @@ struct Shape {
   const char* name;
   int heads, batch, kv_len;
   MlaCacheType cache;
+  llm::cuda::MlaKernel kernel = llm::cuda::MlaKernel::kAuto;
 };
 
 struct Result {
-  std::string name;
+  std::string name, impl;
   int heads, batch, kv_len;
   const char* cache;
   double median_us, min_us, tflops, cache_tbps, floor_us;
@@ -129,7 +130,8 @@ Result RunShape(const Shape& s, int iters, double bw_tbps, double peak_tflops) {
       const int last = s.kv_len - 1;
       b.slot_mapping.push_back(b.page_indices[b.page_indptr[i] + last / kBs] * kBs + last % kBs);
     }
-    attn.push_back(std::make_unique<MlaDecode>(llm::cuda::MlaDecodeShape{s.heads, kBs, s.cache}));
+    attn.push_back(
+        std::make_unique<MlaDecode>(llm::cuda::MlaDecodeShape{s.heads, kBs, s.cache, s.kernel}));
     llm::cuda::MlaPlanConfig pc;
     pc.num_sms = llm::cuda::CudaNumSms();
     attn.back()->ctas_per_sm(pc.ctas_per_sm);
@@ -192,7 +194,13 @@ Result RunShape(const Shape& s, int iters, double bw_tbps, double peak_tflops) {
   const double med_s = ms[iters / 2] * 1e-3, min_s = ms[0] * 1e-3;
   const double flops = 2.0 * s.batch * s.heads * double(s.kv_len) * (kL + kC);
   const double bytes = double(s.batch) * s.kv_len * kL * esize;
+  const char* impl =
+      s.kernel == llm::cuda::MlaKernel::kPortable ? "cuda_mla_portable"
+      : attn[0]->uses_wgmma() && s.heads >= llm::cuda::kMlaMaxRows  // 1 token per sequence
+          ? "cuda_mla_wgmma"
+          : "cuda_mla";
   Result r{s.name,
+           impl,
            s.heads,
            s.batch,
            s.kv_len,
@@ -203,10 +211,10 @@ Result RunShape(const Shape& s, int iters, double bw_tbps, double peak_tflops) {
            bytes / med_s * 1e-12,
            std::max(bytes / (bw_tbps * 1e12), flops / (peak_tflops * 1e12)) * 1e6};
   std::printf(
-      "%-18s heads=%3d batch=%3d L=%d %-4s copies=%d splits=%d: median %.1f us (min %.1f)"
+      "%-18s %-17s heads=%3d batch=%3d L=%d %-4s copies=%d splits=%d: median %.1f us (min %.1f)"
       "  %.1f TFLOP/s  %.2f TB/s  floor %.1f us (%.0f%% of floor speed)\n",
-      r.name.c_str(), s.heads, s.batch, s.kv_len, r.cache, copies, splits, r.median_us, r.min_us,
-      r.tflops, r.cache_tbps, r.floor_us, 100.0 * r.floor_us / r.median_us);
+      r.name.c_str(), r.impl.c_str(), s.heads, s.batch, s.kv_len, r.cache, copies, splits,
+      r.median_us, r.min_us, r.tflops, r.cache_tbps, r.floor_us, 100.0 * r.floor_us / r.median_us);
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   attn.clear();
@@ -233,12 +241,17 @@ int main(int argc, char** argv) {
     std::printf("no CUDA device\n");
     return 77;
   }
+  using llm::cuda::MlaKernel;
+  // kAuto is the sm_90a kernel for 64-row items over bf16 on an H100/H200; the portable rows
+  // measure the sm_120 design on the same GPU.
   const Shape shapes[] = {
       {"h128_b128_compute", 128, 128, 4096, MlaCacheType::kBf16},
+      {"h128_b128_compute", 128, 128, 4096, MlaCacheType::kBf16, MlaKernel::kPortable},
       {"h128_b128_compute", 128, 128, 4096, MlaCacheType::kFp8E4M3},
       {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kBf16},
       {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kFp8E4M3},
       {"h128_b1_latency", 128, 1, 4096, MlaCacheType::kBf16},
+      {"h128_b1_latency", 128, 1, 4096, MlaCacheType::kBf16, MlaKernel::kPortable},
       {"h128_b1_latency", 128, 1, 4096, MlaCacheType::kFp8E4M3},
   };
   std::vector<Result> results;
@@ -251,10 +264,10 @@ int main(int argc, char** argv) {
   std::printf("\n# MLA decode, median of %d (floor: %.2f TB/s, %.0f TFLOP/s)\n", iters, bw, tflops);
   for (const Result& r : results) {
     std::printf(
-        "MLA_BENCH impl=cuda_mla shape=%s heads=%d batch=%d kv_len=%d cache=%s "
+        "MLA_BENCH impl=%s shape=%s heads=%d batch=%d kv_len=%d cache=%s "
         "median_us=%.2f min_us=%.2f tflops=%.1f cache_tbps=%.3f floor_us=%.2f\n",
-        r.name.c_str(), r.heads, r.batch, r.kv_len, r.cache, r.median_us, r.min_us, r.tflops,
-        r.cache_tbps, r.floor_us);
+        r.impl.c_str(), r.name.c_str(), r.heads, r.batch, r.kv_len, r.cache, r.median_us, r.min_us,
+        r.tflops, r.cache_tbps, r.floor_us);
   }
   return 0;
 }

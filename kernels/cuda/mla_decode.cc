@@ -93,7 +93,47 @@ MlaPlan BuildMlaPlan(const MlaDecodeShape& shape, const AttentionBatch& batch,
   return plan;
 }
 
+bool MlaWgmmaAvailable() {
+#if LLM_MLA_WGMMA
+  thread_local int cached_dev = -1;
+  thread_local bool cached = false;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (dev != cached_dev) {
+    int major = 0, minor = 0;
+    cached =
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+        major == 9 && minor == 0;
+    cached_dev = dev;
+  }
+  return cached;
+#else
+  return false;
+#endif
+}
+
 MlaDecode::MlaDecode(const MlaDecodeShape& shape) : shape_(shape) {}
+
+bool MlaDecode::uses_wgmma() const {
+  if (shape_.cache != MlaCacheType::kBf16 || shape_.kernel == MlaKernel::kPortable) return false;
+  return MlaWgmmaAvailable();
+}
+
+namespace {
+Status CheckKernelChoice(const MlaDecodeShape& shape) {
+  if (shape.kernel != MlaKernel::kWgmma) return Status::Ok();
+  if (shape.cache != MlaCacheType::kBf16) {
+    return InvalidArgument("MLA decode: the wgmma kernel reads a bf16 cache only");
+  }
+  if (!MlaWgmmaAvailable()) {
+    return InvalidArgument(
+        "MLA decode: the wgmma kernel needs a compute capability 9.0 device and a build that "
+        "includes sm_90a");
+  }
+  return Status::Ok();
+}
+}  // namespace
 
 MlaDecode::~MlaDecode() {
   if (d_ints_) cudaFree(d_ints_);
@@ -105,6 +145,9 @@ void MlaDecode::ctas_per_sm(int out[kMlaNumRowVariants]) const {
     out[v] = shape_.cache == MlaCacheType::kBf16 ? mla::AttendCtasPerSmBf16(kMlaVariantRows[v])
                                                  : mla::AttendCtasPerSmFp8(kMlaVariantRows[v]);
   }
+#if LLM_MLA_WGMMA
+  if (uses_wgmma()) out[kMlaNumRowVariants - 1] = mla::AttendCtasPerSmBf16Wgmma();
+#endif
 }
 
 Status MlaDecode::Upload(const AttentionBatch& batch, const MlaPlan& plan, void* stream) {
@@ -112,6 +155,7 @@ Status MlaDecode::Upload(const AttentionBatch& batch, const MlaPlan& plan, void*
   if (shape_.num_heads <= 0 || shape_.block_size <= 0) {
     return InvalidArgument("MLA decode needs num_heads > 0 and block_size > 0");
   }
+  LLM_RETURN_IF_ERROR(CheckKernelChoice(shape_));
   num_tokens_ = batch.num_tokens;
   for (int v = 0; v < kMlaNumRowVariants; ++v) {
     num_items_[v] = static_cast<int>(plan.items[v].size());
@@ -175,6 +219,8 @@ Status MlaDecode::Attend(const LayerArgs& args, void* stream) {
   if (fp8 && !(args.cache_scale > 0.f && std::isfinite(args.cache_scale))) {
     return InvalidArgument("MLA fp8 cache needs a positive finite cache_scale");
   }
+  LLM_RETURN_IF_ERROR(CheckKernelChoice(shape_));
+  const bool wgmma = uses_wgmma();
   const auto* ints = static_cast<const int32_t*>(d_ints_);
   float* partial_o = static_cast<float*>(d_partial_);
   float* partial_lse = partial_o + static_cast<size_t>(num_partials_) * kMlaMaxRows * kMlaLatentDim;
@@ -198,6 +244,10 @@ Status MlaDecode::Attend(const LayerArgs& args, void* stream) {
     a.num_items = num_items_[v];
     if (fp8) {
       mla::LaunchAttendFp8(a, kMlaVariantRows[v], stream);
+    } else if (wgmma && kMlaVariantRows[v] == kMlaMaxRows) {
+#if LLM_MLA_WGMMA
+      mla::LaunchAttendBf16Wgmma(a, stream);
+#endif
     } else {
       mla::LaunchAttendBf16(a, kMlaVariantRows[v], stream);
     }

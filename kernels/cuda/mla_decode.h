@@ -23,11 +23,21 @@ constexpr int kMlaLatentDim = 512;  // kv_lora_rank: q_latent, PV and output wid
 constexpr int kMlaRopeDim = 64;
 constexpr int kMlaCacheDim = kMlaLatentDim + kMlaRopeDim;  // QK width, cached row width
 
+// Which kernel runs the 64-row items: the portable one (mma.sync, the sm_120 design, every
+// architecture) or the sm_90a warpgroup-MMA one (bf16 cache, compute capability 9.0, a build that
+// includes sm_90a). kAuto takes wgmma wherever it can run; 16- and 32-row items and the fp8 cache
+// always use the portable kernel.
+enum class MlaKernel { kAuto, kPortable, kWgmma };
+
 struct MlaDecodeShape {
   int num_heads = 0;  // query heads; every head reads the one latent per token
   int block_size = 64;
   MlaCacheType cache = MlaCacheType::kBf16;
+  MlaKernel kernel = MlaKernel::kAuto;
 };
+
+// Whether the current device can run the sm_90a MLA kernel (cached per device).
+bool MlaWgmmaAvailable();
 
 // One CTA's work: the rows q_len x num_heads of one sequence (row r = token q_start + r /
 // num_heads, head head_start + r % num_heads) against cache positions [kv_start, kv_end).
@@ -106,6 +116,8 @@ class MlaDecode {
   Status Attend(const LayerArgs& args, void* stream);
 
   const MlaDecodeShape& shape() const { return shape_; }
+  // Whether 64-row items run on the sm_90a kernel (the shape's choice on this device).
+  bool uses_wgmma() const;
   // Resident CTAs per SM of each row variant on the current device, for MlaPlanConfig.
   void ctas_per_sm(int out[kMlaNumRowVariants]) const;
 

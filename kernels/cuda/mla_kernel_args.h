@@ -49,6 +49,10 @@ void LaunchAttendBf16(const AttendArgs& a, int rows, void* stream);
 void LaunchAttendFp8(const AttendArgs& a, int rows, void* stream);
 int AttendCtasPerSmBf16(int rows);
 int AttendCtasPerSmFp8(int rows);
+// The sm_90a warpgroup-MMA kernel for 64-row items over a bf16 cache (mla_decode_wgmma.cu; linked
+// only when the build includes sm_90a: LLM_MLA_WGMMA).
+void LaunchAttendBf16Wgmma(const AttendArgs& a, void* stream);
+int AttendCtasPerSmBf16Wgmma();
 void LaunchMerge(const MergeArgs& a, void* stream);
 void LaunchAppend(const AppendArgs& a, MlaCacheType cache, void* stream);
 

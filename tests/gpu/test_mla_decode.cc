@@ -54,6 +54,7 @@ struct MlaCase {
   float softmax_scale = 0.0721688f;       // 1 / sqrt(192), DeepSeek's q/k head dim
   Path path = Path::kDirect;
   int block_size = 64;
+  MlaKernel kernel = MlaKernel::kAuto;
 };
 
 std::string Name(const MlaCase& c) {
@@ -61,7 +62,8 @@ std::string Name(const MlaCase& c) {
   std::string s = std::string(c.cache == MlaCacheType::kBf16 ? "bf16" : "fp8") +
                   " heads=" + std::to_string(c.heads) + " " + split[static_cast<int>(c.split)] +
                   " scale=" + std::to_string(c.softmax_scale) +
-                  (c.path == Path::kRegistry ? " via registry" : "") + " seqs(q,kv)=";
+                  (c.path == Path::kRegistry ? " via registry" : "") +
+                  (c.kernel == MlaKernel::kPortable ? " portable kernel" : "") + " seqs(q,kv)=";
   for (auto [q, kv] : c.seqs) s += "(" + std::to_string(q) + "," + std::to_string(kv) + ")";
   return s;
 }
@@ -95,7 +97,7 @@ int DeviceArch() {
 }
 
 // Runs one case; returns the number of split-KV partials the plan used (-1 via the registry).
-int RunCase(const MlaCase& c, std::mt19937& rng) {
+int RunCaseOnce(const MlaCase& c, std::mt19937& rng) {
   INFO(Name(c));
   const int H = c.heads, bs = c.block_size;
   const bool fp8 = c.cache == MlaCacheType::kFp8E4M3;
@@ -170,7 +172,8 @@ int RunCase(const MlaCase& c, std::mt19937& rng) {
 
   int num_partials = -1;
   if (c.path == Path::kDirect) {
-    MlaDecode attn(MlaDecodeShape{H, bs, c.cache});
+    MlaDecode attn(MlaDecodeShape{H, bs, c.cache, c.kernel});
+    INFO("64-row items on the wgmma kernel: " << attn.uses_wgmma());
     MlaPlanConfig pc;
     pc.num_sms = CudaNumSms();
     attn.ctas_per_sm(pc.ctas_per_sm);
@@ -312,6 +315,18 @@ int RunCase(const MlaCase& c, std::mt19937& rng) {
   return num_partials;
 }
 
+// Runs the case on the automatic choice and, where that is the sm_90a kernel (bf16 cache on an
+// H100/H200), once more on the portable kernel, which sm_120 runs.
+int RunCase(const MlaCase& c, std::mt19937& rng) {
+  const int partials = RunCaseOnce(c, rng);
+  if (c.path == Path::kDirect && c.cache == MlaCacheType::kBf16 && MlaWgmmaAvailable()) {
+    MlaCase portable = c;
+    portable.kernel = MlaKernel::kPortable;
+    RunCaseOnce(portable, rng);
+  }
+  return partials;
+}
+
 // Decodes of 1..4 query tokens over odd lengths (first token of a prompt, block edges 63/64/65,
 // long tails), and a prefill chunk the decode kernel must leave alone; in random order.
 std::vector<std::pair<int, int>> MixedBatch(std::mt19937& rng) {
@@ -372,6 +387,29 @@ TEST_CASE("MLA decode through the registry: cuda_mla appends and attends via Run
   MlaCase bf16{128, MlaCacheType::kBf16, Split::kPlanner, {{1, 2000}, {2, 65}, {17, 30}}};
   bf16.path = Path::kRegistry;
   RunCase(bf16, rng);
+}
+
+TEST_CASE("MLA decode: kernel choice per device and cache type", "[gpu][mla]") {
+  const bool hopper = MlaWgmmaAvailable();
+  INFO("sm_90a MLA kernel available: " << hopper);
+  CHECK(MlaDecode(MlaDecodeShape{128, 64, MlaCacheType::kBf16}).uses_wgmma() == hopper);
+  CHECK_FALSE(MlaDecode(MlaDecodeShape{128, 64, MlaCacheType::kFp8E4M3}).uses_wgmma());
+  CHECK_FALSE(
+      MlaDecode(MlaDecodeShape{128, 64, MlaCacheType::kBf16, MlaKernel::kPortable}).uses_wgmma());
+  // Forcing wgmma where it cannot run is an error at upload, not a silent fallback.
+  AttentionBatch b;
+  b.num_seqs = 1;
+  b.num_tokens = 1;
+  b.q_indptr = {0, 1};
+  b.kv_lens = {1};
+  b.page_indptr = {0, 1};
+  b.page_indices = {0};
+  b.slot_mapping = {0};
+  MlaDecode fp8(MlaDecodeShape{128, 64, MlaCacheType::kFp8E4M3, MlaKernel::kWgmma});
+  const Status st = fp8.Upload(b, BuildMlaPlan(fp8.shape(), b, MlaPlanConfig{}), nullptr);
+  CHECK(st.code() == StatusCode::kInvalidArgument);
+  MlaDecode bf16(MlaDecodeShape{128, 64, MlaCacheType::kBf16, MlaKernel::kWgmma});
+  CHECK(bf16.Upload(b, BuildMlaPlan(bf16.shape(), b, MlaPlanConfig{}), nullptr).ok() == hopper);
 }
 
 TEST_CASE("MLA decode: quick subset for compute-sanitizer", "[gpu][mla_sanitize]") {

@@ -1,0 +1,397 @@
+// MLA decode on Hopper warpgroup MMA (sm_90a only): 64-row work items over a bf16 latent cache.
+// The portable kernel (mla_decode_kernel.cuh) keeps to sm_120's limits; this one uses what only
+// sm_90a has (wgmma from shared memory, setmaxnreg, 227 KB of shared memory) for the
+// compute-bound shapes (64 heads or more per token, or 16 heads x 4 tokens).
+//
+// One CTA = one MlaWorkItem of up to 64 rows (heads x tokens) against a KV range; 384 threads:
+//   - warpgroup 0, the producer (40 registers): copies the item's 64 query rows (q_latent | q_pe,
+//     576 dims) once, then streams 64-token KV tiles through the block table into a two-slot ring
+//     with cp.async. Every tile is 9 panels of 64 dims (128-byte swizzle); each panel has its own
+//     "full" mbarrier, so S = Q K^T starts on the first panel while the rest are in flight.
+//   - warpgroups 1 and 2, the consumers (232 registers): consumer c owns output columns
+//     256c .. 256c + 255 (O is 64 x 512 fp32: 128 registers per thread for a half) and the tiles
+//     of parity c (tile i sits in slot i % 2). For its own tile the consumer computes S_i =
+//     Q K_i^T (64 x 64 over 576 dims, shared x shared), the online softmax with the running max
+//     m_{i-1} it got from the other consumer, and O_c += P_i V_i (P from registers); it publishes
+//     P_i (bf16), m_i and the rescale factor in shared memory and signals a named barrier. The
+//     other consumer, which meanwhile issued S_{i+1} (its own tile), waits on that barrier,
+//     rescales its half and adds P_i V_i from shared memory. So the two softmaxes alternate
+//     (FlashMLA's "seesaw") while the tensor cores always have the other consumer's products.
+//   - A slot is handed back to the producer ("empty" mbarrier, 256 arrivals) once both
+//     consumers' products that read it have completed.
+//
+// Shared memory: Q 72 KB + 2 KV slots x 72 KB + P 8 KB + row statistics + 20 mbarriers =
+// 225.6 KB (+1 KB to align the swizzled tiles), inside sm_90's 227 KB: one CTA per SM.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "kernels/cuda/mla_kernel_args.h"
+#include "kernels/fmha/wgmma.cuh"
+
+namespace llm::cuda::mla {
+namespace {
+
+namespace wg = llm::fmha::wgmma;
+
+struct WgCfg {
+  static constexpr int kRows = kMlaMaxRows;  // 64: one wgmma M
+  static constexpr int kTile = 64;           // tokens per KV tile (one ring slot)
+  static constexpr int kPanels = kMlaCacheDim / 64;
+  static constexpr int kLatentPanels = kMlaLatentDim / 64;
+  static constexpr int kPanelBytes = 64 * 128;  // 64 rows x 64 bf16 dims
+  static constexpr int kTileBytes = kPanels * kPanelBytes;
+  static constexpr int kThreads = 384;
+  // setmaxnreg only moves registers within the CTA's launch allocation (384 x 168).
+  static constexpr int kEntryRegs = 168;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * kEntryRegs,
+                "register split exceeds the CTA's allocation");
+  // Offsets from the 1024-byte aligned base.
+  static constexpr int kQOff = 0;
+  static constexpr int kKvOff = kTileBytes;
+  static constexpr int kPOff = kKvOff + 2 * kTileBytes;
+  static constexpr int kStatOff = kPOff + kPanelBytes;  // float scale[2][64], m[2][64], l[2][64]
+  static constexpr int kBarOff = kStatOff + 6 * kRows * 4;
+  static constexpr int kNumBars = 2 * kPanels + 2;  // full[slot][panel], empty[slot]
+  static constexpr int kSmemBytes = kBarOff + kNumBars * 8 + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM on sm_90");
+  static_assert(kMlaCacheDim % 64 == 0 && kMlaLatentDim == 512, "panel mapping");
+};
+
+// Named barriers 1 and 2 hand P_i over (by tile parity); 3 joins the consumers at the end.
+__device__ __forceinline__ void BarSync(int id) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void BarArrive(int id) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
+}
+
+struct Smem {
+  uint32_t base;  // shared-window address of the aligned base
+  __device__ uint32_t q() const { return base + WgCfg::kQOff; }
+  __device__ uint32_t kv(int slot) const { return base + WgCfg::kKvOff + slot * WgCfg::kTileBytes; }
+  __device__ uint32_t p() const { return base + WgCfg::kPOff; }
+  __device__ uint32_t full(int slot, int panel) const {
+    return base + WgCfg::kBarOff + 8 * (slot * WgCfg::kPanels + panel);
+  }
+  __device__ uint32_t empty(int slot) const {
+    return base + WgCfg::kBarOff + 8 * (2 * WgCfg::kPanels + slot);
+  }
+};
+
+struct ItemGeometry {
+  int item_rows, n_tiles, pos0;
+  __device__ ItemGeometry(const AttendArgs& a, const MlaWorkItem& item) {
+    item_rows = item.q_len * item.num_heads;
+    n_tiles = (item.kv_end - item.kv_start + WgCfg::kTile - 1) / WgCfg::kTile;
+    const int seq_q_begin = a.q_indptr[item.seq];
+    const int seq_q_len = a.q_indptr[item.seq + 1] - seq_q_begin;
+    // Causal: the item's first query token sits at pos0 and sees cache positions [0, pos0].
+    pos0 = a.kv_lens[item.seq] - seq_q_len + (item.q_start - seq_q_begin);
+  }
+};
+
+// Row of q_latent / q_pe / out for item row r (heads first, then tokens).
+__device__ __forceinline__ size_t QRow(const AttendArgs& a, const MlaWorkItem& item, int r) {
+  return static_cast<size_t>(item.q_start + r / item.num_heads) * a.num_heads + item.head_start +
+         r % item.num_heads;
+}
+
+__device__ __forceinline__ void Produce(const AttendArgs& a, const MlaWorkItem& item,
+                                        const ItemGeometry& geo, const Smem& sm, int tid) {
+  wg::RegDealloc<WgCfg::kProducerRegs>();
+  // Thread pair (2r, 2r + 1) copies row r of every tile, chunks of its parity: 32 contiguous
+  // bytes per pair and instruction.
+  const int row = tid >> 1, par = tid & 1;
+  const uint32_t sw = row & 7;
+  auto copy_panel = [&](uint32_t panel, const uint8_t* src_row, int chunk0, bool valid) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int c = 2 * k + par;
+      const uint32_t at = panel + row * 128 + ((c ^ sw) << 4);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(at),
+                   "l"(src_row + (chunk0 + c) * 16), "r"(valid ? 16 : 0)
+                   : "memory");
+    }
+  };
+  {
+    const bool valid = row < geo.item_rows;
+    const size_t qr = valid ? QRow(a, item, row) : 0;
+    const auto* ql = static_cast<const uint8_t*>(a.q_latent) + qr * kMlaLatentDim * 2;
+    const auto* qp = static_cast<const uint8_t*>(a.q_pe) + qr * kMlaRopeDim * 2;
+#pragma unroll
+    for (int pn = 0; pn < WgCfg::kLatentPanels; ++pn) {
+      copy_panel(sm.q() + pn * WgCfg::kPanelBytes, ql, pn * 8, valid);
+    }
+    copy_panel(sm.q() + WgCfg::kLatentPanels * WgCfg::kPanelBytes, qp, 0, valid);
+  }
+  const int32_t* pages = a.pages + a.page_indptr[item.seq];
+  const auto* cache = static_cast<const uint8_t*>(a.cache);
+  for (int i = 0; i < geo.n_tiles; ++i) {
+    const int slot = i & 1;
+    const int j = item.kv_start + i * WgCfg::kTile + row;
+    const bool valid = j < item.kv_end;  // the tail is zero-filled, never read
+    const size_t crow =
+        valid ? static_cast<size_t>(pages[j / a.block_size]) * a.block_size + j % a.block_size : 0;
+    const uint8_t* src = cache + crow * kMlaCacheDim * 2;
+    if (i >= 2) wg::MbarWait(sm.empty(slot), ((i >> 1) - 1) & 1);
+#pragma unroll 1
+    for (int pn = 0; pn < WgCfg::kPanels; ++pn) {
+      copy_panel(sm.kv(slot) + pn * WgCfg::kPanelBytes, src, pn * 8, valid);
+      // The first tile's arrivals also cover this thread's Q copies (issued before them).
+      wg::MbarArriveOnCopies(sm.full(slot, pn));
+    }
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");  // nothing in flight when the thread exits
+}
+
+__device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& item,
+                                        const ItemGeometry& geo, const Smem& sm, float* stats,
+                                        int tid) {
+  wg::RegAlloc<WgCfg::kConsumerRegs>();
+  const int c = tid / 128 - 1;  // consumer: output columns 256c.., tiles of parity c
+  const int w = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int r0 = 16 * w + g;    // this thread's rows: r0 (slot 0) and r0 + 8 (slot 1)
+  float* scale_s = stats;       // [2][64]: rescale factor of tile i, by parity
+  float* m_s = stats + 2 * 64;  // [2][64]: running max after tile i, by parity
+  float* l_s = stats + 4 * 64;  // [2][64]: each consumer's row sums, at the end
+  int row_pos[2];               // causal limit; padding rows see everything
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = r0 + 8 * h;
+    row_pos[h] = r < geo.item_rows ? geo.pos0 + r / item.num_heads : INT_MAX;
+  }
+  float o[128];
+#pragma unroll
+  for (int x = 0; x < 128; ++x) o[x] = 0.f;
+  float s[32];
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+  // S_i = Q K_i^T, issued panel by panel as the panels land (not waited).
+  auto issue_s = [&](int i) {
+    const int slot = i & 1;
+    const uint32_t parity = (i >> 1) & 1;
+#pragma unroll
+    for (int pn = 0; pn < WgCfg::kPanels; ++pn) {
+      wg::MbarWait(sm.full(slot, pn), parity);
+      wg::ProxyFence();  // cp.async wrote through the generic proxy; wgmma reads async
+      if (pn == 0) wg::Fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint64_t da = wg::Desc(sm.q() + pn * WgCfg::kPanelBytes + kk * 32, 16, 1024);
+        const uint64_t db = wg::Desc(sm.kv(slot) + pn * WgCfg::kPanelBytes + kk * 32, 16, 1024);
+        wg::MmaSS64<true>(s, da, db, (pn | kk) ? 1 : 0);
+      }
+    }
+    wg::Commit();
+  };
+  // V_i's columns 256c .. 256c + 255, k16-slice kt (tokens 16kt ..): MN-major, 4 panels apart.
+  auto v_desc = [&](int slot, int kt) {
+    return wg::Desc(sm.kv(slot) + 4 * c * WgCfg::kPanelBytes + kt * 16 * 128, WgCfg::kPanelBytes,
+                    1024);
+  };
+  auto rescale = [&](const float(&f)[2]) {
+    if (__all_sync(0xffffffffu, f[0] == 1.f && f[1] == 1.f)) return;  // no row max moved
+#pragma unroll
+    for (int x = 0; x < 128; ++x) o[x] *= f[(x >> 1) & 1];
+  };
+
+  // Own tile i: softmax of S_i, publish P_i, O_c += P_i V_i.
+  auto own_step = [&](int i) {
+    const int slot = i & 1, par = i & 1;
+    float f[2];
+    wg::Wait<0>();
+    wg::Pin(s);
+    const int tok0 = item.kv_start + i * WgCfg::kTile;
+    const bool need_mask = tok0 + WgCfg::kTile > item.kv_end || tok0 + WgCfg::kTile - 1 > geo.pos0;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int x = 0; x < 32; ++x) {
+      float v = s[x] * a.scale_log2;
+      const int h = (x >> 1) & 1;
+      if (need_mask) {
+        const int j = tok0 + 8 * (x >> 2) + 2 * t + (x & 1);
+        if (j >= item.kv_end || j > row_pos[h]) v = -INFINITY;
+      }
+      s[x] = v;
+      mx[h] = fmaxf(mx[h], v);
+    }
+    float m_use[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      const float m_new = fmaxf(m_run[h], mx[h]);
+      m_use[h] = m_new == -INFINITY ? 0.f : m_new;  // fully masked so far: no NaN
+      f[h] = exp2f(m_run[h] - m_use[h]);
+      m_run[h] = m_new;
+      l_run[h] *= f[h];
+    }
+    uint32_t p[4][4];  // P_i as the A operand, k16-slice kt = tokens 16kt ..
+#pragma unroll
+    for (int x = 0; x < 32; ++x) {
+      s[x] = exp2f(s[x] - m_use[(x >> 1) & 1]);
+      l_run[(x >> 1) & 1] += s[x];
+    }
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(s[8 * kt + 2 * r], s[8 * kt + 2 * r + 1]);
+        p[kt][r] = *reinterpret_cast<const uint32_t*>(&v);
+      }
+    }
+    // P_i into shared memory (A operand, K-major, swizzled): n-block j of row r0 (+8) holds
+    // tokens 8j + 2t, +1. The other consumer's last read of it completed at its Wait<0>.
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t at = sm.p() + (r0 + 8 * h) * 128 + ((j ^ (r0 & 7)) << 4) + 4 * t;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(p[j / 2][(j & 1) * 2 + h])
+                     : "memory");
+      }
+    }
+    if (t == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        scale_s[par * 64 + r0 + 8 * h] = f[h];
+        m_s[par * 64 + r0 + 8 * h] = m_run[h];
+      }
+    }
+    wg::ProxyFence();  // the other consumer's wgmma reads P through the async proxy
+    BarArrive(1 + par);
+    rescale(f);
+    wg::Fence();
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt) wg::MmaRS256Bf16(o, p[kt], v_desc(slot, kt));
+    wg::Commit();
+    wg::Wait<0>();
+    wg::Pin(o);
+    wg::MbarArrive(sm.empty(slot));
+  };
+  // The other consumer's tile i: issue S_{i+1} (own) first, then add P_i V_i.
+  auto other_step = [&](int i) {
+    const int slot = i & 1, par = i & 1;
+    float f[2];
+    if (i + 1 < geo.n_tiles) issue_s(i + 1);
+    BarSync(1 + par);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      f[h] = scale_s[par * 64 + r0 + 8 * h];
+      m_run[h] = m_s[par * 64 + r0 + 8 * h];
+      l_run[h] *= f[h];
+    }
+    rescale(f);
+#pragma unroll 1
+    for (int pn = 4 * c; pn < 4 * c + 4; ++pn) wg::MbarWait(sm.full(slot, pn), (i >> 1) & 1);
+    wg::ProxyFence();
+    wg::Fence();
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt) {
+      wg::MmaSS256TBf16(o, wg::Desc(sm.p() + kt * 32, 16, 1024), v_desc(slot, kt));
+    }
+    wg::Commit();
+    wg::Wait<0>();
+    wg::Pin(o);
+    wg::Pin(s);
+    wg::MbarArrive(sm.empty(slot));
+  };
+
+  // Consumer 0 owns tiles 0, 2, ...; consumer 1 starts as the other consumer of tile 0.
+  if (c == 0 && geo.n_tiles > 0) issue_s(0);
+  if (c == 1 && geo.n_tiles > 0) other_step(0);
+  for (int i = c; i < geo.n_tiles; i += 2) {
+    own_step(i);
+    if (i + 1 < geo.n_tiles) other_step(i + 1);
+  }
+
+  // ---- Epilogue: row sums of both consumers (each summed its own tiles, under the same
+  // rescaling), then the normalized half rows.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+    if (t == 0) l_s[c * 64 + r0 + 8 * h] = l_run[h];
+  }
+  BarSync(3);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = r0 + 8 * h;
+    if (r >= geo.item_rows) continue;
+    const float l = l_s[r] + l_s[64 + r];
+    const float inv = l > 0.f ? a.out_scale / l : 0.f;
+    if (item.partial >= 0 && c == 0 && t == 0) {
+      a.partial_lse[static_cast<size_t>(item.partial) * kMlaMaxRows + r] =
+          l > 0.f ? m_run[h] + log2f(l) : -INFINITY;
+    }
+    const size_t qr = QRow(a, item, r);
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const int d = 256 * c + 8 * j + 2 * t;
+      const float v0 = o[4 * j + 2 * h] * inv, v1 = o[4 * j + 2 * h + 1] * inv;
+      if (item.partial < 0) {
+        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(a.out) + qr * kMlaLatentDim +
+                                           d) = __floats2bfloat162_rn(v0, v1);
+      } else {
+        *reinterpret_cast<float2*>(
+            a.partial_o + (static_cast<size_t>(item.partial) * kMlaMaxRows + r) * kMlaLatentDim +
+            d) = make_float2(v0, v1);
+      }
+    }
+  }
+}
+
+__global__ void __launch_bounds__(WgCfg::kThreads, 1) MlaWgmmaKernel(const AttendArgs a) {
+  extern __shared__ uint8_t smem_raw[];
+  // 1024-byte aligned for the swizzle.
+  const uint32_t raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t pad = (1024 - (raw_addr & 1023)) & 1023;
+  uint8_t* smem = smem_raw + pad;
+  const Smem sm{raw_addr + pad};
+  const MlaWorkItem item = a.items[blockIdx.x];
+  const ItemGeometry geo(a, item);
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    for (int slot = 0; slot < 2; ++slot) {
+      for (int pn = 0; pn < WgCfg::kPanels; ++pn) wg::MbarInit(sm.full(slot, pn), 128);
+      wg::MbarInit(sm.empty(slot), 256);
+    }
+  }
+  __syncthreads();
+  if (tid < 128) {
+    Produce(a, item, geo, sm, tid);
+  } else {
+    Consume(a, item, geo, sm, reinterpret_cast<float*>(smem + WgCfg::kStatOff), tid);
+  }
+}
+
+const cudaError_t& PrepareKernel() {
+  static const cudaError_t err = cudaFuncSetAttribute(
+      MlaWgmmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WgCfg::kSmemBytes);
+  return err;
+}
+
+}  // namespace
+
+void LaunchAttendBf16Wgmma(const AttendArgs& a, void* stream) {
+  if (a.num_items == 0) return;
+  // A failed attribute call makes the launch fail too; the caller checks cudaGetLastError.
+  (void)PrepareKernel();
+  MlaWgmmaKernel<<<a.num_items, WgCfg::kThreads, WgCfg::kSmemBytes,
+                   static_cast<cudaStream_t>(stream)>>>(a);
+}
+
+int AttendCtasPerSmBf16Wgmma() {
+  if (PrepareKernel() != cudaSuccess) return 1;
+  int n = 0;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, MlaWgmmaKernel, WgCfg::kThreads,
+                                                WgCfg::kSmemBytes);
+  return n > 0 ? n : 1;
+}
+
+}  // namespace llm::cuda::mla
