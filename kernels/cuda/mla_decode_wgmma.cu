@@ -14,9 +14,9 @@
 //     Q K_i^T (64 x 64 over 576 dims, shared x shared), the online softmax with the running max
 //     m_{i-1} it got from the other consumer, and O_c += P_i V_i (P from registers); it publishes
 //     P_i (bf16), m_i and the rescale factor in shared memory and signals a named barrier. The
-//     other consumer, which meanwhile issued S_{i+1} (its own tile), waits on that barrier,
-//     rescales its half and adds P_i V_i from shared memory. So the two softmaxes alternate
-//     (FlashMLA's "seesaw") while the tensor cores always have the other consumer's products.
+//     other consumer waits on that barrier, rescales its half, adds P_i V_i from shared memory
+//     and then issues S_{i+1} (its own tile). So the two softmaxes alternate (FlashMLA's
+//     "seesaw") while the tensor cores have the other consumer's products.
 //   - A slot is handed back to the producer ("empty" mbarrier, 256 arrivals) once both
 //     consumers' products that read it have completed.
 //
@@ -179,7 +179,7 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
     for (int pn = 0; pn < WgCfg::kPanels; ++pn) {
       wg::MbarWait(sm.full(slot, pn), parity);
       wg::ProxyFence();  // cp.async wrote through the generic proxy; wgmma reads async
-      if (pn == 0) wg::Fence();
+      wg::Fence();       // per panel: ptxas would insert it after the wait loop anyway
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         const uint64_t da = wg::Desc(sm.q() + pn * WgCfg::kPanelBytes + kk * 32, 16, 1024);
@@ -274,11 +274,12 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
     wg::Pin(o);
     wg::MbarArrive(sm.empty(slot));
   };
-  // The other consumer's tile i: issue S_{i+1} (own) first, then add P_i V_i.
+  // The other consumer's tile i: add P_i V_i, hand the slot back, then issue S_{i+1} (own). The
+  // slot goes back before S_{i+1} is issued so that its release never waits for tile i+1's
+  // copies: the ring has two slots, and the copy of tile i+2 is the one that must start early.
   auto other_step = [&](int i) {
     const int slot = i & 1, par = i & 1;
     float f[2];
-    if (i + 1 < geo.n_tiles) issue_s(i + 1);
     BarSync(1 + par);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -298,17 +299,25 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
     wg::Commit();
     wg::Wait<0>();
     wg::Pin(o);
-    wg::Pin(s);
     wg::MbarArrive(sm.empty(slot));
+    if (i + 1 < geo.n_tiles) issue_s(i + 1);
   };
 
-  // Consumer 0 owns tiles 0, 2, ...; consumer 1 starts as the other consumer of tile 0.
+  // Consumer 0 owns tiles 0, 2, ...; consumer 1 issues S_1 in its step for tile 0. One loop with
+  // the role chosen per tile: ptxas serializes every wgmma (C7518) when consumer 1 runs a
+  // separate prologue step instead.
   if (c == 0 && geo.n_tiles > 0) issue_s(0);
-  if (c == 1 && geo.n_tiles > 0) other_step(0);
-  for (int i = c; i < geo.n_tiles; i += 2) {
-    own_step(i);
-    if (i + 1 < geo.n_tiles) other_step(i + 1);
+  for (int i = 0; i < geo.n_tiles; ++i) {
+    if ((i & 1) == c) {
+      own_step(i);
+    } else {
+      other_step(i);
+    }
   }
+  // Every product has completed here; saying so (uniformly, outside any branch) keeps ptxas from
+  // inserting its own wait in the divergent epilogue, which would serialize every wgmma.
+  wg::Wait<0>();
+  wg::Pin(o);
 
   // ---- Epilogue: row sums of both consumers (each summed its own tiles, under the same
   // rescaling), then the normalized half rows.
