@@ -246,7 +246,9 @@ Status MlaDecode::Attend(const LayerArgs& args, void* stream) {
       mla::LaunchAttendFp8(a, kMlaVariantRows[v], stream);
     } else if (wgmma && kMlaVariantRows[v] == kMlaMaxRows) {
 #if LLM_MLA_WGMMA
-      mla::LaunchAttendBf16Wgmma(a, stream);
+      if (!mla::LaunchAttendBf16Wgmma(a, stream)) {
+        return Internal("MLA decode: cuTensorMapEncodeTiled failed for the latent cache");
+      }
 #endif
     } else {
       mla::LaunchAttendBf16(a, kMlaVariantRows[v], stream);

@@ -22,6 +22,7 @@
 //
 // Shared memory: Q 72 KB + 2 KV slots x 72 KB + P 8 KB + row statistics + 20 mbarriers =
 // 225.6 KB (+1 KB to align the swizzled tiles), inside sm_90's 227 KB: one CTA per SM.
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -56,7 +57,7 @@ struct WgCfg {
   static constexpr int kPOff = kKvOff + 2 * kTileBytes;
   static constexpr int kStatOff = kPOff + kPanelBytes;  // float scale[2][64], m[2][64], l[2][64]
   static constexpr int kBarOff = kStatOff + 6 * kRows * 4;
-  static constexpr int kNumBars = 2 * kPanels + 2;  // full[slot][panel], empty[slot]
+  static constexpr int kNumBars = 5;  // full[2], empty[2], q
   static constexpr int kSmemBytes = kBarOff + kNumBars * 8 + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM on sm_90");
   static_assert(kMlaCacheDim % 64 == 0 && kMlaLatentDim == 512, "panel mapping");
@@ -75,12 +76,9 @@ struct Smem {
   __device__ uint32_t q() const { return base + WgCfg::kQOff; }
   __device__ uint32_t kv(int slot) const { return base + WgCfg::kKvOff + slot * WgCfg::kTileBytes; }
   __device__ uint32_t p() const { return base + WgCfg::kPOff; }
-  __device__ uint32_t full(int slot, int panel) const {
-    return base + WgCfg::kBarOff + 8 * (slot * WgCfg::kPanels + panel);
-  }
-  __device__ uint32_t empty(int slot) const {
-    return base + WgCfg::kBarOff + 8 * (2 * WgCfg::kPanels + slot);
-  }
+  __device__ uint32_t full(int slot) const { return base + WgCfg::kBarOff + 8 * slot; }
+  __device__ uint32_t empty(int slot) const { return base + WgCfg::kBarOff + 16 + 8 * slot; }
+  __device__ uint32_t q_full() const { return base + WgCfg::kBarOff + 32; }
 };
 
 struct ItemGeometry {
@@ -101,11 +99,31 @@ __device__ __forceinline__ size_t QRow(const AttendArgs& a, const MlaWorkItem& i
          r % item.num_heads;
 }
 
-__device__ __forceinline__ void Produce(const AttendArgs& a, const MlaWorkItem& item,
-                                        const ItemGeometry& geo, const Smem& sm, int tid) {
+// One arrival that also expects `bytes` of tensor-copy transactions on the barrier.
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// A 64 x 64 box of the cache (rows y .. y + 63, dims x .. x + 63) into one swizzled panel.
+__device__ __forceinline__ void TmaLoadPanel(uint32_t dst, const CUtensorMap* map, int x, int y,
+                                             uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+}
+
+// The producer warpgroup. Q (64 scattered rows, once per item) goes through cp.async. A KV tile
+// of 64 whole cache rows inside one page is 9 tensor copies (TMA) issued by one thread; the tail
+// tile of an item, and every tile when pages are not made of whole 64-row tiles, is gathered
+// row by row with cp.async (zero-filled past kv_end, so P = 0 never meets garbage).
+__device__ __forceinline__ void Produce(const AttendArgs& a, const CUtensorMap* map,
+                                        const MlaWorkItem& item, const ItemGeometry& geo,
+                                        const Smem& sm, int tid) {
   wg::RegDealloc<WgCfg::kProducerRegs>();
-  // Thread pair (2r, 2r + 1) copies row r of every tile, chunks of its parity: 32 contiguous
-  // bytes per pair and instruction.
+  // Thread pair (2r, 2r + 1) copies row r, chunks of its parity: 32 contiguous bytes per pair and
+  // instruction.
   const int row = tid >> 1, par = tid & 1;
   const uint32_t sw = row & 7;
   auto copy_panel = [&](uint32_t panel, const uint8_t* src_row, int chunk0, bool valid) {
@@ -128,23 +146,40 @@ __device__ __forceinline__ void Produce(const AttendArgs& a, const MlaWorkItem& 
       copy_panel(sm.q() + pn * WgCfg::kPanelBytes, ql, pn * 8, valid);
     }
     copy_panel(sm.q() + WgCfg::kLatentPanels * WgCfg::kPanelBytes, qp, 0, valid);
+    wg::MbarArriveOnCopies(sm.q_full());
   }
   const int32_t* pages = a.pages + a.page_indptr[item.seq];
   const auto* cache = static_cast<const uint8_t*>(a.cache);
+  const bool whole_tiles = a.block_size % WgCfg::kTile == 0 && item.kv_start % WgCfg::kTile == 0;
   for (int i = 0; i < geo.n_tiles; ++i) {
     const int slot = i & 1;
-    const int j = item.kv_start + i * WgCfg::kTile + row;
-    const bool valid = j < item.kv_end;  // the tail is zero-filled, never read
+    const int tok0 = item.kv_start + i * WgCfg::kTile;
+    if (i >= 2) wg::MbarWait(sm.empty(slot), ((i >> 1) - 1) & 1);
+    if (whole_tiles && tok0 + WgCfg::kTile <= item.kv_end) {
+      if (tid == 0) {
+        const int y = pages[tok0 / a.block_size] * a.block_size + tok0 % a.block_size;
+        MbarArriveExpectTx(sm.full(slot), WgCfg::kTileBytes);
+#pragma unroll
+        for (int pn = 0; pn < WgCfg::kPanels; ++pn) {
+          TmaLoadPanel(sm.kv(slot) + pn * WgCfg::kPanelBytes, map, pn * 64, y, sm.full(slot));
+        }
+      }
+      continue;
+    }
+    const int j = tok0 + row;
+    const bool valid = j < item.kv_end;
     const size_t crow =
         valid ? static_cast<size_t>(pages[j / a.block_size]) * a.block_size + j % a.block_size : 0;
     const uint8_t* src = cache + crow * kMlaCacheDim * 2;
-    if (i >= 2) wg::MbarWait(sm.empty(slot), ((i >> 1) - 1) & 1);
 #pragma unroll 1
     for (int pn = 0; pn < WgCfg::kPanels; ++pn) {
       copy_panel(sm.kv(slot) + pn * WgCfg::kPanelBytes, src, pn * 8, valid);
-      // The first tile's arrivals also cover this thread's Q copies (issued before them).
-      wg::MbarArriveOnCopies(sm.full(slot, pn));
     }
+    // Landed and made visible to the tensor cores' async proxy, then one arrival for all.
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    wg::ProxyFence();
+    asm volatile("bar.sync 4, 128;\n" ::: "memory");
+    if (tid == 0) wg::MbarArrive(sm.full(slot));
   }
   asm volatile("cp.async.wait_all;\n" ::: "memory");  // nothing in flight when the thread exits
 }
@@ -171,15 +206,15 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
   float s[32];
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
-  // S_i = Q K_i^T, issued panel by panel as the panels land (not waited).
+  // S_i = Q K_i^T (issued, not waited). Waiting for the whole tile first and fencing once is
+  // faster than starting on each panel as it lands: a fence between wgmmas drains them.
+  auto wait_tile = [&](int slot, uint32_t parity) { wg::MbarWait(sm.full(slot), parity); };
   auto issue_s = [&](int i) {
     const int slot = i & 1;
-    const uint32_t parity = (i >> 1) & 1;
+    wait_tile(slot, (i >> 1) & 1);
+    wg::Fence();
 #pragma unroll
     for (int pn = 0; pn < WgCfg::kPanels; ++pn) {
-      wg::MbarWait(sm.full(slot, pn), parity);
-      wg::ProxyFence();  // cp.async wrote through the generic proxy; wgmma reads async
-      wg::Fence();       // per panel: ptxas would insert it after the wait loop anyway
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         const uint64_t da = wg::Desc(sm.q() + pn * WgCfg::kPanelBytes + kk * 32, 16, 1024);
@@ -288,9 +323,7 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
       l_run[h] *= f[h];
     }
     rescale(f);
-#pragma unroll 1
-    for (int pn = 4 * c; pn < 4 * c + 4; ++pn) wg::MbarWait(sm.full(slot, pn), (i >> 1) & 1);
-    wg::ProxyFence();
+    wait_tile(slot, (i >> 1) & 1);
     wg::Fence();
 #pragma unroll
     for (int kt = 0; kt < 4; ++kt) {
@@ -306,6 +339,8 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
   // Consumer 0 owns tiles 0, 2, ...; consumer 1 issues S_1 in its step for tile 0. One loop with
   // the role chosen per tile: ptxas serializes every wgmma (C7518) when consumer 1 runs a
   // separate prologue step instead.
+  wg::MbarWait(sm.q_full(), 0);
+  wg::ProxyFence();  // Q came through cp.async (the generic proxy); wgmma reads it async
   if (c == 0 && geo.n_tiles > 0) issue_s(0);
   for (int i = 0; i < geo.n_tiles; ++i) {
     if ((i & 1) == c) {
@@ -355,7 +390,8 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
   }
 }
 
-__global__ void __launch_bounds__(WgCfg::kThreads, 1) MlaWgmmaKernel(const AttendArgs a) {
+__global__ void __launch_bounds__(WgCfg::kThreads, 1)
+    MlaWgmmaKernel(const AttendArgs a, const __grid_constant__ CUtensorMap cache_map) {
   extern __shared__ uint8_t smem_raw[];
   // 1024-byte aligned for the swizzle.
   const uint32_t raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
@@ -367,13 +403,15 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1) MlaWgmmaKernel(const Atten
   const int tid = threadIdx.x;
   if (tid == 0) {
     for (int slot = 0; slot < 2; ++slot) {
-      for (int pn = 0; pn < WgCfg::kPanels; ++pn) wg::MbarInit(sm.full(slot, pn), 128);
-      wg::MbarInit(sm.empty(slot), 256);
+      wg::MbarInit(sm.full(slot), 1);     // the TMA issuer's arrival (+ bytes), or the gatherers'
+      wg::MbarInit(sm.empty(slot), 256);  // one per consumer thread
     }
+    wg::MbarInit(sm.q_full(), 128);  // one per producer thread, on its copies
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
   if (tid < 128) {
-    Produce(a, item, geo, sm, tid);
+    Produce(a, &cache_map, item, geo, sm, tid);
   } else {
     Consume(a, item, geo, sm, reinterpret_cast<float*>(smem + WgCfg::kStatOff), tid);
   }
@@ -385,14 +423,46 @@ const cudaError_t& PrepareKernel() {
   return err;
 }
 
+// The cache as a 2-D tensor [rows][576] bf16 for the tensor-copy unit: 64 x 64 boxes, 128-byte
+// swizzle (the wgmma operand layout). The row count is nominal: coordinates come from the block
+// table and never leave the cache.
+bool EncodeCacheMap(const void* cache, CUtensorMap* map) {
+  using Encode =
+      CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static const Encode encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      return static_cast<Encode>(nullptr);
+    }
+    return reinterpret_cast<Encode>(fn);
+  }();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[2] = {kMlaCacheDim, cuuint64_t{1} << 31};
+  const cuuint64_t strides[1] = {kMlaCacheDim * 2};
+  const cuuint32_t box[2] = {64, WgCfg::kTile};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(cache), dims, strides,
+                box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 }  // namespace
 
-void LaunchAttendBf16Wgmma(const AttendArgs& a, void* stream) {
-  if (a.num_items == 0) return;
+bool LaunchAttendBf16Wgmma(const AttendArgs& a, void* stream) {
+  if (a.num_items == 0) return true;
+  CUtensorMap map;
+  if (!EncodeCacheMap(a.cache, &map)) return false;
   // A failed attribute call makes the launch fail too; the caller checks cudaGetLastError.
   (void)PrepareKernel();
   MlaWgmmaKernel<<<a.num_items, WgCfg::kThreads, WgCfg::kSmemBytes,
-                   static_cast<cudaStream_t>(stream)>>>(a);
+                   static_cast<cudaStream_t>(stream)>>>(a, map);
+  return true;
 }
 
 int AttendCtasPerSmBf16Wgmma() {

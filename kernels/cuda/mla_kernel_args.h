@@ -50,8 +50,9 @@ void LaunchAttendFp8(const AttendArgs& a, int rows, void* stream);
 int AttendCtasPerSmBf16(int rows);
 int AttendCtasPerSmFp8(int rows);
 // The sm_90a warpgroup-MMA kernel for 64-row items over a bf16 cache (mla_decode_wgmma.cu; linked
-// only when the build includes sm_90a: LLM_MLA_WGMMA).
-void LaunchAttendBf16Wgmma(const AttendArgs& a, void* stream);
+// only when the build includes sm_90a: LLM_MLA_WGMMA). False: the driver could not describe the
+// cache to the tensor-copy unit (nothing was launched).
+bool LaunchAttendBf16Wgmma(const AttendArgs& a, void* stream);
 int AttendCtasPerSmBf16Wgmma();
 void LaunchMerge(const MergeArgs& a, void* stream);
 void LaunchAppend(const AppendArgs& a, MlaCacheType cache, void* stream);
