@@ -56,8 +56,8 @@ struct WgCfg {
   static constexpr int kKvOff = kTileBytes;
   static constexpr int kPOff = kKvOff + 2 * kTileBytes;
   static constexpr int kStatOff = kPOff + kPanelBytes;  // float scale[2][64], m[2][64], l[2][64]
-  static constexpr int kBarOff = kStatOff + 6 * kRows * 4;
-  static constexpr int kNumBars = 5;  // full[2], empty[2], q
+  static constexpr int kBarOff = kStatOff + 6 * kRows * 4 + 16;  // + a flag per consumer
+  static constexpr int kNumBars = 5;                             // full[2], empty[2], q
   static constexpr int kSmemBytes = kBarOff + kNumBars * 8 + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM on sm_90");
   static_assert(kMlaCacheDim % 64 == 0 && kMlaLatentDim == 512, "panel mapping");
@@ -97,6 +97,23 @@ struct ItemGeometry {
 __device__ __forceinline__ size_t QRow(const AttendArgs& a, const MlaWorkItem& item, int r) {
   return static_cast<size_t>(item.q_start + r / item.num_heads) * a.num_heads + item.head_start +
          r % item.num_heads;
+}
+
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// Non-blocking: whether the barrier phase with this parity has completed.
+__device__ __forceinline__ bool MbarTest(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
 }
 
 // One arrival that also expects `bytes` of tensor-copy transactions on the barrier.
@@ -194,7 +211,8 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
   float* scale_s = stats;       // [2][64]: rescale factor of tile i, by parity
   float* m_s = stats + 2 * 64;  // [2][64]: running max after tile i, by parity
   float* l_s = stats + 4 * 64;  // [2][64]: each consumer's row sums, at the end
-  int row_pos[2];               // causal limit; padding rows see everything
+  int* early_s = reinterpret_cast<int*>(stats + 6 * 64);  // [2]: see other_step
+  int row_pos[2];  // causal limit; padding rows see everything
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = r0 + 8 * h;
@@ -243,23 +261,22 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
     wg::Pin(s);
     const int tok0 = item.kv_start + i * WgCfg::kTile;
     const bool need_mask = tok0 + WgCfg::kTile > item.kv_end || tok0 + WgCfg::kTile - 1 > geo.pos0;
+    // Raw scores are masked and maximized; the scale (> 0) folds into the exponent's FMA.
     float mx[2] = {-INFINITY, -INFINITY};
+    if (need_mask) {
 #pragma unroll
-    for (int x = 0; x < 32; ++x) {
-      float v = s[x] * a.scale_log2;
-      const int h = (x >> 1) & 1;
-      if (need_mask) {
+      for (int x = 0; x < 32; ++x) {
         const int j = tok0 + 8 * (x >> 2) + 2 * t + (x & 1);
-        if (j >= item.kv_end || j > row_pos[h]) v = -INFINITY;
+        if (j >= item.kv_end || j > row_pos[(x >> 1) & 1]) s[x] = -INFINITY;
       }
-      s[x] = v;
-      mx[h] = fmaxf(mx[h], v);
     }
+#pragma unroll
+    for (int x = 0; x < 32; ++x) mx[(x >> 1) & 1] = fmaxf(mx[(x >> 1) & 1], s[x]);
     float m_use[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2)) * a.scale_log2;
       const float m_new = fmaxf(m_run[h], mx[h]);
       m_use[h] = m_new == -INFINITY ? 0.f : m_new;  // fully masked so far: no NaN
       f[h] = exp2f(m_run[h] - m_use[h]);
@@ -269,7 +286,7 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
     uint32_t p[4][4];  // P_i as the A operand, k16-slice kt = tokens 16kt ..
 #pragma unroll
     for (int x = 0; x < 32; ++x) {
-      s[x] = exp2f(s[x] - m_use[(x >> 1) & 1]);
+      s[x] = Exp2(fmaf(s[x], a.scale_log2, -m_use[(x >> 1) & 1]));
       l_run[(x >> 1) & 1] += s[x];
     }
 #pragma unroll
@@ -309,11 +326,20 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
     wg::Pin(o);
     wg::MbarArrive(sm.empty(slot));
   };
-  // The other consumer's tile i: add P_i V_i, hand the slot back, then issue S_{i+1} (own). The
-  // slot goes back before S_{i+1} is issued so that its release never waits for tile i+1's
-  // copies: the ring has two slots, and the copy of tile i+2 is the one that must start early.
+  // The other consumer's tile i: add P_i V_i and hand the slot back; issue S_{i+1} (own tile)
+  // before all that when tile i+1 has already landed, so that it runs during the owner's
+  // softmax, and after it otherwise: wgmma groups complete in order, so an early S_{i+1} holds
+  // back the release of tile i, and with two slots that release is what starts the copy of tile
+  // i+2. The choice must be uniform over the warpgroup (wgmma is warpgroup-collective): one
+  // thread tests the barrier and the warpgroup syncs on a named barrier to read its answer.
   auto other_step = [&](int i) {
     const int slot = i & 1, par = i & 1;
+    const bool has_next = i + 1 < geo.n_tiles;
+    if (w == 0 && lane == 0)
+      early_s[c] = has_next && MbarTest(sm.full(slot ^ 1), ((i + 1) >> 1) & 1);
+    asm volatile("bar.sync %0, 128;\n" ::"r"(5 + c) : "memory");
+    const bool early = early_s[c] != 0;
+    if (early) issue_s(i + 1);
     float f[2];
     BarSync(1 + par);
 #pragma unroll
@@ -333,7 +359,7 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
     wg::Wait<0>();
     wg::Pin(o);
     wg::MbarArrive(sm.empty(slot));
-    if (i + 1 < geo.n_tiles) issue_s(i + 1);
+    if (has_next && !early) issue_s(i + 1);
   };
 
   // Consumer 0 owns tiles 0, 2, ...; consumer 1 issues S_1 in its step for tile 0. One loop with
