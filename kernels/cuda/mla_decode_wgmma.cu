@@ -326,20 +326,16 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
     wg::Pin(o);
     wg::MbarArrive(sm.empty(slot));
   };
-  // The other consumer's tile i: add P_i V_i and hand the slot back; issue S_{i+1} (own tile)
-  // before all that when tile i+1 has already landed, so that it runs during the owner's
-  // softmax, and after it otherwise: wgmma groups complete in order, so an early S_{i+1} holds
-  // back the release of tile i, and with two slots that release is what starts the copy of tile
-  // i+2. The choice must be uniform over the warpgroup (wgmma is warpgroup-collective): one
+  // The other consumer's tile i: add P_i V_i, then issue S_{i+1} (own tile) right behind it so
+  // the tensor cores go from one to the other without a gap, and hand slot i back as soon as
+  // P_i V_i has completed (wgmma groups complete in order: waiting for all but the newest
+  // group). That needs tile i+1 to have landed; when it has not, slot i goes back first and
+  // S_{i+1} waits for its copy, because with two slots that release is what starts the copy of
+  // tile i+2. The choice must be uniform over the warpgroup (wgmma is warpgroup-collective): one
   // thread tests the barrier and the warpgroup syncs on a named barrier to read its answer.
   auto other_step = [&](int i) {
     const int slot = i & 1, par = i & 1;
     const bool has_next = i + 1 < geo.n_tiles;
-    if (w == 0 && lane == 0)
-      early_s[c] = has_next && MbarTest(sm.full(slot ^ 1), ((i + 1) >> 1) & 1);
-    asm volatile("bar.sync %0, 128;\n" ::"r"(5 + c) : "memory");
-    const bool early = early_s[c] != 0;
-    if (early) issue_s(i + 1);
     float f[2];
     BarSync(1 + par);
 #pragma unroll
@@ -356,7 +352,17 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
       wg::MmaSS256TBf16(o, wg::Desc(sm.p() + kt * 32, 16, 1024), v_desc(slot, kt));
     }
     wg::Commit();
-    wg::Wait<0>();
+    if (w == 0 && lane == 0) {
+      early_s[c] = has_next && MbarTest(sm.full(slot ^ 1), ((i + 1) >> 1) & 1);
+    }
+    asm volatile("bar.sync %0, 128;\n" ::"r"(5 + c) : "memory");
+    const bool early = early_s[c] != 0;
+    if (early) {
+      issue_s(i + 1);
+      wg::Wait<1>();
+    } else {
+      wg::Wait<0>();
+    }
     wg::Pin(o);
     wg::MbarArrive(sm.empty(slot));
     if (has_next && !early) issue_s(i + 1);
