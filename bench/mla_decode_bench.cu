@@ -194,11 +194,9 @@ Result RunShape(const Shape& s, int iters, double bw_tbps, double peak_tflops) {
   const double med_s = ms[iters / 2] * 1e-3, min_s = ms[0] * 1e-3;
   const double flops = 2.0 * s.batch * s.heads * double(s.kv_len) * (kL + kC);
   const double bytes = double(s.batch) * s.kv_len * kL * esize;
-  const char* impl =
-      s.kernel == llm::cuda::MlaKernel::kPortable ? "cuda_mla_portable"
-      : attn[0]->uses_wgmma() && s.heads >= llm::cuda::kMlaMaxRows  // 1 token per sequence
-          ? "cuda_mla_wgmma"
-          : "cuda_mla";
+  const char* impl = s.kernel == llm::cuda::MlaKernel::kPortable ? "cuda_mla_portable"
+                     : attn[0]->uses_wgmma()                     ? "cuda_mla_wgmma"
+                                                                 : "cuda_mla";
   Result r{s.name,
            impl,
            s.heads,
@@ -249,6 +247,7 @@ int main(int argc, char** argv) {
       {"h128_b128_compute", 128, 128, 4096, MlaCacheType::kBf16, MlaKernel::kPortable},
       {"h128_b128_compute", 128, 128, 4096, MlaCacheType::kFp8E4M3},
       {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kBf16},
+      {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kBf16, MlaKernel::kPortable},
       {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kFp8E4M3},
       {"h128_b1_latency", 128, 1, 4096, MlaCacheType::kBf16},
       {"h128_b1_latency", 128, 1, 4096, MlaCacheType::kBf16, MlaKernel::kPortable},

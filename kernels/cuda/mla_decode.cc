@@ -146,7 +146,9 @@ void MlaDecode::ctas_per_sm(int out[kMlaNumRowVariants]) const {
                                                  : mla::AttendCtasPerSmFp8(kMlaVariantRows[v]);
   }
 #if LLM_MLA_WGMMA
-  if (uses_wgmma()) out[kMlaNumRowVariants - 1] = mla::AttendCtasPerSmBf16Wgmma();
+  if (uses_wgmma()) {
+    for (int v = 0; v < kMlaNumRowVariants; ++v) out[v] = mla::AttendCtasPerSmBf16Wgmma();
+  }
 #endif
 }
 
@@ -244,7 +246,7 @@ Status MlaDecode::Attend(const LayerArgs& args, void* stream) {
     a.num_items = num_items_[v];
     if (fp8) {
       mla::LaunchAttendFp8(a, kMlaVariantRows[v], stream);
-    } else if (wgmma && kMlaVariantRows[v] == kMlaMaxRows) {
+    } else if (wgmma) {
 #if LLM_MLA_WGMMA
       if (!mla::LaunchAttendBf16Wgmma(a, stream)) {
         return Internal("MLA decode: cuTensorMapEncodeTiled failed for the latent cache");
