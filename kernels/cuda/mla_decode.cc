@@ -115,8 +115,9 @@ bool MlaWgmmaAvailable() {
 
 MlaDecode::MlaDecode(const MlaDecodeShape& shape) : shape_(shape) {}
 
-bool MlaDecode::uses_wgmma() const {
+bool MlaDecode::uses_wgmma(int variant) const {
   if (shape_.cache != MlaCacheType::kBf16 || shape_.kernel == MlaKernel::kPortable) return false;
+  if (shape_.kernel == MlaKernel::kAuto && kMlaVariantRows[variant] != kMlaMaxRows) return false;
   return MlaWgmmaAvailable();
 }
 
@@ -146,8 +147,8 @@ void MlaDecode::ctas_per_sm(int out[kMlaNumRowVariants]) const {
                                                  : mla::AttendCtasPerSmFp8(kMlaVariantRows[v]);
   }
 #if LLM_MLA_WGMMA
-  if (uses_wgmma()) {
-    for (int v = 0; v < kMlaNumRowVariants; ++v) out[v] = mla::AttendCtasPerSmBf16Wgmma();
+  for (int v = 0; v < kMlaNumRowVariants; ++v) {
+    if (uses_wgmma(v)) out[v] = mla::AttendCtasPerSmBf16Wgmma();
   }
 #endif
 }
@@ -222,7 +223,6 @@ Status MlaDecode::Attend(const LayerArgs& args, void* stream) {
     return InvalidArgument("MLA fp8 cache needs a positive finite cache_scale");
   }
   LLM_RETURN_IF_ERROR(CheckKernelChoice(shape_));
-  const bool wgmma = uses_wgmma();
   const auto* ints = static_cast<const int32_t*>(d_ints_);
   float* partial_o = static_cast<float*>(d_partial_);
   float* partial_lse = partial_o + static_cast<size_t>(num_partials_) * kMlaMaxRows * kMlaLatentDim;
@@ -246,7 +246,7 @@ Status MlaDecode::Attend(const LayerArgs& args, void* stream) {
     a.num_items = num_items_[v];
     if (fp8) {
       mla::LaunchAttendFp8(a, kMlaVariantRows[v], stream);
-    } else if (wgmma) {
+    } else if (uses_wgmma(v)) {
 #if LLM_MLA_WGMMA
       if (!mla::LaunchAttendBf16Wgmma(a, stream)) {
         return Internal("MLA decode: cuTensorMapEncodeTiled failed for the latent cache");

@@ -23,10 +23,16 @@ constexpr int kMlaLatentDim = 512;  // kv_lora_rank: q_latent, PV and output wid
 constexpr int kMlaRopeDim = 64;
 constexpr int kMlaCacheDim = kMlaLatentDim + kMlaRopeDim;  // QK width, cached row width
 
-// Which kernel runs the 64-row items: the portable one (mma.sync, the sm_120 design, every
-// architecture) or the sm_90a warpgroup-MMA one (bf16 cache, compute capability 9.0, a build that
-// includes sm_90a). kAuto takes wgmma wherever it can run; 16- and 32-row items and the fp8 cache
-// always use the portable kernel.
+// Which kernel runs the work items over a bf16 cache: the portable one (mma.sync, the sm_120
+// design, every architecture) or the sm_90a warpgroup-MMA one (compute capability 9.0 and a build
+// that includes sm_90a; 64-row tiles, smaller items padded). The fp8 cache always uses the
+// portable kernel.
+//   kAuto: 64-row items (64+ heads, or 16 heads x 4 tokens...) on wgmma where it can run, 16- and
+//     32-row items on the portable kernel (2 CTAs per SM).
+//   kWgmma: every item on wgmma (padded; faster on long memory-bound contexts: 16 heads x 4096
+//     tokens at 4.0 TB/s against 3.4-3.6); an error where it cannot run.
+//   kPortable: every item on the portable kernel.
+// Why kAuto keeps 16/32-row items portable: docs/PERFORMANCE.md section 5.
 enum class MlaKernel { kAuto, kPortable, kWgmma };
 
 struct MlaDecodeShape {
@@ -116,8 +122,8 @@ class MlaDecode {
   Status Attend(const LayerArgs& args, void* stream);
 
   const MlaDecodeShape& shape() const { return shape_; }
-  // Whether 64-row items run on the sm_90a kernel (the shape's choice on this device).
-  bool uses_wgmma() const;
+  // Whether items of row variant v run on the sm_90a kernel (the shape's choice on this device).
+  bool uses_wgmma(int variant = kMlaNumRowVariants - 1) const;
   // Resident CTAs per SM of each row variant on the current device, for MlaPlanConfig.
   void ctas_per_sm(int out[kMlaNumRowVariants]) const;
 

@@ -63,7 +63,10 @@ std::string Name(const MlaCase& c) {
                   " heads=" + std::to_string(c.heads) + " " + split[static_cast<int>(c.split)] +
                   " scale=" + std::to_string(c.softmax_scale) +
                   (c.path == Path::kRegistry ? " via registry" : "") +
-                  (c.kernel == MlaKernel::kPortable ? " portable kernel" : "") + " seqs(q,kv)=";
+                  (c.kernel == MlaKernel::kPortable ? " portable kernel"
+                   : c.kernel == MlaKernel::kWgmma  ? " wgmma kernel"
+                                                    : "") +
+                  " seqs(q,kv)=";
   for (auto [q, kv] : c.seqs) s += "(" + std::to_string(q) + "," + std::to_string(kv) + ")";
   return s;
 }
@@ -173,7 +176,8 @@ int RunCaseOnce(const MlaCase& c, std::mt19937& rng) {
   int num_partials = -1;
   if (c.path == Path::kDirect) {
     MlaDecode attn(MlaDecodeShape{H, bs, c.cache, c.kernel});
-    INFO("64-row items on the wgmma kernel: " << attn.uses_wgmma());
+    INFO("items on the wgmma kernel (16/32/64 rows): " << attn.uses_wgmma(0) << attn.uses_wgmma(1)
+                                                       << attn.uses_wgmma(2));
     MlaPlanConfig pc;
     pc.num_sms = CudaNumSms();
     attn.ctas_per_sm(pc.ctas_per_sm);
@@ -315,14 +319,17 @@ int RunCaseOnce(const MlaCase& c, std::mt19937& rng) {
   return num_partials;
 }
 
-// Runs the case on the automatic choice and, where that is the sm_90a kernel (bf16 cache on an
-// H100/H200), once more on the portable kernel, which sm_120 runs.
+// Runs the case on the automatic choice and, where the sm_90a kernel can run (bf16 cache on an
+// H100/H200), once more on each explicit kernel: the portable one (which sm_120 runs) and wgmma for
+// every item (kAuto gives it only the 64-row items).
 int RunCase(const MlaCase& c, std::mt19937& rng) {
   const int partials = RunCaseOnce(c, rng);
   if (c.path == Path::kDirect && c.cache == MlaCacheType::kBf16 && MlaWgmmaAvailable()) {
-    MlaCase portable = c;
-    portable.kernel = MlaKernel::kPortable;
-    RunCaseOnce(portable, rng);
+    for (MlaKernel k : {MlaKernel::kPortable, MlaKernel::kWgmma}) {
+      MlaCase other = c;
+      other.kernel = k;
+      RunCaseOnce(other, rng);
+    }
   }
   return partials;
 }
@@ -393,6 +400,9 @@ TEST_CASE("MLA decode: kernel choice per device and cache type", "[gpu][mla]") {
   const bool hopper = MlaWgmmaAvailable();
   INFO("sm_90a MLA kernel available: " << hopper);
   CHECK(MlaDecode(MlaDecodeShape{128, 64, MlaCacheType::kBf16}).uses_wgmma() == hopper);
+  CHECK_FALSE(MlaDecode(MlaDecodeShape{16, 64, MlaCacheType::kBf16}).uses_wgmma(0));
+  CHECK(MlaDecode(MlaDecodeShape{16, 64, MlaCacheType::kBf16, MlaKernel::kWgmma}).uses_wgmma(0) ==
+        hopper);
   CHECK_FALSE(MlaDecode(MlaDecodeShape{128, 64, MlaCacheType::kFp8E4M3}).uses_wgmma());
   CHECK_FALSE(
       MlaDecode(MlaDecodeShape{128, 64, MlaCacheType::kBf16, MlaKernel::kPortable}).uses_wgmma());
