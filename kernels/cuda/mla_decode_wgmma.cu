@@ -1,13 +1,16 @@
-// MLA decode on Hopper warpgroup MMA (sm_90a only): 64-row work items over a bf16 latent cache.
-// The portable kernel (mla_decode_kernel.cuh) keeps to sm_120's limits; this one uses what only
-// sm_90a has (wgmma from shared memory, setmaxnreg, 227 KB of shared memory) for the
-// compute-bound shapes (64 heads or more per token, or 16 heads x 4 tokens).
+// MLA decode on Hopper warpgroup MMA (sm_90a only): work items of up to 64 rows over a bf16
+// latent cache. The portable kernel (mla_decode_kernel.cuh) keeps to sm_120's limits; this one
+// uses what sm_90a has (wgmma from shared memory, setmaxnreg, TMA, 227 KB of shared memory).
+// MlaDecode gives it the 64-row items by default (64+ heads per token, or 16 heads x 4 tokens),
+// every item with MlaKernel::kWgmma (smaller items are padded to 64 rows).
 //
-// One CTA = one MlaWorkItem of up to 64 rows (heads x tokens) against a KV range; 384 threads:
-//   - warpgroup 0, the producer (40 registers): copies the item's 64 query rows (q_latent | q_pe,
-//     576 dims) once, then streams 64-token KV tiles through the block table into a two-slot ring
-//     with cp.async. Every tile is 9 panels of 64 dims (128-byte swizzle); each panel has its own
-//     "full" mbarrier, so S = Q K^T starts on the first panel while the rest are in flight.
+// One CTA = one MlaWorkItem (heads x tokens rows) against a KV range; 384 threads:
+//   - warpgroup 0, the producer (40 registers): copies the item's query rows (q_latent | q_pe,
+//     576 dims) once with cp.async, then streams 64-token KV tiles into a two-slot ring: 9
+//     tensor copies (TMA, one 64 x 64 box per 64-dim panel, 128-byte swizzle) per tile, issued by
+//     one thread, completing a "full" mbarrier by bytes. The tail tile of an item, and every tile
+//     when pages are not whole 64-token tiles, is gathered row by row with cp.async and zero-filled
+//     past kv_end.
 //   - warpgroups 1 and 2, the consumers (232 registers): consumer c owns output columns
 //     256c .. 256c + 255 (O is 64 x 512 fp32: 128 registers per thread for a half) and the tiles
 //     of parity c (tile i sits in slot i % 2). For its own tile the consumer computes S_i =
@@ -15,13 +18,14 @@
 //     m_{i-1} it got from the other consumer, and O_c += P_i V_i (P from registers); it publishes
 //     P_i (bf16), m_i and the rescale factor in shared memory and signals a named barrier. The
 //     other consumer waits on that barrier, rescales its half, adds P_i V_i from shared memory
-//     and then issues S_{i+1} (its own tile). So the two softmaxes alternate (FlashMLA's
-//     "seesaw") while the tensor cores have the other consumer's products.
+//     and issues S_{i+1} (its own tile) right behind it. So the two softmaxes alternate
+//     (FlashMLA's "seesaw") while the tensor cores have the other consumer's products.
 //   - A slot is handed back to the producer ("empty" mbarrier, 256 arrivals) once both
 //     consumers' products that read it have completed.
+// Measured and explained in docs/PERFORMANCE.md section 13.
 //
-// Shared memory: Q 72 KB + 2 KV slots x 72 KB + P 8 KB + row statistics + 20 mbarriers =
-// 225.6 KB (+1 KB to align the swizzled tiles), inside sm_90's 227 KB: one CTA per SM.
+// Shared memory: Q 72 KB + 2 KV slots x 72 KB + P 8 KB + row statistics + 5 mbarriers = 225.6 KB
+// (+1 KB to align the swizzled tiles), inside sm_90's 227 KB: one CTA per SM.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
