@@ -34,12 +34,12 @@
 #include <cstdint>
 
 #include "kernels/cuda/mla_kernel_args.h"
-#include "kernels/fmha/wgmma.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace llm::cuda::mla {
 namespace {
 
-namespace wg = llm::fmha::wgmma;
+namespace wg = llm::cuda::wgmma;
 
 struct WgCfg {
   static constexpr int kRows = kMlaMaxRows;  // 64: one wgmma M

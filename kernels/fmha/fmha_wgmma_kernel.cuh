@@ -24,10 +24,12 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/wgmma.cuh"
 #include "kernels/fmha/fmha_kernel.cuh"
-#include "kernels/fmha/wgmma.cuh"
 
 namespace llm::fmha {
+
+namespace wgmma = llm::cuda::wgmma;
 
 template <typename T, int D>
 struct WgmmaCfg {

@@ -1,7 +1,8 @@
-// Hopper (sm_90a) warpgroup MMA primitives for the wgmma FMHA kernel (fmha_wgmma_kernel.cuh):
-// shared-memory matrix descriptors for the 128-byte swizzle, the wgmma fence / commit / wait
-// protocol, and the three product shapes the kernel issues. CUDA only, and only in translation
-// units compiled for sm_90a (the wgmma instructions do not exist on any other target).
+// Hopper (sm_90a) warpgroup MMA primitives for the sm_90a kernels (the FMHA prefill kernel,
+// kernels/fmha/fmha_wgmma_kernel.cuh, and MLA decode, mla_decode_wgmma.cu): shared-memory matrix
+// descriptors for the 128-byte swizzle, the wgmma fence / commit / wait protocol, mbarriers,
+// setmaxnreg, and the product shapes the kernels issue. CUDA only, and only in translation units
+// compiled for sm_90a (the wgmma instructions do not exist on any other target).
 //
 // Operand layouts (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"):
 //   - A warpgroup is 4 consecutive warps starting at a warp index divisible by 4; warp w of it owns
@@ -23,7 +24,7 @@
 
 #include <cstdint>
 
-namespace llm::fmha::wgmma {
+namespace llm::cuda::wgmma {
 
 // Shared-memory matrix descriptor with the 128-byte swizzle (layout type 1 in bits 62-63).
 __device__ __forceinline__ uint64_t Desc(uint32_t smem_addr, uint32_t lbo_bytes,
@@ -259,4 +260,4 @@ __device__ __forceinline__ void MmaSS256TBf16(float (&d)[128], uint64_t a, uint6
 #undef LLM_WGMMA_OUT128
 #undef LLM_WGMMA_ACC128
 
-}  // namespace llm::fmha::wgmma
+}  // namespace llm::cuda::wgmma
