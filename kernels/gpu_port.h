@@ -97,12 +97,6 @@ inline Error SmemOptinBytes(int dev, int* n) {
 inline Error SmemPerSmBytes(int dev, int* n) {
   return hipDeviceGetAttribute(n, hipDeviceAttributeMaxSharedMemoryPerMultiprocessor, dev);
 }
-inline Error ComputeCapability(int dev, int* major, int* minor) {
-  const Error e = hipDeviceGetAttribute(major, hipDeviceAttributeComputeCapabilityMajor, dev);
-  return e != kSuccess
-             ? e
-             : hipDeviceGetAttribute(minor, hipDeviceAttributeComputeCapabilityMinor, dev);
-}
 inline Error MaxActiveBlocks(int* n, const void* kernel, int threads, size_t smem) {
   return hipOccupancyMaxActiveBlocksPerMultiprocessor(n, kernel, threads, smem);
 }
@@ -150,10 +144,6 @@ inline Error SmemOptinBytes(int dev, int* n) {
 }
 inline Error SmemPerSmBytes(int dev, int* n) {
   return cudaDeviceGetAttribute(n, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
-}
-inline Error ComputeCapability(int dev, int* major, int* minor) {
-  const Error e = cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, dev);
-  return e != kSuccess ? e : cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, dev);
 }
 inline Error MaxActiveBlocks(int* n, const void* kernel, int threads, size_t smem) {
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, kernel, threads, smem);

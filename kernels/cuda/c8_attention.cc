@@ -10,23 +10,6 @@
 
 namespace llm::cuda {
 
-int CudaDeviceCount() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no device" error
-    return 0;
-  }
-  return n;
-}
-
-int CudaNumSms() {
-  if (CudaDeviceCount() == 0) return 0;
-  int dev = 0, sms = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  return sms;
-}
-
 C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8PlanConfig& config) {
   C8Plan plan;
   const int group = shape.num_q_heads / shape.num_kv_heads;

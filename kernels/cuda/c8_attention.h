@@ -12,6 +12,7 @@
 
 #include "engine/base/status.h"
 #include "kernels/attention_backend.h"
+#include "kernels/cuda/device_info.h"
 #include "kernels/cuda/pinned_staging.h"
 
 namespace llm::cuda {
@@ -161,9 +162,5 @@ class C8Attention {
   int graph_max_seqs_ = 0, graph_max_pages_ = 0;
   int graph_slots_ = 0;  // resident decode CTA slots of the device (set by ReserveGraph)
 };
-
-int CudaDeviceCount();
-// Multiprocessor count of the current device (0 when there is none).
-int CudaNumSms();
 
 }  // namespace llm::cuda

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_info.h"
 #include "kernels/cuda/mla_kernel_args.h"
 
 namespace llm::cuda {
@@ -95,19 +96,7 @@ MlaPlan BuildMlaPlan(const MlaDecodeShape& shape, const AttentionBatch& batch,
 
 bool MlaWgmmaAvailable() {
 #if LLM_MLA_WGMMA
-  thread_local int cached_dev = -1;
-  thread_local bool cached = false;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (dev != cached_dev) {
-    int major = 0, minor = 0;
-    cached =
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-        major == 9 && minor == 0;
-    cached_dev = dev;
-  }
-  return cached;
+  return CurrentDeviceIsSm90();
 #else
   return false;
 #endif

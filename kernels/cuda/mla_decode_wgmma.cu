@@ -35,6 +35,7 @@
 
 #include "kernels/cuda/mla_kernel_args.h"
 #include "kernels/cuda/wgmma.cuh"
+#include "kernels/gpu_port.h"
 
 namespace llm::cuda::mla {
 namespace {
@@ -103,38 +104,6 @@ __device__ __forceinline__ size_t QRow(const AttendArgs& a, const MlaWorkItem& i
          r % item.num_heads;
 }
 
-__device__ __forceinline__ float Exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-// Non-blocking: whether the barrier phase with this parity has completed.
-__device__ __forceinline__ bool MbarTest(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-
-// One arrival that also expects `bytes` of tensor-copy transactions on the barrier.
-__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-// A 64 x 64 box of the cache (rows y .. y + 63, dims x .. x + 63) into one swizzled panel.
-__device__ __forceinline__ void TmaLoadPanel(uint32_t dst, const CUtensorMap* map, int x, int y,
-                                             uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
-      "%3}], [%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
-      : "memory");
-}
-
 // The producer warpgroup. Q (64 scattered rows, once per item) goes through cp.async. A KV tile
 // of 64 whole cache rows inside one page is 9 tensor copies (TMA) issued by one thread; the tail
 // tile of an item, and every tile when pages are not made of whole 64-row tiles, is gathered
@@ -179,10 +148,10 @@ __device__ __forceinline__ void Produce(const AttendArgs& a, const CUtensorMap* 
     if (whole_tiles && tok0 + WgCfg::kTile <= item.kv_end) {
       if (tid == 0) {
         const int y = pages[tok0 / a.block_size] * a.block_size + tok0 % a.block_size;
-        MbarArriveExpectTx(sm.full(slot), WgCfg::kTileBytes);
+        wg::MbarArriveExpectTx(sm.full(slot), WgCfg::kTileBytes);
 #pragma unroll
         for (int pn = 0; pn < WgCfg::kPanels; ++pn) {
-          TmaLoadPanel(sm.kv(slot) + pn * WgCfg::kPanelBytes, map, pn * 64, y, sm.full(slot));
+          wg::TmaLoad2d(sm.kv(slot) + pn * WgCfg::kPanelBytes, map, pn * 64, y, sm.full(slot));
         }
       }
       continue;
@@ -290,7 +259,7 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
     uint32_t p[4][4];  // P_i as the A operand, k16-slice kt = tokens 16kt ..
 #pragma unroll
     for (int x = 0; x < 32; ++x) {
-      s[x] = Exp2(fmaf(s[x], a.scale_log2, -m_use[(x >> 1) & 1]));
+      s[x] = gpu::Exp2(fmaf(s[x], a.scale_log2, -m_use[(x >> 1) & 1]));
       l_run[(x >> 1) & 1] += s[x];
     }
 #pragma unroll
@@ -357,7 +326,7 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
     }
     wg::Commit();
     if (w == 0 && lane == 0) {
-      early_s[c] = has_next && MbarTest(sm.full(slot ^ 1), ((i + 1) >> 1) & 1);
+      early_s[c] = has_next && wg::MbarTest(sm.full(slot ^ 1), ((i + 1) >> 1) & 1);
     }
     asm volatile("bar.sync %0, 128;\n" ::"r"(5 + c) : "memory");
     const bool early = early_s[c] != 0;

@@ -87,6 +87,33 @@ __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
         : "memory");
   } while (!done);
 }
+// Non-blocking: whether the barrier phase with this parity has completed.
+__device__ __forceinline__ bool MbarTest(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// One arrival that also expects `bytes` of tensor-copy (TMA) transactions on the barrier.
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// A 2-D tensor copy (TMA): the box of the tensor map `map` (a CUtensorMap in parameter or
+// constant space) at element coordinates (x, y) into shared memory at `dst`, completing bytes on
+// the mbarrier `bar`. The map's swizzle mode lays the box out (128-byte: the wgmma layout).
+__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const void* map, int x, int y,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+}
 // Register file split between warpgroup roles (needs a register cap at kernel entry).
 template <int N>
 __device__ __forceinline__ void RegAlloc() {

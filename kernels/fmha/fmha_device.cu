@@ -12,16 +12,4 @@ const char* QueryDevice(int* num_sms, int* smem_optin_bytes) {
   return nullptr;
 }
 
-const char* CurrentDeviceIndex(int* dev) {
-  LLM_GPU_TRY(gpu::CurrentDevice(dev));
-  return nullptr;
-}
-
-const char* QueryArch(int* major, int* minor) {
-  int dev = 0;
-  LLM_GPU_TRY(gpu::CurrentDevice(&dev));
-  LLM_GPU_TRY(gpu::ComputeCapability(dev, major, minor));
-  return nullptr;
-}
-
 }  // namespace llm::fmha

@@ -54,8 +54,5 @@ const char* ResidentCtasWgmmaBf16(const Run& run, int* ctas_per_sm);
 const char* ResidentCtasWgmmaFp16(const Run& run, int* ctas_per_sm);
 // Device properties of the current device (cached per device by the caller if needed).
 const char* QueryDevice(int* num_sms, int* smem_optin_bytes);
-// The current device's index and compute capability.
-const char* CurrentDeviceIndex(int* dev);
-const char* QueryArch(int* major, int* minor);
 
 }  // namespace llm::fmha

@@ -9,6 +9,10 @@
 
 #include "kernels/fmha/fmha_dispatch.h"
 
+#if LLM_FMHA_WGMMA
+#include "kernels/cuda/device_info.h"  // CUDA builds with the sm_90a kernel only
+#endif
+
 namespace llm {
 namespace {
 
@@ -113,17 +117,7 @@ int AutoSplits(const FmhaParams& p, Layout layout, int row_tiles) {
 
 bool FmhaWgmmaAvailable() {
 #if LLM_FMHA_WGMMA
-  // Asked on every launch (and twice for automatic splits): the answer is cached per device.
-  thread_local int cached_dev = -1;
-  thread_local bool cached = false;
-  int dev = 0;
-  if (fmha::CurrentDeviceIndex(&dev) != nullptr) return false;
-  if (dev != cached_dev) {
-    int major = 0, minor = 0;
-    cached = fmha::QueryArch(&major, &minor) == nullptr && major == 9 && minor == 0;
-    cached_dev = dev;
-  }
-  return cached;
+  return cuda::CurrentDeviceIsSm90();  // cached per device: asked on every launch
 #else
   return false;
 #endif
