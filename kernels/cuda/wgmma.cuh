@@ -193,14 +193,6 @@ __device__ __forceinline__ void Pin(uint32_t (&r)[N]) {
       "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]),         \
       "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]),         \
       "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-// A and B from shared memory (K-major), scale-d from the register operand after them.
-#define LLM_WGMMA_SS128(TY)                                                         \
-  asm volatile(                                                                     \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                  \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {" LLM_WGMMA_ACC64 \
-      "%64, %65, p, 1, 1, 0, 0;\n}\n"                                               \
-      : LLM_WGMMA_OUT64                                                             \
-      : "l"(a), "l"(b), "r"(scale_d))
 // Both operands from shared memory; OPERANDS ends with the scale / transpose immediates and
 // PRED names the register operand that sets scale-d.
 #define LLM_WGMMA_SS(SHAPE, ACC, OUT, OPERANDS, PRED, TY)                                         \
@@ -223,9 +215,11 @@ __device__ __forceinline__ void Pin(uint32_t (&r)[N]) {
 template <bool kBf16>
 __device__ __forceinline__ void MmaSS128(float (&d)[64], uint64_t a, uint64_t b, int scale_d) {
   if constexpr (kBf16) {
-    LLM_WGMMA_SS128("bf16");
+    LLM_WGMMA_SS("m64n128k16", LLM_WGMMA_ACC64, LLM_WGMMA_OUT64, "%64, %65, p, 1, 1, 0, 0", "%66",
+                 "bf16");
   } else {
-    LLM_WGMMA_SS128("f16");
+    LLM_WGMMA_SS("m64n128k16", LLM_WGMMA_ACC64, LLM_WGMMA_OUT64, "%64, %65, p, 1, 1, 0, 0", "%66",
+                 "f16");
   }
 }
 
@@ -279,7 +273,6 @@ __device__ __forceinline__ void MmaSS256TBf16(float (&d)[128], uint64_t a, uint6
 
 #undef LLM_WGMMA_RS
 #undef LLM_WGMMA_SS
-#undef LLM_WGMMA_SS128
 #undef LLM_WGMMA_OUT32
 #undef LLM_WGMMA_OUT64
 #undef LLM_WGMMA_ACC32
