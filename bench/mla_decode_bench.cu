@@ -73,6 +73,7 @@ struct Shape {
   int heads, batch, kv_len;
   MlaCacheType cache;
   llm::cuda::MlaKernel kernel = llm::cuda::MlaKernel::kAuto;
+  llm::cuda::MlaFp8Math fp8_math = llm::cuda::MlaFp8Math::kAuto;
 };
 
 struct Result {
@@ -130,8 +131,8 @@ Result RunShape(const Shape& s, int iters, double bw_tbps, double peak_tflops) {
       const int last = s.kv_len - 1;
       b.slot_mapping.push_back(b.page_indices[b.page_indptr[i] + last / kBs] * kBs + last % kBs);
     }
-    attn.push_back(
-        std::make_unique<MlaDecode>(llm::cuda::MlaDecodeShape{s.heads, kBs, s.cache, s.kernel}));
+    attn.push_back(std::make_unique<MlaDecode>(
+        llm::cuda::MlaDecodeShape{s.heads, kBs, s.cache, s.kernel, s.fp8_math}));
     llm::cuda::MlaPlanConfig pc;
     pc.num_sms = llm::cuda::CudaNumSms();
     attn.back()->ctas_per_sm(pc.ctas_per_sm);
@@ -198,6 +199,8 @@ Result RunShape(const Shape& s, int iters, double bw_tbps, double peak_tflops) {
   const int variant = s.heads >= 64 ? 2 : s.heads > 16 ? 1 : 0;
   const char* impl = s.kernel == llm::cuda::MlaKernel::kPortable ? "cuda_mla_portable"
                      : attn[0]->uses_wgmma(variant)              ? "cuda_mla_wgmma"
+                     : attn[0]->uses_fp8_mma()                   ? "cuda_mla_e4m3"
+                     : fp8                                       ? "cuda_mla_f16"
                                                                  : "cuda_mla";
   Result r{s.name,
            impl,
@@ -244,17 +247,22 @@ int main(int argc, char** argv) {
   using llm::cuda::MlaKernel;
   // kAuto: the sm_90a kernel for 64-row items over bf16 on an H100/H200, the portable kernel for
   // smaller items; kWgmma rows put every item on the sm_90a kernel; kPortable rows measure the
-  // sm_120 design on the same GPU.
+  // sm_120 design on the same GPU. fp8 rows: kAuto (f16 MMA on Hopper) and e4m3 MMA (sm_120's).
+  using llm::cuda::MlaFp8Math;
+  constexpr MlaKernel kAuto = MlaKernel::kAuto;
   const Shape shapes[] = {
       {"h128_b128_compute", 128, 128, 4096, MlaCacheType::kBf16},
       {"h128_b128_compute", 128, 128, 4096, MlaCacheType::kBf16, MlaKernel::kPortable},
       {"h128_b128_compute", 128, 128, 4096, MlaCacheType::kFp8E4M3},
+      {"h128_b128_compute", 128, 128, 4096, MlaCacheType::kFp8E4M3, kAuto, MlaFp8Math::kE4m3},
       {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kBf16},
       {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kBf16, MlaKernel::kWgmma},
       {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kFp8E4M3},
+      {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kFp8E4M3, kAuto, MlaFp8Math::kE4m3},
       {"h128_b1_latency", 128, 1, 4096, MlaCacheType::kBf16},
       {"h128_b1_latency", 128, 1, 4096, MlaCacheType::kBf16, MlaKernel::kPortable},
       {"h128_b1_latency", 128, 1, 4096, MlaCacheType::kFp8E4M3},
+      {"h128_b1_latency", 128, 1, 4096, MlaCacheType::kFp8E4M3, kAuto, MlaFp8Math::kE4m3},
   };
   std::vector<Result> results;
   for (const Shape& s : shapes) {

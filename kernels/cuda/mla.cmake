@@ -6,6 +6,7 @@ if(LLM_HAVE_CUDA)
     ${CMAKE_CURRENT_LIST_DIR}/mla_decode.cc
     ${CMAKE_CURRENT_LIST_DIR}/mla_decode_bf16.cu
     ${CMAKE_CURRENT_LIST_DIR}/mla_decode_fp8.cu
+    ${CMAKE_CURRENT_LIST_DIR}/mla_decode_fp8_mma.cu
     ${CMAKE_CURRENT_LIST_DIR}/mla_merge_append.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda_mla_backend.cc)
   # The Hopper variant over a bf16 cache (wgmma + TMA, 225 KB of shared memory): sm_90a only.

@@ -104,6 +104,20 @@ bool MlaWgmmaAvailable() {
 
 MlaDecode::MlaDecode(const MlaDecodeShape& shape) : shape_(shape) {}
 
+bool MlaFp8MmaAvailable() {
+  return mla::AttendFp8MmaAvailable();
+}
+
+bool MlaDecode::uses_fp8_mma() const {
+  if (shape_.cache != MlaCacheType::kFp8E4M3 || shape_.fp8_math == MlaFp8Math::kF16) return false;
+  // Hopper's mma.sync m16n8k32 e4m3 takes about twice as long as an f16 m16n8k16 (no fp8 gain),
+  // so the hi/lo split doubles the tensor time (H200, 16 heads x 4096: 200 us against 147) and
+  // kAuto keeps the f16 kernel there; Ada and consumer Blackwell (sm_89, sm_120) run fp8
+  // mma.sync at twice the f16 rate.
+  if (shape_.fp8_math == MlaFp8Math::kAuto && CurrentDeviceIsSm90()) return false;
+  return MlaFp8MmaAvailable();
+}
+
 bool MlaDecode::uses_wgmma(int variant) const {
   if (shape_.cache != MlaCacheType::kBf16 || shape_.kernel == MlaKernel::kPortable) return false;
   if (shape_.kernel == MlaKernel::kAuto && kMlaVariantRows[variant] != kMlaMaxRows) return false;
@@ -112,6 +126,12 @@ bool MlaDecode::uses_wgmma(int variant) const {
 
 namespace {
 Status CheckKernelChoice(const MlaDecodeShape& shape) {
+  if (shape.cache == MlaCacheType::kFp8E4M3 && shape.fp8_math == MlaFp8Math::kE4m3 &&
+      !MlaFp8MmaAvailable()) {
+    return InvalidArgument(
+        "MLA decode: e4m3 MMA over the fp8 cache needs a device whose kernel binary is sm_89 or "
+        "later");
+  }
   if (shape.kernel != MlaKernel::kWgmma) return Status::Ok();
   if (shape.cache != MlaCacheType::kBf16) {
     return InvalidArgument("MLA decode: the wgmma kernel reads a bf16 cache only");
@@ -132,8 +152,9 @@ MlaDecode::~MlaDecode() {
 
 void MlaDecode::ctas_per_sm(int out[kMlaNumRowVariants]) const {
   for (int v = 0; v < kMlaNumRowVariants; ++v) {
-    out[v] = shape_.cache == MlaCacheType::kBf16 ? mla::AttendCtasPerSmBf16(kMlaVariantRows[v])
-                                                 : mla::AttendCtasPerSmFp8(kMlaVariantRows[v]);
+    out[v] = shape_.cache == MlaCacheType::kBf16
+                 ? mla::AttendCtasPerSmBf16(kMlaVariantRows[v])
+                 : mla::AttendCtasPerSmFp8(kMlaVariantRows[v], uses_fp8_mma());
   }
 #if LLM_MLA_WGMMA
   for (int v = 0; v < kMlaNumRowVariants; ++v) {
@@ -234,7 +255,7 @@ Status MlaDecode::Attend(const LayerArgs& args, void* stream) {
     a.items = reinterpret_cast<const MlaWorkItem*>(ints + off_items_[v]);
     a.num_items = num_items_[v];
     if (fp8) {
-      mla::LaunchAttendFp8(a, kMlaVariantRows[v], stream);
+      mla::LaunchAttendFp8(a, kMlaVariantRows[v], uses_fp8_mma(), stream);
     } else if (uses_wgmma(v)) {
 #if LLM_MLA_WGMMA
       if (!mla::LaunchAttendBf16Wgmma(a, stream)) {

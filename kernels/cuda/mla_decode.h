@@ -35,15 +35,28 @@ constexpr int kMlaCacheDim = kMlaLatentDim + kMlaRopeDim;  // QK width, cached r
 // Why kAuto keeps 16/32-row items portable: docs/PERFORMANCE.md section 5.
 enum class MlaKernel { kAuto, kPortable, kWgmma };
 
+// How the portable kernel multiplies an fp8 cache.
+//   kE4m3: fp8 tensor cores (mma m16n8k32 e4m3, sm_89 and later): the cache bytes feed the MMA
+//     unconverted; q and P enter as two e4m3 terms each (hi + lo). An error where the device's
+//     kernel binary is older than sm_89.
+//   kF16: every cache byte converted to f16 in registers (any architecture).
+//   kAuto: kE4m3 where it can run, except on Hopper, whose mma.sync e4m3 is no faster than f16
+//     so the hi/lo split costs twice (200 us against 147 at 16 heads x 4096 on an H200); else
+//     kF16.
+enum class MlaFp8Math { kAuto, kE4m3, kF16 };
+
 struct MlaDecodeShape {
   int num_heads = 0;  // query heads; every head reads the one latent per token
   int block_size = 64;
   MlaCacheType cache = MlaCacheType::kBf16;
   MlaKernel kernel = MlaKernel::kAuto;
+  MlaFp8Math fp8_math = MlaFp8Math::kAuto;
 };
 
 // Whether the current device can run the sm_90a MLA kernel (cached per device).
 bool MlaWgmmaAvailable();
+// Whether the current device runs the e4m3-MMA fp8 kernel (its binary is sm_89+; cached).
+bool MlaFp8MmaAvailable();
 
 // One CTA's work: the rows q_len x num_heads of one sequence (row r = token q_start + r /
 // num_heads, head head_start + r % num_heads) against cache positions [kv_start, kv_end).
@@ -124,6 +137,8 @@ class MlaDecode {
   const MlaDecodeShape& shape() const { return shape_; }
   // Whether items of row variant v run on the sm_90a kernel (the shape's choice on this device).
   bool uses_wgmma(int variant = kMlaNumRowVariants - 1) const;
+  // Whether an fp8 cache is multiplied on e4m3 tensor cores (the shape's choice on this device).
+  bool uses_fp8_mma() const;
   // Resident CTAs per SM of each row variant on the current device, for MlaPlanConfig.
   void ctas_per_sm(int out[kMlaNumRowVariants]) const;
 

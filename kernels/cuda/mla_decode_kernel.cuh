@@ -26,9 +26,10 @@
 // (half the bytes per tile, so twice the tokens in flight per stage byte) and is converted in
 // registers right after ldmatrix by the hardware e4m3x2 -> f16x2 cvt, which is exact; q and P are
 // f16 and the MMAs f16 (m16n8k16, fp32 accumulate). The layer scale folds into the softmax scale
-// (K) and the output (V). fp8 MMA (m16n8k32 e4m3) was not chosen: it needs q and P in e4m3 too,
-// 3 mantissa bits instead of f16's 10 (per-element rounding ~2^7 times larger), and the
-// memory-bound shapes an fp8 cache is for are not limited by the MMA rate.
+// (K) and the output (V). Fp8MmaCache instead feeds the bytes to fp8 MMAs (m16n8k32 e4m3, sm_89+)
+// with q and P split into two e4m3 terms each (~8 significant bits, like bf16): no conversions,
+// the same MMA count. It is sm_120's fp8 path; Hopper's fp8 mma.sync is no faster than f16, so
+// the split doubles the tensor time and the f16 kernel is chosen there (MlaFp8Math).
 // Loading 8-bit data with ldmatrix permutes which dim a thread holds (K) and which output column
 // (V); q is loaded with the same permutation and the output is un-permuted at the store.
 //
@@ -70,7 +71,62 @@ __device__ __forceinline__ uint32_t Fp8x2ToF16x2(uint32_t pair) {
 }
 
 // Cache-type traits: element bytes, ring depth, MMA input type and the fragment permutations.
-struct Bf16Cache {
+// Every trait provides: kK (dims per MMA k-step), QFrag (one k-step of q in registers), LoadQ /
+// StoreQpe / LoadQpe (q_latent fragments, q_pe in shared memory), QK, StoreP, PV and Pair (which
+// accumulator entries are adjacent output dims), plus kScaledQ / kPScale (fp8 MMA: q is scaled
+// per row and P by kPScale into e4m3 range; both are undone in the softmax and at the output).
+constexpr int kQpeRowBytes = 144;  // q_pe row in shared memory: 64 x 16-bit + 16 pad
+constexpr int kPRowBytes = 80;     // P row: 32 tokens x 16-bit (or 2 x 32 e4m3) + 16 pad
+
+// The f16/bf16-MMA traits share their q and P handling; D supplies QCol (which dim a fragment
+// register holds) and Pack.
+template <typename D>
+struct Mma16Traits {
+  static constexpr int kK = 16;
+  static constexpr bool kScaledQ = false;
+  static constexpr float kPScale = 1.f;
+  struct QFrag {
+    uint32_t r[4];
+  };
+  // Fragment of k16-step kk for rows g (q0) and g + 8 (q1), bf16 rows of the latent q.
+  __device__ static void LoadQ(QFrag& f, const uint16_t* q0, const uint16_t* q1, int kk, int t,
+                               float, float) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const __nv_bfloat162 v =
+          *reinterpret_cast<const __nv_bfloat162*>(((j & 1) ? q1 : q0) + D::QCol(kk, t, j));
+      f.r[j] = D::Pack(__bfloat162float(v.x), __bfloat162float(v.y));
+    }
+  }
+  // q_pe [rows][64] bf16 -> [rows][kQpeRowBytes], permuted within 16-dim blocks so that a plain
+  // A-fragment ldmatrix yields what QCol describes.
+  __device__ static void StoreQpe(uint8_t* qpe_s, const uint16_t* qpe_stage, const float*, int rows,
+                                  int tid, int threads) {
+    for (int i = tid; i < rows * kMlaRopeDim / 2; i += threads) {
+      const int r = i / (kMlaRopeDim / 2), k = 2 * (i % (kMlaRopeDim / 2));  // logical k, even
+      // Logical k of step kk holds dim QCol(kk, t, j) + e with t = (k % 8) / 2, j = k / 8 * 2.
+      const int kk = k / 16, kin = k % 16;
+      const int col = D::QCol(kk, (kin % 8) / 2, (kin / 8) * 2);
+      const __nv_bfloat162 v =
+          *reinterpret_cast<const __nv_bfloat162*>(qpe_stage + r * kMlaRopeDim + col);
+      *reinterpret_cast<uint32_t*>(qpe_s + r * kQpeRowBytes + k * 2) =
+          D::Pack(__bfloat162float(v.x), __bfloat162float(v.y));
+    }
+  }
+  // Rope k-step i of the 16 rows from row_base.
+  __device__ static void LoadQpe(QFrag& f, const uint8_t* qpe_s, int row_base, int i, int lane) {
+    LdMatrixX4(f.r, qpe_s + (row_base + lane % 16) * kQpeRowBytes + (i * 16 + (lane / 16) * 8) * 2);
+  }
+  // P of tokens tok, tok + 1 into row p_row.
+  __device__ static void StoreP(uint8_t* p_row, int tok, float a, float b) {
+    *reinterpret_cast<uint32_t*>(p_row + tok * 2) = D::Pack(a, b);
+  }
+  __device__ static void LoadP(uint32_t (&pa)[4], const uint8_t* p, int mt, int ks, int lane) {
+    LdMatrixX4(pa, p + (mt * 16 + lane % 16) * kPRowBytes + (ks * 16 + (lane / 16) * 8) * 2);
+  }
+};
+
+struct Bf16Cache : Mma16Traits<Bf16Cache> {
   static constexpr int kBytes = 2;
   static constexpr int kStages = 2;
   static constexpr int kLoadThreadsPerRow = 8;  // 72 16-byte chunks per row: 9 each
@@ -85,16 +141,16 @@ struct Bf16Cache {
   // Dim of the q pair a thread loads for A-fragment register j of k16-step kk.
   __device__ static int QCol(int kk, int t, int j) { return kk * 16 + 2 * t + ((j & 2) ? 8 : 0); }
   // s[n] += q . K^T for 32 tokens (n-tile n = tokens 8n..8n+7) at k16-step kk.
-  __device__ static void QK(float (&s)[4][4], const uint32_t (&qa)[4], const uint8_t* k_tile,
-                            int row_bytes, int kk, int lane) {
+  __device__ static void QK(float (&s)[4][4], const QFrag& q, const uint8_t* k_tile, int row_bytes,
+                            int kk, int lane) {
     const int mi = lane / 8, rr = lane % 8;
 #pragma unroll
     for (int np = 0; np < 2; ++np) {
       uint32_t b[4];
       LdMatrixX4(b, k_tile + (np * 16 + rr + (mi >= 2 ? 8 : 0)) * row_bytes +
                         (kk * 16 + (mi & 1) * 8) * 2);
-      Mma(s[2 * np], qa, b[0], b[1]);
-      Mma(s[2 * np + 1], qa, b[2], b[3]);
+      Mma(s[2 * np], q.r, b[0], b[1]);
+      Mma(s[2 * np + 1], q.r, b[2], b[3]);
     }
   }
   // acc[mt][n] += P[mt] V for 16 tokens (k16-step ks) and this warp's 64 columns from col0.
@@ -102,15 +158,13 @@ struct Bf16Cache {
   // fragments stay live instead (fewer registers either way).
   template <int MT>
   __device__ static void PV(float (&acc)[MT][8][4], const uint8_t* v_tile, int row_bytes,
-                            const uint16_t* p, int p_stride, int ks, int col0, int lane) {
+                            const uint8_t* p, int ks, int col0, int lane) {
     const int mi = lane / 8, rr = lane % 8;
     const uint8_t* v_base = v_tile + (ks * 16 + rr + (mi & 1) * 8) * row_bytes;
     auto load_v = [&](uint32_t(&vb)[4], int np) {
       LdMatrixX4T(vb, v_base + (col0 + np * 16 + (mi >> 1) * 8) * 2);
     };
-    auto load_p = [&](uint32_t(&pa)[4], int mt) {
-      LdMatrixX4(pa, p + (mt * 16 + lane % 16) * p_stride + ks * 16 + (lane / 16) * 8);
-    };
+    auto load_p = [&](uint32_t(&pa)[4], int mt) { LoadP(pa, p, mt, ks, lane); };
     if constexpr (MT <= 2) {
       uint32_t pa[MT][4];
 #pragma unroll
@@ -152,7 +206,7 @@ struct Bf16Cache {
   }
 };
 
-struct Fp8Cache {
+struct Fp8Cache : Mma16Traits<Fp8Cache> {
   static constexpr int kBytes = 1;
   static constexpr int kStages = 4;
   static constexpr int kLoadThreadsPerRow = 4;  // 36 16-byte chunks per row: 9 each
@@ -167,19 +221,19 @@ struct Fp8Cache {
   // ldmatrix on 8-bit rows hands thread t the 4 bytes (dims 16 kk + 4t .. + 3) of a token: the
   // B fragment's k = 2t, 2t+1 are dims 4t, 4t+1 and k = 2t+8, 2t+9 are dims 4t+2, 4t+3.
   __device__ static int QCol(int kk, int t, int j) { return kk * 16 + 4 * t + ((j & 2) ? 2 : 0); }
-  __device__ static void QK(float (&s)[4][4], const uint32_t (&qa)[4], const uint8_t* k_tile,
-                            int row_bytes, int kk, int lane) {
+  __device__ static void QK(float (&s)[4][4], const QFrag& q, const uint8_t* k_tile, int row_bytes,
+                            int kk, int lane) {
     uint32_t r[4];  // r[n]: token 8n + g, dims 16 kk + 4t .. + 3
     LdMatrixX4(r, k_tile + lane * row_bytes + kk * 16);
 #pragma unroll
-    for (int n = 0; n < 4; ++n) Mma(s[n], qa, Fp8x2ToF16x2(r[n]), Fp8x2ToF16x2(r[n] >> 16));
+    for (int n = 0; n < 4; ++n) Mma(s[n], q.r, Fp8x2ToF16x2(r[n]), Fp8x2ToF16x2(r[n] >> 16));
   }
   // V through ldmatrix.trans on 8-bit rows: a register holds (token 2t: dims 2g, 2g+1) and
   // (token 2t+1: dims 2g, 2g+1) of a 16-dim block, so n-tile 2 blk holds even dims (16 blk + 2
   // col) and n-tile 2 blk + 1 the odd ones.
   template <int MT>
   __device__ static void PV(float (&acc)[MT][8][4], const uint8_t* v_tile, int row_bytes,
-                            const uint16_t* p, int p_stride, int ks, int col0, int lane) {
+                            const uint8_t* p, int ks, int col0, int lane) {
     const int mi = lane / 8, rr = lane % 8;
     const uint8_t* v_base = v_tile + (ks * 16 + rr + (mi & 1) * 8) * row_bytes + col0;
     // vb[h]: [b0 even, b1 even, b0 odd, b1 odd] of 16-dim block 2 jj + h.
@@ -195,9 +249,7 @@ struct Fp8Cache {
         vb[h][3] = Fp8x2ToF16x2(__byte_perm(hi, 0u, 0x0031));
       }
     };
-    auto load_p = [&](uint32_t(&pa)[4], int mt) {
-      LdMatrixX4(pa, p + (mt * 16 + lane % 16) * p_stride + ks * 16 + (lane / 16) * 8);
-    };
+    auto load_p = [&](uint32_t(&pa)[4], int mt) { LoadP(pa, p, mt, ks, lane); };
     if constexpr (MT <= 2) {
       uint32_t pa[MT][4];
 #pragma unroll
@@ -245,6 +297,158 @@ struct Fp8Cache {
   }
 };
 
+// e4m3 helpers: two floats -> two e4m3 bytes (a in the low byte), saturating, and back.
+__device__ __forceinline__ uint32_t F32x2ToE4m3x2(float a, float b) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+}
+__device__ __forceinline__ float2 E4m3x2ToF32x2(uint32_t pair) {
+  const uint32_t h = Fp8x2ToF16x2(pair);
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+// x ~ hi + lo with both in e4m3: hi carries 4 significant bits, lo the next 4, so the pair holds
+// ~8 bits (bf16 has 8). Returns the two bytes of (a, b) in the low 16 bits of *hi and *lo.
+__device__ __forceinline__ void SplitE4m3x2(float a, float b, uint32_t* hi, uint32_t* lo) {
+  *hi = F32x2ToE4m3x2(a, b);
+  const float2 h = E4m3x2ToF32x2(*hi);
+  *lo = F32x2ToE4m3x2(a - h.x, b - h.y);
+}
+
+// fp8 cache on fp8 tensor cores (m16n8k32 e4m3, sm_89+): the 8-bit K and V bytes feed the MMA as
+// they are, with no per-element conversion (the conversions, not bandwidth, limited Fp8Cache at
+// 16 heads). q and P go in as two e4m3 terms each (hi + lo, ~8 significant bits like bf16), so
+// every product is two MMAs: the same MMA count as the f16 path. q is scaled per row by a power
+// of two into [128, 256) and P by kPScale, both exact and undone in fp32.
+// Layouts: K through ldmatrix on 8-bit rows lands as the B fragment (k = 4t..4t+3 of token g)
+// directly. V through ldmatrix.trans (token pairs x dim pairs) plus one byte permute per
+// register gives B fragments whose k-slots 4t + j hold tokens {2t, 2t + 1, 2t + 8, 2t + 9}[j]
+// (+16 for the second register) of the even or odd dims; StoreP writes P in that k-slot order so
+// a plain ldmatrix gives the matching A fragment. Output dims come out as in Fp8Cache (Pair).
+struct Fp8MmaCache {
+  static constexpr int kBytes = 1;
+  static constexpr int kStages = 4;
+  static constexpr int kLoadThreadsPerRow = 4;
+  static constexpr int kK = 32;
+  static constexpr bool kScaledQ = true;
+  static constexpr float kPScale = 256.f;  // P <= 1 -> <= 256, inside e4m3's 448
+  struct QFrag {
+    uint32_t hi[4], lo[4];
+  };
+  // a0/a2: row g, dims 32 kk + 4t .. + 3 and + 16; a1/a3: row g + 8. s0/s1: the rows' q scales.
+  __device__ static void LoadQ(QFrag& f, const uint16_t* q0, const uint16_t* q1, int kk, int t,
+                               float s0, float s1) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float sc = (j & 1) ? s1 : s0;
+      float v[4];
+      ptx::LoadBf16x4(((j & 1) ? q1 : q0) + kk * 32 + ((j & 2) ? 16 : 0) + 4 * t, v);
+      uint32_t h01, l01, h23, l23;
+      SplitE4m3x2(v[0] * sc, v[1] * sc, &h01, &l01);
+      SplitE4m3x2(v[2] * sc, v[3] * sc, &h23, &l23);
+      f.hi[j] = h01 | h23 << 16;
+      f.lo[j] = l01 | l23 << 16;
+    }
+  }
+  // q_pe row r: hi bytes at [0, 64), lo bytes at [64, 128), natural dim order.
+  __device__ static void StoreQpe(uint8_t* qpe_s, const uint16_t* qpe_stage, const float* qscale,
+                                  int rows, int tid, int threads) {
+    for (int i = tid; i < rows * kMlaRopeDim / 4; i += threads) {
+      const int r = i / (kMlaRopeDim / 4), d = 4 * (i % (kMlaRopeDim / 4));
+      float v[4];
+      ptx::LoadBf16x4(qpe_stage + r * kMlaRopeDim + d, v);
+      uint32_t h01, l01, h23, l23;
+      SplitE4m3x2(v[0] * qscale[r], v[1] * qscale[r], &h01, &l01);
+      SplitE4m3x2(v[2] * qscale[r], v[3] * qscale[r], &h23, &l23);
+      *reinterpret_cast<uint32_t*>(qpe_s + r * kQpeRowBytes + d) = h01 | h23 << 16;
+      *reinterpret_cast<uint32_t*>(qpe_s + r * kQpeRowBytes + kMlaRopeDim + d) = l01 | l23 << 16;
+    }
+  }
+  // 8x16-byte matrices: (rows 0-7, bytes 0-15) -> a0, (rows 8-15) -> a1, (bytes 16-31) -> a2/a3.
+  __device__ static const uint8_t* FragRow(const uint8_t* base, int row_bytes, int lane) {
+    const int mi = lane / 8;
+    return base + ((mi & 1) * 8 + lane % 8) * row_bytes + (mi >> 1) * 16;
+  }
+  __device__ static void LoadQpe(QFrag& f, const uint8_t* qpe_s, int row_base, int i, int lane) {
+    const uint8_t* p = FragRow(qpe_s + row_base * kQpeRowBytes + i * 32, kQpeRowBytes, lane);
+    LdMatrixX4(f.hi, p);
+    LdMatrixX4(f.lo, p + kMlaRopeDim);
+  }
+  __device__ static void QK(float (&s)[4][4], const QFrag& q, const uint8_t* k_tile, int row_bytes,
+                            int kk, int lane) {
+    uint32_t b0[4], b1[4];  // [n]: token 8n + g, dims 32 kk + 4t .. + 3 (b0) and + 16 (b1)
+    LdMatrixX4(b0, k_tile + lane * row_bytes + kk * 32);
+    LdMatrixX4(b1, k_tile + lane * row_bytes + kk * 32 + 16);
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      ptx::MmaE4m3(s[n], q.hi, b0[n], b1[n]);
+      ptx::MmaE4m3(s[n], q.lo, b0[n], b1[n]);
+    }
+  }
+  // Token tok (even) and tok + 1 of the 32-token tile sit at k-slots 16 h + 4 t' + 2 q (+1),
+  // with h = tok / 16, q = tok / 8 % 2, t' = tok % 8 / 2. hi plane at byte 0, lo plane at 32.
+  __device__ static void StoreP(uint8_t* p_row, int tok, float a, float b) {
+    const int slot = (tok & 16) + 4 * ((tok & 7) >> 1) + ((tok & 8) >> 2);
+    uint32_t hi, lo;
+    SplitE4m3x2(a * kPScale, b * kPScale, &hi, &lo);
+    *reinterpret_cast<uint16_t*>(p_row + slot) = static_cast<uint16_t>(hi);
+    *reinterpret_cast<uint16_t*>(p_row + 32 + slot) = static_cast<uint16_t>(lo);
+  }
+  // acc[mt][2 blk] (even dims of 16-dim block blk) and [2 blk + 1] (odd dims) += P V over the
+  // 32-token tile (one k32 step: ks == 0).
+  template <int MT>
+  __device__ static void PV(float (&acc)[MT][8][4], const uint8_t* v_tile, int row_bytes,
+                            const uint8_t* p, int ks, int col0, int lane) {
+    // Matrix mi of the x4.trans load: tokens 8 mi + 0..7 of the 16 dims of block blk; a register
+    // holds (token 2t: dims 2g, 2g + 1) and (token 2t + 1: dims 2g, 2g + 1).
+    const uint8_t* v_base = v_tile + (ks * 32 + lane) * row_bytes + col0;
+    auto load_v = [&](uint32_t(&vb)[4], int blk) {  // b0/b1 of the even dims, then the odd
+      uint32_t r[4];
+      LdMatrixX4T(r, v_base + blk * 16);
+      vb[0] = __byte_perm(r[0], r[1], 0x6420);
+      vb[1] = __byte_perm(r[2], r[3], 0x6420);
+      vb[2] = __byte_perm(r[0], r[1], 0x7531);
+      vb[3] = __byte_perm(r[2], r[3], 0x7531);
+    };
+    auto mma = [&](float(&c)[8][4], const uint32_t(&ph)[4], const uint32_t(&pl)[4],
+                   const uint32_t(&vb)[4], int blk) {
+      ptx::MmaE4m3(c[2 * blk], ph, vb[0], vb[1]);
+      ptx::MmaE4m3(c[2 * blk], pl, vb[0], vb[1]);
+      ptx::MmaE4m3(c[2 * blk + 1], ph, vb[2], vb[3]);
+      ptx::MmaE4m3(c[2 * blk + 1], pl, vb[2], vb[3]);
+    };
+    if constexpr (MT <= 2) {
+      uint32_t ph[MT][4], pl[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        LdMatrixX4(ph[mt], FragRow(p + mt * 16 * kPRowBytes, kPRowBytes, lane));
+        LdMatrixX4(pl[mt], FragRow(p + mt * 16 * kPRowBytes + 32, kPRowBytes, lane));
+      }
+#pragma unroll
+      for (int blk = 0; blk < 4; ++blk) {
+        uint32_t vb[4];
+        load_v(vb, blk);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) mma(acc[mt], ph[mt], pl[mt], vb, blk);
+      }
+    } else {
+      uint32_t vb[4][4];
+#pragma unroll
+      for (int blk = 0; blk < 4; ++blk) load_v(vb[blk], blk);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        uint32_t ph[4], pl[4];
+        LdMatrixX4(ph, FragRow(p + mt * 16 * kPRowBytes, kPRowBytes, lane));
+        LdMatrixX4(pl, FragRow(p + mt * 16 * kPRowBytes + 32, kPRowBytes, lane));
+#pragma unroll
+        for (int blk = 0; blk < 4; ++blk) mma(acc[mt], ph, pl, vb[blk], blk);
+      }
+    }
+  }
+  static constexpr int kPairs = Fp8Cache::kPairs;
+  __device__ static void Pair(int i, int h, int t, int* n0, int* e0, int* n1, int* e1, int* d) {
+    Fp8Cache::Pair(i, h, t, n0, e0, n1, e1, d);
+  }
+};
+
 template <typename C, int ROWS>
 struct Config {
   static constexpr int kWarps = 8;
@@ -255,13 +459,12 @@ struct Config {
   static constexpr int kStageBytes = kTile * kRowBytes;
   static constexpr int kRG = ROWS / 16;     // QK row groups (16 rows each)
   static constexpr int kKG = kWarps / kRG;  // warps of a row group split the 576 dims
-  // q's latent k16-steps (32) split evenly over the k-groups and stay in registers; its 4 rope
-  // steps sit in shared memory (rope step i belongs to k-group i % kKG).
-  static constexpr int kLatSteps = kMlaLatentDim / 16 / kKG;
-  static constexpr int kRopeSteps = kMlaRopeDim / 16;
+  // q's latent k-steps (32 of 16 dims, or 16 of 32) split evenly over the k-groups and stay in
+  // registers; its rope steps sit in shared memory (rope step i belongs to k-group i % kKG).
+  static constexpr int kLatSteps = kMlaLatentDim / C::kK / kKG;
+  static constexpr int kRopeSteps = kMlaRopeDim / C::kK;
   static constexpr int kMT = ROWS / 16;                 // PV m-tiles
   static constexpr int kCols = kMlaLatentDim / kWarps;  // output columns per warp
-  static constexpr int kPStride = kTile + 8;            // P row stride in elements (pad)
   // Softmax layout. Up to 32 rows it is spread over 4 warps per row group ("distributed"): every
   // warp publishes its partial S. With 64 rows the kg == 0 warps ("leaders") keep theirs in
   // registers and do the softmax alone, since shared memory has no room for another 8 KB.
@@ -269,13 +472,13 @@ struct Config {
   static constexpr int kRedOff = kStages * kStageBytes;
   static constexpr int kRedBytes = (kDist ? kKG : kKG - 1) * kRG * 32 * 16 * 4;  // 16 per lane
   static constexpr int kPOff = kRedOff + kRedBytes;
-  static constexpr int kPBytes = ROWS * kPStride * 2;
-  static constexpr int kQpeStride = kMlaRopeDim + 8;  // elements; pad: conflict-free ldmatrix
+  static constexpr int kPBytes = ROWS * kPRowBytes;
   static constexpr int kQpeOff = kPOff + kPBytes;
-  static constexpr int kQpeBytes = ROWS * kQpeStride * 2;
+  static constexpr int kQpeBytes = ROWS * kQpeRowBytes;
   static constexpr int kStatOff = kQpeOff + kQpeBytes;
-  static constexpr int kSmemBytes = kStatOff + 3 * ROWS * 4;  // alpha, m, l per row
+  static constexpr int kSmemBytes = kStatOff + 4 * ROWS * 4;  // alpha, m, l, q scale per row
   static_assert(kCols == 64 && ROWS % 16 == 0 && kWarps % kRG == 0, "warp layout");
+  static_assert(kLatSteps * kKG * C::kK == kMlaLatentDim && kTile % C::kK == 0, "k-steps");
   static_assert(kSmemBytes <= 99 * 1024, "sm_120 allows 99 KB of shared memory per block");
 };
 
@@ -378,50 +581,63 @@ __global__ void __launch_bounds__(256, ROWS == 16 ? 2 : 1) MlaDecodeKernel(const
     CpAsyncWait<0>();
     __syncthreads();
   }
-  // q_latent fragments of this warp's 16 rows and k16-steps, for the whole item.
-  uint32_t qa[K::kLatSteps][4];
+  float* alpha_s = reinterpret_cast<float*>(smem + K::kStatOff);  // [ROWS] per-tile rescale
+  float* m_s = alpha_s + ROWS;                                    // [ROWS] final max (log2)
+  float* l_s = m_s + ROWS;                                        // [ROWS] final sum
+  float* qscale_s = l_s + ROWS;                                   // [ROWS] q scale (fp8 MMA)
+  if constexpr (C::kScaledQ) {
+    // A power of two per row that puts max |q| (latent and rope) in [128, 256): exact, and
+    // inside e4m3's range with its full precision. One warp per row.
+    for (int r = warp; r < ROWS; r += K::kWarps) {
+      float mx = 0.f;
+      for (int d = lane; d < kMlaLatentDim; d += 32) {
+        mx = fmaxf(mx, fabsf(__bfloat162float(
+                           reinterpret_cast<const __nv_bfloat16*>(q_stage)[r * kQStride + d])));
+      }
+      for (int d = lane; d < kMlaRopeDim; d += 32) {
+        mx = fmaxf(mx, fabsf(__bfloat162float(reinterpret_cast<const __nv_bfloat16*>(
+                           qpe_stage)[r * kMlaRopeDim + d])));
+      }
 #pragma unroll
-  for (int st = 0; st < K::kLatSteps; ++st) {
+      for (int m = 16; m > 0; m >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, m));
+      int e = 0;
+      frexpf(mx, &e);  // mx = f 2^e, f in [0.5, 1)
+      if (lane == 0) qscale_s[r] = mx > 0.f && isfinite(mx) ? ldexpf(1.f, 8 - e) : 1.f;
+    }
+    __syncthreads();
+  }
+  // q_latent fragments of this warp's 16 rows and k-steps, for the whole item.
+  typename C::QFrag qa[K::kLatSteps];
+  {
+    const int r0 = rg * 16 + g;
+    const float s0 = C::kScaledQ ? qscale_s[r0] : 1.f, s1 = C::kScaledQ ? qscale_s[r0 + 8] : 1.f;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int r = rg * 16 + g + ((j & 1) ? 8 : 0);
-      const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(
-          q_stage + r * kQStride + C::QCol(step_begin + st, t, j));
-      qa[st][j] = C::Pack(__bfloat162float(v.x), __bfloat162float(v.y));
+    for (int st = 0; st < K::kLatSteps; ++st) {
+      C::LoadQ(qa[st], q_stage + r0 * kQStride, q_stage + (r0 + 8) * kQStride, step_begin + st, t,
+               s0, s1);
     }
   }
-  // q_pe into shared memory [ROWS][kQpeStride], permuted within 16-dim blocks so that a plain
-  // A-fragment ldmatrix yields what QCol describes.
-  uint16_t* qpe_s = reinterpret_cast<uint16_t*>(smem + K::kQpeOff);
-  for (int i = tid; i < ROWS * kMlaRopeDim / 2; i += K::kThreads) {
-    const int r = i / (kMlaRopeDim / 2), k = 2 * (i % (kMlaRopeDim / 2));  // logical k, even
-    // Logical k of step kk holds dim QCol(kk, t, j) + e with t = (k % 8) / 2, j = k / 8 * 2.
-    const int kk = k / 16, kin = k % 16;
-    const int col = C::QCol(kk, (kin % 8) / 2, (kin / 8) * 2);
-    const __nv_bfloat162 v =
-        *reinterpret_cast<const __nv_bfloat162*>(qpe_stage + r * kMlaRopeDim + col);
-    *reinterpret_cast<uint32_t*>(qpe_s + r * K::kQpeStride + k) =
-        C::Pack(__bfloat162float(v.x), __bfloat162float(v.y));
-  }
+  uint8_t* qpe_s = smem + K::kQpeOff;  // [ROWS][kQpeRowBytes]
+  C::StoreQpe(qpe_s, qpe_stage, qscale_s, ROWS, tid, K::kThreads);
   __syncthreads();  // the ring is free for KV tiles
   // The page rows of the first kStages tiles, all in flight at once.
   int first_rows[kStages];
 #pragma unroll
   for (int st = 0; st < kStages; ++st) first_rows[st] = fetch(st);
-  // Causal limit of the softmax rows; padding rows see everything.
+  // Causal limit of the softmax rows (padding rows see everything) and their logit scale.
   int row_pos[2];
+  float row_scale[2];
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     const int r = sm_row0 + 8 * ri;
     row_pos[ri] = r < item_rows ? pos0 + r / item.num_heads : INT_MAX;
+    // (Threads without a softmax role may name rows past ROWS: no shared-memory read for them.)
+    row_scale[ri] = args.scale_log2 / (C::kScaledQ && r < ROWS ? qscale_s[r] : 1.f);
   }
 
   // Partial S per (k-group, row group): [slot][4 n-blocks][32 lanes] float4 (fragment layout).
   float* red = reinterpret_cast<float*>(smem + K::kRedOff);
-  uint16_t* pbuf = reinterpret_cast<uint16_t*>(smem + K::kPOff);  // [ROWS][kPStride] P
-  float* alpha_s = reinterpret_cast<float*>(smem + K::kStatOff);  // [ROWS] per-tile rescale
-  float* m_s = alpha_s + ROWS;                                    // [ROWS] final max (log2)
-  float* l_s = m_s + ROWS;                                        // [ROWS] final sum
+  uint8_t* pbuf = smem + K::kPOff;  // [ROWS][kPRowBytes] P
 
   float acc[K::kMT][8][4];
 #pragma unroll
@@ -460,9 +676,9 @@ __global__ void __launch_bounds__(256, ROWS == 16 ? 2 : 1) MlaDecodeKernel(const
 #pragma unroll
     for (int i = 0; i < K::kRopeSteps; ++i) {
       if (i % K::kKG != kg) continue;
-      uint32_t qr[4];
-      LdMatrixX4(qr, qpe_s + (rg * 16 + lane % 16) * K::kQpeStride + i * 16 + (lane / 16) * 8);
-      C::QK(s, qr, kv_tile, K::kRowBytes, kMlaLatentDim / 16 + i, lane);
+      typename C::QFrag qr;
+      C::LoadQpe(qr, qpe_s, rg * 16, i, lane);
+      C::QK(s, qr, kv_tile, K::kRowBytes, kMlaLatentDim / C::kK + i, lane);
     }
     if (kDist || !leader) {
       const int slot = kDist ? kg * K::kRG + rg : (kg - 1) * K::kRG + rg;
@@ -513,7 +729,7 @@ __global__ void __launch_bounds__(256, ROWS == 16 ? 2 : 1) MlaDecodeKernel(const
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int j = tile_base + sm_tok + 8 * n + (e & 1);
-          float v = x[n][e] * args.scale_log2;
+          float v = x[n][e] * row_scale[e >> 1];
           if (need_mask && (j >= item.kv_end || j > row_pos[e >> 1])) v = -INFINITY;
           x[n][e] = v;
           mx[e >> 1] = fmaxf(mx[e >> 1], v);
@@ -533,8 +749,8 @@ __global__ void __launch_bounds__(256, ROWS == 16 ? 2 : 1) MlaDecodeKernel(const
         l_run[ri] *= alpha[ri];
         mx[ri] = m_use;
       }
-      uint16_t* p0 = pbuf + sm_row0 * K::kPStride + sm_tok;
-      uint16_t* p1 = p0 + 8 * K::kPStride;
+      uint8_t* p0 = pbuf + sm_row0 * kPRowBytes;
+      uint8_t* p1 = p0 + 8 * kPRowBytes;
 #pragma unroll
       for (int n = 0; n < kNV; ++n) {
         float p[4];
@@ -543,8 +759,8 @@ __global__ void __launch_bounds__(256, ROWS == 16 ? 2 : 1) MlaDecodeKernel(const
           p[e] = exp2f(x[n][e] - mx[e >> 1]);
           l_run[e >> 1] += p[e];
         }
-        *reinterpret_cast<uint32_t*>(p0 + n * 8) = C::Pack(p[0], p[1]);
-        *reinterpret_cast<uint32_t*>(p1 + n * 8) = C::Pack(p[2], p[3]);
+        C::StoreP(p0, sm_tok + 8 * n, p[0], p[1]);
+        C::StoreP(p1, sm_tok + 8 * n, p[2], p[3]);
       }
       if ((lane & kRowLanes) == 0) {
         alpha_s[sm_row0] = alpha[0];
@@ -578,8 +794,8 @@ __global__ void __launch_bounds__(256, ROWS == 16 ? 2 : 1) MlaDecodeKernel(const
       }
     }
 #pragma unroll
-    for (int ks = 0; ks < kTile / 16; ++ks) {
-      C::template PV<K::kMT>(acc, kv_tile, K::kRowBytes, pbuf, K::kPStride, ks, col0, lane);
+    for (int ks = 0; ks < kTile / C::kK; ++ks) {
+      C::template PV<K::kMT>(acc, kv_tile, K::kRowBytes, pbuf, ks, col0, lane);
     }
   }
   CpAsyncWait<0>();  // no copy may land after the CTA exits
@@ -612,7 +828,7 @@ __global__ void __launch_bounds__(256, ROWS == 16 ? 2 : 1) MlaDecodeKernel(const
       const int r = mt * 16 + g + 8 * h;
       if (r >= item_rows) continue;
       const float l = l_s[r];
-      const float inv = l > 0.f ? args.out_scale / l : 0.f;
+      const float inv = l > 0.f ? args.out_scale / (l * C::kPScale) : 0.f;
       const size_t qrow = q_row(r);
 #pragma unroll
       for (int i = 0; i < C::kPairs; ++i) {

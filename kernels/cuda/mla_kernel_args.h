@@ -46,9 +46,14 @@ struct AppendArgs {
 
 // One translation unit per cache type; `rows` is a kMlaVariantRows entry.
 void LaunchAttendBf16(const AttendArgs& a, int rows, void* stream);
-void LaunchAttendFp8(const AttendArgs& a, int rows, void* stream);
+// fp8 cache: e4m3 = true runs the e4m3-MMA kernel (mla_decode_fp8_mma.cu; needs
+// AttendFp8MmaAvailable()), else the f16-MMA one.
+void LaunchAttendFp8(const AttendArgs& a, int rows, bool e4m3, void* stream);
 int AttendCtasPerSmBf16(int rows);
-int AttendCtasPerSmFp8(int rows);
+int AttendCtasPerSmFp8(int rows, bool e4m3);
+void LaunchAttendFp8Mma(const AttendArgs& a, int rows, void* stream);
+int AttendCtasPerSmFp8Mma(int rows);
+bool AttendFp8MmaAvailable();
 // The sm_90a warpgroup-MMA kernel for 64-row items over a bf16 cache (mla_decode_wgmma.cu; linked
 // only when the build includes sm_90a: LLM_MLA_WGMMA). False: the driver could not describe the
 // cache to the tensor-copy unit (nothing was launched).

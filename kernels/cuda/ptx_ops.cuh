@@ -1,7 +1,7 @@
 // Warp-level PTX wrappers shared by the CUDA-only kernels (C8 attention, MLA decode): shared-
-// memory addresses, cp.async, ldmatrix, mma.sync m16n8k16 (bf16 and f16 inputs, fp32
-// accumulators), register packing and 8-byte bf16x4 loads/stores. The portable FMHA family has its
-// own in kernels/gpu_port.h.
+// memory addresses, cp.async, ldmatrix, mma.sync m16n8k16 (bf16 and f16 inputs) and m16n8k32
+// (e4m3 inputs) with fp32 accumulators, register packing and 8-byte bf16x4 loads/stores. The
+// portable FMHA family has its own in kernels/gpu_port.h.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -63,6 +63,21 @@ __device__ __forceinline__ void MmaF16(float (&c)[4], const uint32_t (&a)[4], ui
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// c += a (16x32, row) * b (32x8, col), e4m3 inputs, fp32 accumulate. The instruction exists from
+// sm_89 on; callers choose it on the host only for such devices (ComputeCapability() >= 89).
+__device__ __forceinline__ void MmaE4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+  __trap();
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 // 2^x with denormal results flushed: one MUFU.EX2, where exp2f adds range fix-ups around it.

@@ -9,8 +9,9 @@
 //      bf16 cache, CpuMlaAppendLatent's QuantizeFp8 bytes for fp8; every other byte unchanged.
 //   2. Attention: out_latent of the decode rows against CpuMlaDecode over the cache the GPU read
 //      (bf16 values widened to fp32, or the fp8 bytes with the layer scale), q as the bf16 values.
-//      The kernel rounds P to 16 bits and the output to bf16: |gpu - ref| <= 2e-2 + 1e-2 |ref|
-//      per element and a relative L2 error below 1e-2 (measured errors are ~10x smaller).
+//      The kernel rounds P to 16 bits (or to two e4m3 terms, ~8 bits, with q likewise, on the
+//      e4m3-MMA fp8 path) and the output to bf16: |gpu - ref| <= 2e-2 + 1e-2 |ref| per element
+//      and a relative L2 error below 1e-2 (measured errors are ~10x smaller).
 //   3. Rows of non-decode sequences keep their poison (NaN) bits; decode rows are all finite.
 //
 // "[mla_sanitize]" is a quick subset for compute-sanitizer:
@@ -55,6 +56,7 @@ struct MlaCase {
   Path path = Path::kDirect;
   int block_size = 64;
   MlaKernel kernel = MlaKernel::kAuto;
+  MlaFp8Math fp8_math = MlaFp8Math::kAuto;
 };
 
 std::string Name(const MlaCase& c) {
@@ -66,7 +68,7 @@ std::string Name(const MlaCase& c) {
                   (c.kernel == MlaKernel::kPortable ? " portable kernel"
                    : c.kernel == MlaKernel::kWgmma  ? " wgmma kernel"
                                                     : "") +
-                  " seqs(q,kv)=";
+                  (c.fp8_math == MlaFp8Math::kF16 ? " f16-MMA fp8 kernel" : "") + " seqs(q,kv)=";
   for (auto [q, kv] : c.seqs) s += "(" + std::to_string(q) + "," + std::to_string(kv) + ")";
   return s;
 }
@@ -175,9 +177,10 @@ int RunCaseOnce(const MlaCase& c, std::mt19937& rng) {
 
   int num_partials = -1;
   if (c.path == Path::kDirect) {
-    MlaDecode attn(MlaDecodeShape{H, bs, c.cache, c.kernel});
-    INFO("items on the wgmma kernel (16/32/64 rows): " << attn.uses_wgmma(0) << attn.uses_wgmma(1)
-                                                       << attn.uses_wgmma(2));
+    MlaDecode attn(MlaDecodeShape{H, bs, c.cache, c.kernel, c.fp8_math});
+    INFO("items on the wgmma kernel (16/32/64 rows): "
+         << attn.uses_wgmma(0) << attn.uses_wgmma(1) << attn.uses_wgmma(2)
+         << ", fp8 on e4m3 MMA: " << attn.uses_fp8_mma());
     MlaPlanConfig pc;
     pc.num_sms = CudaNumSms();
     attn.ctas_per_sm(pc.ctas_per_sm);
@@ -321,7 +324,8 @@ int RunCaseOnce(const MlaCase& c, std::mt19937& rng) {
 
 // Runs the case on the automatic choice and, where the sm_90a kernel can run (bf16 cache on an
 // H100/H200), once more on each explicit kernel: the portable one (which sm_120 runs) and wgmma for
-// every item (kAuto gives it only the 64-row items).
+// every item (kAuto gives it only the 64-row items). An fp8 case runs once more on the fp8 kernel
+// kAuto did not choose, where both can run (sm_89+), so both are checked on one device.
 int RunCase(const MlaCase& c, std::mt19937& rng) {
   const int partials = RunCaseOnce(c, rng);
   if (c.path == Path::kDirect && c.cache == MlaCacheType::kBf16 && MlaWgmmaAvailable()) {
@@ -330,6 +334,12 @@ int RunCase(const MlaCase& c, std::mt19937& rng) {
       other.kernel = k;
       RunCaseOnce(other, rng);
     }
+  }
+  if (c.path == Path::kDirect && c.cache == MlaCacheType::kFp8E4M3 && MlaFp8MmaAvailable()) {
+    MlaCase other = c;
+    const bool auto_e4m3 = MlaDecode(MlaDecodeShape{c.heads, c.block_size, c.cache}).uses_fp8_mma();
+    other.fp8_math = auto_e4m3 ? MlaFp8Math::kF16 : MlaFp8Math::kE4m3;
+    RunCaseOnce(other, rng);
   }
   return partials;
 }
@@ -420,6 +430,24 @@ TEST_CASE("MLA decode: kernel choice per device and cache type", "[gpu][mla]") {
   CHECK(st.code() == StatusCode::kInvalidArgument);
   MlaDecode bf16(MlaDecodeShape{128, 64, MlaCacheType::kBf16, MlaKernel::kWgmma});
   CHECK(bf16.Upload(b, BuildMlaPlan(bf16.shape(), b, MlaPlanConfig{}), nullptr).ok() == hopper);
+  // fp8 math: e4m3 MMA can run wherever the device's binary is sm_89+ (H100/H200 too) and is
+  // kAuto's choice except on Hopper; f16 on request; forcing e4m3 where it cannot run is an
+  // upload error too.
+  const bool e4m3 = MlaFp8MmaAvailable();
+  INFO("e4m3-MMA fp8 kernel available: " << e4m3);
+  if (hopper) CHECK(e4m3);
+  CHECK(MlaDecode(MlaDecodeShape{16, 64, MlaCacheType::kFp8E4M3}).uses_fp8_mma() ==
+        (e4m3 && !hopper));
+  CHECK(
+      MlaDecode(MlaDecodeShape{16, 64, MlaCacheType::kFp8E4M3, MlaKernel::kAuto, MlaFp8Math::kE4m3})
+          .uses_fp8_mma() == e4m3);
+  CHECK_FALSE(
+      MlaDecode(MlaDecodeShape{16, 64, MlaCacheType::kFp8E4M3, MlaKernel::kAuto, MlaFp8Math::kF16})
+          .uses_fp8_mma());
+  CHECK_FALSE(MlaDecode(MlaDecodeShape{16, 64, MlaCacheType::kBf16}).uses_fp8_mma());
+  MlaDecode forced(
+      MlaDecodeShape{16, 64, MlaCacheType::kFp8E4M3, MlaKernel::kAuto, MlaFp8Math::kE4m3});
+  CHECK(forced.Upload(b, BuildMlaPlan(forced.shape(), b, MlaPlanConfig{}), nullptr).ok() == e4m3);
 }
 
 TEST_CASE("MLA decode: quick subset for compute-sanitizer", "[gpu][mla_sanitize]") {
