@@ -245,9 +245,9 @@ int main(int argc, char** argv) {
     return 77;
   }
   using llm::cuda::MlaKernel;
-  // kAuto: the sm_90a kernel for 64-row items over bf16 on an H100/H200, the portable kernel for
-  // smaller items; kWgmma rows put every item on the sm_90a kernel; kPortable rows measure the
-  // sm_120 design on the same GPU. fp8 rows: kAuto (f16 MMA on Hopper) and e4m3 MMA (sm_120's).
+  // kAuto: the sm_90a kernel for every bf16 item on an H100/H200; kPortable rows measure the
+  // sm_120 design on the same GPU. fp8 rows: kAuto (portable, f16 MMA on Hopper), e4m3 MMA
+  // (sm_120's fp8 path) and kWgmma (16-row items on the transposed sm_90a kernel).
   using llm::cuda::MlaFp8Math;
   constexpr MlaKernel kAuto = MlaKernel::kAuto;
   const Shape shapes[] = {
@@ -256,9 +256,12 @@ int main(int argc, char** argv) {
       {"h128_b128_compute", 128, 128, 4096, MlaCacheType::kFp8E4M3},
       {"h128_b128_compute", 128, 128, 4096, MlaCacheType::kFp8E4M3, kAuto, MlaFp8Math::kE4m3},
       {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kBf16},
-      {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kBf16, MlaKernel::kWgmma},
+      {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kBf16, MlaKernel::kPortable},
+      {"h32_b128_memory", 32, 128, 4096, MlaCacheType::kBf16},
+      {"h32_b128_memory", 32, 128, 4096, MlaCacheType::kBf16, MlaKernel::kPortable},
       {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kFp8E4M3},
       {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kFp8E4M3, kAuto, MlaFp8Math::kE4m3},
+      {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kFp8E4M3, MlaKernel::kWgmma},
       {"h128_b1_latency", 128, 1, 4096, MlaCacheType::kBf16},
       {"h128_b1_latency", 128, 1, 4096, MlaCacheType::kBf16, MlaKernel::kPortable},
       {"h128_b1_latency", 128, 1, 4096, MlaCacheType::kFp8E4M3},

@@ -381,8 +381,8 @@ StepRecord EngineCore::StepInner() {
   // The step's sequences and its logit rows' sequences, by id: the pointers in `sched` do not
   // outlive a request that ends below.
   std::vector<int64_t> step_seq, row_seq;
-  bool overlap =
-      config_.overlap_steps && device_sampling && model_->supports_overlap() && !logits_observer_;
+  bool overlap = config_.overlap_steps && device_sampling && model_->supports_overlap() &&
+                 !logits_observer_ && !routing_observer_;
   for (const ScheduledSeq& s : sched.seqs) {
     step_seq.push_back(s.seq->id);
     if (!s.samples) continue;
@@ -395,6 +395,7 @@ StepRecord EngineCore::StepInner() {
   // Reused across steps: [rows, vocab] is 100+ MB at batch 256 with a 128K vocabulary.
   std::vector<float>& logits = logits_scratch_;
   std::vector<int32_t> device_tokens;
+  routing_trace_.clear();
   // This step goes to the device first; the host then reads the previous step's tokens while
   // this one runs (overlap), or waits for this one too (a step that needs the host's sampling).
   Status st =
@@ -410,6 +411,7 @@ StepRecord EngineCore::StepInner() {
     FailRows(step_seq, Internal("forward pass failed: " + st.message()));
     return record;
   }
+  if (routing_observer_) ReportRouting(attn, record.entries);
   if (overlap) {
     // The tokens arrive with the next step: placeholders until then.
     for (size_t r = 0; r < row_seq.size(); ++r) {
@@ -448,6 +450,26 @@ StepRecord EngineCore::StepInner() {
   }
   record.sample_s = Seconds(Clock::now() - t3);
   return record;
+}
+
+Status EngineCore::set_routing_observer(RoutingObserver f) {
+  if (!model_->set_routing_trace(f ? &routing_trace_ : nullptr) && f) {
+    return FailedPrecondition("this model records no MoE routing (Model::set_routing_trace)");
+  }
+  routing_observer_ = std::move(f);
+  return Status::Ok();
+}
+
+void EngineCore::ReportRouting(const AttentionBatch& batch,
+                               const std::vector<StepRecord::Entry>& entries) {
+  for (const MoeRoutingDecision& d : routing_trace_) {
+    // The sequence whose query rows [q_indptr[s], q_indptr[s + 1]) hold the decision's row.
+    const auto it = std::upper_bound(batch.q_indptr.begin(), batch.q_indptr.end(), d.row);
+    const size_t s = static_cast<size_t>(it - batch.q_indptr.begin()) - 1;
+    LLM_CHECK(s < entries.size()) << "routing decision for row " << d.row << " outside the batch";
+    routing_observer_(entries[s].request_id, d);
+  }
+  routing_trace_.clear();
 }
 
 bool EngineCore::Overlappable(const RequestState& st) const {

@@ -62,6 +62,13 @@ class EngineCore {
   // Test hook: sees each sampled sequence's logits before sampling.
   using LogitsObserver = std::function<void(const std::string& request_id, std::span<const float>)>;
   void set_logits_observer(LogitsObserver f) { logits_observer_ = std::move(f); }
+  // Test hook: every MoE routing decision of every forward (Model::set_routing_trace), with the
+  // request whose token it routed; MoeRoutingDecision::position keys it within the request (a
+  // position recomputed after a preemption is reported again). Steps do not overlap while it is
+  // set. FailedPrecondition when the model records no routing; null turns it off.
+  using RoutingObserver =
+      std::function<void(const std::string& request_id, const MoeRoutingDecision& decision)>;
+  Status set_routing_observer(RoutingObserver f);
   // Called once per request when it leaves the queue: first scheduled, or ended before that.
   void set_dequeue_observer(std::function<void()> f) { dequeue_observer_ = std::move(f); }
 
@@ -121,6 +128,8 @@ class EngineCore {
   void Finish(RequestState& st, FinishReason reason, GenerationOutput out);
   void Fail(const std::string& request_id, const Status& error);
   StepRecord StepInner();
+  // Hands the forward's routing_trace_ to the observer; `entries` are the batch's sequences.
+  void ReportRouting(const AttentionBatch& batch, const std::vector<StepRecord::Entry>& entries);
 
   EngineConfig config_;
   std::unique_ptr<Model> model_;
@@ -131,6 +140,8 @@ class EngineCore {
   std::map<std::string, RequestState> requests_;  // by request id
   std::map<int64_t, std::string> seq_to_request_;
   LogitsObserver logits_observer_;
+  RoutingObserver routing_observer_;
+  std::vector<MoeRoutingDecision> routing_trace_;  // the model appends while the observer is set
   std::function<void()> dequeue_observer_;
   std::shared_ptr<EngineMetrics> metrics_ = std::make_shared<EngineMetrics>();
   std::vector<float> logits_scratch_;

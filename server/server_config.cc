@@ -105,6 +105,10 @@ const std::vector<Field>& Fields() {
                "projection weights on the GPU: auto (bf16) | bf16 | fp8 (e4m3, per-tensor scales; "
                "activations per token)",
                &ServerConfig::weight_dtype),
+      StrField("mla_kernel",
+               "DeepSeek MLA decode kernel on the GPU: auto (64-row items on the sm_90a wgmma "
+               "kernel) | wgmma (every item; H100/H200 builds with sm_90a) | portable",
+               &ServerConfig::mla_kernel),
       IntField("cuda_graph_max_batch",
                "decode steps of up to this many sequences replay CUDA graphs; 0: off (default 256)",
                &ServerConfig::cuda_graph_max_batch, 0, 4096),
@@ -163,6 +167,7 @@ Status Validate(const ServerConfig& c) {
     return InvalidArgument("default_max_tokens exceeds max_tokens_limit");
   }
   LLM_RETURN_IF_ERROR(ParseKvCacheType(c.kv_cache_dtype, c.kv_scale_granularity).status());
+  LLM_RETURN_IF_ERROR(CheckMlaKernelOption(c.mla_kernel));
   static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
   bool ok = false;
   for (const char* l : kLevels) ok |= c.log_level == l;
@@ -185,6 +190,7 @@ EngineConfig ServerConfig::ToEngineConfig() const {
   e.model.cuda_graph_max_batch = cuda_graph_max_batch;
   e.model.prefill_attention_backend = prefill_attention_backend;
   e.model.weight_dtype = weight_dtype;
+  e.model.mla_kernel = mla_kernel;
   e.model.kv_cache_dtype = kv_cache_dtype;
   e.model.kv_scale_granularity = kv_scale_granularity;
   e.model.kv_scales_file = kv_scales_file;

@@ -33,6 +33,7 @@ struct ServerConfig {
   int cuda_graph_max_batch = 256;  // decode steps of up to this many sequences use CUDA graphs
   std::string prefill_attention_backend = "auto";  // steps with a prefill chunk (cuda)
   std::string weight_dtype = "auto";               // auto (bf16) | bf16 | fp8 (cuda)
+  std::string mla_kernel = "auto";                 // auto | wgmma | portable (cuda DeepSeek)
   std::string log_level = "info";
   int shutdown_grace_s = 10;
   bool enable_prefix_caching = true;

@@ -17,6 +17,7 @@
 #include "kernels/cpu/cpu_mla_attention.h"
 #include "kernels/cuda/cuda_c8_backend.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_mla_backend.h"
 #include "kernels/cuda/deepseek_ops.h"
 #include "kernels/cuda/llama_ops.h"
 #include "kernels/cuda/sampling.h"
@@ -77,6 +78,11 @@ class CudaDeepseekModel final : public Model {
   std::string kv_cache_dtype_name() const override { return DTypeName(cache_dtype_); }
   int num_kv_blocks() const override { return num_blocks_; }
   size_t kv_bytes_per_block() const override { return mla_->BlockBytes() * d_.base.num_layers; }
+  // Records the top-k ids RunMoe already copies to the host (no margin: NaN).
+  bool set_routing_trace(std::vector<MoeRoutingDecision>* trace) override {
+    routing_trace_ = trace;
+    return true;
+  }
 
  private:
   Status Gemm(const void* x, const void* w, int m, int n, int k, void* y,
@@ -88,7 +94,10 @@ class CudaDeepseekModel final : public Model {
                  int lda, int64_t sa, const void* b, int ldb, int64_t sb, void* c,
                  cudaDataType c_type, int ldc, int64_t sc, int batch, float beta = 0.0f);
   Status RunMlp(const Mlp& m, const void* x, int rows, void* out);
-  Status RunMoe(const Layer& L, int T);
+  // MoE of layer `layer` over xn_ [T, hidden] into tmp_; positions[T] for the routing trace.
+  Status RunMoe(const Layer& L, int layer, int T, const std::vector<int32_t>& positions);
+  // ModelLoadOptions::mla_kernel onto the cuda_mla backend, logged.
+  Status SelectMlaKernel(const std::string& option);
   // Expanded-heads causal attention of one prefill sequence into its rows of attn_.
   Status PrefillAttention(const Layer& L, const AttentionBatch& batch, int seq,
                           const int32_t* d_pages, const uint16_t* q_all, int q_stride);
@@ -114,7 +123,8 @@ class CudaDeepseekModel final : public Model {
       shared_out_;  // MoE
   CudaLogitsReadback readback_;
   std::vector<int32_t> host_ints_;
-  void* pinned_ = nullptr;  // MoE routing copies
+  std::vector<MoeRoutingDecision>* routing_trace_ = nullptr;  // set_routing_trace; not owned
+  void* pinned_ = nullptr;                                    // MoE routing copies
   size_t pinned_bytes_ = 0;
   Status Pinned(size_t bytes) {
     if (bytes <= pinned_bytes_) return Status::Ok();
@@ -182,6 +192,7 @@ Status CudaDeepseekModel::Init(const WeightStore* w, const ModelLoadOptions& opt
   backend.value().release();
   mla_.reset(mla);
   streamed->set_stream(stream_);
+  LLM_RETURN_IF_ERROR(SelectMlaKernel(options.mla_kernel));
   block_size_ = options.block_size;
 
   Bf16WeightLoader loader(w, stream_);
@@ -315,7 +326,28 @@ Status CudaDeepseekModel::RunMlp(const Mlp& m, const void* x, int rows, void* ou
   return Gemm(act_.ptr, m.w_down.ptr, rows, Hd, I, out);
 }
 
-Status CudaDeepseekModel::RunMoe(const Layer& L, int T) {
+Status CudaDeepseekModel::SelectMlaKernel(const std::string& option) {
+  LLM_RETURN_IF_ERROR(CheckMlaKernelOption(option));
+  const cuda::MlaKernel kernel = option == "wgmma"      ? cuda::MlaKernel::kWgmma
+                                 : option == "portable" ? cuda::MlaKernel::kPortable
+                                                        : cuda::MlaKernel::kAuto;
+  auto* sw = dynamic_cast<cuda::MlaKernelSwitch*>(mla_.get());
+  if (sw == nullptr) {
+    if (kernel == cuda::MlaKernel::kAuto) return Status::Ok();
+    return InvalidArgument("mla_kernel " + option + ": backend '" + mla_->name() +
+                           "' has no MLA kernel choice");
+  }
+  LLM_RETURN_IF_ERROR(sw->SetMlaKernel(kernel));
+  static_assert(cuda::kMlaNumRowVariants == 3 && cuda::kMlaVariantRows[0] == 16 &&
+                cuda::kMlaVariantRows[1] == 32 && cuda::kMlaVariantRows[2] == 64);
+  auto on = [sw](int variant) { return sw->uses_wgmma(variant) ? "wgmma" : "portable"; };
+  spdlog::info("cuda_mla kernel: mla_kernel={} -> 16-row items on {}, 32-row on {}, 64-row on {}",
+               option, on(0), on(1), on(2));
+  return Status::Ok();
+}
+
+Status CudaDeepseekModel::RunMoe(const Layer& L, int layer, int T,
+                                 const std::vector<int32_t>& positions) {
   using Method = DeepseekConfig::TopkMethod;
   const int Hd = d_.base.hidden_size, E = d_.n_routed_experts, K = d_.num_experts_per_tok;
   const int I = d_.moe_intermediate_size, S = T * K;  // S: (token, expert) slots
@@ -363,6 +395,17 @@ Status CudaDeepseekModel::RunMoe(const Layer& L, int T) {
     ++offsets[h_ids[i] + 1];
   }
   for (int e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
+  if (routing_trace_ != nullptr) {  // h_ids holds each token's K experts, best first
+    for (int r = 0; r < T; ++r) {
+      MoeRoutingDecision& rec = routing_trace_->emplace_back();
+      rec.row = r;
+      rec.position = positions[r];
+      rec.layer = layer;
+      rec.experts.assign(h_ids + static_cast<size_t>(r) * K,
+                         h_ids + static_cast<size_t>(r + 1) * K);
+      std::sort(rec.experts.begin(), rec.experts.end());
+    }
+  }
   int32_t* h_rows = h_ids + S;   // [S] token of each expert-ordered slot
   int32_t* h_slot = h_rows + S;  // [S] slot of each (token, k)
   std::vector<int32_t> fill(offsets.begin(), offsets.end() - 1);
@@ -587,7 +630,7 @@ Status CudaDeepseekModel::ForwardSampled(const ForwardBatch& batch, std::vector<
     cuda::LaunchAddRmsNorm(residual_.as<float>(), tmp_.ptr, L.mlp_norm.ptr, nullptr, T, Hd,
                            c.rms_norm_eps, xn_.ptr, stream_);
     if (L.moe) {
-      LLM_RETURN_IF_ERROR(RunMoe(L, T));
+      LLM_RETURN_IF_ERROR(RunMoe(L, l, T, batch.positions));
     } else {
       LLM_RETURN_IF_ERROR(RunMlp(L.dense, xn_.ptr, T, tmp_.ptr));
     }

@@ -17,7 +17,10 @@
 //   MoE: router GEMM -> routing kernel (device) -> one small D2H copy of the top-k ids -> the
 //        host groups rows by expert (cuBLAS needs each expert's row count on the host anyway)
 //        -> gather kernel -> per-expert gate_up GEMM, one SiLU-mul, per-expert down GEMM ->
-//        deterministic weighted combine with the shared-expert output.
+//        deterministic weighted combine with the shared-expert output. The host copy of the
+//        top-k ids also feeds the opt-in routing trace (Model::set_routing_trace).
+// ModelLoadOptions::mla_kernel picks cuda_mla's decode kernel (auto | wgmma | portable), logged
+// at load.
 #pragma once
 
 #include <memory>

@@ -1,12 +1,12 @@
 #include "engine/models/deepseek_model.h"
 
 #include "engine/models/cpu_ops.h"
+#include "engine/models/deepseek_routing.h"
 
 #include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include <spdlog/spdlog.h>
 
@@ -190,79 +190,31 @@ void DeepseekModel::Mlp(const DeepseekMlp& m, const float* x, int rows, float* o
   Linear(act.data(), m.w_down.data(), rows, H, I, out);
 }
 
-void DeepseekModel::Moe(const DeepseekLayerWeights& L, const float* x, int rows, float* out) const {
-  using Method = DeepseekConfig::TopkMethod;
+void DeepseekModel::Moe(const DeepseekLayerWeights& L, int layer, const int32_t* positions,
+                        const float* x, int rows, float* out) const {
   const DeepseekConfig& d = config_;
   const int H = d.base.hidden_size, E = d.n_routed_experts, K = d.num_experts_per_tok;
   std::vector<float> logits(static_cast<size_t>(rows) * E);
   Linear(x, L.router.data(), rows, E, H, logits.data());
 
   std::vector<std::vector<std::pair<int, float>>> assigned(E);  // expert -> (row, weight)
-  std::vector<float> scores(E), choice(E), group_score(d.n_group);
-  std::vector<int> order(std::max(E, d.n_group));
+  DeepseekRouter router(d);
+  const float* bias = L.router_bias.empty() ? nullptr : L.router_bias.data();
+  std::vector<int32_t> ids(K);
   std::vector<float> w(K);
   for (int r = 0; r < rows; ++r) {
-    const float* l = logits.data() + static_cast<size_t>(r) * E;
-    if (d.scoring == DeepseekConfig::Scoring::kSoftmax) {
-      const float mx = *std::max_element(l, l + E);
-      float sum = 0.0f;
-      for (int e = 0; e < E; ++e) sum += (scores[e] = std::exp(l[e] - mx));
-      for (int e = 0; e < E; ++e) scores[e] /= sum;
-    } else {
-      for (int e = 0; e < E; ++e) scores[e] = 1.0f / (1.0f + std::exp(-l[e]));
-    }
-    // Selection scores; noaux_tc adds the correction bias (selection only, not the weights).
-    for (int e = 0; e < E; ++e) {
-      choice[e] = scores[e] + (L.router_bias.empty() ? 0.0f : L.router_bias[e]);
-    }
-    if (d.topk_method != Method::kGreedy) {
-      const int per = E / d.n_group;
-      for (int g = 0; g < d.n_group; ++g) {
-        const float* s = choice.data() + g * per;
-        if (d.topk_method == Method::kGroupLimitedGreedy) {
-          group_score[g] = *std::max_element(s, s + per);  // best expert of the group
-        } else {
-          float a = -INFINITY, b = -INFINITY;  // sum of the group's top two
-          for (int i = 0; i < per; ++i) {
-            if (s[i] > a) {
-              b = a;
-              a = s[i];
-            } else if (s[i] > b) {
-              b = s[i];
-            }
-          }
-          group_score[g] = a + b;
-        }
-      }
-      std::iota(order.begin(), order.begin() + d.n_group, 0);
-      std::partial_sort(order.begin(), order.begin() + d.topk_group, order.begin() + d.n_group,
-                        [&](int a, int b) {
-                          return group_score[a] > group_score[b] ||
-                                 (group_score[a] == group_score[b] && a < b);
-                        });
-      std::vector<char> keep(d.n_group, 0);
-      for (int i = 0; i < d.topk_group; ++i) keep[order[i]] = 1;
-      // As HF: experts of the other groups get score 0.0 (masked_fill), not -inf.
-      for (int e = 0; e < E; ++e) {
-        if (!keep[e / per]) choice[e] = 0.0f;
-      }
-    }
-    std::iota(order.begin(), order.begin() + E, 0);
-    std::partial_sort(order.begin(), order.begin() + K, order.begin() + E, [&](int a, int b) {
-      return choice[a] > choice[b] || (choice[a] == choice[b] && a < b);
-    });
-    float sum = 0.0f;
-    for (int i = 0; i < K; ++i) {
-      // noaux_tc weighs with the unbiased scores; the others with the (masked) topk values.
-      w[i] = d.topk_method == Method::kNoauxTc ? scores[order[i]] : choice[order[i]];
-      sum += w[i];
-    }
-    const bool normalize = K > 1 && d.norm_topk_prob;
-    for (int i = 0; i < K; ++i) {
-      if (normalize) w[i] /= sum + 1e-20f;
-      // V3 always scales; DeepSeek-V2's gate scales only when it does not normalize.
-      if (d.is_v3() || !normalize) w[i] *= d.routed_scaling_factor;
-      assigned[order[i]].emplace_back(r, w[i]);
+    float margin = 0.0f;
+    router.Route(logits.data() + static_cast<size_t>(r) * E, bias, ids.data(), w.data(),
+                 routing_trace_ != nullptr ? &margin : nullptr);
+    for (int i = 0; i < K; ++i) assigned[ids[i]].emplace_back(r, w[i]);
+    if (routing_trace_ != nullptr) {
+      MoeRoutingDecision& rec = routing_trace_->emplace_back();
+      rec.row = r;
+      rec.position = positions[r];
+      rec.layer = layer;
+      rec.experts = ids;
+      std::sort(rec.experts.begin(), rec.experts.end());
+      rec.margin = margin;
     }
   }
 
@@ -446,7 +398,7 @@ Status DeepseekModel::Forward(const ForwardBatch& batch, std::vector<float>* log
 
     RmsNorm(x.data(), L.mlp_norm.data(), T, Hd, c.rms_norm_eps, xn.data());
     if (L.moe) {
-      Moe(L, xn.data(), T, tmp.data());
+      Moe(L, l, batch.positions.data(), xn.data(), T, tmp.data());
     } else {
       Mlp(L.dense, xn.data(), T, tmp.data());
     }

@@ -71,6 +71,11 @@ class DeepseekModel final : public Model {
     return attention_->BlockBytes() * config_.base.num_layers;
   }
   DType cache_dtype() const { return cache_dtype_; }
+  // Records every routing decision with its margin (deepseek_routing.h).
+  bool set_routing_trace(std::vector<MoeRoutingDecision>* trace) override {
+    routing_trace_ = trace;
+    return true;
+  }
 
  private:
   explicit DeepseekModel(const DeepseekConfig& config) : config_(config) {}
@@ -78,7 +83,10 @@ class DeepseekModel final : public Model {
   // DeepSeek rope on one [rope_dim] vector in place (see the file comment).
   void ApplyRope(float* x, int position) const;
   void Mlp(const DeepseekMlp& m, const float* x, int rows, float* out) const;
-  void Moe(const DeepseekLayerWeights& L, const float* x, int rows, float* out) const;
+  // DeepSeekMoE over rows [rows, hidden] of layer `layer` (routing: deepseek_routing.h); records
+  // each row's decision, at positions[row], when a routing trace is set.
+  void Moe(const DeepseekLayerWeights& L, int layer, const int32_t* positions, const float* x,
+           int rows, float* out) const;
   // Expanded-heads attention of one prefill sequence; writes its rows of attn [T, H * v_head].
   void PrefillAttention(const DeepseekLayerWeights& L, int layer, const AttentionBatch& batch,
                         int seq, const float* q, float* attn) const;
@@ -96,6 +104,7 @@ class DeepseekModel final : public Model {
   int block_size_ = 0;
   int num_blocks_ = 0;
   std::vector<std::vector<float>> cache_;  // per layer [blocks, block_size, L] (fp8: the bytes)
+  std::vector<MoeRoutingDecision>* routing_trace_ = nullptr;  // set_routing_trace; not owned
 };
 
 }  // namespace llm

@@ -10,7 +10,13 @@
 
 namespace llm {
 
+Status CheckMlaKernelOption(const std::string& value) {
+  if (value == "auto" || value == "wgmma" || value == "portable") return Status::Ok();
+  return InvalidArgument("mla_kernel must be auto, wgmma or portable, got '" + value + "'");
+}
+
 StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
+  LLM_RETURN_IF_ERROR(CheckMlaKernelOption(options.mla_kernel));
   if (options.model_dir.rfind("synthetic", 0) == 0) return SyntheticModel::Create(options);
   if (options.weight_dtype != "auto" && options.weight_dtype != "bf16" &&
       options.weight_dtype != "fp8") {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,18 @@ struct ForwardBatch {
   std::vector<SamplingJob> sampling_jobs;  // [logit_rows]
   std::vector<int32_t> penalty_indptr;     // [logit_rows + 1]
   std::vector<PenaltyEntry> penalties;     // CSR values
+};
+
+// One MoE routing decision, recorded on request (Model::set_routing_trace): the routed experts
+// one token chose at one layer.
+struct MoeRoutingDecision {
+  int32_t row = 0;               // row of the forward batch
+  int32_t position = 0;          // the token's position in its sequence
+  int32_t layer = 0;             // decoder layer (MoE layers only)
+  std::vector<int32_t> experts;  // the selected routed experts, ascending
+  // How far the decision was from changing, in the router's selection-score units
+  // (engine/models/deepseek_routing.h); NaN where the model does not compute it (CUDA).
+  float margin = std::numeric_limits<float>::quiet_NaN();
 };
 
 class Model {
@@ -68,6 +81,13 @@ class Model {
   virtual std::string kv_cache_dtype_name() const { return "float32"; }
   // Forward passes whose layers ran from a captured CUDA graph (0 for models without graphs).
   virtual int64_t graph_steps() const { return 0; }
+  // Opt-in routing record (tests, diagnosis): while `trace` is set, every forward appends one
+  // decision per (batch row, MoE layer) to it; the caller empties it. Null (the default) records
+  // nothing and costs nothing. False: the model has no routing to record.
+  virtual bool set_routing_trace(std::vector<MoeRoutingDecision>* trace) {
+    (void)trace;
+    return false;
+  }
 };
 
 struct ModelLoadOptions {
@@ -98,7 +118,16 @@ struct ModelLoadOptions {
   // tensor, activations quantized per row (token) at run time by the kernel that produces them,
   // cuBLASLt fp8 GEMMs (embedding, norms and LM head stay bf16).
   std::string weight_dtype = "auto";
+  // MLA decode kernel of the CUDA DeepSeek model over a bf16 latent cache (kernels/cuda/
+  // mla_decode.h MlaKernel): "auto" (64-row work items on the sm_90a wgmma kernel where it runs,
+  // smaller ones on the portable kernel), "wgmma" (every item on it; the load fails where it cannot
+  // run: not compute capability 9.0, no sm_90a in the build, or an fp8 cache), "portable" (every
+  // item on the portable kernel). Other models check the value and ignore it.
+  std::string mla_kernel = "auto";
 };
+
+// InvalidArgument naming the option unless `value` is one of ModelLoadOptions::mla_kernel's.
+Status CheckMlaKernelOption(const std::string& value);
 
 // Loads config + weights and selects the attention backend (logging the selection table).
 StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options);

@@ -5,8 +5,11 @@
 // latent, then attends the decode sequences on the backend's stream (the model's compute stream)
 // and leaves the other rows of out_latent untouched.
 //
-// The model sets the stream through AttentionBackend::set_stream and calls RunMla through
-// MlaAttentionBackend (dynamic_cast from the registry's AttentionBackend).
+// The model sets the stream through AttentionBackend::set_stream, calls RunMla through
+// MlaAttentionBackend and chooses the kernel through MlaKernelSwitch (cuda_mla_backend.h), both
+// dynamic_casts from the registry's AttentionBackend.
+#include "kernels/cuda/cuda_mla_backend.h"
+
 #include <memory>
 
 #include "engine/base/check.h"
@@ -18,20 +21,37 @@
 namespace llm::cuda {
 namespace {
 
-class CudaMlaBackend final : public MlaAttentionBackend {
+class CudaMlaBackend final : public MlaAttentionBackend, public MlaKernelSwitch {
  public:
   explicit CudaMlaBackend(const AttentionSpec& spec)
       : spec_(spec),
-        attn_(MlaDecodeShape{
+        attn_(std::make_unique<MlaDecode>(MlaDecodeShape{
             spec.num_q_heads, spec.block_size,
-            spec.kv_dtype == DType::kFp8E4M3 ? MlaCacheType::kFp8E4M3 : MlaCacheType::kBf16}) {
+            spec.kv_dtype == DType::kFp8E4M3 ? MlaCacheType::kFp8E4M3 : MlaCacheType::kBf16})) {
     LLM_CHECK(spec.head_dim == kMlaCacheDim && spec.mla_rope_dim == kMlaRopeDim)
         << "cuda_mla needs head_dim " << kMlaCacheDim << " with mla_rope_dim " << kMlaRopeDim;
     LLM_CHECK(spec.kv_dtype == DType::kBF16 || spec.kv_dtype == DType::kFp8E4M3)
         << "cuda_mla cache dtype " << DTypeName(spec.kv_dtype);
     config_.num_sms = CudaNumSms();
-    attn_.ctas_per_sm(config_.ctas_per_sm);
+    attn_->ctas_per_sm(config_.ctas_per_sm);
   }
+
+  Status SetMlaKernel(MlaKernel kernel) override {
+    MlaDecodeShape shape = attn_->shape();
+    if (kernel == MlaKernel::kWgmma) {
+      // MlaDecode checks the same at every upload; here it fails the load instead.
+      if (!MlaWgmmaAvailable()) {
+        return InvalidArgument(
+            "mla_kernel wgmma: the sm_90a MLA kernel needs a compute capability 9.0 device and a "
+            "build whose CUDA architectures include 90a");
+      }
+    }
+    shape.kernel = kernel;
+    attn_ = std::make_unique<MlaDecode>(shape);  // holds no device memory before its first Upload
+    attn_->ctas_per_sm(config_.ctas_per_sm);
+    return Status::Ok();
+  }
+  bool uses_wgmma(int variant) const override { return attn_->uses_wgmma(variant); }
 
   std::string name() const override { return "cuda_mla"; }
   size_t BlockBytes() const override {
@@ -40,7 +60,7 @@ class CudaMlaBackend final : public MlaAttentionBackend {
   }
   void set_stream(void* stream) override { stream_ = stream; }
   Status Plan(const AttentionBatch& batch) override {
-    return attn_.Upload(batch, BuildMlaPlan(attn_.shape(), batch, config_), stream_);
+    return attn_->Upload(batch, BuildMlaPlan(attn_->shape(), batch, config_), stream_);
   }
   void Run(const AttentionParams&) override {
     LLM_CHECK(false) << "cuda_mla is an MLA backend: call RunMla";
@@ -54,13 +74,13 @@ class CudaMlaBackend final : public MlaAttentionBackend {
     a.cache = p.cache;
     a.cache_scale = p.cache_scale;
     a.softmax_scale = p.softmax_scale;
-    const Status st = attn_.Run(a, stream_);
+    const Status st = attn_->Run(a, stream_);
     LLM_CHECK(st.ok()) << st.ToString();
   }
 
  private:
   AttentionSpec spec_;
-  MlaDecode attn_;
+  std::unique_ptr<MlaDecode> attn_;  // replaced by SetMlaKernel before the first Plan
   MlaPlanConfig config_;
   void* stream_ = nullptr;
 };

@@ -119,8 +119,13 @@ bool MlaDecode::uses_fp8_mma() const {
 }
 
 bool MlaDecode::uses_wgmma(int variant) const {
-  if (shape_.cache != MlaCacheType::kBf16 || shape_.kernel == MlaKernel::kPortable) return false;
-  if (shape_.kernel == MlaKernel::kAuto && kMlaVariantRows[variant] != kMlaMaxRows) return false;
+  if (shape_.kernel == MlaKernel::kPortable) return false;
+  if (shape_.cache == MlaCacheType::kFp8E4M3) {
+    // fp8: 16-row items on the transposed wgmma kernel (mla_decode_wgmma16.cu) on request only:
+    // on the H200 it is still slower than the portable one (docs/PERFORMANCE.md section 13).
+    return shape_.kernel == MlaKernel::kWgmma && kMlaVariantRows[variant] == 16 &&
+           MlaWgmmaAvailable();
+  }
   return MlaWgmmaAvailable();
 }
 
@@ -133,9 +138,6 @@ Status CheckKernelChoice(const MlaDecodeShape& shape) {
         "later");
   }
   if (shape.kernel != MlaKernel::kWgmma) return Status::Ok();
-  if (shape.cache != MlaCacheType::kBf16) {
-    return InvalidArgument("MLA decode: the wgmma kernel reads a bf16 cache only");
-  }
   if (!MlaWgmmaAvailable()) {
     return InvalidArgument(
         "MLA decode: the wgmma kernel needs a compute capability 9.0 device and a build that "
@@ -158,7 +160,10 @@ void MlaDecode::ctas_per_sm(int out[kMlaNumRowVariants]) const {
   }
 #if LLM_MLA_WGMMA
   for (int v = 0; v < kMlaNumRowVariants; ++v) {
-    if (uses_wgmma(v)) out[v] = mla::AttendCtasPerSmBf16Wgmma();
+    if (uses_wgmma(v)) {
+      out[v] = shape_.cache == MlaCacheType::kBf16 ? mla::AttendCtasPerSmBf16Wgmma()
+                                                   : mla::AttendCtasPerSmFp8Wgmma16();
+    }
   }
 #endif
 }
@@ -254,7 +259,11 @@ Status MlaDecode::Attend(const LayerArgs& args, void* stream) {
   for (int v = 0; v < kMlaNumRowVariants; ++v) {
     a.items = reinterpret_cast<const MlaWorkItem*>(ints + off_items_[v]);
     a.num_items = num_items_[v];
-    if (fp8) {
+    if (fp8 && uses_wgmma(v)) {
+#if LLM_MLA_WGMMA
+      mla::LaunchAttendFp8Wgmma16(a, stream);
+#endif
+    } else if (fp8) {
       mla::LaunchAttendFp8(a, kMlaVariantRows[v], uses_fp8_mma(), stream);
     } else if (uses_wgmma(v)) {
 #if LLM_MLA_WGMMA

@@ -23,16 +23,16 @@ constexpr int kMlaLatentDim = 512;  // kv_lora_rank: q_latent, PV and output wid
 constexpr int kMlaRopeDim = 64;
 constexpr int kMlaCacheDim = kMlaLatentDim + kMlaRopeDim;  // QK width, cached row width
 
-// Which kernel runs the work items over a bf16 cache: the portable one (mma.sync, the sm_120
-// design, every architecture) or the sm_90a warpgroup-MMA one (compute capability 9.0 and a build
-// that includes sm_90a; 64-row tiles, smaller items padded). The fp8 cache always uses the
-// portable kernel.
-//   kAuto: 64-row items (64+ heads, or 16 heads x 4 tokens...) on wgmma where it can run, 16- and
-//     32-row items on the portable kernel (2 CTAs per SM).
-//   kWgmma: every item on wgmma (padded; faster on long memory-bound contexts: 16 heads x 4096
-//     tokens at 4.0 TB/s against 3.4-3.6); an error where it cannot run.
+// Which kernel runs the work items: the portable one (mma.sync, the sm_120 design, every
+// architecture) or an sm_90a warpgroup-MMA one (compute capability 9.0 and a build that includes
+// sm_90a). bf16 cache: 64-row tiles, smaller items padded (mla_decode_wgmma.cu). fp8 cache: 16-row
+// items only, tokens as the MMA's M (mla_decode_wgmma16.cu); its 32/64-row items stay portable.
+//   kAuto: every bf16 item on wgmma where it can run (16 heads x 4096 tokens: 4.0 TB/s against
+//     3.4-3.6 portable, padding and all), everything else on the portable kernel.
+//   kWgmma: kAuto's choice plus fp8 16-row items on wgmma (slower than portable on the H200 so
+//     far: 159 us against 148); an error where it cannot run.
 //   kPortable: every item on the portable kernel.
-// Why kAuto keeps 16/32-row items portable: docs/PERFORMANCE.md section 5.
+// Measurements, and the DeepSeek greedy agreement on both: docs/PERFORMANCE.md section 13.
 enum class MlaKernel { kAuto, kPortable, kWgmma };
 
 // How the portable kernel multiplies an fp8 cache.

@@ -1,7 +1,7 @@
 // Whole-model GPU tests: runs the real EngineCore over prompts submitted together (continuous
 // batching, chunked prefill beside decodes) and collects each request's tokens, optionally the
 // top-2 logit gaps or the raw logits of every step (an observer: every row then returns its
-// logits and the host samples them).
+// logits and the host samples them), and for MoE models every routing decision.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -12,6 +12,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/engine_core.h"
@@ -22,6 +23,11 @@ namespace llm::gpu_test {
 using Gaps = std::map<std::string, std::vector<float>>;
 // Per request and step: the raw logits the host sampled from.
 using Logits = std::map<std::string, std::vector<std::vector<float>>>;
+// Per request: the MoE routing decision of every (position, layer) the model computed
+// (EngineCore::set_routing_observer), in (position, layer) order; prefill chunks and decode steps
+// alike, so positions match between runs. A position computed again (recomputed after a
+// preemption) keeps its latest decision.
+using Routing = std::map<std::string, std::map<std::pair<int, int>, MoeRoutingDecision>>;
 
 struct GenerateOptions {
   std::string device = "cuda";
@@ -33,11 +39,13 @@ struct GenerateOptions {
   int cuda_graph_max_batch = 256;
   bool overlap = true;  // EngineConfig::overlap_steps (a logits observer turns it off)
   std::string weight_dtype = "auto";
+  std::string mla_kernel = "auto";               // ModelLoadOptions::mla_kernel (DeepSeek)
   int steps = 64;                                // max_tokens of every request, or
   const std::vector<int>* max_tokens = nullptr;  // one per prompt
   const SamplingParams* sampling = nullptr;      // null: greedy; else seed + prompt index
   Gaps* gaps = nullptr;
   Logits* logits = nullptr;
+  Routing* routing = nullptr;  // MoE models only (another model records none: the test fails)
 };
 
 struct GenerateResult {
@@ -68,6 +76,7 @@ inline GenerateResult Generate(const std::string& dir,
   cfg.model.num_kv_blocks = o.num_kv_blocks;
   cfg.model.cuda_graph_max_batch = o.cuda_graph_max_batch;
   cfg.model.weight_dtype = o.weight_dtype;
+  cfg.model.mla_kernel = o.mla_kernel;
   cfg.scheduler.max_batched_tokens = o.max_batched_tokens;
   cfg.require_tokenizer = false;
   cfg.overlap_steps = o.overlap;
@@ -94,6 +103,15 @@ inline GenerateResult Generate(const std::string& dir,
       }
       (*gaps)[id].push_back((a - b) / std::max(m, 1e-6f));
     });
+  }
+  if (o.routing) {
+    Routing* routing = o.routing;
+    const Status st = (*core)->set_routing_observer(
+        [routing](const std::string& id, const MoeRoutingDecision& d) {
+          (*routing)[id][{d.position, d.layer}] = d;
+        });
+    INFO(st.ToString());
+    REQUIRE(st.ok());
   }
   std::vector<std::shared_ptr<CollectSink>> sinks;
   for (size_t i = 0; i < prompts.size(); ++i) {

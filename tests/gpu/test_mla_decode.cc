@@ -329,17 +329,22 @@ int RunCaseOnce(const MlaCase& c, std::mt19937& rng) {
 int RunCase(const MlaCase& c, std::mt19937& rng) {
   const int partials = RunCaseOnce(c, rng);
   if (c.path == Path::kDirect && c.cache == MlaCacheType::kBf16 && MlaWgmmaAvailable()) {
-    for (MlaKernel k : {MlaKernel::kPortable, MlaKernel::kWgmma}) {
-      MlaCase other = c;
-      other.kernel = k;
+    MlaCase other = c;
+    other.kernel = MlaKernel::kPortable;
+    RunCaseOnce(other, rng);
+  }
+  if (c.path == Path::kDirect && c.cache == MlaCacheType::kFp8E4M3) {
+    // kWgmma puts 16-row fp8 items on the transposed wgmma kernel (Hopper).
+    MlaCase other = c;
+    other.kernel = MlaKernel::kWgmma;
+    if (MlaWgmmaAvailable()) RunCaseOnce(other, rng);
+    other.kernel = MlaKernel::kAuto;
+    if (MlaFp8MmaAvailable()) {
+      const bool auto_e4m3 =
+          MlaDecode(MlaDecodeShape{c.heads, c.block_size, c.cache}).uses_fp8_mma();
+      other.fp8_math = auto_e4m3 ? MlaFp8Math::kF16 : MlaFp8Math::kE4m3;
       RunCaseOnce(other, rng);
     }
-  }
-  if (c.path == Path::kDirect && c.cache == MlaCacheType::kFp8E4M3 && MlaFp8MmaAvailable()) {
-    MlaCase other = c;
-    const bool auto_e4m3 = MlaDecode(MlaDecodeShape{c.heads, c.block_size, c.cache}).uses_fp8_mma();
-    other.fp8_math = auto_e4m3 ? MlaFp8Math::kF16 : MlaFp8Math::kE4m3;
-    RunCaseOnce(other, rng);
   }
   return partials;
 }
@@ -410,10 +415,18 @@ TEST_CASE("MLA decode: kernel choice per device and cache type", "[gpu][mla]") {
   const bool hopper = MlaWgmmaAvailable();
   INFO("sm_90a MLA kernel available: " << hopper);
   CHECK(MlaDecode(MlaDecodeShape{128, 64, MlaCacheType::kBf16}).uses_wgmma() == hopper);
-  CHECK_FALSE(MlaDecode(MlaDecodeShape{16, 64, MlaCacheType::kBf16}).uses_wgmma(0));
+  CHECK(MlaDecode(MlaDecodeShape{16, 64, MlaCacheType::kBf16}).uses_wgmma(0) == hopper);
+  CHECK(MlaDecode(MlaDecodeShape{32, 64, MlaCacheType::kBf16}).uses_wgmma(1) == hopper);
   CHECK(MlaDecode(MlaDecodeShape{16, 64, MlaCacheType::kBf16, MlaKernel::kWgmma}).uses_wgmma(0) ==
         hopper);
   CHECK_FALSE(MlaDecode(MlaDecodeShape{128, 64, MlaCacheType::kFp8E4M3}).uses_wgmma());
+  // fp8: only 16-row items have a wgmma kernel, and only on request.
+  CHECK_FALSE(MlaDecode(MlaDecodeShape{16, 64, MlaCacheType::kFp8E4M3}).uses_wgmma(0));
+  CHECK(
+      MlaDecode(MlaDecodeShape{16, 64, MlaCacheType::kFp8E4M3, MlaKernel::kWgmma}).uses_wgmma(0) ==
+      hopper);
+  CHECK_FALSE(
+      MlaDecode(MlaDecodeShape{16, 64, MlaCacheType::kFp8E4M3, MlaKernel::kWgmma}).uses_wgmma(1));
   CHECK_FALSE(
       MlaDecode(MlaDecodeShape{128, 64, MlaCacheType::kBf16, MlaKernel::kPortable}).uses_wgmma());
   // Forcing wgmma where it cannot run is an error at upload, not a silent fallback.
@@ -425,11 +438,12 @@ TEST_CASE("MLA decode: kernel choice per device and cache type", "[gpu][mla]") {
   b.page_indptr = {0, 1};
   b.page_indices = {0};
   b.slot_mapping = {0};
-  MlaDecode fp8(MlaDecodeShape{128, 64, MlaCacheType::kFp8E4M3, MlaKernel::kWgmma});
-  const Status st = fp8.Upload(b, BuildMlaPlan(fp8.shape(), b, MlaPlanConfig{}), nullptr);
-  CHECK(st.code() == StatusCode::kInvalidArgument);
-  MlaDecode bf16(MlaDecodeShape{128, 64, MlaCacheType::kBf16, MlaKernel::kWgmma});
-  CHECK(bf16.Upload(b, BuildMlaPlan(bf16.shape(), b, MlaPlanConfig{}), nullptr).ok() == hopper);
+  for (MlaCacheType cache : {MlaCacheType::kBf16, MlaCacheType::kFp8E4M3}) {
+    MlaDecode forced(MlaDecodeShape{128, 64, cache, MlaKernel::kWgmma});
+    const Status st = forced.Upload(b, BuildMlaPlan(forced.shape(), b, MlaPlanConfig{}), nullptr);
+    CHECK(st.ok() == hopper);
+    if (!hopper) CHECK(st.code() == StatusCode::kInvalidArgument);
+  }
   // fp8 math: e4m3 MMA can run wherever the device's binary is sm_89+ (H100/H200 too) and is
   // kAuto's choice except on Hopper; f16 on request; forcing e4m3 where it cannot run is an
   // upload error too.

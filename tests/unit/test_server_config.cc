@@ -96,6 +96,11 @@ TEST_CASE("ServerConfig JSON file then flags override", "[server_config]") {
   CHECK(e.scheduler.block_size == 32);
   CHECK(e.model.model_dir == "/from/file");
   CHECK(e.model.block_size == 32);
+  CHECK(e.model.mla_kernel == "auto");
+
+  auto c3 = ParseServerConfig({"--config", file.path(), "--mla-kernel", "portable"});
+  REQUIRE(c3.ok());
+  CHECK(c3->ToEngineConfig().model.mla_kernel == "portable");
 }
 
 TEST_CASE("ServerConfig rejects bad values naming the field", "[server_config]") {
@@ -143,6 +148,13 @@ TEST_CASE("ServerConfig rejects bad values naming the field", "[server_config]")
     auto c = ParseServerConfig({"--model-dir", "/m", "--listen-address", "localhost"});
     REQUIRE_FALSE(c.ok());
     CHECK(Contains(c.status().message(), "listen_address"));
+  }
+  SECTION("unknown MLA kernel") {
+    auto c = ParseServerConfig({"--model-dir", "/m", "--mla-kernel", "fast"});
+    REQUIRE_FALSE(c.ok());
+    CHECK(c.status().code() == StatusCode::kInvalidArgument);
+    CHECK(Contains(c.status().message(), "mla_kernel"));
+    CHECK(Contains(c.status().message(), "'fast'"));
   }
   SECTION("default_max_tokens above max_tokens_limit") {
     auto c = ParseServerConfig(
@@ -223,6 +235,7 @@ TEST_CASE("Every shipped server config parses and maps to the engine", "[server_
     const EngineConfig eng = c->ToEngineConfig();
     CHECK(eng.model.model_dir == c->model_dir);
     CHECK(eng.model.weight_dtype == c->weight_dtype);
+    CHECK(eng.model.mla_kernel == c->mla_kernel);
     CHECK(eng.model.cuda_graph_max_batch == c->cuda_graph_max_batch);
   }
   CHECK(files >= 2);  // server.json and the CUDA Llama-3-8B example

@@ -1,0 +1,425 @@
+// MLA decode on Hopper warpgroup MMA for 16-row items over the fp8 cache (sm_90a only): 16 heads
+// of one token, the memory-bound shape an fp8 cache is for. The 64-row wgmma kernel
+// (mla_decode_wgmma.cu) would pad such an item to 64 rows, four times the tensor work, and the
+// portable kernel is bound by mma.sync's rate on Hopper (and converts every K and V byte).
+//
+// Transposed products, so the 64 tokens of a tile are wgmma's M and the 16 rows its N:
+//   S^T [64 tokens x 16 rows] = K [64 x 576] . Q^T        (36 k16 steps, m64n16k16)
+//   O^T [512 dims x 16 rows] += V^T [512 x 64] . P^T       (8 m-tiles x 4 k16 steps)
+// K and V are the A operands, from registers: ldmatrix on the 8-bit tile, e4m3x2 -> f16x2 cvt
+// (exact). Q^T and P^T are the B operands, f16 in shared memory (128-byte swizzle, K-major).
+// An 8-bit ldmatrix hands a thread 4 consecutive dims of one token (K) or 2 dims x 2 tokens (V,
+// .trans), so the k order of S and the m order of O^T are permuted within 16-dim blocks: Q is
+// stored with the same k permutation (dim 4t + e at k 2t + e, dim 4t + 2 + e at k 8 + 2t + e),
+// and the output un-permutes m (row g of a warp's 16 is dim 2g, row g + 8 dim 2g + 1).
+//
+// One CTA = one warpgroup = one work item; KV tiles of 64 tokens stream through a two-stage
+// cp.async ring (row stride 592 bytes: conflict-free ldmatrix). Per tile: S^T, the online softmax
+// per column (a row of S: its 64 tokens span the 4 warps, so the column max crosses warps through
+// shared memory), P^T to shared memory, rescale O^T by the column factors (held by the same
+// threads: O^T's columns are S^T's), then O^T += V^T P^T. Two CTAs per SM overlap one another's
+// loads, conversions and products.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "kernels/cuda/mla_kernel_args.h"
+#include "kernels/cuda/ptx_ops.cuh"
+#include "kernels/cuda/wgmma.cuh"
+#include "kernels/gpu_port.h"
+
+namespace llm::cuda::mla {
+namespace {
+
+namespace wg = llm::cuda::wgmma;
+using ptx::CpAsync16;
+using ptx::CpAsyncCommit;
+using ptx::CpAsyncWait;
+using ptx::LdMatrixX4;
+using ptx::LdMatrixX4T;
+using ptx::SmemAddr;
+
+struct W16 {
+  static constexpr int kRows = 16;                     // wgmma N
+  static constexpr int kTile = 64;                     // tokens per tile: wgmma M
+  static constexpr int kThreads = 128;                 // one warpgroup
+  static constexpr int kStages = 2;                    // 2 x 37 KB: two CTAs per SM
+  static constexpr int kRowBytes = kMlaCacheDim + 16;  // fp8 row + pad
+  static constexpr int kStageBytes = kTile * kRowBytes;
+  static constexpr int kSteps = kMlaCacheDim / 16;    // 36 k16 steps of S
+  static constexpr int kMTiles = kMlaLatentDim / 64;  // 8 m-tiles of O^T
+  static constexpr int kQPanelBytes = kRows * 128;    // 16 rows x 64 f16 dims
+  // Offsets from the 1024-byte aligned base.
+  static constexpr int kQOff = 0;                                  // Q^T: 9 panels
+  static constexpr int kPOff = kQOff + kSteps / 4 * kQPanelBytes;  // P^T: one 64-token panel
+  static constexpr int kRedOff = kPOff + kRows * 128;              // [4 warps][16] col max / sum
+  static constexpr int kKvOff = kRedOff + 4 * kRows * 4;
+  static constexpr int kSmemBytes = kKvOff + kStages * kStageBytes + 1024;  // + alignment
+};
+
+__device__ __forceinline__ uint32_t Fp8x2ToF16x2(uint32_t pair) {
+  const __half2_raw r =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// D[64 x 16] (+)= A[64 x 16] (registers, f16) * B[16 x 16] (shared memory, K-major, f16).
+__device__ __forceinline__ void MmaRS16(float (&d)[8], const uint32_t (&a)[4], uint64_t b,
+                                        int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
+      "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
+
+// Byte offset of 16-bit element (row, k) in a K-major 128-byte-swizzled panel of 64 k.
+__device__ __forceinline__ int SwizzledOffset(int row, int k) {
+  return row * 128 + ((((k >> 3) ^ row) & 7) << 4) + (k & 7) * 2;
+}
+
+__global__ void __launch_bounds__(W16::kThreads, 2) MlaWgmma16Kernel(const AttendArgs a) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                             ~static_cast<uintptr_t>(1023));
+  uint8_t* q_s = base + W16::kQOff;
+  uint8_t* p_s = base + W16::kPOff;
+  float* red = reinterpret_cast<float*>(base + W16::kRedOff);
+  uint8_t* kv_s = base + W16::kKvOff;
+
+  const MlaWorkItem item = a.items[blockIdx.x];
+  const int tid = threadIdx.x, w = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int seq = item.seq;
+  const int seq_q_begin = a.q_indptr[seq];
+  const int seq_q_len = a.q_indptr[seq + 1] - seq_q_begin;
+  const int kv_len = a.kv_lens[seq];
+  const int32_t* pages = a.pages + a.page_indptr[seq];
+  const int item_rows = item.q_len * item.num_heads;
+  const int pos0 = kv_len - seq_q_len + (item.q_start - seq_q_begin);
+  auto q_row = [&](int r) {
+    return static_cast<size_t>(item.q_start + r / item.num_heads) * a.num_heads + item.head_start +
+           r % item.num_heads;
+  };
+
+  // KV loads: two threads per token row, 18 16-byte chunks each.
+  const int num_tiles = (item.kv_end - item.kv_start + W16::kTile - 1) / W16::kTile;
+  const auto* cache = static_cast<const uint8_t*>(a.cache);
+  const int load_row = tid / 2, load_sub = tid % 2;
+  // Cache row of this thread's token in `tile` (-1: none). Read one tile ahead of its issue, so
+  // the page-table load is off the critical path.
+  auto fetch = [&](int tile) {
+    const int j = item.kv_start + tile * W16::kTile + load_row;
+    return tile < num_tiles && j < item.kv_end
+               ? pages[j / a.block_size] * a.block_size + j % a.block_size
+               : -1;
+  };
+  auto issue = [&](int tile, int row) {
+    if (tile >= num_tiles) return;
+    const bool valid = row >= 0;
+    const uint8_t* src = cache + (valid ? static_cast<size_t>(row) * kMlaCacheDim : 0);
+    uint8_t* dst = kv_s + (tile % W16::kStages) * W16::kStageBytes + load_row * W16::kRowBytes;
+#pragma unroll
+    for (int i = 0; i < kMlaCacheDim / 16 / 2; ++i) {
+      const int c = load_sub + 2 * i;
+      CpAsync16(dst + c * 16, src + c * 16, valid);
+    }
+  };
+#pragma unroll
+  for (int st = 0; st < W16::kStages - 1; ++st) {
+    issue(st, fetch(st));
+    CpAsyncCommit();
+  }
+  int next_row = fetch(W16::kStages - 1);
+
+  // Q^T: f16, k-permuted within 16-dim blocks, zero past the item's rows.
+  // Every thread's 16-byte loads (8 dims each) are in flight together; dim pair (2p, 2p + 1) of
+  // a 16-dim block goes to k 2 (p / 2) + 8 (p % 2): the inverse of dim = 4t + 2 j + e.
+  {
+    const auto* ql = static_cast<const uint8_t*>(a.q_latent);
+    const auto* qp = static_cast<const uint8_t*>(a.q_pe);
+    constexpr int kChunks = kMlaCacheDim / 8;  // per row
+    constexpr int kPerThread = W16::kRows * kChunks / W16::kThreads;
+    static_assert(W16::kRows * kChunks % W16::kThreads == 0, "q chunks");
+    uint4 v[kPerThread];
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int idx = tid + i * W16::kThreads, r = idx / kChunks, c = idx % kChunks;
+      v[i] = make_uint4(0, 0, 0, 0);
+      if (r < item_rows) {
+        v[i] = c < kMlaLatentDim / 8
+                   ? *reinterpret_cast<const uint4*>(ql + (q_row(r) * kMlaLatentDim + 8 * c) * 2)
+                   : *reinterpret_cast<const uint4*>(
+                         qp + (q_row(r) * kMlaRopeDim + 8 * c - kMlaLatentDim) * 2);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int idx = tid + i * W16::kThreads, r = idx / kChunks, c = idx % kChunks;
+      const uint32_t w4[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {       // dims 8c + 2p, + 1
+        const int pin = 4 * (c & 1) + p;  // pair index within the 16-dim block
+        const int k = 16 * (c / 2) + 2 * (pin / 2) + 8 * (pin % 2);
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w4[p]));
+        *reinterpret_cast<__half2*>(q_s + (k / 64) * W16::kQPanelBytes +
+                                    SwizzledOffset(r, k % 64)) = __floats2half2_rn(f.x, f.y);
+      }
+    }
+    wg::ProxyFence();  // Q^T is read by the tensor cores (after the loop's first barrier)
+  }
+
+  // This thread's 4 columns (rows of S): c -> n = 8 (c >> 1) + 2t + (c & 1).
+  int col_pos[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int n = 8 * (c >> 1) + 2 * t + (c & 1);
+    col_pos[c] = n < item_rows ? pos0 + n / item.num_heads : INT_MAX;
+  }
+  float m_run[4], l_run[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    m_run[c] = -INFINITY;
+    l_run[c] = 0.f;
+  }
+  float o[W16::kMTiles][8];
+#pragma unroll
+  for (int mt = 0; mt < W16::kMTiles; ++mt) {
+#pragma unroll
+    for (int x = 0; x < 8; ++x) o[mt][x] = 0.f;
+  }
+  const uint32_t q_addr = SmemAddr(q_s), p_addr = SmemAddr(p_s);
+  const int mi = lane / 8, rr = lane % 8;
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    CpAsyncWait<W16::kStages - 2>();
+    __syncthreads();  // the tile landed; the previous tile's P^T and stage are free
+    issue(tile + W16::kStages - 1, next_row);
+    CpAsyncCommit();
+    next_row = fetch(tile + W16::kStages);
+    const uint8_t* kv = kv_s + (tile % W16::kStages) * W16::kStageBytes;
+
+    // S^T = K Q^T. Matrices of one x4 load: tokens 16w + 0..7 / 8..15 x bytes 32 kk2 + 0..15
+    // (step 2 kk2) and + 16..31 (step 2 kk2 + 1).
+    float s[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    // The A fragments go in groups of kSG steps through two register buffers: a group's
+    // conversions overlap the previous group's products (and the registers stay under 255).
+    // Two accumulators (even and odd groups) halve the dependent chain of products.
+    {
+      float s1[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      constexpr int kSG = 6, kGroups = W16::kSteps / kSG;
+      uint32_t ka[2][kSG][4];
+      const uint8_t* k_base = kv + (16 * w + (mi & 1) * 8 + rr) * W16::kRowBytes + (mi >> 1) * 16;
+#pragma unroll
+      for (int gi = 0; gi < kGroups; ++gi) {
+        uint32_t(&buf)[kSG][4] = ka[gi & 1];
+        if (gi >= 2) wg::Wait<1>();  // group gi - 2, the buffer's last reader, is done
+#pragma unroll
+        for (int kk2 = 0; kk2 < kSG / 2; ++kk2) {
+          uint32_t r[4];
+          LdMatrixX4(r, k_base + 32 * (gi * kSG / 2 + kk2));
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            uint32_t(&f)[4] = buf[2 * kk2 + h];
+            f[0] = Fp8x2ToF16x2(r[2 * h]);
+            f[1] = Fp8x2ToF16x2(r[2 * h + 1]);
+            f[2] = Fp8x2ToF16x2(r[2 * h] >> 16);
+            f[3] = Fp8x2ToF16x2(r[2 * h + 1] >> 16);
+          }
+        }
+        wg::Fence();
+#pragma unroll
+        for (int i = 0; i < kSG; ++i) {
+          const int st = gi * kSG + i;
+          MmaRS16((gi & 1) ? s1 : s, buf[i],
+                  wg::Desc(q_addr + (st / 4) * W16::kQPanelBytes + (st % 4) * 32, 16, 1024),
+                  st >= 2 * kSG || i > 0);
+        }
+        wg::Commit();
+      }
+      wg::Wait<0>();
+      wg::Pin(s);
+      wg::Pin(s1);
+#pragma unroll
+      for (int x = 0; x < 8; ++x) s[x] += s1[x];
+    }
+
+    // Online softmax per column. s[4j + e]: token 16w + g + 8 (e >> 1), column 8j + 2t + (e & 1).
+    const int tile_base = item.kv_start + tile * W16::kTile;
+    float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+    for (int x = 0; x < 8; ++x) {
+      const int c = (x & 1) | ((x >> 2) << 1);
+      const int j = tile_base + 16 * w + g + 8 * ((x >> 1) & 1);
+      float v = s[x] * a.scale_log2;
+      if (j >= item.kv_end || j > col_pos[c]) v = -INFINITY;
+      s[x] = v;
+      mx[c] = fmaxf(mx[c], v);
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+#pragma unroll
+      for (int m = 4; m < 32; m <<= 1) mx[c] = fmaxf(mx[c], __shfl_xor_sync(0xffffffffu, mx[c], m));
+    }
+    if (g == 0) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) red[w * W16::kRows + 8 * (c >> 1) + 2 * t + (c & 1)] = mx[c];
+    }
+    __syncthreads();
+    float alpha[4], m_use[4];
+    bool moved = false;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int n = 8 * (c >> 1) + 2 * t + (c & 1);
+      float tmax = red[n];
+#pragma unroll
+      for (int ww = 1; ww < 4; ++ww) tmax = fmaxf(tmax, red[ww * W16::kRows + n]);
+      const float m_new = fmaxf(m_run[c], tmax);
+      m_use[c] = m_new == -INFINITY ? 0.f : m_new;  // fully masked so far: no NaN
+      alpha[c] = gpu::Exp2(m_run[c] - m_use[c]);
+      moved |= alpha[c] != 1.f;
+      m_run[c] = m_new;
+      l_run[c] *= alpha[c];
+    }
+#pragma unroll
+    for (int x = 0; x < 8; ++x) {
+      const int c = (x & 1) | ((x >> 2) << 1);
+      const float p = gpu::Exp2(s[x] - m_use[c]);
+      l_run[c] += p;
+      const int n = 8 * (x >> 2) + 2 * t + (x & 1);
+      *reinterpret_cast<__half*>(p_s + SwizzledOffset(n, 16 * w + g + 8 * ((x >> 1) & 1))) =
+          __float2half_rn(p);
+    }
+    if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int mt = 0; mt < W16::kMTiles; ++mt) {
+#pragma unroll
+        for (int x = 0; x < 8; ++x) o[mt][x] *= alpha[(x & 1) | ((x >> 2) << 1)];
+      }
+    }
+    wg::ProxyFence();
+    __syncthreads();  // P^T complete; every thread has read the column maxima
+
+    // O^T += V^T P^T. Matrices of one x4.trans load: tokens 32h + 8 mi + 0..7 x the 16 dims
+    // 64 mt + 16 w .. + 15; a register holds (token 2t: dims 2g, 2g + 1), (token 2t + 1: same).
+    // Groups of kOG m-tiles through two register buffers, as for S.
+    {
+      constexpr int kOG = 2, kGroups = W16::kMTiles / kOG;
+      uint32_t va[2][kOG][4][4];
+      const uint8_t* v_base = kv + lane * W16::kRowBytes + 16 * w;
+#pragma unroll
+      for (int gi = 0; gi < kGroups; ++gi) {
+        uint32_t(&buf)[kOG][4][4] = va[gi & 1];
+        if (gi >= 2) wg::Wait<1>();
+#pragma unroll
+        for (int i = 0; i < kOG; ++i) {
+          const int mt = gi * kOG + i;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            uint32_t r[4];
+            LdMatrixX4T(r, v_base + 32 * h * W16::kRowBytes + 64 * mt);
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {  // tokens 32h + 16hh .. + 15: k-step 2h + hh
+              uint32_t(&f)[4] = buf[i][2 * h + hh];
+              const uint32_t lo = r[2 * hh], hi = r[2 * hh + 1];
+              f[0] = Fp8x2ToF16x2(__byte_perm(lo, 0u, 0x0020));  // dim 2g, tokens 2t, 2t + 1
+              f[1] = Fp8x2ToF16x2(__byte_perm(lo, 0u, 0x0031));  // dim 2g + 1
+              f[2] = Fp8x2ToF16x2(__byte_perm(hi, 0u, 0x0020));  // dim 2g, tokens 8 + 2t, + 1
+              f[3] = Fp8x2ToF16x2(__byte_perm(hi, 0u, 0x0031));
+            }
+          }
+        }
+        wg::Fence();
+#pragma unroll
+        for (int i = 0; i < kOG; ++i) {
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks) {
+            MmaRS16(o[gi * kOG + i], buf[i][ks], wg::Desc(p_addr + ks * 32, 16, 1024), 1);
+          }
+        }
+        wg::Commit();
+      }
+      wg::Wait<0>();
+#pragma unroll
+      for (int mt = 0; mt < W16::kMTiles; ++mt) wg::Pin(o[mt]);
+    }
+  }
+  CpAsyncWait<0>();  // no copy may land after the CTA exits
+
+  // Column sums: this thread's tokens, then the g lanes, then the 4 warps.
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+#pragma unroll
+    for (int m = 4; m < 32; m <<= 1) l_run[c] += __shfl_xor_sync(0xffffffffu, l_run[c], m);
+  }
+  __syncthreads();  // the last tile's column maxima are read
+  if (g == 0) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) red[w * W16::kRows + 8 * (c >> 1) + 2 * t + (c & 1)] = l_run[c];
+  }
+  __syncthreads();
+  float inv[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int n = 8 * (c >> 1) + 2 * t + (c & 1);
+    const float l =
+        red[n] + red[W16::kRows + n] + red[2 * W16::kRows + n] + red[3 * W16::kRows + n];
+    inv[c] = l > 0.f ? a.out_scale / l : 0.f;
+    if (item.partial >= 0 && w == 0 && g == 0 && n < item_rows) {
+      a.partial_lse[static_cast<size_t>(item.partial) * kMlaMaxRows + n] =
+          l > 0.f ? m_run[c] + log2f(l) : -INFINITY;
+    }
+  }
+  // o[mt][4j + e]: dim 64 mt + 16 w + 2g + (e >> 1), column 8j + 2t + (e & 1).
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int n = 8 * (c >> 1) + 2 * t + (c & 1);
+    if (n >= item_rows) continue;
+    const int x0 = 4 * (c >> 1) + (c & 1);  // e = c & 1 (dim 2g) and x0 + 2 (dim 2g + 1)
+    const size_t qrow = q_row(n);
+#pragma unroll
+    for (int mt = 0; mt < W16::kMTiles; ++mt) {
+      const int d = 64 * mt + 16 * w + 2 * g;
+      const float v0 = o[mt][x0] * inv[c], v1 = o[mt][x0 + 2] * inv[c];
+      if (item.partial < 0) {
+        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(a.out) +
+                                           qrow * kMlaLatentDim + d) =
+            __floats2bfloat162_rn(v0, v1);
+      } else {
+        *reinterpret_cast<float2*>(
+            a.partial_o + (static_cast<size_t>(item.partial) * kMlaMaxRows + n) * kMlaLatentDim +
+            d) = make_float2(v0, v1);
+      }
+    }
+  }
+}
+
+cudaError_t PrepareKernel() {
+  static const cudaError_t err = cudaFuncSetAttribute(
+      MlaWgmma16Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, W16::kSmemBytes);
+  return err;
+}
+
+}  // namespace
+
+void LaunchAttendFp8Wgmma16(const AttendArgs& a, void* stream) {
+  if (a.num_items == 0) return;
+  (void)PrepareKernel();  // a failed attribute call makes the launch fail too
+  MlaWgmma16Kernel<<<a.num_items, W16::kThreads, W16::kSmemBytes,
+                     static_cast<cudaStream_t>(stream)>>>(a);
+}
+
+int AttendCtasPerSmFp8Wgmma16() {
+  if (PrepareKernel() != cudaSuccess) return 1;
+  int n = 0;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, MlaWgmma16Kernel, W16::kThreads,
+                                                W16::kSmemBytes);
+  return n > 0 ? n : 1;
+}
+
+}  // namespace llm::cuda::mla
