@@ -49,6 +49,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/mla_item.cuh"
 #include "kernels/cuda/mla_kernel_args.h"
 #include "kernels/cuda/ptx_ops.cuh"
 
@@ -57,18 +58,12 @@ namespace llm::cuda::mla {
 using ptx::CpAsync16;
 using ptx::CpAsyncCommit;
 using ptx::CpAsyncWait;
+using ptx::Fp8x2ToF16x2;
 using ptx::LdMatrixX4;
 using ptx::LdMatrixX4T;
 using ptx::MmaBf16;
 using ptx::MmaF16;
 using ptx::SmemAddr;
-
-// Two e4m3 bytes (low byte = lower k / column) -> f16x2, exact.
-__device__ __forceinline__ uint32_t Fp8x2ToF16x2(uint32_t pair) {
-  const __half2_raw r =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
-  return *reinterpret_cast<const uint32_t*>(&r);
-}
 
 // Cache-type traits: element bytes, ring depth, MMA input type and the fragment permutations.
 // Every trait provides: kK (dims per MMA k-step), QFrag (one k-step of q in registers), LoadQ /
@@ -511,18 +506,11 @@ __global__ void __launch_bounds__(256, ROWS == 16 ? 2 : 1) MlaDecodeKernel(const
   const int step_begin = kg * K::kLatSteps;
 
   const int seq = item.seq;
-  const int seq_q_begin = args.q_indptr[seq];
-  const int seq_q_len = args.q_indptr[seq + 1] - seq_q_begin;
-  const int kv_len = args.kv_lens[seq];
   const int32_t* pages = args.pages + args.page_indptr[seq];
-  const int item_rows = item.q_len * item.num_heads;
-  // Causal: the item's first query token sits at pos0 and sees cache positions [0, pos0].
-  const int pos0 = kv_len - seq_q_len + (item.q_start - seq_q_begin);
+  const ItemGeometry geo(args, item);
+  const int item_rows = geo.item_rows, pos0 = geo.pos0;
 
-  auto q_row = [&](int r) {  // row of q_latent / q_pe / out_latent for item row r
-    return static_cast<size_t>(item.q_start + r / item.num_heads) * args.num_heads +
-           item.head_start + r % item.num_heads;
-  };
+  auto q_row = [&](int r) { return QRow(args, item, r); };
   // KV loads: each loader thread owns one token row of a tile and 9 of its 16-byte chunks; the
   // page of its row in the next tile to issue is fetched one iteration early, off the critical
   // path.
@@ -630,7 +618,7 @@ __global__ void __launch_bounds__(256, ROWS == 16 ? 2 : 1) MlaDecodeKernel(const
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     const int r = sm_row0 + 8 * ri;
-    row_pos[ri] = r < item_rows ? pos0 + r / item.num_heads : INT_MAX;
+    row_pos[ri] = geo.RowPos(item, r);
     // (Threads without a softmax role may name rows past ROWS: no shared-memory read for them.)
     row_scale[ri] = args.scale_log2 / (C::kScaledQ && r < ROWS ? qscale_s[r] : 1.f);
   }

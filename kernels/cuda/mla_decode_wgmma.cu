@@ -33,6 +33,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "kernels/cuda/mla_item.cuh"
 #include "kernels/cuda/mla_kernel_args.h"
 #include "kernels/cuda/wgmma.cuh"
 #include "kernels/gpu_port.h"
@@ -86,22 +87,8 @@ struct Smem {
   __device__ uint32_t q_full() const { return base + WgCfg::kBarOff + 32; }
 };
 
-struct ItemGeometry {
-  int item_rows, n_tiles, pos0;
-  __device__ ItemGeometry(const AttendArgs& a, const MlaWorkItem& item) {
-    item_rows = item.q_len * item.num_heads;
-    n_tiles = (item.kv_end - item.kv_start + WgCfg::kTile - 1) / WgCfg::kTile;
-    const int seq_q_begin = a.q_indptr[item.seq];
-    const int seq_q_len = a.q_indptr[item.seq + 1] - seq_q_begin;
-    // Causal: the item's first query token sits at pos0 and sees cache positions [0, pos0].
-    pos0 = a.kv_lens[item.seq] - seq_q_len + (item.q_start - seq_q_begin);
-  }
-};
-
-// Row of q_latent / q_pe / out for item row r (heads first, then tokens).
-__device__ __forceinline__ size_t QRow(const AttendArgs& a, const MlaWorkItem& item, int r) {
-  return static_cast<size_t>(item.q_start + r / item.num_heads) * a.num_heads + item.head_start +
-         r % item.num_heads;
+__device__ __forceinline__ int NumTiles(const MlaWorkItem& item) {
+  return (item.kv_end - item.kv_start + WgCfg::kTile - 1) / WgCfg::kTile;
 }
 
 // The producer warpgroup. Q (64 scattered rows, once per item) goes through cp.async. A KV tile
@@ -111,6 +98,7 @@ __device__ __forceinline__ size_t QRow(const AttendArgs& a, const MlaWorkItem& i
 __device__ __forceinline__ void Produce(const AttendArgs& a, const CUtensorMap* map,
                                         const MlaWorkItem& item, const ItemGeometry& geo,
                                         const Smem& sm, int tid) {
+  const int n_tiles = NumTiles(item);
   wg::RegDealloc<WgCfg::kProducerRegs>();
   // Thread pair (2r, 2r + 1) copies row r, chunks of its parity: 32 contiguous bytes per pair and
   // instruction.
@@ -141,7 +129,7 @@ __device__ __forceinline__ void Produce(const AttendArgs& a, const CUtensorMap* 
   const int32_t* pages = a.pages + a.page_indptr[item.seq];
   const auto* cache = static_cast<const uint8_t*>(a.cache);
   const bool whole_tiles = a.block_size % WgCfg::kTile == 0 && item.kv_start % WgCfg::kTile == 0;
-  for (int i = 0; i < geo.n_tiles; ++i) {
+  for (int i = 0; i < n_tiles; ++i) {
     const int slot = i & 1;
     const int tok0 = item.kv_start + i * WgCfg::kTile;
     if (i >= 2) wg::MbarWait(sm.empty(slot), ((i >> 1) - 1) & 1);
@@ -178,6 +166,7 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
                                         const ItemGeometry& geo, const Smem& sm, float* stats,
                                         int tid) {
   wg::RegAlloc<WgCfg::kConsumerRegs>();
+  const int n_tiles = NumTiles(item);
   const int c = tid / 128 - 1;  // consumer: output columns 256c.., tiles of parity c
   const int w = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int r0 = 16 * w + g;    // this thread's rows: r0 (slot 0) and r0 + 8 (slot 1)
@@ -189,7 +178,7 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = r0 + 8 * h;
-    row_pos[h] = r < geo.item_rows ? geo.pos0 + r / item.num_heads : INT_MAX;
+    row_pos[h] = geo.RowPos(item, r);
   }
   float o[128];
 #pragma unroll
@@ -308,7 +297,7 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
   // thread tests the barrier and the warpgroup syncs on a named barrier to read its answer.
   auto other_step = [&](int i) {
     const int slot = i & 1, par = i & 1;
-    const bool has_next = i + 1 < geo.n_tiles;
+    const bool has_next = i + 1 < n_tiles;
     float f[2];
     BarSync(1 + par);
 #pragma unroll
@@ -346,8 +335,8 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
   // separate prologue step instead.
   wg::MbarWait(sm.q_full(), 0);
   wg::ProxyFence();  // Q came through cp.async (the generic proxy); wgmma reads it async
-  if (c == 0 && geo.n_tiles > 0) issue_s(0);
-  for (int i = 0; i < geo.n_tiles; ++i) {
+  if (c == 0 && n_tiles > 0) issue_s(0);
+  for (int i = 0; i < n_tiles; ++i) {
     if ((i & 1) == c) {
       own_step(i);
     } else {

@@ -21,12 +21,12 @@
 // loads, conversions and products.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <climits>
 #include <cstdint>
 
+#include "kernels/cuda/mla_item.cuh"
 #include "kernels/cuda/mla_kernel_args.h"
 #include "kernels/cuda/ptx_ops.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -39,6 +39,7 @@ namespace wg = llm::cuda::wgmma;
 using ptx::CpAsync16;
 using ptx::CpAsyncCommit;
 using ptx::CpAsyncWait;
+using ptx::Fp8x2ToF16x2;
 using ptx::LdMatrixX4;
 using ptx::LdMatrixX4T;
 using ptx::SmemAddr;
@@ -61,12 +62,6 @@ struct W16 {
   static constexpr int kSmemBytes = kKvOff + kStages * kStageBytes + 1024;  // + alignment
 };
 
-__device__ __forceinline__ uint32_t Fp8x2ToF16x2(uint32_t pair) {
-  const __half2_raw r =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
-  return *reinterpret_cast<const uint32_t*>(&r);
-}
-
 // D[64 x 16] (+)= A[64 x 16] (registers, f16) * B[16 x 16] (shared memory, K-major, f16).
 __device__ __forceinline__ void MmaRS16(float (&d)[8], const uint32_t (&a)[4], uint64_t b,
                                         int scale_d) {
@@ -77,11 +72,6 @@ __device__ __forceinline__ void MmaRS16(float (&d)[8], const uint32_t (&a)[4], u
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
         "+f"(d[7])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
-}
-
-// Byte offset of 16-bit element (row, k) in a K-major 128-byte-swizzled panel of 64 k.
-__device__ __forceinline__ int SwizzledOffset(int row, int k) {
-  return row * 128 + ((((k >> 3) ^ row) & 7) << 4) + (k & 7) * 2;
 }
 
 __global__ void __launch_bounds__(W16::kThreads, 2) MlaWgmma16Kernel(const AttendArgs a) {
@@ -95,17 +85,11 @@ __global__ void __launch_bounds__(W16::kThreads, 2) MlaWgmma16Kernel(const Atten
 
   const MlaWorkItem item = a.items[blockIdx.x];
   const int tid = threadIdx.x, w = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int seq = item.seq;
-  const int seq_q_begin = a.q_indptr[seq];
-  const int seq_q_len = a.q_indptr[seq + 1] - seq_q_begin;
-  const int kv_len = a.kv_lens[seq];
-  const int32_t* pages = a.pages + a.page_indptr[seq];
-  const int item_rows = item.q_len * item.num_heads;
-  const int pos0 = kv_len - seq_q_len + (item.q_start - seq_q_begin);
-  auto q_row = [&](int r) {
-    return static_cast<size_t>(item.q_start + r / item.num_heads) * a.num_heads + item.head_start +
-           r % item.num_heads;
-  };
+  const int32_t* pages = a.pages + a.page_indptr[item.seq];
+  const ItemGeometry geo(a, item);
+  const int item_rows = geo.item_rows;
+  auto q_row = [&](int r) { return QRow(a, item, r); };
+  using wg::SwizzledOffset;
 
   // KV loads: two threads per token row, 18 16-byte chunks each.
   const int num_tiles = (item.kv_end - item.kv_start + W16::kTile - 1) / W16::kTile;
@@ -179,7 +163,7 @@ __global__ void __launch_bounds__(W16::kThreads, 2) MlaWgmma16Kernel(const Atten
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     const int n = 8 * (c >> 1) + 2 * t + (c & 1);
-    col_pos[c] = n < item_rows ? pos0 + n / item.num_heads : INT_MAX;
+    col_pos[c] = geo.RowPos(item, n);
   }
   float m_run[4], l_run[4];
 #pragma unroll

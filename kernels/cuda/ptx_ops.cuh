@@ -6,6 +6,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -78,6 +79,13 @@ __device__ __forceinline__ void MmaE4m3(float (&c)[4], const uint32_t (&a)[4], u
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
+}
+
+// Two e4m3 bytes (low byte = lower element) -> f16x2, exact (one hardware cvt on sm_89+).
+__device__ __forceinline__ uint32_t Fp8x2ToF16x2(uint32_t pair) {
+  const __half2_raw r =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
+  return *reinterpret_cast<const uint32_t*>(&r);
 }
 
 // 2^x with denormal results flushed: one MUFU.EX2, where exp2f adds range fix-ups around it.

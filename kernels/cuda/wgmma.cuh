@@ -36,6 +36,12 @@ __device__ __forceinline__ uint64_t Desc(uint32_t smem_addr, uint32_t lbo_bytes,
   return d;
 }
 
+// Byte offset of 16-bit element (row, k) in a K-major panel of 64 k (128-byte rows, swizzled as
+// above).
+__device__ __forceinline__ int SwizzledOffset(int row, int k) {
+  return row * 128 + ((((k >> 3) ^ row) & 7) << 4) + (k & 7) * 2;
+}
+
 // Orders this thread's register writes before the next wgmma that reads or writes them.
 __device__ __forceinline__ void Fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");

@@ -1,0 +1,33 @@
+// What every MLA decode kernel derives from its work item (internal, device code): the item's
+// rows, the causal position of its first query token, and the q / output row of an item row.
+#pragma once
+
+#include <climits>
+#include <cstddef>
+
+#include "kernels/cuda/mla_kernel_args.h"
+
+namespace llm::cuda::mla {
+
+struct ItemGeometry {
+  int item_rows;  // q_len x num_heads (rows past it are padding)
+  int pos0;       // the item's first query token sits here and sees cache positions [0, pos0]
+  __device__ ItemGeometry(const AttendArgs& a, const MlaWorkItem& item) {
+    item_rows = item.q_len * item.num_heads;
+    const int seq_q_begin = a.q_indptr[item.seq];
+    const int seq_q_len = a.q_indptr[item.seq + 1] - seq_q_begin;
+    pos0 = a.kv_lens[item.seq] - seq_q_len + (item.q_start - seq_q_begin);
+  }
+  // Causal limit of item row r (heads first, then tokens); padding rows see everything.
+  __device__ int RowPos(const MlaWorkItem& item, int r) const {
+    return r < item_rows ? pos0 + r / item.num_heads : INT_MAX;
+  }
+};
+
+// Row of q_latent / q_pe / out for item row r (heads first, then tokens).
+__device__ __forceinline__ size_t QRow(const AttendArgs& a, const MlaWorkItem& item, int r) {
+  return static_cast<size_t>(item.q_start + r / item.num_heads) * a.num_heads + item.head_start +
+         r % item.num_heads;
+}
+
+}  // namespace llm::cuda::mla
