@@ -118,11 +118,11 @@ struct ModelLoadOptions {
   // tensor, activations quantized per row (token) at run time by the kernel that produces them,
   // cuBLASLt fp8 GEMMs (embedding, norms and LM head stay bf16).
   std::string weight_dtype = "auto";
-  // MLA decode kernel of the CUDA DeepSeek model over a bf16 latent cache (kernels/cuda/
-  // mla_decode.h MlaKernel): "auto" (64-row work items on the sm_90a wgmma kernel where it runs,
-  // smaller ones on the portable kernel), "wgmma" (every item on it; the load fails where it cannot
-  // run: not compute capability 9.0, no sm_90a in the build, or an fp8 cache), "portable" (every
-  // item on the portable kernel). Other models check the value and ignore it.
+  // MLA decode kernel of the CUDA DeepSeek model (kernels/cuda/mla_decode.h MlaKernel): "auto"
+  // (bf16 cache: every work item on the sm_90a wgmma kernel where it runs; fp8: portable),
+  // "wgmma" (also fp8 16-row items; the load fails where it cannot run: not compute capability
+  // 9.0, or no sm_90a in the build), "portable" (every item on the portable kernel). Other models
+  // check the value and ignore it.
   std::string mla_kernel = "auto";
 };
 
