@@ -121,8 +121,11 @@ bool MlaDecode::uses_fp8_mma() const {
 bool MlaDecode::uses_wgmma(int variant) const {
   if (shape_.kernel == MlaKernel::kPortable) return false;
   if (shape_.cache == MlaCacheType::kFp8E4M3) {
-    // fp8: 16-row items on the transposed wgmma kernel (mla_decode_wgmma16.cu) on request only:
-    // on the H200 it is still slower than the portable one (docs/PERFORMANCE.md section 13).
+    // fp8: 16-row items on the transposed wgmma kernel (mla_decode_wgmma16.cu) on request only.
+    // It is faster (127 us against 149 at 16 heads x 4096 on the H200), but the tiny-DeepSeek
+    // fp8 agreement test's mean identical prefix fell to 8.0 of 64 steps on it (27.0 portable),
+    // every divergence at a near-tie: docs/PERFORMANCE.md section 13. 32/64-row items have no
+    // wgmma kernel.
     return shape_.kernel == MlaKernel::kWgmma && kMlaVariantRows[variant] == 16 &&
            MlaWgmmaAvailable();
   }
@@ -261,7 +264,9 @@ Status MlaDecode::Attend(const LayerArgs& args, void* stream) {
     a.num_items = num_items_[v];
     if (fp8 && uses_wgmma(v)) {
 #if LLM_MLA_WGMMA
-      mla::LaunchAttendFp8Wgmma16(a, stream);
+      if (!mla::LaunchAttendFp8Wgmma16(a, stream)) {
+        return Internal("MLA decode: cuTensorMapEncodeTiled failed for the latent cache");
+      }
 #endif
     } else if (fp8) {
       mla::LaunchAttendFp8(a, kMlaVariantRows[v], uses_fp8_mma(), stream);

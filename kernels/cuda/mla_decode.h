@@ -29,8 +29,9 @@ constexpr int kMlaCacheDim = kMlaLatentDim + kMlaRopeDim;  // QK width, cached r
 // items only, tokens as the MMA's M (mla_decode_wgmma16.cu); its 32/64-row items stay portable.
 //   kAuto: every bf16 item on wgmma where it can run (16 heads x 4096 tokens: 4.0 TB/s against
 //     3.4-3.6 portable, padding and all), everything else on the portable kernel.
-//   kWgmma: kAuto's choice plus fp8 16-row items on wgmma (slower than portable on the H200 so
-//     far: 159 us against 148); an error where it cannot run.
+//   kWgmma: kAuto's choice plus fp8 16-row items on wgmma (faster: 126 us against 149 at 16
+//     heads x 4096 on the H200, but not the default yet: section 13 says why); an error where it
+//     cannot run.
 //   kPortable: every item on the portable kernel.
 // Measurements, and the DeepSeek greedy agreement on both: docs/PERFORMANCE.md section 13.
 enum class MlaKernel { kAuto, kPortable, kWgmma };

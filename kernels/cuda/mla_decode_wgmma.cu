@@ -35,6 +35,7 @@
 
 #include "kernels/cuda/mla_item.cuh"
 #include "kernels/cuda/mla_kernel_args.h"
+#include "kernels/cuda/mla_tensor_map.h"
 #include "kernels/cuda/wgmma.cuh"
 #include "kernels/gpu_port.h"
 
@@ -417,10 +418,9 @@ const cudaError_t& PrepareKernel() {
   return err;
 }
 
-// The cache as a 2-D tensor [rows][576] bf16 for the tensor-copy unit: 64 x 64 boxes, 128-byte
-// swizzle (the wgmma operand layout). The row count is nominal: coordinates come from the block
-// table and never leave the cache.
-bool EncodeCacheMap(const void* cache, CUtensorMap* map) {
+}  // namespace
+
+bool EncodeMlaCacheMap(const void* cache, bool fp8, CUtensorMap* map) {
   using Encode =
       CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
@@ -437,21 +437,21 @@ bool EncodeCacheMap(const void* cache, CUtensorMap* map) {
   }();
   if (encode == nullptr) return false;
   const cuuint64_t dims[2] = {kMlaCacheDim, cuuint64_t{1} << 31};
-  const cuuint64_t strides[1] = {kMlaCacheDim * 2};
-  const cuuint32_t box[2] = {64, WgCfg::kTile};
+  const cuuint64_t strides[1] = {kMlaCacheDim * (fp8 ? 1u : 2u)};
+  const cuuint32_t box[2] = {64, 64};
   const cuuint32_t elem_strides[2] = {1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(cache), dims, strides,
-                box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+  return encode(map, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                const_cast<void*>(cache), dims, strides, box, elem_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE,
+                fp8 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-}  // namespace
-
 bool LaunchAttendBf16Wgmma(const AttendArgs& a, void* stream) {
   if (a.num_items == 0) return true;
   CUtensorMap map;
-  if (!EncodeCacheMap(a.cache, &map)) return false;
+  if (!EncodeMlaCacheMap(a.cache, /*fp8=*/false, &map)) return false;
   // A failed attribute call makes the launch fail too; the caller checks cudaGetLastError.
   (void)PrepareKernel();
   MlaWgmmaKernel<<<a.num_items, WgCfg::kThreads, WgCfg::kSmemBytes,

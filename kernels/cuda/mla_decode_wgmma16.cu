@@ -13,12 +13,15 @@
 // stored with the same k permutation (dim 4t + e at k 2t + e, dim 4t + 2 + e at k 8 + 2t + e),
 // and the output un-permutes m (row g of a warp's 16 is dim 2g, row g + 8 dim 2g + 1).
 //
-// One CTA = one warpgroup = one work item; KV tiles of 64 tokens stream through a two-stage
-// cp.async ring (row stride 592 bytes: conflict-free ldmatrix). Per tile: S^T, the online softmax
-// per column (a row of S: its 64 tokens span the 4 warps, so the column max crosses warps through
-// shared memory), P^T to shared memory, rescale O^T by the column factors (held by the same
+// One CTA = one work item: a consumer warpgroup (warps 0-3) and a producer warp (warp 4). The
+// producer streams 64-token tiles into a two-stage ring: 9 tensor copies (TMA, 64-byte x 64-row
+// boxes, 64-byte swizzle) per tile issued by one lane, or, for an item's tail tile or pages that
+// are not whole 64-token tiles, cp.async row gathers zero-filled past kv_end; "full" and "empty"
+// mbarriers hand the stages over. Per tile the consumer computes S^T, the online softmax per
+// column (a row of S: its 64 tokens span the 4 warps, so the column max crosses warps through
+// shared memory), P^T to shared memory, rescales O^T by the column factors (held by the same
 // threads: O^T's columns are S^T's), then O^T += V^T P^T. Two CTAs per SM overlap one another's
-// loads, conversions and products.
+// conversions and products.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -28,6 +31,7 @@
 
 #include "kernels/cuda/mla_item.cuh"
 #include "kernels/cuda/mla_kernel_args.h"
+#include "kernels/cuda/mla_tensor_map.h"
 #include "kernels/cuda/ptx_ops.cuh"
 #include "kernels/cuda/wgmma.cuh"
 #include "kernels/gpu_port.h"
@@ -37,20 +41,19 @@ namespace {
 
 namespace wg = llm::cuda::wgmma;
 using ptx::CpAsync16;
-using ptx::CpAsyncCommit;
-using ptx::CpAsyncWait;
 using ptx::Fp8x2ToF16x2;
 using ptx::LdMatrixX4;
 using ptx::LdMatrixX4T;
 using ptx::SmemAddr;
 
 struct W16 {
-  static constexpr int kRows = 16;                     // wgmma N
-  static constexpr int kTile = 64;                     // tokens per tile: wgmma M
-  static constexpr int kThreads = 128;                 // one warpgroup
-  static constexpr int kStages = 2;                    // 2 x 37 KB: two CTAs per SM
-  static constexpr int kRowBytes = kMlaCacheDim + 16;  // fp8 row + pad
-  static constexpr int kStageBytes = kTile * kRowBytes;
+  static constexpr int kRows = 16;      // wgmma N
+  static constexpr int kTile = 64;      // tokens per tile: wgmma M
+  static constexpr int kThreads = 160;  // a consumer warpgroup + a producer warp
+  static constexpr int kConsumers = 128;
+  static constexpr int kStages = 2;               // 2 x 36 KB: two CTAs per SM
+  static constexpr int kPanelBytes = 64 * kTile;  // 64 bytes (dims) x 64 rows
+  static constexpr int kStageBytes = kMlaCacheDim / 64 * kPanelBytes;
   static constexpr int kSteps = kMlaCacheDim / 16;    // 36 k16 steps of S
   static constexpr int kMTiles = kMlaLatentDim / 64;  // 8 m-tiles of O^T
   static constexpr int kQPanelBytes = kRows * 128;    // 16 rows x 64 f16 dims
@@ -58,9 +61,63 @@ struct W16 {
   static constexpr int kQOff = 0;                                  // Q^T: 9 panels
   static constexpr int kPOff = kQOff + kSteps / 4 * kQPanelBytes;  // P^T: one 64-token panel
   static constexpr int kRedOff = kPOff + kRows * 128;              // [4 warps][16] col max / sum
-  static constexpr int kKvOff = kRedOff + 4 * kRows * 4;
+  static constexpr int kBarOff = kRedOff + 4 * kRows * 4;          // full[2], empty[2]
+  static constexpr int kKvOff = (kBarOff + 32 + 1023) / 1024 * 1024;
   static constexpr int kSmemBytes = kKvOff + kStages * kStageBytes + 1024;  // + alignment
 };
+
+// Byte offset of (row, 16-byte chunk c of a 64-byte panel row) under the 64-byte swizzle.
+__device__ __forceinline__ int Swizzled64(int row, int c) {
+  return row * 64 + ((c ^ ((row >> 1) & 3)) << 4);
+}
+
+// Barrier 1: the consumer warpgroup only (the producer warp runs ahead).
+__device__ __forceinline__ void ConsumerSync() {
+  asm volatile("bar.sync 1, 128;\n" ::: "memory");
+}
+
+// The producer warp: stage s of tile i is refilled once the consumer released tile i - 2.
+__device__ void Produce(const AttendArgs& a, const CUtensorMap* map, const MlaWorkItem& item,
+                        int num_tiles, uint8_t* kv_s, uint32_t bar, int lane) {
+  const int32_t* pages = a.pages + a.page_indptr[item.seq];
+  const auto* cache = static_cast<const uint8_t*>(a.cache);
+  const bool whole_tiles = a.block_size % W16::kTile == 0 && item.kv_start % W16::kTile == 0;
+  for (int i = 0; i < num_tiles; ++i) {
+    const int st = i % W16::kStages;
+    const uint32_t full = bar + 8 * st, empty = bar + 16 + 8 * st;
+    uint8_t* stage = kv_s + st * W16::kStageBytes;
+    if (i >= W16::kStages) wg::MbarWait(empty, (i / W16::kStages - 1) & 1);
+    const int tok0 = item.kv_start + i * W16::kTile;
+    if (whole_tiles && tok0 + W16::kTile <= item.kv_end) {
+      if (lane == 0) {
+        const int y = pages[tok0 / a.block_size] * a.block_size + tok0 % a.block_size;
+        wg::MbarArriveExpectTx(full, W16::kStageBytes);
+#pragma unroll
+        for (int pn = 0; pn < kMlaCacheDim / 64; ++pn) {
+          wg::TmaLoad2d(SmemAddr(stage + pn * W16::kPanelBytes), map, pn * 64, y, full);
+        }
+      }
+      continue;
+    }
+    // Rows lane and lane + 32, in the TMA layout, zero past kv_end.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = lane + 32 * h, j = tok0 + row;
+      const bool valid = j < item.kv_end;
+      const size_t crow =
+          valid ? static_cast<size_t>(pages[j / a.block_size]) * a.block_size + j % a.block_size
+                : 0;
+      const uint8_t* src = cache + crow * kMlaCacheDim;
+#pragma unroll 4
+      for (int c = 0; c < kMlaCacheDim / 16; ++c) {
+        CpAsync16(stage + (c / 4) * W16::kPanelBytes + Swizzled64(row, c % 4), src + c * 16, valid);
+      }
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncwarp();
+    if (lane == 0) wg::MbarArrive(full);
+  }
+}
 
 // D[64 x 16] (+)= A[64 x 16] (registers, f16) * B[16 x 16] (shared memory, K-major, f16).
 __device__ __forceinline__ void MmaRS16(float (&d)[8], const uint32_t (&a)[4], uint64_t b,
@@ -74,7 +131,10 @@ __device__ __forceinline__ void MmaRS16(float (&d)[8], const uint32_t (&a)[4], u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
 }
 
-__global__ void __launch_bounds__(W16::kThreads, 2) MlaWgmma16Kernel(const AttendArgs a) {
+// Registers: ptxas gives 196 (two CTAs of 160 threads fit in 64K); a bound of 2 CTAs makes it
+// cap at 168 and serialize the wgmmas (C7512).
+__global__ void __launch_bounds__(W16::kThreads, 1)
+    MlaWgmma16Kernel(const AttendArgs a, const __grid_constant__ CUtensorMap cache_map) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                              ~static_cast<uintptr_t>(1023));
@@ -82,44 +142,27 @@ __global__ void __launch_bounds__(W16::kThreads, 2) MlaWgmma16Kernel(const Atten
   uint8_t* p_s = base + W16::kPOff;
   float* red = reinterpret_cast<float*>(base + W16::kRedOff);
   uint8_t* kv_s = base + W16::kKvOff;
+  const uint32_t bar = SmemAddr(base + W16::kBarOff);
 
   const MlaWorkItem item = a.items[blockIdx.x];
   const int tid = threadIdx.x, w = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int32_t* pages = a.pages + a.page_indptr[item.seq];
   const ItemGeometry geo(a, item);
   const int item_rows = geo.item_rows;
   auto q_row = [&](int r) { return QRow(a, item, r); };
   using wg::SwizzledOffset;
-
-  // KV loads: two threads per token row, 18 16-byte chunks each.
   const int num_tiles = (item.kv_end - item.kv_start + W16::kTile - 1) / W16::kTile;
-  const auto* cache = static_cast<const uint8_t*>(a.cache);
-  const int load_row = tid / 2, load_sub = tid % 2;
-  // Cache row of this thread's token in `tile` (-1: none). Read one tile ahead of its issue, so
-  // the page-table load is off the critical path.
-  auto fetch = [&](int tile) {
-    const int j = item.kv_start + tile * W16::kTile + load_row;
-    return tile < num_tiles && j < item.kv_end
-               ? pages[j / a.block_size] * a.block_size + j % a.block_size
-               : -1;
-  };
-  auto issue = [&](int tile, int row) {
-    if (tile >= num_tiles) return;
-    const bool valid = row >= 0;
-    const uint8_t* src = cache + (valid ? static_cast<size_t>(row) * kMlaCacheDim : 0);
-    uint8_t* dst = kv_s + (tile % W16::kStages) * W16::kStageBytes + load_row * W16::kRowBytes;
-#pragma unroll
-    for (int i = 0; i < kMlaCacheDim / 16 / 2; ++i) {
-      const int c = load_sub + 2 * i;
-      CpAsync16(dst + c * 16, src + c * 16, valid);
+  if (tid == 0) {
+    for (int st = 0; st < W16::kStages; ++st) {
+      wg::MbarInit(bar + 8 * st, 1);         // the TMA issuer's arrival (+ bytes), or the gather's
+      wg::MbarInit(bar + 16 + 8 * st, 128);  // one per consumer thread
     }
-  };
-#pragma unroll
-  for (int st = 0; st < W16::kStages - 1; ++st) {
-    issue(st, fetch(st));
-    CpAsyncCommit();
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  int next_row = fetch(W16::kStages - 1);
+  __syncthreads();
+  if (w == 4) {
+    Produce(a, &cache_map, item, num_tiles, kv_s, bar, lane);
+    return;
+  }
 
   // Q^T: f16, k-permuted within 16-dim blocks, zero past the item's rows.
   // Every thread's 16-byte loads (8 dims each) are in flight together; dim pair (2p, 2p + 1) of
@@ -128,12 +171,12 @@ __global__ void __launch_bounds__(W16::kThreads, 2) MlaWgmma16Kernel(const Atten
     const auto* ql = static_cast<const uint8_t*>(a.q_latent);
     const auto* qp = static_cast<const uint8_t*>(a.q_pe);
     constexpr int kChunks = kMlaCacheDim / 8;  // per row
-    constexpr int kPerThread = W16::kRows * kChunks / W16::kThreads;
-    static_assert(W16::kRows * kChunks % W16::kThreads == 0, "q chunks");
+    constexpr int kPerThread = W16::kRows * kChunks / W16::kConsumers;
+    static_assert(W16::kRows * kChunks % W16::kConsumers == 0, "q chunks");
     uint4 v[kPerThread];
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      const int idx = tid + i * W16::kThreads, r = idx / kChunks, c = idx % kChunks;
+      const int idx = tid + i * W16::kConsumers, r = idx / kChunks, c = idx % kChunks;
       v[i] = make_uint4(0, 0, 0, 0);
       if (r < item_rows) {
         v[i] = c < kMlaLatentDim / 8
@@ -144,7 +187,7 @@ __global__ void __launch_bounds__(W16::kThreads, 2) MlaWgmma16Kernel(const Atten
     }
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      const int idx = tid + i * W16::kThreads, r = idx / kChunks, c = idx % kChunks;
+      const int idx = tid + i * W16::kConsumers, r = idx / kChunks, c = idx % kChunks;
       const uint32_t w4[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
 #pragma unroll
       for (int p = 0; p < 4; ++p) {       // dims 8c + 2p, + 1
@@ -155,7 +198,8 @@ __global__ void __launch_bounds__(W16::kThreads, 2) MlaWgmma16Kernel(const Atten
                                     SwizzledOffset(r, k % 64)) = __floats2half2_rn(f.x, f.y);
       }
     }
-    wg::ProxyFence();  // Q^T is read by the tensor cores (after the loop's first barrier)
+    wg::ProxyFence();  // Q^T is read by the tensor cores
+    ConsumerSync();
   }
 
   // This thread's 4 columns (rows of S): c -> n = 8 (c >> 1) + 2t + (c & 1).
@@ -181,12 +225,10 @@ __global__ void __launch_bounds__(W16::kThreads, 2) MlaWgmma16Kernel(const Atten
   const int mi = lane / 8, rr = lane % 8;
 
   for (int tile = 0; tile < num_tiles; ++tile) {
-    CpAsyncWait<W16::kStages - 2>();
-    __syncthreads();  // the tile landed; the previous tile's P^T and stage are free
-    issue(tile + W16::kStages - 1, next_row);
-    CpAsyncCommit();
-    next_row = fetch(tile + W16::kStages);
-    const uint8_t* kv = kv_s + (tile % W16::kStages) * W16::kStageBytes;
+    const int st = tile % W16::kStages;
+    wg::MbarWait(bar + 8 * st, (tile / W16::kStages) & 1);  // the tile landed
+    ConsumerSync();  // every consumer is done with the previous tile's P^T and column maxima
+    const uint8_t* kv = kv_s + st * W16::kStageBytes;
 
     // S^T = K Q^T. Matrices of one x4 load: tokens 16w + 0..7 / 8..15 x bytes 32 kk2 + 0..15
     // (step 2 kk2) and + 16..31 (step 2 kk2 + 1).
@@ -198,7 +240,11 @@ __global__ void __launch_bounds__(W16::kThreads, 2) MlaWgmma16Kernel(const Atten
       float s1[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       constexpr int kSG = 6, kGroups = W16::kSteps / kSG;
       uint32_t ka[2][kSG][4];
-      const uint8_t* k_base = kv + (16 * w + (mi & 1) * 8 + rr) * W16::kRowBytes + (mi >> 1) * 16;
+      // Panel kk2 / 2, 16-byte chunk 2 (kk2 % 2) + (mi >> 1) of this lane's token row.
+      const int k_row = 16 * w + (mi & 1) * 8 + rr;
+      auto k_addr = [&](int kk2) {
+        return kv + (kk2 >> 1) * W16::kPanelBytes + Swizzled64(k_row, ((kk2 & 1) << 1) | (mi >> 1));
+      };
 #pragma unroll
       for (int gi = 0; gi < kGroups; ++gi) {
         uint32_t(&buf)[kSG][4] = ka[gi & 1];
@@ -206,7 +252,7 @@ __global__ void __launch_bounds__(W16::kThreads, 2) MlaWgmma16Kernel(const Atten
 #pragma unroll
         for (int kk2 = 0; kk2 < kSG / 2; ++kk2) {
           uint32_t r[4];
-          LdMatrixX4(r, k_base + 32 * (gi * kSG / 2 + kk2));
+          LdMatrixX4(r, k_addr(gi * kSG / 2 + kk2));
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             uint32_t(&f)[4] = buf[2 * kk2 + h];
@@ -254,7 +300,7 @@ __global__ void __launch_bounds__(W16::kThreads, 2) MlaWgmma16Kernel(const Atten
 #pragma unroll
       for (int c = 0; c < 4; ++c) red[w * W16::kRows + 8 * (c >> 1) + 2 * t + (c & 1)] = mx[c];
     }
-    __syncthreads();
+    ConsumerSync();
     float alpha[4], m_use[4];
     bool moved = false;
 #pragma unroll
@@ -287,7 +333,7 @@ __global__ void __launch_bounds__(W16::kThreads, 2) MlaWgmma16Kernel(const Atten
       }
     }
     wg::ProxyFence();
-    __syncthreads();  // P^T complete; every thread has read the column maxima
+    ConsumerSync();  // P^T complete; every thread has read the column maxima
 
     // O^T += V^T P^T. Matrices of one x4.trans load: tokens 32h + 8 mi + 0..7 x the 16 dims
     // 64 mt + 16 w .. + 15; a register holds (token 2t: dims 2g, 2g + 1), (token 2t + 1: same).
@@ -295,7 +341,7 @@ __global__ void __launch_bounds__(W16::kThreads, 2) MlaWgmma16Kernel(const Atten
     {
       constexpr int kOG = 2, kGroups = W16::kMTiles / kOG;
       uint32_t va[2][kOG][4][4];
-      const uint8_t* v_base = kv + lane * W16::kRowBytes + 16 * w;
+      // Panel mt, chunk w of token row 32h + lane.
 #pragma unroll
       for (int gi = 0; gi < kGroups; ++gi) {
         uint32_t(&buf)[kOG][4][4] = va[gi & 1];
@@ -306,7 +352,7 @@ __global__ void __launch_bounds__(W16::kThreads, 2) MlaWgmma16Kernel(const Atten
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             uint32_t r[4];
-            LdMatrixX4T(r, v_base + 32 * h * W16::kRowBytes + 64 * mt);
+            LdMatrixX4T(r, kv + mt * W16::kPanelBytes + Swizzled64(32 * h + lane, w));
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {  // tokens 32h + 16hh .. + 15: k-step 2h + hh
               uint32_t(&f)[4] = buf[i][2 * h + hh];
@@ -328,12 +374,12 @@ __global__ void __launch_bounds__(W16::kThreads, 2) MlaWgmma16Kernel(const Atten
         }
         wg::Commit();
       }
+      wg::MbarArrive(bar + 16 + 8 * st);  // this thread read its last byte of the stage
       wg::Wait<0>();
 #pragma unroll
       for (int mt = 0; mt < W16::kMTiles; ++mt) wg::Pin(o[mt]);
     }
   }
-  CpAsyncWait<0>();  // no copy may land after the CTA exits
 
   // Column sums: this thread's tokens, then the g lanes, then the 4 warps.
 #pragma unroll
@@ -341,12 +387,12 @@ __global__ void __launch_bounds__(W16::kThreads, 2) MlaWgmma16Kernel(const Atten
 #pragma unroll
     for (int m = 4; m < 32; m <<= 1) l_run[c] += __shfl_xor_sync(0xffffffffu, l_run[c], m);
   }
-  __syncthreads();  // the last tile's column maxima are read
+  ConsumerSync();  // the last tile's column maxima are read
   if (g == 0) {
 #pragma unroll
     for (int c = 0; c < 4; ++c) red[w * W16::kRows + 8 * (c >> 1) + 2 * t + (c & 1)] = l_run[c];
   }
-  __syncthreads();
+  ConsumerSync();
   float inv[4];
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
@@ -391,11 +437,14 @@ cudaError_t PrepareKernel() {
 
 }  // namespace
 
-void LaunchAttendFp8Wgmma16(const AttendArgs& a, void* stream) {
-  if (a.num_items == 0) return;
+bool LaunchAttendFp8Wgmma16(const AttendArgs& a, void* stream) {
+  if (a.num_items == 0) return true;
+  CUtensorMap map;
+  if (!EncodeMlaCacheMap(a.cache, /*fp8=*/true, &map)) return false;
   (void)PrepareKernel();  // a failed attribute call makes the launch fail too
   MlaWgmma16Kernel<<<a.num_items, W16::kThreads, W16::kSmemBytes,
-                     static_cast<cudaStream_t>(stream)>>>(a);
+                     static_cast<cudaStream_t>(stream)>>>(a, map);
+  return true;
 }
 
 int AttendCtasPerSmFp8Wgmma16() {

@@ -60,7 +60,7 @@ bool AttendFp8MmaAvailable();
 bool LaunchAttendBf16Wgmma(const AttendArgs& a, void* stream);
 int AttendCtasPerSmBf16Wgmma();
 // The sm_90a kernel for 16-row items over an fp8 cache (mla_decode_wgmma16.cu; LLM_MLA_WGMMA).
-void LaunchAttendFp8Wgmma16(const AttendArgs& a, void* stream);
+bool LaunchAttendFp8Wgmma16(const AttendArgs& a, void* stream);
 int AttendCtasPerSmFp8Wgmma16();
 void LaunchMerge(const MergeArgs& a, void* stream);
 void LaunchAppend(const AppendArgs& a, MlaCacheType cache, void* stream);
