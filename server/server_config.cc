@@ -106,9 +106,8 @@ const std::vector<Field>& Fields() {
                "activations per token)",
                &ServerConfig::weight_dtype),
       StrField("mla_kernel",
-               "DeepSeek MLA decode kernel on the GPU: auto (bf16 cache: the sm_90a wgmma kernel "
-               "on H100/H200) | wgmma (also fp8 16-row items; H100/H200 builds with sm_90a) | "
-               "portable",
+               "DeepSeek MLA decode kernel on the GPU: auto (the sm_90a wgmma kernels on "
+               "H100/H200) | wgmma (the same, or fail the load; builds with sm_90a) | portable",
                &ServerConfig::mla_kernel),
       IntField("cuda_graph_max_batch",
                "decode steps of up to this many sequences replay CUDA graphs; 0: off (default 256)",

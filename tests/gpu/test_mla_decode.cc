@@ -334,12 +334,12 @@ int RunCase(const MlaCase& c, std::mt19937& rng) {
     RunCaseOnce(other, rng);
   }
   if (c.path == Path::kDirect && c.cache == MlaCacheType::kFp8E4M3) {
-    // kWgmma puts 16-row fp8 items on the transposed wgmma kernel (Hopper).
+    // kAuto puts 16-row fp8 items on the transposed wgmma kernel (Hopper): the portable kernel
+    // runs them too.
     MlaCase other = c;
-    other.kernel = MlaKernel::kWgmma;
+    other.kernel = MlaKernel::kPortable;
     if (MlaWgmmaAvailable()) RunCaseOnce(other, rng);
-    other.kernel = MlaKernel::kAuto;
-    if (MlaFp8MmaAvailable()) {
+    if (MlaFp8MmaAvailable()) {  // every item on the portable kernel, with the other fp8 math
       const bool auto_e4m3 =
           MlaDecode(MlaDecodeShape{c.heads, c.block_size, c.cache}).uses_fp8_mma();
       other.fp8_math = auto_e4m3 ? MlaFp8Math::kF16 : MlaFp8Math::kE4m3;
@@ -420,8 +420,8 @@ TEST_CASE("MLA decode: kernel choice per device and cache type", "[gpu][mla]") {
   CHECK(MlaDecode(MlaDecodeShape{16, 64, MlaCacheType::kBf16, MlaKernel::kWgmma}).uses_wgmma(0) ==
         hopper);
   CHECK_FALSE(MlaDecode(MlaDecodeShape{128, 64, MlaCacheType::kFp8E4M3}).uses_wgmma());
-  // fp8: only 16-row items have a wgmma kernel, and only on request.
-  CHECK_FALSE(MlaDecode(MlaDecodeShape{16, 64, MlaCacheType::kFp8E4M3}).uses_wgmma(0));
+  // fp8: only 16-row items have a wgmma kernel.
+  CHECK(MlaDecode(MlaDecodeShape{16, 64, MlaCacheType::kFp8E4M3}).uses_wgmma(0) == hopper);
   CHECK(
       MlaDecode(MlaDecodeShape{16, 64, MlaCacheType::kFp8E4M3, MlaKernel::kWgmma}).uses_wgmma(0) ==
       hopper);
