@@ -1,8 +1,8 @@
 // MLA decode on Hopper warpgroup MMA (sm_90a only): work items of up to 64 rows over a bf16
 // latent cache. The portable kernel (mla_decode_kernel.cuh) keeps to sm_120's limits; this one
 // uses what sm_90a has (wgmma from shared memory, setmaxnreg, TMA, 227 KB of shared memory).
-// MlaDecode gives it the 64-row items by default (64+ heads per token, or 16 heads x 4 tokens),
-// every item with MlaKernel::kWgmma (smaller items are padded to 64 rows).
+// MlaDecode gives it every bf16 work item on an H100/H200 (16- and 32-row items padded to 64
+// rows: still memory-bound at 16 and 32 heads).
 //
 // One CTA = one MlaWorkItem (heads x tokens rows) against a KV range; 384 threads:
 //   - warpgroup 0, the producer (40 registers): copies the item's query rows (q_latent | q_pe,
