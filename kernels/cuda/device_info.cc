@@ -21,23 +21,26 @@ int CudaNumSms() {
   return sms;
 }
 
-bool CurrentDeviceIsSm90() {
-  thread_local int cached_dev = -1;
-  thread_local bool cached = false;
+int CurrentCudaDevice() {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) {
     cudaGetLastError();
-    return false;
+    return -1;
   }
-  if (dev != cached_dev) {
-    int major = 0, minor = 0;
-    cached =
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-        major == 9 && minor == 0;
-    cached_dev = dev;
-  }
-  return cached;
+  return dev;
+}
+
+namespace {
+bool IsSm90(int dev) {
+  int major = 0, minor = 0;
+  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+         major == 9 && minor == 0;
+}
+}  // namespace
+
+bool CurrentDeviceIsSm90() {
+  return CachedForCurrentDevice<IsSm90>();
 }
 
 }  // namespace llm::cuda

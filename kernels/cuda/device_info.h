@@ -7,8 +7,24 @@ namespace llm::cuda {
 int CudaDeviceCount();
 // Multiprocessor count of the current device (0 when there is none).
 int CudaNumSms();
+// The current CUDA device, or -1 where there is none (the runtime's error is cleared).
+int CurrentCudaDevice();
+// Query(device) evaluated once per device and thread: capability checks asked on every launch.
+// False where there is no current device.
+template <bool (*Query)(int device)>
+bool CachedForCurrentDevice() {
+  thread_local int cached_dev = -1;
+  thread_local bool cached = false;
+  const int dev = CurrentCudaDevice();
+  if (dev < 0) return false;
+  if (dev != cached_dev) {
+    cached = Query(dev);
+    cached_dev = dev;
+  }
+  return cached;
+}
 // Whether the current device has compute capability 9.0 (H100/H200), the only target of the
-// sm_90a kernels. Asked on every launch, so the answer is cached per device and thread.
+// sm_90a kernels (cached per device and thread).
 bool CurrentDeviceIsSm90();
 
 }  // namespace llm::cuda
