@@ -258,20 +258,16 @@ Status MlaDecode::Attend(const LayerArgs& args, void* stream) {
   for (int v = 0; v < kMlaNumRowVariants; ++v) {
     a.items = reinterpret_cast<const MlaWorkItem*>(ints + off_items_[v]);
     a.num_items = num_items_[v];
-    if (fp8 && uses_wgmma(v)) {
+    if (uses_wgmma(v)) {
 #if LLM_MLA_WGMMA
-      if (!mla::LaunchAttendFp8Wgmma16(a, stream)) {
+      const bool launched =
+          fp8 ? mla::LaunchAttendFp8Wgmma16(a, stream) : mla::LaunchAttendBf16Wgmma(a, stream);
+      if (!launched) {
         return Internal("MLA decode: cuTensorMapEncodeTiled failed for the latent cache");
       }
 #endif
     } else if (fp8) {
       mla::LaunchAttendFp8(a, kMlaVariantRows[v], uses_fp8_mma(), stream);
-    } else if (uses_wgmma(v)) {
-#if LLM_MLA_WGMMA
-      if (!mla::LaunchAttendBf16Wgmma(a, stream)) {
-        return Internal("MLA decode: cuTensorMapEncodeTiled failed for the latent cache");
-      }
-#endif
     } else {
       mla::LaunchAttendBf16(a, kMlaVariantRows[v], stream);
     }

@@ -520,7 +520,7 @@ __global__ void __launch_bounds__(256, ROWS == 16 ? 2 : 1) MlaDecodeKernel(const
   static_assert(kRowChunks % kTpr == 0 && kTile * kTpr <= K::kThreads, "load mapping");
   const int load_row = tid / kTpr, load_sub = tid % kTpr;
   const bool loader = tid < kTile * kTpr;
-  const int num_tiles = (item.kv_end - item.kv_start + kTile - 1) / kTile;
+  const int num_tiles = NumTiles(item, kTile);
   const auto* cache = static_cast<const uint8_t*>(args.cache);
   constexpr size_t kCacheRowBytes = kMlaCacheDim * C::kBytes;
   // Cache row (page * block_size + offset) of this thread's row in `tile`, or -1.

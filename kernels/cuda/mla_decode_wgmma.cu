@@ -88,10 +88,6 @@ struct Smem {
   __device__ uint32_t q_full() const { return base + WgCfg::kBarOff + 32; }
 };
 
-__device__ __forceinline__ int NumTiles(const MlaWorkItem& item) {
-  return (item.kv_end - item.kv_start + WgCfg::kTile - 1) / WgCfg::kTile;
-}
-
 // The producer warpgroup. Q (64 scattered rows, once per item) goes through cp.async. A KV tile
 // of 64 whole cache rows inside one page is 9 tensor copies (TMA) issued by one thread; the tail
 // tile of an item, and every tile when pages are not made of whole 64-row tiles, is gathered
@@ -99,7 +95,7 @@ __device__ __forceinline__ int NumTiles(const MlaWorkItem& item) {
 __device__ __forceinline__ void Produce(const AttendArgs& a, const CUtensorMap* map,
                                         const MlaWorkItem& item, const ItemGeometry& geo,
                                         const Smem& sm, int tid) {
-  const int n_tiles = NumTiles(item);
+  const int n_tiles = NumTiles(item, WgCfg::kTile);
   wg::RegDealloc<WgCfg::kProducerRegs>();
   // Thread pair (2r, 2r + 1) copies row r, chunks of its parity: 32 contiguous bytes per pair and
   // instruction.
@@ -167,7 +163,7 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
                                         const ItemGeometry& geo, const Smem& sm, float* stats,
                                         int tid) {
   wg::RegAlloc<WgCfg::kConsumerRegs>();
-  const int n_tiles = NumTiles(item);
+  const int n_tiles = NumTiles(item, WgCfg::kTile);
   const int c = tid / 128 - 1;  // consumer: output columns 256c.., tiles of parity c
   const int w = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int r0 = 16 * w + g;    // this thread's rows: r0 (slot 0) and r0 + 8 (slot 1)

@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
   const int item_rows = geo.item_rows;
   auto q_row = [&](int r) { return QRow(a, item, r); };
   using wg::SwizzledOffset;
-  const int num_tiles = (item.kv_end - item.kv_start + W16::kTile - 1) / W16::kTile;
+  const int num_tiles = NumTiles(item, W16::kTile);
   if (tid == 0) {
     for (int st = 0; st < W16::kStages; ++st) {
       wg::MbarInit(bar + 8 * st, 1);         // the TMA issuer's arrival (+ bytes), or the gather's

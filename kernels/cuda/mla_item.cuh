@@ -24,6 +24,11 @@ struct ItemGeometry {
   }
 };
 
+// KV tiles of `tile` tokens covering the item's range [kv_start, kv_end).
+__device__ __forceinline__ int NumTiles(const MlaWorkItem& item, int tile) {
+  return (item.kv_end - item.kv_start + tile - 1) / tile;
+}
+
 // Row of q_latent / q_pe / out for item row r (heads first, then tokens).
 __device__ __forceinline__ size_t QRow(const AttendArgs& a, const MlaWorkItem& item, int r) {
   return static_cast<size_t>(item.q_start + r / item.num_heads) * a.num_heads + item.head_start +
