@@ -64,6 +64,7 @@ using ptx::LdMatrixX4T;
 using ptx::MmaBf16;
 using ptx::MmaF16;
 using ptx::SmemAddr;
+using ptx::SplitE4m3x2;
 
 // Cache-type traits: element bytes, ring depth, MMA input type and the fragment permutations.
 // Every trait provides: kK (dims per MMA k-step), QFrag (one k-step of q in registers), LoadQ /
@@ -291,22 +292,6 @@ struct Fp8Cache : Mma16Traits<Fp8Cache> {
     *d = blk * 16 + 4 * t + 2 * c;
   }
 };
-
-// e4m3 helpers: two floats -> two e4m3 bytes (a in the low byte), saturating, and back.
-__device__ __forceinline__ uint32_t F32x2ToE4m3x2(float a, float b) {
-  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
-}
-__device__ __forceinline__ float2 E4m3x2ToF32x2(uint32_t pair) {
-  const uint32_t h = Fp8x2ToF16x2(pair);
-  return __half22float2(*reinterpret_cast<const __half2*>(&h));
-}
-// x ~ hi + lo with both in e4m3: hi carries 4 significant bits, lo the next 4, so the pair holds
-// ~8 bits (bf16 has 8). Returns the two bytes of (a, b) in the low 16 bits of *hi and *lo.
-__device__ __forceinline__ void SplitE4m3x2(float a, float b, uint32_t* hi, uint32_t* lo) {
-  *hi = F32x2ToE4m3x2(a, b);
-  const float2 h = E4m3x2ToF32x2(*hi);
-  *lo = F32x2ToE4m3x2(a - h.x, b - h.y);
-}
 
 // fp8 cache on fp8 tensor cores (m16n8k32 e4m3, sm_89+): the 8-bit K and V bytes feed the MMA as
 // they are, with no per-element conversion (the conversions, not bandwidth, limited Fp8Cache at
@@ -588,9 +573,7 @@ __global__ void __launch_bounds__(256, ROWS == 16 ? 2 : 1) MlaDecodeKernel(const
       }
 #pragma unroll
       for (int m = 16; m > 0; m >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, m));
-      int e = 0;
-      frexpf(mx, &e);  // mx = f 2^e, f in [0.5, 1)
-      if (lane == 0) qscale_s[r] = mx > 0.f && isfinite(mx) ? ldexpf(1.f, 8 - e) : 1.f;
+      if (lane == 0) qscale_s[r] = QScaleE4m3(mx);
     }
     __syncthreads();
   }

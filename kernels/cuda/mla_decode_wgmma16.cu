@@ -3,15 +3,20 @@
 // (mla_decode_wgmma.cu) would pad such an item to 64 rows, four times the tensor work, and the
 // portable kernel is bound by mma.sync's rate on Hopper (and converts every K and V byte).
 //
-// Transposed products, so the 64 tokens of a tile are wgmma's M and the 16 rows its N:
-//   S^T [64 tokens x 16 rows] = K [64 x 576] . Q^T        (36 k16 steps, m64n16k16)
-//   O^T [512 dims x 16 rows] += V^T [512 x 64] . P^T       (8 m-tiles x 4 k16 steps)
-// K and V are the A operands, from registers: ldmatrix on the 8-bit tile, e4m3x2 -> f16x2 cvt
-// (exact). Q^T and P^T are the B operands, f16 in shared memory (128-byte swizzle, K-major).
-// An 8-bit ldmatrix hands a thread 4 consecutive dims of one token (K) or 2 dims x 2 tokens (V,
-// .trans), so the k order of S and the m order of O^T are permuted within 16-dim blocks: Q is
-// stored with the same k permutation (dim 4t + e at k 2t + e, dim 4t + 2 + e at k 8 + 2t + e),
-// and the output un-permutes m (row g of a warp's 16 is dim 2g, row g + 8 dim 2g + 1).
+// Transposed products on e4m3 tensor cores, so the 64 tokens of a tile are wgmma's M and the 16
+// rows its N, and the cache bytes are MMA inputs as they are (no per-element conversion):
+//   S^T [64 tokens x 32] = K [64 x 576] . [Q_hi; Q_lo]^T   (18 k32 steps, m64n32k32, both operands
+//                                                           in shared memory)
+//   O^T [512 dims x 16] += V^T [512 x 64] . P_hi^T + V^T . P_lo^T   (8 m-tiles x 2 k32 steps x 2,
+//                                                                  m64n16k32, V^T from registers)
+// q and P go in as two e4m3 terms each (hi + lo, ~8 significant bits like bf16; q scaled per row
+// by a power of two into [128, 256), P by 256, both exact and undone in fp32); S = S_hi + S_lo
+// column-wise in registers. K is the A operand straight from the TMA tile (K-major, 64-byte
+// swizzle). V^T must be K-major too (tokens contiguous), which the tile is not: an 8-bit
+// ldmatrix.trans hands a thread 2 dims x 2 tokens per register and one byte permute per register
+// regroups them into 4 tokens of one dim, so a thread's fragment holds dims 2g / 2g + 1 of its
+// 16-dim block (O^T's m order, un-permuted at the store) and k slot 4t + e of a 16-token group
+// holds token 2t + (e & 1) + 8 (e >> 1): P^T is stored in that k order.
 //
 // One CTA = one work item: a consumer warpgroup (warps 0-3) and a producer warp (warp 4). The
 // producer streams 64-token tiles into a two-stage ring: 9 tensor copies (TMA, 64-byte x 64-row
@@ -20,8 +25,7 @@
 // mbarriers hand the stages over. Per tile the consumer computes S^T, the online softmax per
 // column (a row of S: its 64 tokens span the 4 warps, so the column max crosses warps through
 // shared memory), P^T to shared memory, rescales O^T by the column factors (held by the same
-// threads: O^T's columns are S^T's), then O^T += V^T P^T. Two CTAs per SM overlap one another's
-// conversions and products.
+// threads: O^T's columns are S^T's), then O^T += V^T P^T. Two CTAs per SM overlap one another.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -41,26 +45,26 @@ namespace {
 
 namespace wg = llm::cuda::wgmma;
 using ptx::CpAsync16;
-using ptx::Fp8x2ToF16x2;
-using ptx::LdMatrixX4;
 using ptx::LdMatrixX4T;
 using ptx::SmemAddr;
+using ptx::SplitE4m3x2;
 
 struct W16 {
-  static constexpr int kRows = 16;      // wgmma N
-  static constexpr int kTile = 64;      // tokens per tile: wgmma M
+  static constexpr int kRows = 16;      // wgmma N of O^T (S^T: 32, the hi and lo terms of q)
+  static constexpr int kTile = 64;      // tokens per tile: wgmma M of S^T
   static constexpr int kThreads = 160;  // a consumer warpgroup + a producer warp
   static constexpr int kConsumers = 128;
   static constexpr int kStages = 2;               // 2 x 36 KB: two CTAs per SM
   static constexpr int kPanelBytes = 64 * kTile;  // 64 bytes (dims) x 64 rows
   static constexpr int kStageBytes = kMlaCacheDim / 64 * kPanelBytes;
-  static constexpr int kSteps = kMlaCacheDim / 16;    // 36 k16 steps of S
-  static constexpr int kMTiles = kMlaLatentDim / 64;  // 8 m-tiles of O^T
-  static constexpr int kQPanelBytes = kRows * 128;    // 16 rows x 64 f16 dims
+  static constexpr int kSteps = kMlaCacheDim / 32;     // 18 k32 steps of S
+  static constexpr int kMTiles = kMlaLatentDim / 64;   // 8 m-tiles of O^T
+  static constexpr int kQPanelBytes = 2 * kRows * 64;  // [q_hi; q_lo] 32 rows x 64 dims
+  static constexpr float kPScale = 256.f;              // P <= 1 -> <= 256, inside e4m3's 448
   // Offsets from the 1024-byte aligned base.
-  static constexpr int kQOff = 0;                                  // Q^T: 9 panels
-  static constexpr int kPOff = kQOff + kSteps / 4 * kQPanelBytes;  // P^T: one 64-token panel
-  static constexpr int kRedOff = kPOff + kRows * 128;              // [4 warps][16] col max / sum
+  static constexpr int kQOff = 0;                                  // Q: 9 panels
+  static constexpr int kPOff = kQOff + kSteps / 2 * kQPanelBytes;  // P^T: [P_hi; P_lo] x 64 tokens
+  static constexpr int kRedOff = kPOff + 2 * kRows * 64;           // [4 warps][16] col max / sum
   static constexpr int kBarOff = kRedOff + 4 * kRows * 4;          // full[2], empty[2]
   static constexpr int kKvOff = (kBarOff + 32 + 1023) / 1024 * 1024;
   static constexpr int kSmemBytes = kKvOff + kStages * kStageBytes + 1024;  // + alignment
@@ -119,16 +123,36 @@ __device__ void Produce(const AttendArgs& a, const CUtensorMap* map, const MlaWo
   }
 }
 
-// D[64 x 16] (+)= A[64 x 16] (registers, f16) * B[16 x 16] (shared memory, K-major, f16).
-__device__ __forceinline__ void MmaRS16(float (&d)[8], const uint32_t (&a)[4], uint64_t b,
-                                        int scale_d) {
+// D[64 x 32] (+)= A[64 x 32] * B[32 x 32], e4m3, both from shared memory (K-major, 64-byte
+// swizzle).
+__device__ __forceinline__ void MmaSS32E4m3(float (&d)[16], uint64_t a, uint64_t b, int scale_d) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
-      "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b), "r"(scale_d));
+}
+// D[64 x 16] += A[64 x 32] (registers, e4m3: the mma.sync m16n8k32 A layout per warp) *
+// B[32 x 16] (shared memory, K-major, e4m3).
+__device__ __forceinline__ void MmaRS16E4m3(float (&d)[8], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, "
+      "{%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
         "+f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+// Byte of P^T for column n (0-15; + 16: the lo term) and tile token tok: 32-token k-step
+// tok / 32, and within it the slot whose V^T fragment holds that token (see the file comment).
+__device__ __forceinline__ int PSlot(int n, int tok) {
+  const int tau = tok & 31;
+  const int slot = (tok & 32) + (tau & 16) + 4 * ((tau & 7) >> 1) + ((tau & 8) >> 2) + (tau & 1);
+  return Swizzled64(n, slot >> 4) + (slot & 15);
 }
 
 // Registers: ptxas gives 196 (two CTAs of 160 threads fit in 64K); a bound of 2 CTAs makes it
@@ -149,7 +173,6 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
   const ItemGeometry geo(a, item);
   const int item_rows = geo.item_rows;
   auto q_row = [&](int r) { return QRow(a, item, r); };
-  using wg::SwizzledOffset;
   const int num_tiles = NumTiles(item, W16::kTile);
   if (tid == 0) {
     for (int st = 0; st < W16::kStages; ++st) {
@@ -164,15 +187,18 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
     return;
   }
 
-  // Q^T: f16, k-permuted within 16-dim blocks, zero past the item's rows.
-  // Every thread's 16-byte loads (8 dims each) are in flight together; dim pair (2p, 2p + 1) of
-  // a 16-dim block goes to k 2 (p / 2) + 8 (p % 2): the inverse of dim = 4t + 2 j + e.
+  // Q: rows 0-15 the hi terms, 16-31 the lo terms of the scaled q, e4m3, natural dim order, in
+  // the K tile's layout (9 panels of 64 dims, 64-byte swizzle). Every thread's 16-byte loads
+  // (8 dims each) are in flight together; the row maxima meet in shared memory.
+  float col_scale[4];  // this thread's columns: scale_log2 / q scale
   {
     const auto* ql = static_cast<const uint8_t*>(a.q_latent);
     const auto* qp = static_cast<const uint8_t*>(a.q_pe);
     constexpr int kChunks = kMlaCacheDim / 8;  // per row
     constexpr int kPerThread = W16::kRows * kChunks / W16::kConsumers;
     static_assert(W16::kRows * kChunks % W16::kConsumers == 0, "q chunks");
+    int* row_max = reinterpret_cast<int*>(red);  // [16] max |q| as float bits (>= 0: int order)
+    if (tid < W16::kRows) row_max[tid] = 0;
     uint4 v[kPerThread];
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
@@ -185,21 +211,45 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
                          qp + (q_row(r) * kMlaRopeDim + 8 * c - kMlaLatentDim) * 2);
       }
     }
+    ConsumerSync();  // row_max is zeroed
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int r = (tid + i * W16::kConsumers) / kChunks;
+      const uint32_t w4[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+      float mx = 0.f;
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w4[p]));
+        mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+      }
+      atomicMax(&row_max[r], __float_as_int(mx));
+    }
+    ConsumerSync();
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int idx = tid + i * W16::kConsumers, r = idx / kChunks, c = idx % kChunks;
+      const float sc = QScaleE4m3(__int_as_float(row_max[r]));
       const uint32_t w4[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+      uint32_t hi[4], lo[4];
 #pragma unroll
-      for (int p = 0; p < 4; ++p) {       // dims 8c + 2p, + 1
-        const int pin = 4 * (c & 1) + p;  // pair index within the 16-dim block
-        const int k = 16 * (c / 2) + 2 * (pin / 2) + 8 * (pin % 2);
+      for (int p = 0; p < 4; ++p) {
         const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w4[p]));
-        *reinterpret_cast<__half2*>(q_s + (k / 64) * W16::kQPanelBytes +
-                                    SwizzledOffset(r, k % 64)) = __floats2half2_rn(f.x, f.y);
+        SplitE4m3x2(f.x * sc, f.y * sc, &hi[p], &lo[p]);
       }
+      const int k = 8 * c;  // dims k .. k + 7: half of a 16-byte chunk
+      uint8_t* panel = q_s + (k / 64) * W16::kQPanelBytes + (k % 16);
+      *reinterpret_cast<uint2*>(panel + Swizzled64(r, k % 64 / 16)) =
+          make_uint2(hi[0] | hi[1] << 16, hi[2] | hi[3] << 16);
+      *reinterpret_cast<uint2*>(panel + Swizzled64(r + W16::kRows, k % 64 / 16)) =
+          make_uint2(lo[0] | lo[1] << 16, lo[2] | lo[3] << 16);
     }
-    wg::ProxyFence();  // Q^T is read by the tensor cores
-    ConsumerSync();
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int n = 8 * (c >> 1) + 2 * t + (c & 1);
+      col_scale[c] = a.scale_log2 / QScaleE4m3(__int_as_float(row_max[n]));
+    }
+    wg::ProxyFence();  // Q is read by the tensor cores
+    ConsumerSync();    // (and row_max is read before red holds column maxima)
   }
 
   // This thread's 4 columns (rows of S): c -> n = 8 (c >> 1) + 2t + (c & 1).
@@ -222,61 +272,32 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
     for (int x = 0; x < 8; ++x) o[mt][x] = 0.f;
   }
   const uint32_t q_addr = SmemAddr(q_s), p_addr = SmemAddr(p_s);
-  const int mi = lane / 8, rr = lane % 8;
+  auto desc = [](uint32_t addr) { return wg::Desc(addr, 16, 512, wg::kSwizzle64B); };
 
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int st = tile % W16::kStages;
     wg::MbarWait(bar + 8 * st, (tile / W16::kStages) & 1);  // the tile landed
     ConsumerSync();  // every consumer is done with the previous tile's P^T and column maxima
     const uint8_t* kv = kv_s + st * W16::kStageBytes;
+    const uint32_t kv_addr = SmemAddr(kv);
 
-    // S^T = K Q^T. Matrices of one x4 load: tokens 16w + 0..7 / 8..15 x bytes 32 kk2 + 0..15
-    // (step 2 kk2) and + 16..31 (step 2 kk2 + 1).
-    float s[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    // The A fragments go in groups of kSG steps through two register buffers: a group's
-    // conversions overlap the previous group's products (and the registers stay under 255).
-    // Two accumulators (even and odd groups) halve the dependent chain of products.
+    // S^T = K [Q_hi; Q_lo]^T: k32 step ks is 32 bytes into panel ks / 2 of both operands.
+    float s[8];
     {
-      float s1[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      constexpr int kSG = 6, kGroups = W16::kSteps / kSG;
-      uint32_t ka[2][kSG][4];
-      // Panel kk2 / 2, 16-byte chunk 2 (kk2 % 2) + (mi >> 1) of this lane's token row.
-      const int k_row = 16 * w + (mi & 1) * 8 + rr;
-      auto k_addr = [&](int kk2) {
-        return kv + (kk2 >> 1) * W16::kPanelBytes + Swizzled64(k_row, ((kk2 & 1) << 1) | (mi >> 1));
-      };
+      float s2[16];
+      wg::Fence();
 #pragma unroll
-      for (int gi = 0; gi < kGroups; ++gi) {
-        uint32_t(&buf)[kSG][4] = ka[gi & 1];
-        if (gi >= 2) wg::Wait<1>();  // group gi - 2, the buffer's last reader, is done
-#pragma unroll
-        for (int kk2 = 0; kk2 < kSG / 2; ++kk2) {
-          uint32_t r[4];
-          LdMatrixX4(r, k_addr(gi * kSG / 2 + kk2));
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            uint32_t(&f)[4] = buf[2 * kk2 + h];
-            f[0] = Fp8x2ToF16x2(r[2 * h]);
-            f[1] = Fp8x2ToF16x2(r[2 * h + 1]);
-            f[2] = Fp8x2ToF16x2(r[2 * h] >> 16);
-            f[3] = Fp8x2ToF16x2(r[2 * h + 1] >> 16);
-          }
-        }
-        wg::Fence();
-#pragma unroll
-        for (int i = 0; i < kSG; ++i) {
-          const int st = gi * kSG + i;
-          MmaRS16((gi & 1) ? s1 : s, buf[i],
-                  wg::Desc(q_addr + (st / 4) * W16::kQPanelBytes + (st % 4) * 32, 16, 1024),
-                  st >= 2 * kSG || i > 0);
-        }
-        wg::Commit();
+      for (int ks = 0; ks < W16::kSteps; ++ks) {
+        const uint32_t off = (ks & 1) * 32;
+        MmaSS32E4m3(s2, desc(kv_addr + (ks >> 1) * W16::kPanelBytes + off),
+                    desc(q_addr + (ks >> 1) * W16::kQPanelBytes + off), ks > 0);
       }
+      wg::Commit();
       wg::Wait<0>();
-      wg::Pin(s);
-      wg::Pin(s1);
+      wg::Pin(s2);
+      // s2[x + 8] is column n + 16 of s2[x]: the lo term of the same row of S.
 #pragma unroll
-      for (int x = 0; x < 8; ++x) s[x] += s1[x];
+      for (int x = 0; x < 8; ++x) s[x] = s2[x] + s2[x + 8];
     }
 
     // Online softmax per column. s[4j + e]: token 16w + g + 8 (e >> 1), column 8j + 2t + (e & 1).
@@ -286,7 +307,7 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
     for (int x = 0; x < 8; ++x) {
       const int c = (x & 1) | ((x >> 2) << 1);
       const int j = tile_base + 16 * w + g + 8 * ((x >> 1) & 1);
-      float v = s[x] * a.scale_log2;
+      float v = s[x] * col_scale[c];
       if (j >= item.kv_end || j > col_pos[c]) v = -INFINITY;
       s[x] = v;
       mx[c] = fmaxf(mx[c], v);
@@ -316,14 +337,19 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
       m_run[c] = m_new;
       l_run[c] *= alpha[c];
     }
+    // P^T bytes: column c's tokens g and g + 8 (x0, x0 + 2) sit 2 slots apart.
 #pragma unroll
-    for (int x = 0; x < 8; ++x) {
-      const int c = (x & 1) | ((x >> 2) << 1);
-      const float p = gpu::Exp2(s[x] - m_use[c]);
-      l_run[c] += p;
-      const int n = 8 * (x >> 2) + 2 * t + (x & 1);
-      *reinterpret_cast<__half*>(p_s + SwizzledOffset(n, 16 * w + g + 8 * ((x >> 1) & 1))) =
-          __float2half_rn(p);
+    for (int c = 0; c < 4; ++c) {
+      const int x0 = 4 * (c >> 1) + (c & 1), n = 8 * (c >> 1) + 2 * t + (c & 1);
+      const float p0 = gpu::Exp2(s[x0] - m_use[c]), p1 = gpu::Exp2(s[x0 + 2] - m_use[c]);
+      l_run[c] += p0 + p1;
+      uint32_t hi, lo;
+      SplitE4m3x2(p0 * W16::kPScale, p1 * W16::kPScale, &hi, &lo);
+      const int tok = 16 * w + g, at_hi = PSlot(n, tok), at_lo = PSlot(n + W16::kRows, tok);
+      p_s[at_hi] = static_cast<uint8_t>(hi);
+      p_s[at_hi + 2] = static_cast<uint8_t>(hi >> 8);
+      p_s[at_lo] = static_cast<uint8_t>(lo);
+      p_s[at_lo + 2] = static_cast<uint8_t>(lo >> 8);
     }
     if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
@@ -335,41 +361,38 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
     wg::ProxyFence();
     ConsumerSync();  // P^T complete; every thread has read the column maxima
 
-    // O^T += V^T P^T. Matrices of one x4.trans load: tokens 32h + 8 mi + 0..7 x the 16 dims
-    // 64 mt + 16 w .. + 15; a register holds (token 2t: dims 2g, 2g + 1), (token 2t + 1: same).
-    // Groups of kOG m-tiles through two register buffers, as for S.
+    // O^T += V^T P_hi^T + V^T P_lo^T. Matrices of one x4.trans load: tokens 32h + 8 mi + 0..7 x
+    // the 16 dims 64 mt + 16 w .. + 15; register mi holds (token 2t: dims 2g, 2g + 1), (token
+    // 2t + 1: same). Groups of kOG m-tiles through two register buffers: a group's loads overlap
+    // the previous group's products.
     {
       constexpr int kOG = 2, kGroups = W16::kMTiles / kOG;
-      uint32_t va[2][kOG][4][4];
-      // Panel mt, chunk w of token row 32h + lane.
+      uint32_t va[2][kOG][2][4];
 #pragma unroll
       for (int gi = 0; gi < kGroups; ++gi) {
-        uint32_t(&buf)[kOG][4][4] = va[gi & 1];
-        if (gi >= 2) wg::Wait<1>();
+        uint32_t(&buf)[kOG][2][4] = va[gi & 1];
+        if (gi >= 2) wg::Wait<1>();  // group gi - 2, the buffer's last reader, is done
 #pragma unroll
         for (int i = 0; i < kOG; ++i) {
           const int mt = gi * kOG + i;
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
+          for (int h = 0; h < 2; ++h) {  // k32 step h: tokens 32h .. 32h + 31
             uint32_t r[4];
             LdMatrixX4T(r, kv + mt * W16::kPanelBytes + Swizzled64(32 * h + lane, w));
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {  // tokens 32h + 16hh .. + 15: k-step 2h + hh
-              uint32_t(&f)[4] = buf[i][2 * h + hh];
-              const uint32_t lo = r[2 * hh], hi = r[2 * hh + 1];
-              f[0] = Fp8x2ToF16x2(__byte_perm(lo, 0u, 0x0020));  // dim 2g, tokens 2t, 2t + 1
-              f[1] = Fp8x2ToF16x2(__byte_perm(lo, 0u, 0x0031));  // dim 2g + 1
-              f[2] = Fp8x2ToF16x2(__byte_perm(hi, 0u, 0x0020));  // dim 2g, tokens 8 + 2t, + 1
-              f[3] = Fp8x2ToF16x2(__byte_perm(hi, 0u, 0x0031));
-            }
+            uint32_t(&f)[4] = buf[i][h];
+            f[0] = __byte_perm(r[0], r[1], 0x6420);  // dim 2g: tokens 2t, 2t + 1, 8 + 2t, 9 + 2t
+            f[1] = __byte_perm(r[0], r[1], 0x7531);  // dim 2g + 1
+            f[2] = __byte_perm(r[2], r[3], 0x6420);  // dim 2g: the same + 16
+            f[3] = __byte_perm(r[2], r[3], 0x7531);
           }
         }
         wg::Fence();
 #pragma unroll
         for (int i = 0; i < kOG; ++i) {
 #pragma unroll
-          for (int ks = 0; ks < 4; ++ks) {
-            MmaRS16(o[gi * kOG + i], buf[i][ks], wg::Desc(p_addr + ks * 32, 16, 1024), 1);
+          for (int h = 0; h < 2; ++h) {
+            MmaRS16E4m3(o[gi * kOG + i], buf[i][h], desc(p_addr + h * 32));
+            MmaRS16E4m3(o[gi * kOG + i], buf[i][h], desc(p_addr + W16::kRows * 64 + h * 32));
           }
         }
         wg::Commit();
@@ -399,7 +422,7 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
     const int n = 8 * (c >> 1) + 2 * t + (c & 1);
     const float l =
         red[n] + red[W16::kRows + n] + red[2 * W16::kRows + n] + red[3 * W16::kRows + n];
-    inv[c] = l > 0.f ? a.out_scale / l : 0.f;
+    inv[c] = l > 0.f ? a.out_scale / (l * W16::kPScale) : 0.f;
     if (item.partial >= 0 && w == 0 && g == 0 && n < item_rows) {
       a.partial_lse[static_cast<size_t>(item.partial) * kMlaMaxRows + n] =
           l > 0.f ? m_run[c] + log2f(l) : -INFINITY;

@@ -35,4 +35,12 @@ __device__ __forceinline__ size_t QRow(const AttendArgs& a, const MlaWorkItem& i
          r % item.num_heads;
 }
 
+// The fp8-MMA kernels' q scale: a power of two that puts a row's max |q| (mx) in [128, 256),
+// exact and inside e4m3's range (448) with its full precision.
+__device__ __forceinline__ float QScaleE4m3(float mx) {
+  int e = 0;
+  frexpf(mx, &e);  // mx = f 2^e, f in [0.5, 1)
+  return mx > 0.f && isfinite(mx) ? ldexpf(1.f, 8 - e) : 1.f;
+}
+
 }  // namespace llm::cuda::mla

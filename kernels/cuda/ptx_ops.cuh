@@ -88,6 +88,22 @@ __device__ __forceinline__ uint32_t Fp8x2ToF16x2(uint32_t pair) {
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
+// e4m3 helpers: two floats -> two e4m3 bytes (a in the low byte), saturating, and back.
+__device__ __forceinline__ uint32_t F32x2ToE4m3x2(float a, float b) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+}
+__device__ __forceinline__ float2 E4m3x2ToF32x2(uint32_t pair) {
+  const uint32_t h = Fp8x2ToF16x2(pair);
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+// x ~ hi + lo with both in e4m3: hi carries 4 significant bits, lo the next 4, so the pair holds
+// ~8 bits (bf16 has 8). Returns the two bytes of (a, b) in the low 16 bits of *hi and *lo.
+__device__ __forceinline__ void SplitE4m3x2(float a, float b, uint32_t* hi, uint32_t* lo) {
+  *hi = F32x2ToE4m3x2(a, b);
+  const float2 h = E4m3x2ToF32x2(*hi);
+  *lo = F32x2ToE4m3x2(a - h.x, b - h.y);
+}
+
 // 2^x with denormal results flushed: one MUFU.EX2, where exp2f adds range fix-ups around it.
 __device__ __forceinline__ float Exp2Ftz(float x) {
   float y;

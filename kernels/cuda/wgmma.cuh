@@ -26,13 +26,18 @@
 
 namespace llm::cuda::wgmma {
 
-// Shared-memory matrix descriptor with the 128-byte swizzle (layout type 1 in bits 62-63).
-__device__ __forceinline__ uint64_t Desc(uint32_t smem_addr, uint32_t lbo_bytes,
-                                         uint32_t sbo_bytes) {
+// Swizzle modes of a shared-memory matrix descriptor (bits 62-63).
+enum Swizzle : uint64_t { kSwizzle128B = 1, kSwizzle64B = 2 };
+
+// Shared-memory matrix descriptor, by default with the 128-byte swizzle. With the 64-byte swizzle
+// (the fp8 MLA tiles: 64-byte rows, chunk c of row r at c ^ (r / 2 % 4)) a K-major operand has
+// SBO = 512 (next 8 rows) and its 32-byte k-slices start 32 bytes apart.
+__device__ __forceinline__ uint64_t Desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes,
+                                         Swizzle swizzle = kSwizzle128B) {
   uint64_t d = (smem_addr & 0x3FFFFu) >> 4;
   d |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFFu) << 16;
   d |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32;
-  d |= 1ull << 62;
+  d |= static_cast<uint64_t>(swizzle) << 62;
   return d;
 }
 
