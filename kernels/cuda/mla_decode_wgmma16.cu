@@ -135,16 +135,17 @@ __device__ __forceinline__ void MmaSS32E4m3(float (&d)[16], uint64_t a, uint64_t
         "+f"(d[14]), "+f"(d[15])
       : "l"(a), "l"(b), "r"(scale_d));
 }
-// D[64 x 16] += A[64 x 32] (registers, e4m3: the mma.sync m16n8k32 A layout per warp) *
+// D[64 x 16] (+)= A[64 x 32] (registers, e4m3: the mma.sync m16n8k32 A layout per warp) *
 // B[32 x 16] (shared memory, K-major, e4m3).
-__device__ __forceinline__ void MmaRS16E4m3(float (&d)[8], const uint32_t (&a)[4], uint64_t b) {
+__device__ __forceinline__ void MmaRS16E4m3(float (&d)[8], const uint32_t (&a)[4], uint64_t b,
+                                            int scale_d) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, "
       "{%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
         "+f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
 }
 
 // Byte of P^T for column n (0-15; + 16: the lo term) and tile token tok: 32-token k-step
@@ -160,8 +161,9 @@ __device__ __forceinline__ int PSlot(int n, int tok) {
 __global__ void __launch_bounds__(W16::kThreads, 1)
     MlaWgmma16Kernel(const AttendArgs a, const __grid_constant__ CUtensorMap cache_map) {
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                             ~static_cast<uintptr_t>(1023));
+  // Offset (not a cast through an integer) so the compiler still knows these are shared-memory
+  // pointers: shared loads and stores instead of generic ones.
+  uint8_t* base = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
   uint8_t* q_s = base + W16::kQOff;
   uint8_t* p_s = base + W16::kPOff;
   float* red = reinterpret_cast<float*>(base + W16::kRedOff);
@@ -265,37 +267,64 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
     m_run[c] = -INFINITY;
     l_run[c] = 0.f;
   }
+  // O^T: set by the first tile's first product (scale-d 0), for the same reason as S^T below.
   float o[W16::kMTiles][8];
 #pragma unroll
   for (int mt = 0; mt < W16::kMTiles; ++mt) {
 #pragma unroll
-    for (int x = 0; x < 8; ++x) o[mt][x] = 0.f;
+    for (int x = 0; x < 8; ++x) asm volatile("" : "=f"(o[mt][x]));
   }
   const uint32_t q_addr = SmemAddr(q_s), p_addr = SmemAddr(p_s);
+  // Descriptors: a base per operand; an offset (bytes / 16) adds into the address field, which
+  // holds every shared address without a carry.
   auto desc = [](uint32_t addr) { return wg::Desc(addr, 16, 512, wg::kSwizzle64B); };
+  const uint64_t q_desc = desc(q_addr), p_desc = desc(p_addr);
 
+  // S^T's accumulator lives across tiles, and neither it nor O^T is set by other instructions
+  // before the loop: ptxas sees such a definition on the path into the loop, where the previous
+  // tile's products are still running, and would serialize every wgmma (C7515).
+  float s2[16];
+#pragma unroll
+  for (int x = 0; x < 16; ++x) asm volatile("" : "=f"(s2[x]));  // (the first product sets it)
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int st = tile % W16::kStages;
     wg::MbarWait(bar + 8 * st, (tile / W16::kStages) & 1);  // the tile landed
     ConsumerSync();  // every consumer is done with the previous tile's P^T and column maxima
     const uint8_t* kv = kv_s + st * W16::kStageBytes;
-    const uint32_t kv_addr = SmemAddr(kv);
+    const uint64_t kv_desc = desc(SmemAddr(kv));
+
+    // V^T fragments, raw: matrices of one x4.trans load are tokens 32h + 8 mi + 0..7 x the 16 dims
+    // 64 mt + 16 w .. + 15; register mi holds (token 2t: dims 2g, 2g + 1), (token 2t + 1: same).
+    constexpr int kOG = 2, kPvGroups = W16::kMTiles / kOG;
+    uint32_t v_raw[kOG][2][4];
+    auto load_v = [&](int gi) {
+#pragma unroll
+      for (int i = 0; i < kOG; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // k32 step h: tokens 32h .. 32h + 31
+          LdMatrixX4T(v_raw[i][h],
+                      kv + (gi * kOG + i) * W16::kPanelBytes + Swizzled64(32 * h + lane, w));
+        }
+      }
+    };
 
     // S^T = K [Q_hi; Q_lo]^T: k32 step ks is 32 bytes into panel ks / 2 of both operands.
     float s[8];
     {
-      float s2[16];
       wg::Fence();
 #pragma unroll
       for (int ks = 0; ks < W16::kSteps; ++ks) {
         const uint32_t off = (ks & 1) * 32;
-        MmaSS32E4m3(s2, desc(kv_addr + (ks >> 1) * W16::kPanelBytes + off),
-                    desc(q_addr + (ks >> 1) * W16::kQPanelBytes + off), ks > 0);
+        MmaSS32E4m3(s2, kv_desc + (((ks >> 1) * W16::kPanelBytes + off) >> 4),
+                    q_desc + (((ks >> 1) * W16::kQPanelBytes + off) >> 4), ks > 0);
       }
       wg::Commit();
-      wg::Wait<0>();
+      load_v(0);
+      wg::Wait<0>();  // (and the previous tile's O^T products)
       wg::Pin(s2);
-      // s2[x + 8] is column n + 16 of s2[x]: the lo term of the same row of S.
+#pragma unroll
+      for (int mt = 0; mt < W16::kMTiles; ++mt) wg::Pin(o[mt]);
+        // s2[x + 8] is column n + 16 of s2[x]: the lo term of the same row of S.
 #pragma unroll
       for (int x = 0; x < 8; ++x) s[x] = s2[x] + s2[x + 8];
     }
@@ -351,7 +380,7 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
       p_s[at_lo] = static_cast<uint8_t>(lo);
       p_s[at_lo + 2] = static_cast<uint8_t>(lo >> 8);
     }
-    if (__any_sync(0xffffffffu, moved)) {
+    if (tile > 0 && __any_sync(0xffffffffu, moved)) {  // (tile 0: O^T is not set yet)
 #pragma unroll
       for (int mt = 0; mt < W16::kMTiles; ++mt) {
 #pragma unroll
@@ -361,47 +390,51 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
     wg::ProxyFence();
     ConsumerSync();  // P^T complete; every thread has read the column maxima
 
-    // O^T += V^T P_hi^T + V^T P_lo^T. Matrices of one x4.trans load: tokens 32h + 8 mi + 0..7 x
-    // the 16 dims 64 mt + 16 w .. + 15; register mi holds (token 2t: dims 2g, 2g + 1), (token
-    // 2t + 1: same). Groups of kOG m-tiles through two register buffers: a group's loads overlap
-    // the previous group's products.
+    // O^T += V^T P_hi^T + V^T P_lo^T (see above for the V^T fragments). Groups of kOG m-tiles
+    // through two register buffers; a group's ldmatrix results are loaded one group ahead (the
+    // first during the QK products), so their latency hides behind the previous group's issue.
     {
-      constexpr int kOG = 2, kGroups = W16::kMTiles / kOG;
       uint32_t va[2][kOG][2][4];
 #pragma unroll
-      for (int gi = 0; gi < kGroups; ++gi) {
+      for (int gi = 0; gi < kPvGroups; ++gi) {
         uint32_t(&buf)[kOG][2][4] = va[gi & 1];
         if (gi >= 2) wg::Wait<1>();  // group gi - 2, the buffer's last reader, is done
 #pragma unroll
         for (int i = 0; i < kOG; ++i) {
-          const int mt = gi * kOG + i;
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {  // k32 step h: tokens 32h .. 32h + 31
-            uint32_t r[4];
-            LdMatrixX4T(r, kv + mt * W16::kPanelBytes + Swizzled64(32 * h + lane, w));
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t(&r)[4] = v_raw[i][h];
             uint32_t(&f)[4] = buf[i][h];
             f[0] = __byte_perm(r[0], r[1], 0x6420);  // dim 2g: tokens 2t, 2t + 1, 8 + 2t, 9 + 2t
             f[1] = __byte_perm(r[0], r[1], 0x7531);  // dim 2g + 1
             f[2] = __byte_perm(r[2], r[3], 0x6420);  // dim 2g: the same + 16
             f[3] = __byte_perm(r[2], r[3], 0x7531);
+            wg::Pin(f);  // computed before the fence (the compiler would sink them past it)
           }
         }
+        if (gi + 1 < kPvGroups) load_v(gi + 1);
         wg::Fence();
 #pragma unroll
         for (int i = 0; i < kOG; ++i) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            MmaRS16E4m3(o[gi * kOG + i], buf[i][h], desc(p_addr + h * 32));
-            MmaRS16E4m3(o[gi * kOG + i], buf[i][h], desc(p_addr + W16::kRows * 64 + h * 32));
+            MmaRS16E4m3(o[gi * kOG + i], buf[i][h], p_desc + h * 2, tile > 0 || h > 0);
+            MmaRS16E4m3(o[gi * kOG + i], buf[i][h], p_desc + (W16::kRows * 64 + h * 32) / 16, 1);
           }
         }
         wg::Commit();
       }
-      wg::MbarArrive(bar + 16 + 8 * st);  // this thread read its last byte of the stage
-      wg::Wait<0>();
-#pragma unroll
-      for (int mt = 0; mt < W16::kMTiles; ++mt) wg::Pin(o[mt]);
+      // This thread read its last byte of the stage. The products run on into the next tile's
+      // S^T (whose wait covers them): P^T and O^T are not touched before it.
+      wg::MbarArrive(bar + 16 + 8 * st);
     }
+  }
+  wg::Wait<0>();
+#pragma unroll
+  for (int mt = 0; mt < W16::kMTiles; ++mt) {
+    wg::Pin(o[mt]);
+#pragma unroll
+    for (int x = 0; x < 8; ++x) o[mt][x] = num_tiles > 0 ? o[mt][x] : 0.f;  // (never set)
   }
 
   // Column sums: this thread's tokens, then the g lanes, then the 4 warps.
