@@ -18,14 +18,19 @@
 // 16-dim block (O^T's m order, un-permuted at the store) and k slot 4t + e of a 16-token group
 // holds token 2t + (e & 1) + 8 (e >> 1): P^T is stored in that k order.
 //
-// One CTA = one work item: a consumer warpgroup (warps 0-3) and a producer warp (warp 4). The
-// producer streams 64-token tiles into a two-stage ring: 9 tensor copies (TMA, 64-byte x 64-row
-// boxes, 64-byte swizzle) per tile issued by one lane, or, for an item's tail tile or pages that
-// are not whole 64-token tiles, cp.async row gathers zero-filled past kv_end; "full" and "empty"
-// mbarriers hand the stages over. Per tile the consumer computes S^T, the online softmax per
-// column (a row of S: its 64 tokens span the 4 warps, so the column max crosses warps through
-// shared memory), P^T to shared memory, rescales O^T by the column factors (held by the same
-// threads: O^T's columns are S^T's), then O^T += V^T P^T. Two CTAs per SM overlap one another.
+// One CTA = one work item, one CTA per SM: two consumer warpgroups (warps 0-7) on alternate
+// 64-token tiles, and a producer warpgroup of which one warp works (setmaxnreg gives its registers
+// to the consumers). The producer streams the tiles into a four-stage ring: 9 tensor copies (TMA,
+// 64-byte x 64-row boxes, 64-byte swizzle) per tile issued by one lane, or, for an item's tail
+// tile or pages that are not whole 64-token tiles, cp.async row gathers zero-filled past kv_end;
+// "full" and "empty" mbarriers hand the stages over. Per tile a consumer warpgroup computes S^T,
+// the online softmax per column (a row of S: its 64 tokens span the 4 warps, so the column max
+// crosses warps through shared memory), P^T to shared memory, rescales O^T by the column factors
+// (held by the same threads: O^T's columns are S^T's), then O^T += V^T P^T. Each warpgroup's
+// chain of products, softmax and barriers is latency-bound, so two of them per SM keep the tensor
+// cores and the memory busy (one warpgroup per CTA at two CTAs per SM did the same but needed a
+// KV split and a merge kernel for 128 items: 92-97 us against 84). At the end warpgroup 1 hands
+// its (O^T, max, sum) to warpgroup 0 through the idle ring, and warpgroup 0 writes the output.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -50,24 +55,36 @@ using ptx::SmemAddr;
 using ptx::SplitE4m3x2;
 
 struct W16 {
-  static constexpr int kRows = 16;      // wgmma N of O^T (S^T: 32, the hi and lo terms of q)
-  static constexpr int kTile = 64;      // tokens per tile: wgmma M of S^T
-  static constexpr int kThreads = 160;  // a consumer warpgroup + a producer warp
-  static constexpr int kConsumers = 128;
-  static constexpr int kStages = 2;               // 2 x 36 KB: two CTAs per SM
+  static constexpr int kRows = 16;        // wgmma N of O^T (S^T: 32, the hi and lo terms of q)
+  static constexpr int kTile = 64;        // tokens per tile: wgmma M of S^T
+  static constexpr int kWGs = 2;          // consumer warpgroups, on alternate tiles
+  static constexpr int kConsumers = 128;  // threads per consumer warpgroup
+  static constexpr int kThreads = (kWGs + 1) * kConsumers;  // + a producer warpgroup (1 warp works)
+  // setmaxnreg only moves registers within the CTA's launch allocation (384 x 168).
+  static constexpr int kEntryRegs = 168;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static_assert(kConsumers * (kProducerRegs + kWGs * kConsumerRegs) <= kThreads * kEntryRegs,
+                "register split exceeds the CTA's allocation");
+  static constexpr int kStages = 4;               // 4 x 36 KB ring, one CTA per SM
   static constexpr int kPanelBytes = 64 * kTile;  // 64 bytes (dims) x 64 rows
   static constexpr int kStageBytes = kMlaCacheDim / 64 * kPanelBytes;
   static constexpr int kSteps = kMlaCacheDim / 32;     // 18 k32 steps of S
   static constexpr int kMTiles = kMlaLatentDim / 64;   // 8 m-tiles of O^T
   static constexpr int kQPanelBytes = 2 * kRows * 64;  // [q_hi; q_lo] 32 rows x 64 dims
+  static constexpr int kPBytes = 2 * kRows * 64;       // P^T: [P_hi; P_lo] x 64 tokens
+  static constexpr int kRedBytes = 4 * kRows * 4;      // [4 warps][16] col max / sum
   static constexpr float kPScale = 256.f;              // P <= 1 -> <= 256, inside e4m3's 448
   // Offsets from the 1024-byte aligned base.
   static constexpr int kQOff = 0;                                  // Q: 9 panels
-  static constexpr int kPOff = kQOff + kSteps / 2 * kQPanelBytes;  // P^T: [P_hi; P_lo] x 64 tokens
-  static constexpr int kRedOff = kPOff + 2 * kRows * 64;           // [4 warps][16] col max / sum
-  static constexpr int kBarOff = kRedOff + 4 * kRows * 4;          // full[2], empty[2]
-  static constexpr int kKvOff = (kBarOff + 32 + 1023) / 1024 * 1024;
+  static constexpr int kPOff = kQOff + kSteps / 2 * kQPanelBytes;  // per warpgroup
+  static constexpr int kRedOff = kPOff + kWGs * kPBytes;           // per warpgroup
+  static constexpr int kRowMaxOff = kRedOff + kWGs * kRedBytes;    // [16] max |q|
+  static constexpr int kBarOff = kRowMaxOff + kRows * 4;           // full[kStages], empty[...]
+  static constexpr int kKvOff = (kBarOff + 16 * kStages + 1023) / 1024 * 1024;
   static constexpr int kSmemBytes = kKvOff + kStages * kStageBytes + 1024;  // + alignment
+  // The warpgroups' partials meet in the idle ring at the end: [72 floats / 4][128] float4.
+  static_assert(kConsumers * 72 * 4 <= kStages * kStageBytes, "merge scratch");
 };
 
 // Byte offset of (row, 16-byte chunk c of a 64-byte panel row) under the 64-byte swizzle.
@@ -75,12 +92,19 @@ __device__ __forceinline__ int Swizzled64(int row, int c) {
   return row * 64 + ((c ^ ((row >> 1) & 3)) << 4);
 }
 
-// Barrier 1: the consumer warpgroup only (the producer warp runs ahead).
-__device__ __forceinline__ void ConsumerSync() {
-  asm volatile("bar.sync 1, 128;\n" ::: "memory");
+// Barrier 1 + wgi: one consumer warpgroup; barrier 3: both (the producer runs ahead).
+__device__ __forceinline__ void ConsumerSync(int wgi) {
+  if (wgi == 0) {
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+  } else {
+    asm volatile("bar.sync 2, 128;\n" ::: "memory");
+  }
+}
+__device__ __forceinline__ void ConsumersSync() {
+  asm volatile("bar.sync 3, 256;\n" ::: "memory");
 }
 
-// The producer warp: stage s of tile i is refilled once the consumer released tile i - 2.
+// The producer warp: the stage of tile i is refilled once tile i - kStages was released.
 __device__ void Produce(const AttendArgs& a, const CUtensorMap* map, const MlaWorkItem& item,
                         int num_tiles, uint8_t* kv_s, uint32_t bar, int lane) {
   const int32_t* pages = a.pages + a.page_indptr[item.seq];
@@ -88,7 +112,7 @@ __device__ void Produce(const AttendArgs& a, const CUtensorMap* map, const MlaWo
   const bool whole_tiles = a.block_size % W16::kTile == 0 && item.kv_start % W16::kTile == 0;
   for (int i = 0; i < num_tiles; ++i) {
     const int st = i % W16::kStages;
-    const uint32_t full = bar + 8 * st, empty = bar + 16 + 8 * st;
+    const uint32_t full = bar + 8 * st, empty = bar + 8 * (W16::kStages + st);
     uint8_t* stage = kv_s + st * W16::kStageBytes;
     if (i >= W16::kStages) wg::MbarWait(empty, (i / W16::kStages - 1) & 1);
     const int tok0 = item.kv_start + i * W16::kTile;
@@ -156,8 +180,6 @@ __device__ __forceinline__ int PSlot(int n, int tok) {
   return Swizzled64(n, slot >> 4) + (slot & 15);
 }
 
-// Registers: ptxas gives 196 (two CTAs of 160 threads fit in 64K); a bound of 2 CTAs makes it
-// cap at 168 and serialize the wgmmas (C7512).
 __global__ void __launch_bounds__(W16::kThreads, 1)
     MlaWgmma16Kernel(const AttendArgs a, const __grid_constant__ CUtensorMap cache_map) {
   extern __shared__ uint8_t smem_raw[];
@@ -165,46 +187,50 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
   // pointers: shared loads and stores instead of generic ones.
   uint8_t* base = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
   uint8_t* q_s = base + W16::kQOff;
-  uint8_t* p_s = base + W16::kPOff;
-  float* red = reinterpret_cast<float*>(base + W16::kRedOff);
   uint8_t* kv_s = base + W16::kKvOff;
   const uint32_t bar = SmemAddr(base + W16::kBarOff);
 
   const MlaWorkItem item = a.items[blockIdx.x];
-  const int tid = threadIdx.x, w = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int tid = threadIdx.x, lane = tid % 32, g = lane / 4, t = lane % 4;
+  // Warpgroup wgi (2: the producer), its warp w and thread ctid.
+  const int wgi = tid / W16::kConsumers, w = tid / 32 % 4, ctid = tid % W16::kConsumers;
+  uint8_t* p_s = base + W16::kPOff + wgi * W16::kPBytes;
+  float* red = reinterpret_cast<float*>(base + W16::kRedOff + wgi * W16::kRedBytes);
   const ItemGeometry geo(a, item);
   const int item_rows = geo.item_rows;
   auto q_row = [&](int r) { return QRow(a, item, r); };
   const int num_tiles = NumTiles(item, W16::kTile);
   if (tid == 0) {
     for (int st = 0; st < W16::kStages; ++st) {
-      wg::MbarInit(bar + 8 * st, 1);         // the TMA issuer's arrival (+ bytes), or the gather's
-      wg::MbarInit(bar + 16 + 8 * st, 128);  // one per consumer thread
+      wg::MbarInit(bar + 8 * st, 1);  // the TMA issuer's arrival (+ bytes), or the gather's
+      wg::MbarInit(bar + 8 * (W16::kStages + st), W16::kConsumers);  // the consumer's threads
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  if (w == 4) {
-    Produce(a, &cache_map, item, num_tiles, kv_s, bar, lane);
+  if (wgi == W16::kWGs) {
+    wg::RegDealloc<W16::kProducerRegs>();
+    if (w == 0) Produce(a, &cache_map, item, num_tiles, kv_s, bar, lane);
     return;
   }
+  wg::RegAlloc<W16::kConsumerRegs>();
 
   // Q: rows 0-15 the hi terms, 16-31 the lo terms of the scaled q, e4m3, natural dim order, in
   // the K tile's layout (9 panels of 64 dims, 64-byte swizzle). Every thread's 16-byte loads
   // (8 dims each) are in flight together; the row maxima meet in shared memory.
   float col_scale[4];  // this thread's columns: scale_log2 / q scale
-  {
+  int* row_max = reinterpret_cast<int*>(base + W16::kRowMaxOff);  // [16] max |q| as float bits
+  if (wgi == 0) {
     const auto* ql = static_cast<const uint8_t*>(a.q_latent);
     const auto* qp = static_cast<const uint8_t*>(a.q_pe);
     constexpr int kChunks = kMlaCacheDim / 8;  // per row
     constexpr int kPerThread = W16::kRows * kChunks / W16::kConsumers;
     static_assert(W16::kRows * kChunks % W16::kConsumers == 0, "q chunks");
-    int* row_max = reinterpret_cast<int*>(red);  // [16] max |q| as float bits (>= 0: int order)
-    if (tid < W16::kRows) row_max[tid] = 0;
+    if (ctid < W16::kRows) row_max[ctid] = 0;  // (>= 0: int order is float order)
     uint4 v[kPerThread];
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      const int idx = tid + i * W16::kConsumers, r = idx / kChunks, c = idx % kChunks;
+      const int idx = ctid + i * W16::kConsumers, r = idx / kChunks, c = idx % kChunks;
       v[i] = make_uint4(0, 0, 0, 0);
       if (r < item_rows) {
         v[i] = c < kMlaLatentDim / 8
@@ -213,10 +239,10 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
                          qp + (q_row(r) * kMlaRopeDim + 8 * c - kMlaLatentDim) * 2);
       }
     }
-    ConsumerSync();  // row_max is zeroed
+    ConsumerSync(0);  // row_max is zeroed
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      const int r = (tid + i * W16::kConsumers) / kChunks;
+      const int r = (ctid + i * W16::kConsumers) / kChunks;
       const uint32_t w4[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
       float mx = 0.f;
 #pragma unroll
@@ -226,10 +252,10 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
       }
       atomicMax(&row_max[r], __float_as_int(mx));
     }
-    ConsumerSync();
+    ConsumerSync(0);
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      const int idx = tid + i * W16::kConsumers, r = idx / kChunks, c = idx % kChunks;
+      const int idx = ctid + i * W16::kConsumers, r = idx / kChunks, c = idx % kChunks;
       const float sc = QScaleE4m3(__int_as_float(row_max[r]));
       const uint32_t w4[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
       uint32_t hi[4], lo[4];
@@ -245,13 +271,13 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
       *reinterpret_cast<uint2*>(panel + Swizzled64(r + W16::kRows, k % 64 / 16)) =
           make_uint2(lo[0] | lo[1] << 16, lo[2] | lo[3] << 16);
     }
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int n = 8 * (c >> 1) + 2 * t + (c & 1);
-      col_scale[c] = a.scale_log2 / QScaleE4m3(__int_as_float(row_max[n]));
-    }
     wg::ProxyFence();  // Q is read by the tensor cores
-    ConsumerSync();    // (and row_max is read before red holds column maxima)
+  }
+  ConsumersSync();
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int n = 8 * (c >> 1) + 2 * t + (c & 1);
+    col_scale[c] = a.scale_log2 / QScaleE4m3(__int_as_float(row_max[n]));
   }
 
   // This thread's 4 columns (rows of S): c -> n = 8 (c >> 1) + 2t + (c & 1).
@@ -286,10 +312,10 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
   float s2[16];
 #pragma unroll
   for (int x = 0; x < 16; ++x) asm volatile("" : "=f"(s2[x]));  // (the first product sets it)
-  for (int tile = 0; tile < num_tiles; ++tile) {
+  for (int tile = wgi; tile < num_tiles; tile += W16::kWGs) {
     const int st = tile % W16::kStages;
     wg::MbarWait(bar + 8 * st, (tile / W16::kStages) & 1);  // the tile landed
-    ConsumerSync();  // every consumer is done with the previous tile's P^T and column maxima
+    ConsumerSync(wgi);  // every consumer is done with the previous tile's P^T and column maxima
     const uint8_t* kv = kv_s + st * W16::kStageBytes;
     const uint64_t kv_desc = desc(SmemAddr(kv));
 
@@ -350,7 +376,7 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
 #pragma unroll
       for (int c = 0; c < 4; ++c) red[w * W16::kRows + 8 * (c >> 1) + 2 * t + (c & 1)] = mx[c];
     }
-    ConsumerSync();
+    ConsumerSync(wgi);
     float alpha[4], m_use[4];
     bool moved = false;
 #pragma unroll
@@ -380,7 +406,7 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
       p_s[at_lo] = static_cast<uint8_t>(lo);
       p_s[at_lo + 2] = static_cast<uint8_t>(lo >> 8);
     }
-    if (tile > 0 && __any_sync(0xffffffffu, moved)) {  // (tile 0: O^T is not set yet)
+    if (tile != wgi && __any_sync(0xffffffffu, moved)) {  // (first tile: O^T is not set yet)
 #pragma unroll
       for (int mt = 0; mt < W16::kMTiles; ++mt) {
 #pragma unroll
@@ -388,7 +414,7 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
       }
     }
     wg::ProxyFence();
-    ConsumerSync();  // P^T complete; every thread has read the column maxima
+    ConsumerSync(wgi);  // P^T complete; every thread has read the column maxima
 
     // O^T += V^T P_hi^T + V^T P_lo^T (see above for the V^T fragments). Groups of kOG m-tiles
     // through two register buffers; a group's ldmatrix results are loaded one group ahead (the
@@ -418,7 +444,7 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
         for (int i = 0; i < kOG; ++i) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            MmaRS16E4m3(o[gi * kOG + i], buf[i][h], p_desc + h * 2, tile > 0 || h > 0);
+            MmaRS16E4m3(o[gi * kOG + i], buf[i][h], p_desc + h * 2, tile != wgi || h > 0);
             MmaRS16E4m3(o[gi * kOG + i], buf[i][h], p_desc + (W16::kRows * 64 + h * 32) / 16, 1);
           }
         }
@@ -426,7 +452,7 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
       }
       // This thread read its last byte of the stage. The products run on into the next tile's
       // S^T (whose wait covers them): P^T and O^T are not touched before it.
-      wg::MbarArrive(bar + 16 + 8 * st);
+      wg::MbarArrive(bar + 8 * (W16::kStages + st));
     }
   }
   wg::Wait<0>();
@@ -434,27 +460,73 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
   for (int mt = 0; mt < W16::kMTiles; ++mt) {
     wg::Pin(o[mt]);
 #pragma unroll
-    for (int x = 0; x < 8; ++x) o[mt][x] = num_tiles > 0 ? o[mt][x] : 0.f;  // (never set)
+    for (int x = 0; x < 8; ++x) o[mt][x] = wgi < num_tiles ? o[mt][x] : 0.f;  // (never set)
   }
 
-  // Column sums: this thread's tokens, then the g lanes, then the 4 warps.
+  // Column sums: this thread's tokens, then the g lanes, then the warpgroup's 4 warps.
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
 #pragma unroll
     for (int m = 4; m < 32; m <<= 1) l_run[c] += __shfl_xor_sync(0xffffffffu, l_run[c], m);
   }
-  ConsumerSync();  // the last tile's column maxima are read
+  ConsumerSync(wgi);  // the last tile's column maxima are read
   if (g == 0) {
 #pragma unroll
     for (int c = 0; c < 4; ++c) red[w * W16::kRows + 8 * (c >> 1) + 2 * t + (c & 1)] = l_run[c];
   }
-  ConsumerSync();
+  ConsumerSync(wgi);
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int n = 8 * (c >> 1) + 2 * t + (c & 1);
+    l_run[c] = red[n] + red[W16::kRows + n] + red[2 * W16::kRows + n] + red[3 * W16::kRows + n];
+  }
+  // Warpgroup 1 hands (O^T, m, l) to the thread of warpgroup 0 with the same fragment, through
+  // the ring (idle: every tile landed and was read). float4 k of thread ctid at [k][ctid].
+  {
+    auto* xchg = reinterpret_cast<float4*>(kv_s);
+    ConsumersSync();
+    if (wgi == 1) {
+#pragma unroll
+      for (int mt = 0; mt < W16::kMTiles; ++mt) {
+        xchg[(2 * mt) * W16::kConsumers + ctid] =
+            make_float4(o[mt][0], o[mt][1], o[mt][2], o[mt][3]);
+        xchg[(2 * mt + 1) * W16::kConsumers + ctid] =
+            make_float4(o[mt][4], o[mt][5], o[mt][6], o[mt][7]);
+      }
+      xchg[16 * W16::kConsumers + ctid] = make_float4(m_run[0], m_run[1], m_run[2], m_run[3]);
+      xchg[17 * W16::kConsumers + ctid] = make_float4(l_run[0], l_run[1], l_run[2], l_run[3]);
+    }
+    ConsumersSync();
+    if (wgi == 1) return;
+    const float4 m1 = xchg[16 * W16::kConsumers + ctid], l1 = xchg[17 * W16::kConsumers + ctid];
+    const float m_o[4] = {m1.x, m1.y, m1.z, m1.w}, l_o[4] = {l1.x, l1.y, l1.z, l1.w};
+    float f_self[4], f_other[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const float m = fmaxf(m_run[c], m_o[c]);
+      const float mu = m == -INFINITY ? 0.f : m;
+      f_self[c] = gpu::Exp2(m_run[c] - mu);
+      f_other[c] = gpu::Exp2(m_o[c] - mu);
+      l_run[c] = l_run[c] * f_self[c] + l_o[c] * f_other[c];
+      m_run[c] = m;
+    }
+#pragma unroll
+    for (int mt = 0; mt < W16::kMTiles; ++mt) {
+      const float4 a0 = xchg[(2 * mt) * W16::kConsumers + ctid];
+      const float4 a1 = xchg[(2 * mt + 1) * W16::kConsumers + ctid];
+      const float other[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+#pragma unroll
+      for (int x = 0; x < 8; ++x) {
+        const int c = (x & 1) | ((x >> 2) << 1);
+        o[mt][x] = o[mt][x] * f_self[c] + other[x] * f_other[c];
+      }
+    }
+  }
   float inv[4];
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     const int n = 8 * (c >> 1) + 2 * t + (c & 1);
-    const float l =
-        red[n] + red[W16::kRows + n] + red[2 * W16::kRows + n] + red[3 * W16::kRows + n];
+    const float l = l_run[c];
     inv[c] = l > 0.f ? a.out_scale / (l * W16::kPScale) : 0.f;
     if (item.partial >= 0 && w == 0 && g == 0 && n < item_rows) {
       a.partial_lse[static_cast<size_t>(item.partial) * kMlaMaxRows + n] =
