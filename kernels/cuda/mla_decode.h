@@ -28,7 +28,7 @@ constexpr int kMlaCacheDim = kMlaLatentDim + kMlaRopeDim;  // QK width, cached r
 // sm_90a). bf16 cache: 64-row tiles, smaller items padded (mla_decode_wgmma.cu). fp8 cache: 16-row
 // items only, tokens as the MMA's M (mla_decode_wgmma16.cu); its 32/64-row items stay portable.
 //   kAuto: every bf16 item and fp8 16-row items on wgmma where it can run (16 heads x 4096
-//     tokens: bf16 4.0 TB/s against 3.4-3.6 portable, padding and all; fp8 126 us against 149),
+//     tokens: bf16 4.0 TB/s against 3.4-3.6 portable, padding and all; fp8 84 us against 149),
 //     fp8 32/64-row items on the portable kernel.
 //   kWgmma: the same, and an error where it cannot run.
 //   kPortable: every item on the portable kernel.
