@@ -244,7 +244,7 @@ int main(int argc, char** argv) {
     return 77;
   }
   using llm::cuda::MlaKernel;
-  // kAuto: the sm_90a kernels on an H100/H200 (every bf16 item; fp8 16-row items on the
+  // kAuto: the sm_90a kernels on an H100/H200 (every bf16 item; fp8 16- and 32-row items on the
   // transposed one); kPortable rows measure the sm_120 design on the same GPU: f16 MMA for fp8
   // on Hopper, and e4m3 MMA (sm_120's fp8 path) in the kE4m3 rows.
   using llm::cuda::MlaFp8Math;
@@ -258,6 +258,8 @@ int main(int argc, char** argv) {
       {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kBf16, MlaKernel::kPortable},
       {"h32_b128_memory", 32, 128, 4096, MlaCacheType::kBf16},
       {"h32_b128_memory", 32, 128, 4096, MlaCacheType::kBf16, MlaKernel::kPortable},
+      {"h32_b128_memory", 32, 128, 4096, MlaCacheType::kFp8E4M3},
+      {"h32_b128_memory", 32, 128, 4096, MlaCacheType::kFp8E4M3, MlaKernel::kPortable},
       {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kFp8E4M3},
       {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kFp8E4M3, kPortable, MlaFp8Math::kE4m3},
       {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kFp8E4M3, MlaKernel::kPortable},

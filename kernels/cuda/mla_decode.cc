@@ -121,9 +121,10 @@ bool MlaDecode::uses_fp8_mma() const {
 bool MlaDecode::uses_wgmma(int variant) const {
   if (shape_.kernel == MlaKernel::kPortable) return false;
   if (shape_.cache == MlaCacheType::kFp8E4M3) {
-    // fp8: 16-row items on the transposed e4m3 wgmma kernel (mla_decode_wgmma16.cu: 84 us
-    // against 149 portable at 16 heads x 4096 on the H200); 32/64-row items have no wgmma kernel.
-    return kMlaVariantRows[variant] == 16 && MlaWgmmaAvailable();
+    // fp8: 16- and 32-row items on the transposed e4m3 wgmma kernel (mla_decode_fp8_wgmma.cu:
+    // 84 us against 149 portable at 16 heads x 4096 on the H200); 64-row items (its O^T would
+    // not fit in registers) stay portable.
+    return kMlaVariantRows[variant] <= 32 && MlaWgmmaAvailable();
   }
   return MlaWgmmaAvailable();
 }
@@ -160,8 +161,9 @@ void MlaDecode::ctas_per_sm(int out[kMlaNumRowVariants]) const {
 #if LLM_MLA_WGMMA
   for (int v = 0; v < kMlaNumRowVariants; ++v) {
     if (uses_wgmma(v)) {
-      out[v] = shape_.cache == MlaCacheType::kBf16 ? mla::AttendCtasPerSmBf16Wgmma()
-                                                   : mla::AttendCtasPerSmFp8Wgmma16();
+      out[v] = shape_.cache == MlaCacheType::kBf16
+                   ? mla::AttendCtasPerSmBf16Wgmma()
+                   : mla::AttendCtasPerSmFp8Wgmma(kMlaVariantRows[v]);
     }
   }
 #endif
@@ -260,8 +262,8 @@ Status MlaDecode::Attend(const LayerArgs& args, void* stream) {
     a.num_items = num_items_[v];
     if (uses_wgmma(v)) {
 #if LLM_MLA_WGMMA
-      const bool launched =
-          fp8 ? mla::LaunchAttendFp8Wgmma16(a, stream) : mla::LaunchAttendBf16Wgmma(a, stream);
+      const bool launched = fp8 ? mla::LaunchAttendFp8Wgmma(a, kMlaVariantRows[v], stream)
+                                : mla::LaunchAttendBf16Wgmma(a, stream);
       if (!launched) {
         return Internal("MLA decode: cuTensorMapEncodeTiled failed for the latent cache");
       }

@@ -25,11 +25,11 @@ constexpr int kMlaCacheDim = kMlaLatentDim + kMlaRopeDim;  // QK width, cached r
 
 // Which kernel runs the work items: the portable one (mma.sync, the sm_120 design, every
 // architecture) or an sm_90a warpgroup-MMA one (compute capability 9.0 and a build that includes
-// sm_90a). bf16 cache: 64-row tiles, smaller items padded (mla_decode_wgmma.cu). fp8 cache: 16-row
-// items only, tokens as the MMA's M (mla_decode_wgmma16.cu); its 32/64-row items stay portable.
-//   kAuto: every bf16 item and fp8 16-row items on wgmma where it can run (16 heads x 4096
-//     tokens: bf16 4.0 TB/s against 3.4-3.6 portable, padding and all; fp8 84 us against 149),
-//     fp8 32/64-row items on the portable kernel.
+// sm_90a). bf16 cache: 64-row tiles, smaller items padded (mla_decode_wgmma.cu). fp8 cache: 16-
+// and 32-row items, tokens as the MMA's M (mla_decode_fp8_wgmma.cu); 64-row items stay portable.
+//   kAuto: every bf16 item and fp8 16/32-row items on wgmma where it can run (16 heads x 4096
+//     tokens: bf16 4.0 TB/s against 3.4-3.6 portable, padding and all; fp8 84 us against 149;
+//     32 heads fp8 103 us against 215), fp8 64-row items on the portable kernel.
 //   kWgmma: the same, and an error where it cannot run.
 //   kPortable: every item on the portable kernel.
 // Measurements, and the DeepSeek greedy agreement on both: docs/PERFORMANCE.md section 13.

@@ -59,9 +59,10 @@ bool AttendFp8MmaAvailable();
 // cache to the tensor-copy unit (nothing was launched).
 bool LaunchAttendBf16Wgmma(const AttendArgs& a, void* stream);
 int AttendCtasPerSmBf16Wgmma();
-// The sm_90a kernel for 16-row items over an fp8 cache (mla_decode_wgmma16.cu; LLM_MLA_WGMMA).
-bool LaunchAttendFp8Wgmma16(const AttendArgs& a, void* stream);
-int AttendCtasPerSmFp8Wgmma16();
+// The sm_90a kernel for 16- and 32-row items over an fp8 cache (mla_decode_fp8_wgmma.cu;
+// LLM_MLA_WGMMA); rows is 16 or 32.
+bool LaunchAttendFp8Wgmma(const AttendArgs& a, int rows, void* stream);
+int AttendCtasPerSmFp8Wgmma(int rows);
 void LaunchMerge(const MergeArgs& a, void* stream);
 void LaunchAppend(const AppendArgs& a, MlaCacheType cache, void* stream);
 

@@ -420,13 +420,16 @@ TEST_CASE("MLA decode: kernel choice per device and cache type", "[gpu][mla]") {
   CHECK(MlaDecode(MlaDecodeShape{16, 64, MlaCacheType::kBf16, MlaKernel::kWgmma}).uses_wgmma(0) ==
         hopper);
   CHECK_FALSE(MlaDecode(MlaDecodeShape{128, 64, MlaCacheType::kFp8E4M3}).uses_wgmma());
-  // fp8: only 16-row items have a wgmma kernel.
+  // fp8: 16- and 32-row items have a wgmma kernel, 64-row items do not.
   CHECK(MlaDecode(MlaDecodeShape{16, 64, MlaCacheType::kFp8E4M3}).uses_wgmma(0) == hopper);
   CHECK(
       MlaDecode(MlaDecodeShape{16, 64, MlaCacheType::kFp8E4M3, MlaKernel::kWgmma}).uses_wgmma(0) ==
       hopper);
+  CHECK(
+      MlaDecode(MlaDecodeShape{32, 64, MlaCacheType::kFp8E4M3, MlaKernel::kWgmma}).uses_wgmma(1) ==
+      hopper);
   CHECK_FALSE(
-      MlaDecode(MlaDecodeShape{16, 64, MlaCacheType::kFp8E4M3, MlaKernel::kWgmma}).uses_wgmma(1));
+      MlaDecode(MlaDecodeShape{64, 64, MlaCacheType::kFp8E4M3, MlaKernel::kWgmma}).uses_wgmma(2));
   CHECK_FALSE(
       MlaDecode(MlaDecodeShape{128, 64, MlaCacheType::kBf16, MlaKernel::kPortable}).uses_wgmma());
   // Forcing wgmma where it cannot run is an error at upload, not a silent fallback.

@@ -54,8 +54,8 @@ using ptx::LdMatrixX4T;
 using ptx::SmemAddr;
 using ptx::SplitE4m3x2;
 
-struct W16 {
-  static constexpr int kRows = 16;        // wgmma N of O^T (S^T: 32, the hi and lo terms of q)
+// The ring and thread layout, common to both row counts.
+struct FwRing {
   static constexpr int kTile = 64;        // tokens per tile: wgmma M of S^T
   static constexpr int kWGs = 2;          // consumer warpgroups, on alternate tiles
   static constexpr int kConsumers = 128;  // threads per consumer warpgroup
@@ -69,22 +69,34 @@ struct W16 {
   static constexpr int kStages = 4;               // 4 x 36 KB ring, one CTA per SM
   static constexpr int kPanelBytes = 64 * kTile;  // 64 bytes (dims) x 64 rows
   static constexpr int kStageBytes = kMlaCacheDim / 64 * kPanelBytes;
-  static constexpr int kSteps = kMlaCacheDim / 32;     // 18 k32 steps of S
-  static constexpr int kMTiles = kMlaLatentDim / 64;   // 8 m-tiles of O^T
-  static constexpr int kQPanelBytes = 2 * kRows * 64;  // [q_hi; q_lo] 32 rows x 64 dims
+  static constexpr int kSteps = kMlaCacheDim / 32;    // 18 k32 steps of S
+  static constexpr int kMTiles = kMlaLatentDim / 64;  // 8 m-tiles of O^T
+  static constexpr float kPScale = 256.f;             // P <= 1 -> <= 256, inside e4m3's 448
+};
+
+// R rows (16 or 32): wgmma N of O^T; S^T has 2R columns (the hi and lo terms of q).
+template <int R>
+struct FwCfg : FwRing {
+  static constexpr int kRows = R;
+  static constexpr int kCols = R / 4;                  // columns (rows of S) per thread
+  static constexpr int kQPanelBytes = 2 * kRows * 64;  // [q_hi; q_lo] 2R rows x 64 dims
   static constexpr int kPBytes = 2 * kRows * 64;       // P^T: [P_hi; P_lo] x 64 tokens
-  static constexpr int kRedBytes = 4 * kRows * 4;      // [4 warps][16] col max / sum
-  static constexpr float kPScale = 256.f;              // P <= 1 -> <= 256, inside e4m3's 448
+  static constexpr int kRedBytes = 4 * kRows * 4;      // [4 warps][R] col max / sum
   // Offsets from the 1024-byte aligned base.
   static constexpr int kQOff = 0;                                  // Q: 9 panels
   static constexpr int kPOff = kQOff + kSteps / 2 * kQPanelBytes;  // per warpgroup
   static constexpr int kRedOff = kPOff + kWGs * kPBytes;           // per warpgroup
-  static constexpr int kRowMaxOff = kRedOff + kWGs * kRedBytes;    // [16] max |q|
-  static constexpr int kBarOff = kRowMaxOff + kRows * 4;           // full[kStages], empty[...]
+  static constexpr int kRowMaxOff = kRedOff + kWGs * kRedBytes;    // [R] max |q|
+  // Per column: scale_log2 / q scale, and the causal limit (read per tile: registers are short).
+  static constexpr int kColScaleOff = kRowMaxOff + kRows * 4;  // [R] float
+  static constexpr int kColPosOff = kColScaleOff + kRows * 4;  // [R] int
+  static constexpr int kBarOff = kColPosOff + kRows * 4;       // full[kStages], empty[...]
   static constexpr int kKvOff = (kBarOff + 16 * kStages + 1023) / 1024 * 1024;
   static constexpr int kSmemBytes = kKvOff + kStages * kStageBytes + 1024;  // + alignment
-  // The warpgroups' partials meet in the idle ring at the end: [72 floats / 4][128] float4.
-  static_assert(kConsumers * 72 * 4 <= kStages * kStageBytes, "merge scratch");
+  // The warpgroups' partials meet in the idle ring at the end: float4 k of thread t at [k][t].
+  static constexpr int kXchgF4 = kMTiles * kRows / 8 + 2 * kCols / 4;  // O^T, max, sum
+  static_assert(kConsumers * kXchgF4 * 16 <= kStages * kStageBytes, "merge scratch");
+  static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM on sm_90");
 };
 
 // Byte offset of (row, 16-byte chunk c of a 64-byte panel row) under the 64-byte swizzle.
@@ -109,20 +121,20 @@ __device__ void Produce(const AttendArgs& a, const CUtensorMap* map, const MlaWo
                         int num_tiles, uint8_t* kv_s, uint32_t bar, int lane) {
   const int32_t* pages = a.pages + a.page_indptr[item.seq];
   const auto* cache = static_cast<const uint8_t*>(a.cache);
-  const bool whole_tiles = a.block_size % W16::kTile == 0 && item.kv_start % W16::kTile == 0;
+  const bool whole_tiles = a.block_size % FwRing::kTile == 0 && item.kv_start % FwRing::kTile == 0;
   for (int i = 0; i < num_tiles; ++i) {
-    const int st = i % W16::kStages;
-    const uint32_t full = bar + 8 * st, empty = bar + 8 * (W16::kStages + st);
-    uint8_t* stage = kv_s + st * W16::kStageBytes;
-    if (i >= W16::kStages) wg::MbarWait(empty, (i / W16::kStages - 1) & 1);
-    const int tok0 = item.kv_start + i * W16::kTile;
-    if (whole_tiles && tok0 + W16::kTile <= item.kv_end) {
+    const int st = i % FwRing::kStages;
+    const uint32_t full = bar + 8 * st, empty = bar + 8 * (FwRing::kStages + st);
+    uint8_t* stage = kv_s + st * FwRing::kStageBytes;
+    if (i >= FwRing::kStages) wg::MbarWait(empty, (i / FwRing::kStages - 1) & 1);
+    const int tok0 = item.kv_start + i * FwRing::kTile;
+    if (whole_tiles && tok0 + FwRing::kTile <= item.kv_end) {
       if (lane == 0) {
         const int y = pages[tok0 / a.block_size] * a.block_size + tok0 % a.block_size;
-        wg::MbarArriveExpectTx(full, W16::kStageBytes);
+        wg::MbarArriveExpectTx(full, FwRing::kStageBytes);
 #pragma unroll
         for (int pn = 0; pn < kMlaCacheDim / 64; ++pn) {
-          wg::TmaLoad2d(SmemAddr(stage + pn * W16::kPanelBytes), map, pn * 64, y, full);
+          wg::TmaLoad2d(SmemAddr(stage + pn * FwRing::kPanelBytes), map, pn * 64, y, full);
         }
       }
       continue;
@@ -138,7 +150,8 @@ __device__ void Produce(const AttendArgs& a, const CUtensorMap* map, const MlaWo
       const uint8_t* src = cache + crow * kMlaCacheDim;
 #pragma unroll 4
       for (int c = 0; c < kMlaCacheDim / 16; ++c) {
-        CpAsync16(stage + (c / 4) * W16::kPanelBytes + Swizzled64(row, c % 4), src + c * 16, valid);
+        CpAsync16(stage + (c / 4) * FwRing::kPanelBytes + Swizzled64(row, c % 4), src + c * 16,
+                  valid);
       }
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -147,17 +160,60 @@ __device__ void Produce(const AttendArgs& a, const CUtensorMap* map, const MlaWo
   }
 }
 
-// D[64 x 32] (+)= A[64 x 32] * B[32 x 32], e4m3, both from shared memory (K-major, 64-byte
-// swizzle).
-__device__ __forceinline__ void MmaSS32E4m3(float (&d)[16], uint64_t a, uint64_t b, int scale_d) {
+// S^T products, both operands from shared memory (K-major, 64-byte swizzle), e4m3:
+// D[64 x 2R] = (kAcc: D +) A[64 x 32] * B[32 x 2R]. The first k-step (kAcc false) only writes
+// D: its registers are not live between tiles (32 rows need them for the softmax).
+#define LLM_FW_OUT16(C)                                                                     \
+  C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), C(d[8]), C(d[9]), \
+      C(d[10]), C(d[11]), C(d[12]), C(d[13]), C(d[14]), C(d[15])
+#define LLM_FW_OUT32(C)                                                                            \
+  LLM_FW_OUT16(C), C(d[16]), C(d[17]), C(d[18]), C(d[19]), C(d[20]), C(d[21]), C(d[22]), C(d[23]), \
+      C(d[24]), C(d[25]), C(d[26]), C(d[27]), C(d[28]), C(d[29]), C(d[30]), C(d[31])
+#define LLM_FW_ACC16 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17"
+#define LLM_FW_ACC32                                                                            \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33"
+#define LLM_FW_W "=f"
+#define LLM_FW_RW "+f"
+template <int R, bool kAcc>
+__device__ __forceinline__ void MmaS(float (&d)[R], uint64_t a, uint64_t b) {
+  if constexpr (R == 16 && kAcc) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 " LLM_FW_ACC16 ", 1, 1, 1;\n"
+                 : LLM_FW_OUT16(LLM_FW_RW)
+                 : "l"(a), "l"(b));
+  } else if constexpr (R == 16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 " LLM_FW_ACC16 ", 0, 1, 1;\n"
+                 : LLM_FW_OUT16(LLM_FW_W)
+                 : "l"(a), "l"(b));
+  } else if constexpr (kAcc) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " LLM_FW_ACC32 ", 1, 1, 1;\n"
+                 : LLM_FW_OUT32(LLM_FW_RW)
+                 : "l"(a), "l"(b));
+  } else {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " LLM_FW_ACC32 ", 0, 1, 1;\n"
+                 : LLM_FW_OUT32(LLM_FW_W)
+                 : "l"(a), "l"(b));
+  }
+}
+#undef LLM_FW_RW
+#undef LLM_FW_W
+#undef LLM_FW_ACC32
+#undef LLM_FW_ACC16
+#undef LLM_FW_OUT32
+#undef LLM_FW_OUT16
+
+// D[64 x 32] (+)= A[64 x 32] (registers) * B[32 x 32] (shared memory), as below.
+__device__ __forceinline__ void MmaRS32E4m3(float (&d)[16], const uint32_t (&a)[4], uint64_t b,
+                                            int scale_d) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-      "%9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+      "%9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
         "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
         "+f"(d[14]), "+f"(d[15])
-      : "l"(a), "l"(b), "r"(scale_d));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
 }
 // D[64 x 16] (+)= A[64 x 32] (registers, e4m3: the mma.sync m16n8k32 A layout per warp) *
 // B[32 x 16] (shared memory, K-major, e4m3).
@@ -172,7 +228,18 @@ __device__ __forceinline__ void MmaRS16E4m3(float (&d)[8], const uint32_t (&a)[4
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
 }
 
-// Byte of P^T for column n (0-15; + 16: the lo term) and tile token tok: 32-token k-step
+// The O^T product by row count (R columns).
+template <int R>
+__device__ __forceinline__ void MmaO(float (&d)[R / 2], const uint32_t (&a)[4], uint64_t b,
+                                     int scale_d) {
+  if constexpr (R == 16) {
+    MmaRS16E4m3(d, a, b, scale_d);
+  } else {
+    MmaRS32E4m3(d, a, b, scale_d);
+  }
+}
+
+// Byte of P^T for column n (0..R-1; + R: the lo term) and tile token tok: 32-token k-step
 // tok / 32, and within it the slot whose V^T fragment holds that token (see the file comment).
 __device__ __forceinline__ int PSlot(int n, int tok) {
   const int tau = tok & 31;
@@ -180,57 +247,70 @@ __device__ __forceinline__ int PSlot(int n, int tok) {
   return Swizzled64(n, slot >> 4) + (slot & 15);
 }
 
-__global__ void __launch_bounds__(W16::kThreads, 1)
-    MlaWgmma16Kernel(const AttendArgs a, const __grid_constant__ CUtensorMap cache_map) {
+template <int R>
+__global__ void __launch_bounds__(FwRing::kThreads, 1)
+    MlaFp8WgmmaKernel(const AttendArgs a, const __grid_constant__ CUtensorMap cache_map) {
+  using C = FwCfg<R>;
+  constexpr int kCols = C::kCols;
   extern __shared__ uint8_t smem_raw[];
   // Offset (not a cast through an integer) so the compiler still knows these are shared-memory
   // pointers: shared loads and stores instead of generic ones.
   uint8_t* base = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
-  uint8_t* q_s = base + W16::kQOff;
-  uint8_t* kv_s = base + W16::kKvOff;
-  const uint32_t bar = SmemAddr(base + W16::kBarOff);
+  uint8_t* q_s = base + C::kQOff;
+  uint8_t* kv_s = base + C::kKvOff;
+  const uint32_t bar = SmemAddr(base + C::kBarOff);
 
   const MlaWorkItem item = a.items[blockIdx.x];
   const int tid = threadIdx.x, lane = tid % 32, g = lane / 4, t = lane % 4;
   // Warpgroup wgi (2: the producer), its warp w and thread ctid.
-  const int wgi = tid / W16::kConsumers, w = tid / 32 % 4, ctid = tid % W16::kConsumers;
-  uint8_t* p_s = base + W16::kPOff + wgi * W16::kPBytes;
-  float* red = reinterpret_cast<float*>(base + W16::kRedOff + wgi * W16::kRedBytes);
+  const int wgi = tid / C::kConsumers, w = tid / 32 % 4, ctid = tid % C::kConsumers;
+  uint8_t* p_s = base + C::kPOff + wgi * C::kPBytes;
+  float* red = reinterpret_cast<float*>(base + C::kRedOff + wgi * C::kRedBytes);
   const ItemGeometry geo(a, item);
   const int item_rows = geo.item_rows;
   auto q_row = [&](int r) { return QRow(a, item, r); };
-  const int num_tiles = NumTiles(item, W16::kTile);
+  const int num_tiles = NumTiles(item, C::kTile);
   if (tid == 0) {
-    for (int st = 0; st < W16::kStages; ++st) {
+    for (int st = 0; st < C::kStages; ++st) {
       wg::MbarInit(bar + 8 * st, 1);  // the TMA issuer's arrival (+ bytes), or the gather's
-      wg::MbarInit(bar + 8 * (W16::kStages + st), W16::kConsumers);  // the consumer's threads
+      wg::MbarInit(bar + 8 * (C::kStages + st), C::kConsumers);  // the consumer's threads
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  if (wgi == W16::kWGs) {
-    wg::RegDealloc<W16::kProducerRegs>();
+  if (wgi == C::kWGs) {
+    wg::RegDealloc<C::kProducerRegs>();
     if (w == 0) Produce(a, &cache_map, item, num_tiles, kv_s, bar, lane);
     return;
   }
-  wg::RegAlloc<W16::kConsumerRegs>();
+  wg::RegAlloc<C::kConsumerRegs>();
 
   // Q: rows 0-15 the hi terms, 16-31 the lo terms of the scaled q, e4m3, natural dim order, in
   // the K tile's layout (9 panels of 64 dims, 64-byte swizzle). Every thread's 16-byte loads
   // (8 dims each) are in flight together; the row maxima meet in shared memory.
-  float col_scale[4];  // this thread's columns: scale_log2 / q scale
-  int* row_max = reinterpret_cast<int*>(base + W16::kRowMaxOff);  // [16] max |q| as float bits
-  if (wgi == 0) {
+  int* row_max = reinterpret_cast<int*>(base + C::kRowMaxOff);  // [R] max |q| as float bits
+  float* col_scale = reinterpret_cast<float*>(base + C::kColScaleOff);
+  int* col_pos = reinterpret_cast<int*>(base + C::kColPosOff);
+  // 9 chunks of 8 dims per thread: warpgroup 0 for 16 rows, both for 32.
+  constexpr int kQThreads = R * (kMlaCacheDim / 8) / 9;
+  auto q_sync = [] {
+    if constexpr (kQThreads == C::kConsumers) {
+      ConsumerSync(0);
+    } else {
+      ConsumersSync();
+    }
+  };
+  if (tid < kQThreads) {
     const auto* ql = static_cast<const uint8_t*>(a.q_latent);
     const auto* qp = static_cast<const uint8_t*>(a.q_pe);
     constexpr int kChunks = kMlaCacheDim / 8;  // per row
-    constexpr int kPerThread = W16::kRows * kChunks / W16::kConsumers;
-    static_assert(W16::kRows * kChunks % W16::kConsumers == 0, "q chunks");
-    if (ctid < W16::kRows) row_max[ctid] = 0;  // (>= 0: int order is float order)
+    constexpr int kPerThread = 9;
+    static_assert(kQThreads * kPerThread == C::kRows * kChunks && kQThreads % 128 == 0, "q");
+    if (tid < C::kRows) row_max[tid] = 0;  // (>= 0: int order is float order)
     uint4 v[kPerThread];
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      const int idx = ctid + i * W16::kConsumers, r = idx / kChunks, c = idx % kChunks;
+      const int idx = tid + i * kQThreads, r = idx / kChunks, c = idx % kChunks;
       v[i] = make_uint4(0, 0, 0, 0);
       if (r < item_rows) {
         v[i] = c < kMlaLatentDim / 8
@@ -239,10 +319,10 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
                          qp + (q_row(r) * kMlaRopeDim + 8 * c - kMlaLatentDim) * 2);
       }
     }
-    ConsumerSync(0);  // row_max is zeroed
+    q_sync();  // row_max is zeroed
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      const int r = (ctid + i * W16::kConsumers) / kChunks;
+      const int r = (tid + i * kQThreads) / kChunks;
       const uint32_t w4[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
       float mx = 0.f;
 #pragma unroll
@@ -252,10 +332,10 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
       }
       atomicMax(&row_max[r], __float_as_int(mx));
     }
-    ConsumerSync(0);
+    q_sync();
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      const int idx = ctid + i * W16::kConsumers, r = idx / kChunks, c = idx % kChunks;
+      const int idx = tid + i * kQThreads, r = idx / kChunks, c = idx % kChunks;
       const float sc = QScaleE4m3(__int_as_float(row_max[r]));
       const uint32_t w4[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
       uint32_t hi[4], lo[4];
@@ -265,40 +345,33 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
         SplitE4m3x2(f.x * sc, f.y * sc, &hi[p], &lo[p]);
       }
       const int k = 8 * c;  // dims k .. k + 7: half of a 16-byte chunk
-      uint8_t* panel = q_s + (k / 64) * W16::kQPanelBytes + (k % 16);
+      uint8_t* panel = q_s + (k / 64) * C::kQPanelBytes + (k % 16);
       *reinterpret_cast<uint2*>(panel + Swizzled64(r, k % 64 / 16)) =
           make_uint2(hi[0] | hi[1] << 16, hi[2] | hi[3] << 16);
-      *reinterpret_cast<uint2*>(panel + Swizzled64(r + W16::kRows, k % 64 / 16)) =
+      *reinterpret_cast<uint2*>(panel + Swizzled64(r + C::kRows, k % 64 / 16)) =
           make_uint2(lo[0] | lo[1] << 16, lo[2] | lo[3] << 16);
+    }
+    if (tid < R) {
+      col_scale[tid] = a.scale_log2 / QScaleE4m3(__int_as_float(row_max[tid]));
+      col_pos[tid] = geo.RowPos(item, tid);
     }
     wg::ProxyFence();  // Q is read by the tensor cores
   }
   ConsumersSync();
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const int n = 8 * (c >> 1) + 2 * t + (c & 1);
-    col_scale[c] = a.scale_log2 / QScaleE4m3(__int_as_float(row_max[n]));
-  }
 
-  // This thread's 4 columns (rows of S): c -> n = 8 (c >> 1) + 2t + (c & 1).
-  int col_pos[4];
+  // This thread's columns (rows of S): c -> n = 8 (c >> 1) + 2t + (c & 1).
+  float m_run[kCols], l_run[kCols];
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const int n = 8 * (c >> 1) + 2 * t + (c & 1);
-    col_pos[c] = geo.RowPos(item, n);
-  }
-  float m_run[4], l_run[4];
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
+  for (int c = 0; c < kCols; ++c) {
     m_run[c] = -INFINITY;
     l_run[c] = 0.f;
   }
   // O^T: set by the first tile's first product (scale-d 0), for the same reason as S^T below.
-  float o[W16::kMTiles][8];
+  float o[C::kMTiles][R / 2];
 #pragma unroll
-  for (int mt = 0; mt < W16::kMTiles; ++mt) {
+  for (int mt = 0; mt < C::kMTiles; ++mt) {
 #pragma unroll
-    for (int x = 0; x < 8; ++x) asm volatile("" : "=f"(o[mt][x]));
+    for (int x = 0; x < R / 2; ++x) asm volatile("" : "=f"(o[mt][x]));
   }
   const uint32_t q_addr = SmemAddr(q_s), p_addr = SmemAddr(p_s);
   // Descriptors: a base per operand; an offset (bytes / 16) adds into the address field, which
@@ -306,22 +379,16 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
   auto desc = [](uint32_t addr) { return wg::Desc(addr, 16, 512, wg::kSwizzle64B); };
   const uint64_t q_desc = desc(q_addr), p_desc = desc(p_addr);
 
-  // S^T's accumulator lives across tiles, and neither it nor O^T is set by other instructions
-  // before the loop: ptxas sees such a definition on the path into the loop, where the previous
-  // tile's products are still running, and would serialize every wgmma (C7515).
-  float s2[16];
-#pragma unroll
-  for (int x = 0; x < 16; ++x) asm volatile("" : "=f"(s2[x]));  // (the first product sets it)
-  for (int tile = wgi; tile < num_tiles; tile += W16::kWGs) {
-    const int st = tile % W16::kStages;
-    wg::MbarWait(bar + 8 * st, (tile / W16::kStages) & 1);  // the tile landed
+  for (int tile = wgi; tile < num_tiles; tile += C::kWGs) {
+    const int st = tile % C::kStages;
+    wg::MbarWait(bar + 8 * st, (tile / C::kStages) & 1);  // the tile landed
     ConsumerSync(wgi);  // every consumer is done with the previous tile's P^T and column maxima
-    const uint8_t* kv = kv_s + st * W16::kStageBytes;
+    const uint8_t* kv = kv_s + st * C::kStageBytes;
     const uint64_t kv_desc = desc(SmemAddr(kv));
 
     // V^T fragments, raw: matrices of one x4.trans load are tokens 32h + 8 mi + 0..7 x the 16 dims
     // 64 mt + 16 w .. + 15; register mi holds (token 2t: dims 2g, 2g + 1), (token 2t + 1: same).
-    constexpr int kOG = 2, kPvGroups = W16::kMTiles / kOG;
+    constexpr int kOG = R == 16 ? 2 : 1, kPvGroups = C::kMTiles / kOG;  // (32 rows: registers)
     uint32_t v_raw[kOG][2][4];
     auto load_v = [&](int gi) {
 #pragma unroll
@@ -329,78 +396,91 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // k32 step h: tokens 32h .. 32h + 31
           LdMatrixX4T(v_raw[i][h],
-                      kv + (gi * kOG + i) * W16::kPanelBytes + Swizzled64(32 * h + lane, w));
+                      kv + (gi * kOG + i) * C::kPanelBytes + Swizzled64(32 * h + lane, w));
         }
       }
     };
 
     // S^T = K [Q_hi; Q_lo]^T: k32 step ks is 32 bytes into panel ks / 2 of both operands.
-    float s[8];
+    float s[R / 2];
     {
+      // Only wgmmas define S^T's and O^T's registers inside the loop: with the previous tile's
+      // products still running, any other definition would make ptxas serialize every wgmma
+      // (C7515).
+      float s2[R];
       wg::Fence();
 #pragma unroll
-      for (int ks = 0; ks < W16::kSteps; ++ks) {
+      for (int ks = 0; ks < C::kSteps; ++ks) {
         const uint32_t off = (ks & 1) * 32;
-        MmaSS32E4m3(s2, kv_desc + (((ks >> 1) * W16::kPanelBytes + off) >> 4),
-                    q_desc + (((ks >> 1) * W16::kQPanelBytes + off) >> 4), ks > 0);
+        const uint64_t da = kv_desc + (((ks >> 1) * C::kPanelBytes + off) >> 4);
+        const uint64_t db = q_desc + (((ks >> 1) * C::kQPanelBytes + off) >> 4);
+        if (ks == 0) {
+          MmaS<R, false>(s2, da, db);
+        } else {
+          MmaS<R, true>(s2, da, db);
+        }
       }
       wg::Commit();
       load_v(0);
       wg::Wait<0>();  // (and the previous tile's O^T products)
       wg::Pin(s2);
 #pragma unroll
-      for (int mt = 0; mt < W16::kMTiles; ++mt) wg::Pin(o[mt]);
-        // s2[x + 8] is column n + 16 of s2[x]: the lo term of the same row of S.
+      for (int mt = 0; mt < C::kMTiles; ++mt) wg::Pin(o[mt]);
+        // s2[x + R / 2] is column n + R of s2[x]: the lo term of the same row of S.
 #pragma unroll
-      for (int x = 0; x < 8; ++x) s[x] = s2[x] + s2[x + 8];
+      for (int x = 0; x < R / 2; ++x) s[x] = s2[x] + s2[x + R / 2];
     }
 
     // Online softmax per column. s[4j + e]: token 16w + g + 8 (e >> 1), column 8j + 2t + (e & 1).
-    const int tile_base = item.kv_start + tile * W16::kTile;
-    float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    const int tile_base = item.kv_start + tile * C::kTile;
+    float mx[kCols];
 #pragma unroll
-    for (int x = 0; x < 8; ++x) {
+    for (int c = 0; c < kCols; ++c) mx[c] = -INFINITY;
+#pragma unroll
+    for (int x = 0; x < R / 2; ++x) {
       const int c = (x & 1) | ((x >> 2) << 1);
       const int j = tile_base + 16 * w + g + 8 * ((x >> 1) & 1);
-      float v = s[x] * col_scale[c];
-      if (j >= item.kv_end || j > col_pos[c]) v = -INFINITY;
+      const int n = 8 * (c >> 1) + 2 * t + (c & 1);
+      float v = s[x] * col_scale[n];
+      if (j >= item.kv_end || j > col_pos[n]) v = -INFINITY;
       s[x] = v;
       mx[c] = fmaxf(mx[c], v);
     }
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
+    for (int c = 0; c < kCols; ++c) {
 #pragma unroll
       for (int m = 4; m < 32; m <<= 1) mx[c] = fmaxf(mx[c], __shfl_xor_sync(0xffffffffu, mx[c], m));
     }
     if (g == 0) {
 #pragma unroll
-      for (int c = 0; c < 4; ++c) red[w * W16::kRows + 8 * (c >> 1) + 2 * t + (c & 1)] = mx[c];
+      for (int c = 0; c < kCols; ++c) red[w * C::kRows + 8 * (c >> 1) + 2 * t + (c & 1)] = mx[c];
     }
     ConsumerSync(wgi);
-    float alpha[4], m_use[4];
+    // mx becomes the max the exponents use (fewer live registers at 32 rows).
+    float alpha[kCols];
     bool moved = false;
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
+    for (int c = 0; c < kCols; ++c) {
       const int n = 8 * (c >> 1) + 2 * t + (c & 1);
       float tmax = red[n];
 #pragma unroll
-      for (int ww = 1; ww < 4; ++ww) tmax = fmaxf(tmax, red[ww * W16::kRows + n]);
+      for (int ww = 1; ww < 4; ++ww) tmax = fmaxf(tmax, red[ww * C::kRows + n]);
       const float m_new = fmaxf(m_run[c], tmax);
-      m_use[c] = m_new == -INFINITY ? 0.f : m_new;  // fully masked so far: no NaN
-      alpha[c] = gpu::Exp2(m_run[c] - m_use[c]);
+      mx[c] = m_new == -INFINITY ? 0.f : m_new;  // fully masked so far: no NaN
+      alpha[c] = gpu::Exp2(m_run[c] - mx[c]);
       moved |= alpha[c] != 1.f;
       m_run[c] = m_new;
       l_run[c] *= alpha[c];
     }
     // P^T bytes: column c's tokens g and g + 8 (x0, x0 + 2) sit 2 slots apart.
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
+    for (int c = 0; c < kCols; ++c) {
       const int x0 = 4 * (c >> 1) + (c & 1), n = 8 * (c >> 1) + 2 * t + (c & 1);
-      const float p0 = gpu::Exp2(s[x0] - m_use[c]), p1 = gpu::Exp2(s[x0 + 2] - m_use[c]);
+      const float p0 = gpu::Exp2(s[x0] - mx[c]), p1 = gpu::Exp2(s[x0 + 2] - mx[c]);
       l_run[c] += p0 + p1;
       uint32_t hi, lo;
-      SplitE4m3x2(p0 * W16::kPScale, p1 * W16::kPScale, &hi, &lo);
-      const int tok = 16 * w + g, at_hi = PSlot(n, tok), at_lo = PSlot(n + W16::kRows, tok);
+      SplitE4m3x2(p0 * C::kPScale, p1 * C::kPScale, &hi, &lo);
+      const int tok = 16 * w + g, at_hi = PSlot(n, tok), at_lo = PSlot(n + C::kRows, tok);
       p_s[at_hi] = static_cast<uint8_t>(hi);
       p_s[at_hi + 2] = static_cast<uint8_t>(hi >> 8);
       p_s[at_lo] = static_cast<uint8_t>(lo);
@@ -408,9 +488,9 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
     }
     if (tile != wgi && __any_sync(0xffffffffu, moved)) {  // (first tile: O^T is not set yet)
 #pragma unroll
-      for (int mt = 0; mt < W16::kMTiles; ++mt) {
+      for (int mt = 0; mt < C::kMTiles; ++mt) {
 #pragma unroll
-        for (int x = 0; x < 8; ++x) o[mt][x] *= alpha[(x & 1) | ((x >> 2) << 1)];
+        for (int x = 0; x < R / 2; ++x) o[mt][x] *= alpha[(x & 1) | ((x >> 2) << 1)];
       }
     }
     wg::ProxyFence();
@@ -444,90 +524,106 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
         for (int i = 0; i < kOG; ++i) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            MmaRS16E4m3(o[gi * kOG + i], buf[i][h], p_desc + h * 2, tile != wgi || h > 0);
-            MmaRS16E4m3(o[gi * kOG + i], buf[i][h], p_desc + (W16::kRows * 64 + h * 32) / 16, 1);
+            MmaO<R>(o[gi * kOG + i], buf[i][h], p_desc + h * 2, tile != wgi || h > 0);
+            MmaO<R>(o[gi * kOG + i], buf[i][h], p_desc + (C::kRows * 64 + h * 32) / 16, 1);
           }
         }
         wg::Commit();
       }
       // This thread read its last byte of the stage. The products run on into the next tile's
       // S^T (whose wait covers them): P^T and O^T are not touched before it.
-      wg::MbarArrive(bar + 8 * (W16::kStages + st));
+      wg::MbarArrive(bar + 8 * (C::kStages + st));
     }
   }
   wg::Wait<0>();
 #pragma unroll
-  for (int mt = 0; mt < W16::kMTiles; ++mt) {
+  for (int mt = 0; mt < C::kMTiles; ++mt) {
     wg::Pin(o[mt]);
 #pragma unroll
-    for (int x = 0; x < 8; ++x) o[mt][x] = wgi < num_tiles ? o[mt][x] : 0.f;  // (never set)
+    for (int x = 0; x < R / 2; ++x) o[mt][x] = wgi < num_tiles ? o[mt][x] : 0.f;  // (never set)
   }
 
   // Column sums: this thread's tokens, then the g lanes, then the warpgroup's 4 warps.
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
+  for (int c = 0; c < kCols; ++c) {
 #pragma unroll
     for (int m = 4; m < 32; m <<= 1) l_run[c] += __shfl_xor_sync(0xffffffffu, l_run[c], m);
   }
   ConsumerSync(wgi);  // the last tile's column maxima are read
   if (g == 0) {
 #pragma unroll
-    for (int c = 0; c < 4; ++c) red[w * W16::kRows + 8 * (c >> 1) + 2 * t + (c & 1)] = l_run[c];
+    for (int c = 0; c < kCols; ++c) red[w * C::kRows + 8 * (c >> 1) + 2 * t + (c & 1)] = l_run[c];
   }
   ConsumerSync(wgi);
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
+  for (int c = 0; c < kCols; ++c) {
     const int n = 8 * (c >> 1) + 2 * t + (c & 1);
-    l_run[c] = red[n] + red[W16::kRows + n] + red[2 * W16::kRows + n] + red[3 * W16::kRows + n];
+    l_run[c] = red[n] + red[C::kRows + n] + red[2 * C::kRows + n] + red[3 * C::kRows + n];
   }
   // Warpgroup 1 hands (O^T, m, l) to the thread of warpgroup 0 with the same fragment, through
-  // the ring (idle: every tile landed and was read). float4 k of thread ctid at [k][ctid].
+  // the ring (idle: every tile landed and was read). Floats 4k .. 4k + 3 of thread ctid are the
+  // float4 at [k][ctid]: O^T's m-tiles, then the maxima, then the sums.
   {
     auto* xchg = reinterpret_cast<float4*>(kv_s);
+    constexpr int kO4 = R / 8;  // float4s per m-tile
+    constexpr int kM4 = C::kMTiles * kO4, kL4 = kM4 + kCols / 4;
+    auto slot = [&](int k) -> float4& { return xchg[k * C::kConsumers + ctid]; };
     ConsumersSync();
     if (wgi == 1) {
 #pragma unroll
-      for (int mt = 0; mt < W16::kMTiles; ++mt) {
-        xchg[(2 * mt) * W16::kConsumers + ctid] =
-            make_float4(o[mt][0], o[mt][1], o[mt][2], o[mt][3]);
-        xchg[(2 * mt + 1) * W16::kConsumers + ctid] =
-            make_float4(o[mt][4], o[mt][5], o[mt][6], o[mt][7]);
+      for (int mt = 0; mt < C::kMTiles; ++mt) {
+#pragma unroll
+        for (int k = 0; k < kO4; ++k) {
+          slot(mt * kO4 + k) =
+              make_float4(o[mt][4 * k], o[mt][4 * k + 1], o[mt][4 * k + 2], o[mt][4 * k + 3]);
+        }
       }
-      xchg[16 * W16::kConsumers + ctid] = make_float4(m_run[0], m_run[1], m_run[2], m_run[3]);
-      xchg[17 * W16::kConsumers + ctid] = make_float4(l_run[0], l_run[1], l_run[2], l_run[3]);
+#pragma unroll
+      for (int k = 0; k < kCols / 4; ++k) {
+        slot(kM4 + k) =
+            make_float4(m_run[4 * k], m_run[4 * k + 1], m_run[4 * k + 2], m_run[4 * k + 3]);
+        slot(kL4 + k) =
+            make_float4(l_run[4 * k], l_run[4 * k + 1], l_run[4 * k + 2], l_run[4 * k + 3]);
+      }
     }
     ConsumersSync();
     if (wgi == 1) return;
-    const float4 m1 = xchg[16 * W16::kConsumers + ctid], l1 = xchg[17 * W16::kConsumers + ctid];
-    const float m_o[4] = {m1.x, m1.y, m1.z, m1.w}, l_o[4] = {l1.x, l1.y, l1.z, l1.w};
-    float f_self[4], f_other[4];
+    float f_self[kCols], f_other[kCols];
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const float m = fmaxf(m_run[c], m_o[c]);
-      const float mu = m == -INFINITY ? 0.f : m;
-      f_self[c] = gpu::Exp2(m_run[c] - mu);
-      f_other[c] = gpu::Exp2(m_o[c] - mu);
-      l_run[c] = l_run[c] * f_self[c] + l_o[c] * f_other[c];
-      m_run[c] = m;
+    for (int k = 0; k < kCols / 4; ++k) {
+      const float4 m4 = slot(kM4 + k), l4 = slot(kL4 + k);
+      const float m_o[4] = {m4.x, m4.y, m4.z, m4.w}, l_o[4] = {l4.x, l4.y, l4.z, l4.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = 4 * k + e;
+        const float m = fmaxf(m_run[c], m_o[e]);
+        const float mu = m == -INFINITY ? 0.f : m;
+        f_self[c] = gpu::Exp2(m_run[c] - mu);
+        f_other[c] = gpu::Exp2(m_o[e] - mu);
+        l_run[c] = l_run[c] * f_self[c] + l_o[e] * f_other[c];
+        m_run[c] = m;
+      }
     }
 #pragma unroll
-    for (int mt = 0; mt < W16::kMTiles; ++mt) {
-      const float4 a0 = xchg[(2 * mt) * W16::kConsumers + ctid];
-      const float4 a1 = xchg[(2 * mt + 1) * W16::kConsumers + ctid];
-      const float other[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+    for (int mt = 0; mt < C::kMTiles; ++mt) {
 #pragma unroll
-      for (int x = 0; x < 8; ++x) {
-        const int c = (x & 1) | ((x >> 2) << 1);
-        o[mt][x] = o[mt][x] * f_self[c] + other[x] * f_other[c];
+      for (int k = 0; k < kO4; ++k) {
+        const float4 v = slot(mt * kO4 + k);
+        const float other[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int x = 4 * k + e, c = (x & 1) | ((x >> 2) << 1);
+          o[mt][x] = o[mt][x] * f_self[c] + other[e] * f_other[c];
+        }
       }
     }
   }
-  float inv[4];
+  float inv[kCols];
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
+  for (int c = 0; c < kCols; ++c) {
     const int n = 8 * (c >> 1) + 2 * t + (c & 1);
     const float l = l_run[c];
-    inv[c] = l > 0.f ? a.out_scale / (l * W16::kPScale) : 0.f;
+    inv[c] = l > 0.f ? a.out_scale / (l * C::kPScale) : 0.f;
     if (item.partial >= 0 && w == 0 && g == 0 && n < item_rows) {
       a.partial_lse[static_cast<size_t>(item.partial) * kMlaMaxRows + n] =
           l > 0.f ? m_run[c] + log2f(l) : -INFINITY;
@@ -535,13 +631,13 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
   }
   // o[mt][4j + e]: dim 64 mt + 16 w + 2g + (e >> 1), column 8j + 2t + (e & 1).
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
+  for (int c = 0; c < kCols; ++c) {
     const int n = 8 * (c >> 1) + 2 * t + (c & 1);
     if (n >= item_rows) continue;
     const int x0 = 4 * (c >> 1) + (c & 1);  // e = c & 1 (dim 2g) and x0 + 2 (dim 2g + 1)
     const size_t qrow = q_row(n);
 #pragma unroll
-    for (int mt = 0; mt < W16::kMTiles; ++mt) {
+    for (int mt = 0; mt < C::kMTiles; ++mt) {
       const int d = 64 * mt + 16 * w + 2 * g;
       const float v0 = o[mt][x0] * inv[c], v1 = o[mt][x0 + 2] * inv[c];
       if (item.partial < 0) {
@@ -557,30 +653,46 @@ __global__ void __launch_bounds__(W16::kThreads, 1)
   }
 }
 
+template <int R>
 cudaError_t PrepareKernel() {
   static const cudaError_t err = cudaFuncSetAttribute(
-      MlaWgmma16Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, W16::kSmemBytes);
+      MlaFp8WgmmaKernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, FwCfg<R>::kSmemBytes);
   return err;
+}
+
+template <int R>
+void Launch(const AttendArgs& a, const CUtensorMap& map, void* stream) {
+  (void)PrepareKernel<R>();  // a failed attribute call makes the launch fail too
+  MlaFp8WgmmaKernel<R>
+      <<<a.num_items, FwRing::kThreads, FwCfg<R>::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
+          a, map);
+}
+
+template <int R>
+int CtasPerSm() {
+  if (PrepareKernel<R>() != cudaSuccess) return 1;
+  int n = 0;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, MlaFp8WgmmaKernel<R>, FwRing::kThreads,
+                                                FwCfg<R>::kSmemBytes);
+  return n > 0 ? n : 1;
 }
 
 }  // namespace
 
-bool LaunchAttendFp8Wgmma16(const AttendArgs& a, void* stream) {
+bool LaunchAttendFp8Wgmma(const AttendArgs& a, int rows, void* stream) {
   if (a.num_items == 0) return true;
   CUtensorMap map;
   if (!EncodeMlaCacheMap(a.cache, /*fp8=*/true, &map)) return false;
-  (void)PrepareKernel();  // a failed attribute call makes the launch fail too
-  MlaWgmma16Kernel<<<a.num_items, W16::kThreads, W16::kSmemBytes,
-                     static_cast<cudaStream_t>(stream)>>>(a, map);
+  if (rows == 16) {
+    Launch<16>(a, map, stream);
+  } else {
+    Launch<32>(a, map, stream);
+  }
   return true;
 }
 
-int AttendCtasPerSmFp8Wgmma16() {
-  if (PrepareKernel() != cudaSuccess) return 1;
-  int n = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, MlaWgmma16Kernel, W16::kThreads,
-                                                W16::kSmemBytes);
-  return n > 0 ? n : 1;
+int AttendCtasPerSmFp8Wgmma(int rows) {
+  return rows == 16 ? CtasPerSm<16>() : CtasPerSm<32>();
 }
 
 }  // namespace llm::cuda::mla
