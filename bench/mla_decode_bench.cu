@@ -133,9 +133,7 @@ Result RunShape(const Shape& s, int iters, double bw_tbps, double peak_tflops) {
     }
     attn.push_back(std::make_unique<MlaDecode>(
         llm::cuda::MlaDecodeShape{s.heads, kBs, s.cache, s.kernel, s.fp8_math}));
-    llm::cuda::MlaPlanConfig pc;
-    pc.num_sms = llm::cuda::CudaNumSms();
-    attn.back()->ctas_per_sm(pc.ctas_per_sm);
+    llm::cuda::MlaPlanConfig pc = attn.back()->plan_config();
     if (const char* env = std::getenv("MLA_BENCH_MIN_CHUNK")) pc.min_chunk_tokens = std::atoi(env);
     if (const char* env = std::getenv("MLA_BENCH_MAX_SPLITS")) pc.max_splits = std::atoi(env);
     const llm::cuda::MlaPlan plan = llm::cuda::BuildMlaPlan(attn.back()->shape(), b, pc);
@@ -195,8 +193,9 @@ Result RunShape(const Shape& s, int iters, double bw_tbps, double peak_tflops) {
   const double med_s = ms[iters / 2] * 1e-3, min_s = ms[0] * 1e-3;
   const double flops = 2.0 * s.batch * s.heads * double(s.kv_len) * (kL + kC);
   const double bytes = double(s.batch) * s.kv_len * kL * esize;
-  // Rows of one item: one query token per sequence, at most 64 heads per item.
-  const int variant = s.heads >= 64 ? 2 : s.heads > 16 ? 1 : 0;
+  // Rows of one item: one query token per sequence, at most max_item_rows heads per item.
+  const int item_rows = std::min(s.heads, attn[0]->plan_config().max_item_rows);
+  const int variant = item_rows > 32 ? 2 : item_rows > 16 ? 1 : 0;
   const char* impl = attn[0]->uses_wgmma(variant) ? "cuda_mla_wgmma"
                      : !fp8                       ? "cuda_mla_portable"
                      : attn[0]->uses_fp8_mma()    ? "cuda_mla_e4m3"

@@ -32,8 +32,7 @@ class CudaMlaBackend final : public MlaAttentionBackend, public MlaKernelSwitch 
         << "cuda_mla needs head_dim " << kMlaCacheDim << " with mla_rope_dim " << kMlaRopeDim;
     LLM_CHECK(spec.kv_dtype == DType::kBF16 || spec.kv_dtype == DType::kFp8E4M3)
         << "cuda_mla cache dtype " << DTypeName(spec.kv_dtype);
-    config_.num_sms = CudaNumSms();
-    attn_->ctas_per_sm(config_.ctas_per_sm);
+    config_ = attn_->plan_config();
   }
 
   Status SetMlaKernel(MlaKernel kernel) override {
@@ -48,7 +47,7 @@ class CudaMlaBackend final : public MlaAttentionBackend, public MlaKernelSwitch 
     }
     shape.kernel = kernel;
     attn_ = std::make_unique<MlaDecode>(shape);  // holds no device memory before its first Upload
-    attn_->ctas_per_sm(config_.ctas_per_sm);
+    config_ = attn_->plan_config();
     return Status::Ok();
   }
   bool uses_wgmma(int variant) const override { return attn_->uses_wgmma(variant); }

@@ -16,8 +16,9 @@ MlaPlan BuildMlaPlan(const MlaDecodeShape& shape, const AttentionBatch& batch,
   MlaPlan plan;
   const int H = shape.num_heads;
   if (H <= 0) return plan;
-  const int heads_per_item = std::min(H, kMlaMaxRows);
-  const int tokens_per_item = std::max(1, kMlaMaxRows / heads_per_item);
+  const int max_rows = std::clamp(config.max_item_rows, kMlaVariantRows[0], kMlaMaxRows);
+  const int heads_per_item = std::min(H, max_rows);
+  const int tokens_per_item = std::max(1, max_rows / heads_per_item);
 
   struct Tile {
     int seq, q_start, q_len, head_start, num_heads, kv_end, variant;
@@ -167,6 +168,14 @@ void MlaDecode::ctas_per_sm(int out[kMlaNumRowVariants]) const {
     }
   }
 #endif
+}
+
+MlaPlanConfig MlaDecode::plan_config() const {
+  MlaPlanConfig c;
+  c.num_sms = CudaNumSms();
+  ctas_per_sm(c.ctas_per_sm);
+  if (shape_.cache == MlaCacheType::kFp8E4M3 && uses_wgmma(1)) c.max_item_rows = 32;
+  return c;
 }
 
 Status MlaDecode::Upload(const AttentionBatch& batch, const MlaPlan& plan, void* stream) {

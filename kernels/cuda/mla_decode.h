@@ -93,6 +93,9 @@ struct MlaPlanConfig {
   int min_chunk_tokens = 128;  // never split KV finer than this (a multiple of 64)
   int max_splits = 64;         // 1 disables split-KV
   bool force_split = false;    // tests: split every item into min_chunk_tokens chunks
+  // Rows (heads x query tokens) per work item, a kMlaVariantRows entry: 64, or 32 where the
+  // fp8 wgmma kernel serves up to 32 rows (MlaDecode::plan_config).
+  int max_item_rows = kMlaMaxRows;
 };
 
 struct MlaPlan {
@@ -102,8 +105,9 @@ struct MlaPlan {
 };
 
 // Work for the decode sequences of `batch` (1..kMlaMaxDecodeQueryLen query rows); the rows of
-// other sequences get no work. Heads of one token fill a CTA first (64 at most), then tokens:
-// 16 heads x 4 tokens or 32 x 2 share one CTA, 128 heads take two CTAs per token. KV is split
+// other sequences get no work. Heads of one token fill a CTA first (max_item_rows at most), then
+// tokens: 16 heads x 4 tokens or 32 x 2 share one 64-row CTA, 128 heads take two CTAs per token
+// (four of 32 rows over an fp8 cache on Hopper). KV is split
 // into chunks (and merged) when that fills the GPU's resident CTA slots in fewer, fuller waves.
 MlaPlan BuildMlaPlan(const MlaDecodeShape& shape, const AttentionBatch& batch,
                      const MlaPlanConfig& config);
@@ -141,6 +145,10 @@ class MlaDecode {
   bool uses_fp8_mma() const;
   // Resident CTAs per SM of each row variant on the current device, for MlaPlanConfig.
   void ctas_per_sm(int out[kMlaNumRowVariants]) const;
+  // The plan configuration for this shape on the current device: SM count, resident CTAs per
+  // row variant, and the largest item (32 rows over an fp8 cache whose 32-row items run on the
+  // wgmma kernel: four of its CTAs per token beat two portable 64-row ones at 128 heads).
+  MlaPlanConfig plan_config() const;
 
  private:
   MlaDecodeShape shape_;

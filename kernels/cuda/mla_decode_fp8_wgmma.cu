@@ -402,33 +402,46 @@ __global__ void __launch_bounds__(FwRing::kThreads, 1)
     };
 
     // S^T = K [Q_hi; Q_lo]^T: k32 step ks is 32 bytes into panel ks / 2 of both operands.
+    // Hopper's fp8 wgmma keeps only ~14 bits of its accumulator (DeepSeek-V3 report, section
+    // 3.3.2), so the 576-dim sum runs as chunks of kChunk steps whose results are added in fp32:
+    // one chain over all 18 steps put logits off by ~0.3% (elements out of tolerance in the
+    // sharply peaked `[mla]` case, which runs at logit spreads of ~12).
     float s[R / 2];
-    {
+    constexpr int kChunk = 6;
+    static_assert(C::kSteps % kChunk == 0, "S chunks");
+#pragma unroll
+    for (int ch = 0; ch < C::kSteps / kChunk; ++ch) {
       // Only wgmmas define S^T's and O^T's registers inside the loop: with the previous tile's
       // products still running, any other definition would make ptxas serialize every wgmma
       // (C7515).
       float s2[R];
       wg::Fence();
 #pragma unroll
-      for (int ks = 0; ks < C::kSteps; ++ks) {
+      for (int k = 0; k < kChunk; ++k) {
+        const int ks = ch * kChunk + k;
         const uint32_t off = (ks & 1) * 32;
         const uint64_t da = kv_desc + (((ks >> 1) * C::kPanelBytes + off) >> 4);
         const uint64_t db = q_desc + (((ks >> 1) * C::kQPanelBytes + off) >> 4);
-        if (ks == 0) {
+        if (k == 0) {
           MmaS<R, false>(s2, da, db);
         } else {
           MmaS<R, true>(s2, da, db);
         }
       }
       wg::Commit();
-      load_v(0);
-      wg::Wait<0>();  // (and the previous tile's O^T products)
+      if (ch == 0) load_v(0);
+      wg::Wait<0>();  // (the first also waits for the previous tile's O^T products)
       wg::Pin(s2);
+      if (ch == 0) {
 #pragma unroll
-      for (int mt = 0; mt < C::kMTiles; ++mt) wg::Pin(o[mt]);
-        // s2[x + R / 2] is column n + R of s2[x]: the lo term of the same row of S.
+        for (int mt = 0; mt < C::kMTiles; ++mt) wg::Pin(o[mt]);
+      }
+      // s2[x + R / 2] is column n + R of s2[x]: the lo term of the same row of S.
 #pragma unroll
-      for (int x = 0; x < R / 2; ++x) s[x] = s2[x] + s2[x + R / 2];
+      for (int x = 0; x < R / 2; ++x) {
+        const float v = s2[x] + s2[x + R / 2];
+        s[x] = ch == 0 ? v : s[x] + v;
+      }
     }
 
     // Online softmax per column. s[4j + e]: token 16w + g + 8 (e >> 1), column 8j + 2t + (e & 1).

@@ -181,9 +181,7 @@ int RunCaseOnce(const MlaCase& c, std::mt19937& rng) {
     INFO("items on the wgmma kernel (16/32/64 rows): "
          << attn.uses_wgmma(0) << attn.uses_wgmma(1) << attn.uses_wgmma(2)
          << ", fp8 on e4m3 MMA: " << attn.uses_fp8_mma());
-    MlaPlanConfig pc;
-    pc.num_sms = CudaNumSms();
-    attn.ctas_per_sm(pc.ctas_per_sm);
+    MlaPlanConfig pc = attn.plan_config();
     pc.min_chunk_tokens = 64;
     if (c.split == Split::kNone) pc.max_splits = 1;
     pc.force_split = c.split == Split::kForced;
@@ -391,9 +389,11 @@ TEST_CASE("MLA decode: long contexts, planner-chosen split-KV and a single unspl
 TEST_CASE("MLA decode: sharply peaked softmax and block size 128", "[gpu][mla]") {
   std::mt19937 rng(std::random_device{}());
   for (MlaCacheType cache : {MlaCacheType::kBf16, MlaCacheType::kFp8E4M3}) {
-    MlaCase c{64, cache, Split::kForced, MixedBatch(rng)};
-    c.softmax_scale = 0.5f;  // score std ~12: the running max moves and rescales often
-    RunCase(c, rng);
+    for (int heads : {64, 16}) {  // (fp8 on Hopper: 32-row and 16-row items on wgmma)
+      MlaCase c{heads, cache, Split::kForced, MixedBatch(rng)};
+      c.softmax_scale = 0.5f;  // score std ~12: the running max moves and rescales often
+      RunCase(c, rng);
+    }
     MlaCase big{16, cache, Split::kPlanner, MixedBatch(rng)};
     big.block_size = 128;
     RunCase(big, rng);
@@ -409,6 +409,62 @@ TEST_CASE("MLA decode through the registry: cuda_mla appends and attends via Run
   MlaCase bf16{128, MlaCacheType::kBf16, Split::kPlanner, {{1, 2000}, {2, 65}, {17, 30}}};
   bf16.path = Path::kRegistry;
   RunCase(bf16, rng);
+}
+
+TEST_CASE("MLA plan: rows per work item follow max_item_rows", "[host][mla]") {
+  // Two decode sequences: 1 query token over 100 keys, 2 over 300 (one chunk each: no split).
+  AttentionBatch b;
+  b.num_seqs = 2;
+  b.num_tokens = 3;
+  b.q_indptr = {0, 1, 3};
+  b.kv_lens = {100, 300};
+  b.page_indptr = {0, 2, 7};
+  b.page_indices = {0, 1, 2, 3, 4, 5, 6};
+  b.slot_mapping = {99, 64 * 6 + 299 % 64, 64 * 6 + 298 % 64};
+  MlaPlanConfig pc;
+  pc.max_splits = 1;
+  auto check_heads = [](const std::vector<MlaWorkItem>& items, int heads_per_item) {
+    for (const MlaWorkItem& it : items) {
+      CHECK(it.num_heads == heads_per_item);
+      CHECK(it.head_start % heads_per_item == 0);
+      CHECK(it.partial == -1);
+    }
+  };
+  for (int max_rows : {64, 32}) {
+    INFO("max_item_rows " << max_rows);
+    pc.max_item_rows = max_rows;
+    const int v = max_rows == 64 ? 2 : 1;
+    // 128 heads: 128 / max_rows items per query token.
+    const MlaPlan p128 = BuildMlaPlan(MlaDecodeShape{128, 64, MlaCacheType::kFp8E4M3}, b, pc);
+    CHECK(p128.items[v].size() == static_cast<size_t>(3 * 128 / max_rows));
+    CHECK(p128.items[3 - v].empty());
+    check_heads(p128.items[v], max_rows);
+    // 16 heads: max_rows / 16 query tokens per item, so the 2-token sequence is one item either
+    // way, of 32 rows (2 tokens x 16 heads) in the variant that holds 32.
+    const MlaPlan p16 = BuildMlaPlan(MlaDecodeShape{16, 64, MlaCacheType::kFp8E4M3}, b, pc);
+    CHECK(p16.items[0].size() == 1);  // the 1-token sequence: 16 rows
+    REQUIRE(p16.items[1].size() == 1);
+    CHECK(p16.items[1][0].q_len == 2);
+    CHECK(p16.items[1][0].kv_end == 300);
+  }
+  // 16 heads x 4 query tokens: one 64-row item, or two of 32 rows (2 tokens each).
+  AttentionBatch b4;
+  b4.num_seqs = 1;
+  b4.num_tokens = 4;
+  b4.q_indptr = {0, 4};
+  b4.kv_lens = {200};
+  b4.page_indptr = {0, 4};
+  b4.page_indices = {3, 1, 0, 2};
+  b4.slot_mapping = {2 * 64 + 4, 2 * 64 + 5, 2 * 64 + 6, 2 * 64 + 7};
+  pc.max_item_rows = 64;
+  CHECK(BuildMlaPlan(MlaDecodeShape{16, 64, MlaCacheType::kFp8E4M3}, b4, pc).items[2].size() == 1);
+  pc.max_item_rows = 32;
+  const MlaPlan p4 = BuildMlaPlan(MlaDecodeShape{16, 64, MlaCacheType::kFp8E4M3}, b4, pc);
+  REQUIRE(p4.items[1].size() == 2);
+  CHECK(p4.items[1][0].q_len == 2);
+  CHECK(p4.items[1][1].q_start == 2);
+  CHECK(p4.items[1][0].kv_end == 198);  // causal: its last token sits at position 197
+  CHECK(p4.items[1][1].kv_end == 200);
 }
 
 TEST_CASE("MLA decode: kernel choice per device and cache type", "[gpu][mla]") {
