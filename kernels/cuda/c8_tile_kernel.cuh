@@ -47,17 +47,23 @@ using ptx::StoreBf16x4;
 // magic-number trick, e4m3 by the hardware f16x2 conversion) into fp16 fragments; both are exact.
 // Loading 8-bit data with ldmatrix permutes which d (for K) and which output column (for V) a
 // thread holds; q is loaded with the same permutation and the output is un-permuted at the end.
+// kDecodeStages: the decode layout's cp.async ring depth (prefill keeps 2). A 3-stage bf16 ring
+// (106 KB: 2 CTAs per SM) keeps two tiles in flight per CTA; 8-bit rings stay at 2 (3 stages of
+// 128-token tiles would leave one CTA per SM).
 struct Bf16Cache {
   static constexpr int kBytes = 2;
   static constexpr int kTile = kKvTile16;  // KV tokens per shared-memory stage
+  static constexpr int kDecodeStages = 3;
 };
 struct Int8Cache {
   static constexpr int kBytes = 1;
   static constexpr int kTile = kKvTile8;
+  static constexpr int kDecodeStages = 2;
 };
 struct Fp8Cache {
   static constexpr int kBytes = 1;
   static constexpr int kTile = kKvTile8;
+  static constexpr int kDecodeStages = 2;
 };
 
 // Two bytes of a 32-bit word (selected by a __byte_perm selector) -> f16x2. int8 values are
@@ -191,9 +197,10 @@ struct TileConfig {
   static constexpr int kRows = 16 * ROW_WARPS;
   static constexpr int kTile = C::kTile;
   static constexpr int kRowBytes = Frag<C, D>::kRowBytes;
-  static constexpr int kTileBytes = kTile * kRowBytes;  // one of K or V, one stage
-  static constexpr int kRawBytes = 2 * 2 * kTileBytes;  // 2 stages x (K, V)
-  static constexpr int kScaleBytes = 2 * 2 * kTile * 4;
+  static constexpr int kTileBytes = kTile * kRowBytes;                   // one of K or V, one stage
+  static constexpr int kStages = ROW_WARPS == 1 ? C::kDecodeStages : 2;  // cp.async ring depth
+  static constexpr int kRawBytes = kStages * 2 * kTileBytes;             // stages x (K, V)
+  static constexpr int kScaleBytes = kStages * 2 * kTile * 4;
   // Token-split merge: [warp][16] m, [warp][16] l, [warp][16] factors, [warp][16][D] acc.
   static constexpr int kMergeBytes = TOK_WARPS > 1 ? kWarps*(16 * D + 48) * 4 : 0;
   static constexpr int kMainBytes = kRawBytes + kScaleBytes;
@@ -437,6 +444,14 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
   if (num_tiles > 0) issue_tile(0);
   CpAsyncCommit();
   fetch_pages(1);
+  // Deeper rings: tiles 1 .. kStages - 2 too. One commit group per tile (empty past the end), so
+  // waiting for all but the newest kStages - 1 groups always means "tile t has landed".
+#pragma unroll
+  for (int st = 1; st < Cfg::kStages - 1; ++st) {
+    if (st < num_tiles) issue_tile(st);
+    CpAsyncCommit();
+    fetch_pages(st + 1);
+  }
 
   // q fragments for this warp's 16 rows (per-channel K scale folded in).
   uint32_t qa[kKSteps][4];
@@ -466,15 +481,12 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
   float psum[4] = {0.f, 0.f, 0.f, 0.f};  // int8: per-row sums of the fp16 P (Frag::RowSums)
 
   for (int tile = 0; tile < num_tiles; ++tile) {
-    const int stage = tile & 1;
-    if (tile + 1 < num_tiles) {
-      issue_tile(stage ^ 1);
-      CpAsyncCommit();
-      fetch_pages(tile + 2);
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
+    const int stage = tile % Cfg::kStages;
+    const int ahead = tile + Cfg::kStages - 1;  // into the stage tile - 1 left
+    if (ahead < num_tiles) issue_tile(ahead % Cfg::kStages);
+    CpAsyncCommit();
+    fetch_pages(ahead + 1);
+    CpAsyncWait<Cfg::kStages - 1>();
     __syncthreads();
     const uint8_t* k_tile = raw + (stage * 2 + 0) * Cfg::kTileBytes;
     const uint8_t* v_tile = raw + (stage * 2 + 1) * Cfg::kTileBytes;
