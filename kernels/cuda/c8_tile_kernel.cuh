@@ -3,17 +3,17 @@
 // One CTA = one work item (a query tile of one sequence x a KV chunk) for one KV head. The GQA
 // group is packed into the tile's rows: row r is query token r / group, query head
 // kv_head * group + r % group, so every K/V byte a CTA loads serves the whole group.
-// KV tiles (64 tokens for bf16, 128 for 8-bit) stream through a two-stage cp.async ring; each
-// thread copies one 16-byte column of a few consecutive rows of one page, so it looks up one page
-// id per tile. 8-bit tiles stay 8-bit in shared memory and are dequantized in registers after
-// ldmatrix. QK^T and PV run on tensor cores (mma.sync m16n8k16 -> fp32) with an online softmax
-// whose running max moves lazily (only when a row's max grows by 2^8), so most steps skip the
-// accumulator rescale. Two warp layouts: decode (1 row group x 4 token groups: the four warps
-// split each KV tile and merge at the end) and prefill (8 row groups x 1: each warp owns 16
-// rows, all warps share a tile). Outputs are staged in shared memory and written as 16-byte rows.
-// Scales: per-head K scale folds into the softmax scale; per-channel K scale folds into q; V
-// scales (per head / channel) multiply the output; per-token (dynamic) scales multiply score
-// columns (K) and probabilities (V), in a separate instantiation.
+// KV tiles (64 tokens for bf16, 128 for 8-bit) stream through a cp.async ring (three stages for
+// bf16 decode, two otherwise: Cfg::kStages); each thread copies one 16-byte column of a few
+// consecutive rows of one page, so it looks up one page id per tile. 8-bit tiles stay 8-bit in
+// shared memory and are dequantized in registers after ldmatrix. QK^T and PV run on tensor cores
+// (mma.sync m16n8k16 -> fp32) with an online softmax whose running max moves lazily (only when a
+// row's max grows by 2^8), so most steps skip the accumulator rescale. Two warp layouts: decode (1
+// row group x 4 token groups: the four warps split each KV tile and merge at the end) and prefill
+// (8 row groups x 1: each warp owns 16 rows, all warps share a tile). Outputs are staged in shared
+// memory and written as 16-byte rows. Scales: per-head K scale folds into the softmax scale;
+// per-channel K scale folds into q; V scales (per head / channel) multiply the output; per-token
+// (dynamic) scales multiply score columns (K) and probabilities (V), in a separate instantiation.
 #pragma once
 
 #include <cuda_bf16.h>
