@@ -1,14 +1,15 @@
-// MLA decode on Hopper warpgroup MMA for 16-row items over the fp8 cache (sm_90a only): 16 heads
-// of one token, the memory-bound shape an fp8 cache is for. The 64-row wgmma kernel
-// (mla_decode_wgmma.cu) would pad such an item to 64 rows, four times the tensor work, and the
-// portable kernel is bound by mma.sync's rate on Hopper (and converts every K and V byte).
+// MLA decode on Hopper warpgroup MMA for items of R = 16 or 32 rows over the fp8 cache (sm_90a
+// only): 16 or 32 heads of one token, the memory-bound shapes an fp8 cache is for (64 and 128
+// heads run as 2 and 4 such items per token: MlaDecode::plan_config). The 64-row wgmma kernel
+// (mla_decode_wgmma.cu) would pad such an item to 64 rows, and the portable kernel is bound by
+// mma.sync's rate on Hopper (and converts every K and V byte).
 //
-// Transposed products on e4m3 tensor cores, so the 64 tokens of a tile are wgmma's M and the 16
+// Transposed products on e4m3 tensor cores, so the 64 tokens of a tile are wgmma's M and the R
 // rows its N, and the cache bytes are MMA inputs as they are (no per-element conversion):
-//   S^T [64 tokens x 32] = K [64 x 576] . [Q_hi; Q_lo]^T   (18 k32 steps, m64n32k32, both operands
-//                                                           in shared memory)
-//   O^T [512 dims x 16] += V^T [512 x 64] . P_hi^T + V^T . P_lo^T   (8 m-tiles x 2 k32 steps x 2,
-//                                                                  m64n16k32, V^T from registers)
+//   S^T [64 tokens x 2R] = K [64 x 576] . [Q_hi; Q_lo]^T   (18 k32 steps, m64n(2R)k32, both
+//                                                           operands in shared memory)
+//   O^T [512 dims x R] += V^T [512 x 64] . P_hi^T + V^T . P_lo^T   (8 m-tiles x 2 k32 steps x 2,
+//                                                                 m64nRk32, V^T from registers)
 // q and P go in as two e4m3 terms each (hi + lo, ~8 significant bits like bf16; q scaled per row
 // by a power of two into [128, 256), P by 256, both exact and undone in fp32); S = S_hi + S_lo
 // column-wise in registers. K is the A operand straight from the TMA tile (K-major, 64-byte
