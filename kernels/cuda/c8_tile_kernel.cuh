@@ -25,6 +25,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/c8_kernel_args.h"
+#include "kernels/cuda/device_info.h"
 #include "kernels/cuda/ptx_ops.cuh"
 
 namespace llm::cuda::detail {
@@ -47,9 +48,10 @@ using ptx::StoreBf16x4;
 // magic-number trick, e4m3 by the hardware f16x2 conversion) into fp16 fragments; both are exact.
 // Loading 8-bit data with ldmatrix permutes which d (for K) and which output column (for V) a
 // thread holds; q is loaded with the same permutation and the output is un-permuted at the end.
-// kDecodeStages: the decode layout's cp.async ring depth (prefill keeps 2). A 3-stage bf16 ring
-// (106 KB: 2 CTAs per SM) keeps two tiles in flight per CTA; 8-bit rings stay at 2 (3 stages of
-// 128-token tiles would leave one CTA per SM).
+// kDecodeStages: the decode layout's preferred cp.async ring depth (prefill keeps 2). A 3-stage
+// bf16 ring (106 KB at d = 128: 2 CTAs per SM on Hopper) keeps two tiles in flight per CTA; it
+// runs where a block may have that much shared memory, else 2 stages (LaunchTilesImpl). 8-bit
+// rings stay at 2 (3 stages of 128-token tiles would leave one CTA per SM).
 struct Bf16Cache {
   static constexpr int kBytes = 2;
   static constexpr int kTile = kKvTile16;  // KV tokens per shared-memory stage
@@ -190,16 +192,16 @@ struct Frag {
   }
 };
 
-template <typename C, int D, int ROW_WARPS, int TOK_WARPS>
+template <typename C, int D, int ROW_WARPS, int TOK_WARPS, int STAGES = 2>
 struct TileConfig {
   static constexpr int kWarps = ROW_WARPS * TOK_WARPS;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRows = 16 * ROW_WARPS;
   static constexpr int kTile = C::kTile;
   static constexpr int kRowBytes = Frag<C, D>::kRowBytes;
-  static constexpr int kTileBytes = kTile * kRowBytes;                   // one of K or V, one stage
-  static constexpr int kStages = ROW_WARPS == 1 ? C::kDecodeStages : 2;  // cp.async ring depth
-  static constexpr int kRawBytes = kStages * 2 * kTileBytes;             // stages x (K, V)
+  static constexpr int kTileBytes = kTile * kRowBytes;        // one of K or V, one stage
+  static constexpr int kStages = STAGES;                      // cp.async ring depth
+  static constexpr int kRawBytes = kStages * 2 * kTileBytes;  // stages x (K, V)
   static constexpr int kScaleBytes = kStages * 2 * kTile * 4;
   // Token-split merge: [warp][16] m, [warp][16] l, [warp][16] factors, [warp][16][D] acc.
   static constexpr int kMergeBytes = TOK_WARPS > 1 ? kWarps*(16 * D + 48) * 4 : 0;
@@ -337,9 +339,9 @@ __device__ void MergeChunks(const TileArgs& args, const C8MergeItem& mi, int kvh
   }
 }
 
-template <typename C, int D, int ROW_WARPS, int TOK_WARPS, bool kPerToken>
+template <typename C, int D, int ROW_WARPS, int TOK_WARPS, bool kPerToken, int STAGES>
 __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const TileArgs args) {
-  using Cfg = TileConfig<C, D, ROW_WARPS, TOK_WARPS>;
+  using Cfg = TileConfig<C, D, ROW_WARPS, TOK_WARPS, STAGES>;
   using F = Frag<C, D>;
   constexpr int kTile = Cfg::kTile;
   constexpr int kKSteps = D / 16;
@@ -687,12 +689,12 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
 }
 
 // Raising the dynamic shared-memory limit is a host call: once per kernel instantiation.
-template <typename C, int D, int RW, int TW, bool PT>
+template <typename C, int D, int RW, int TW, bool PT, int ST>
 void EnsureSmemLimit() {
   static const bool done = [] {
-    cudaFuncSetAttribute(C8TileKernel<C, D, RW, TW, PT>,
+    cudaFuncSetAttribute(C8TileKernel<C, D, RW, TW, PT, ST>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         TileConfig<C, D, RW, TW>::kSmemBytes);
+                         TileConfig<C, D, RW, TW, ST>::kSmemBytes);
     return true;
   }();
   (void)done;
@@ -701,20 +703,34 @@ void EnsureSmemLimit() {
 constexpr int kPrefillRowWarps = 8;  // 128-row prefill tiles
 constexpr int kDecodeTokWarps = 4;   // 16-row decode tiles, KV split over 4 warps
 
-template <typename C, int D, int RW, int TW, bool PT>
+// Whether the decode layout runs its preferred ring depth on the current device (shared memory
+// per block), else two stages.
+template <typename C, int D>
+bool DeepDecodeRing() {
+  if constexpr (C::kDecodeStages == 2) {
+    return false;
+  } else {
+    return CurrentDeviceMaxSmemPerBlock() >=
+           TileConfig<C, D, 1, kDecodeTokWarps, C::kDecodeStages>::kSmemBytes;
+  }
+}
+
+template <typename C, int D, int RW, int TW, bool PT, int ST>
 void LaunchTileKernel(const TileArgs& a, cudaStream_t s) {
-  using Cfg = TileConfig<C, D, RW, TW>;
-  EnsureSmemLimit<C, D, RW, TW, PT>();
+  using Cfg = TileConfig<C, D, RW, TW, ST>;
+  EnsureSmemLimit<C, D, RW, TW, PT, ST>();
   const dim3 grid(a.num_items, a.num_kv_heads);
-  C8TileKernel<C, D, RW, TW, PT><<<grid, Cfg::kThreads, Cfg::kSmemBytes, s>>>(a);
+  C8TileKernel<C, D, RW, TW, PT, ST><<<grid, Cfg::kThreads, Cfg::kSmemBytes, s>>>(a);
 }
 
 template <typename C, int D, bool PT>
 void LaunchTilesImpl(const TileArgs& a, bool prefill, cudaStream_t s) {
   if (prefill) {
-    LaunchTileKernel<C, D, kPrefillRowWarps, 1, PT>(a, s);
+    LaunchTileKernel<C, D, kPrefillRowWarps, 1, PT, 2>(a, s);
+  } else if (DeepDecodeRing<C, D>()) {
+    LaunchTileKernel<C, D, 1, kDecodeTokWarps, PT, C::kDecodeStages>(a, s);
   } else {
-    LaunchTileKernel<C, D, 1, kDecodeTokWarps, PT>(a, s);
+    LaunchTileKernel<C, D, 1, kDecodeTokWarps, PT, 2>(a, s);
   }
 }
 
@@ -732,14 +748,20 @@ void LaunchTilesImpl(const TileArgs& a, bool prefill, void* stream) {
   LaunchTilesImpl<C, D, false>(a, prefill, s);
 }
 
+template <typename C, int D, int ST>
+int DecodeCtasPerSmImpl() {
+  using Cfg = TileConfig<C, D, 1, kDecodeTokWarps, ST>;
+  EnsureSmemLimit<C, D, 1, kDecodeTokWarps, false, ST>();
+  int n = 0;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &n, C8TileKernel<C, D, 1, kDecodeTokWarps, false, ST>, Cfg::kThreads, Cfg::kSmemBytes);
+  return n;
+}
+
 template <typename C, int D>
 int DecodeCtasPerSmImpl() {
-  using Cfg = TileConfig<C, D, 1, kDecodeTokWarps>;
-  EnsureSmemLimit<C, D, 1, kDecodeTokWarps, false>();
-  int n = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, C8TileKernel<C, D, 1, kDecodeTokWarps, false>,
-                                                Cfg::kThreads, Cfg::kSmemBytes);
-  return n;
+  return DeepDecodeRing<C, D>() ? DecodeCtasPerSmImpl<C, D, C::kDecodeStages>()
+                                : DecodeCtasPerSmImpl<C, D, 2>();
 }
 
 template <typename C>

@@ -37,10 +37,20 @@ bool IsSm90(int dev) {
          cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
          major == 9 && minor == 0;
 }
+
+int MaxSmemPerBlock(int dev) {
+  int bytes = 0;
+  cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  return bytes;
+}
 }  // namespace
 
 bool CurrentDeviceIsSm90() {
   return CachedForCurrentDevice<IsSm90>();
+}
+
+int CurrentDeviceMaxSmemPerBlock() {
+  return CachedForCurrentDevice<MaxSmemPerBlock>();
 }
 
 }  // namespace llm::cuda

@@ -10,13 +10,14 @@ int CudaNumSms();
 // The current CUDA device, or -1 where there is none (the runtime's error is cleared).
 int CurrentCudaDevice();
 // Query(device) evaluated once per device and thread: capability checks asked on every launch.
-// False where there is no current device.
-template <bool (*Query)(int device)>
-bool CachedForCurrentDevice() {
+// A value-initialized result (false, 0) where there is no current device.
+template <auto Query>
+auto CachedForCurrentDevice() {
+  using T = decltype(Query(0));
   thread_local int cached_dev = -1;
-  thread_local bool cached = false;
+  thread_local T cached{};
   const int dev = CurrentCudaDevice();
-  if (dev < 0) return false;
+  if (dev < 0) return T{};
   if (dev != cached_dev) {
     cached = Query(dev);
     cached_dev = dev;
@@ -26,5 +27,8 @@ bool CachedForCurrentDevice() {
 // Whether the current device has compute capability 9.0 (H100/H200), the only target of the
 // sm_90a kernels (cached per device and thread).
 bool CurrentDeviceIsSm90();
+// The most dynamic shared memory one block of the current device may opt into (227 KB on
+// H100/H200, 163 KB on A100, 99 KB on Ada and consumer Blackwell; 0 without a device; cached).
+int CurrentDeviceMaxSmemPerBlock();
 
 }  // namespace llm::cuda
