@@ -240,6 +240,16 @@ __device__ __forceinline__ void MmaO(float (&d)[R / 2], const uint32_t (&a)[4], 
   }
 }
 
+// Accumulator layout shared by S^T and O^T (wgmma D, per thread): entry x is token row
+// 16w + g + 8 ((x >> 1) & 1) and column 8 (x >> 2) + 2t + (x & 1). A thread holds R / 4 columns;
+// ColSlot(x) numbers them c = 0 .. R/4 - 1, and Col(c, t) is slot c's column.
+__device__ __forceinline__ int ColSlot(int x) {
+  return (x & 1) | ((x >> 2) << 1);
+}
+__device__ __forceinline__ int Col(int c, int t) {
+  return 8 * (c >> 1) + 2 * t + (c & 1);
+}
+
 // Byte of P^T for column n (0..R-1; + R: the lo term) and tile token tok: 32-token k-step
 // tok / 32, and within it the slot whose V^T fragment holds that token (see the file comment).
 __device__ __forceinline__ int PSlot(int n, int tok) {
@@ -360,7 +370,7 @@ __global__ void __launch_bounds__(FwRing::kThreads, 1)
   }
   ConsumersSync();
 
-  // This thread's columns (rows of S): c -> n = 8 (c >> 1) + 2t + (c & 1).
+  // This thread's columns (rows of S): slot c is column Col(c, t).
   float m_run[kCols], l_run[kCols];
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
@@ -452,9 +462,9 @@ __global__ void __launch_bounds__(FwRing::kThreads, 1)
     for (int c = 0; c < kCols; ++c) mx[c] = -INFINITY;
 #pragma unroll
     for (int x = 0; x < R / 2; ++x) {
-      const int c = (x & 1) | ((x >> 2) << 1);
+      const int c = ColSlot(x);
       const int j = tile_base + 16 * w + g + 8 * ((x >> 1) & 1);
-      const int n = 8 * (c >> 1) + 2 * t + (c & 1);
+      const int n = Col(c, t);
       float v = s[x] * col_scale[n];
       if (j >= item.kv_end || j > col_pos[n]) v = -INFINITY;
       s[x] = v;
@@ -467,7 +477,7 @@ __global__ void __launch_bounds__(FwRing::kThreads, 1)
     }
     if (g == 0) {
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) red[w * C::kRows + 8 * (c >> 1) + 2 * t + (c & 1)] = mx[c];
+      for (int c = 0; c < kCols; ++c) red[w * C::kRows + Col(c, t)] = mx[c];
     }
     ConsumerSync(wgi);
     // mx becomes the max the exponents use (fewer live registers at 32 rows).
@@ -475,7 +485,7 @@ __global__ void __launch_bounds__(FwRing::kThreads, 1)
     bool moved = false;
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
-      const int n = 8 * (c >> 1) + 2 * t + (c & 1);
+      const int n = Col(c, t);
       float tmax = red[n];
 #pragma unroll
       for (int ww = 1; ww < 4; ++ww) tmax = fmaxf(tmax, red[ww * C::kRows + n]);
@@ -489,7 +499,7 @@ __global__ void __launch_bounds__(FwRing::kThreads, 1)
     // P^T bytes: column c's tokens g and g + 8 (x0, x0 + 2) sit 2 slots apart.
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
-      const int x0 = 4 * (c >> 1) + (c & 1), n = 8 * (c >> 1) + 2 * t + (c & 1);
+      const int x0 = 4 * (c >> 1) + (c & 1), n = Col(c, t);
       const float p0 = gpu::Exp2(s[x0] - mx[c]), p1 = gpu::Exp2(s[x0 + 2] - mx[c]);
       l_run[c] += p0 + p1;
       uint32_t hi, lo;
@@ -504,7 +514,7 @@ __global__ void __launch_bounds__(FwRing::kThreads, 1)
 #pragma unroll
       for (int mt = 0; mt < C::kMTiles; ++mt) {
 #pragma unroll
-        for (int x = 0; x < R / 2; ++x) o[mt][x] *= alpha[(x & 1) | ((x >> 2) << 1)];
+        for (int x = 0; x < R / 2; ++x) o[mt][x] *= alpha[ColSlot(x)];
       }
     }
     wg::ProxyFence();
@@ -566,12 +576,12 @@ __global__ void __launch_bounds__(FwRing::kThreads, 1)
   ConsumerSync(wgi);  // the last tile's column maxima are read
   if (g == 0) {
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) red[w * C::kRows + 8 * (c >> 1) + 2 * t + (c & 1)] = l_run[c];
+    for (int c = 0; c < kCols; ++c) red[w * C::kRows + Col(c, t)] = l_run[c];
   }
   ConsumerSync(wgi);
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
-    const int n = 8 * (c >> 1) + 2 * t + (c & 1);
+    const int n = Col(c, t);
     l_run[c] = red[n] + red[C::kRows + n] + red[2 * C::kRows + n] + red[3 * C::kRows + n];
   }
   // Warpgroup 1 hands (O^T, m, l) to the thread of warpgroup 0 with the same fragment, through
@@ -626,7 +636,7 @@ __global__ void __launch_bounds__(FwRing::kThreads, 1)
         const float other[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int x = 4 * k + e, c = (x & 1) | ((x >> 2) << 1);
+          const int x = 4 * k + e, c = ColSlot(x);
           o[mt][x] = o[mt][x] * f_self[c] + other[e] * f_other[c];
         }
       }
@@ -635,7 +645,7 @@ __global__ void __launch_bounds__(FwRing::kThreads, 1)
   float inv[kCols];
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
-    const int n = 8 * (c >> 1) + 2 * t + (c & 1);
+    const int n = Col(c, t);
     const float l = l_run[c];
     inv[c] = l > 0.f ? a.out_scale / (l * C::kPScale) : 0.f;
     if (item.partial >= 0 && w == 0 && g == 0 && n < item_rows) {
@@ -646,7 +656,7 @@ __global__ void __launch_bounds__(FwRing::kThreads, 1)
   // o[mt][4j + e]: dim 64 mt + 16 w + 2g + (e >> 1), column 8j + 2t + (e & 1).
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
-    const int n = 8 * (c >> 1) + 2 * t + (c & 1);
+    const int n = Col(c, t);
     if (n >= item_rows) continue;
     const int x0 = 4 * (c >> 1) + (c & 1);  // e = c & 1 (dim 2g) and x0 + 2 (dim 2g + 1)
     const size_t qrow = q_row(n);
