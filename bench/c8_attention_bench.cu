@@ -2,6 +2,7 @@
 // the ratio to the measured device copy bandwidth (the decode roofline).
 //
 //   build/cuda/bench/c8_attention_bench [--iters 50] [--layers 8] [--only SUBSTRING] [--sweep 1]
+//       [--stages N] [--stage-sweep 1]
 //
 // Two times per case: one graph replay of a single attention call (what a lone call costs,
 // launch included), and the per-call time inside a graph of --layers calls over distinct caches,
@@ -38,6 +39,8 @@ int g_iters = 50;
 int g_layers = 8;
 std::string g_only;
 bool g_sweep = false;
+int g_stages = 0;            // --stages N: decode ring depth forced on the plan (0: the planner's)
+bool g_stage_sweep = false;  // --stage-sweep 1: every decode case at ring depths 2, 3 and 4
 
 // Fills device memory with non-zero random bytes that are valid finite values for every cache
 // type (bf16 in [-2, 2], int8 in [-100, 100], fp8 bytes with the exponent kept small).
@@ -106,7 +109,7 @@ struct Result {
 // chunk > 0: every decode sequence split into KV chunks of that many tokens (the planner's choice
 // otherwise).
 Result RunDecode(const char* name, int batch, int kv_len, int q_len, CacheType cache,
-                 ScaleMode scale, int chunk = 0) {
+                 ScaleMode scale, int chunk = 0, int stages = g_stages) {
   const int hq = 32, hkv = 8, d = 128, bs = 64;
   const int esize = cache == CacheType::kBf16 ? 2 : 1;
   llm::AttentionBatch b;
@@ -151,17 +154,19 @@ Result RunDecode(const char* name, int batch, int kv_len, int q_len, CacheType c
   }
   llm::cuda::C8Shape shape{hq, hkv, d, bs, cache, scale};
   llm::cuda::C8Attention attn(shape);
-  llm::cuda::C8PlanConfig pc;
-  pc.num_sms = llm::cuda::CudaNumSms();
-  pc.ctas_per_sm = attn.decode_ctas_per_sm();
+  llm::cuda::C8PlanConfig pc = attn.plan_config();
+  if (stages > 0) {
+    pc.decode_stages = stages;
+    pc.ctas_per_sm = attn.decode_ctas_per_sm(stages);
+  }
   if (chunk > 0) {
     pc.force_split = true;
     pc.min_chunk_tokens = chunk;
   }
   const auto plan = llm::cuda::BuildC8Plan(shape, b, pc);
-  std::printf("  [%s] decode items %zu, prefill items %zu, partials %d, ctas/sm %d\n", name,
-              plan.decode_items.size(), plan.prefill_items.size(), plan.num_partials,
-              pc.ctas_per_sm);
+  std::printf("  [%s] decode items %zu, prefill items %zu, partials %d, ctas/sm %d, stages %d\n",
+              name, plan.decode_items.size(), plan.prefill_items.size(), plan.num_partials,
+              pc.ctas_per_sm, plan.decode_stages);
   if (!attn.Upload(b, plan, nullptr).ok()) std::exit(1);
   llm::cuda::C8Attention::LayerArgs la;
   la.q = q;
@@ -219,6 +224,8 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--layers") g_layers = std::max(1, std::atoi(argv[i + 1]));
     if (std::string(argv[i]) == "--only") g_only = argv[i + 1];
     if (std::string(argv[i]) == "--sweep") g_sweep = std::atoi(argv[i + 1]) != 0;
+    if (std::string(argv[i]) == "--stages") g_stages = std::atoi(argv[i + 1]);
+    if (std::string(argv[i]) == "--stage-sweep") g_stage_sweep = std::atoi(argv[i + 1]) != 0;
   }
   if (llm::cuda::CudaDeviceCount() == 0) {
     std::printf("no CUDA device\n");
@@ -243,6 +250,7 @@ int main(int argc, char** argv) {
       {"fp8/token decode 64x4096", 64, 4096, 1, CacheType::kFp8E4M3, ScaleMode::kPerToken},
       {"int8/head decode 256x1500", 256, 1500, 1, CacheType::kInt8, ScaleMode::kPerHead},
       {"bf16 decode 1x4096", 1, 4096, 1, CacheType::kBf16, ScaleMode::kNone},
+      {"bf16 decode 8x4096", 8, 4096, 1, CacheType::kBf16, ScaleMode::kNone},
       {"int8/head decode 1x4096", 1, 4096, 1, CacheType::kInt8, ScaleMode::kPerHead},
       {"bf16 decode 32x16384", 32, 16384, 1, CacheType::kBf16, ScaleMode::kNone},
       {"bf16 4-token decode 64x4096", 64, 4096, 4, CacheType::kBf16, ScaleMode::kNone},
@@ -253,6 +261,12 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) {
     if (!g_only.empty() && std::string(c.name).find(g_only) == std::string::npos) continue;
     rs.push_back(RunDecode(c.name, c.batch, c.kv_len, c.q_len, c.cache, c.scale));
+    if (g_stage_sweep && c.q_len <= 4) {
+      for (int st : {2, 3, 4}) {
+        const std::string name = std::string(c.name) + " ring " + std::to_string(st);
+        rs.push_back(RunDecode(name.c_str(), c.batch, c.kv_len, c.q_len, c.cache, c.scale, 0, st));
+      }
+    }
     // --sweep 1: the same decode case at forced split counts, to fit the planner's cost model.
     if (g_sweep && c.q_len <= 4) {
       for (int n : {1, 2, 3, 4, 6, 8, 16, 32, 64}) {

@@ -10,8 +10,14 @@
 
 namespace llm::cuda {
 
+namespace {
+// Chunks of at least this many KV tiles per CTA run best on the 3-stage ring (see BuildC8Plan).
+constexpr double kLongChunkTiles = 16.0;
+}  // namespace
+
 C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8PlanConfig& config) {
   C8Plan plan;
+  plan.decode_stages = config.decode_stages;
   const int group = shape.num_q_heads / shape.num_kv_heads;
   plan.decode_tile_tokens = group <= detail::kDecodeRows ? detail::kDecodeRows / group : 0;
   plan.prefill_tile_tokens = std::max(1, detail::kPartialRows / group);
@@ -47,7 +53,6 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
   // 238 us in two; 1 x 4,096 bf16 11.9 us in 16 chunks, 13.8 us in 32.
   constexpr double kCtaCost = 0.4, kSplitCost = 1.0, kMergeCost = 0.2;  // in tiles
   const int kv_tile = shape.cache == CacheType::kBf16 ? detail::kKvTile16 : detail::kKvTile8;
-  const int64_t slots = std::max(1, config.num_sms * config.ctas_per_sm);
   int max_kv = 0;
   for (const Tile& t : tiles) max_kv = std::max(max_kv, t.kv_end);
   // Only decode tiles are split: prefill tiles are plentiful and the merge would cost more.
@@ -55,6 +60,7 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
   for (const Tile& t : tiles) any_decode |= !t.prefill;
   struct Launch {
     int64_t ctas = 0;  // per KV head
+    int64_t kv_tiles = 0;
     double total = 0, longest = 0;
   };
   auto launch_for = [&](int64_t chunk) {
@@ -65,24 +71,26 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
       const double fixed = kCtaCost + (n > 1 ? kSplitCost : 0.0);
       // n - 1 full chunks and the rest (a chunk is a multiple of 64, a tile 64 or 128 tokens).
       const int64_t rest = t.kv_end - (n - 1) * chunk;
-      const double full_cost = static_cast<double>((chunk + kv_tile - 1) / kv_tile) + fixed;
-      const double rest_cost = static_cast<double>((rest + kv_tile - 1) / kv_tile) + fixed;
+      const int64_t full_tiles = (chunk + kv_tile - 1) / kv_tile;
+      const int64_t rest_tiles = (rest + kv_tile - 1) / kv_tile;
+      const double full_cost = static_cast<double>(full_tiles) + fixed;
+      const double rest_cost = static_cast<double>(rest_tiles) + fixed;
       const double merge = n > 1 ? kMergeCost * static_cast<double>(n) : 0.0;
       l.total += static_cast<double>(n - 1) * full_cost + rest_cost + merge;
       l.longest = std::max(l.longest, (n > 1 ? full_cost : rest_cost) + merge);
       l.ctas += n;
+      l.kv_tiles += (n - 1) * full_tiles + rest_tiles;
     }
     return l;
   };
-  auto time_of = [&](const Launch& l) {
-    const int64_t ctas = l.ctas * shape.num_kv_heads;
-    const double waves = std::ceil(static_cast<double>(ctas) / slots);
-    return (waves - 1) * (l.total / std::max<int64_t>(l.ctas, 1)) + l.longest;
-  };
-  int64_t chunk = std::max(max_kv, 1);
-  if (config.force_split) {
-    chunk = config.min_chunk_tokens;
-  } else if (any_decode) {
+  // The cheapest chunk for `slots` resident CTAs.
+  auto choose_chunk = [&](int64_t slots) {
+    auto time_of = [&](const Launch& l) {
+      const int64_t ctas = l.ctas * shape.num_kv_heads;
+      const double waves = std::ceil(static_cast<double>(ctas) / slots);
+      return (waves - 1) * (l.total / std::max<int64_t>(l.ctas, 1)) + l.longest;
+    };
+    int64_t chunk = std::max(max_kv, 1);
     double best = time_of(launch_for(chunk));
     for (int n = 2; n <= std::min(config.max_splits, detail::kMaxSplits); ++n) {
       const int64_t c = ((max_kv + n - 1) / n + 63) / 64 * 64;
@@ -96,6 +104,49 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
         best = time;
         chunk = c;
       }
+    }
+    return chunk;
+  };
+  auto slots_for = [&](int ctas_per_sm) {
+    return static_cast<int64_t>(std::max(1, config.num_sms)) * std::max(1, ctas_per_sm);
+  };
+  int64_t chunk = std::max(max_kv, 1);
+  if (config.force_split) {
+    chunk = config.min_chunk_tokens;
+  } else if (any_decode) {
+    chunk = choose_chunk(slots_for(config.ctas_per_sm));
+    // The decode ring: a deeper cp.async ring keeps more of a CTA's tiles in flight but fits
+    // fewer CTAs per SM. H200, c8_attention_bench --stage-sweep 1 (docs/PERFORMANCE.md section
+    // 15): a grid that fits one wave at one CTA per SM runs best on 4 stages when its chunks span
+    // at least 4 tiles (bf16 1 x 4096: 11.8 us against 12.2; 8 x 4096: 40.5 against 43.1); long
+    // chunks prefer 3 stages at 2 CTAs per SM (int8 64 x 4096: 144.5 us against 157.0), short
+    // ones 2 stages at 3 (int8 256 x 1,500: 207 us against 218).
+    const int* occ = config.ring_ctas_per_sm;
+    if (config.decode_stages == 0 && occ[2] + occ[3] + occ[4] > 0) {
+      auto tiles_per_cta = [&](const Launch& l) {
+        return static_cast<double>(l.kv_tiles) / std::max<int64_t>(l.ctas, 1);
+      };
+      int stages = 0;
+      if (occ[4] > 0) {
+        const int64_t c = choose_chunk(slots_for(occ[4]));
+        const Launch l = launch_for(c);
+        if (l.ctas * shape.num_kv_heads <= slots_for(occ[4]) && tiles_per_cta(l) >= 4.0) {
+          stages = 4;
+          chunk = c;
+        }
+      }
+      if (stages == 0 && occ[3] > 0) {
+        const int64_t c = choose_chunk(slots_for(occ[3]));
+        if (tiles_per_cta(launch_for(c)) >= kLongChunkTiles || occ[2] == 0) {
+          stages = 3;
+          chunk = c;
+        }
+      }
+      if (stages == 0 && occ[2] > 0) {
+        stages = 2;
+        chunk = choose_chunk(slots_for(occ[2]));
+      }
+      plan.decode_stages = stages;
     }
   }
   // The merging CTA holds one weight per chunk: never more than kMaxSplits chunks per tile.
@@ -122,16 +173,24 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
 
 C8Attention::C8Attention(const C8Shape& shape) : shape_(shape) {}
 
-int C8Attention::decode_ctas_per_sm() const {
+int C8Attention::decode_ctas_per_sm(int stages) const {
   switch (shape_.cache) {
     case CacheType::kBf16:
-      return detail::DecodeCtasPerSmBf16(shape_.head_dim);
+      return detail::DecodeCtasPerSmBf16(shape_.head_dim, stages);
     case CacheType::kInt8:
-      return detail::DecodeCtasPerSmInt8(shape_.head_dim);
+      return detail::DecodeCtasPerSmInt8(shape_.head_dim, stages);
     case CacheType::kFp8E4M3:
-      return detail::DecodeCtasPerSmFp8(shape_.head_dim);
+      return detail::DecodeCtasPerSmFp8(shape_.head_dim, stages);
   }
   return 1;
+}
+
+C8PlanConfig C8Attention::plan_config() const {
+  C8PlanConfig c;
+  c.num_sms = std::max(1, CudaNumSms());
+  c.ctas_per_sm = std::max(1, decode_ctas_per_sm());
+  for (int st = 2; st <= kC8MaxDecodeStages; ++st) c.ring_ctas_per_sm[st] = decode_ctas_per_sm(st);
+  return c;
 }
 
 void C8Attention::Area::Free() {
@@ -171,6 +230,7 @@ Status C8Attention::Upload(const AttentionBatch& batch, const C8Plan& plan, void
   a.num_decode = static_cast<int>(plan.decode_items.size());
   a.num_prefill = static_cast<int>(plan.prefill_items.size());
   a.num_partials = plan.num_partials;
+  a.decode_stages = plan.decode_stages;
   a.device_counts = false;
   // Layout of the one upload, in int32 elements (every section 16-byte aligned).
   size_t off = 0;
@@ -234,7 +294,10 @@ Status C8Attention::ReserveGraph(int max_seqs, int max_pages) {
     return FailedPrecondition("the C8 graph area is reserved once: captured graphs point into it");
   }
   Area& a = graph_;
-  graph_slots_ = std::max(1, CudaNumSms()) * std::max(1, decode_ctas_per_sm());
+  // The most CTAs per SM any ring plan may count on.
+  const C8PlanConfig pc = plan_config();
+  graph_slots_ = pc.num_sms * std::max({pc.ctas_per_sm, pc.ring_ctas_per_sm[2],
+                                        pc.ring_ctas_per_sm[3], pc.ring_ctas_per_sm[4]});
   const int S = max_seqs, items = GraphItemCapacity(S);
   size_t off = 0;
   auto take = [&](size_t n) {
@@ -289,6 +352,7 @@ Status C8Attention::UploadGraph(const AttentionBatch& batch, const C8Plan& plan,
   std::memcpy(h + a.off_merge, plan.merges.data(), plan.merges.size() * sizeof(C8MergeItem));
   LLM_RETURN_IF_ERROR(Send(&a, bytes, stream));
   a.num_tokens = bucket;
+  a.decode_stages = plan.decode_stages;  // a captured launch keeps its ring: either is correct
   a.num_decode = GraphItemCapacity(bucket);
   a.num_prefill = 0;
   active_ = &graph_;
@@ -345,6 +409,7 @@ Status C8Attention::Attend(const LayerArgs& args, void* stream) {
   ta.log2_block_size = lbs;
   ta.scale_mode = static_cast<int>(shape_.scale);
   ta.scale_log2 = args.softmax_scale * 1.4426950408889634f;
+  ta.decode_stages = a.decode_stages;
   auto launch = [&](const C8WorkItem* items, int n, bool prefill) {
     ta.items = items;
     ta.num_items = n;

@@ -59,6 +59,8 @@ struct C8MergeItem {
   int32_t num_partials;
 };
 
+constexpr int kC8MaxDecodeStages = 4;  // deepest decode cp.async ring
+
 struct C8PlanConfig {
   int num_sms = 132;
   int ctas_per_sm = 2;         // resident decode CTAs per SM (C8Attention::decode_ctas_per_sm())
@@ -66,6 +68,12 @@ struct C8PlanConfig {
   int max_splits = 64;
   int max_decode_items = 0;  // > 0: never plan more decode items (a graph bucket's grid)
   bool force_split = false;  // tests: split every tile into min_chunk_tokens chunks
+  // Resident decode CTAs per SM for each ring depth (index: stages 2..4; 0 where that ring does
+  // not fit the device). All zero: the cache type's default ring at ctas_per_sm.
+  int ring_ctas_per_sm[kC8MaxDecodeStages + 1] = {};
+  // Decode ring depth (2..4) forced on the plan, with ctas_per_sm its occupancy (benchmarks,
+  // tests); 0: the planner picks from ring_ctas_per_sm.
+  int decode_stages = 0;
 };
 
 // Host-side plan for one step. Kernel work is grouped by tile kind: decode tiles pack up to 16
@@ -77,6 +85,7 @@ struct C8Plan {
   std::vector<C8MergeItem> merges;
   int num_partials = 0;  // partial slots, each [kPartialRows x head_dim] fp32 + lse per KV head
   int decode_tile_tokens = 0;
+  int decode_stages = 0;  // decode ring depth for the launch; 0: the cache type's default
   int prefill_tile_tokens = 0;
 };
 
@@ -125,8 +134,12 @@ class C8Attention {
   Status Attend(const LayerArgs& args, void* stream);
 
   const C8Shape& shape() const { return shape_; }
-  // Resident decode CTAs per SM on the current device, for C8PlanConfig::ctas_per_sm.
-  int decode_ctas_per_sm() const;
+  // Resident decode CTAs per SM on the current device for a decode ring depth: 0 asks for the
+  // cache type's default (lowered to what the device fits); 2..4 for that ring, 0 if it does not
+  // fit.
+  int decode_ctas_per_sm(int stages = 0) const;
+  // The planner's configuration on the current device: SMs, and the occupancy of every ring.
+  C8PlanConfig plan_config() const;
 
  private:
   // One upload area: device ints (block table, slots, work and merge items), partial outputs,
@@ -146,6 +159,7 @@ class C8Attention {
     int num_partials = 0;  // partial slots the partial buffer is laid out for
     // Grid extents of the launches, and whether the kernels read the exact counts on the device.
     int num_tokens = 0, num_decode = 0, num_prefill = 0;
+    int decode_stages = 0;  // the plan's decode ring depth
     bool device_counts = false;
     void Free();
   };

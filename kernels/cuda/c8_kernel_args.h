@@ -27,8 +27,9 @@ struct TileArgs {
   int num_q_heads;
   int num_kv_heads;
   int log2_block_size;
-  int scale_mode;    // ScaleMode
-  float scale_log2;  // softmax_scale * log2(e)
+  int scale_mode;     // ScaleMode
+  float scale_log2;   // softmax_scale * log2(e)
+  int decode_stages;  // decode cp.async ring depth (C8Plan::decode_stages; 0: the cache's default)
 };
 
 struct AppendArgs {
@@ -50,17 +51,18 @@ constexpr int kDecodeRows = 16;    // decode tile: query tokens x GQA group <= 1
 constexpr int kMaxSplits = 64;     // KV chunks of one query tile (the fused merge's weights)
 // KV tokens per shared-memory stage of the tile kernel (32 KB of K and V either way); the planner
 // prices CTAs in these tiles.
-constexpr int kKvTile16 = 64;  // bf16 cache
-constexpr int kKvTile8 = 128;  // int8 / fp8 cache
+constexpr int kKvTile16 = 64;                         // bf16 cache
+constexpr int kKvTile8 = 128;                         // int8 / fp8 cache
+constexpr int kMaxDecodeStages = kC8MaxDecodeStages;  // deepest decode ring instantiated
 
 // Launchers, one translation unit per cache type (explicit instantiation groups).
 void LaunchTilesBf16(const TileArgs& a, int head_dim, bool prefill, void* stream);
 void LaunchTilesInt8(const TileArgs& a, int head_dim, bool prefill, void* stream);
 void LaunchTilesFp8(const TileArgs& a, int head_dim, bool prefill, void* stream);
-// Resident decode CTAs per SM for a cache type (occupancy), for the split-KV planner.
-int DecodeCtasPerSmBf16(int head_dim);
-int DecodeCtasPerSmInt8(int head_dim);
-int DecodeCtasPerSmFp8(int head_dim);
+// Resident decode CTAs per SM for a cache type and ring depth (C8Attention::decode_ctas_per_sm).
+int DecodeCtasPerSmBf16(int head_dim, int stages);
+int DecodeCtasPerSmInt8(int head_dim, int stages);
+int DecodeCtasPerSmFp8(int head_dim, int stages);
 void LaunchAppend(const AppendArgs& a, CacheType cache, int head_dim, void* stream);
 
 }  // namespace llm::cuda::detail

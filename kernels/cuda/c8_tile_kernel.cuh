@@ -3,23 +3,25 @@
 // One CTA = one work item (a query tile of one sequence x a KV chunk) for one KV head. The GQA
 // group is packed into the tile's rows: row r is query token r / group, query head
 // kv_head * group + r % group, so every K/V byte a CTA loads serves the whole group.
-// KV tiles (64 tokens for bf16, 128 for 8-bit) stream through a cp.async ring (three stages for
-// bf16 decode, two otherwise: Cfg::kStages); each thread copies one 16-byte column of a few
-// consecutive rows of one page, so it looks up one page id per tile. 8-bit tiles stay 8-bit in
-// shared memory and are dequantized in registers after ldmatrix. QK^T and PV run on tensor cores
-// (mma.sync m16n8k16 -> fp32) with an online softmax whose running max moves lazily (only when a
-// row's max grows by 2^8), so most steps skip the accumulator rescale. Two warp layouts: decode (1
-// row group x 4 token groups: the four warps split each KV tile and merge at the end) and prefill
-// (8 row groups x 1: each warp owns 16 rows, all warps share a tile). Outputs are staged in shared
-// memory and written as 16-byte rows. Scales: per-head K scale folds into the softmax scale;
-// per-channel K scale folds into q; V scales (per head / channel) multiply the output; per-token
-// (dynamic) scales multiply score columns (K) and probabilities (V), in a separate instantiation.
+// KV tiles (64 tokens for bf16, 128 for 8-bit) stream through a cp.async ring (two stages for
+// prefill; two to four for decode, chosen per plan: Cfg::kStages); each thread copies one 16-byte
+// column of a few consecutive rows of one page, so it looks up one page id per tile. 8-bit tiles
+// stay 8-bit in shared memory and are dequantized in registers after ldmatrix. QK^T and PV run
+// on tensor cores (mma.sync m16n8k16 -> fp32) with an online softmax whose running max moves
+// lazily (only when a row's max grows by 2^8), so most steps skip the accumulator rescale. Two
+// warp layouts: decode (1 row group x 4 token groups: the four warps split each KV tile and merge
+// at the end) and prefill (8 row groups x 1: each warp owns 16 rows, all warps share a tile).
+// Outputs are staged in shared memory and written as 16-byte rows. Scales: per-head K scale
+// folds into the softmax scale; per-channel K scale folds into q; V scales (per head / channel)
+// multiply the output; per-token (dynamic) scales multiply score columns (K) and probabilities
+// (V), in a separate instantiation.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cstdint>
 #include <type_traits>
@@ -48,10 +50,11 @@ using ptx::StoreBf16x4;
 // magic-number trick, e4m3 by the hardware f16x2 conversion) into fp16 fragments; both are exact.
 // Loading 8-bit data with ldmatrix permutes which d (for K) and which output column (for V) a
 // thread holds; q is loaded with the same permutation and the output is un-permuted at the end.
-// kDecodeStages: the decode layout's preferred cp.async ring depth (prefill keeps 2). A 3-stage
-// bf16 ring (106 KB at d = 128: 2 CTAs per SM on Hopper) keeps two tiles in flight per CTA; it
-// runs where a block may have that much shared memory, else 2 stages (LaunchTilesImpl). 8-bit
-// rings stay at 2 (3 stages of 128-token tiles would leave one CTA per SM).
+// kDecodeStages: the decode layout's ring depth when the plan does not pick one (prefill keeps
+// 2). The planner picks 2, 3 or 4 stages per step from the grid (BuildC8Plan): a 3-stage ring
+// (106 KB for bf16 at d = 128, 111 KB for 8-bit: 2 CTAs per SM on Hopper) keeps two tiles in
+// flight per CTA, a 4-stage ring three at one CTA per SM. A ring runs only where a block may have
+// that much shared memory, else the next shallower one (DecodeStages).
 struct Bf16Cache {
   static constexpr int kBytes = 2;
   static constexpr int kTile = kKvTile16;  // KV tokens per shared-memory stage
@@ -703,16 +706,18 @@ void EnsureSmemLimit() {
 constexpr int kPrefillRowWarps = 8;  // 128-row prefill tiles
 constexpr int kDecodeTokWarps = 4;   // 16-row decode tiles, KV split over 4 warps
 
-// Whether the decode layout runs its preferred ring depth on the current device (shared memory
-// per block), else two stages.
+// The decode layout's cp.async ring depth for a request (0: the cache type's preferred depth;
+// else 2..kMaxDecodeStages), lowered to the deepest ring the current device lets one block hold.
 template <typename C, int D>
-bool DeepDecodeRing() {
-  if constexpr (C::kDecodeStages == 2) {
-    return false;
-  } else {
-    return CurrentDeviceMaxSmemPerBlock() >=
-           TileConfig<C, D, 1, kDecodeTokWarps, C::kDecodeStages>::kSmemBytes;
-  }
+int DecodeStages(int requested) {
+  int st = requested > 0 ? std::min(requested, kMaxDecodeStages) : C::kDecodeStages;
+  auto smem = [](int n) {
+    return n >= 4   ? TileConfig<C, D, 1, kDecodeTokWarps, 4>::kSmemBytes
+           : n == 3 ? TileConfig<C, D, 1, kDecodeTokWarps, 3>::kSmemBytes
+                    : TileConfig<C, D, 1, kDecodeTokWarps, 2>::kSmemBytes;
+  };
+  while (st > 2 && CurrentDeviceMaxSmemPerBlock() < smem(st)) --st;
+  return std::max(st, 2);
 }
 
 template <typename C, int D, int RW, int TW, bool PT, int ST>
@@ -727,10 +732,17 @@ template <typename C, int D, bool PT>
 void LaunchTilesImpl(const TileArgs& a, bool prefill, cudaStream_t s) {
   if (prefill) {
     LaunchTileKernel<C, D, kPrefillRowWarps, 1, PT, 2>(a, s);
-  } else if (DeepDecodeRing<C, D>()) {
-    LaunchTileKernel<C, D, 1, kDecodeTokWarps, PT, C::kDecodeStages>(a, s);
-  } else {
-    LaunchTileKernel<C, D, 1, kDecodeTokWarps, PT, 2>(a, s);
+    return;
+  }
+  switch (DecodeStages<C, D>(a.decode_stages)) {
+    case 4:
+      LaunchTileKernel<C, D, 1, kDecodeTokWarps, PT, 4>(a, s);
+      break;
+    case 3:
+      LaunchTileKernel<C, D, 1, kDecodeTokWarps, PT, 3>(a, s);
+      break;
+    default:
+      LaunchTileKernel<C, D, 1, kDecodeTokWarps, PT, 2>(a, s);
   }
 }
 
@@ -759,14 +771,22 @@ int DecodeCtasPerSmImpl() {
 }
 
 template <typename C, int D>
-int DecodeCtasPerSmImpl() {
-  return DeepDecodeRing<C, D>() ? DecodeCtasPerSmImpl<C, D, C::kDecodeStages>()
-                                : DecodeCtasPerSmImpl<C, D, 2>();
+int DecodeCtasPerSmImpl(int stages) {
+  const int st = DecodeStages<C, D>(stages);
+  if (stages > 0 && st != stages) return 0;  // that ring does not fit a block here
+  switch (st) {
+    case 4:
+      return DecodeCtasPerSmImpl<C, D, 4>();
+    case 3:
+      return DecodeCtasPerSmImpl<C, D, 3>();
+    default:
+      return DecodeCtasPerSmImpl<C, D, 2>();
+  }
 }
 
 template <typename C>
-int DecodeCtasPerSm(int head_dim) {
-  return head_dim == 64 ? DecodeCtasPerSmImpl<C, 64>() : DecodeCtasPerSmImpl<C, 128>();
+int DecodeCtasPerSm(int head_dim, int stages) {
+  return head_dim == 64 ? DecodeCtasPerSmImpl<C, 64>(stages) : DecodeCtasPerSmImpl<C, 128>(stages);
 }
 
 template <typename C>

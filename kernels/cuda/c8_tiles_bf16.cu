@@ -7,8 +7,8 @@ void LaunchTilesBf16(const TileArgs& a, int head_dim, bool prefill, void* stream
   LaunchTilesForCache<Bf16Cache>(a, head_dim, prefill, stream);
 }
 
-int DecodeCtasPerSmBf16(int head_dim) {
-  return DecodeCtasPerSm<Bf16Cache>(head_dim);
+int DecodeCtasPerSmBf16(int head_dim, int stages) {
+  return DecodeCtasPerSm<Bf16Cache>(head_dim, stages);
 }
 
 }  // namespace llm::cuda::detail

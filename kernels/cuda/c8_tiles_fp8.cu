@@ -7,8 +7,8 @@ void LaunchTilesFp8(const TileArgs& a, int head_dim, bool prefill, void* stream)
   LaunchTilesForCache<Fp8Cache>(a, head_dim, prefill, stream);
 }
 
-int DecodeCtasPerSmFp8(int head_dim) {
-  return DecodeCtasPerSm<Fp8Cache>(head_dim);
+int DecodeCtasPerSmFp8(int head_dim, int stages) {
+  return DecodeCtasPerSm<Fp8Cache>(head_dim, stages);
 }
 
 }  // namespace llm::cuda::detail

@@ -7,8 +7,8 @@ void LaunchTilesInt8(const TileArgs& a, int head_dim, bool prefill, void* stream
   LaunchTilesForCache<Int8Cache>(a, head_dim, prefill, stream);
 }
 
-int DecodeCtasPerSmInt8(int head_dim) {
-  return DecodeCtasPerSm<Int8Cache>(head_dim);
+int DecodeCtasPerSmInt8(int head_dim, int stages) {
+  return DecodeCtasPerSm<Int8Cache>(head_dim, stages);
 }
 
 }  // namespace llm::cuda::detail

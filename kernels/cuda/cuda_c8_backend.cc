@@ -37,8 +37,7 @@ class CudaC8Backend final : public CudaAttentionBackend {
       : spec_(spec),
         attn_(C8Shape{spec.num_q_heads, spec.num_kv_heads, spec.head_dim, spec.block_size,
                       ToCacheType(spec.kv_dtype), ToScaleMode(spec.kv_quant)}) {
-    config_.num_sms = CudaNumSms();
-    config_.ctas_per_sm = attn_.decode_ctas_per_sm();
+    config_ = attn_.plan_config();
   }
   std::string name() const override { return "cuda_c8"; }
   size_t BlockBytes() const override {

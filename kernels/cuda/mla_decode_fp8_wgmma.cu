@@ -133,9 +133,11 @@ __device__ void Produce(const AttendArgs& a, const CUtensorMap* map, const MlaWo
       if (lane == 0) {
         const int y = pages[tok0 / a.block_size] * a.block_size + tok0 % a.block_size;
         wg::MbarArriveExpectTx(full, FwRing::kStageBytes);
+        // Evict-first in L2: a tile is read once per item (as in mla_decode_wgmma.cu).
 #pragma unroll
         for (int pn = 0; pn < kMlaCacheDim / 64; ++pn) {
-          wg::TmaLoad2d(SmemAddr(stage + pn * FwRing::kPanelBytes), map, pn * 64, y, full);
+          wg::TmaLoad2d(SmemAddr(stage + pn * FwRing::kPanelBytes), map, pn * 64, y, full,
+                        wg::EvictFirstPolicy());
         }
       }
       continue;

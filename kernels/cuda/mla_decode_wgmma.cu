@@ -134,9 +134,12 @@ __device__ __forceinline__ void Produce(const AttendArgs& a, const CUtensorMap* 
       if (tid == 0) {
         const int y = pages[tok0 / a.block_size] * a.block_size + tok0 % a.block_size;
         wg::MbarArriveExpectTx(sm.full(slot), WgCfg::kTileBytes);
+        // Evict-first in L2: a tile is read once per item, and the items that share it (the
+        // head halves of one token) read it at about the same time (H200: 0.5-1% faster).
 #pragma unroll
         for (int pn = 0; pn < WgCfg::kPanels; ++pn) {
-          wg::TmaLoad2d(sm.kv(slot) + pn * WgCfg::kPanelBytes, map, pn * 64, y, sm.full(slot));
+          wg::TmaLoad2d(sm.kv(slot) + pn * WgCfg::kPanelBytes, map, pn * 64, y, sm.full(slot),
+                        wg::EvictFirstPolicy());
         }
       }
       continue;

@@ -125,6 +125,20 @@ __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const void* map, int x, 
       "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
       : "memory");
 }
+// The same copy with an L2 eviction-priority policy (EvictFirstPolicy): for data read once.
+__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const void* map, int x, int y, uint32_t bar,
+                                          uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
+      "[%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar), "l"(policy)
+      : "memory");
+}
+__device__ __forceinline__ uint64_t EvictFirstPolicy() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
 // Register file split between warpgroup roles (needs a register cap at kernel entry).
 template <int N>
 __device__ __forceinline__ void RegAlloc() {

@@ -31,6 +31,7 @@ struct Case {
   ScaleMode scale;
   bool force_split;
   std::vector<std::pair<int, int>> seqs;  // (q_len, kv_len)
+  int stages = 0;                         // decode ring depth forced on the plan (0: planner's)
 };
 
 std::string Name(const Case& c) {
@@ -39,7 +40,8 @@ std::string Name(const Case& c) {
   return std::string(cache[static_cast<int>(c.cache)]) + "/" + scale[static_cast<int>(c.scale)] +
          " hq=" + std::to_string(c.hq) + " hkv=" + std::to_string(c.hkv) +
          " d=" + std::to_string(c.d) + " bs=" + std::to_string(c.bs) +
-         (c.force_split ? " split" : "");
+         (c.force_split ? " split" : "") +
+         (c.stages > 0 ? " stages=" + std::to_string(c.stages) : std::string());
 }
 
 float RoundBf16(float x) {
@@ -206,9 +208,11 @@ void RunCase(const Case& c, std::mt19937& rng, GraphCtx* g = nullptr) {
   C8Shape shape{hq, hkv, D, bs, c.cache, c.scale};
   C8Attention own_attn(shape);
   C8Attention& attn = g ? *g->attn : own_attn;
-  C8PlanConfig pc;
-  pc.num_sms = CudaNumSms();
-  pc.ctas_per_sm = attn.decode_ctas_per_sm();
+  C8PlanConfig pc = attn.plan_config();
+  if (c.stages > 0) {  // a forced ring depth
+    pc.decode_stages = c.stages;
+    pc.ctas_per_sm = std::max(1, attn.decode_ctas_per_sm(c.stages));
+  }
   pc.force_split = c.force_split;
   pc.min_chunk_tokens = 64;
   if (g) pc.max_decode_items = attn.GraphItemCapacity(g->bucket);
@@ -371,6 +375,24 @@ TEST_CASE("C8 attention matches the CPU reference", "[gpu][c8]") {
           }
         }
       }
+    }
+  }
+}
+
+TEST_CASE("C8 attention: every decode ring depth matches the CPU reference", "[gpu][c8]") {
+  std::mt19937 rng(std::random_device{}());
+  const std::pair<CacheType, ScaleMode> modes[] = {{CacheType::kBf16, ScaleMode::kNone},
+                                                   {CacheType::kInt8, ScaleMode::kPerChannel},
+                                                   {CacheType::kFp8E4M3, ScaleMode::kPerToken}};
+  for (auto [cache, scale] : modes) {
+    for (int stages = 2; stages <= kC8MaxDecodeStages; ++stages) {
+      for (int d : {64, 128}) {
+        for (bool split : {false, true}) {
+          RunCase({32, 8, d, 16, cache, scale, split, MixedBatch(rng), stages}, rng);
+        }
+      }
+      // Long chunks: every stage of the ring wraps many times.
+      RunCase({32, 8, 128, 64, cache, scale, false, {{1, 3001}, {2, 1999}}, stages}, rng);
     }
   }
 }

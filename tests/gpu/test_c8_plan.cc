@@ -193,5 +193,51 @@ TEST_CASE("C8 plan: the split cost model keeps full batches whole and spreads sm
   CHECK(Splits(CacheType::kInt8, 1, 4096, 3) == 16);
 }
 
+// The ring depth the planner picks on an H200's occupancies (3, 2 and 1 CTAs per SM for 2, 3 and
+// 4 stages), with the items it plans for that ring: the choices behind docs/PERFORMANCE.md
+// section 15.
+C8Plan RingPlan(CacheType cache, int n, int kv) {
+  C8Shape shape;
+  shape.num_q_heads = 32;
+  shape.num_kv_heads = 8;
+  shape.cache = cache;
+  C8PlanConfig config;
+  config.num_sms = 132;
+  config.ctas_per_sm = cache == CacheType::kBf16 ? 2 : 3;  // the cache type's default ring
+  config.ring_ctas_per_sm[2] = 3;
+  config.ring_ctas_per_sm[3] = 2;
+  config.ring_ctas_per_sm[4] = 1;
+  return BuildC8Plan(shape, DecodeBatch(n, kv), config);
+}
+
+TEST_CASE("C8 plan: the decode ring depth follows the grid", "[host][c8]") {
+  // One wave at one CTA per SM, chunks of >= 4 tiles: 4 stages.
+  C8Plan p = RingPlan(CacheType::kBf16, 1, 4096);
+  CHECK(p.decode_stages == 4);
+  CHECK(p.decode_items.size() * 8 <= 132);
+  p = RingPlan(CacheType::kBf16, 8, 4096);
+  CHECK(p.decode_stages == 4);
+  CHECK(p.decode_items.size() * 8 <= 132);
+  // int8 chunks of 256 tokens are two 128-token tiles: no use for a deeper ring.
+  CHECK(RingPlan(CacheType::kInt8, 1, 4096).decode_stages != 4);
+  // Long chunks: 3 stages; short ones: 2 stages at 3 CTAs per SM.
+  p = RingPlan(CacheType::kInt8, 64, 4096);
+  CHECK(p.decode_stages == 3);
+  CHECK(p.decode_items.size() == 64);
+  CHECK(RingPlan(CacheType::kBf16, 64, 4096).decode_stages == 3);
+  CHECK(RingPlan(CacheType::kBf16, 32, 16384).decode_stages == 3);
+  CHECK(RingPlan(CacheType::kInt8, 256, 1500).decode_stages == 2);
+  // Without occupancies the cache type's default ring runs; a forced depth is kept.
+  CHECK(Splits(CacheType::kBf16, 1, 4096, 2) > 1);
+  C8Shape shape;
+  shape.num_q_heads = 32;
+  shape.num_kv_heads = 8;
+  C8PlanConfig config;
+  CHECK(BuildC8Plan(shape, DecodeBatch(4, 4096), config).decode_stages == 0);
+  config.decode_stages = 2;
+  config.ring_ctas_per_sm[4] = 1;
+  CHECK(BuildC8Plan(shape, DecodeBatch(4, 4096), config).decode_stages == 2);
+}
+
 }  // namespace
 }  // namespace llm::cuda
