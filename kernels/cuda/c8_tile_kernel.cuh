@@ -428,6 +428,9 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
   // Prologue order matters (warps issue in order): the first page id and this warp's q are both
   // requested before anything waits on either, then tile 0's copy, then q is packed.
   fetch_pages(0);
+  // Launched early (programmatic dependent launch): the work item and the block table were
+  // uploaded before the previous kernel; q, the cache and its scales may be its output.
+  ptx::GridDependencyWait();
   uint32_t qraw[kKSteps][4];  // bf16x2 bits of q (0 for padding rows)
   {
     const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(args.q);
@@ -536,6 +539,7 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
     }
     __syncthreads();  // the next iteration's loads overwrite this stage
   }
+  ptx::GridDependencyLaunch();  // the next kernel's prologue may overlap this epilogue
 
   if constexpr (F::kVOffset) {  // remove the +1152 carried by every int8 V value
 #pragma unroll
@@ -724,8 +728,19 @@ template <typename C, int D, int RW, int TW, bool PT, int ST>
 void LaunchTileKernel(const TileArgs& a, cudaStream_t s) {
   using Cfg = TileConfig<C, D, RW, TW, ST>;
   EnsureSmemLimit<C, D, RW, TW, PT, ST>();
-  const dim3 grid(a.num_items, a.num_kv_heads);
-  C8TileKernel<C, D, RW, TW, PT, ST><<<grid, Cfg::kThreads, Cfg::kSmemBytes, s>>>(a);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(a.num_items, a.num_kv_heads);
+  config.blockDim = dim3(Cfg::kThreads);
+  config.dynamicSmemBytes = Cfg::kSmemBytes;
+  config.stream = s;
+  // Programmatic dependent launch: the CTAs may start (item, block table, first page ids) while
+  // the previous kernel finishes; they wait for it before reading q or the cache.
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  (void)cudaLaunchKernelEx(&config, C8TileKernel<C, D, RW, TW, PT, ST>, a);
 }
 
 template <typename C, int D, bool PT>

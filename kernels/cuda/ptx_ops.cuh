@@ -66,6 +66,22 @@ __device__ __forceinline__ void MmaF16(float (&c)[4], const uint32_t (&a)[4], ui
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Programmatic dependent launch (sm_90+; no-ops before): a kernel launched with the
+// programmatic-serialization attribute may start while the kernel before it in the stream
+// finishes. GridDependencyWait blocks until that kernel has completed and its writes are visible:
+// everything before it may only read what was written before that kernel started (uploaded work
+// lists, block tables). GridDependencyLaunch lets the next such kernel start its own prologue.
+__device__ __forceinline__ void GridDependencyWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void GridDependencyLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" :::);
+#endif
+}
+
 // c += a (16x32, row) * b (32x8, col), e4m3 inputs, fp32 accumulate. The instruction exists from
 // sm_89 on; callers choose it on the host only for such devices (ComputeCapability() >= 89).
 __device__ __forceinline__ void MmaE4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
