@@ -28,6 +28,7 @@
 
 #include "kernels/cuda/c8_kernel_args.h"
 #include "kernels/cuda/device_info.h"
+#include "kernels/cuda/pdl_launch.cuh"
 #include "kernels/cuda/ptx_ops.cuh"
 
 namespace llm::cuda::detail {
@@ -728,19 +729,10 @@ template <typename C, int D, int RW, int TW, bool PT, int ST>
 void LaunchTileKernel(const TileArgs& a, cudaStream_t s) {
   using Cfg = TileConfig<C, D, RW, TW, ST>;
   EnsureSmemLimit<C, D, RW, TW, PT, ST>();
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(a.num_items, a.num_kv_heads);
-  config.blockDim = dim3(Cfg::kThreads);
-  config.dynamicSmemBytes = Cfg::kSmemBytes;
-  config.stream = s;
-  // Programmatic dependent launch: the CTAs may start (item, block table, first page ids) while
-  // the previous kernel finishes; they wait for it before reading q or the cache.
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  (void)cudaLaunchKernelEx(&config, C8TileKernel<C, D, RW, TW, PT, ST>, a);
+  // The CTAs may start (item, block table, first page ids) while the previous kernel finishes;
+  // they wait for it before reading q or the cache.
+  (void)LaunchPdl(C8TileKernel<C, D, RW, TW, PT, ST>, dim3(a.num_items, a.num_kv_heads),
+                  dim3(Cfg::kThreads), Cfg::kSmemBytes, s, a);
 }
 
 template <typename C, int D, bool PT>

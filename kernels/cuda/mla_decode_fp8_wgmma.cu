@@ -42,6 +42,7 @@
 #include "kernels/cuda/mla_item.cuh"
 #include "kernels/cuda/mla_kernel_args.h"
 #include "kernels/cuda/mla_tensor_map.h"
+#include "kernels/cuda/pdl_launch.cuh"
 #include "kernels/cuda/ptx_ops.cuh"
 #include "kernels/cuda/wgmma.cuh"
 #include "kernels/gpu_port.h"
@@ -283,6 +284,7 @@ __global__ void __launch_bounds__(FwRing::kThreads, 1)
   const int item_rows = geo.item_rows;
   auto q_row = [&](int r) { return QRow(a, item, r); };
   const int num_tiles = NumTiles(item, C::kTile);
+  ptx::GridDependencyWait();  // launched early: q, the cache and the partials are the stream's
   if (tid == 0) {
     for (int st = 0; st < C::kStages; ++st) {
       wg::MbarInit(bar + 8 * st, 1);  // the TMA issuer's arrival (+ bytes), or the gather's
@@ -689,9 +691,8 @@ cudaError_t PrepareKernel() {
 template <int R>
 void Launch(const AttendArgs& a, const CUtensorMap& map, void* stream) {
   (void)PrepareKernel<R>();  // a failed attribute call makes the launch fail too
-  MlaFp8WgmmaKernel<R>
-      <<<a.num_items, FwRing::kThreads, FwCfg<R>::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
-          a, map);
+  (void)LaunchPdl(MlaFp8WgmmaKernel<R>, dim3(a.num_items), dim3(FwRing::kThreads),
+                  FwCfg<R>::kSmemBytes, static_cast<cudaStream_t>(stream), a, map);
 }
 
 template <int R>

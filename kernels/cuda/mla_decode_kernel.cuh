@@ -51,6 +51,7 @@
 
 #include "kernels/cuda/mla_item.cuh"
 #include "kernels/cuda/mla_kernel_args.h"
+#include "kernels/cuda/pdl_launch.cuh"
 #include "kernels/cuda/ptx_ops.cuh"
 
 namespace llm::cuda::mla {
@@ -469,6 +470,7 @@ __global__ void __launch_bounds__(256, ROWS == 16 ? 2 : 1) MlaDecodeKernel(const
   extern __shared__ __align__(16) uint8_t smem[];
 
   const MlaWorkItem item = args.items[blockIdx.x];
+  ptx::GridDependencyWait();  // launched early: q, the cache and the partials are the stream's
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const int rg = warp % K::kRG, kg = warp / K::kRG;
@@ -838,8 +840,8 @@ void LaunchImpl(const AttendArgs& a, void* stream) {
   if (a.num_items == 0) return;
   EnsureSmemLimit<C, ROWS>();
   using K = Config<C, ROWS>;
-  MlaDecodeKernel<C, ROWS>
-      <<<a.num_items, K::kThreads, K::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(a);
+  (void)LaunchPdl(MlaDecodeKernel<C, ROWS>, dim3(a.num_items), dim3(K::kThreads), K::kSmemBytes,
+                  static_cast<cudaStream_t>(stream), a);
 }
 
 template <typename C>

@@ -36,6 +36,8 @@
 #include "kernels/cuda/mla_item.cuh"
 #include "kernels/cuda/mla_kernel_args.h"
 #include "kernels/cuda/mla_tensor_map.h"
+#include "kernels/cuda/pdl_launch.cuh"
+#include "kernels/cuda/ptx_ops.cuh"
 #include "kernels/cuda/wgmma.cuh"
 #include "kernels/gpu_port.h"
 
@@ -395,6 +397,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1)
   const MlaWorkItem item = a.items[blockIdx.x];
   const ItemGeometry geo(a, item);
   const int tid = threadIdx.x;
+  ptx::GridDependencyWait();  // launched early: q, the cache and the partials are the stream's
   if (tid == 0) {
     for (int slot = 0; slot < 2; ++slot) {
       wg::MbarInit(sm.full(slot), 1);     // the TMA issuer's arrival (+ bytes), or the gatherers'
@@ -453,8 +456,8 @@ bool LaunchAttendBf16Wgmma(const AttendArgs& a, void* stream) {
   if (!EncodeMlaCacheMap(a.cache, /*fp8=*/false, &map)) return false;
   // A failed attribute call makes the launch fail too; the caller checks cudaGetLastError.
   (void)PrepareKernel();
-  MlaWgmmaKernel<<<a.num_items, WgCfg::kThreads, WgCfg::kSmemBytes,
-                   static_cast<cudaStream_t>(stream)>>>(a, map);
+  (void)LaunchPdl(MlaWgmmaKernel, dim3(a.num_items), dim3(WgCfg::kThreads), WgCfg::kSmemBytes,
+                  static_cast<cudaStream_t>(stream), a, map);
   return true;
 }
 

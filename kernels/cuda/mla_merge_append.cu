@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/mla_kernel_args.h"
+#include "kernels/cuda/pdl_launch.cuh"
+#include "kernels/cuda/ptx_ops.cuh"
 
 namespace llm::cuda::mla {
 namespace {
@@ -17,6 +19,7 @@ constexpr int kMergeThreads = kMlaLatentDim / 4;  // 4 output dims per thread
 __global__ void __launch_bounds__(kMergeThreads) MergeKernel(const MergeArgs a) {
   __shared__ float warp_max[kMergeThreads / 32];
   const MlaMergeItem item = a.items[blockIdx.x];
+  ptx::GridDependencyWait();  // launched early: the partials are the attention kernel's output
   const int r = blockIdx.y;
   if (r >= item.q_len * item.num_heads) return;
   const int n = item.num_partials;
@@ -86,8 +89,8 @@ __global__ void AppendKernel(const AppendArgs a) {
 
 void LaunchMerge(const MergeArgs& a, void* stream) {
   if (a.num_items == 0) return;
-  MergeKernel<<<dim3(a.num_items, kMlaMaxRows), kMergeThreads, 0,
-                static_cast<cudaStream_t>(stream)>>>(a);
+  (void)LaunchPdl(MergeKernel, dim3(a.num_items, kMlaMaxRows), dim3(kMergeThreads), 0,
+                  static_cast<cudaStream_t>(stream), a);
 }
 
 void LaunchAppend(const AppendArgs& a, MlaCacheType cache, void* stream) {
