@@ -38,6 +38,12 @@ bool IsSm90(int dev) {
          major == 9 && minor == 0;
 }
 
+bool HasPdl(int dev) {
+  int major = 0;
+  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+         major >= 9;
+}
+
 int MaxSmemPerBlock(int dev) {
   int bytes = 0;
   cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
@@ -47,6 +53,10 @@ int MaxSmemPerBlock(int dev) {
 
 bool CurrentDeviceIsSm90() {
   return CachedForCurrentDevice<IsSm90>();
+}
+
+bool CurrentDeviceHasPdl() {
+  return CachedForCurrentDevice<HasPdl>();
 }
 
 int CurrentDeviceMaxSmemPerBlock() {

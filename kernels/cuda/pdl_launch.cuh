@@ -1,4 +1,5 @@
-// Kernel launches with programmatic dependent launch allowed (internal; CUDA translation units).
+// Kernel launches with programmatic dependent launch allowed where the device has it (compute
+// capability 9.0 on; a plain launch before) (internal; CUDA translation units).
 // Such a kernel's CTAs may be scheduled while the kernel before it in the stream is still
 // finishing; each one calls ptx::GridDependencyWait before it reads anything that kernel may
 // write (and before writing anything it may read), so only the launch latency and the prologue
@@ -9,6 +10,8 @@
 #include <cuda_runtime.h>
 
 #include <utility>
+
+#include "kernels/cuda/device_info.h"
 
 namespace llm::cuda {
 
@@ -24,7 +27,7 @@ cudaError_t LaunchPdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t s
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attr;
-  config.numAttrs = 1;
+  config.numAttrs = CurrentDeviceHasPdl() ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
