@@ -114,38 +114,44 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
   if (config.force_split) {
     chunk = config.min_chunk_tokens;
   } else if (any_decode) {
-    chunk = choose_chunk(slots_for(config.ctas_per_sm));
     // The decode ring: a deeper cp.async ring keeps more of a CTA's tiles in flight but fits
     // fewer CTAs per SM. H200, c8_attention_bench --stage-sweep 1 (docs/PERFORMANCE.md section
     // 15): a grid that fits one wave at one CTA per SM runs best on 4 stages when its chunks span
     // at least 4 tiles (bf16 1 x 4096: 11.8 us against 12.2; 8 x 4096: 40.5 against 43.1); long
     // chunks prefer 3 stages at 2 CTAs per SM (int8 64 x 4096: 144.5 us against 157.0), short
-    // ones 2 stages at 3 (int8 256 x 1,500: 207 us against 218).
+    // ones 2 stages at 3 (int8 256 x 1,500: 207 us against 218). Without occupancies (or with a
+    // forced depth) the plan is for config.ctas_per_sm.
     const int* occ = config.ring_ctas_per_sm;
-    if (config.decode_stages == 0 && occ[2] + occ[3] + occ[4] > 0) {
-      auto tiles_per_cta = [&](const Launch& l) {
-        return static_cast<double>(l.kv_tiles) / std::max<int64_t>(l.ctas, 1);
-      };
-      int stages = 0;
-      if (occ[4] > 0) {
-        const int64_t c = choose_chunk(slots_for(occ[4]));
-        const Launch l = launch_for(c);
-        if (l.ctas * shape.num_kv_heads <= slots_for(occ[4]) && tiles_per_cta(l) >= 4.0) {
-          stages = 4;
-          chunk = c;
-        }
+    auto tiles_per_cta = [&](int64_t c) {
+      const Launch l = launch_for(c);
+      return static_cast<double>(l.kv_tiles) / std::max<int64_t>(l.ctas, 1);
+    };
+    auto fits_one_wave = [&](int64_t c, int ctas_per_sm) {
+      return launch_for(c).ctas * shape.num_kv_heads <= slots_for(ctas_per_sm);
+    };
+    const bool pick_ring = config.decode_stages == 0;
+    int stages = 0;
+    if (pick_ring && occ[4] > 0) {
+      const int64_t c = choose_chunk(slots_for(occ[4]));
+      if (fits_one_wave(c, occ[4]) && tiles_per_cta(c) >= 4.0) {
+        stages = 4;
+        chunk = c;
       }
-      if (stages == 0 && occ[3] > 0) {
-        const int64_t c = choose_chunk(slots_for(occ[3]));
-        if (tiles_per_cta(launch_for(c)) >= kLongChunkTiles || occ[2] == 0) {
-          stages = 3;
-          chunk = c;
-        }
+    }
+    if (pick_ring && stages == 0 && occ[3] > 0) {
+      const int64_t c = choose_chunk(slots_for(occ[3]));
+      if (tiles_per_cta(c) >= kLongChunkTiles || occ[2] == 0) {
+        stages = 3;
+        chunk = c;
       }
-      if (stages == 0 && occ[2] > 0) {
-        stages = 2;
-        chunk = choose_chunk(slots_for(occ[2]));
-      }
+    }
+    if (pick_ring && stages == 0 && occ[2] > 0) {
+      stages = 2;
+      chunk = choose_chunk(slots_for(occ[2]));
+    }
+    if (stages == 0) {
+      chunk = choose_chunk(slots_for(config.ctas_per_sm));
+    } else {
       plan.decode_stages = stages;
     }
   }
