@@ -122,25 +122,22 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
     // ones 2 stages at 3 (int8 256 x 1,500: 207 us against 218). Without occupancies (or with a
     // forced depth) the plan is for config.ctas_per_sm.
     const int* occ = config.ring_ctas_per_sm;
-    auto tiles_per_cta = [&](int64_t c) {
-      const Launch l = launch_for(c);
+    auto tiles_per_cta = [](const Launch& l) {
       return static_cast<double>(l.kv_tiles) / std::max<int64_t>(l.ctas, 1);
-    };
-    auto fits_one_wave = [&](int64_t c, int ctas_per_sm) {
-      return launch_for(c).ctas * shape.num_kv_heads <= slots_for(ctas_per_sm);
     };
     const bool pick_ring = config.decode_stages == 0;
     int stages = 0;
     if (pick_ring && occ[4] > 0) {
       const int64_t c = choose_chunk(slots_for(occ[4]));
-      if (fits_one_wave(c, occ[4]) && tiles_per_cta(c) >= 4.0) {
+      const Launch l = launch_for(c);
+      if (l.ctas * shape.num_kv_heads <= slots_for(occ[4]) && tiles_per_cta(l) >= 4.0) {
         stages = 4;
         chunk = c;
       }
     }
     if (pick_ring && stages == 0 && occ[3] > 0) {
       const int64_t c = choose_chunk(slots_for(occ[3]));
-      if (tiles_per_cta(c) >= kLongChunkTiles || occ[2] == 0) {
+      if (tiles_per_cta(launch_for(c)) >= kLongChunkTiles || occ[2] == 0) {
         stages = 3;
         chunk = c;
       }

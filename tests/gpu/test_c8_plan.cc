@@ -165,17 +165,21 @@ AttentionBatch DecodeBatch(int n, int kv) {
   return b;
 }
 
-// Splits per sequence the planner chooses for n x kv decode on an H200-sized grid.
-int Splits(CacheType cache, int n, int kv, int ctas_per_sm) {
+// The plan for n x kv decode with Llama-3-8B heads (32 q / 8 kv) on an H200-sized grid (132 SMs).
+C8Plan H200Plan(CacheType cache, int n, int kv, C8PlanConfig config) {
   C8Shape shape;
   shape.num_q_heads = 32;
   shape.num_kv_heads = 8;
   shape.cache = cache;
-  C8PlanConfig config;
   config.num_sms = 132;
+  return BuildC8Plan(shape, DecodeBatch(n, kv), config);
+}
+
+// Splits per sequence the planner chooses for n x kv decode on an H200-sized grid.
+int Splits(CacheType cache, int n, int kv, int ctas_per_sm) {
+  C8PlanConfig config;
   config.ctas_per_sm = ctas_per_sm;
-  const C8Plan plan = BuildC8Plan(shape, DecodeBatch(n, kv), config);
-  return static_cast<int>(plan.decode_items.size()) / n;
+  return static_cast<int>(H200Plan(cache, n, kv, config).decode_items.size()) / n;
 }
 
 // The split choices behind the H200 timings in docs/PERFORMANCE.md: a batch that already fills
@@ -197,17 +201,12 @@ TEST_CASE("C8 plan: the split cost model keeps full batches whole and spreads sm
 // 4 stages), with the items it plans for that ring: the choices behind docs/PERFORMANCE.md
 // section 15.
 C8Plan RingPlan(CacheType cache, int n, int kv) {
-  C8Shape shape;
-  shape.num_q_heads = 32;
-  shape.num_kv_heads = 8;
-  shape.cache = cache;
   C8PlanConfig config;
-  config.num_sms = 132;
   config.ctas_per_sm = cache == CacheType::kBf16 ? 2 : 3;  // the cache type's default ring
   config.ring_ctas_per_sm[2] = 3;
   config.ring_ctas_per_sm[3] = 2;
   config.ring_ctas_per_sm[4] = 1;
-  return BuildC8Plan(shape, DecodeBatch(n, kv), config);
+  return H200Plan(cache, n, kv, config);
 }
 
 TEST_CASE("C8 plan: the decode ring depth follows the grid", "[host][c8]") {
@@ -229,14 +228,11 @@ TEST_CASE("C8 plan: the decode ring depth follows the grid", "[host][c8]") {
   CHECK(RingPlan(CacheType::kInt8, 256, 1500).decode_stages == 2);
   // Without occupancies the cache type's default ring runs; a forced depth is kept.
   CHECK(Splits(CacheType::kBf16, 1, 4096, 2) > 1);
-  C8Shape shape;
-  shape.num_q_heads = 32;
-  shape.num_kv_heads = 8;
   C8PlanConfig config;
-  CHECK(BuildC8Plan(shape, DecodeBatch(4, 4096), config).decode_stages == 0);
+  CHECK(H200Plan(CacheType::kBf16, 4, 4096, config).decode_stages == 0);
   config.decode_stages = 2;
   config.ring_ctas_per_sm[4] = 1;
-  CHECK(BuildC8Plan(shape, DecodeBatch(4, 4096), config).decode_stages == 2);
+  CHECK(H200Plan(CacheType::kBf16, 4, 4096, config).decode_stages == 2);
 }
 
 }  // namespace
