@@ -11,7 +11,8 @@
 // --bw-tbps / --tflops. The same-run peer is bench/mla_torch_peer.py (plain torch, bf16).
 //
 // Usage: mla_decode_bench [--iters N] [--bw-tbps X] [--tflops Y] [--only SUBSTRING]
-// Planner overrides for experiments: MLA_BENCH_MIN_CHUNK=tokens, MLA_BENCH_MAX_SPLITS=n.
+// Planner overrides for experiments: MLA_BENCH_MIN_CHUNK=tokens, MLA_BENCH_MAX_SPLITS=n,
+// MLA_BENCH_FORCE_SPLIT=1 (every item in MLA_BENCH_MIN_CHUNK chunks).
 // (--only h16_b128_memory_fp8 runs one shape, e.g. under ncu.) Each sample replays a CUDA graph
 // of several steps and reports the time per step.
 // The last lines are a table: one "MLA_BENCH" row per shape, space-separated key=value pairs.
@@ -136,6 +137,8 @@ Result RunShape(const Shape& s, int iters, double bw_tbps, double peak_tflops) {
     llm::cuda::MlaPlanConfig pc = attn.back()->plan_config();
     if (const char* env = std::getenv("MLA_BENCH_MIN_CHUNK")) pc.min_chunk_tokens = std::atoi(env);
     if (const char* env = std::getenv("MLA_BENCH_MAX_SPLITS")) pc.max_splits = std::atoi(env);
+    if (const char* env = std::getenv("MLA_BENCH_FORCE_SPLIT"))
+      pc.force_split = std::atoi(env) != 0;
     const llm::cuda::MlaPlan plan = llm::cuda::BuildMlaPlan(attn.back()->shape(), b, pc);
     splits = plan.merges.empty() ? 1 : plan.merges[0].num_partials;
     const llm::Status st = attn.back()->Upload(b, plan, nullptr);

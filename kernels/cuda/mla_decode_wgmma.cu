@@ -15,11 +15,12 @@
 //     256c .. 256c + 255 (O is 64 x 512 fp32: 128 registers per thread for a half) and the tiles
 //     of parity c (tile i sits in slot i % 2). For its own tile the consumer computes S_i =
 //     Q K_i^T (64 x 64 over 576 dims, shared x shared), the online softmax with the running max
-//     m_{i-1} it got from the other consumer, and O_c += P_i V_i (P from registers); it publishes
-//     P_i (bf16), m_i and the rescale factor in shared memory and signals a named barrier. The
-//     other consumer waits on that barrier, rescales its half, adds P_i V_i from shared memory
-//     and issues S_{i+1} (its own tile) right behind it. So the two softmaxes alternate
-//     (FlashMLA's "seesaw") while the tensor cores have the other consumer's products.
+//     m_{i-1} it got from the other consumer (moved lazily: kLazyRescaleLog2), and O_c += P_i V_i
+//     (P from registers); it publishes P_i (bf16), m_i and the rescale factor in shared memory
+//     and signals a named barrier. The other consumer waits on that barrier, rescales its half,
+//     adds P_i V_i from shared memory and issues S_{i+1} (its own tile) right behind it. So the
+//     two softmaxes alternate (FlashMLA's "seesaw") while the tensor cores have the other
+//     consumer's products.
 //   - A slot is handed back to the producer ("empty" mbarrier, 256 arrivals) once both
 //     consumers' products that read it have completed.
 // Measured and explained in docs/PERFORMANCE.md section 13.
@@ -71,6 +72,33 @@ struct WgCfg {
   static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM on sm_90");
   static_assert(kMlaCacheDim % 64 == 0 && kMlaLatentDim == 512, "panel mapping");
 };
+
+// Lazy rescaling (FlashAttention-4's rule): a row's softmax offset moves only when the tile's max
+// passes it by more than this (log2 units). P = 2^(s - offset) <= 256 then: exact in bf16 and in
+// the fp32 sums, and the rescale of O (128 multiplies per thread, on both consumers' critical
+// path) is skipped on most tiles (H200, 128 heads: 2.5% faster with the tree maximum below).
+constexpr float kLazyRescaleLog2 = 8.f;
+
+// Per-row maxima of a 64 x 64 S fragment (values x with (x >> 1) & 1 == h belong to row h), as
+// a tree: a chain of 16 dependent maxima per row sat on the critical path.
+__device__ __forceinline__ void RowMax(const float (&s)[32], float (&mx)[2]) {
+  float tm[2][8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) tm[h][j] = fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
+  }
+#pragma unroll
+  for (int step = 4; step >= 1; step /= 2) {
+#pragma unroll
+    for (int j = 0; j < step; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) tm[h][j] = fmaxf(tm[h][j], tm[h][j + step]);
+    }
+  }
+  mx[0] = tm[0][0];
+  mx[1] = tm[1][0];
+}
 
 // Named barriers 1 and 2 hand P_i over (by tile parity); 3 joins the consumers at the end.
 __device__ __forceinline__ void BarSync(int id) {
@@ -226,7 +254,6 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
     const int tok0 = item.kv_start + i * WgCfg::kTile;
     const bool need_mask = tok0 + WgCfg::kTile > item.kv_end || tok0 + WgCfg::kTile - 1 > geo.pos0;
     // Raw scores are masked and maximized; the scale (> 0) folds into the exponent's FMA.
-    float mx[2] = {-INFINITY, -INFINITY};
     if (need_mask) {
 #pragma unroll
       for (int x = 0; x < 32; ++x) {
@@ -234,14 +261,14 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
         if (j >= item.kv_end || j > row_pos[(x >> 1) & 1]) s[x] = -INFINITY;
       }
     }
-#pragma unroll
-    for (int x = 0; x < 32; ++x) mx[(x >> 1) & 1] = fmaxf(mx[(x >> 1) & 1], s[x]);
+    float mx[2];
+    RowMax(s, mx);
     float m_use[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2)) * a.scale_log2;
-      const float m_new = fmaxf(m_run[h], mx[h]);
+      const float m_new = mx[h] > m_run[h] + kLazyRescaleLog2 ? mx[h] : m_run[h];
       m_use[h] = m_new == -INFINITY ? 0.f : m_new;  // fully masked so far: no NaN
       f[h] = exp2f(m_run[h] - m_use[h]);
       m_run[h] = m_new;

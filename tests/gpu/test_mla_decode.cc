@@ -57,6 +57,9 @@ struct MlaCase {
   int block_size = 64;
   MlaKernel kernel = MlaKernel::kAuto;
   MlaFp8Math fp8_math = MlaFp8Math::kAuto;
+  // Cache row i of a sequence of length n is scaled by 1 + kv_ramp * i / n (the appended rows by
+  // 1 + kv_ramp): scores keep growing along the context, so the running max keeps moving.
+  float kv_ramp = 0.f;
 };
 
 std::string Name(const MlaCase& c) {
@@ -68,7 +71,9 @@ std::string Name(const MlaCase& c) {
                   (c.kernel == MlaKernel::kPortable ? " portable kernel"
                    : c.kernel == MlaKernel::kWgmma  ? " wgmma kernel"
                                                     : "") +
-                  (c.fp8_math == MlaFp8Math::kF16 ? " f16-MMA fp8 kernel" : "") + " seqs(q,kv)=";
+                  (c.fp8_math == MlaFp8Math::kF16 ? " f16-MMA fp8 kernel" : "") +
+                  (c.kv_ramp != 0.f ? " kv_ramp=" + std::to_string(c.kv_ramp) : "") +
+                  " seqs(q,kv)=";
   for (auto [q, kv] : c.seqs) s += "(" + std::to_string(q) + "," + std::to_string(kv) + ")";
   return s;
 }
@@ -148,8 +153,9 @@ int RunCaseOnce(const MlaCase& c, std::mt19937& rng) {
     for (int i = 0; i < b.kv_lens[s] - q_len; ++i) {
       const size_t row =
           static_cast<size_t>(b.page_indices[b.page_indptr[s] + i / bs]) * bs + i % bs;
+      const float ramp = 1.f + c.kv_ramp * static_cast<float>(i) / b.kv_lens[s];
       for (int d = 0; d < kL; ++d) {
-        const float x = nd(rng);
+        const float x = nd(rng) * ramp;
         if (fp8) {
           cache[row * kL + d] = QuantizeFp8(x, cache_scale);
         } else {
@@ -162,7 +168,7 @@ int RunCaseOnce(const MlaCase& c, std::mt19937& rng) {
   // Activations, bf16 as the GPU model produces them.
   std::vector<uint16_t> latent_new(static_cast<size_t>(T) * kL),
       q_latent(static_cast<size_t>(T) * H * kC), q_pe(static_cast<size_t>(T) * H * kR);
-  for (auto& x : latent_new) x = F32ToBf16(nd(rng));
+  for (auto& x : latent_new) x = F32ToBf16(nd(rng) * (1.f + c.kv_ramp));
   for (auto& x : q_latent) x = F32ToBf16(nd(rng));
   for (auto& x : q_pe) x = F32ToBf16(nd(rng));
 
@@ -397,6 +403,18 @@ TEST_CASE("MLA decode: sharply peaked softmax and block size 128", "[gpu][mla]")
     MlaCase big{16, cache, Split::kPlanner, MixedBatch(rng)};
     big.block_size = 128;
     RunCase(big, rng);
+  }
+}
+
+TEST_CASE("MLA decode: scores that keep growing along long contexts", "[gpu][mla]") {
+  // The sm_90a kernel moves a row's softmax offset only when the max passes it by more than 2^8
+  // (lazy rescaling); here it moves on tile after tile of one unsplit CTA, and P nears 256.
+  std::mt19937 rng(std::random_device{}());
+  for (int heads : {64, 128, 16}) {
+    MlaCase c{heads, MlaCacheType::kBf16, Split::kNone, {{1, 3001}, {2, 2049}, {4, 777}, {1, 64}}};
+    c.softmax_scale = 0.5f;
+    c.kv_ramp = 3.f;
+    RunCase(c, rng);
   }
 }
 
