@@ -219,25 +219,31 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
   // S_i = Q K_i^T (issued, not waited). Waiting for the whole tile first and fencing once is
   // faster than starting on each panel as it lands: a fence between wgmmas drains them.
   auto wait_tile = [&](int slot, uint32_t parity) { wg::MbarWait(sm.full(slot), parity); };
+  const uint64_t q_desc = wg::Desc(sm.q(), 16, 1024);
+  const uint64_t p_desc = wg::Desc(sm.p(), 16, 1024);
+  const uint64_t kv_desc0 = wg::Desc(sm.kv(0), 16, 1024);
   auto issue_s = [&](int i) {
     const int slot = i & 1;
+    const uint64_t kv_desc = wg::DescAdd(kv_desc0, slot * WgCfg::kTileBytes);
     wait_tile(slot, (i >> 1) & 1);
     wg::Fence();
 #pragma unroll
     for (int pn = 0; pn < WgCfg::kPanels; ++pn) {
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
-        const uint64_t da = wg::Desc(sm.q() + pn * WgCfg::kPanelBytes + kk * 32, 16, 1024);
-        const uint64_t db = wg::Desc(sm.kv(slot) + pn * WgCfg::kPanelBytes + kk * 32, 16, 1024);
+        const uint32_t off = pn * WgCfg::kPanelBytes + kk * 32;
+        const uint64_t da = wg::DescAdd(q_desc, off), db = wg::DescAdd(kv_desc, off);
         wg::MmaSS64<true>(s, da, db, (pn | kk) ? 1 : 0);
       }
     }
     wg::Commit();
   };
   // V_i's columns 256c .. 256c + 255, k16-slice kt (tokens 16kt ..): MN-major, 4 panels apart.
+  const uint64_t v_base0 =
+      wg::Desc(sm.kv(0) + 4 * c * WgCfg::kPanelBytes, WgCfg::kPanelBytes, 1024);
+  const uint64_t v_base1 = wg::DescAdd(v_base0, WgCfg::kTileBytes);
   auto v_desc = [&](int slot, int kt) {
-    return wg::Desc(sm.kv(slot) + 4 * c * WgCfg::kPanelBytes + kt * 16 * 128, WgCfg::kPanelBytes,
-                    1024);
+    return wg::DescAdd(slot ? v_base1 : v_base0, kt * 16 * 128);
   };
   auto rescale = [&](const float(&f)[2]) {
     if (__all_sync(0xffffffffu, f[0] == 1.f && f[1] == 1.f)) return;  // no row max moved
@@ -270,7 +276,7 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2)) * a.scale_log2;
       const float m_new = mx[h] > m_run[h] + kLazyRescaleLog2 ? mx[h] : m_run[h];
       m_use[h] = m_new == -INFINITY ? 0.f : m_new;  // fully masked so far: no NaN
-      f[h] = exp2f(m_run[h] - m_use[h]);
+      f[h] = m_new == m_run[h] ? 1.f : gpu::Exp2(m_run[h] - m_use[h]);
       m_run[h] = m_new;
       l_run[h] *= f[h];
     }
@@ -340,7 +346,7 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
     wg::Fence();
 #pragma unroll
     for (int kt = 0; kt < 4; ++kt) {
-      wg::MmaSS256TBf16(o, wg::Desc(sm.p() + kt * 32, 16, 1024), v_desc(slot, kt));
+      wg::MmaSS256TBf16(o, wg::DescAdd(p_desc, kt * 32), v_desc(slot, kt));
     }
     wg::Commit();
     if (w == 0 && lane == 0) {
