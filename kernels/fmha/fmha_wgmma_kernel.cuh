@@ -111,24 +111,27 @@ __device__ __forceinline__ void Consume(const KernelArgs& a, const CtaWork& work
   const bool fold_scale = !a.has_softcap && !has_alibi && a.scale_log2 > 0.f;
   const float exp_mul = fold_scale ? a.scale_log2 : 1.f;
 
+  // Base descriptors, advanced per wgmma by wgmma::DescAdd (one add instead of a fresh Desc).
+  const uint64_t q_desc = wgmma::Desc(sm.q + cw * 64 * 128, 16, 1024);
+  const uint64_t k_desc = wgmma::Desc(sm.k, 16, 1024);
+  const uint64_t v_desc = wgmma::Desc(sm.v, kN * 128, 1024);
   // S = Q K^T over the K tile in slot `slot` (issued, not waited).
   auto issue_s = [&](int slot) {
-    const uint32_t qa = sm.q + cw * 64 * 128;
-    const uint32_t kb = sm.k + slot * C::kTileBytes;
+    const uint64_t kd = wgmma::DescAdd(k_desc, slot * C::kTileBytes);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t col = (kk % 4) * 32;  // the k-slice's byte offset within a panel row
-      const uint64_t da = wgmma::Desc(qa + (kk / 4) * C::kRows * 128 + col, 16, 1024);
-      const uint64_t db = wgmma::Desc(kb + (kk / 4) * kN * 128 + col, 16, 1024);
+      const uint64_t da = wgmma::DescAdd(q_desc, (kk / 4) * C::kRows * 128 + col);
+      const uint64_t db = wgmma::DescAdd(kd, (kk / 4) * kN * 128 + col);
       wgmma::MmaSS128<kBf16>(s, da, db, kk > 0 ? 1 : 0);
     }
   };
   // O += P V over the V tile in slot `slot` (issued, not waited).
   auto issue_pv = [&](int slot) {
-    const uint32_t vb = sm.v + slot * C::kTileBytes;
+    const uint64_t vd = wgmma::DescAdd(v_desc, slot * C::kTileBytes);
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
-      const uint64_t db = wgmma::Desc(vb + kk * 16 * 128, kN * 128, 1024);
+      const uint64_t db = wgmma::DescAdd(vd, kk * 16 * 128);
       if constexpr (D == 128) {
         wgmma::MmaRS128<kBf16>(o, p[kk], db);
       } else {
