@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/c8_kernel_args.h"
+#include "kernels/cuda/pdl_launch.cuh"
+#include "kernels/cuda/ptx_ops.cuh"
 
 namespace llm::cuda::detail {
 namespace {
@@ -23,6 +25,7 @@ __device__ __forceinline__ uint8_t QuantFp8(float x, float scale) {
 // One warp per (token, kv head): writes K and V rows into their cache slot.
 template <int D>
 __global__ void AppendKernel(const AppendArgs a, int cache_type) {
+  ptx::GridDependencySync();  // launched with LaunchPdl
   const int warp_global = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (warp_global >= a.num_tokens * a.num_kv_heads) return;
@@ -88,9 +91,11 @@ void LaunchAppend(const AppendArgs& a, CacheType cache, int head_dim, void* stre
   const int blocks = (warps * 32 + threads - 1) / threads;
   auto s = static_cast<cudaStream_t>(stream);
   if (head_dim == 64) {
-    AppendKernel<64><<<blocks, threads, 0, s>>>(a, static_cast<int>(cache));
+    (void)LaunchPdl(AppendKernel<64>, dim3(blocks), dim3(threads), 0, s, a,
+                    static_cast<int>(cache));
   } else {
-    AppendKernel<128><<<blocks, threads, 0, s>>>(a, static_cast<int>(cache));
+    (void)LaunchPdl(AppendKernel<128>, dim3(blocks), dim3(threads), 0, s, a,
+                    static_cast<int>(cache));
   }
 }
 

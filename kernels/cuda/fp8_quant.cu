@@ -9,6 +9,8 @@
 
 #include "kernels/cuda/block_abs_max.cuh"
 #include "kernels/cuda/fp8_rows.cuh"
+#include "kernels/cuda/pdl_launch.cuh"
+#include "kernels/cuda/ptx_ops.cuh"
 
 namespace llm::cuda {
 namespace {
@@ -67,6 +69,7 @@ __global__ void QuantizeKernel(const __nv_bfloat16* x, int64_t n, const float* a
 
 // One CTA per row: the row's absmax, then its bytes (the second read of the row hits L1/L2).
 __global__ void QuantizeRowsKernel(const __nv_bfloat16* x, int cols, uint8_t* q, float* scales) {
+  ptx::GridDependencySync();  // launched with LaunchPdl
   const size_t row = blockIdx.x;
   const __nv_bfloat16* xr = x + row * cols;
   uint8_t* qr = q + row * cols;
@@ -127,8 +130,9 @@ void LaunchQuantizeFp8(const void* x, int64_t n, const float* amax, float* scale
 void LaunchQuantizeRowsFp8(const void* x, int rows, int cols, const Fp8Rows& out, void* stream) {
   if (rows == 0) return;
   const int threads = std::clamp((cols / 8 + 31) / 32 * 32, 32, 512);
-  QuantizeRowsKernel<<<rows, threads, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const __nv_bfloat16*>(x), cols, static_cast<uint8_t*>(out.q), out.scale);
+  (void)LaunchPdl(QuantizeRowsKernel, dim3(rows), dim3(threads), 0,
+                  static_cast<cudaStream_t>(stream), static_cast<const __nv_bfloat16*>(x), cols,
+                  static_cast<uint8_t*>(out.q), out.scale);
 }
 
 }  // namespace llm::cuda

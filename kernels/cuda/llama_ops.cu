@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/fp8_rows.cuh"
 #include "kernels/cuda/llama_ops.h"
+#include "kernels/cuda/pdl_launch.cuh"
 #include "kernels/cuda/ptx_ops.cuh"
 
 namespace llm::cuda {
@@ -13,6 +14,7 @@ namespace {
 
 __global__ void EmbeddingKernel(const __nv_bfloat16* table, const int32_t* ids, const int32_t* feed,
                                 int hidden, float* residual) {
+  ptx::GridDependencySync();  // launched with LaunchPdl
   const int t = blockIdx.x;
   const int32_t id = ids[t] >= 0 ? ids[t] : feed[-ids[t] - 1];
   const __nv_bfloat16* row = table + static_cast<size_t>(id) * hidden;
@@ -41,6 +43,7 @@ __device__ __forceinline__ float RowScale(const float* scale, int t) {
 // One CTA per output row, any width and alignment: the sum of squares, then (fp8 output) the
 // row's absmax, then the output, each pass over the residual row in global memory.
 __global__ void AddRmsNormKernel(const RmsNormArgs a) {
+  ptx::GridDependencySync();  // launched with LaunchPdl
   const int out_row = blockIdx.x, hidden = a.hidden;
   const int t = a.rows ? a.rows[out_row] : out_row;
   float* x = a.residual + static_cast<size_t>(t) * hidden;
@@ -128,6 +131,7 @@ __device__ __forceinline__ void StoreRow(float (&v)[kChunks][8], int cols, size_
 // registers between the sum, the absmax and the output, and every access is 8 or 16 bytes.
 template <int kChunks, bool kFp8>
 __global__ void AddRmsNormVecKernel(const RmsNormArgs a) {
+  ptx::GridDependencySync();  // launched with LaunchPdl
   const int out_row = blockIdx.x, hidden = a.hidden;
   const int t = a.rows ? a.rows[out_row] : out_row;
   float* x = a.residual + static_cast<size_t>(t) * hidden;
@@ -193,6 +197,7 @@ __device__ __forceinline__ __nv_bfloat16* RopeDestination(const RopeArgs& a, int
 
 // One CTA per (token, head); threads over the head's rotary pairs.
 __global__ void BiasRopeKernel(const RopeArgs a) {
+  ptx::GridDependencySync();  // launched with LaunchPdl
   const int t = blockIdx.x;
   const int D = a.head_dim, half = D / 2;
   const int heads = a.num_q_heads + 2 * a.num_kv_heads;
@@ -229,6 +234,7 @@ __global__ void BiasRopeKernel(const RopeArgs a) {
 // kernel above spent most of its time in per-head sincosf and 2-byte accesses over a
 // tokens x heads grid of 64-thread CTAs. Same float math as the CPU oracle.
 __global__ void BiasRopeVecKernel(const RopeArgs a) {
+  ptx::GridDependencySync();  // launched with LaunchPdl
   using ptx::LoadBf16x4;
   using ptx::StoreBf16x4;
   extern __shared__ float cs[];  // [D / 2] cos, then [D / 2] sin
@@ -290,6 +296,7 @@ __device__ __forceinline__ float SiluMul(float x, float up) {
 
 // grid (tokens, column blocks); 8 columns per thread with 16-byte accesses (inter % 8 == 0).
 __global__ void SiluMulVecKernel(const SiluMulArgs a) {
+  ptx::GridDependencySync();  // launched with LaunchPdl
   const int t = blockIdx.x, inter = a.inter;
   const int i = (blockIdx.y * blockDim.x + threadIdx.x) * 8;
   if (i >= inter) return;
@@ -309,6 +316,7 @@ __global__ void SiluMulVecKernel(const SiluMulArgs a) {
 // resident per SM. (Holding the row in registers, 4 chunks per thread, ran at 2.3 TB/s in an
 // 8 x 1,024-token prefill; loading all 4 first was slower still.) inter % 8 == 0.
 __global__ void __launch_bounds__(512, 3) SiluMulFp8RowKernel(const SiluMulArgs a) {
+  ptx::GridDependencySync();        // launched with LaunchPdl
   extern __shared__ float4 row4[];  // [inter / 4]
   const int t = blockIdx.x, inter = a.inter, chunks = inter / 8;
   const float gs = RowScale(a.gate_up_scale, t);
@@ -339,6 +347,7 @@ __global__ void __launch_bounds__(512, 3) SiluMulFp8RowKernel(const SiluMulArgs 
 
 // Any width and alignment; fp8 output takes a second pass over the row for its absmax.
 __global__ void SiluMulKernel(const SiluMulArgs a) {
+  ptx::GridDependencySync();  // launched with LaunchPdl
   const int t = blockIdx.x, inter = a.inter;
   const float gs = RowScale(a.gate_up_scale, t);
   const auto* g = static_cast<const __nv_bfloat16*>(a.gate_up) + static_cast<size_t>(t) * 2 * inter;
@@ -387,8 +396,9 @@ bool Aligned8(const void* p) {
 void LaunchEmbedding(const void* table, const int32_t* ids, int num_tokens, int hidden,
                      float* residual, void* stream, const int32_t* feed) {
   if (num_tokens == 0) return;
-  EmbeddingKernel<<<num_tokens, 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const __nv_bfloat16*>(table), ids, feed, hidden, residual);
+  (void)LaunchPdl(EmbeddingKernel, dim3(num_tokens), dim3(256), 0,
+                  static_cast<cudaStream_t>(stream), static_cast<const __nv_bfloat16*>(table), ids,
+                  feed, hidden, residual);
 }
 
 void LaunchAddRmsNorm(const RmsNormArgs& a, void* stream) {
@@ -401,7 +411,9 @@ void LaunchAddRmsNorm(const RmsNormArgs& a, void* stream) {
     // Threads so that each holds at most 4 chunks of 8 (hidden 4096: 128 threads x 4).
     const int chunks = a.hidden / 8;
     const int threads = std::min(256, std::max(32, (chunks + 3) / 4 + 31) / 32 * 32);
-    auto launch = [&](auto kernel) { kernel<<<a.num_rows, threads, 0, s>>>(a); };
+    auto launch = [&](auto kernel) {
+      (void)LaunchPdl(kernel, dim3(a.num_rows), dim3(threads), 0, s, a);
+    };
     if (chunks <= 2 * threads) {
       fp8 ? launch(AddRmsNormVecKernel<2, true>) : launch(AddRmsNormVecKernel<2, false>);
     } else {
@@ -409,7 +421,7 @@ void LaunchAddRmsNorm(const RmsNormArgs& a, void* stream) {
     }
     return;
   }
-  AddRmsNormKernel<<<a.num_rows, 256, 0, s>>>(a);
+  (void)LaunchPdl(AddRmsNormKernel, dim3(a.num_rows), dim3(256), 0, s, a);
 }
 
 void LaunchAddRmsNorm(float* residual, const void* delta, const void* weight, const int32_t* rows,
@@ -432,13 +444,13 @@ void LaunchBiasRope(const RopeArgs& a, void* stream) {
       Aligned8(a.q) && Aligned8(a.k) && Aligned8(a.v)) {
     const int heads = a.num_q_heads + 2 * a.num_kv_heads;
     const int threads = std::min(256, std::max(32, (heads * a.head_dim / 8 + 31) / 32 * 32));
-    BiasRopeVecKernel<<<a.num_tokens, threads, a.head_dim * sizeof(float),
-                        static_cast<cudaStream_t>(stream)>>>(a);
+    (void)LaunchPdl(BiasRopeVecKernel, dim3(a.num_tokens), dim3(threads),
+                    a.head_dim * sizeof(float), static_cast<cudaStream_t>(stream), a);
     return;
   }
   const dim3 grid(a.num_tokens, a.num_q_heads + 2 * a.num_kv_heads);
-  BiasRopeKernel<<<grid, std::min(256, std::max(32, a.head_dim / 2)), 0,
-                   static_cast<cudaStream_t>(stream)>>>(a);
+  (void)LaunchPdl(BiasRopeKernel, grid, dim3(std::min(256, std::max(32, a.head_dim / 2))), 0,
+                  static_cast<cudaStream_t>(stream), a);
 }
 
 void LaunchSiluMul(const SiluMulArgs& a, void* stream) {
@@ -460,17 +472,18 @@ void LaunchSiluMul(const SiluMulArgs& a, void* stream) {
       }();
       (void)attr;  // on failure the launch fails and the stream reports it
       const int threads = std::min(512, (a.inter / 8 + 31) / 32 * 32);
-      SiluMulFp8RowKernel<<<a.num_tokens, threads, smem, s>>>(a);
+      (void)LaunchPdl(SiluMulFp8RowKernel, dim3(a.num_tokens), dim3(threads), smem, s, a);
     } else {
-      SiluMulKernel<<<a.num_tokens, 512, 0, s>>>(a);
+      (void)LaunchPdl(SiluMulKernel, dim3(a.num_tokens), dim3(512), 0, s, a);
     }
     return;
   }
   if (vec && Aligned16(a.act)) {
-    SiluMulVecKernel<<<dim3(a.num_tokens, (a.inter / 8 + 127) / 128), 128, 0, s>>>(a);
+    (void)LaunchPdl(SiluMulVecKernel, dim3(a.num_tokens, (a.inter / 8 + 127) / 128), dim3(128), 0,
+                    s, a);
     return;
   }
-  SiluMulKernel<<<dim3(a.num_tokens, (a.inter + 255) / 256), 256, 0, s>>>(a);
+  (void)LaunchPdl(SiluMulKernel, dim3(a.num_tokens, (a.inter + 255) / 256), dim3(256), 0, s, a);
 }
 
 void LaunchSiluMul(const void* gate_up, int num_tokens, int inter, void* act, void* stream) {

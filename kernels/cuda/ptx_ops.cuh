@@ -81,6 +81,13 @@ __device__ __forceinline__ void GridDependencyLaunch() {
   asm volatile("griddepcontrol.launch_dependents;\n" :::);
 #endif
 }
+// The whole prologue of a small element-wise kernel in a launch chain: wait for the previous
+// kernel, then let the next one start launching (its CTAs wait in their own prologue), so the
+// launch latency between two dependent kernels overlaps the tail of the first.
+__device__ __forceinline__ void GridDependencySync() {
+  GridDependencyWait();
+  GridDependencyLaunch();
+}
 
 // c += a (16x32, row) * b (32x8, col), e4m3 inputs, fp32 accumulate. The instruction exists from
 // sm_89 on; callers choose it on the host only for such devices (ComputeCapability() >= 89).

@@ -18,6 +18,8 @@
 // waves on 132 SMs. Splitting rows over several CTAs is the next step if this matters.
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/pdl_launch.cuh"
+#include "kernels/cuda/ptx_ops.cuh"
 #include "kernels/cuda/sampling.h"
 
 namespace llm::cuda {
@@ -211,6 +213,7 @@ __device__ void ClearHistogram(Shared& s) {
 }
 
 __global__ void __launch_bounds__(kThreads, 1) SamplingKernel(const SamplingArgs a) {
+  ptx::GridDependencySync();  // launched with LaunchPdl
   __shared__ Shared s;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int V = a.vocab;
@@ -512,7 +515,8 @@ __global__ void __launch_bounds__(kThreads, 1) SamplingKernel(const SamplingArgs
 
 void LaunchSampling(const SamplingArgs& args, void* stream) {
   if (args.num_jobs == 0) return;
-  SamplingKernel<<<args.num_jobs, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(args);
+  (void)LaunchPdl(SamplingKernel, dim3(args.num_jobs), dim3(kThreads), 0,
+                  static_cast<cudaStream_t>(stream), args);
 }
 
 }  // namespace llm::cuda
