@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine: the same end-to-end workload (scripts/gpu_e2e.sh and its E2E_*
+# variables) once per server binary, alternating, in one call, so two builds are compared on
+# the same machine state (the H200 here is power-capped; calls differ by a few percent).
+#   scripts/gpu_e2e_ab.sh .devpack/bin/llm-server-base .devpack/bin/llm-server-new [rounds]
+# Pack both binaries with ../shared/gpu/pack.sh (their libraries are the same). Results under
+# $OUT/ab_<round>_<name>/; the summary lines are printed.
+set -uo pipefail
+[ $# -ge 2 ] || { echo "usage: $0 SERVER_A SERVER_B [ROUNDS]"; exit 2; }
+A="$1"; B="$2"; ROUNDS="${3:-1}"
+OUT_ROOT="${OUT:-$(pwd)/gpu-out}"
+target=.devpack/bin/llm-server
+[ -e "$target" ] && cp "$target" "$target.ab-orig"
+for r in $(seq 1 "$ROUNDS"); do
+  for bin in "$A" "$B"; do
+    name=$(basename "$bin")
+    cp "$bin" "$target"
+    echo "== round $r: $name"
+    OUT="$OUT_ROOT/ab_${r}_${name}" bash scripts/gpu_e2e.sh 2>&1 |
+      grep -E "Duration|Output token|TTFT |TPOT |step forward"
+  done
+done
+[ -e "$target.ab-orig" ] && mv "$target.ab-orig" "$target"
