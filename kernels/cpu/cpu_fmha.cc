@@ -35,6 +35,9 @@ size_t KeyOffset(const FmhaParams& p, int b, int j, int kvh) {
     return ((static_cast<size_t>(block) * p.num_kv_heads + kvh) * p.block_size + j % p.block_size) *
            d;
   }
+  if (p.seqstart_k != nullptr) {
+    return ((static_cast<size_t>(p.seqstart_k[b]) + j) * p.num_kv_heads + kvh) * d;
+  }
   const int row = p.cache_batch_idx != nullptr ? p.cache_batch_idx[b] : b;
   return ((static_cast<size_t>(row) * p.cache_seqlen + j) * p.num_kv_heads + kvh) * d;
 }
@@ -53,8 +56,12 @@ void CheckParams(const FmhaParams& p) {
   } else {
     LLM_CHECK(p.block_size == 0) << "fmha: negative block_size";
   }
+  LLM_CHECK(p.seqstart_k == nullptr || (p.block_size == 0 && p.cache_batch_idx == nullptr))
+      << "fmha: packed KV (seqstart_k) is contiguous and takes no cache_batch_idx";
   for (int b = 0; b < p.batch; ++b) {
-    const int capacity = p.block_size > 0 ? p.max_blocks_per_seq * p.block_size : p.cache_seqlen;
+    const int capacity = p.block_size > 0 ? p.max_blocks_per_seq * p.block_size
+                         : p.seqstart_k   ? p.seqstart_k[b + 1] - p.seqstart_k[b]
+                                          : p.cache_seqlen;
     LLM_CHECK(p.seqlen_k[b] >= 0 && p.seqlen_k[b] <= capacity)
         << "fmha: sequence " << b << " has " << p.seqlen_k[b] << " keys; its cache holds "
         << capacity;

@@ -49,6 +49,7 @@ struct KernelArgs {
   const int32_t* seqlen_k;
   const int32_t* block_table;
   const int32_t* cache_batch_idx;
+  const int32_t* seqstart_k;  // packed KV (contiguous only)
   const float* alibi_slopes;
   const float* sink_logits;
   float* partial_o;
@@ -239,13 +240,19 @@ __device__ __forceinline__ size_t QueryRowOffset(const KernelArgs& a, const CtaW
 }
 
 // KV row (element offset / head_dim) of key j of KV head kvh: paged through block id `blk`, or
-// contiguous in cache row `cache_row`.
+// contiguous from the sequence's first key row `key_base` (ContiguousKeyBase).
 __device__ __forceinline__ int64_t PagedKvRow(const KernelArgs& a, int blk, int kvh, int j) {
   return (static_cast<int64_t>(blk) * a.num_kv_heads + kvh) * a.block_size + j % a.block_size;
 }
-__device__ __forceinline__ int64_t ContiguousKvRow(const KernelArgs& a, int cache_row, int kvh,
+__device__ __forceinline__ int64_t ContiguousKvRow(const KernelArgs& a, int64_t key_base, int kvh,
                                                    int j) {
-  return (static_cast<int64_t>(cache_row) * a.cache_seqlen + j) * a.num_kv_heads + kvh;
+  return (key_base + j) * a.num_kv_heads + kvh;
+}
+// Key row of sequence b's key 0 without a block table: packed (seqstart_k) or in its cache row.
+__device__ __forceinline__ int64_t ContiguousKeyBase(const KernelArgs& a, int b) {
+  if (a.seqstart_k) return a.seqstart_k[b];
+  const int cache_row = a.cache_batch_idx ? a.cache_batch_idx[b] : b;
+  return static_cast<int64_t>(cache_row) * a.cache_seqlen;
 }
 
 // Normalizes and stores the rows of one CTA tile (kRows packed rows starting at row0): the final
@@ -343,7 +350,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) FmhaFwdKernel(cons
   const int my_chunk = tid % C::kCopyChunks, my_row = tid / C::kCopyChunks;
   const int32_t* bt =
       a.block_table ? a.block_table + static_cast<size_t>(b) * a.max_blocks_per_seq : nullptr;
-  const int cache_row = a.cache_batch_idx ? a.cache_batch_idx[b] : b;
+  const int64_t key_base = bt ? 0 : ContiguousKeyBase(a, b);
   // KV row index (row * D = element offset; < 2^31 rows, i.e. any cache that fits in memory) of
   // this thread's rows in the next tile, -1 past the end: the dependent block-table loads run one
   // tile ahead of the copies.
@@ -370,7 +377,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) FmhaFwdKernel(cons
               C::kIdsInSmem ? ids_smem[(v % 3) * 8 + j / a.block_size - b0] : bt[j / a.block_size];
           row = PagedKvRow(a, blk, kvh, j);
         } else {
-          row = ContiguousKvRow(a, cache_row, kvh, j);
+          row = ContiguousKvRow(a, key_base, kvh, j);
         }
       }
       next_row[i] = static_cast<int32_t>(row);
@@ -768,6 +775,7 @@ inline KernelArgs MakeKernelArgs(const Run& run) {
   a.seqlen_k = p.seqlen_k;
   a.block_table = p.block_size > 0 ? p.block_table : nullptr;
   a.cache_batch_idx = p.block_size > 0 ? nullptr : p.cache_batch_idx;
+  a.seqstart_k = p.block_size > 0 ? nullptr : p.seqstart_k;
   a.alibi_slopes = p.alibi_slopes;
   a.sink_logits = p.sink_logits;
   a.partial_o = run.partial_o;

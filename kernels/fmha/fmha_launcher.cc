@@ -31,8 +31,8 @@ int MaxSeqlenQ(const FmhaParams& p) {
 
 // Upper bound of any sequence's key count, known on the host.
 int64_t MaxSeqlenK(const FmhaParams& p) {
-  return p.block_size > 0 ? static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size
-                          : p.cache_seqlen;
+  if (p.block_size > 0) return static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size;
+  return p.seqstart_k ? p.max_seqlen_k : p.cache_seqlen;
 }
 
 Layout ChooseLayout(const FmhaParams& p, FmhaKernel kernel) {
@@ -157,6 +157,9 @@ Status FmhaCheckParams(const FmhaParams& p) {
     }
   } else if (p.block_size < 0) {
     return bad("block_size " + std::to_string(p.block_size) + " < 0");
+  } else if (p.seqstart_k) {
+    if (p.max_seqlen_k <= 0) return bad("packed KV (seqstart_k) needs max_seqlen_k > 0");
+    if (p.cache_batch_idx) return bad("packed KV (seqstart_k) takes no cache_batch_idx");
   } else if (p.cache_seqlen <= 0) {
     return bad("contiguous KV (block_size 0) needs cache_seqlen > 0");
   }

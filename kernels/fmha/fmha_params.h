@@ -11,6 +11,9 @@
 //            j % block_size (the engine's KV cache layout, docs/ARCHITECTURE.md)
 //   k, v contiguous (block_size == 0): [num_cache_rows, cache_seqlen, num_kv_heads, head_dim];
 //            sequence b reads cache row cache_batch_idx[b] (or b when cache_batch_idx is null)
+//   k, v packed (block_size == 0 and seqstart_k): [total_k, num_kv_heads, head_dim]; sequence b's
+//            key j is row seqstart_k[b] + j (FlashAttention's cu_seqlens_k: the fresh K/V of a
+//            step's prefill chunks, as the projections wrote them)
 // Query head h reads KV head h / (num_q_heads / num_kv_heads) (MHA, GQA, MQA).
 //
 // Scores, for query row i (0-based within its sequence) and key j < seqlen_k[b]:
@@ -77,6 +80,11 @@ struct FmhaParams {
   // Contiguous KV (block_size == 0).
   int cache_seqlen = 0;
   const int32_t* cache_batch_idx = nullptr;  // [batch], optional
+  // Packed KV (block_size == 0, instead of cache rows): [batch + 1] key row offsets; then
+  // cache_seqlen and cache_batch_idx are unused and max_seqlen_k bounds every seqlen_k (host-side
+  // planning).
+  const int32_t* seqstart_k = nullptr;
+  int max_seqlen_k = 0;
 
   float softmax_scale = 1.0f;
   FmhaMask mask;

@@ -330,11 +330,11 @@ __global__ void __launch_bounds__(C::kThreads, 1) FmhaWgmmaKernel(const KernelAr
     const int32_t* bt = a.block_table
                             ? a.block_table + static_cast<size_t>(work.b) * a.max_blocks_per_seq
                             : nullptr;
-    const int cache_row = a.cache_batch_idx ? a.cache_batch_idx[work.b] : work.b;
+    const int key_base = bt ? 0 : static_cast<int>(ContiguousKeyBase(a, work.b));
     // KV row of key j (-1: no row of the CTA sees it; zero-filled instead of read).
     auto row_of = [&](int j) -> int32_t {
       if (!tl.Needed(j)) return -1;
-      if (!bt) return (cache_row * a.cache_seqlen + j) * a.num_kv_heads + work.kvh;
+      if (!bt) return (key_base + j) * a.num_kv_heads + work.kvh;
       const int bi = a.block_shift >= 0 ? j >> a.block_shift : j / a.block_size;
       return (bt[bi] * a.num_kv_heads + work.kvh) * a.block_size + (j - bi * a.block_size);
     };

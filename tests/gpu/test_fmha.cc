@@ -56,6 +56,7 @@ struct Case {
   int block_size = 16;  // 0: contiguous KV
   bool group_mode = false;
   bool permute_rows = false;  // contiguous: shuffled cache_batch_idx
+  bool packed_keys = false;   // contiguous: keys packed at seqstart_k offsets (not cache rows)
   std::vector<Seq> seqs;      // batch mode: every q must be equal
   FmhaMask mask;
   float scale_mult = 1.0f;  // softmax_scale = scale_mult / sqrt(d)
@@ -93,7 +94,7 @@ std::string Describe(const Case& c) {
   if (c.block_size > 0) {
     add(" paged bs=", c.block_size);
   } else {
-    s += c.permute_rows ? " contiguous permuted" : " contiguous";
+    s += c.packed_keys ? " packed" : c.permute_rows ? " contiguous permuted" : " contiguous";
   }
   s += c.group_mode ? " group" : " batch";
   s += " mask=";
@@ -271,7 +272,7 @@ void RunCase(const Case& c, std::mt19937& rng) {
   // averages over long rows do not shrink towards zero.
   std::vector<float> v_offset(D);
   for (auto& x : v_offset) x = ud(rng);
-  std::vector<int32_t> block_table, cache_idx;
+  std::vector<int32_t> block_table, cache_idx, seqstart_k;
   size_t cache_elems = 0;
   std::vector<uint16_t> kc, vc;
   auto key_offset = [&](int b, int j, int h) -> size_t {
@@ -279,6 +280,7 @@ void RunCase(const Case& c, std::mt19937& rng) {
       const int blk = block_table[static_cast<size_t>(b) * p.max_blocks_per_seq + j / bs];
       return ((static_cast<size_t>(blk) * hkv + h) * bs + j % bs) * D;
     }
+    if (c.packed_keys) return ((static_cast<size_t>(seqstart_k[b]) + j) * hkv + h) * D;
     const int row = cache_idx.empty() ? b : cache_idx[b];
     return ((static_cast<size_t>(row) * p.cache_seqlen + j) * hkv + h) * D;
   };
@@ -306,6 +308,15 @@ void RunCase(const Case& c, std::mt19937& rng) {
       }
     }
     cache_elems = static_cast<size_t>(num_blocks) * hkv * bs * D;
+  } else if (c.packed_keys) {
+    // NaN rows between sequences: a read past seqlen_k shows.
+    seqstart_k = {std::uniform_int_distribution<int>(0, 3)(rng)};
+    for (int b = 0; b < batch; ++b) {
+      seqstart_k.push_back(seqstart_k.back() + c.seqs[b].k +
+                           std::uniform_int_distribution<int>(0, 3)(rng));
+    }
+    p.max_seqlen_k = std::max(max_k, 1);
+    cache_elems = (static_cast<size_t>(seqstart_k.back()) + 2) * hkv * D;
   } else {
     p.cache_seqlen = max_k + 5;
     const int rows = batch + 2;
@@ -350,6 +361,7 @@ void RunCase(const Case& c, std::mt19937& rng) {
   hp.seqlen_k = seqlen_k.data();
   hp.block_table = bs > 0 ? block_table.data() : nullptr;
   hp.cache_batch_idx = cache_idx.empty() ? nullptr : cache_idx.data();
+  hp.seqstart_k = c.packed_keys ? seqstart_k.data() : nullptr;
   hp.alibi_slopes = c.alibi ? alibi.data() : nullptr;
   hp.sink_logits = c.sink_logits ? sinks.data() : nullptr;
   std::vector<float> ref(static_cast<size_t>(total_q) * hq * D);
@@ -358,7 +370,7 @@ void RunCase(const Case& c, std::mt19937& rng) {
   CpuFmhaForward(hp, ref.data());
 
   // GPU.
-  DevBuf dq, dk, dv, dout, dlse, dstart, dlen, dbt, didx, dalibi, dsink, dws;
+  DevBuf dq, dk, dv, dout, dlse, dstart, dlen, dbt, didx, dalibi, dsink, dws, dstart_k;
   Upload(dq, q);
   Upload(dk, kc);
   Upload(dv, vc);
@@ -366,6 +378,7 @@ void RunCase(const Case& c, std::mt19937& rng) {
   Upload(dlen, seqlen_k);
   Upload(dbt, block_table);
   Upload(didx, cache_idx);
+  Upload(dstart_k, seqstart_k);
   Upload(dalibi, alibi);
   Upload(dsink, sinks);
   const size_t out_bytes = std::max<size_t>(q.size() * 2, 16);
@@ -381,6 +394,7 @@ void RunCase(const Case& c, std::mt19937& rng) {
   dp.seqlen_k = dlen.get<int32_t>();
   dp.block_table = bs > 0 ? dbt.get<int32_t>() : nullptr;
   dp.cache_batch_idx = cache_idx.empty() ? nullptr : didx.get<int32_t>();
+  dp.seqstart_k = c.packed_keys ? dstart_k.get<int32_t>() : nullptr;
   dp.alibi_slopes = c.alibi ? dalibi.get<float>() : nullptr;
   dp.sink_logits = c.sink_logits ? dsink.get<float>() : nullptr;
   FmhaLaunchOptions opt;
@@ -509,6 +523,22 @@ std::vector<Case> QuickCases() {
   c.seqs = {{40, 300}};
   c.mask = Mask(M::kCausalBottomRight);
   c.num_splits = 3;
+  v.push_back(c);
+  // Packed keys (seqstart_k, the fresh K/V of varlen prefill chunks): causal GQA prefill on
+  // both kernels, d 128 and 64, a window with fp16, and a decode-shaped split.
+  c = Case{};
+  c.block_size = 0, c.packed_keys = true, c.group_mode = true, c.hq = 32, c.hkv = 8;
+  c.seqs = {{300, 300}, {1, 1}, {129, 129}, {64, 64}};
+  c.mask = Mask(M::kCausalBottomRight);
+  v.push_back(c);
+  c.d = 64, c.dtype = FmhaDType::kFp16;
+  c.mask = Mask(M::kWindow, 50, 0, 3);
+  v.push_back(c);
+  c = Case{};
+  c.block_size = 0, c.packed_keys = true, c.group_mode = true;
+  c.seqs = {{1, 900}, {3, 40}};
+  c.mask = Mask(M::kCausalBottomRight);
+  c.num_splits = 4;
   v.push_back(c);
   // Block size not a power of two.
   c = Case{};
@@ -657,6 +687,34 @@ TEST_CASE("FMHA forward: unsupported parameters are rejected", "[gpu][fmha][quic
     CHECK(sw.code() == StatusCode::kInvalidArgument);
     CHECK(sw.message().find("wgmma") != std::string::npos);
   }
+}
+
+TEST_CASE("FMHA params: packed keys need max_seqlen_k and no cache rows", "[host][fmha]") {
+  alignas(16) static int32_t host[64] = {};  // only checked, never read
+  FmhaParams p;
+  p.batch = 2;
+  p.num_q_heads = 8;
+  p.num_kv_heads = 2;
+  p.head_dim = 64;
+  p.seqlen_q = 3;
+  p.q = p.k = p.v = p.out = host;
+  p.seqlen_k = host;
+  p.block_size = 0;
+  p.seqstart_k = host;
+  p.max_seqlen_k = 40;  // cache_seqlen stays 0: packed keys do not use it
+  INFO(FmhaCheckParams(p).ToString());
+  CHECK(FmhaCheckParams(p).ok());
+  FmhaParams x = p;
+  x.max_seqlen_k = 0;
+  CHECK(FmhaCheckParams(x).code() == StatusCode::kInvalidArgument);
+  CHECK(FmhaCheckParams(x).message().find("max_seqlen_k") != std::string::npos);
+  x = p;
+  x.cache_batch_idx = host;
+  CHECK(FmhaCheckParams(x).code() == StatusCode::kInvalidArgument);
+  CHECK(FmhaCheckParams(x).message().find("cache_batch_idx") != std::string::npos);
+  x = p;
+  x.seqstart_k = nullptr;  // contiguous cache rows again: cache_seqlen is required
+  CHECK(FmhaCheckParams(x).message().find("cache_seqlen") != std::string::npos);
 }
 
 }  // namespace

@@ -93,6 +93,9 @@ struct Layout {
   // Paged: table entries of blocks no query row can see name a block far outside the cache, so
   // any read of them faults (the engine may free such blocks).
   bool wild_hidden_blocks = false;
+  // Contiguous only: keys packed as [total_k, hkv, d] at seqstart_k offsets, with NaN rows between
+  // sequences (so a read past seqlen_k shows).
+  bool packed = false;
 };
 
 std::vector<std::vector<bool>> DenseMask(const FmhaMask& m, int sq, int sk);
@@ -100,7 +103,7 @@ std::vector<std::vector<bool>> DenseMask(const FmhaMask& m, int sq, int sk);
 // Device-style buffers for one (case, layout); everything not owned by a key is NaN.
 struct Built {
   std::vector<uint16_t> q, k, v;
-  std::vector<int32_t> seqstart, seqlen_k, table, wild_table, rows;
+  std::vector<int32_t> seqstart, seqlen_k, table, wild_table, rows, seqstart_k;
   FmhaParams p;
 };
 
@@ -160,6 +163,15 @@ void Build(const Case& c, const Data& data, const Layout& lay, Built* out) {
       const int blk = o.table[static_cast<size_t>(b) * p.max_blocks_per_seq + j / bs];
       return ((static_cast<size_t>(blk) * hkv + h) * bs + j % bs) * d;
     };
+  } else if (lay.packed) {
+    std::uniform_int_distribution<int> gap(0, 3);
+    o.seqstart_k = {gap(rng)};
+    for (int b = 0; b < batch; ++b)
+      o.seqstart_k.push_back(o.seqstart_k.back() + c.sk[b] + gap(rng));
+    o.k.assign((static_cast<size_t>(o.seqstart_k.back()) + 2) * hkv * d, nan_bits);
+    at = [&o, hkv, d](int b, int j, int h) {
+      return ((static_cast<size_t>(o.seqstart_k[b]) + j) * hkv + h) * d;
+    };
   } else {
     const int num_rows = lay.cache_batch_idx ? batch + 2 : batch;
     p.cache_seqlen = *std::max_element(c.sk.begin(), c.sk.end()) + 3;  // padded rows
@@ -199,7 +211,12 @@ void Build(const Case& c, const Data& data, const Layout& lay, Built* out) {
   p.k = o.k.data();
   p.v = o.v.data();
   if (lay.block_size > 0) p.block_table = o.wild_table.data();
-  if (lay.block_size == 0 && lay.cache_batch_idx) p.cache_batch_idx = o.rows.data();
+  if (lay.block_size == 0 && lay.packed) {
+    p.seqstart_k = o.seqstart_k.data();
+    p.max_seqlen_k = *std::max_element(c.sk.begin(), c.sk.end());
+  } else if (lay.block_size == 0 && lay.cache_batch_idx) {
+    p.cache_batch_idx = o.rows.data();
+  }
   p.softmax_scale = c.scale;
   p.mask = c.mask;
   p.softcap = c.softcap;
@@ -469,7 +486,7 @@ TEST_CASE("CpuFmhaForward decode and prefill shapes match dense attention", "[fm
   }
 }
 
-TEST_CASE("CpuFmhaForward paged KV equals contiguous KV", "[fmha]") {
+TEST_CASE("CpuFmhaForward paged KV equals contiguous and packed KV", "[fmha]") {
   for (int block_size : {16, 32, 64}) {
     Case c;
     c.seed = 11 + block_size;
@@ -489,12 +506,17 @@ TEST_CASE("CpuFmhaForward paged KV equals contiguous KV", "[fmha]") {
     const Result paged2 = Run(c, data, Layout{block_size, false, 6});  // another shuffle
     const Result rows = Run(c, data, Layout{0, true, 7});
     const Result plain = Run(c, data, Layout{0, false, 8});
+    Layout packed_layout{0, false, 9};
+    packed_layout.packed = true;
+    const Result packed = Run(c, data, packed_layout);
     INFO("block_size " << block_size);
     CHECK(Mismatches(paged.out, rows.out, 1e-6) == 0);
     CHECK(Mismatches(paged.lse, rows.lse, 1e-6) == 0);
     CHECK(Mismatches(paged2.out, paged.out, 1e-6) == 0);
     CHECK(Mismatches(plain.out, rows.out, 1e-6) == 0);
     CHECK(Mismatches(plain.lse, rows.lse, 1e-6) == 0);
+    CHECK(Mismatches(packed.out, rows.out, 1e-6) == 0);
+    CHECK(Mismatches(packed.lse, rows.lse, 1e-6) == 0);
   }
 }
 
