@@ -634,18 +634,24 @@ TEST_CASE("FMHA forward: long decode and prefill shapes", "[gpu][fmha][sweep]") 
   RunCase(c, rng);
 }
 
-TEST_CASE("FMHA forward: unsupported parameters are rejected", "[gpu][fmha][quick]") {
-  DevBuf buf;
-  CUDA_REQUIRE(cudaMalloc(&buf.p, 4096));
+// Parameters that pass the checks (one decode row, GQA 4) with every array at `buf`, which the
+// checks never read; the cases below change one thing at a time.
+FmhaParams CheckedParams(void* buf) {
   FmhaParams p;
   p.batch = 1;
   p.num_q_heads = 8;
   p.num_kv_heads = 2;
   p.head_dim = 128;
   p.seqlen_q = 1;
-  p.q = p.k = p.v = buf.p;
-  p.out = buf.p;
-  p.seqlen_k = buf.get<int32_t>();
+  p.q = p.k = p.v = p.out = buf;
+  p.seqlen_k = static_cast<const int32_t*>(buf);
+  return p;
+}
+
+TEST_CASE("FMHA forward: unsupported parameters are rejected", "[gpu][fmha][quick]") {
+  DevBuf buf;
+  CUDA_REQUIRE(cudaMalloc(&buf.p, 4096));
+  FmhaParams p = CheckedParams(buf.p);
   p.block_size = 16;
   p.block_table = buf.get<int32_t>();
   p.max_blocks_per_seq = 4;
@@ -691,15 +697,9 @@ TEST_CASE("FMHA forward: unsupported parameters are rejected", "[gpu][fmha][quic
 
 TEST_CASE("FMHA params: packed keys need max_seqlen_k and no cache rows", "[host][fmha]") {
   alignas(16) static int32_t host[64] = {};  // only checked, never read
-  FmhaParams p;
+  FmhaParams p = CheckedParams(host);
   p.batch = 2;
-  p.num_q_heads = 8;
-  p.num_kv_heads = 2;
-  p.head_dim = 64;
   p.seqlen_q = 3;
-  p.q = p.k = p.v = p.out = host;
-  p.seqlen_k = host;
-  p.block_size = 0;
   p.seqstart_k = host;
   p.max_seqlen_k = 40;  // cache_seqlen stays 0: packed keys do not use it
   INFO(FmhaCheckParams(p).ToString());
