@@ -2,7 +2,10 @@
 // the ratio to the measured device copy bandwidth (the decode roofline).
 //
 //   build/cuda/bench/c8_attention_bench [--iters 50] [--layers 8] [--only SUBSTRING] [--sweep 1]
-//       [--stages N] [--stage-sweep 1]
+//       [--stages N] [--stage-sweep 1] [--int8-batches B1,B2,... [--ctx L]]
+//
+// --int8-batches: only int8/head decode cases of those batch sizes at context --ctx (default
+// 1,500): how the time grows with the number of CTA waves (8 KV heads per sequence).
 //
 // Two times per case: one graph replay of a single attention call (what a lone call costs,
 // launch included), and the per-call time inside a graph of --layers calls over distinct caches,
@@ -41,6 +44,8 @@ std::string g_only;
 bool g_sweep = false;
 int g_stages = 0;            // --stages N: decode ring depth forced on the plan (0: the planner's)
 bool g_stage_sweep = false;  // --stage-sweep 1: every decode case at ring depths 2, 3 and 4
+std::vector<int> g_int8_batches;  // --int8-batches: int8/head decode at these batch sizes only
+int g_ctx = 1500;                 // --ctx: their context length
 
 // Fills device memory with non-zero random bytes that are valid finite values for every cache
 // type (bf16 in [-2, 2], int8 in [-100, 100], fp8 bytes with the exponent kept small).
@@ -226,6 +231,16 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--sweep") g_sweep = std::atoi(argv[i + 1]) != 0;
     if (std::string(argv[i]) == "--stages") g_stages = std::atoi(argv[i + 1]);
     if (std::string(argv[i]) == "--stage-sweep") g_stage_sweep = std::atoi(argv[i + 1]) != 0;
+    if (std::string(argv[i]) == "--ctx") g_ctx = std::max(1, std::atoi(argv[i + 1]));
+    if (std::string(argv[i]) == "--int8-batches") {
+      for (const char* p = argv[i + 1]; *p != '\0';) {
+        char* end = nullptr;
+        const long v = std::strtol(p, &end, 10);
+        if (end == p) break;
+        if (v > 0) g_int8_batches.push_back(static_cast<int>(v));
+        p = *end == ',' ? end + 1 : end;
+      }
+    }
   }
   if (llm::cuda::CudaDeviceCount() == 0) {
     std::printf("no CUDA device\n");
@@ -258,7 +273,12 @@ int main(int argc, char** argv) {
       {"bf16 prefill 4x4096 causal", 4, 4096, 4096, CacheType::kBf16, ScaleMode::kNone},
   };
   std::vector<Result> rs;
+  for (int b : g_int8_batches) {
+    const std::string name = "int8/head decode " + std::to_string(b) + "x" + std::to_string(g_ctx);
+    rs.push_back(RunDecode(name.c_str(), b, g_ctx, 1, CacheType::kInt8, ScaleMode::kPerHead));
+  }
   for (const Case& c : cases) {
+    if (!g_int8_batches.empty()) break;
     if (!g_only.empty() && std::string(c.name).find(g_only) == std::string::npos) continue;
     rs.push_back(RunDecode(c.name, c.batch, c.kv_len, c.q_len, c.cache, c.scale));
     if (g_stage_sweep && c.q_len <= 4) {
