@@ -112,6 +112,9 @@ const std::vector<Field>& Fields() {
       IntField("cuda_graph_max_batch",
                "decode steps of up to this many sequences replay CUDA graphs; 0: off (default 256)",
                &ServerConfig::cuda_graph_max_batch, 0, 4096),
+      BoolField("cuda_graph_warmup",
+                "capture every decode graph at start-up instead of on first use (default true)",
+                &ServerConfig::cuda_graph_warmup),
       StrField("kv_scales_file", "KV scales JSON from llm-calibrate-kv (default: checkpoint's)",
                &ServerConfig::kv_scales_file),
       IntField("shutdown_grace_s", "seconds in-flight requests get after SIGTERM (default 10)",
@@ -188,6 +191,7 @@ EngineConfig ServerConfig::ToEngineConfig() const {
   e.model.gpu_memory_fraction = gpu_memory_percent / 100.0;
   e.model.dummy_weights = dummy_weights;
   e.model.cuda_graph_max_batch = cuda_graph_max_batch;
+  e.model.cuda_graph_warmup = cuda_graph_warmup;
   e.model.prefill_attention_backend = prefill_attention_backend;
   e.model.weight_dtype = weight_dtype;
   e.model.mla_kernel = mla_kernel;

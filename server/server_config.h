@@ -31,6 +31,7 @@ struct ServerConfig {
   int gpu_memory_percent = 85;     // of the GPU memory left after weights, for the KV pool
   bool dummy_weights = false;      // random weights on the device (benchmarks; cuda only)
   int cuda_graph_max_batch = 256;  // decode steps of up to this many sequences use CUDA graphs
+  bool cuda_graph_warmup = true;   // capture all of those graphs at start-up (else on first use)
   std::string prefill_attention_backend = "auto";  // steps with a prefill chunk (cuda)
   std::string weight_dtype = "auto";               // auto (bf16) | bf16 | fp8 (cuda)
   std::string mla_kernel = "auto";                 // auto | wgmma | portable (cuda DeepSeek)

@@ -3,6 +3,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -144,6 +145,11 @@ class CudaLlamaModel final : public Model {
   // Decode-only step of at most graph_max_batch_ sequences on a graph-capable backend: the padded
   // row count of its graph, else 0 (eager).
   int GraphBucket(const ForwardBatch& batch) const;
+  // The padded row count of a decode step of n <= graph_max_batch_ sequences.
+  int BucketFor(int n) const;
+  // Runs one throw-away decode step per bucket, which captures its graph (ModelLoadOptions::
+  // cuda_graph_warmup). Block 0's first slot is the only KV any of them writes or reads.
+  Status CaptureAllGraphs();
   // Plans, uploads and runs the layers of a bucket's step through its graph (captured on first
   // use, after one eager run of the same step).
   Status RunGraph(const ForwardBatch& batch, int bucket);
@@ -325,6 +331,7 @@ Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& option
                fp8_ ? "fp8-e4m3 (per-tensor scales)" : "bf16", DTypeName(kv.dtype),
                KvQuantName(kv.quant), num_blocks_,
                static_cast<double>(per_block) * num_blocks_ / (1ull << 30));
+  if (graph_max_batch_ > 0 && options.cuda_graph_warmup) LLM_RETURN_IF_ERROR(CaptureAllGraphs());
   return Status::Ok();
 }
 
@@ -511,10 +518,51 @@ int CudaLlamaModel::GraphBucket(const ForwardBatch& batch) const {
     if (a.q_indptr[i + 1] - a.q_indptr[i] != 1) return 0;
     if (a.page_indptr[i + 1] - a.page_indptr[i] > graph_pages_per_seq_) return 0;
   }
+  return BucketFor(a.num_seqs);
+}
+
+int CudaLlamaModel::BucketFor(int n) const {
   // 1, 2, 4, then multiples of 8 (as vLLM): at most 7 padding rows past 8.
-  const int n = a.num_seqs;
   const int bucket = n <= 4 ? (n <= 1 ? 1 : n <= 2 ? 2 : 4) : (n + 7) / 8 * 8;
   return std::min(bucket, std::max(graph_max_batch_, n));
+}
+
+Status CudaLlamaModel::CaptureAllGraphs() {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<float> logits;
+  std::vector<int32_t> tokens;
+  int captured = 0;
+  for (int n = graph_max_batch_; n >= 1 && graph_max_batch_ > 0; --n) {
+    const int bucket = BucketFor(n);
+    if (bucket != n || graphs_.count(bucket)) continue;
+    // `bucket` sequences of one token at position 0, all in block 0: row 0 appends the one K/V
+    // entry every row then attends to (so the cache holds finite values); the others append none.
+    ForwardBatch fb;
+    AttentionBatch& a = fb.attn;
+    a.num_seqs = bucket;
+    a.num_tokens = bucket;
+    for (int i = 0; i <= bucket; ++i) {
+      a.q_indptr.push_back(i);
+      a.page_indptr.push_back(i);
+    }
+    a.kv_lens.assign(bucket, 1);
+    a.page_indices.assign(bucket, 0);
+    a.slot_mapping.assign(bucket, -1);
+    a.slot_mapping[0] = 0;
+    fb.token_ids.assign(bucket, 0);
+    fb.positions.assign(bucket, 0);
+    for (int i = 0; i < bucket; ++i) fb.logit_rows.push_back(i);
+    fb.device_sampled.assign(bucket, 1);
+    fb.sampling_jobs.assign(bucket, SamplingJob{});
+    fb.penalty_indptr.assign(bucket + 1, 0);
+    LLM_RETURN_IF_ERROR(ForwardSampled(fb, &logits, &tokens));
+    if (graph_max_batch_ == 0) break;  // a capture failed: decode steps run eagerly (logged)
+    ++captured;
+  }
+  feed_rows_ = 0;  // nothing of these steps may be fed back
+  spdlog::info("cuda model: captured {} decode graphs at start-up in {:.2f} s", captured,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return Status::Ok();
 }
 
 Status CudaLlamaModel::RunGraph(const ForwardBatch& batch, int bucket) {

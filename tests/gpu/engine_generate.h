@@ -37,7 +37,8 @@ struct GenerateOptions {
   int num_kv_blocks = 256;
   int max_batched_tokens = 48;  // forces chunked prefill beside decodes
   int cuda_graph_max_batch = 256;
-  bool overlap = true;  // EngineConfig::overlap_steps (a logits observer turns it off)
+  bool graph_warmup = true;  // ModelLoadOptions::cuda_graph_warmup
+  bool overlap = true;       // EngineConfig::overlap_steps (a logits observer turns it off)
   std::string weight_dtype = "auto";
   std::string mla_kernel = "auto";               // ModelLoadOptions::mla_kernel (DeepSeek)
   int steps = 64;                                // max_tokens of every request, or
@@ -75,6 +76,7 @@ inline GenerateResult Generate(const std::string& dir,
   cfg.model.block_size = o.block_size;
   cfg.model.num_kv_blocks = o.num_kv_blocks;
   cfg.model.cuda_graph_max_batch = o.cuda_graph_max_batch;
+  cfg.model.cuda_graph_warmup = o.graph_warmup;
   cfg.model.weight_dtype = o.weight_dtype;
   cfg.model.mla_kernel = o.mla_kernel;
   cfg.scheduler.max_batched_tokens = o.max_batched_tokens;

@@ -82,15 +82,17 @@ TEST_CASE("ServerConfig JSON file then flags override", "[server_config]") {
   CHECK(c->log_level == "debug");
   CHECK(c->max_batched_tokens == 512);  // --key=value form with underscores
 
-  auto c2 = ParseServerConfig(
-      {"--config", file.path(), "--model", "/from/flag", "--cuda-graph-max-batch", "0"});
+  auto c2 = ParseServerConfig({"--config", file.path(), "--model", "/from/flag",
+                               "--cuda-graph-max-batch", "0", "--cuda-graph-warmup", "false"});
   REQUIRE(c2.ok());
   CHECK(c2->model_dir == "/from/flag");  // --model is short for --model-dir
   CHECK(c2->max_num_seqs == 16);
   CHECK(c2->ToEngineConfig().model.cuda_graph_max_batch == 0);  // graphs off
+  CHECK_FALSE(c2->ToEngineConfig().model.cuda_graph_warmup);
 
   const EngineConfig e = c->ToEngineConfig();
   CHECK(e.model.cuda_graph_max_batch == 256);  // default: graphs on up to 256 sequences
+  CHECK(e.model.cuda_graph_warmup);            // captured at start-up
   CHECK(e.scheduler.max_num_seqs == 8);
   CHECK(e.scheduler.max_batched_tokens == 512);
   CHECK(e.scheduler.block_size == 32);
