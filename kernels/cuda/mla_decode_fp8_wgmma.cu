@@ -435,8 +435,8 @@ __global__ void __launch_bounds__(FwRing::kThreads, 1)
       for (int k = 0; k < kChunk; ++k) {
         const int ks = ch * kChunk + k;
         const uint32_t off = (ks & 1) * 32;
-        const uint64_t da = kv_desc + (((ks >> 1) * C::kPanelBytes + off) >> 4);
-        const uint64_t db = q_desc + (((ks >> 1) * C::kQPanelBytes + off) >> 4);
+        const uint64_t da = wg::DescAdd(kv_desc, (ks >> 1) * C::kPanelBytes + off);
+        const uint64_t db = wg::DescAdd(q_desc, (ks >> 1) * C::kQPanelBytes + off);
         if (k == 0) {
           MmaS<R, false>(s2, da, db);
         } else {
