@@ -532,7 +532,7 @@ Status CudaLlamaModel::CaptureAllGraphs() {
   std::vector<float> logits;
   std::vector<int32_t> tokens;
   int captured = 0;
-  for (int n = graph_max_batch_; n >= 1 && graph_max_batch_ > 0; --n) {
+  for (int n = graph_max_batch_; n >= 1; --n) {
     const int bucket = BucketFor(n);
     if (bucket != n || graphs_.count(bucket)) continue;
     // `bucket` sequences of one token at position 0, all in block 0: row 0 appends the one K/V

@@ -112,7 +112,7 @@ struct ModelLoadOptions {
   int cuda_graph_max_batch = 256;
   // Capture every one of those graphs while loading (vLLM and TensorRT-LLM do it at start-up), so
   // no request pays for a bucket's first eager step, its fp8 GEMM tuning and its capture (about
-  // 40 ms each for Llama-3-8B on an H200); false: each is captured on its first decode step.
+  // 60 ms each for Llama-3-8B on an H200); false: each is captured on its first decode step.
   bool cuda_graph_warmup = true;
   // Attention family for steps with a prefill chunk (CUDA Llama): "auto" (cuda_fmha for a 16-bit
   // cache: its prefill tiles run at about twice cuda_c8's rate), "none" (the decode backend), or a
