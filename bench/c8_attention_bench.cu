@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/int_list.h"
 #include "kernels/cuda/c8_attention.h"
 
 namespace {
@@ -233,13 +234,7 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--stage-sweep") g_stage_sweep = std::atoi(argv[i + 1]) != 0;
     if (std::string(argv[i]) == "--ctx") g_ctx = std::max(1, std::atoi(argv[i + 1]));
     if (std::string(argv[i]) == "--int8-batches") {
-      for (const char* p = argv[i + 1]; *p != '\0';) {
-        char* end = nullptr;
-        const long v = std::strtol(p, &end, 10);
-        if (end == p) break;
-        if (v > 0) g_int8_batches.push_back(static_cast<int>(v));
-        p = *end == ',' ? end + 1 : end;
-      }
+      g_int8_batches = bench::ParseIntList(argv[i + 1]);
     }
   }
   if (llm::cuda::CudaDeviceCount() == 0) {
@@ -274,6 +269,7 @@ int main(int argc, char** argv) {
   };
   std::vector<Result> rs;
   for (int b : g_int8_batches) {
+    if (b < 1) continue;
     const std::string name = "int8/head decode " + std::to_string(b) + "x" + std::to_string(g_ctx);
     rs.push_back(RunDecode(name.c_str(), b, g_ctx, 1, CacheType::kInt8, ScaleMode::kPerHead));
   }

@@ -17,9 +17,10 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <sstream>
 #include <string>
 #include <vector>
+
+#include "bench/int_list.h"
 
 namespace {
 
@@ -169,9 +170,7 @@ int main(int argc, char** argv) {
     if (k == "--fp8") {
       fp8 = true;
     } else if (k == "--ms" && i + 1 < argc) {
-      ms.clear();
-      std::stringstream ss(argv[++i]);
-      for (std::string x; std::getline(ss, x, ',');) ms.push_back(std::stoi(x));
+      ms = bench::ParseIntList(argv[++i]);
     } else if (k == "--iters" && i + 1 < argc) {
       iters = std::stoi(argv[++i]);
     }

@@ -21,13 +21,13 @@
 #include <cstdlib>
 #include <numeric>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <cuda_profiler_api.h>
 #include <spdlog/spdlog.h>
 
+#include "bench/int_list.h"
 #include "engine/models/model.h"
 
 namespace {
@@ -49,13 +49,6 @@ struct Args {
   std::string prefill_backend = "auto";  // ModelLoadOptions::prefill_attention_backend
   std::string weights = "auto";          // ModelLoadOptions::weight_dtype (bf16 | fp8)
 };
-
-std::vector<int> ParseList(const std::string& s) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  for (std::string x; std::getline(ss, x, ',');) v.push_back(std::stoi(x));
-  return v;
-}
 
 // B sequences of ctx cached tokens each, decoding one token at position ctx + step; block tables
 // drawn from a shuffled pool.
@@ -107,7 +100,7 @@ int main(int argc, char** argv) {
     } else if (k == "--kv") {
       args.kv = v;
     } else if (k == "--batches") {
-      args.batches = ParseList(v);
+      args.batches = bench::ParseIntList(v);
     } else if (k == "--ctx") {
       args.ctx = std::stoi(v);
     } else if (k == "--steps") {
