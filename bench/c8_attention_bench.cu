@@ -2,7 +2,7 @@
 // the ratio to the measured device copy bandwidth (the decode roofline).
 //
 //   build/cuda/bench/c8_attention_bench [--iters 50] [--layers 8] [--only SUBSTRING] [--sweep 1]
-//       [--stages N] [--stage-sweep 1] [--int8-batches B1,B2,... [--ctx L]]
+//       [--stages N] [--stage-sweep 1] [--int8-batches B1,B2,... [--ctx L]] [--probe 1]
 //
 // --int8-batches: only int8/head decode cases of those batch sizes at context --ctx (default
 // 1,500): how the time grows with the number of CTA waves (8 KV heads per sequence).
@@ -20,6 +20,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "bench/int_list.h"
@@ -45,6 +46,7 @@ std::string g_only;
 bool g_sweep = false;
 int g_stages = 0;            // --stages N: decode ring depth forced on the plan (0: the planner's)
 bool g_stage_sweep = false;  // --stage-sweep 1: every decode case at ring depths 2, 3 and 4
+bool g_probe = false;        // --probe 1: a read-only stream of the same pages
 std::vector<int> g_int8_batches;  // --int8-batches: int8/head decode at these batch sizes only
 int g_ctx = 1500;                 // --ctx: their context length
 
@@ -102,6 +104,36 @@ double CopyBandwidth() {
   CK(cudaFree(a));
   CK(cudaFree(b));
   return 2.0 * bytes / (ms * 1e-3) / 1e12;  // read + write, TB/s
+}
+
+// --probe 1: the ceiling for the decode case's bytes. One CTA per (sequence, KV head) reads its
+// K and V pages (each page's head slice is block_size x head_dim contiguous bytes) through the
+// same shuffled block table with no compute; each thread keeps kLoads 16-byte loads in flight.
+template <int kLoads>
+__global__ void StreamPagesKernel(const uint4* k, const uint4* v, const int32_t* pages,
+                                  int blocks_per_seq, int kv_heads, int chunk16, uint32_t* sink) {
+  const int seq = blockIdx.x, head = blockIdx.y;
+  uint32_t acc = 0;
+  for (int blk = 0; blk < blocks_per_seq; ++blk) {
+    const size_t base = (static_cast<size_t>(pages[seq * blocks_per_seq + blk]) * kv_heads + head) *
+                        static_cast<size_t>(chunk16);
+    for (int i0 = threadIdx.x; i0 < chunk16; i0 += blockDim.x * kLoads) {
+      uint4 a[kLoads], b[kLoads];
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        const int i = i0 + u * blockDim.x;
+        if (i < chunk16) {
+          a[u] = __ldcs(k + base + i);
+          b[u] = __ldcs(v + base + i);
+        } else {
+          a[u] = b[u] = make_uint4(0, 0, 0, 0);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) acc ^= a[u].x ^ a[u].w ^ b[u].y ^ b[u].z;
+    }
+  }
+  if (acc == 0x12345678u) sink[0] = acc;  // keeps the loads
 }
 
 struct Result {
@@ -204,6 +236,36 @@ Result RunDecode(const char* name, int batch, int kv_len, int q_len, CacheType c
   };
   const float ms_single = time_graph(1);
   const float ms = time_graph(g_layers);
+  if (g_probe && q_len == 1) {
+    int32_t* d_pages;
+    uint32_t* sink;
+    CK(cudaMalloc(&d_pages, b.page_indices.size() * 4));
+    CK(cudaMalloc(&sink, 4));
+    CK(cudaMemcpy(d_pages, b.page_indices.data(), b.page_indices.size() * 4,
+                  cudaMemcpyHostToDevice));
+    const int chunk16 = bs * d * esize / 16;
+    const double bytes = 2.0 * batch * blocks_per_seq * hkv * bs * d * esize;
+    for (int threads : {128, 256}) {
+      auto run = [&](auto loads_tag) {
+        constexpr int kLoads = decltype(loads_tag)::value;
+        const float pms = MedianMs([&] {
+          for (int l = 0; l < g_layers; ++l) {
+            StreamPagesKernel<kLoads><<<dim3(batch, hkv), threads>>>(
+                reinterpret_cast<const uint4*>(static_cast<uint8_t*>(kc) + l * cache_bytes),
+                reinterpret_cast<const uint4*>(static_cast<uint8_t*>(vc) + l * cache_bytes),
+                d_pages, blocks_per_seq, hkv, chunk16, sink);
+          }
+        });
+        std::printf("  [%s] probe %d threads x %d loads: %.1f us per layer, %.2f TB/s\n", name,
+                    threads, kLoads, pms * 1000.f / g_layers,
+                    bytes / (pms * 1e-3 / g_layers) / 1e12);
+      };
+      run(std::integral_constant<int, 2>{});
+      run(std::integral_constant<int, 4>{});
+    }
+    CK(cudaFree(d_pages));
+    CK(cudaFree(sink));
+  }
   CK(cudaStreamDestroy(stream));
   CK(cudaDeviceSynchronize());
   double kv_bytes = 2.0 * batch * kv_len * hkv * d * esize;
@@ -232,6 +294,7 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--sweep") g_sweep = std::atoi(argv[i + 1]) != 0;
     if (std::string(argv[i]) == "--stages") g_stages = std::atoi(argv[i + 1]);
     if (std::string(argv[i]) == "--stage-sweep") g_stage_sweep = std::atoi(argv[i + 1]) != 0;
+    if (std::string(argv[i]) == "--probe") g_probe = std::atoi(argv[i + 1]) != 0;
     if (std::string(argv[i]) == "--ctx") g_ctx = std::max(1, std::atoi(argv[i + 1]));
     if (std::string(argv[i]) == "--int8-batches") {
       g_int8_batches = bench::ParseIntList(argv[i + 1]);

@@ -3,7 +3,7 @@
 // (cublasGemmEx, CUBLAS_GEMM_DEFAULT), against the fastest of the algorithms cuBLASLt's heuristic
 // offers for the same problem. Shapes: Llama-3-8B (qkv, o, gate_up, down, lm_head).
 //
-//   build/cuda/bench/gemm_bench [--ms 1,8,64,256] [--iters 50] [--fp8]
+//   build/cuda/bench/gemm_bench [--ms 1,8,64,256] [--iters 50] [--fp8 | --fp8-search]
 //
 // --fp8: the e4m3 projections as engine/models/cuda_fp8_gemm.cc issues them (cuBLASLt, per-tensor
 // scale pointers, bf16 out): the heuristic's first algorithm with and without fast accumulation
@@ -159,21 +159,187 @@ void RunFp8(const std::vector<int>& ms, int iters) {
   cublasLtMatmulPreferenceDestroy(pref);
 }
 
+// One cuBLASLt configuration and its time.
+struct Config {
+  cublasLtMatmulAlgo_t algo;
+  float us = 1e30f;
+};
+
+int AlgoConfig(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  uint32_t v = 0;  // every config attribute fits 32 bits (cluster and tile ids are enums)
+  size_t written = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &v, sizeof(v), &written);
+  return static_cast<int>(v);
+}
+
+std::string Describe(const cublasLtMatmulAlgo_t& a) {
+  char buf[160];
+  std::snprintf(
+      buf, sizeof(buf), "id %d tile %d stages %d splitk %d red %d swz %d cluster %d opt %d",
+      AlgoConfig(a, CUBLASLT_ALGO_CONFIG_ID), AlgoConfig(a, CUBLASLT_ALGO_CONFIG_TILE_ID),
+      AlgoConfig(a, CUBLASLT_ALGO_CONFIG_STAGES_ID), AlgoConfig(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+      AlgoConfig(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+      AlgoConfig(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+      AlgoConfig(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+      AlgoConfig(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION));
+  return buf;
+}
+
+// --fp8-search: how far cuBLASLt's own heuristic list is from the best configuration it can run.
+// Candidates: the heuristic's best-fit list (what the model tunes over), the heuristic limited to
+// each algorithm id, and split-K / swizzle variants of the best few. Each is checked
+// (cublasLtMatmulAlgoCheck) and timed with rotating weight copies (L2-cold weights).
+void SearchFp8(const std::vector<int>& ms, int iters) {
+  struct P {
+    const char* name;
+    int n, k;
+  };
+  const P shapes[] = {
+      {"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
+  const int max_m = *std::max_element(ms.begin(), ms.end());
+  constexpr int kCopies = 4;
+  const size_t max_w = 28672ull * 4096, max_x = static_cast<size_t>(max_m) * 14336;
+  const size_t max_y = static_cast<size_t>(max_m) * 28672 * 2;
+  void* w[kCopies];
+  void *x, *y, *ws;
+  float* scale;
+  for (auto& p : w) CK(cudaMalloc(&p, max_w));
+  CK(cudaMalloc(&x, max_x));
+  CK(cudaMalloc(&y, max_y));
+  CK(cudaMalloc(&scale, sizeof(float)));
+  const size_t ws_bytes = 32ull << 20;
+  CK(cudaMalloc(&ws, ws_bytes));
+  for (auto& p : w) CK(cudaMemset(p, 0x30, max_w));
+  CK(cudaMemset(x, 0x30, max_x));
+  const float one = 1.f;
+  CK(cudaMemcpy(scale, &one, sizeof(one), cudaMemcpyHostToDevice));
+  cudaStream_t stream;
+  CK(cudaStreamCreate(&stream));
+  cublasLtHandle_t lt;
+  CK(cublasLtCreate(&lt));
+  std::printf(
+      "\n| m | fp8 gemm | heuristic[0] us | best of 8 us | searched | best us | gain | best "
+      "config |\n|---|---|---|---|---|---|---|---|\n");
+  for (int m : ms) {
+    double sums[3] = {0, 0, 0};
+    for (const P& s : shapes) {
+      Fp8Problem p = MakeFp8(m, s.n, s.k, false, scale);
+      const float alpha = 1.f, beta = 0.f;
+      int rot = 0;
+      auto time = [&](const cublasLtMatmulAlgo_t& algo) -> float {
+        cublasLtMatmulHeuristicResult_t check;
+        if (cublasLtMatmulAlgoCheck(lt, p.op, p.a, p.b, p.c, p.c, &algo, &check) !=
+                CUBLAS_STATUS_SUCCESS ||
+            check.workspaceSize > ws_bytes) {
+          return 1e30f;
+        }
+        if (cublasLtMatmul(lt, p.op, &alpha, w[0], p.a, x, p.b, &beta, y, p.c, y, p.c, &algo, ws,
+                           ws_bytes, stream) != CUBLAS_STATUS_SUCCESS) {
+          return 1e30f;
+        }
+        return TimeUs(
+            [&] {
+              cublasLtMatmul(lt, p.op, &alpha, w[rot++ % kCopies], p.a, x, p.b, &beta, y, p.c, y,
+                             p.c, &algo, ws, ws_bytes, stream);
+            },
+            iters, stream);
+      };
+      std::vector<Config> all;
+      cublasLtMatmulPreference_t pref;
+      CK(cublasLtMatmulPreferenceCreate(&pref));
+      CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                              &ws_bytes, sizeof(ws_bytes)));
+      cublasLtMatmulHeuristicResult_t res[32];
+      int found = 0;
+      CK(cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.a, p.b, p.c, p.c, pref, 8, res, &found));
+      float h0 = 1e30f, h8 = 1e30f;
+      for (int i = 0; i < found; ++i) {
+        Config c{res[i].algo, time(res[i].algo)};
+        if (i == 0) h0 = c.us;
+        h8 = std::min(h8, c.us);
+        all.push_back(c);
+      }
+      // The heuristic limited to one algorithm id at a time.
+      int ids[64], nids = 0;
+      CK(cublasLtMatmulAlgoGetIds(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_8F_E4M3,
+                                  CUDA_R_8F_E4M3, CUDA_R_16BF, CUDA_R_16BF, 64, ids, &nids));
+      const uint32_t mode = CUBLASLT_SEARCH_LIMITED_BY_ALGO_ID;
+      CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_SEARCH_MODE, &mode,
+                                              sizeof(mode)));
+      for (int id = 0; id < nids; ++id) {
+        cublasLtMatmulAlgo_t algo;
+        if (cublasLtMatmulAlgoInit(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_8F_E4M3,
+                                   CUDA_R_8F_E4M3, CUDA_R_16BF, CUDA_R_16BF, ids[id],
+                                   &algo) != CUBLAS_STATUS_SUCCESS) {
+          continue;
+        }
+        int n = 0;
+        res[0].algo = algo;
+        if (cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.a, p.b, p.c, p.c, pref, 32, res, &n) !=
+            CUBLAS_STATUS_SUCCESS) {
+          continue;
+        }
+        for (int i = 0; i < n; ++i) all.push_back({res[i].algo, time(res[i].algo)});
+      }
+      cublasLtMatmulPreferenceDestroy(pref);
+      // Split-K and swizzle variants of the fastest few.
+      std::sort(all.begin(), all.end(),
+                [](const Config& a, const Config& b) { return a.us < b.us; });
+      const size_t top = std::min<size_t>(all.size(), 4);
+      for (size_t i = 0; i < top; ++i) {
+        for (int splitk : {1, 2, 3, 4, 6, 8}) {
+          for (uint32_t red : {1u, 2u, 4u}) {
+            for (uint32_t swz : {0u, 1u}) {
+              cublasLtMatmulAlgo_t a = all[i].algo;
+              const uint32_t sk = splitk;
+              cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk,
+                                                   sizeof(sk));
+              const uint32_t r = splitk > 1 ? red : 0u;
+              cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &r,
+                                                   sizeof(r));
+              cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz,
+                                                   sizeof(swz));
+              all.push_back({a, time(a)});
+              if (splitk == 1) break;  // the reduction scheme is unused
+            }
+          }
+        }
+      }
+      const auto best = std::min_element(
+          all.begin(), all.end(), [](const Config& a, const Config& b) { return a.us < b.us; });
+      std::printf("| %d | %s | %.1f | %.1f | %zu | %.1f | %.1f%% | %s |\n", m, s.name, h0, h8,
+                  all.size(), best->us, 100.0 * (h8 - best->us) / h8, Describe(best->algo).c_str());
+      sums[0] += 32.0 * h0;
+      sums[1] += 32.0 * h8;
+      sums[2] += 32.0 * best->us;
+      FreeFp8(p);
+    }
+    std::printf("| %d | **32 layers** | %.0f | %.0f | | %.0f | %.1f%% | |\n", m, sums[0], sums[1],
+                sums[2], 100.0 * (sums[1] - sums[2]) / sums[1]);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<int> ms = {1, 8, 16, 64, 128, 256};
   int iters = 50;
-  bool fp8 = false;
+  bool fp8 = false, search = false;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (k == "--fp8") {
       fp8 = true;
+    } else if (k == "--fp8-search") {
+      search = true;
     } else if (k == "--ms" && i + 1 < argc) {
       ms = bench::ParseIntList(argv[++i]);
     } else if (k == "--iters" && i + 1 < argc) {
       iters = std::stoi(argv[++i]);
     }
+  }
+  if (search) {
+    SearchFp8(ms, iters);
+    return 0;
   }
   if (fp8) {
     RunFp8(ms, iters);
