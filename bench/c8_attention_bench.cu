@@ -109,7 +109,7 @@ double CopyBandwidth() {
 // --probe 1: the ceiling for the decode case's bytes. One CTA per (sequence, KV head) reads its
 // K and V pages (each page's head slice is block_size x head_dim contiguous bytes) through the
 // same shuffled block table with no compute; each thread keeps kLoads 16-byte loads in flight.
-template <int kLoads>
+template <int kLoads, bool kStreaming = true>
 __global__ void StreamPagesKernel(const uint4* k, const uint4* v, const int32_t* pages,
                                   int blocks_per_seq, int kv_heads, int chunk16, uint32_t* sink) {
   const int seq = blockIdx.x, head = blockIdx.y;
@@ -123,8 +123,8 @@ __global__ void StreamPagesKernel(const uint4* k, const uint4* v, const int32_t*
       for (int u = 0; u < kLoads; ++u) {
         const int i = i0 + u * blockDim.x;
         if (i < chunk16) {
-          a[u] = __ldcs(k + base + i);
-          b[u] = __ldcs(v + base + i);
+          a[u] = kStreaming ? __ldcs(k + base + i) : __ldg(k + base + i);
+          b[u] = kStreaming ? __ldcs(v + base + i) : __ldg(v + base + i);
         } else {
           a[u] = b[u] = make_uint4(0, 0, 0, 0);
         }
@@ -246,22 +246,24 @@ Result RunDecode(const char* name, int batch, int kv_len, int q_len, CacheType c
     const int chunk16 = bs * d * esize / 16;
     const double bytes = 2.0 * batch * blocks_per_seq * hkv * bs * d * esize;
     for (int threads : {128, 256}) {
-      auto run = [&](auto loads_tag) {
+      auto run = [&](auto loads_tag, auto streaming_tag) {
         constexpr int kLoads = decltype(loads_tag)::value;
+        constexpr bool kStreaming = decltype(streaming_tag)::value;
         const float pms = MedianMs([&] {
           for (int l = 0; l < g_layers; ++l) {
-            StreamPagesKernel<kLoads><<<dim3(batch, hkv), threads>>>(
+            StreamPagesKernel<kLoads, kStreaming><<<dim3(batch, hkv), threads>>>(
                 reinterpret_cast<const uint4*>(static_cast<uint8_t*>(kc) + l * cache_bytes),
                 reinterpret_cast<const uint4*>(static_cast<uint8_t*>(vc) + l * cache_bytes),
                 d_pages, blocks_per_seq, hkv, chunk16, sink);
           }
         });
-        std::printf("  [%s] probe %d threads x %d loads: %.1f us per layer, %.2f TB/s\n", name,
-                    threads, kLoads, pms * 1000.f / g_layers,
+        std::printf("  [%s] probe %d threads x %d %s loads: %.1f us per layer, %.2f TB/s\n", name,
+                    threads, kLoads, kStreaming ? "streaming" : "cached", pms * 1000.f / g_layers,
                     bytes / (pms * 1e-3 / g_layers) / 1e12);
       };
-      run(std::integral_constant<int, 2>{});
-      run(std::integral_constant<int, 4>{});
+      run(std::integral_constant<int, 2>{}, std::true_type{});
+      run(std::integral_constant<int, 4>{}, std::true_type{});
+      run(std::integral_constant<int, 2>{}, std::false_type{});
     }
     CK(cudaFree(d_pages));
     CK(cudaFree(sink));
