@@ -10,7 +10,8 @@
 // on tensor cores (mma.sync m16n8k16 -> fp32) with an online softmax whose running max moves
 // lazily (only when a row's max grows by 2^8), so most steps skip the accumulator rescale. Two
 // warp layouts: decode (1 row group x 4 token groups: the four warps split each KV tile and merge
-// at the end) and prefill (8 row groups x 1: each warp owns 16 rows, all warps share a tile).
+// at the end; each warp copies only its own token slice, so its ring syncs per warp) and prefill
+// (8 row groups x 1: each warp owns 16 rows, all warps share a tile behind CTA barriers).
 // Outputs are staged in shared memory and written as 16-byte rows. Scales: per-head K scale
 // folds into the softmax scale; per-channel K scale folds into q; V scales (per head / channel)
 // multiply the output; per-token (dynamic) scales multiply score columns (K) and probabilities
