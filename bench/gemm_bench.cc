@@ -87,35 +87,47 @@ void FreeFp8(Fp8Problem& p) {
   cublasLtMatmulDescDestroy(p.op);
 }
 
-// fp8 projections: heuristic[0] without / with fast accumulation, and the best candidate with it.
-void RunFp8(const std::vector<int>& ms, int iters) {
-  struct P {
-    const char* name;
-    int n, k;
-  };
-  const P shapes[] = {
-      {"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
-  const int max_m = *std::max_element(ms.begin(), ms.end());
-  constexpr int kCopies = 4;
-  const size_t max_w = 28672ull * 4096, max_x = static_cast<size_t>(max_m) * 14336;
-  const size_t max_y = static_cast<size_t>(max_m) * 28672 * 2;
+// The fp8 projections of Llama-3-8B (n x k of each weight).
+struct Fp8Shape {
+  const char* name;
+  int n, k;
+};
+constexpr Fp8Shape kFp8Shapes[] = {
+    {"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
+constexpr int kCopies = 4;  // weight copies rotate so one GEMM's weights are not in L2 for the next
+
+// The fp8 runs, over device buffers for m up to max_m (small finite e4m3 values, unit scale), a
+// stream and a cuBLASLt handle. The benchmark exits after one run: nothing is freed.
+struct Fp8Bench {
   void* w[kCopies];
-  void *x, *y, *ws;
-  float* scale;
-  for (auto& p : w) CK(cudaMalloc(&p, max_w));
-  CK(cudaMalloc(&x, max_x));
-  CK(cudaMalloc(&y, max_y));
-  CK(cudaMalloc(&scale, sizeof(float)));
-  const size_t ws_bytes = 32ull << 20;
-  CK(cudaMalloc(&ws, ws_bytes));
-  for (auto& p : w) CK(cudaMemset(p, 0x30, max_w));  // small finite e4m3 values
-  CK(cudaMemset(x, 0x30, max_x));
-  const float one = 1.f;
-  CK(cudaMemcpy(scale, &one, sizeof(one), cudaMemcpyHostToDevice));
-  cudaStream_t stream;
-  CK(cudaStreamCreate(&stream));
-  cublasLtHandle_t lt;
-  CK(cublasLtCreate(&lt));
+  void *x = nullptr, *y = nullptr, *ws = nullptr;
+  float* scale = nullptr;
+  size_t ws_bytes = 32ull << 20;
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  explicit Fp8Bench(int max_m) {
+    const size_t max_w = 28672ull * 4096, max_x = static_cast<size_t>(max_m) * 14336;
+    const size_t max_y = static_cast<size_t>(max_m) * 28672 * 2;
+    for (auto& p : w) CK(cudaMalloc(&p, max_w));
+    CK(cudaMalloc(&x, max_x));
+    CK(cudaMalloc(&y, max_y));
+    CK(cudaMalloc(&scale, sizeof(float)));
+    CK(cudaMalloc(&ws, ws_bytes));
+    for (auto& p : w) CK(cudaMemset(p, 0x30, max_w));
+    CK(cudaMemset(x, 0x30, max_x));
+    const float one = 1.f;
+    CK(cudaMemcpy(scale, &one, sizeof(one), cudaMemcpyHostToDevice));
+    CK(cudaStreamCreate(&stream));
+    CK(cublasLtCreate(&lt));
+  }
+  // Heuristic[0] without / with fast accumulation, and the best candidate with it.
+  void Run(const std::vector<int>& ms, int iters);
+  // --fp8-search (see Search's definition).
+  void Search(const std::vector<int>& ms, int iters);
+};
+
+// fp8 projections: heuristic[0] without / with fast accumulation, and the best candidate with it.
+void Fp8Bench::Run(const std::vector<int>& ms, int iters) {
   cublasLtMatmulPreference_t pref;
   CK(cublasLtMatmulPreferenceCreate(&pref));
   CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
@@ -125,7 +137,7 @@ void RunFp8(const std::vector<int>& ms, int iters) {
       "TFLOP/s | algos |\n|---|---|---|---|---|---|---|---|---|\n");
   for (int m : ms) {
     double sums[3] = {0, 0, 0};
-    for (const P& s : shapes) {
+    for (const Fp8Shape& s : kFp8Shapes) {
       float t[3] = {0, 0, 1e30f};
       int found_fast = 0;
       for (int fast = 0; fast < 2; ++fast) {
@@ -189,40 +201,13 @@ std::string Describe(const cublasLtMatmulAlgo_t& a) {
 // Candidates: the heuristic's best-fit list (what the model tunes over), the heuristic limited to
 // each algorithm id, and split-K / swizzle variants of the best few. Each is checked
 // (cublasLtMatmulAlgoCheck) and timed with rotating weight copies (L2-cold weights).
-void SearchFp8(const std::vector<int>& ms, int iters) {
-  struct P {
-    const char* name;
-    int n, k;
-  };
-  const P shapes[] = {
-      {"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
-  const int max_m = *std::max_element(ms.begin(), ms.end());
-  constexpr int kCopies = 4;
-  const size_t max_w = 28672ull * 4096, max_x = static_cast<size_t>(max_m) * 14336;
-  const size_t max_y = static_cast<size_t>(max_m) * 28672 * 2;
-  void* w[kCopies];
-  void *x, *y, *ws;
-  float* scale;
-  for (auto& p : w) CK(cudaMalloc(&p, max_w));
-  CK(cudaMalloc(&x, max_x));
-  CK(cudaMalloc(&y, max_y));
-  CK(cudaMalloc(&scale, sizeof(float)));
-  const size_t ws_bytes = 32ull << 20;
-  CK(cudaMalloc(&ws, ws_bytes));
-  for (auto& p : w) CK(cudaMemset(p, 0x30, max_w));
-  CK(cudaMemset(x, 0x30, max_x));
-  const float one = 1.f;
-  CK(cudaMemcpy(scale, &one, sizeof(one), cudaMemcpyHostToDevice));
-  cudaStream_t stream;
-  CK(cudaStreamCreate(&stream));
-  cublasLtHandle_t lt;
-  CK(cublasLtCreate(&lt));
+void Fp8Bench::Search(const std::vector<int>& ms, int iters) {
   std::printf(
       "\n| m | fp8 gemm | heuristic[0] us | best of 8 us | searched | best us | gain | best "
       "config |\n|---|---|---|---|---|---|---|---|\n");
   for (int m : ms) {
     double sums[3] = {0, 0, 0};
-    for (const P& s : shapes) {
+    for (const Fp8Shape& s : kFp8Shapes) {
       Fp8Problem p = MakeFp8(m, s.n, s.k, false, scale);
       const float alpha = 1.f, beta = 0.f;
       int rot = 0;
@@ -338,11 +323,11 @@ int main(int argc, char** argv) {
     }
   }
   if (search) {
-    SearchFp8(ms, iters);
+    Fp8Bench(*std::max_element(ms.begin(), ms.end())).Search(ms, iters);
     return 0;
   }
   if (fp8) {
-    RunFp8(ms, iters);
+    Fp8Bench(*std::max_element(ms.begin(), ms.end())).Run(ms, iters);
     return 0;
   }
   const Shape shapes[] = {{"qkv", 6144, 4096, false, 32},
@@ -357,8 +342,6 @@ int main(int argc, char** argv) {
     max_x = std::max(max_x, static_cast<size_t>(max_m) * s.k * 2);
     max_y = std::max(max_y, static_cast<size_t>(max_m) * s.n * 4);
   }
-  // Several weight copies rotate so that one GEMM's weights are not in L2 for the next.
-  constexpr int kCopies = 4;
   void* w[kCopies];
   void *x, *y, *ws;
   for (auto& p : w) CK(cudaMalloc(&p, max_w));
