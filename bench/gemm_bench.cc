@@ -105,6 +105,7 @@ struct Fp8Bench {
   size_t ws_bytes = 32ull << 20;
   cudaStream_t stream = nullptr;
   cublasLtHandle_t lt = nullptr;
+  int rot = 0;  // next weight copy
   explicit Fp8Bench(int max_m) {
     const size_t max_w = 28672ull * 4096, max_x = static_cast<size_t>(max_m) * 14336;
     const size_t max_y = static_cast<size_t>(max_m) * 28672 * 2;
@@ -120,6 +121,24 @@ struct Fp8Bench {
     CK(cudaStreamCreate(&stream));
     CK(cublasLtCreate(&lt));
   }
+  // Microseconds per call of `algo` on `p`, the weights rotating over the copies.
+  float Time(const Fp8Problem& p, const cublasLtMatmulAlgo_t& algo, int iters) {
+    const float alpha = 1.f, beta = 0.f;
+    return TimeUs(
+        [&] {
+          CK(cublasLtMatmul(lt, p.op, &alpha, w[rot++ % kCopies], p.a, x, p.b, &beta, y, p.c, y,
+                            p.c, &algo, ws, ws_bytes, stream));
+        },
+        iters, stream);
+  }
+  // A heuristic preference allowing the workspace (the caller destroys it).
+  cublasLtMatmulPreference_t Preference() const {
+    cublasLtMatmulPreference_t pref;
+    CK(cublasLtMatmulPreferenceCreate(&pref));
+    CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                            &ws_bytes, sizeof(ws_bytes)));
+    return pref;
+  }
   // Heuristic[0] without / with fast accumulation, and the best candidate with it.
   void Run(const std::vector<int>& ms, int iters);
   // --fp8-search (see Search's definition).
@@ -128,10 +147,7 @@ struct Fp8Bench {
 
 // fp8 projections: heuristic[0] without / with fast accumulation, and the best candidate with it.
 void Fp8Bench::Run(const std::vector<int>& ms, int iters) {
-  cublasLtMatmulPreference_t pref;
-  CK(cublasLtMatmulPreferenceCreate(&pref));
-  CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
-                                          sizeof(ws_bytes)));
+  cublasLtMatmulPreference_t pref = Preference();
   std::printf(
       "\n| m | fp8 gemm | n x k | heuristic us | fast-accum us | best fast us | TB/s | "
       "TFLOP/s | algos |\n|---|---|---|---|---|---|---|---|---|\n");
@@ -145,15 +161,8 @@ void Fp8Bench::Run(const std::vector<int>& ms, int iters) {
         cublasLtMatmulHeuristicResult_t res[16];
         int found = 0;
         CK(cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.a, p.b, p.c, p.c, pref, 16, res, &found));
-        const float alpha = 1.f, beta = 0.f;
-        int rot = 0;
         for (int i = 0; i < (fast ? found : std::min(found, 1)); ++i) {
-          const float us = TimeUs(
-              [&] {
-                CK(cublasLtMatmul(lt, p.op, &alpha, w[rot++ % kCopies], p.a, x, p.b, &beta, y, p.c,
-                                  y, p.c, &res[i].algo, ws, ws_bytes, stream));
-              },
-              iters, stream);
+          const float us = Time(p, res[i].algo, iters);
           if (i == 0) t[fast] = us;
           if (fast) t[2] = std::min(t[2], us);
         }
@@ -209,8 +218,6 @@ void Fp8Bench::Search(const std::vector<int>& ms, int iters) {
     double sums[3] = {0, 0, 0};
     for (const Fp8Shape& s : kFp8Shapes) {
       Fp8Problem p = MakeFp8(m, s.n, s.k, false, scale);
-      const float alpha = 1.f, beta = 0.f;
-      int rot = 0;
       auto time = [&](const cublasLtMatmulAlgo_t& algo) -> float {
         cublasLtMatmulHeuristicResult_t check;
         if (cublasLtMatmulAlgoCheck(lt, p.op, p.a, p.b, p.c, p.c, &algo, &check) !=
@@ -218,22 +225,15 @@ void Fp8Bench::Search(const std::vector<int>& ms, int iters) {
             check.workspaceSize > ws_bytes) {
           return 1e30f;
         }
+        const float alpha = 1.f, beta = 0.f;  // a trial call: a configuration may not run
         if (cublasLtMatmul(lt, p.op, &alpha, w[0], p.a, x, p.b, &beta, y, p.c, y, p.c, &algo, ws,
                            ws_bytes, stream) != CUBLAS_STATUS_SUCCESS) {
           return 1e30f;
         }
-        return TimeUs(
-            [&] {
-              cublasLtMatmul(lt, p.op, &alpha, w[rot++ % kCopies], p.a, x, p.b, &beta, y, p.c, y,
-                             p.c, &algo, ws, ws_bytes, stream);
-            },
-            iters, stream);
+        return Time(p, algo, iters);
       };
       std::vector<Config> all;
-      cublasLtMatmulPreference_t pref;
-      CK(cublasLtMatmulPreferenceCreate(&pref));
-      CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                              &ws_bytes, sizeof(ws_bytes)));
+      cublasLtMatmulPreference_t pref = Preference();
       cublasLtMatmulHeuristicResult_t res[32];
       int found = 0;
       CK(cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.a, p.b, p.c, p.c, pref, 8, res, &found));
