@@ -156,6 +156,7 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
   chunk = std::max<int64_t>(chunk, (max_kv + detail::kMaxSplits - 1) / detail::kMaxSplits);
   chunk = (chunk + 63) / 64 * 64;
   for (const Tile& t : tiles) {
+    if (!t.prefill) plan.decode_rows = std::max(plan.decode_rows, t.q_len * group);
     auto& items = t.prefill ? plan.prefill_items : plan.decode_items;
     const int q_pos0 = t.kv_end - t.q_len;  // the tile's last query sits at kv_end - 1
     if (t.kv_end <= chunk || (t.prefill && !config.force_split)) {
@@ -234,6 +235,7 @@ Status C8Attention::Upload(const AttentionBatch& batch, const C8Plan& plan, void
   a.num_prefill = static_cast<int>(plan.prefill_items.size());
   a.num_partials = plan.num_partials;
   a.decode_stages = plan.decode_stages;
+  a.decode_rows = plan.decode_rows;
   a.device_counts = false;
   // Layout of the one upload, in int32 elements (every section 16-byte aligned).
   size_t off = 0;
@@ -356,6 +358,8 @@ Status C8Attention::UploadGraph(const AttentionBatch& batch, const C8Plan& plan,
   LLM_RETURN_IF_ERROR(Send(&a, bytes, stream));
   a.num_tokens = bucket;
   a.decode_stages = plan.decode_stages;  // a captured launch keeps its ring: either is correct
+  // Every graph step has one query token per sequence: a captured launch fits every replay.
+  a.decode_rows = shape_.num_q_heads / shape_.num_kv_heads;
   a.num_decode = GraphItemCapacity(bucket);
   a.num_prefill = 0;
   active_ = &graph_;
@@ -413,6 +417,7 @@ Status C8Attention::Attend(const LayerArgs& args, void* stream) {
   ta.scale_mode = static_cast<int>(shape_.scale);
   ta.scale_log2 = args.softmax_scale * 1.4426950408889634f;
   ta.decode_stages = a.decode_stages;
+  ta.decode_rows = a.decode_rows;
   auto launch = [&](const C8WorkItem* items, int n, bool prefill) {
     ta.items = items;
     ta.num_items = n;

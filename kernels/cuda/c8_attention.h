@@ -86,6 +86,7 @@ struct C8Plan {
   int num_partials = 0;  // partial slots, each [kPartialRows x head_dim] fp32 + lse per KV head
   int decode_tile_tokens = 0;
   int decode_stages = 0;  // decode ring depth for the launch; 0: the cache type's default
+  int decode_rows = 0;    // most query rows (query tokens x GQA group) of a decode item
   int prefill_tile_tokens = 0;
 };
 
@@ -160,6 +161,7 @@ class C8Attention {
     // Grid extents of the launches, and whether the kernels read the exact counts on the device.
     int num_tokens = 0, num_decode = 0, num_prefill = 0;
     int decode_stages = 0;  // the plan's decode ring depth
+    int decode_rows = 0;    // the plan's most query rows per decode item
     bool device_counts = false;
     void Free();
   };

@@ -30,6 +30,7 @@ struct TileArgs {
   int scale_mode;     // ScaleMode
   float scale_log2;   // softmax_scale * log2(e)
   int decode_stages;  // decode cp.async ring depth (C8Plan::decode_stages; 0: the cache's default)
+  int decode_rows;    // most query rows of a decode tile (C8Plan::decode_rows; 0: up to 16)
 };
 
 struct AppendArgs {

@@ -8,10 +8,13 @@
 // column of a few consecutive rows of one page, so it looks up one page id per tile. 8-bit tiles
 // stay 8-bit in shared memory and are dequantized in registers after ldmatrix. QK^T and PV run
 // on tensor cores (mma.sync m16n8k16 -> fp32) with an online softmax whose running max moves
-// lazily (only when a row's max grows by 2^8), so most steps skip the accumulator rescale. Two
-// warp layouts: decode (1 row group x 4 token groups: the four warps split each KV tile and merge
-// at the end; each warp copies only its own token slice, so its ring syncs per warp) and prefill
-// (8 row groups x 1: each warp owns 16 rows, all warps share a tile behind CTA barriers).
+// lazily (only when a query's max grows by 2^8), so most steps skip the accumulator rescale. Two
+// warp layouts, each with its own math:
+// - decode (1 row group x 4 token groups): the four warps split each KV tile and merge at the
+//   end; each warp copies only its own token slice, so its ring syncs per warp. KV tokens are the
+//   MMA's M dimension and the tile's few query rows its N (ColMath, c8_col_math.cuh).
+// - prefill (8 row groups x 1): each warp owns 16 query rows as the MMA's M, all warps share a
+//   tile behind CTA barriers (RowMath, c8_row_math.cuh).
 // Outputs are staged in shared memory and written as 16-byte rows. Scales: per-head K scale
 // folds into the softmax scale; per-channel K scale folds into q; V scales (per head / channel)
 // multiply the output; per-token (dynamic) scales multiply score columns (K) and probabilities
@@ -27,7 +30,9 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/c8_col_math.cuh"
 #include "kernels/cuda/c8_kernel_args.h"
+#include "kernels/cuda/c8_row_math.cuh"
 #include "kernels/cuda/device_info.h"
 #include "kernels/cuda/pdl_launch.cuh"
 #include "kernels/cuda/ptx_ops.cuh"
@@ -38,164 +43,7 @@ using ptx::CpAsync16;
 using ptx::CpAsync4;
 using ptx::CpAsyncCommit;
 using ptx::CpAsyncWait;
-using ptx::LdMatrixX4;
-using ptx::LdMatrixX4T;
-using ptx::MmaBf16;
-using ptx::MmaF16;
-using ptx::PackBf16;
-using ptx::PackF16;
-using ptx::SmemAddr;
 using ptx::StoreBf16x4;
-
-// Cache-type traits. The bf16 cache feeds bf16 tensor cores directly. 8-bit caches stay 8-bit in
-// shared memory and are dequantized in registers right after ldmatrix (int8 by the 0x6400
-// magic-number trick, e4m3 by the hardware f16x2 conversion) into fp16 fragments; both are exact.
-// Loading 8-bit data with ldmatrix permutes which d (for K) and which output column (for V) a
-// thread holds; q is loaded with the same permutation and the output is un-permuted at the end.
-// kDecodeStages: the decode layout's ring depth when the plan does not pick one (prefill keeps
-// 2). The planner picks 2, 3 or 4 stages per step from the grid (BuildC8Plan): a 3-stage ring
-// (106 KB for bf16 at d = 128, 111 KB for 8-bit: 2 CTAs per SM on Hopper) keeps two tiles in
-// flight per CTA, a 4-stage ring three at one CTA per SM. A ring runs only where a block may have
-// that much shared memory, else the next shallower one (DecodeStages).
-struct Bf16Cache {
-  static constexpr int kBytes = 2;
-  static constexpr int kTile = kKvTile16;  // KV tokens per shared-memory stage
-  static constexpr int kDecodeStages = 3;
-};
-struct Int8Cache {
-  static constexpr int kBytes = 1;
-  static constexpr int kTile = kKvTile8;
-  static constexpr int kDecodeStages = 2;
-};
-struct Fp8Cache {
-  static constexpr int kBytes = 1;
-  static constexpr int kTile = kKvTile8;
-  static constexpr int kDecodeStages = 2;
-};
-
-// Two bytes of a 32-bit word (selected by a __byte_perm selector) -> f16x2. int8 values are
-// stored excess-128 (byte = q ^ 0x80 = q + 128), so placing a byte in the mantissa of 1024.0
-// gives 1024 + q + 128 = q + 1152, exact in fp16. kOffset: keep the +1152 (K: q.(k + 1152)
-// shifts a row's scores by a constant, which softmax ignores; V: the caller subtracts
-// 1152 x sum(P) at the end); otherwise subtract it here.
-template <typename C, bool kOffset = false>
-__device__ __forceinline__ uint32_t Bytes2ToF16x2(uint32_t w, uint32_t sel_int8, uint32_t sel_fp8) {
-  if constexpr (std::is_same_v<C, Int8Cache>) {
-    const uint32_t h = __byte_perm(w, 0x64646464u, sel_int8);
-    if constexpr (kOffset) return h;
-    __half2 v = *reinterpret_cast<const __half2*>(&h);
-    v = __hsub2(v, __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480)));
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    const uint32_t pair = __byte_perm(w, 0u, sel_fp8) & 0xffffu;
-    const __half2_raw r =
-        __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
-    return *reinterpret_cast<const uint32_t*>(&r);
-  }
-}
-
-template <typename C, int D>
-struct Frag {
-  static constexpr bool kEight = C::kBytes == 1;
-  static constexpr int kRowBytes = D * C::kBytes + 16;  // 16 B pad: conflict-free ldmatrix
-  static constexpr int kNTiles = D / 8;
-
-  __device__ static void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    if constexpr (kEight)
-      MmaF16(c, a, b0, b1);
-    else
-      MmaBf16(c, a, b0, b1);
-  }
-  __device__ static uint32_t Pack(float lo, float hi) {
-    if constexpr (kEight)
-      return PackF16(lo, hi);
-    else
-      return PackBf16(lo, hi);
-  }
-  // Physical d of the q element a thread loads for fragment register j (0..3), pair element e.
-  __device__ static int QCol(int kk, int t, int j) {
-    if constexpr (kEight)
-      return kk * 16 + 4 * t + ((j & 2) ? 2 : 0);
-    else
-      return kk * 16 + 2 * t + ((j & 2) ? 8 : 0);
-  }
-  // Row (0..15 within the warp) and physical d of accumulator element acc[n][e].
-  __device__ static void AccCoord(int n, int e, int g, int t, int* row, int* d) {
-    *row = g + 8 * (e >> 1);
-    if constexpr (kEight)
-      *d = (n >> 1) * 16 + 4 * t + 2 * (e & 1) + (n & 1);
-    else
-      *d = n * 8 + 2 * t + (e & 1);
-  }
-  // S[16 x 16 tokens starting at n0] += q . K^T
-  // kOffsetK: int8 K may carry the +1152 offset (only when scores are not scaled per token).
-  template <bool kOffsetK>
-  __device__ static void QK(float (&s)[2][4], const uint32_t (*qa)[4], const uint8_t* k_tile,
-                            int n0, int lane) {
-    const int mi = lane / 8, rr = lane % 8;
-    if constexpr (kEight) {
-#pragma unroll
-      for (int c = 0; c < D / 32; ++c) {  // two k-steps per ldmatrix.x4
-        uint32_t r[4];
-        LdMatrixX4(r, k_tile + (n0 + rr + (mi & 1) * 8) * kRowBytes + c * 32 + (mi >> 1) * 16);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-            const uint32_t w = r[h * 2 + nt];
-            Mma(s[nt], qa[2 * c + h], Bytes2ToF16x2<C, kOffsetK>(w, 0x4140, 0x0010),
-                Bytes2ToF16x2<C, kOffsetK>(w, 0x4342, 0x0032));
-          }
-        }
-      }
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t b[4];
-        LdMatrixX4(
-            b, k_tile + (n0 + rr + (mi >= 2 ? 8 : 0)) * kRowBytes + (kk * 16 + (mi & 1) * 8) * 2);
-        Mma(s[0], qa[kk], b[0], b[1]);
-        Mma(s[1], qa[kk], b[2], b[3]);
-      }
-    }
-  }
-  // int8 V keeps its +1152 offset in the product; psum (sum of the fp16 P actually multiplied,
-  // by one more mma against ones) removes it at the end.
-  static constexpr bool kVOffset = std::is_same_v<C, Int8Cache>;
-  __device__ static void RowSums(float (&psum)[4], const uint32_t (&pa)[4]) {
-    if constexpr (kVOffset) MmaF16(psum, pa, 0x3c003c00u, 0x3c003c00u);  // B = ones (fp16 1.0)
-  }
-  // acc += P[16 x 16 tokens starting at n0] . V
-  __device__ static void PV(float (*acc)[4], const uint32_t (&pa)[4], const uint8_t* v_tile, int n0,
-                            int lane) {
-    const int mi = lane / 8, rr = lane % 8;
-    if constexpr (kEight) {
-#pragma unroll
-      for (int j = 0; j < D / 32; ++j) {  // 32 d per ldmatrix.x4.trans
-        uint32_t r[4];
-        LdMatrixX4T(r, v_tile + (n0 + rr + (mi & 1) * 8) * kRowBytes + j * 32 + (mi >> 1) * 16);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int blk = 2 * j + h;                        // 16-d block
-          const uint32_t lo = r[2 * h], hi = r[2 * h + 1];  // tokens 0-7 and 8-15
-          Mma(acc[2 * blk], pa, Bytes2ToF16x2<C, kVOffset>(lo, 0x4240, 0x0020),
-              Bytes2ToF16x2<C, kVOffset>(hi, 0x4240, 0x0020));
-          Mma(acc[2 * blk + 1], pa, Bytes2ToF16x2<C, kVOffset>(lo, 0x4341, 0x0031),
-              Bytes2ToF16x2<C, kVOffset>(hi, 0x4341, 0x0031));
-        }
-      }
-    } else {
-#pragma unroll
-      for (int dd = 0; dd < D / 16; ++dd) {
-        uint32_t b[4];
-        LdMatrixX4T(b,
-                    v_tile + (n0 + rr + (mi & 1) * 8) * kRowBytes + (dd * 16 + (mi >> 1) * 8) * 2);
-        Mma(acc[2 * dd], pa, b[0], b[1]);
-        Mma(acc[2 * dd + 1], pa, b[2], b[3]);
-      }
-    }
-  }
-};
 
 template <typename C, int D, int ROW_WARPS, int TOK_WARPS, int STAGES = 2>
 struct TileConfig {
@@ -203,13 +51,15 @@ struct TileConfig {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRows = 16 * ROW_WARPS;
   static constexpr int kTile = C::kTile;
-  static constexpr int kRowBytes = Frag<C, D>::kRowBytes;
+  static constexpr int kRowBytes = CacheFrag<C, D>::kRowBytes;
   static constexpr int kTileBytes = kTile * kRowBytes;        // one of K or V, one stage
   static constexpr int kStages = STAGES;                      // cp.async ring depth
   static constexpr int kRawBytes = kStages * 2 * kTileBytes;  // stages x (K, V)
   static constexpr int kScaleBytes = kStages * 2 * kTile * 4;
   // Token-split merge: [warp][16] m, [warp][16] l, [warp][16] factors, [warp][16][D] acc.
-  static constexpr int kMergeBytes = TOK_WARPS > 1 ? kWarps*(16 * D + 48) * 4 : 0;
+  // Single token group: the normalized rows and their lse, [kRows][D + 1].
+  static constexpr int kMergeBytes = TOK_WARPS > 1 ? kWarps*(16 * D + 48) * 4
+                                                   : 16 * ROW_WARPS*(D + 1) * 4;
   static constexpr int kMainBytes = kRawBytes + kScaleBytes;
   static constexpr int kSmemBytes = kMainBytes > kMergeBytes ? kMainBytes : kMergeBytes;
   // Copy mapping: each thread copies one 16-byte column chunk of kRowsPerThread consecutive
@@ -240,81 +90,6 @@ __device__ __forceinline__ void RingSync() {
   } else {
     __syncthreads();
   }
-}
-
-// Online softmax over one 16-token step of a warp's 16 rows. s[n][e]: raw scores (q.k, with
-// per-token K scales applied); row g (e < 2) or g + 8 (e >= 2), token n0 + n*8 + 2t + (e & 1).
-// The running max is kept in raw-score units and only moves when a row's max grows by more than
-// kLazyLog2 in the exp2 domain, so most steps skip the accumulator rescale; probabilities then
-// reach at most 2^kLazyLog2, well inside fp16/bf16 range. Returns P as an mma A fragment.
-constexpr float kLazyLog2 = 8.f;
-
-// vs: per-token V scales of the step's 16 tokens (kPerToken), folded into P after l is summed.
-template <typename F, bool kMask, bool kPerToken, int kNTiles>
-__device__ __forceinline__ void SoftmaxStep(float (&s)[2][4], float (&m_run)[2], float (&l_run)[2],
-                                            float (&acc)[kNTiles][4], float (&psum)[4],
-                                            uint32_t (&pa)[4], float scale_log2, float lazy_raw,
-                                            int col0, int kv_end, const int (&row_pos)[2], int t,
-                                            const float* vs) {
-  if constexpr (kMask) {
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = col0 + n * 8 + 2 * t + (e & 1);
-        if (j >= kv_end || j > row_pos[e >> 1]) s[n][e] = -INFINITY;
-      }
-    }
-  }
-  float mx[2];
-#pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    mx[ri] = fmaxf(fmaxf(s[0][2 * ri], s[0][2 * ri + 1]), fmaxf(s[1][2 * ri], s[1][2 * ri + 1]));
-    mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffff, mx[ri], 1));
-    mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffff, mx[ri], 2));
-  }
-  // A row whose max grew past the slack (or that saw its first visible key) moves its max.
-  const bool grow0 = mx[0] > m_run[0] + lazy_raw, grow1 = mx[1] > m_run[1] + lazy_raw;
-  if (__any_sync(0xffffffff, grow0 || grow1)) {
-    float alpha[2];
-    const bool grow[2] = {grow0, grow1};
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      const float m_new = grow[ri] ? mx[ri] : m_run[ri];
-      alpha[ri] = m_run[ri] == -INFINITY ? 0.f : ptx::Exp2Ftz((m_run[ri] - m_new) * scale_log2);
-      m_run[ri] = m_new;
-      l_run[ri] *= alpha[ri];
-    }
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n) {
-      acc[n][0] *= alpha[0];
-      acc[n][1] *= alpha[0];
-      acc[n][2] *= alpha[1];
-      acc[n][3] *= alpha[1];
-    }
-    psum[0] *= alpha[0];
-    psum[1] *= alpha[0];
-    psum[2] *= alpha[1];
-    psum[3] *= alpha[1];
-  }
-  // A fully masked row so far keeps m = -inf: its probabilities must come out 0, not NaN.
-  float neg_m[2];
-#pragma unroll
-  for (int ri = 0; ri < 2; ++ri) neg_m[ri] = m_run[ri] == -INFINITY ? 0.f : -m_run[ri] * scale_log2;
-  float p[2][4];
-#pragma unroll
-  for (int n = 0; n < 2; ++n) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      p[n][e] = ptx::Exp2Ftz(fmaf(s[n][e], scale_log2, neg_m[e >> 1]));
-      l_run[e >> 1] += p[n][e];
-      if constexpr (kPerToken) p[n][e] *= vs[n * 8 + 2 * t + (e & 1)];
-    }
-  }
-  pa[0] = F::Pack(p[0][0], p[0][1]);
-  pa[1] = F::Pack(p[0][2], p[0][3]);
-  pa[2] = F::Pack(p[1][0], p[1][1]);
-  pa[3] = F::Pack(p[1][2], p[1][3]);
 }
 
 // Combines the chunks of one split query tile for one KV head (rows: its query rows), run by the
@@ -364,13 +139,20 @@ __device__ void MergeChunks(const TileArgs& args, const C8MergeItem& mi, int kvh
   }
 }
 
-template <typename C, int D, int ROW_WARPS, int TOK_WARPS, bool kPerToken, int STAGES>
-__global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const TileArgs args) {
+// The math of a layout: the decode layout (one row group) puts KV tokens in the MMA's M and its
+// query rows (at most 8 x NT) in N; prefill puts 16 query rows per warp in M.
+template <typename C, int D, int ROW_WARPS, bool kPerToken, int NT>
+using TileMath =
+    std::conditional_t<ROW_WARPS == 1, ColMath<C, D, NT, kPerToken>, RowMath<C, D, kPerToken>>;
+
+// Decode CTAs with two n-tiles are capped at 168 registers so three fit an SM, as the 2-stage
+// 8-bit ring's shared memory allows (uncapped they take about 170; one n-tile takes about 100).
+template <typename C, int D, int ROW_WARPS, int TOK_WARPS, bool kPerToken, int STAGES, int NT>
+__global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32, ROW_WARPS == 1 && NT == 2 ? 3 : 1)
+    C8TileKernel(const TileArgs args) {
   using Cfg = TileConfig<C, D, ROW_WARPS, TOK_WARPS, STAGES>;
-  using F = Frag<C, D>;
+  using Math = TileMath<C, D, ROW_WARPS, kPerToken, NT>;
   constexpr int kTile = Cfg::kTile;
-  constexpr int kKSteps = D / 16;
-  constexpr int kNTiles = D / 8;
   extern __shared__ __align__(16) uint8_t smem[];
 
   if (args.device_num_items != nullptr && static_cast<int>(blockIdx.x) >= *args.device_num_items) {
@@ -385,8 +167,8 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
   const int kvh = blockIdx.y;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int rw = warp / TOK_WARPS, tw = warp % TOK_WARPS;
-  const int g = lane / 4, t = lane % 4;
   const int group = args.num_q_heads / args.num_kv_heads;
+  const int row0 = rw * Math::kWarpRows;  // this warp's first query row
 
   uint8_t* raw = smem;                                                 // [stage][K|V][kTile rows]
   float* tok_scale = reinterpret_cast<float*>(smem + Cfg::kRawBytes);  // [stage][K|V][kTile]
@@ -398,9 +180,6 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
 
   // Causal: the query token at sequence position p sees keys [0, p].
   const int first_row_pos = item.q_pos0;
-  int row_pos[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) row_pos[i] = item.q_pos0 + (rw * 16 + g + 8 * i) / group;
 
   const int num_tiles = (item.kv_end - item.kv_start + kTile - 1) / kTile;
   constexpr int kRowsPerThread = Cfg::kRowsPerThread;
@@ -453,24 +232,8 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
   // Launched early (programmatic dependent launch): the work item and the block table were
   // uploaded before the previous kernel; q, the cache and its scales may be its output.
   ptx::GridDependencyWait();
-  uint32_t qraw[kKSteps][4];  // bf16x2 bits of q (0 for padding rows)
-  {
-    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(args.q);
-#pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int r = rw * 16 + g + ((j & 1) ? 8 : 0);
-        const int tok = r / group, head = kvh * group + r % group;
-        qraw[kk][j] =
-            tok < item.q_len
-                ? *reinterpret_cast<const uint32_t*>(
-                      q + (static_cast<size_t>(item.q_start + tok) * args.num_q_heads + head) * D +
-                      F::QCol(kk, t, j))
-                : 0u;
-      }
-    }
-  }
+  Math math;
+  math.LoadQ(args, item, kvh, group, row0, lane);
   if (num_tiles > 0) issue_tile(0);
   CpAsyncCommit();
   fetch_pages(1);
@@ -483,32 +246,9 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
     fetch_pages(st + 1);
   }
 
-  // q fragments for this warp's 16 rows (per-channel K scale folded in).
-  uint32_t qa[kKSteps][4];
-#pragma unroll
-  for (int kk = 0; kk < kKSteps; ++kk) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&qraw[kk][j]);
-      float x0 = __bfloat162float(v.x), x1 = __bfloat162float(v.y);
-      if (args.scale_mode == static_cast<int>(ScaleMode::kPerChannel)) {
-        const int col = F::QCol(kk, t, j);
-        x0 *= args.k_scale[kvh * D + col];
-        x1 *= args.k_scale[kvh * D + col + 1];
-      }
-      qa[kk][j] = F::Pack(x0, x1);
-    }
-  }
   float scale_log2 = args.scale_log2;
   if (args.scale_mode == static_cast<int>(ScaleMode::kPerHead)) scale_log2 *= args.k_scale[kvh];
-  const float lazy_raw = kLazyLog2 / scale_log2;  // the lazy-max slack in raw-score units
-
-  float acc[kNTiles][4];
-#pragma unroll
-  for (int n = 0; n < kNTiles; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-  float m_run[2] = {-INFINITY, -INFINITY};
-  float l_run[2] = {0.f, 0.f};
-  float psum[4] = {0.f, 0.f, 0.f, 0.f};  // int8: per-row sums of the fp16 P (Frag::RowSums)
+  math.Init(args, item, kvh, group, row0, lane, scale_log2);
 
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int stage = tile % Cfg::kStages;
@@ -528,24 +268,8 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
 
     constexpr int kStepsPerWarp = kTile / 16 / TOK_WARPS;
     auto step = [&](auto mask_tag, int n0) {
-      constexpr bool kMask = decltype(mask_tag)::value;
-      float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-      // The +1152 int8 offset shifts a row's scores by a constant, unless per-token scales
-      // multiply the columns.
-      F::template QK<!kPerToken>(s, qa, k_tile, n0, lane);
-      if constexpr (kPerToken) {
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[n][e] *= ks[n0 + n * 8 + 2 * t + (e & 1)];
-        }
-      }
-      uint32_t pa[4];
-      // P . diag(v_scale) . V for per-token scales.
-      SoftmaxStep<F, kMask, kPerToken>(s, m_run, l_run, acc, psum, pa, scale_log2, lazy_raw,
-                                       tile_base + n0, item.kv_end, row_pos, t, vs + n0);
-      F::PV(acc, pa, v_tile, n0, lane);
-      F::RowSums(psum, pa);
+      math.template Step<decltype(mask_tag)::value>(k_tile, v_tile, ks, vs, n0, tile_base + n0,
+                                                    item.kv_end, lane);
     };
     if (need_mask) {
 #pragma unroll
@@ -563,24 +287,7 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
   }
   ptx::GridDependencyLaunch();  // the next kernel's prologue may overlap this epilogue
 
-  if constexpr (F::kVOffset) {  // remove the +1152 carried by every int8 V value
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[n][e] -= 1152.f * psum[e & 2];
-    }
-  }
-#pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {  // each thread summed only its own columns
-    l_run[ri] += __shfl_xor_sync(0xffffffff, l_run[ri], 1);
-    l_run[ri] += __shfl_xor_sync(0xffffffff, l_run[ri], 2);
-  }
-  // m_run is in raw-score units; the log2-domain max is m * scale_log2.
-  float m_log2[2];
-#pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    m_log2[ri] = m_run[ri] == -INFINITY ? -INFINITY : m_run[ri] * scale_log2;
-  }
+  math.Finish();
 
   // Rows of this tile that hold a query (tokens x group); the rest are padding.
   const int valid_rows = min(item.q_len * group, Cfg::kRows);
@@ -616,53 +323,34 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
   float* fs = ls + Cfg::kWarps * 16;           // [warp][16] merge factor
   float* as = fs + Cfg::kWarps * 16;           // [warp][16][D]
   if constexpr (TOK_WARPS == 1) {
-    static_assert(Cfg::kRows * (D + 1) * 4 <= Cfg::kMainBytes, "output staging fits the KV area");
     float* os = reinterpret_cast<float*>(smem);  // [kRows][D] normalized rows, then lse
     float* lse_s = os + Cfg::kRows * D;
     __syncthreads();
-    float inv[2];
+    float inv[Math::kSlots];
 #pragma unroll
-    for (int ri = 0; ri < 2; ++ri) inv[ri] = l_run[ri] > 0.f ? 1.f / l_run[ri] : 0.f;
-    if (t == 0) {
-#pragma unroll
-      for (int ri = 0; ri < 2; ++ri) {
-        lse_s[rw * 16 + g + 8 * ri] = l_run[ri] > 0.f ? m_log2[ri] + __log2f(l_run[ri]) : -INFINITY;
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        int row, d;
-        F::AccCoord(n, e, g, t, &row, &d);
-        os[(rw * 16 + row) * D + d] = acc[n][e] * inv[e >> 1];
-      }
-    }
+    for (int i = 0; i < Math::kSlots; ++i) inv[i] = math.l_run[i] > 0.f ? 1.f / math.l_run[i] : 0.f;
+    math.ForEachRowStat(lane, [&](int row, int i) {
+      lse_s[row0 + row] = math.l_run[i] > 0.f ? math.m_log2[i] + __log2f(math.l_run[i]) : -INFINITY;
+    });
+    math.ForEachOut(lane,
+                    [&](int row, int d, float v, int i) { os[(row0 + row) * D + d] = v * inv[i]; });
     __syncthreads();
     for (int idx = tid; idx < valid_rows * (D / 4); idx += Cfg::kThreads) {
       const int r = idx / (D / 4), d0 = (idx % (D / 4)) * 4;
       emit4(r, d0, *reinterpret_cast<const float4*>(os + r * D + d0), lse_s[r]);
     }
   } else {
-    // Merge the token-split warps: per-row factors once, then a weighted sum of float4s.
+    // Merge the token-split warps: per-row factors once, then a weighted sum of float4s. Rows
+    // past the math's kWarpRows hold no query (the launch picks NT to cover the tile's rows).
+    static_assert(Math::kWarpRows <= 16, "merge staging holds 16 rows per warp");
     __syncthreads();
-    if (t == 0) {
-      ms[warp * 16 + g] = m_log2[0];
-      ms[warp * 16 + g + 8] = m_log2[1];
-      ls[warp * 16 + g] = l_run[0];
-      ls[warp * 16 + g + 8] = l_run[1];
-    }
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        int row, d;
-        F::AccCoord(n, e, g, t, &row, &d);
-        as[(warp * 16 + row) * D + d] = acc[n][e];
-      }
-    }
+    math.ForEachRowStat(lane, [&](int row, int i) {
+      ms[warp * 16 + row] = math.m_log2[i];
+      ls[warp * 16 + row] = math.l_run[i];
+    });
+    math.ForEachOut(lane, [&](int row, int d, float v, int) { as[(warp * 16 + row) * D + d] = v; });
     __syncthreads();
-    if (tid < 16) {
+    if (tid < Math::kWarpRows) {
       const int r = tid;
       float m = -INFINITY;
 #pragma unroll
@@ -718,10 +406,10 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32) C8TileKernel(const 
 }
 
 // Raising the dynamic shared-memory limit is a host call: once per kernel instantiation.
-template <typename C, int D, int RW, int TW, bool PT, int ST>
+template <typename C, int D, int RW, int TW, bool PT, int ST, int NT>
 void EnsureSmemLimit() {
   static const bool done = [] {
-    cudaFuncSetAttribute(C8TileKernel<C, D, RW, TW, PT, ST>,
+    cudaFuncSetAttribute(C8TileKernel<C, D, RW, TW, PT, ST, NT>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                          TileConfig<C, D, RW, TW, ST>::kSmemBytes);
     return true;
@@ -746,14 +434,25 @@ int DecodeStages(int requested) {
   return std::max(st, 2);
 }
 
-template <typename C, int D, int RW, int TW, bool PT, int ST>
+template <typename C, int D, int RW, int TW, bool PT, int ST, int NT = 1>
 void LaunchTileKernel(const TileArgs& a, cudaStream_t s) {
   using Cfg = TileConfig<C, D, RW, TW, ST>;
-  EnsureSmemLimit<C, D, RW, TW, PT, ST>();
+  EnsureSmemLimit<C, D, RW, TW, PT, ST, NT>();
   // The CTAs may start (item, block table, first page ids) while the previous kernel finishes;
   // they wait for it before reading q or the cache.
-  (void)LaunchPdl(C8TileKernel<C, D, RW, TW, PT, ST>, dim3(a.num_items, a.num_kv_heads),
+  (void)LaunchPdl(C8TileKernel<C, D, RW, TW, PT, ST, NT>, dim3(a.num_items, a.num_kv_heads),
                   dim3(Cfg::kThreads), Cfg::kSmemBytes, s, a);
+}
+
+// Decode: one n-tile of query rows when every tile has at most 8 (a GQA group of up to 8 with one
+// query token), else two.
+template <typename C, int D, bool PT, int ST>
+void LaunchDecodeTiles(const TileArgs& a, cudaStream_t s) {
+  if (a.decode_rows > 0 && a.decode_rows <= 8) {
+    LaunchTileKernel<C, D, 1, kDecodeTokWarps, PT, ST, 1>(a, s);
+  } else {
+    LaunchTileKernel<C, D, 1, kDecodeTokWarps, PT, ST, 2>(a, s);
+  }
 }
 
 template <typename C, int D, bool PT>
@@ -764,13 +463,13 @@ void LaunchTilesImpl(const TileArgs& a, bool prefill, cudaStream_t s) {
   }
   switch (DecodeStages<C, D>(a.decode_stages)) {
     case 4:
-      LaunchTileKernel<C, D, 1, kDecodeTokWarps, PT, 4>(a, s);
+      LaunchDecodeTiles<C, D, PT, 4>(a, s);
       break;
     case 3:
-      LaunchTileKernel<C, D, 1, kDecodeTokWarps, PT, 3>(a, s);
+      LaunchDecodeTiles<C, D, PT, 3>(a, s);
       break;
     default:
-      LaunchTileKernel<C, D, 1, kDecodeTokWarps, PT, 2>(a, s);
+      LaunchDecodeTiles<C, D, PT, 2>(a, s);
   }
 }
 
@@ -791,11 +490,15 @@ void LaunchTilesImpl(const TileArgs& a, bool prefill, void* stream) {
 template <typename C, int D, int ST>
 int DecodeCtasPerSmImpl() {
   using Cfg = TileConfig<C, D, 1, kDecodeTokWarps, ST>;
-  EnsureSmemLimit<C, D, 1, kDecodeTokWarps, false, ST>();
-  int n = 0;
+  // Both n-tile variants: the planner counts on the smaller occupancy.
+  int n[2] = {0, 0};
+  EnsureSmemLimit<C, D, 1, kDecodeTokWarps, false, ST, 1>();
+  EnsureSmemLimit<C, D, 1, kDecodeTokWarps, false, ST, 2>();
   cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &n, C8TileKernel<C, D, 1, kDecodeTokWarps, false, ST>, Cfg::kThreads, Cfg::kSmemBytes);
-  return n;
+      &n[0], C8TileKernel<C, D, 1, kDecodeTokWarps, false, ST, 1>, Cfg::kThreads, Cfg::kSmemBytes);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &n[1], C8TileKernel<C, D, 1, kDecodeTokWarps, false, ST, 2>, Cfg::kThreads, Cfg::kSmemBytes);
+  return std::min(n[0], n[1]);
 }
 
 template <typename C, int D>

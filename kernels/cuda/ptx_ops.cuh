@@ -47,6 +47,14 @@ __device__ __forceinline__ void LdMatrixX4T(uint32_t (&r)[4], const void* p) {
                : "r"(SmemAddr(p)));
 }
 
+// Transposes an 8x8 matrix of 16-bit values held as an mma accumulator-style fragment (lane
+// 4r + c holds elements (r, 2c) and (r, 2c + 1)): afterwards the lane holds (2c, r), (2c + 1, r).
+__device__ __forceinline__ uint32_t MovMatrixT(uint32_t x) {
+  uint32_t y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
 // c += a (16x16, row) * b (16x8, col), bf16 inputs, fp32 accumulate.
 __device__ __forceinline__ void MmaBf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                         uint32_t b1) {
