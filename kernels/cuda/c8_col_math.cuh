@@ -168,7 +168,6 @@ struct ColMath {
   // D / 16 (a CTA of a small split grid waits on this chain every step).
   template <bool kOffsetK>
   __device__ void QK(float (&s)[NT][4], const uint8_t* k_tile, int n0, int lane) const {
-    const int mi = lane / 8, rr = lane % 8;
     constexpr int kChains = NT == 1 ? 2 : 1;
     float s2[kChains][NT][4];
 #pragma unroll
@@ -177,31 +176,15 @@ struct ColMath {
       for (int nt = 0; nt < NT; ++nt)
         s2[h][nt][0] = s2[h][nt][1] = s2[h][nt][2] = s2[h][nt][3] = 0.f;
     }
-    if constexpr (F::kEight) {
 #pragma unroll
-      for (int c = 0; c < D / 32; ++c) {  // two k-steps per ldmatrix.x4
-        uint32_t r[4];
-        ptx::LdMatrixX4(r,
-                        k_tile + (n0 + rr + (mi & 1) * 8) * F::kRowBytes + c * 32 + (mi >> 1) * 16);
+    for (int c = 0; c < F::kLoads; ++c) {
+      typename F::Block k[F::kBlocksPerLoad];
+      F::template LoadK<kOffsetK>(k, k_tile, n0, c, lane);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint32_t lo = r[2 * h], hi = r[2 * h + 1];  // tokens 0-7 and 8-15
-          const uint32_t a[4] = {Bytes2ToF16x2<C, kOffsetK>(lo, 0x4140, 0x0010),
-                                 Bytes2ToF16x2<C, kOffsetK>(hi, 0x4140, 0x0010),
-                                 Bytes2ToF16x2<C, kOffsetK>(lo, 0x4342, 0x0032),
-                                 Bytes2ToF16x2<C, kOffsetK>(hi, 0x4342, 0x0032)};
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-            F::Mma(s2[h % kChains][nt], a, q[nt][2 * c + h][0], q[nt][2 * c + h][1]);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk) {
-        uint32_t b[4];
-        ptx::LdMatrixX4(b, k_tile + (n0 + rr + (mi >= 2 ? 8 : 0)) * F::kRowBytes +
-                               (kk * 16 + (mi & 1) * 8) * 2);
-        const uint32_t a[4] = {b[0], b[2], b[1], b[3]};
+      for (int h = 0; h < F::kBlocksPerLoad; ++h) {
+        const int kk = c * F::kBlocksPerLoad + h;
+        uint32_t a[4];
+        F::ColA(k[h], a);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) F::Mma(s2[kk % kChains][nt], a, q[nt][kk][0], q[nt][kk][1]);
       }
@@ -217,33 +200,18 @@ struct ColMath {
   // O^T[d x query rows] += V^T[d x 16 tokens starting at n0] . P^T. The transposed V loads give
   // a lane two tokens at one d, which is the A fragment's pairing.
   __device__ void PV(const uint32_t (&pb)[NT][2], const uint8_t* v_tile, int n0, int lane) {
-    const int mi = lane / 8, rr = lane % 8;
-    if constexpr (F::kEight) {
 #pragma unroll
-      for (int j = 0; j < D / 32; ++j) {  // 32 d per ldmatrix.x4.trans
-        uint32_t r[4];
-        ptx::LdMatrixX4T(
-            r, v_tile + (n0 + rr + (mi & 1) * 8) * F::kRowBytes + j * 32 + (mi >> 1) * 16);
+    for (int c = 0; c < F::kLoads; ++c) {
+      typename F::Block v[F::kBlocksPerLoad];
+      F::LoadV(v, v_tile, n0, c, lane);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint32_t lo = r[2 * h], hi = r[2 * h + 1];  // tokens 0-7 and 8-15
-          const uint32_t a[4] = {Bytes2ToF16x2<C, F::kVOffset>(lo, 0x4240, 0x0020),
-                                 Bytes2ToF16x2<C, F::kVOffset>(lo, 0x4341, 0x0031),
-                                 Bytes2ToF16x2<C, F::kVOffset>(hi, 0x4240, 0x0020),
-                                 Bytes2ToF16x2<C, F::kVOffset>(hi, 0x4341, 0x0031)};
+      for (int h = 0; h < F::kBlocksPerLoad; ++h) {
+        uint32_t a[4];
+        F::ColA(v[h], a);
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) F::Mma(acc[nt][2 * j + h], a, pb[nt][0], pb[nt][1]);
+        for (int nt = 0; nt < NT; ++nt) {
+          F::Mma(acc[nt][c * F::kBlocksPerLoad + h], a, pb[nt][0], pb[nt][1]);
         }
-      }
-    } else {
-#pragma unroll
-      for (int dd = 0; dd < D / 16; ++dd) {
-        uint32_t b[4];
-        ptx::LdMatrixX4T(
-            b, v_tile + (n0 + rr + (mi & 1) * 8) * F::kRowBytes + (dd * 16 + (mi >> 1) * 8) * 2);
-        const uint32_t a[4] = {b[0], b[2], b[1], b[3]};
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) F::Mma(acc[nt][dd], a, pb[nt][0], pb[nt][1]);
       }
     }
   }

@@ -90,6 +90,68 @@ struct CacheFrag {
     else
       return kk * 16 + 2 * t + ((j & 2) ? 8 : 0);
   }
+  // Fragments of one 16-token x 16-d block of a K or V tile held by lane (g, t), in the form both
+  // math layouts take them. K: x[i][j] holds token 8i + g at the j-th d pair of the block (d as
+  // QCol); the row layout's B operand for tokens 8i.. is (x[i][0], x[i][1]). V: x[i][j] holds
+  // tokens 8j + 2t, 8j + 2t + 1 at the block's d half i; the row layout's B operand for that
+  // half is (x[i][0], x[i][1]). The column layout's A operand is the same block read column-wise
+  // (ColA).
+  struct Block {
+    uint32_t x[2][2];
+  };
+  __device__ static void ColA(const Block& b, uint32_t (&a)[4]) {
+    a[0] = b.x[0][0];
+    a[1] = b.x[1][0];
+    a[2] = b.x[0][1];
+    a[3] = b.x[1][1];
+  }
+  static constexpr int kBlocksPerLoad = kEight ? 2 : 1;  // 16-d blocks per ldmatrix.x4
+  static constexpr int kLoads = D / 16 / kBlocksPerLoad;
+
+  // K blocks c * kBlocksPerLoad .. of tile rows [n0, n0 + 16). kOffsetK: int8 K keeps its +1152.
+  template <bool kOffsetK>
+  __device__ static void LoadK(Block (&b)[kBlocksPerLoad], const uint8_t* k_tile, int n0, int c,
+                               int lane) {
+    const int mi = lane / 8, rr = lane % 8;
+    uint32_t r[4];
+    if constexpr (kEight) {
+      ptx::LdMatrixX4(r, k_tile + (n0 + rr + (mi & 1) * 8) * kRowBytes + c * 32 + (mi >> 1) * 16);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {  // r[2h]: tokens 0-7, r[2h + 1]: tokens 8-15
+          b[h].x[i][0] = Bytes2ToF16x2<C, kOffsetK>(r[2 * h + i], 0x4140, 0x0010);
+          b[h].x[i][1] = Bytes2ToF16x2<C, kOffsetK>(r[2 * h + i], 0x4342, 0x0032);
+        }
+      }
+    } else {
+      ptx::LdMatrixX4(
+          r, k_tile + (n0 + rr + (mi >= 2 ? 8 : 0)) * kRowBytes + (c * 16 + (mi & 1) * 8) * 2);
+      b[0] = {{{r[0], r[1]}, {r[2], r[3]}}};
+    }
+  }
+  // V blocks c * kBlocksPerLoad .. of tile rows [n0, n0 + 16) (int8 keeps its +1152: kVOffset).
+  __device__ static void LoadV(Block (&b)[kBlocksPerLoad], const uint8_t* v_tile, int n0, int c,
+                               int lane) {
+    const int mi = lane / 8, rr = lane % 8;
+    uint32_t r[4];
+    if constexpr (kEight) {
+      ptx::LdMatrixX4T(r, v_tile + (n0 + rr + (mi & 1) * 8) * kRowBytes + c * 32 + (mi >> 1) * 16);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {  // r[2h]: tokens 0-7, r[2h + 1]: tokens 8-15
+          b[h].x[0][j] = Bytes2ToF16x2<C, kVOffset>(r[2 * h + j], 0x4240, 0x0020);
+          b[h].x[1][j] = Bytes2ToF16x2<C, kVOffset>(r[2 * h + j], 0x4341, 0x0031);
+        }
+      }
+    } else {
+      ptx::LdMatrixX4T(
+          r, v_tile + (n0 + rr + (mi & 1) * 8) * kRowBytes + (c * 16 + (mi >> 1) * 8) * 2);
+      b[0] = {{{r[0], r[1]}, {r[2], r[3]}}};
+    }
+  }
+
   // One query's bf16 pair at physical d (q row of the flattened batch, as bf16x2 bits).
   __device__ static uint32_t LoadQPair(const TileArgs& args, const C8WorkItem& item, int kvh,
                                        int group, int row, int d) {

@@ -135,62 +135,31 @@ struct RowMath {
   // kOffsetK: int8 K may carry the +1152 offset (only when scores are not scaled per token).
   template <bool kOffsetK>
   __device__ void QK(float (&s)[2][4], const uint8_t* k_tile, int n0, int lane) const {
-    const int mi = lane / 8, rr = lane % 8;
-    if constexpr (F::kEight) {
 #pragma unroll
-      for (int c = 0; c < D / 32; ++c) {  // two k-steps per ldmatrix.x4
-        uint32_t r[4];
-        ptx::LdMatrixX4(r,
-                        k_tile + (n0 + rr + (mi & 1) * 8) * F::kRowBytes + c * 32 + (mi >> 1) * 16);
+    for (int c = 0; c < F::kLoads; ++c) {
+      typename F::Block k[F::kBlocksPerLoad];
+      F::template LoadK<kOffsetK>(k, k_tile, n0, c, lane);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
+      for (int h = 0; h < F::kBlocksPerLoad; ++h) {
 #pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-            const uint32_t w = r[h * 2 + nt];
-            F::Mma(s[nt], q[2 * c + h], Bytes2ToF16x2<C, kOffsetK>(w, 0x4140, 0x0010),
-                   Bytes2ToF16x2<C, kOffsetK>(w, 0x4342, 0x0032));
-          }
+        for (int nt = 0; nt < 2; ++nt) {
+          F::Mma(s[nt], q[c * F::kBlocksPerLoad + h], k[h].x[nt][0], k[h].x[nt][1]);
         }
-      }
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk) {
-        uint32_t b[4];
-        ptx::LdMatrixX4(b, k_tile + (n0 + rr + (mi >= 2 ? 8 : 0)) * F::kRowBytes +
-                               (kk * 16 + (mi & 1) * 8) * 2);
-        F::Mma(s[0], q[kk], b[0], b[1]);
-        F::Mma(s[1], q[kk], b[2], b[3]);
       }
     }
   }
 
   // acc += P[16 x 16 tokens starting at n0] . V
   __device__ void PV(const uint32_t (&pa)[4], const uint8_t* v_tile, int n0, int lane) {
-    const int mi = lane / 8, rr = lane % 8;
-    if constexpr (F::kEight) {
 #pragma unroll
-      for (int j = 0; j < D / 32; ++j) {  // 32 d per ldmatrix.x4.trans
-        uint32_t r[4];
-        ptx::LdMatrixX4T(
-            r, v_tile + (n0 + rr + (mi & 1) * 8) * F::kRowBytes + j * 32 + (mi >> 1) * 16);
+    for (int c = 0; c < F::kLoads; ++c) {
+      typename F::Block v[F::kBlocksPerLoad];
+      F::LoadV(v, v_tile, n0, c, lane);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int blk = 2 * j + h;                        // 16-d block
-          const uint32_t lo = r[2 * h], hi = r[2 * h + 1];  // tokens 0-7 and 8-15
-          F::Mma(acc[2 * blk], pa, Bytes2ToF16x2<C, F::kVOffset>(lo, 0x4240, 0x0020),
-                 Bytes2ToF16x2<C, F::kVOffset>(hi, 0x4240, 0x0020));
-          F::Mma(acc[2 * blk + 1], pa, Bytes2ToF16x2<C, F::kVOffset>(lo, 0x4341, 0x0031),
-                 Bytes2ToF16x2<C, F::kVOffset>(hi, 0x4341, 0x0031));
-        }
-      }
-    } else {
+      for (int h = 0; h < F::kBlocksPerLoad; ++h) {
+        const int blk = c * F::kBlocksPerLoad + h;  // 16-d block
 #pragma unroll
-      for (int dd = 0; dd < D / 16; ++dd) {
-        uint32_t b[4];
-        ptx::LdMatrixX4T(
-            b, v_tile + (n0 + rr + (mi & 1) * 8) * F::kRowBytes + (dd * 16 + (mi >> 1) * 8) * 2);
-        F::Mma(acc[2 * dd], pa, b[0], b[1]);
-        F::Mma(acc[2 * dd + 1], pa, b[2], b[3]);
+        for (int i = 0; i < 2; ++i) F::Mma(acc[2 * blk + i], pa, v[h].x[i][0], v[h].x[i][1]);
       }
     }
   }
