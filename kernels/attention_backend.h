@@ -92,6 +92,19 @@ struct KvCacheLayer {
   float* v_block_scales = nullptr;
 };
 
+// Rotary embedding fused into the KV append (the C8 seed's design; backends with
+// supports_fused_rope()). The backend splits the raw fused q/k/v projection, scales each row,
+// adds the bias, rotates q and k ("rotate_half" pairs, angle = position x inv_freq), writes q and
+// appends K and V, storing exactly what a separate rotary kernel followed by the append would.
+struct FusedRope {
+  const void* qkv = nullptr;           // [num_tokens, (Hq + 2 Hkv) * head_dim] raw projection
+  const void* bias = nullptr;          // [(Hq + 2 Hkv) * head_dim] or null
+  const float* qkv_scale = nullptr;    // [num_tokens] row scales (an fp8 GEMM's output) or null
+  const int32_t* positions = nullptr;  // [num_tokens]
+  const float* inv_freq = nullptr;     // [head_dim / 2], rope scaling already applied
+  void* q = nullptr;                   // out: [num_tokens, num_q_heads, head_dim], then attended
+};
+
 // Inputs of one layer call. Pointers are in the backend's memory space and element type.
 struct AttentionParams {
   const void* q = nullptr;      // [num_tokens, num_q_heads, head_dim]
@@ -104,6 +117,9 @@ struct AttentionParams {
   // positions [p - window_left, p]; -1 = the whole prefix. Layers of one model may differ (Qwen2's
   // max_window_layers). Only backends listing kFeatureSlidingWindow get a non-negative value.
   int window_left = -1;
+  // Set (rope.qkv non-null) only for backends with supports_fused_rope(): then q, k_new and v_new
+  // are unused.
+  FusedRope rope;
 };
 
 class AttentionBackend {
@@ -117,6 +133,8 @@ class AttentionBackend {
   virtual Status Plan(const AttentionBatch& batch) = 0;
   // Appends this step's K/V into the cache, then attends. Valid after Plan for the same step.
   virtual void Run(const AttentionParams& params) = 0;
+  // Whether Run takes the raw projection and does the rotary itself (AttentionParams::rope).
+  virtual bool supports_fused_rope() const { return false; }
   // GPU backends: the stream (cudaStream_t / hipStream_t) every Plan upload and Run launch goes
   // to, owned by the model. CPU backends ignore it.
   virtual void set_stream(void* stream) {}

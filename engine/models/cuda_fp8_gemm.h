@@ -48,6 +48,7 @@ class CudaFp8Gemm {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   int tune_max_m_ = 0;
+  bool warmed_ = false;  // Tune has kept the GPU busy once (clock ramp-up)
   std::map<std::tuple<int, int, int>, Shape> shapes_;
 };
 

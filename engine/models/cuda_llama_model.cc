@@ -444,12 +444,21 @@ Status CudaLlamaModel::LaunchLayers(Scratch& s, int T) {
     ra.num_q_heads = c.num_q_heads;
     ra.num_kv_heads = c.num_kv_heads;
     ra.head_dim = c.head_dim;
-    cuda::LaunchBiasRope(ra, stream_);
     AttentionParams p;
-    p.q = s.q.ptr;
-    p.k_new = s.k.ptr;
-    p.v_new = s.v.ptr;
     p.out = s.attn.ptr;
+    if (step_attention_->supports_fused_rope()) {  // one launch: rotary + KV append
+      p.rope.qkv = ra.qkv;
+      p.rope.bias = ra.bias;
+      p.rope.qkv_scale = ra.qkv_scale;
+      p.rope.positions = ra.positions;
+      p.rope.inv_freq = ra.inv_freq;
+      p.rope.q = s.q.ptr;
+    } else {
+      cuda::LaunchBiasRope(ra, stream_);
+      p.q = s.q.ptr;
+      p.k_new = s.k.ptr;
+      p.v_new = s.v.ptr;
+    }
     const LayerCache& lc = *cache_[l];
     p.cache.k = lc.k.ptr;
     p.cache.v = lc.v.ptr;

@@ -1,12 +1,15 @@
-// KV append (quantizing) kernel for C8 attention. (Split-KV chunks are merged inside the tile
-// kernel: c8_tile_kernel.cuh.)
+// KV append (quantizing, optionally with the rotary fused in) kernel for C8 attention. (Split-KV
+// chunks are merged inside the tile kernel: c8_tile_kernel.cuh.)
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "kernels/cuda/c8_kernel_args.h"
 #include "kernels/cuda/pdl_launch.cuh"
 #include "kernels/cuda/ptx_ops.cuh"
+#include "kernels/cuda/rope_pairs.cuh"
 
 namespace llm::cuda::detail {
 namespace {
@@ -22,81 +25,131 @@ __device__ __forceinline__ uint8_t QuantFp8(float x, float scale) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, __NV_E4M3));
 }
 
-// One warp per (token, kv head): writes K and V rows into their cache slot.
-template <int D>
-__global__ void AppendKernel(const AppendArgs a, int cache_type) {
-  ptx::GridDependencySync();  // launched with LaunchPdl
-  const int warp_global = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (warp_global >= a.num_tokens * a.num_kv_heads) return;
-  const int tok = warp_global / a.num_kv_heads, h = warp_global % a.num_kv_heads;
-  const int slot = a.slots[tok];
-  if (slot < 0) return;
-  const int block = slot / a.block_size, off = slot % a.block_size;
-  const size_t dst = ((static_cast<size_t>(block) * a.num_kv_heads + h) * a.block_size + off) * D;
-  const size_t src = (static_cast<size_t>(tok) * a.num_kv_heads + h) * D;
-  constexpr int kPer = D / 32;
-#pragma unroll
-  for (int kv = 0; kv < 2; ++kv) {
-    const __nv_bfloat16* in = static_cast<const __nv_bfloat16*>(kv ? a.v_new : a.k_new) + src;
-    void* cache = kv ? a.v_cache : a.k_cache;
-    float* scale = kv ? a.v_scale : a.k_scale;
-    float x[kPer];
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) x[i] = __bfloat162float(in[lane * kPer + i]);
-    if (cache_type == static_cast<int>(CacheType::kBf16)) {
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        static_cast<__nv_bfloat16*>(cache)[dst + lane * kPer + i] = in[lane * kPer + i];
-      }
-      continue;
-    }
-    float s_head = 1.f;
-    if (a.scale_mode == static_cast<int>(ScaleMode::kPerToken)) {
-      float amax = 0.f;
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) amax = fmaxf(amax, fabsf(x[i]));
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o));
-      const float qmax = cache_type == static_cast<int>(CacheType::kInt8) ? 127.f : 448.f;
-      s_head = amax / qmax;  // engine/base/quant.h DynamicScale
-      if (!(s_head > 0.f && isfinite(s_head))) s_head = 1.f;
-      if (lane == 0) {
-        scale[(static_cast<size_t>(block) * a.num_kv_heads + h) * a.block_size + off] = s_head;
-      }
-    } else if (a.scale_mode == static_cast<int>(ScaleMode::kPerHead)) {
-      s_head = scale[h];
-    }
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int d = lane * kPer + i;
-      const float s =
-          a.scale_mode == static_cast<int>(ScaleMode::kPerChannel) ? scale[h * D + d] : s_head;
-      if (cache_type == static_cast<int>(CacheType::kInt8)) {
-        // Stored excess-128 (C8Shape): the tile kernel's dequantization then needs no fix-up.
-        static_cast<uint8_t*>(cache)[dst + d] = static_cast<uint8_t>(QuantInt8(x[i], s)) ^ 0x80u;
-      } else {
-        static_cast<uint8_t*>(cache)[dst + d] = QuantFp8(x[i], s);
-      }
-    }
+// Stores four consecutive elements d..d+3 of one cache row (bf16-rounded values; the scale as
+// the mode defines it).
+__device__ __forceinline__ void StoreFour(const float (&y)[4], int cache_type, int scale_mode,
+                                          const float* scale, int d, float s_row, void* cache,
+                                          size_t row) {
+  if (cache_type == static_cast<int>(CacheType::kBf16)) {
+    ptx::StoreBf16x4(static_cast<__nv_bfloat16*>(cache) + row + d, y);
+    return;
   }
+  uint32_t packed = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float s = scale_mode == static_cast<int>(ScaleMode::kPerChannel) ? scale[d + j] : s_row;
+    // int8 is stored excess-128 (C8Shape): the tile kernel's dequantization then needs no fix-up.
+    const uint32_t b = cache_type == static_cast<int>(CacheType::kInt8)
+                           ? static_cast<uint8_t>(QuantInt8(y[j], s)) ^ 0x80u
+                           : QuantFp8(y[j], s);
+    packed |= b << (8 * j);
+  }
+  *reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(cache) + row + d) = packed;
+}
+
+// One CTA per token; D / 8 consecutive threads per head, each holding four (i, i + D/2) pairs.
+// kRope: the heads are the raw fused projection's (q, then k, then v; q and k rotated, q written
+// out), so the rotary and the append are one launch. Otherwise the heads are k_new's and v_new's.
+// K and V are rounded to bf16 before quantizing: the cache holds what a separate rotary kernel's
+// bf16 output quantizes to.
+template <int D, bool kRope>
+__global__ void AppendKernel(const RopeAppendArgs a, int cache_type) {
+  ptx::GridDependencySync();  // launched with LaunchPdl
+  constexpr int kHalf = D / 2, kLanes = D / 8;
+  __shared__ float cs[D];  // cos, sin of this token's angles (kRope)
+  const AppendArgs& c = a.cache;
+  const int t = blockIdx.x, hkv = c.num_kv_heads;
+  const int hq = kRope ? a.num_q_heads : 0;
+  const int heads = hq + 2 * hkv;
+  float rs = 1.f;
+  const __nv_bfloat16* row = nullptr;
+  if constexpr (kRope) {
+    rope::FillAngles(static_cast<float>(a.rope.positions[t]), a.rope.inv_freq, kHalf, cs);
+    __syncthreads();
+    rs = a.rope.qkv_scale ? a.rope.qkv_scale[t] : 1.f;
+    row = static_cast<const __nv_bfloat16*>(a.rope.qkv) + static_cast<size_t>(t) * heads * D;
+  }
+  const int slot = c.slots[t];  // -1: a graph bucket's padding row, nothing appended
+  const int block = slot / c.block_size, off = slot % c.block_size;
+  const float qmax = cache_type == static_cast<int>(CacheType::kInt8) ? 127.f : 448.f;
+  // Uniform trip count: the per-token scale's shuffles need every lane of the warp.
+  for (int base = 0; base < heads * kLanes; base += blockDim.x) {
+    const int idx = base + threadIdx.x;
+    const bool valid = idx < heads * kLanes;
+    const int h = valid ? idx / kLanes : 0, i = (idx % kLanes) * 4;
+    float x1[4] = {}, x2[4] = {};
+    if (valid) {
+      if constexpr (kRope) {
+        rope::LoadPairs(row, static_cast<const __nv_bfloat16*>(a.rope.bias), h * D + i, kHalf, rs,
+                        x1, x2);
+        if (h < hq + hkv) rope::Rotate(cs, i, kHalf, x1, x2);
+      } else {
+        const void* src = h < hkv ? c.k_new : c.v_new;
+        const size_t r = (static_cast<size_t>(t) * hkv + h % hkv) * D;
+        rope::LoadPairs(static_cast<const __nv_bfloat16*>(src) + r, nullptr, i, kHalf, 1.f, x1, x2);
+      }
+    }
+    if (valid && h < hq) {
+      auto* q = static_cast<__nv_bfloat16*>(a.rope.q) + (static_cast<size_t>(t) * hq + h) * D;
+      ptx::StoreBf16x4(q + i, x1);
+      ptx::StoreBf16x4(q + i + kHalf, x2);
+    }
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      x1[j] = __bfloat162float(__float2bfloat16_rn(x1[j]));
+      x2[j] = __bfloat162float(__float2bfloat16_rn(x2[j]));
+      amax = fmaxf(amax, fmaxf(fabsf(x1[j]), fabsf(x2[j])));
+    }
+    if (c.scale_mode == static_cast<int>(ScaleMode::kPerToken)) {
+#pragma unroll
+      for (int o = kLanes / 2; o > 0; o >>= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o));
+      }
+    }
+    if (!valid || h < hq || slot < 0) continue;
+    const bool is_v = h >= hq + hkv;
+    const int kh = h - hq - (is_v ? hkv : 0);
+    void* cache = is_v ? c.v_cache : c.k_cache;
+    float* scale = is_v ? c.v_scale : c.k_scale;
+    const size_t cache_row = (static_cast<size_t>(block) * hkv + kh) * c.block_size + off;
+    float s_row = 1.f;
+    if (c.scale_mode == static_cast<int>(ScaleMode::kPerToken)) {
+      s_row = amax / qmax;  // engine/base/quant.h DynamicScale
+      if (!(s_row > 0.f && isfinite(s_row))) s_row = 1.f;
+      if (i == 0 && cache_type != static_cast<int>(CacheType::kBf16)) scale[cache_row] = s_row;
+    } else if (c.scale_mode == static_cast<int>(ScaleMode::kPerHead)) {
+      s_row = scale[kh];
+    } else if (c.scale_mode == static_cast<int>(ScaleMode::kPerChannel)) {
+      scale += kh * D;
+    }
+    StoreFour(x1, cache_type, c.scale_mode, scale, i, s_row, cache, cache_row * D);
+    StoreFour(x2, cache_type, c.scale_mode, scale, i + kHalf, s_row, cache, cache_row * D);
+  }
+}
+
+template <bool kRope>
+void Launch(const RopeAppendArgs& a, CacheType cache, int head_dim, void* stream) {
+  const int heads = (kRope ? a.num_q_heads : 0) + 2 * a.cache.num_kv_heads;
+  const int threads = std::min(1024, (heads * head_dim / 8 + 31) / 32 * 32);
+  auto s = static_cast<cudaStream_t>(stream);
+  auto kernel = head_dim == 64 ? AppendKernel<64, kRope> : AppendKernel<128, kRope>;
+  (void)LaunchPdl(kernel, dim3(a.cache.num_tokens), dim3(threads), 0, s, a,
+                  static_cast<int>(cache));
 }
 
 }  // namespace
 
 void LaunchAppend(const AppendArgs& a, CacheType cache, int head_dim, void* stream) {
   if (a.num_tokens == 0) return;
-  const int warps = a.num_tokens * a.num_kv_heads;
-  const int threads = 256;
-  const int blocks = (warps * 32 + threads - 1) / threads;
-  auto s = static_cast<cudaStream_t>(stream);
-  if (head_dim == 64) {
-    (void)LaunchPdl(AppendKernel<64>, dim3(blocks), dim3(threads), 0, s, a,
-                    static_cast<int>(cache));
-  } else {
-    (void)LaunchPdl(AppendKernel<128>, dim3(blocks), dim3(threads), 0, s, a,
-                    static_cast<int>(cache));
-  }
+  RopeAppendArgs ra{};
+  ra.cache = a;
+  Launch<false>(ra, cache, head_dim, stream);
+}
+
+void LaunchRopeAppend(const RopeAppendArgs& a, CacheType cache, int head_dim, void* stream) {
+  if (a.cache.num_tokens == 0) return;
+  Launch<true>(a, cache, head_dim, stream);
 }
 
 }  // namespace llm::cuda::detail

@@ -380,9 +380,26 @@ Status C8Attention::Run(const LayerArgs& args, void* stream) {
                         shape_.num_kv_heads,
                         shape_.block_size,
                         static_cast<int>(shape_.scale)};
-  detail::LaunchAppend(ap, shape_.cache, shape_.head_dim, stream);
+  // The append reads and writes 8-byte groups of a row.
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; };
+  if (args.rope.qkv == nullptr) {
+    if (!aligned(args.k_new) || !aligned(args.v_new)) {
+      return InvalidArgument("C8 append needs 8-byte aligned k_new / v_new");
+    }
+    detail::LaunchAppend(ap, shape_.cache, shape_.head_dim, stream);
+    GPU_RETURN_IF_ERROR(cudaGetLastError());
+    return Attend(args, stream);
+  }
+  const FusedRope& r = args.rope;
+  if (!aligned(r.qkv) || !aligned(r.q) || (r.bias != nullptr && !aligned(r.bias))) {
+    return InvalidArgument("C8 append with rotary needs 8-byte aligned qkv / bias / q");
+  }
+  detail::RopeAppendArgs ra{ap, r, shape_.num_q_heads};
+  detail::LaunchRopeAppend(ra, shape_.cache, shape_.head_dim, stream);
   GPU_RETURN_IF_ERROR(cudaGetLastError());
-  return Attend(args, stream);
+  LayerArgs attend = args;
+  attend.q = r.q;
+  return Attend(attend, stream);
 }
 
 Status C8Attention::Attend(const LayerArgs& args, void* stream) {

@@ -128,6 +128,9 @@ class C8Attention {
     float* k_scale = nullptr;  // see ScaleMode; written by append only for kPerToken
     float* v_scale = nullptr;
     float softmax_scale = 1.0f;
+    // With rope.qkv set: the rotary is fused into the append, which writes rope.q (attended
+    // instead of q) and reads no k_new / v_new.
+    FusedRope rope;
   };
   // Appends (quantizing) the new K/V, then attends; uses the last upload (either kind).
   Status Run(const LayerArgs& args, void* stream);

@@ -47,6 +47,14 @@ struct AppendArgs {
   int scale_mode;
 };
 
+// The append with the rotary fused in: `cache` gives the destination (its k_new / v_new unused),
+// `rope` the raw projection (FusedRope).
+struct RopeAppendArgs {
+  AppendArgs cache;
+  FusedRope rope;
+  int num_q_heads;
+};
+
 constexpr int kPartialRows = 128;  // rows of the largest (prefill) tile
 constexpr int kDecodeRows = 16;    // decode tile: query tokens x GQA group <= 16
 constexpr int kMaxSplits = 64;     // KV chunks of one query tile (the fused merge's weights)
@@ -65,5 +73,6 @@ int DecodeCtasPerSmBf16(int head_dim, int stages);
 int DecodeCtasPerSmInt8(int head_dim, int stages);
 int DecodeCtasPerSmFp8(int head_dim, int stages);
 void LaunchAppend(const AppendArgs& a, CacheType cache, int head_dim, void* stream);
+void LaunchRopeAppend(const RopeAppendArgs& a, CacheType cache, int head_dim, void* stream);
 
 }  // namespace llm::cuda::detail

@@ -1,7 +1,8 @@
 // Registers the CUDA C8 attention kernel as the "cuda_c8" backend: MHA/GQA, bf16 / int8 / fp8
 // caches with per-head, per-channel or per-token scales, head dims 64 and 128, power-of-two
-// blocks of at least 16 tokens, causal. Plan uploads the step's plan; Run appends and attends on
-// the backend's stream (the model's compute stream).
+// blocks of at least 16 tokens, causal. Plan uploads the step's plan; Run appends (with the
+// rotary fused in when given the raw projection) and attends on the backend's stream (the
+// model's compute stream).
 #include <memory>
 
 #include "kernels/backend_registry.h"
@@ -51,6 +52,7 @@ class CudaC8Backend final : public CudaAttentionBackend {
     return attn_.Upload(batch, BuildC8Plan(attn_.shape(), batch, config_), stream_);
   }
   bool supports_graphs() const override { return true; }
+  bool supports_fused_rope() const override { return true; }
   Status ReserveGraphs(int max_seqs, int max_pages) override {
     return attn_.ReserveGraph(max_seqs, max_pages);
   }
@@ -71,6 +73,7 @@ class CudaC8Backend final : public CudaAttentionBackend {
     a.k_scale = dynamic ? p.cache.k_block_scales : const_cast<float*>(p.cache.k_scale);
     a.v_scale = dynamic ? p.cache.v_block_scales : const_cast<float*>(p.cache.v_scale);
     a.softmax_scale = p.softmax_scale;
+    a.rope = p.rope;
     const Status st = attn_.Run(a, stream_);
     LLM_CHECK(st.ok()) << st.ToString();
   }

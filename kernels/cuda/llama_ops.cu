@@ -8,6 +8,7 @@
 #include "kernels/cuda/llama_ops.h"
 #include "kernels/cuda/pdl_launch.cuh"
 #include "kernels/cuda/ptx_ops.cuh"
+#include "kernels/cuda/rope_pairs.cuh"
 
 namespace llm::cuda {
 namespace {
@@ -234,17 +235,12 @@ __global__ void BiasRopeKernel(const RopeArgs a) {
 // kernel above spent most of its time in per-head sincosf and 2-byte accesses over a
 // tokens x heads grid of 64-thread CTAs. Same float math as the CPU oracle.
 __global__ void BiasRopeVecKernel(const RopeArgs a) {
-  ptx::GridDependencySync();  // launched with LaunchPdl
-  using ptx::LoadBf16x4;
-  using ptx::StoreBf16x4;
+  ptx::GridDependencySync();     // launched with LaunchPdl
   extern __shared__ float cs[];  // [D / 2] cos, then [D / 2] sin
   const int t = blockIdx.x;
   const int D = a.head_dim, half = D / 2;
   const int heads = a.num_q_heads + 2 * a.num_kv_heads;
-  const float pos = static_cast<float>(a.positions[t]);
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    sincosf(pos * a.inv_freq[i], &cs[half + i], &cs[i]);
-  }
+  rope::FillAngles(static_cast<float>(a.positions[t]), a.inv_freq, half, cs);
   __syncthreads();
   const auto* qkv = static_cast<const __nv_bfloat16*>(a.qkv) + static_cast<size_t>(t) * heads * D;
   const auto* bias = static_cast<const __nv_bfloat16*>(a.bias);
@@ -252,41 +248,13 @@ __global__ void BiasRopeVecKernel(const RopeArgs a) {
   const float rs = RowScale(a.qkv_scale, t);
   for (int idx = threadIdx.x; idx < heads * groups; idx += blockDim.x) {
     const int h = idx / groups, i = (idx - h * groups) * 4;
-    const int c1 = h * D + i, c2 = c1 + half;
     float x1[4], x2[4];
-    LoadBf16x4(qkv + c1, x1);
-    LoadBf16x4(qkv + c2, x2);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      x1[j] *= rs;
-      x2[j] *= rs;
-    }
-    if (bias) {
-      float b1[4], b2[4];
-      LoadBf16x4(bias + c1, b1);
-      LoadBf16x4(bias + c2, b2);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        x1[j] += b1[j];
-        x2[j] += b2[j];
-      }
-    }
+    rope::LoadPairs(qkv, bias, h * D + i, half, rs, x1, x2);
     bool rotate;
     __nv_bfloat16* dst = RopeDestination(a, t, h, &rotate);
-    if (!rotate) {
-      StoreBf16x4(dst + i, x1);
-      StoreBf16x4(dst + i + half, x2);
-      continue;
-    }
-    float o1[4], o2[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float c = cs[i + j], sn = cs[half + i + j];
-      o1[j] = x1[j] * c - x2[j] * sn;
-      o2[j] = x2[j] * c + x1[j] * sn;
-    }
-    StoreBf16x4(dst + i, o1);
-    StoreBf16x4(dst + i + half, o2);
+    if (rotate) rope::Rotate(cs, i, half, x1, x2);
+    ptx::StoreBf16x4(dst + i, x1);
+    ptx::StoreBf16x4(dst + i + half, x2);
   }
 }
 
