@@ -54,17 +54,21 @@ __device__ __forceinline__ void StoreFour(const float (&y)[4], int cache_type, i
 // bf16 output quantizes to.
 template <int D, bool kRope>
 __global__ void AppendKernel(const RopeAppendArgs a, int cache_type) {
-  ptx::GridDependencySync();  // launched with LaunchPdl
   constexpr int kHalf = D / 2, kLanes = D / 8;
   __shared__ float cs[D];  // cos, sin of this token's angles (kRope)
   const AppendArgs& c = a.cache;
   const int t = blockIdx.x, hkv = c.num_kv_heads;
   const int hq = kRope ? a.num_q_heads : 0;
   const int heads = hq + 2 * hkv;
+  // Positions, frequencies and slots were uploaded before the step: the angles are computed
+  // while the previous kernel (the q/k/v projection) finishes.
+  if constexpr (kRope) {
+    rope::FillAngles(static_cast<float>(a.rope.positions[t]), a.rope.inv_freq, kHalf, cs);
+  }
+  ptx::GridDependencySync();  // launched with LaunchPdl
   float rs = 1.f;
   const __nv_bfloat16* row = nullptr;
   if constexpr (kRope) {
-    rope::FillAngles(static_cast<float>(a.rope.positions[t]), a.rope.inv_freq, kHalf, cs);
     __syncthreads();
     rs = a.rope.qkv_scale ? a.rope.qkv_scale[t] : 1.f;
     row = static_cast<const __nv_bfloat16*>(a.rope.qkv) + static_cast<size_t>(t) * heads * D;

@@ -132,12 +132,19 @@ __device__ __forceinline__ void StoreRow(float (&v)[kChunks][8], int cols, size_
 // registers between the sum, the absmax and the output, and every access is 8 or 16 bytes.
 template <int kChunks, bool kFp8>
 __global__ void AddRmsNormVecKernel(const RmsNormArgs a) {
+  const int hidden = a.hidden;
+  // The norm weight is no kernel's output: read it before waiting for the previous kernel.
+  float w[kChunks][8];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int i = (c * blockDim.x + threadIdx.x) * 8;
+    if (i < hidden) LoadBf16x8(static_cast<const __nv_bfloat16*>(a.weight) + i, w[c]);
+  }
   ptx::GridDependencySync();  // launched with LaunchPdl
-  const int out_row = blockIdx.x, hidden = a.hidden;
+  const int out_row = blockIdx.x;
   const int t = a.rows ? a.rows[out_row] : out_row;
   float* x = a.residual + static_cast<size_t>(t) * hidden;
   const auto* delta = static_cast<const __nv_bfloat16*>(a.delta);
-  const auto* weight = static_cast<const __nv_bfloat16*>(a.weight);
   const float ds = RowScale(a.delta_scale, t);
   // Every load of the row first (predicated, not a loop exit, so they are all in flight at once).
   float v[kChunks][8] = {}, d[kChunks][8] = {};
@@ -171,10 +178,8 @@ __global__ void AddRmsNormVecKernel(const RmsNormArgs a) {
   for (int c = 0; c < kChunks; ++c) {
     const int i = (c * blockDim.x + threadIdx.x) * 8;
     if (i >= hidden) break;
-    float w[8];
-    LoadBf16x8(weight + i, w);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) v[c][j] = v[c][j] * inv * w[j];
+    for (int j = 0; j < 8; ++j) v[c][j] = v[c][j] * inv * w[c][j];
   }
   StoreRow<kChunks, kFp8>(v, hidden, out_row, a.out, a.out_fp8);
 }
