@@ -19,6 +19,7 @@
 #include "engine/base/quant.h"
 #include "kernels/cpu/cpu_paged_attention.h"
 #include "kernels/cuda/c8_attention.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace llm::cuda {
 namespace {
@@ -80,31 +81,8 @@ void RunCase(const Case& c, std::mt19937& rng, GraphCtx* g = nullptr) {
   std::normal_distribution<float> nd(0.f, 1.f);
 
   // Batch: shuffled block ids over a pool larger than needed.
-  AttentionBatch b;
-  b.num_seqs = static_cast<int>(c.seqs.size());
-  b.q_indptr.push_back(0);
-  b.page_indptr.push_back(0);
-  int total_blocks = 0;
-  for (auto [q, kv] : c.seqs) total_blocks += (kv + bs - 1) / bs;
-  const int num_blocks = total_blocks + 7;
-  std::vector<int32_t> pool(num_blocks);
-  std::iota(pool.begin(), pool.end(), 0);
-  std::shuffle(pool.begin(), pool.end(), rng);
-  int next = 0;
-  for (auto [q, kv] : c.seqs) {
-    const int nb = (kv + bs - 1) / bs;
-    for (int i = 0; i < nb; ++i) b.page_indices.push_back(pool[next++]);
-    b.page_indptr.push_back(static_cast<int32_t>(b.page_indices.size()));
-    b.kv_lens.push_back(kv);
-    b.q_indptr.push_back(b.q_indptr.back() + q);
-  }
-  b.num_tokens = b.q_indptr.back();
-  for (int s = 0; s < b.num_seqs; ++s) {
-    const int q_len = b.q_indptr[s + 1] - b.q_indptr[s], kv = b.kv_lens[s];
-    for (int i = kv - q_len; i < kv; ++i) {
-      b.slot_mapping.push_back(b.page_indices[b.page_indptr[s] + i / bs] * bs + i % bs);
-    }
-  }
+  int num_blocks = 0;
+  const AttentionBatch b = ShuffledPagedBatch(c.seqs, bs, 7, rng, &num_blocks);
 
   // Static scales: positive, varied per head / channel.
   std::uniform_real_distribution<float> ud(0.5f, 2.0f);

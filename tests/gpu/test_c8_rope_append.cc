@@ -19,25 +19,12 @@
 #include "engine/base/dtype.h"
 #include "kernels/cuda/c8_attention.h"
 #include "kernels/cuda/llama_ops.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace llm::cuda {
 namespace {
 
 #define CUDA_REQUIRE(x) REQUIRE((x) == cudaSuccess)
-
-template <typename T>
-T* ToDevice(const std::vector<T>& h) {
-  T* d = nullptr;
-  CUDA_REQUIRE(cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(T)));
-  CUDA_REQUIRE(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
-template <typename T>
-std::vector<T> ToHost(const void* d, size_t n) {
-  std::vector<T> h(n);
-  CUDA_REQUIRE(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
 
 struct RopeCase {
   int hq, hkv, d, bs;
@@ -69,30 +56,8 @@ void RunRopeCase(const RopeCase& c, std::mt19937& rng) {
     seqs.push_back({70, 70});
     std::shuffle(seqs.begin(), seqs.end(), rng);
   }
-  AttentionBatch b;
-  b.num_seqs = static_cast<int>(seqs.size());
-  b.q_indptr.push_back(0);
-  b.page_indptr.push_back(0);
-  int total_blocks = 0;
-  for (auto [q, kv] : seqs) total_blocks += (kv + bs - 1) / bs;
-  const int num_blocks = total_blocks + 5;
-  std::vector<int32_t> pool(num_blocks);
-  std::iota(pool.begin(), pool.end(), 0);
-  std::shuffle(pool.begin(), pool.end(), rng);
-  int next = 0;
-  for (auto [q, kv] : seqs) {
-    for (int i = 0; i < (kv + bs - 1) / bs; ++i) b.page_indices.push_back(pool[next++]);
-    b.page_indptr.push_back(static_cast<int32_t>(b.page_indices.size()));
-    b.kv_lens.push_back(kv);
-    b.q_indptr.push_back(b.q_indptr.back() + q);
-  }
-  b.num_tokens = b.q_indptr.back();
-  for (int s = 0; s < b.num_seqs; ++s) {
-    const int q_len = b.q_indptr[s + 1] - b.q_indptr[s], kv = b.kv_lens[s];
-    for (int i = kv - q_len; i < kv; ++i) {
-      b.slot_mapping.push_back(b.page_indices[b.page_indptr[s] + i / bs] * bs + i % bs);
-    }
-  }
+  int num_blocks = 0;
+  const AttentionBatch b = ShuffledPagedBatch(seqs, bs, 5, rng, &num_blocks);
   const int rows = b.num_tokens + c.graph_padding;  // the launches' rows (padding included)
 
   // Cache images: random finite old contents (fp8 bytes avoid the NaN encodings), one copy per
@@ -128,11 +93,11 @@ void RunRopeCase(const RopeCase& c, std::mt19937& rng) {
   std::vector<float> inv_freq(D / 2);
   for (int i = 0; i < D / 2; ++i) inv_freq[i] = std::pow(500000.f, -2.f * i / D);
 
-  uint16_t* d_qkv = ToDevice(qkv);
-  uint16_t* d_bias = ToDevice(bias);
-  float* d_rs = ToDevice(row_scale);
-  int32_t* d_pos = ToDevice(pos);
-  float* d_freq = ToDevice(inv_freq);
+  uint16_t* d_qkv = Upload(qkv);
+  uint16_t* d_bias = Upload(bias);
+  float* d_rs = Upload(row_scale);
+  int32_t* d_pos = Upload(pos);
+  float* d_freq = Upload(inv_freq);
   const size_t q_bytes = static_cast<size_t>(rows) * hq * D * 2;
   const size_t kv_bytes = static_cast<size_t>(rows) * hkv * D * 2;
   void *d_k = nullptr, *d_v = nullptr;
@@ -161,8 +126,8 @@ void RunRopeCase(const RopeCase& c, std::mt19937& rng) {
     CUDA_REQUIRE(cudaMalloc(&d_out, q_bytes));
     CUDA_REQUIRE(cudaMemset(d_q, 0xff, q_bytes));
     CUDA_REQUIRE(cudaMemset(d_out, 0xff, q_bytes));  // poison: NaN bf16
-    uint8_t* d_cache = ToDevice(cache_img);
-    float* d_scales = ToDevice(scale_img);
+    uint8_t* d_cache = Upload(cache_img);
+    float* d_scales = Upload(scale_img);
     C8Attention::LayerArgs la;
     la.out = d_out;
     la.k_cache = d_cache;
@@ -202,9 +167,10 @@ void RunRopeCase(const RopeCase& c, std::mt19937& rng) {
     INFO(st.ToString());
     REQUIRE(st.ok());
     CUDA_REQUIRE(cudaDeviceSynchronize());
-    Result res{ToHost<uint8_t>(d_q, q_bytes), ToHost<uint8_t>(d_out, q_bytes),
-               ToHost<uint8_t>(d_cache, cache_img.size()),
-               ToHost<float>(d_scales, scale_img.size())};
+    Result res{Download(static_cast<const uint8_t*>(d_q), q_bytes),
+               Download(static_cast<const uint8_t*>(d_out), q_bytes),
+               Download(static_cast<const uint8_t*>(d_cache), cache_img.size()),
+               Download(static_cast<const float*>(d_scales), scale_img.size())};
     for (void* p : {d_q, d_out, static_cast<void*>(d_cache), static_cast<void*>(d_scales)}) {
       cudaFree(p);
     }

@@ -14,25 +14,12 @@
 #include "engine/base/dtype.h"
 #include "engine/base/quant.h"
 #include "kernels/cuda/llama_ops.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace llm::cuda {
 namespace {
 
 #define CUDA_REQUIRE(x) REQUIRE((x) == cudaSuccess)
-
-template <typename T>
-T* Upload(const std::vector<T>& h) {
-  T* d = nullptr;
-  REQUIRE(cudaMalloc(&d, std::max<size_t>(h.size(), 1) * sizeof(T)) == cudaSuccess);
-  REQUIRE(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
-  return d;
-}
-template <typename T>
-std::vector<T> Download(const T* d, size_t n) {
-  std::vector<T> h(n);
-  REQUIRE(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
-  return h;
-}
 
 std::vector<uint16_t> RandomBf16(size_t n, std::mt19937& rng, float mean = 0.f) {
   std::normal_distribution<float> nd(mean, 1.f);

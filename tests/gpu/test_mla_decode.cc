@@ -36,6 +36,7 @@
 #include "kernels/cuda/c8_attention.h"
 #include "kernels/cuda/cuda_c8_backend.h"
 #include "kernels/cuda/mla_decode.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace llm::cuda {
 namespace {
@@ -116,31 +117,8 @@ int RunCaseOnce(const MlaCase& c, std::mt19937& rng) {
   std::normal_distribution<float> nd(0.f, 1.f);
 
   // Batch: block ids shuffled over a pool with spare blocks.
-  AttentionBatch b;
-  b.num_seqs = static_cast<int>(c.seqs.size());
-  b.q_indptr.push_back(0);
-  b.page_indptr.push_back(0);
-  int total_blocks = 0;
-  for (auto [q, kv] : c.seqs) total_blocks += (kv + bs - 1) / bs;
-  const int num_blocks = total_blocks + 5;
-  std::vector<int32_t> pool(num_blocks);
-  std::iota(pool.begin(), pool.end(), 0);
-  std::shuffle(pool.begin(), pool.end(), rng);
-  int next = 0;
-  for (auto [q, kv] : c.seqs) {
-    REQUIRE(q <= kv);
-    for (int i = 0; i < (kv + bs - 1) / bs; ++i) b.page_indices.push_back(pool[next++]);
-    b.page_indptr.push_back(static_cast<int32_t>(b.page_indices.size()));
-    b.kv_lens.push_back(kv);
-    b.q_indptr.push_back(b.q_indptr.back() + q);
-  }
-  b.num_tokens = b.q_indptr.back();
-  for (int s = 0; s < b.num_seqs; ++s) {
-    const int q_len = b.q_indptr[s + 1] - b.q_indptr[s], kv = b.kv_lens[s];
-    for (int i = kv - q_len; i < kv; ++i) {
-      b.slot_mapping.push_back(b.page_indices[b.page_indptr[s] + i / bs] * bs + i % bs);
-    }
-  }
+  int num_blocks = 0;
+  const AttentionBatch b = ShuffledPagedBatch(c.seqs, bs, 5, rng, &num_blocks);
   const int T = b.num_tokens;
   const MlaShape ref_shape{H, kC, kR, bs};
 

@@ -20,9 +20,12 @@
 
 #include "engine/sampler.h"
 #include "kernels/cuda/sampling.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace llm {
 namespace {
+
+using cuda::Upload;
 
 #define CUDA_REQUIRE(x) REQUIRE((x) == cudaSuccess)
 
@@ -31,16 +34,6 @@ struct Row {
   SamplingJob job;
   std::vector<PenaltyEntry> penalties;
 };
-
-template <typename T>
-T* Upload(const std::vector<T>& v) {
-  void* p = nullptr;
-  CUDA_REQUIRE(cudaMalloc(&p, std::max<size_t>(v.size() * sizeof(T), 16)));
-  if (!v.empty()) {
-    CUDA_REQUIRE(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  return static_cast<T*>(p);
-}
 
 struct GpuResult {
   std::vector<int32_t> tokens;   // [jobs]
