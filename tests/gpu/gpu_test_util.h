@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <utility>
@@ -16,6 +17,21 @@
 #include "kernels/attention_backend.h"
 
 namespace llm::cuda {
+
+// A fresh seed per run, so every run tries new inputs; LLM_TEST_SEED=<n> replays one.
+inline uint32_t TestSeed() {
+  if (const char* s = std::getenv("LLM_TEST_SEED")) {
+    return static_cast<uint32_t>(std::strtoul(s, nullptr, 10));
+  }
+  return std::random_device{}();
+}
+
+// Declares `std::mt19937 name` seeded by TestSeed(), and names the seed in every failure report
+// of the enclosing scope.
+#define GPU_TEST_RNG(name)                                                             \
+  const uint32_t name##_seed = ::llm::cuda::TestSeed();                                \
+  INFO("seed " << name##_seed << " (LLM_TEST_SEED=" << name##_seed << " replays it)"); \
+  std::mt19937 name(name##_seed)
 
 // A device copy of h (at least 16 bytes allocated, so an empty vector still gets a pointer).
 template <typename T>

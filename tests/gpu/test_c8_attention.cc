@@ -338,7 +338,7 @@ std::vector<std::pair<int, int>> MixedBatch(std::mt19937& rng) {
 }
 
 TEST_CASE("C8 attention matches the CPU reference", "[gpu][c8]") {
-  std::mt19937 rng(std::random_device{}());
+  GPU_TEST_RNG(rng);
   const std::pair<int, int> heads[] = {{8, 8}, {16, 4}, {32, 4}};  // GQA ratios 1, 4, 8
   const std::pair<CacheType, ScaleMode> modes[] = {
       {CacheType::kBf16, ScaleMode::kNone},          {CacheType::kInt8, ScaleMode::kPerHead},
@@ -358,7 +358,7 @@ TEST_CASE("C8 attention matches the CPU reference", "[gpu][c8]") {
 }
 
 TEST_CASE("C8 attention: every decode ring depth matches the CPU reference", "[gpu][c8]") {
-  std::mt19937 rng(std::random_device{}());
+  GPU_TEST_RNG(rng);
   const std::pair<CacheType, ScaleMode> modes[] = {{CacheType::kBf16, ScaleMode::kNone},
                                                    {CacheType::kInt8, ScaleMode::kPerChannel},
                                                    {CacheType::kFp8E4M3, ScaleMode::kPerToken}};
@@ -376,7 +376,7 @@ TEST_CASE("C8 attention: every decode ring depth matches the CPU reference", "[g
 }
 
 TEST_CASE("C8 attention: long single-sequence decode splits KV and merges", "[gpu][c8]") {
-  std::mt19937 rng(std::random_device{}());
+  GPU_TEST_RNG(rng);
   for (auto cache : {CacheType::kBf16, CacheType::kInt8}) {
     const ScaleMode scale = cache == CacheType::kBf16 ? ScaleMode::kNone : ScaleMode::kPerHead;
     RunCase({32, 8, 128, 64, cache, scale, false, {{1, 4099}}}, rng);
@@ -386,7 +386,7 @@ TEST_CASE("C8 attention: long single-sequence decode splits KV and merges", "[gp
 
 TEST_CASE("C8 attention in CUDA graphs: one capture per bucket replays different decode steps",
           "[gpu][c8]") {
-  std::mt19937 rng(std::random_device{}());
+  GPU_TEST_RNG(rng);
   const std::pair<CacheType, ScaleMode> modes[] = {{CacheType::kBf16, ScaleMode::kNone},
                                                    {CacheType::kInt8, ScaleMode::kPerHead},
                                                    {CacheType::kFp8E4M3, ScaleMode::kPerToken}};

@@ -11,6 +11,7 @@
 
 #include "kernels/cuda/c8_attention.h"
 #include "kernels/cuda/c8_kernel_args.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace llm::cuda {
 namespace {
@@ -63,7 +64,7 @@ int SeqOfRow(const AttentionBatch& b, int row) {
 
 TEST_CASE("C8 plan: random batches cover every query row once with consistent items",
           "[host][c8]") {
-  std::mt19937 rng(std::random_device{}());
+  GPU_TEST_RNG(rng);
   for (int iter = 0; iter < 300; ++iter) {
     const PlanCase c = RandomCase(rng);
     const AttentionBatch& b = c.batch;

@@ -190,7 +190,7 @@ void RunRopeCase(const RopeCase& c, std::mt19937& rng) {
 }
 
 TEST_CASE("C8 append with the rotary fused in stores what BiasRope + append store", "[gpu][c8]") {
-  std::mt19937 rng(std::random_device{}());
+  GPU_TEST_RNG(rng);
   const std::pair<CacheType, ScaleMode> modes[] = {
       {CacheType::kBf16, ScaleMode::kNone},          {CacheType::kInt8, ScaleMode::kPerHead},
       {CacheType::kInt8, ScaleMode::kPerChannel},    {CacheType::kInt8, ScaleMode::kPerToken},

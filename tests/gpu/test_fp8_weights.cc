@@ -18,6 +18,7 @@
 #include "engine/models/cuda_fp8_gemm.h"
 #include "kernels/cuda/fp8_quant.h"
 #include "tests/gpu/engine_generate.h"
+#include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/random_llama.h"
 
 namespace llm {
@@ -37,7 +38,7 @@ float HostQuantize(const std::vector<uint16_t>& x, std::vector<uint8_t>* q) {
 
 TEST_CASE("fp8 weights: quantization and the cuBLASLt GEMM match the host definition",
           "[gpu][fp8]") {
-  std::mt19937 rng(std::random_device{}());
+  GPU_TEST_RNG(rng);
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreate(&stream));
   void* ws = nullptr;
@@ -128,7 +129,7 @@ TEST_CASE("fp8 weights: quantization and the cuBLASLt GEMM match the host defini
 // bytes exactly as quant.h defines them for that row alone, on the 16-byte path and the scalar one.
 TEST_CASE("fp8 weights: per-row activation quantization matches the host definition",
           "[gpu][fp8]") {
-  std::mt19937 rng(std::random_device{}());
+  GPU_TEST_RNG(rng);
   for (int cols : {4096, 4100, 24}) {
     for (int rows : {1, 7, 300}) {
       INFO("rows " << rows << " cols " << cols);

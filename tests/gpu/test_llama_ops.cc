@@ -82,7 +82,7 @@ std::vector<float> RandomRowScales(size_t n, std::mt19937& rng) {
 }
 
 TEST_CASE("Llama ops: add + RMSNorm and SiluMul match the host definition", "[gpu][ops]") {
-  std::mt19937 rng(std::random_device{}());
+  GPU_TEST_RNG(rng);
   for (int hidden : {256, 4096, 4100, 8192, 8200}) {
     for (int T : {1, 3, 17}) {
       for (int variant = 0; variant < 6; ++variant) {

@@ -346,7 +346,7 @@ std::vector<std::pair<int, int>> MixedBatch(std::mt19937& rng) {
 
 TEST_CASE("MLA decode matches the CPU reference: every head count, both caches, split or not",
           "[gpu][mla]") {
-  std::mt19937 rng(std::random_device{}());
+  GPU_TEST_RNG(rng);
   for (MlaCacheType cache : {MlaCacheType::kBf16, MlaCacheType::kFp8E4M3}) {
     for (int heads : {16, 32, 64, 128}) {
       for (Split split : {Split::kNone, Split::kForced}) {
@@ -359,7 +359,7 @@ TEST_CASE("MLA decode matches the CPU reference: every head count, both caches, 
 
 TEST_CASE("MLA decode: long contexts, planner-chosen split-KV and a single unsplit CTA",
           "[gpu][mla]") {
-  std::mt19937 rng(std::random_device{}());
+  GPU_TEST_RNG(rng);
   for (MlaCacheType cache : {MlaCacheType::kBf16, MlaCacheType::kFp8E4M3}) {
     // A small batch of long contexts: the planner must split to fill the GPU.
     CHECK(RunCase({16, cache, Split::kPlanner, {{1, 4097}, {2, 4096}, {4, 2049}}}, rng) > 0);
@@ -371,7 +371,7 @@ TEST_CASE("MLA decode: long contexts, planner-chosen split-KV and a single unspl
 }
 
 TEST_CASE("MLA decode: sharply peaked softmax and block size 128", "[gpu][mla]") {
-  std::mt19937 rng(std::random_device{}());
+  GPU_TEST_RNG(rng);
   for (MlaCacheType cache : {MlaCacheType::kBf16, MlaCacheType::kFp8E4M3}) {
     for (int heads : {64, 16}) {  // (fp8 on Hopper: 32-row and 16-row items on wgmma)
       MlaCase c{heads, cache, Split::kForced, MixedBatch(rng)};
@@ -387,7 +387,7 @@ TEST_CASE("MLA decode: sharply peaked softmax and block size 128", "[gpu][mla]")
 TEST_CASE("MLA decode: scores that keep growing along long contexts", "[gpu][mla]") {
   // The sm_90a kernel moves a row's softmax offset only when the max passes it by more than 2^8
   // (lazy rescaling); here it moves on tile after tile of one unsplit CTA, and P nears 256.
-  std::mt19937 rng(std::random_device{}());
+  GPU_TEST_RNG(rng);
   for (int heads : {64, 128, 16}) {
     MlaCase c{heads, MlaCacheType::kBf16, Split::kNone, {{1, 3001}, {2, 2049}, {4, 777}, {1, 64}}};
     c.softmax_scale = 0.5f;
@@ -398,7 +398,7 @@ TEST_CASE("MLA decode: scores that keep growing along long contexts", "[gpu][mla
 
 TEST_CASE("MLA decode through the registry: cuda_mla appends and attends via RunMla",
           "[gpu][mla]") {
-  std::mt19937 rng(std::random_device{}());
+  GPU_TEST_RNG(rng);
   MlaCase fp8{16, MlaCacheType::kFp8E4M3, Split::kPlanner, MixedBatch(rng)};
   fp8.path = Path::kRegistry;
   RunCase(fp8, rng);
