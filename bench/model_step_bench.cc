@@ -6,9 +6,12 @@
 //   build/cuda/bench/model_step_bench --model configs/models/llama3-8b [--kv int8]
 //       [--batches 1,64,256] [--ctx 1500] [--steps 30] [--prefill 8192] [--profile B]
 //       [--backend cuda_fmha] [--prefill-backend auto|none|NAME] [--weights bf16|fp8]
-//       [--prefill-seqs S] [--profile-prefill 1]
+//       [--prefill-seqs S] [--prefill-decode N] [--profile-prefill 1]
 // --prefill-seqs S: the prefill chunk is S fresh sequences of prefill / S tokens each (the
 //   serving workload's chunks: 8 x 1024 is what 8,192-token steps of 1,000-token prompts hold).
+// --prefill-decode N: N decode rows at context --ctx join the prefill chunk, which keeps the same
+//   token count (P - N prompt tokens): the mixed steps of a serving run, whose 8,192-token budget
+//   holds the running sequences' decode rows and the rest of the prompts.
 // --profile-prefill 1: one more prefill chunk between cudaProfilerStart/Stop.
 // --profile B: one more eager step of batch B between cudaProfilerStart/Stop, for
 //   ncu --profile-from-start off --metrics gpu__time_duration.sum (per-kernel time of a step).
@@ -44,6 +47,7 @@ struct Args {
   int block_size = 64;
   int profile = 0;
   int prefill_seqs = 1;
+  int prefill_decode = 0;
   bool profile_prefill = false;
   std::string backend;  // forced attention backend (e.g. cuda_fmha); empty: the selection's
   std::string prefill_backend = "auto";  // ModelLoadOptions::prefill_attention_backend
@@ -117,6 +121,8 @@ int main(int argc, char** argv) {
       args.profile = std::stoi(v);
     } else if (k == "--prefill-seqs") {
       args.prefill_seqs = std::max(1, std::stoi(v));
+    } else if (k == "--prefill-decode") {
+      args.prefill_decode = std::max(0, std::stoi(v));
     } else if (k == "--profile-prefill") {
       args.profile_prefill = std::stoi(v) != 0;
     } else {
@@ -129,7 +135,9 @@ int main(int argc, char** argv) {
   const int bs = args.block_size;
   const int pages_per_seq = (args.ctx + args.steps * 2 + 8 + bs - 1) / bs;
   const int prefill_pages = (args.prefill + bs - 1) / bs;
-  const int pool = std::max(max_b * pages_per_seq, prefill_pages + args.prefill_seqs) + 16;
+  // Decode tables come from the first decode_pages pages; a prefill chunk's pages follow them.
+  const int decode_pages = std::max(max_b, args.prefill_decode) * pages_per_seq;
+  const int pool = decode_pages + prefill_pages + args.prefill_seqs + 16;
 
   std::printf("| batch x ctx | mode | mean ms/step | p50 ms | tok/s | GB/step | TB/s |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
@@ -166,7 +174,7 @@ int main(int argc, char** argv) {
     const double kv_bytes_per_token = static_cast<double>(model.kv_bytes_per_block()) / bs;
     for (int B : args.batches) {
       DecodeState st;
-      std::vector<int32_t> pool_ids(pool);
+      std::vector<int32_t> pool_ids(decode_pages);
       std::iota(pool_ids.begin(), pool_ids.end(), 0);
       std::shuffle(pool_ids.begin(), pool_ids.end(), rng);
       for (int s = 0; s < B; ++s) {
@@ -200,15 +208,30 @@ int main(int argc, char** argv) {
                   gb / mean);
     }
     if (!graphs && args.prefill > 0) {
-      // One prefill chunk: S fresh sequences of P / S tokens (eager in both modes).
+      // One prefill chunk: S fresh sequences of (P - N) / S tokens and N decode rows (eager in
+      // both modes).
+      const int N = std::min(args.prefill_decode, args.prefill - args.prefill_seqs);
       llm::ForwardBatch fb;
+      if (N > 0) {
+        DecodeState st;
+        std::vector<int32_t> pool_ids(decode_pages);
+        std::iota(pool_ids.begin(), pool_ids.end(), 0);
+        std::shuffle(pool_ids.begin(), pool_ids.end(), rng);
+        for (int s = 0; s < N; ++s) {
+          st.tables.emplace_back(pool_ids.begin() + s * pages_per_seq,
+                                 pool_ids.begin() + (s + 1) * pages_per_seq);
+          st.lens.push_back(args.ctx);
+        }
+        fb = DecodeBatch(st, c.vocab_size, bs, rng);
+      } else {
+        fb.attn.q_indptr = {0};
+        fb.attn.page_indptr = {0};
+      }
       llm::AttentionBatch& a = fb.attn;
-      const int P = args.prefill, S = args.prefill_seqs;
-      a.num_seqs = S;
-      a.num_tokens = P;
-      a.q_indptr = {0};
-      a.page_indptr = {0};
-      int page = 0;
+      const int P = args.prefill - N, S = args.prefill_seqs;
+      a.num_seqs = N + S;
+      a.num_tokens = N + P;
+      int page = decode_pages;
       for (int q = 0; q < S; ++q) {
         const int len = P / S + (q < P % S ? 1 : 0);
         const int first_page = page;
@@ -220,16 +243,20 @@ int main(int argc, char** argv) {
         for (int i = 0; i < (len + bs - 1) / bs; ++i) a.page_indices.push_back(page++);
         a.q_indptr.push_back(a.q_indptr.back() + len);
         a.kv_lens.push_back(len);
-        a.page_indptr.push_back(page);
+        a.page_indptr.push_back(static_cast<int32_t>(a.page_indices.size()));
         fb.logit_rows.push_back(a.q_indptr.back() - 1);
       }
-      fb.device_sampled.assign(S, 1);
-      fb.sampling_jobs.assign(S, llm::SamplingJob{});
-      fb.penalty_indptr.assign(S + 1, 0);
+      fb.device_sampled.assign(N + S, 1);
+      fb.sampling_jobs.assign(N + S, llm::SamplingJob{});
+      fb.penalty_indptr.assign(N + S + 1, 0);
       std::vector<double> ms;
       for (int i = 0; i < 6; ++i) {
         const auto t0 = Clock::now();
-        if (!model.ForwardSampled(fb, &logits, &tokens).ok()) return 1;
+        const llm::Status st = model.ForwardSampled(fb, &logits, &tokens);
+        if (!st.ok()) {
+          std::fprintf(stderr, "prefill forward: %s\n", st.ToString().c_str());
+          return 1;
+        }
         if (i >= 1) {
           ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
         }
@@ -241,9 +268,11 @@ int main(int argc, char** argv) {
         if (!s.ok()) return 1;
       }
       const double mean = std::accumulate(ms.begin(), ms.end(), 0.0) / ms.size();
-      const double flops = 2.0 * weight_bytes / 2.0 * P;  // 2 x params x tokens (no attention)
-      std::printf("| prefill %d x %d | eager | %.3f | %.3f | %.0f | GEMM TFLOP/s %.1f | |\n", S,
-                  P / S, mean, Percentile(ms, 0.5), P * 1000.0 / mean, flops / mean / 1e9);
+      // 2 x params x tokens (no attention)
+      const double flops = 2.0 * weight_bytes / 2.0 * (P + N);
+      std::printf(
+          "| prefill %d x %d + %d decode | eager | %.3f | %.3f | %.0f | GEMM TFLOP/s %.1f | |\n", S,
+          P / S, N, mean, Percentile(ms, 0.5), (P + N) * 1000.0 / mean, flops / mean / 1e9);
     }
   }
   return 0;

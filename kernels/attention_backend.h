@@ -71,6 +71,13 @@ struct AttentionBatch {
   std::vector<int32_t> slot_mapping;  // [num_tokens] block * block_size + offset of each new token
 };
 
+// Whether `batch` is well formed over a cache of num_blocks blocks of block_size tokens: index
+// arrays of the right sizes, q_indptr and page_indptr non-decreasing from 0, each sequence's
+// pages covering its kv_len, 0 <= q_len <= kv_len, page ids and slots inside the cache.
+// Models check every step's batch before planning it: a malformed block table must fail the
+// step with a status, not send a kernel to read or write outside the cache.
+Status CheckAttentionBatch(const AttentionBatch& batch, int block_size, int num_blocks);
+
 // One layer's paged cache. Both tensors: [num_blocks, num_kv_heads, block_size, head_dim], with
 // elements of AttentionSpec::kv_dtype (1 byte for int8 / fp8).
 //

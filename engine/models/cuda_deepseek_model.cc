@@ -508,6 +508,7 @@ Status CudaDeepseekModel::ForwardSampled(const ForwardBatch& batch, std::vector<
     if (id < 0 || id >= c.vocab_size) return InvalidArgument("token id out of range");
   }
   LLM_CHECK_EQ(batch.attn.num_tokens, T);
+  LLM_RETURN_IF_ERROR(CheckAttentionBatch(batch.attn, block_size_, num_blocks_));
   // One upload: ids, positions, logit rows, page indices.
   host_ints_.assign(batch.token_ids.begin(), batch.token_ids.end());
   host_ints_.insert(host_ints_.end(), batch.positions.begin(), batch.positions.end());

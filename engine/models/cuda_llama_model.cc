@@ -629,6 +629,7 @@ Status CudaLlamaModel::Capture(int bucket) {
 
 StatusOr<int> CudaLlamaModel::Enqueue(const ForwardBatch& batch) {
   const ModelConfig& c = config_;
+  LLM_RETURN_IF_ERROR(CheckAttentionBatch(batch.attn, spec_.block_size, num_blocks_));
   const int T = static_cast<int>(batch.token_ids.size());
   const int R = static_cast<int>(batch.logit_rows.size());
   const int H = c.hidden_size, V = c.vocab_size;

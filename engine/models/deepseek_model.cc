@@ -314,6 +314,7 @@ Status DeepseekModel::Forward(const ForwardBatch& batch, std::vector<float>* log
     std::copy_n(embed_.data() + static_cast<size_t>(id) * Hd, Hd,
                 x.data() + static_cast<size_t>(t) * Hd);
   }
+  LLM_RETURN_IF_ERROR(CheckAttentionBatch(batch.attn, block_size_, num_blocks_));
   LLM_RETURN_IF_ERROR(attention_->Plan(batch.attn));
 
   // Decode sequences go through the MLA backend (absorbed); the rest are expanded here.

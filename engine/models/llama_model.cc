@@ -53,6 +53,7 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig& conf
   m->InitRope();
 
   const size_t per_block = m->attention_->BlockBytes() * config.num_layers;
+  m->block_size_ = options.block_size;
   m->num_blocks_ = options.num_kv_blocks > 0 ? options.num_kv_blocks
                                              : static_cast<int>(options.kv_cache_bytes / per_block);
   if (m->num_blocks_ < 1) {
@@ -158,6 +159,7 @@ Status LlamaModel::Forward(const ForwardBatch& batch, std::vector<float>* logits
     std::copy_n(embed_.data() + static_cast<size_t>(id) * H, H,
                 x.data() + static_cast<size_t>(t) * H);
   }
+  LLM_RETURN_IF_ERROR(CheckAttentionBatch(batch.attn, block_size_, num_blocks_));
   LLM_RETURN_IF_ERROR(attention_->Plan(batch.attn));
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 

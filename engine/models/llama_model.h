@@ -55,6 +55,7 @@ class LlamaModel final : public Model {
   std::vector<float> inv_freq_;  // [head_dim / 2]
 
   std::unique_ptr<AttentionBackend> attention_;
+  int block_size_ = 0;
   int num_blocks_ = 0;
   // Per layer [blocks, kv_heads, bs, d] of the spec's kv dtype (8-bit caches use the bytes).
   std::vector<std::vector<float>> k_cache_, v_cache_;

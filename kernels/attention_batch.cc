@@ -1,0 +1,69 @@
+// CheckAttentionBatch: the structural invariants every backend's planner relies on.
+#include <string>
+
+#include "kernels/attention_backend.h"
+
+namespace llm {
+namespace {
+
+Status Bad(const std::string& what) {
+  return Internal("malformed attention batch: " + what);
+}
+
+std::string Seq(int s) {
+  return "sequence " + std::to_string(s) + ": ";
+}
+
+}  // namespace
+
+Status CheckAttentionBatch(const AttentionBatch& b, int block_size, int num_blocks) {
+  if (block_size < 1 || num_blocks < 0) return Bad("bad cache geometry");
+  const size_t n = b.num_seqs < 0 ? 0 : static_cast<size_t>(b.num_seqs);
+  if (b.num_seqs < 0 || b.q_indptr.size() != n + 1 || b.page_indptr.size() != n + 1 ||
+      b.kv_lens.size() != n) {
+    return Bad("num_seqs " + std::to_string(b.num_seqs) + " with q_indptr " +
+               std::to_string(b.q_indptr.size()) + ", page_indptr " +
+               std::to_string(b.page_indptr.size()) + ", kv_lens " +
+               std::to_string(b.kv_lens.size()) + " entries");
+  }
+  if (b.q_indptr[0] != 0 || b.page_indptr[0] != 0) return Bad("indptr arrays must start at 0");
+  if (b.q_indptr[n] != b.num_tokens || b.slot_mapping.size() != static_cast<size_t>(b.num_tokens)) {
+    return Bad("num_tokens " + std::to_string(b.num_tokens) + ", q_indptr ends at " +
+               std::to_string(b.q_indptr[n]) + ", " + std::to_string(b.slot_mapping.size()) +
+               " slots");
+  }
+  if (static_cast<size_t>(b.page_indptr[n]) != b.page_indices.size()) {
+    return Bad("page_indptr ends at " + std::to_string(b.page_indptr[n]) + " but there are " +
+               std::to_string(b.page_indices.size()) + " page indices");
+  }
+  for (size_t s = 0; s < n; ++s) {
+    const int q_len = b.q_indptr[s + 1] - b.q_indptr[s];
+    const int pages = b.page_indptr[s + 1] - b.page_indptr[s];
+    const int kv = b.kv_lens[s];
+    if (q_len < 0 || pages < 0) return Bad(Seq(static_cast<int>(s)) + "indptr decreases");
+    if (kv < 0 || q_len > kv) {
+      return Bad(Seq(static_cast<int>(s)) + std::to_string(q_len) + " new tokens, kv_len " +
+                 std::to_string(kv));
+    }
+    if (static_cast<int64_t>(pages) * block_size < kv) {
+      return Bad(Seq(static_cast<int>(s)) + std::to_string(pages) + " pages of " +
+                 std::to_string(block_size) + " for kv_len " + std::to_string(kv));
+    }
+  }
+  for (int32_t p : b.page_indices) {
+    if (p < 0 || p >= num_blocks) {
+      return Bad("page " + std::to_string(p) + " outside the cache's " +
+                 std::to_string(num_blocks) + " blocks");
+    }
+  }
+  const int64_t slots = static_cast<int64_t>(num_blocks) * block_size;
+  for (int32_t slot : b.slot_mapping) {
+    if (slot < 0 || slot >= slots) {
+      return Bad("slot " + std::to_string(slot) + " outside the cache's " + std::to_string(slots) +
+                 " slots");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace llm
