@@ -58,7 +58,7 @@ Status CheckAttentionBatch(const AttentionBatch& b, int block_size, int num_bloc
   }
   const int64_t slots = static_cast<int64_t>(num_blocks) * block_size;
   for (int32_t slot : b.slot_mapping) {
-    if (slot < 0 || slot >= slots) {
+    if (slot < -1 || slot >= slots) {  // -1: a row that appends nothing (graph padding)
       return Bad("slot " + std::to_string(slot) + " outside the cache's " + std::to_string(slots) +
                  " slots");
     }

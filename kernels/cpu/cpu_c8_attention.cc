@@ -115,6 +115,7 @@ void CpuAppendKvQuant(const QuantKvCacheView& c, const AttentionBatch& batch, co
   auto* v_cache = static_cast<uint8_t*>(c.v);
   for (int t = 0; t < batch.num_tokens; ++t) {
     const int slot = batch.slot_mapping[t];
+    if (slot < 0) continue;  // a row that appends nothing
     const int block = slot / s.block_size, offset = slot % s.block_size;
     for (int h = 0; h < s.num_kv_heads; ++h) {
       const size_t dst =

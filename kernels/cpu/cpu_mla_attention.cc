@@ -27,6 +27,7 @@ void CpuMlaAppendLatent(const MlaShape& s, const AttentionBatch& batch, const fl
       << "MLA cache dtype " << DTypeName(cache_dtype);
   const size_t L = s.latent_dim();
   for (int t = 0; t < batch.num_tokens; ++t) {
+    if (batch.slot_mapping[t] < 0) continue;  // a row that appends nothing
     const size_t row = static_cast<size_t>(batch.slot_mapping[t]) * L;  // slot = block*bs + off
     const float* src = latent_new + static_cast<size_t>(t) * L;
     if (cache_dtype == DType::kF32) {

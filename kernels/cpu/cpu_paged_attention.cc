@@ -15,6 +15,7 @@ void CpuAppendKv(const PagedAttentionShape& s, const AttentionBatch& batch, cons
   const size_t d = s.head_dim;
   for (int t = 0; t < batch.num_tokens; ++t) {
     const int slot = batch.slot_mapping[t];
+    if (slot < 0) continue;  // a row that appends nothing
     const int block = slot / s.block_size, offset = slot % s.block_size;
     for (int h = 0; h < s.num_kv_heads; ++h) {
       const size_t dst =

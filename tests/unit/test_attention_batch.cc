@@ -58,6 +58,7 @@ TEST_CASE("CheckAttentionBatch accepts well-formed batches and names what is mal
       {"page id past the cache", [](AttentionBatch& b) { b.page_indices[3] = kBlocks; },
        "outside the cache"},
       {"negative page id", [](AttentionBatch& b) { b.page_indices[0] = -1; }, "page -1"},
+      {"slot below -1", [](AttentionBatch& b) { b.slot_mapping[1] = -2; }, "slot -2"},
       {"page_indptr past the page list", [](AttentionBatch& b) { b.page_indptr.back() += 1; },
        "page indices"},
       {"too few pages for kv_len", [](AttentionBatch& b) { b.kv_lens[1] += kBs * 40; }, "pages of"},
@@ -78,6 +79,10 @@ TEST_CASE("CheckAttentionBatch accepts well-formed batches and names what is mal
     REQUIRE_FALSE(s.ok());
     CHECK(s.ToString().find(c.message) != std::string::npos);
   }
+  // Slot -1 appends nothing (a graph bucket's padding row): allowed.
+  AttentionBatch padded = good;
+  padded.slot_mapping.back() = -1;
+  CHECK(CheckAttentionBatch(padded, kBs, kBlocks).ok());
   // The same batch over a cache one block smaller than its largest page id is rejected.
   const int max_page = *std::max_element(good.page_indices.begin(), good.page_indices.end());
   CHECK_FALSE(CheckAttentionBatch(good, kBs, max_page).ok());
