@@ -6,12 +6,14 @@
 //   build/cuda/bench/model_step_bench --model configs/models/llama3-8b [--kv int8]
 //       [--batches 1,64,256] [--ctx 1500] [--steps 30] [--prefill 8192] [--profile B]
 //       [--backend cuda_fmha] [--prefill-backend auto|none|NAME] [--weights bf16|fp8]
-//       [--prefill-seqs S] [--prefill-decode N] [--profile-prefill 1]
+//       [--prefill-seqs S] [--prefill-decode N] [--prefill-steps K] [--profile-prefill 1]
 // --prefill-seqs S: the prefill chunk is S fresh sequences of prefill / S tokens each (the
 //   serving workload's chunks: 8 x 1024 is what 8,192-token steps of 1,000-token prompts hold).
 // --prefill-decode N: N decode rows at context --ctx join the prefill chunk, which keeps the same
 //   token count (P - N prompt tokens): the mixed steps of a serving run, whose 8,192-token budget
 //   holds the running sequences' decode rows and the rest of the prompts.
+// --prefill-steps K: timed runs of the prefill chunk after one warm-up (default 5); each run's
+//   time goes to stderr.
 // --profile-prefill 1: one more prefill chunk between cudaProfilerStart/Stop.
 // --profile B: one more eager step of batch B between cudaProfilerStart/Stop, for
 //   ncu --profile-from-start off --metrics gpu__time_duration.sum (per-kernel time of a step).
@@ -48,6 +50,7 @@ struct Args {
   int profile = 0;
   int prefill_seqs = 1;
   int prefill_decode = 0;
+  int prefill_steps = 5;
   bool profile_prefill = false;
   std::string backend;  // forced attention backend (e.g. cuda_fmha); empty: the selection's
   std::string prefill_backend = "auto";  // ModelLoadOptions::prefill_attention_backend
@@ -121,6 +124,8 @@ int main(int argc, char** argv) {
       args.profile = std::stoi(v);
     } else if (k == "--prefill-seqs") {
       args.prefill_seqs = std::max(1, std::stoi(v));
+    } else if (k == "--prefill-steps") {
+      args.prefill_steps = std::max(1, std::stoi(v));
     } else if (k == "--prefill-decode") {
       args.prefill_decode = std::max(0, std::stoi(v));
     } else if (k == "--profile-prefill") {
@@ -250,7 +255,7 @@ int main(int argc, char** argv) {
       fb.sampling_jobs.assign(N + S, llm::SamplingJob{});
       fb.penalty_indptr.assign(N + S + 1, 0);
       std::vector<double> ms;
-      for (int i = 0; i < 6; ++i) {
+      for (int i = 0; i <= args.prefill_steps; ++i) {
         const auto t0 = Clock::now();
         const llm::Status st = model.ForwardSampled(fb, &logits, &tokens);
         if (!st.ok()) {
@@ -267,6 +272,9 @@ int main(int argc, char** argv) {
         cudaProfilerStop();
         if (!s.ok()) return 1;
       }
+      std::fprintf(stderr, "prefill steps, ms:");
+      for (double t : ms) std::fprintf(stderr, " %.1f", t);
+      std::fprintf(stderr, "\n");
       const double mean = std::accumulate(ms.begin(), ms.end(), 0.0) / ms.size();
       // 2 x params x tokens (no attention)
       const double flops = 2.0 * weight_bytes / 2.0 * (P + N);

@@ -31,9 +31,30 @@ for kv in ${E2E_KV:-$default_kv}; do
   done
   if [ -z "$port" ]; then echo "server ($kv) did not start:"; tail -20 "$log"; kill $pid 2>/dev/null; continue; fi
   grep -A12 "startup:" "$log" | head -12
+  # The board's SM clock and power while the load runs (the H200 here is power-capped).
+  nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits -lms 200 \
+    > "$OUT/smi_$kv.csv" 2>/dev/null &
+  smi=$!
   timeout 420 python3 tools/loadgen.py --target 127.0.0.1:$port --proto-python .devpack/python \
     --input-len $IN --output-len $OUTLEN --num-requests $NUM --concurrency $CONC --temperature 0 \
     --no-progress --output-json "$OUT/loadgen_$kv.json" 2>&1 | tail -22 | tee "$OUT/loadgen_$kv.txt"
+  kill $smi 2>/dev/null
+  python3 - "$OUT/smi_$kv.csv" <<'PY' | tee -a "$OUT/loadgen_$kv.txt"
+import sys
+rows = []
+for line in open(sys.argv[1]):
+    try:
+        clk, pw = (float(x) for x in line.split(","))
+    except ValueError:
+        continue
+    if pw > 150:  # busy samples only
+        rows.append((clk, pw))
+if rows:
+    q = lambda v, p: sorted(v)[min(len(v) - 1, int(p * len(v)))]
+    c, w = [r[0] for r in rows], [r[1] for r in rows]
+    print(f"GPU while busy ({len(rows)} samples): SM clock p10/p50/p90 {q(c, .1):.0f}/{q(c, .5):.0f}/"
+          f"{q(c, .9):.0f} MHz, power p50/p90 {q(w, .5):.0f}/{q(w, .9):.0f} W")
+PY
   # Where each step's time went (engine step-phase histograms: mean per non-empty step).
   mport=$(grep -m1 '^METRICS_LISTENING' "$log" | awk '{print $2}')
   [ -n "$mport" ] && python3 - "$mport" <<'PY' | tee "$OUT/step_phases_$kv.txt"

@@ -17,7 +17,7 @@ for r in $(seq 1 "$ROUNDS"); do
     cp "$bin" "$target"
     echo "== round $r: $name"
     OUT="$OUT_ROOT/ab_${r}_${name}" bash scripts/gpu_e2e.sh 2>&1 |
-      grep -E "Duration|Output token|TTFT |TPOT |step forward"
+      grep -E "Duration|Output token|TTFT |TPOT |step forward|GPU while busy"
   done
 done
 [ -e "$target.ab-orig" ] && mv "$target.ab-orig" "$target"
