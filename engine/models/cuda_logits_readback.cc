@@ -37,16 +37,24 @@ StatusOr<int> CudaLogitsReadback::Issue(const ForwardBatch& batch, float* d_logi
   sl.on_device.assign(R, 0);
   for (int r = 0; r < R; ++r) sl.on_device[r] = any_device && batch.device_sampled[r] != 0;
   const size_t row_bytes = static_cast<size_t>(vocab) * 4;
-  const size_t bytes = static_cast<size_t>(R) * row_bytes + R * sizeof(int32_t);
+  sl.full_rows = 0;
+  for (int r = 0; r < R; ++r) sl.full_rows += sl.on_device[r] ? 0 : 1;
+  // Pinned space for the full rows only (a device-sampled step of 256 rows x 128k vocab would
+  // otherwise pin 131 MB per slot), grown in powers of two: cudaFreeHost waits for the whole
+  // device, which stalls the overlapped steps, so the buffer should rarely move.
+  const size_t bytes = static_cast<size_t>(sl.full_rows) * row_bytes + R * sizeof(int32_t);
   if (bytes > sl.bytes) {
+    size_t want = size_t{1} << 16;
+    while (want < bytes) want <<= 1;
     if (sl.pinned) GPU_RETURN_IF_ERROR(cudaFreeHost(sl.pinned));
     sl.pinned = nullptr;
     sl.bytes = 0;
-    GPU_RETURN_IF_ERROR(cudaMallocHost(&sl.pinned, bytes));
-    sl.bytes = bytes;
+    GPU_RETURN_IF_ERROR(cudaMallocHost(&sl.pinned, want));
+    sl.bytes = want;
   }
   LLM_RETURN_IF_ERROR(Reserve());
-  auto* h_tokens = reinterpret_cast<int32_t*>(static_cast<char*>(sl.pinned) + R * row_bytes);
+  auto* h_tokens =
+      reinterpret_cast<int32_t*>(static_cast<char*>(sl.pinned) + sl.full_rows * row_bytes);
   // The device rows' jobs, compacted, in one upload:
   // [jobs: n SamplingJob][rows: n][penalty indptr: n + 1][penalties: PenaltyEntry].
   std::vector<int32_t>& dev_rows = sl.dev_rows;
@@ -94,16 +102,17 @@ StatusOr<int> CudaLogitsReadback::Issue(const ForwardBatch& batch, float* d_logi
     GPU_RETURN_IF_ERROR(cudaMemcpyAsync(h_tokens, sampled_dev_.ptr, n * sizeof(int32_t),
                                         cudaMemcpyDeviceToHost, stream));
   }
-  for (int r = 0; r < R;) {  // runs of consecutive full rows
+  for (int r = 0, packed = 0; r < R;) {  // runs of consecutive full rows, packed
     if (sl.on_device[r]) {
       ++r;
       continue;
     }
     int e = r + 1;
     while (e < R && !sl.on_device[e]) ++e;
-    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(sl.pinned) + r * row_bytes,
+    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(sl.pinned) + packed * row_bytes,
                                         reinterpret_cast<const char*>(d_logits) + r * row_bytes,
                                         (e - r) * row_bytes, cudaMemcpyDeviceToHost, stream));
+    packed += e - r;
     r = e;
   }
   GPU_RETURN_IF_ERROR(cudaEventRecord(sl.done, stream));
@@ -121,14 +130,16 @@ Status CudaLogitsReadback::Finish(int slot, std::vector<float>* logits,
   const int R = sl.rows;
   const size_t row_bytes = static_cast<size_t>(sl.vocab) * 4;
   const auto* h_tokens =
-      reinterpret_cast<const int32_t*>(static_cast<char*>(sl.pinned) + R * row_bytes);
+      reinterpret_cast<const int32_t*>(static_cast<char*>(sl.pinned) + sl.full_rows * row_bytes);
   tokens->assign(R, -1);
   for (size_t k = 0; k < sl.dev_rows.size(); ++k) (*tokens)[sl.dev_rows[k]] = h_tokens[k];
-  logits->resize(static_cast<size_t>(R) * sl.vocab);
-  for (int r = 0; r < R; ++r) {
+  // A step sampled wholly on the device leaves logits alone: resizing a 256 x 128k buffer is
+  // host time the overlapped steps would wait for.
+  if (sl.full_rows > 0) logits->resize(static_cast<size_t>(R) * sl.vocab);
+  for (int r = 0, packed = 0; r < R; ++r) {
     if (sl.on_device[r]) continue;
     std::memcpy(logits->data() + r * static_cast<size_t>(sl.vocab),
-                static_cast<char*>(sl.pinned) + r * row_bytes, row_bytes);
+                static_cast<char*>(sl.pinned) + packed++ * row_bytes, row_bytes);
   }
   return Status::Ok();
 }

@@ -34,7 +34,7 @@ class CudaLogitsReadback {
   // Queues the device_sampled rows' sampling and every copy back. Returns the step's slot.
   StatusOr<int> Issue(const ForwardBatch& batch, float* d_logits, int vocab, cudaStream_t stream);
   // Waits for the slot's step; tokens[r] >= 0 for its device-sampled rows, logits ([R, vocab])
-  // for the others.
+  // for the others (not touched when there are none).
   Status Finish(int slot, std::vector<float>* logits, std::vector<int32_t>* tokens);
   // Allocates device_tokens() (before any graph captures its address).
   Status Reserve() {
@@ -48,8 +48,10 @@ class CudaLogitsReadback {
 
  private:
   struct Slot {
-    void* pinned = nullptr;  // [R rows of logits][tokens]
+    // [full rows of logits, in row order][tokens]: only the rows sampled on the host come back.
+    void* pinned = nullptr;
     size_t bytes = 0;
+    int full_rows = 0;
     cudaEvent_t done = nullptr;
     bool busy = false;
     int rows = 0, vocab = 0;

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <random>
@@ -19,6 +20,7 @@
 
 #include "engine/base/dtype.h"
 #include "engine/engine_core.h"
+#include "engine/models/model.h"
 #include "engine/safetensors.h"
 #include "engine/sampler.h"
 #include "tests/gpu/engine_generate.h"
@@ -331,6 +333,96 @@ TEST_CASE("GPU model samples seeded requests like the host and the CPU backend",
   // only the near-tie rule is asserted; device against host above is exact.
   CHECK(not_argmax > 16);  // the draws are not greedy in disguise
   fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace llm
+
+namespace llm {
+namespace {
+
+// Five fresh prompts of odd lengths in one prefill batch; logit row = each prompt's last token.
+ForwardBatch ReadbackBatch(int block_size) {
+  ForwardBatch fb;
+  AttentionBatch& a = fb.attn;
+  a.q_indptr = {0};
+  a.page_indptr = {0};
+  int page = 0;
+  for (int len : {7, 3, 12, 1, 30}) {
+    for (int i = 0; i < len; ++i) {
+      fb.token_ids.push_back((17 * i + 5 * len) % 500);
+      fb.positions.push_back(i);
+      a.slot_mapping.push_back(page * block_size + i);
+    }
+    const int pages = (len + block_size - 1) / block_size;
+    for (int p = 0; p < pages; ++p) a.page_indices.push_back(page++);
+    a.q_indptr.push_back(a.q_indptr.back() + len);
+    a.page_indptr.push_back(static_cast<int32_t>(a.page_indices.size()));
+    a.kv_lens.push_back(len);
+    fb.logit_rows.push_back(a.q_indptr.back() - 1);
+  }
+  a.num_seqs = static_cast<int>(a.kv_lens.size());
+  a.num_tokens = a.q_indptr.back();
+  return fb;
+}
+
+TEST_CASE("GPU readback returns the host rows' logits and the device rows' tokens",
+          "[gpu][model]") {
+  const std::string dir = WriteRandomModel("llama_readback", false);
+  ModelLoadOptions o;
+  o.model_dir = dir;
+  o.device = "cuda";
+  o.block_size = 64;
+  o.num_kv_blocks = 16;
+  o.cuda_graph_max_batch = 0;
+  auto loaded = LoadModel(o);
+  REQUIRE(loaded.ok());
+  Model& model = **loaded;
+  REQUIRE(model.samples_on_device());
+  const int V = model.config().vocab_size;
+  const ForwardBatch base = ReadbackBatch(o.block_size);
+  const int R = static_cast<int>(base.logit_rows.size());
+  std::vector<float> ref;
+  REQUIRE(model.Forward(base, &ref).ok());
+  REQUIRE(ref.size() == static_cast<size_t>(R) * V);
+
+  // Mixes of host (0) and device (1) rows, growing the host part between calls so the pinned
+  // slots are reused and regrown; the last call samples every row on the device.
+  const std::vector<std::vector<uint8_t>> mixes = {
+      {1, 0, 1, 1, 0}, {0, 0, 1, 0, 0}, {0, 0, 0, 0, 0}, {1, 1, 1, 1, 1}, {0, 1, 0, 1, 0}};
+  for (const auto& mix : mixes) {
+    ForwardBatch fb = base;
+    fb.device_sampled = mix;
+    fb.sampling_jobs.assign(R, SamplingJob{});  // greedy
+    fb.penalty_indptr.assign(R + 1, 0);
+    std::vector<float> logits(3, -7.f);  // left alone when no row comes back in full
+    std::vector<int32_t> tokens;
+    REQUIRE(model.ForwardSampled(fb, &logits, &tokens).ok());
+    REQUIRE(tokens.size() == static_cast<size_t>(R));
+    const bool any_host = std::find(mix.begin(), mix.end(), 0) != mix.end();
+    REQUIRE(logits.size() == (any_host ? ref.size() : 3));
+    for (int r = 0; r < R; ++r) {
+      INFO("row " << r << " of mix " << int{mix[0]} << int{mix[1]} << int{mix[2]} << int{mix[3]}
+                  << int{mix[4]});
+      const float* want = ref.data() + static_cast<size_t>(r) * V;
+      if (mix[r]) {
+        // Greedy on the device: the reference row's argmax, unless its top two are a near tie.
+        std::vector<float> row(want, want + V);
+        const int best = static_cast<int>(std::max_element(row.begin(), row.end()) - row.begin());
+        std::nth_element(row.begin(), row.begin() + 1, row.end(), std::greater<float>());
+        if (row[0] - row[1] > 1e-4f * std::max(1.f, std::fabs(row[0]))) CHECK(tokens[r] == best);
+      } else {
+        CHECK(tokens[r] < 0);
+        const float* got = logits.data() + static_cast<size_t>(r) * V;
+        float worst = 0.f, scale = 1e-6f;
+        for (int v = 0; v < V; ++v) {
+          worst = std::max(worst, std::fabs(got[v] - want[v]));
+          scale = std::max(scale, std::fabs(want[v]));
+        }
+        CHECK(worst <= 1e-5f * scale);
+      }
+    }
+  }
 }
 
 }  // namespace

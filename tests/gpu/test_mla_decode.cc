@@ -271,6 +271,11 @@ int RunCaseOnce(const MlaCase& c, std::mt19937& rng) {
   const std::vector<uint16_t> out = FromDevice<uint16_t>(d_out, ref.size());
   double err2 = 0, ref2 = 0, max_err = 0;
   size_t bad = 0, non_finite = 0, touched = 0;
+  // Per-element bound: bf16 output rounding plus q and P carried with ~8 significant bits (bf16,
+  // or an e4m3 hi + lo pair, ~7 bits where lo nears e4m3's subnormals). A peaked softmax (scale
+  // 0.5 below) turns S's rounding into P's, and one element of a 64-head fp8 case out of ~10^5
+  // once reached 0.0225 (seed 2390790852, relative L2 error 0.0018): fp8 gets 3e-2.
+  const double atol = fp8 ? 3e-2 : 2e-2;
   std::vector<bool> is_decode_row(T, false);
   for (int s : decode_seqs) {
     for (int t = b.q_indptr[s]; t < b.q_indptr[s + 1]; ++t) is_decode_row[t] = true;
@@ -290,7 +295,7 @@ int RunCaseOnce(const MlaCase& c, std::mt19937& rng) {
       err2 += e * e;
       ref2 += static_cast<double>(rv) * rv;
       max_err = std::max(max_err, e);
-      bad += e > 2e-2 + 1e-2 * std::fabs(rv);
+      bad += e > atol + 1e-2 * std::fabs(rv);
     }
   }
   const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
