@@ -73,8 +73,9 @@ struct AttentionBatch {
 
 // Whether `batch` is well formed over a cache of num_blocks blocks of block_size tokens: index
 // arrays of the right sizes, q_indptr and page_indptr non-decreasing from 0, each sequence's
-// pages covering its kv_len, 0 <= q_len <= kv_len, page ids and slots inside the cache (or slot
-// -1: the row appends nothing, as a CUDA graph bucket's padding rows).
+// pages covering its kv_len, 0 <= q_len <= kv_len, page ids and slots inside the cache (or page
+// -1: a block the scheduler freed left of every sliding window, never read; or slot -1: the row
+// appends nothing, as a CUDA graph bucket's padding rows).
 // Models check every step's batch before planning it: a malformed block table must fail the
 // step with a status, not send a kernel to read or write outside the cache.
 Status CheckAttentionBatch(const AttentionBatch& batch, int block_size, int num_blocks);

@@ -51,7 +51,7 @@ Status CheckAttentionBatch(const AttentionBatch& b, int block_size, int num_bloc
     }
   }
   for (int32_t p : b.page_indices) {
-    if (p < 0 || p >= num_blocks) {
+    if (p < -1 || p >= num_blocks) {  // -1: a block freed left of every sliding window
       return Bad("page " + std::to_string(p) + " outside the cache's " +
                  std::to_string(num_blocks) + " blocks");
     }

@@ -57,7 +57,7 @@ TEST_CASE("CheckAttentionBatch accepts well-formed batches and names what is mal
   const std::vector<Corruption> cases = {
       {"page id past the cache", [](AttentionBatch& b) { b.page_indices[3] = kBlocks; },
        "outside the cache"},
-      {"negative page id", [](AttentionBatch& b) { b.page_indices[0] = -1; }, "page -1"},
+      {"page id below -1", [](AttentionBatch& b) { b.page_indices[0] = -2; }, "page -2"},
       {"slot below -1", [](AttentionBatch& b) { b.slot_mapping[1] = -2; }, "slot -2"},
       {"page_indptr past the page list", [](AttentionBatch& b) { b.page_indptr.back() += 1; },
        "page indices"},
@@ -79,9 +79,11 @@ TEST_CASE("CheckAttentionBatch accepts well-formed batches and names what is mal
     REQUIRE_FALSE(s.ok());
     CHECK(s.ToString().find(c.message) != std::string::npos);
   }
-  // Slot -1 appends nothing (a graph bucket's padding row): allowed.
+  // Slot -1 appends nothing (a graph bucket's padding row), page -1 is a block freed left of every
+  // sliding window: both allowed.
   AttentionBatch padded = good;
   padded.slot_mapping.back() = -1;
+  padded.page_indices[0] = -1;
   CHECK(CheckAttentionBatch(padded, kBs, kBlocks).ok());
   // The same batch over a cache one block smaller than its largest page id is rejected.
   const int max_page = *std::max_element(good.page_indices.begin(), good.page_indices.end());
