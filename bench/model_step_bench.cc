@@ -18,8 +18,10 @@
 // --profile B: one more eager step of batch B between cudaProfilerStart/Stop, for
 //   ncu --profile-from-start off --metrics gpu__time_duration.sum (per-kernel time of a step).
 //
-// Prints one table row per (batch, mode): mean and p50 milliseconds per step, and the step's
-// bytes (weights + KV read) over its time.
+// Prints one table row per (batch, mode): mean and p50 milliseconds per step, the step's bytes
+// (weights + KV read) over its time, and where NVML can say (bench/gpu_energy.h), the joules
+// per step and the mean power over the timed steps (the H200 here is capped at 700 W, so under
+// sustained load energy per step sets speed: time those rows over a second or more).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -32,6 +34,7 @@
 #include <cuda_profiler_api.h>
 #include <spdlog/spdlog.h>
 
+#include "bench/gpu_energy.h"
 #include "bench/int_list.h"
 #include "engine/models/model.h"
 
@@ -91,6 +94,31 @@ llm::ForwardBatch DecodeBatch(DecodeState& st, int vocab, int bs, std::mt19937& 
   return fb;
 }
 
+// Energy and wall time between Start() and Stop(), as table cells: joules per step and mean watts
+// ("-" without NVML).
+class EnergySpan {
+ public:
+  explicit EnergySpan(const bench::GpuEnergy& e) : energy_(e) {}
+  void Start() {
+    mj_ = energy_.millijoules();
+    t_ = Clock::now();
+  }
+  std::string Stop(int steps) const {
+    const long long mj = energy_.millijoules();
+    const double s = std::chrono::duration<double>(Clock::now() - t_).count();
+    if (mj < 0 || mj_ < 0 || steps < 1 || s <= 0) return "- | -";
+    const double j = static_cast<double>(mj - mj_) / 1e3;
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.3f | %.0f", j / steps, j / s);
+    return buf;
+  }
+
+ private:
+  const bench::GpuEnergy& energy_;
+  long long mj_ = -1;
+  Clock::time_point t_;
+};
+
 double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   return v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
@@ -144,8 +172,13 @@ int main(int argc, char** argv) {
   const int decode_pages = std::max(max_b, args.prefill_decode) * pages_per_seq;
   const int pool = decode_pages + prefill_pages + args.prefill_seqs + 16;
 
-  std::printf("| batch x ctx | mode | mean ms/step | p50 ms | tok/s | GB/step | TB/s |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
+  int device = 0;
+  cudaGetDevice(&device);
+  const bench::GpuEnergy energy(device);
+  EnergySpan span(energy);
+  std::printf(
+      "| batch x ctx | mode | mean ms/step | p50 ms | tok/s | GB/step | TB/s | J/step | W |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
   for (int graphs : {0, 1}) {
     llm::ModelLoadOptions o;
     o.model_dir = args.model;
@@ -189,6 +222,7 @@ int main(int argc, char** argv) {
       }
       std::vector<double> ms;
       for (int step = 0; step < args.steps + 3; ++step) {
+        if (step == 3) span.Start();
         const llm::ForwardBatch fb = DecodeBatch(st, c.vocab_size, bs, rng);
         const auto t0 = Clock::now();
         const llm::Status s = model.ForwardSampled(fb, &logits, &tokens);
@@ -199,6 +233,7 @@ int main(int argc, char** argv) {
         }
         if (step >= 3) ms.push_back(dt);  // warm-up (and the graph capture) excluded
       }
+      const std::string joules = span.Stop(args.steps);
       if (!graphs && B == args.profile) {
         const llm::ForwardBatch fb = DecodeBatch(st, c.vocab_size, bs, rng);
         cudaProfilerStart();
@@ -208,9 +243,9 @@ int main(int argc, char** argv) {
       }
       const double mean = std::accumulate(ms.begin(), ms.end(), 0.0) / ms.size();
       const double gb = (weight_bytes + kv_bytes_per_token * B * (args.ctx + args.steps / 2)) / 1e9;
-      std::printf("| %d x %d | %s | %.3f | %.3f | %.0f | %.2f | %.2f |\n", B, args.ctx,
+      std::printf("| %d x %d | %s | %.3f | %.3f | %.0f | %.2f | %.2f | %s |\n", B, args.ctx,
                   graphs ? "graph" : "eager", mean, Percentile(ms, 0.5), B * 1000.0 / mean, gb,
-                  gb / mean);
+                  gb / mean, joules.c_str());
     }
     if (!graphs && args.prefill > 0) {
       // One prefill chunk: S fresh sequences of (P - N) / S tokens and N decode rows (eager in
@@ -256,6 +291,7 @@ int main(int argc, char** argv) {
       fb.penalty_indptr.assign(N + S + 1, 0);
       std::vector<double> ms;
       for (int i = 0; i <= args.prefill_steps; ++i) {
+        if (i == 1) span.Start();
         const auto t0 = Clock::now();
         const llm::Status st = model.ForwardSampled(fb, &logits, &tokens);
         if (!st.ok()) {
@@ -266,6 +302,7 @@ int main(int argc, char** argv) {
           ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
         }
       }
+      const std::string joules = span.Stop(args.prefill_steps);
       if (args.profile_prefill) {
         cudaProfilerStart();
         const llm::Status s = model.ForwardSampled(fb, &logits, &tokens);
@@ -279,8 +316,10 @@ int main(int argc, char** argv) {
       // 2 x params x tokens (no attention)
       const double flops = 2.0 * weight_bytes / 2.0 * (P + N);
       std::printf(
-          "| prefill %d x %d + %d decode | eager | %.3f | %.3f | %.0f | GEMM TFLOP/s %.1f | |\n", S,
-          P / S, N, mean, Percentile(ms, 0.5), (P + N) * 1000.0 / mean, flops / mean / 1e9);
+          "| prefill %d x %d + %d decode | eager | %.3f | %.3f | %.0f | GEMM TFLOP/s %.1f | | %s "
+          "|\n",
+          S, P / S, N, mean, Percentile(ms, 0.5), (P + N) * 1000.0 / mean, flops / mean / 1e9,
+          joules.c_str());
     }
   }
   return 0;
