@@ -11,6 +11,11 @@
 // --bw-tbps / --tflops. The same-run peer is bench/mla_torch_peer.py (plain torch, bf16).
 //
 // Usage: mla_decode_bench [--iters N] [--bw-tbps X] [--tflops Y] [--only SUBSTRING]
+//                         [--sustain SECONDS]
+// --sustain S: after the samples, replays the shape back to back for about S seconds and adds
+//   sustained_us (wall time per call over that span: the H200 here is power-capped, and a
+//   compute-bound row slows once the cap bites), and where NVML can say (bench/gpu_energy.h),
+//   mj_per_call and watts.
 // Planner overrides for experiments: MLA_BENCH_MIN_CHUNK=tokens, MLA_BENCH_MAX_SPLITS=n,
 // MLA_BENCH_FORCE_SPLIT=1 (every item in MLA_BENCH_MIN_CHUNK chunks).
 // (--only h16_b128_memory_fp8 runs one shape, e.g. under ncu.) Each sample replays a CUDA graph
@@ -21,6 +26,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +34,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "bench/gpu_energy.h"
 
 #include "kernels/cuda/c8_attention.h"
 #include "kernels/cuda/mla_decode.h"
@@ -82,9 +90,11 @@ struct Result {
   int heads, batch, kv_len;
   const char* cache;
   double median_us, min_us, tflops, cache_tbps, floor_us;
+  double sustained_us = -1, mj_per_call = -1, watts = -1;  // --sustain only; -1: not measured
 };
 
-Result RunShape(const Shape& s, int iters, double bw_tbps, double peak_tflops) {
+Result RunShape(const Shape& s, int iters, double bw_tbps, double peak_tflops, double sustain_s,
+                const bench::GpuEnergy& energy) {
   constexpr int kBs = 64, kL = llm::cuda::kMlaCacheDim, kC = llm::cuda::kMlaLatentDim;
   const bool fp8 = s.cache == MlaCacheType::kFp8E4M3;
   const size_t esize = fp8 ? 1 : 2;
@@ -189,6 +199,26 @@ Result RunShape(const Shape& s, int iters, double bw_tbps, double peak_tflops) {
     ms[i] /= reps;
   }
   CK(cudaGetLastError());
+  double sustained_us = -1, mj_per_call = -1, watts = -1;
+  if (sustain_s > 0) {
+    std::vector<float> sorted(ms);
+    std::sort(sorted.begin(), sorted.end());
+    const double graph_s = std::max(1e-6, sorted[iters / 2] * 1e-3 * reps);
+    const int graphs = static_cast<int>(std::min(1e6, std::ceil(sustain_s / graph_s)));
+    const long long mj0 = energy.millijoules();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < graphs; ++i) CK(cudaGraphLaunch(exec, stream));
+    CK(cudaStreamSynchronize(stream));
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const long long mj1 = energy.millijoules();
+    const double calls = static_cast<double>(graphs) * reps;
+    sustained_us = wall / calls * 1e6;
+    if (mj0 >= 0 && mj1 >= 0) {
+      mj_per_call = static_cast<double>(mj1 - mj0) / calls;
+      watts = static_cast<double>(mj1 - mj0) / 1e3 / wall;
+    }
+  }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
@@ -213,7 +243,10 @@ Result RunShape(const Shape& s, int iters, double bw_tbps, double peak_tflops) {
            min_s * 1e6,
            flops / med_s * 1e-12,
            bytes / med_s * 1e-12,
-           std::max(bytes / (bw_tbps * 1e12), flops / (peak_tflops * 1e12)) * 1e6};
+           std::max(bytes / (bw_tbps * 1e12), flops / (peak_tflops * 1e12)) * 1e6,
+           sustained_us,
+           mj_per_call,
+           watts};
   std::printf(
       "%-18s %-17s heads=%3d batch=%3d L=%d %-4s copies=%d splits=%d: median %.1f us (min %.1f)"
       "  %.1f TFLOP/s  %.2f TB/s  floor %.1f us (%.0f%% of floor speed)\n",
@@ -234,12 +267,13 @@ Result RunShape(const Shape& s, int iters, double bw_tbps, double peak_tflops) {
 int main(int argc, char** argv) {
   int iters = 30;
   const char* only = "";
-  double bw = 4.3, tflops = 790.0;
+  double bw = 4.3, tflops = 790.0, sustain_s = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--iters")) iters = std::max(1, std::atoi(argv[i + 1]));
     if (!std::strcmp(argv[i], "--bw-tbps")) bw = std::atof(argv[i + 1]);
     if (!std::strcmp(argv[i], "--tflops")) tflops = std::atof(argv[i + 1]);
     if (!std::strcmp(argv[i], "--only")) only = argv[i + 1];
+    if (!std::strcmp(argv[i], "--sustain")) sustain_s = std::atof(argv[i + 1]);
   }
   if (llm::cuda::CudaDeviceCount() == 0) {
     std::printf("no CUDA device\n");
@@ -270,12 +304,15 @@ int main(int argc, char** argv) {
       {"h128_b1_latency", 128, 1, 4096, MlaCacheType::kFp8E4M3},
       {"h128_b1_latency", 128, 1, 4096, MlaCacheType::kFp8E4M3, kPortable, MlaFp8Math::kE4m3},
   };
+  int device = 0;
+  cudaGetDevice(&device);
+  const bench::GpuEnergy energy(device);
   std::vector<Result> results;
   for (const Shape& s : shapes) {
     const std::string tag =
         std::string(s.name) + (s.cache == MlaCacheType::kBf16 ? "_bf16" : "_fp8");
     if (tag.find(only) == std::string::npos) continue;
-    results.push_back(RunShape(s, iters, bw, tflops));
+    results.push_back(RunShape(s, iters, bw, tflops, sustain_s, energy));
   }
   std::printf("\n# MLA decode, median of %d (floor: %.2f TB/s, %.0f TFLOP/s)\n", iters, bw, tflops);
   for (const Result& r : results) {
@@ -284,6 +321,12 @@ int main(int argc, char** argv) {
         "median_us=%.2f min_us=%.2f tflops=%.1f cache_tbps=%.3f floor_us=%.2f\n",
         r.impl.c_str(), r.name.c_str(), r.heads, r.batch, r.kv_len, r.cache, r.median_us, r.min_us,
         r.tflops, r.cache_tbps, r.floor_us);
+    if (r.sustained_us > 0) {
+      std::printf(
+          "MLA_BENCH_SUSTAINED impl=%s shape=%s cache=%s sustained_us=%.2f mj_per_call=%.3f "
+          "watts=%.0f\n",
+          r.impl.c_str(), r.name.c_str(), r.cache, r.sustained_us, r.mj_per_call, r.watts);
+    }
   }
   return 0;
 }
