@@ -7,6 +7,7 @@
 //       [--batches 1,64,256] [--ctx 1500] [--steps 30] [--prefill 8192] [--profile B]
 //       [--backend cuda_fmha] [--prefill-backend auto|none|NAME] [--weights bf16|fp8]
 //       [--prefill-seqs S] [--prefill-decode N] [--prefill-steps K] [--profile-prefill 1]
+//       [--fp8-fast-accum 1]
 // --prefill-seqs S: the prefill chunk is S fresh sequences of prefill / S tokens each (the
 //   serving workload's chunks: 8 x 1024 is what 8,192-token steps of 1,000-token prompts hold).
 // --prefill-decode N: N decode rows at context --ctx join the prefill chunk, which keeps the same
@@ -58,6 +59,7 @@ struct Args {
   std::string backend;  // forced attention backend (e.g. cuda_fmha); empty: the selection's
   std::string prefill_backend = "auto";  // ModelLoadOptions::prefill_attention_backend
   std::string weights = "auto";          // ModelLoadOptions::weight_dtype (bf16 | fp8)
+  bool fast_accum = false;               // ModelLoadOptions::fp8_fast_accumulation
 };
 
 // B sequences of ctx cached tokens each, decoding one token at position ctx + step; block tables
@@ -144,6 +146,8 @@ int main(int argc, char** argv) {
       args.prefill = std::stoi(v);
     } else if (k == "--backend") {
       args.backend = v;
+    } else if (k == "--fp8-fast-accum") {
+      args.fast_accum = std::stoi(v) != 0;
     } else if (k == "--weights") {
       args.weights = v;
     } else if (k == "--prefill-backend") {
@@ -191,6 +195,7 @@ int main(int argc, char** argv) {
     o.attention_backend = args.backend;
     o.prefill_attention_backend = args.prefill_backend;
     o.weight_dtype = args.weights;
+    o.fp8_fast_accumulation = args.fast_accum;
     auto m = llm::LoadModel(o);
     if (!m.ok()) {
       std::fprintf(stderr, "load: %s\n", m.status().ToString().c_str());

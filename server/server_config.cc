@@ -105,6 +105,10 @@ const std::vector<Field>& Fields() {
                "projection weights on the GPU: auto (bf16) | bf16 | fp8 (e4m3, per-tensor scales; "
                "activations per token)",
                &ServerConfig::weight_dtype),
+      BoolField("fp8_fast_accumulation",
+                "fp8 weights: sum the projections' products in the tensor cores' accumulator "
+                "(cuBLASLt fast accumulation) instead of promoting to fp32 (default false)",
+                &ServerConfig::fp8_fast_accumulation),
       StrField("mla_kernel",
                "DeepSeek MLA decode kernel on the GPU: auto (the sm_90a wgmma kernels on "
                "H100/H200) | wgmma (the same, or fail the load; builds with sm_90a) | portable",
@@ -194,6 +198,7 @@ EngineConfig ServerConfig::ToEngineConfig() const {
   e.model.cuda_graph_warmup = cuda_graph_warmup;
   e.model.prefill_attention_backend = prefill_attention_backend;
   e.model.weight_dtype = weight_dtype;
+  e.model.fp8_fast_accumulation = fp8_fast_accumulation;
   e.model.mla_kernel = mla_kernel;
   e.model.kv_cache_dtype = kv_cache_dtype;
   e.model.kv_scale_granularity = kv_scale_granularity;

@@ -30,9 +30,10 @@ CudaFp8Gemm::~CudaFp8Gemm() {
 }
 
 Status CudaFp8Gemm::Init(cudaStream_t stream, void* workspace, size_t workspace_bytes,
-                         int tune_max_m) {
+                         int tune_max_m, bool fast_accum) {
   stream_ = stream;
   tune_max_m_ = tune_max_m;
+  fast_accum_ = fast_accum;
   workspace_ = workspace;
   workspace_bytes_ = workspace_bytes;
   LT_RETURN_IF_ERROR(cublasLtCreate(&lt_));
@@ -54,6 +55,9 @@ StatusOr<CudaFp8Gemm::Shape*> CudaFp8Gemm::Get(int m, int n, int k, const float*
       cublasLtMatmulDescSetAttribute(s.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   LT_RETURN_IF_ERROR(
       cublasLtMatmulDescSetAttribute(s.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  const int8_t fast = fast_accum_ ? 1 : 0;
+  LT_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(s.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
   // The scale pointers are part of the problem the heuristic answers (an algorithm chosen
   // without them is rejected once they are set); Run resets them per call.
   LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(s.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,

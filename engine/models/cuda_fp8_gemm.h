@@ -23,7 +23,12 @@ class CudaFp8Gemm {
   // workspace: device memory the matmuls may use (shared with other work on the same stream).
   // tune_max_m: shapes with m <= tune_max_m (decode steps, replayed thousands of times) time the
   // heuristic's candidates once on their first call instead of taking its first choice.
-  Status Init(cudaStream_t stream, void* workspace, size_t workspace_bytes, int tune_max_m = 256);
+  // fast_accum: CUBLASLT_MATMUL_DESC_FAST_ACCUM, products summed in the tensor cores' own
+  // accumulator instead of being promoted to fp32 on the CUDA cores every few k-steps (what
+  // vLLM's and TensorRT-LLM's fp8 GEMMs do; fewer instructions per FLOP, which counts at a
+  // power cap).
+  Status Init(cudaStream_t stream, void* workspace, size_t workspace_bytes, int tune_max_m = 256,
+              bool fast_accum = false);
   // x: e4m3 [m, k], w: e4m3 [n, k], y: bf16 [m, n]; k and n multiples of 16, m > 0. The
   // algorithm for each (m, n, k) is chosen once and cached; a shape's first call must not be
   // inside a CUDA graph capture when it is tuned (it synchronizes the stream).
@@ -48,6 +53,7 @@ class CudaFp8Gemm {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   int tune_max_m_ = 0;
+  bool fast_accum_ = false;
   bool warmed_ = false;  // Tune has kept the GPU busy once (clock ramp-up)
   std::map<std::tuple<int, int, int>, Shape> shapes_;
 };

@@ -189,7 +189,8 @@ Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& option
   BLAS_RETURN_IF_ERROR(cublasSetWorkspace(blas_, blas_workspace_.ptr, blas_workspace_.bytes));
   if (options.weight_dtype == "fp8") {
     fp8_ = true;
-    LLM_RETURN_IF_ERROR(fp8_gemm_.Init(stream_, blas_workspace_.ptr, blas_workspace_.bytes));
+    LLM_RETURN_IF_ERROR(fp8_gemm_.Init(stream_, blas_workspace_.ptr, blas_workspace_.bytes,
+                                       /*tune_max_m=*/256, options.fp8_fast_accumulation));
     LLM_RETURN_IF_ERROR(weight_amax_.Alloc(sizeof(float)));
     LLM_RETURN_IF_ERROR(unit_scale_.Alloc(kScaleSlot * sizeof(float)));
     const float one = 1.0f;

@@ -122,6 +122,8 @@ struct ModelLoadOptions {
   // tensor, activations quantized per row (token) at run time by the kernel that produces them,
   // cuBLASLt fp8 GEMMs (embedding, norms and LM head stay bf16).
   std::string weight_dtype = "auto";
+  // fp8 weights only: cuBLASLt fast accumulation for the fp8 projections (CudaFp8Gemm::Init).
+  bool fp8_fast_accumulation = false;
   // MLA decode kernel of the CUDA DeepSeek model (kernels/cuda/mla_decode.h MlaKernel): "auto"
   // (the sm_90a wgmma kernels where they run: every bf16 work item, fp8 16-row items), "wgmma"
   // (the same; the load fails where it cannot run: not compute capability 9.0, or no sm_90a in

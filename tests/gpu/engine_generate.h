@@ -40,6 +40,7 @@ struct GenerateOptions {
   bool graph_warmup = true;  // ModelLoadOptions::cuda_graph_warmup
   bool overlap = true;       // EngineConfig::overlap_steps (a logits observer turns it off)
   std::string weight_dtype = "auto";
+  bool fp8_fast_accumulation = false;            // ModelLoadOptions::fp8_fast_accumulation
   std::string mla_kernel = "auto";               // ModelLoadOptions::mla_kernel (DeepSeek)
   int steps = 64;                                // max_tokens of every request, or
   const std::vector<int>* max_tokens = nullptr;  // one per prompt
@@ -78,6 +79,7 @@ inline GenerateResult Generate(const std::string& dir,
   cfg.model.cuda_graph_max_batch = o.cuda_graph_max_batch;
   cfg.model.cuda_graph_warmup = o.graph_warmup;
   cfg.model.weight_dtype = o.weight_dtype;
+  cfg.model.fp8_fast_accumulation = o.fp8_fast_accumulation;
   cfg.model.mla_kernel = o.mla_kernel;
   cfg.scheduler.max_batched_tokens = o.max_batched_tokens;
   cfg.require_tokenizer = false;

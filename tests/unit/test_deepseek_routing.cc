@@ -274,8 +274,10 @@ TEST_CASE("CPU DeepSeek records every routing decision by request, position and 
   fs::remove_all(dir);
 }
 
-TEST_CASE("mla_kernel: unknown values fail the load; models without routing refuse the observer",
-          "[routing]") {
+TEST_CASE(
+    "mla_kernel: unknown values fail the load (as does fp8_fast_accumulation without fp8 weights); "
+    "models without routing refuse the observer",
+    "[routing]") {
   const std::string dir = WriteZeroRouterDeepseek();
   EngineConfig cfg;
   cfg.model.model_dir = dir;
@@ -289,6 +291,12 @@ TEST_CASE("mla_kernel: unknown values fail the load; models without routing refu
   CHECK(bad.status().message() == "mla_kernel must be auto, wgmma or portable, got 'fast'");
   cfg.model.mla_kernel = "portable";  // a CUDA choice: the CPU model ignores it
   CHECK(EngineCore::Create(cfg).ok());
+  cfg.model.fp8_fast_accumulation = true;  // meaningless without fp8 weights: refused
+  auto no_fp8 = EngineCore::Create(cfg);
+  REQUIRE_FALSE(no_fp8.ok());
+  CHECK(no_fp8.status().code() == StatusCode::kInvalidArgument);
+  CHECK(no_fp8.status().message() == "fp8_fast_accumulation needs weight_dtype fp8");
+  cfg.model.fp8_fast_accumulation = false;
   fs::remove_all(dir);
 
   cfg.model.model_dir = "synthetic:vocab=40,max_len=64";

@@ -103,6 +103,13 @@ TEST_CASE("ServerConfig JSON file then flags override", "[server_config]") {
   auto c3 = ParseServerConfig({"--config", file.path(), "--mla-kernel", "portable"});
   REQUIRE(c3.ok());
   CHECK(c3->ToEngineConfig().model.mla_kernel == "portable");
+  CHECK_FALSE(c3->ToEngineConfig().model.fp8_fast_accumulation);
+
+  auto c4 = ParseServerConfig(
+      {"--config", file.path(), "--weight-dtype", "fp8", "--fp8-fast-accumulation", "true"});
+  REQUIRE(c4.ok());
+  CHECK(c4->ToEngineConfig().model.weight_dtype == "fp8");
+  CHECK(c4->ToEngineConfig().model.fp8_fast_accumulation);
 }
 
 TEST_CASE("ServerConfig rejects bad values naming the field", "[server_config]") {
@@ -237,6 +244,7 @@ TEST_CASE("Every shipped server config parses and maps to the engine", "[server_
     const EngineConfig eng = c->ToEngineConfig();
     CHECK(eng.model.model_dir == c->model_dir);
     CHECK(eng.model.weight_dtype == c->weight_dtype);
+    CHECK(eng.model.fp8_fast_accumulation == c->fp8_fast_accumulation);
     CHECK(eng.model.mla_kernel == c->mla_kernel);
     CHECK(eng.model.cuda_graph_max_batch == c->cuda_graph_max_batch);
   }
