@@ -69,6 +69,22 @@ struct DecodeState {
   std::vector<int> lens;
 };
 
+// B sequences of ctx tokens, each with pages_per_seq blocks drawn from a shuffled pool of the
+// first pool_pages blocks.
+DecodeState ShuffledDecodeState(int B, int pool_pages, int pages_per_seq, int ctx,
+                                std::mt19937& rng) {
+  DecodeState st;
+  std::vector<int32_t> pool_ids(pool_pages);
+  std::iota(pool_ids.begin(), pool_ids.end(), 0);
+  std::shuffle(pool_ids.begin(), pool_ids.end(), rng);
+  for (int s = 0; s < B; ++s) {
+    st.tables.emplace_back(pool_ids.begin() + s * pages_per_seq,
+                           pool_ids.begin() + (s + 1) * pages_per_seq);
+    st.lens.push_back(ctx);  // cache contents are whatever the pool holds
+  }
+  return st;
+}
+
 llm::ForwardBatch DecodeBatch(DecodeState& st, int vocab, int bs, std::mt19937& rng) {
   llm::ForwardBatch fb;
   llm::AttentionBatch& a = fb.attn;
@@ -216,15 +232,7 @@ int main(int argc, char** argv) {
                     3.0 * c.hidden_size * c.intermediate_size));
     const double kv_bytes_per_token = static_cast<double>(model.kv_bytes_per_block()) / bs;
     for (int B : args.batches) {
-      DecodeState st;
-      std::vector<int32_t> pool_ids(decode_pages);
-      std::iota(pool_ids.begin(), pool_ids.end(), 0);
-      std::shuffle(pool_ids.begin(), pool_ids.end(), rng);
-      for (int s = 0; s < B; ++s) {
-        st.tables.emplace_back(pool_ids.begin() + s * pages_per_seq,
-                               pool_ids.begin() + (s + 1) * pages_per_seq);
-        st.lens.push_back(args.ctx);  // cache contents are whatever the pool holds
-      }
+      DecodeState st = ShuffledDecodeState(B, decode_pages, pages_per_seq, args.ctx, rng);
       std::vector<double> ms;
       for (int step = 0; step < args.steps + 3; ++step) {
         if (step == 3) span.Start();
@@ -258,15 +266,7 @@ int main(int argc, char** argv) {
       const int N = std::min(args.prefill_decode, args.prefill - args.prefill_seqs);
       llm::ForwardBatch fb;
       if (N > 0) {
-        DecodeState st;
-        std::vector<int32_t> pool_ids(decode_pages);
-        std::iota(pool_ids.begin(), pool_ids.end(), 0);
-        std::shuffle(pool_ids.begin(), pool_ids.end(), rng);
-        for (int s = 0; s < N; ++s) {
-          st.tables.emplace_back(pool_ids.begin() + s * pages_per_seq,
-                                 pool_ids.begin() + (s + 1) * pages_per_seq);
-          st.lens.push_back(args.ctx);
-        }
+        DecodeState st = ShuffledDecodeState(N, decode_pages, pages_per_seq, args.ctx, rng);
         fb = DecodeBatch(st, c.vocab_size, bs, rng);
       } else {
         fb.attn.q_indptr = {0};
