@@ -4,7 +4,8 @@
 // short run at full clock does not show. NVML is opened at run time (dlopen), so nothing links
 // against it (the CUDA toolkit here ships neither nvml.h nor the driver's library) and a machine
 // without it just reports no energy. The counter advances in steps of tens of milliseconds on
-// some boards: measure spans of a second or more.
+// some boards (H200, 2026-12-01: 0 J and 1,392 W over 0.1 s spans of a small step): measure spans
+// of a second or more; shorter ones are reported as unknown (kMinSpanSeconds).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,6 +15,9 @@ namespace bench {
 
 class GpuEnergy {
  public:
+  // Spans shorter than this give no energy figure: the counter's steps would dominate it.
+  static constexpr double kMinSpanSeconds = 0.5;
+
   // The NVML device with the PCI bus id of CUDA device `cuda_device`.
   explicit GpuEnergy(int cuda_device) {
     lib_ = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);

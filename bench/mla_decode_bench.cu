@@ -214,7 +214,7 @@ Result RunShape(const Shape& s, int iters, double bw_tbps, double peak_tflops, d
     const long long mj1 = energy.millijoules();
     const double calls = static_cast<double>(graphs) * reps;
     sustained_us = wall / calls * 1e6;
-    if (mj0 >= 0 && mj1 >= 0) {
+    if (mj0 >= 0 && mj1 >= 0 && wall >= bench::GpuEnergy::kMinSpanSeconds) {
       mj_per_call = static_cast<double>(mj1 - mj0) / calls;
       watts = static_cast<double>(mj1 - mj0) / 1e3 / wall;
     }

@@ -7,7 +7,7 @@
 //       [--batches 1,64,256] [--ctx 1500] [--steps 30] [--prefill 8192] [--profile B]
 //       [--backend cuda_fmha] [--prefill-backend auto|none|NAME] [--weights bf16|fp8]
 //       [--prefill-seqs S] [--prefill-decode N] [--prefill-steps K] [--profile-prefill 1]
-//       [--fp8-fast-accum 1]
+//       [--fp8-fast-accum 0|1]   (default 1, the server's default)
 // --prefill-seqs S: the prefill chunk is S fresh sequences of prefill / S tokens each (the
 //   serving workload's chunks: 8 x 1024 is what 8,192-token steps of 1,000-token prompts hold).
 // --prefill-decode N: N decode rows at context --ctx join the prefill chunk, which keeps the same
@@ -33,6 +33,7 @@
 #include <vector>
 
 #include <cuda_profiler_api.h>
+#include <spdlog/cfg/env.h>
 #include <spdlog/spdlog.h>
 
 #include "bench/gpu_energy.h"
@@ -59,7 +60,7 @@ struct Args {
   std::string backend;  // forced attention backend (e.g. cuda_fmha); empty: the selection's
   std::string prefill_backend = "auto";  // ModelLoadOptions::prefill_attention_backend
   std::string weights = "auto";          // ModelLoadOptions::weight_dtype (bf16 | fp8)
-  bool fast_accum = false;               // ModelLoadOptions::fp8_fast_accumulation
+  bool fast_accum = true;                // ModelLoadOptions::fp8_fast_accumulation
 };
 
 // B sequences of ctx cached tokens each, decoding one token at position ctx + step; block tables
@@ -113,7 +114,7 @@ llm::ForwardBatch DecodeBatch(DecodeState& st, int vocab, int bs, std::mt19937& 
 }
 
 // Energy and wall time between Start() and Stop(), as table cells: joules per step and mean watts
-// ("-" without NVML).
+// ("-" without NVML, or for spans too short for NVML's counter).
 class EnergySpan {
  public:
   explicit EnergySpan(const bench::GpuEnergy& e) : energy_(e) {}
@@ -124,7 +125,7 @@ class EnergySpan {
   std::string Stop(int steps) const {
     const long long mj = energy_.millijoules();
     const double s = std::chrono::duration<double>(Clock::now() - t_).count();
-    if (mj < 0 || mj_ < 0 || steps < 1 || s <= 0) return "- | -";
+    if (mj < 0 || mj_ < 0 || steps < 1 || s < bench::GpuEnergy::kMinSpanSeconds) return "- | -";
     const double j = static_cast<double>(mj - mj_) / 1e3;
     char buf[64];
     std::snprintf(buf, sizeof(buf), "%.3f | %.0f", j / steps, j / s);
@@ -184,6 +185,7 @@ int main(int argc, char** argv) {
     }
   }
   spdlog::set_level(spdlog::level::warn);
+  spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug: e.g. each fp8 GEMM's tuned choice
   const int max_b = *std::max_element(args.batches.begin(), args.batches.end());
   const int bs = args.block_size;
   const int pages_per_seq = (args.ctx + args.steps * 2 + 8 + bs - 1) / bs;

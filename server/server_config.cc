@@ -107,7 +107,7 @@ const std::vector<Field>& Fields() {
                &ServerConfig::weight_dtype),
       BoolField("fp8_fast_accumulation",
                 "fp8 weights: sum the projections' products in the tensor cores' accumulator "
-                "(cuBLASLt fast accumulation) instead of promoting to fp32 (default false)",
+                "(cuBLASLt fast accumulation) instead of promoting to fp32 (default true)",
                 &ServerConfig::fp8_fast_accumulation),
       StrField("mla_kernel",
                "DeepSeek MLA decode kernel on the GPU: auto (the sm_90a wgmma kernels on "

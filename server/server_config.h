@@ -34,7 +34,7 @@ struct ServerConfig {
   bool cuda_graph_warmup = true;   // capture all of those graphs at start-up (else on first use)
   std::string prefill_attention_backend = "auto";  // steps with a prefill chunk (cuda)
   std::string weight_dtype = "auto";               // auto (bf16) | bf16 | fp8 (cuda)
-  bool fp8_fast_accumulation = false;              // fp8 weights: cuBLASLt fast accumulation
+  bool fp8_fast_accumulation = true;               // fp8 weights: cuBLASLt fast accumulation
   std::string mla_kernel = "auto";                 // auto | wgmma | portable (cuda DeepSeek)
   std::string log_level = "info";
   int shutdown_grace_s = 10;

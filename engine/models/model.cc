@@ -24,9 +24,6 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
                            "'");
   }
   const bool fp8_weights = options.weight_dtype == "fp8";
-  if (options.fp8_fast_accumulation && !fp8_weights) {
-    return InvalidArgument("fp8_fast_accumulation needs weight_dtype fp8");
-  }
   if (IsDeepseekModelDir(options.model_dir)) {  // MLA + MoE: its own config and model
     if (fp8_weights) return Unimplemented("fp8 weights are implemented for Llama-family models");
     LLM_ASSIGN_OR_RETURN(DeepseekConfig config, LoadDeepseekConfig(options.model_dir));

@@ -122,8 +122,11 @@ struct ModelLoadOptions {
   // tensor, activations quantized per row (token) at run time by the kernel that produces them,
   // cuBLASLt fp8 GEMMs (embedding, norms and LM head stay bf16).
   std::string weight_dtype = "auto";
-  // fp8 weights only: cuBLASLt fast accumulation for the fp8 projections (CudaFp8Gemm::Init).
-  bool fp8_fast_accumulation = false;
+  // fp8 weights only (ignored otherwise): cuBLASLt fast accumulation for the fp8 projections
+  // (CudaFp8Gemm::Init). On by default, as in vLLM's and TensorRT-LLM's fp8 GEMMs: under the
+  // H200's power cap it makes a prompt step 6% faster and the issue-5 workload 3.4%
+  // (docs/PERFORMANCE.md section 23); its error is bounded by tests/gpu/test_fp8_weights.cc.
+  bool fp8_fast_accumulation = true;
   // MLA decode kernel of the CUDA DeepSeek model (kernels/cuda/mla_decode.h MlaKernel): "auto"
   // (the sm_90a wgmma kernels where they run: every bf16 work item, fp8 16-row items), "wgmma"
   // (the same; the load fails where it cannot run: not compute capability 9.0, or no sm_90a in

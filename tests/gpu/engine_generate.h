@@ -40,7 +40,7 @@ struct GenerateOptions {
   bool graph_warmup = true;  // ModelLoadOptions::cuda_graph_warmup
   bool overlap = true;       // EngineConfig::overlap_steps (a logits observer turns it off)
   std::string weight_dtype = "auto";
-  bool fp8_fast_accumulation = false;            // ModelLoadOptions::fp8_fast_accumulation
+  bool fp8_fast_accumulation = true;             // ModelLoadOptions::fp8_fast_accumulation
   std::string mla_kernel = "auto";               // ModelLoadOptions::mla_kernel (DeepSeek)
   int steps = 64;                                // max_tokens of every request, or
   const std::vector<int>* max_tokens = nullptr;  // one per prompt

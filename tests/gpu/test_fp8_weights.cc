@@ -198,6 +198,7 @@ TEST_CASE("fp8 weights: a whole Llama tracks the bf16-weight model", "[gpu][fp8]
   const auto bf16 = gpu_test::Generate(dir, prompts, {.steps = 8, .logits = &bf16_logits});
   gpu_test::GenerateOptions o{.steps = 8, .logits = &fp8_logits};
   o.weight_dtype = "fp8";
+  o.fp8_fast_accumulation = false;  // fp32 promotion; the default (fast) follows below
   const auto fp8 = gpu_test::Generate(dir, prompts, o);
   // The first step's logits (the prompt's last row) of every request. e4m3 keeps 3 mantissa bits
   // (~2-4% rms rounding per element); 3 layers x 4 projections, each quantizing weights and
@@ -223,8 +224,8 @@ TEST_CASE("fp8 weights: a whole Llama tracks the bf16-weight model", "[gpu][fp8]
   }
   CHECK(fp8.graph_steps > 0);  // fp8 GEMMs and activation quantization inside decode graphs
 
-  // The same with the projections' fast accumulation (ModelLoadOptions::fp8_fast_accumulation):
-  // within the same bound of the bf16-weight model.
+  // The same with the projections' fast accumulation (ModelLoadOptions::fp8_fast_accumulation,
+  // the default): within the same bound of the bf16-weight model.
   gpu_test::Logits fast_logits;
   gpu_test::GenerateOptions f{.steps = 8, .logits = &fast_logits};
   f.weight_dtype = "fp8";

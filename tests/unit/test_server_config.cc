@@ -103,13 +103,13 @@ TEST_CASE("ServerConfig JSON file then flags override", "[server_config]") {
   auto c3 = ParseServerConfig({"--config", file.path(), "--mla-kernel", "portable"});
   REQUIRE(c3.ok());
   CHECK(c3->ToEngineConfig().model.mla_kernel == "portable");
-  CHECK_FALSE(c3->ToEngineConfig().model.fp8_fast_accumulation);
+  CHECK(c3->ToEngineConfig().model.fp8_fast_accumulation);  // the default
 
   auto c4 = ParseServerConfig(
-      {"--config", file.path(), "--weight-dtype", "fp8", "--fp8-fast-accumulation", "true"});
+      {"--config", file.path(), "--weight-dtype", "fp8", "--fp8-fast-accumulation", "false"});
   REQUIRE(c4.ok());
   CHECK(c4->ToEngineConfig().model.weight_dtype == "fp8");
-  CHECK(c4->ToEngineConfig().model.fp8_fast_accumulation);
+  CHECK_FALSE(c4->ToEngineConfig().model.fp8_fast_accumulation);
 }
 
 TEST_CASE("ServerConfig rejects bad values naming the field", "[server_config]") {
