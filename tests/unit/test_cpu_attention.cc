@@ -268,7 +268,7 @@ TEST_CASE("CpuPagedAttention sliding window matches dense windowed attention", "
 
 // Blocks wholly left of the first query row's window get a page index far outside the cache, so
 // reading them faults: windowed attention must not touch them (the engine may free them).
-TEST_CASE("Windowed CPU attention never reads blocks left of the window; C8 matches fp32",
+TEST_CASE("Windowed CPU attention never reads blocks left of the window, and C8 matches fp32",
           "[cpu_attention]") {
   const int window_left = 6;
   AttnCase c{16, 32, 4, 2, {{100, 1}, {70, 5}, {20, 20}}, 31};

@@ -143,7 +143,7 @@ TEST_CASE("ModelConfig rope_scaling variants", "[model_config]") {
   }
 }
 
-TEST_CASE("ModelConfig Qwen2 sets attention_bias; sliding window needs use_sliding_window",
+TEST_CASE("ModelConfig Qwen2 sets attention_bias, and its sliding window needs use_sliding_window",
           "[model_config]") {
   TempModelDir dir;
   json j = BaseLlama();
