@@ -15,6 +15,7 @@
 #   --dummy-weights false --weight-dtype auto --num-kv-blocks 256 --block-size 16
 #   --max-num-seqs 16" CHAOS_REQUESTS=100 scripts/gpu_chaos.sh
 set -uo pipefail
+source "$(dirname "$0")/server_launch.sh"
 OUT="${OUT:-$(pwd)/gpu-out}"
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$(pwd)/.devpack/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -34,21 +35,14 @@ check() {  # check NAME CONDITION-EXIT-CODE DETAIL
 }
 log="$OUT/chaos_server.log"
 # 640 blocks of 64 tokens hold 40,960 tokens; 128 streams of up to ~1,400 need more than that.
-"$SERVER" --model-dir $model --device cuda --dummy-weights true \
-  --kv-cache-dtype "${CHAOS_KV:-int8}" --weight-dtype fp8 --max-num-seqs 128 \
-  --max-batched-tokens 8192 --max-tokens-limit 4096 --num-kv-blocks 640 --block-size 64 \
-  --listen-address 127.0.0.1:0 --metrics-address 127.0.0.1:0 --shutdown-grace-s 5 \
-  ${CHAOS_EXTRA:-} > "$log" 2>&1 &
-pid=$!
-port=""
-for _ in $(seq 1 300); do
-  port=$(grep -m1 '^LISTENING' "$log" | awk '{print $2}')
-  [ -n "$port" ] && break
-  kill -0 $pid 2>/dev/null || break
-  sleep 1
-done
-if [ -z "$port" ]; then echo "FAIL  server start"; tail -20 "$log"; kill $pid 2>/dev/null; exit 1; fi
-mport=$(grep -m1 '^METRICS_LISTENING' "$log" | awk '{print $2}')
+if ! start_server "$log" "$SERVER" --model-dir $model --device cuda --dummy-weights true \
+    --kv-cache-dtype "${CHAOS_KV:-int8}" --weight-dtype fp8 --max-num-seqs 128 \
+    --max-batched-tokens 8192 --max-tokens-limit 4096 --num-kv-blocks 640 --block-size 64 \
+    --listen-address 127.0.0.1:0 --metrics-address 127.0.0.1:0 --shutdown-grace-s 5 \
+    ${CHAOS_EXTRA:-}; then
+  echo "FAIL  server start"
+  exit 1
+fi
 metric() {  # metric NAME: its value on /metrics
   $PY -c "
 import sys, urllib.request

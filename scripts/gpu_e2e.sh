@@ -3,6 +3,7 @@
 # once per KV cache type. Results under $OUT. Pack first (see docs/PERFORMANCE.md):
 #   ../shared/gpu/pack.sh .devpack build/cuda/server/llm-server ...; cp -r build/cpu/python .devpack/
 set -uo pipefail
+source "$(dirname "$0")/server_launch.sh"
 OUT="${OUT:-$(pwd)/gpu-out}"
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$(pwd)/.devpack/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -17,19 +18,13 @@ model=/tmp/$E2E_MODEL-dummy
 mkdir -p $model && cp configs/models/$E2E_MODEL/config.json $model/ && cp .devpack/tokenizer.json $model/
 for kv in ${E2E_KV:-$default_kv}; do
   log="$OUT/server_$kv.log"
-  .devpack/bin/llm-server --model-dir $model --device cuda --dummy-weights true \
-    --kv-cache-dtype $kv --max-num-seqs $CONC --max-batched-tokens 8192 --max-tokens-limit 4096 \
-    --max-queued-requests 4096 --listen-address 127.0.0.1:0 --metrics-address 127.0.0.1:0 \
-    ${E2E_EXTRA:-} > "$log" 2>&1 &
-  pid=$!
-  port=""
-  for _ in $(seq 1 300); do
-    port=$(grep -m1 '^LISTENING' "$log" | awk '{print $2}')
-    [ -n "$port" ] && break
-    kill -0 $pid 2>/dev/null || break
-    sleep 1
-  done
-  if [ -z "$port" ]; then echo "server ($kv) did not start:"; tail -20 "$log"; kill $pid 2>/dev/null; continue; fi
+  if ! start_server "$log" .devpack/bin/llm-server --model-dir $model --device cuda \
+      --dummy-weights true --kv-cache-dtype $kv --max-num-seqs $CONC --max-batched-tokens 8192 \
+      --max-tokens-limit 4096 --max-queued-requests 4096 --listen-address 127.0.0.1:0 \
+      --metrics-address 127.0.0.1:0 ${E2E_EXTRA:-}; then
+    echo "server ($kv) did not start"
+    continue
+  fi
   grep -A12 "startup:" "$log" | head -12
   # The board's SM clock and power while the load runs (the H200 here is power-capped).
   nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits -lms 200 \
@@ -56,7 +51,6 @@ if rows:
           f"{q(c, .9):.0f} MHz, power p50/p90 {q(w, .5):.0f}/{q(w, .9):.0f} W")
 PY
   # Where each step's time went (engine step-phase histograms: mean per non-empty step).
-  mport=$(grep -m1 '^METRICS_LISTENING' "$log" | awk '{print $2}')
   [ -n "$mport" ] && python3 - "$mport" <<'PY' | tee "$OUT/step_phases_$kv.txt"
 import sys, urllib.request
 m = {}
