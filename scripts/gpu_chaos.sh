@@ -10,7 +10,9 @@
 #   ../shared/gpu/pack.sh .devpack build/cuda/server/llm-server
 #   cp -r build/cuda/python .devpack/ && cp build/cuda/models/tiny-llama/tokenizer.json .devpack/
 # CHAOS_MODEL (default llama3-8b, a configs/models/ directory, served with dummy weights),
-# CHAOS_KV (int8), CHAOS_EXTRA (more server flags; later flags win). A dry run on the CPU:
+# CHAOS_KV (int8), CHAOS_EXTRA (more server flags; later flags win), CHAOS_REQUESTS (600 per
+# chaos phase), CHAOS_IN / CHAOS_OUT (mean prompt / output tokens, 700 / 300),
+# CHAOS_CLEAN_REQUESTS (128). A dry run on the CPU (ctest chaos_cpu_dry_run runs a smaller one):
 #   CHAOS_MODEL_DIR=build/cpu/models/tiny-llama CHAOS_KV=auto CHAOS_EXTRA="--device cpu
 #   --dummy-weights false --weight-dtype auto --num-kv-blocks 256 --block-size 16
 #   --max-num-seqs 16" CHAOS_REQUESTS=100 scripts/gpu_chaos.sh
@@ -59,10 +61,10 @@ load() {  # load NAME ARGS...: one loadgen run, its report in $OUT/NAME.txt
   local rc=$?
   check "$name" $rc "$(grep -E 'Status codes|Unexpected errors|Deliberate aborts' "$OUT/$name.txt" | tr -s ' ' | paste -sd ';')"
 }
-load chaos_cancel --num-requests "${CHAOS_REQUESTS:-600}" --concurrency 128 --input-len 700 --output-len 300 \
+load chaos_cancel --num-requests "${CHAOS_REQUESTS:-600}" --concurrency 128 --input-len "${CHAOS_IN:-700}" --output-len "${CHAOS_OUT:-300}" \
   --range-ratio 0.9 --temperature 0.8 --seed 1 --abort-fraction 0.3 --abort-mode cancel \
   --invalid-fraction 0.1
-load chaos_abort_rpc --num-requests "${CHAOS_REQUESTS:-600}" --concurrency 128 --input-len 700 --output-len 300 \
+load chaos_abort_rpc --num-requests "${CHAOS_REQUESTS:-600}" --concurrency 128 --input-len "${CHAOS_IN:-700}" --output-len "${CHAOS_OUT:-300}" \
   --range-ratio 0.9 --temperature 0 --seed 2 --abort-fraction 0.3 --abort-mode rpc \
   --invalid-fraction 0.1
 sleep 1  # the idle engine refreshes its gauges every 100 ms
@@ -72,7 +74,7 @@ check "baseline after the chaos" "$($PY -c "print(0 if float('$running') == 0 an
   "running=$running waiting=$waiting kv_usage=$usage (preemptions so far: $pre)"
 check "the pool was oversubscribed" "$($PY -c "print(0 if float('$pre') > 0 else 1)")" \
   "preemptions=$pre"
-load clean_after --num-requests 128 --concurrency 64 --input-len 500 --output-len 100 \
+load clean_after --num-requests "${CHAOS_CLEAN_REQUESTS:-128}" --concurrency 64 --input-len 500 --output-len 100 \
   --temperature 0 --seed 3
 kill -TERM $pid
 code=timeout
