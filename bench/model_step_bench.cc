@@ -8,6 +8,7 @@
 //       [--backend cuda_fmha] [--prefill-backend auto|none|NAME] [--weights bf16|fp8]
 //       [--prefill-seqs S] [--prefill-decode N] [--prefill-steps K] [--profile-prefill 1]
 //       [--fp8-fast-accum 0|1]   (default 1, the server's default)
+//       [--fp8-static-attn-out 0|1]   (default 0, the server's fp8_static_attention_output)
 // --prefill-seqs S: the prefill chunk is S fresh sequences of prefill / S tokens each (the
 //   serving workload's chunks: 8 x 1024 is what 8,192-token steps of 1,000-token prompts hold).
 // --prefill-decode N: N decode rows at context --ctx join the prefill chunk, which keeps the same
@@ -61,6 +62,7 @@ struct Args {
   std::string prefill_backend = "auto";  // ModelLoadOptions::prefill_attention_backend
   std::string weights = "auto";          // ModelLoadOptions::weight_dtype (bf16 | fp8)
   bool fast_accum = true;                // ModelLoadOptions::fp8_fast_accumulation
+  bool static_attn_out = false;          // ModelLoadOptions::fp8_static_attention_output
 };
 
 // B sequences of ctx cached tokens each, decoding one token at position ctx + step; block tables
@@ -165,6 +167,8 @@ int main(int argc, char** argv) {
       args.backend = v;
     } else if (k == "--fp8-fast-accum") {
       args.fast_accum = std::stoi(v) != 0;
+    } else if (k == "--fp8-static-attn-out") {
+      args.static_attn_out = std::stoi(v) != 0;
     } else if (k == "--weights") {
       args.weights = v;
     } else if (k == "--prefill-backend") {
@@ -214,6 +218,7 @@ int main(int argc, char** argv) {
     o.prefill_attention_backend = args.prefill_backend;
     o.weight_dtype = args.weights;
     o.fp8_fast_accumulation = args.fast_accum;
+    o.fp8_static_attention_output = args.static_attn_out;
     auto m = llm::LoadModel(o);
     if (!m.ok()) {
       std::fprintf(stderr, "load: %s\n", m.status().ToString().c_str());

@@ -129,6 +129,11 @@ struct AttentionParams {
   // Set (rope.qkv non-null) only for backends with supports_fused_rope(): then q, k_new and v_new
   // are unused.
   FusedRope rope;
+  // Set (non-null) only for backends with supports_fp8_out(): the output goes here instead of
+  // out, as e4m3 bytes [num_tokens, num_q_heads, head_dim] of out * out_fp8_inv_scale, saturated
+  // to +-448 (an fp8 o_proj's input with a static scale).
+  void* out_fp8 = nullptr;
+  float out_fp8_inv_scale = 1.0f;
 };
 
 class AttentionBackend {
@@ -144,6 +149,8 @@ class AttentionBackend {
   virtual void Run(const AttentionParams& params) = 0;
   // Whether Run takes the raw projection and does the rotary itself (AttentionParams::rope).
   virtual bool supports_fused_rope() const { return false; }
+  // Whether Run can write its output as e4m3 with a caller-given scale (AttentionParams::out_fp8).
+  virtual bool supports_fp8_out() const { return false; }
   // GPU backends: the stream (cudaStream_t / hipStream_t) every Plan upload and Run launch goes
   // to, owned by the model. CPU backends ignore it.
   virtual void set_stream(void* stream) {}

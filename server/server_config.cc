@@ -109,6 +109,11 @@ const std::vector<Field>& Fields() {
                 "fp8 weights: sum the projections' products in the tensor cores' accumulator "
                 "(cuBLASLt fast accumulation) instead of promoting to fp32 (default true)",
                 &ServerConfig::fp8_fast_accumulation),
+      BoolField("fp8_static_attention_output",
+                "fp8 weights and a static int8/fp8 KV cache: the attention kernel writes "
+                "o_proj's e4m3 input with a static per-layer scale (the cache's V bound) "
+                "instead of a per-row quantization pass (default false)",
+                &ServerConfig::fp8_static_attention_output),
       StrField("mla_kernel",
                "DeepSeek MLA decode kernel on the GPU: auto (the sm_90a wgmma kernels on "
                "H100/H200) | wgmma (the same, or fail the load; builds with sm_90a) | portable",
@@ -199,6 +204,7 @@ EngineConfig ServerConfig::ToEngineConfig() const {
   e.model.prefill_attention_backend = prefill_attention_backend;
   e.model.weight_dtype = weight_dtype;
   e.model.fp8_fast_accumulation = fp8_fast_accumulation;
+  e.model.fp8_static_attention_output = fp8_static_attention_output;
   e.model.mla_kernel = mla_kernel;
   e.model.kv_cache_dtype = kv_cache_dtype;
   e.model.kv_scale_granularity = kv_scale_granularity;

@@ -3,6 +3,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/base/dtype.h"
+#include "engine/base/quant.h"
 #include "engine/models/cuda_fp8_gemm.h"
 #include "engine/models/cuda_logits_readback.h"
 #include "engine/models/cuda_weights.h"
@@ -45,6 +47,11 @@ constexpr int kScaleSlot = 4;  // floats
 struct LayerCache {
   DeviceBuffer k, v, k_block_scales, v_block_scales;  // cache in the kv dtype; dynamic scales
   DeviceBuffer k_scale, v_scale;                      // static scales (fp32)
+  // fp8 weights over a static 8-bit cache (ModelLoadOptions::fp8_static_attention_output): the
+  // attention writes o_proj's e4m3 input as out * out_inv (out_inv = 448 / V bound), and
+  // out_scale holds 1 / out_inv for the GEMM. out_inv 0: a per-row quantization pass instead.
+  DeviceBuffer out_scale;
+  float out_inv = 0.f;
 };
 
 class CudaLlamaModel final : public Model {
@@ -133,7 +140,9 @@ class CudaLlamaModel final : public Model {
   // A layer projection y[T, n] = x[T, k] W^T (bf16 out). bf16 weights: cuBLAS on x. fp8
   // weights: x is ignored; the input is s.Fp8In(proj), which x's producer wrote, and y is the raw
   // product without the input's row scales (RowScales(s, proj) holds them for y's consumer).
-  Status Project(Scratch& s, int layer, Proj proj, const void* x, int T, int n, int k, void* y);
+  // x_scale: the fp8 input's scale (a device scalar); null: 1, the row scales come after.
+  Status Project(Scratch& s, int layer, Proj proj, const void* x, int T, int n, int k, void* y,
+                 const float* x_scale = nullptr);
   // The fp8 input of proj (what the producer of x writes), or nothing with bf16 weights.
   cuda::Fp8Rows Fp8In(const Scratch& s, Proj proj) const {
     return fp8_ ? s.Fp8In(proj) : cuda::Fp8Rows{};
@@ -321,8 +330,25 @@ Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& option
                                      cudaMemcpyHostToDevice));
       GPU_RETURN_IF_ERROR(cudaMemcpy(lc->v_scale.ptr, scales.v[l].data(), scales.v[l].size() * 4,
                                      cudaMemcpyHostToDevice));
+      if (fp8_ && options.fp8_static_attention_output) {
+        // |out| <= qmax x max(v_scale): softmax weights sum to 1 over dequantized V rows.
+        const float qmax = kv.dtype == DType::kI8 ? kInt8Max : kFp8E4M3Max;
+        const float bound = qmax * *std::max_element(scales.v[l].begin(), scales.v[l].end());
+        if (bound > 0.f && std::isfinite(bound)) {
+          const float out_scale = bound / kFp8E4M3Max;
+          lc->out_inv = kFp8E4M3Max / bound;
+          LLM_RETURN_IF_ERROR(lc->out_scale.Alloc(kScaleSlot * sizeof(float)));
+          GPU_RETURN_IF_ERROR(
+              cudaMemcpy(lc->out_scale.ptr, &out_scale, sizeof(out_scale), cudaMemcpyHostToDevice));
+        }
+      }
     }
     cache_.push_back(std::move(lc));
+  }
+  if (!cache_.empty() && cache_[0]->out_inv > 0.f) {
+    spdlog::info(
+        "cuda model: the attention writes o_proj's fp8 input, scaled by the static V "
+        "bound of each layer (fp8_static_attention_output)");
   }
   spdlog::info("cuda model: decode steps of up to {} sequences run in CUDA graphs{}",
                graph_max_batch_,
@@ -469,11 +495,19 @@ Status CudaLlamaModel::LaunchLayers(Scratch& s, int T) {
     p.cache.v_block_scales = lc.v_block_scales.as<float>();
     p.softmax_scale = scale;
     p.window_left = c.WindowLeft(l);
+    // o_proj's fp8 input straight from the attention, with the layer's static scale; else a
+    // per-row pass over its bf16 output.
+    const bool static_out = fp8_ && lc.out_inv > 0.f && step_attention_->supports_fp8_out();
+    if (static_out) {
+      p.out_fp8 = s.xq.ptr;
+      p.out_fp8_inv_scale = lc.out_inv;
+    }
     step_attention_->Run(p);
-    if (fp8_) cuda::LaunchQuantizeRowsFp8(s.attn.ptr, T, Q, Fp8In(s, kO), stream_);
-    LLM_RETURN_IF_ERROR(Project(s, l, kO, s.attn.ptr, T, H, Q, s.tmp.ptr));
+    if (fp8_ && !static_out) cuda::LaunchQuantizeRowsFp8(s.attn.ptr, T, Q, Fp8In(s, kO), stream_);
+    LLM_RETURN_IF_ERROR(Project(s, l, kO, s.attn.ptr, T, H, Q, s.tmp.ptr,
+                                static_out ? lc.out_scale.as<float>() : nullptr));
     norm.delta = s.tmp.ptr;
-    norm.delta_scale = RowScales(s, kO);
+    norm.delta_scale = static_out ? nullptr : RowScales(s, kO);
     norm.weight = L.mlp_norm.ptr;
     norm.out_fp8 = Fp8In(s, kGateUp);
     cuda::LaunchAddRmsNorm(norm, stream_);
@@ -492,7 +526,7 @@ Status CudaLlamaModel::LaunchLayers(Scratch& s, int T) {
 }
 
 Status CudaLlamaModel::Project(Scratch& s, int layer, Proj proj, const void* x, int T, int n, int k,
-                               void* y) {
+                               void* y, const float* x_scale) {
   const LayerWeights& L = *layers_[layer];
   if (!fp8_) {
     const void* w[] = {L.wqkv.ptr, L.wo.ptr, L.w_gate_up.ptr, L.w_down.ptr};
@@ -501,7 +535,7 @@ Status CudaLlamaModel::Project(Scratch& s, int layer, Proj proj, const void* x, 
   const void* w[] = {L.wqkv_q.ptr, L.wo_q.ptr, L.w_gate_up_q.ptr, L.w_down_q.ptr};
   // Whole 16-row groups (the scratch is sized for them; rows past T are never read back).
   const int rows = (T + 15) / 16 * 16;
-  return fp8_gemm_.Run(s.xq.ptr, unit_scale_.as<float>(), w[proj],
+  return fp8_gemm_.Run(s.xq.ptr, x_scale != nullptr ? x_scale : unit_scale_.as<float>(), w[proj],
                        L.scales.as<float>() + proj * kScaleSlot, rows, n, k, y);
 }
 

@@ -127,6 +127,12 @@ struct ModelLoadOptions {
   // H200's power cap it makes a prompt step 6% faster and the issue-5 workload 3.4%
   // (docs/PERFORMANCE.md section 23); its error is bounded by tests/gpu/test_fp8_weights.cc.
   bool fp8_fast_accumulation = true;
+  // fp8 weights with a static int8 / fp8 KV cache (CUDA Llama; ignored otherwise): the attention
+  // kernel writes o_proj's e4m3 input itself, with one static scale per layer (the cache's V
+  // bound: qmax x the largest V scale, which no attention output can exceed), instead of a bf16
+  // output and a per-row quantization pass. Off by default until measured on the H200 (written in
+  // a session without a GPU; docs/PERFORMANCE.md section 24); false: the per-row pass.
+  bool fp8_static_attention_output = false;
   // MLA decode kernel of the CUDA DeepSeek model (kernels/cuda/mla_decode.h MlaKernel): "auto"
   // (the sm_90a wgmma kernels where they run: every bf16 work item, fp8 16-row items), "wgmma"
   // (the same; the load fails where it cannot run: not compute capability 9.0, or no sm_90a in

@@ -412,6 +412,11 @@ Status C8Attention::Attend(const LayerArgs& args, void* stream) {
   detail::TileArgs ta{};
   ta.q = args.q;
   ta.out = args.out;
+  ta.out_fp8 = args.out_fp8;
+  ta.out_inv_scale = args.out_fp8_inv_scale;
+  if (args.out_fp8 != nullptr && reinterpret_cast<uintptr_t>(args.out_fp8) % 4 != 0) {
+    return InvalidArgument("C8 fp8 output needs a 4-byte aligned buffer");
+  }
   ta.k_cache = args.k_cache;
   ta.v_cache = args.v_cache;
   ta.k_scale = args.k_scale;

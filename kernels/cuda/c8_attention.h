@@ -122,7 +122,13 @@ class C8Attention {
     const void* q = nullptr;      // bf16 [num_tokens, num_q_heads, head_dim]
     const void* k_new = nullptr;  // bf16 [num_tokens, num_kv_heads, head_dim]
     const void* v_new = nullptr;
-    void* out = nullptr;      // bf16 [num_tokens, num_q_heads, head_dim]
+    void* out = nullptr;  // bf16 [num_tokens, num_q_heads, head_dim]
+    // Set: instead of out, e4m3 bytes [num_tokens, num_q_heads, head_dim] of the output times
+    // out_fp8_inv_scale (saturating), for an fp8 o_proj whose input scale is static: with a
+    // static 8-bit cache every output is a convex combination of dequantized V rows, so
+    // qmax x max(v_scale) bounds it and 448 / that bound is a scale no row can overflow.
+    void* out_fp8 = nullptr;
+    float out_fp8_inv_scale = 1.0f;
     void* k_cache = nullptr;  // [num_blocks, num_kv_heads, block_size, head_dim] of cache type
     void* v_cache = nullptr;
     float* k_scale = nullptr;  // see ScaleMode; written by append only for kPerToken

@@ -9,7 +9,11 @@ namespace llm::cuda::detail {
 
 struct TileArgs {
   const void* q;  // bf16 [T, Hq, D]
-  void* out;      // bf16 [T, Hq, D]
+  void* out;      // bf16 [T, Hq, D], unless out_fp8 is set
+  // Set: the output is written here instead, as e4m3 bytes [T, Hq, D] of out * out_inv_scale
+  // (o_proj's fp8 input with a static scale, C8Attention::LayerArgs::out_fp8).
+  void* out_fp8;
+  float out_inv_scale;
   const void* k_cache;
   const void* v_cache;
   const float* k_scale;

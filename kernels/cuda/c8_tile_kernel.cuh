@@ -34,6 +34,7 @@
 #include "kernels/cuda/c8_kernel_args.h"
 #include "kernels/cuda/c8_row_math.cuh"
 #include "kernels/cuda/device_info.h"
+#include "kernels/cuda/fp8_rows.cuh"
 #include "kernels/cuda/pdl_launch.cuh"
 #include "kernels/cuda/ptx_ops.cuh"
 
@@ -80,6 +81,17 @@ struct TileConfig {
                                       (32 / kChunksPerRow) * kRowsPerThread == kTile / TOK_WARPS),
                 "each warp's copies cover exactly the rows it reads");
 };
+
+// Output elements [elem, elem + 4) of the flattened [T, Hq, D] output: bf16, or the e4m3 bytes of
+// o * out_inv_scale when the caller asked for o_proj's fp8 input (TileArgs::out_fp8).
+__device__ __forceinline__ void StoreOut4(const TileArgs& args, size_t elem, const float (&o)[4]) {
+  if (args.out_fp8 != nullptr) {
+    *reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(args.out_fp8) + elem) =
+        PackFp8x4Fast(o, args.out_inv_scale);
+  } else {
+    StoreBf16x4(static_cast<__nv_bfloat16*>(args.out) + elem, o);
+  }
+}
 
 // The ring's barrier: a stage's copies are complete and visible (after CpAsyncWait), or every
 // reader of a stage is done with it (before it is refilled).
@@ -133,9 +145,7 @@ __device__ void MergeChunks(const TileArgs& args, const C8MergeItem& mi, int kvh
       o[3] += f * a.w;
     }
     const int tok = r / group, head = kvh * group + r % group;
-    StoreBf16x4(static_cast<__nv_bfloat16*>(args.out) +
-                    (static_cast<size_t>(mi.q_start + tok) * args.num_q_heads + head) * D + d0,
-                o);
+    StoreOut4(args, (static_cast<size_t>(mi.q_start + tok) * args.num_q_heads + head) * D + d0, o);
   }
 }
 
@@ -304,9 +314,8 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32, ROW_WARPS == 1 && N
       for (int i = 0; i < 4; ++i) o[i] *= args.v_scale[kvh * D + d0 + i];
     }
     if (item.partial < 0) {
-      StoreBf16x4(static_cast<__nv_bfloat16*>(args.out) +
-                      (static_cast<size_t>(item.q_start + tok) * args.num_q_heads + head) * D + d0,
-                  o);
+      StoreOut4(args, (static_cast<size_t>(item.q_start + tok) * args.num_q_heads + head) * D + d0,
+                o);
     } else {
       const size_t prow =
           (static_cast<size_t>(item.partial) * args.num_kv_heads + kvh) * kPartialRows + r;

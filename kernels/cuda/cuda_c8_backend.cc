@@ -53,6 +53,7 @@ class CudaC8Backend final : public CudaAttentionBackend {
   }
   bool supports_graphs() const override { return true; }
   bool supports_fused_rope() const override { return true; }
+  bool supports_fp8_out() const override { return true; }
   Status ReserveGraphs(int max_seqs, int max_pages) override {
     return attn_.ReserveGraph(max_seqs, max_pages);
   }
@@ -67,6 +68,8 @@ class CudaC8Backend final : public CudaAttentionBackend {
     a.k_new = p.k_new;
     a.v_new = p.v_new;
     a.out = p.out;
+    a.out_fp8 = p.out_fp8;
+    a.out_fp8_inv_scale = p.out_fp8_inv_scale;
     a.k_cache = p.cache.k;
     a.v_cache = p.cache.v;
     const bool dynamic = spec_.kv_quant == KvQuant::kDynamicPerToken;

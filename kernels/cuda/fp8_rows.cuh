@@ -32,17 +32,17 @@ __device__ __forceinline__ void StoreFp8x8(uint8_t* p, const float (&f)[8], floa
 // The same with f[j] * inv_s (inv_s = 1 / s) and paired conversions: an IEEE division per element
 // made the fused producers (norm, SiluMul) issue-bound. x * (1 / s) can differ from x / s in the
 // last bit, so a value on an e4m3 rounding tie may land one step from ToFp8's.
+// Four values f[j] * inv_s -> e4m3 bytes, f[0] in the lowest byte (paired conversions).
+__device__ __forceinline__ uint32_t PackFp8x4Fast(const float* f, float inv_s) {
+  const uint32_t lo =
+      __nv_cvt_float2_to_fp8x2(make_float2(f[0] * inv_s, f[1] * inv_s), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi =
+      __nv_cvt_float2_to_fp8x2(make_float2(f[2] * inv_s, f[3] * inv_s), __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
+}
+
 __device__ __forceinline__ void StoreFp8x8Fast(uint8_t* p, const float (&f)[8], float inv_s) {
-  uint32_t w[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t lo = __nv_cvt_float2_to_fp8x2(
-        make_float2(f[4 * h] * inv_s, f[4 * h + 1] * inv_s), __NV_SATFINITE, __NV_E4M3);
-    const uint32_t hi = __nv_cvt_float2_to_fp8x2(
-        make_float2(f[4 * h + 2] * inv_s, f[4 * h + 3] * inv_s), __NV_SATFINITE, __NV_E4M3);
-    w[h] = lo | (hi << 16);
-  }
-  *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+  *reinterpret_cast<uint2*>(p) = make_uint2(PackFp8x4Fast(f, inv_s), PackFp8x4Fast(f + 4, inv_s));
 }
 
 // Max of v over the block, returned to every thread. Every thread must call it (barriers).

@@ -41,6 +41,8 @@ struct GenerateOptions {
   bool overlap = true;       // EngineConfig::overlap_steps (a logits observer turns it off)
   std::string weight_dtype = "auto";
   bool fp8_fast_accumulation = true;             // ModelLoadOptions::fp8_fast_accumulation
+  bool fp8_static_attention_output = false;      // ModelLoadOptions::fp8_static_attention_output
+  std::string kv_scales_file;                    // ModelLoadOptions::kv_scales_file
   std::string mla_kernel = "auto";               // ModelLoadOptions::mla_kernel (DeepSeek)
   int steps = 64;                                // max_tokens of every request, or
   const std::vector<int>* max_tokens = nullptr;  // one per prompt
@@ -80,6 +82,8 @@ inline GenerateResult Generate(const std::string& dir,
   cfg.model.cuda_graph_warmup = o.graph_warmup;
   cfg.model.weight_dtype = o.weight_dtype;
   cfg.model.fp8_fast_accumulation = o.fp8_fast_accumulation;
+  cfg.model.fp8_static_attention_output = o.fp8_static_attention_output;
+  cfg.model.kv_scales_file = o.kv_scales_file;
   cfg.model.mla_kernel = o.mla_kernel;
   cfg.scheduler.max_batched_tokens = o.max_batched_tokens;
   cfg.require_tokenizer = false;

@@ -10,8 +10,11 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "engine/base/dtype.h"
 #include "engine/base/quant.h"
@@ -185,15 +188,33 @@ TEST_CASE("fp8 weights: per-row activation quantization matches the host definit
   }
 }
 
-TEST_CASE("fp8 weights: a whole Llama tracks the bf16-weight model", "[gpu][fp8]") {
-  const std::string dir = gpu_test::WriteRandomLlama("llama_fp8w");
-  std::mt19937 rng(9);
+// Relative L2 distance of prompt i's first-step logits (the prompt's last row) from ref's.
+double FirstStepDistance(const gpu_test::Logits& ref, const gpu_test::Logits& got, size_t i) {
+  const auto& a = ref.at(std::to_string(i)).at(0);
+  const auto& b = got.at(std::to_string(i)).at(0);
+  REQUIRE(a.size() == b.size());
+  double err2 = 0, ref2 = 0;
+  for (size_t j = 0; j < a.size(); ++j) {
+    err2 += (static_cast<double>(b[j]) - a[j]) * (b[j] - a[j]);
+    ref2 += static_cast<double>(a[j]) * a[j];
+  }
+  return std::sqrt(err2 / ref2);
+}
+
+std::vector<std::vector<int32_t>> RandomPrompts(std::mt19937& rng) {
   std::vector<std::vector<int32_t>> prompts;
   for (int len : {3, 29, 64, 1, 17}) {
     std::vector<int32_t> p(len);
     for (auto& t : p) t = static_cast<int32_t>(rng() % 600);
     prompts.push_back(p);
   }
+  return prompts;
+}
+
+TEST_CASE("fp8 weights: a whole Llama tracks the bf16-weight model", "[gpu][fp8]") {
+  const std::string dir = gpu_test::WriteRandomLlama("llama_fp8w");
+  std::mt19937 rng(9);
+  const auto prompts = RandomPrompts(rng);
   gpu_test::Logits bf16_logits, fp8_logits;
   const auto bf16 = gpu_test::Generate(dir, prompts, {.steps = 8, .logits = &bf16_logits});
   gpu_test::GenerateOptions o{.steps = 8, .logits = &fp8_logits};
@@ -204,17 +225,8 @@ TEST_CASE("fp8 weights: a whole Llama tracks the bf16-weight model", "[gpu][fp8]
   // (~2-4% rms rounding per element); 3 layers x 4 projections, each quantizing weights and
   // activations, compound to ~10% (H200, 2026-11-29: 0.107 at most over these prompts). A wrong
   // scale or layout is off by O(1).
-  // Relative L2 distance of prompt i's first-step logits from the bf16-weight model's.
   auto distance = [&](const gpu_test::Logits& logits, size_t i) {
-    const auto& a = bf16_logits.at(std::to_string(i)).at(0);
-    const auto& b = logits.at(std::to_string(i)).at(0);
-    REQUIRE(a.size() == b.size());
-    double err2 = 0, ref2 = 0;
-    for (size_t j = 0; j < a.size(); ++j) {
-      err2 += (static_cast<double>(b[j]) - a[j]) * (b[j] - a[j]);
-      ref2 += static_cast<double>(a[j]) * a[j];
-    }
-    return std::sqrt(err2 / ref2);
+    return FirstStepDistance(bf16_logits, logits, i);
   };
   for (size_t i = 0; i < prompts.size(); ++i) {
     const double rel = distance(fp8_logits, i);
@@ -237,6 +249,54 @@ TEST_CASE("fp8 weights: a whole Llama tracks the bf16-weight model", "[gpu][fp8]
     CHECK(rel < 0.2);
     CHECK(fast.tokens[i].size() == 8);
   }
+  std::filesystem::remove_all(dir);
+}
+
+// With a static int8 cache the attention writes o_proj's e4m3 input itself, scaled by the V bound
+// of the layer (ModelLoadOptions::fp8_static_attention_output, the default), in prefill chunks,
+// eager decodes and graph replays alike. It must track the bf16-weight model as closely as the
+// per-row quantization pass does, and stay near that pass: both round the same outputs to e4m3,
+// on different grids (~3% rms per element); a wrong scale or layout is off by O(1).
+TEST_CASE("fp8 weights over a static int8 cache: the attention's fp8 output", "[gpu][fp8]") {
+  const std::string dir = gpu_test::WriteRandomLlama("llama_fp8_static_out");
+  // Calibration (kv_cache_quant.h format): absmax 6 for every head (V rows have std ~1.3).
+  nlohmann::json layers = nlohmann::json::array();
+  for (int l = 0; l < 3; ++l) {
+    layers.push_back({{"k_absmax", {6.0, 6.0}}, {"v_absmax", {6.0, 5.0}}});
+  }
+  const std::string scales = dir + "/kv_scales.json";
+  std::ofstream(scales) << nlohmann::json{
+      {"format", "llm-kv-scales-v1"},
+      {"granularity", "per_head"},
+      {"layers", layers}}.dump();
+  std::mt19937 rng(21);
+  const auto prompts = RandomPrompts(rng);
+  auto run = [&](const char* weights, bool static_out, gpu_test::Logits* logits) {
+    gpu_test::GenerateOptions o{.kv_dtype = "int8", .steps = 8, .logits = logits};
+    o.weight_dtype = weights;
+    o.fp8_static_attention_output = static_out;
+    o.kv_scales_file = scales;
+    return gpu_test::Generate(dir, prompts, o);
+  };
+  gpu_test::Logits bf16_logits, rows_logits, static_logits;
+  run("auto", true, &bf16_logits);  // the option is ignored without fp8 weights
+  run("fp8", false, &rows_logits);
+  const auto st = run("fp8", true, &static_logits);
+  CHECK(st.graph_steps > 0);
+  double between_max = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const double rows = FirstStepDistance(bf16_logits, rows_logits, i);
+    const double stat = FirstStepDistance(bf16_logits, static_logits, i);
+    const double between = FirstStepDistance(rows_logits, static_logits, i);
+    INFO("prompt " << i << ": relative L2 error of the logits against bf16 weights: per-row pass "
+                   << rows << ", static scale " << stat << "; between the two " << between);
+    CHECK(rows < 0.2);
+    CHECK(stat < 0.2);
+    CHECK(between < 0.12);
+    between_max = std::max(between_max, between);
+    CHECK(st.tokens[i].size() == 8);
+  }
+  CHECK(between_max > 0.0);  // the option changed the path
   std::filesystem::remove_all(dir);
 }
 
