@@ -9,6 +9,7 @@
 //       [--prefill-seqs S] [--prefill-decode N] [--prefill-steps K] [--profile-prefill 1]
 //       [--fp8-fast-accum 0|1]   (default 1, the server's default)
 //       [--fp8-static-attn-out 0|1]   (default 0, the server's fp8_static_attention_output)
+//       [--fused-decode-append 0|1]   (default 0, the server's fused_decode_append)
 // --prefill-seqs S: the prefill chunk is S fresh sequences of prefill / S tokens each (the
 //   serving workload's chunks: 8 x 1024 is what 8,192-token steps of 1,000-token prompts hold).
 // --prefill-decode N: N decode rows at context --ctx join the prefill chunk, which keeps the same
@@ -63,6 +64,7 @@ struct Args {
   std::string weights = "auto";          // ModelLoadOptions::weight_dtype (bf16 | fp8)
   bool fast_accum = true;                // ModelLoadOptions::fp8_fast_accumulation
   bool static_attn_out = false;          // ModelLoadOptions::fp8_static_attention_output
+  bool fused_append = false;             // ModelLoadOptions::fused_decode_append
 };
 
 // B sequences of ctx cached tokens each, decoding one token at position ctx + step; block tables
@@ -169,6 +171,8 @@ int main(int argc, char** argv) {
       args.fast_accum = std::stoi(v) != 0;
     } else if (k == "--fp8-static-attn-out") {
       args.static_attn_out = std::stoi(v) != 0;
+    } else if (k == "--fused-decode-append") {
+      args.fused_append = std::stoi(v) != 0;
     } else if (k == "--weights") {
       args.weights = v;
     } else if (k == "--prefill-backend") {
@@ -219,6 +223,7 @@ int main(int argc, char** argv) {
     o.weight_dtype = args.weights;
     o.fp8_fast_accumulation = args.fast_accum;
     o.fp8_static_attention_output = args.static_attn_out;
+    o.fused_decode_append = args.fused_append;
     auto m = llm::LoadModel(o);
     if (!m.ok()) {
       std::fprintf(stderr, "load: %s\n", m.status().ToString().c_str());

@@ -114,6 +114,10 @@ const std::vector<Field>& Fields() {
                 "o_proj's e4m3 input with a static per-layer scale (the cache's V bound) "
                 "instead of a per-row quantization pass (default false)",
                 &ServerConfig::fp8_static_attention_output),
+      BoolField("fused_decode_append",
+                "decode steps on cuda_c8: the attention kernel rotates q and appends the new K/V "
+                "itself, one launch per layer instead of two (default false)",
+                &ServerConfig::fused_decode_append),
       StrField("mla_kernel",
                "DeepSeek MLA decode kernel on the GPU: auto (the sm_90a wgmma kernels on "
                "H100/H200) | wgmma (the same, or fail the load; builds with sm_90a) | portable",
@@ -205,6 +209,7 @@ EngineConfig ServerConfig::ToEngineConfig() const {
   e.model.weight_dtype = weight_dtype;
   e.model.fp8_fast_accumulation = fp8_fast_accumulation;
   e.model.fp8_static_attention_output = fp8_static_attention_output;
+  e.model.fused_decode_append = fused_decode_append;
   e.model.mla_kernel = mla_kernel;
   e.model.kv_cache_dtype = kv_cache_dtype;
   e.model.kv_scale_granularity = kv_scale_granularity;

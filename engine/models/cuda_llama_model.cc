@@ -175,6 +175,7 @@ class CudaLlamaModel final : public Model {
   std::map<int, cudaGraphExec_t> graphs_;  // bucket -> instantiated decode graph
   DeviceBuffer blas_workspace_;            // fixed, so cuBLAS needs no allocation inside a capture
   bool fp8_ = false;                       // weight_dtype "fp8"
+  bool fused_decode_append_ = false;       // ModelLoadOptions::fused_decode_append
   CudaFp8Gemm fp8_gemm_;
   DeviceBuffer weight_amax_;  // scratch for QuantizeWeight
   DeviceBuffer unit_scale_;   // 1.0f: the fp8 GEMMs' activation scale (row scales come after)
@@ -191,6 +192,7 @@ class CudaLlamaModel final : public Model {
 Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& options) {
   const ModelConfig& c = config_;
   dummy_ = options.dummy_weights;
+  fused_decode_append_ = options.fused_decode_append;
   GPU_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   BLAS_RETURN_IF_ERROR(cublasCreate(&blas_));
   BLAS_RETURN_IF_ERROR(cublasSetStream(blas_, stream_));
@@ -480,6 +482,7 @@ Status CudaLlamaModel::LaunchLayers(Scratch& s, int T) {
       p.rope.positions = ra.positions;
       p.rope.inv_freq = ra.inv_freq;
       p.rope.q = s.q.ptr;
+      p.rope.in_attention = fused_decode_append_;
     } else {
       cuda::LaunchBiasRope(ra, stream_);
       p.q = s.q.ptr;

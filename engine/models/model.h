@@ -133,6 +133,10 @@ struct ModelLoadOptions {
   // output and a per-row quantization pass. Off by default until measured on the H200 (written in
   // a session without a GPU; docs/PERFORMANCE.md section 24); false: the per-row pass.
   bool fp8_static_attention_output = false;
+  // Decode steps of one token per sequence (CUDA Llama on cuda_c8): the attention kernel rotates
+  // q and appends the new K/V itself, one launch per layer instead of two (the rotary + append
+  // kernel's). Off by default until measured on the H200 (docs/PERFORMANCE.md section 24).
+  bool fused_decode_append = false;
   // MLA decode kernel of the CUDA DeepSeek model (kernels/cuda/mla_decode.h MlaKernel): "auto"
   // (the sm_90a wgmma kernels where they run: every bf16 work item, fp8 16-row items), "wgmma"
   // (the same; the load fails where it cannot run: not compute capability 9.0, or no sm_90a in

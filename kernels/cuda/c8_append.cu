@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "kernels/cuda/c8_append_row.cuh"
 #include "kernels/cuda/c8_kernel_args.h"
 #include "kernels/cuda/pdl_launch.cuh"
 #include "kernels/cuda/ptx_ops.cuh"
@@ -13,39 +14,6 @@
 
 namespace llm::cuda::detail {
 namespace {
-
-// Quantization exactly as engine/base/quant.h defines it.
-__device__ __forceinline__ int8_t QuantInt8(float x, float scale) {
-  float q = rintf(x / scale);
-  if (q != q) q = 0.f;
-  q = fminf(fmaxf(q, -127.f), 127.f);
-  return static_cast<int8_t>(q);
-}
-__device__ __forceinline__ uint8_t QuantFp8(float x, float scale) {
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, __NV_E4M3));
-}
-
-// Stores four consecutive elements d..d+3 of one cache row (bf16-rounded values; the scale as
-// the mode defines it).
-__device__ __forceinline__ void StoreFour(const float (&y)[4], int cache_type, int scale_mode,
-                                          const float* scale, int d, float s_row, void* cache,
-                                          size_t row) {
-  if (cache_type == static_cast<int>(CacheType::kBf16)) {
-    ptx::StoreBf16x4(static_cast<__nv_bfloat16*>(cache) + row + d, y);
-    return;
-  }
-  uint32_t packed = 0;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float s = scale_mode == static_cast<int>(ScaleMode::kPerChannel) ? scale[d + j] : s_row;
-    // int8 is stored excess-128 (C8Shape): the tile kernel's dequantization then needs no fix-up.
-    const uint32_t b = cache_type == static_cast<int>(CacheType::kInt8)
-                           ? static_cast<uint8_t>(QuantInt8(y[j], s)) ^ 0x80u
-                           : QuantFp8(y[j], s);
-    packed |= b << (8 * j);
-  }
-  *reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(cache) + row + d) = packed;
-}
 
 // One CTA per token; D / 8 consecutive threads per head, each holding four (i, i + D/2) pairs.
 // kRope: the heads are the raw fused projection's (q, then k, then v; q and k rotated, q written
@@ -75,7 +43,6 @@ __global__ void AppendKernel(const RopeAppendArgs a, int cache_type) {
   }
   const int slot = c.slots[t];  // -1: a graph bucket's padding row, nothing appended
   const int block = slot / c.block_size, off = slot % c.block_size;
-  const float qmax = cache_type == static_cast<int>(CacheType::kInt8) ? 127.f : 448.f;
   // Uniform trip count: the per-token scale's shuffles need every lane of the warp.
   for (int base = 0; base < heads * kLanes; base += blockDim.x) {
     const int idx = base + threadIdx.x;
@@ -98,37 +65,12 @@ __global__ void AppendKernel(const RopeAppendArgs a, int cache_type) {
       ptx::StoreBf16x4(q + i, x1);
       ptx::StoreBf16x4(q + i + kHalf, x2);
     }
-    float amax = 0.f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      x1[j] = __bfloat162float(__float2bfloat16_rn(x1[j]));
-      x2[j] = __bfloat162float(__float2bfloat16_rn(x2[j]));
-      amax = fmaxf(amax, fmaxf(fabsf(x1[j]), fabsf(x2[j])));
-    }
-    if (c.scale_mode == static_cast<int>(ScaleMode::kPerToken)) {
-#pragma unroll
-      for (int o = kLanes / 2; o > 0; o >>= 1) {
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o));
-      }
-    }
-    if (!valid || h < hq || slot < 0) continue;
+    const bool store = valid && h >= hq && slot >= 0;
     const bool is_v = h >= hq + hkv;
-    const int kh = h - hq - (is_v ? hkv : 0);
-    void* cache = is_v ? c.v_cache : c.k_cache;
-    float* scale = is_v ? c.v_scale : c.k_scale;
-    const size_t cache_row = (static_cast<size_t>(block) * hkv + kh) * c.block_size + off;
-    float s_row = 1.f;
-    if (c.scale_mode == static_cast<int>(ScaleMode::kPerToken)) {
-      s_row = amax / qmax;  // engine/base/quant.h DynamicScale
-      if (!(s_row > 0.f && isfinite(s_row))) s_row = 1.f;
-      if (i == 0 && cache_type != static_cast<int>(CacheType::kBf16)) scale[cache_row] = s_row;
-    } else if (c.scale_mode == static_cast<int>(ScaleMode::kPerHead)) {
-      s_row = scale[kh];
-    } else if (c.scale_mode == static_cast<int>(ScaleMode::kPerChannel)) {
-      scale += kh * D;
-    }
-    StoreFour(x1, cache_type, c.scale_mode, scale, i, s_row, cache, cache_row * D);
-    StoreFour(x2, cache_type, c.scale_mode, scale, i + kHalf, s_row, cache, cache_row * D);
+    const int kh = store ? h - hq - (is_v ? hkv : 0) : 0;
+    const AppendRowDst dst{is_v ? c.v_cache : c.k_cache, is_v ? c.v_scale : c.k_scale, kh,
+                           (static_cast<size_t>(block) * hkv + kh) * c.block_size + off};
+    AppendRowPart<kLanes>(x1, x2, store, cache_type, c.scale_mode, i, kHalf, dst);
   }
 }
 

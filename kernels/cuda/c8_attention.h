@@ -179,6 +179,9 @@ class C8Attention {
   // Queues the upload of a->h_pinned[0, bytes) to a->d_ints.
   Status Send(Area* a, size_t bytes, void* stream);
   Status EnsureCounters(Area* a, int merges, void* stream);
+  // Attend; with in_tiles (a decode-only upload of one token per item) the decode tiles also
+  // rotate q from the raw projection and append the new tokens (FusedRope::in_attention).
+  Status Attend(const LayerArgs& args, void* stream, const FusedRope* in_tiles);
 
   C8Shape shape_;
   Area eager_, graph_;

@@ -43,6 +43,7 @@ struct GenerateOptions {
   bool fp8_fast_accumulation = true;             // ModelLoadOptions::fp8_fast_accumulation
   bool fp8_static_attention_output = false;      // ModelLoadOptions::fp8_static_attention_output
   std::string kv_scales_file;                    // ModelLoadOptions::kv_scales_file
+  bool fused_decode_append = false;              // ModelLoadOptions::fused_decode_append
   std::string mla_kernel = "auto";               // ModelLoadOptions::mla_kernel (DeepSeek)
   int steps = 64;                                // max_tokens of every request, or
   const std::vector<int>* max_tokens = nullptr;  // one per prompt
@@ -84,6 +85,7 @@ inline GenerateResult Generate(const std::string& dir,
   cfg.model.fp8_fast_accumulation = o.fp8_fast_accumulation;
   cfg.model.fp8_static_attention_output = o.fp8_static_attention_output;
   cfg.model.kv_scales_file = o.kv_scales_file;
+  cfg.model.fused_decode_append = o.fused_decode_append;
   cfg.model.mla_kernel = o.mla_kernel;
   cfg.scheduler.max_batched_tokens = o.max_batched_tokens;
   cfg.require_tokenizer = false;

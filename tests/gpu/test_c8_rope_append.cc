@@ -1,9 +1,13 @@
 // The C8 append with the rotary fused in (FusedRope) against the two launches it replaces: the
 // model's BiasRope kernel followed by the plain append. Both are checked against host definitions
 // elsewhere (test_llama_ops.cc, test_c8_attention.cc); here the fused launch must store the same
-// bits: q, every cache byte, every dynamic scale, and the attention output. Fresh random inputs:
-// raw projections with and without bias and row scales, random positions, shuffled pages, mixed
-// prefill/decode batches, and graph-area steps whose padding rows append nothing.
+// bits: q, every cache byte, every dynamic scale, and the attention output. So must the decode
+// tiles that rotate and append themselves (FusedRope::in_attention), which take decode-only steps
+// of one token per sequence (and leave q unwritten) and fall back to the fused launch otherwise.
+// Fresh random inputs: raw projections with and without bias and row scales, random positions,
+// shuffled pages, mixed prefill/decode batches, decode-only batches whose new tokens land in the
+// first or a later tile of whole or split sequences, and graph-area steps whose padding rows
+// append nothing.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime.h>
@@ -31,7 +35,8 @@ struct RopeCase {
   CacheType cache;
   ScaleMode scale;
   bool bias, row_scale;
-  int graph_padding;  // > 0: a decode step in the graph area, bucket = sequences + padding
+  int graph_padding;    // > 0: a decode step in the graph area, bucket = sequences + padding
+  int decode_seqs = 0;  // > 0 (eager): that many one-token decodes instead of the mixed batch
 };
 
 void RunRopeCase(const RopeCase& c, std::mt19937& rng) {
@@ -39,7 +44,7 @@ void RunRopeCase(const RopeCase& c, std::mt19937& rng) {
   INFO(cache_name[static_cast<int>(c.cache)]
        << " scale " << static_cast<int>(c.scale) << " hq " << c.hq << " hkv " << c.hkv << " d "
        << c.d << " bs " << c.bs << " bias " << c.bias << " row scale " << c.row_scale << " padding "
-       << c.graph_padding);
+       << c.graph_padding << " decode seqs " << c.decode_seqs);
   const int D = c.d, hq = c.hq, hkv = c.hkv, bs = c.bs;
   std::normal_distribution<float> nd(0.f, 1.f);
   std::uniform_real_distribution<float> ud(0.5f, 2.0f);
@@ -50,6 +55,9 @@ void RunRopeCase(const RopeCase& c, std::mt19937& rng) {
   std::vector<std::pair<int, int>> seqs;
   if (c.graph_padding > 0) {
     for (int i = 0; i < 5; ++i) seqs.push_back({1, kv_len(rng)});
+  } else if (c.decode_seqs > 0) {
+    std::uniform_int_distribution<int> long_kv(1, 700);
+    for (int i = 0; i < c.decode_seqs; ++i) seqs.push_back({1, long_kv(rng)});
   } else {
     for (int i = 0; i < 4; ++i) seqs.push_back({1 + i, 4 + kv_len(rng)});
     seqs.push_back({37, 37 + 90});
@@ -120,7 +128,9 @@ void RunRopeCase(const RopeCase& c, std::mt19937& rng) {
     std::vector<uint8_t> q, out, cache;
     std::vector<float> scales;
   };
-  auto run = [&](bool fused) {
+  // 0: BiasRope + append, 1: the fused append launch, 2: rotary and append in the decode tiles.
+  auto run = [&](int mode) {
+    const bool fused = mode > 0;
     void *d_q = nullptr, *d_out = nullptr;
     CUDA_REQUIRE(cudaMalloc(&d_q, q_bytes));
     CUDA_REQUIRE(cudaMalloc(&d_out, q_bytes));
@@ -143,6 +153,7 @@ void RunRopeCase(const RopeCase& c, std::mt19937& rng) {
     r.inv_freq = d_freq;
     if (fused) {
       r.q = d_q;
+      r.in_attention = mode == 2;
       la.rope = r;
     } else {
       RopeArgs ra;
@@ -176,11 +187,22 @@ void RunRopeCase(const RopeCase& c, std::mt19937& rng) {
     }
     return res;
   };
-  const Result plain = run(false), fused = run(true);
+  const Result plain = run(0), fused = run(1), tiles = run(2);
   CHECK(fused.q == plain.q);
   CHECK(fused.cache == plain.cache);
   CHECK(fused.scales == plain.scales);
   CHECK(fused.out == plain.out);
+  CHECK(tiles.cache == plain.cache);
+  CHECK(tiles.scales == plain.scales);
+  CHECK(tiles.out == plain.out);
+  // Decode-only steps of one token per sequence take the tiles' path, which writes no q; any
+  // other step falls back to the fused launch.
+  const bool one_token = c.graph_padding > 0 || c.decode_seqs > 0;
+  if (one_token) {
+    CHECK(std::all_of(tiles.q.begin(), tiles.q.end(), [](uint8_t x) { return x == 0xff; }));
+  } else {
+    CHECK(tiles.q == plain.q);
+  }
   // The step did append: the cache changed (a check that could not pass with a no-op launch).
   CHECK(plain.cache != cache_img);
   for (void* p : {static_cast<void*>(d_qkv), static_cast<void*>(d_bias), static_cast<void*>(d_rs),
@@ -203,6 +225,9 @@ TEST_CASE("C8 append with the rotary fused in stores what BiasRope + append stor
         RunRopeCase({hq, hkv, d, bs, cache, scale, true, true, 0}, rng);
         RunRopeCase({hq, hkv, d, bs, cache, scale, false, false, 0}, rng);
         RunRopeCase({hq, hkv, d, bs, cache, scale, false, true, 3}, rng);
+        // Few sequences split into chunks (the last one appends); many run whole.
+        RunRopeCase({hq, hkv, d, bs, cache, scale, true, true, 0, 7}, rng);
+        RunRopeCase({hq, hkv, d, bs, cache, scale, true, false, 0, 64}, rng);
       }
     }
   }

@@ -105,14 +105,16 @@ TEST_CASE("ServerConfig JSON file then flags override", "[server_config]") {
   CHECK(c3->ToEngineConfig().model.mla_kernel == "portable");
   CHECK(c3->ToEngineConfig().model.fp8_fast_accumulation);              // the default
   CHECK_FALSE(c3->ToEngineConfig().model.fp8_static_attention_output);  // the default
+  CHECK_FALSE(c3->ToEngineConfig().model.fused_decode_append);          // the default
 
   auto c4 = ParseServerConfig({"--config", file.path(), "--weight-dtype", "fp8",
                                "--fp8-fast-accumulation", "false", "--fp8-static-attention-output",
-                               "true"});
+                               "true", "--fused-decode-append", "true"});
   REQUIRE(c4.ok());
   CHECK(c4->ToEngineConfig().model.weight_dtype == "fp8");
   CHECK_FALSE(c4->ToEngineConfig().model.fp8_fast_accumulation);
   CHECK(c4->ToEngineConfig().model.fp8_static_attention_output);
+  CHECK(c4->ToEngineConfig().model.fused_decode_append);
 }
 
 TEST_CASE("ServerConfig rejects bad values naming the field", "[server_config]") {
@@ -249,6 +251,7 @@ TEST_CASE("Every shipped server config parses and maps to the engine", "[server_
     CHECK(eng.model.weight_dtype == c->weight_dtype);
     CHECK(eng.model.fp8_fast_accumulation == c->fp8_fast_accumulation);
     CHECK(eng.model.fp8_static_attention_output == c->fp8_static_attention_output);
+    CHECK(eng.model.fused_decode_append == c->fused_decode_append);
     CHECK(eng.model.mla_kernel == c->mla_kernel);
     CHECK(eng.model.cuda_graph_max_batch == c->cuda_graph_max_batch);
   }
