@@ -346,7 +346,7 @@ void RunCase(const Case& c, std::mt19937& rng, GraphCtx* g = nullptr) {
       if (!std::isfinite(got)) ++nan8;
       const double e = std::fabs(static_cast<double>(got) - want);
       err8 += (static_cast<double>(got) - ref[i]) * (got - ref[i]);
-      const double tol = 0.0645 * std::fabs(want) + std::ldexp(scale, -10) + 1e-6;
+      const double tol = 0.066 * std::fabs(want) + std::ldexp(scale, -10) + 1e-6;
       if (e > tol && bad++ < 3)
         UNSCOPED_INFO("element " << i << ": fp8 " << got << " bf16 " << want);
     }
