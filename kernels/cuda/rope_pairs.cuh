@@ -20,19 +20,6 @@ __device__ __forceinline__ void FillAngles(float pos, const float* inv_freq, int
   }
 }
 
-// One projection element: raw value times the row scale, plus the bias element (0 without one).
-__device__ __forceinline__ float ScaleBias(float raw, float rs, float b) {
-  return __fadd_rn(__fmul_rn(raw, rs), b);
-}
-// The rotated pair (x1 at column i, x2 at i + half) for angle (c, sn) = (cos, sin): the first
-// half's new value, and the second half's.
-__device__ __forceinline__ float RotLo(float x1, float x2, float c, float sn) {
-  return __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn));
-}
-__device__ __forceinline__ float RotHi(float x1, float x2, float c, float sn) {
-  return __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn));
-}
-
 // Columns c1..c1+3 and c1+half..c1+half+3 of a projection row (8-byte aligned), times the row
 // scale, plus the bias (null: none).
 __device__ __forceinline__ void LoadPairs(const __nv_bfloat16* row, const __nv_bfloat16* bias,
@@ -47,8 +34,8 @@ __device__ __forceinline__ void LoadPairs(const __nv_bfloat16* row, const __nv_b
   }
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    x1[j] = ScaleBias(x1[j], rs, b1[j]);
-    x2[j] = ScaleBias(x2[j], rs, b2[j]);
+    x1[j] = __fadd_rn(__fmul_rn(x1[j], rs), b1[j]);
+    x2[j] = __fadd_rn(__fmul_rn(x2[j], rs), b2[j]);
   }
 }
 
@@ -58,30 +45,11 @@ __device__ __forceinline__ void Rotate(const float* cs, int i, int half, float (
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const float c = cs[i + j], sn = cs[half + i + j];
-    const float o1 = RotLo(x1[j], x2[j], c, sn);
-    const float o2 = RotHi(x1[j], x2[j], c, sn);
+    const float o1 = __fsub_rn(__fmul_rn(x1[j], c), __fmul_rn(x2[j], sn));
+    const float o2 = __fadd_rn(__fmul_rn(x2[j], c), __fmul_rn(x1[j], sn));
     x1[j] = o1;
     x2[j] = o2;
   }
-}
-
-// Rotated columns d, d + 1 (d even) of one head of a projection row (head_row, its bias head_bias
-// or null), bf16-rounded as LoadPairs + Rotate + a bf16 store give them, packed low column first.
-__device__ __forceinline__ uint32_t RotatedPairBf16(const __nv_bfloat16* head_row,
-                                                    const __nv_bfloat16* head_bias, int d, int half,
-                                                    float rs, const float* cs) {
-  const int i = d < half ? d : d - half;  // the pair's first-half column
-  float o[2];
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const float b1 = head_bias ? __bfloat162float(head_bias[i + j]) : 0.f;
-    const float b2 = head_bias ? __bfloat162float(head_bias[i + j + half]) : 0.f;
-    const float x1 = ScaleBias(__bfloat162float(head_row[i + j]), rs, b1);
-    const float x2 = ScaleBias(__bfloat162float(head_row[i + j + half]), rs, b2);
-    const float c = cs[i + j], sn = cs[half + i + j];
-    o[j] = d < half ? RotLo(x1, x2, c, sn) : RotHi(x1, x2, c, sn);
-  }
-  return ptx::PackBf16(o[0], o[1]);
 }
 
 }  // namespace llm::cuda::rope
