@@ -60,6 +60,18 @@ std::vector<std::vector<int32_t>> Prompts() {
   return prompts;
 }
 
+// n requests: prompt i of 1 .. max_len random tokens (seeded), asking for first + step * i tokens.
+void RandomRequests(uint32_t seed, int n, int max_len, int first, int step,
+                    std::vector<std::vector<int32_t>>* prompts, std::vector<int>* max_tokens) {
+  std::mt19937 rng(seed);
+  for (int i = 0; i < n; ++i) {
+    std::vector<int32_t> p(1 + rng() % max_len);
+    for (auto& t : p) t = static_cast<int32_t>(rng() % 600);
+    prompts->push_back(p);
+    max_tokens->push_back(first + step * i);
+  }
+}
+
 // bf16 activations on the GPU against fp32 on the CPU differ by ~1e-3 of the logit range, so two
 // correct implementations may pick different tokens where the top two logits are closer than that.
 // The check: every sequence is identical until a step whose CPU top-2 gap is below kTieGap (a
@@ -109,15 +121,9 @@ TEST_CASE("GPU model matches the CPU backend over 64 greedy steps (16-bit cache)
 // the top-2 gaps that excuse near-ties) must give the same tokens, eager and from graphs.
 TEST_CASE("GPU overlapped steps give the one-at-a-time tokens", "[gpu][model]") {
   const std::string dir = WriteRandomModel("llama_overlap", false);
-  std::mt19937 rng(17);
   std::vector<std::vector<int32_t>> prompts;
   std::vector<int> max_tokens;
-  for (int i = 0; i < 11; ++i) {
-    std::vector<int32_t> p(1 + rng() % 60);
-    for (auto& t : p) t = static_cast<int32_t>(rng() % 600);
-    prompts.push_back(p);
-    max_tokens.push_back(4 + 7 * i);
-  }
+  RandomRequests(17, 11, 60, 4, 7, &prompts, &max_tokens);
   for (int graphs : {0, 256}) {
     INFO("cuda_graph_max_batch " << graphs);
     Gaps gaps;
@@ -141,15 +147,9 @@ TEST_CASE("GPU decode steps replayed from CUDA graphs give the eager launches' t
   const std::string dir = WriteRandomModel("llama_graphs", false);
   // 13 requests finishing at different steps: the decode batch shrinks through buckets 16, 8, 4,
   // 2 and 1, mostly with padding rows, and every bucket's graph is replayed with changing contents.
-  std::mt19937 rng(5);
   std::vector<std::vector<int32_t>> prompts;
   std::vector<int> max_tokens;
-  for (int i = 0; i < 13; ++i) {
-    std::vector<int32_t> p(1 + rng() % 40);
-    for (auto& t : p) t = static_cast<int32_t>(rng() % 600);
-    prompts.push_back(p);
-    max_tokens.push_back(8 + 5 * i);
-  }
+  RandomRequests(5, 13, 40, 8, 5, &prompts, &max_tokens);
   for (const std::string backend : {"cuda_c8", "cuda_fmha"}) {
     INFO(backend);
     Gaps gaps;
@@ -189,15 +189,9 @@ TEST_CASE("GPU decode steps replayed from CUDA graphs give the eager launches' t
 // the decodes (those steps keep the separate launch).
 TEST_CASE("GPU decode tiles that rotate and append give the same tokens", "[gpu][model]") {
   const std::string dir = WriteRandomModel("llama_fused_append", false);
-  std::mt19937 rng(23);
   std::vector<std::vector<int32_t>> prompts;
   std::vector<int> max_tokens;
-  for (int i = 0; i < 13; ++i) {
-    std::vector<int32_t> p(1 + rng() % 90);
-    for (auto& t : p) t = static_cast<int32_t>(rng() % 600);
-    prompts.push_back(p);
-    max_tokens.push_back(6 + 7 * i);
-  }
+  RandomRequests(23, 13, 90, 6, 7, &prompts, &max_tokens);
   for (const std::string kv : {"auto", "fp8_e4m3_dynamic"}) {
     for (int graphs : {0, 256}) {
       INFO("kv " << kv << ", cuda_graph_max_batch " << graphs);
