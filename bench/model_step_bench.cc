@@ -8,7 +8,7 @@
 //       [--backend cuda_fmha] [--prefill-backend auto|none|NAME] [--weights bf16|fp8]
 //       [--prefill-seqs S] [--prefill-decode N] [--prefill-steps K] [--profile-prefill 1]
 //       [--fp8-fast-accum 0|1]   (default 1, the server's default)
-//       [--fp8-static-attn-out 0|1]   (default 0, the server's fp8_static_attention_output)
+//       [--fp8-static-attn-out 0|1]   (default 1, the server's fp8_static_attention_output)
 //       [--fused-decode-append 0|1]   (default 0, the server's fused_decode_append)
 // --prefill-seqs S: the prefill chunk is S fresh sequences of prefill / S tokens each (the
 //   serving workload's chunks: 8 x 1024 is what 8,192-token steps of 1,000-token prompts hold).
@@ -63,7 +63,7 @@ struct Args {
   std::string prefill_backend = "auto";  // ModelLoadOptions::prefill_attention_backend
   std::string weights = "auto";          // ModelLoadOptions::weight_dtype (bf16 | fp8)
   bool fast_accum = true;                // ModelLoadOptions::fp8_fast_accumulation
-  bool static_attn_out = false;          // ModelLoadOptions::fp8_static_attention_output
+  bool static_attn_out = true;           // ModelLoadOptions::fp8_static_attention_output
   bool fused_append = false;             // ModelLoadOptions::fused_decode_append
 };
 

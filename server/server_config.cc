@@ -112,7 +112,7 @@ const std::vector<Field>& Fields() {
       BoolField("fp8_static_attention_output",
                 "fp8 weights and a static int8/fp8 KV cache: the attention kernel writes "
                 "o_proj's e4m3 input with a static per-layer scale (the cache's V bound) "
-                "instead of a per-row quantization pass (default false)",
+                "instead of a per-row quantization pass (default true)",
                 &ServerConfig::fp8_static_attention_output),
       BoolField("fused_decode_append",
                 "decode steps on cuda_c8: the attention kernel rotates q and appends the new K/V "

@@ -35,7 +35,7 @@ struct ServerConfig {
   std::string prefill_attention_backend = "auto";  // steps with a prefill chunk (cuda)
   std::string weight_dtype = "auto";               // auto (bf16) | bf16 | fp8 (cuda)
   bool fp8_fast_accumulation = true;               // fp8 weights: cuBLASLt fast accumulation
-  bool fp8_static_attention_output = false;        // fp8 weights, static 8-bit KV: see model.h
+  bool fp8_static_attention_output = true;         // fp8 weights, static 8-bit KV: see model.h
   bool fused_decode_append = false;                // decode: rotary + append inside attention
   std::string mla_kernel = "auto";                 // auto | wgmma | portable (cuda DeepSeek)
   std::string log_level = "info";

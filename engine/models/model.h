@@ -130,12 +130,12 @@ struct ModelLoadOptions {
   // fp8 weights with a static int8 / fp8 KV cache (CUDA Llama; ignored otherwise): the attention
   // kernel writes o_proj's e4m3 input itself, with one static scale per layer (the cache's V
   // bound: qmax x the largest V scale, which no attention output can exceed), instead of a bf16
-  // output and a per-row quantization pass. Off by default until measured on the H200 (written in
-  // a session without a GPU; docs/PERFORMANCE.md section 24); false: the per-row pass.
-  bool fp8_static_attention_output = false;
+  // output and a per-row quantization pass (docs/PERFORMANCE.md section 25: 1.5% off a prompt step,
+  // ~0.3% off a decode step); false: the per-row pass.
+  bool fp8_static_attention_output = true;
   // Decode steps of one token per sequence (CUDA Llama on cuda_c8): the attention kernel rotates
   // q and appends the new K/V itself, one launch per layer instead of two (the rotary + append
-  // kernel's). Off by default until measured on the H200 (docs/PERFORMANCE.md section 24).
+  // kernel's). Off by default: alone it did not beat the separate launch (PERFORMANCE.md section 25).
   bool fused_decode_append = false;
   // MLA decode kernel of the CUDA DeepSeek model (kernels/cuda/mla_decode.h MlaKernel): "auto"
   // (the sm_90a wgmma kernels where they run: every bf16 work item, fp8 16-row items), "wgmma"

@@ -41,7 +41,7 @@ struct GenerateOptions {
   bool overlap = true;       // EngineConfig::overlap_steps (a logits observer turns it off)
   std::string weight_dtype = "auto";
   bool fp8_fast_accumulation = true;             // ModelLoadOptions::fp8_fast_accumulation
-  bool fp8_static_attention_output = false;      // ModelLoadOptions::fp8_static_attention_output
+  bool fp8_static_attention_output = true;       // ModelLoadOptions::fp8_static_attention_output
   std::string kv_scales_file;                    // ModelLoadOptions::kv_scales_file
   bool fused_decode_append = false;              // ModelLoadOptions::fused_decode_append
   std::string mla_kernel = "auto";               // ModelLoadOptions::mla_kernel (DeepSeek)

@@ -104,16 +104,16 @@ TEST_CASE("ServerConfig JSON file then flags override", "[server_config]") {
   REQUIRE(c3.ok());
   CHECK(c3->ToEngineConfig().model.mla_kernel == "portable");
   CHECK(c3->ToEngineConfig().model.fp8_fast_accumulation);              // the default
-  CHECK_FALSE(c3->ToEngineConfig().model.fp8_static_attention_output);  // the default
+  CHECK(c3->ToEngineConfig().model.fp8_static_attention_output);  // the default
   CHECK_FALSE(c3->ToEngineConfig().model.fused_decode_append);          // the default
 
   auto c4 = ParseServerConfig({"--config", file.path(), "--weight-dtype", "fp8",
                                "--fp8-fast-accumulation", "false", "--fp8-static-attention-output",
-                               "true", "--fused-decode-append", "true"});
+                               "false", "--fused-decode-append", "true"});
   REQUIRE(c4.ok());
   CHECK(c4->ToEngineConfig().model.weight_dtype == "fp8");
   CHECK_FALSE(c4->ToEngineConfig().model.fp8_fast_accumulation);
-  CHECK(c4->ToEngineConfig().model.fp8_static_attention_output);
+  CHECK_FALSE(c4->ToEngineConfig().model.fp8_static_attention_output);
   CHECK(c4->ToEngineConfig().model.fused_decode_append);
 }
 
