@@ -9,6 +9,7 @@
 //       [--prefill-seqs S] [--prefill-decode N] [--prefill-steps K] [--profile-prefill 1]
 //       [--fp8-fast-accum 0|1]   (default 1, the server's default)
 //       [--fp8-static-attn-out 0|1]   (default 1, the server's fp8_static_attention_output)
+//       [--c8-prefill auto|tiles|fmha] (the server's c8_prefill)
 //       [--fused-decode-append 0|1]   (default 0, the server's fused_decode_append)
 // --prefill-seqs S: the prefill chunk is S fresh sequences of prefill / S tokens each (the
 //   serving workload's chunks: 8 x 1024 is what 8,192-token steps of 1,000-token prompts hold).
@@ -64,6 +65,7 @@ struct Args {
   std::string weights = "auto";          // ModelLoadOptions::weight_dtype (bf16 | fp8)
   bool fast_accum = true;                // ModelLoadOptions::fp8_fast_accumulation
   bool static_attn_out = true;           // ModelLoadOptions::fp8_static_attention_output
+  std::string c8_prefill = "auto";       // ModelLoadOptions::c8_prefill
   bool fused_append = false;             // ModelLoadOptions::fused_decode_append
 };
 
@@ -169,6 +171,8 @@ int main(int argc, char** argv) {
       args.backend = v;
     } else if (k == "--fp8-fast-accum") {
       args.fast_accum = std::stoi(v) != 0;
+    } else if (k == "--c8-prefill") {
+      args.c8_prefill = v;
     } else if (k == "--fp8-static-attn-out") {
       args.static_attn_out = std::stoi(v) != 0;
     } else if (k == "--fused-decode-append") {
@@ -223,6 +227,7 @@ int main(int argc, char** argv) {
     o.weight_dtype = args.weights;
     o.fp8_fast_accumulation = args.fast_accum;
     o.fp8_static_attention_output = args.static_attn_out;
+    o.c8_prefill = args.c8_prefill;
     o.fused_decode_append = args.fused_append;
     auto m = llm::LoadModel(o);
     if (!m.ok()) {

@@ -152,7 +152,8 @@ class AttentionBackend {
   virtual void Run(const AttentionParams& params) = 0;
   // Whether Run takes the raw projection and does the rotary itself (AttentionParams::rope).
   virtual bool supports_fused_rope() const { return false; }
-  // Whether Run can write its output as e4m3 with a caller-given scale (AttentionParams::out_fp8).
+  // Whether Run can write its output as e4m3 with a caller-given scale (AttentionParams::out_fp8),
+  // for the step last planned (a backend may attend some steps through a kernel without it).
   virtual bool supports_fp8_out() const { return false; }
   // GPU backends: the stream (cudaStream_t / hipStream_t) every Plan upload and Run launch goes
   // to, owned by the model. CPU backends ignore it.

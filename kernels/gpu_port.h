@@ -46,6 +46,7 @@
 #define LLM_GPU_CUDA 1
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #endif
 
@@ -159,6 +160,40 @@ inline constexpr bool kHasAsyncCopy = true;  // cp.async: double-buffered KV pip
       return ::llm::gpu::ErrorString(llm_gpu_err_); \
     }                                               \
   } while (0)
+
+// ---------------------------------------------------------------------------------------------
+// fp8
+
+// Two floats -> e4m3fn bytes (engine/base/quant.h: round to nearest even, saturating at +-448,
+// NaN -> 0x7f), lo in the low byte: an fp8 GEMM's input. HIP (ROCm 5.2) has no fp8 conversion
+// instructions, so it rounds in software.
+#if LLM_GPU_HIP
+__device__ __forceinline__ uint32_t E4m3Byte(float x) {
+  if (isnan(x)) return 0x7fu;
+  const uint32_t sign = signbit(x) ? 0x80u : 0u;
+  const float a = fabsf(x);
+  if (a >= 448.f) return sign | 0x7eu;
+  if (a < 0.015625f) return sign | static_cast<uint32_t>(rintf(a * 512.f));  // subnormal grid
+  int e;
+  const float fr = frexpf(a, &e);  // a = fr * 2^e, fr in [0.5, 1)
+  int mant = static_cast<int>(rintf((fr * 2.f - 1.f) * 8.f));
+  int biased = e + 6;
+  if (mant >= 8) {
+    mant = 0;
+    ++biased;
+  }
+  if (biased > 15 || (biased == 15 && mant > 6)) return sign | 0x7eu;
+  return sign | static_cast<uint32_t>((biased << 3) | mant);
+}
+__device__ __forceinline__ uint16_t PackE4m3x2(float lo, float hi) {
+  return static_cast<uint16_t>(E4m3Byte(lo) | (E4m3Byte(hi) << 8));
+}
+#else
+__device__ __forceinline__ uint16_t PackE4m3x2(float lo, float hi) {
+  return static_cast<uint16_t>(
+      __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
+}
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Warp

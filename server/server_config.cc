@@ -122,6 +122,11 @@ const std::vector<Field>& Fields() {
                "DeepSeek MLA decode kernel on the GPU: auto (the sm_90a wgmma kernels on "
                "H100/H200) | wgmma (the same, or fail the load; builds with sm_90a) | portable",
                &ServerConfig::mla_kernel),
+      StrField("c8_prefill",
+               "cuda_c8 prefill over an 8-bit KV cache: auto (fmha where it runs, else tiles) | "
+               "tiles (the C8 prefill tiles) | fmha (the sm_90a wgmma FMHA kernel over a "
+               "per-step bf16 copy of the cache, or fail the load)",
+               &ServerConfig::c8_prefill),
       IntField("cuda_graph_max_batch",
                "decode steps of up to this many sequences replay CUDA graphs; 0: off (default 256)",
                &ServerConfig::cuda_graph_max_batch, 0, 4096),
@@ -184,6 +189,7 @@ Status Validate(const ServerConfig& c) {
   }
   LLM_RETURN_IF_ERROR(ParseKvCacheType(c.kv_cache_dtype, c.kv_scale_granularity).status());
   LLM_RETURN_IF_ERROR(CheckMlaKernelOption(c.mla_kernel));
+  LLM_RETURN_IF_ERROR(CheckC8PrefillOption(c.c8_prefill));
   static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
   bool ok = false;
   for (const char* l : kLevels) ok |= c.log_level == l;
@@ -211,6 +217,7 @@ EngineConfig ServerConfig::ToEngineConfig() const {
   e.model.fp8_static_attention_output = fp8_static_attention_output;
   e.model.fused_decode_append = fused_decode_append;
   e.model.mla_kernel = mla_kernel;
+  e.model.c8_prefill = c8_prefill;
   e.model.kv_cache_dtype = kv_cache_dtype;
   e.model.kv_scale_granularity = kv_scale_granularity;
   e.model.kv_scales_file = kv_scales_file;

@@ -38,6 +38,7 @@ struct ServerConfig {
   bool fp8_static_attention_output = true;         // fp8 weights, static 8-bit KV: see model.h
   bool fused_decode_append = false;                // decode: rotary + append inside attention
   std::string mla_kernel = "auto";                 // auto | wgmma | portable (cuda DeepSeek)
+  std::string c8_prefill = "auto";                 // auto | tiles | fmha (cuda_c8, 8-bit KV)
   std::string log_level = "info";
   int shutdown_grace_s = 10;
   bool enable_prefix_caching = true;

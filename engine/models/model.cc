@@ -15,8 +15,14 @@ Status CheckMlaKernelOption(const std::string& value) {
   return InvalidArgument("mla_kernel must be auto, wgmma or portable, got '" + value + "'");
 }
 
+Status CheckC8PrefillOption(const std::string& value) {
+  if (value == "auto" || value == "tiles" || value == "fmha") return Status::Ok();
+  return InvalidArgument("c8_prefill must be auto, tiles or fmha, got '" + value + "'");
+}
+
 StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
   LLM_RETURN_IF_ERROR(CheckMlaKernelOption(options.mla_kernel));
+  LLM_RETURN_IF_ERROR(CheckC8PrefillOption(options.c8_prefill));
   if (options.model_dir.rfind("synthetic", 0) == 0) return SyntheticModel::Create(options);
   if (options.weight_dtype != "auto" && options.weight_dtype != "bf16" &&
       options.weight_dtype != "fp8") {

@@ -135,7 +135,8 @@ struct ModelLoadOptions {
   bool fp8_static_attention_output = true;
   // Decode steps of one token per sequence (CUDA Llama on cuda_c8): the attention kernel rotates
   // q and appends the new K/V itself, one launch per layer instead of two (the rotary + append
-  // kernel's). Off by default: alone it did not beat the separate launch (PERFORMANCE.md section 25).
+  // kernel's). Off by default: alone it did not beat the separate launch (PERFORMANCE.md section
+  // 25).
   bool fused_decode_append = false;
   // MLA decode kernel of the CUDA DeepSeek model (kernels/cuda/mla_decode.h MlaKernel): "auto"
   // (the sm_90a wgmma kernels where they run: every bf16 work item, fp8 16-row items), "wgmma"
@@ -143,10 +144,18 @@ struct ModelLoadOptions {
   // the build), "portable" (every item on the portable kernel). Other models check the value and
   // ignore it.
   std::string mla_kernel = "auto";
+  // Prefill attention of the cuda_c8 backend over an 8-bit cache (CUDA Llama): "tiles" (the C8
+  // prefill tiles), "fmha" (the prefill sequences through the sm_90a wgmma FMHA kernel over a bf16
+  // copy of their cached K/V, dequantized each step; the load fails where it cannot run: a 16-bit
+  // cache, not compute capability 9.0, no sm_90a in the build), "auto" (fmha where it runs, else
+  // the tiles; docs/PERFORMANCE.md section 25). Other models check the value and ignore it.
+  std::string c8_prefill = "auto";
 };
 
 // InvalidArgument naming the option unless `value` is one of ModelLoadOptions::mla_kernel's.
 Status CheckMlaKernelOption(const std::string& value);
+// InvalidArgument naming the option unless `value` is one of ModelLoadOptions::c8_prefill's.
+Status CheckC8PrefillOption(const std::string& value);
 
 // Loads config + weights and selects the attention backend (logging the selection table).
 StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options);

@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/c8_kernel_args.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/fmha/fmha_launcher.h"
 
 namespace llm::cuda {
 
@@ -207,6 +208,8 @@ void C8Attention::Area::Free() {
 C8Attention::~C8Attention() {
   eager_.Free();
   graph_.Free();
+  if (fmha_kv_) cudaFree(fmha_kv_);
+  if (fmha_workspace_) cudaFree(fmha_workspace_);
 }
 
 namespace {
@@ -250,6 +253,8 @@ Status C8Attention::Upload(const AttentionBatch& batch, const C8Plan& plan, void
   a.off_decode = take(plan.decode_items.size() * sizeof(C8WorkItem) / 4);
   a.off_prefill = take(plan.prefill_items.size() * sizeof(C8WorkItem) / 4);
   a.off_merge = take(plan.merges.size() * sizeof(C8MergeItem) / 4);
+  const std::vector<int32_t> fmha = PlanFmhaPrefill(batch, plan);
+  a.off_fmha = take(fmha.size());
   const size_t bytes = off * 4;
   LLM_RETURN_IF_ERROR(Stage(&a, bytes));
   auto* h = static_cast<int32_t*>(a.h_pinned);
@@ -261,6 +266,7 @@ Status C8Attention::Upload(const AttentionBatch& batch, const C8Plan& plan, void
   put(a.off_decode, plan.decode_items.data(), plan.decode_items.size() * sizeof(C8WorkItem));
   put(a.off_prefill, plan.prefill_items.data(), plan.prefill_items.size() * sizeof(C8WorkItem));
   put(a.off_merge, plan.merges.data(), plan.merges.size() * sizeof(C8MergeItem));
+  put(a.off_fmha, fmha.data(), fmha.size() * 4);
   LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&a.d_ints, &a.d_ints_cap, std::max<size_t>(bytes, 256)));
   LLM_RETURN_IF_ERROR(Send(&a, bytes, stream));
   const size_t rows =
@@ -362,6 +368,7 @@ Status C8Attention::UploadGraph(const AttentionBatch& batch, const C8Plan& plan,
   a.decode_rows = shape_.num_q_heads / shape_.num_kv_heads;
   a.num_decode = GraphItemCapacity(bucket);
   a.num_prefill = 0;
+  a.fmha = false;
   active_ = &graph_;
   return Status::Ok();
 }
@@ -476,9 +483,151 @@ Status C8Attention::Attend(const LayerArgs& args, void* stream, const FusedRope*
   };
   launch(reinterpret_cast<const C8WorkItem*>(ints + a.off_decode), a.num_decode, false);
   GPU_RETURN_IF_ERROR(cudaGetLastError());
+  if (a.fmha) return AttendPrefillFmha(args, stream);
   launch(reinterpret_cast<const C8WorkItem*>(ints + a.off_prefill), a.num_prefill, true);
   GPU_RETURN_IF_ERROR(cudaGetLastError());
   return Status::Ok();
+}
+
+Status C8Attention::SetPrefillFmha(bool on) {
+  if (on && (shape_.cache == CacheType::kBf16 || !FmhaWgmmaAvailable())) {
+    return InvalidArgument(
+        "C8 prefill through FMHA needs an 8-bit cache, a compute capability 9.0 device and a "
+        "build with sm_90a");
+  }
+  prefill_fmha_ = on;
+  return Status::Ok();
+}
+
+std::vector<int32_t> C8Attention::PlanFmhaPrefill(const AttentionBatch& batch, const C8Plan& plan) {
+  Area& a = eager_;
+  a.fmha = false;
+  if (!prefill_fmha_ || plan.prefill_items.empty()) return {};
+  // The sequences the planner gave prefill tiles, which must own one contiguous run of rows.
+  std::vector<int> seqs;
+  int64_t keys = 0;
+  for (int s = 0; s < batch.num_seqs; ++s) {
+    const int q_len = batch.q_indptr[s + 1] - batch.q_indptr[s];
+    if (q_len == 0 || q_len <= plan.decode_tile_tokens) continue;
+    if (!seqs.empty() && batch.q_indptr[s] != batch.q_indptr[seqs.back() + 1]) return {};
+    seqs.push_back(s);
+    keys += batch.kv_lens[s];
+  }
+  const size_t row_bytes = static_cast<size_t>(shape_.num_kv_heads) * shape_.head_dim * 2;
+  if (seqs.empty() || static_cast<size_t>(keys) * 2 * row_bytes > kMaxFmhaPrefillKeyBytes) {
+    return {};
+  }
+  const int n = static_cast<int>(seqs.size());
+  std::vector<int32_t> h(3 * static_cast<size_t>(n) + 2 + n);
+  int32_t* seqstart_q = h.data();
+  int32_t* seqlen_k = seqstart_q + n + 1;
+  int32_t* seqstart_k = seqlen_k + n;
+  int32_t* page_base = seqstart_k + n + 1;
+  a.fmha_row0 = batch.q_indptr[seqs[0]];
+  a.fmha_max_q = a.fmha_max_k = 0;
+  seqstart_q[0] = seqstart_k[0] = 0;
+  for (int i = 0; i < n; ++i) {
+    const int s = seqs[i];
+    const int q_len = batch.q_indptr[s + 1] - batch.q_indptr[s];
+    seqstart_q[i + 1] = seqstart_q[i] + q_len;
+    seqlen_k[i] = batch.kv_lens[s];
+    seqstart_k[i + 1] = seqstart_k[i] + batch.kv_lens[s];
+    page_base[i] = batch.page_indptr[s];
+    a.fmha_max_q = std::max(a.fmha_max_q, q_len);
+    a.fmha_max_k = std::max(a.fmha_max_k, batch.kv_lens[s]);
+  }
+  a.fmha_seqs = n;
+  a.fmha_keys = static_cast<int>(keys);
+  // Split KV only when the CTAs (sequence, KV head, 128-row tile) do not fill the SMs: a causal
+  // prefill's CTAs differ in length anyway, and FmhaAutoSplits' wave count (tuned on equal-length
+  // decode CTAs) split 8 x 992-token prompts in two, whose merge cost 5.3 of the step's 12 ms
+  // (H200, PERFORMANCE.md section 25). Host-side fields only: no device memory is read.
+  FmhaParams p = FmhaPrefillParams(a, nullptr);
+  const int group = shape_.num_q_heads / shape_.num_kv_heads;
+  int64_t ctas = 0;
+  for (int i = 0; i < n; ++i) {
+    ctas += (static_cast<int64_t>(seqstart_q[i + 1] - seqstart_q[i]) * group + 127) / 128;
+  }
+  ctas *= shape_.num_kv_heads;
+  a.fmha_splits = ctas >= CudaNumSms() ? 1 : FmhaAutoSplits(p);
+  const size_t ws = a.fmha_splits > 1 ? FmhaWorkspaceBytes(p, a.fmha_splits) : 0;
+  if (!GrowDeviceBuffer(&fmha_workspace_, &fmha_workspace_cap_, std::max<size_t>(ws, 256)).ok() ||
+      !GrowDeviceBuffer(&fmha_kv_, &fmha_kv_cap_, std::max<size_t>(keys * 2 * row_bytes, 256))
+           .ok()) {
+    return {};  // no memory for the copy: the prefill tiles need none
+  }
+  a.fmha = true;
+  return h;
+}
+
+FmhaParams C8Attention::FmhaPrefillParams(const Area& a, const int32_t* ints) const {
+  FmhaParams p;
+  p.dtype = FmhaDType::kBf16;
+  p.batch = a.fmha_seqs;
+  p.num_q_heads = shape_.num_q_heads;
+  p.num_kv_heads = shape_.num_kv_heads;
+  p.head_dim = shape_.head_dim;
+  p.max_seqlen_q = a.fmha_max_q;
+  p.max_seqlen_k = a.fmha_max_k;
+  p.block_size = 0;
+  p.mask = FmhaMask{FmhaMaskType::kCausalBottomRight, -1, 0, 0};
+  // Host planning needs only non-null stand-ins for the device arrays and tensors.
+  static const int32_t kStandIn[1] = {0};
+  const int32_t* base = ints ? ints + a.off_fmha : kStandIn;
+  const int n = a.fmha_seqs;
+  p.seqstart_q = base;
+  p.seqlen_k = ints ? base + n + 1 : kStandIn;
+  p.seqstart_k = ints ? base + 2 * n + 1 : kStandIn;
+  void* stand_in = reinterpret_cast<void*>(uintptr_t{256});
+  p.q = p.k = p.v = p.out = stand_in;
+  return p;
+}
+
+Status C8Attention::AttendPrefillFmha(const LayerArgs& args, void* stream) {
+  const Area& a = eager_;
+  const auto* ints = static_cast<const int32_t*>(a.d_ints);
+  const size_t copy_elems =
+      static_cast<size_t>(a.fmha_keys) * shape_.num_kv_heads * shape_.head_dim;
+  auto* k16 = static_cast<uint16_t*>(fmha_kv_);
+  uint16_t* v16 = k16 + copy_elems;
+  int lbs = 0;
+  while ((1 << lbs) < shape_.block_size) ++lbs;
+  const int n = a.fmha_seqs;
+  detail::DequantArgs d{args.k_cache,
+                        args.v_cache,
+                        args.k_scale,
+                        args.v_scale,
+                        ints + a.off_pages,
+                        ints + a.off_fmha + 3 * n + 2,
+                        ints + a.off_fmha + 2 * n + 1,
+                        k16,
+                        v16,
+                        n,
+                        a.fmha_max_k,
+                        shape_.num_kv_heads,
+                        lbs,
+                        static_cast<int>(shape_.scale)};
+  detail::LaunchDequantKv(d, shape_.cache, shape_.head_dim, stream);
+  GPU_RETURN_IF_ERROR(cudaGetLastError());
+  FmhaParams p = FmhaPrefillParams(a, ints);
+  const size_t row0 = static_cast<size_t>(a.fmha_row0) * shape_.num_q_heads * shape_.head_dim;
+  p.q = static_cast<const uint16_t*>(args.q) + row0;
+  if (args.out_fp8 != nullptr) {
+    p.out = nullptr;
+    p.out_fp8 = static_cast<uint8_t*>(args.out_fp8) + row0;
+    p.out_fp8_inv_scale = args.out_fp8_inv_scale;
+  } else {
+    p.out = static_cast<uint16_t*>(args.out) + row0;
+  }
+  p.k = k16;
+  p.v = v16;
+  p.softmax_scale = args.softmax_scale;
+  FmhaLaunchOptions opt;
+  opt.num_splits = a.fmha_splits;
+  opt.workspace = fmha_workspace_;
+  opt.workspace_bytes = fmha_workspace_cap_;
+  opt.kernel = FmhaKernel::kWgmma;
+  return FmhaForward(p, opt, stream);
 }
 
 }  // namespace llm::cuda

@@ -14,6 +14,7 @@
 #include "kernels/attention_backend.h"
 #include "kernels/cuda/device_info.h"
 #include "kernels/cuda/pinned_staging.h"
+#include "kernels/fmha/fmha_params.h"
 
 namespace llm::cuda {
 
@@ -143,6 +144,19 @@ class C8Attention {
   // Attention only (cache already holds the new tokens): for benchmarks.
   Status Attend(const LayerArgs& args, void* stream);
 
+  // Prefill sequences of 8-bit caches through the sm_90a wgmma FMHA kernel (kernels/fmha/): each
+  // eager step with prefill tiles dequantizes those sequences' cached K/V (x = q * scale, rounded
+  // to bf16) into packed rows and attends over them there, at about twice the C8 prefill tiles'
+  // rate; the decode tiles are unchanged. A step falls back to the tiles when its prefill rows
+  // are not contiguous in the batch or its keys exceed kMaxFmhaPrefillKeyBytes. Where the FMHA
+  // kernel cannot run (a 16-bit cache, not compute capability 9.0, a build without sm_90a)
+  // turning it on is InvalidArgument. Call between steps.
+  Status SetPrefillFmha(bool on);
+  bool prefill_fmha() const { return prefill_fmha_; }
+  // Whether the last upload's prefill sequences go through the FMHA kernel.
+  bool step_uses_fmha() const { return active_->fmha; }
+  static constexpr size_t kMaxFmhaPrefillKeyBytes = size_t{256} << 20;  // bf16 K + V copy
+
   const C8Shape& shape() const { return shape_; }
   // Resident decode CTAs per SM on the current device for a decode ring depth: 0 asks for the
   // cache type's default (lowered to what the device fits); 2..4 for that ring, 0 if it does not
@@ -172,6 +186,13 @@ class C8Attention {
     int decode_stages = 0;  // the plan's decode ring depth
     int decode_rows = 0;    // the plan's most query rows per decode item
     bool device_counts = false;
+    // FMHA prefill (SetPrefillFmha): this upload's prefill sequences, their rows [fmha_row0,
+    // fmha_row0 + fmha_rows) of the batch, and [seqstart_q: n + 1][seqlen_k: n][seqstart_k: n + 1]
+    // [page_base: n] at off_fmha (seqstart_q relative to fmha_row0).
+    bool fmha = false;
+    size_t off_fmha = 0;
+    int fmha_seqs = 0, fmha_row0 = 0, fmha_max_q = 0, fmha_max_k = 0, fmha_keys = 0;
+    int fmha_splits = 1;
     void Free();
   };
   // Points a->h_pinned at a staging buffer of `bytes` that no queued copy still reads.
@@ -182,6 +203,12 @@ class C8Attention {
   // Attend; with in_tiles (a decode-only upload of one token per item) the decode tiles also
   // rotate q from the raw projection and append the new tokens (FusedRope::in_attention).
   Status Attend(const LayerArgs& args, void* stream, const FusedRope* in_tiles);
+  // Sets up the eager area's FMHA prefill section when this step can use it (SetPrefillFmha):
+  // returns its host values to upload, empty when the step keeps the prefill tiles.
+  std::vector<int32_t> PlanFmhaPrefill(const AttentionBatch& batch, const C8Plan& plan);
+  Status AttendPrefillFmha(const LayerArgs& args, void* stream);
+  // The FMHA launch of an area's prefill section; ints null: host-side planning (stand-ins).
+  FmhaParams FmhaPrefillParams(const Area& a, const int32_t* ints) const;
 
   C8Shape shape_;
   Area eager_, graph_;
@@ -189,6 +216,11 @@ class C8Attention {
   Area* active_ = &eager_;
   int graph_max_seqs_ = 0, graph_max_pages_ = 0;
   int graph_slots_ = 0;  // resident decode CTA slots of the device (set by ReserveGraph)
+  bool prefill_fmha_ = false;
+  void* fmha_kv_ = nullptr;  // bf16 K then V copies of the prefill keys (grown per step)
+  size_t fmha_kv_cap_ = 0;
+  void* fmha_workspace_ = nullptr;  // split-KV partials of the FMHA launch
+  size_t fmha_workspace_cap_ = 0;
 };
 
 }  // namespace llm::cuda

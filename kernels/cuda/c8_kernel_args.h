@@ -69,6 +69,25 @@ struct RopeAppendArgs {
   int num_q_heads;
 };
 
+// The prefill sequences' cached K/V as packed bf16 rows for the FMHA prefill path
+// (C8Attention::SetPrefillFmha): sequence s's key j becomes row seqstart_k[s] + j of k_out / v_out.
+struct DequantArgs {
+  const void* k_cache;  // 8-bit [num_blocks, Hkv, block_size, D]
+  const void* v_cache;
+  const float* k_scale;  // ScaleMode layout
+  const float* v_scale;
+  const int32_t* pages;       // block table
+  const int32_t* page_base;   // [num_seqs] each sequence's first block-table entry
+  const int32_t* seqstart_k;  // [num_seqs + 1]
+  void* k_out;                // bf16 [seqstart_k[num_seqs], Hkv, D]
+  void* v_out;
+  int num_seqs;
+  int max_kv;  // the longest sequence's keys (grid)
+  int num_kv_heads;
+  int log2_block_size;
+  int scale_mode;
+};
+
 constexpr int kPartialRows = 128;  // rows of the largest (prefill) tile
 constexpr int kDecodeRows = 16;    // decode tile: query tokens x GQA group <= 16
 constexpr int kMaxSplits = 64;     // KV chunks of one query tile (the fused merge's weights)
@@ -88,5 +107,6 @@ int DecodeCtasPerSmInt8(int head_dim, int stages);
 int DecodeCtasPerSmFp8(int head_dim, int stages);
 void LaunchAppend(const AppendArgs& a, CacheType cache, int head_dim, void* stream);
 void LaunchRopeAppend(const RopeAppendArgs& a, CacheType cache, int head_dim, void* stream);
+void LaunchDequantKv(const DequantArgs& a, CacheType cache, int head_dim, void* stream);
 
 }  // namespace llm::cuda::detail

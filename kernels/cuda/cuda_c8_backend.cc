@@ -32,7 +32,7 @@ ScaleMode ToScaleMode(KvQuant q) {
   return ScaleMode::kNone;
 }
 
-class CudaC8Backend final : public CudaAttentionBackend {
+class CudaC8Backend final : public CudaAttentionBackend, public C8PrefillSwitch {
  public:
   explicit CudaC8Backend(const AttentionSpec& spec)
       : spec_(spec),
@@ -54,6 +54,8 @@ class CudaC8Backend final : public CudaAttentionBackend {
   bool supports_graphs() const override { return true; }
   bool supports_fused_rope() const override { return true; }
   bool supports_fp8_out() const override { return true; }
+  Status SetPrefillFmha(bool on) override { return attn_.SetPrefillFmha(on); }
+  bool prefill_fmha() const override { return attn_.prefill_fmha(); }
   Status ReserveGraphs(int max_seqs, int max_pages) override {
     return attn_.ReserveGraph(max_seqs, max_pages);
   }

@@ -42,6 +42,8 @@ inline constexpr float kLn2 = 0.6931471805599453f;
 struct KernelArgs {
   const uint16_t* q;
   uint16_t* out;
+  uint8_t* out_fp8;  // set: e4m3 output (FmhaParams::out_fp8) instead of out
+  float out_inv_scale;
   float* lse;
   const uint16_t* k;
   const uint16_t* v;
@@ -255,6 +257,18 @@ __device__ __forceinline__ int64_t ContiguousKeyBase(const KernelArgs& a, int b)
   return static_cast<int64_t>(cache_row) * a.cache_seqlen;
 }
 
+// Two adjacent output columns (d even) of output row orow: bf16/fp16, or e4m3 bytes.
+template <typename T, int D>
+__device__ __forceinline__ void StoreOut(const KernelArgs& a, size_t orow, int d, float v0,
+                                         float v1) {
+  if (a.out_fp8) {
+    *reinterpret_cast<uint16_t*>(a.out_fp8 + orow * D + d) =
+        gpu::PackE4m3x2(v0 * a.out_inv_scale, v1 * a.out_inv_scale);
+  } else {
+    *reinterpret_cast<uint32_t*>(a.out + orow * D + d) = T::Pack(v0, v1);
+  }
+}
+
 // Normalizes and stores the rows of one CTA tile (kRows packed rows starting at row0): the final
 // output and lse, or with split-KV the partial output and its log2-sum-exp.
 template <typename T, int D, int kRows>
@@ -303,7 +317,7 @@ struct OutputWriter {
     }
     const size_t orow =
         static_cast<size_t>(q_begin + tok) * a.num_q_heads + kvh * a.group + rr % a.group;
-    *reinterpret_cast<uint32_t*>(a.out + orow * D + d) = T::Pack(v0, v1);
+    StoreOut<T, D>(a, orow, d, v0, v1);
     if (write_lse && a.lse) a.lse[orow] = lse;
   }
 };
@@ -730,7 +744,7 @@ __global__ void __launch_bounds__(256) FmhaMergeKernel(const KernelArgs a) {
     for (int s = 0; s < a.num_splits; ++s) m = fmaxf(m, a.partial_lse[(part0 + s) * kRows + r]);
     const size_t orow = static_cast<size_t>(q_begin + tok) * a.num_q_heads + head;
     if (m == -INFINITY) {
-      *reinterpret_cast<uint32_t*>(a.out + orow * D + d) = 0u;
+      StoreOut<T, D>(a, orow, d, 0.f, 0.f);
       if (d == 0 && a.lse) a.lse[orow] = -INFINITY;
       continue;
     }
@@ -745,7 +759,7 @@ __global__ void __launch_bounds__(256) FmhaMergeKernel(const KernelArgs a) {
         v1 += w * x.y;
       }
     }
-    *reinterpret_cast<uint32_t*>(a.out + orow * D + d) = T::Pack(v0 / den, v1 / den);
+    StoreOut<T, D>(a, orow, d, v0 / den, v1 / den);
     if (d == 0 && a.lse) a.lse[orow] = (m + log2f(den)) * kLn2;
   }
 }
@@ -768,6 +782,8 @@ inline KernelArgs MakeKernelArgs(const Run& run) {
   KernelArgs a{};
   a.q = static_cast<const uint16_t*>(p.q);
   a.out = static_cast<uint16_t*>(p.out);
+  a.out_fp8 = static_cast<uint8_t*>(p.out_fp8);
+  a.out_inv_scale = p.out_fp8_inv_scale;
   a.lse = p.lse;
   a.k = static_cast<const uint16_t*>(p.k);
   a.v = static_cast<const uint16_t*>(p.v);

@@ -144,9 +144,14 @@ Status FmhaCheckParams(const FmhaParams& p) {
   }
   if (p.batch == 0 || MaxSeqlenQ(p) == 0) return Status::Ok();  // nothing to do
   if (!p.seqlen_k) return bad("seqlen_k is null");
-  if (!p.q || !p.k || !p.v || !p.out) return bad("q, k, v and out must be non-null");
-  if (!Aligned16(p.q) || !Aligned16(p.k) || !Aligned16(p.v) || !Aligned16(p.out)) {
-    return bad("q, k, v and out must be 16-byte aligned");
+  // With out_fp8 the output goes there (out is not written and may be null).
+  const void* out = p.out_fp8 ? p.out_fp8 : p.out;
+  if (!p.q || !p.k || !p.v || !out) return bad("q, k, v and out (or out_fp8) must be non-null");
+  if (!Aligned16(p.q) || !Aligned16(p.k) || !Aligned16(p.v) || !Aligned16(out)) {
+    return bad("q, k, v and out (or out_fp8) must be 16-byte aligned");
+  }
+  if (p.out_fp8 && !(p.out_fp8_inv_scale > 0.f && std::isfinite(p.out_fp8_inv_scale))) {
+    return bad("out_fp8_inv_scale must be positive and finite");
   }
   if (p.block_size > 0) {
     if (p.block_size % 16 != 0) {

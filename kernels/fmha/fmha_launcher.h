@@ -5,7 +5,8 @@
 // q, k, v and out must be 16-byte aligned. Supported: bf16 and fp16, head_dim 64 and 128, any
 // num_q_heads multiple of num_kv_heads, batch and group (varlen) mode, paged KV with any
 // block_size multiple of 16 or contiguous KV (with optional cache_batch_idx), every FmhaMask,
-// sink tokens, learned sink logits, ALiBi, soft-cap, optional LSE.
+// sink tokens, learned sink logits, ALiBi, soft-cap, optional LSE, and an e4m3 output with a
+// static scale (FmhaParams::out_fp8) instead of the bf16/fp16 one.
 //
 // The launch picks a warp layout from the packed rows per sequence (query tokens x GQA group):
 // up to 16 -> decode tiles (16 rows, the KV tile split over 4 warps), else prefill tiles

@@ -70,6 +70,10 @@ struct FmhaParams {
   const void* q = nullptr;
   void* out = nullptr;
   float* lse = nullptr;  // optional
+  // Set: the output goes here instead of out, as e4m3fn bytes [total_q, num_q_heads, head_dim] of
+  // out * out_fp8_inv_scale, saturated to +-448 (an fp8 projection's input with a static scale).
+  void* out_fp8 = nullptr;
+  float out_fp8_inv_scale = 1.0f;
 
   const void* k = nullptr;
   const void* v = nullptr;

@@ -45,6 +45,7 @@ struct GenerateOptions {
   std::string kv_scales_file;                    // ModelLoadOptions::kv_scales_file
   bool fused_decode_append = false;              // ModelLoadOptions::fused_decode_append
   std::string mla_kernel = "auto";               // ModelLoadOptions::mla_kernel (DeepSeek)
+  std::string c8_prefill = "auto";               // ModelLoadOptions::c8_prefill
   int steps = 64;                                // max_tokens of every request, or
   const std::vector<int>* max_tokens = nullptr;  // one per prompt
   const SamplingParams* sampling = nullptr;      // null: greedy; else seed + prompt index
@@ -87,6 +88,7 @@ inline GenerateResult Generate(const std::string& dir,
   cfg.model.kv_scales_file = o.kv_scales_file;
   cfg.model.fused_decode_append = o.fused_decode_append;
   cfg.model.mla_kernel = o.mla_kernel;
+  cfg.model.c8_prefill = o.c8_prefill;
   cfg.scheduler.max_batched_tokens = o.max_batched_tokens;
   cfg.require_tokenizer = false;
   cfg.overlap_steps = o.overlap;

@@ -19,6 +19,7 @@
 #include "engine/base/quant.h"
 #include "kernels/cpu/cpu_paged_attention.h"
 #include "kernels/cuda/c8_attention.h"
+#include "kernels/fmha/fmha_launcher.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace llm::cuda {
@@ -33,6 +34,10 @@ struct Case {
   bool force_split;
   std::vector<std::pair<int, int>> seqs;  // (q_len, kv_len)
   int stages = 0;                         // decode ring depth forced on the plan (0: planner's)
+  // C8Attention::SetPrefillFmha: the prefill sequences through the wgmma FMHA kernel over a bf16
+  // copy of the cache. RunCase then demands that the step used it exactly when its prefill rows
+  // are contiguous (the path's condition; FmhaPrefillBatch orders them so).
+  bool prefill_fmha = false;
 };
 
 std::string Name(const Case& c) {
@@ -42,7 +47,8 @@ std::string Name(const Case& c) {
          " hq=" + std::to_string(c.hq) + " hkv=" + std::to_string(c.hkv) +
          " d=" + std::to_string(c.d) + " bs=" + std::to_string(c.bs) +
          (c.force_split ? " split" : "") +
-         (c.stages > 0 ? " stages=" + std::to_string(c.stages) : std::string());
+         (c.stages > 0 ? " stages=" + std::to_string(c.stages) : std::string()) +
+         (c.prefill_fmha ? " prefill_fmha" : "");
 }
 
 float RoundBf16(float x) {
@@ -186,6 +192,7 @@ void RunCase(const Case& c, std::mt19937& rng, GraphCtx* g = nullptr) {
   C8Shape shape{hq, hkv, D, bs, c.cache, c.scale};
   C8Attention own_attn(shape);
   C8Attention& attn = g ? *g->attn : own_attn;
+  if (c.prefill_fmha) REQUIRE(attn.SetPrefillFmha(true).ok());
   C8PlanConfig pc = attn.plan_config();
   if (c.stages > 0) {  // a forced ring depth
     pc.decode_stages = c.stages;
@@ -203,6 +210,18 @@ void RunCase(const Case& c, std::mt19937& rng, GraphCtx* g = nullptr) {
     REQUIRE(up.ok());
   } else {
     REQUIRE(attn.Upload(b, plan, nullptr).ok());
+  }
+  if (c.prefill_fmha) {
+    // Prefill sequences (more query tokens than a decode tile) own one contiguous run of rows.
+    int runs = 0;
+    bool prev = false;
+    for (int s = 0; s < b.num_seqs; ++s) {
+      const int q_len = b.q_indptr[s + 1] - b.q_indptr[s];
+      const bool pre = q_len > plan.decode_tile_tokens;
+      runs += pre && !prev;
+      if (q_len > 0) prev = pre;
+    }
+    CHECK(attn.step_uses_fmha() == (runs == 1));
   }
   C8Attention::LayerArgs la;
   la.q = dq;
@@ -398,6 +417,55 @@ TEST_CASE("C8 attention matches the CPU reference", "[gpu][c8]") {
           }
         }
       }
+    }
+  }
+}
+
+// MixedBatch with the prefill sequences (more than 16 / group query tokens: C8Plan's prefill
+// tiles) moved behind the decodes, the scheduler's order (running sequences first, new prompts
+// after).
+std::vector<std::pair<int, int>> FmhaPrefillBatch(std::mt19937& rng, int group) {
+  std::vector<std::pair<int, int>> seqs = MixedBatch(rng);
+  std::stable_partition(seqs.begin(), seqs.end(),
+                        [group](auto s) { return s.first * group <= 16; });
+  return seqs;
+}
+
+TEST_CASE("C8 attention: prefill through the wgmma FMHA kernel matches the CPU reference",
+          "[gpu][c8]") {
+  if (!FmhaWgmmaAvailable()) {
+    SUCCEED("no compute capability 9.0 device or no sm_90a in this build: nothing to run");
+    return;
+  }
+  GPU_TEST_RNG(rng);
+  // A 16-bit cache has no copy to make: the switch refuses it.
+  C8Attention bf16({32, 8, 128, 64, CacheType::kBf16, ScaleMode::kNone});
+  CHECK(bf16.SetPrefillFmha(true).code() == StatusCode::kInvalidArgument);
+  const std::pair<int, int> heads[] = {{8, 8}, {16, 4}, {32, 4}, {28, 4}};  // GQA 1, 4, 8, 7
+  const std::pair<CacheType, ScaleMode> modes[] = {
+      {CacheType::kInt8, ScaleMode::kPerHead},       {CacheType::kInt8, ScaleMode::kPerChannel},
+      {CacheType::kInt8, ScaleMode::kPerToken},      {CacheType::kFp8E4M3, ScaleMode::kPerHead},
+      {CacheType::kFp8E4M3, ScaleMode::kPerChannel}, {CacheType::kFp8E4M3, ScaleMode::kPerToken}};
+  for (auto [cache, scale] : modes) {
+    for (auto [hq, hkv] : heads) {
+      for (int d : {64, 128}) {
+        for (int bs : {16, 64}) {
+          Case c{hq, hkv, d, bs, cache, scale, false, FmhaPrefillBatch(rng, hq / hkv)};
+          c.prefill_fmha = true;
+          RunCase(c, rng);
+        }
+      }
+    }
+    // Long prompts (several FMHA row tiles and KV tiles), a lone long prefix (the launch splits
+    // KV), and a shuffled batch (falls back to the tiles unless its prefills happen to be
+    // adjacent).
+    for (auto seqs : std::vector<std::vector<std::pair<int, int>>>{
+             {{1, 900}, {3, 40}, {600, 600}, {311, 311}, {257, 900}},
+             {{2, 2}, {40, 5000}},
+             MixedBatch(rng)}) {
+      Case c{32, 8, 128, 64, cache, scale, false, seqs};
+      c.prefill_fmha = true;
+      RunCase(c, rng);
     }
   }
 }

@@ -233,5 +233,21 @@ TEST_CASE("C8 append with the rotary fused in stores what BiasRope + append stor
   }
 }
 
+// The same comparison on the decode tiles' own append path only, one small GQA shape per cache
+// and scale mode, for compute-sanitizer racecheck (about 20x slower than a plain run, too slow for
+// the whole case above). Hidden: run it by name.
+TEST_CASE("C8 decode tiles' rotary and append, one shape per cache mode",
+          "[.][gpu][c8][racecheck]") {
+  GPU_TEST_RNG(rng);
+  const std::pair<CacheType, ScaleMode> modes[] = {
+      {CacheType::kBf16, ScaleMode::kNone},          {CacheType::kInt8, ScaleMode::kPerHead},
+      {CacheType::kInt8, ScaleMode::kPerChannel},    {CacheType::kInt8, ScaleMode::kPerToken},
+      {CacheType::kFp8E4M3, ScaleMode::kPerChannel}, {CacheType::kFp8E4M3, ScaleMode::kPerToken}};
+  for (auto [cache, scale] : modes) {
+    RunRopeCase({8, 2, 128, 64, cache, scale, true, true, 0, 5}, rng);
+    RunRopeCase({8, 2, 128, 64, cache, scale, true, false, 0, 40}, rng);
+  }
+}
+
 }  // namespace
 }  // namespace llm::cuda

@@ -23,6 +23,7 @@
 #include "engine/models/model.h"
 #include "engine/safetensors.h"
 #include "engine/sampler.h"
+#include "kernels/fmha/fmha_launcher.h"
 #include "tests/gpu/engine_generate.h"
 #include "tests/gpu/random_llama.h"
 
@@ -249,6 +250,14 @@ TEST_CASE("GPU 8-bit caches match the CPU C8 reference over 64 greedy steps", "[
     // come sooner (H200, 2026-11-29: 1 of 4 sequences identical, every divergence at a gap under
     // 0.5%); only the near-tie rule is asserted.
     CheckSameUpToTies(kv, cpu, gaps, gpu, 0.0);
+    // On an H100/H200 the default (c8_prefill auto) attends the prompts through the wgmma FMHA
+    // kernel over a bf16 copy of the cache; the C8 prefill tiles must track the CPU too.
+    if (FmhaWgmmaAvailable()) {
+      GenerateOptions o;
+      o.c8_prefill = "tiles";
+      CheckSameUpToTies(std::string(kv) + " prefill tiles", cpu, gaps,
+                        Generate(dir, "cuda", kv, Prompts(), o), 0.0);
+    }
   }
   fs::remove_all(dir);
 }

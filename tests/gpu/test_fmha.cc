@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "engine/base/dtype.h"
+#include "engine/base/quant.h"
 #include "kernels/cpu/cpu_fmha.h"
 #include "kernels/fmha/fmha_launcher.h"
 
@@ -426,6 +427,36 @@ void RunCase(const Case& c, std::mt19937& rng) {
     REQUIRE(st.ok());
     CUDA_REQUIRE(cudaDeviceSynchronize());
     CompareToReference(c, q.size(), D, hq, max_abs_v, ref, ref_lse, dout, dlse);
+    // The same launch writing e4m3 bytes (FmhaParams::out_fp8, split merges included): each is
+    // the fp32 output times the inverse scale rounded once to e4m3, so within half an e4m3 step
+    // (2^-4 relative, or 2^-10 x scale below the normal range) of the 16-bit output (itself
+    // within 2^-8 of it). The scale puts the largest output at 2/3 of e4m3's range.
+    std::vector<uint16_t> out16(q.size());
+    CUDA_REQUIRE(cudaMemcpy(out16.data(), dout.p, q.size() * 2, cudaMemcpyDeviceToHost));
+    float max_out = 1e-3f;
+    for (float x : ref) max_out = std::max(max_out, std::fabs(x));
+    const float scale = 1.5f * max_out / kFp8E4M3Max;
+    DevBuf d8;
+    CUDA_REQUIRE(cudaMalloc(&d8.p, std::max<size_t>(q.size(), 16)));
+    CUDA_REQUIRE(cudaMemset(d8.p, 0x7f, std::max<size_t>(q.size(), 16)));  // e4m3 NaN
+    FmhaParams dp8 = dp;
+    dp8.out = nullptr;
+    dp8.out_fp8 = d8.p;
+    dp8.out_fp8_inv_scale = 1.f / scale;
+    const Status st8 = FmhaForward(dp8, opt, nullptr);
+    INFO(st8.ToString());
+    REQUIRE(st8.ok());
+    std::vector<uint8_t> out8(q.size());
+    CUDA_REQUIRE(cudaMemcpy(out8.data(), d8.p, q.size(), cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (size_t i = 0; i < q.size(); ++i) {
+      const float got = DequantizeFp8(out8[i], scale), want = FromBits(c.dtype, out16[i]);
+      const float tol = 0.07f * std::fabs(want) + std::ldexp(scale, -10) + 1e-6f;
+      if (!(std::fabs(got - want) <= tol) && bad++ < 3) {
+        UNSCOPED_INFO("fp8 output element " << i << ": " << got << " against " << want);
+      }
+    }
+    CHECK(bad == 0);
   }
 }
 

@@ -99,13 +99,16 @@ TEST_CASE("ServerConfig JSON file then flags override", "[server_config]") {
   CHECK(e.model.model_dir == "/from/file");
   CHECK(e.model.block_size == 32);
   CHECK(e.model.mla_kernel == "auto");
+  CHECK(e.model.c8_prefill == "auto");
 
-  auto c3 = ParseServerConfig({"--config", file.path(), "--mla-kernel", "portable"});
+  auto c3 = ParseServerConfig(
+      {"--config", file.path(), "--mla-kernel", "portable", "--c8-prefill", "fmha"});
   REQUIRE(c3.ok());
   CHECK(c3->ToEngineConfig().model.mla_kernel == "portable");
-  CHECK(c3->ToEngineConfig().model.fp8_fast_accumulation);              // the default
+  CHECK(c3->ToEngineConfig().model.c8_prefill == "fmha");
+  CHECK(c3->ToEngineConfig().model.fp8_fast_accumulation);        // the default
   CHECK(c3->ToEngineConfig().model.fp8_static_attention_output);  // the default
-  CHECK_FALSE(c3->ToEngineConfig().model.fused_decode_append);          // the default
+  CHECK_FALSE(c3->ToEngineConfig().model.fused_decode_append);    // the default
 
   auto c4 = ParseServerConfig({"--config", file.path(), "--weight-dtype", "fp8",
                                "--fp8-fast-accumulation", "false", "--fp8-static-attention-output",
@@ -169,6 +172,13 @@ TEST_CASE("ServerConfig rejects bad values naming the field", "[server_config]")
     CHECK(c.status().code() == StatusCode::kInvalidArgument);
     CHECK(Contains(c.status().message(), "mla_kernel"));
     CHECK(Contains(c.status().message(), "'fast'"));
+  }
+  SECTION("unknown C8 prefill kernel") {
+    auto c = ParseServerConfig({"--model-dir", "/m", "--c8-prefill", "tensor"});
+    REQUIRE_FALSE(c.ok());
+    CHECK(c.status().code() == StatusCode::kInvalidArgument);
+    CHECK(Contains(c.status().message(), "c8_prefill"));
+    CHECK(Contains(c.status().message(), "'tensor'"));
   }
   SECTION("default_max_tokens above max_tokens_limit") {
     auto c = ParseServerConfig(
@@ -253,6 +263,7 @@ TEST_CASE("Every shipped server config parses and maps to the engine", "[server_
     CHECK(eng.model.fp8_static_attention_output == c->fp8_static_attention_output);
     CHECK(eng.model.fused_decode_append == c->fused_decode_append);
     CHECK(eng.model.mla_kernel == c->mla_kernel);
+    CHECK(eng.model.c8_prefill == c->c8_prefill);
     CHECK(eng.model.cuda_graph_max_batch == c->cuda_graph_max_batch);
   }
   CHECK(files >= 2);  // server.json and the CUDA Llama-3-8B example
