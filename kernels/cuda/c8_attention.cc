@@ -543,6 +543,7 @@ std::vector<int32_t> C8Attention::PlanFmhaPrefill(const AttentionBatch& batch, c
   // decode CTAs) split 8 x 992-token prompts in two, whose merge cost 5.3 of the step's 12 ms
   // (H200, PERFORMANCE.md section 25). Host-side fields only: no device memory is read.
   FmhaParams p = FmhaPrefillParams(a, nullptr);
+  if (!FmhaCheckParams(p).ok()) return {};  // e.g. a grid past the launch limits: the tiles
   const int group = shape_.num_q_heads / shape_.num_kv_heads;
   int64_t ctas = 0;
   for (int i = 0; i < n; ++i) {
@@ -554,7 +555,8 @@ std::vector<int32_t> C8Attention::PlanFmhaPrefill(const AttentionBatch& batch, c
   if (!GrowDeviceBuffer(&fmha_workspace_, &fmha_workspace_cap_, std::max<size_t>(ws, 256)).ok() ||
       !GrowDeviceBuffer(&fmha_kv_, &fmha_kv_cap_, std::max<size_t>(keys * 2 * row_bytes, 256))
            .ok()) {
-    return {};  // no memory for the copy: the prefill tiles need none
+    (void)cudaGetLastError();  // the failed allocation must not fail a later launch check
+    return {};                 // no memory for the copy: the prefill tiles need none
   }
   a.fmha = true;
   return h;
