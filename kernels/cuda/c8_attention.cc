@@ -216,6 +216,12 @@ namespace {
 size_t Align4(size_t n) {
   return (n + 3) / 4 * 4;
 }
+// The smallest l with 2^l >= n (n a power of two: its log2).
+int CeilLog2(int n) {
+  int l = 0;
+  while ((1 << l) < n) ++l;
+  return l;
+}
 }  // namespace
 
 Status C8Attention::Stage(Area* a, size_t bytes) {
@@ -447,8 +453,7 @@ Status C8Attention::Attend(const LayerArgs& args, void* stream, const FusedRope*
   ta.merge_counters = a.d_counters;
   ta.num_q_heads = shape_.num_q_heads;
   ta.num_kv_heads = shape_.num_kv_heads;
-  int lbs = 0;
-  while ((1 << lbs) < shape_.block_size) ++lbs;
+  const int lbs = CeilLog2(shape_.block_size);
   if ((1 << lbs) != shape_.block_size) {
     return InvalidArgument("C8 attention needs a power-of-two block size, got " +
                            std::to_string(shape_.block_size));
@@ -592,8 +597,6 @@ Status C8Attention::AttendPrefillFmha(const LayerArgs& args, void* stream) {
       static_cast<size_t>(a.fmha_keys) * shape_.num_kv_heads * shape_.head_dim;
   auto* k16 = static_cast<uint16_t*>(fmha_kv_);
   uint16_t* v16 = k16 + copy_elems;
-  int lbs = 0;
-  while ((1 << lbs) < shape_.block_size) ++lbs;
   const int n = a.fmha_seqs;
   detail::DequantArgs d{args.k_cache,
                         args.v_cache,
@@ -607,7 +610,7 @@ Status C8Attention::AttendPrefillFmha(const LayerArgs& args, void* stream) {
                         n,
                         a.fmha_max_k,
                         shape_.num_kv_heads,
-                        lbs,
+                        CeilLog2(shape_.block_size),
                         static_cast<int>(shape_.scale)};
   detail::LaunchDequantKv(d, shape_.cache, shape_.head_dim, stream);
   GPU_RETURN_IF_ERROR(cudaGetLastError());
