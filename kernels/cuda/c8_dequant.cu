@@ -15,8 +15,8 @@ constexpr int kDequantTokens = 16;  // tokens per CTA
 template <bool kFp8>
 __device__ __forceinline__ float Decode8(uint32_t b) {
   if constexpr (kFp8) {
-    return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b),
-                                                       __NV_E4M3)));
+    return __half2float(
+        __half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3)));
   } else {
     return static_cast<float>(static_cast<int>(b) - 128);  // byte = q ^ 0x80
   }
@@ -55,8 +55,8 @@ __global__ void __launch_bounds__(256) DequantKvKernel(const DequantArgs a) {
         sc[4 * i] = f.x, sc[4 * i + 1] = f.y, sc[4 * i + 2] = f.z, sc[4 * i + 3] = f.w;
       }
     } else {
-      const float one = a.scale_mode == static_cast<int>(ScaleMode::kPerToken) ? scales[row]
-                                                                                : scales[h];
+      const float one =
+          a.scale_mode == static_cast<int>(ScaleMode::kPerToken) ? scales[row] : scales[h];
 #pragma unroll
       for (int i = 0; i < 16; ++i) sc[i] = one;
     }
