@@ -400,24 +400,20 @@ Status CudaLlamaModel::SelectC8Prefill(const std::string& choice) {
   AttentionBackend* backend = prefill_attention_ ? prefill_attention_.get() : attention_.get();
   auto* sw = dynamic_cast<cuda::C8PrefillSwitch*>(backend);
   const bool eight_bit = spec_.kv_quant != KvQuant::kNone;
-  if (choice == "auto") {
-    // The FMHA path where it runs (an H100/H200 with sm_90a in the build): 1.8% off a mixed
-    // prompt step, 0.6-1.0% more output tokens/s in the issue-5 workload (PERFORMANCE.md §25).
-    if (sw != nullptr) LLM_RETURN_IF_ERROR(sw->SetPrefillFmha(eight_bit && FmhaWgmmaAvailable()));
-  } else if (choice == "tiles") {
-    if (sw != nullptr) LLM_RETURN_IF_ERROR(sw->SetPrefillFmha(false));
-  } else if (sw == nullptr || !eight_bit) {
+  if (choice == "fmha" && (sw == nullptr || !eight_bit)) {
     return InvalidArgument(
-        "c8_prefill fmha: needs the cuda_c8 backend over an 8-bit KV cache, "
-        "got " +
+        "c8_prefill fmha: needs the cuda_c8 backend over an 8-bit KV cache, got " +
         backend->name() + " over " + DTypeName(spec_.kv_dtype));
-  } else {
-    LLM_RETURN_IF_ERROR(sw->SetPrefillFmha(true));
   }
-  if (sw != nullptr && eight_bit) {
+  if (sw == nullptr) return Status::Ok();
+  // auto: the FMHA path where it runs (an H100/H200 with sm_90a in the build): 1.8% off a mixed
+  // prompt step, 0.6-1.0% more output tokens/s in the issue-5 workload (PERFORMANCE.md §25).
+  const bool fmha = choice == "fmha" || (choice == "auto" && eight_bit && FmhaWgmmaAvailable());
+  LLM_RETURN_IF_ERROR(sw->SetPrefillFmha(fmha));
+  if (eight_bit) {
     spdlog::info("cuda model: c8_prefill={} -> prefill chunks on {}", choice,
-                 sw->prefill_fmha() ? "the wgmma FMHA kernel over a bf16 copy of the 8-bit cache"
-                                    : "the C8 prefill tiles");
+                 fmha ? "the wgmma FMHA kernel over a bf16 copy of the 8-bit cache"
+                      : "the C8 prefill tiles");
   }
   return Status::Ok();
 }
