@@ -83,6 +83,7 @@ struct Shape {
   MlaCacheType cache;
   llm::cuda::MlaKernel kernel = llm::cuda::MlaKernel::kAuto;
   llm::cuda::MlaFp8Math fp8_math = llm::cuda::MlaFp8Math::kAuto;
+  llm::cuda::MlaBf16Schedule schedule = llm::cuda::MlaBf16Schedule::kAuto;
 };
 
 struct Result {
@@ -143,7 +144,7 @@ Result RunShape(const Shape& s, int iters, double bw_tbps, double peak_tflops, d
       b.slot_mapping.push_back(b.page_indices[b.page_indptr[i] + last / kBs] * kBs + last % kBs);
     }
     attn.push_back(std::make_unique<MlaDecode>(
-        llm::cuda::MlaDecodeShape{s.heads, kBs, s.cache, s.kernel, s.fp8_math}));
+        llm::cuda::MlaDecodeShape{s.heads, kBs, s.cache, s.kernel, s.fp8_math, s.schedule}));
     llm::cuda::MlaPlanConfig pc = attn.back()->plan_config();
     if (const char* env = std::getenv("MLA_BENCH_MIN_CHUNK")) pc.min_chunk_tokens = std::atoi(env);
     if (const char* env = std::getenv("MLA_BENCH_MAX_SPLITS")) pc.max_splits = std::atoi(env);
@@ -229,7 +230,8 @@ Result RunShape(const Shape& s, int iters, double bw_tbps, double peak_tflops, d
   // Rows of one item: one query token per sequence, at most max_item_rows heads per item.
   const int item_rows = std::min(s.heads, attn[0]->plan_config().max_item_rows);
   const int variant = item_rows > 32 ? 2 : item_rows > 16 ? 1 : 0;
-  const char* impl = attn[0]->uses_wgmma(variant) ? "cuda_mla_wgmma"
+  const char* impl = attn[0]->uses_seesaw()        ? "cuda_mla_seesaw"
+                     : attn[0]->uses_wgmma(variant) ? "cuda_mla_wgmma"
                      : !fp8                       ? "cuda_mla_portable"
                      : attn[0]->uses_fp8_mma()    ? "cuda_mla_e4m3"
                                                   : "cuda_mla_f16";
@@ -285,14 +287,21 @@ int main(int argc, char** argv) {
   // on Hopper, and e4m3 MMA (sm_120's fp8 path) in the kE4m3 rows.
   using llm::cuda::MlaFp8Math;
   constexpr MlaKernel kPortable = MlaKernel::kPortable;
+  constexpr MlaKernel kAutoK = MlaKernel::kAuto;
+  constexpr MlaFp8Math kAutoM = MlaFp8Math::kAuto;
+  // The ring schedule of the bf16 wgmma kernel, next to the default (seesaw) in the same run.
+  constexpr llm::cuda::MlaBf16Schedule kRing = llm::cuda::MlaBf16Schedule::kRing;
   const Shape shapes[] = {
       {"h128_b128_compute", 128, 128, 4096, MlaCacheType::kBf16},
+      {"h128_b128_compute", 128, 128, 4096, MlaCacheType::kBf16, kAutoK, kAutoM, kRing},
       {"h128_b128_compute", 128, 128, 4096, MlaCacheType::kBf16, MlaKernel::kPortable},
       {"h128_b128_compute", 128, 128, 4096, MlaCacheType::kFp8E4M3},
       {"h128_b128_compute", 128, 128, 4096, MlaCacheType::kFp8E4M3, kPortable, MlaFp8Math::kE4m3},
       {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kBf16},
+      {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kBf16, kAutoK, kAutoM, kRing},
       {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kBf16, MlaKernel::kPortable},
       {"h32_b128_memory", 32, 128, 4096, MlaCacheType::kBf16},
+      {"h32_b128_memory", 32, 128, 4096, MlaCacheType::kBf16, kAutoK, kAutoM, kRing},
       {"h32_b128_memory", 32, 128, 4096, MlaCacheType::kBf16, MlaKernel::kPortable},
       {"h32_b128_memory", 32, 128, 4096, MlaCacheType::kFp8E4M3},
       {"h32_b128_memory", 32, 128, 4096, MlaCacheType::kFp8E4M3, MlaKernel::kPortable},
@@ -300,6 +309,7 @@ int main(int argc, char** argv) {
       {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kFp8E4M3, kPortable, MlaFp8Math::kE4m3},
       {"h16_b128_memory", 16, 128, 4096, MlaCacheType::kFp8E4M3, MlaKernel::kPortable},
       {"h128_b1_latency", 128, 1, 4096, MlaCacheType::kBf16},
+      {"h128_b1_latency", 128, 1, 4096, MlaCacheType::kBf16, kAutoK, kAutoM, kRing},
       {"h128_b1_latency", 128, 1, 4096, MlaCacheType::kBf16, MlaKernel::kPortable},
       {"h128_b1_latency", 128, 1, 4096, MlaCacheType::kFp8E4M3},
       {"h128_b1_latency", 128, 1, 4096, MlaCacheType::kFp8E4M3, kPortable, MlaFp8Math::kE4m3},

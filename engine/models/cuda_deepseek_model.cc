@@ -340,7 +340,9 @@ Status CudaDeepseekModel::SelectMlaKernel(const std::string& option) {
   LLM_RETURN_IF_ERROR(sw->SetMlaKernel(kernel));
   static_assert(cuda::kMlaNumRowVariants == 3 && cuda::kMlaVariantRows[0] == 16 &&
                 cuda::kMlaVariantRows[1] == 32 && cuda::kMlaVariantRows[2] == 64);
-  auto on = [sw](int variant) { return sw->uses_wgmma(variant) ? "wgmma" : "portable"; };
+  auto on = [sw](int variant) {
+    return !sw->uses_wgmma(variant) ? "portable" : sw->uses_seesaw() ? "wgmma (seesaw)" : "wgmma";
+  };
   spdlog::info("cuda_mla kernel: mla_kernel={} -> 16-row items on {}, 32-row on {}, 64-row on {}",
                option, on(0), on(1), on(2));
   return Status::Ok();

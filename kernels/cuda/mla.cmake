@@ -11,5 +11,6 @@ if(LLM_HAVE_CUDA)
     ${CMAKE_CURRENT_LIST_DIR}/cuda_mla_backend.cc)
   # The Hopper variant over a bf16 cache (wgmma + TMA, 225 KB of shared memory): sm_90a only.
   llm_add_sm90a_objects(llm_mla_wgmma LLM_MLA_WGMMA ${CMAKE_CURRENT_LIST_DIR}/mla_decode_wgmma.cu
+                        ${CMAKE_CURRENT_LIST_DIR}/mla_decode_seesaw.cu
                         ${CMAKE_CURRENT_LIST_DIR}/mla_decode_fp8_wgmma.cu)
 endif()

@@ -35,6 +35,16 @@ constexpr int kMlaCacheDim = kMlaLatentDim + kMlaRopeDim;  // QK width, cached r
 // Measurements, and the DeepSeek greedy agreement on both: docs/PERFORMANCE.md section 13.
 enum class MlaKernel { kAuto, kPortable, kWgmma };
 
+// How the sm_90a kernel schedules a bf16 cache's items.
+//   kSeesaw (mla_decode_seesaw.cu): two warpgroups and no producer; each warpgroup's softmax runs
+//     while the other's S = Q K^T has the tensor cores, and a tile's halves are refilled by the
+//     warpgroup that read them last. Needs block_size % 64 == 0 (every 64-token tile in one page).
+//   kRing (mla_decode_wgmma.cu): a producer warpgroup streams tiles into a two-slot ring; any
+//     block size.
+//   kAuto: kSeesaw where the block size allows it, else kRing.
+// Measurements: docs/PERFORMANCE.md section 26.
+enum class MlaBf16Schedule { kAuto, kRing, kSeesaw };
+
 // How the portable kernel multiplies an fp8 cache.
 //   kE4m3: fp8 tensor cores (mma m16n8k32 e4m3, sm_89 and later): the cache bytes feed the MMA
 //     unconverted; q and P enter as two e4m3 terms each (hi + lo). An error where the device's
@@ -51,6 +61,7 @@ struct MlaDecodeShape {
   MlaCacheType cache = MlaCacheType::kBf16;
   MlaKernel kernel = MlaKernel::kAuto;
   MlaFp8Math fp8_math = MlaFp8Math::kAuto;
+  MlaBf16Schedule bf16_schedule = MlaBf16Schedule::kAuto;
 };
 
 // Whether the current device can run the sm_90a MLA kernel (cached per device).
@@ -141,6 +152,8 @@ class MlaDecode {
   const MlaDecodeShape& shape() const { return shape_; }
   // Whether items of row variant v run on the sm_90a kernel (the shape's choice on this device).
   bool uses_wgmma(int variant = kMlaNumRowVariants - 1) const;
+  // Whether the bf16 items that run on the sm_90a kernel take the seesaw schedule.
+  bool uses_seesaw() const;
   // Whether an fp8 cache is multiplied on e4m3 tensor cores (the shape's choice on this device).
   bool uses_fp8_mma() const;
   // Resident CTAs per SM of each row variant on the current device, for MlaPlanConfig.

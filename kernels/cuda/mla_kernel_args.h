@@ -59,6 +59,11 @@ bool AttendFp8MmaAvailable();
 // cache to the tensor-copy unit (nothing was launched).
 bool LaunchAttendBf16Wgmma(const AttendArgs& a, void* stream);
 int AttendCtasPerSmBf16Wgmma();
+// The same items on the seesaw schedule (mla_decode_seesaw.cu; LLM_MLA_WGMMA): no producer
+// warpgroup, slot halves refilled by the warpgroup that read them last. Needs block_size % 64 ==
+// 0 and items starting on multiples of 64 (every TMA tile inside one page).
+bool LaunchAttendBf16Seesaw(const AttendArgs& a, void* stream);
+int AttendCtasPerSmBf16Seesaw();
 // The sm_90a kernel for 16- and 32-row items over an fp8 cache (mla_decode_fp8_wgmma.cu;
 // LLM_MLA_WGMMA); rows is 16 or 32.
 bool LaunchAttendFp8Wgmma(const AttendArgs& a, int rows, void* stream);

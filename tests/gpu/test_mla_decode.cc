@@ -58,6 +58,7 @@ struct MlaCase {
   int block_size = 64;
   MlaKernel kernel = MlaKernel::kAuto;
   MlaFp8Math fp8_math = MlaFp8Math::kAuto;
+  MlaBf16Schedule schedule = MlaBf16Schedule::kAuto;
   // Cache row i of a sequence of length n is scaled by 1 + kv_ramp * i / n (the appended rows by
   // 1 + kv_ramp): scores keep growing along the context, so the running max keeps moving.
   float kv_ramp = 0.f;
@@ -73,6 +74,7 @@ std::string Name(const MlaCase& c) {
                    : c.kernel == MlaKernel::kWgmma  ? " wgmma kernel"
                                                     : "") +
                   (c.fp8_math == MlaFp8Math::kF16 ? " f16-MMA fp8 kernel" : "") +
+                  (c.schedule == MlaBf16Schedule::kRing ? " ring schedule" : "") +
                   (c.kv_ramp != 0.f ? " kv_ramp=" + std::to_string(c.kv_ramp) : "") +
                   " seqs(q,kv)=";
   for (auto [q, kv] : c.seqs) s += "(" + std::to_string(q) + "," + std::to_string(kv) + ")";
@@ -161,10 +163,10 @@ int RunCaseOnce(const MlaCase& c, std::mt19937& rng) {
 
   int num_partials = -1;
   if (c.path == Path::kDirect) {
-    MlaDecode attn(MlaDecodeShape{H, bs, c.cache, c.kernel, c.fp8_math});
+    MlaDecode attn(MlaDecodeShape{H, bs, c.cache, c.kernel, c.fp8_math, c.schedule});
     INFO("items on the wgmma kernel (16/32/64 rows): "
          << attn.uses_wgmma(0) << attn.uses_wgmma(1) << attn.uses_wgmma(2)
-         << ", fp8 on e4m3 MMA: " << attn.uses_fp8_mma());
+         << ", fp8 on e4m3 MMA: " << attn.uses_fp8_mma() << ", seesaw: " << attn.uses_seesaw());
     MlaPlanConfig pc = attn.plan_config();
     pc.min_chunk_tokens = 64;
     if (c.split == Split::kNone) pc.max_splits = 1;
@@ -310,8 +312,8 @@ int RunCaseOnce(const MlaCase& c, std::mt19937& rng) {
 }
 
 // Runs the case on the automatic choice and, where the sm_90a kernel can run (bf16 cache on an
-// H100/H200), once more on each explicit kernel: the portable one (which sm_120 runs) and wgmma for
-// every item (kAuto gives it only the 64-row items). An fp8 case runs once more on the fp8 kernel
+// H100/H200), once more on the portable kernel (which sm_120 runs) and, where kAuto took the
+// seesaw schedule, once more on the ring schedule. An fp8 case runs once more on the fp8 kernel
 // kAuto did not choose, where both can run (sm_89+), so both are checked on one device.
 int RunCase(const MlaCase& c, std::mt19937& rng) {
   const int partials = RunCaseOnce(c, rng);
@@ -319,6 +321,11 @@ int RunCase(const MlaCase& c, std::mt19937& rng) {
     MlaCase other = c;
     other.kernel = MlaKernel::kPortable;
     RunCaseOnce(other, rng);
+    if (MlaDecode(MlaDecodeShape{c.heads, c.block_size, c.cache}).uses_seesaw()) {
+      MlaCase ring = c;
+      ring.schedule = MlaBf16Schedule::kRing;
+      RunCaseOnce(ring, rng);
+    }
   }
   if (c.path == Path::kDirect && c.cache == MlaCacheType::kFp8E4M3) {
     // kAuto puts 16-row fp8 items on the transposed wgmma kernel (Hopper): the portable kernel
@@ -503,6 +510,24 @@ TEST_CASE("MLA decode: kernel choice per device and cache type", "[gpu][mla]") {
     const Status st = forced.Upload(b, BuildMlaPlan(forced.shape(), b, MlaPlanConfig{}), nullptr);
     CHECK(st.ok() == hopper);
     if (!hopper) CHECK(st.code() == StatusCode::kInvalidArgument);
+  }
+  // bf16 schedule: seesaw by default where every 64-token tile sits in one page; the ring for
+  // other block sizes and on request; seesaw forced onto a block size it cannot take is refused.
+  using Sched = MlaBf16Schedule;
+  CHECK(MlaDecode(MlaDecodeShape{128, 64, MlaCacheType::kBf16}).uses_seesaw() == hopper);
+  CHECK(MlaDecode(MlaDecodeShape{128, 128, MlaCacheType::kBf16}).uses_seesaw() == hopper);
+  CHECK_FALSE(MlaDecode(MlaDecodeShape{128, 32, MlaCacheType::kBf16}).uses_seesaw());
+  CHECK_FALSE(MlaDecode(MlaDecodeShape{128, 64, MlaCacheType::kFp8E4M3}).uses_seesaw());
+  CHECK_FALSE(MlaDecode(MlaDecodeShape{128, 64, MlaCacheType::kBf16, MlaKernel::kAuto,
+                                       MlaFp8Math::kAuto, Sched::kRing})
+                  .uses_seesaw());
+  CHECK_FALSE(MlaDecode(MlaDecodeShape{128, 64, MlaCacheType::kBf16, MlaKernel::kPortable})
+                  .uses_seesaw());
+  {
+    MlaDecode bad(MlaDecodeShape{128, 32, MlaCacheType::kBf16, MlaKernel::kAuto,
+                                 MlaFp8Math::kAuto, Sched::kSeesaw});
+    const Status st = bad.Upload(b, BuildMlaPlan(bad.shape(), b, MlaPlanConfig{}), nullptr);
+    CHECK(st.code() == StatusCode::kInvalidArgument);
   }
   // fp8 math: e4m3 MMA can run wherever the device's binary is sm_89+ (H100/H200 too) and is
   // kAuto's choice except on Hopper; f16 on request; forcing e4m3 where it cannot run is an
