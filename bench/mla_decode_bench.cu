@@ -230,11 +230,11 @@ Result RunShape(const Shape& s, int iters, double bw_tbps, double peak_tflops, d
   // Rows of one item: one query token per sequence, at most max_item_rows heads per item.
   const int item_rows = std::min(s.heads, attn[0]->plan_config().max_item_rows);
   const int variant = item_rows > 32 ? 2 : item_rows > 16 ? 1 : 0;
-  const char* impl = attn[0]->uses_seesaw()        ? "cuda_mla_seesaw"
+  const char* impl = attn[0]->uses_seesaw(variant)  ? "cuda_mla_seesaw"
                      : attn[0]->uses_wgmma(variant) ? "cuda_mla_wgmma"
-                     : !fp8                       ? "cuda_mla_portable"
-                     : attn[0]->uses_fp8_mma()    ? "cuda_mla_e4m3"
-                                                  : "cuda_mla_f16";
+                     : !fp8                         ? "cuda_mla_portable"
+                     : attn[0]->uses_fp8_mma()      ? "cuda_mla_e4m3"
+                                                    : "cuda_mla_f16";
   Result r{s.name,
            impl,
            s.heads,

@@ -341,7 +341,9 @@ Status CudaDeepseekModel::SelectMlaKernel(const std::string& option) {
   static_assert(cuda::kMlaNumRowVariants == 3 && cuda::kMlaVariantRows[0] == 16 &&
                 cuda::kMlaVariantRows[1] == 32 && cuda::kMlaVariantRows[2] == 64);
   auto on = [sw](int variant) {
-    return !sw->uses_wgmma(variant) ? "portable" : sw->uses_seesaw() ? "wgmma (seesaw)" : "wgmma";
+    return !sw->uses_wgmma(variant)   ? "portable"
+           : sw->uses_seesaw(variant) ? "wgmma (seesaw)"
+                                      : "wgmma";
   };
   spdlog::info("cuda_mla kernel: mla_kernel={} -> 16-row items on {}, 32-row on {}, 64-row on {}",
                option, on(0), on(1), on(2));

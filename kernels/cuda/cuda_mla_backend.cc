@@ -51,7 +51,7 @@ class CudaMlaBackend final : public MlaAttentionBackend, public MlaKernelSwitch 
     return Status::Ok();
   }
   bool uses_wgmma(int variant) const override { return attn_->uses_wgmma(variant); }
-  bool uses_seesaw() const override { return attn_->uses_seesaw(); }
+  bool uses_seesaw(int variant) const override { return attn_->uses_seesaw(variant); }
 
   std::string name() const override { return "cuda_mla"; }
   size_t BlockBytes() const override {

@@ -17,8 +17,8 @@ class MlaKernelSwitch {
   virtual Status SetMlaKernel(MlaKernel kernel) = 0;
   // Whether work items of row variant v (kMlaVariantRows) run on the sm_90a kernel.
   virtual bool uses_wgmma(int variant) const = 0;
-  // Whether bf16 items on the wgmma kernel take the seesaw schedule (MlaBf16Schedule).
-  virtual bool uses_seesaw() const = 0;
+  // Whether bf16 items of row variant v take the wgmma kernel's seesaw schedule (MlaBf16Schedule).
+  virtual bool uses_seesaw(int variant) const = 0;
 };
 
 }  // namespace llm::cuda

@@ -130,18 +130,22 @@ bool MlaDecode::uses_wgmma(int variant) const {
   return MlaWgmmaAvailable();
 }
 
-bool MlaDecode::uses_seesaw() const {
-  if (shape_.cache != MlaCacheType::kBf16 || !uses_wgmma()) return false;
+bool MlaDecode::uses_seesaw(int variant) const {
+  if (shape_.cache != MlaCacheType::kBf16 || !uses_wgmma(variant)) return false;
   if (shape_.bf16_schedule == MlaBf16Schedule::kRing) return false;
-  return shape_.block_size % 64 == 0;  // kSeesaw elsewhere is refused by CheckKernelChoice
+  if (shape_.block_size % 64 != 0) return false;  // kSeesaw here is refused by CheckKernelChoice
+  // kAuto: 64-row items only. Padded 16- and 32-row items are memory-bound, and there the ring's
+  // producer keeps more copies in flight (H200, 16 heads x 4096: 4.00 TB/s against 3.86-3.92).
+  return shape_.bf16_schedule == MlaBf16Schedule::kSeesaw || variant == kMlaNumRowVariants - 1;
 }
 
 namespace {
 Status CheckKernelChoice(const MlaDecodeShape& shape) {
   if (shape.bf16_schedule == MlaBf16Schedule::kSeesaw && shape.block_size % 64 != 0) {
-    return InvalidArgument("MLA decode: the seesaw schedule needs a block size that is a multiple "
-                           "of 64, got " +
-                           std::to_string(shape.block_size));
+    return InvalidArgument(
+        "MLA decode: the seesaw schedule needs a block size that is a multiple "
+        "of 64, got " +
+        std::to_string(shape.block_size));
   }
   if (shape.cache == MlaCacheType::kFp8E4M3 && shape.fp8_math == MlaFp8Math::kE4m3 &&
       !MlaFp8MmaAvailable()) {
@@ -173,9 +177,10 @@ void MlaDecode::ctas_per_sm(int out[kMlaNumRowVariants]) const {
 #if LLM_MLA_WGMMA
   for (int v = 0; v < kMlaNumRowVariants; ++v) {
     if (uses_wgmma(v)) {
-      out[v] = shape_.cache == MlaCacheType::kFp8E4M3 ? mla::AttendCtasPerSmFp8Wgmma(kMlaVariantRows[v])
-               : uses_seesaw()                         ? mla::AttendCtasPerSmBf16Seesaw()
-                                                       : mla::AttendCtasPerSmBf16Wgmma();
+      out[v] = shape_.cache == MlaCacheType::kFp8E4M3
+                   ? mla::AttendCtasPerSmFp8Wgmma(kMlaVariantRows[v])
+               : uses_seesaw(v) ? mla::AttendCtasPerSmBf16Seesaw()
+                                : mla::AttendCtasPerSmBf16Wgmma();
     }
   }
 #endif
@@ -282,9 +287,9 @@ Status MlaDecode::Attend(const LayerArgs& args, void* stream) {
     a.num_items = num_items_[v];
     if (uses_wgmma(v)) {
 #if LLM_MLA_WGMMA
-      const bool launched = fp8             ? mla::LaunchAttendFp8Wgmma(a, kMlaVariantRows[v], stream)
-                            : uses_seesaw() ? mla::LaunchAttendBf16Seesaw(a, stream)
-                                            : mla::LaunchAttendBf16Wgmma(a, stream);
+      const bool launched = fp8 ? mla::LaunchAttendFp8Wgmma(a, kMlaVariantRows[v], stream)
+                            : uses_seesaw(v) ? mla::LaunchAttendBf16Seesaw(a, stream)
+                                             : mla::LaunchAttendBf16Wgmma(a, stream);
       if (!launched) {
         return Internal("MLA decode: cuTensorMapEncodeTiled failed for the latent cache");
       }

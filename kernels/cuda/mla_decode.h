@@ -41,7 +41,8 @@ enum class MlaKernel { kAuto, kPortable, kWgmma };
 //     warpgroup that read them last. Needs block_size % 64 == 0 (every 64-token tile in one page).
 //   kRing (mla_decode_wgmma.cu): a producer warpgroup streams tiles into a two-slot ring; any
 //     block size.
-//   kAuto: kSeesaw where the block size allows it, else kRing.
+//   kAuto: kSeesaw for 64-row items where the block size allows it (the compute-bound ones: 64 and
+//     128 heads, 16 heads x 4 query tokens), else kRing.
 // Measurements: docs/PERFORMANCE.md section 26.
 enum class MlaBf16Schedule { kAuto, kRing, kSeesaw };
 
@@ -152,8 +153,8 @@ class MlaDecode {
   const MlaDecodeShape& shape() const { return shape_; }
   // Whether items of row variant v run on the sm_90a kernel (the shape's choice on this device).
   bool uses_wgmma(int variant = kMlaNumRowVariants - 1) const;
-  // Whether the bf16 items that run on the sm_90a kernel take the seesaw schedule.
-  bool uses_seesaw() const;
+  // Whether bf16 items of row variant v take the seesaw schedule of the sm_90a kernel.
+  bool uses_seesaw(int variant = kMlaNumRowVariants - 1) const;
   // Whether an fp8 cache is multiplied on e4m3 tensor cores (the shape's choice on this device).
   bool uses_fp8_mma() const;
   // Resident CTAs per SM of each row variant on the current device, for MlaPlanConfig.

@@ -42,6 +42,9 @@
 #include "kernels/cuda/wgmma.cuh"
 #include "kernels/gpu_port.h"
 
+#ifndef LLM_SEESAW_BULK_WAIT
+#define LLM_SEESAW_BULK_WAIT 0
+#endif
 #ifndef LLM_SEESAW_LOAD_EARLY
 #define LLM_SEESAW_LOAD_EARLY 0
 #endif
@@ -57,8 +60,8 @@ namespace wg = llm::cuda::wgmma;
 struct SeeCfg {
   static constexpr int kTile = 64;  // tokens per KV tile
   static constexpr int kPanels = kMlaCacheDim / 64;
-  static constexpr int kRopePanel = kPanels - 1;    // holds the tile's published P after its S
-  static constexpr int kPanelBytes = 64 * 128;      // 64 rows x 64 bf16 dims
+  static constexpr int kRopePanel = kPanels - 1;  // holds the tile's published P after its S
+  static constexpr int kPanelBytes = 64 * 128;    // 64 rows x 64 bf16 dims
   static constexpr int kTileBytes = kPanels * kPanelBytes;
   static constexpr int kThreads = 256;
   static constexpr int kQOff = 0;
@@ -74,9 +77,9 @@ struct SeeCfg {
 // As in the ring kernel: the offset moves only when a tile's max passes it by more than 2^8.
 constexpr float kLazyRescaleLog2 = 8.f;
 
-// Named barriers (0 is __syncthreads): the hand-offs of one pair, a per-warpgroup barrier for the
-// zero fill of a tail tile, and the final join.
-enum Bar : int { kScale0 = 1, kScale1 = 2, kP0 = 3, kPv0Issued = 4, kWgLocal = 5, kJoin = 7 };
+// Named barriers (0 is __syncthreads): the hand-offs of one pair, and a per-warpgroup barrier
+// (5, 6) for the zero fill of a tail tile.
+enum Bar : int { kScale0 = 1, kScale1 = 2, kP0 = 3, kPv0Issued = 4, kWgLocal = 5 };
 
 __device__ __forceinline__ void BarSync(int id, int n) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
@@ -88,7 +91,9 @@ __device__ __forceinline__ void BarArrive(int id) {
 struct Smem {
   uint32_t base;
   __device__ uint32_t q() const { return base + SeeCfg::kQOff; }
-  __device__ uint32_t kv(int slot) const { return base + SeeCfg::kKvOff + slot * SeeCfg::kTileBytes; }
+  __device__ uint32_t kv(int slot) const {
+    return base + SeeCfg::kKvOff + slot * SeeCfg::kTileBytes;
+  }
   __device__ uint32_t panel(int slot, int pn) const { return kv(slot) + pn * SeeCfg::kPanelBytes; }
   __device__ uint32_t full(int slot, int pn) const {
     return base + SeeCfg::kBarOff + 8 * (slot * SeeCfg::kPanels + pn);
@@ -124,10 +129,10 @@ struct Ctx {
   const CUtensorMap* map;
   MlaWorkItem item;
   int n_tiles;
-  int c;        // warpgroup: 0 or 1
-  int wtid;     // thread in the warpgroup
-  int t;        // lane % 4
-  int r0;       // this thread's rows: r0 and r0 + 8
+  int c;     // warpgroup: 0 or 1
+  int wtid;  // thread in the warpgroup
+  int t;     // lane % 4
+  int r0;    // this thread's rows: r0 and r0 + 8
   int row_pos[2];
   int pos0;
   Smem sm;
@@ -153,8 +158,7 @@ struct Ctx {
     const int slot = i & 1, y = cache_row(tok0(i));
     auto one = [&](int pn) {
       wg::MbarArriveExpectTx(sm.full(slot, pn), SeeCfg::kPanelBytes);
-      wg::TmaLoad2d(sm.panel(slot, pn), map, pn * 64, y, sm.full(slot, pn),
-                    wg::EvictFirstPolicy());
+      wg::TmaLoad2d(sm.panel(slot, pn), map, pn * 64, y, sm.full(slot, pn), wg::EvictFirstPolicy());
     };
     for (int pn = b; pn < e; ++pn) one(pn);
     if (extra >= 0) one(extra);
@@ -166,10 +170,16 @@ struct Ctx {
     const int slot = i & 1;
     const uint32_t parity = (i >> 1) & 1;
     const uint64_t kv_desc = wg::DescAdd(kv_desc0, slot * SeeCfg::kTileBytes);
+#if LLM_SEESAW_BULK_WAIT
+    for (int pn = kB; pn < kE; ++pn) wg::MbarWait(sm.full(slot, pn), parity);
+    wg::Fence();
+#endif
 #pragma unroll
     for (int pn = kB; pn < kE; ++pn) {
+#if !LLM_SEESAW_BULK_WAIT
       wg::MbarWait(sm.full(slot, pn), parity);
       wg::Fence();
+#endif
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         const uint32_t off = pn * SeeCfg::kPanelBytes + kk * 32;
@@ -272,7 +282,9 @@ struct Ctx {
     wg::ProxyFence();
     BarSync(kWgLocal + c, 128);
   }
-  __device__ bool IsTail(int i) const { return item.kv_end - tok0(i) < SeeCfg::kTile; }
+  __device__ bool IsTail(int i) const {
+    return item.kv_end - tok0(i) < SeeCfg::kTile;
+  }
   __device__ void WaitPanels(int i, int b, int e) const {
     for (int pn = b; pn < e; ++pn) wg::MbarWait(sm.full(i & 1, pn), (i >> 1) & 1);
   }
@@ -574,7 +586,7 @@ __global__ void __launch_bounds__(SeeCfg::kThreads, 1)
     x.l[h] += __shfl_xor_sync(0xffffffffu, x.l[h], 2);
     if (x.t == 0) x.l_s[x.c * 64 + x.r0 + 8 * h] = x.l[h];
   }
-  BarSync(kJoin, 256);
+  __syncthreads();  // (compute-sanitizer's racecheck does not follow a named barrier here)
   const MlaWorkItem& item = x.item;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {

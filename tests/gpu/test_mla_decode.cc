@@ -166,7 +166,8 @@ int RunCaseOnce(const MlaCase& c, std::mt19937& rng) {
     MlaDecode attn(MlaDecodeShape{H, bs, c.cache, c.kernel, c.fp8_math, c.schedule});
     INFO("items on the wgmma kernel (16/32/64 rows): "
          << attn.uses_wgmma(0) << attn.uses_wgmma(1) << attn.uses_wgmma(2)
-         << ", fp8 on e4m3 MMA: " << attn.uses_fp8_mma() << ", seesaw: " << attn.uses_seesaw());
+         << ", fp8 on e4m3 MMA: " << attn.uses_fp8_mma() << ", seesaw: " << attn.uses_seesaw(0)
+         << attn.uses_seesaw(1) << attn.uses_seesaw(2));
     MlaPlanConfig pc = attn.plan_config();
     pc.min_chunk_tokens = 64;
     if (c.split == Split::kNone) pc.max_splits = 1;
@@ -321,10 +322,12 @@ int RunCase(const MlaCase& c, std::mt19937& rng) {
     MlaCase other = c;
     other.kernel = MlaKernel::kPortable;
     RunCaseOnce(other, rng);
-    if (MlaDecode(MlaDecodeShape{c.heads, c.block_size, c.cache}).uses_seesaw()) {
-      MlaCase ring = c;
-      ring.schedule = MlaBf16Schedule::kRing;
-      RunCaseOnce(ring, rng);
+    if (c.block_size % 64 == 0) {
+      // kAuto runs 64-row items (64 and 128 heads; 16 x 4 and 32 x 2 query tokens) on the seesaw
+      // schedule and padded smaller items on the ring: the other schedule takes every item once.
+      MlaCase other_schedule = c;
+      other_schedule.schedule = c.heads >= 64 ? MlaBf16Schedule::kRing : MlaBf16Schedule::kSeesaw;
+      RunCaseOnce(other_schedule, rng);
     }
   }
   if (c.path == Path::kDirect && c.cache == MlaCacheType::kFp8E4M3) {
@@ -517,15 +520,19 @@ TEST_CASE("MLA decode: kernel choice per device and cache type", "[gpu][mla]") {
   CHECK(MlaDecode(MlaDecodeShape{128, 64, MlaCacheType::kBf16}).uses_seesaw() == hopper);
   CHECK(MlaDecode(MlaDecodeShape{128, 128, MlaCacheType::kBf16}).uses_seesaw() == hopper);
   CHECK_FALSE(MlaDecode(MlaDecodeShape{128, 32, MlaCacheType::kBf16}).uses_seesaw());
+  CHECK_FALSE(MlaDecode(MlaDecodeShape{16, 64, MlaCacheType::kBf16}).uses_seesaw(0));
+  CHECK(MlaDecode(MlaDecodeShape{16, 64, MlaCacheType::kBf16, MlaKernel::kAuto, MlaFp8Math::kAuto,
+                                 Sched::kSeesaw})
+            .uses_seesaw(0) == hopper);
   CHECK_FALSE(MlaDecode(MlaDecodeShape{128, 64, MlaCacheType::kFp8E4M3}).uses_seesaw());
   CHECK_FALSE(MlaDecode(MlaDecodeShape{128, 64, MlaCacheType::kBf16, MlaKernel::kAuto,
                                        MlaFp8Math::kAuto, Sched::kRing})
                   .uses_seesaw());
-  CHECK_FALSE(MlaDecode(MlaDecodeShape{128, 64, MlaCacheType::kBf16, MlaKernel::kPortable})
-                  .uses_seesaw());
+  CHECK_FALSE(
+      MlaDecode(MlaDecodeShape{128, 64, MlaCacheType::kBf16, MlaKernel::kPortable}).uses_seesaw());
   {
-    MlaDecode bad(MlaDecodeShape{128, 32, MlaCacheType::kBf16, MlaKernel::kAuto,
-                                 MlaFp8Math::kAuto, Sched::kSeesaw});
+    MlaDecode bad(MlaDecodeShape{128, 32, MlaCacheType::kBf16, MlaKernel::kAuto, MlaFp8Math::kAuto,
+                                 Sched::kSeesaw});
     const Status st = bad.Upload(b, BuildMlaPlan(bad.shape(), b, MlaPlanConfig{}), nullptr);
     CHECK(st.code() == StatusCode::kInvalidArgument);
   }
