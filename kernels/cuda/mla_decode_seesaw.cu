@@ -42,16 +42,6 @@
 #include "kernels/cuda/wgmma.cuh"
 #include "kernels/gpu_port.h"
 
-#ifndef LLM_SEESAW_BULK_WAIT
-#define LLM_SEESAW_BULK_WAIT 0
-#endif
-#ifndef LLM_SEESAW_LOAD_EARLY
-#define LLM_SEESAW_LOAD_EARLY 0
-#endif
-#ifndef LLM_SEESAW_EARLY
-#define LLM_SEESAW_EARLY 0
-#endif
-
 namespace llm::cuda::mla {
 namespace {
 
@@ -170,16 +160,10 @@ struct Ctx {
     const int slot = i & 1;
     const uint32_t parity = (i >> 1) & 1;
     const uint64_t kv_desc = wg::DescAdd(kv_desc0, slot * SeeCfg::kTileBytes);
-#if LLM_SEESAW_BULK_WAIT
-    for (int pn = kB; pn < kE; ++pn) wg::MbarWait(sm.full(slot, pn), parity);
-    wg::Fence();
-#endif
 #pragma unroll
     for (int pn = kB; pn < kE; ++pn) {
-#if !LLM_SEESAW_BULK_WAIT
       wg::MbarWait(sm.full(slot, pn), parity);
       wg::Fence();
-#endif
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         const uint32_t off = pn * SeeCfg::kPanelBytes + kk * 32;
@@ -193,8 +177,11 @@ struct Ctx {
     return wg::DescAdd(v_desc0, slot * SeeCfg::kTileBytes + kt * 16 * 128);
   }
   // The published P of slot `slot` (its rope panel), k16-slice kt: K-major.
+  __device__ uint32_t PAddr(int slot) const {
+    return sm.panel(slot, SeeCfg::kRopePanel);
+  }
   __device__ uint64_t PDesc(int slot, int kt) const {
-    return wg::DescAdd(wg::Desc(sm.panel(slot, SeeCfg::kRopePanel), 16, 1024), kt * 32);
+    return wg::DescAdd(wg::Desc(PAddr(slot), 16, 1024), kt * 32);
   }
   __device__ bool NeedMask(int i) const {
     const int t0 = tok0(i);
@@ -248,7 +235,7 @@ struct Ctx {
   // P into the rope panel of `slot` (A operand, K-major, swizzled): n-block j of row r0 (+8)
   // holds tokens 8j + 2t, +1. Then visible to the async proxy (the other warpgroup's wgmma).
   __device__ void PublishP(int slot) const {
-    const uint32_t base = sm.panel(slot, SeeCfg::kRopePanel);
+    const uint32_t base = PAddr(slot);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
 #pragma unroll
@@ -299,9 +286,7 @@ __device__ __forceinline__ void Wg0Pair(Ctx& x, int i) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) m_in[h] = x.m_s[x.r0 + 8 * h];
   x.SoftmaxMax(i, m_in, m_new, f0, m_use);
-#if !LLM_SEESAW_EARLY
   x.SoftmaxExp(m_use);
-#endif
   __syncwarp();  // the quad has read m before its first lane writes it
   if (x.t == 0) {
 #pragma unroll
@@ -311,9 +296,6 @@ __device__ __forceinline__ void Wg0Pair(Ctx& x, int i) {
     }
   }
   BarArrive(kScale0);
-#if LLM_SEESAW_EARLY
-  x.SoftmaxExp(m_use);
-#endif
   float sum[2];
   x.RowSums(sum);
 #pragma unroll
@@ -327,13 +309,8 @@ __device__ __forceinline__ void Wg0Pair(Ctx& x, int i) {
   wg::Commit();
   wg::Wait<0>();
   wg::Pin(x.o);
-#if LLM_SEESAW_LOAD_EARLY
-  if constexpr (kNextA) x.Load(i + 2, 0, 4, -1);
-#endif
   BarSync(kScale1, 256);  // WG1's softmax of S_b is done: f1
-#if !LLM_SEESAW_LOAD_EARLY
   if constexpr (kNextA) x.Load(i + 2, 0, 4, -1);
-#endif
   float f1[2] = {1.f, 1.f};
   if constexpr (kHasB) {
 #pragma unroll
@@ -390,9 +367,7 @@ __device__ __forceinline__ void Wg1Pair(Ctx& x, int i) {
   if constexpr (kHasB) {
     float m_new[2];
     x.SoftmaxMax(b, m_in, m_new, f1, m_use);
-#if !LLM_SEESAW_EARLY
     x.SoftmaxExp(m_use);
-#endif
     __syncwarp();
     if (x.t == 0) {
 #pragma unroll
@@ -406,9 +381,6 @@ __device__ __forceinline__ void Wg1Pair(Ctx& x, int i) {
     for (int h = 0; h < 2; ++h) x.f1_s[x.r0 + 8 * h] = 1.f;
   }
   BarArrive(kScale1);
-#if LLM_SEESAW_EARLY
-  if constexpr (kHasB) x.SoftmaxExp(m_use);
-#endif
   float sum[2] = {0.f, 0.f};
   if constexpr (kHasB) x.RowSums(sum);
 #pragma unroll
