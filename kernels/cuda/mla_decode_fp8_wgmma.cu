@@ -41,8 +41,8 @@
 
 #include "kernels/cuda/mla_item.cuh"
 #include "kernels/cuda/mla_kernel_args.h"
+#include "kernels/cuda/mla_sm90_launch.cuh"
 #include "kernels/cuda/mla_tensor_map.h"
-#include "kernels/cuda/pdl_launch.cuh"
 #include "kernels/cuda/ptx_ops.cuh"
 #include "kernels/cuda/wgmma.cuh"
 #include "kernels/gpu_port.h"
@@ -682,27 +682,7 @@ __global__ void __launch_bounds__(FwRing::kThreads, 1)
 }
 
 template <int R>
-cudaError_t PrepareKernel() {
-  static const cudaError_t err = cudaFuncSetAttribute(
-      MlaFp8WgmmaKernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, FwCfg<R>::kSmemBytes);
-  return err;
-}
-
-template <int R>
-void Launch(const AttendArgs& a, const CUtensorMap& map, void* stream) {
-  (void)PrepareKernel<R>();  // a failed attribute call makes the launch fail too
-  (void)LaunchPdl(MlaFp8WgmmaKernel<R>, dim3(a.num_items), dim3(FwRing::kThreads),
-                  FwCfg<R>::kSmemBytes, static_cast<cudaStream_t>(stream), a, map);
-}
-
-template <int R>
-int CtasPerSm() {
-  if (PrepareKernel<R>() != cudaSuccess) return 1;
-  int n = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, MlaFp8WgmmaKernel<R>, FwRing::kThreads,
-                                                FwCfg<R>::kSmemBytes);
-  return n > 0 ? n : 1;
-}
+using Fp8Launch = Sm90MlaLaunch<MlaFp8WgmmaKernel<R>, FwRing::kThreads, FwCfg<R>::kSmemBytes>;
 
 }  // namespace
 
@@ -711,15 +691,15 @@ bool LaunchAttendFp8Wgmma(const AttendArgs& a, int rows, void* stream) {
   CUtensorMap map;
   if (!EncodeMlaCacheMap(a.cache, /*fp8=*/true, &map)) return false;
   if (rows == 16) {
-    Launch<16>(a, map, stream);
+    Fp8Launch<16>::Launch(a, map, stream);
   } else {
-    Launch<32>(a, map, stream);
+    Fp8Launch<32>::Launch(a, map, stream);
   }
   return true;
 }
 
 int AttendCtasPerSmFp8Wgmma(int rows) {
-  return rows == 16 ? CtasPerSm<16>() : CtasPerSm<32>();
+  return rows == 16 ? Fp8Launch<16>::CtasPerSm() : Fp8Launch<32>::CtasPerSm();
 }
 
 }  // namespace llm::cuda::mla

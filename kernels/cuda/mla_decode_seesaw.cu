@@ -36,8 +36,8 @@
 
 #include "kernels/cuda/mla_item.cuh"
 #include "kernels/cuda/mla_kernel_args.h"
+#include "kernels/cuda/mla_sm90_launch.cuh"
 #include "kernels/cuda/mla_tensor_map.h"
-#include "kernels/cuda/pdl_launch.cuh"
 #include "kernels/cuda/ptx_ops.cuh"
 #include "kernels/cuda/wgmma.cuh"
 #include "kernels/gpu_port.h"
@@ -528,23 +528,16 @@ __global__ void __launch_bounds__(SeeCfg::kThreads, 1)
 #pragma unroll
   for (int k = 0; k < 128; ++k) x.o[k] = 0.f;
   x.l[0] = x.l[1] = 0.f;
+  if (x.n_tiles > x.c) {  // S of the warpgroup's first tile (tile c)
+    wg::Fence();
+    x.IssueS<0, SeeCfg::kPanels, true>(x.c);
+    wg::Commit();
+  }
+  wg::Wait<0>();
+  wg::Pin(x.s);
   if (x.c == 0) {
-    if (x.n_tiles > 0) {
-      wg::Fence();
-      x.IssueS<0, SeeCfg::kPanels, true>(0);
-      wg::Commit();
-    }
-    wg::Wait<0>();
-    wg::Pin(x.s);
     RunPairs<true>(x);
   } else {
-    if (x.n_tiles > 1) {
-      wg::Fence();
-      x.IssueS<0, SeeCfg::kPanels, true>(1);
-      wg::Commit();
-    }
-    wg::Wait<0>();
-    wg::Pin(x.s);
     RunPairs<false>(x);
   }
   wg::Wait<0>();
@@ -587,11 +580,7 @@ __global__ void __launch_bounds__(SeeCfg::kThreads, 1)
   }
 }
 
-const cudaError_t& PrepareKernel() {
-  static const cudaError_t err = cudaFuncSetAttribute(
-      MlaSeesawKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SeeCfg::kSmemBytes);
-  return err;
-}
+using SeesawLaunch = Sm90MlaLaunch<MlaSeesawKernel, SeeCfg::kThreads, SeeCfg::kSmemBytes>;
 
 }  // namespace
 
@@ -599,18 +588,12 @@ bool LaunchAttendBf16Seesaw(const AttendArgs& a, void* stream) {
   if (a.num_items == 0) return true;
   CUtensorMap map;
   if (!EncodeMlaCacheMap(a.cache, /*fp8=*/false, &map)) return false;
-  (void)PrepareKernel();  // a failed attribute call fails the launch; the caller checks
-  (void)LaunchPdl(MlaSeesawKernel, dim3(a.num_items), dim3(SeeCfg::kThreads), SeeCfg::kSmemBytes,
-                  static_cast<cudaStream_t>(stream), a, map);
+  SeesawLaunch::Launch(a, map, stream);
   return true;
 }
 
 int AttendCtasPerSmBf16Seesaw() {
-  if (PrepareKernel() != cudaSuccess) return 1;
-  int n = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, MlaSeesawKernel, SeeCfg::kThreads,
-                                                SeeCfg::kSmemBytes);
-  return n > 0 ? n : 1;
+  return SeesawLaunch::CtasPerSm();
 }
 
 }  // namespace llm::cuda::mla

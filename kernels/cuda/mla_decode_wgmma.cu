@@ -36,8 +36,8 @@
 
 #include "kernels/cuda/mla_item.cuh"
 #include "kernels/cuda/mla_kernel_args.h"
+#include "kernels/cuda/mla_sm90_launch.cuh"
 #include "kernels/cuda/mla_tensor_map.h"
-#include "kernels/cuda/pdl_launch.cuh"
 #include "kernels/cuda/ptx_ops.cuh"
 #include "kernels/cuda/wgmma.cuh"
 #include "kernels/gpu_port.h"
@@ -447,11 +447,7 @@ __global__ void __launch_bounds__(WgCfg::kThreads, 1)
   }
 }
 
-const cudaError_t& PrepareKernel() {
-  static const cudaError_t err = cudaFuncSetAttribute(
-      MlaWgmmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WgCfg::kSmemBytes);
-  return err;
-}
+using RingLaunch = Sm90MlaLaunch<MlaWgmmaKernel, WgCfg::kThreads, WgCfg::kSmemBytes>;
 
 }  // namespace
 
@@ -487,19 +483,12 @@ bool LaunchAttendBf16Wgmma(const AttendArgs& a, void* stream) {
   if (a.num_items == 0) return true;
   CUtensorMap map;
   if (!EncodeMlaCacheMap(a.cache, /*fp8=*/false, &map)) return false;
-  // A failed attribute call makes the launch fail too; the caller checks cudaGetLastError.
-  (void)PrepareKernel();
-  (void)LaunchPdl(MlaWgmmaKernel, dim3(a.num_items), dim3(WgCfg::kThreads), WgCfg::kSmemBytes,
-                  static_cast<cudaStream_t>(stream), a, map);
+  RingLaunch::Launch(a, map, stream);
   return true;
 }
 
 int AttendCtasPerSmBf16Wgmma() {
-  if (PrepareKernel() != cudaSuccess) return 1;
-  int n = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, MlaWgmmaKernel, WgCfg::kThreads,
-                                                WgCfg::kSmemBytes);
-  return n > 0 ? n : 1;
+  return RingLaunch::CtasPerSm();
 }
 
 }  // namespace llm::cuda::mla
