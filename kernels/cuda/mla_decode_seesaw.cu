@@ -90,25 +90,12 @@ struct Smem {
   }
 };
 
-// Per-row maxima of a 64 x 64 S fragment as a tree (a dependent chain sat on the critical path).
+// Per-row maxima of a 64 x 64 S fragment, reduced over the quad that shares a row.
 __device__ __forceinline__ void RowMax(const float (&s)[32], float (&mx)[2]) {
-  float tm[2][8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) tm[h][j] = fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
-  }
-#pragma unroll
-  for (int step = 4; step >= 1; step /= 2) {
-#pragma unroll
-    for (int j = 0; j < step; ++j) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) tm[h][j] = fmaxf(tm[h][j], tm[h][j + step]);
-    }
-  }
+  wg::RowMax64(s, mx);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    mx[h] = fmaxf(tm[h][0], __shfl_xor_sync(0xffffffffu, tm[h][0], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
   }
 }

@@ -79,27 +79,6 @@ struct WgCfg {
 // path) is skipped on most tiles (H200, 128 heads: 2.5% faster with the tree maximum below).
 constexpr float kLazyRescaleLog2 = 8.f;
 
-// Per-row maxima of a 64 x 64 S fragment (values x with (x >> 1) & 1 == h belong to row h), as
-// a tree: a chain of 16 dependent maxima per row sat on the critical path.
-__device__ __forceinline__ void RowMax(const float (&s)[32], float (&mx)[2]) {
-  float tm[2][8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) tm[h][j] = fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
-  }
-#pragma unroll
-  for (int step = 4; step >= 1; step /= 2) {
-#pragma unroll
-    for (int j = 0; j < step; ++j) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) tm[h][j] = fmaxf(tm[h][j], tm[h][j + step]);
-    }
-  }
-  mx[0] = tm[0][0];
-  mx[1] = tm[1][0];
-}
-
 // Named barriers 1 and 2 hand P_i over (by tile parity); 3 joins the consumers at the end.
 __device__ __forceinline__ void BarSync(int id) {
   asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
@@ -268,7 +247,7 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
       }
     }
     float mx[2];
-    RowMax(s, mx);
+    wg::RowMax64(s, mx);
     float m_use[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

@@ -158,6 +158,28 @@ __device__ __forceinline__ void RegDealloc() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
+// This thread's partial per-row maxima of a 64 x 64 accumulator fragment (values x with
+// (x >> 1) & 1 == h belong to its row h), as a tree: a chain of 16 dependent maxima per row sat
+// on the MLA kernels' critical path. The four lanes of a quad still hold parts of the same row.
+__device__ __forceinline__ void RowMax64(const float (&s)[32], float (&mx)[2]) {
+  float tm[2][8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) tm[h][j] = fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
+  }
+#pragma unroll
+  for (int step = 4; step >= 1; step /= 2) {
+#pragma unroll
+    for (int j = 0; j < step; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) tm[h][j] = fmaxf(tm[h][j], tm[h][j + step]);
+    }
+  }
+  mx[0] = tm[0][0];
+  mx[1] = tm[1][0];
+}
+
 // ptxas hoists a wgmma wait above independent arithmetic (seen in the FMHA kernel: the softmax
 // of S_i moved below the wait for P_{i-1} V_{i-1}, and the two no longer overlapped). A shared
 // store that depends on `x` (a result of that arithmetic) and is never executed (x >= 0 always)
