@@ -105,6 +105,7 @@ int main(int argc, char** argv) {
   spdlog::info("signal {}: shutting down", sig);
   server->GetHealthCheckService()->SetServingStatus(false);
   service.StopAccepting();
+  spdlog::info("stopped accepting requests");  // tests wait for this line, not for a time
   // In-flight requests get a grace period to finish; then the engine aborts what remains, which
   // gives every accepted request exactly one final status before the server closes.
   const auto grace_end =

@@ -33,7 +33,7 @@ Fixtures
 ServerHandle: grpc_port, metrics_port, target, proc, log_path; channel(), stub() (a
 GenerationStub), metrics() (the /metrics gauges and counters as {name: float}), wait_idle()
 (polls until nothing runs, waits or holds KV blocks), wait_for_log(substring), log_text(),
-terminate() (SIGTERM, returns the exit code), alive().
+terminate() (SIGTERM, returns the exit code), wait_exit(), alive().
 
 When a test fails, the log of every server alive during it is attached to the report.
 
@@ -235,6 +235,10 @@ class ServerHandle:
         """SIGTERM and wait; returns the exit code."""
         if self.alive():
             self.proc.send_signal(signal.SIGTERM)
+        return self.wait_exit(timeout)
+
+    def wait_exit(self, timeout=HANG_S):
+        """Waits for the process to exit (after a signal the test sent); returns the exit code."""
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
