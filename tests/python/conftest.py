@@ -29,6 +29,8 @@ Fixtures
   grpc, pb, pb_grpc   the grpc module and the generated llm.v1 protos.
   option        option("server_bin") -> the path, or skips the test when it was not given.
   workdir       a scratch directory per test (under --workdir when given).
+  seed          --seed (or $LLM_TEST_SEED), else a fresh random seed; printed, so a failing
+                randomized test can be rerun with it.
 
 ServerHandle: grpc_port, metrics_port, target, proc, log_path; channel(), stub() (a
 GenerationStub), metrics() (the /metrics gauges and counters as {name: float}), wait_idle()
@@ -44,6 +46,7 @@ against a hang (HANG_S).
 """
 
 import os
+import random
 import re
 import signal
 import subprocess
@@ -86,6 +89,9 @@ def pytest_addoption(parser):
     for name, (env, help_text) in _PATH_OPTIONS.items():
         g.addoption("--" + name.replace("_", "-"), dest=name, default=os.environ.get(env),
                     help=f"{help_text} (env {env})")
+    g.addoption("--seed", dest="seed", type=int, default=os.environ.get("LLM_TEST_SEED"),
+                help="seed of the randomized tests (env LLM_TEST_SEED; default: a fresh one, "
+                "printed so a failure can be rerun)")
 
 
 def _option(config, name):
@@ -98,6 +104,14 @@ def _option(config, name):
 @pytest.fixture(scope="session")
 def option(request):
     return lambda name: _option(request.config, name)
+
+
+@pytest.fixture
+def seed(request):
+    value = request.config.getoption("seed")
+    value = random.SystemRandom().randrange(1 << 31) if value is None else int(value)
+    print(f"seed {value} (rerun with --seed {value})")
+    return value
 
 
 @pytest.fixture
