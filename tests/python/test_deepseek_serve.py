@@ -15,7 +15,10 @@ to fit the tiny-llama tokenizer.json copied in), serves it, and checks:
 import json
 import os
 import subprocess
+import sys
 import threading
+
+import pytest
 
 import hf_deepseek_writer as dw
 from conftest import HANG_S
@@ -84,3 +87,7 @@ def test_deepseek_serve(server, option, workdir, grpc, pb):
         assert msgs[-1].complete.finish_reason == pb.FINISH_REASON_LENGTH, key
     assert sorted(results) == sorted(prompts)
     assert s.terminate() == 0
+
+
+if __name__ == "__main__":  # the same as /usr/bin/python3 -m pytest THIS_FILE [options]
+    sys.exit(pytest.main([__file__] + sys.argv[1:]))

@@ -160,3 +160,7 @@ def test_fp8_latent_cache(option, workdir):
     fails = fvt.Failures()
     fp8_check(option("dump_bin"), str(workdir), fails)
     assert not fails.items, "\n  ".join(fails.items)
+
+
+if __name__ == "__main__":  # the same as /usr/bin/python3 -m pytest THIS_FILE [options]
+    sys.exit(pytest.main([__file__] + sys.argv[1:]))

@@ -23,8 +23,10 @@ import math
 import os
 import random
 import subprocess
+import sys
 
 import numpy as np
+import pytest
 import torch
 
 REL_TOL = 1e-5
@@ -404,3 +406,7 @@ def test_bad_inputs(option, workdir, seed):
     good = write_case(workdir, "case00", dict(c), q, k, v)
     failures = check_bad_inputs(option("fmha_ref_bin"), workdir, good)
     assert not failures, "\n  ".join(failures)
+
+
+if __name__ == "__main__":  # the same as /usr/bin/python3 -m pytest THIS_FILE [options]
+    sys.exit(pytest.main([__file__] + sys.argv[1:]))

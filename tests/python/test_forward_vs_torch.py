@@ -344,3 +344,7 @@ def test_model(option, workdir, name, spec):
         negative_check(str(workdir), name, spec, batch, fails)
     assert not fails.items, "C++ llm-dump differs from the torch reference:\n  " + \
         "\n  ".join(fails.items)
+
+
+if __name__ == "__main__":  # the same as /usr/bin/python3 -m pytest THIS_FILE [options]
+    sys.exit(pytest.main([__file__] + sys.argv[1:]))

@@ -119,3 +119,7 @@ def test_loadgen(server, option, tmp_path, n, concurrency, abort_fraction, inval
     n_invalid = round(invalid_fraction * n)
     assert ended == n - n_invalid, "every accepted request ends exactly once"
     assert s.terminate() == 0
+
+
+if __name__ == "__main__":  # the same as /usr/bin/python3 -m pytest THIS_FILE [options]
+    sys.exit(pytest.main([__file__] + sys.argv[1:]))

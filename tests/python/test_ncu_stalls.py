@@ -91,3 +91,7 @@ def test_refuses_bad_input(tmp_path):
     write_page(page, make_rows(random.Random(0))[0])
     code, _, err = run(TOOL, page, "--regions", "9-3")
     assert code == 2, "a reversed region exits 2"
+
+
+if __name__ == "__main__":  # the same as /usr/bin/python3 -m pytest THIS_FILE [options]
+    sys.exit(pytest.main([__file__] + sys.argv[1:]))

@@ -11,6 +11,7 @@ paced synthetic model (conftest.PACED_MODEL), so they hold on a machine of any s
 
 import random
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -620,3 +621,7 @@ def test_sigterm(server, _modules):
     else:
         assert error is not None, "in-flight stream ended with OK and no complete message"
     assert s.wait_exit() == 0
+
+
+if __name__ == "__main__":  # the same as /usr/bin/python3 -m pytest THIS_FILE [options]
+    sys.exit(pytest.main([__file__] + sys.argv[1:]))

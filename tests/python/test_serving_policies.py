@@ -6,6 +6,8 @@ metrics. Fixtures and options: conftest.py.
         --proto-python build/cpu/python
 """
 
+import sys
+
 import pytest
 
 from conftest import HANG_S, PACED_LONG, PACED_MODEL
@@ -100,3 +102,7 @@ def test_step_phase_metrics(tiny, pb):
 def test_sigterm_exit_code(tiny):
     """Last in the file: the shared server stops cleanly on SIGTERM."""
     assert tiny.terminate() == 0
+
+
+if __name__ == "__main__":  # the same as /usr/bin/python3 -m pytest THIS_FILE [options]
+    sys.exit(pytest.main([__file__] + sys.argv[1:]))
