@@ -181,6 +181,7 @@ class ServerHandle:
                     self.grpc_port = int(line.split()[1])
                 self._lines.append(line.rstrip("\n"))
                 self._cond.notify_all()
+        self._log.close()
         with self._cond:
             self._eof = True
             self._cond.notify_all()
