@@ -12,7 +12,8 @@
 # CHAOS_MODEL (default llama3-8b, a configs/models/ directory, served with dummy weights),
 # CHAOS_KV (int8), CHAOS_EXTRA (more server flags; later flags win), CHAOS_REQUESTS (600 per
 # chaos phase), CHAOS_IN / CHAOS_OUT (mean prompt / output tokens, 700 / 300),
-# CHAOS_CLEAN_REQUESTS (128). A dry run on the CPU (ctest chaos_cpu_dry_run runs a smaller one):
+# CHAOS_CLEAN_REQUESTS (128), CHAOS_REQUEST_TIMEOUT_S / CHAOS_LOAD_TIMEOUT_S (120 / 300: limits
+# per request and per loadgen run that only catch a hang; a slow machine raises them). A dry run on the CPU (ctest chaos_cpu_dry_run runs a smaller one):
 #   CHAOS_MODEL_DIR=build/cpu/models/tiny-llama CHAOS_KV=auto CHAOS_EXTRA="--device cpu
 #   --dummy-weights false --weight-dtype auto --num-kv-blocks 256 --block-size 16
 #   --max-num-seqs 16" CHAOS_REQUESTS=100 scripts/gpu_chaos.sh
@@ -55,8 +56,9 @@ for l in urllib.request.urlopen('http://127.0.0.1:$mport/metrics').read().decode
 }
 load() {  # load NAME ARGS...: one loadgen run, its report in $OUT/NAME.txt
   local name=$1; shift
-  timeout 300 $PY tools/loadgen.py --target 127.0.0.1:$port --proto-python "$PROTO" \
-    --no-progress --fail-on-errors --request-timeout 120 --output-json "$OUT/$name.json" "$@" \
+  timeout "${CHAOS_LOAD_TIMEOUT_S:-300}" $PY tools/loadgen.py --target 127.0.0.1:$port \
+    --proto-python "$PROTO" --no-progress --fail-on-errors \
+    --request-timeout "${CHAOS_REQUEST_TIMEOUT_S:-120}" --output-json "$OUT/$name.json" "$@" \
     > "$OUT/$name.txt" 2>&1
   local rc=$?
   check "$name" $rc "$(grep -E 'Status codes|Unexpected errors|Deliberate aborts' "$OUT/$name.txt" | tr -s ' ' | paste -sd ';')"

@@ -88,9 +88,9 @@ def check_report(rep, n, abort_fraction, invalid_fraction):
 
 
 @pytest.mark.parametrize("n, concurrency, abort_fraction, invalid_fraction, limit_s", [
-    pytest.param(40, 8, 0.1, 0.1, 300, id="40_requests"),
+    pytest.param(40, 8, 0.1, 0.1, 1200, id="40_requests"),
     # Reliability: 500 concurrent streams, 10% of clients disconnect mid-stream, 5% invalid.
-    pytest.param(500, 500, 0.1, 0.05, 300, id="500_streams"),
+    pytest.param(500, 500, 0.1, 0.05, 1200, id="500_streams"),
 ])
 def test_loadgen(server, option, tmp_path, n, concurrency, abort_fraction, invalid_fraction,
                  limit_s):
