@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# What the Docker image does, without Docker: runs the build stage into a scratch prefix, starts
-# the installed server the way the image's ENTRYPOINT does, and probes it with the image's
-# HEALTHCHECK command. CI runs this, since no Docker engine exists on CI or dev machines.
+# The Dockerfile's build stage without a container engine: runs scripts/docker_build_stage.sh into
+# a scratch prefix, starts the installed server the way the image's ENTRYPOINT does, and probes it
+# with the image's HEALTHCHECK command. CI runs it for the CUDA image (BACKEND=cuda, reusing the
+# host's build/cuda tree); the CPU image is built for real by scripts/docker_image_test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix="$(pwd)/build/docker-stage"

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Builds the CPU Docker image with podman and checks it from inside the build: the Dockerfile's
+# test stage starts the installed server the way the ENTRYPOINT does, as the image's user, and
+# requires the HEALTHCHECK command and one Generate call to pass. Base images are made locally
+# from Debian's mirror (scripts/docker_base_image.sh). `podman run` is not used: it is refused
+# (setrlimit) on some of these machines, while `podman build --isolation=chroot` works.
+# Prints the image size and the build time. Fails, never skips, when podman cannot build.
+#   scripts/docker_image_test.sh [extra podman build args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v podman >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2>&1; then
+  echo "docker_image_test: FAIL: podman or debootstrap missing (scripts/install_deps.sh installs them)"
+  exit 1
+fi
+if ! podman info >/dev/null 2>&1; then
+  echo "docker_image_test: FAIL: podman cannot run on this machine:"
+  podman info 2>&1 | tail -5
+  exit 1
+fi
+scripts/docker_base_image.sh
+# HEALTHCHECK exists only in the docker image format (OCI drops it); --pull=never keeps the local
+# base images; --layers reuses unchanged stages; the ccache mount speeds up repeated builds.
+build=(podman build --cgroup-manager=cgroupfs --isolation=chroot --pull=never --format docker
+       --layers --build-arg BACKEND=cpu "$@")
+mkdir -p build
+start=$(date +%s)
+if ! "${build[@]}" --target test -t llm-server:cpu-test . >build/docker-image-test.log 2>&1; then
+  echo "docker_image_test: FAIL: podman build --target test failed; last lines of its log:"
+  tail -60 build/docker-image-test.log
+  exit 1
+fi
+grep '^docker_image_check:' build/docker-image-test.log || true
+"${build[@]}" -t llm-server:cpu . >>build/docker-image-test.log 2>&1
+secs=$(($(date +%s) - start))
+if [ "$(podman image inspect --format '{{json .Config.Healthcheck}}' llm-server:cpu)" = null ]; then
+  echo "docker_image_test: FAIL: llm-server:cpu has no HEALTHCHECK"
+  exit 1
+fi
+size=$(podman image inspect --format '{{.Size}}' llm-server:cpu)
+printf 'docker_image_test: llm-server:cpu OK: image %d MB, build %dm%02ds (log build/docker-image-test.log)\n' \
+  $((size / 1000000)) $((secs / 60)) $((secs % 60))
