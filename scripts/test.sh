@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs, builds and runs every test: the CUDA build (sm_90a) with its GPU tests (skipped with a
 # message where no GPU is present), the HIP build of the portable kernels (compile only), the
-# CUDA image's build stage (installed-server health probe), the CPU Docker image built with podman
-# and checked from inside (health check, one Generate call), the format check, the ASan+UBSan build and
-# its tests, and last the CPU build's full test suite, whose summary ends the log.
+# CUDA image's build stage (installed-server health probe), the CPU Docker image built with
+# podman and checked from inside (health check, one Generate call), the format check, the
+# ASan+UBSan build and its tests, and last the CPU build's full test suite, whose summary ends the
+# log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh cpu
