@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v podman >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2>&1; then
-  echo "docker_image_test: FAIL: podman or debootstrap missing (scripts/install_deps.sh installs them)"
+  echo "docker_image_test: FAIL: podman or debootstrap missing (scripts/install_deps.sh has them)"
   exit 1
 fi
 if ! podman info >/dev/null 2>&1; then
@@ -42,5 +42,5 @@ fi
 # use stays bounded on a reused machine.
 podman image prune -f --filter until=72h >/dev/null
 size=$(podman image inspect --format '{{.Size}}' llm-server:cpu)
-printf 'docker_image_test: llm-server:cpu OK: image %d MB; base images %ds, podman build %dm%02ds (log %s)\n' \
-  $((size / 1000000)) "$base_secs" $((secs / 60)) $((secs % 60)) build/docker-image-test.log
+printf 'docker_image_test: llm-server:cpu OK: image %d MB; base images %ds, podman build %dm%02ds\n' \
+  $((size / 1000000)) "$base_secs" $((secs / 60)) $((secs % 60))
