@@ -42,5 +42,5 @@ fi
 # use stays bounded on a reused machine.
 podman image prune -f --filter until=72h >/dev/null
 size=$(podman image inspect --format '{{.Size}}' llm-server:cpu)
-printf 'docker_image_test: llm-server:cpu OK: image %d MB; base images %ds, podman build %dm%02ds\n' \
+printf 'docker_image_test: llm-server:cpu OK: image %d MB; base %ds, podman build %dm%02ds\n' \
   $((size / 1000000)) "$base_secs" $((secs / 60)) $((secs % 60))
