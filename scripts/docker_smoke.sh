@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 prefix="$(pwd)/build/docker-stage"
 scripts/docker_build_stage.sh "$prefix"
 port=$((20000 + RANDOM % 20000))
-LD_LIBRARY_PATH="$prefix/lib" "$prefix/bin/llm-server" --config "$prefix/configs/server.json" \
+# The ENTRYPOINT's config, with the address and model path moved into the scratch prefix.
+LD_LIBRARY_PATH="$prefix/lib" "$prefix/bin/llm-server" --config "$prefix/configs/container.json" \
   --listen-address "127.0.0.1:$port" --metrics-address off \
   --model-dir "$prefix/models/tiny-llama" > build/docker-smoke.log 2>&1 &
 pid=$!
