@@ -7,10 +7,10 @@ PKGS=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libgrpc++-dev libgrpc-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libspdlog-dev libfmt-dev nlohmann-json3-dev catch2
-  libopenblas-dev libpcre2-dev libcpp-httplib-dev
+  libopenblas-dev libpcre2-dev libcpp-httplib-dev libicu-dev
   clang-format-14 gnuplot-nox
   hipcc libamdhip64-dev
-  python3 python3-grpcio python3-protobuf python3-numpy python3-torch
+  python3 python3-grpcio python3-protobuf python3-numpy python3-torch python3-jinja2
 )
 if [ "${LLM_SKIP_PY_TORCH:-0}" = "1" ]; then
   PKGS=("${PKGS[@]/python3-torch/}")

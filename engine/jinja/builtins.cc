@@ -58,7 +58,7 @@ Value Attr(const Value& obj, const std::string& path) {
 
 // Python's sort key comparison with jinja2's case_sensitive=False folding of strings.
 Value SortKey(const Value& v, bool case_sensitive) {
-  if (!case_sensitive && v.is_string()) return Str(AsciiLower(v.as_string()));
+  if (!case_sensitive && v.is_string()) return Str(PyLower(v.as_string()));
   return v;
 }
 bool PyLess(const Value& a, const Value& b) {
@@ -342,7 +342,7 @@ const std::map<std::string, FilterFn>& Filters() {
            ThrowRender("'" + v.TypeName() + "' object is not iterable");
          return Value::List(Iterate(v));
        }},
-      {"lower", [](Interpreter&, const Value& v, CallArgs&) { return Str(AsciiLower(PyStr(v))); }},
+      {"lower", [](Interpreter&, const Value& v, CallArgs&) { return Str(PyLower(PyStr(v))); }},
       {"map",
        [](Interpreter& in, const Value& v, CallArgs& a) {
          ValueList out;
@@ -469,7 +469,7 @@ const std::map<std::string, FilterFn>& Filters() {
          }
          return Value::List(out);
        }},
-      {"upper", [](Interpreter&, const Value& v, CallArgs&) { return Str(AsciiUpper(PyStr(v))); }},
+      {"upper", [](Interpreter&, const Value& v, CallArgs&) { return Str(PyUpper(PyStr(v))); }},
       {"wordcount",
        [](Interpreter&, const Value& v, CallArgs&) { return Value::Int(WordCount(PyStr(v))); }},
   };
@@ -547,8 +547,8 @@ bool ApplyTest(Interpreter& in, const std::string& name, const Value& v, CallArg
   if (name == "sequence") return IsIterable(v);
   if (name == "callable") return v.is_callable();
   if (name == "escaped") return false;
-  if (name == "lower") return v.is_string() && AsciiLower(v.as_string()) == v.as_string();
-  if (name == "upper") return v.is_string() && AsciiUpper(v.as_string()) == v.as_string();
+  if (name == "lower") return v.is_string() && PyLower(v.as_string()) == v.as_string();
+  if (name == "upper") return v.is_string() && PyUpper(v.as_string()) == v.as_string();
   if (name == "filter") return HasFilter(RequireString(v, "filter test"));
   if (name == "test") return HasTest(RequireString(v, "test test"));
   if (name == "odd" || name == "even" || name == "divisibleby") {
@@ -563,6 +563,8 @@ bool ApplyTest(Interpreter& in, const std::string& name, const Value& v, CallArg
   if (name == "sameas") {
     if (v.is_none() || v.is_bool() || v.is_undefined())
       return v.Equals(arg) && v.kind() == arg.kind();
+    // Strings and ints: CPython shares equal small values; equality is the closest model.
+    if (v.is_string() || v.is_int()) return v.kind() == arg.kind() && v.Equals(arg);
     if (v.is_list()) return arg.is_list() && &v.list() == &arg.list();
     if (v.is_dict()) return arg.is_dict() && &v.dict() == &arg.dict();
     return false;

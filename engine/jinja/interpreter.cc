@@ -335,6 +335,9 @@ Value Interpreter::MakeMacro(const Stmt& s, std::shared_ptr<Scope> defining_root
                       std::to_string(stmt->params.size()) + " argument(s)");
         }
         auto scope = std::make_shared<Scope>();
+        // A macro invoked from {% call %} sees that block's body as caller().
+        Value caller = in.Lookup("caller");
+        if (!caller.is_undefined()) (*scope)["caller"] = caller;
         std::vector<std::shared_ptr<Scope>> saved = std::move(in.scopes_);
         in.scopes_ = closure.empty() ? std::vector<std::shared_ptr<Scope>>{defining_root} : closure;
         in.scopes_.push_back(scope);

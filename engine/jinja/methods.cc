@@ -62,8 +62,8 @@ Value StringMethod(const std::string& s, const std::string& name, CallArgs& a) {
         PySplit(s, OptString(a.Get(0, "sep")), OptInt(a.Get(1, "maxsplit"), -1), name == "rsplit"));
   }
   if (name == "splitlines") return StringList(PySplitLines(s));
-  if (name == "upper") return Str(AsciiUpper(s));
-  if (name == "lower") return Str(AsciiLower(s));
+  if (name == "upper") return Str(PyUpper(s));
+  if (name == "lower") return Str(PyLower(s));
   if (name == "title") return Str(PyTitle(s));
   if (name == "capitalize") return Str(PyCapitalize(s));
   if (name == "replace") {
@@ -109,8 +109,8 @@ Value StringMethod(const std::string& s, const std::string& name, CallArgs& a) {
   if (name == "isalpha") return all([](unsigned char c) { return std::isalpha(c) != 0; });
   if (name == "isalnum") return all([](unsigned char c) { return std::isalnum(c) != 0; });
   if (name == "isspace") return Value::Bool(!s.empty() && PyStrip(s, nullptr, true, true).empty());
-  if (name == "islower") return Value::Bool(AsciiLower(s) == s && AsciiUpper(s) != s);
-  if (name == "isupper") return Value::Bool(AsciiUpper(s) == s && AsciiLower(s) != s);
+  if (name == "islower") return Value::Bool(PyLower(s) == s && PyUpper(s) != s);
+  if (name == "isupper") return Value::Bool(PyUpper(s) == s && PyLower(s) != s);
   ThrowRender("'str object' has no attribute '" + name + "'");
 }
 

@@ -3,6 +3,10 @@
 #include <cerrno>
 #include <cstdlib>
 
+#include <unicode/uchar.h>
+#include <unicode/ustring.h>
+#include <unicode/utf16.h>
+
 #include "engine/jinja/error.h"
 #include "engine/jinja/python_format.h"
 
@@ -32,37 +36,101 @@ bool IsAsciiAlpha(char c) {
 
 }  // namespace
 
-std::string AsciiLower(const std::string& s) {
-  std::string out = s;
-  for (char& c : out) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
+namespace {
+
+std::u16string ToUtf16(const std::string& s) {
+  std::u16string out(s.size() + 1, u'\0');
+  int32_t len = 0;
+  UErrorCode err = U_ZERO_ERROR;
+  u_strFromUTF8WithSub(reinterpret_cast<UChar*>(out.data()), static_cast<int32_t>(out.size()), &len,
+                       s.data(), static_cast<int32_t>(s.size()), 0xFFFD, nullptr, &err);
+  out.resize(U_SUCCESS(err) ? len : 0);
   return out;
 }
 
-std::string AsciiUpper(const std::string& s) {
-  std::string out = s;
-  for (char& c : out) {
-    if (c >= 'a' && c <= 'z') c = static_cast<char>(c - 'a' + 'A');
-  }
+std::string ToUtf8(const std::u16string& s) {
+  std::string out(s.size() * 3 + 1, '\0');
+  int32_t len = 0;
+  UErrorCode err = U_ZERO_ERROR;
+  u_strToUTF8(out.data(), static_cast<int32_t>(out.size()), &len,
+              reinterpret_cast<const UChar*>(s.data()), static_cast<int32_t>(s.size()), &err);
+  out.resize(U_SUCCESS(err) ? len : 0);
   return out;
+}
+
+// Full (SpecialCasing) mapping with the root locale, as Python's str.upper/lower do.
+std::string MapCase(const std::string& s, bool upper) {
+  bool ascii = true;
+  for (unsigned char c : s) ascii = ascii && c < 0x80;
+  if (ascii) {
+    std::string out = s;
+    for (char& c : out) {
+      if (upper && c >= 'a' && c <= 'z') c = static_cast<char>(c - 'a' + 'A');
+      if (!upper && c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    }
+    return out;
+  }
+  std::u16string src = ToUtf16(s);
+  std::u16string dst(src.size() * 3 + 4, u'\0');
+  UErrorCode err = U_ZERO_ERROR;
+  auto fn = upper ? u_strToUpper : u_strToLower;
+  int32_t len =
+      fn(reinterpret_cast<UChar*>(dst.data()), static_cast<int32_t>(dst.size()),
+         reinterpret_cast<const UChar*>(src.data()), static_cast<int32_t>(src.size()), "", &err);
+  if (U_FAILURE(err)) return s;
+  dst.resize(len);
+  return ToUtf8(dst);
+}
+
+// Python's str.capitalize/title first letter: the code point's titlecase mapping.
+std::string TitleChar(const std::string& c) {
+  std::u16string u = ToUtf16(c);
+  if (u.empty()) return c;
+  UChar32 cp;
+  int32_t i = 0;
+  U16_NEXT(u.data(), i, static_cast<int32_t>(u.size()), cp);
+  UChar32 t = u_totitle(cp);
+  std::u16string out;
+  if (t <= 0xFFFF) {
+    out += static_cast<char16_t>(t);
+  } else {
+    out += static_cast<char16_t>(U16_LEAD(t));
+    out += static_cast<char16_t>(U16_TRAIL(t));
+  }
+  return ToUtf8(out);
+}
+
+bool IsCased(const std::string& c) {
+  std::u16string u = ToUtf16(c);
+  if (u.empty()) return false;
+  UChar32 cp;
+  int32_t i = 0;
+  U16_NEXT(u.data(), i, static_cast<int32_t>(u.size()), cp);
+  return u_hasBinaryProperty(cp, UCHAR_CASED);
+}
+
+}  // namespace
+
+std::string PyLower(const std::string& s) {
+  return MapCase(s, false);
+}
+std::string PyUpper(const std::string& s) {
+  return MapCase(s, true);
 }
 
 std::string PyCapitalize(const std::string& s) {
-  if (s.empty()) return s;
-  return AsciiUpper(s.substr(0, 1)) + AsciiLower(s.substr(1));
+  std::vector<std::string> cs = Utf8Chars(s);
+  if (cs.empty()) return s;
+  return TitleChar(cs[0]) + PyLower(s.substr(cs[0].size()));
 }
 
 std::string PyTitle(const std::string& s) {
-  std::string out = s;
+  std::string out;
   bool prev_cased = false;
-  for (char& c : out) {
-    if (IsAsciiAlpha(c)) {
-      c = prev_cased ? AsciiLower(std::string(1, c))[0] : AsciiUpper(std::string(1, c))[0];
-      prev_cased = true;
-    } else {
-      prev_cased = false;
-    }
+  for (const std::string& c : Utf8Chars(s)) {
+    bool cased = IsCased(c);
+    out += cased ? (prev_cased ? PyLower(c) : TitleChar(c)) : c;
+    prev_cased = cased;
   }
   return out;
 }
@@ -70,17 +138,20 @@ std::string PyTitle(const std::string& s) {
 std::string JinjaTitle(const std::string& s) {
   // "".join(item[0].upper() + item[1:].lower() for item in re.split(r"([-\s({\[<]+)", s))
   std::string out;
-  size_t i = 0;
-  auto is_sep = [](char c) {
-    return c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || c == ' ' || c == '\t' ||
-           c == '\n' || c == '\r' || c == '\f' || c == '\v';
+  std::vector<std::string> cs = Utf8Chars(s);
+  auto is_sep = [](const std::string& c) {
+    return c == "-" || c == "(" || c == "{" || c == "[" || c == "<" || IsPyWhitespace(c);
   };
-  while (i < s.size()) {
+  size_t i = 0;
+  while (i < cs.size()) {
     size_t j = i;
-    bool sep = is_sep(s[i]);
-    while (j < s.size() && is_sep(s[j]) == sep) ++j;
-    std::string item = s.substr(i, j - i);
-    out += AsciiUpper(item.substr(0, 1)) + AsciiLower(item.substr(1));
+    bool sep = is_sep(cs[i]);
+    std::string rest;
+    while (j < cs.size() && is_sep(cs[j]) == sep) {
+      if (j > i) rest += cs[j];
+      ++j;
+    }
+    out += PyUpper(cs[i]) + PyLower(rest);
     i = j;
   }
   return out;

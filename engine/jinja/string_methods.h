@@ -1,5 +1,5 @@
 // Python str semantics the templates rely on: strip with Unicode whitespace, split, replace,
-// splitlines, capitalize/title, number parsing. Case mapping is ASCII-only (see AsciiLower).
+// splitlines, Unicode case mapping (ICU), capitalize/title, number parsing.
 #pragma once
 
 #include <cstdint>
@@ -9,9 +9,9 @@
 
 namespace llm::jinja {
 
-// ASCII case mapping; non-ASCII letters pass through unchanged (Python would map them).
-std::string AsciiLower(const std::string& s);
-std::string AsciiUpper(const std::string& s);
+// str.lower() / str.upper(): full Unicode case mapping.
+std::string PyLower(const std::string& s);
+std::string PyUpper(const std::string& s);
 std::string PyCapitalize(const std::string& s);
 std::string PyTitle(const std::string& s);     // str.title()
 std::string JinjaTitle(const std::string& s);  // the |title filter (splits on -, space, brackets)

@@ -90,6 +90,52 @@ def run_all(render_bin, templates, conversations_path, workdir):
     return failures, compared, raised
 
 
+def run_constructs(render_bin, constructs_path, workdir):
+    """Small templates, one per construct (filters, tests, loops, whitespace, errors)."""
+    with open(constructs_path) as f:
+        cases = json.load(f)
+    failures = []
+    for case in cases:
+        name = case["name"]
+        tpath = os.path.join(workdir, f"construct__{name}.jinja")
+        with open(tpath, "w", newline="") as f:
+            f.write(case["template"])
+        expect_error = None
+        try:
+            compiled = ref.compile_template(case["template"], NOW)
+            expected = compiled.render(**case["vars"])
+        except jinja2.exceptions.TemplateSyntaxError as e:
+            expect_error = (2, str(e))
+        except jinja2.exceptions.TemplateError as e:
+            expect_error = (3 if type(e) is jinja2.exceptions.TemplateError else 2, str(e))
+        except Exception as e:
+            expect_error = (2, f"{type(e).__name__}: {e}")
+        req_path = os.path.join(workdir, f"construct__{name}.json")
+        with open(req_path, "w") as f:
+            json.dump({"extra": case["vars"]}, f, ensure_ascii=False)
+        p = subprocess.run([render_bin, "--template", tpath, "--input", req_path, "--now",
+                            str(NOW)], capture_output=True, env={**os.environ, "TZ": "UTC"})
+        if expect_error:
+            if p.returncode != expect_error[0]:
+                failures.append(f"construct {name}: jinja2 raised ({expect_error[1]}) but C++ "
+                                f"exited {p.returncode}: {p.stdout.decode()[:200]!r} "
+                                f"{p.stderr.decode()[:300]}")
+            continue
+        got = p.stdout.decode("utf-8", errors="replace")
+        if p.returncode != 0:
+            failures.append(f"construct {name}: C++ failed: {p.stderr.decode()[:300]}")
+        elif got != expected:
+            failures.append(f"construct {name}:\n  jinja2 {expected!r}\n  C++    {got!r}")
+    return failures, len(cases)
+
+
+def test_constructs_match_jinja2():
+    render_bin = os.environ.get("LLM_CHAT_RENDER", "build/cpu/tools/llm-chat-render")
+    with tempfile.TemporaryDirectory() as work:
+        failures, _ = run_constructs(render_bin, os.path.join(FIXTURES, "constructs.json"), work)
+    assert not failures, "\n".join(failures)
+
+
 def test_chat_templates_match_jinja2():
     render_bin = os.environ.get("LLM_CHAT_RENDER", "build/cpu/tools/llm-chat-render")
     with tempfile.TemporaryDirectory() as work:
@@ -109,9 +155,13 @@ def main():
     os.makedirs(work, exist_ok=True)
     failures, compared, raised = run_all(args.render_bin, template_dir(args.templates),
                                          args.conversations, work)
+    construct_failures, n_constructs = run_constructs(
+        args.render_bin, os.path.join(FIXTURES, "constructs.json"), work)
+    failures += construct_failures
     for f in failures:
         print("FAIL", f)
     print(f"{compared} renders compared, {raised} expected errors checked, "
+          f"{n_constructs} construct templates, "
           f"{len(failures)} failures")
     return 1 if failures else 0
 
