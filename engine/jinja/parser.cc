@@ -221,8 +221,12 @@ class Parser {
     } else if (kw == "break" || kw == "continue") {
       s->kind = kw == "break" ? Stmt::Kind::kBreak : Stmt::Kind::kContinue;
       ExpectBlockEnd();
-    } else {
+    } else if (kw == "include" || kw == "extends" || kw == "import" || kw == "from" ||
+               kw == "block" || kw == "autoescape") {
       Unsupported("{% " + kw + " %}");
+    } else {
+      // jinja2 (with only the loopcontrols extension) rejects these as syntax errors too.
+      Fail("Encountered unknown tag '" + kw + "'.");
     }
     return s;
   }

@@ -262,7 +262,20 @@ std::string PyStringRepr(const std::string& s) {
   return out;
 }
 
+namespace {
+
+std::string Repr(const Value& v, int depth);
+
+}  // namespace
+
 std::string PyRepr(const Value& v) {
+  return Repr(v, 0);
+}
+
+namespace {
+
+std::string Repr(const Value& v, int depth) {
+  if (depth > 512) throw JinjaError(ErrorKind::kLimit, "printed value nested deeper than 512");
   switch (v.kind()) {
     case Value::Kind::kString:
       return PyStringRepr(v.as_string());
@@ -270,7 +283,7 @@ std::string PyRepr(const Value& v) {
       std::string out = v.is_tuple() ? "(" : "[";
       for (size_t i = 0; i < v.list().size(); ++i) {
         if (i) out += ", ";
-        out += PyRepr(v.list()[i]);
+        out += Repr(v.list()[i], depth + 1);
       }
       if (v.is_tuple() && v.list().size() == 1) out += ",";
       out += v.is_tuple() ? ")" : "]";
@@ -282,7 +295,7 @@ std::string PyRepr(const Value& v) {
       for (const auto& [k, val] : v.dict()) {
         if (!first) out += ", ";
         first = false;
-        out += PyRepr(k) + ": " + PyRepr(val);
+        out += Repr(k, depth + 1) + ": " + Repr(val, depth + 1);
       }
       return out + (v.is_namespace() ? "}>" : "}");
     }
@@ -292,6 +305,8 @@ std::string PyRepr(const Value& v) {
       return PyStr(v);
   }
 }
+
+}  // namespace
 
 std::string PyStr(const Value& v) {
   switch (v.kind()) {

@@ -2,9 +2,26 @@
 
 #include <cmath>
 
+#include "engine/jinja/error.h"
+
 namespace llm::jinja {
 
+namespace {
+
+constexpr int kMaxDepth = 512;
+
+[[noreturn]] void TooDeep(const char* what) {
+  throw JinjaError(ErrorKind::kLimit, std::string(what) + " nested deeper than 512");
+}
+
+}  // namespace
+
 Value Value::FromJson(const nlohmann::ordered_json& j) {
+  return FromJson(j, 0);
+}
+
+Value Value::FromJson(const nlohmann::ordered_json& j, int depth) {
+  if (depth > kMaxDepth) TooDeep("input JSON");
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null:
       return None();
@@ -25,14 +42,14 @@ Value Value::FromJson(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::array: {
       ValueList items;
       items.reserve(j.size());
-      for (const auto& e : j) items.push_back(FromJson(e));
+      for (const auto& e : j) items.push_back(FromJson(e, depth + 1));
       return List(std::move(items));
     }
     case nlohmann::ordered_json::value_t::object: {
       ValueDict items;
       items.reserve(j.size());
       for (auto it = j.begin(); it != j.end(); ++it) {
-        items.emplace_back(String(it.key()), FromJson(it.value()));
+        items.emplace_back(String(it.key()), FromJson(it.value(), depth + 1));
       }
       return Dict(std::move(items));
     }
@@ -69,6 +86,11 @@ bool Value::Truthy() const {
 }
 
 bool Value::Equals(const Value& o) const {
+  return Equals(o, 0);
+}
+
+bool Value::Equals(const Value& o, int depth) const {
+  if (depth > kMaxDepth) TooDeep("compared value");
   if (is_number() && o.is_number()) {
     if (is_float() || o.is_float()) return as_double() == o.as_double();
     return int_ == o.int_;
@@ -84,7 +106,7 @@ bool Value::Equals(const Value& o) const {
       // A tuple never equals a list in Python.
       if (tuple_ != o.tuple_ || list_->size() != o.list_->size()) return false;
       for (size_t i = 0; i < list_->size(); ++i) {
-        if (!(*list_)[i].Equals((*o.list_)[i])) return false;
+        if (!(*list_)[i].Equals((*o.list_)[i], depth + 1)) return false;
       }
       return true;
     }
@@ -93,7 +115,7 @@ bool Value::Equals(const Value& o) const {
       if (dict_->size() != o.dict_->size()) return false;
       for (const auto& [k, v] : *dict_) {
         const Value* ov = o.Find(k);
-        if (ov == nullptr || !v.Equals(*ov)) return false;
+        if (ov == nullptr || !v.Equals(*ov, depth + 1)) return false;
       }
       return true;
     }

@@ -78,6 +78,7 @@ class Value {
     return v;
   }
   // Input data arrives as JSON; ordered_json keeps the key order Python's dict would have.
+  // Throws JinjaError(kLimit) beyond 512 levels of nesting.
   static Value FromJson(const nlohmann::ordered_json& j);
 
   Kind kind() const { return kind_; }
@@ -117,6 +118,8 @@ class Value {
 
  private:
   explicit Value(Kind kind) : kind_(kind) {}
+  static Value FromJson(const nlohmann::ordered_json& j, int depth);
+  bool Equals(const Value& other, int depth) const;
 
   Kind kind_ = Kind::kUndefined;
   bool tuple_ = false;
