@@ -122,8 +122,7 @@ Value ToJson(const Value& x, CallArgs& args) {
   Value indent = args.Get(1, "indent");
   Value seps = args.Get(2, "separators");
   Value sort_keys = args.Get(3, "sort_keys");
-  // jinja2 passes the first positional filter argument as `ensure_ascii`... unless it is the
-  // common `tojson(4)` spelling, which transformers documents as indent; follow Python exactly.
+  // Positional arguments bind as in Python: x|tojson(4) sets ensure_ascii, not indent.
   o.ensure_ascii = ensure_ascii.Truthy();
   if (!indent.is_undefined() && !indent.is_none()) {
     if (indent.is_string()) ThrowRender("tojson: a string indent is not supported");

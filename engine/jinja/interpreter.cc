@@ -474,8 +474,16 @@ Value Interpreter::EvalBinary(const Expr& e) {
   if (op == "not in") return Value::Bool(!Contains(b, a));
   const bool ints = a.is_number() && b.is_number() && !a.is_float() && !b.is_float();
   const bool nums = a.is_number() && b.is_number();
+  // Python ints do not overflow; refuse rather than wrap.
+  auto checked = [&](bool (*op)(int64_t, int64_t, int64_t*)) {
+    int64_t r = 0;
+    if (op(a.as_int(), b.as_int(), &r)) ThrowRender("integer result beyond 64 bits");
+    return Value::Int(r);
+  };
   if (op == "+") {
-    if (ints) return Value::Int(a.as_int() + b.as_int());
+    if (ints)
+      return checked(
+          [](int64_t x, int64_t y, int64_t* r) { return __builtin_add_overflow(x, y, r); });
     if (nums) return Value::Float(a.as_double() + b.as_double());
     if (a.is_string() && b.is_string()) return Value::String(a.as_string() + b.as_string());
     if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
@@ -486,12 +494,16 @@ Value Interpreter::EvalBinary(const Expr& e) {
     OperandError(op, a, b);
   }
   if (op == "-") {
-    if (ints) return Value::Int(a.as_int() - b.as_int());
+    if (ints)
+      return checked(
+          [](int64_t x, int64_t y, int64_t* r) { return __builtin_sub_overflow(x, y, r); });
     if (nums) return Value::Float(a.as_double() - b.as_double());
     OperandError(op, a, b);
   }
   if (op == "*") {
-    if (ints) return Value::Int(a.as_int() * b.as_int());
+    if (ints)
+      return checked(
+          [](int64_t x, int64_t y, int64_t* r) { return __builtin_mul_overflow(x, y, r); });
     if (nums) return Value::Float(a.as_double() * b.as_double());
     if ((a.is_string() || a.is_list()) && b.is_int()) return Repeat(a, b.as_int());
     if ((b.is_string() || b.is_list()) && a.is_int()) return Repeat(b, a.as_int());
@@ -521,9 +533,15 @@ Value Interpreter::EvalBinary(const Expr& e) {
   if (op == "**") {
     if (!nums) OperandError(op, a, b);
     if (ints && b.as_int() >= 0) {
-      int64_t r = 1;
-      for (int64_t i = 0; i < b.as_int() && i < 64; ++i) r *= a.as_int();
-      return Value::Int(r);
+      const int64_t base = a.as_int(), exp = b.as_int();
+      if (base == 0) return Value::Int(exp == 0 ? 1 : 0);
+      if (base == 1) return Value::Int(1);
+      if (base == -1) return Value::Int(exp % 2 ? -1 : 1);
+      int64_t p = 1;
+      for (int64_t i = 0; i < b.as_int(); ++i) {
+        if (__builtin_mul_overflow(p, a.as_int(), &p)) ThrowRender("integer result beyond 64 bits");
+      }
+      return Value::Int(p);
     }
     return Value::Float(std::pow(a.as_double(), b.as_double()));
   }

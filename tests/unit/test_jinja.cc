@@ -4,9 +4,12 @@
 // templates where transformers does.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "engine/chat/chat_template.h"
 #include "engine/jinja/template.h"
@@ -83,6 +86,8 @@ TEST_CASE("Jinja: render errors are Status values, never crashes", "[jinja]") {
   CHECK(RenderStatus("{% set x = 1 %}{% set x.a = 2 %}").code() == StatusCode::kInvalidArgument);
   CHECK(RenderStatus("{% for a, b in [1] %}{% endfor %}").code() == StatusCode::kInvalidArgument);
   CHECK(RenderStatus("{% break %}").code() == StatusCode::kInvalidArgument);
+  CHECK(RenderStatus("{{ 9223372036854775807 + 1 }}").code() == StatusCode::kInvalidArgument);
+  CHECK(RenderStatus("{{ 2 ** 64 }}").code() == StatusCode::kInvalidArgument);
   Status raised = RenderStatus("{{ raise_exception('bad role: ' ~ r) }}", {{"r", "robot"}});
   CHECK(raised.code() == StatusCode::kFailedPrecondition);
   CHECK(raised.message() == "bad role: robot");
@@ -137,6 +142,27 @@ TEST_CASE("Jinja: Python value formatting and semantics", "[jinja]") {
   CHECK(RenderOk("{{ 'ÉCOLE straße'|lower }} {{ 'straße'|upper }}") == "école straße STRASSE");
   CHECK(RenderOk("  {% if true %}\n  x\n  {% endif %}\n") == "  x\n");
   CHECK(RenderOk("{{ undefined_thing }}|{{ undefined_thing is defined }}") == "|False");
+}
+
+TEST_CASE("Jinja: one parsed template renders on many threads", "[jinja]") {
+  auto t = Template::Parse(
+      "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + m|length %}"
+      "{% endfor %}{{ ns.n }}:{{ messages|join(',') }}");
+  REQUIRE(t.ok());
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      json vars = {{"messages", json::array({std::string(i, 'x'), "ab"})}};
+      std::string want = std::to_string(i + 2) + ":" + std::string(i, 'x') + ",ab";
+      for (int k = 0; k < 200; ++k) {
+        auto out = t->Render(vars);
+        if (!out.ok() || out.value() != want) ++bad;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(bad == 0);
 }
 
 TEST_CASE("Jinja: strftime_now reads the pinned clock", "[jinja]") {
