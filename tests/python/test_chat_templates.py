@@ -5,6 +5,8 @@ jinja2 raises, the C++ engine must fail too (raise_exception -> exit 3, other er
 
   test_chat_templates.py --render-bin build/cpu/tools/llm-chat-render
                          [--templates DIR] [--conversations FILE] [--workdir DIR]
+Templates: tests/fixtures/chat_templates/*.jinja, plus every model folder under
+$LLM_TOKENIZER_CACHE (default build/tokenizers) that holds a chat template.
 Runs under pytest too (set LLM_CHAT_RENDER to the binary).
 """
 import argparse
@@ -26,9 +28,44 @@ REQUIRED = ["deepseek_v3", "gemma3", "llama3", "llama3_1", "llama3_2", "mistral_
             "qwen3"]
 
 
-def template_dir(explicit):
-    """Fixture templates, or ones fetched into LLM_TOKENIZER_CACHE when it holds them."""
-    return explicit or FIXTURES
+def cached_templates(workdir):
+    """Templates fetched into LLM_TOKENIZER_CACHE (or build/tokenizers) by
+    scripts/fetch_tokenizers.sh: NAME/chat_template.jinja or NAME/tokenizer_config.json, found
+    the way transformers finds them. Returns {name: (template_path, special_tokens)}."""
+    root = os.environ.get("LLM_TOKENIZER_CACHE") or os.path.join(HERE, "..", "..", "build",
+                                                                   "tokenizers")
+    found = {}
+    if not os.path.isdir(root):
+        return found
+    for name in sorted(os.listdir(root)):
+        d = os.path.join(root, name)
+        cfg_path = os.path.join(d, "tokenizer_config.json")
+        cfg = {}
+        if os.path.exists(cfg_path):
+            with open(cfg_path) as f:
+                cfg = json.load(f)
+        source = None
+        if os.path.exists(os.path.join(d, "chat_template.jinja")):
+            with open(os.path.join(d, "chat_template.jinja")) as f:
+                source = f.read()
+        elif isinstance(cfg.get("chat_template"), str):
+            source = cfg["chat_template"]
+        elif isinstance(cfg.get("chat_template"), list):
+            source = next((t["template"] for t in cfg["chat_template"] if t.get("name") == "default"),
+                          None)
+        if source is None:
+            continue
+        special = {}
+        for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+            v = cfg.get(key)
+            v = v.get("content") if isinstance(v, dict) else v
+            if v is not None:
+                special[key] = v
+        path = os.path.join(workdir, f"cache__{name}.jinja")
+        with open(path, "w", newline="") as f:
+            f.write(source)
+        found["cache:" + name] = (path, special)
+    return found
 
 
 def run_all(render_bin, templates, conversations_path, workdir):
@@ -39,26 +76,28 @@ def run_all(render_bin, templates, conversations_path, workdir):
         conversations = json.load(f)
     missing = [n for n in REQUIRED if n not in special]
     assert not missing, f"templates missing from the corpus: {missing}"
+    sources = {n: (os.path.join(templates, n + ".jinja"), special[n]) for n in special}
+    sources.update(cached_templates(workdir))
     failures, compared, raised = [], 0, 0
-    for name in sorted(special):
-        path = os.path.join(templates, name + ".jinja")
+    for name in sorted(sources):
+        path, tokens = sources[name]
         with open(path) as f:
             compiled = ref.compile_template(f.read(), NOW)
         ok_for_template = 0
         for conv in conversations:
             expect_error = None
             try:
-                expected = ref.render(compiled, conv, special[name])
+                expected = ref.render(compiled, conv, tokens)
             except jinja2.exceptions.TemplateError as e:
                 expect_error = (3 if type(e) is jinja2.exceptions.TemplateError else 2, str(e))
             except Exception as e:  # TypeError etc. from the template's own operations
                 expect_error = (2, f"{type(e).__name__}: {e}")
             request = {"messages": conv["messages"],
                        "add_generation_prompt": conv.get("add_generation_prompt", False),
-                       "extra": {**special[name], **conv.get("extra", {})}}
+                       "extra": {**tokens, **conv.get("extra", {})}}
             if "tools" in conv:
                 request["tools"] = conv["tools"]
-            req_path = os.path.join(workdir, f"{name}__{conv['name']}.json")
+            req_path = os.path.join(workdir, f"{name.replace(':', '_')}__{conv['name']}.json")
             with open(req_path, "w") as f:
                 json.dump(request, f, ensure_ascii=False)
             p = subprocess.run([render_bin, "--template", path, "--input", req_path, "--now",
@@ -153,7 +192,7 @@ def main():
     args = ap.parse_args()
     work = args.workdir or tempfile.mkdtemp(prefix="chat_templates_")
     os.makedirs(work, exist_ok=True)
-    failures, compared, raised = run_all(args.render_bin, template_dir(args.templates),
+    failures, compared, raised = run_all(args.render_bin, args.templates or FIXTURES,
                                          args.conversations, work)
     construct_failures, n_constructs = run_constructs(
         args.render_bin, os.path.join(FIXTURES, "constructs.json"), work)
