@@ -90,7 +90,7 @@ TEST_CASE("ModelConfig parses a Llama config with llama3 rope scaling", "[model_
   CHECK(c->rms_norm_eps == Approx(1e-5f));
   CHECK(c->rope_theta == Approx(500000.0f));
   CHECK(c->tie_word_embeddings);
-  CHECK_FALSE(c->attention_bias);
+  CHECK_FALSE(c->qkv_bias);
   CHECK_FALSE(c->sliding_window.has_value());
   CHECK(c->dtype == DType::kBF16);
   REQUIRE(c->bos_token_id.has_value());
@@ -126,16 +126,18 @@ TEST_CASE("ModelConfig rope_scaling variants", "[model_config]") {
     CHECK(c->rope_scaling.factor == Approx(2.0f));
   }
   SECTION("unsupported type is Unimplemented naming it") {
-    j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+    j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}};
     dir.WriteConfig(j);
     auto c = LoadModelConfig(dir.path());
     REQUIRE_FALSE(c.ok());
     CHECK(c.status().code() == StatusCode::kUnimplemented);
-    CHECK(Contains(c.status().message(), "yarn"));
+    CHECK(Contains(c.status().message(), "longrope"));
   }
   SECTION("llama3 with high_freq_factor <= low_freq_factor") {
     j["rope_scaling"] = {
-        {"rope_type", "llama3"}, {"low_freq_factor", 4.0}, {"high_freq_factor", 4.0}};
+        {"rope_type", "llama3"},       {"factor", 8.0},
+        {"low_freq_factor", 4.0},      {"high_freq_factor", 4.0},
+        {"original_max_position_embeddings", 8192}};
     dir.WriteConfig(j);
     auto c = LoadModelConfig(dir.path());
     REQUIRE_FALSE(c.ok());
@@ -155,14 +157,14 @@ TEST_CASE("ModelConfig Qwen2 sets attention_bias, and its sliding window needs u
     auto c = LoadModelConfig(dir.path());
     REQUIRE(c.ok());
     CHECK(c->architecture == Architecture::kQwen2);
-    CHECK(c->attention_bias);
+    CHECK(c->qkv_bias);
     CHECK_FALSE(c->sliding_window.has_value());
   }
   SECTION("use_sliding_window absent") {
     dir.WriteConfig(j);
     auto c = LoadModelConfig(dir.path());
     REQUIRE(c.ok());
-    CHECK(c->attention_bias);
+    CHECK(c->qkv_bias);
     CHECK_FALSE(c->sliding_window.has_value());
   }
   SECTION("use_sliding_window true") {
@@ -270,7 +272,7 @@ TEST_CASE("ModelConfig Mistral sliding window", "[model_config]") {
     auto c = LoadModelConfig(dir.path());
     REQUIRE(c.ok());
     CHECK(c->architecture == Architecture::kMistral);
-    CHECK_FALSE(c->attention_bias);
+    CHECK_FALSE(c->qkv_bias);
     REQUIRE(c->sliding_window.has_value());
     CHECK(*c->sliding_window == 4096);
     // Every layer, window_left = W - 1 (query i sees keys j with i - j < W).
@@ -320,7 +322,8 @@ TEST_CASE("ModelConfig Mistral sliding window", "[model_config]") {
     dir.WriteConfig(j);
     auto c = LoadModelConfig(dir.path());
     REQUIRE(c.ok());
-    CHECK(c->attention_bias);
+    CHECK(c->qkv_bias);
+    CHECK(c->o_bias);  // HF LlamaAttention: all four projections
   }
 }
 
