@@ -1,6 +1,7 @@
 #include "engine/model_config.h"
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <set>
 
@@ -284,6 +285,31 @@ StatusOr<ModelConfig> LoadModelConfigImpl(const std::string& model_dir) {
 }
 
 }  // namespace
+
+std::string GenerationDefaults::Describe() const {
+  std::string out;
+  auto add = [&](const char* name, const std::string& v) {
+    out += (out.empty() ? "" : ", ") + std::string(name) + " " + v;
+  };
+  auto num = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%g", v);
+    return std::string(buf);
+  };
+  if (temperature) add("temperature", num(*temperature));
+  if (top_p) add("top_p", num(*top_p));
+  if (top_k) add("top_k", std::to_string(*top_k));
+  if (min_p) add("min_p", num(*min_p));
+  if (repetition_penalty) add("repetition_penalty", num(*repetition_penalty));
+  if (max_new_tokens) add("max_new_tokens", std::to_string(*max_new_tokens));
+  if (out.empty()) out = "none";
+  if (!not_applied.empty()) {
+    out += " (not applied:";
+    for (const std::string& k : not_applied) out += " " + k;
+    out += ")";
+  }
+  return out;
+}
 
 float ModelConfig::SoftmaxScale() const {
   const float a =

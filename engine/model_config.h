@@ -10,6 +10,7 @@
 
 #include "engine/base/dtype.h"
 #include "engine/base/status.h"
+#include "engine/sampling_params.h"
 
 namespace llm {
 
@@ -58,6 +59,16 @@ struct GenerationDefaults {
   bool empty() const {
     return !temperature && !top_p && !top_k && !min_p && !repetition_penalty && !max_new_tokens;
   }
+  // Sets the fields this file gives; the request's own fields are applied after.
+  void ApplyTo(SamplingParams* sp) const {
+    if (temperature) sp->temperature = *temperature;
+    if (top_p) sp->top_p = *top_p;
+    if (top_k) sp->top_k = *top_k;
+    if (min_p) sp->min_p = *min_p;
+    if (repetition_penalty) sp->repetition_penalty = *repetition_penalty;
+  }
+  // "temperature 0.6, top_p 0.9" or "none", for the start-up table.
+  std::string Describe() const;
 };
 
 struct ModelConfig {

@@ -483,5 +483,64 @@ TEST_CASE("ModelConfig generation_config.json eos list overrides config.json", "
   }
 }
 
+TEST_CASE("ModelConfig generation_config.json: null eos, sampling defaults, unknown keys",
+          "[model_config]") {
+  TempModelDir dir;
+  json j = BaseLlama();
+  j["eos_token_id"] = json::array({2, 3});
+  dir.WriteConfig(j);
+  SECTION("a null eos_token_id keeps config.json's list") {
+    dir.Write("generation_config.json", R"({"eos_token_id": null, "bos_token_id": null})");
+    auto c = LoadModelConfig(dir.path());
+    REQUIRE(c.ok());
+    CHECK(c->eos_token_ids == std::vector<int32_t>{2, 3});
+    CHECK(c->bos_token_id == 1);
+    CHECK(c->generation.empty());
+  }
+  SECTION("a single int replaces it") {
+    dir.Write("generation_config.json", R"({"eos_token_id": 9})");
+    auto c = LoadModelConfig(dir.path());
+    REQUIRE(c.ok());
+    CHECK(c->eos_token_ids == std::vector<int32_t>{9});
+  }
+  SECTION("sampling defaults are read and applied only where set") {
+    dir.Write("generation_config.json",
+              R"({"do_sample": true, "temperature": 0.6, "top_p": 0.9, "top_k": 20,
+                  "min_p": 0.05, "repetition_penalty": 1.1, "max_new_tokens": 77,
+                  "typical_p": 0.5, "transformers_version": "5.17.0"})");
+    auto c = LoadModelConfig(dir.path());
+    REQUIRE(c.ok());
+    const GenerationDefaults& g = c->generation;
+    CHECK(g.temperature == 0.6f);
+    CHECK(g.top_p == 0.9f);
+    CHECK(g.top_k == 20);
+    CHECK(g.min_p == 0.05f);
+    CHECK(g.repetition_penalty == 1.1f);
+    CHECK(g.max_new_tokens == 77);
+    // Not applied, and said so in the start-up table (vLLM ignores them too).
+    CHECK(g.not_applied == std::vector<std::string>{"do_sample", "typical_p"});
+    CHECK(Contains(g.Describe(), "temperature 0.6"));
+    CHECK(Contains(g.Describe(), "not applied: do_sample typical_p"));
+    SamplingParams sp;
+    sp.presence_penalty = 0.5f;
+    g.ApplyTo(&sp);
+    CHECK(sp.temperature == 0.6f);
+    CHECK(sp.top_k == 20);
+    CHECK(sp.presence_penalty == 0.5f);
+  }
+  SECTION("a wrong type is an error naming the key") {
+    dir.Write("generation_config.json", R"({"temperature": "hot"})");
+    auto c = LoadModelConfig(dir.path());
+    REQUIRE_FALSE(c.ok());
+    CHECK(Contains(c.status().message(), "generation_config.json: field 'temperature'"));
+  }
+  SECTION("an eos list with a non-integer is an error") {
+    dir.Write("generation_config.json", R"({"eos_token_id": [2, "x"]})");
+    auto c = LoadModelConfig(dir.path());
+    REQUIRE_FALSE(c.ok());
+    CHECK(Contains(c.status().message(), "eos_token_id"));
+  }
+}
+
 }  // namespace
 }  // namespace llm
