@@ -54,9 +54,10 @@ Status ReadBos(const JsonScope& s, ModelConfig* c) {
 // token ids are read above; the rest are bookkeeping or do not change sampling here.
 Status ReadGenerationDefaults(const JsonScope& g, GenerationDefaults* d) {
   static const std::set<std::string> kBookkeeping = {
-      "bos_token_id", "eos_token_id", "pad_token_id", "transformers_version", "_from_model_config",
-      "use_cache",    "output_attentions", "output_hidden_states", "return_dict_in_generate",
-      "output_scores", "output_logits", "cache_implementation"};
+      "bos_token_id",         "eos_token_id",         "pad_token_id",
+      "transformers_version", "_from_model_config",   "use_cache",
+      "output_attentions",    "output_hidden_states", "return_dict_in_generate",
+      "output_scores",        "output_logits",        "cache_implementation"};
   auto opt_float = [&](const char* key, std::optional<float>* out) -> Status {
     if (!g.Has(key)) return Status::Ok();
     float v = 0;

@@ -38,7 +38,7 @@ struct RopeScaling {
 // Pre-quantized checkpoint weights (config.json "quantization_config").
 struct WeightQuantization {
   enum class Method { kNone, kFp8PerTensor, kFp8PerChannel, kFp8Block } method = Method::kNone;
-  std::string quant_method;  // as written: compressed-tensors, modelopt, fbgemm_fp8, fp8
+  std::string quant_method;            // as written: compressed-tensors, modelopt, fbgemm_fp8, fp8
   int block_rows = 0, block_cols = 0;  // kFp8Block: weight_block_size
   // Static per-tensor activation scales (input_scale tensors) are present and consumed; the CPU
   // path computes activations in fp32 and does not apply them.

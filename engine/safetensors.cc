@@ -219,9 +219,9 @@ bool IgnoredTensor(const std::string& name) {
     return name.size() >= suffix.size() &&
            name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
-  for (std::string_view s : {".rotary_emb.inv_freq", ".k_scale", ".v_scale", ".kv_scale",
-                             ".cache_k_scale", ".cache_v_scale", ".k_proj.output_scale",
-                             ".v_proj.output_scale"}) {
+  for (std::string_view s :
+       {".rotary_emb.inv_freq", ".k_scale", ".v_scale", ".kv_scale", ".cache_k_scale",
+        ".cache_v_scale", ".k_proj.output_scale", ".v_proj.output_scale"}) {
     if (ends(s)) return true;
   }
   return false;
@@ -256,8 +256,8 @@ Status WeightStore::DequantFp8(const TensorView& v, std::vector<float>* out) con
                            "' is float8_e4m3 but config.json has no quantization_config");
   }
   const std::string suffix = ".weight";
-  if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(),
-                                                   suffix) != 0 ||
+  if (name.size() <= suffix.size() ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0 ||
       v.shape.size() != 2) {
     return InvalidArgument("fp8 tensor '" + name + "' (shape " + v.ShapeString() +
                            ") is not a 2-D linear weight; only those may be fp8");
@@ -267,9 +267,8 @@ Status WeightStore::DequantFp8(const TensorView& v, std::vector<float>* out) con
   std::string scale_name = stem + ".weight_scale_inv";
   if (!Has(scale_name)) scale_name = stem + ".weight_scale";
   if (!Has(scale_name)) {
-    return InvalidArgument("fp8 weight '" + name + "' (" + q.quant_method +
-                           " checkpoint) has no " + stem + ".weight_scale or " + stem +
-                           ".weight_scale_inv tensor");
+    return InvalidArgument("fp8 weight '" + name + "' (" + q.quant_method + " checkpoint) has no " +
+                           stem + ".weight_scale or " + stem + ".weight_scale_inv tensor");
   }
   LLM_ASSIGN_OR_RETURN(const TensorView* s, Get(scale_name));
   if (s->dtype != DType::kF32 && s->dtype != DType::kBF16 && s->dtype != DType::kF16) {
@@ -280,7 +279,8 @@ Status WeightStore::DequantFp8(const TensorView& v, std::vector<float>* out) con
   ConvertToF32(s->dtype, s->data, scale.data(), scale.size());
   if (Has(stem + ".input_scale")) {
     if (!q.static_input_scales) {
-      return InvalidArgument("tensor '" + stem + ".input_scale' is a static activation scale, "
+      return InvalidArgument("tensor '" + stem +
+                             ".input_scale' is a static activation scale, "
                              "but quantization_config says activations are dynamic");
     }
     LLM_ASSIGN_OR_RETURN(const TensorView* in, Get(stem + ".input_scale"));
@@ -309,10 +309,9 @@ Status WeightStore::DequantFp8(const TensorView& v, std::vector<float>* out) con
     }
     return Status::Ok();
   }
-  const bool per_tensor = s->numel() == 1 && (ss.empty() || ss.size() == 1 ||
-                                              ss == std::vector<int64_t>{1, 1});
-  const bool per_channel = ss == std::vector<int64_t>{rows} ||
-                           ss == std::vector<int64_t>{rows, 1};
+  const bool per_tensor =
+      s->numel() == 1 && (ss.empty() || ss.size() == 1 || ss == std::vector<int64_t>{1, 1});
+  const bool per_channel = ss == std::vector<int64_t>{rows} || ss == std::vector<int64_t>{rows, 1};
   if (q.method == M::kFp8PerTensor && !per_tensor) return bad_shape("a per-tensor scale [] or [1]");
   if (q.method == M::kFp8PerChannel && !per_channel && !per_tensor) {
     return bad_shape("a per-channel scale [" + std::to_string(rows) + "] or [" +

@@ -5,8 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 

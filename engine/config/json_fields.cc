@@ -30,9 +30,8 @@ Status JsonScope::Int(const char* key, int* out, bool required, int min_value,
   if (!v.is_number_integer()) {
     return InvalidArgument(Name(key) + " must be an integer, got " + v.dump());
   }
-  const int64_t x = v.is_number_unsigned() && v.get<uint64_t>() > (1ull << 62)
-                        ? (1ll << 62)
-                        : v.get<int64_t>();
+  const int64_t x =
+      v.is_number_unsigned() && v.get<uint64_t>() > (1ull << 62) ? (1ll << 62) : v.get<int64_t>();
   if (x < min_value || x > max_value) {
     return InvalidArgument(Name(key) + " must be in [" + std::to_string(min_value) + ", " +
                            std::to_string(max_value) + "], got " + v.dump());

@@ -96,9 +96,9 @@ StatusOr<RopeParameters> ReadOne(const JsonScope& s, double theta) {
     if (p.beta_fast <= 0.0f || p.beta_slow <= 0.0f) {
       return InvalidArgument(s.where + ": yarn beta_fast and beta_slow must be > 0");
     }
-    for (auto [key, out] : {std::pair{"mscale", &p.mscale},
-                            std::pair{"mscale_all_dim", &p.mscale_all_dim},
-                            std::pair{"attention_factor", &p.attention_factor}}) {
+    for (auto [key, out] :
+         {std::pair{"mscale", &p.mscale}, std::pair{"mscale_all_dim", &p.mscale_all_dim},
+          std::pair{"attention_factor", &p.attention_factor}}) {
       if (!s.Has(key)) continue;
       float v = 0;
       LLM_RETURN_IF_ERROR(s.Float(key, &v));

@@ -18,7 +18,9 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-StatusOr<json> ReadJson(const fs::path& path) { return ReadJsonObject(path.string()); }
+StatusOr<json> ReadJson(const fs::path& path) {
+  return ReadJsonObject(path.string());
+}
 
 bool Present(const json& j, const char* key) {
   return j.contains(key) && !j[key].is_null();
@@ -179,7 +181,8 @@ StatusOr<DeepseekConfig> LoadDeepseekConfigImpl(const std::string& model_dir) {
   LLM_ASSIGN_OR_RETURN(RopeParameters rope, ReadRopeParameters(j, file, 10000.0));
   c.rope_theta = static_cast<float>(rope.theta);
   if (rope.partial_rotary_factor && *rope.partial_rotary_factor != 1.0f) {
-    return Unimplemented(file + ": rope_parameters.partial_rotary_factor is not implemented for "
+    return Unimplemented(file +
+                         ": rope_parameters.partial_rotary_factor is not implemented for "
                          "DeepSeek");
   }
   if (rope.type == RopeParameters::Type::kYarn) {
@@ -192,7 +195,8 @@ StatusOr<DeepseekConfig> LoadDeepseekConfigImpl(const std::string& model_dir) {
     y.mscale = rope.mscale.value_or(1.0f);
     y.mscale_all_dim = rope.mscale_all_dim.value_or(0.0f);
     if (rope.attention_factor || !rope.truncate) {
-      return Unimplemented(file + ": yarn 'attention_factor' / 'truncate' are not implemented "
+      return Unimplemented(file +
+                           ": yarn 'attention_factor' / 'truncate' are not implemented "
                            "for DeepSeek");
     }
   } else if (rope.type != RopeParameters::Type::kDefault) {

@@ -63,9 +63,8 @@ TEST_CASE("broken checkpoints are refused with a message naming the problem",
          c->AddF32("model.norm.weight", {31}, 1, 0, 1);
        },
        nullptr, "'model.norm.weight' has shape [31], expected [32]"},
-      {"wrong dtype", false,
-       [&](auto* c) { c->Find("model.norm.weight")->dtype = DType::kI8; }, nullptr,
-       "model.norm.weight"},
+      {"wrong dtype", false, [&](auto* c) { c->Find("model.norm.weight")->dtype = DType::kI8; },
+       nullptr, "model.norm.weight"},
       {"fp8 tensor without quantization_config", false,
        [&](auto* c) {
          auto* t = c->Find(L + "mlp.down_proj.weight");
@@ -106,16 +105,21 @@ TEST_CASE("broken checkpoints are refused with a message naming the problem",
       {"bool as string", false, [](auto* c) { c->config["tie_word_embeddings"] = "false"; },
        nullptr, "'tie_word_embeddings' must be true or false"},
       {"null rope factor", false,
-       [](auto* c) { c->config["rope_parameters"] = {{"rope_type", "linear"}, {"factor", nullptr}}; },
+       [](auto* c) {
+         c->config["rope_parameters"] = {{"rope_type", "linear"}, {"factor", nullptr}};
+       },
        nullptr, "rope_parameters: field 'factor' is required"},
-      {"rope_parameters not an object", false,
-       [](auto* c) { c->config["rope_parameters"] = 7; }, nullptr,
-       "'rope_parameters' must be an object"},
+      {"rope_parameters not an object", false, [](auto* c) { c->config["rope_parameters"] = 7; },
+       nullptr, "'rope_parameters' must be an object"},
       {"unknown rope type", false,
-       [](auto* c) { c->config["rope_scaling"] = {{"rope_type", "ntk-by-parts"}, {"factor", 2}}; },
+       [](auto* c) {
+         c->config["rope_scaling"] = {{"rope_type", "ntk-by-parts"}, {"factor", 2}};
+       },
        nullptr, "unknown rope type 'ntk-by-parts'"},
       {"unknown rope type (DeepSeek)", true,
-       [](auto* c) { c->config["rope_parameters"] = {{"rope_type", "wobble"}, {"factor", 2}}; },
+       [](auto* c) {
+         c->config["rope_parameters"] = {{"rope_type", "wobble"}, {"factor", 2}};
+       },
        nullptr, "unknown rope type 'wobble'"},
       {"llama3 rope on DeepSeek", true,
        [](auto* c) {
@@ -131,21 +135,31 @@ TEST_CASE("broken checkpoints are refused with a message naming the problem",
       {"partial_rotary_factor", false, [](auto* c) { c->config["partial_rotary_factor"] = 0.5; },
        nullptr, "partial_rotary_factor"},
       {"nested text_config", false,
-       [](auto* c) { c->config["text_config"] = {{"hidden_size", 32}}; }, nullptr,
-       "text_config"},
-      {"eos_token_id of the wrong type", false,
-       [](auto* c) { c->config["eos_token_id"] = "2"; }, nullptr, "eos_token_id"},
+       [](auto* c) {
+         c->config["text_config"] = {{"hidden_size", 32}};
+       },
+       nullptr, "text_config"},
+      {"eos_token_id of the wrong type", false, [](auto* c) { c->config["eos_token_id"] = "2"; },
+       nullptr, "eos_token_id"},
       {"quantization method awq", false,
-       [](auto* c) { c->config["quantization_config"] = {{"quant_method", "awq"}, {"bits", 4}}; },
+       [](auto* c) {
+         c->config["quantization_config"] = {{"quant_method", "awq"}, {"bits", 4}};
+       },
        nullptr, "quantization method awq is not supported"},
       {"quantization method gptq", false,
-       [](auto* c) { c->config["quantization_config"] = {{"quant_method", "gptq"}}; }, nullptr,
-       "quantization method gptq is not supported"},
+       [](auto* c) {
+         c->config["quantization_config"] = {{"quant_method", "gptq"}};
+       },
+       nullptr, "quantization method gptq is not supported"},
       {"quantization method mxfp4 (DeepSeek)", true,
-       [](auto* c) { c->config["quantization_config"] = {{"quant_method", "mxfp4"}}; }, nullptr,
-       "quantization method mxfp4 is not supported"},
+       [](auto* c) {
+         c->config["quantization_config"] = {{"quant_method", "mxfp4"}};
+       },
+       nullptr, "quantization method mxfp4 is not supported"},
       {"quantization method bitsandbytes", false,
-       [](auto* c) { c->config["quantization_config"] = {{"quant_method", "bitsandbytes"}}; },
+       [](auto* c) {
+         c->config["quantization_config"] = {{"quant_method", "bitsandbytes"}};
+       },
        nullptr, "quantization method bitsandbytes is not supported"},
       {"compressed-tensors int4", false,
        [](auto* c) {
@@ -296,18 +310,16 @@ void QuantizeCheckpoint(const Fp8Case& c, TinyCheckpoint* q, TinyCheckpoint* ref
 }
 
 TEST_CASE("fp8 checkpoints load on the CPU, dequantized exactly", "[broken_checkpoint][fp8]") {
-  const json ct_group = {{"targets", {"Linear"}},
-                         {"weights",
-                          {{"num_bits", 8},
-                           {"type", "float"},
-                           {"strategy", "tensor"},
-                           {"dynamic", false},
-                           {"symmetric", true}}},
-                         {"input_activations",
-                          {{"num_bits", 8},
-                           {"type", "float"},
-                           {"strategy", "tensor"},
-                           {"dynamic", false}}}};
+  const json ct_group = {
+      {"targets", {"Linear"}},
+      {"weights",
+       {{"num_bits", 8},
+        {"type", "float"},
+        {"strategy", "tensor"},
+        {"dynamic", false},
+        {"symmetric", true}}},
+      {"input_activations",
+       {{"num_bits", 8}, {"type", "float"}, {"strategy", "tensor"}, {"dynamic", false}}}};
   json ct_channel = ct_group;
   ct_channel["weights"]["strategy"] = "channel";
   ct_channel["input_activations"]["dynamic"] = true;
@@ -317,23 +329,34 @@ TEST_CASE("fp8 checkpoints load on the CPU, dequantized exactly", "[broken_check
         {"format", "float-quantized"},
         {"config_groups", {{"group_0", ct_group}}},
         {"ignore", {"lm_head"}}},
-       Fp8Layout::kPerTensor, "weight_scale", true},
+       Fp8Layout::kPerTensor,
+       "weight_scale",
+       true},
       {"compressed-tensors per channel, dynamic activations",
        {{"quant_method", "compressed-tensors"},
         {"format", "float-quantized"},
         {"config_groups", {{"group_0", ct_channel}}}},
-       Fp8Layout::kPerChannel, "weight_scale", false},
+       Fp8Layout::kPerChannel,
+       "weight_scale",
+       false},
       {"modelopt FP8",
        {{"quant_method", "modelopt"}, {"quant_algo", "FP8"}, {"exclude_modules", {"lm_head"}}},
-       Fp8Layout::kPerTensor, "weight_scale", true},
-      {"fbgemm_fp8", {{"quant_method", "fbgemm_fp8"}, {"activation_scale_ub", 1200.0}},
-       Fp8Layout::kPerChannel, "weight_scale", false},
+       Fp8Layout::kPerTensor,
+       "weight_scale",
+       true},
+      {"fbgemm_fp8",
+       {{"quant_method", "fbgemm_fp8"}, {"activation_scale_ub", 1200.0}},
+       Fp8Layout::kPerChannel,
+       "weight_scale",
+       false},
       {"DeepSeek-V3 style block fp8",
        {{"quant_method", "fp8"},
         {"fmt", "e4m3"},
         {"activation_scheme", "dynamic"},
         {"weight_block_size", {16, 16}}},
-       Fp8Layout::kBlock, "weight_scale_inv", false},
+       Fp8Layout::kBlock,
+       "weight_scale_inv",
+       false},
   };
   for (const Fp8Case& c : cases) {
     INFO(c.name);
@@ -368,8 +391,11 @@ TEST_CASE("fp8 checkpoints load on the CPU, dequantized exactly", "[broken_check
 TEST_CASE("fp8 scale of the wrong granularity is refused naming it", "[broken_checkpoint][fp8]") {
   TempDir tmp("ckpt_fp8_bad");
   TinyCheckpoint q = test::TinyLlama("llama", 5), ref = q;
-  const Fp8Case c{"", {{"quant_method", "modelopt"}, {"quant_algo", "FP8"}},
-                  Fp8Layout::kPerChannel, "weight_scale", true};
+  const Fp8Case c{"",
+                  {{"quant_method", "modelopt"}, {"quant_algo", "FP8"}},
+                  Fp8Layout::kPerChannel,
+                  "weight_scale",
+                  true};
   QuantizeCheckpoint(c, &q, &ref);
   q.Write(tmp.path());
   const Status st = TryLoad(tmp.path());

@@ -65,12 +65,9 @@ TEST_CASE("transformers 4 and 5 rope layouts give bit-identical logits", "[check
   yarn_v4["type"] = "yarn";  // the pre-4.45 spelling
   yarn_v5["rope_type"] = "yarn";
   yarn_v5["rope_theta"] = 10000.0;
-  const json ds_yarn = {{"factor", 4.0},
-                        {"original_max_position_embeddings", 16},
-                        {"beta_fast", 32},
-                        {"beta_slow", 1},
-                        {"mscale", 0.707},
-                        {"mscale_all_dim", 0.707}};
+  const json ds_yarn = {{"factor", 4.0},   {"original_max_position_embeddings", 16},
+                        {"beta_fast", 32}, {"beta_slow", 1},
+                        {"mscale", 0.707}, {"mscale_all_dim", 0.707}};
   json ds_v4 = ds_yarn, ds_v5 = ds_yarn;
   ds_v4["type"] = "yarn";
   ds_v5["rope_type"] = "yarn";
@@ -78,22 +75,28 @@ TEST_CASE("transformers 4 and 5 rope layouts give bit-identical logits", "[check
   const json theta6_v5 = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
 
   const std::vector<LayoutCase> cases = {
-      {"llama llama3", [] { return test::TinyLlama("llama"); },
+      {"llama llama3",
+       [] { return test::TinyLlama("llama"); },
        {{"rope_theta", 500000.0}, {"rope_scaling", llama3_v4}},
        {{"rope_parameters", llama3_v5}}},
-      {"llama llama3 per layer type", [] { return test::TinyLlama("llama"); },
+      {"llama llama3 per layer type",
+       [] { return test::TinyLlama("llama"); },
        {{"rope_theta", 500000.0}, {"rope_scaling", llama3_v4}},
        {{"rope_parameters", {{"full_attention", llama3_v5}}}}},
-      {"llama yarn", [] { return test::TinyLlama("llama"); },
+      {"llama yarn",
+       [] { return test::TinyLlama("llama"); },
        {{"rope_theta", 10000.0}, {"rope_scaling", yarn_v4}},
        {{"rope_parameters", yarn_v5}}},
-      {"qwen2 theta 1e6", [] { return test::TinyLlama("qwen2"); },
+      {"qwen2 theta 1e6",
+       [] { return test::TinyLlama("qwen2"); },
        {{"rope_theta", 1000000.0}},
        {{"rope_parameters", theta6_v5}}},
-      {"mistral theta 1e6", [] { return test::TinyLlama("mistral"); },
+      {"mistral theta 1e6",
+       [] { return test::TinyLlama("mistral"); },
        {{"rope_theta", 1000000.0}, {"sliding_window", nullptr}},
        {{"rope_parameters", theta6_v5}, {"sliding_window", nullptr}}},
-      {"deepseek_v2 yarn", [] { return test::TinyDeepseekV2(); },
+      {"deepseek_v2 yarn",
+       [] { return test::TinyDeepseekV2(); },
        {{"rope_theta", 10000.0}, {"rope_scaling", ds_v4}},
        {{"rope_parameters", ds_v5}}},
   };

@@ -134,10 +134,11 @@ TEST_CASE("ModelConfig rope_scaling variants", "[model_config]") {
     CHECK(Contains(c.status().message(), "longrope"));
   }
   SECTION("llama3 with high_freq_factor <= low_freq_factor") {
-    j["rope_scaling"] = {
-        {"rope_type", "llama3"},       {"factor", 8.0},
-        {"low_freq_factor", 4.0},      {"high_freq_factor", 4.0},
-        {"original_max_position_embeddings", 8192}};
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", 8.0},
+                         {"low_freq_factor", 4.0},
+                         {"high_freq_factor", 4.0},
+                         {"original_max_position_embeddings", 8192}};
     dir.WriteConfig(j);
     auto c = LoadModelConfig(dir.path());
     REQUIRE_FALSE(c.ok());
