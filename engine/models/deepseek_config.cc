@@ -162,6 +162,10 @@ StatusOr<DeepseekConfig> LoadDeepseekConfigImpl(const std::string& model_dir) {
     DType t;
     if (!name.empty() && ParseDType(name, &t)) c.dtype = t;
   }
+  // The MLA code rotates interleaved pairs, as DeepSeek's checkpoints (and HF's default) do.
+  bool interleave = true;
+  LLM_RETURN_IF_ERROR(Bool(j, "rope_interleave", &interleave, file));
+  if (!interleave) return Unimplemented(file + ": rope_interleave = false is not implemented");
   if (Present(j, "text_config")) {
     return Unimplemented(file + ": nested 'text_config' is not supported");
   }
