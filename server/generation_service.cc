@@ -33,6 +33,9 @@ Status ConvertRequest(const pb::GenerateRequest& in, const EngineCore& core,
   }
   const pb::SamplingParams& s = in.sampling();
   SamplingParams& sp = out->sampling;
+  // generation_config.json fills what the request leaves unset (vLLM's default behaviour).
+  const GenerationDefaults& defaults = core.model_config().generation;
+  defaults.ApplyTo(&sp);
   if (s.has_temperature()) sp.temperature = s.temperature();
   if (s.has_top_p()) sp.top_p = s.top_p();
   if (s.has_top_k()) sp.top_k = s.top_k();
@@ -44,7 +47,10 @@ Status ConvertRequest(const pb::GenerateRequest& in, const EngineCore& core,
   if (in.has_logprobs()) sp.logprobs = in.logprobs();
   const pb::StoppingParams& t = in.stopping();
   StoppingParams& st = out->stopping;
-  st.max_tokens = t.has_max_tokens() ? t.max_tokens() : config.default_max_tokens;
+  st.max_tokens = t.has_max_tokens()
+                      ? t.max_tokens()
+                      : std::min(defaults.max_new_tokens.value_or(config.default_max_tokens),
+                                 config.max_tokens_limit);
   if (t.has_min_tokens()) st.min_tokens = t.min_tokens();
   st.stop.assign(t.stop().begin(), t.stop().end());
   st.stop_token_ids.assign(t.stop_token_ids().begin(), t.stop_token_ids().end());
