@@ -30,7 +30,8 @@ Status AddedVocabulary::Parse(const json& added) {
     if (id < 0 || id >= kMaxTokenId) return InvalidArgument("added token id out of range");
     tok.id = static_cast<int32_t>(id);
     tok.content = t.at("content").get<std::string>();
-    if (tok.content.empty()) return InvalidArgument("added token " + std::to_string(id) + " is empty");
+    if (tok.content.empty())
+      return InvalidArgument("added token " + std::to_string(id) + " is empty");
     tok.special = BoolOr(t, "special", false);
     tok.lstrip = BoolOr(t, "lstrip", false);
     tok.rstrip = BoolOr(t, "rstrip", false);
@@ -89,8 +90,7 @@ void AddedVocabulary::Split(std::string_view text, bool at_origin, bool normaliz
     uint32_t cp = 0;
     if (tok.single_word) {
       const bool left_ok = start == 0 || (DecodeUtf8Before(text, start, &cp), !IsWordChar(cp));
-      const bool right_ok =
-          stop == text.size() || (DecodeUtf8At(text, stop, &cp), !IsWordChar(cp));
+      const bool right_ok = stop == text.size() || (DecodeUtf8At(text, stop, &cp), !IsWordChar(cp));
       if (!left_ok || !right_ok) continue;
     }
     if (tok.lstrip) {

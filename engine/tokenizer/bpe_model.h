@@ -47,7 +47,7 @@ class BpeModel {
 
   StringMap<int32_t> vocab_;
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // pair -> (rank, id)
-  std::array<int32_t, 256> byte_fallback_ids_{};                     // <0xNN> ids, -1 if absent
+  std::array<int32_t, 256> byte_fallback_ids_{};                      // <0xNN> ids, -1 if absent
   std::optional<int32_t> unk_id_;
   bool ignore_merges_ = false;
   bool byte_fallback_ = false;

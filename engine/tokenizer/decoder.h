@@ -35,10 +35,10 @@ class Decoder {
   struct Step {
     enum class Kind { kReplace, kByteFallback, kStrip, kMetaspace, kFuse, kByteLevel };
     Kind kind;
-    std::string pattern;           // Replace{String}; Strip / Metaspace character
-    std::unique_ptr<Regex> regex;  // Replace{Regex}
-    std::string content;           // Replace content
-    int start = 0, stop = 0;       // Strip
+    std::string pattern;            // Replace{String}; Strip / Metaspace character
+    std::unique_ptr<Regex> regex;   // Replace{Regex}
+    std::string content;            // Replace content
+    int start = 0, stop = 0;        // Strip
     bool metaspace_prepend = true;  // Metaspace: prepend_scheme != never
   };
   Status Parse(const nlohmann::json& j);

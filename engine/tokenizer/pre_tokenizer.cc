@@ -199,10 +199,9 @@ void PreTokenizer::Apply(const Step& step, const Piece& piece, std::vector<Piece
           rewritten.push_back(c);
         }
       }
-      const bool prepend =
-          !std::string_view(rewritten).starts_with(step.literal) &&
-          (step.prepend == Step::Prepend::kAlways ||
-           (step.prepend == Step::Prepend::kFirst && piece.at_origin));
+      const bool prepend = !std::string_view(rewritten).starts_with(step.literal) &&
+                           (step.prepend == Step::Prepend::kAlways ||
+                            (step.prepend == Step::Prepend::kFirst && piece.at_origin));
       if (prepend) rewritten = step.literal + rewritten;
       text = rewritten;
       if (!step.split) {

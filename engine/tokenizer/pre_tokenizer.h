@@ -46,9 +46,9 @@ class PreTokenizer {
     std::string literal;           // Split{String}, Metaspace replacement
     SplitBehavior behavior = SplitBehavior::kIsolated;
     bool invert = false;
-    bool add_prefix_space = false;  // ByteLevel
+    bool add_prefix_space = false;                                              // ByteLevel
     enum class Prepend { kAlways, kFirst, kNever } prepend = Prepend::kAlways;  // Metaspace
-    bool split = true;                                                         // Metaspace
+    bool split = true;                                                          // Metaspace
   };
   Status Parse(const nlohmann::json& j);
   void Apply(const Step& step, const Piece& piece, std::vector<Piece>* out) const;

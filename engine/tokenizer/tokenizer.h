@@ -52,8 +52,8 @@ class Tokenizer {
   virtual const std::string* TokenString(int32_t id) const = 0;
   // Decoder output for a window of token strings, as raw bytes; `*stable` is the prefix length
   // later tokens cannot change. See tokenizer_internal::Decoder::Decode.
-  virtual std::string DecodeWindow(std::span<const std::string> tokens, bool at_start,
-                                   bool at_end, size_t* stable) const = 0;
+  virtual std::string DecodeWindow(std::span<const std::string> tokens, bool at_start, bool at_end,
+                                   size_t* stable) const = 0;
   virtual bool clean_up_tokenization_spaces() const = 0;
 };
 

@@ -48,7 +48,8 @@ size_t DecodeUtf8At(std::string_view text, size_t pos, uint32_t* code_point) {
   size_t len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
   len = std::min(len, text.size() - pos);
   uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1Fu) : len == 3 ? (c & 0x0Fu) : (c & 0x07u);
-  for (size_t i = 1; i < len; ++i) cp = (cp << 6) | (static_cast<unsigned char>(text[pos + i]) & 0x3Fu);
+  for (size_t i = 1; i < len; ++i)
+    cp = (cp << 6) | (static_cast<unsigned char>(text[pos + i]) & 0x3Fu);
   *code_point = cp;
   return len;
 }

@@ -25,9 +25,9 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-const char* const kNames[] = {"llama2", "llama3", "llama3_1", "llama3_2", "qwen3", "qwen2_5",
-                              "gemma",  "gemma2", "gemma3",   "deepseek_v3", "gptoss",
-                              "mistral_nemo"};
+const char* const kNames[] = {"llama2", "llama3",      "llama3_1", "llama3_2",
+                              "qwen3",  "qwen2_5",     "gemma",    "gemma2",
+                              "gemma3", "deepseek_v3", "gptoss",   "mistral_nemo"};
 
 std::string EnvOr(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
@@ -44,8 +44,8 @@ std::string TokenizerDir(const std::string& name) {
   for (const auto& entry : fs::directory_iterator(root, ec)) {
     const std::string base = entry.path().filename().string();
     // "llama3-" must not pick up "llama3_1-...": the rest must be a version.
-    if (!base.starts_with(prefix) || base.find_first_not_of("0123456789.", prefix.size()) !=
-                                         std::string::npos) {
+    if (!base.starts_with(prefix) ||
+        base.find_first_not_of("0123456789.", prefix.size()) != std::string::npos) {
       continue;
     }
     const fs::path models = entry.path() / "package" / "models";
@@ -134,11 +134,18 @@ TEST_CASE("real tokenizers split Hello world into the expected tokens", "[tokeni
 TEST_CASE("real tokenizers round-trip text and stream exactly", "[tokenizer][real]") {
   // Text without added-token look-alikes, clean-up patterns or non-NFC sequences, which every
   // one of these tokenizers reproduces exactly.
-  const std::vector<std::string> texts = {
-      "Hello world",      " two  spaces ",   "tabs\tand\nnew\n\nlines", "CRLF\r\nline\r\n",
-      "emoji 😀👍🏽 👨‍👩‍👧‍👦", "中文测试，日本語のテキスト", "digits 1234567 3.14",
-      "def f(x):\n    return x**2\n",       "Ünïcödé ß ẞ",             "🤖🤖🤖",
-      "   ",              "\u00a0nbsp\u3000ideographic"};
+  const std::vector<std::string> texts = {"Hello world",
+                                          " two  spaces ",
+                                          "tabs\tand\nnew\n\nlines",
+                                          "CRLF\r\nline\r\n",
+                                          "emoji 😀👍🏽 👨‍👩‍👧‍👦",
+                                          "中文测试，日本語のテキスト",
+                                          "digits 1234567 3.14",
+                                          "def f(x):\n    return x**2\n",
+                                          "Ünïcödé ß ẞ",
+                                          "🤖🤖🤖",
+                                          "   ",
+                                          "\u00a0nbsp\u3000ideographic"};
   int found = 0;
   for (const char* name : kNames) {
     const std::string dir = TokenizerDir(name);
