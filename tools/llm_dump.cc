@@ -6,6 +6,10 @@
 //            [--max-batched-tokens 32] [--max-num-seqs 8] [--num-blocks 256]
 //            [--kv-cache-dtype auto|int8|fp8_e4m3|fp8_e4m3_dynamic]
 //            [--kv-scale-granularity per_head|per_channel] [--kv-scales-file SCALES.json]
+//            [--logits-top-k K] [--device cpu|cuda] [--weight-dtype auto|bf16|fp8]
+// --logits-top-k K writes only each position's K largest logits as [token, logit] pairs (large
+// vocabularies make the full rows hundreds of megabytes).
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -42,7 +46,7 @@ int main(int argc, char** argv) {
                  "usage: %s --model DIR --requests REQ.json --out OUT.json "
                  "[--block-size N] [--max-batched-tokens N] [--max-num-seqs N] "
                  "[--num-blocks N] [--kv-cache-dtype T] [--kv-scale-granularity G] "
-                 "[--kv-scales-file F]\n",
+                 "[--kv-scales-file F] [--logits-top-k K] [--device D] [--weight-dtype W]\n",
                  argv[0]);
     return 2;
   }
@@ -63,6 +67,8 @@ int main(int argc, char** argv) {
     cfg.model.kv_scale_granularity = args["--kv-scale-granularity"];
   }
   if (args.count("--kv-scales-file")) cfg.model.kv_scales_file = args["--kv-scales-file"];
+  if (args.count("--device")) cfg.model.device = args["--device"];
+  if (args.count("--weight-dtype")) cfg.model.weight_dtype = args["--weight-dtype"];
   auto core_or = llm::EngineCore::Create(cfg);
   if (!core_or.ok()) {
     std::fprintf(stderr, "llm-dump: %s\n", core_or.status().ToString().c_str());
@@ -82,8 +88,21 @@ int main(int argc, char** argv) {
   std::vector<json> logits(n, json::array());
   std::vector<char> done(n, 0);
   std::vector<std::string> errors(n);
+  const int top_k = get("--logits-top-k", 0);
   core.set_logits_observer([&](const std::string& id, std::span<const float> l) {
-    logits[std::stoul(id)].push_back(std::vector<float>(l.begin(), l.end()));
+    if (top_k <= 0) {
+      logits[std::stoul(id)].push_back(std::vector<float>(l.begin(), l.end()));
+      return;
+    }
+    std::vector<int32_t> order(l.size());
+    for (size_t t = 0; t < order.size(); ++t) order[t] = static_cast<int32_t>(t);
+    const size_t k = std::min(order.size(), static_cast<size_t>(top_k));
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+      return l[a] > l[b] || (l[a] == l[b] && a < b);
+    });
+    json row = json::array();
+    for (size_t t = 0; t < k; ++t) row.push_back({order[t], l[order[t]]});
+    logits[std::stoul(id)].push_back(std::move(row));
   });
 
   json steps = json::array();
