@@ -20,8 +20,6 @@ class PostProcessor {
 
   const std::vector<int32_t>& prefix() const { return prefix_; }
   const std::vector<int32_t>& suffix() const { return suffix_; }
-  void set_prefix(std::vector<int32_t> ids) { prefix_ = std::move(ids); }
-  void set_suffix(std::vector<int32_t> ids) { suffix_ = std::move(ids); }
 
  private:
   Status Parse(const nlohmann::json& j);

@@ -24,18 +24,6 @@ namespace {
 using json = nlohmann::json;
 using namespace tokenizer_internal;  // NOLINT: the pipeline stages
 
-// bos_token / eos_token in tokenizer_config.json: a string or an AddedToken object.
-StatusOr<std::optional<std::string>> ConfigToken(const json& config, const char* key) {
-  if (IsNullOrMissing(config, key)) return std::optional<std::string>();
-  const json& v = config[key];
-  if (v.is_string()) return std::optional<std::string>(v.get<std::string>());
-  if (v.is_object() && v.contains("content") && v["content"].is_string()) {
-    return std::optional<std::string>(v["content"].get<std::string>());
-  }
-  return InvalidArgument(std::string("tokenizer_config.json: ") + key +
-                         " is neither a string nor an AddedToken");
-}
-
 class PipelineTokenizer final : public Tokenizer {
  public:
   static StatusOr<std::unique_ptr<Tokenizer>> Create(const json& j, const json& config);
@@ -135,37 +123,9 @@ Status PipelineTokenizer::ApplyConfig(const json& config) {
   if (BoolOr(config, "split_special_tokens", false)) {
     return InvalidArgument("tokenizer_config.json: split_special_tokens=true is not supported");
   }
-  // transformers' Llama / Gemma tokenizers rebuild the post-processor from these flags; a
-  // flag that is absent keeps what tokenizer.json's post-processor does.
-  auto resolve = [&](const char* key) -> StatusOr<int32_t> {
-    LLM_ASSIGN_OR_RETURN(std::optional<std::string> name, ConfigToken(config, key));
-    if (!name) {
-      return InvalidArgument(std::string("tokenizer_config.json: add_") + key + " is true but " +
-                             key + " is not set");
-    }
-    std::optional<int32_t> id = TokenToId(*name);
-    if (!id) {
-      return InvalidArgument(std::string("tokenizer_config.json: ") + key + " '" + *name +
-                             "' is not in the vocabulary");
-    }
-    return *id;
-  };
-  if (!IsNullOrMissing(config, "add_bos_token")) {
-    std::vector<int32_t> prefix;
-    if (config["add_bos_token"].get<bool>()) {
-      LLM_ASSIGN_OR_RETURN(int32_t bos, resolve("bos_token"));
-      prefix.push_back(bos);
-    }
-    post_.set_prefix(std::move(prefix));
-  }
-  if (!IsNullOrMissing(config, "add_eos_token")) {
-    std::vector<int32_t> suffix;
-    if (config["add_eos_token"].get<bool>()) {
-      LLM_ASSIGN_OR_RETURN(int32_t eos, resolve("eos_token"));
-      suffix.push_back(eos);
-    }
-    post_.set_suffix(std::move(suffix));
-  }
+  // add_bos_token / add_eos_token are not applied: transformers 5.17 decides BOS / EOS by
+  // tokenizer.json's post-processor alone (DeepSeek-V3 says add_bos_token=true and gets no BOS;
+  // tests/fixtures/tokenizers shows it), and so does this tokenizer.
   return Status::Ok();
 }
 

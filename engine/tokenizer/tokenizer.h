@@ -25,9 +25,8 @@ class Tokenizer {
   // Loads `tokenizer.json`, and `tokenizer_config.json` from the same directory when it exists.
   // Unsupported components or options are an error that names them.
   static StatusOr<std::unique_ptr<Tokenizer>> FromFile(const std::string& path);
-  // `tokenizer_config` may be null. Its add_bos_token / add_eos_token, when set, decide BOS / EOS
-  // as transformers' Llama/Gemma tokenizers do (replacing what the post-processor adds, with
-  // bos_token / eos_token); clean_up_tokenization_spaces applies to Decode.
+  // `tokenizer_config` may be null. Its clean_up_tokenization_spaces applies to Decode; BOS / EOS
+  // come from the post-processor alone, as in transformers 5 (add_bos_token is not applied).
   static StatusOr<std::unique_ptr<Tokenizer>> FromJson(const nlohmann::json& tokenizer_json);
   static StatusOr<std::unique_ptr<Tokenizer>> FromJson(const nlohmann::json& tokenizer_json,
                                                        const nlohmann::json& tokenizer_config);

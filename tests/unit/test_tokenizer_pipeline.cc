@@ -270,20 +270,13 @@ TEST_CASE("unimplemented models and options are refused by name", "[tokenizer]")
   CHECK_THAT(ErrorOf(j), Catch::Contains("UnicodeScripts"));
 }
 
-TEST_CASE("tokenizer_config.json add_bos_token / add_eos_token decide special tokens",
-          "[tokenizer]") {
+TEST_CASE("tokenizer_config.json: special tokens come from the post-processor", "[tokenizer]") {
+  // transformers 5 ignores add_bos_token here (its DeepSeek-V3 fixture has none despite
+  // add_bos_token=true), so the template alone decides.
   const json j = LlamaStyle();
-  CHECK(Make(j, {{"add_bos_token", false}})->Encode("a", true) == Ids{262});
-  CHECK_FALSE(Make(j, {{"add_bos_token", false}})->bos_token_id().has_value());
+  CHECK(Make(j, {{"add_bos_token", false}})->Encode("a", true) == Ids{1, 262});
   CHECK(Make(j, {{"add_eos_token", true}, {"eos_token", "</s>"}})->Encode("a", true) ==
-        Ids{1, 262, 2});
-  const json added_token = {{"__type", "AddedToken"}, {"content", "</s>"}};
-  CHECK(Make(j, {{"add_bos_token", true}, {"bos_token", added_token}})->Encode("a", true) ==
-        Ids{2, 262});
-  CHECK(Make(j, {{"add_bos_token", true}, {"bos_token", "<s>"}})->Encode("a", false) == Ids{262});
-  CHECK_THAT(ErrorOf(j, {{"add_bos_token", true}, {"bos_token", nullptr}}),
-             Catch::Contains("bos_token"));
-  CHECK_THAT(ErrorOf(j, {{"add_eos_token", true}, {"eos_token", "<zz>"}}), Catch::Contains("<zz>"));
+        Ids{1, 262});
   CHECK_THAT(ErrorOf(j, {{"split_special_tokens", true}}), Catch::Contains("split_special_tokens"));
 }
 
