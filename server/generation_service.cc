@@ -22,7 +22,8 @@ Status ConvertRequest(const pb::GenerateRequest& in, const EngineCore& core,
                                " bytes; the limit is " + std::to_string(config.max_prompt_bytes));
       }
       if (core.tokenizer() == nullptr) return FailedPrecondition("the model has no tokenizer");
-      out->prompt_ids = core.tokenizer()->Encode(in.text(), /*add_special_tokens=*/true);
+      const bool add_special = in.has_add_special_tokens() ? in.add_special_tokens() : true;
+      out->prompt_ids = core.tokenizer()->Encode(in.text(), add_special);
       break;
     }
     case pb::GenerateRequest::kTokenIds:

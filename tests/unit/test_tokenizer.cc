@@ -343,20 +343,20 @@ TEST_CASE("unsupported components are errors naming the type", "[tokenizer]") {
 
   j = json::parse(kTinyJson);
   j["pre_tokenizer"] = {{"type", "Sequence"},
-                        {"pretokenizers", json::array({{{"type", "Metaspace"}}})}};
-  CHECK_THAT(ErrorOf(j), Catch::Contains("Metaspace"));
+                        {"pretokenizers", json::array({{{"type", "WhitespaceSplit"}}})}};
+  CHECK_THAT(ErrorOf(j), Catch::Contains("WhitespaceSplit"));
 
   j = json::parse(kTinyJson);
   j["model"]["type"] = "WordPiece";
   CHECK_THAT(ErrorOf(j), Catch::Contains("WordPiece"));
 
   j = json::parse(kTinyJson);
-  j["decoder"] = {{"type", "Sequence"}, {"decoders", json::array({{{"type", "ByteFallback"}}})}};
-  CHECK_THAT(ErrorOf(j), Catch::Contains("ByteFallback"));
+  j["decoder"] = {{"type", "Sequence"}, {"decoders", json::array({{{"type", "CTC"}}})}};
+  CHECK_THAT(ErrorOf(j), Catch::Contains("CTC"));
 
   j = json::parse(kTinyJson);
-  j["normalizer"] = {{"type", "Lowercase"}};
-  CHECK_THAT(ErrorOf(j), Catch::Contains("Lowercase"));
+  j["normalizer"] = {{"type", "BertNormalizer"}};
+  CHECK_THAT(ErrorOf(j), Catch::Contains("BertNormalizer"));
 
   j = json::parse(kTinyJson);
   j["post_processor"] = {{"type", "BertProcessing"}};
