@@ -44,7 +44,7 @@ Status ConvertRequest(const pb::GenerateRequest& in, const EngineCore& core,
   if (in.has_logprobs()) sp.logprobs = in.logprobs();
   const pb::StoppingParams& t = in.stopping();
   StoppingParams& st = out->stopping;
-  st.max_tokens = t.has_max_tokens() ? t.max_tokens() : config.default_max_tokens;
+  st.max_tokens = t.has_max_tokens() ? t.max_tokens() : config.engine.default_max_tokens;
   if (t.has_min_tokens()) st.min_tokens = t.min_tokens();
   st.stop.assign(t.stop().begin(), t.stop().end());
   st.stop_token_ids.assign(t.stop_token_ids().begin(), t.stop_token_ids().end());
