@@ -4,11 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "build_info.h"  // generated: LLM_VERSION, LLM_GIT_COMMIT
 #include "engine/models/kv_cache_quant.h"
-
-#ifndef LLM_VERSION
-#define LLM_VERSION "unknown"
-#endif
 
 namespace llm {
 namespace {
@@ -330,11 +327,8 @@ std::string ServerUsage(bool all) {
 }
 
 std::string ServerVersion() {
-  std::string v = "llm-server " LLM_VERSION;
-#ifdef LLM_GIT_COMMIT
-  v += " (commit " LLM_GIT_COMMIT ")";
-#endif
-  return v + "\n";
+  const std::string commit = LLM_GIT_COMMIT;
+  return "llm-server " LLM_VERSION + (commit.empty() ? "" : " (commit " + commit + ")") + "\n";
 }
 
 CommandLine ParseCommandLine(const std::vector<std::string>& args) {
