@@ -10,7 +10,6 @@
 //       [--fp8-fast-accum 0|1]   (default 1, the server's default)
 //       [--fp8-static-attn-out 0|1]   (default 1, the server's fp8_static_attention_output)
 //       [--c8-prefill auto|tiles|fmha] (the server's c8_prefill)
-//       [--fused-decode-append 0|1]   (default 0, the server's fused_decode_append)
 // --prefill-seqs S: the prefill chunk is S fresh sequences of prefill / S tokens each (the
 //   serving workload's chunks: 8 x 1024 is what 8,192-token steps of 1,000-token prompts hold).
 // --prefill-decode N: N decode rows at context --ctx join the prefill chunk, which keeps the same
@@ -66,7 +65,6 @@ struct Args {
   bool fast_accum = true;                // ModelLoadOptions::fp8_fast_accumulation
   bool static_attn_out = true;           // ModelLoadOptions::fp8_static_attention_output
   std::string c8_prefill = "auto";       // ModelLoadOptions::c8_prefill
-  bool fused_append = false;             // ModelLoadOptions::fused_decode_append
 };
 
 // B sequences of ctx cached tokens each, decoding one token at position ctx + step; block tables
@@ -175,8 +173,6 @@ int main(int argc, char** argv) {
       args.c8_prefill = v;
     } else if (k == "--fp8-static-attn-out") {
       args.static_attn_out = std::stoi(v) != 0;
-    } else if (k == "--fused-decode-append") {
-      args.fused_append = std::stoi(v) != 0;
     } else if (k == "--weights") {
       args.weights = v;
     } else if (k == "--prefill-backend") {
@@ -228,7 +224,6 @@ int main(int argc, char** argv) {
     o.fp8_fast_accumulation = args.fast_accum;
     o.fp8_static_attention_output = args.static_attn_out;
     o.c8_prefill = args.c8_prefill;
-    o.fused_decode_append = args.fused_append;
     auto m = llm::LoadModel(o);
     if (!m.ok()) {
       std::fprintf(stderr, "load: %s\n", m.status().ToString().c_str());

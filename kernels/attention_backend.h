@@ -112,9 +112,6 @@ struct FusedRope {
   const int32_t* positions = nullptr;  // [num_tokens]
   const float* inv_freq = nullptr;     // [head_dim / 2], rope scaling already applied
   void* q = nullptr;                   // out: [num_tokens, num_q_heads, head_dim], then attended
-  // The backend may do a decode-only step's rotary and append inside its attention kernel, one
-  // launch instead of two (CUDA C8 with one query token per sequence; q is then not written).
-  bool in_attention = false;
 };
 
 // Inputs of one layer call. Pointers are in the backend's memory space and element type.

@@ -19,8 +19,8 @@ namespace llm {
 
 struct SchedulerConfig {
   int block_size = 64;
-  int max_num_seqs = 64;          // running sequences per step
-  int max_batched_tokens = 2048;  // token budget per step
+  int max_num_seqs = 64;         // running sequences per step
+  int max_batched_tokens = 512;  // token budget per step: small chunks keep decode latency low
   bool enable_prefix_caching = true;
   // A sequence preempted this many times is protected: others are preempted first.
   int protect_after_preemptions = 2;

@@ -50,8 +50,8 @@ Status ConvertRequest(const pb::GenerateRequest& in, const EngineCore& core,
   StoppingParams& st = out->stopping;
   st.max_tokens = t.has_max_tokens()
                       ? t.max_tokens()
-                      : std::min(defaults.max_new_tokens.value_or(config.default_max_tokens),
-                                 config.max_tokens_limit);
+                      : std::min(defaults.max_new_tokens.value_or(config.engine.default_max_tokens),
+                                 config.engine.max_tokens_limit);
   if (t.has_min_tokens()) st.min_tokens = t.min_tokens();
   st.stop.assign(t.stop().begin(), t.stop().end());
   st.stop_token_ids.assign(t.stop_token_ids().begin(), t.stop_token_ids().end());

@@ -18,11 +18,12 @@ namespace {
 std::string StartupTable(const llm::ServerConfig& sc, const llm::EngineCore& core) {
   const llm::ModelConfig& mc = core.model_config();
   const llm::Model& m = core.model();
+  const llm::ModelLoadOptions& mo = sc.engine.model;
   const std::string kv = m.kv_cache_dtype_name() != "float32" ? m.kv_cache_dtype_name()
-                         : sc.kv_cache_dtype == "auto"        ? std::string("float32")
-                         : sc.kv_cache_dtype == "fp8_e4m3_dynamic"
-                             ? sc.kv_cache_dtype
-                             : sc.kv_cache_dtype + " " + sc.kv_scale_granularity;
+                         : mo.kv_cache_dtype == "auto"        ? std::string("float32")
+                         : mo.kv_cache_dtype == "fp8_e4m3_dynamic"
+                             ? mo.kv_cache_dtype
+                             : mo.kv_cache_dtype + " " + mo.kv_scale_granularity;
   char buf[2048];
   std::snprintf(buf, sizeof(buf),
                 "\n  | model              | %s (%s)\n"
@@ -36,11 +37,12 @@ std::string StartupTable(const llm::ServerConfig& sc, const llm::EngineCore& cor
                 "  | listen             | %s",
                 mc.name.c_str(), mc.architecture_name.c_str(), mc.num_layers, mc.hidden_size,
                 mc.num_q_heads, mc.num_kv_heads, mc.head_dim, mc.vocab_size,
-                llm::DTypeName(mc.dtype), sc.device.c_str(), m.attention_backend_name().c_str(),
-                kv.c_str(), core.num_blocks(), sc.block_size, core.num_blocks() * sc.block_size,
+                llm::DTypeName(mc.dtype), mo.device.c_str(), m.attention_backend_name().c_str(),
+                kv.c_str(), core.num_blocks(), mo.block_size, core.num_blocks() * mo.block_size,
                 static_cast<double>(m.kv_bytes_per_block()) * core.num_blocks() / (1 << 20),
-                core.max_model_len(), sc.max_tokens_limit, sc.max_num_seqs, sc.max_batched_tokens,
-                mc.generation.Describe().c_str(), sc.listen_address.c_str());
+                core.max_model_len(), sc.engine.max_tokens_limit, sc.engine.scheduler.max_num_seqs,
+                sc.engine.scheduler.max_batched_tokens, mc.generation.Describe().c_str(),
+                sc.listen_address.c_str());
   return buf;
 }
 
@@ -54,19 +56,23 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto cfg_or = llm::ParseServerConfig(std::vector<std::string>(argv + 1, argv + argc));
-  if (!cfg_or.ok()) {
-    const bool help = cfg_or.status().code() == llm::StatusCode::kFailedPrecondition;
-    std::fprintf(help ? stdout : stderr, "%s\n%s", help ? "" : cfg_or.status().ToString().c_str(),
-                 help ? cfg_or.status().message().c_str() : "run with --help for usage\n");
-    return help ? 0 : 2;
-  }
-  const llm::ServerConfig& sc = cfg_or.value();
+  llm::CommandLine cl = llm::ParseCommandLine(std::vector<std::string>(argv + 1, argv + argc));
+  std::fputs(cl.out.c_str(), stdout);
+  std::fputs(cl.err.c_str(), stderr);
+  if (!cl.config) return cl.exit_code;
+  llm::ServerConfig& sc = *cl.config;
   spdlog::set_level(spdlog::level::from_str(sc.log_level));
+  // "auto" picks the device here; options that cannot apply to it are refused before loading.
+  sc.engine.model.device = llm::ResolveDevice(sc.engine.model.device);
+  if (llm::Status st = llm::CheckOptionsApply(sc, sc.engine.model.device); !st.ok()) {
+    std::fprintf(stderr, "llm-server: %s\n", st.message().c_str());
+    return 2;
+  }
 
-  auto core_or = llm::EngineCore::Create(sc.ToEngineConfig());
+  auto core_or = llm::EngineCore::Create(sc.engine);
   if (!core_or.ok()) {
-    spdlog::critical("cannot load model from {}: {}", sc.model_dir, core_or.status().ToString());
+    spdlog::critical("cannot load model from {}: {}", sc.engine.model.model_dir,
+                     core_or.status().ToString());
     return 1;
   }
   llm::Engine engine(std::move(core_or).value());

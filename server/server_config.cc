@@ -1,159 +1,172 @@
 #include "server/server_config.h"
 
 #include <fstream>
-#include <functional>
-#include <map>
 
 #include <nlohmann/json.hpp>
 
+#include "build_info.h"  // generated: LLM_VERSION, LLM_GIT_COMMIT
 #include "engine/models/kv_cache_quant.h"
 
 namespace llm {
 namespace {
 
 using json = nlohmann::json;
+using G = OptionGroup;
+using O = ServerOption;
 
-struct Field {
-  const char* key;  // JSON key; the flag is --key with '_' as '-'
-  const char* help;
-  std::function<Status(ServerConfig&, const std::string&)> set;
-};
-
-Status ParseInt(const std::string& name, const std::string& v, int lo, int hi, int* out) {
-  try {
-    size_t pos = 0;
-    const long long x = std::stoll(v, &pos);
-    if (pos != v.size()) throw std::invalid_argument(v);
-    if (x < lo || x > hi) {
-      return InvalidArgument(name + " must be in [" + std::to_string(lo) + ", " +
-                             std::to_string(hi) + "], got " + v);
-    }
-    *out = static_cast<int>(x);
-  } catch (const std::exception&) {
-    return InvalidArgument(name + " must be an integer, got '" + v + "'");
+// The storage of an option inside ServerConfig.
+#define LLM_BIND(path)            \
+  [](ServerConfig & c) -> auto& { \
+    return c.path;                \
   }
+
+constexpr const char* kLogLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+
+bool StaticKvCache(const ServerConfig& c) {
+  const std::string& d = c.engine.model.kv_cache_dtype;
+  return d == "int8" || d == "fp8_e4m3";
+}
+
+bool Fp8Weights(const ServerConfig& c) {
+  return c.engine.model.weight_dtype == "fp8";
+}
+
+Status HostPort(const std::string& v) {
+  if (v.find(':') == std::string::npos)
+    return InvalidArgument("must be host:port, got '" + v + "'");
   return Status::Ok();
 }
 
-Field IntField(const char* key, const char* help, int ServerConfig::*member, int lo, int hi) {
-  return {key, help, [=](ServerConfig& c, const std::string& v) {
-            return ParseInt(key, v, lo, hi, &(c.*member));
-          }};
+Status HostPortOrOff(const std::string& v) {
+  return v == "off" ? Status::Ok() : HostPort(v);
 }
 
-Field BoolField(const char* key, const char* help, bool ServerConfig::*member) {
-  return {key, help, [=](ServerConfig& c, const std::string& v) {
-            if (v == "true" || v == "1") {
-              c.*member = true;
-            } else if (v == "false" || v == "0") {
-              c.*member = false;
-            } else {
-              return InvalidArgument(std::string(key) + " must be true or false, got '" + v + "'");
-            }
-            return Status::Ok();
-          }};
-}
-
-Field StrField(const char* key, const char* help, std::string ServerConfig::*member) {
-  return {key, help, [=](ServerConfig& c, const std::string& v) {
-            c.*member = v;
-            return Status::Ok();
-          }};
-}
-
-const std::vector<Field>& Fields() {
-  static const std::vector<Field> kFields = {
-      StrField("listen_address", "host:port for gRPC (default 127.0.0.1:50051)",
-               &ServerConfig::listen_address),
-      StrField("metrics_address", "host:port for HTTP /metrics, or off (default 127.0.0.1:9400)",
-               &ServerConfig::metrics_address),
-      StrField("model_dir", "Hugging Face model directory", &ServerConfig::model_dir),
-      IntField("block_size", "tokens per KV block (default 64)", &ServerConfig::block_size, 1,
-               1024),
-      IntField("num_kv_blocks", "KV blocks; 0 = from kv_cache_memory_mb",
-               &ServerConfig::num_kv_blocks, 0, 1 << 24),
-      IntField("kv_cache_memory_mb", "KV cache memory in MiB (default 256)",
-               &ServerConfig::kv_cache_memory_mb, 1, 1 << 22),
-      IntField("max_num_seqs", "running sequences per step (default 64)",
-               &ServerConfig::max_num_seqs, 1, 4096),
-      IntField("max_batched_tokens", "token budget per step (default 512)",
-               &ServerConfig::max_batched_tokens, 1, 1 << 20),
-      IntField("max_model_len", "context length; 0 = the model's", &ServerConfig::max_model_len, 0,
-               1 << 24),
-      IntField("max_tokens_limit", "largest max_tokens a request may ask (default 4096)",
-               &ServerConfig::max_tokens_limit, 1, 1 << 24),
-      IntField("default_max_tokens", "max_tokens when a request sets none (default 256)",
-               &ServerConfig::default_max_tokens, 1, 1 << 24),
-      IntField("max_prompt_bytes", "largest text prompt in bytes (default 1 MiB)",
-               &ServerConfig::max_prompt_bytes, 1, 1 << 30),
-      StrField("attention_backend", "force an attention backend by name",
-               &ServerConfig::attention_backend),
-      StrField("kv_cache_dtype", "auto (fp32 on CPU) | int8 | fp8_e4m3 | fp8_e4m3_dynamic",
-               &ServerConfig::kv_cache_dtype),
-      StrField("kv_scale_granularity", "per_head | per_channel scales of a static 8-bit KV cache",
-               &ServerConfig::kv_scale_granularity),
-      StrField("device", "cpu | cuda | auto (default cpu)", &ServerConfig::device),
-      IntField("gpu_memory_percent", "percent of free GPU memory for the KV pool (default 85)",
-               &ServerConfig::gpu_memory_percent, 1, 99),
-      BoolField("dummy_weights", "random weights on the device instead of the checkpoint (cuda)",
-                &ServerConfig::dummy_weights),
-      StrField("prefill_attention_backend",
-               "attention for steps with a prefill chunk: auto (cuda_fmha on a 16-bit cache) | "
-               "none | a backend name (cuda)",
-               &ServerConfig::prefill_attention_backend),
-      StrField("weight_dtype",
-               "projection weights on the GPU: auto (bf16) | bf16 | fp8 (e4m3, per-tensor scales; "
-               "activations per token)",
-               &ServerConfig::weight_dtype),
-      BoolField("fp8_fast_accumulation",
-                "fp8 weights: sum the projections' products in the tensor cores' accumulator "
-                "(cuBLASLt fast accumulation) instead of promoting to fp32 (default true)",
-                &ServerConfig::fp8_fast_accumulation),
-      BoolField("fp8_static_attention_output",
-                "fp8 weights and a static int8/fp8 KV cache: the attention kernel writes "
-                "o_proj's e4m3 input with a static per-layer scale (the cache's V bound) "
-                "instead of a per-row quantization pass (default true)",
-                &ServerConfig::fp8_static_attention_output),
-      BoolField("fused_decode_append",
-                "decode steps on cuda_c8: the attention kernel rotates q and appends the new K/V "
-                "itself, one launch per layer instead of two (default false)",
-                &ServerConfig::fused_decode_append),
-      StrField("mla_kernel",
-               "DeepSeek MLA decode kernel on the GPU: auto (the sm_90a wgmma kernels on "
-               "H100/H200) | wgmma (the same, or fail the load; builds with sm_90a) | portable",
-               &ServerConfig::mla_kernel),
-      StrField("c8_prefill",
-               "cuda_c8 prefill over an 8-bit KV cache: auto (fmha where it runs, else tiles) | "
-               "tiles (the C8 prefill tiles) | fmha (the sm_90a wgmma FMHA kernel over a "
-               "per-step bf16 copy of the cache, or fail the load)",
-               &ServerConfig::c8_prefill),
-      IntField("cuda_graph_max_batch",
-               "decode steps of up to this many sequences replay CUDA graphs; 0: off (default 256)",
-               &ServerConfig::cuda_graph_max_batch, 0, 4096),
-      BoolField("cuda_graph_warmup",
-                "capture every decode graph at start-up instead of on first use (default true)",
-                &ServerConfig::cuda_graph_warmup),
-      StrField("kv_scales_file", "KV scales JSON from llm-calibrate-kv (default: checkpoint's)",
-               &ServerConfig::kv_scales_file),
-      IntField("shutdown_grace_s", "seconds in-flight requests get after SIGTERM (default 10)",
-               &ServerConfig::shutdown_grace_s, 0, 3600),
-      BoolField("enable_prefix_caching", "share full KV blocks across requests (default true)",
-                &ServerConfig::enable_prefix_caching),
-      BoolField("overlap_steps",
-                "queue step k + 1 on the GPU before reading step k's tokens (default true)",
-                &ServerConfig::overlap_steps),
-      IntField("max_queued_requests", "waiting requests before RESOURCE_EXHAUSTED (default 1024)",
-               &ServerConfig::max_queued_requests, 1, 1 << 20),
-      StrField("log_level", "trace|debug|info|warn|error (default info)", &ServerConfig::log_level),
+std::vector<ServerOption> Declarations() {
+  const char* kCudaPool = "the CUDA KV pool is sized by --gpu-memory-percent or --num-kv-blocks";
+  const char* kGpu = "it sets up the GPU";
+  return {
+      // Server.
+      O::String("listen_address", LLM_BIND(listen_address), G::kServer,
+                "host:port of the gRPC server")
+          .Check(HostPort),
+      O::String("metrics_address", LLM_BIND(metrics_address), G::kServer,
+                "host:port of the Prometheus /metrics endpoint, or off")
+          .Check(HostPortOrOff),
+      O::Choice("log_level", LLM_BIND(log_level), kLogLevels, G::kServer, "log level"),
+      O::Int("shutdown_grace_s", LLM_BIND(shutdown_grace_s), 0, 3600, G::kServer,
+             "seconds in-flight requests get to finish after SIGTERM"),
+      // Model.
+      O::String("model_dir", LLM_BIND(engine.model.model_dir), G::kModel,
+                "Hugging Face model directory (config.json, *.safetensors, tokenizer); required")
+          .Alias("model"),
+      O::Choice("device", LLM_BIND(engine.model.device), kDeviceChoices, G::kModel,
+                "where the model runs; auto: cuda when this build has it and a GPU is present"),
+      O::Int("max_model_len", LLM_BIND(engine.max_model_len), 0, 1 << 24, G::kModel,
+             "context length; 0: the model's, capped by the KV cache"),
+      // KV cache.
+      O::Choice("kv_cache_dtype", LLM_BIND(engine.model.kv_cache_dtype), kKvCacheDtypeChoices,
+                G::kKvCache,
+                "KV cache element type; auto: fp32 on cpu, bf16 on cuda (DeepSeek: its config's); "
+                "int8 and fp8_e4m3 take static scales, fp8_e4m3_dynamic computes them per token"),
+      O::Choice("kv_scale_granularity", LLM_BIND(engine.model.kv_scale_granularity),
+                kKvScaleGranularityChoices, G::kKvCache, "scales of a static 8-bit KV cache")
+          .Requires(StaticKvCache, "--kv-cache-dtype int8 or fp8_e4m3"),
+      O::String("kv_scales_file", LLM_BIND(engine.model.kv_scales_file), G::kKvCache,
+                "KV scales JSON from llm-calibrate-kv; unset: the checkpoint's scales")
+          .Requires(StaticKvCache, "--kv-cache-dtype int8 or fp8_e4m3"),
+      O::Int("block_size", LLM_BIND(engine.model.block_size), 1, 1024, G::kKvCache,
+             "tokens per KV block"),
+      O::Int("num_kv_blocks", LLM_BIND(engine.model.num_kv_blocks), 0, 1 << 24, G::kKvCache,
+             "KV blocks; 0: from --kv-cache-memory-mb (cpu) or --gpu-memory-percent (cuda)"),
+      O::MiB("kv_cache_memory_mb", LLM_BIND(engine.model.kv_cache_bytes), 1, 1 << 22, G::kKvCache,
+             "KV cache memory on the cpu, in MiB")
+          .OnlyOn("cpu", kCudaPool),
+      O::Bool("enable_prefix_caching", LLM_BIND(engine.scheduler.enable_prefix_caching),
+              G::kKvCache, "share full KV blocks between requests with the same prefix"),
+      // Scheduler.
+      O::Int("max_num_seqs", LLM_BIND(engine.scheduler.max_num_seqs), 1, 4096, G::kScheduler,
+             "running sequences per step"),
+      O::Int("max_batched_tokens", LLM_BIND(engine.scheduler.max_batched_tokens), 1, 1 << 20,
+             G::kScheduler, "token budget per step (prompt chunks and decode tokens)"),
+      O::Int("max_queued_requests", LLM_BIND(engine.max_queued_requests), 1, 1 << 20, G::kScheduler,
+             "waiting requests; past it, RESOURCE_EXHAUSTED at once"),
+      O::Bool("overlap_steps", LLM_BIND(engine.overlap_steps), G::kScheduler,
+              "queue step k + 1 on the device before reading step k's tokens (models that "
+              "sample on the device)"),
+      // Request limits.
+      O::Int("max_tokens_limit", LLM_BIND(engine.max_tokens_limit), 1, 1 << 24, G::kLimits,
+             "largest max_tokens a request may ask for"),
+      O::Int("default_max_tokens", LLM_BIND(engine.default_max_tokens), 1, 1 << 24, G::kLimits,
+             "max_tokens of a request that sets none"),
+      O::Int("max_prompt_bytes", LLM_BIND(max_prompt_bytes), 1, 1 << 30, G::kLimits,
+             "largest text prompt, in bytes"),
+      // CUDA.
+      O::Percent("gpu_memory_percent", LLM_BIND(engine.model.gpu_memory_fraction), 1, 99, G::kCuda,
+                 "percent of the GPU memory left after the weights for the KV pool")
+          .OnlyOn("cuda", "the cpu KV cache is sized by --kv-cache-memory-mb or --num-kv-blocks"),
+      O::Choice("weight_dtype", LLM_BIND(engine.model.weight_dtype), kWeightDtypeChoices, G::kCuda,
+                "projection weights on the GPU; auto: bf16; fp8: e4m3 with per-tensor scales, "
+                "activations quantized per token")
+          .OnlyOn("cuda", "the cpu models compute in fp32"),
+      O::Bool("dummy_weights", LLM_BIND(engine.model.dummy_weights), G::kCuda,
+              "random weights on the GPU instead of the checkpoint (benchmarks)")
+          .OnlyOn("cuda", kGpu),
+      O::Int("cuda_graph_max_batch", LLM_BIND(engine.model.cuda_graph_max_batch), 0, 4096, G::kCuda,
+             "decode steps of up to this many sequences replay CUDA graphs; 0: off")
+          .OnlyOn("cuda", kGpu),
+      O::Bool("cuda_graph_warmup", LLM_BIND(engine.model.cuda_graph_warmup), G::kCuda,
+              "capture every decode graph at start-up instead of on first use")
+          .OnlyOn("cuda", kGpu),
+      // Kernel experiments: docs/KERNEL_SELECTION.md says what each one chooses.
+      O::String("attention_backend", LLM_BIND(engine.model.attention_backend), G::kKernel,
+                "force an attention backend by name; unset: the selection at load"),
+      O::String("prefill_attention_backend", LLM_BIND(engine.model.prefill_attention_backend),
+                G::kKernel,
+                "attention of steps with a prefill chunk: auto (cuda_fmha on a 16-bit cache) | "
+                "none (the decode backend) | a backend name")
+          .OnlyOn("cuda", kGpu),
+      O::Bool("fp8_fast_accumulation", LLM_BIND(engine.model.fp8_fast_accumulation), G::kKernel,
+              "fp8 projections sum in the tensor cores' accumulator (cuBLASLt fast accumulation)")
+          .OnlyOn("cuda", kGpu)
+          .Requires(Fp8Weights, "--weight-dtype fp8"),
+      O::Bool("fp8_static_attention_output", LLM_BIND(engine.model.fp8_static_attention_output),
+              G::kKernel,
+              "the attention kernel writes o_proj's fp8 input with the cache's static V bound "
+              "as its scale, instead of a per-row quantization pass")
+          .OnlyOn("cuda", kGpu)
+          .Requires([](const ServerConfig& c) { return Fp8Weights(c) && StaticKvCache(c); },
+                    "--weight-dtype fp8 and --kv-cache-dtype int8 or fp8_e4m3"),
+      O::Choice("mla_kernel", LLM_BIND(engine.model.mla_kernel), kMlaKernelChoices, G::kKernel,
+                "DeepSeek MLA decode kernel; auto: the sm_90a wgmma kernels where they run")
+          .OnlyOn("cuda", kGpu),
+      O::Choice("c8_prefill", LLM_BIND(engine.model.c8_prefill), kC8PrefillChoices, G::kKernel,
+                "cuda_c8 prefill over an 8-bit cache; auto: fmha where it runs, else the tiles")
+          .OnlyOn("cuda", kGpu),
   };
-  return kFields;
 }
 
-const Field* FindField(const std::string& key) {
-  for (const Field& f : Fields()) {
-    if (key == f.key) return &f;
+#undef LLM_BIND
+
+// Flag spelling to key: --max-num-seqs and --max_num_seqs are max_num_seqs.
+std::string KeyOf(const std::string& flag) {
+  std::string key = flag.substr(2);
+  for (char& ch : key) ch = ch == '-' ? '_' : ch;
+  return key;
+}
+
+const ServerOption* FindOption(const std::string& key) {
+  for (const ServerOption& o : ServerOptions()) {
+    if (key == o.key() || (!o.alias().empty() && key == o.alias())) return &o;
   }
   return nullptr;
+}
+
+Status SetOption(const ServerOption& o, const std::string& value, const std::string& name,
+                 ServerConfig* c) {
+  Status st = o.Set(*c, value);
+  if (!st.ok()) return InvalidArgument(name + " " + st.message());
+  c->explicit_keys.insert(o.key());
+  return Status::Ok();
 }
 
 Status ApplyJson(const std::string& path, ServerConfig* c) {
@@ -162,117 +175,182 @@ Status ApplyJson(const std::string& path, ServerConfig* c) {
   json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return InvalidArgument(path + " is not a JSON object");
   for (auto it = j.begin(); it != j.end(); ++it) {
-    const Field* f = FindField(it.key());
-    if (f == nullptr) return InvalidArgument(path + ": unknown key '" + it.key() + "'");
+    const std::string name = path + ": " + it.key();
+    const ServerOption* o = FindOption(it.key());
+    if (o == nullptr || it.key() != o->key()) {
+      return InvalidArgument(path + ": unknown key '" + it.key() + "'");
+    }
     std::string v;
-    if (it->is_string())
-      v = it->get<std::string>();
-    else if (it->is_number_integer())
-      v = std::to_string(it->get<int64_t>());
-    else if (it->is_boolean())
-      v = it->get<bool>() ? "true" : "false";
-    else
-      return InvalidArgument(path + ": '" + it.key() + "' must be a string or an integer");
-    Status st = f->set(*c, v);
-    if (!st.ok()) return InvalidArgument(path + ": " + st.message());
+    switch (o->kind()) {
+      case ServerOption::Kind::kInt:
+        if (!it->is_number_integer()) return InvalidArgument(name + " must be an integer");
+        v = std::to_string(it->get<int64_t>());
+        break;
+      case ServerOption::Kind::kBool:
+        if (!it->is_boolean()) return InvalidArgument(name + " must be true or false");
+        v = it->get<bool>() ? "true" : "false";
+        break;
+      case ServerOption::Kind::kString:
+        if (!it->is_string()) return InvalidArgument(name + " must be a string");
+        v = it->get<std::string>();
+        break;
+    }
+    LLM_RETURN_IF_ERROR(SetOption(*o, v, name, c));
   }
   return Status::Ok();
 }
 
 Status Validate(const ServerConfig& c) {
-  if (c.model_dir.empty()) return InvalidArgument("model_dir is required (--model-dir DIR)");
-  if (c.listen_address.find(':') == std::string::npos) {
-    return InvalidArgument("listen_address must be host:port, got '" + c.listen_address + "'");
+  if (c.engine.model.model_dir.empty()) {
+    return InvalidArgument("model_dir is required (--model-dir DIR)");
   }
-  if (c.default_max_tokens > c.max_tokens_limit) {
-    return InvalidArgument("default_max_tokens exceeds max_tokens_limit");
+  if (c.engine.default_max_tokens > c.engine.max_tokens_limit) {
+    return InvalidArgument("--default-max-tokens " + std::to_string(c.engine.default_max_tokens) +
+                           " exceeds --max-tokens-limit " +
+                           std::to_string(c.engine.max_tokens_limit));
   }
-  LLM_RETURN_IF_ERROR(ParseKvCacheType(c.kv_cache_dtype, c.kv_scale_granularity).status());
-  LLM_RETURN_IF_ERROR(CheckMlaKernelOption(c.mla_kernel));
-  LLM_RETURN_IF_ERROR(CheckC8PrefillOption(c.c8_prefill));
-  static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
-  bool ok = false;
-  for (const char* l : kLevels) ok |= c.log_level == l;
-  if (!ok) return InvalidArgument("log_level '" + c.log_level + "' is not a spdlog level");
-  return Status::Ok();
+  const std::string& device = c.engine.model.device;
+  return device == "auto" ? Status::Ok() : CheckOptionsApply(c, device);
+}
+
+// Appends `text` to `out`, wrapped at 100 columns with continuation lines indented by `indent`.
+void AppendWrapped(const std::string& text, size_t indent, size_t column, std::string* out) {
+  constexpr size_t kWidth = 100;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find(' ', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string word = text.substr(pos, end - pos);
+    if (column > indent && column + 1 + word.size() > kWidth) {
+      *out += '\n';
+      out->append(indent, ' ');
+      column = indent;
+    } else if (column > indent) {
+      *out += ' ';
+      ++column;
+    }
+    *out += word;
+    column += word.size();
+    pos = end + 1;
+  }
+  *out += '\n';
+}
+
+void AppendEntry(const std::string& flag, const std::string& help, std::string* out) {
+  constexpr size_t kHelpColumn = 34;
+  std::string line = "  " + flag;
+  if (line.size() + 1 > kHelpColumn) {
+    *out += line + "\n";
+    line.clear();
+  }
+  line.resize(kHelpColumn, ' ');
+  *out += line;
+  AppendWrapped(help, kHelpColumn, kHelpColumn, out);
 }
 
 }  // namespace
 
-EngineConfig ServerConfig::ToEngineConfig() const {
-  EngineConfig e;
-  e.model.model_dir = model_dir;
-  e.model.block_size = block_size;
-  e.model.num_kv_blocks = num_kv_blocks;
-  e.model.kv_cache_bytes = static_cast<size_t>(kv_cache_memory_mb) << 20;
-  e.model.attention_backend = attention_backend;
-  e.model.device = device;
-  e.model.gpu_memory_fraction = gpu_memory_percent / 100.0;
-  e.model.dummy_weights = dummy_weights;
-  e.model.cuda_graph_max_batch = cuda_graph_max_batch;
-  e.model.cuda_graph_warmup = cuda_graph_warmup;
-  e.model.prefill_attention_backend = prefill_attention_backend;
-  e.model.weight_dtype = weight_dtype;
-  e.model.fp8_fast_accumulation = fp8_fast_accumulation;
-  e.model.fp8_static_attention_output = fp8_static_attention_output;
-  e.model.fused_decode_append = fused_decode_append;
-  e.model.mla_kernel = mla_kernel;
-  e.model.c8_prefill = c8_prefill;
-  e.model.kv_cache_dtype = kv_cache_dtype;
-  e.model.kv_scale_granularity = kv_scale_granularity;
-  e.model.kv_scales_file = kv_scales_file;
-  e.scheduler.block_size = block_size;
-  e.scheduler.max_num_seqs = max_num_seqs;
-  e.scheduler.max_batched_tokens = max_batched_tokens;
-  e.scheduler.enable_prefix_caching = enable_prefix_caching;
-  e.max_queued_requests = max_queued_requests;
-  e.overlap_steps = overlap_steps;
-  e.max_model_len = max_model_len;
-  e.max_tokens_limit = max_tokens_limit;
-  e.default_max_tokens = default_max_tokens;
-  return e;
+const std::vector<ServerOption>& ServerOptions() {
+  static const std::vector<ServerOption> kOptions = Declarations();
+  return kOptions;
 }
 
-std::string ServerUsage() {
-  std::string s =
-      "usage: llm-server [--config FILE.json] [--FLAG VALUE ...]\n"
-      "Every config key is also a flag (--max-num-seqs 32 or --max_num_seqs 32);\n"
-      "flags override the file. --model is short for --model-dir.\nKeys:\n";
-  for (const Field& f : Fields()) s += "  " + std::string(f.key) + ": " + f.help + "\n";
-  return s;
+Status CheckOptionsApply(const ServerConfig& config, const std::string& device) {
+  for (const ServerOption& o : ServerOptions()) {
+    if (!config.IsExplicit(o.key())) continue;
+    const std::string why = o.Inapplicable(config, device);
+    if (!why.empty()) return InvalidArgument(why);
+  }
+  return Status::Ok();
 }
 
 StatusOr<ServerConfig> ParseServerConfig(const std::vector<std::string>& args) {
   ServerConfig c;
-  std::vector<std::pair<std::string, std::string>> flags;
+  std::vector<std::pair<std::string, std::string>> flags;  // (as written, value)
   for (size_t i = 0; i < args.size(); ++i) {
-    std::string a = args[i];
-    if (a == "--help" || a == "-h") return FailedPrecondition(ServerUsage());
-    if (a.rfind("--", 0) != 0) return InvalidArgument("unexpected argument '" + a + "'");
-    std::string key = a.substr(2), value;
-    const size_t eq = key.find('=');
+    const std::string& a = args[i];
+    if (a.rfind("--", 0) != 0 || a.size() == 2) {
+      return InvalidArgument("unexpected argument '" + a + "'");
+    }
+    const size_t eq = a.find('=');
+    const std::string flag = a.substr(0, eq);
+    if (KeyOf(flag) != "config" && FindOption(KeyOf(flag)) == nullptr) {
+      return InvalidArgument("unknown flag " + flag);
+    }
     if (eq != std::string::npos) {
-      value = key.substr(eq + 1);
-      key = key.substr(0, eq);
+      flags.emplace_back(a.substr(0, eq), a.substr(eq + 1));
     } else {
       if (i + 1 >= args.size()) return InvalidArgument("flag " + a + " needs a value");
-      value = args[++i];
+      flags.emplace_back(a, args[++i]);
     }
-    for (char& ch : key) ch = ch == '-' ? '_' : ch;
-    if (key == "model") key = "model_dir";
-    flags.emplace_back(key, value);
   }
-  for (const auto& [k, v] : flags) {
-    if (k == "config") LLM_RETURN_IF_ERROR(ApplyJson(v, &c));
+  for (const auto& [flag, v] : flags) {
+    if (KeyOf(flag) == "config") LLM_RETURN_IF_ERROR(ApplyJson(v, &c));
   }
-  for (const auto& [k, v] : flags) {
-    if (k == "config") continue;
-    const Field* f = FindField(k);
-    if (f == nullptr) return InvalidArgument("unknown flag --" + k);
-    LLM_RETURN_IF_ERROR(f->set(c, v));
+  for (const auto& [flag, v] : flags) {
+    const std::string key = KeyOf(flag);
+    if (key == "config") continue;
+    LLM_RETURN_IF_ERROR(SetOption(*FindOption(key), v, flag, &c));
   }
   LLM_RETURN_IF_ERROR(Validate(c));
   return c;
+}
+
+std::string ServerUsage(bool all) {
+  std::string s = "usage: llm-server --model-dir DIR [--config FILE.json] [--FLAG VALUE ...]\n\n";
+  AppendWrapped(
+      "Serves a Hugging Face model over gRPC. Every option is also a key of the --config JSON "
+      "file (--max-num-seqs 32 is \"max_num_seqs\": 32); flags override the file.",
+      0, 0, &s);
+  const ServerConfig defaults;
+  for (int g = 0; g <= static_cast<int>(OptionGroup::kKernel); ++g) {
+    const auto group = static_cast<OptionGroup>(g);
+    if (group == OptionGroup::kKernel && !all) continue;
+    s += std::string("\n") + OptionGroupTitle(group) + ":\n";
+    for (const ServerOption& o : ServerOptions()) {
+      if (o.group() != group) continue;
+      std::string help = o.help();
+      const std::string def = o.Get(defaults);
+      if (!def.empty()) help += " (default " + def + ")";
+      std::string flag = o.flag() + " " + o.value_name();
+      if (!o.alias().empty()) flag = "--" + o.alias() + ", " + flag;
+      AppendEntry(flag, help, &s);
+    }
+  }
+  s += "\nOther:\n";
+  AppendEntry("--config FILE.json", "options as a JSON object, applied before the flags", &s);
+  AppendEntry("-h, --help", "this text", &s);
+  AppendEntry("--help-all", "also the kernel experiment switches", &s);
+  AppendEntry("--version", "the version and the commit it was built from", &s);
+  if (!all) s += "\nKernel experiment switches: --help-all and docs/KERNEL_SELECTION.md.\n";
+  return s;
+}
+
+std::string ServerVersion() {
+  const std::string commit = LLM_GIT_COMMIT;
+  return "llm-server " LLM_VERSION + (commit.empty() ? "" : " (commit " + commit + ")") + "\n";
+}
+
+CommandLine ParseCommandLine(const std::vector<std::string>& args) {
+  CommandLine cl;
+  for (const std::string& a : args) {
+    if (a == "--help" || a == "-h" || a == "--help-all") {
+      cl.out = ServerUsage(a == "--help-all");
+      return cl;
+    }
+    if (a == "--version") {
+      cl.out = ServerVersion();
+      return cl;
+    }
+  }
+  auto config = ParseServerConfig(args);
+  if (!config.ok()) {
+    cl.exit_code = 2;
+    cl.err = "llm-server: " + config.status().message() + "\nrun llm-server --help for usage\n";
+    return cl;
+  }
+  cl.config = std::move(config).value();
+  return cl;
 }
 
 }  // namespace llm

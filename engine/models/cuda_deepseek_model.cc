@@ -327,7 +327,7 @@ Status CudaDeepseekModel::RunMlp(const Mlp& m, const void* x, int rows, void* ou
 }
 
 Status CudaDeepseekModel::SelectMlaKernel(const std::string& option) {
-  LLM_RETURN_IF_ERROR(CheckMlaKernelOption(option));
+  LLM_RETURN_IF_ERROR(CheckChoice("mla_kernel", option, kMlaKernelChoices));
   const cuda::MlaKernel kernel = option == "wgmma"      ? cuda::MlaKernel::kWgmma
                                  : option == "portable" ? cuda::MlaKernel::kPortable
                                                         : cuda::MlaKernel::kAuto;

@@ -178,7 +178,6 @@ class CudaLlamaModel final : public Model {
   std::map<int, cudaGraphExec_t> graphs_;  // bucket -> instantiated decode graph
   DeviceBuffer blas_workspace_;            // fixed, so cuBLAS needs no allocation inside a capture
   bool fp8_ = false;                       // weight_dtype "fp8"
-  bool fused_decode_append_ = false;       // ModelLoadOptions::fused_decode_append
   CudaFp8Gemm fp8_gemm_;
   DeviceBuffer weight_amax_;  // scratch for QuantizeWeight
   DeviceBuffer unit_scale_;   // 1.0f: the fp8 GEMMs' activation scale (row scales come after)
@@ -195,7 +194,6 @@ class CudaLlamaModel final : public Model {
 Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& options) {
   const ModelConfig& c = config_;
   dummy_ = options.dummy_weights;
-  fused_decode_append_ = options.fused_decode_append;
   GPU_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   BLAS_RETURN_IF_ERROR(cublasCreate(&blas_));
   BLAS_RETURN_IF_ERROR(cublasSetStream(blas_, stream_));
@@ -396,7 +394,7 @@ Status CudaLlamaModel::SelectPrefillBackend(const std::string& choice) {
 }
 
 Status CudaLlamaModel::SelectC8Prefill(const std::string& choice) {
-  LLM_RETURN_IF_ERROR(CheckC8PrefillOption(choice));
+  LLM_RETURN_IF_ERROR(CheckChoice("c8_prefill", choice, kC8PrefillChoices));
   AttentionBackend* backend = prefill_attention_ ? prefill_attention_.get() : attention_.get();
   auto* sw = dynamic_cast<cuda::C8PrefillSwitch*>(backend);
   const bool eight_bit = spec_.kv_quant != KvQuant::kNone;
@@ -509,7 +507,6 @@ Status CudaLlamaModel::LaunchLayers(Scratch& s, int T) {
       p.rope.positions = ra.positions;
       p.rope.inv_freq = ra.inv_freq;
       p.rope.q = s.q.ptr;
-      p.rope.in_attention = fused_decode_append_;
     } else {
       cuda::LaunchBiasRope(ra, stream_);
       p.q = s.q.ptr;

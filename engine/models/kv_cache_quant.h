@@ -43,6 +43,11 @@ struct KvCacheType {
   }
 };
 
+// The accepted config strings (the server's option table offers these; ParseKvCacheType maps them).
+inline constexpr const char* kKvCacheDtypeChoices[] = {"auto", "int8", "fp8_e4m3",
+                                                       "fp8_e4m3_dynamic"};
+inline constexpr const char* kKvScaleGranularityChoices[] = {"per_head", "per_channel"};
+
 // InvalidArgument naming the key and the accepted values on a bad string.
 StatusOr<KvCacheType> ParseKvCacheType(const std::string& kv_cache_dtype,
                                        const std::string& kv_scale_granularity);

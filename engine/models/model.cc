@@ -30,34 +30,51 @@ StatusOr<std::unique_ptr<WeightStore>> OpenWeights(const std::string& model_dir,
 
 }  // namespace
 
-Status CheckMlaKernelOption(const std::string& value) {
-  if (value == "auto" || value == "wgmma" || value == "portable") return Status::Ok();
-  return InvalidArgument("mla_kernel must be auto, wgmma or portable, got '" + value + "'");
+Status CheckChoice(const char* option, const std::string& value,
+                   std::span<const char* const> choices) {
+  std::string list;
+  for (const char* c : choices) {
+    if (value == c) return Status::Ok();
+    list += (list.empty() ? "" : ", ") + std::string(c);
+  }
+  return InvalidArgument(std::string(option) + " must be one of " + list + ", got '" + value + "'");
 }
 
-Status CheckC8PrefillOption(const std::string& value) {
-  if (value == "auto" || value == "tiles" || value == "fmha") return Status::Ok();
-  return InvalidArgument("c8_prefill must be auto, tiles or fmha, got '" + value + "'");
+std::string ResolveDevice(const std::string& device) {
+#ifdef LLM_HAVE_CUDA
+  if (device == "auto") return CudaAvailable() ? "cuda" : "cpu";
+#endif
+  return device == "auto" ? "cpu" : device;
 }
 
 StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
-  LLM_RETURN_IF_ERROR(CheckMlaKernelOption(options.mla_kernel));
-  LLM_RETURN_IF_ERROR(CheckC8PrefillOption(options.c8_prefill));
-  if (options.model_dir.rfind("synthetic", 0) == 0) return SyntheticModel::Create(options);
-  if (options.weight_dtype != "auto" && options.weight_dtype != "bf16" &&
-      options.weight_dtype != "fp8") {
-    return InvalidArgument("weight_dtype must be auto, bf16 or fp8, got '" + options.weight_dtype +
-                           "'");
+  LLM_RETURN_IF_ERROR(CheckChoice("device", options.device, kDeviceChoices));
+  LLM_RETURN_IF_ERROR(CheckChoice("weight_dtype", options.weight_dtype, kWeightDtypeChoices));
+  LLM_RETURN_IF_ERROR(CheckChoice("mla_kernel", options.mla_kernel, kMlaKernelChoices));
+  LLM_RETURN_IF_ERROR(CheckChoice("c8_prefill", options.c8_prefill, kC8PrefillChoices));
+  if (options.block_size <= 0 || options.block_size > 1024) {
+    return InvalidArgument("block_size must be in [1, 1024]");
   }
+  if (options.model_dir.rfind("synthetic", 0) == 0) {
+    // The synthetic model computes on the host; "auto" means the cpu for it.
+    if (options.device == "cuda") return InvalidArgument("synthetic models run on device cpu only");
+    if (options.dummy_weights) return InvalidArgument("dummy weights need the cuda device");
+    return SyntheticModel::Create(options);
+  }
+#ifndef LLM_HAVE_CUDA
+  if (options.device == "cuda") {
+    return Unavailable(
+        "device 'cuda' requested but this build has no CUDA backend "
+        "(configure with the cuda preset)");
+  }
+#endif
+  [[maybe_unused]] const bool on_cuda = ResolveDevice(options.device) == "cuda";
   const bool fp8_weights = options.weight_dtype == "fp8";
   if (IsDeepseekModelDir(options.model_dir)) {  // MLA + MoE: its own config and model
     if (fp8_weights) return Unimplemented("fp8 weights are implemented for Llama-family models");
     LLM_ASSIGN_OR_RETURN(DeepseekConfig config, LoadDeepseekConfig(options.model_dir));
-    if (options.block_size <= 0 || options.block_size > 1024) {
-      return InvalidArgument("block_size must be in [1, 1024]");
-    }
 #ifdef LLM_HAVE_CUDA
-    if (options.device == "cuda" || (options.device == "auto" && CudaAvailable())) {
+    if (on_cuda) {
       if (options.dummy_weights) return CreateCudaDeepseekModel(config, nullptr, options);
       LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config.base));
       LLM_ASSIGN_OR_RETURN(auto model, CreateCudaDeepseekModel(config, weights.get(), options));
@@ -66,7 +83,6 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
       return model;
     }
 #endif
-    if (options.device == "cuda") return Unavailable("this build has no CUDA backend");
     if (options.dummy_weights) return InvalidArgument("dummy weights need the cuda device");
     LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config.base));
     LLM_ASSIGN_OR_RETURN(auto model, DeepseekModel::Create(config, *weights, options));
@@ -75,25 +91,13 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
     return std::unique_ptr<Model>(std::move(model));
   }
   LLM_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
-  if (options.block_size <= 0 || options.block_size > 1024) {
-    return InvalidArgument("block_size must be in [1, 1024]");
-  }
-  if (options.device != "cpu" && options.device != "cuda" && options.device != "auto") {
-    return InvalidArgument("device must be cpu, cuda or auto, got '" + options.device + "'");
-  }
 #ifdef LLM_HAVE_CUDA
-  if (options.device == "cuda" || (options.device == "auto" && CudaAvailable())) {
+  if (on_cuda) {
     if (options.dummy_weights) return CreateCudaLlamaModel(config, nullptr, options);
     LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config));
     LLM_ASSIGN_OR_RETURN(auto model, CreateCudaLlamaModel(config, weights.get(), options));
     LLM_RETURN_IF_ERROR(weights->CheckAllConsumed(config.architecture_name));
     return model;
-  }
-#else
-  if (options.device == "cuda") {
-    return Unavailable(
-        "device 'cuda' requested but this build has no CUDA backend "
-        "(configure with the cuda preset)");
   }
 #endif
   if (options.dummy_weights) return InvalidArgument("dummy weights need the cuda device");

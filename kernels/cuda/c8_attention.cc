@@ -407,13 +407,6 @@ Status C8Attention::Run(const LayerArgs& args, void* stream) {
   if (!aligned(r.qkv) || !aligned(r.q) || (r.bias != nullptr && !aligned(r.bias))) {
     return InvalidArgument("C8 append with rotary needs 8-byte aligned qkv / bias / q");
   }
-  // One query token per decode item and no prefill tiles: the decode tiles can rotate q and
-  // append the new tokens themselves (the sequence's last chunk appends its token). Their
-  // one-n-tile kernels do it (rows <= 8).
-  const int group = shape_.num_q_heads / shape_.num_kv_heads;
-  if (r.in_attention && a.num_prefill == 0 && a.decode_rows == group && group <= 8) {
-    return Attend(args, stream, &r);
-  }
   detail::RopeAppendArgs ra{ap, r, shape_.num_q_heads};
   detail::LaunchRopeAppend(ra, shape_.cache, shape_.head_dim, stream);
   GPU_RETURN_IF_ERROR(cudaGetLastError());
@@ -423,10 +416,6 @@ Status C8Attention::Run(const LayerArgs& args, void* stream) {
 }
 
 Status C8Attention::Attend(const LayerArgs& args, void* stream) {
-  return Attend(args, stream, nullptr);
-}
-
-Status C8Attention::Attend(const LayerArgs& args, void* stream, const FusedRope* in_tiles) {
   const Area& a = *active_;
   const auto* ints = static_cast<const int32_t*>(a.d_ints);
   float* partial_o = static_cast<float*>(a.d_partial);
@@ -463,14 +452,6 @@ Status C8Attention::Attend(const LayerArgs& args, void* stream, const FusedRope*
   ta.scale_log2 = args.softmax_scale * 1.4426950408889634f;
   ta.decode_stages = a.decode_stages;
   ta.decode_rows = a.decode_rows;
-  if (in_tiles != nullptr) {
-    ta.rope_qkv = in_tiles->qkv;
-    ta.rope_bias = in_tiles->bias;
-    ta.rope_qkv_scale = in_tiles->qkv_scale;
-    ta.rope_positions = in_tiles->positions;
-    ta.rope_inv_freq = in_tiles->inv_freq;
-    ta.slots = ints + a.off_slots;
-  }
   auto launch = [&](const C8WorkItem* items, int n, bool prefill) {
     ta.items = items;
     ta.num_items = n;

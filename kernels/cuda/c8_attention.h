@@ -200,9 +200,6 @@ class C8Attention {
   // Queues the upload of a->h_pinned[0, bytes) to a->d_ints.
   Status Send(Area* a, size_t bytes, void* stream);
   Status EnsureCounters(Area* a, int merges, void* stream);
-  // Attend; with in_tiles (a decode-only upload of one token per item) the decode tiles also
-  // rotate q from the raw projection and append the new tokens (FusedRope::in_attention).
-  Status Attend(const LayerArgs& args, void* stream, const FusedRope* in_tiles);
   // Sets up the eager area's FMHA prefill section when this step can use it (SetPrefillFmha):
   // returns its host values to upload, empty when the step keeps the prefill tiles.
   std::vector<int32_t> PlanFmhaPrefill(const AttentionBatch& batch, const C8Plan& plan);

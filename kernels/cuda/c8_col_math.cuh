@@ -60,25 +60,6 @@ struct ColMath {
     }
   }
 
-  // The same registers from query rows staged in shared memory: bf16 [rows][stride] (rows past
-  // `rows` are padding: q = 0).
-  __device__ void LoadQShared(const __nv_bfloat16* qs, int stride, int rows, int row0, int lane) {
-    const int g = lane / 4, t = lane % 4;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int r = row0 + nt * 8 + g;
-#pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk) {
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          q[nt][kk][j] =
-              r < rows ? *reinterpret_cast<const uint32_t*>(qs + r * stride + F::QCol(kk, t, 2 * j))
-                       : 0u;
-        }
-      }
-    }
-  }
-
   __device__ void Init(const TileArgs& args, const C8WorkItem& item, int kvh, int group, int row0,
                        int lane, float scale) {
     const int t = lane % 4;

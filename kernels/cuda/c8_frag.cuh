@@ -25,19 +25,16 @@ namespace llm::cuda::detail {
 // flight per CTA, a 4-stage ring three at one CTA per SM. A ring runs only where a block may have
 // that much shared memory, else the next shallower one (DecodeStages).
 struct Bf16Cache {
-  static constexpr CacheType kType = CacheType::kBf16;
   static constexpr int kBytes = 2;
   static constexpr int kTile = kKvTile16;  // KV tokens per shared-memory stage
   static constexpr int kDecodeStages = 3;
 };
 struct Int8Cache {
-  static constexpr CacheType kType = CacheType::kInt8;
   static constexpr int kBytes = 1;
   static constexpr int kTile = kKvTile8;
   static constexpr int kDecodeStages = 2;
 };
 struct Fp8Cache {
-  static constexpr CacheType kType = CacheType::kFp8E4M3;
   static constexpr int kBytes = 1;
   static constexpr int kTile = kKvTile8;
   static constexpr int kDecodeStages = 2;

@@ -35,16 +35,6 @@ struct TileArgs {
   float scale_log2;   // softmax_scale * log2(e)
   int decode_stages;  // decode cp.async ring depth (C8Plan::decode_stages; 0: the cache's default)
   int decode_rows;    // most query rows of a decode tile (C8Plan::decode_rows; 0: up to 16)
-  // Decode launches of one query token per item (FusedRope::in_attention): set (rope_qkv non-null)
-  // when the tiles rotate q from the raw projection themselves and the chunk that holds a
-  // sequence's new token appends its K and V (no separate append launch). The cache and, with
-  // per-token scales, k_scale / v_scale are then written through these const pointers.
-  const void* rope_qkv;  // bf16 [T, (Hq + 2 Hkv) * D]
-  const void* rope_bias;
-  const float* rope_qkv_scale;
-  const int32_t* rope_positions;
-  const float* rope_inv_freq;
-  const int32_t* slots;  // [T] cache slot of each token
 };
 
 struct AppendArgs {

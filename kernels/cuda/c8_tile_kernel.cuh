@@ -30,7 +30,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/cuda/c8_append_row.cuh"
 #include "kernels/cuda/c8_col_math.cuh"
 #include "kernels/cuda/c8_kernel_args.h"
 #include "kernels/cuda/c8_row_math.cuh"
@@ -38,7 +37,6 @@
 #include "kernels/cuda/fp8_rows.cuh"
 #include "kernels/cuda/pdl_launch.cuh"
 #include "kernels/cuda/ptx_ops.cuh"
-#include "kernels/cuda/rope_pairs.cuh"
 
 namespace llm::cuda::detail {
 
@@ -104,69 +102,6 @@ __device__ __forceinline__ void RingSync() {
   } else {
     __syncthreads();
   }
-}
-
-// Decode tiles that rotate and append themselves (TileArgs::rope_qkv; one query token per item).
-// Shared scratch in the ring's last stage, which the prologue leaves empty (it fills stages
-// 0 .. kStages - 2) and the main loop fills first after the prologue's last barrier: the token's
-// angles (cos, sin: D floats), then the tile's rotated q rows (bf16 [16][D + 8]).
-template <int D>
-struct FusedScratch {
-  static constexpr int kQStride = D + 8;  // elements: staggers the rows' banks for LoadQShared
-  static constexpr int kBytes = D * 4 + 16 * kQStride * 2;
-  float* angles;
-  __nv_bfloat16* q;
-  __device__ explicit FusedScratch(uint8_t* p)
-      : angles(reinterpret_cast<float*>(p)), q(reinterpret_cast<__nv_bfloat16*>(p + D * 4)) {}
-};
-
-// The tile's query rows (rows = q_len x group, the GQA group packed as in LoadQ), rotated as the
-// rotary kernel stores them, into s.q; run by the whole CTA after the angles are in place.
-template <int D, int kThreads>
-__device__ __forceinline__ void StageRotatedQ(const TileArgs& args, const C8WorkItem& item, int kvh,
-                                              int group, int rows, const FusedScratch<D>& s) {
-  constexpr int kLanes = D / 8, kHalf = D / 2;
-  const int heads = args.num_q_heads + 2 * args.num_kv_heads;
-  for (int idx = threadIdx.x; idx < rows * kLanes; idx += kThreads) {
-    const int r = idx / kLanes, i = (idx % kLanes) * 4;
-    const int t = item.q_start + r / group, head = kvh * group + r % group;
-    const float rs = args.rope_qkv_scale ? args.rope_qkv_scale[t] : 1.f;
-    float x1[4], x2[4];
-    rope::LoadPairs(
-        static_cast<const __nv_bfloat16*>(args.rope_qkv) + static_cast<size_t>(t) * heads * D,
-        static_cast<const __nv_bfloat16*>(args.rope_bias), head * D + i, kHalf, rs, x1, x2);
-    rope::Rotate(s.angles, i, kHalf, x1, x2);
-    StoreBf16x4(s.q + r * FusedScratch<D>::kQStride + i, x1);
-    StoreBf16x4(s.q + r * FusedScratch<D>::kQStride + i + kHalf, x2);
-  }
-}
-
-// K and V of the item's new token (its only query token) for KV head kvh, rotated (K) and stored
-// into the cache exactly as the append kernel stores them; run by one whole warp.
-template <typename C, int D>
-__device__ __forceinline__ void AppendNewToken(const TileArgs& args, const C8WorkItem& item,
-                                               int kvh, int lane, const float* angles) {
-  constexpr int kLanes = D / 8, kHalf = D / 2;
-  const int hq = args.num_q_heads, hkv = args.num_kv_heads, t = item.q_start;
-  const bool is_v = lane >= kLanes, active = lane < 2 * kLanes;
-  const int i = (lane % kLanes) * 4, h = hq + (is_v ? hkv : 0) + kvh;
-  const int slot = args.slots[t];
-  float x1[4] = {0.f, 0.f, 0.f, 0.f}, x2[4] = {0.f, 0.f, 0.f, 0.f};
-  if (active) {
-    const float rs = args.rope_qkv_scale ? args.rope_qkv_scale[t] : 1.f;
-    rope::LoadPairs(static_cast<const __nv_bfloat16*>(args.rope_qkv) +
-                        static_cast<size_t>(t) * (hq + 2 * hkv) * D,
-                    static_cast<const __nv_bfloat16*>(args.rope_bias), h * D + i, kHalf, rs, x1,
-                    x2);
-    if (!is_v) rope::Rotate(angles, i, kHalf, x1, x2);
-  }
-  const int lbs = args.log2_block_size;
-  const size_t block = slot >= 0 ? static_cast<size_t>(slot >> lbs) : 0;
-  const AppendRowDst dst{const_cast<void*>(is_v ? args.v_cache : args.k_cache),
-                         const_cast<float*>(is_v ? args.v_scale : args.k_scale), kvh,
-                         ((block * hkv + kvh) << lbs) + (slot & ((1 << lbs) - 1))};
-  AppendRowPart<kLanes>(x1, x2, active && slot >= 0, static_cast<int>(C::kType), args.scale_mode, i,
-                        kHalf, dst);
 }
 
 // Combines the chunks of one split query tile for one KV head (rows: its query rows), run by the
@@ -301,22 +236,6 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32, ROW_WARPS == 1 && N
     }
   };
 
-  // Decode tiles that rotate and append themselves (TileArgs::rope_qkv): the chunk holding the
-  // item's new token appends it, before any copy of the tile that holds it is issued.
-  // One n-tile only (rows <= 8: C8Attention::Run checks the group), which keeps the fused code
-  // out of the register-capped two-n-tile kernels.
-  constexpr bool kCanFuse = ROW_WARPS == 1 && NT == 1;
-  static_assert(!kCanFuse || FusedScratch<D>::kBytes <= Cfg::kTileBytes, "scratch fits a stage");
-  const bool fused = kCanFuse && args.rope_qkv != nullptr;
-  const bool appends = fused && item.kv_end == item.q_pos0 + 1;
-  const bool append_first = appends && (item.q_pos0 - item.kv_start) / kTile < Cfg::kStages - 1;
-  const FusedScratch<D> scratch(raw + (Cfg::kStages - 1) * 2 * Cfg::kTileBytes);
-  // Positions and frequencies were uploaded before the step: the angles need no wait.
-  if (fused) {
-    rope::FillAngles(static_cast<float>(args.rope_positions[item.q_start]), args.rope_inv_freq,
-                     D / 2, scratch.angles);
-  }
-
   // Prologue order matters (warps issue in order): the first page id and this warp's q are both
   // requested before anything waits on either, then tile 0's copy, then q is packed.
   fetch_pages(0);
@@ -324,40 +243,18 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32, ROW_WARPS == 1 && N
   // uploaded before the previous kernel; q, the cache and its scales may be its output.
   ptx::GridDependencyWait();
   Math math;
-  // Fused: q rotated into shared memory by the CTA, the new token appended, then q loaded.
-  auto rotate_and_append = [&] {
-    if constexpr (kCanFuse) {
-      const int rows = min(item.q_len * group, Cfg::kRows);
-      __syncthreads();  // the angles
-      StageRotatedQ<D, Cfg::kThreads>(args, item, kvh, group, rows, scratch);
-      if (appends && warp == Cfg::kWarps - 1) {
-        AppendNewToken<C, D>(args, item, kvh, lane, scratch.angles);
-      }
-      // The rotated rows are visible, and the appended row is ordered before every copy of it.
-      __syncthreads();
-      math.LoadQShared(scratch.q, FusedScratch<D>::kQStride, rows, row0, lane);
-      __syncthreads();  // every warp has read the scratch before the ring refills its stage
-    }
-  };
-  // Tile 0 and, on deeper rings, tiles 1 .. kStages - 2. One commit group per tile (empty past
-  // the end), so waiting for all but the newest kStages - 1 groups always means "tile t has
-  // landed".
-  auto issue_prologue = [&] {
-    if (num_tiles > 0) issue_tile(0);
-    CpAsyncCommit();
-    fetch_pages(1);
+  math.LoadQ(args, item, kvh, group, row0, lane);
+  if (num_tiles > 0) issue_tile(0);
+  CpAsyncCommit();
+  fetch_pages(1);
+  // Deeper rings: tiles 1 .. kStages - 2 too. One commit group per tile (empty past the end), so
+  // waiting for all but the newest kStages - 1 groups always means "tile t has landed".
 #pragma unroll
-    for (int st = 1; st < Cfg::kStages - 1; ++st) {
-      if (st < num_tiles) issue_tile(st);
-      CpAsyncCommit();
-      fetch_pages(st + 1);
-    }
-  };
-  if (!fused) math.LoadQ(args, item, kvh, group, row0, lane);
-  // (One call site each: a lambda that holds the math's registers must inline.)
-  if (!append_first) issue_prologue();
-  if (fused) rotate_and_append();
-  if (append_first) issue_prologue();
+  for (int st = 1; st < Cfg::kStages - 1; ++st) {
+    if (st < num_tiles) issue_tile(st);
+    CpAsyncCommit();
+    fetch_pages(st + 1);
+  }
 
   float scale_log2 = args.scale_log2;
   if (args.scale_mode == static_cast<int>(ScaleMode::kPerHead)) scale_log2 *= args.k_scale[kvh];

@@ -43,7 +43,6 @@ struct GenerateOptions {
   bool fp8_fast_accumulation = true;             // ModelLoadOptions::fp8_fast_accumulation
   bool fp8_static_attention_output = true;       // ModelLoadOptions::fp8_static_attention_output
   std::string kv_scales_file;                    // ModelLoadOptions::kv_scales_file
-  bool fused_decode_append = false;              // ModelLoadOptions::fused_decode_append
   std::string mla_kernel = "auto";               // ModelLoadOptions::mla_kernel (DeepSeek)
   std::string c8_prefill = "auto";               // ModelLoadOptions::c8_prefill
   int steps = 64;                                // max_tokens of every request, or
@@ -86,7 +85,6 @@ inline GenerateResult Generate(const std::string& dir,
   cfg.model.fp8_fast_accumulation = o.fp8_fast_accumulation;
   cfg.model.fp8_static_attention_output = o.fp8_static_attention_output;
   cfg.model.kv_scales_file = o.kv_scales_file;
-  cfg.model.fused_decode_append = o.fused_decode_append;
   cfg.model.mla_kernel = o.mla_kernel;
   cfg.model.c8_prefill = o.c8_prefill;
   cfg.scheduler.max_batched_tokens = o.max_batched_tokens;

@@ -183,39 +183,6 @@ TEST_CASE("GPU decode steps replayed from CUDA graphs give the eager launches' t
   fs::remove_all(dir);
 }
 
-// Decode tiles that rotate q and append the new token themselves (ModelLoadOptions::
-// fused_decode_append) store and compute the same bits as the rotary + append launch before the
-// plain tiles (test_c8_rope_append.cc), so the whole model's tokens must be identical: eager and
-// graph-replayed decode steps, both cache kinds the C8 tiles serve here, chunked prefill beside
-// the decodes (those steps keep the separate launch).
-TEST_CASE("GPU decode tiles that rotate and append give the same tokens", "[gpu][model]") {
-  const std::string dir = WriteRandomModel("llama_fused_append", false);
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<int> max_tokens;
-  RandomRequests(23, 13, 90, 6, 7, &prompts, &max_tokens);
-  for (const std::string kv : {"auto", "fp8_e4m3_dynamic"}) {
-    for (int graphs : {0, 256}) {
-      INFO("kv " << kv << ", cuda_graph_max_batch " << graphs);
-      GenerateOptions o{.kv_dtype = kv, .cuda_graph_max_batch = graphs, .max_tokens = &max_tokens};
-      const auto base = gpu_test::Generate(dir, prompts, o);
-      o.fused_decode_append = true;
-      const auto fused = gpu_test::Generate(dir, prompts, o);
-      CHECK(fused.backend == "cuda_c8");
-      if (graphs > 0) CHECK(fused.graph_steps >= 40);
-      for (size_t i = 0; i < prompts.size(); ++i) {
-        size_t k = 0;
-        while (k < base.tokens[i].size() && k < fused.tokens[i].size() &&
-               base.tokens[i][k] == fused.tokens[i][k]) {
-          ++k;
-        }
-        INFO("prompt " << i << ": first difference at step " << k);
-        CHECK(fused.tokens[i] == base.tokens[i]);
-      }
-    }
-  }
-  fs::remove_all(dir);
-}
-
 TEST_CASE("GPU FMHA backend serves sliding windows and plain GQA like the CPU backend",
           "[gpu][model][fmha_model]") {
   // A window of 8 keys: cuda_c8 has no windows, so selection must pick cuda_fmha; prompts of 37

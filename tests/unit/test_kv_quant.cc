@@ -524,17 +524,23 @@ TEST_CASE("ServerConfig carries the KV cache keys into the engine config", "[kv_
       ParseServerConfig({"--model-dir", "/m", "--kv-cache-dtype", "fp8_e4m3",
                          "--kv-scale-granularity", "per_channel", "--kv-scales-file", "/s.json"});
   REQUIRE(c.ok());
-  const EngineConfig e = c->ToEngineConfig();
+  const EngineConfig& e = c->engine;
   CHECK(e.model.kv_cache_dtype == "fp8_e4m3");
   CHECK(e.model.kv_scale_granularity == "per_channel");
   CHECK(e.model.kv_scales_file == "/s.json");
-  CHECK(ServerConfig().kv_cache_dtype == "auto");
+  CHECK(ServerConfig().engine.model.kv_cache_dtype == "auto");
   auto bad = ParseServerConfig({"--model-dir", "/m", "--kv-cache-dtype", "fp16"});
   REQUIRE_FALSE(bad.ok());
-  CHECK(Contains(bad.status().message(), "kv_cache_dtype"));
-  bad = ParseServerConfig({"--model-dir", "/m", "--kv-scale-granularity", "per_tensor"});
+  CHECK(Contains(bad.status().message(), "--kv-cache-dtype"));
+  bad = ParseServerConfig(
+      {"--model-dir", "/m", "--kv-cache-dtype", "int8", "--kv-scale-granularity", "per_tensor"});
   REQUIRE_FALSE(bad.ok());
-  CHECK(Contains(bad.status().message(), "per-tensor"));
+  CHECK(Contains(bad.status().message(), "--kv-scale-granularity"));
+  CHECK(Contains(bad.status().message(), "'per_tensor'"));
+  // Every choice the option table offers is one ParseKvCacheType maps.
+  for (const char* dtype : kKvCacheDtypeChoices) {
+    for (const char* g : kKvScaleGranularityChoices) CHECK(ParseKvCacheType(dtype, g).ok());
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
