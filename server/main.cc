@@ -1,6 +1,9 @@
-// llm-server: loads a Hugging Face model directory and serves it over gRPC.
+// llm-server: loads a Hugging Face model directory and serves it over gRPC and the OpenAI HTTP
+// API.
 #include <csignal>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -9,11 +12,22 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/engine.h"
+#include "server/api_keys.h"
+#include "server/front_end_options.h"
 #include "server/generation_service.h"
 #include "server/metrics_server.h"
+#include "server/openai_server.h"
+#include "server/request_gateway.h"
 #include "server/server_config.h"
 
 namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
 
 std::string StartupTable(const llm::ServerConfig& sc, const llm::EngineCore& core) {
   const llm::ModelConfig& mc = core.model_config();
@@ -53,7 +67,27 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto cfg_or = llm::ParseServerConfig(std::vector<std::string>(argv + 1, argv + argc));
+  std::vector<std::string> args(argv + 1, argv + argc);
+  auto fe_or = llm::ExtractFrontEndOptions(&args);
+  if (!fe_or.ok()) {
+    std::fprintf(stderr, "%s\nrun with --help for usage\n", fe_or.status().ToString().c_str());
+    return 2;
+  }
+  const llm::FrontEndOptions& fe = fe_or.value();
+  auto keys_or = llm::ApiKeys::Load(fe.api_keys, fe.api_key_file);
+  if (!keys_or.ok()) {
+    std::fprintf(stderr, "%s\n", keys_or.status().ToString().c_str());
+    return 2;
+  }
+  const llm::ApiKeys& keys = keys_or.value();
+  if (!fe.chat_template_file.empty()) {
+    std::fprintf(stderr, "chat_template: this build has no chat template engine yet\n");
+    return 2;
+  }
+  auto cfg_or = llm::ParseServerConfig(args);
+  if (!cfg_or.ok() && cfg_or.status().code() == llm::StatusCode::kFailedPrecondition) {
+    cfg_or = llm::FailedPrecondition(cfg_or.status().message() + llm::FrontEndUsage());  // --help
+  }
   if (!cfg_or.ok()) {
     const bool help = cfg_or.status().code() == llm::StatusCode::kFailedPrecondition;
     std::fprintf(help ? stdout : stderr, "%s\n%s", help ? "" : cfg_or.status().ToString().c_str(),
@@ -72,12 +106,19 @@ int main(int argc, char** argv) {
   spdlog::info("startup:{}", StartupTable(sc, engine.core()));
   engine.Start();
 
-  llm::GenerationService service(&engine, sc);
+  llm::RequestGateway gateway(&engine, sc);
+  llm::GenerationService service(&gateway, &keys);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(sc.listen_address, grpc::InsecureServerCredentials(), &port);
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (fe.tls()) {
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({ReadFile(fe.tls_key_file), ReadFile(fe.tls_cert_file)});
+    creds = grpc::SslServerCredentials(ssl);
+  }
+  builder.AddListeningPort(sc.listen_address, creds, &port);
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(sc.max_prompt_bytes + (1 << 20));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -95,8 +136,25 @@ int main(int argc, char** argv) {
     spdlog::info("metrics on http://{}/metrics (port {})", sc.metrics_address, mport.value());
     std::printf("METRICS_LISTENING %d\n", mport.value());
   }
+  llm::OpenAiServerConfig hc;
+  hc.address = fe.http_address;
+  hc.tls_cert_file = fe.tls_cert_file;
+  hc.tls_key_file = fe.tls_key_file;
+  hc.max_request_body_bytes = static_cast<size_t>(fe.max_request_body_bytes);
+  hc.model_name = engine.core().model_config().name;
+  llm::OpenAiServer http(&gateway, &keys, /*chat=*/nullptr, hc);
+  if (fe.http_address != "off") {
+    auto hport = http.Start();
+    if (!hport.ok()) {
+      spdlog::critical("{}", hport.status().ToString());
+      return 1;
+    }
+    spdlog::info("OpenAI HTTP API on {}://{} (port {})", fe.tls() ? "https" : "http",
+                 fe.http_address, hport.value());
+    std::printf("HTTP_LISTENING %d\n", hport.value());
+  }
   server->GetHealthCheckService()->SetServingStatus(true);
-  spdlog::info("serving on {} (port {})", sc.listen_address, port);
+  spdlog::info("serving gRPC{} on {} (port {})", fe.tls() ? " (TLS)" : "", sc.listen_address, port);
   std::printf("LISTENING %d\n", port);  // machine-readable, for tests and scripts
   std::fflush(stdout);
 
@@ -104,7 +162,7 @@ int main(int argc, char** argv) {
   sigwait(&signals, &sig);
   spdlog::info("signal {}: shutting down", sig);
   server->GetHealthCheckService()->SetServingStatus(false);
-  service.StopAccepting();
+  gateway.StopAccepting();
   // In-flight requests get a grace period to finish; then the engine aborts what remains, which
   // gives every accepted request exactly one final status before the server closes.
   const auto grace_end =
@@ -114,6 +172,7 @@ int main(int argc, char** argv) {
   }
   engine.Stop();
   service.FlushWrites();
+  http.Stop();
   metrics.Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   spdlog::info("bye");
