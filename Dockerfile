@@ -21,10 +21,11 @@ COPY --from=build /opt/llm /opt/llm
 # build stage; the driver comes from the host (docker run --gpus).
 ENV LD_LIBRARY_PATH=/opt/llm/lib PATH=/opt/llm/bin:$PATH
 USER llm
-EXPOSE 50051 9400
+EXPOSE 50051 8000 9400
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
     CMD ["llm-healthcheck", "127.0.0.1:50051"]
 # Inside a container the server must listen beyond loopback for -p to work.
 ENTRYPOINT ["llm-server", "--config", "/opt/llm/configs/server.json", \
             "--listen-address", "0.0.0.0:50051", "--metrics-address", "0.0.0.0:9400", \
+            "--http-address", "0.0.0.0:8000", \
             "--model-dir", "/opt/llm/models/tiny-llama"]

@@ -21,7 +21,7 @@ for kv in ${E2E_KV:-$default_kv}; do
   if ! start_server "$log" .devpack/bin/llm-server --model-dir $model --device cuda \
       --dummy-weights true --kv-cache-dtype $kv --max-num-seqs $CONC --max-batched-tokens 8192 \
       --max-tokens-limit 4096 --max-queued-requests 4096 --listen-address 127.0.0.1:0 \
-      --metrics-address 127.0.0.1:0 ${E2E_EXTRA:-}; then
+      --metrics-address 127.0.0.1:0 --http-address 127.0.0.1:0 ${E2E_EXTRA:-}; then
     echo "server ($kv) did not start"
     continue
   fi

@@ -53,7 +53,7 @@ def run_dump(dump_bin, model_dir, prompts, workdir):
 class Server:
     def __init__(self, server_bin, model_dir, log_path):
         self.cmd = [server_bin, "--model", model_dir,
-                    "--listen-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0",
+                    "--listen-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
                     "--block-size", str(BLOCK_SIZE), "--num-kv-blocks", str(NUM_KV_BLOCKS),
                     "--shutdown-grace-s", "1"]
         self.log = open(log_path, "wb")

@@ -34,7 +34,7 @@ def check(cond, msg):
 def start_server(server_bin, model, timeout=30.0):
     """Starts the server on port 0; returns (process, port, log lines)."""
     proc = subprocess.Popen(
-        [server_bin, "--model", model, "--listen-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0"],
+        [server_bin, "--model", model, "--listen-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     log, port_box, ready = [], [], threading.Event()
 

@@ -60,7 +60,7 @@ class Server:
         self.port = None
         self.cmd = [
             server_bin, "--model", model_dir,
-            "--listen-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0",
+            "--listen-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
             "--max-tokens-limit", str(MAX_TOKENS_LIMIT),
             "--kv-cache-memory-mb", "64",
             "--num-kv-blocks", str(NUM_KV_BLOCKS),

@@ -21,7 +21,7 @@ def fail(msg):
 
 def start_server(args, extra):
     cmd = [args.server_bin, "--model", args.model, "--listen-address", "127.0.0.1:0",
-           "--metrics-address", "127.0.0.1:0"] + extra
+           "--metrics-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0"] + extra
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ports = {}
     deadline = time.monotonic() + 60
