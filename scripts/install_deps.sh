@@ -10,7 +10,7 @@ PKGS=(
   libopenblas-dev libpcre2-dev libcpp-httplib-dev libssl-dev
   clang-format-14 gnuplot-nox
   hipcc libamdhip64-dev
-  python3 python3-grpcio python3-protobuf python3-numpy python3-torch
+  python3 python3-grpcio python3-protobuf python3-numpy python3-aiohttp python3-torch
 )
 if [ "${LLM_SKIP_PY_TORCH:-0}" = "1" ]; then
   PKGS=("${PKGS[@]/python3-torch/}")

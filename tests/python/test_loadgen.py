@@ -2,7 +2,8 @@
 """End-to-end test of tools/loadgen.py against the real server (ctest style: exit 1 on failure).
 
 Starts llm-server on a free loopback port, runs the load generator with deliberate aborts and
-invalid requests, and checks the JSON report.
+invalid requests, and checks the JSON report. --backend openai-completions runs the same workload
+over the OpenAI HTTP API (aborts are then client disconnects).
 """
 
 import argparse
@@ -34,7 +35,8 @@ def check(cond, msg):
 def start_server(server_bin, model, timeout=30.0):
     """Starts the server on port 0; returns (process, port, log lines)."""
     proc = subprocess.Popen(
-        [server_bin, "--model", model, "--listen-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0"],
+        [server_bin, "--model", model, "--listen-address", "127.0.0.1:0",
+         "--metrics-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     log, port_box, ready = [], [], threading.Event()
 
@@ -186,6 +188,8 @@ def main():
     ap.add_argument("--concurrency", type=int, default=CONCURRENCY)
     ap.add_argument("--abort-fraction", type=float, default=ABORT_FRACTION)
     ap.add_argument("--invalid-fraction", type=float, default=INVALID_FRACTION)
+    ap.add_argument("--backend", default="grpc",
+                    choices=("grpc", "openai-completions", "openai-chat"))
     args = ap.parse_args()
     NUM_REQUESTS, CONCURRENCY = args.num_requests, args.concurrency
     ABORT_FRACTION, INVALID_FRACTION = args.abort_fraction, args.invalid_fraction
@@ -202,7 +206,10 @@ def main():
                    "--abort-fraction", str(ABORT_FRACTION),
                    "--invalid-fraction", str(INVALID_FRACTION),
                    "--seed", "7", "--request-timeout", "60", "--fail-on-errors",
-                   "--no-progress", "--output-json", out_json]
+                   "--no-progress", "--output-json", out_json, "--backend", args.backend]
+            if args.backend != "grpc":
+                http = [int(l.split()[1]) for l in log if l.startswith("HTTP_LISTENING ")]
+                cmd += ["--base-url", f"http://127.0.0.1:{http[0]}"]
             try:
                 res = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
             except subprocess.TimeoutExpired:
