@@ -66,6 +66,29 @@ struct Stream {
     return c;
   }
 
+  // The non-streaming response body.
+  json Whole(const GenerationResult& result) const {
+    const bool chat = request.endpoint == OpenAiEndpoint::kChat;
+    json choice = {
+        {"index", 0},
+        {"logprobs", request.logprobs >= 0 ? LogprobsJson(request.endpoint, result.logprobs,
+                                                          request.logprobs, tokenizer, 0)
+                                           : json(nullptr)},
+        {"finish_reason", OpenAiFinishReason(result.finish_reason)},
+        {"stop_reason", result.matched_stop.empty() ? json(nullptr) : json(result.matched_stop)}};
+    if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", result.text}};
+    } else {
+      choice["text"] = result.text;
+    }
+    return json{{"id", id},
+                {"object", chat ? "chat.completion" : "text_completion"},
+                {"created", created},
+                {"model", model},
+                {"choices", json::array({choice})},
+                {"usage", UsageJson(result.usage)}};
+  }
+
   // The SSE events for one engine output.
   std::string Render(const GenerationOutput& out) {
     if (!out.error.ok()) {
@@ -247,46 +270,46 @@ void OpenAiServer::Generate(const httplib::Request& req, httplib::Response& res,
   st->created = std::time(nullptr);
   st->tokenizer = gateway_->core().tokenizer();
 
+  auto gone = [this, st] {
+    gateway_->Abort(st->request_id, Status(StatusCode::kCancelled, "client disconnected"));
+    return false;
+  };
+  auto release = [this, st](bool success) {
+    if (!success && !st->finished) {
+      gateway_->Abort(st->request_id, Status(StatusCode::kCancelled, "client disconnected"));
+    }
+  };
   if (!r.stream) {
-    GenerationResult result;
-    GenerationOutput out;
-    while (!result.finished) {
-      if (st->queue->Next(kDisconnectPoll, &out)) result.Add(std::move(out));
-    }
-    if (!result.error.ok()) {
-      SendStatus(res, result.error);
-      return;
-    }
-    json choice = {
-        {"index", 0},
-        {"logprobs", r.logprobs >= 0
-                         ? LogprobsJson(r.endpoint, result.logprobs, r.logprobs, st->tokenizer, 0)
-                         : json(nullptr)},
-        {"finish_reason", OpenAiFinishReason(result.finish_reason)},
-        {"stop_reason", result.matched_stop.empty() ? json(nullptr) : json(result.matched_stop)}};
-    if (chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", result.text}};
-    } else {
-      choice["text"] = result.text;
-    }
-    json resp = {{"id", st->id},
-                 {"object", chat ? "chat.completion" : "text_completion"},
-                 {"created", st->created},
-                 {"model", st->model},
-                 {"choices", json::array({choice})},
-                 {"usage", UsageJson(result.usage)}};
-    res.set_content(resp.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+    // Also a content provider (one chunk, at the end): only its sink can tell that the client
+    // went away, and a request nobody waits for must not keep its KV blocks.
+    res.set_chunked_content_provider(
+        "application/json",
+        [st, gone](size_t, httplib::DataSink& sink) {
+          GenerationResult result;
+          GenerationOutput out;
+          while (!result.finished) {
+            if (st->queue->Next(kDisconnectPoll, &out)) {
+              result.Add(std::move(out));
+            } else if (!sink.is_writable()) {
+              return gone();
+            }
+          }
+          st->finished = true;
+          const json body = result.error.ok() ? st->Whole(result)
+                                              : OpenAiError::FromStatus(result.error).ToJson();
+          const std::string text = body.dump(-1, ' ', false, json::error_handler_t::replace);
+          if (!sink.write(text.data(), text.size())) return gone();
+          sink.done();
+          return true;
+        },
+        release);
     return;
   }
 
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, st](size_t, httplib::DataSink& sink) {
-        auto gone = [&] {
-          gateway_->Abort(st->request_id, Status(StatusCode::kCancelled, "client disconnected"));
-          return false;
-        };
+      [st, gone](size_t, httplib::DataSink& sink) {
         if (!st->started && st->request.endpoint == OpenAiEndpoint::kChat) {
           st->started = true;  // OpenAI's first chat chunk names the role
           json first = st->Chunk("", {}, nullptr);
@@ -303,11 +326,7 @@ void OpenAiServer::Generate(const httplib::Request& req, httplib::Response& res,
         if (st->finished) sink.done();
         return true;
       },
-      [this, st](bool success) {
-        if (!success && !st->finished) {
-          gateway_->Abort(st->request_id, Status(StatusCode::kCancelled, "client disconnected"));
-        }
-      });
+      release);
 }
 
 void OpenAiServer::Tokenize(const httplib::Request& req, httplib::Response& res) {

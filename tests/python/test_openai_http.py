@@ -12,9 +12,12 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
+import urllib.request
 
 import pytest
 
@@ -259,3 +262,35 @@ def test_tls_on_both_front_ends(tmp_path):
             assert e.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         s.stop()
+
+
+def scrape(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        out = {}
+        for line in r.read().decode().splitlines():
+            if line and not line.startswith("#"):
+                k, _, v = line.rpartition(" ")
+                out[k] = float(v)
+        return out
+
+
+def test_non_streaming_disconnect_aborts(server):
+    """A client that leaves a non-streaming request frees it too (ended as cancelled)."""
+    cancelled, length = 'llm_requests_total{outcome="cancelled"}', 'llm_requests_total{outcome="length"}'
+    m0 = scrape(server.metrics_port)
+    body = json.dumps({"prompt": "Tell me everything", "max_tokens": MAX_TOKENS_LIMIT,
+                       "ignore_eos": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=60)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n"
+                 .encode() + body)
+    while scrape(server.metrics_port).get("llm_num_requests_running") != 1:
+        time.sleep(0.01)  # until the engine runs it
+    sock.close()
+    while True:  # until the request has ended, one way or the other
+        m = scrape(server.metrics_port)
+        if m.get(cancelled, 0) + m.get(length, 0) > m0.get(cancelled, 0) + m0.get(length, 0):
+            break
+        time.sleep(0.01)
+    assert m.get(cancelled, 0) == m0.get(cancelled, 0) + 1, "ended by the disconnect"
+    assert m["llm_num_requests_running"] == 0 and m["llm_kv_cache_usage_perc"] == 0
