@@ -288,11 +288,10 @@ void OpenAiServer::Generate(const httplib::Request& req, httplib::Response& res,
           GenerationResult result;
           GenerationOutput out;
           while (!result.finished) {
-            if (st->queue->Next(kDisconnectPoll, &out)) {
-              result.Add(std::move(out));
-            } else if (!sink.is_writable()) {
-              return gone();
-            }
+            // Checked after every output too: outputs come every step, so a check only when
+            // none came would never run.
+            if (st->queue->Next(kDisconnectPoll, &out)) result.Add(std::move(out));
+            if (!result.finished && !sink.is_writable()) return gone();
           }
           st->finished = true;
           const json body = result.error.ok() ? st->Whole(result)
