@@ -1,5 +1,5 @@
 // FMHA forward benchmark on the GPU (not a test): the paged-KV FMHA kernel (kernels/fmha/) on
-// the issue-7 shapes, with the C8 attention kernel (bf16 cache) on the same shapes in the same
+// Llama-3-8B shapes, with the C8 attention kernel (bf16 cache) on the same shapes in the same
 // run, plus the device copy bandwidth as the decode roofline. The torch SDPA peer (cuDNN, FA2)
 // for the same shapes: python3 bench/torch_sdpa_peer.py.
 //

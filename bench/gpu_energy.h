@@ -1,6 +1,6 @@
 // Energy a GPU has drawn, from NVML's total-energy counter (millijoules since the driver loaded),
 // so benchmarks can report joules per step. The H200 here runs the serving workload at its 700 W
-// cap (docs/PERFORMANCE.md section 22): there the energy a step takes sets its speed, which a
+// cap (docs/BENCHMARKS.md): there the energy a step takes sets its speed, which a
 // short run at full clock does not show. NVML is opened at run time (dlopen), so nothing links
 // against it (the CUDA toolkit here ships neither nvml.h nor the driver's library) and a machine
 // without it just reports no energy. The counter advances in steps of tens of milliseconds on

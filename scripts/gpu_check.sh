@@ -2,7 +2,7 @@
 # Runs on the GPU machine (H200): every GPU test, compute-sanitizer memcheck on quick subsets of
 # the kernel tests, the kernel benchmarks and their torch peers, in one call. Results under $OUT
 # (or ./gpu-out: summary, gpu_tests, memcheck, bench, peers .txt); a summary table is printed last.
-# Build and pack here first (docs/PERFORMANCE.md, "Reproducing"):
+# Build and pack here first (docs/BENCHMARKS.md, "Commands"):
 #   cmake --preset cuda && cmake --build build/cuda -j2 --target gpu_tests c8_attention_bench \
 #       fmha_bench mla_decode_bench model_step_bench
 #   ../shared/gpu/pack.sh .devpack build/cuda/tests/gpu_tests build/cuda/bench/*_bench

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine: the server on dummy Llama-3-8B (or E2E_MODEL) weights driven by the load generator,
-# once per KV cache type. Results under $OUT. Pack first (see docs/PERFORMANCE.md):
+# once per KV cache type. Results under $OUT. Pack first (see docs/BENCHMARKS.md):
 #   ../shared/gpu/pack.sh .devpack build/cuda/server/llm-server ...; cp -r build/cpu/python .devpack/
 set -uo pipefail
 source "$(dirname "$0")/server_launch.sh"

@@ -314,6 +314,10 @@ Status ParseOpenAiRequest(const json& body, OpenAiEndpoint endpoint, OpenAiReque
       return InvalidArgument(err.rfind("must", 0) == 0 ? "'" + key + "' " + err : err);
     }
   }
+  if (out->include_usage && !out->stream) {
+    *bad_param = "stream_options";
+    return InvalidArgument("'stream_options' needs 'stream': true");
+  }
   if (endpoint == OpenAiEndpoint::kChat) {
     if (out->messages.is_null()) {
       *bad_param = "messages";

@@ -6,7 +6,7 @@
 //            [--max-batched-tokens 32] [--max-num-seqs 8] [--num-blocks 256]
 //            [--kv-cache-dtype auto|int8|fp8_e4m3|fp8_e4m3_dynamic]
 //            [--kv-scale-granularity per_head|per_channel] [--kv-scales-file SCALES.json]
-//            [--logits-top-k K]
+//            [--logits-top-k K] [--device cpu|cuda] [--weight-dtype auto|bf16|fp8]
 // --logits-top-k K writes only each position's K largest logits as [token, logit] pairs (large
 // vocabularies make the full rows hundreds of megabytes).
 #include <algorithm>
@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
                  "usage: %s --model DIR --requests REQ.json --out OUT.json "
                  "[--block-size N] [--max-batched-tokens N] [--max-num-seqs N] "
                  "[--num-blocks N] [--kv-cache-dtype T] [--kv-scale-granularity G] "
-                 "[--kv-scales-file F] [--logits-top-k K]\n",
+                 "[--kv-scales-file F] [--logits-top-k K] [--device D] [--weight-dtype W]\n",
                  argv[0]);
     return 2;
   }
@@ -67,6 +67,8 @@ int main(int argc, char** argv) {
     cfg.model.kv_scale_granularity = args["--kv-scale-granularity"];
   }
   if (args.count("--kv-scales-file")) cfg.model.kv_scales_file = args["--kv-scales-file"];
+  if (args.count("--device")) cfg.model.device = args["--device"];
+  if (args.count("--weight-dtype")) cfg.model.weight_dtype = args["--weight-dtype"];
   auto core_or = llm::EngineCore::Create(cfg);
   if (!core_or.ok()) {
     std::fprintf(stderr, "llm-dump: %s\n", core_or.status().ToString().c_str());

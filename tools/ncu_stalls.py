@@ -12,7 +12,7 @@ Prints the totals, the instructions with the most warp-stall samples, samples an
 opcode, every synchronization point (barriers, wgmma waits, mbarrier and cp.async waits) with
 its executions and samples, and the samples of each --regions line range. Lines are the SASS
 instruction's 1-based position in the file (the --listing file numbers them the same way).
-docs/PERFORMANCE.md sections 16 and 17 were read this way.
+docs/log/PERFORMANCE_NOTEBOOK.md reads its ncu profiles this way.
 """
 
 import argparse

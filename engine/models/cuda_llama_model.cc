@@ -407,7 +407,7 @@ Status CudaLlamaModel::SelectC8Prefill(const std::string& choice) {
   }
   if (sw == nullptr) return Status::Ok();
   // auto: the FMHA path where it runs (an H100/H200 with sm_90a in the build): 1.8% off a mixed
-  // prompt step, 0.6-1.0% more output tokens/s in the issue-5 workload (PERFORMANCE.md §25).
+  // prompt step, 0.6-1.0% more output tokens/s in the serving workload (docs/BENCHMARKS.md).
   const bool fmha = choice == "fmha" || (choice == "auto" && eight_bit && FmhaWgmmaAvailable());
   LLM_RETURN_IF_ERROR(sw->SetPrefillFmha(fmha));
   if (eight_bit) {

@@ -124,19 +124,19 @@ struct ModelLoadOptions {
   std::string weight_dtype = "auto";
   // fp8 weights only (ignored otherwise): cuBLASLt fast accumulation for the fp8 projections
   // (CudaFp8Gemm::Init). On by default, as in vLLM's and TensorRT-LLM's fp8 GEMMs: under the
-  // H200's power cap it makes a prompt step 6% faster and the issue-5 workload 3.4%
-  // (docs/PERFORMANCE.md section 23); its error is bounded by tests/gpu/test_fp8_weights.cc.
+  // H200's power cap it makes a prompt step 6% faster and the serving workload 3.4%
+  // (docs/BENCHMARKS.md); its error is bounded by tests/gpu/test_fp8_weights.cc.
   bool fp8_fast_accumulation = true;
   // fp8 weights with a static int8 / fp8 KV cache (CUDA Llama; ignored otherwise): the attention
   // kernel writes o_proj's e4m3 input itself, with one static scale per layer (the cache's V
   // bound: qmax x the largest V scale, which no attention output can exceed), instead of a bf16
-  // output and a per-row quantization pass (docs/PERFORMANCE.md section 25: 1.5% off a prompt step,
-  // ~0.3% off a decode step); false: the per-row pass.
+  // output and a per-row quantization pass (1.5% off a prompt step, ~0.3% off a decode step on
+  // the H200); false: the per-row pass.
   bool fp8_static_attention_output = true;
   // Decode steps of one token per sequence (CUDA Llama on cuda_c8): the attention kernel rotates
   // q and appends the new K/V itself, one launch per layer instead of two (the rotary + append
-  // kernel's). Off by default: alone it did not beat the separate launch (PERFORMANCE.md section
-  // 25).
+  // kernel's). Off by default: alone it did not beat the separate launch (H200,
+  // docs/BENCHMARKS.md).
   bool fused_decode_append = false;
   // MLA decode kernel of the CUDA DeepSeek model (kernels/cuda/mla_decode.h MlaKernel): "auto"
   // (the sm_90a wgmma kernels where they run: every bf16 work item, fp8 16-row items), "wgmma"
@@ -148,7 +148,7 @@ struct ModelLoadOptions {
   // prefill tiles), "fmha" (the prefill sequences through the sm_90a wgmma FMHA kernel over a bf16
   // copy of their cached K/V, dequantized each step; the load fails where it cannot run: a 16-bit
   // cache, not compute capability 9.0, no sm_90a in the build), "auto" (fmha where it runs, else
-  // the tiles; docs/PERFORMANCE.md section 25). Other models check the value and ignore it.
+  // the tiles; docs/KERNEL_SELECTION.md). Other models check the value and ignore it.
   std::string c8_prefill = "auto";
 };
 

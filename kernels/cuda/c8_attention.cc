@@ -116,8 +116,8 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
     chunk = config.min_chunk_tokens;
   } else if (any_decode) {
     // The decode ring: a deeper cp.async ring keeps more of a CTA's tiles in flight but fits
-    // fewer CTAs per SM. H200, c8_attention_bench --stage-sweep 1 (docs/PERFORMANCE.md section
-    // 15): a grid that fits one wave at one CTA per SM runs best on 4 stages when its chunks span
+    // fewer CTAs per SM. H200, c8_attention_bench --stage-sweep 1 (docs/BENCHMARKS.md, command
+    // A): a grid that fits one wave at one CTA per SM runs best on 4 stages when its chunks span
     // at least 4 tiles (bf16 1 x 4096: 11.8 us against 12.2; 8 x 4096: 40.5 against 43.1); long
     // chunks prefer 3 stages at 2 CTAs per SM (int8 64 x 4096: 144.5 us against 157.0), short
     // ones 2 stages at 3 (int8 256 x 1,500: 207 us against 218). Without occupancies (or with a
@@ -246,7 +246,7 @@ Status C8Attention::Upload(const AttentionBatch& batch, const C8Plan& plan, void
   a.decode_stages = plan.decode_stages;
   a.decode_rows = plan.decode_rows;
   a.device_counts = false;
-  // Layout of the one upload, in int32 elements (every section 16-byte aligned).
+  // Layout of the one upload, in int32 elements (every part starts 16-byte aligned).
   size_t off = 0;
   auto take = [&](size_t n) {
     const size_t o = off;
@@ -546,7 +546,7 @@ std::vector<int32_t> C8Attention::PlanFmhaPrefill(const AttentionBatch& batch, c
   // Split KV only when the CTAs (sequence, KV head, 128-row tile) do not fill the SMs: a causal
   // prefill's CTAs differ in length anyway, and FmhaAutoSplits' wave count (tuned on equal-length
   // decode CTAs) split 8 x 992-token prompts in two, whose merge cost 5.3 of the step's 12 ms
-  // (H200, PERFORMANCE.md section 25). Host-side fields only: no device memory is read.
+  // (H200). Host-side fields only: no device memory is read.
   FmhaParams p = FmhaPrefillParams(a, nullptr);
   if (!FmhaCheckParams(p).ok()) return {};  // e.g. a grid past the launch limits: the tiles
   const int group = shape_.num_q_heads / shape_.num_kv_heads;

@@ -2,7 +2,7 @@
 //
 // A decode tile has few query rows (query tokens x GQA group, at most 16). As the M dimension of
 // m16n8k16 they leave most of it empty: a group of 4 fills 4 of 16 rows, and the MMAs were half
-// of the decode kernel's time (PERFORMANCE.md section 19). Here a step's 16 KV tokens are M and
+// of the decode kernel's time (ncu, int8 cache on the H200). Here a step's 16 KV tokens are M and
 // the query rows are N, 8 per n-tile (NT tiles): S^T = K q^T, then O^T += V^T P^T. With one
 // n-tile that is 8 + 8 MMAs per 16 tokens instead of 16 + 16 + 1. K and V come from the same
 // ldmatrix loads as in the row layout, their registers now play the A role; movmatrix turns S^T's

@@ -1,4 +1,4 @@
-# MLA decode (issue 6): the SM120 design (mma.sync, <= 99 KB shared memory per CTA), built for
+# MLA decode: the SM120 design (mma.sync, <= 99 KB shared memory per CTA), built for
 # every CUDA arch of the build (sm_90 and sm_120 included). One .cu per cache type, so a 2-core
 # build compiles them in parallel.
 if(LLM_HAVE_CUDA)

@@ -206,7 +206,7 @@ Status MlaDecode::Upload(const AttentionBatch& batch, const MlaPlan& plan, void*
   }
   num_merges_ = static_cast<int>(plan.merges.size());
   num_partials_ = plan.num_partials;
-  // Layout of the one upload, in int32 elements (every section 16-byte aligned).
+  // Layout of the one upload, in int32 elements (every part starts 16-byte aligned).
   size_t off = 0;
   auto take = [&](size_t n) {
     const size_t o = off;

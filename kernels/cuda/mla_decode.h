@@ -32,7 +32,7 @@ constexpr int kMlaCacheDim = kMlaLatentDim + kMlaRopeDim;  // QK width, cached r
 //     32 heads fp8 103 us against 215), fp8 64-row items on the portable kernel.
 //   kWgmma: the same, and an error where it cannot run.
 //   kPortable: every item on the portable kernel.
-// Measurements, and the DeepSeek greedy agreement on both: docs/PERFORMANCE.md section 13.
+// Current numbers: docs/BENCHMARKS.md; the rules: docs/KERNEL_SELECTION.md.
 enum class MlaKernel { kAuto, kPortable, kWgmma };
 
 // How the sm_90a kernel schedules a bf16 cache's items.
@@ -43,7 +43,7 @@ enum class MlaKernel { kAuto, kPortable, kWgmma };
 //     block size.
 //   kAuto: kSeesaw for 64-row items where the block size allows it (the compute-bound ones: 64 and
 //     128 heads, 16 heads x 4 query tokens), else kRing.
-// Measurements: docs/PERFORMANCE.md section 26.
+// Current numbers: docs/BENCHMARKS.md.
 enum class MlaBf16Schedule { kAuto, kRing, kSeesaw };
 
 // How the portable kernel multiplies an fp8 cache.

@@ -23,7 +23,7 @@
 //     consumer's products.
 //   - A slot is handed back to the producer ("empty" mbarrier, 256 arrivals) once both
 //     consumers' products that read it have completed.
-// Measured and explained in docs/PERFORMANCE.md section 13.
+// Current numbers: docs/BENCHMARKS.md.
 //
 // Shared memory: Q 72 KB + 2 KV slots x 72 KB + P 8 KB + row statistics + 5 mbarriers = 225.6 KB
 // (+1 KB to align the swizzled tiles), inside sm_90's 227 KB: one CTA per SM.

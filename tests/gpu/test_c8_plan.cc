@@ -183,7 +183,7 @@ int Splits(CacheType cache, int n, int kv, int ctas_per_sm) {
   return static_cast<int>(H200Plan(cache, n, kv, config).decode_items.size()) / n;
 }
 
-// The split choices behind the H200 timings in docs/PERFORMANCE.md: a batch that already fills
+// The split choices behind the H200 timings in docs/BENCHMARKS.md: a batch that already fills
 // several waves of CTAs runs whole (splitting 256 x 1,500 int8 in two cost 12%), a 1.3-wave grid
 // is split into about three, and a lone sequence is spread over the GPU in 16 chunks (32 made
 // the final merge 16% slower).
@@ -199,8 +199,8 @@ TEST_CASE("C8 plan: the split cost model keeps full batches whole and spreads sm
 }
 
 // The ring depth the planner picks on an H200's occupancies (3, 2 and 1 CTAs per SM for 2, 3 and
-// 4 stages), with the items it plans for that ring: the choices behind docs/PERFORMANCE.md
-// section 15.
+// 4 stages), with the items it plans for that ring: the choices behind the H200's
+// c8_attention_bench --stage-sweep 1.
 C8Plan RingPlan(CacheType cache, int n, int kv) {
   C8PlanConfig config;
   config.ctas_per_sm = cache == CacheType::kBf16 ? 2 : 3;  // the cache type's default ring

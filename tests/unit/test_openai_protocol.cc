@@ -87,6 +87,8 @@ TEST_CASE("unsupported and bad fields are refused naming the field", "[openai]")
       {R"({"max_tokens": 3})", "prompt", "'prompt' is required"},
       {R"({"prompt": "x", "max_completion_tokens": 3})", "max_completion_tokens", "unsupported"},
       {R"({"prompt": "x", "stream_options": {"bogus": 1}})", "stream_options", "bogus"},
+      {R"({"prompt": "x", "stream_options": {"include_usage": true}})", "stream_options",
+       "needs 'stream': true"},
   };
   for (const Case& c : cases) {
     OpenAiRequest r;
