@@ -298,3 +298,50 @@ def test_non_streaming_disconnect_aborts(server):
     while m["llm_num_requests_running"] != 0 or m["llm_kv_cache_usage_perc"] != 0:
         time.sleep(0.01)
         m = scrape(server.metrics_port)
+
+
+def open_stream(port, body):
+    """Starts a streaming request on a raw socket; returns the socket once the headers came."""
+    data = json.dumps(dict(body, stream=True)).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=120)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(4096)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return sock
+
+
+def test_queue_full_429_and_shutdown_503():
+    """One running request, one waiting: the next gets 429. After SIGTERM, new requests get 503
+    while the running one finishes its grace period."""
+    s = Server(["--max-num-seqs", "1", "--max-queued-requests", "1", "--shutdown-grace-s", "60",
+                "--max-tokens-limit", "4000", "--num-kv-blocks", "300"])
+    try:
+        long_req = {"prompt": "Go on", "max_tokens": 4000, "ignore_eos": True}
+        a = open_stream(s.http_port, long_req)
+        while scrape(s.metrics_port).get("llm_num_requests_running") != 1:
+            time.sleep(0.01)
+        b = open_stream(s.http_port, long_req)
+        while scrape(s.metrics_port).get("llm_num_requests_waiting") != 1:
+            time.sleep(0.01)
+        base = f"http://127.0.0.1:{s.http_port}"
+        code, body = curl(base + "/v1/completions", key=None,
+                          data=json.dumps({"prompt": "x", "max_tokens": 1}))
+        assert code == 429, body
+        err = error_of(body)
+        assert err["type"] == "rate_limit_error" and "queue" in err["message"]
+        b.close()  # the waiting request leaves; then shut down with `a` still running
+        while scrape(s.metrics_port).get("llm_num_requests_waiting") != 0:
+            time.sleep(0.01)
+        s.proc.send_signal(signal.SIGTERM)
+        while curl(base + "/health", key=None)[0] != 503:
+            time.sleep(0.01)
+        code, body = curl(base + "/v1/completions", key=None,
+                          data=json.dumps({"prompt": "x", "max_tokens": 1}))
+        assert code == 503 and "shutting down" in error_of(body)["message"]
+        a.close()  # the last request leaves; the server exits without waiting out the grace
+        assert s.proc.wait(60) == 0
+    finally:
+        s.stop()
