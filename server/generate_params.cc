@@ -2,11 +2,25 @@
 
 #include <random>
 
+#include "server/chat_renderer.h"
+
 namespace llm {
 
 Status ConvertRequest(const GenerateParams& in, const EngineCore& core, const ServerConfig& config,
-                      GenerationRequest* out) {
+                      const ChatRenderer* chat, GenerationRequest* out) {
   out->request_id = in.request_id;
+  if (const auto* c = std::get_if<ChatPromptParams>(&in.prompt)) {
+    if (chat == nullptr) {
+      return FailedPrecondition(
+          "chat prompts need a chat template and this server has no chat template engine yet; "
+          "send text or token ids");
+    }
+    auto text = chat->Render(c->messages, c->tools, c->add_generation_prompt);
+    if (!text.ok()) return text.status();
+    GenerateParams rendered = in;
+    rendered.prompt = std::move(text).value();
+    return ConvertRequest(rendered, core, config, chat, out);
+  }
   if (const auto* text = std::get_if<std::string>(&in.prompt)) {
     if (text->empty()) return InvalidArgument("prompt is empty");
     if (static_cast<int64_t>(text->size()) > config.max_prompt_bytes) {

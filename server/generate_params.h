@@ -9,6 +9,8 @@
 #include <variant>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/base/status.h"
 #include "engine/engine_core.h"
 #include "engine/request.h"
@@ -16,11 +18,20 @@
 
 namespace llm {
 
+// OpenAI-shaped `messages` (and `tools`), rendered by the ChatRenderer.
+struct ChatPromptParams {
+  nlohmann::json messages;
+  nlohmann::json tools;  // null: none
+  bool add_generation_prompt = true;
+};
+
 struct GenerateParams {
   std::string request_id;  // empty: the engine assigns one
-  // Text (tokenized here) or token ids; monostate means the client sent neither.
-  std::variant<std::monostate, std::string, std::vector<int32_t>> prompt;
-  bool add_special_tokens = true;  // text prompts: BOS etc.; rendered chat prompts carry their own
+  // Text (tokenized here), token ids, or a chat rendered into text first; monostate means the
+  // client sent none.
+  std::variant<std::monostate, std::string, std::vector<int32_t>, ChatPromptParams> prompt;
+  // BOS etc. when tokenizing text; chat front ends pass false (the template writes its own).
+  bool add_special_tokens = true;
 
   std::optional<float> temperature;
   std::optional<float> top_p;
@@ -41,8 +52,11 @@ struct GenerateParams {
   std::optional<int> priority;
 };
 
-// Tokenizes and applies defaults. Range checks happen in EngineCore::Validate (Engine::Submit).
+class ChatRenderer;
+
+// Renders a chat prompt (with `chat`; null: FAILED_PRECONDITION), tokenizes and applies defaults.
+// Range checks happen in EngineCore::Validate (Engine::Submit).
 Status ConvertRequest(const GenerateParams& in, const EngineCore& core, const ServerConfig& config,
-                      GenerationRequest* out);
+                      const ChatRenderer* chat, GenerationRequest* out);
 
 }  // namespace llm

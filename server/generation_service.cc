@@ -20,6 +20,26 @@ Status FromProto(const pb::GenerateRequest& in, GenerateParams* out) {
     case pb::GenerateRequest::kTokenIds:
       out->prompt = std::vector<int32_t>(in.token_ids().ids().begin(), in.token_ids().ids().end());
       break;
+    case pb::GenerateRequest::kChat: {
+      ChatPromptParams chat;
+      chat.messages = nlohmann::json::array();
+      for (const pb::ChatMessage& m : in.chat().messages()) {
+        chat.messages.push_back({{"role", m.role()}, {"content", m.content()}});
+      }
+      if (chat.messages.empty()) return InvalidArgument("chat prompt has no messages");
+      if (in.chat().has_add_generation_prompt()) {
+        chat.add_generation_prompt = in.chat().add_generation_prompt();
+      }
+      if (!in.chat().tools_json().empty()) {
+        chat.tools = nlohmann::json::parse(in.chat().tools_json(), nullptr, false);
+        if (chat.tools.is_discarded() || !chat.tools.is_array()) {
+          return InvalidArgument("chat.tools_json is not a JSON array");
+        }
+      }
+      out->prompt = std::move(chat);
+      out->add_special_tokens = false;  // the template writes BOS and the like itself
+      break;
+    }
     case pb::GenerateRequest::PROMPT_NOT_SET:
       return InvalidArgument("prompt is empty: set text or token_ids");
   }
@@ -48,7 +68,7 @@ Status ConvertRequest(const pb::GenerateRequest& in, const EngineCore& core,
                       const ServerConfig& config, GenerationRequest* out) {
   GenerateParams params;
   LLM_RETURN_IF_ERROR(FromProto(in, &params));
-  return ConvertRequest(params, core, config, out);
+  return ConvertRequest(params, core, config, /*chat=*/nullptr, out);
 }
 
 GenerationService::GenerationService(RequestGateway* gateway, const ApiKeys* keys)

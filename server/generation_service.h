@@ -50,7 +50,7 @@ class GenerationService final : public ::llm::v1::Generation::CallbackService {
 
 // Copies the proto request into the front-end-neutral form (no defaults applied here).
 Status FromProto(const ::llm::v1::GenerateRequest& in, GenerateParams* out);
-// FromProto then ConvertRequest(GenerateParams): what Generate does before submitting.
+// FromProto then ConvertRequest(GenerateParams) without a chat renderer (tests and fuzzing).
 Status ConvertRequest(const ::llm::v1::GenerateRequest& in, const EngineCore& core,
                       const ServerConfig& config, GenerationRequest* out);
 

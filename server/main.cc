@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
   spdlog::info("startup:{}", StartupTable(sc, engine.core()));
   engine.Start();
 
-  llm::RequestGateway gateway(&engine, sc);
+  llm::RequestGateway gateway(&engine, sc, /*chat=*/nullptr);  // no template engine yet
   llm::GenerationService service(&gateway, &keys);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
   hc.tls_key_file = fe.tls_key_file;
   hc.max_request_body_bytes = static_cast<size_t>(fe.max_request_body_bytes);
   hc.model_name = engine.core().model_config().name;
-  llm::OpenAiServer http(&gateway, &keys, /*chat=*/nullptr, hc);
+  llm::OpenAiServer http(&gateway, &keys, hc);
   if (fe.http_address != "off") {
     auto hport = http.Start();
     if (!hport.ok()) {

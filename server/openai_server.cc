@@ -129,9 +129,8 @@ std::string RandomHex() {
 
 }  // namespace
 
-OpenAiServer::OpenAiServer(RequestGateway* gateway, const ApiKeys* keys, const ChatRenderer* chat,
-                           OpenAiServerConfig config)
-    : gateway_(gateway), keys_(keys), chat_(chat), config_(std::move(config)) {}
+OpenAiServer::OpenAiServer(RequestGateway* gateway, const ApiKeys* keys, OpenAiServerConfig config)
+    : gateway_(gateway), keys_(keys), config_(std::move(config)) {}
 
 OpenAiServer::~OpenAiServer() {
   Stop();
@@ -244,25 +243,11 @@ void OpenAiServer::Generate(const httplib::Request& req, httplib::Response& res,
     SendError(res, e);
     return;
   }
-  if (chat) {
-    if (chat_ == nullptr) {
-      SendStatus(res,
-                 FailedPrecondition("chat completions need a chat template and this server has "
-                                    "no chat template engine yet; use /v1/completions"),
-                 "messages");
-      return;
-    }
-    auto text = chat_->Render(r.messages, r.tools, r.add_generation_prompt);
-    if (!text.ok()) {
-      SendStatus(res, text.status(), "messages");
-      return;
-    }
-    r.params.prompt = std::move(text).value();
-  }
+  if (chat) r.params.prompt = ChatPromptParams{r.messages, r.tools, r.add_generation_prompt};
   st->queue = std::make_shared<OutputQueue>();
   s = gateway_->Submit(r.params, std::nullopt, st->queue, &st->request_id);
   if (!s.ok()) {
-    SendStatus(res, s);
+    SendStatus(res, s, chat && s.code() == StatusCode::kFailedPrecondition ? "messages" : "");
     return;
   }
   st->id = (chat ? "chatcmpl-" : "cmpl-") + RandomHex();
@@ -342,13 +327,13 @@ void OpenAiServer::Tokenize(const httplib::Request& req, httplib::Response& res)
   std::string text;
   bool add_special = true;
   if (body.contains("messages")) {
-    if (chat_ == nullptr) {
+    if (gateway_->chat() == nullptr) {
       SendStatus(res, FailedPrecondition("this server has no chat template engine yet"),
                  "messages");
       return;
     }
-    auto rendered = chat_->Render(body["messages"], body.value("tools", json()),
-                                  body.value("add_generation_prompt", true));
+    auto rendered = gateway_->chat()->Render(body["messages"], body.value("tools", json()),
+                                             body.value("add_generation_prompt", true));
     if (!rendered.ok()) {
       SendStatus(res, rendered.status(), "messages");
       return;

@@ -36,9 +36,8 @@ struct OpenAiServerConfig {
 
 class OpenAiServer {
  public:
-  // `chat` may be null: chat requests then fail with a message saying so.
-  OpenAiServer(RequestGateway* gateway, const ApiKeys* keys, const ChatRenderer* chat,
-               OpenAiServerConfig config);
+  // Chat prompts render through the gateway's ChatRenderer, as on gRPC.
+  OpenAiServer(RequestGateway* gateway, const ApiKeys* keys, OpenAiServerConfig config);
   ~OpenAiServer();
 
   StatusOr<int> Start();  // returns the bound port
@@ -54,7 +53,6 @@ class OpenAiServer {
 
   RequestGateway* gateway_;
   const ApiKeys* keys_;
-  const ChatRenderer* chat_;
   OpenAiServerConfig config_;
   std::unique_ptr<httplib::Server> http_;
   std::thread thread_;

@@ -7,7 +7,7 @@ Status RequestGateway::Submit(const GenerateParams& params,
                               std::shared_ptr<ResultSink> sink, std::string* request_id) {
   if (!accepting_) return Unavailable("server is shutting down");
   GenerationRequest req;
-  LLM_RETURN_IF_ERROR(ConvertRequest(params, engine_->core(), config_, &req));
+  LLM_RETURN_IF_ERROR(ConvertRequest(params, engine_->core(), config_, chat_, &req));
   req.deadline = deadline;
   return engine_->Submit(std::move(req), std::move(sink), request_id);
 }

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "engine/engine.h"
+#include "server/chat_renderer.h"
 #include "server/generate_params.h"
 #include "server/server_config.h"
 
@@ -17,7 +18,10 @@ namespace llm {
 
 class RequestGateway {
  public:
-  RequestGateway(Engine* engine, const ServerConfig& config) : engine_(engine), config_(config) {}
+  // `chat` (may be null: chat prompts then fail with a message saying so) renders chat prompts
+  // for both front ends.
+  RequestGateway(Engine* engine, const ServerConfig& config, const ChatRenderer* chat = nullptr)
+      : engine_(engine), config_(config), chat_(chat) {}
 
   // On error nothing was submitted and `sink` is never called. UNAVAILABLE while shutting down,
   // RESOURCE_EXHAUSTED when the engine's queue is full, INVALID_ARGUMENT for a bad request.
@@ -33,10 +37,12 @@ class RequestGateway {
   bool accepting() const { return accepting_; }
   const EngineCore& core() const { return engine_->core(); }
   const ServerConfig& config() const { return config_; }
+  const ChatRenderer* chat() const { return chat_; }
 
  private:
   Engine* engine_;
   ServerConfig config_;
+  const ChatRenderer* chat_;
   std::atomic<bool> accepting_{true};
 };
 

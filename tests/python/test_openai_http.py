@@ -197,6 +197,14 @@ def test_api_key_on_grpc(server):
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
         out = list(stub.Generate(req, timeout=30, metadata=[("authorization", f"Bearer {API_KEY}")]))
         assert out[-1].complete.usage.completion_tokens == 2
+        # The chat form goes through the same renderer as /v1/chat/completions.
+        chat = pb.GenerateRequest(chat=pb.ChatPrompt(messages=[pb.ChatMessage(role="user",
+                                                                              content="hi")]))
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.Generate(chat, timeout=30,
+                               metadata=[("authorization", f"Bearer {API_KEY}")]))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "chat template" in e.value.details()
         # grpc.health.v1.Health/Check stays open: bytes in, SERVING (b"\x08\x01") out.
         health = ch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=30)
         assert health == b"\x08\x01"
