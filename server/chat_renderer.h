@@ -15,7 +15,8 @@ class ChatRenderer {
   virtual ~ChatRenderer() = default;
   // `tools` is null when the request has none. Errors are the client's (INVALID_ARGUMENT) or the
   // template's (FAILED_PRECONDITION).
-  virtual StatusOr<std::string> Render(const nlohmann::json& messages, const nlohmann::json& tools,
+  virtual StatusOr<std::string> Render(const nlohmann::ordered_json& messages,
+                                       const nlohmann::ordered_json& tools,
                                        bool add_generation_prompt) const = 0;
 };
 

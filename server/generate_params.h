@@ -20,8 +20,8 @@ namespace llm {
 
 // OpenAI-shaped `messages` (and `tools`), rendered by the ChatRenderer.
 struct ChatPromptParams {
-  nlohmann::json messages;
-  nlohmann::json tools;  // null: none
+  nlohmann::ordered_json messages;
+  nlohmann::ordered_json tools;  // null: none
   bool add_generation_prompt = true;
 };
 

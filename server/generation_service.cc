@@ -22,7 +22,7 @@ Status FromProto(const pb::GenerateRequest& in, GenerateParams* out) {
       break;
     case pb::GenerateRequest::kChat: {
       ChatPromptParams chat;
-      chat.messages = nlohmann::json::array();
+      chat.messages = nlohmann::ordered_json::array();
       for (const pb::ChatMessage& m : in.chat().messages()) {
         chat.messages.push_back({{"role", m.role()}, {"content", m.content()}});
       }
@@ -31,7 +31,7 @@ Status FromProto(const pb::GenerateRequest& in, GenerateParams* out) {
         chat.add_generation_prompt = in.chat().add_generation_prompt();
       }
       if (!in.chat().tools_json().empty()) {
-        chat.tools = nlohmann::json::parse(in.chat().tools_json(), nullptr, false);
+        chat.tools = nlohmann::ordered_json::parse(in.chat().tools_json(), nullptr, false);
         if (chat.tools.is_discarded() || !chat.tools.is_array()) {
           return InvalidArgument("chat.tools_json is not a JSON array");
         }

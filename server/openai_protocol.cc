@@ -7,7 +7,7 @@
 namespace llm {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 // A field's parser; returns an error message (empty on success).
 using FieldParser = std::function<std::string(const json&, OpenAiRequest*)>;

@@ -23,8 +23,8 @@ struct OpenAiRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   // Chat: messages and tools go to the ChatRenderer; logprobs is a bool with top_logprobs.
-  nlohmann::json messages;
-  nlohmann::json tools;
+  nlohmann::ordered_json messages;
+  nlohmann::ordered_json tools;
   bool add_generation_prompt = true;
   // Logprobs the response reports: -1 none, else the number of alternatives per token.
   int logprobs = -1;
@@ -41,7 +41,7 @@ struct OpenAiError {
 
   static OpenAiError FromStatus(const Status& s, std::string param = "");
   std::string type() const;
-  nlohmann::json ToJson() const;
+  nlohmann::ordered_json ToJson() const;
 };
 
 int HttpStatusFor(StatusCode code);
@@ -52,18 +52,19 @@ const std::vector<std::string>& IgnoredOpenAiFields();
 // Parses a /v1/completions or /v1/chat/completions body. Unknown fields, fields that would change
 // the output in a way the server does not implement, and bad values are errors naming the field.
 // Messages are not rendered here (out->messages).
-Status ParseOpenAiRequest(const nlohmann::json& body, OpenAiEndpoint endpoint, OpenAiRequest* out,
-                          std::string* bad_param);
+Status ParseOpenAiRequest(const nlohmann::ordered_json& body, OpenAiEndpoint endpoint,
+                          OpenAiRequest* out, std::string* bad_param);
 
 // "stop" | "length" | "abort" (vLLM's spelling for requests aborted by the server).
 const char* OpenAiFinishReason(FinishReason r);
 
-nlohmann::json UsageJson(const Usage& u);
+nlohmann::ordered_json UsageJson(const Usage& u);
 
 // Logprobs in the endpoint's shape: chat {"content": [...]}; completions {"tokens",
 // "token_logprobs", "top_logprobs", "text_offset"}. `text_offset` is where the first token starts
 // in the completion text.
-nlohmann::json LogprobsJson(OpenAiEndpoint endpoint, const std::vector<SampledToken>& tokens,
-                            int top_n, const Tokenizer* tokenizer, int text_offset);
+nlohmann::ordered_json LogprobsJson(OpenAiEndpoint endpoint,
+                                    const std::vector<SampledToken>& tokens, int top_n,
+                                    const Tokenizer* tokenizer, int text_offset);
 
 }  // namespace llm

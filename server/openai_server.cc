@@ -11,7 +11,7 @@
 namespace llm {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 // While no output arrives (a long prefill, a queued request), the handler still looks at its
 // socket this often, so a client that left stops holding KV blocks.

@@ -14,7 +14,7 @@
 namespace llm {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 Status Parse(const std::string& body, OpenAiEndpoint ep, OpenAiRequest* out, std::string* param) {
   return ParseOpenAiRequest(json::parse(body), ep, out, param);
