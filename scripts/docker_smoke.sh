@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# What the Docker image does, without Docker: runs the build stage into a scratch prefix, starts
-# the installed server the way the image's ENTRYPOINT does, and probes it with the image's
-# HEALTHCHECK command. CI runs this, since no Docker engine exists on CI or dev machines.
+# The Dockerfile's build stage without a container engine: runs scripts/docker_build_stage.sh into
+# a scratch prefix, starts the installed server the way the image's ENTRYPOINT does, and probes it
+# with the image's HEALTHCHECK command. CI runs it for the CUDA image (BACKEND=cuda, reusing the
+# host's build/cuda tree); the CPU image is built for real by scripts/docker_image_test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix="$(pwd)/build/docker-stage"
 scripts/docker_build_stage.sh "$prefix"
 port=$((20000 + RANDOM % 20000))
-LD_LIBRARY_PATH="$prefix/lib" "$prefix/bin/llm-server" --config "$prefix/configs/server.json" \
+# The ENTRYPOINT's config, with the address and model path moved into the scratch prefix.
+LD_LIBRARY_PATH="$prefix/lib" "$prefix/bin/llm-server" --config "$prefix/configs/container.json" \
   --listen-address "127.0.0.1:$port" --metrics-address off --http-address off \
   --model-dir "$prefix/models/tiny-llama" > build/docker-smoke.log 2>&1 &
 pid=$!

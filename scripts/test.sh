@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs, builds and runs every test: the CUDA build (sm_90a) with its GPU tests (skipped with a
 # message where no GPU is present), the HIP build of the portable kernels (compile only), the
-# Docker build stage (installed-server health probe), the format check, the ASan+UBSan build and
-# its tests, and last the CPU build's full test suite, whose summary ends the log.
+# CUDA image's build stage (installed-server health probe), the CPU Docker image built with
+# podman and checked from inside (health check, one Generate call), the format check, the
+# ASan+UBSan build and its tests, and last the CPU build's full test suite, whose summary ends the
+# log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh cpu
@@ -22,8 +24,16 @@ fi
 cmake --preset hip >/dev/null
 cmake --build --preset hip -j"$(nproc)" --target llm_hip_kernels llm-server unit_tests
 build/hip/tests/unit_tests "[selection]"
+# The CUDA image's build stage, run on the host into a scratch prefix (reuses build/cuda; building
+# the CUDA image itself would download NVIDIA's toolkit and compile every kernel from scratch).
 if [ "${LLM_SKIP_DOCKER_STAGE:-0}" != "1" ]; then
-  LLM_DOCKER_PRESET=cuda scripts/docker_smoke.sh
+  BACKEND=cuda LLM_DOCKER_PRESET=cuda scripts/docker_smoke.sh
+fi
+# The CPU image, built by podman from the Dockerfile and checked from its test stage.
+if [ "${LLM_SKIP_DOCKER_IMAGE:-0}" != "1" ]; then
+  scripts/docker_image_test.sh
+else
+  echo "test.sh: LLM_SKIP_DOCKER_IMAGE=1: CPU image NOT built or checked"
 fi
 scripts/check_format.sh
 if [ "${LLM_SKIP_ASAN:-0}" != "1" ]; then

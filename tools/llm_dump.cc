@@ -97,9 +97,8 @@ int main(int argc, char** argv) {
     std::vector<int32_t> order(l.size());
     for (size_t t = 0; t < order.size(); ++t) order[t] = static_cast<int32_t>(t);
     const size_t k = std::min(order.size(), static_cast<size_t>(top_k));
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-      return l[a] > l[b] || (l[a] == l[b] && a < b);
-    });
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
     json row = json::array();
     for (size_t t = 0; t < k; ++t) row.push_back({order[t], l[order[t]]});
     logits[std::stoul(id)].push_back(std::move(row));
