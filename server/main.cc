@@ -19,6 +19,7 @@
 #include "server/openai_server.h"
 #include "server/request_gateway.h"
 #include "server/server_config.h"
+#include "server/template_chat_renderer.h"
 
 namespace {
 
@@ -80,10 +81,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   const llm::ApiKeys& keys = keys_or.value();
-  if (!fe.chat_template_file.empty()) {
-    std::fprintf(stderr, "chat_template: this build has no chat template engine yet\n");
-    return 2;
-  }
   auto cfg_or = llm::ParseServerConfig(args);
   if (!cfg_or.ok() && cfg_or.status().code() == llm::StatusCode::kFailedPrecondition) {
     cfg_or = llm::FailedPrecondition(cfg_or.status().message() + llm::FrontEndUsage());  // --help
@@ -106,7 +103,22 @@ int main(int argc, char** argv) {
   spdlog::info("startup:{}", StartupTable(sc, engine.core()));
   engine.Start();
 
-  llm::RequestGateway gateway(&engine, sc, /*chat=*/nullptr);  // no template engine yet
+  // The chat template: a model without one serves text and token prompts, and chat requests get
+  // an error saying so; a template that is there but does not parse stops the start.
+  std::unique_ptr<llm::TemplateChatRenderer> chat;
+  auto chat_or =
+      llm::TemplateChatRenderer::Load(engine.core(), sc.model_dir, fe.chat_template_file);
+  if (chat_or.ok()) {
+    chat = std::move(chat_or).value();
+    spdlog::info("chat template from {}", chat->origin());
+  } else if (chat_or.status().code() == llm::StatusCode::kNotFound &&
+             fe.chat_template_file.empty()) {
+    spdlog::warn("no chat template in {}: chat requests will fail", sc.model_dir);
+  } else {
+    spdlog::critical("chat template: {}", chat_or.status().ToString());
+    return 1;
+  }
+  llm::RequestGateway gateway(&engine, sc, chat.get());
   llm::GenerationService service(&gateway, &keys);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

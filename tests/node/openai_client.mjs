@@ -102,11 +102,32 @@ await check("stop string: output ends before it, finish_reason stop", async () =
          `${JSON.stringify(r.choices[0].text)} is the text before ${JSON.stringify(stop)}`);
 });
 
-await check("chat without a template engine: a clear 400", async () => {
-  const e = await expectError(
-    client.chat.completions.create({ model: MODEL, messages: [{ role: "user", content: "hi" }] }),
-    400, "chat");
-  expect(/chat template/.test(e.message), `message names the chat template: ${e.message}`);
+await check("chat, non-streaming and streaming: same reply, logprobs, usage", async () => {
+  const messages = [{ role: "system", content: "Be brief." }, { role: "user", content: "Hi there" }];
+  const r = await client.chat.completions.create({
+    ...greedy, messages, max_completion_tokens: 8, logprobs: true, top_logprobs: 2,
+  });
+  expect(r.object === "chat.completion", "object chat.completion");
+  const c = r.choices[0];
+  expect(c.message.role === "assistant" && c.finish_reason === "length", "assistant, length");
+  expect(c.logprobs.content.length === 8, `8 logprob entries, got ${c.logprobs.content.length}`);
+  expect(c.logprobs.content.every((t) => t.top_logprobs.length === 2), "2 alternatives each");
+  expect(r.usage.completion_tokens === 8, "usage");
+  const stream = await client.chat.completions.create({
+    ...greedy, messages, max_completion_tokens: 8, stream: true,
+    stream_options: { include_usage: true },
+  });
+  let text = "", role = null, usage = null;
+  for await (const ch of stream) {
+    if (ch.usage) usage = ch.usage;
+    for (const choice of ch.choices) {
+      if (choice.delta.role) role = choice.delta.role;
+      text += choice.delta.content || "";
+    }
+  }
+  expect(role === "assistant", "the first chunk names the role");
+  expect(text === c.message.content, `streamed ${JSON.stringify(text)} == ${JSON.stringify(c.message.content)}`);
+  expect(usage && usage.prompt_tokens === r.usage.prompt_tokens, "same prompt tokens");
 });
 
 await check("bad request: 400 naming the field", async () => {

@@ -200,11 +200,18 @@ def test_api_key_on_grpc(server):
         # The chat form goes through the same renderer as /v1/chat/completions.
         chat = pb.GenerateRequest(chat=pb.ChatPrompt(messages=[pb.ChatMessage(role="user",
                                                                               content="hi")]))
-        with pytest.raises(grpc.RpcError) as e:
-            list(stub.Generate(chat, timeout=30,
-                               metadata=[("authorization", f"Bearer {API_KEY}")]))
-        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "chat template" in e.value.details()
+        chat.stopping.max_tokens = 5
+        chat.stopping.ignore_eos = True
+        chat.sampling.temperature = 0
+        out = list(stub.Generate(chat, timeout=30,
+                                 metadata=[("authorization", f"Bearer {API_KEY}")]))
+        grpc_text = "".join(m.chunk.text for m in out) + out[-1].complete.text
+        code, body = curl(f"http://127.0.0.1:{server.http_port}/v1/chat/completions", data=json.dumps(
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "ignore_eos": True,
+             "temperature": 0}))
+        http = json.loads(body)
+        assert code == 200 and http["choices"][0]["message"]["content"] == grpc_text
+        assert http["usage"]["prompt_tokens"] == out[-1].complete.usage.prompt_tokens
         # grpc.health.v1.Health/Check stays open: bytes in, SERVING (b"\x08\x01") out.
         health = ch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=30)
         assert health == b"\x08\x01"
