@@ -10,6 +10,7 @@
 
 #include "engine/base/dtype.h"
 #include "engine/base/status.h"
+#include "engine/sampling_params.h"
 
 namespace llm {
 
@@ -18,12 +19,56 @@ enum class Architecture { kLlama, kMistral, kQwen2, kDeepseekV2, kDeepseekV3 };
 
 const char* ArchitectureName(Architecture a);
 
+// The rope scalings the Llama-family code applies (CPU and CUDA share RopeInvFreq).
 struct RopeScaling {
-  enum class Type { kNone, kLlama3, kLinear } type = Type::kNone;
+  enum class Type { kNone, kLlama3, kLinear, kYarn } type = Type::kNone;
   float factor = 1.0f;
   float low_freq_factor = 1.0f;
   float high_freq_factor = 4.0f;
   int original_max_position_embeddings = 8192;
+  // yarn (HF _compute_yarn_parameters).
+  float beta_fast = 32.0f;
+  float beta_slow = 1.0f;
+  bool truncate = true;
+  // HF multiplies cos and sin by this; q.k then scales by its square, which the models fold
+  // into the softmax scale (V is not rotated, so the two are the same).
+  float attention_factor = 1.0f;
+};
+
+// Pre-quantized checkpoint weights (config.json "quantization_config").
+struct WeightQuantization {
+  enum class Method { kNone, kFp8PerTensor, kFp8PerChannel, kFp8Block } method = Method::kNone;
+  std::string quant_method;            // as written: compressed-tensors, modelopt, fbgemm_fp8, fp8
+  int block_rows = 0, block_cols = 0;  // kFp8Block: weight_block_size
+  // Static per-tensor activation scales (input_scale tensors) are present and consumed; the CPU
+  // path computes activations in fp32 and does not apply them.
+  bool static_input_scales = false;
+  bool quantized() const { return method != Method::kNone; }
+};
+
+// Sampling defaults from generation_config.json; unset fields leave the server defaults.
+struct GenerationDefaults {
+  std::optional<float> temperature;
+  std::optional<float> top_p;
+  std::optional<int> top_k;
+  std::optional<float> min_p;
+  std::optional<float> repetition_penalty;
+  std::optional<int> max_new_tokens;
+  // Keys present in the file that are not applied (logged at start-up, as vLLM ignores them).
+  std::vector<std::string> not_applied;
+  bool empty() const {
+    return !temperature && !top_p && !top_k && !min_p && !repetition_penalty && !max_new_tokens;
+  }
+  // Sets the fields this file gives; the request's own fields are applied after.
+  void ApplyTo(SamplingParams* sp) const {
+    if (temperature) sp->temperature = *temperature;
+    if (top_p) sp->top_p = *top_p;
+    if (top_k) sp->top_k = *top_k;
+    if (min_p) sp->min_p = *min_p;
+    if (repetition_penalty) sp->repetition_penalty = *repetition_penalty;
+  }
+  // "temperature 0.6, top_p 0.9" or "none", for the start-up table.
+  std::string Describe() const;
 };
 
 struct ModelConfig {
@@ -42,7 +87,9 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   int max_position_embeddings = 2048;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;  // q/k/v biases (Qwen2)
+  bool qkv_bias = false;  // q/k/v biases (Qwen2; Llama attention_bias)
+  bool o_bias = false;    // o_proj bias (Llama attention_bias)
+  bool mlp_bias = false;  // gate/up/down biases (Llama mlp_bias)
   // Sliding-window attention (Mistral, Qwen2): the window size W when enabled; a windowed layer's
   // query i sees keys j with i - j < W (HF). Which layers use it: window_layers.
   std::optional<int> sliding_window;
@@ -52,6 +99,11 @@ struct ModelConfig {
   DType dtype = DType::kF32;  // torch_dtype of the checkpoint
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;
+  WeightQuantization quantization;
+  GenerationDefaults generation;
+
+  // Softmax scale of attention: head_dim^-0.5, times the yarn attention factor squared.
+  float SoftmaxScale() const;
 
   // AttentionParams::window_left of a layer: W - 1 when it uses the window, else -1.
   int WindowLeft(int layer) const {
@@ -70,10 +122,16 @@ struct ModelConfig {
   int kv_size() const { return num_kv_heads * head_dim; }
 };
 
-// bos/eos ids from config.json's object and generation_config.json (whose eos ids win); every eos
-// id must lie inside the vocabulary (c->vocab_size set first). Shared by the config loaders.
+// bos/eos ids from config.json's object and generation_config.json (whose eos ids win unless
+// null); every eos id must lie inside the vocabulary (c->vocab_size set first); the sampling
+// defaults of generation_config.json. Shared by the config loaders.
 Status ReadSpecialTokenIds(const std::string& model_dir, const nlohmann::json& config_json,
                            ModelConfig* c);
+
+// "quantization_config" of config.json: fp8 methods are read, any other is Unimplemented
+// ("quantization method X is not supported"). Shared by the config loaders.
+Status ReadQuantizationConfig(const nlohmann::json& config_json, const std::string& file,
+                              WeightQuantization* out);
 
 // Reads config.json and, when present, generation_config.json (whose eos ids win).
 // Unknown architectures and missing or inconsistent fields are errors that name them.

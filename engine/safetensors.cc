@@ -210,7 +210,118 @@ StatusOr<std::unique_ptr<WeightStore>> WeightStore::Open(const std::string& mode
 StatusOr<const TensorView*> WeightStore::Get(const std::string& name) const {
   auto it = index_.find(name);
   if (it == index_.end()) return NotFound("missing tensor '" + name + "'");
+  consumed_.insert(name);
   return it->second;
+}
+
+bool IgnoredTensor(const std::string& name) {
+  auto ends = [&](std::string_view suffix) {
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  for (std::string_view s :
+       {".rotary_emb.inv_freq", ".k_scale", ".v_scale", ".kv_scale", ".cache_k_scale",
+        ".cache_v_scale", ".k_proj.output_scale", ".v_proj.output_scale"}) {
+    if (ends(s)) return true;
+  }
+  return false;
+}
+
+Status WeightStore::CheckAllConsumed(const std::string& model_name,
+                                     bool (*also_ignore)(const std::string&, const void*),
+                                     const void* ctx) const {
+  std::vector<std::string> unused;
+  for (const auto& [name, view] : index_) {
+    if (consumed_.count(name) || IgnoredTensor(name)) continue;
+    if (also_ignore != nullptr && also_ignore(name, ctx)) continue;
+    unused.push_back(name);
+  }
+  if (unused.empty()) return Status::Ok();
+  std::string list;
+  for (size_t i = 0; i < unused.size() && i < 8; ++i) list += (i ? ", " : "") + unused[i];
+  if (unused.size() > 8) list += ", ... (" + std::to_string(unused.size()) + " in all)";
+  return InvalidArgument("checkpoint tensor(s) not used by " + model_name +
+                         " with this config.json (a key such as attention_bias, mlp_bias or "
+                         "tie_word_embeddings disagrees with the weights, or the architecture has "
+                         "parts this server does not implement): " +
+                         list);
+}
+
+Status WeightStore::DequantFp8(const TensorView& v, std::vector<float>* out) const {
+  const std::string& name = v.name;
+  using M = WeightQuantization::Method;
+  const WeightQuantization& q = quantization_;
+  if (!q.quantized()) {
+    return InvalidArgument("tensor '" + name +
+                           "' is float8_e4m3 but config.json has no quantization_config");
+  }
+  const std::string suffix = ".weight";
+  if (name.size() <= suffix.size() ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0 ||
+      v.shape.size() != 2) {
+    return InvalidArgument("fp8 tensor '" + name + "' (shape " + v.ShapeString() +
+                           ") is not a 2-D linear weight; only those may be fp8");
+  }
+  const std::string stem = name.substr(0, name.size() - suffix.size());
+  const int64_t rows = v.shape[0], cols = v.shape[1];
+  std::string scale_name = stem + ".weight_scale_inv";
+  if (!Has(scale_name)) scale_name = stem + ".weight_scale";
+  if (!Has(scale_name)) {
+    return InvalidArgument("fp8 weight '" + name + "' (" + q.quant_method + " checkpoint) has no " +
+                           stem + ".weight_scale or " + stem + ".weight_scale_inv tensor");
+  }
+  LLM_ASSIGN_OR_RETURN(const TensorView* s, Get(scale_name));
+  if (s->dtype != DType::kF32 && s->dtype != DType::kBF16 && s->dtype != DType::kF16) {
+    return InvalidArgument("scale '" + scale_name + "' has dtype " + DTypeName(s->dtype) +
+                           "; expected float32, bfloat16 or float16");
+  }
+  std::vector<float> scale(static_cast<size_t>(s->numel()));
+  ConvertToF32(s->dtype, s->data, scale.data(), scale.size());
+  if (Has(stem + ".input_scale")) {
+    if (!q.static_input_scales) {
+      return InvalidArgument("tensor '" + stem +
+                             ".input_scale' is a static activation scale, "
+                             "but quantization_config says activations are dynamic");
+    }
+    LLM_ASSIGN_OR_RETURN(const TensorView* in, Get(stem + ".input_scale"));
+    if (in->numel() != 1) {
+      return InvalidArgument("input scale '" + in->name + "' has shape " + in->ShapeString() +
+                             "; only a per-tensor scale is supported");
+    }
+  }
+  out->resize(static_cast<size_t>(v.numel()));
+  ConvertToF32(DType::kFp8E4M3, v.data, out->data(), out->size());
+  const std::vector<int64_t>& ss = s->shape;
+  auto bad_shape = [&](const std::string& want) {
+    return InvalidArgument("scale '" + scale_name + "' of fp8 weight '" + name + "' " +
+                           v.ShapeString() + " has shape " + s->ShapeString() + "; " +
+                           q.quant_method + " expects " + want);
+  };
+  if (q.method == M::kFp8Block) {
+    const int64_t br = q.block_rows, bc = q.block_cols;
+    const int64_t nr = (rows + br - 1) / br, nc = (cols + bc - 1) / bc;
+    if (ss != std::vector<int64_t>{nr, nc}) {
+      return bad_shape("[" + std::to_string(nr) + ", " + std::to_string(nc) + "] (" +
+                       std::to_string(br) + "x" + std::to_string(bc) + " blocks)");
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) (*out)[r * cols + c] *= scale[(r / br) * nc + c / bc];
+    }
+    return Status::Ok();
+  }
+  const bool per_tensor =
+      s->numel() == 1 && (ss.empty() || ss.size() == 1 || ss == std::vector<int64_t>{1, 1});
+  const bool per_channel = ss == std::vector<int64_t>{rows} || ss == std::vector<int64_t>{rows, 1};
+  if (q.method == M::kFp8PerTensor && !per_tensor) return bad_shape("a per-tensor scale [] or [1]");
+  if (q.method == M::kFp8PerChannel && !per_channel && !per_tensor) {
+    return bad_shape("a per-channel scale [" + std::to_string(rows) + "] or [" +
+                     std::to_string(rows) + ", 1]");
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const float f = per_tensor ? scale[0] : scale[r];
+    for (int64_t c = 0; c < cols; ++c) (*out)[r * cols + c] *= f;
+  }
+  return Status::Ok();
 }
 
 StatusOr<const TensorView*> WeightStore::GetWithShape(const std::string& name,
@@ -228,6 +339,7 @@ StatusOr<const TensorView*> WeightStore::GetWithShape(const std::string& name,
 Status WeightStore::ReadF32(const std::string& name, const std::vector<int64_t>& shape,
                             std::vector<float>* out) const {
   LLM_ASSIGN_OR_RETURN(const TensorView* v, GetWithShape(name, shape));
+  if (v->dtype == DType::kFp8E4M3) return DequantFp8(*v, out);
   if (v->dtype != DType::kF32 && v->dtype != DType::kF16 && v->dtype != DType::kBF16) {
     return InvalidArgument("tensor '" + name + "' has dtype " + DTypeName(v->dtype) +
                            "; weights must be float32, float16 or bfloat16");

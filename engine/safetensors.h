@@ -6,11 +6,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "engine/base/dtype.h"
 #include "engine/base/status.h"
+#include "engine/model_config.h"
 
 namespace llm {
 
@@ -47,26 +49,51 @@ class SafetensorsFile {
 };
 
 // All weights of a model directory: `model.safetensors`, or the shards named by
-// `model.safetensors.index.json`.
+// `model.safetensors.index.json`. Every tensor handed out is recorded, so that a loader can
+// refuse a checkpoint with tensors it did not read (CheckAllConsumed).
 class WeightStore {
  public:
   static StatusOr<std::unique_ptr<WeightStore>> Open(const std::string& model_dir);
 
-  // NotFound naming the tensor when absent.
+  // Pre-quantized checkpoints: ReadF32 dequantizes fp8 weights with their scale tensors.
+  void set_quantization(const WeightQuantization& q) { quantization_ = q; }
+  const WeightQuantization& quantization() const { return quantization_; }
+
+  // NotFound naming the tensor when absent. Marks the tensor consumed.
   StatusOr<const TensorView*> Get(const std::string& name) const;
   bool Has(const std::string& name) const { return index_.count(name) > 0; }
   // Get + shape check; the error names the tensor, the expected and the actual shape.
   StatusOr<const TensorView*> GetWithShape(const std::string& name,
                                            const std::vector<int64_t>& shape) const;
-  // Converts a tensor of any float dtype to fp32 (after a shape check).
+  // Converts a tensor of any float dtype to fp32 (after a shape check). An fp8 e4m3 `X.weight`
+  // of a quantized checkpoint is dequantized exactly (e4m3 value * scale in fp32) with
+  // `X.weight_scale` (per tensor [] / [1], or per output channel [rows] / [rows, 1]) or
+  // `X.weight_scale_inv` / a block `X.weight_scale` ([ceil(rows / br), ceil(cols / bc)]);
+  // `X.input_scale` (a static activation scale) is consumed with it.
   Status ReadF32(const std::string& name, const std::vector<int64_t>& shape,
                  std::vector<float>* out) const;
   size_t num_tensors() const { return index_.size(); }
 
+  // Fails naming the tensors that no Get/ReadF32 touched, except those on the ignore list
+  // (IgnoredTensor) and those `also_ignore` accepts.
+  Status CheckAllConsumed(const std::string& model_name,
+                          bool (*also_ignore)(const std::string&, const void*) = nullptr,
+                          const void* ctx = nullptr) const;
+
  private:
+  Status DequantFp8(const TensorView& v, std::vector<float>* out) const;
+
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const TensorView*> index_;
+  WeightQuantization quantization_;
+  mutable std::set<std::string> consumed_;
 };
+
+// Checkpoint tensors no model here reads, by design:
+//   *.rotary_emb.inv_freq   rotary tables that old checkpoints saved; recomputed from the config
+//   KV-cache scales (*.k_scale, *.v_scale, *.kv_scale, *.cache_k_scale, *.cache_v_scale,
+//   *.k_proj.output_scale, *.v_proj.output_scale)   read only by a static 8-bit KV cache
+bool IgnoredTensor(const std::string& name);
 
 struct TensorToWrite {
   std::string name;

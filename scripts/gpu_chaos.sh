@@ -12,7 +12,8 @@
 # CHAOS_MODEL (default llama3-8b, a configs/models/ directory, served with dummy weights),
 # CHAOS_KV (int8), CHAOS_EXTRA (more server flags; later flags win), CHAOS_REQUESTS (600 per
 # chaos phase), CHAOS_IN / CHAOS_OUT (mean prompt / output tokens, 700 / 300),
-# CHAOS_CLEAN_REQUESTS (128). A dry run on the CPU (ctest chaos_cpu_dry_run runs a smaller one):
+# CHAOS_CLEAN_REQUESTS (128), CHAOS_REQUEST_TIMEOUT_S / CHAOS_LOAD_TIMEOUT_S (120 / 300: limits
+# per request and per loadgen run that only catch a hang; a slow machine raises them). A dry run on the CPU (ctest chaos_cpu_dry_run runs a smaller one):
 #   CHAOS_MODEL_DIR=build/cpu/models/tiny-llama CHAOS_KV=auto CHAOS_EXTRA="--device cpu
 #   --dummy-weights false --weight-dtype auto --num-kv-blocks 256 --block-size 16
 #   --max-num-seqs 16" CHAOS_REQUESTS=100 scripts/gpu_chaos.sh
@@ -55,8 +56,9 @@ for l in urllib.request.urlopen('http://127.0.0.1:$mport/metrics').read().decode
 }
 load() {  # load NAME ARGS...: one loadgen run, its report in $OUT/NAME.txt
   local name=$1; shift
-  timeout 300 $PY tools/loadgen.py --target 127.0.0.1:$port --proto-python "$PROTO" \
-    --no-progress --fail-on-errors --request-timeout 120 --output-json "$OUT/$name.json" "$@" \
+  timeout "${CHAOS_LOAD_TIMEOUT_S:-300}" $PY tools/loadgen.py --target 127.0.0.1:$port \
+    --proto-python "$PROTO" --no-progress --fail-on-errors \
+    --request-timeout "${CHAOS_REQUEST_TIMEOUT_S:-120}" --output-json "$OUT/$name.json" "$@" \
     > "$OUT/$name.txt" 2>&1
   local rc=$?
   check "$name" $rc "$(grep -E 'Status codes|Unexpected errors|Deliberate aborts' "$OUT/$name.txt" | tr -s ' ' | paste -sd ';')"
@@ -67,9 +69,15 @@ load chaos_cancel --num-requests "${CHAOS_REQUESTS:-600}" --concurrency 128 --in
 load chaos_abort_rpc --num-requests "${CHAOS_REQUESTS:-600}" --concurrency 128 --input-len "${CHAOS_IN:-700}" --output-len "${CHAOS_OUT:-300}" \
   --range-ratio 0.9 --temperature 0 --seed 2 --abort-fraction 0.3 --abort-mode rpc \
   --invalid-fraction 0.1
-sleep 1  # the idle engine refreshes its gauges every 100 ms
-running=$(metric llm_num_requests_running); waiting=$(metric llm_num_requests_waiting)
-usage=$(metric llm_kv_cache_usage_perc); pre=$(metric llm_num_preemptions_total)
+# The idle engine refreshes its gauges every 100 ms: poll for the baseline (the limit only
+# guards against a hang, so a slow machine never fails it).
+for _ in $(seq 1 300); do
+  running=$(metric llm_num_requests_running); waiting=$(metric llm_num_requests_waiting)
+  usage=$(metric llm_kv_cache_usage_perc)
+  $PY -c "import sys; sys.exit(0 if float('$running') == 0 and float('$waiting') == 0 and float('$usage') == 0 else 1)" && break
+  sleep 0.2
+done
+pre=$(metric llm_num_preemptions_total)
 check "baseline after the chaos" "$($PY -c "print(0 if float('$running') == 0 and float('$waiting') == 0 and float('$usage') == 0 else 1)")" \
   "running=$running waiting=$waiting kv_usage=$usage (preemptions so far: $pre)"
 check "the pool was oversubscribed" "$($PY -c "print(0 if float('$pre') > 0 else 1)")" \
@@ -78,7 +86,7 @@ load clean_after --num-requests "${CHAOS_CLEAN_REQUESTS:-128}" --concurrency 64 
   --temperature 0 --seed 3
 kill -TERM $pid
 code=timeout
-for _ in $(seq 1 30); do
+for _ in $(seq 1 120); do  # shutdown grace 5 s; 120 s only guards against a hang
   if ! kill -0 $pid 2>/dev/null; then wait $pid; code=$?; break; fi
   sleep 1
 done

@@ -1,5 +1,6 @@
 #include "server/generate_params.h"
 
+#include <algorithm>
 #include <random>
 
 #include "server/chat_renderer.h"
@@ -35,6 +36,9 @@ Status ConvertRequest(const GenerateParams& in, const EngineCore& core, const Se
     return InvalidArgument("prompt is empty: set text or token ids");
   }
   SamplingParams& sp = out->sampling;
+  // generation_config.json fills what the request leaves unset (vLLM's default behaviour).
+  const GenerationDefaults& defaults = core.model_config().generation;
+  defaults.ApplyTo(&sp);
   if (in.temperature) sp.temperature = *in.temperature;
   if (in.top_p) sp.top_p = *in.top_p;
   if (in.top_k) sp.top_k = *in.top_k;
@@ -45,7 +49,10 @@ Status ConvertRequest(const GenerateParams& in, const EngineCore& core, const Se
   if (in.frequency_penalty) sp.frequency_penalty = *in.frequency_penalty;
   sp.logprobs = in.logprobs;
   StoppingParams& st = out->stopping;
-  st.max_tokens = in.max_tokens ? *in.max_tokens : config.default_max_tokens;
+  st.max_tokens = in.max_tokens
+                      ? *in.max_tokens
+                      : std::min(defaults.max_new_tokens.value_or(config.default_max_tokens),
+                                 config.max_tokens_limit);
   if (in.min_tokens) st.min_tokens = *in.min_tokens;
   st.stop = in.stop;
   st.stop_token_ids = in.stop_token_ids;

@@ -47,6 +47,7 @@ std::string StartupTable(const llm::ServerConfig& sc, const llm::EngineCore& cor
                 "  | KV cache           | %s, %d blocks x %d tokens = %d tokens, %.1f MiB\n"
                 "  | context / max_tokens | %d / %d\n"
                 "  | scheduler          | max_num_seqs %d, max_batched_tokens %d\n"
+                "  | sampling defaults  | %s\n"
                 "  | listen             | %s",
                 mc.name.c_str(), mc.architecture_name.c_str(), mc.num_layers, mc.hidden_size,
                 mc.num_q_heads, mc.num_kv_heads, mc.head_dim, mc.vocab_size,
@@ -54,7 +55,7 @@ std::string StartupTable(const llm::ServerConfig& sc, const llm::EngineCore& cor
                 kv.c_str(), core.num_blocks(), sc.block_size, core.num_blocks() * sc.block_size,
                 static_cast<double>(m.kv_bytes_per_block()) * core.num_blocks() / (1 << 20),
                 core.max_model_len(), sc.max_tokens_limit, sc.max_num_seqs, sc.max_batched_tokens,
-                sc.listen_address.c_str());
+                mc.generation.Describe().c_str(), sc.listen_address.c_str());
   return buf;
 }
 
@@ -175,6 +176,7 @@ int main(int argc, char** argv) {
   spdlog::info("signal {}: shutting down", sig);
   server->GetHealthCheckService()->SetServingStatus(false);
   gateway.StopAccepting();
+  spdlog::info("stopped accepting requests");  // tests wait for this line, not for a time
   // In-flight requests get a grace period to finish; then the engine aborts what remains, which
   // gives every accepted request exactly one final status before the server closes.
   const auto grace_end =

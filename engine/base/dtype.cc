@@ -1,5 +1,7 @@
 #include "engine/base/dtype.h"
 
+#include "engine/base/quant.h"
+
 #include <cmath>
 
 namespace llm {
@@ -104,11 +106,12 @@ void ConvertToF32(DType t, const void* src, float* dst, size_t n) {
       for (size_t i = 0; i < n; ++i) dst[i] = s[i];
       return;
     }
-    case DType::kFp8E4M3:
-      break;
+    case DType::kFp8E4M3: {
+      const auto* s = static_cast<const uint8_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = Fp8E4M3ToFloat(s[i]);
+      return;
+    }
   }
-  // fp8 weights are not a supported weight type yet.
-  for (size_t i = 0; i < n; ++i) dst[i] = NAN;
 }
 
 }  // namespace llm

@@ -267,7 +267,7 @@ Status CudaLlamaModel::Init(const WeightStore* w, const ModelLoadOptions& option
     LLM_RETURN_IF_ERROR(loader.Load({p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
                                      p + "self_attn.v_proj.weight"},
                                     {{q, h}, {kvs, h}, {kvs, h}}, 0, wstd, &L->wqkv));
-    if (c.attention_bias) {
+    if (c.qkv_bias) {
       LLM_RETURN_IF_ERROR(loader.Load(
           {p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"},
           {{q}, {kvs}, {kvs}}, 0, wstd, &L->bqkv));
@@ -468,7 +468,7 @@ Status CudaLlamaModel::LaunchLayers(Scratch& s, int T) {
   const int QKV = Q + 2 * KV;
   cuda::LaunchEmbedding(embed_.ptr, s.ids(), T, H, s.residual.as<float>(), stream_,
                         readback_.device_tokens());
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const float scale = c.SoftmaxScale();
   // With fp8 weights every projection's input is produced as e4m3 rows by the kernel before it
   // (norm, SiluMul, or a row quantization of the attention output), and its raw output is scaled
   // back by the kernel after it (rotary, norm, SiluMul): no separate quantization pass.
@@ -785,6 +785,10 @@ StatusOr<std::unique_ptr<Model>> CreateCudaLlamaModel(const ModelConfig& config,
                                                       const WeightStore* weights,
                                                       const ModelLoadOptions& options) {
   if (!CudaAvailable()) return Unavailable("device 'cuda' requested but no CUDA device is present");
+  if (config.o_bias || config.mlp_bias) {  // the CPU model implements them
+    return Unimplemented(std::string(config.o_bias ? "attention_bias (o_proj bias)" : "mlp_bias") +
+                         " is not implemented on the cuda device; use device cpu");
+  }
   auto m = std::make_unique<CudaLlamaModel>(config);
   LLM_RETURN_IF_ERROR(m->Init(weights, options));
   return std::unique_ptr<Model>(std::move(m));

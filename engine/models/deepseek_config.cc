@@ -8,6 +8,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/config/json_fields.h"
+#include "engine/config/rope_parameters.h"
+#include "engine/models/rope.h"
+
 namespace llm {
 namespace {
 
@@ -15,11 +19,7 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 StatusOr<json> ReadJson(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) return NotFound("cannot open " + path.string());
-  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return DataLoss(path.string() + " is not a JSON object");
-  return j;
+  return ReadJsonObject(path.string());
 }
 
 bool Present(const json& j, const char* key) {
@@ -65,11 +65,6 @@ Status String(const json& j, const char* key, std::string* out, const std::strin
   return Status::Ok();
 }
 
-// DeepSeek's yarn_find_correction_dim / yarn_find_correction_range.
-double CorrectionDim(double rotations, int dim, double base, int max_pos) {
-  return dim * std::log(max_pos / (rotations * 2.0 * std::numbers::pi)) / (2.0 * std::log(base));
-}
-
 }  // namespace
 
 double YarnGetMscale(double scale, double mscale) {
@@ -93,30 +88,23 @@ float DeepseekConfig::RopeMscale() const {
 }
 
 std::vector<float> DeepseekConfig::RopeInvFreq() const {
-  const int dim = qk_rope_head_dim, half = dim / 2;
-  const double base = this->base.rope_theta;
-  std::vector<float> inv(half);
-  int low = 0, high = 0;
-  if (yarn.enabled) {
-    const int orig = yarn.original_max_position_embeddings;
-    low = std::max(0, static_cast<int>(std::floor(CorrectionDim(yarn.beta_fast, dim, base, orig))));
-    high = std::min(dim - 1,
-                    static_cast<int>(std::ceil(CorrectionDim(yarn.beta_slow, dim, base, orig))));
-  }
-  for (int i = 0; i < half; ++i) {
-    const double extra = 1.0 / std::pow(base, static_cast<double>(2 * i) / dim);
-    double f = extra;
-    if (yarn.enabled) {
-      // inv_freq = inter * (1 - mask) + extra * mask, mask = 1 - clamp((i - low) / (high - low)).
-      const double inter = extra / yarn.factor;
-      const double hi = (low == high) ? high + 0.001 : high;
-      const double ramp = std::clamp((i - low) / (hi - low), 0.0, 1.0);
-      const double mask = 1.0 - ramp;
-      f = inter * (1.0 - mask) + extra * mask;
+  const int dim = qk_rope_head_dim;
+  if (!yarn.enabled) {
+    std::vector<float> inv(dim / 2);
+    for (int i = 0; i < dim / 2; ++i) {
+      inv[i] = static_cast<float>(
+          1.0 / std::pow(static_cast<double>(base.rope_theta), static_cast<double>(2 * i) / dim));
     }
-    inv[i] = static_cast<float>(f);
+    return inv;
   }
-  return inv;
+  YarnFreqParams y;
+  y.dim = dim;
+  y.base = base.rope_theta;
+  y.factor = yarn.factor;
+  y.original_max_position_embeddings = yarn.original_max_position_embeddings;
+  y.beta_fast = yarn.beta_fast;
+  y.beta_slow = yarn.beta_slow;
+  return YarnInvFreq(y);
 }
 
 bool IsDeepseekModelDir(const std::string& model_dir) {
@@ -128,7 +116,7 @@ bool IsDeepseekModelDir(const std::string& model_dir) {
   return name == "DeepseekV2ForCausalLM" || name == "DeepseekV3ForCausalLM";
 }
 
-StatusOr<DeepseekConfig> LoadDeepseekConfig(const std::string& model_dir) {
+StatusOr<DeepseekConfig> LoadDeepseekConfigImpl(const std::string& model_dir) {
   const fs::path dir(model_dir);
   const std::string file = (dir / "config.json").string();
   LLM_ASSIGN_OR_RETURN(json j, ReadJson(file));
@@ -161,8 +149,6 @@ StatusOr<DeepseekConfig> LoadDeepseekConfig(const std::string& model_dir) {
   LLM_RETURN_IF_ERROR(Int(j, "max_position_embeddings", &c.max_position_embeddings, false, file));
   c.rms_norm_eps = 1e-6f;
   LLM_RETURN_IF_ERROR(Float(j, "rms_norm_eps", &c.rms_norm_eps, file));
-  LLM_RETURN_IF_ERROR(Float(j, "rope_theta", &c.rope_theta, file));
-  if (c.rope_theta <= 1.0f) return InvalidArgument(file + ": rope_theta must be > 1");
   LLM_RETURN_IF_ERROR(Bool(j, "tie_word_embeddings", &c.tie_word_embeddings, file));
   bool attention_bias = false;
   LLM_RETURN_IF_ERROR(Bool(j, "attention_bias", &attention_bias, file));
@@ -170,9 +156,18 @@ StatusOr<DeepseekConfig> LoadDeepseekConfig(const std::string& model_dir) {
   std::string act = "silu";
   LLM_RETURN_IF_ERROR(String(j, "hidden_act", &act, file));
   if (act != "silu") return Unimplemented(file + ": hidden_act '" + act + "' (only silu)");
-  if (Present(j, "torch_dtype") && j["torch_dtype"].is_string()) {
+  for (const char* key : {"torch_dtype", "dtype"}) {  // transformers 5 writes "dtype"
+    std::string name;
+    LLM_RETURN_IF_ERROR(String(j, key, &name, file));
     DType t;
-    if (ParseDType(j["torch_dtype"].get<std::string>(), &t)) c.dtype = t;
+    if (!name.empty() && ParseDType(name, &t)) c.dtype = t;
+  }
+  // The MLA code rotates interleaved pairs, as DeepSeek's checkpoints (and HF's default) do.
+  bool interleave = true;
+  LLM_RETURN_IF_ERROR(Bool(j, "rope_interleave", &interleave, file));
+  if (!interleave) return Unimplemented(file + ": rope_interleave = false is not implemented");
+  if (Present(j, "text_config")) {
+    return Unimplemented(file + ": nested 'text_config' is not supported");
   }
 
   // MLA.
@@ -187,32 +182,30 @@ StatusOr<DeepseekConfig> LoadDeepseekConfig(const std::string& model_dir) {
   }
   c.head_dim = d.qk_head_dim();
 
-  if (Present(j, "rope_scaling")) {
-    const json& rs = j["rope_scaling"];
-    if (!rs.is_object()) return InvalidArgument(file + ": rope_scaling must be an object or null");
-    std::string type;
-    if (rs.contains("type") && rs["type"].is_string()) type = rs["type"].get<std::string>();
-    if (rs.contains("rope_type") && rs["rope_type"].is_string()) {
-      type = rs["rope_type"].get<std::string>();
+  LLM_ASSIGN_OR_RETURN(RopeParameters rope, ReadRopeParameters(j, file, 10000.0));
+  c.rope_theta = static_cast<float>(rope.theta);
+  if (rope.partial_rotary_factor && *rope.partial_rotary_factor != 1.0f) {
+    return Unimplemented(file +
+                         ": rope_parameters.partial_rotary_factor is not implemented for "
+                         "DeepSeek");
+  }
+  if (rope.type == RopeParameters::Type::kYarn) {
+    YarnScaling& y = d.yarn;
+    y.enabled = true;
+    y.factor = rope.factor;
+    y.original_max_position_embeddings = rope.original_max_position_embeddings.value_or(4096);
+    y.beta_fast = rope.beta_fast;
+    y.beta_slow = rope.beta_slow;
+    y.mscale = rope.mscale.value_or(1.0f);
+    y.mscale_all_dim = rope.mscale_all_dim.value_or(0.0f);
+    if (rope.attention_factor || !rope.truncate) {
+      return Unimplemented(file +
+                           ": yarn 'attention_factor' / 'truncate' are not implemented "
+                           "for DeepSeek");
     }
-    if (type == "yarn") {
-      YarnScaling& y = d.yarn;
-      y.enabled = true;
-      if (!Present(rs, "factor")) return InvalidArgument(file + ": rope_scaling.factor missing");
-      LLM_RETURN_IF_ERROR(Float(rs, "factor", &y.factor, file + " rope_scaling"));
-      LLM_RETURN_IF_ERROR(Int(rs, "original_max_position_embeddings",
-                              &y.original_max_position_embeddings, false, file + " rope_scaling"));
-      LLM_RETURN_IF_ERROR(Float(rs, "beta_fast", &y.beta_fast, file + " rope_scaling"));
-      LLM_RETURN_IF_ERROR(Float(rs, "beta_slow", &y.beta_slow, file + " rope_scaling"));
-      LLM_RETURN_IF_ERROR(Float(rs, "mscale", &y.mscale, file + " rope_scaling"));
-      LLM_RETURN_IF_ERROR(Float(rs, "mscale_all_dim", &y.mscale_all_dim, file + " rope_scaling"));
-      if (y.factor <= 0.0f || y.beta_fast <= 0.0f || y.beta_slow <= 0.0f) {
-        return InvalidArgument(file + ": rope_scaling factor/beta_fast/beta_slow must be > 0");
-      }
-    } else if (type != "default" && !type.empty()) {
-      return Unimplemented(file + ": unsupported rope_scaling type '" + type +
-                           "' for DeepSeek (supported: yarn)");
-    }
+  } else if (rope.type != RopeParameters::Type::kDefault) {
+    return Unimplemented(file + ": rope type '" + rope.type_name +
+                         "' is not implemented for DeepSeek (implemented: default, yarn)");
   }
 
   // MoE. Defaults are the Hugging Face config classes' defaults for each architecture.
@@ -220,6 +213,8 @@ StatusOr<DeepseekConfig> LoadDeepseekConfig(const std::string& model_dir) {
   LLM_RETURN_IF_ERROR(Int(j, "n_shared_experts", &d.n_shared_experts, false, file, 0));
   LLM_RETURN_IF_ERROR(Int(j, "first_k_dense_replace", &d.first_k_dense_replace, false, file, 0));
   LLM_RETURN_IF_ERROR(Int(j, "moe_layer_freq", &d.moe_layer_freq, false, file));
+  LLM_RETURN_IF_ERROR(
+      Int(j, "num_nextn_predict_layers", &d.num_nextn_predict_layers, false, file, 0));
   if (d.n_routed_experts > 0 || d.n_shared_experts > 0) {
     LLM_RETURN_IF_ERROR(Int(j, "moe_intermediate_size", &d.moe_intermediate_size, true, file));
   }
@@ -281,8 +276,17 @@ StatusOr<DeepseekConfig> LoadDeepseekConfig(const std::string& model_dir) {
   LLM_RETURN_IF_ERROR(Float(j, "mla_cache_scale", &d.mla_cache_scale, file));
   if (d.mla_cache_scale <= 0.0f) return InvalidArgument(file + ": mla_cache_scale must be > 0");
 
+  LLM_RETURN_IF_ERROR(ReadQuantizationConfig(j, file, &c.quantization));
   LLM_RETURN_IF_ERROR(ReadSpecialTokenIds(model_dir, j, &c));
   return d;
+}
+
+StatusOr<DeepseekConfig> LoadDeepseekConfig(const std::string& model_dir) {
+  try {
+    return LoadDeepseekConfigImpl(model_dir);
+  } catch (const std::exception& e) {  // the checked accessors should leave nothing to catch
+    return InvalidArgument(model_dir + "/config.json: " + e.what());
+  }
 }
 
 }  // namespace llm

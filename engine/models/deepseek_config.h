@@ -66,6 +66,8 @@ struct DeepseekConfig {
   bool norm_topk_prob = false;
   int first_k_dense_replace = 0;
   int moe_layer_freq = 1;
+  // DeepSeek-V3 multi-token-prediction layers stored after the decoder layers; not run.
+  int num_nextn_predict_layers = 0;
 
   // Latent cache (see the file comment).
   DType mla_cache_dtype = DType::kF32;

@@ -90,6 +90,14 @@ Status LlamaModel::LoadWeights(const WeightStore& w) {
   LLM_RETURN_IF_ERROR(w.ReadF32("model.norm.weight", {h}, &final_norm_));
   if (!c.tie_word_embeddings) {
     LLM_RETURN_IF_ERROR(w.ReadF32("lm_head.weight", {v, h}, &lm_head_));
+  } else if (w.Has("lm_head.weight")) {
+    // A tied checkpoint may still store the head; HF then ties it (drops it). Accept only a copy.
+    std::vector<float> head;
+    LLM_RETURN_IF_ERROR(w.ReadF32("lm_head.weight", {v, h}, &head));
+    if (head != embed_) {
+      return InvalidArgument(
+          "tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight");
+    }
   }
   layers_.resize(c.num_layers);
   std::vector<float> tmp;
@@ -100,12 +108,14 @@ Status LlamaModel::LoadWeights(const WeightStore& w) {
     LLM_RETURN_IF_ERROR(w.ReadF32(p + "post_attention_layernorm.weight", {h}, &L.mlp_norm));
     LLM_RETURN_IF_ERROR(w.ReadF32(p + "self_attn.o_proj.weight", {h, q}, &L.wo));
     LLM_RETURN_IF_ERROR(w.ReadF32(p + "mlp.down_proj.weight", {h, inter}, &L.w_down));
+    if (c.o_bias) LLM_RETURN_IF_ERROR(w.ReadF32(p + "self_attn.o_proj.bias", {h}, &L.bo));
+    if (c.mlp_bias) LLM_RETURN_IF_ERROR(w.ReadF32(p + "mlp.down_proj.bias", {h}, &L.b_down));
     // Stack q/k/v and gate/up so each is one matrix product.
     const std::pair<const char*, int64_t> qkv[] = {{"q_proj", q}, {"k_proj", kv}, {"v_proj", kv}};
     for (const auto& [name, rows] : qkv) {
       LLM_RETURN_IF_ERROR(w.ReadF32(p + "self_attn." + name + ".weight", {rows, h}, &tmp));
       L.wqkv.insert(L.wqkv.end(), tmp.begin(), tmp.end());
-      if (c.attention_bias) {
+      if (c.qkv_bias) {
         LLM_RETURN_IF_ERROR(w.ReadF32(p + "self_attn." + name + ".bias", {rows}, &tmp));
         L.bqkv.insert(L.bqkv.end(), tmp.begin(), tmp.end());
       }
@@ -113,6 +123,10 @@ Status LlamaModel::LoadWeights(const WeightStore& w) {
     for (const char* name : {"gate_proj", "up_proj"}) {
       LLM_RETURN_IF_ERROR(w.ReadF32(p + "mlp." + name + ".weight", {inter, h}, &tmp));
       L.w_gate_up.insert(L.w_gate_up.end(), tmp.begin(), tmp.end());
+      if (c.mlp_bias) {
+        LLM_RETURN_IF_ERROR(w.ReadF32(p + "mlp." + name + ".bias", {inter}, &tmp));
+        L.b_gate_up.insert(L.b_gate_up.end(), tmp.begin(), tmp.end());
+      }
     }
   }
   return Status::Ok();
@@ -161,7 +175,7 @@ Status LlamaModel::Forward(const ForwardBatch& batch, std::vector<float>* logits
   }
   LLM_RETURN_IF_ERROR(CheckAttentionBatch(batch.attn, block_size_, num_blocks_));
   LLM_RETURN_IF_ERROR(attention_->Plan(batch.attn));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const float scale = c.SoftmaxScale();
 
   for (int l = 0; l < c.num_layers; ++l) {
     const LlamaLayerWeights& L = layers_[l];
@@ -197,13 +211,15 @@ Status LlamaModel::Forward(const ForwardBatch& batch, std::vector<float>* logits
     p.softmax_scale = scale;
     p.window_left = c.WindowLeft(l);
     attention_->Run(p);
-    Linear(attn.data(), L.wo.data(), nullptr, T, H, Q, tmp.data());
+    Linear(attn.data(), L.wo.data(), L.bo.empty() ? nullptr : L.bo.data(), T, H, Q, tmp.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
 
     RmsNorm(x.data(), L.mlp_norm.data(), T, H, c.rms_norm_eps, xn.data());
-    Linear(xn.data(), L.w_gate_up.data(), nullptr, T, 2 * I, H, gu.data());
+    Linear(xn.data(), L.w_gate_up.data(), L.b_gate_up.empty() ? nullptr : L.b_gate_up.data(), T,
+           2 * I, H, gu.data());
     cpu::SiluMul(gu.data(), T, I, act.data());
-    Linear(act.data(), L.w_down.data(), nullptr, T, H, I, tmp.data());
+    Linear(act.data(), L.w_down.data(), L.b_down.empty() ? nullptr : L.b_down.data(), T, H, I,
+           tmp.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
   }
 

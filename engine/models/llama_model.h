@@ -16,9 +16,12 @@ struct LlamaLayerWeights {
   std::vector<float> wqkv;       // [q_size + 2 * kv_size, hidden] (q, k, v stacked)
   std::vector<float> bqkv;       // [q_size + 2 * kv_size] or empty
   std::vector<float> wo;         // [hidden, q_size]
+  std::vector<float> bo;         // [hidden] or empty (Llama attention_bias)
   std::vector<float> mlp_norm;   // [hidden]
   std::vector<float> w_gate_up;  // [2 * intermediate, hidden] (gate, up stacked)
   std::vector<float> w_down;     // [hidden, intermediate]
+  std::vector<float> b_gate_up;  // [2 * intermediate] or empty (Llama mlp_bias)
+  std::vector<float> b_down;     // [hidden] or empty
 };
 
 class LlamaModel final : public Model {

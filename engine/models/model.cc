@@ -9,6 +9,26 @@
 #endif
 
 namespace llm {
+namespace {
+
+// DeepSeek-V3's multi-token-prediction layers (num_nextn_predict_layers of them, numbered from
+// num_hidden_layers): a speculative-decoding head that HF does not load either.
+bool IsMtpLayerTensor(const std::string& name, const void* ctx) {
+  const auto& d = *static_cast<const DeepseekConfig*>(ctx);
+  for (int l = d.base.num_layers; l < d.base.num_layers + d.num_nextn_predict_layers; ++l) {
+    if (name.rfind("model.layers." + std::to_string(l) + ".", 0) == 0) return true;
+  }
+  return false;
+}
+
+StatusOr<std::unique_ptr<WeightStore>> OpenWeights(const std::string& model_dir,
+                                                   const ModelConfig& config) {
+  LLM_ASSIGN_OR_RETURN(auto weights, WeightStore::Open(model_dir));
+  weights->set_quantization(config.quantization);
+  return weights;
+}
+
+}  // namespace
 
 Status CheckMlaKernelOption(const std::string& value) {
   if (value == "auto" || value == "wgmma" || value == "portable") return Status::Ok();
@@ -39,14 +59,19 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
 #ifdef LLM_HAVE_CUDA
     if (options.device == "cuda" || (options.device == "auto" && CudaAvailable())) {
       if (options.dummy_weights) return CreateCudaDeepseekModel(config, nullptr, options);
-      LLM_ASSIGN_OR_RETURN(auto weights, WeightStore::Open(options.model_dir));
-      return CreateCudaDeepseekModel(config, weights.get(), options);
+      LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config.base));
+      LLM_ASSIGN_OR_RETURN(auto model, CreateCudaDeepseekModel(config, weights.get(), options));
+      LLM_RETURN_IF_ERROR(
+          weights->CheckAllConsumed(config.base.architecture_name, IsMtpLayerTensor, &config));
+      return model;
     }
 #endif
     if (options.device == "cuda") return Unavailable("this build has no CUDA backend");
     if (options.dummy_weights) return InvalidArgument("dummy weights need the cuda device");
-    LLM_ASSIGN_OR_RETURN(auto weights, WeightStore::Open(options.model_dir));
+    LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config.base));
     LLM_ASSIGN_OR_RETURN(auto model, DeepseekModel::Create(config, *weights, options));
+    LLM_RETURN_IF_ERROR(
+        weights->CheckAllConsumed(config.base.architecture_name, IsMtpLayerTensor, &config));
     return std::unique_ptr<Model>(std::move(model));
   }
   LLM_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
@@ -59,8 +84,10 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
 #ifdef LLM_HAVE_CUDA
   if (options.device == "cuda" || (options.device == "auto" && CudaAvailable())) {
     if (options.dummy_weights) return CreateCudaLlamaModel(config, nullptr, options);
-    LLM_ASSIGN_OR_RETURN(auto weights, WeightStore::Open(options.model_dir));
-    return CreateCudaLlamaModel(config, weights.get(), options);
+    LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config));
+    LLM_ASSIGN_OR_RETURN(auto model, CreateCudaLlamaModel(config, weights.get(), options));
+    LLM_RETURN_IF_ERROR(weights->CheckAllConsumed(config.architecture_name));
+    return model;
   }
 #else
   if (options.device == "cuda") {
@@ -71,8 +98,9 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
 #endif
   if (options.dummy_weights) return InvalidArgument("dummy weights need the cuda device");
   if (fp8_weights) return InvalidArgument("fp8 weights need the cuda device");
-  LLM_ASSIGN_OR_RETURN(auto weights, WeightStore::Open(options.model_dir));
+  LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config));
   LLM_ASSIGN_OR_RETURN(auto model, LlamaModel::Create(config, *weights, options));
+  LLM_RETURN_IF_ERROR(weights->CheckAllConsumed(config.architecture_name));
   return std::unique_ptr<Model>(std::move(model));
 }
 

@@ -1,7 +1,9 @@
 #include "engine/models/synthetic_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "engine/sampler.h"
@@ -17,7 +19,7 @@ StatusOr<std::unique_ptr<Model>> SyntheticModel::Create(const ModelLoadOptions& 
   c.max_position_embeddings = 8192;
   c.num_layers = 1;
   c.hidden_size = c.num_q_heads = c.num_kv_heads = c.head_dim = 1;
-  // "synthetic:vocab=1000,max_len=4096"
+  // "synthetic:vocab=1000,max_len=4096,step_delay_ms=20"
   const std::string& dir = options.model_dir;
   const size_t colon = dir.find(':');
   if (colon != std::string::npos) {
@@ -34,6 +36,8 @@ StatusOr<std::unique_ptr<Model>> SyntheticModel::Create(const ModelLoadOptions& 
         c.max_position_embeddings = v;
       else if (k == "device_sampling")
         m->device_sampling_ = true;
+      else if (k == "step_delay_ms")
+        m->step_delay_ms_ = v;
       else
         return InvalidArgument("unknown synthetic model option '" + k + "'");
     }
@@ -75,6 +79,10 @@ void SyntheticModel::SetFeed(const ForwardBatch& batch, const std::vector<int32_
   }
 }
 
+void SyntheticModel::Pace() const {
+  if (step_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms_));
+}
+
 Status SyntheticModel::Launch(const ForwardBatch& batch) {
   for (uint8_t d : batch.device_sampled) {
     if (!d) return InvalidArgument("a launched forward must sample every row on the device");
@@ -98,6 +106,7 @@ Status SyntheticModel::Collect(std::vector<int32_t>* tokens) {
 
 Status SyntheticModel::Forward(const ForwardBatch& batch, std::vector<float>* logits) {
   LLM_RETURN_IF_ERROR(CheckIds(batch));
+  Pace();
   const int v = config_.vocab_size;
   logits->assign(batch.logit_rows.size() * static_cast<size_t>(v), 0.0f);
   for (size_t r = 0; r < batch.logit_rows.size(); ++r) {
@@ -115,6 +124,7 @@ Status SyntheticModel::ForwardSampled(const ForwardBatch& batch, std::vector<flo
     return Status::Ok();
   }
   LLM_RETURN_IF_ERROR(CheckIds(batch));
+  Pace();
   const int v = config_.vocab_size;
   const size_t rows = batch.logit_rows.size();
   logits->assign(rows * static_cast<size_t>(v), 0.0f);

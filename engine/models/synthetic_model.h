@@ -1,6 +1,8 @@
 // A model with no weights whose logits cost almost nothing: isolates the serving overhead
 // (scheduler, batch preparation, sampling, streaming) from the model in benchmarks.
 // Selected with model_dir "synthetic" or "synthetic:vocab=32000,max_len=8192,device_sampling=1".
+// "step_delay_ms=N" makes every forward take at least N ms, so a test can keep a request running
+// for as long as it needs without depending on how fast the machine is.
 #pragma once
 
 #include <deque>
@@ -38,12 +40,15 @@ class SyntheticModel final : public Model {
   int32_t HotToken(const ForwardBatch& batch, int row) const;
   // Checks the batch's ids (fed-back ids against feed_).
   Status CheckIds(const ForwardBatch& batch) const;
+  // Sleeps step_delay_ms_ (the controllable pace).
+  void Pace() const;
   // Remembers the forward's tokens for the next one's fed-back ids (all rows device-sampled).
   void SetFeed(const ForwardBatch& batch, const std::vector<int32_t>& tokens);
 
   ModelConfig config_;
   int num_blocks_ = 0;
   bool device_sampling_ = false;
+  int step_delay_ms_ = 0;
   std::vector<int32_t> feed_;                  // the last forward's tokens by logit row
   std::deque<std::vector<int32_t>> launched_;  // tokens of launched, uncollected forwards
 };

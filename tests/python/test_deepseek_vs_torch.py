@@ -1,7 +1,6 @@
-#!/usr/bin/python3
 """DeepSeek-V2 / V3 C++ CPU forward (llm-dump) against the independent PyTorch reference.
 
-  /usr/bin/python3 tests/python/test_deepseek_vs_torch.py --dump-bin BUILD/tools/llm-dump --workdir DIR
+  /usr/bin/python3 -m pytest -q tests/python/test_deepseek_vs_torch.py --dump-bin BUILD/tools/llm-dump
 
 Same contract and checks as test_forward_vs_torch.py (its helpers are reused): for each tiny
 random model (MODELS) it runs llm-dump on single requests and on a staggered batch with chunked
@@ -17,18 +16,16 @@ Then:
     moves that step's logits a lot) yet not match it to fp32 accuracy (the cache is really
     8-bit), and an absurd checkpoint scale must hurt clearly (the checkpoint scale is used).
   * negative check: one nudged kv_b_proj weight must make the comparison fail.
-Exit status 0 = pass, 1 = fail.
 """
-import argparse
 import os
 import random
 import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import hf_deepseek_writer as dw  # noqa: E402
@@ -61,7 +58,7 @@ def fp8_check(dump_bin, workdir, fails):
     name, spec = MODELS[0]
     rng = random.Random(11)
     prompt = [rng.randrange(spec.vocab) for _ in range(21)]
-    ref = torch_deepseek.TorchDeepseek(os.path.join(workdir, name))
+    ref = torch_deepseek.TorchDeepseek(dw.write_model(os.path.join(workdir, name), spec))
     med = {}
     # 0.02: |latent| <= ~3.5 maps to <= ~175 < 448. 1000: every latent below one e4m3 step.
     for tag, scale in (("good", 0.02), ("bad", 1000.0)):
@@ -141,44 +138,29 @@ def check_model(dump_bin, workdir, name, spec, fails):
     return batch_result
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dump-bin", required=True)
-    ap.add_argument("--workdir", required=True)
-    args = ap.parse_args()
-    if not (os.path.isfile(args.dump_bin) and os.access(args.dump_bin, os.X_OK)):
-        print(f"FAIL: --dump-bin {args.dump_bin} does not exist or is not executable")
-        return 1
-    dump_bin = os.path.abspath(args.dump_bin)
-    os.makedirs(args.workdir, exist_ok=True)
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
     torch.set_num_threads(1)
-    t0 = time.time()
-    try:
-        torch_deepseek.self_check(os.path.join(args.workdir, "selfcheck"), verbose=False)
-    except AssertionError as e:
-        print(f"FAIL: torch_deepseek self-check failed: {e}")
-        return 1
 
+
+def test_reference_self_check(workdir):
+    torch_deepseek.self_check(os.path.join(workdir, "selfcheck"), verbose=False)
+
+
+@pytest.mark.parametrize("name, spec", MODELS, ids=[m[0] for m in MODELS])
+def test_model(option, workdir, name, spec):
     fails = fvt.Failures()
-    first_batch = None
-    for name, spec in MODELS:
-        print(f"model {name}")
-        batch = check_model(dump_bin, args.workdir, name, spec, fails)
-        if first_batch is None:
-            first_batch = batch
-    fp8_check(dump_bin, args.workdir, fails)
-    negative_check(args.workdir, MODELS[0][0], MODELS[0][1], first_batch, fails)
-
-    print(f"elapsed {time.time() - t0:.1f}s")
-    if fails.items:
-        print(f"\nFAILED: {len(fails.items)} problem(s) comparing DeepSeek llm-dump with torch:")
-        for item in fails.items:
-            print(f"  - {item}")
-        return 1
-    print("PASSED: DeepSeek C++ forward matches the torch reference for all models and runs")
-    return 0
+    batch = check_model(option("dump_bin"), str(workdir), name, spec, fails)
+    if name == MODELS[0][0]:
+        negative_check(str(workdir), name, spec, batch, fails)
+    assert not fails.items, "DeepSeek llm-dump differs from torch:\n  " + "\n  ".join(fails.items)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def test_fp8_latent_cache(option, workdir):
+    fails = fvt.Failures()
+    fp8_check(option("dump_bin"), str(workdir), fails)
+    assert not fails.items, "\n  ".join(fails.items)
+
+
+if __name__ == "__main__":  # the same as /usr/bin/python3 -m pytest THIS_FILE [options]
+    sys.exit(pytest.main([__file__] + sys.argv[1:]))

@@ -1,8 +1,7 @@
-#!/usr/bin/python3
 """Checks the CPU FMHA reference (kernels/cpu/cpu_fmha.cc) against PyTorch.
 
-  /usr/bin/python3 tests/python/test_fmha_vs_torch.py --ref-bin BUILD/tools/llm-fmha-ref \
-      --workdir DIR [--seed N] [--cases 40]
+  /usr/bin/python3 -m pytest -q tests/python/test_fmha_vs_torch.py \
+      --fmha-ref-bin BUILD/tools/llm-fmha-ref [--workdir DIR] [--seed N]
 
 The torch side is written from the semantics in kernels/fmha/fmha_params.h, not from the C++:
 K/V are gathered per sequence into [seqlen_k, heads, d] through the block table (or the cache
@@ -17,18 +16,17 @@ so a read outside the block table shows up as NaN. The categorical features cycl
 index so every mode is covered for any seed; sizes and optional features are random.
 Then a few torch variants with one semantic broken (window off by one, sinks ignored, ALiBi
 top-left everywhere, ...) must each be flagged by some case, so the harness can fail, and some
-malformed inputs must make the tool exit 1 with a precise message. Exit status 0 = pass, 1 = fail.
+malformed inputs must make the tool exit 1 with a precise message.
 """
-import argparse
 import json
 import math
 import os
 import random
 import subprocess
 import sys
-import time
 
 import numpy as np
+import pytest
 import torch
 
 REL_TOL = 1e-5
@@ -360,27 +358,20 @@ def check_bad_inputs(ref_bin, workdir, good_case):
     return fails
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ref-bin", required=True)
-    ap.add_argument("--workdir", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--cases", type=int, default=40)
-    a = ap.parse_args()
-    seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1 << 31)
-    print("seed %d (rerun with --seed %d)" % (seed, seed))
-    os.makedirs(a.workdir, exist_ok=True)
+CASES = 40
+
+
+def test_fmha_vs_torch(option, workdir, seed):
+    ref_bin, workdir = option("fmha_ref_bin"), str(workdir)
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
-    t0 = time.time()
-
     failures, covered, results = [], set(), []
     n_rows = n_empty = 0
-    for i in range(a.cases):
+    for i in range(CASES):
         c, q, k, v = make_case(i, rng, gen)
         name = "case%02d" % i
-        path = write_case(a.workdir, name, dict(c), q, k, v)
-        r, out_p, lse_p = run_tool(a.ref_bin, path, a.workdir)
+        path = write_case(workdir, name, dict(c), q, k, v)
+        r, out_p, lse_p = run_tool(ref_bin, path, workdir)
         if r.returncode != 0:
             failures.append("%s: llm-fmha-ref rc %d: %s" % (name, r.returncode, r.stderr.strip()))
             continue
@@ -396,25 +387,26 @@ def main():
         if errs:
             failures.append("%s (%s): %s" % (name, path, "; ".join(errs)))
         results.append((c, q, k, v, out_c, lse_c, has_key))
-
-    missing = REQUIRED - covered
-    if missing:
-        failures.append("features not covered: %s" % sorted(missing))
+    print("%d cases, %d (row, head) pairs of which %d see no key, %d features covered; worst rel "
+          "err out %.2g lse %.2g" % (CASES, n_rows, n_empty, len(covered), WORST["out"],
+                                     WORST["lse"]))
+    assert not failures, "seed %d:\n  %s" % (seed, "\n  ".join(failures))
+    assert not REQUIRED - covered, "features not covered: %s" % sorted(REQUIRED - covered)
     # The harness must be able to fail: each broken oracle has to disagree with some case.
     for brk in BREAKS:
-        if not any(compare(c, oc, lc, *torch_fmha(c, q, k, v, brk=brk), hk)
-                   for c, q, k, v, oc, lc, hk in results):
-            failures.append("self-check: a torch reference with %s still passes" % brk)
-    failures += check_bad_inputs(a.ref_bin, a.workdir, os.path.join(a.workdir, "case00.json"))
-
-    print("%d cases, %d (row, head) pairs of which %d see no key, %d features covered; worst rel "
-          "err out %.2g lse %.2g; %.1f s" % (a.cases, n_rows, n_empty, len(covered), WORST["out"],
-                                            WORST["lse"], time.time() - t0))
-    for f in failures:
-        print("FAIL", f)
-    print("PASS" if not failures else "FAILED (seed %d)" % seed)
-    return 1 if failures else 0
+        assert any(compare(c, oc, lc, *torch_fmha(c, q, k, v, brk=brk), hk)
+                   for c, q, k, v, oc, lc, hk in results), \
+            "self-check: a torch reference with %s still passes (seed %d)" % (brk, seed)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def test_bad_inputs(option, workdir, seed):
+    """Malformed inputs make the tool exit 1 with a precise message."""
+    workdir = str(workdir)
+    c, q, k, v = make_case(0, random.Random(seed), torch.Generator().manual_seed(seed))
+    good = write_case(workdir, "case00", dict(c), q, k, v)
+    failures = check_bad_inputs(option("fmha_ref_bin"), workdir, good)
+    assert not failures, "\n  ".join(failures)
+
+
+if __name__ == "__main__":  # the same as /usr/bin/python3 -m pytest THIS_FILE [options]
+    sys.exit(pytest.main([__file__] + sys.argv[1:]))

@@ -1,7 +1,6 @@
-#!/usr/bin/python3
 """End-to-end check of the C++ CPU forward pass against an independent PyTorch model.
 
-  /usr/bin/python3 tests/python/test_forward_vs_torch.py --dump-bin BUILD/tools/llm-dump --workdir DIR
+  /usr/bin/python3 -m pytest -q tests/python/test_forward_vs_torch.py --dump-bin BUILD/tools/llm-dump
 
 For each tiny random model (see MODELS) this writes an HF model directory, runs
 `llm-dump` on (a) single requests and (b) a staggered batch that forces chunked
@@ -16,19 +15,18 @@ the harness is shown to be able to fail.  The sliding-window models (Mistral,
 every layer; Qwen2, layers >= max_window_layers) run prompts plus generations
 far longer than their window, and a second negative check asserts that a torch
 reference with the window ignored, off by one, or on the wrong layers is
-flagged.  Exit status 0 = pass, 1 = fail.
+flagged.
 """
-import argparse
 import json
 import os
 import random
 import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import hf_model_writer as hw  # noqa: E402
@@ -326,47 +324,27 @@ def window_negative_check(model_dir, name, spec, batch_result, fails):
     print(f"  window negative check ok: {len(variants)} wrong windowings of {name} flagged")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dump-bin", required=True, help="path to the llm-dump binary")
-    ap.add_argument("--workdir", required=True, help="scratch directory for models and outputs")
-    args = ap.parse_args()
-    if not (os.path.isfile(args.dump_bin) and os.access(args.dump_bin, os.X_OK)):
-        print(f"FAIL: --dump-bin {args.dump_bin} does not exist or is not executable")
-        return 1
-    dump_bin = os.path.abspath(args.dump_bin)
-    os.makedirs(args.workdir, exist_ok=True)
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
     torch.set_num_threads(1)  # tiny matrices: threading overhead dominates
-    t0 = time.time()
 
-    # Validate the reference itself first, so a failure below points at C++.
-    try:
-        torch_llama.self_check(os.path.join(args.workdir, "selfcheck"), verbose=False)
-    except AssertionError as e:
-        print(f"FAIL: torch reference self-check failed: {e}")
-        return 1
 
+def test_reference_self_check(workdir):
+    """Validates the torch reference itself, so a failure below points at C++."""
+    torch_llama.self_check(os.path.join(workdir, "selfcheck"), verbose=False)
+
+
+@pytest.mark.parametrize("name, spec", MODELS, ids=[m[0] for m in MODELS])
+def test_model(option, workdir, name, spec):
     fails = Failures()
-    first_batch = None
-    for name, spec in MODELS:
-        print(f"model {name}")
-        model_dir, batch = check_model(dump_bin, args.workdir, name, spec, fails)
-        if first_batch is None:
-            first_batch = batch
-        if spec.sliding_window is not None:
-            window_negative_check(model_dir, name, spec, batch, fails)
-    name, spec = MODELS[0]
-    negative_check(args.workdir, name, spec, first_batch, fails)
-
-    print(f"elapsed {time.time() - t0:.1f}s")
-    if fails.items:
-        print(f"\nFAILED: {len(fails.items)} problem(s) comparing C++ llm-dump with the torch reference:")
-        for item in fails.items:
-            print(f"  - {item}")
-        return 1
-    print("PASSED: C++ forward matches the torch reference for all models and runs")
-    return 0
+    model_dir, batch = check_model(option("dump_bin"), str(workdir), name, spec, fails)
+    if spec.sliding_window is not None:
+        window_negative_check(model_dir, name, spec, batch, fails)
+    if name == MODELS[0][0]:
+        negative_check(str(workdir), name, spec, batch, fails)
+    assert not fails.items, "C++ llm-dump differs from the torch reference:\n  " + \
+        "\n  ".join(fails.items)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the same as /usr/bin/python3 -m pytest THIS_FILE [options]
+    sys.exit(pytest.main([__file__] + sys.argv[1:]))

@@ -90,7 +90,7 @@ TEST_CASE("ModelConfig parses a Llama config with llama3 rope scaling", "[model_
   CHECK(c->rms_norm_eps == Approx(1e-5f));
   CHECK(c->rope_theta == Approx(500000.0f));
   CHECK(c->tie_word_embeddings);
-  CHECK_FALSE(c->attention_bias);
+  CHECK_FALSE(c->qkv_bias);
   CHECK_FALSE(c->sliding_window.has_value());
   CHECK(c->dtype == DType::kBF16);
   REQUIRE(c->bos_token_id.has_value());
@@ -126,16 +126,19 @@ TEST_CASE("ModelConfig rope_scaling variants", "[model_config]") {
     CHECK(c->rope_scaling.factor == Approx(2.0f));
   }
   SECTION("unsupported type is Unimplemented naming it") {
-    j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+    j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}};
     dir.WriteConfig(j);
     auto c = LoadModelConfig(dir.path());
     REQUIRE_FALSE(c.ok());
     CHECK(c.status().code() == StatusCode::kUnimplemented);
-    CHECK(Contains(c.status().message(), "yarn"));
+    CHECK(Contains(c.status().message(), "longrope"));
   }
   SECTION("llama3 with high_freq_factor <= low_freq_factor") {
-    j["rope_scaling"] = {
-        {"rope_type", "llama3"}, {"low_freq_factor", 4.0}, {"high_freq_factor", 4.0}};
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", 8.0},
+                         {"low_freq_factor", 4.0},
+                         {"high_freq_factor", 4.0},
+                         {"original_max_position_embeddings", 8192}};
     dir.WriteConfig(j);
     auto c = LoadModelConfig(dir.path());
     REQUIRE_FALSE(c.ok());
@@ -155,14 +158,14 @@ TEST_CASE("ModelConfig Qwen2 sets attention_bias, and its sliding window needs u
     auto c = LoadModelConfig(dir.path());
     REQUIRE(c.ok());
     CHECK(c->architecture == Architecture::kQwen2);
-    CHECK(c->attention_bias);
+    CHECK(c->qkv_bias);
     CHECK_FALSE(c->sliding_window.has_value());
   }
   SECTION("use_sliding_window absent") {
     dir.WriteConfig(j);
     auto c = LoadModelConfig(dir.path());
     REQUIRE(c.ok());
-    CHECK(c->attention_bias);
+    CHECK(c->qkv_bias);
     CHECK_FALSE(c->sliding_window.has_value());
   }
   SECTION("use_sliding_window true") {
@@ -270,7 +273,7 @@ TEST_CASE("ModelConfig Mistral sliding window", "[model_config]") {
     auto c = LoadModelConfig(dir.path());
     REQUIRE(c.ok());
     CHECK(c->architecture == Architecture::kMistral);
-    CHECK_FALSE(c->attention_bias);
+    CHECK_FALSE(c->qkv_bias);
     REQUIRE(c->sliding_window.has_value());
     CHECK(*c->sliding_window == 4096);
     // Every layer, window_left = W - 1 (query i sees keys j with i - j < W).
@@ -320,7 +323,8 @@ TEST_CASE("ModelConfig Mistral sliding window", "[model_config]") {
     dir.WriteConfig(j);
     auto c = LoadModelConfig(dir.path());
     REQUIRE(c.ok());
-    CHECK(c->attention_bias);
+    CHECK(c->qkv_bias);
+    CHECK(c->o_bias);  // HF LlamaAttention: all four projections
   }
 }
 
@@ -477,6 +481,65 @@ TEST_CASE("ModelConfig generation_config.json eos list overrides config.json", "
     auto c2 = LoadModelConfig(dir.path());
     REQUIRE_FALSE(c2.ok());
     CHECK(Contains(c2.status().message(), "5000"));
+  }
+}
+
+TEST_CASE("ModelConfig generation_config.json: null eos, sampling defaults, unknown keys",
+          "[model_config]") {
+  TempModelDir dir;
+  json j = BaseLlama();
+  j["eos_token_id"] = json::array({2, 3});
+  dir.WriteConfig(j);
+  SECTION("a null eos_token_id keeps config.json's list") {
+    dir.Write("generation_config.json", R"({"eos_token_id": null, "bos_token_id": null})");
+    auto c = LoadModelConfig(dir.path());
+    REQUIRE(c.ok());
+    CHECK(c->eos_token_ids == std::vector<int32_t>{2, 3});
+    CHECK(c->bos_token_id == 1);
+    CHECK(c->generation.empty());
+  }
+  SECTION("a single int replaces it") {
+    dir.Write("generation_config.json", R"({"eos_token_id": 9})");
+    auto c = LoadModelConfig(dir.path());
+    REQUIRE(c.ok());
+    CHECK(c->eos_token_ids == std::vector<int32_t>{9});
+  }
+  SECTION("sampling defaults are read and applied only where set") {
+    dir.Write("generation_config.json",
+              R"({"do_sample": true, "temperature": 0.6, "top_p": 0.9, "top_k": 20,
+                  "min_p": 0.05, "repetition_penalty": 1.1, "max_new_tokens": 77,
+                  "typical_p": 0.5, "transformers_version": "5.17.0"})");
+    auto c = LoadModelConfig(dir.path());
+    REQUIRE(c.ok());
+    const GenerationDefaults& g = c->generation;
+    CHECK(g.temperature == 0.6f);
+    CHECK(g.top_p == 0.9f);
+    CHECK(g.top_k == 20);
+    CHECK(g.min_p == 0.05f);
+    CHECK(g.repetition_penalty == 1.1f);
+    CHECK(g.max_new_tokens == 77);
+    // Not applied, and said so in the start-up table (vLLM ignores them too).
+    CHECK(g.not_applied == std::vector<std::string>{"do_sample", "typical_p"});
+    CHECK(Contains(g.Describe(), "temperature 0.6"));
+    CHECK(Contains(g.Describe(), "not applied: do_sample typical_p"));
+    SamplingParams sp;
+    sp.presence_penalty = 0.5f;
+    g.ApplyTo(&sp);
+    CHECK(sp.temperature == 0.6f);
+    CHECK(sp.top_k == 20);
+    CHECK(sp.presence_penalty == 0.5f);
+  }
+  SECTION("a wrong type is an error naming the key") {
+    dir.Write("generation_config.json", R"({"temperature": "hot"})");
+    auto c = LoadModelConfig(dir.path());
+    REQUIRE_FALSE(c.ok());
+    CHECK(Contains(c.status().message(), "generation_config.json: field 'temperature'"));
+  }
+  SECTION("an eos list with a non-integer is an error") {
+    dir.Write("generation_config.json", R"({"eos_token_id": [2, "x"]})");
+    auto c = LoadModelConfig(dir.path());
+    REQUIRE_FALSE(c.ok());
+    CHECK(Contains(c.status().message(), "eos_token_id"));
   }
 }
 

@@ -1,0 +1,168 @@
+// Tiny Hugging Face checkpoints written by the tests: a config.json object and fp32 tensors with
+// deterministic random values, editable before they are written (to break them on purpose).
+#pragma once
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/safetensors.h"
+
+namespace llm::test {
+
+struct TinyCheckpoint {
+  nlohmann::json config;
+  std::vector<TensorToWrite> tensors;
+
+  TensorToWrite* Find(const std::string& name) {
+    for (auto& t : tensors) {
+      if (t.name == name) return &t;
+    }
+    return nullptr;
+  }
+  void Remove(const std::string& name) {
+    std::erase_if(tensors, [&](const TensorToWrite& t) { return t.name == name; });
+  }
+  void AddF32(const std::string& name, std::vector<int64_t> shape, float mean, float std,
+              uint32_t seed) {
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(mean, std);
+    std::vector<float> v(n);
+    for (float& x : v) x = std == 0.0f ? mean : nd(rng);
+    TensorToWrite t{name, DType::kF32, std::move(shape), std::vector<std::byte>(n * 4)};
+    std::memcpy(t.data.data(), v.data(), n * 4);
+    tensors.push_back(std::move(t));
+  }
+  std::vector<float> F32(const std::string& name) {
+    TensorToWrite* t = Find(name);
+    std::vector<float> v(t->data.size() / 4);
+    std::memcpy(v.data(), t->data.data(), t->data.size());
+    return v;
+  }
+  void Write(const std::filesystem::path& dir) const {
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "config.json", std::ios::trunc) << config.dump(2);
+    REQUIRE(WriteSafetensors((dir / "model.safetensors").string(), tensors).ok());
+  }
+};
+
+// Llama-family decoder: arch "llama", "qwen2" (q/k/v biases) or "mistral".
+inline TinyCheckpoint TinyLlama(const std::string& arch, uint32_t seed = 1) {
+  const int h = 32, heads = 4, kv_heads = 2, d = 8, inter = 48, layers = 2, vocab = 64;
+  TinyCheckpoint c;
+  const std::string name = arch == "qwen2"     ? "Qwen2ForCausalLM"
+                           : arch == "mistral" ? "MistralForCausalLM"
+                                               : "LlamaForCausalLM";
+  c.config = {{"architectures", {name}},
+              {"model_type", arch},
+              {"hidden_size", h},
+              {"intermediate_size", inter},
+              {"num_hidden_layers", layers},
+              {"num_attention_heads", heads},
+              {"num_key_value_heads", kv_heads},
+              {"head_dim", d},
+              {"vocab_size", vocab},
+              {"max_position_embeddings", 256},
+              {"rms_norm_eps", 1e-5},
+              {"hidden_act", "silu"},
+              {"tie_word_embeddings", false},
+              {"bos_token_id", 0},
+              {"eos_token_id", 1}};
+  uint32_t s = seed * 1000;
+  c.AddF32("model.embed_tokens.weight", {vocab, h}, 0, 1.0f, ++s);
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    c.AddF32(p + "input_layernorm.weight", {h}, 1, 0.1f, ++s);
+    c.AddF32(p + "post_attention_layernorm.weight", {h}, 1, 0.1f, ++s);
+    c.AddF32(p + "self_attn.q_proj.weight", {heads * d, h}, 0, 0.3f, ++s);
+    c.AddF32(p + "self_attn.k_proj.weight", {kv_heads * d, h}, 0, 0.3f, ++s);
+    c.AddF32(p + "self_attn.v_proj.weight", {kv_heads * d, h}, 0, 0.3f, ++s);
+    c.AddF32(p + "self_attn.o_proj.weight", {h, heads * d}, 0, 0.3f, ++s);
+    if (arch == "qwen2") {
+      c.AddF32(p + "self_attn.q_proj.bias", {heads * d}, 0, 0.3f, ++s);
+      c.AddF32(p + "self_attn.k_proj.bias", {kv_heads * d}, 0, 0.3f, ++s);
+      c.AddF32(p + "self_attn.v_proj.bias", {kv_heads * d}, 0, 0.3f, ++s);
+    }
+    c.AddF32(p + "mlp.gate_proj.weight", {inter, h}, 0, 0.3f, ++s);
+    c.AddF32(p + "mlp.up_proj.weight", {inter, h}, 0, 0.3f, ++s);
+    c.AddF32(p + "mlp.down_proj.weight", {h, inter}, 0, 0.3f, ++s);
+  }
+  c.AddF32("model.norm.weight", {h}, 1, 0.1f, ++s);
+  c.AddF32("lm_head.weight", {vocab, h}, 0, 1.0f, ++s);
+  return c;
+}
+
+// Dense DeepSeek-V2 (MLA, no experts), rope part of 8 dimensions.
+inline TinyCheckpoint TinyDeepseekV2(uint32_t seed = 3) {
+  const int h = 32, heads = 2, kv_lora = 16, rope = 8, nope = 8, vdim = 8, layers = 2;
+  const int inter = 32, vocab = 64;
+  TinyCheckpoint c;
+  c.config = {{"architectures", {"DeepseekV2ForCausalLM"}},
+              {"model_type", "deepseek_v2"},
+              {"hidden_size", h},
+              {"intermediate_size", inter},
+              {"num_hidden_layers", layers},
+              {"num_attention_heads", heads},
+              {"num_key_value_heads", heads},
+              {"q_lora_rank", nullptr},
+              {"kv_lora_rank", kv_lora},
+              {"qk_rope_head_dim", rope},
+              {"qk_nope_head_dim", nope},
+              {"v_head_dim", vdim},
+              {"n_routed_experts", nullptr},
+              {"hidden_act", "silu"},
+              {"rms_norm_eps", 1e-6},
+              {"vocab_size", vocab},
+              {"max_position_embeddings", 256},
+              {"tie_word_embeddings", false},
+              {"bos_token_id", 0},
+              {"eos_token_id", 1}};
+  uint32_t s = seed * 1000;
+  c.AddF32("model.embed_tokens.weight", {vocab, h}, 0, 1.0f, ++s);
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const std::string a = p + "self_attn.";
+    c.AddF32(p + "input_layernorm.weight", {h}, 1, 0.1f, ++s);
+    c.AddF32(p + "post_attention_layernorm.weight", {h}, 1, 0.1f, ++s);
+    c.AddF32(a + "q_proj.weight", {heads * (nope + rope), h}, 0, 0.3f, ++s);
+    c.AddF32(a + "kv_a_proj_with_mqa.weight", {kv_lora + rope, h}, 0, 0.3f, ++s);
+    c.AddF32(a + "kv_a_layernorm.weight", {kv_lora}, 1, 0.1f, ++s);
+    c.AddF32(a + "kv_b_proj.weight", {heads * (nope + vdim), kv_lora}, 0, 0.3f, ++s);
+    c.AddF32(a + "o_proj.weight", {h, heads * vdim}, 0, 0.3f, ++s);
+    c.AddF32(p + "mlp.gate_proj.weight", {inter, h}, 0, 0.3f, ++s);
+    c.AddF32(p + "mlp.up_proj.weight", {inter, h}, 0, 0.3f, ++s);
+    c.AddF32(p + "mlp.down_proj.weight", {h, inter}, 0, 0.3f, ++s);
+  }
+  c.AddF32("model.norm.weight", {h}, 1, 0.1f, ++s);
+  c.AddF32("lm_head.weight", {vocab, h}, 0, 1.0f, ++s);
+  return c;
+}
+
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag) {
+    std::random_device rd;
+    path_ = std::filesystem::temp_directory_path() /
+            ("llm_" + tag + "_" + std::to_string(getpid()) + "_" + std::to_string(rd()));
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::filesystem::path path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+}  // namespace llm::test
