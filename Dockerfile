@@ -35,12 +35,13 @@ COPY --from=build /opt/llm /opt/llm
 ENV LD_LIBRARY_PATH=/opt/llm/lib PATH=/opt/llm/bin:$PATH
 USER llm
 WORKDIR /home/llm
-EXPOSE 50051 9400
+EXPOSE 50051 8000 9400
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
     CMD ["llm-healthcheck", "127.0.0.1:50051"]
-# container.json listens on 0.0.0.0 (gRPC 50051, metrics 9400) and serves the embedded tiny
-# model; flags given to `docker run IMAGE ...` are appended and override it (--model /models/x).
-ENTRYPOINT ["llm-server", "--config", "/opt/llm/configs/container.json"]
+# container.json listens on 0.0.0.0 (gRPC 50051, metrics 9400; the OpenAI HTTP API on 8000) and
+# serves the embedded tiny model; flags given to `docker run IMAGE ...` are appended and override it (--model /models/x).
+ENTRYPOINT ["llm-server", "--config", "/opt/llm/configs/container.json", \
+            "--http-address", "0.0.0.0:8000"]
 
 FROM runtime AS test
 USER root

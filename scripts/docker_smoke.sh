@@ -10,7 +10,7 @@ scripts/docker_build_stage.sh "$prefix"
 port=$((20000 + RANDOM % 20000))
 # The ENTRYPOINT's config, with the address and model path moved into the scratch prefix.
 LD_LIBRARY_PATH="$prefix/lib" "$prefix/bin/llm-server" --config "$prefix/configs/container.json" \
-  --listen-address "127.0.0.1:$port" --metrics-address off \
+  --listen-address "127.0.0.1:$port" --metrics-address off --http-address off \
   --model-dir "$prefix/models/tiny-llama" > build/docker-smoke.log 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null || true' EXIT

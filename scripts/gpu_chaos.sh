@@ -41,7 +41,7 @@ log="$OUT/chaos_server.log"
 if ! start_server "$log" "$SERVER" --model-dir $model --device cuda --dummy-weights true \
     --kv-cache-dtype "${CHAOS_KV:-int8}" --weight-dtype fp8 --max-num-seqs 128 \
     --max-batched-tokens 8192 --max-tokens-limit 4096 --num-kv-blocks 640 --block-size 64 \
-    --listen-address 127.0.0.1:0 --metrics-address 127.0.0.1:0 --shutdown-grace-s 5 \
+    --listen-address 127.0.0.1:0 --metrics-address 127.0.0.1:0 --http-address 127.0.0.1:0 --shutdown-grace-s 5 \
     ${CHAOS_EXTRA:-}; then
   echo "FAIL  server start"
   exit 1

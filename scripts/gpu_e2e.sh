@@ -8,6 +8,7 @@ OUT="${OUT:-$(pwd)/gpu-out}"
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$(pwd)/.devpack/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 NUM="${E2E_REQUESTS:-512}"; CONC="${E2E_CONCURRENCY:-256}"; IN="${E2E_IN:-1000}"; OUTLEN="${E2E_OUT:-1000}"
+# E2E_BACKEND: grpc (default) | openai-completions | openai-chat, the API loadgen drives.
 # E2E_EXTRA: more server flags (e.g. "--cuda-graph-max-batch 0" for eager decode steps).
 # E2E_MODEL=deepseek-v2-lite serves the V2-Lite-shaped dummy config (MLA latent cache: auto = bf16,
 # or fp8_e4m3) instead of Llama-3-8B.
@@ -21,7 +22,7 @@ for kv in ${E2E_KV:-$default_kv}; do
   if ! start_server "$log" .devpack/bin/llm-server --model-dir $model --device cuda \
       --dummy-weights true --kv-cache-dtype $kv --max-num-seqs $CONC --max-batched-tokens 8192 \
       --max-tokens-limit 4096 --max-queued-requests 4096 --listen-address 127.0.0.1:0 \
-      --metrics-address 127.0.0.1:0 ${E2E_EXTRA:-}; then
+      --metrics-address 127.0.0.1:0 --http-address 127.0.0.1:0 ${E2E_EXTRA:-}; then
     echo "server ($kv) did not start"
     continue
   fi
@@ -32,6 +33,7 @@ for kv in ${E2E_KV:-$default_kv}; do
   smi=$!
   timeout 420 python3 tools/loadgen.py --target 127.0.0.1:$port --proto-python .devpack/python \
     --input-len $IN --output-len $OUTLEN --num-requests $NUM --concurrency $CONC --temperature 0 \
+    --backend "${E2E_BACKEND:-grpc}" --base-url "http://127.0.0.1:${hport:-8000}" \
     --no-progress --output-json "$OUT/loadgen_$kv.json" 2>&1 | tail -22 | tee "$OUT/loadgen_$kv.txt"
   kill $smi 2>/dev/null
   python3 - "$OUT/smi_$kv.csv" <<'PY' | tee -a "$OUT/loadgen_$kv.txt"

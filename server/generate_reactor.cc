@@ -50,12 +50,13 @@ class GenerateReactor::Sink final : public ResultSink {
   GenerateReactor* r_;
 };
 
-GenerateReactor::GenerateReactor(Engine* engine, StreamWriter* writer)
-    : engine_(engine), writer_(writer) {}
+GenerateReactor::GenerateReactor(RequestGateway* gateway, StreamWriter* writer)
+    : gateway_(gateway), writer_(writer) {}
 
-void GenerateReactor::Start(GenerationRequest request) {
+void GenerateReactor::Start(const GenerateParams& params,
+                            std::optional<std::chrono::steady_clock::time_point> deadline) {
   auto sink = std::make_shared<Sink>(this);
-  Status st = engine_->Submit(std::move(request), sink, &request_id_);
+  Status st = gateway_->Submit(params, deadline, sink, &request_id_);
   if (!st.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     final_ = ToGrpcStatus(st);
@@ -65,9 +66,13 @@ void GenerateReactor::Start(GenerationRequest request) {
 }
 
 void GenerateReactor::Fail(const Status& error) {
+  Fail(ToGrpcStatus(error));
+}
+
+void GenerateReactor::Fail(const grpc::Status& error) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    final_ = ToGrpcStatus(error);
+    final_ = error;
   }
   Pump();
   Unref();  // no engine sink will ever exist
@@ -143,13 +148,13 @@ void GenerateReactor::OnWriteDone(bool ok) {
     writing_ = false;
     if (!ok) queue_.clear();  // the stream is broken; only the Finish remains
   }
-  if (!ok) engine_->Abort(request_id_, Status(StatusCode::kCancelled, "stream write failed"));
+  if (!ok) gateway_->Abort(request_id_, Status(StatusCode::kCancelled, "stream write failed"));
   Pump();
 }
 
 void GenerateReactor::OnCancel() {
   // Client went away or its deadline passed: free the request's resources now.
-  engine_->Abort(request_id_, Status(StatusCode::kCancelled, "cancelled by the client"));
+  gateway_->Abort(request_id_, Status(StatusCode::kCancelled, "cancelled by the client"));
 }
 
 void GenerateReactor::OnDone() {

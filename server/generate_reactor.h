@@ -14,18 +14,21 @@
 
 #include "engine/engine.h"
 #include "llm/v1/generation.grpc.pb.h"
+#include "server/request_gateway.h"
 #include "server/stream_writer.h"
 
 namespace llm {
 
 class GenerateReactor final : public grpc::ServerWriteReactor<::llm::v1::GenerateResponse> {
  public:
-  GenerateReactor(Engine* engine, StreamWriter* writer);
+  GenerateReactor(RequestGateway* gateway, StreamWriter* writer);
 
-  // Submits to the engine; on error finishes the call with that status.
-  void Start(GenerationRequest request);
+  // Submits through the gateway; on error finishes the call with that status.
+  void Start(const GenerateParams& params,
+             std::optional<std::chrono::steady_clock::time_point> deadline);
   // Ends the call with `error` without involving the engine.
   void Fail(const Status& error);
+  void Fail(const grpc::Status& error);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
@@ -40,7 +43,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<::llm::v1::Generat
   void Pump();
   void Unref();
 
-  Engine* engine_;
+  RequestGateway* gateway_;
   StreamWriter* writer_;
   std::string request_id_;
   std::mutex mu_;

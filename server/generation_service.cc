@@ -11,72 +11,100 @@ grpc::Status ToGrpcStatus(const Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(s.code())), s.message());
 }
 
-Status ConvertRequest(const pb::GenerateRequest& in, const EngineCore& core,
-                      const ServerConfig& config, GenerationRequest* out) {
+Status FromProto(const pb::GenerateRequest& in, GenerateParams* out) {
   out->request_id = in.request_id();
   switch (in.prompt_case()) {
-    case pb::GenerateRequest::kText: {
-      if (in.text().empty()) return InvalidArgument("prompt is empty");
-      if (static_cast<int>(in.text().size()) > config.max_prompt_bytes) {
-        return InvalidArgument("text prompt is " + std::to_string(in.text().size()) +
-                               " bytes; the limit is " + std::to_string(config.max_prompt_bytes));
+    case pb::GenerateRequest::kText:
+      out->prompt = in.text();
+      if (in.has_add_special_tokens()) out->add_special_tokens = in.add_special_tokens();
+      break;
+    case pb::GenerateRequest::kTokenIds:
+      out->prompt = std::vector<int32_t>(in.token_ids().ids().begin(), in.token_ids().ids().end());
+      break;
+    case pb::GenerateRequest::kChat: {
+      ChatPromptParams chat;
+      chat.messages = nlohmann::ordered_json::array();
+      for (const pb::ChatMessage& m : in.chat().messages()) {
+        chat.messages.push_back({{"role", m.role()}, {"content", m.content()}});
       }
-      if (core.tokenizer() == nullptr) return FailedPrecondition("the model has no tokenizer");
-      const bool add_special = in.has_add_special_tokens() ? in.add_special_tokens() : true;
-      out->prompt_ids = core.tokenizer()->Encode(in.text(), add_special);
+      if (chat.messages.empty()) return InvalidArgument("chat prompt has no messages");
+      if (in.chat().has_add_generation_prompt()) {
+        chat.add_generation_prompt = in.chat().add_generation_prompt();
+      }
+      if (!in.chat().tools_json().empty()) {
+        chat.tools = nlohmann::ordered_json::parse(in.chat().tools_json(), nullptr, false);
+        if (chat.tools.is_discarded() || !chat.tools.is_array()) {
+          return InvalidArgument("chat.tools_json is not a JSON array");
+        }
+      }
+      out->prompt = std::move(chat);
+      out->add_special_tokens = false;  // the template writes BOS and the like itself
       break;
     }
-    case pb::GenerateRequest::kTokenIds:
-      out->prompt_ids.assign(in.token_ids().ids().begin(), in.token_ids().ids().end());
-      break;
     case pb::GenerateRequest::PROMPT_NOT_SET:
       return InvalidArgument("prompt is empty: set text or token_ids");
   }
   const pb::SamplingParams& s = in.sampling();
-  SamplingParams& sp = out->sampling;
-  // generation_config.json fills what the request leaves unset (vLLM's default behaviour).
-  const GenerationDefaults& defaults = core.model_config().generation;
-  defaults.ApplyTo(&sp);
-  if (s.has_temperature()) sp.temperature = s.temperature();
-  if (s.has_top_p()) sp.top_p = s.top_p();
-  if (s.has_top_k()) sp.top_k = s.top_k();
-  if (s.has_min_p()) sp.min_p = s.min_p();
-  sp.seed = s.has_seed() ? s.seed() : std::random_device{}();
-  if (s.has_repetition_penalty()) sp.repetition_penalty = s.repetition_penalty();
-  if (s.has_presence_penalty()) sp.presence_penalty = s.presence_penalty();
-  if (s.has_frequency_penalty()) sp.frequency_penalty = s.frequency_penalty();
-  if (in.has_logprobs()) sp.logprobs = in.logprobs();
+  if (s.has_temperature()) out->temperature = s.temperature();
+  if (s.has_top_p()) out->top_p = s.top_p();
+  if (s.has_top_k()) out->top_k = s.top_k();
+  if (s.has_min_p()) out->min_p = s.min_p();
+  if (s.has_seed()) out->seed = s.seed();
+  if (s.has_repetition_penalty()) out->repetition_penalty = s.repetition_penalty();
+  if (s.has_presence_penalty()) out->presence_penalty = s.presence_penalty();
+  if (s.has_frequency_penalty()) out->frequency_penalty = s.frequency_penalty();
+  if (in.has_logprobs()) out->logprobs = in.logprobs();
   const pb::StoppingParams& t = in.stopping();
-  StoppingParams& st = out->stopping;
-  st.max_tokens = t.has_max_tokens()
-                      ? t.max_tokens()
-                      : std::min(defaults.max_new_tokens.value_or(config.engine.default_max_tokens),
-                                 config.engine.max_tokens_limit);
-  if (t.has_min_tokens()) st.min_tokens = t.min_tokens();
-  st.stop.assign(t.stop().begin(), t.stop().end());
-  st.stop_token_ids.assign(t.stop_token_ids().begin(), t.stop_token_ids().end());
-  if (t.has_ignore_eos()) st.ignore_eos = t.ignore_eos();
+  if (t.has_max_tokens()) out->max_tokens = t.max_tokens();
+  if (t.has_min_tokens()) out->min_tokens = t.min_tokens();
+  out->stop.assign(t.stop().begin(), t.stop().end());
+  out->stop_token_ids.assign(t.stop_token_ids().begin(), t.stop_token_ids().end());
+  if (t.has_ignore_eos()) out->ignore_eos = t.ignore_eos();
   if (in.has_skip_special_tokens()) out->skip_special_tokens = in.skip_special_tokens();
   if (in.has_priority()) out->priority = in.priority();
   return Status::Ok();
 }
 
-GenerationService::GenerationService(Engine* engine, const ServerConfig& config)
-    : engine_(engine), config_(config) {}
+Status ConvertRequest(const pb::GenerateRequest& in, const EngineCore& core,
+                      const ServerConfig& config, GenerationRequest* out) {
+  GenerateParams params;
+  LLM_RETURN_IF_ERROR(FromProto(in, &params));
+  return ConvertRequest(params, core, config, /*chat=*/nullptr, out);
+}
+
+GenerationService::GenerationService(RequestGateway* gateway, const ApiKeys* keys)
+    : gateway_(gateway), keys_(keys) {}
+
+grpc::Status GenerationService::Authorize(const grpc::CallbackServerContext* ctx) const {
+  if (!keys_->enabled()) return grpc::Status::OK;
+  const auto& md = ctx->client_metadata();
+  const auto it = md.find("authorization");
+  const std::string_view value =
+      it == md.end() ? std::string_view() : std::string_view(it->second.data(), it->second.size());
+  if (keys_->Allows(value)) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      it == md.end() ? "missing API key: send 'authorization: Bearer KEY' metadata"
+                                     : "invalid API key");
+}
 
 grpc::ServerWriteReactor<pb::GenerateResponse>* GenerationService::Generate(
     grpc::CallbackServerContext* ctx, const pb::GenerateRequest* request) {
-  auto* reactor = new GenerateReactor(engine_, &writer_);
-  GenerationRequest req;
-  Status st = accepting_ ? ConvertRequest(*request, engine_->core(), config_, &req)
-                         : Unavailable("server is shutting down");
-  if (st.ok() && ctx->deadline() != std::chrono::system_clock::time_point::max()) {
+  auto* reactor = new GenerateReactor(gateway_, &writer_);
+  const grpc::Status auth = Authorize(ctx);
+  if (!auth.ok()) {
+    reactor->Fail(auth);
+    return reactor;
+  }
+  GenerateParams params;
+  Status st = FromProto(*request, &params);
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  if (ctx->deadline() != std::chrono::system_clock::time_point::max()) {
     const auto left = ctx->deadline() - std::chrono::system_clock::now();
-    req.deadline = std::chrono::steady_clock::now() +
-                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(left);
+    deadline = std::chrono::steady_clock::now() +
+               std::chrono::duration_cast<std::chrono::steady_clock::duration>(left);
   }
   if (st.ok()) {
-    reactor->Start(std::move(req));
+    reactor->Start(params, deadline);
   } else {
     reactor->Fail(st);
   }
@@ -86,9 +114,10 @@ grpc::ServerWriteReactor<pb::GenerateResponse>* GenerationService::Generate(
 grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* ctx,
                                                    const pb::AbortRequest* request,
                                                    pb::AbortResponse* response) {
-  response->set_found(engine_->Abort(request->request_id()));
   auto* r = ctx->DefaultReactor();
-  r->Finish(grpc::Status::OK);
+  const grpc::Status auth = Authorize(ctx);
+  if (auth.ok()) response->set_found(gateway_->Abort(request->request_id()));
+  r->Finish(auth);
   return r;
 }
 
@@ -96,10 +125,12 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
                                                       const pb::TokenizeRequest* request,
                                                       pb::TokenizeResponse* response) {
   auto* r = ctx->DefaultReactor();
-  const Tokenizer* tok = engine_->core().tokenizer();
-  if (tok == nullptr) {
+  const Tokenizer* tok = gateway_->core().tokenizer();
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) {
+    r->Finish(auth);
+  } else if (tok == nullptr) {
     r->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the model has no tokenizer"));
-  } else if (static_cast<int>(request->text().size()) > config_.max_prompt_bytes) {
+  } else if (static_cast<int>(request->text().size()) > gateway_->config().max_prompt_bytes) {
     r->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "text exceeds max_prompt_bytes"));
   } else {
     const bool add = request->has_add_special_tokens() ? request->add_special_tokens() : true;
@@ -113,8 +144,12 @@ grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerCont
                                                         const pb::DetokenizeRequest* request,
                                                         pb::DetokenizeResponse* response) {
   auto* r = ctx->DefaultReactor();
-  const Tokenizer* tok = engine_->core().tokenizer();
-  const int vocab = engine_->core().model_config().vocab_size;
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) {
+    r->Finish(auth);
+    return r;
+  }
+  const Tokenizer* tok = gateway_->core().tokenizer();
+  const int vocab = gateway_->core().model_config().vocab_size;
   for (int32_t id : request->token_ids()) {
     if (id < 0 || id >= vocab) {
       r->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -137,7 +172,12 @@ grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerContext* ctx,
                                                           const pb::GetModelInfoRequest*,
                                                           pb::GetModelInfoResponse* response) {
-  const EngineCore& core = engine_->core();
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) {
+    auto* r = ctx->DefaultReactor();
+    r->Finish(auth);
+    return r;
+  }
+  const EngineCore& core = gateway_->core();
   const ModelConfig& mc = core.model_config();
   response->set_model_name(mc.name);
   response->set_architecture(mc.architecture_name);

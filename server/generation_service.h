@@ -7,6 +7,9 @@
 
 #include "engine/engine.h"
 #include "llm/v1/generation.grpc.pb.h"
+#include "server/api_keys.h"
+#include "server/generate_params.h"
+#include "server/request_gateway.h"
 #include "server/server_config.h"
 #include "server/stream_writer.h"
 
@@ -14,7 +17,8 @@ namespace llm {
 
 class GenerationService final : public ::llm::v1::Generation::CallbackService {
  public:
-  GenerationService(Engine* engine, const ServerConfig& config);
+  // `keys` must outlive the service; every RPC checks the call's `authorization` metadata first.
+  GenerationService(RequestGateway* gateway, const ApiKeys* keys);
 
   grpc::ServerWriteReactor<::llm::v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* ctx, const ::llm::v1::GenerateRequest* request) override;
@@ -31,21 +35,22 @@ class GenerationService final : public ::llm::v1::Generation::CallbackService {
                                          const ::llm::v1::GetModelInfoRequest* request,
                                          ::llm::v1::GetModelInfoResponse* response) override;
 
-  // Rejects new Generate calls with UNAVAILABLE (graceful shutdown).
-  void StopAccepting() { accepting_ = false; }
   // Starts every write the engine has queued (call after the engine stopped, before the gRPC
   // server shuts down, so each stream's final message or status is on its way).
   void FlushWrites() { writer_.Flush(); }
 
  private:
-  Engine* engine_;
-  ServerConfig config_;
-  std::atomic<bool> accepting_{true};
+  // UNAUTHENTICATED unless the call carries `authorization: Bearer KEY` for a configured key.
+  grpc::Status Authorize(const grpc::CallbackServerContext* ctx) const;
+
+  RequestGateway* gateway_;
+  const ApiKeys* keys_;
   StreamWriter writer_;
 };
 
-// Converts the proto request into an engine request, applying documented defaults. Tokenizes
-// text prompts. Range checks happen in EngineCore::Validate.
+// Copies the proto request into the front-end-neutral form (no defaults applied here).
+Status FromProto(const ::llm::v1::GenerateRequest& in, GenerateParams* out);
+// FromProto then ConvertRequest(GenerateParams) without a chat renderer (tests and fuzzing).
 Status ConvertRequest(const ::llm::v1::GenerateRequest& in, const EngineCore& core,
                       const ServerConfig& config, GenerationRequest* out);
 

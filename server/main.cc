@@ -1,6 +1,9 @@
-// llm-server: loads a Hugging Face model directory and serves it over gRPC.
+// llm-server: loads a Hugging Face model directory and serves it over gRPC and the OpenAI HTTP
+// API.
 #include <csignal>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -9,11 +12,22 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/engine.h"
+#include "server/api_keys.h"
 #include "server/generation_service.h"
 #include "server/metrics_server.h"
+#include "server/openai_server.h"
+#include "server/request_gateway.h"
 #include "server/server_config.h"
+#include "server/template_chat_renderer.h"
 
 namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
 
 std::string StartupTable(const llm::ServerConfig& sc, const llm::EngineCore& core) {
   const llm::ModelConfig& mc = core.model_config();
@@ -61,6 +75,15 @@ int main(int argc, char** argv) {
   std::fputs(cl.err.c_str(), stderr);
   if (!cl.config) return cl.exit_code;
   llm::ServerConfig& sc = *cl.config;
+  const llm::FrontEndOptions& fe = sc.front_end;
+  std::vector<std::string> key_list;
+  if (!fe.api_key.empty()) key_list.push_back(fe.api_key);
+  auto keys_or = llm::ApiKeys::Load(key_list, fe.api_key_file);
+  if (!keys_or.ok()) {
+    std::fprintf(stderr, "llm-server: %s\n", keys_or.status().message().c_str());
+    return 2;
+  }
+  const llm::ApiKeys& keys = keys_or.value();
   spdlog::set_level(spdlog::level::from_str(sc.log_level));
   // "auto" picks the device here; options that cannot apply to it are refused before loading.
   sc.engine.model.device = llm::ResolveDevice(sc.engine.model.device);
@@ -79,12 +102,34 @@ int main(int argc, char** argv) {
   spdlog::info("startup:{}", StartupTable(sc, engine.core()));
   engine.Start();
 
-  llm::GenerationService service(&engine, sc);
+  // The chat template: a model without one serves text and token prompts, and chat requests get
+  // an error saying so; a template that is there but does not parse stops the start.
+  std::unique_ptr<llm::TemplateChatRenderer> chat;
+  auto chat_or = llm::TemplateChatRenderer::Load(engine.core(), sc.engine.model.model_dir,
+                                                 fe.chat_template_file);
+  if (chat_or.ok()) {
+    chat = std::move(chat_or).value();
+    spdlog::info("chat template from {}", chat->origin());
+  } else if (chat_or.status().code() == llm::StatusCode::kNotFound &&
+             fe.chat_template_file.empty()) {
+    spdlog::warn("no chat template in {}: chat requests will fail", sc.engine.model.model_dir);
+  } else {
+    spdlog::critical("chat template: {}", chat_or.status().ToString());
+    return 1;
+  }
+  llm::RequestGateway gateway(&engine, sc, chat.get());
+  llm::GenerationService service(&gateway, &keys);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(sc.listen_address, grpc::InsecureServerCredentials(), &port);
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (fe.tls()) {
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({ReadFile(fe.tls_key_file), ReadFile(fe.tls_cert_file)});
+    creds = grpc::SslServerCredentials(ssl);
+  }
+  builder.AddListeningPort(sc.listen_address, creds, &port);
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(sc.max_prompt_bytes + (1 << 20));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -102,8 +147,25 @@ int main(int argc, char** argv) {
     spdlog::info("metrics on http://{}/metrics (port {})", sc.metrics_address, mport.value());
     std::printf("METRICS_LISTENING %d\n", mport.value());
   }
+  llm::OpenAiServerConfig hc;
+  hc.address = fe.http_address;
+  hc.tls_cert_file = fe.tls_cert_file;
+  hc.tls_key_file = fe.tls_key_file;
+  hc.max_request_body_bytes = static_cast<size_t>(fe.max_request_body_bytes);
+  hc.model_name = engine.core().model_config().name;
+  llm::OpenAiServer http(&gateway, &keys, hc);
+  if (fe.http_address != "off") {
+    auto hport = http.Start();
+    if (!hport.ok()) {
+      spdlog::critical("{}", hport.status().ToString());
+      return 1;
+    }
+    spdlog::info("OpenAI HTTP API on {}://{} (port {})", fe.tls() ? "https" : "http",
+                 fe.http_address, hport.value());
+    std::printf("HTTP_LISTENING %d\n", hport.value());
+  }
   server->GetHealthCheckService()->SetServingStatus(true);
-  spdlog::info("serving on {} (port {})", sc.listen_address, port);
+  spdlog::info("serving gRPC{} on {} (port {})", fe.tls() ? " (TLS)" : "", sc.listen_address, port);
   std::printf("LISTENING %d\n", port);  // machine-readable, for tests and scripts
   std::fflush(stdout);
 
@@ -111,7 +173,7 @@ int main(int argc, char** argv) {
   sigwait(&signals, &sig);
   spdlog::info("signal {}: shutting down", sig);
   server->GetHealthCheckService()->SetServingStatus(false);
-  service.StopAccepting();
+  gateway.StopAccepting();
   spdlog::info("stopped accepting requests");  // tests wait for this line, not for a time
   // In-flight requests get a grace period to finish; then the engine aborts what remains, which
   // gives every accepted request exactly one final status before the server closes.
@@ -122,6 +184,7 @@ int main(int argc, char** argv) {
   }
   engine.Stop();
   service.FlushWrites();
+  http.Stop();
   metrics.Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   spdlog::info("bye");

@@ -41,6 +41,11 @@ Status HostPortOrOff(const std::string& v) {
   return v == "off" ? Status::Ok() : HostPort(v);
 }
 
+Status ReadableFileOrEmpty(const std::string& v) {
+  if (!v.empty() && !std::ifstream(v)) return NotFound("cannot open '" + v + "'");
+  return Status::Ok();
+}
+
 std::vector<ServerOption> Declarations() {
   const char* kCudaPool = "the CUDA KV pool is sized by --gpu-memory-percent or --num-kv-blocks";
   const char* kGpu = "it sets up the GPU";
@@ -52,6 +57,26 @@ std::vector<ServerOption> Declarations() {
       O::String("metrics_address", LLM_BIND(metrics_address), G::kServer,
                 "host:port of the Prometheus /metrics endpoint, or off")
           .Check(HostPortOrOff),
+      O::String("http_address", LLM_BIND(front_end.http_address), G::kServer,
+                "host:port of the OpenAI-compatible HTTP API, or off")
+          .Check(HostPortOrOff),
+      O::String("api_key", LLM_BIND(front_end.api_key), G::kServer,
+                "comma-separated API keys; clients send 'Authorization: Bearer KEY' (HTTP header "
+                "or gRPC metadata); health checks stay open; empty: no key needed"),
+      O::String("api_key_file", LLM_BIND(front_end.api_key_file), G::kServer,
+                "file of API keys, one per line")
+          .Check(ReadableFileOrEmpty),
+      O::String("tls_cert_file", LLM_BIND(front_end.tls_cert_file), G::kServer,
+                "PEM certificate chain: TLS on gRPC and HTTP (with --tls-key-file)")
+          .Check(ReadableFileOrEmpty),
+      O::String("tls_key_file", LLM_BIND(front_end.tls_key_file), G::kServer,
+                "PEM private key of --tls-cert-file")
+          .Check(ReadableFileOrEmpty),
+      O::Int("max_request_body_bytes", LLM_BIND(front_end.max_request_body_bytes), 1024, 1 << 30,
+             G::kServer, "HTTP request bodies larger than this get 413"),
+      O::String("chat_template", LLM_BIND(front_end.chat_template_file), G::kModel,
+                "Jinja chat template file used instead of the model's own")
+          .Check(ReadableFileOrEmpty),
       O::Choice("log_level", LLM_BIND(log_level), kLogLevels, G::kServer, "log level"),
       O::Int("shutdown_grace_s", LLM_BIND(shutdown_grace_s), 0, 3600, G::kServer,
              "seconds in-flight requests get to finish after SIGTERM"),
@@ -208,6 +233,9 @@ Status Validate(const ServerConfig& c) {
     return InvalidArgument("--default-max-tokens " + std::to_string(c.engine.default_max_tokens) +
                            " exceeds --max-tokens-limit " +
                            std::to_string(c.engine.max_tokens_limit));
+  }
+  if (c.front_end.tls_cert_file.empty() != c.front_end.tls_key_file.empty()) {
+    return InvalidArgument("--tls-cert-file and --tls-key-file go together");
   }
   const std::string& device = c.engine.model.device;
   return device == "auto" ? Status::Ok() : CheckOptionsApply(c, device);

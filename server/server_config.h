@@ -14,6 +14,7 @@
 
 #include "engine/base/status.h"
 #include "engine/engine_config.h"
+#include "server/front_end_options.h"
 #include "server/server_option.h"
 
 namespace llm {
@@ -25,6 +26,7 @@ struct ServerConfig {
   int max_prompt_bytes = 1 << 20;
   int shutdown_grace_s = 10;  // SIGTERM: time in-flight requests get to finish
   std::string log_level = "info";
+  FrontEndOptions front_end;  // OpenAI HTTP API, API keys, TLS, chat template
 
   // Keys the config file or a flag set (the rest hold their defaults).
   std::set<std::string> explicit_keys;

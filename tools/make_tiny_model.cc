@@ -1,5 +1,5 @@
 // Writes the embedded default model: a small Llama-architecture model in the Hugging Face layout
-// (config.json, model.safetensors, tokenizer.json, generation_config.json).
+// (config.json, model.safetensors, tokenizer.json, generation_config.json, chat_template.jinja).
 //
 // Its weights are deterministic RANDOM numbers: it exercises every part of the server, but its
 // text is gibberish. Any real Hugging Face model directory of a supported architecture is served
@@ -138,6 +138,16 @@ int main(int argc, char** argv) {
   std::ofstream(out / "config.json") << config.dump(2) << "\n";
   std::ofstream(out / "generation_config.json") << gen.dump(2) << "\n";
   std::ofstream(out / "tokenizer.json") << tokenizer.dump(2) << "\n";
+  // A Llama-3-style chat template over the model's own special tokens, so chat works out of the
+  // box (the random weights make the replies gibberish, but the prompt is a real chat prompt).
+  std::ofstream(out / "chat_template.jinja")
+      << "{{- bos_token }}\n"
+         "{%- for message in messages %}\n"
+         "{{- '<|start|>' + message['role'] + '\\n' + message['content'] | trim + '<|end|>' }}\n"
+         "{%- endfor %}\n"
+         "{%- if add_generation_prompt %}\n"
+         "{{- '<|start|>assistant\\n' }}\n"
+         "{%- endif %}\n";
   std::ofstream(out / "README.md")
       << "# tiny-llama (llm-server embedded default)\n\nA Llama-architecture model with "
          "deterministic RANDOM weights, written by tools/make_tiny_model. Its output is "

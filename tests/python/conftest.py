@@ -159,7 +159,7 @@ class ServerHandle:
         self._cond = threading.Condition()
         self._eof = False
         self._channels = []
-        self.grpc_port = self.metrics_port = None
+        self.grpc_port = self.metrics_port = self.http_port = None
         self._log = open(log_path, "w", encoding="utf-8")
         self._log.write("$ " + " ".join(cmd) + "\n")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -179,6 +179,8 @@ class ServerHandle:
             with self._cond:
                 if line.startswith("METRICS_LISTENING "):
                     self.metrics_port = int(line.split()[1])
+                elif line.startswith("HTTP_LISTENING "):
+                    self.http_port = int(line.split()[1])
                 elif line.startswith("LISTENING "):
                     self.grpc_port = int(line.split()[1])
                 self._lines.append(line.rstrip("\n"))
@@ -282,7 +284,7 @@ class _Factory:
     def __call__(self, extra_flags=(), model=None, name="server"):
         model = model or _option(self.config, "model")
         cmd = [_option(self.config, "server_bin"), "--model", model,
-               "--listen-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0",
+               "--listen-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
                *map(str, extra_flags)]
         log_path = os.path.join(self.base_dir, f"{name}-{len(self.handles)}.log")
         h = ServerHandle(cmd, log_path, name, self.protos)

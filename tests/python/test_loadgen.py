@@ -87,13 +87,15 @@ def check_report(rep, n, abort_fraction, invalid_fraction):
 
 
 
-@pytest.mark.parametrize("n, concurrency, abort_fraction, invalid_fraction, limit_s", [
-    pytest.param(40, 8, 0.1, 0.1, 1200, id="40_requests"),
+@pytest.mark.parametrize("n, concurrency, abort_fraction, invalid_fraction, limit_s, backend", [
+    pytest.param(40, 8, 0.1, 0.1, 1200, "grpc", id="40_requests"),
+    # The same workload over the OpenAI HTTP API (aborts are client disconnects).
+    pytest.param(40, 8, 0.1, 0.1, 1200, "openai-completions", id="40_requests_openai"),
     # Reliability: 500 concurrent streams, 10% of clients disconnect mid-stream, 5% invalid.
-    pytest.param(500, 500, 0.1, 0.05, 1200, id="500_streams"),
+    pytest.param(500, 500, 0.1, 0.05, 1200, "grpc", id="500_streams"),
 ])
 def test_loadgen(server, option, tmp_path, n, concurrency, abort_fraction, invalid_fraction,
-                 limit_s):
+                 limit_s, backend):
     s = server()
     out_json = str(tmp_path / "report.json")
     cmd = [sys.executable, LOADGEN, "--target", s.target,
@@ -102,7 +104,9 @@ def test_loadgen(server, option, tmp_path, n, concurrency, abort_fraction, inval
            "--num-requests", str(n), "--concurrency", str(concurrency),
            "--abort-fraction", str(abort_fraction), "--invalid-fraction", str(invalid_fraction),
            "--seed", "7", "--request-timeout", str(HANG_S), "--fail-on-errors",
-           "--no-progress", "--output-json", out_json]
+           "--no-progress", "--output-json", out_json, "--backend", backend]
+    if backend != "grpc":
+        cmd += ["--base-url", f"http://127.0.0.1:{s.http_port}"]
     # limit_s only guards against a hang.
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s)
     print(res.stdout)

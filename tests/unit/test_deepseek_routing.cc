@@ -287,7 +287,7 @@ TEST_CASE(
   auto bad = EngineCore::Create(cfg);
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.status().code() == StatusCode::kInvalidArgument);
-  CHECK(bad.status().message() == "mla_kernel must be auto, wgmma or portable, got 'fast'");
+  CHECK(bad.status().message() == "mla_kernel must be one of auto, wgmma, portable, got 'fast'");
   cfg.model.mla_kernel = "portable";  // a CUDA choice: the CPU model ignores it
   CHECK(EngineCore::Create(cfg).ok());
   fs::remove_all(dir);

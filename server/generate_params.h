@@ -1,0 +1,62 @@
+// A generation request in the form both front ends (gRPC and the OpenAI HTTP API) parse into.
+// Unset optionals take the engine's documented defaults; ConvertRequest is the one place that
+// turns this into an engine request, so both front ends tokenize and default identically.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/base/status.h"
+#include "engine/engine_core.h"
+#include "engine/request.h"
+#include "server/server_config.h"
+
+namespace llm {
+
+// OpenAI-shaped `messages` (and `tools`), rendered by the ChatRenderer.
+struct ChatPromptParams {
+  nlohmann::ordered_json messages;
+  nlohmann::ordered_json tools;  // null: none
+  bool add_generation_prompt = true;
+};
+
+struct GenerateParams {
+  std::string request_id;  // empty: the engine assigns one
+  // Text (tokenized here), token ids, or a chat rendered into text first; monostate means the
+  // client sent none.
+  std::variant<std::monostate, std::string, std::vector<int32_t>, ChatPromptParams> prompt;
+  // BOS etc. when tokenizing text; chat front ends pass false (the template writes its own).
+  bool add_special_tokens = true;
+
+  std::optional<float> temperature;
+  std::optional<float> top_p;
+  std::optional<int> top_k;
+  std::optional<float> min_p;
+  std::optional<uint64_t> seed;  // unset: random per request
+  std::optional<float> repetition_penalty;
+  std::optional<float> presence_penalty;
+  std::optional<float> frequency_penalty;
+  int logprobs = 0;  // top-N per generated token
+
+  std::optional<int> max_tokens;  // unset: the server's default_max_tokens
+  std::optional<int> min_tokens;
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;
+  std::optional<bool> ignore_eos;
+  std::optional<bool> skip_special_tokens;
+  std::optional<int> priority;
+};
+
+class ChatRenderer;
+
+// Renders a chat prompt (with `chat`; null: FAILED_PRECONDITION), tokenizes and applies defaults.
+// Range checks happen in EngineCore::Validate (Engine::Submit).
+Status ConvertRequest(const GenerateParams& in, const EngineCore& core, const ServerConfig& config,
+                      const ChatRenderer* chat, GenerationRequest* out);
+
+}  // namespace llm

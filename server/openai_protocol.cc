@@ -1,0 +1,408 @@
+#include "server/openai_protocol.h"
+
+#include <functional>
+#include <limits>
+#include <map>
+
+namespace llm {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// A field's parser; returns an error message (empty on success).
+using FieldParser = std::function<std::string(const json&, OpenAiRequest*)>;
+
+std::string AsFloat(const json& v, std::optional<float>* out) {
+  if (!v.is_number()) return "must be a number";
+  *out = v.get<float>();
+  return "";
+}
+
+std::string AsInt(const json& v, int64_t lo, int64_t hi, int64_t* out) {
+  if (!v.is_number_integer() && !v.is_number_unsigned()) return "must be an integer";
+  const int64_t x = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)
+                        ? INT64_MAX
+                        : v.get<int64_t>();
+  if (x < lo || x > hi) {
+    return "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  }
+  *out = x;
+  return "";
+}
+
+std::string AsOptInt(const json& v, std::optional<int>* out) {
+  int64_t x = 0;
+  std::string e = AsInt(v, std::numeric_limits<int>::min(), std::numeric_limits<int>::max(), &x);
+  if (e.empty()) *out = static_cast<int>(x);
+  return e;
+}
+
+std::string AsBool(const json& v, bool* out) {
+  if (!v.is_boolean()) return "must be a boolean";
+  *out = v.get<bool>();
+  return "";
+}
+
+std::string AsOptBool(const json& v, std::optional<bool>* out) {
+  bool b = false;
+  std::string e = AsBool(v, &b);
+  if (e.empty()) *out = b;
+  return e;
+}
+
+std::string AsTokenIds(const json& v, std::vector<int32_t>* out) {
+  if (!v.is_array()) return "must be a list of token ids";
+  for (const json& t : v) {
+    int64_t x = 0;
+    if (!AsInt(t, 0, std::numeric_limits<int32_t>::max(), &x).empty()) {
+      return "must be a list of non-negative integer token ids";
+    }
+    out->push_back(static_cast<int32_t>(x));
+  }
+  return "";
+}
+
+// A completions prompt: text, token ids, or a one-element list of either.
+std::string ParsePrompt(const json& v, GenerateParams* p) {
+  if (v.is_string()) {
+    p->prompt = v.get<std::string>();
+    return "";
+  }
+  if (!v.is_array()) return "must be a string, a list of token ids, or a list of one of those";
+  if (!v.empty() && (v[0].is_string() || v[0].is_array())) {
+    if (v.size() != 1) return "lists of more than one prompt are not supported";
+    return ParsePrompt(v[0], p);
+  }
+  std::vector<int32_t> ids;
+  std::string e = AsTokenIds(v, &ids);
+  if (e.empty()) p->prompt = std::move(ids);
+  return e;
+}
+
+// Fields that change nothing unless set to a value other than the one given.
+FieldParser OnlyDefault(json neutral, std::string why) {
+  return [neutral, why](const json& v, OpenAiRequest*) -> std::string {
+    return v == neutral ? "" : why;
+  };
+}
+
+const std::map<std::string, FieldParser>& CommonFields() {
+  static const std::map<std::string, FieldParser> kFields = {
+      {"model",
+       [](const json& v, OpenAiRequest* r) -> std::string {
+         if (!v.is_string()) return "must be a string";
+         r->model = v.get<std::string>();
+         return "";
+       }},
+      {"stream", [](const json& v, OpenAiRequest* r) { return AsBool(v, &r->stream); }},
+      {"stream_options",
+       [](const json& v, OpenAiRequest* r) -> std::string {
+         if (!v.is_object()) return "must be an object";
+         for (auto it = v.begin(); it != v.end(); ++it) {
+           if (it.key() == "include_usage") {
+             if (!it->is_null() && !it->is_boolean()) return "include_usage must be a boolean";
+             r->include_usage = it->is_boolean() && it->get<bool>();
+           } else if (it.key() != "continuous_usage_stats" || *it != false) {
+             return "unsupported option '" + it.key() + "'";
+           }
+         }
+         return "";
+       }},
+      {"temperature",
+       [](const json& v, OpenAiRequest* r) { return AsFloat(v, &r->params.temperature); }},
+      {"top_p", [](const json& v, OpenAiRequest* r) { return AsFloat(v, &r->params.top_p); }},
+      {"min_p", [](const json& v, OpenAiRequest* r) { return AsFloat(v, &r->params.min_p); }},
+      {"top_k",
+       [](const json& v, OpenAiRequest* r) -> std::string {
+         std::string e = AsOptInt(v, &r->params.top_k);
+         if (e.empty() && *r->params.top_k == -1) r->params.top_k = 0;  // vLLM's "off"
+         return e;
+       }},
+      {"seed",
+       [](const json& v, OpenAiRequest* r) -> std::string {
+         int64_t x = 0;
+         std::string e =
+             AsInt(v, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), &x);
+         if (e.empty()) r->params.seed = static_cast<uint64_t>(x);
+         return e;
+       }},
+      {"presence_penalty",
+       [](const json& v, OpenAiRequest* r) { return AsFloat(v, &r->params.presence_penalty); }},
+      {"frequency_penalty",
+       [](const json& v, OpenAiRequest* r) { return AsFloat(v, &r->params.frequency_penalty); }},
+      {"repetition_penalty",
+       [](const json& v, OpenAiRequest* r) { return AsFloat(v, &r->params.repetition_penalty); }},
+      {"max_tokens",
+       [](const json& v, OpenAiRequest* r) { return AsOptInt(v, &r->params.max_tokens); }},
+      {"min_tokens",
+       [](const json& v, OpenAiRequest* r) { return AsOptInt(v, &r->params.min_tokens); }},
+      {"ignore_eos",
+       [](const json& v, OpenAiRequest* r) { return AsOptBool(v, &r->params.ignore_eos); }},
+      {"skip_special_tokens",
+       [](const json& v, OpenAiRequest* r) {
+         return AsOptBool(v, &r->params.skip_special_tokens);
+       }},
+      {"add_special_tokens",
+       [](const json& v, OpenAiRequest* r) { return AsBool(v, &r->params.add_special_tokens); }},
+      {"priority",
+       [](const json& v, OpenAiRequest* r) { return AsOptInt(v, &r->params.priority); }},
+      {"stop_token_ids",
+       [](const json& v, OpenAiRequest* r) { return AsTokenIds(v, &r->params.stop_token_ids); }},
+      {"stop",
+       [](const json& v, OpenAiRequest* r) -> std::string {
+         if (v.is_string()) {
+           r->params.stop.push_back(v.get<std::string>());
+           return "";
+         }
+         if (!v.is_array()) return "must be a string or a list of strings";
+         for (const json& s : v) {
+           if (!s.is_string()) return "must be a string or a list of strings";
+           r->params.stop.push_back(s.get<std::string>());
+         }
+         return "";
+       }},
+      {"n", OnlyDefault(1, "n > 1 is not supported")},
+      {"logit_bias", OnlyDefault(json::object(), "logit_bias is not supported")},
+      {"response_format", OnlyDefault(json{{"type", "text"}},
+                                      "only response_format {\"type\": \"text\"} is supported")},
+      {"include_stop_str_in_output",
+       OnlyDefault(false, "include_stop_str_in_output is not supported")},
+      {"prompt_logprobs", OnlyDefault(0, "prompt_logprobs is not supported")},
+  };
+  return kFields;
+}
+
+const std::map<std::string, FieldParser>& CompletionFields() {
+  static const std::map<std::string, FieldParser> kFields = {
+      {"prompt", [](const json& v, OpenAiRequest* r) { return ParsePrompt(v, &r->params); }},
+      {"logprobs",
+       [](const json& v, OpenAiRequest* r) -> std::string {
+         int64_t x = 0;
+         std::string e = AsInt(v, 0, 1 << 20, &x);  // the engine checks its own limit
+         if (e.empty()) r->logprobs = static_cast<int>(x);
+         return e;
+       }},
+      {"echo", OnlyDefault(false, "echo is not supported")},
+      {"best_of", OnlyDefault(1, "best_of > 1 is not supported")},
+      {"suffix", OnlyDefault("", "suffix is not supported")},
+  };
+  return kFields;
+}
+
+const std::map<std::string, FieldParser>& ChatFields() {
+  static const std::map<std::string, FieldParser> kFields = {
+      {"messages",
+       [](const json& v, OpenAiRequest* r) -> std::string {
+         if (!v.is_array() || v.empty()) return "must be a non-empty list of messages";
+         for (const json& m : v) {
+           if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+             return "every message must be an object with a string 'role'";
+           }
+         }
+         r->messages = v;
+         return "";
+       }},
+      {"tools",
+       [](const json& v, OpenAiRequest* r) -> std::string {
+         if (!v.is_array()) return "must be a list";
+         if (!v.empty()) r->tools = v;
+         return "";
+       }},
+      {"tool_choice", OnlyDefault("auto", "only tool_choice \"auto\" is supported")},
+      {"add_generation_prompt",
+       [](const json& v, OpenAiRequest* r) { return AsBool(v, &r->add_generation_prompt); }},
+      {"max_completion_tokens",
+       [](const json& v, OpenAiRequest* r) { return AsOptInt(v, &r->params.max_tokens); }},
+      {"logprobs",
+       [](const json& v, OpenAiRequest* r) -> std::string { return AsBool(v, &r->chat_logprobs); }},
+      {"top_logprobs",
+       [](const json& v, OpenAiRequest* r) -> std::string {
+         int64_t x = 0;
+         std::string e = AsInt(v, 0, 20, &x);
+         if (e.empty()) r->top_logprobs = static_cast<int>(x);
+         return e;
+       }},
+  };
+  return kFields;
+}
+
+}  // namespace
+
+int HttpStatusFor(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk:
+      return 200;
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange:
+    case StatusCode::kFailedPrecondition:
+      return 400;
+    case StatusCode::kNotFound:
+      return 404;
+    case StatusCode::kResourceExhausted:
+      return 429;
+    case StatusCode::kUnimplemented:
+      return 501;
+    case StatusCode::kUnavailable:
+      return 503;
+    case StatusCode::kDeadlineExceeded:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
+OpenAiError OpenAiError::FromStatus(const Status& s, std::string param) {
+  OpenAiError e;
+  e.http_status = HttpStatusFor(s.code());
+  e.message = s.message();
+  e.param = std::move(param);
+  return e;
+}
+
+std::string OpenAiError::type() const {
+  switch (http_status) {
+    case 400:
+    case 404:
+    case 413:
+      return "invalid_request_error";
+    case 401:
+      return "authentication_error";
+    case 429:
+      return "rate_limit_error";
+    case 503:
+      return "service_unavailable";
+    default:
+      return "server_error";
+  }
+}
+
+json OpenAiError::ToJson() const {
+  json err = {{"message", message},
+              {"type", type()},
+              {"param", param.empty() ? json(nullptr) : json(param)},
+              {"code", code.empty() ? json(nullptr) : json(code)}};
+  return json{{"error", err}};
+}
+
+const std::vector<std::string>& IgnoredOpenAiFields() {
+  // Bookkeeping fields: who asked, whether OpenAI should store the exchange, billing tier, and
+  // parallel tool calls (meaningful only to the client's handling of tool calls).
+  static const std::vector<std::string> kIgnored = {"user", "store", "metadata", "service_tier",
+                                                    "parallel_tool_calls"};
+  return kIgnored;
+}
+
+Status ParseOpenAiRequest(const json& body, OpenAiEndpoint endpoint, OpenAiRequest* out,
+                          std::string* bad_param) {
+  if (!body.is_object()) return InvalidArgument("the request body must be a JSON object");
+  out->endpoint = endpoint;
+  const auto& own = endpoint == OpenAiEndpoint::kChat ? ChatFields() : CompletionFields();
+  const auto& ignored = IgnoredOpenAiFields();
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    const std::string& key = it.key();
+    if (std::find(ignored.begin(), ignored.end(), key) != ignored.end()) continue;
+    if (it->is_null()) continue;  // OpenAI clients send null for "not set"
+    auto f = own.find(key);
+    if (f == own.end()) f = CommonFields().find(key);
+    if (f == CommonFields().end()) {
+      *bad_param = key;
+      return InvalidArgument("unsupported field '" + key + "'");
+    }
+    const std::string err = f->second(*it, out);
+    if (!err.empty()) {
+      *bad_param = key;
+      return InvalidArgument(err.rfind("must", 0) == 0 ? "'" + key + "' " + err : err);
+    }
+  }
+  if (out->include_usage && !out->stream) {
+    *bad_param = "stream_options";
+    return InvalidArgument("'stream_options' needs 'stream': true");
+  }
+  if (endpoint == OpenAiEndpoint::kChat) {
+    if (out->messages.is_null()) {
+      *bad_param = "messages";
+      return InvalidArgument("'messages' is required");
+    }
+    // A chat template writes its own BOS; vLLM's default is the same.
+    if (!body.contains("add_special_tokens") || body["add_special_tokens"].is_null()) {
+      out->params.add_special_tokens = false;
+    }
+    if (out->top_logprobs >= 0 && !out->chat_logprobs) {
+      *bad_param = "top_logprobs";
+      return InvalidArgument("'top_logprobs' needs 'logprobs': true");
+    }
+    out->logprobs = out->chat_logprobs ? std::max(out->top_logprobs, 0) : -1;
+  } else if (std::holds_alternative<std::monostate>(out->params.prompt)) {
+    *bad_param = "prompt";
+    return InvalidArgument("'prompt' is required");
+  }
+  // The engine reports the sampled token's logprob only when asked for at least one alternative.
+  out->params.logprobs = out->logprobs < 0 ? 0 : std::max(out->logprobs, 1);
+  return Status::Ok();
+}
+
+const char* OpenAiFinishReason(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAborted:
+      return "abort";
+    case FinishReason::kNone:
+      break;
+  }
+  return nullptr;
+}
+
+json UsageJson(const Usage& u) {
+  return json{{"prompt_tokens", u.prompt_tokens},
+              {"completion_tokens", u.completion_tokens},
+              {"total_tokens", u.prompt_tokens + u.completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+json LogprobsJson(OpenAiEndpoint endpoint, const std::vector<SampledToken>& tokens, int top_n,
+                  const Tokenizer* tokenizer, int text_offset) {
+  auto piece = [tokenizer](int32_t id) {
+    if (tokenizer == nullptr) return "token_id:" + std::to_string(id);
+    const int32_t one[1] = {id};
+    return tokenizer->Decode(one, /*skip_special_tokens=*/false);
+  };
+  auto bytes = [](const std::string& s) {
+    json b = json::array();
+    for (unsigned char c : s) b.push_back(static_cast<int>(c));
+    return b;
+  };
+  if (endpoint == OpenAiEndpoint::kChat) {
+    json content = json::array();
+    for (const SampledToken& t : tokens) {
+      const std::string s = piece(t.token);
+      json top = json::array();
+      for (int i = 0; i < top_n && i < static_cast<int>(t.top.size()); ++i) {
+        const std::string ts = piece(t.top[i].first);
+        top.push_back({{"token", ts}, {"logprob", t.top[i].second}, {"bytes", bytes(ts)}});
+      }
+      content.push_back(
+          {{"token", s}, {"logprob", t.logprob}, {"bytes", bytes(s)}, {"top_logprobs", top}});
+    }
+    return json{{"content", content}};
+  }
+  json toks = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
+  for (const SampledToken& t : tokens) {
+    const std::string s = piece(t.token);
+    toks.push_back(s);
+    lps.push_back(t.logprob);
+    json top = json::object();
+    for (int i = 0; i < top_n && i < static_cast<int>(t.top.size()); ++i) {
+      top[piece(t.top[i].first)] = t.top[i].second;
+    }
+    tops.push_back(top);
+    offs.push_back(text_offset);
+    text_offset += static_cast<int>(s.size());
+  }
+  return json{
+      {"tokens", toks}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+}
+
+}  // namespace llm

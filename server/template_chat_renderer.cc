@@ -1,0 +1,38 @@
+#include "server/template_chat_renderer.h"
+
+namespace llm {
+
+StatusOr<std::unique_ptr<TemplateChatRenderer>> TemplateChatRenderer::Load(
+    const EngineCore& core, const std::string& model_dir, const std::string& override_path) {
+  auto src = LoadChatTemplateSource(model_dir, override_path);
+  if (!src.ok()) return src.status();
+  auto t = ChatTemplate::Create(src->text);
+  if (!t.ok()) return Status(t.status().code(), src->origin + ": " + t.status().message());
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+  if (const Tokenizer* tok = core.tokenizer()) {
+    auto piece = [tok](int32_t id) {
+      const int32_t one[1] = {id};
+      return tok->Decode(one, /*skip_special_tokens=*/false);
+    };
+    if (auto bos = tok->bos_token_id()) extra["bos_token"] = piece(*bos);
+    const auto& eos = core.model_config().eos_token_ids;
+    if (!eos.empty()) extra["eos_token"] = piece(eos.front());
+  }
+  return std::unique_ptr<TemplateChatRenderer>(
+      new TemplateChatRenderer(std::move(t).value(), src->origin, std::move(extra)));
+}
+
+StatusOr<std::string> TemplateChatRenderer::Render(const nlohmann::ordered_json& messages,
+                                                   const nlohmann::ordered_json& tools,
+                                                   bool add_generation_prompt) const {
+  ChatRenderRequest r;
+  r.messages = messages;
+  r.tools = tools;
+  r.add_generation_prompt = add_generation_prompt;
+  r.extra = extra_;
+  auto out = template_.Render(r);
+  if (!out.ok()) return InvalidArgument("chat template: " + out.status().message());
+  return out;
+}
+
+}  // namespace llm

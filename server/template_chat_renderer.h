@@ -1,0 +1,36 @@
+// The ChatRenderer of a model's Jinja chat template (engine/chat/chat_template.h), with the
+// special tokens transformers passes (bos_token, eos_token) taken from the model's tokenizer.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/chat/chat_template.h"
+#include "engine/engine_core.h"
+#include "server/chat_renderer.h"
+
+namespace llm {
+
+class TemplateChatRenderer final : public ChatRenderer {
+ public:
+  // The template from `override_path` (--chat-template), else the model directory's
+  // chat_template.jinja, else tokenizer_config.json's chat_template. NotFound when there is none;
+  // a template the engine cannot parse fails naming the construct.
+  static StatusOr<std::unique_ptr<TemplateChatRenderer>> Load(const EngineCore& core,
+                                                              const std::string& model_dir,
+                                                              const std::string& override_path);
+
+  StatusOr<std::string> Render(const nlohmann::ordered_json& messages,
+                               const nlohmann::ordered_json& tools,
+                               bool add_generation_prompt) const override;
+  const std::string& origin() const { return origin_; }
+
+ private:
+  TemplateChatRenderer(ChatTemplate t, std::string origin, nlohmann::ordered_json extra)
+      : template_(std::move(t)), origin_(std::move(origin)), extra_(std::move(extra)) {}
+  ChatTemplate template_;
+  std::string origin_;
+  nlohmann::ordered_json extra_;  // bos_token, eos_token
+};
+
+}  // namespace llm

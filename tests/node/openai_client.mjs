@@ -1,0 +1,180 @@
+// Drives llm-server's OpenAI HTTP API with the official `openai` npm client. Prints one line per
+// check and exits non-zero on the first failure. Run by tests/python/test_openai_http.py:
+//   BASE_URL=http://127.0.0.1:PORT/v1 API_KEY=... METRICS_URL=http://127.0.0.1:M/metrics \
+//   MODEL=tiny-llama node openai_client.mjs
+import OpenAI from "openai";
+
+const { BASE_URL, API_KEY, METRICS_URL, MODEL } = process.env;
+const MAX_TOKENS_LIMIT = Number(process.env.MAX_TOKENS_LIMIT || "512");
+const client = new OpenAI({ baseURL: BASE_URL, apiKey: API_KEY, maxRetries: 0 });
+
+function expect(cond, msg) {
+  if (!cond) throw new Error("check failed: " + msg);
+}
+
+async function check(name, fn) {
+  await fn();
+  console.log("ok   " + name);
+}
+
+async function expectError(promise, status, what) {
+  try {
+    await promise;
+  } catch (e) {
+    expect(e instanceof OpenAI.APIError, `${what}: an APIError, got ${e}`);
+    expect(e.status === status, `${what}: status ${status}, got ${e.status} (${e.message})`);
+    return e;
+  }
+  throw new Error(`check failed: ${what} succeeded`);
+}
+
+async function metric(name, missing) {
+  const text = await (await fetch(METRICS_URL)).text();
+  const line = text.split("\n").find((l) => l.startsWith(name + " "));
+  if (line === undefined && missing !== undefined) return missing;
+  expect(line !== undefined, `metric ${name} present`);
+  return Number(line.split(" ")[1]);
+}
+const CANCELLED = 'llm_requests_total{outcome="cancelled"}';
+
+const greedy = { model: MODEL, temperature: 0, ignore_eos: true };
+
+await check("models.list names the served model", async () => {
+  const ids = [];
+  for await (const m of client.models.list()) ids.push(m.id);
+  expect(ids.includes(MODEL), `models ${ids} include ${MODEL}`);
+});
+
+let reference;
+await check("completion, non-streaming: length finish and usage", async () => {
+  const r = await client.completions.create({ ...greedy, prompt: "The quick brown fox", max_tokens: 12 });
+  expect(r.object === "text_completion", "object text_completion");
+  expect(r.choices.length === 1 && r.choices[0].finish_reason === "length", "finish_reason length");
+  expect(r.usage.completion_tokens === 12, `12 completion tokens, got ${r.usage.completion_tokens}`);
+  expect(r.usage.total_tokens === r.usage.prompt_tokens + 12, "total = prompt + completion");
+  expect(r.usage.prompt_tokens_details.cached_tokens >= 0, "cached_tokens reported");
+  reference = r.choices[0].text;
+  expect(reference.length > 0, "some text");
+});
+
+await check("completion, streaming with include_usage: same text as non-streaming", async () => {
+  const stream = await client.completions.create({
+    ...greedy, prompt: "The quick brown fox", max_tokens: 12, stream: true,
+    stream_options: { include_usage: true },
+  });
+  let text = "", finish = null, usage = null, chunks = 0;
+  for await (const c of stream) {
+    chunks++;
+    if (c.usage) usage = c.usage;
+    for (const ch of c.choices) {
+      text += ch.text;
+      if (ch.finish_reason) finish = ch.finish_reason;
+    }
+  }
+  expect(chunks >= 2, `several chunks, got ${chunks}`);
+  expect(text === reference, `streamed ${JSON.stringify(text)} == ${JSON.stringify(reference)}`);
+  expect(finish === "length", "finish_reason length");
+  expect(usage && usage.completion_tokens === 12, "usage chunk with 12 completion tokens");
+});
+
+await check("completion logprobs: one entry per token, at most N alternatives", async () => {
+  const r = await client.completions.create({ ...greedy, prompt: "Hello", max_tokens: 6, logprobs: 3 });
+  const lp = r.choices[0].logprobs;
+  expect(lp.tokens.length === 6 && lp.token_logprobs.length === 6, "6 tokens with logprobs");
+  for (let i = 0; i < 6; i++) {
+    expect(lp.token_logprobs[i] <= 0, "logprob <= 0");
+    const alts = Object.values(lp.top_logprobs[i]);
+    expect(alts.length >= 1 && alts.length <= 3, `1..3 alternatives, got ${alts.length}`);
+    // Greedy: the sampled token is the most likely one.
+    expect(Math.max(...alts) <= lp.token_logprobs[i] + 1e-4, "greedy token is the top one");
+  }
+});
+
+await check("stop string: output ends before it, finish_reason stop", async () => {
+  const full = (await client.completions.create({ ...greedy, prompt: "Once upon", max_tokens: 24 }))
+    .choices[0].text;
+  const chars = [...full];
+  const start = Math.min(4, chars.length - 3);
+  const stop = chars.slice(start, start + 2).join("");
+  const r = await client.completions.create({ ...greedy, prompt: "Once upon", max_tokens: 24, stop: [stop] });
+  expect(r.choices[0].finish_reason === "stop", `finish_reason stop, got ${r.choices[0].finish_reason}`);
+  expect(r.choices[0].text === full.slice(0, full.indexOf(stop)),
+         `${JSON.stringify(r.choices[0].text)} is the text before ${JSON.stringify(stop)}`);
+});
+
+await check("chat, non-streaming and streaming: same reply, logprobs, usage", async () => {
+  const messages = [{ role: "system", content: "Be brief." }, { role: "user", content: "Hi there" }];
+  const r = await client.chat.completions.create({
+    ...greedy, messages, max_completion_tokens: 8, logprobs: true, top_logprobs: 2,
+  });
+  expect(r.object === "chat.completion", "object chat.completion");
+  const c = r.choices[0];
+  expect(c.message.role === "assistant" && c.finish_reason === "length", "assistant, length");
+  expect(c.logprobs.content.length === 8, `8 logprob entries, got ${c.logprobs.content.length}`);
+  expect(c.logprobs.content.every((t) => t.top_logprobs.length === 2), "2 alternatives each");
+  expect(r.usage.completion_tokens === 8, "usage");
+  const stream = await client.chat.completions.create({
+    ...greedy, messages, max_completion_tokens: 8, stream: true,
+    stream_options: { include_usage: true },
+  });
+  let text = "", role = null, usage = null;
+  for await (const ch of stream) {
+    if (ch.usage) usage = ch.usage;
+    for (const choice of ch.choices) {
+      if (choice.delta.role) role = choice.delta.role;
+      text += choice.delta.content || "";
+    }
+  }
+  expect(role === "assistant", "the first chunk names the role");
+  expect(text === c.message.content, `streamed ${JSON.stringify(text)} == ${JSON.stringify(c.message.content)}`);
+  expect(usage && usage.prompt_tokens === r.usage.prompt_tokens, "same prompt tokens");
+});
+
+await check("bad request: 400 naming the field", async () => {
+  let e = await expectError(client.completions.create({ model: MODEL, prompt: "x", temperature: -1 }),
+                            400, "temperature -1");
+  expect(/temperature/.test(e.message), `message names temperature: ${e.message}`);
+  e = await expectError(client.completions.create({ model: MODEL, prompt: "x", n: 2 }), 400, "n 2");
+  expect(/n > 1 is not supported/.test(e.message), e.message);
+  e = await expectError(client.completions.create({ model: MODEL, prompt: "x", frobnicate: 1 }),
+                        400, "unknown field");
+  expect(e.param === "frobnicate", `param frobnicate, got ${e.param}`);
+  await expectError(client.completions.create({ model: "no-such-model", prompt: "x" }), 404, "model");
+});
+
+await check("bad key: 401", async () => {
+  const bad = new OpenAI({ baseURL: BASE_URL, apiKey: "wrong-" + API_KEY, maxRetries: 0 });
+  await expectError(bad.completions.create({ model: MODEL, prompt: "x", max_tokens: 1 }), 401, "bad key");
+  await expectError(bad.models.list(), 401, "bad key on /v1/models");
+});
+
+await check("disconnect mid-stream frees the request's KV blocks", async () => {
+  const baseline = await metric("llm_kv_cache_usage_perc");
+  const cancelledBefore = await metric(CANCELLED, 0);
+  const controller = new AbortController();
+  const stream = await client.completions.create(
+    { ...greedy, prompt: "A long story:", max_tokens: MAX_TOKENS_LIMIT, stream: true },
+    { signal: controller.signal });
+  let chunks = 0;
+  try {
+    for await (const c of stream) {
+      if (++chunks === 3) {
+        expect((await metric("llm_num_requests_running")) === 1, "the request is running");
+        controller.abort();
+      }
+    }
+  } catch (e) {
+    expect(e.name === "AbortError" || e instanceof OpenAI.APIUserAbortError, `aborted: ${e}`);
+  }
+  // The server notices at its next output; poll until the engine has let the request go.
+  for (;;) {
+    const running = await metric("llm_num_requests_running");
+    const usage = await metric("llm_kv_cache_usage_perc");
+    if (running === 0 && usage <= baseline) break;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  expect((await metric(CANCELLED, 0)) === cancelledBefore + 1,
+         "the request ended as cancelled (the client went away), not by length");
+});
+
+console.log("ALL OK");

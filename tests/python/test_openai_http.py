@@ -1,0 +1,362 @@
+#!/usr/bin/python3
+"""The OpenAI HTTP API, API keys and TLS on both front ends, end to end.
+
+Starts llm-server with the tiny model and drives it with curl (SSE framing, errors, TLS), the
+official `openai` npm client (tests/node/openai_client.mjs) and gRPC (API keys, TLS). Run with
+Debian's interpreter:
+  /usr/bin/python3 -m pytest tests/python/test_openai_http.py
+Paths come from LLM_SERVER_BIN, LLM_TINY_MODEL and LLM_PROTO_PYTHON (defaults: build/cpu).
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SERVER_BIN = os.environ.get("LLM_SERVER_BIN", os.path.join(REPO, "build/cpu/server/llm-server"))
+TINY_MODEL = os.environ.get("LLM_TINY_MODEL", os.path.join(REPO, "build/cpu/models/tiny-llama"))
+PROTO_PYTHON = os.environ.get("LLM_PROTO_PYTHON", os.path.join(REPO, "build/cpu/python"))
+NODE_DIR = os.path.join(REPO, "tests", "node")
+API_KEY = "sk-test-0123456789"
+MAX_TOKENS_LIMIT = 512
+STARTUP_TIMEOUT_S = 60
+
+
+class Server:
+    """One llm-server process; ports come from the LISTENING lines it prints."""
+
+    def __init__(self, extra):
+        self.cmd = [SERVER_BIN, "--model", TINY_MODEL, "--listen-address", "127.0.0.1:0",
+                    "--metrics-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
+                    "--kv-cache-memory-mb", "64", "--block-size", "16", "--num-kv-blocks", "96",
+                    "--max-tokens-limit", str(MAX_TOKENS_LIMIT), "--shutdown-grace-s", "1"] + extra
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, text=True)
+        self.log = []
+        self.ports = {}
+        ready = threading.Event()
+
+        def read():
+            for line in self.proc.stdout:
+                self.log.append(line.rstrip())
+                for key in ("LISTENING", "HTTP_LISTENING", "METRICS_LISTENING"):
+                    if line.startswith(key + " "):
+                        self.ports[key] = int(line.split()[1])
+                if "LISTENING" in self.ports:  # printed last
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(STARTUP_TIMEOUT_S) or "LISTENING" not in self.ports:
+            self.stop()
+            raise RuntimeError("server did not start:\n" + "\n".join(self.log[-30:]))
+        self.grpc_port = self.ports["LISTENING"]
+        self.http_port = self.ports["HTTP_LISTENING"]
+        self.metrics_port = self.ports["METRICS_LISTENING"]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server(["--api-key", API_KEY, "--max-request-body-bytes", "65536"])
+    yield s
+    s.stop()
+
+
+def curl(url, *args, key=API_KEY, data=None):
+    """Returns (http status, body bytes)."""
+    cmd = ["curl", "-sS", "-N", "-o", "-", "-w", "\n%{http_code}", url] + list(args)
+    if key is not None:
+        cmd += ["-H", f"Authorization: Bearer {key}"]
+    if data is not None:
+        cmd += ["-H", "Content-Type: application/json", "--data-binary", "@-"]
+    res = subprocess.run(cmd, input=data.encode() if isinstance(data, str) else data,
+                         capture_output=True, timeout=120)
+    assert res.returncode == 0, res.stderr.decode()
+    body, _, code = res.stdout.rpartition(b"\n")
+    return int(code), body
+
+
+def error_of(body):
+    err = json.loads(body)["error"]
+    assert set(err) == {"message", "type", "param", "code"}, err
+    return err
+
+
+def test_sse_framing(server):
+    req = {"model": "tiny-llama", "prompt": "Hello there", "max_tokens": 6, "temperature": 0,
+           "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    code, body = curl(f"http://127.0.0.1:{server.http_port}/v1/completions", data=json.dumps(req))
+    assert code == 200
+    text = body.decode()
+    assert text.endswith("data: [DONE]\n\n")
+    events = text.split("\n\n")[:-1]
+    assert all(e.startswith("data: ") and "\n" not in e for e in events), events
+    chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    usage = chunks[-1]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 6
+    assert usage["usage"]["total_tokens"] == usage["usage"]["prompt_tokens"] + 6
+    assert "cached_tokens" in usage["usage"]["prompt_tokens_details"]
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks[:-1]]
+    assert finishes[-1] == "length" and all(f is None for f in finishes[:-1])
+    # The streamed text is the non-streamed text.
+    req.pop("stream"), req.pop("stream_options")
+    code, whole = curl(f"http://127.0.0.1:{server.http_port}/v1/completions", data=json.dumps(req))
+    assert code == 200
+    full = json.loads(whole)
+    assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == full["choices"][0]["text"]
+    assert full["usage"]["completion_tokens"] == 6
+
+
+def test_errors_have_openai_shape_and_status(server):
+    base = f"http://127.0.0.1:{server.http_port}"
+    code, body = curl(base + "/v1/nothing")
+    assert code == 404 and error_of(body)["type"] == "invalid_request_error"
+    code, body = curl(base + "/v1/completions", data="{not json")
+    assert code == 400 and "JSON" in error_of(body)["message"]
+    code, body = curl(base + "/v1/completions", data=json.dumps({"prompt": "x", "best_of": 3}))
+    assert code == 400 and error_of(body)["param"] == "best_of"
+    code, body = curl(base + "/v1/completions", data=json.dumps({"prompt": "x", "top_p": 2}))
+    assert code == 400 and "top_p" in error_of(body)["message"]
+    code, body = curl(base + "/v1/completions",
+                      data=json.dumps({"prompt": "x", "max_tokens": MAX_TOKENS_LIMIT + 1}))
+    assert code == 400 and "max_tokens" in error_of(body)["message"]
+    code, body = curl(base + "/v1/completions", data=json.dumps({"prompt": "x" * 70000}))
+    assert code == 413 and "max_request_body_bytes" in error_of(body)["message"]
+    # Fields that cannot change the output are accepted.
+    code, body = curl(base + "/v1/completions",
+                      data=json.dumps({"prompt": "x", "max_tokens": 1, "user": "u", "n": 1,
+                                       "store": False, "metadata": {"a": "b"}}))
+    assert code == 200, body
+
+
+def test_api_key_on_http(server):
+    base = f"http://127.0.0.1:{server.http_port}"
+    code, body = curl(base + "/v1/models", key=None)
+    assert code == 401 and error_of(body)["code"] == "invalid_api_key"
+    code, body = curl(base + "/v1/models", key="wrong")
+    assert code == 401
+    code, body = curl(base + "/v1/completions", key="wrong", data="{not json")
+    assert code == 401, "the key is checked before the body is looked at"
+    code, _ = curl(base + "/health", key=None)
+    assert code == 200
+    code, body = curl(base + "/v1/models")
+    assert code == 200 and json.loads(body)["data"][0]["id"] == "tiny-llama"
+
+
+def test_tokenize_detokenize(server):
+    base = f"http://127.0.0.1:{server.http_port}"
+    code, body = curl(base + "/tokenize", data=json.dumps({"prompt": "Hello world"}))
+    assert code == 200
+    tok = json.loads(body)
+    assert tok["count"] == len(tok["tokens"]) > 0
+    no_bos = json.loads(curl(base + "/tokenize", data=json.dumps(
+        {"prompt": "Hello world", "add_special_tokens": False}))[1])["tokens"]
+    assert tok["tokens"][-len(no_bos):] == no_bos
+    code, body = curl(base + "/detokenize", data=json.dumps({"tokens": no_bos}))
+    assert code == 200 and json.loads(body)["prompt"] == "Hello world"
+    code, body = curl(base + "/detokenize", data=json.dumps({"tokens": [10 ** 6]}))
+    assert code == 400
+
+
+def grpc_modules():
+    sys.path.insert(0, PROTO_PYTHON)
+    import grpc
+    from llm.v1 import generation_pb2, generation_pb2_grpc
+    return grpc, generation_pb2, generation_pb2_grpc
+
+
+def test_api_key_on_grpc(server):
+    grpc, pb, pb_grpc = grpc_modules()
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as ch:
+        stub = pb_grpc.GenerationStub(ch)
+        req = pb.GenerateRequest(text="hi", stopping=pb.StoppingParams(max_tokens=2))
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.Generate(req, timeout=30))
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as e:
+            stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30,
+                              metadata=[("authorization", "Bearer wrong")])
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        out = list(stub.Generate(req, timeout=30, metadata=[("authorization", f"Bearer {API_KEY}")]))
+        assert out[-1].complete.usage.completion_tokens == 2
+        # The chat form goes through the same renderer as /v1/chat/completions.
+        chat = pb.GenerateRequest(chat=pb.ChatPrompt(messages=[pb.ChatMessage(role="user",
+                                                                              content="hi")]))
+        chat.stopping.max_tokens = 5
+        chat.stopping.ignore_eos = True
+        chat.sampling.temperature = 0
+        out = list(stub.Generate(chat, timeout=30,
+                                 metadata=[("authorization", f"Bearer {API_KEY}")]))
+        grpc_text = "".join(m.chunk.text for m in out) + out[-1].complete.text
+        code, body = curl(f"http://127.0.0.1:{server.http_port}/v1/chat/completions", data=json.dumps(
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "ignore_eos": True,
+             "temperature": 0}))
+        http = json.loads(body)
+        assert code == 200 and http["choices"][0]["message"]["content"] == grpc_text
+        assert http["usage"]["prompt_tokens"] == out[-1].complete.usage.prompt_tokens
+        # grpc.health.v1.Health/Check stays open: bytes in, SERVING (b"\x08\x01") out.
+        health = ch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=30)
+        assert health == b"\x08\x01"
+
+
+def test_openai_node_client(server):
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed")
+    subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True,
+                   capture_output=True, timeout=300)
+    env = dict(os.environ, BASE_URL=f"http://127.0.0.1:{server.http_port}/v1", API_KEY=API_KEY,
+               METRICS_URL=f"http://127.0.0.1:{server.metrics_port}/metrics", MODEL="tiny-llama",
+               MAX_TOKENS_LIMIT=str(MAX_TOKENS_LIMIT))
+    res = subprocess.run(["node", "openai_client.mjs"], cwd=NODE_DIR, env=env, capture_output=True,
+                         text=True, timeout=300)
+    print(res.stdout, res.stderr)
+    assert res.returncode == 0 and "ALL OK" in res.stdout, res.stdout + res.stderr
+
+
+def make_ca_and_cert(d):
+    """A throw-away CA and a server certificate for 127.0.0.1 signed by it."""
+    def ossl(*args):
+        subprocess.run(["openssl"] + list(args), cwd=d, check=True, capture_output=True)
+    ossl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+         "-days", "1", "-subj", "/CN=llm-server test CA")
+    ossl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+         "-subj", "/CN=127.0.0.1")
+    with open(os.path.join(d, "ext.cnf"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    ossl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+         "-CAcreateserial", "-out", "server.pem", "-days", "1", "-extfile", "ext.cnf")
+    return [os.path.join(d, n) for n in ("ca.pem", "server.pem", "server.key")]
+
+
+def test_tls_on_both_front_ends(tmp_path):
+    ca, cert, key = make_ca_and_cert(str(tmp_path))
+    s = Server(["--tls-cert-file", cert, "--tls-key-file", key, "--api-key", API_KEY])
+    try:
+        url = f"https://127.0.0.1:{s.http_port}/v1/completions"
+        code, body = curl(url, "--cacert", ca,
+                          data=json.dumps({"prompt": "Hi", "max_tokens": 3, "ignore_eos": True}))
+        assert code == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
+        # Without the CA the client refuses the certificate; plain HTTP gets no answer.
+        res = subprocess.run(["curl", "-sS", f"https://127.0.0.1:{s.http_port}/health"],
+                             capture_output=True, timeout=60)
+        assert res.returncode != 0
+        res = subprocess.run(["curl", "-sS", f"http://127.0.0.1:{s.http_port}/health"],
+                             capture_output=True, timeout=60)
+        assert res.returncode != 0 or b"200" not in res.stdout
+
+        grpc, pb, pb_grpc = grpc_modules()
+        with open(ca, "rb") as f:
+            creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+        with grpc.secure_channel(f"127.0.0.1:{s.grpc_port}", creds) as ch:
+            info = pb_grpc.GenerationStub(ch).GetModelInfo(
+                pb.GetModelInfoRequest(), timeout=30,
+                metadata=[("authorization", f"Bearer {API_KEY}")])
+            assert info.model_name == "tiny-llama"
+        with grpc.insecure_channel(f"127.0.0.1:{s.grpc_port}") as ch:
+            with pytest.raises(grpc.RpcError) as e:
+                pb_grpc.GenerationStub(ch).GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        s.stop()
+
+
+def scrape(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        out = {}
+        for line in r.read().decode().splitlines():
+            if line and not line.startswith("#"):
+                k, _, v = line.rpartition(" ")
+                out[k] = float(v)
+        return out
+
+
+def test_non_streaming_disconnect_aborts(server):
+    """A client that leaves a non-streaming request frees it too (ended as cancelled)."""
+    cancelled = 'llm_requests_total{outcome="cancelled"}'
+    length = 'llm_requests_total{outcome="length"}'
+    m0 = scrape(server.metrics_port)
+    body = json.dumps({"prompt": "Tell me everything", "max_tokens": MAX_TOKENS_LIMIT,
+                       "ignore_eos": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=60)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n"
+                 .encode() + body)
+    while scrape(server.metrics_port).get("llm_num_requests_running") != 1:
+        time.sleep(0.01)  # until the engine runs it
+    sock.close()
+    while True:  # until the request has ended, one way or the other
+        m = scrape(server.metrics_port)
+        if m.get(cancelled, 0) + m.get(length, 0) > m0.get(cancelled, 0) + m0.get(length, 0):
+            break
+        time.sleep(0.01)
+    assert m.get(cancelled, 0) == m0.get(cancelled, 0) + 1, "ended by the disconnect"
+    # The gauges follow at the end of the engine step that dropped it.
+    while m["llm_num_requests_running"] != 0 or m["llm_kv_cache_usage_perc"] != 0:
+        time.sleep(0.01)
+        m = scrape(server.metrics_port)
+
+
+def open_stream(port, body):
+    """Starts a streaming request on a raw socket; returns the socket once the headers came."""
+    data = json.dumps(dict(body, stream=True)).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=120)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(4096)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return sock
+
+
+def test_queue_full_429_and_shutdown_503():
+    """One running request, one waiting: the next gets 429. After SIGTERM, new requests get 503
+    while the running one finishes its grace period."""
+    s = Server(["--max-num-seqs", "1", "--max-queued-requests", "1", "--shutdown-grace-s", "60",
+                "--max-tokens-limit", "4000", "--num-kv-blocks", "300"])
+    try:
+        long_req = {"prompt": "Go on", "max_tokens": 4000, "ignore_eos": True}
+        a = open_stream(s.http_port, long_req)
+        while scrape(s.metrics_port).get("llm_num_requests_running") != 1:
+            time.sleep(0.01)
+        b = open_stream(s.http_port, long_req)
+        while scrape(s.metrics_port).get("llm_num_requests_waiting") != 1:
+            time.sleep(0.01)
+        base = f"http://127.0.0.1:{s.http_port}"
+        code, body = curl(base + "/v1/completions", key=None,
+                          data=json.dumps({"prompt": "x", "max_tokens": 1}))
+        assert code == 429, body
+        err = error_of(body)
+        assert err["type"] == "rate_limit_error" and "queue" in err["message"]
+        b.close()  # the waiting request leaves; then shut down with `a` still running
+        while scrape(s.metrics_port).get("llm_num_requests_waiting") != 0:
+            time.sleep(0.01)
+        s.proc.send_signal(signal.SIGTERM)
+        while curl(base + "/health", key=None)[0] != 503:
+            time.sleep(0.01)
+        code, body = curl(base + "/v1/completions", key=None,
+                          data=json.dumps({"prompt": "x", "max_tokens": 1}))
+        assert code == 503 and "shutting down" in error_of(body)["message"]
+        a.close()  # the last request leaves; the server exits without waiting out the grace
+        assert s.proc.wait(60) == 0
+    finally:
+        s.stop()
