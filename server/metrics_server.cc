@@ -2,6 +2,8 @@
 
 #include <httplib.h>
 
+#include "server/http_listen.h"
+
 namespace llm {
 
 MetricsServer::MetricsServer(std::shared_ptr<EngineMetrics> metrics)
@@ -24,23 +26,7 @@ MetricsServer::~MetricsServer() {
 }
 
 StatusOr<int> MetricsServer::Start(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos) return InvalidArgument("metrics_address must be host:port");
-  const std::string host = address.substr(0, colon);
-  int port = 0;
-  try {
-    port = std::stoi(address.substr(colon + 1));
-  } catch (const std::exception&) {
-    return InvalidArgument("metrics_address has a bad port: " + address);
-  }
-  if (port == 0) {
-    port = http_->bind_to_any_port(host);
-  } else if (!http_->bind_to_port(host, port)) {
-    port = -1;
-  }
-  if (port <= 0) return Unavailable("cannot bind metrics endpoint to " + address);
-  thread_ = std::thread([this] { http_->listen_after_bind(); });
-  return port;
+  return ListenHttp(http_.get(), address, "metrics_address", &thread_);
 }
 
 void MetricsServer::Stop() {

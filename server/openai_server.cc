@@ -5,6 +5,7 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include "server/http_listen.h"
 #include "server/openai_protocol.h"
 #include "server/output_queue.h"
 
@@ -420,24 +421,7 @@ StatusOr<int> OpenAiServer::Start() {
     http_ = std::make_unique<httplib::Server>();
   }
   Routes();
-  const std::string& address = config_.address;
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos) return InvalidArgument("http_address must be host:port");
-  const std::string host = address.substr(0, colon);
-  int port = 0;
-  try {
-    port = std::stoi(address.substr(colon + 1));
-  } catch (const std::exception&) {
-    return InvalidArgument("http_address has a bad port: " + address);
-  }
-  if (port == 0) {
-    port = http_->bind_to_any_port(host);
-  } else if (!http_->bind_to_port(host, port)) {
-    port = -1;
-  }
-  if (port <= 0) return Unavailable("cannot bind the HTTP API to " + address);
-  thread_ = std::thread([this] { http_->listen_after_bind(); });
-  return port;
+  return ListenHttp(http_.get(), config_.address, "http_address", &thread_);
 }
 
 void OpenAiServer::Stop() {
