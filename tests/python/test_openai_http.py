@@ -21,6 +21,8 @@ import urllib.request
 
 import pytest
 
+from conftest import PACED_LONG, PACED_MODEL
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SERVER_BIN = os.environ.get("LLM_SERVER_BIN", os.path.join(REPO, "build/cpu/server/llm-server"))
 TINY_MODEL = os.environ.get("LLM_TINY_MODEL", os.path.join(REPO, "build/cpu/models/tiny-llama"))
@@ -34,10 +36,10 @@ STARTUP_TIMEOUT_S = 60
 class Server:
     """One llm-server process; ports come from the LISTENING lines it prints."""
 
-    def __init__(self, extra):
-        self.cmd = [SERVER_BIN, "--model", TINY_MODEL, "--listen-address", "127.0.0.1:0",
+    def __init__(self, extra, model=None):
+        self.cmd = [SERVER_BIN, "--model", model or TINY_MODEL, "--listen-address", "127.0.0.1:0",
                     "--metrics-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
-                    "--kv-cache-memory-mb", "64", "--block-size", "16", "--num-kv-blocks", "96",
+                    "--block-size", "16", "--num-kv-blocks", "96",
                     "--max-tokens-limit", str(MAX_TOKENS_LIMIT), "--shutdown-grace-s", "1"] + extra
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, text=True)
@@ -289,12 +291,21 @@ def scrape(port):
         return out
 
 
-def test_non_streaming_disconnect_aborts(server):
-    """A client that leaves a non-streaming request frees it too (ended as cancelled)."""
+def test_non_streaming_disconnect_aborts():
+    """A client that leaves a non-streaming request frees it too (ended as cancelled). The paced
+    model keeps the request running for minutes, so the disconnect always comes first."""
+    server = Server(["--max-tokens-limit", str(PACED_LONG)], model=PACED_MODEL)
+    try:
+        disconnect_aborts(server)
+    finally:
+        server.stop()
+
+
+def disconnect_aborts(server):
     cancelled = 'llm_requests_total{outcome="cancelled"}'
     length = 'llm_requests_total{outcome="length"}'
     m0 = scrape(server.metrics_port)
-    body = json.dumps({"prompt": "Tell me everything", "max_tokens": MAX_TOKENS_LIMIT,
+    body = json.dumps({"prompt": [5, 6, 7, 8], "max_tokens": PACED_LONG,
                        "ignore_eos": True}).encode()
     sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=60)
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -330,11 +341,13 @@ def open_stream(port, body):
 
 def test_queue_full_429_and_shutdown_503():
     """One running request, one waiting: the next gets 429. After SIGTERM, new requests get 503
-    while the running one finishes its grace period."""
+    while the running one finishes its grace period. The paced model keeps both running for
+    minutes."""
     s = Server(["--max-num-seqs", "1", "--max-queued-requests", "1", "--shutdown-grace-s", "60",
-                "--max-tokens-limit", "4000", "--num-kv-blocks", "300"])
+                "--max-tokens-limit", str(PACED_LONG), "--num-kv-blocks", "1200"],
+               model=PACED_MODEL)
     try:
-        long_req = {"prompt": "Go on", "max_tokens": 4000, "ignore_eos": True}
+        long_req = {"prompt": [5, 6, 7, 8], "max_tokens": PACED_LONG, "ignore_eos": True}
         a = open_stream(s.http_port, long_req)
         while scrape(s.metrics_port).get("llm_num_requests_running") != 1:
             time.sleep(0.01)
@@ -343,7 +356,7 @@ def test_queue_full_429_and_shutdown_503():
             time.sleep(0.01)
         base = f"http://127.0.0.1:{s.http_port}"
         code, body = curl(base + "/v1/completions", key=None,
-                          data=json.dumps({"prompt": "x", "max_tokens": 1}))
+                          data=json.dumps({"prompt": [5], "max_tokens": 1}))
         assert code == 429, body
         err = error_of(body)
         assert err["type"] == "rate_limit_error" and "queue" in err["message"]
@@ -354,7 +367,7 @@ def test_queue_full_429_and_shutdown_503():
         while curl(base + "/health", key=None)[0] != 503:
             time.sleep(0.01)
         code, body = curl(base + "/v1/completions", key=None,
-                          data=json.dumps({"prompt": "x", "max_tokens": 1}))
+                          data=json.dumps({"prompt": [5], "max_tokens": 1}))
         assert code == 503 and "shutting down" in error_of(body)["message"]
         a.close()  # the last request leaves; the server exits without waiting out the grace
         assert s.proc.wait(60) == 0
