@@ -418,7 +418,10 @@ Status ReadQuantizationConfig(const json& j, const std::string& file, WeightQuan
     if (q.Has("kv_cache_scheme")) return refuse("kv_cache_scheme");
     LLM_ASSIGN_OR_RETURN(const json* groups, q.Object("config_groups"));
     if (groups == nullptr || groups->size() != 1) return refuse("other than one config group");
-    const auto& [gname, group] = *groups->items().begin();
+    // The one group's name and value (items() is a temporary: no structured binding into it).
+    const json::const_iterator first = groups->begin();
+    const std::string gname = first.key();
+    const json& group = first.value();
     if (!group.is_object()) return InvalidArgument(q.where + ": config_groups." + gname);
     const JsonScope g = q.Sub(group, "config_groups");
     LLM_ASSIGN_OR_RETURN(const json* w, g.Object("weights"));

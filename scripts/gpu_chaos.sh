@@ -10,13 +10,14 @@
 #   ../shared/gpu/pack.sh .devpack build/cuda/server/llm-server
 #   cp -r build/cuda/python .devpack/ && cp build/cuda/models/tiny-llama/tokenizer.json .devpack/
 # CHAOS_MODEL (default llama3-8b, a configs/models/ directory, served with dummy weights),
-# CHAOS_KV (int8), CHAOS_EXTRA (more server flags; later flags win), CHAOS_REQUESTS (600 per
+# CHAOS_KV (int8), CHAOS_DEVICE (the device flags, default "--device cuda --dummy-weights true
+# --weight-dtype fp8"), CHAOS_EXTRA (more server flags; later flags win), CHAOS_REQUESTS (600 per
 # chaos phase), CHAOS_IN / CHAOS_OUT (mean prompt / output tokens, 700 / 300),
 # CHAOS_CLEAN_REQUESTS (128), CHAOS_REQUEST_TIMEOUT_S / CHAOS_LOAD_TIMEOUT_S (120 / 300: limits
 # per request and per loadgen run that only catch a hang; a slow machine raises them). A dry run on the CPU (ctest chaos_cpu_dry_run runs a smaller one):
-#   CHAOS_MODEL_DIR=build/cpu/models/tiny-llama CHAOS_KV=auto CHAOS_EXTRA="--device cpu
-#   --dummy-weights false --weight-dtype auto --num-kv-blocks 256 --block-size 16
-#   --max-num-seqs 16" CHAOS_REQUESTS=100 scripts/gpu_chaos.sh
+#   CHAOS_MODEL_DIR=build/cpu/models/tiny-llama CHAOS_KV=auto CHAOS_DEVICE="--device cpu"
+#   CHAOS_EXTRA="--num-kv-blocks 256 --block-size 16 --max-num-seqs 16" CHAOS_REQUESTS=100
+#   scripts/gpu_chaos.sh
 set -uo pipefail
 source "$(dirname "$0")/server_launch.sh"
 OUT="${OUT:-$(pwd)/gpu-out}"
@@ -38,8 +39,11 @@ check() {  # check NAME CONDITION-EXIT-CODE DETAIL
 }
 log="$OUT/chaos_server.log"
 # 640 blocks of 64 tokens hold 40,960 tokens; 128 streams of up to ~1,400 need more than that.
-if ! start_server "$log" "$SERVER" --model-dir $model --device cuda --dummy-weights true \
-    --kv-cache-dtype "${CHAOS_KV:-int8}" --weight-dtype fp8 --max-num-seqs 128 \
+# Explicit options that cannot apply to the device are refused, so the CPU dry run replaces the
+# device flags instead of overriding them.
+# shellcheck disable=SC2086
+if ! start_server "$log" "$SERVER" --model-dir $model ${CHAOS_DEVICE:---device cuda --dummy-weights true --weight-dtype fp8} \
+    --kv-cache-dtype "${CHAOS_KV:-int8}" --max-num-seqs 128 \
     --max-batched-tokens 8192 --max-tokens-limit 4096 --num-kv-blocks 640 --block-size 64 \
     --listen-address 127.0.0.1:0 --metrics-address 127.0.0.1:0 --http-address 127.0.0.1:0 --shutdown-grace-s 5 \
     ${CHAOS_EXTRA:-}; then

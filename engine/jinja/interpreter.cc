@@ -100,6 +100,10 @@ Interpreter::Interpreter(const RenderLimits& limits, std::time_t now) : limits_(
   }
 }
 
+Interpreter::~Interpreter() {
+  for (const std::shared_ptr<Scope>& scope : scopes_) scope->clear();
+}
+
 void Interpreter::SetGlobal(const std::string& name, Value value) {
   (*scopes_[0])[name] = std::move(value);
 }

@@ -25,6 +25,11 @@ struct RenderLimits {
 class Interpreter {
  public:
   Interpreter(const RenderLimits& limits, std::time_t now);
+  // Macros hold the global scope they are stored in (a reference cycle): emptying every scope
+  // here frees them, also after a render that stopped on an error.
+  ~Interpreter();
+  Interpreter(const Interpreter&) = delete;
+  Interpreter& operator=(const Interpreter&) = delete;
 
   // Variables visible to the template (messages, tools, bos_token, ...); set before Render.
   void SetGlobal(const std::string& name, Value value);

@@ -291,7 +291,7 @@ TEST_CASE("ServerConfig requires model_dir", "[server_config]") {
   CHECK(Contains(c2.status().message(), "model_dir"));
 }
 
-TEST_CASE("Command line: --help, --help-all, --version exit 0; errors exit 2", "[server_config]") {
+TEST_CASE("Command line: --help, --help-all, --version exit 0, errors exit 2", "[server_config]") {
   for (const char* flag : {"--help", "-h"}) {
     // Even with other (valid or invalid) arguments around it.
     CommandLine cl = ParseCommandLine({"--model-dir", "/m", flag, "--bogus", "1"});
