@@ -24,8 +24,8 @@ import chat_template_reference as ref  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "..", "fixtures", "chat_templates")
 NOW = 1796212800  # 2026-12-02 12:00:00 UTC, pinned in both renderers
-REQUIRED = ["deepseek_v3", "gemma3", "llama3", "llama3_1", "llama3_2", "mistral_nemo", "qwen2_5",
-            "qwen3"]
+REQUIRED = ["deepseek_v3", "gemma3", "gptoss", "llama3", "llama3_1", "llama3_2", "mistral_nemo",
+            "qwen2_5", "qwen3"]
 
 
 def cached_templates(workdir):
