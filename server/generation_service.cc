@@ -11,6 +11,29 @@ grpc::Status ToGrpcStatus(const Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(s.code())), s.message());
 }
 
+namespace {
+
+// The OpenAI JSON message /v1/chat/completions would receive for `m`, so that both front ends
+// hand the chat template the same variables.
+nlohmann::ordered_json ChatMessageJson(const pb::ChatMessage& m) {
+  nlohmann::ordered_json j = {{"role", m.role()}};
+  if (m.has_content()) j["content"] = m.content();
+  if (m.has_name()) j["name"] = m.name();
+  if (!m.tool_calls().empty()) {
+    nlohmann::ordered_json calls = nlohmann::ordered_json::array();
+    for (const pb::ToolCall& c : m.tool_calls()) {
+      calls.push_back({{"id", c.id()},
+                       {"type", "function"},
+                       {"function", {{"name", c.name()}, {"arguments", c.arguments()}}}});
+    }
+    j["tool_calls"] = std::move(calls);
+  }
+  if (m.has_tool_call_id()) j["tool_call_id"] = m.tool_call_id();
+  return j;
+}
+
+}  // namespace
+
 Status FromProto(const pb::GenerateRequest& in, GenerateParams* out) {
   out->request_id = in.request_id();
   switch (in.prompt_case()) {
@@ -25,7 +48,7 @@ Status FromProto(const pb::GenerateRequest& in, GenerateParams* out) {
       ChatPromptParams chat;
       chat.messages = nlohmann::ordered_json::array();
       for (const pb::ChatMessage& m : in.chat().messages()) {
-        chat.messages.push_back({{"role", m.role()}, {"content", m.content()}});
+        chat.messages.push_back(ChatMessageJson(m));
       }
       if (chat.messages.empty()) return InvalidArgument("chat prompt has no messages");
       if (in.chat().has_add_generation_prompt()) {

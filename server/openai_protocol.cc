@@ -205,7 +205,7 @@ const std::map<std::string, FieldParser>& ChatFields() {
       {"tools",
        [](const json& v, OpenAiRequest* r) -> std::string {
          if (!v.is_array()) return "must be a list";
-         if (!v.empty()) r->tools = v;
+         r->tools = v;
          return "";
        }},
       {"tool_choice", OnlyDefault("auto", "only tool_choice \"auto\" is supported")},

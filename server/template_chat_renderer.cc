@@ -27,7 +27,9 @@ StatusOr<std::string> TemplateChatRenderer::Render(const nlohmann::ordered_json&
                                                    bool add_generation_prompt) const {
   ChatRenderRequest r;
   r.messages = messages;
-  r.tools = tools;
+  // An empty list renders as no tools (tools=None; a template's `tools is not none` would
+  // otherwise write an empty tool section), on every path: both front ends' chat and /tokenize.
+  if (!(tools.is_array() && tools.empty())) r.tools = tools;
   r.add_generation_prompt = add_generation_prompt;
   r.extra = extra_;
   auto out = template_.Render(r);
