@@ -19,11 +19,13 @@ reads an environment variable, so `pytest tests/python` works once they are expo
 A test that needs a path that was not given is skipped with the option's name.
 
 Fixtures
-  server        factory: server(extra_flags=[...], model=None, name="server") starts llm-server
-                on free loopback ports (--listen-address/--metrics-address 127.0.0.1:0, read back
-                from its LISTENING / METRICS_LISTENING lines) and returns a ServerHandle; every
-                server it started is killed at the test's teardown. model defaults to --model;
-                pass PACED_MODEL (or paced_model(...)) for a request that must still be running.
+  server        factory: server(extra_flags=[...], model=None, name="server", tls=None) starts
+                llm-server on free loopback ports (--listen-address / --metrics-address /
+                --http-address 127.0.0.1:0, read back from its LISTENING / METRICS_LISTENING /
+                HTTP_LISTENING lines) and returns a ServerHandle; every server it started is
+                killed at the test's teardown. model defaults to --model; pass PACED_MODEL (or
+                paced_model(...)) for a request that must still be running. tls=TlsFiles serves
+                both front ends over TLS with its certificate (--tls-cert-file/--tls-key-file).
   module_server the same factory, but its servers live for the whole module (share one server
                 between the cases of a file).
   grpc, pb, pb_grpc   the grpc module and the generated llm.v1 protos.
@@ -31,9 +33,13 @@ Fixtures
   workdir       a scratch directory per test (under --workdir when given).
   seed          --seed (or $LLM_TEST_SEED), else a fresh random seed; printed, so a failing
                 randomized test can be rerun with it.
+  tls_files     a throw-away CA and a certificate for 127.0.0.1 signed by it (TlsFiles: ca,
+                cert, key paths), for server(tls=...).
 
-ServerHandle: grpc_port, metrics_port, target, proc, log_path; channel(), stub() (a
-GenerationStub), metrics() (the /metrics gauges and counters as {name: float}), wait_idle()
+ServerHandle: grpc_port, metrics_port, http_port, http_base (http:// or https://127.0.0.1:port),
+target, proc, log_path; channel() (TLS-verified against the CA when started with tls),
+insecure_channel(), stub() (a GenerationStub), metrics() (the /metrics gauges and counters as
+{name: float}; the metrics endpoint is plain HTTP even with tls), wait_idle()
 (polls until nothing runs, waits or holds KV blocks), wait_for_log(substring), log_text(),
 terminate() (SIGTERM, returns the exit code), wait_exit(), alive().
 
@@ -45,6 +51,7 @@ long request lasts minutes); waits poll for an event with a generous limit that 
 against a hang (HANG_S).
 """
 
+import collections
 import os
 import random
 import re
@@ -71,6 +78,23 @@ def paced_model(step_delay_ms=50, vocab=1000, max_len=100000):
 
 
 PACED_MODEL = paced_model()
+
+TlsFiles = collections.namedtuple("TlsFiles", "ca cert key")
+
+
+def make_tls_files(d):
+    """A throw-away CA and a server certificate for 127.0.0.1 signed by it, in directory d."""
+    def ossl(*args):
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+    ossl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+         "-days", "1", "-subj", "/CN=llm-server test CA")
+    ossl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+         "-subj", "/CN=127.0.0.1")
+    with open(os.path.join(d, "ext.cnf"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    ossl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+         "-CAcreateserial", "-out", "server.pem", "-days", "1", "-extfile", "ext.cnf")
+    return TlsFiles(*(os.path.join(d, n) for n in ("ca.pem", "server.pem", "server.key")))
 
 _PATH_OPTIONS = {
     # option name: (environment variable, help)
@@ -126,6 +150,11 @@ def workdir(request, tmp_path):
     return path
 
 
+@pytest.fixture
+def tls_files(tmp_path):
+    return make_tls_files(str(tmp_path))
+
+
 @pytest.fixture(scope="session")
 def _protos(request):
     sys.path.insert(0, _option(request.config, "proto_python"))
@@ -152,8 +181,8 @@ def pb_grpc(_protos):
 class ServerHandle:
     """One llm-server process; its merged stdout/stderr goes to log_path and to memory."""
 
-    def __init__(self, cmd, log_path, name, protos):
-        self.cmd, self.log_path, self.name = cmd, log_path, name
+    def __init__(self, cmd, log_path, name, protos, tls=None):
+        self.cmd, self.log_path, self.name, self.tls = cmd, log_path, name, tls
         self._grpc, self._pb, self._pb_grpc = protos
         self._lines = []
         self._cond = threading.Condition()
@@ -171,6 +200,8 @@ class ServerHandle:
             raise RuntimeError(f"{name} did not print 'LISTENING <port>' (exit code "
                                f"{self.proc.poll()}):\n{self.log_text(40)}")
         self.target = f"127.0.0.1:{self.grpc_port}"
+        scheme = "https" if tls else "http"
+        self.http_base = f"{scheme}://127.0.0.1:{self.http_port}" if self.http_port else None
 
     def _read(self):
         for line in self.proc.stdout:
@@ -214,8 +245,21 @@ class ServerHandle:
         return self.proc.poll() is None
 
     def channel(self):
-        ch = self._grpc.insecure_channel(self.target)
+        """A ready channel: TLS (verified against the test CA) when the server was started with
+        tls, else plain."""
+        if self.tls:
+            with open(self.tls.ca, "rb") as f:
+                creds = self._grpc.ssl_channel_credentials(root_certificates=f.read())
+            ch = self._grpc.secure_channel(self.target, creds)
+        else:
+            ch = self._grpc.insecure_channel(self.target)
         self._grpc.channel_ready_future(ch).result(timeout=HANG_S)
+        self._channels.append(ch)
+        return ch
+
+    def insecure_channel(self):
+        """A plain channel, not waited for (against a TLS server it never becomes ready)."""
+        ch = self._grpc.insecure_channel(self.target)
         self._channels.append(ch)
         return ch
 
@@ -281,13 +325,15 @@ class _Factory:
         self.config, self.base_dir, self.protos = config, base_dir, protos
         self.handles = []
 
-    def __call__(self, extra_flags=(), model=None, name="server"):
+    def __call__(self, extra_flags=(), model=None, name="server", tls=None):
         model = model or _option(self.config, "model")
         cmd = [_option(self.config, "server_bin"), "--model", model,
-               "--listen-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
-               *map(str, extra_flags)]
+               "--listen-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0",
+               "--http-address", "127.0.0.1:0", *map(str, extra_flags)]
+        if tls:
+            cmd += ["--tls-cert-file", tls.cert, "--tls-key-file", tls.key]
         log_path = os.path.join(self.base_dir, f"{name}-{len(self.handles)}.log")
-        h = ServerHandle(cmd, log_path, name, self.protos)
+        h = ServerHandle(cmd, log_path, name, self.protos, tls)
         self.handles.append(h)
         _ACTIVE.append(h)
         return h

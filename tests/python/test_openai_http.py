@@ -1,11 +1,12 @@
 #!/usr/bin/python3
 """The OpenAI HTTP API, API keys and TLS on both front ends, end to end.
 
-Starts llm-server with the tiny model and drives it with curl (SSE framing, errors, TLS), the
-official `openai` npm client (tests/node/openai_client.mjs) and gRPC (API keys, TLS). Run with
-Debian's interpreter:
-  /usr/bin/python3 -m pytest tests/python/test_openai_http.py
-Paths come from LLM_SERVER_BIN, LLM_TINY_MODEL and LLM_PROTO_PYTHON (defaults: build/cpu).
+Starts llm-server (the shared `server` / `module_server` fixtures of conftest.py) with the tiny
+model and drives it with curl (SSE framing, errors, TLS), the official `openai` npm client
+(tests/node/openai_client.mjs) and gRPC (API keys, TLS). Run with Debian's interpreter and the
+paths conftest.py describes:
+  /usr/bin/python3 -m pytest tests/python/test_openai_http.py --server-bin ... --model ...
+      --proto-python ...
 """
 
 import json
@@ -14,72 +15,28 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
-import threading
 import time
-import urllib.request
 
 import pytest
 
-from conftest import PACED_LONG, PACED_MODEL
+from conftest import HANG_S, PACED_LONG, PACED_MODEL
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SERVER_BIN = os.environ.get("LLM_SERVER_BIN", os.path.join(REPO, "build/cpu/server/llm-server"))
-TINY_MODEL = os.environ.get("LLM_TINY_MODEL", os.path.join(REPO, "build/cpu/models/tiny-llama"))
-PROTO_PYTHON = os.environ.get("LLM_PROTO_PYTHON", os.path.join(REPO, "build/cpu/python"))
 NODE_DIR = os.path.join(REPO, "tests", "node")
 API_KEY = "sk-test-0123456789"
 MAX_TOKENS_LIMIT = 512
-STARTUP_TIMEOUT_S = 60
+AUTH = [("authorization", f"Bearer {API_KEY}")]
 
 
-class Server:
-    """One llm-server process; ports come from the LISTENING lines it prints."""
-
-    def __init__(self, extra, model=None):
-        self.cmd = [SERVER_BIN, "--model", model or TINY_MODEL, "--listen-address", "127.0.0.1:0",
-                    "--metrics-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
-                    "--block-size", "16", "--num-kv-blocks", "96",
-                    "--max-tokens-limit", str(MAX_TOKENS_LIMIT), "--shutdown-grace-s", "1"] + extra
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, text=True)
-        self.log = []
-        self.ports = {}
-        ready = threading.Event()
-
-        def read():
-            for line in self.proc.stdout:
-                self.log.append(line.rstrip())
-                for key in ("LISTENING", "HTTP_LISTENING", "METRICS_LISTENING"):
-                    if line.startswith(key + " "):
-                        self.ports[key] = int(line.split()[1])
-                if "LISTENING" in self.ports:  # printed last
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        if not ready.wait(STARTUP_TIMEOUT_S) or "LISTENING" not in self.ports:
-            self.stop()
-            raise RuntimeError("server did not start:\n" + "\n".join(self.log[-30:]))
-        self.grpc_port = self.ports["LISTENING"]
-        self.http_port = self.ports["HTTP_LISTENING"]
-        self.metrics_port = self.ports["METRICS_LISTENING"]
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+def flags(*extra):
+    """The flags every server of this file runs with, then `extra` (later flags win)."""
+    return ["--block-size", "16", "--num-kv-blocks", "96", "--max-tokens-limit",
+            str(MAX_TOKENS_LIMIT), "--shutdown-grace-s", "1", *extra]
 
 
 @pytest.fixture(scope="module")
-def server():
-    s = Server(["--api-key", API_KEY, "--max-request-body-bytes", "65536"])
-    yield s
-    s.stop()
+def shared(module_server):
+    return module_server(flags("--api-key", API_KEY, "--max-request-body-bytes", "65536"))
 
 
 def curl(url, *args, key=API_KEY, data=None):
@@ -102,10 +59,10 @@ def error_of(body):
     return err
 
 
-def test_sse_framing(server):
+def test_sse_framing(shared):
     req = {"model": "tiny-llama", "prompt": "Hello there", "max_tokens": 6, "temperature": 0,
            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    code, body = curl(f"http://127.0.0.1:{server.http_port}/v1/completions", data=json.dumps(req))
+    code, body = curl(f"{shared.http_base}/v1/completions", data=json.dumps(req))
     assert code == 200
     text = body.decode()
     assert text.endswith("data: [DONE]\n\n")
@@ -120,15 +77,15 @@ def test_sse_framing(server):
     assert finishes[-1] == "length" and all(f is None for f in finishes[:-1])
     # The streamed text is the non-streamed text.
     req.pop("stream"), req.pop("stream_options")
-    code, whole = curl(f"http://127.0.0.1:{server.http_port}/v1/completions", data=json.dumps(req))
+    code, whole = curl(f"{shared.http_base}/v1/completions", data=json.dumps(req))
     assert code == 200
     full = json.loads(whole)
     assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == full["choices"][0]["text"]
     assert full["usage"]["completion_tokens"] == 6
 
 
-def test_errors_have_openai_shape_and_status(server):
-    base = f"http://127.0.0.1:{server.http_port}"
+def test_errors_have_openai_shape_and_status(shared):
+    base = shared.http_base
     code, body = curl(base + "/v1/nothing")
     assert code == 404 and error_of(body)["type"] == "invalid_request_error"
     code, body = curl(base + "/v1/completions", data="{not json")
@@ -149,8 +106,8 @@ def test_errors_have_openai_shape_and_status(server):
     assert code == 200, body
 
 
-def test_api_key_on_http(server):
-    base = f"http://127.0.0.1:{server.http_port}"
+def test_api_key_on_http(shared):
+    base = shared.http_base
     code, body = curl(base + "/v1/models", key=None)
     assert code == 401 and error_of(body)["code"] == "invalid_api_key"
     code, body = curl(base + "/v1/models", key="wrong")
@@ -163,8 +120,8 @@ def test_api_key_on_http(server):
     assert code == 200 and json.loads(body)["data"][0]["id"] == "tiny-llama"
 
 
-def test_tokenize_detokenize(server):
-    base = f"http://127.0.0.1:{server.http_port}"
+def test_tokenize_detokenize(shared):
+    base = shared.http_base
     code, body = curl(base + "/tokenize", data=json.dumps({"prompt": "Hello world"}))
     assert code == 200
     tok = json.loads(body)
@@ -178,55 +135,46 @@ def test_tokenize_detokenize(server):
     assert code == 400
 
 
-def grpc_modules():
-    sys.path.insert(0, PROTO_PYTHON)
-    import grpc
-    from llm.v1 import generation_pb2, generation_pb2_grpc
-    return grpc, generation_pb2, generation_pb2_grpc
+def test_api_key_on_grpc(shared, grpc, pb):
+    ch = shared.channel()
+    stub = shared.stub()
+    req = pb.GenerateRequest(text="hi", stopping=pb.StoppingParams(max_tokens=2))
+    with pytest.raises(grpc.RpcError) as e:
+        list(stub.Generate(req, timeout=HANG_S))
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(grpc.RpcError) as e:
+        stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=HANG_S,
+                          metadata=[("authorization", "Bearer wrong")])
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    out = list(stub.Generate(req, timeout=HANG_S, metadata=AUTH))
+    assert out[-1].complete.usage.completion_tokens == 2
+    # The chat form goes through the same renderer as /v1/chat/completions.
+    chat = pb.GenerateRequest(chat=pb.ChatPrompt(messages=[pb.ChatMessage(role="user",
+                                                                          content="hi")]))
+    chat.stopping.max_tokens = 5
+    chat.stopping.ignore_eos = True
+    chat.sampling.temperature = 0
+    out = list(stub.Generate(chat, timeout=HANG_S, metadata=AUTH))
+    grpc_text = "".join(m.chunk.text for m in out) + out[-1].complete.text
+    code, body = curl(f"{shared.http_base}/v1/chat/completions", data=json.dumps(
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "ignore_eos": True,
+         "temperature": 0}))
+    http = json.loads(body)
+    assert code == 200 and http["choices"][0]["message"]["content"] == grpc_text
+    assert http["usage"]["prompt_tokens"] == out[-1].complete.usage.prompt_tokens
+    # grpc.health.v1.Health/Check stays open: bytes in, SERVING (b"\x08\x01") out.
+    health = ch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=HANG_S)
+    assert health == b"\x08\x01"
 
 
-def test_api_key_on_grpc(server):
-    grpc, pb, pb_grpc = grpc_modules()
-    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as ch:
-        stub = pb_grpc.GenerationStub(ch)
-        req = pb.GenerateRequest(text="hi", stopping=pb.StoppingParams(max_tokens=2))
-        with pytest.raises(grpc.RpcError) as e:
-            list(stub.Generate(req, timeout=30))
-        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        with pytest.raises(grpc.RpcError) as e:
-            stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30,
-                              metadata=[("authorization", "Bearer wrong")])
-        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        out = list(stub.Generate(req, timeout=30, metadata=[("authorization", f"Bearer {API_KEY}")]))
-        assert out[-1].complete.usage.completion_tokens == 2
-        # The chat form goes through the same renderer as /v1/chat/completions.
-        chat = pb.GenerateRequest(chat=pb.ChatPrompt(messages=[pb.ChatMessage(role="user",
-                                                                              content="hi")]))
-        chat.stopping.max_tokens = 5
-        chat.stopping.ignore_eos = True
-        chat.sampling.temperature = 0
-        out = list(stub.Generate(chat, timeout=30,
-                                 metadata=[("authorization", f"Bearer {API_KEY}")]))
-        grpc_text = "".join(m.chunk.text for m in out) + out[-1].complete.text
-        code, body = curl(f"http://127.0.0.1:{server.http_port}/v1/chat/completions", data=json.dumps(
-            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "ignore_eos": True,
-             "temperature": 0}))
-        http = json.loads(body)
-        assert code == 200 and http["choices"][0]["message"]["content"] == grpc_text
-        assert http["usage"]["prompt_tokens"] == out[-1].complete.usage.prompt_tokens
-        # grpc.health.v1.Health/Check stays open: bytes in, SERVING (b"\x08\x01") out.
-        health = ch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=30)
-        assert health == b"\x08\x01"
-
-
-def test_openai_node_client(server):
+def test_openai_node_client(shared):
     npm = shutil.which("npm")
     if npm is None:
         pytest.skip("npm is not installed")
     subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True,
                    capture_output=True, timeout=300)
-    env = dict(os.environ, BASE_URL=f"http://127.0.0.1:{server.http_port}/v1", API_KEY=API_KEY,
-               METRICS_URL=f"http://127.0.0.1:{server.metrics_port}/metrics", MODEL="tiny-llama",
+    env = dict(os.environ, BASE_URL=f"{shared.http_base}/v1", API_KEY=API_KEY,
+               METRICS_URL=f"http://127.0.0.1:{shared.metrics_port}/metrics", MODEL="tiny-llama",
                MAX_TOKENS_LIMIT=str(MAX_TOKENS_LIMIT))
     res = subprocess.run(["node", "openai_client.mjs"], cwd=NODE_DIR, env=env, capture_output=True,
                          text=True, timeout=300)
@@ -234,96 +182,46 @@ def test_openai_node_client(server):
     assert res.returncode == 0 and "ALL OK" in res.stdout, res.stdout + res.stderr
 
 
-def make_ca_and_cert(d):
-    """A throw-away CA and a server certificate for 127.0.0.1 signed by it."""
-    def ossl(*args):
-        subprocess.run(["openssl"] + list(args), cwd=d, check=True, capture_output=True)
-    ossl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
-         "-days", "1", "-subj", "/CN=llm-server test CA")
-    ossl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
-         "-subj", "/CN=127.0.0.1")
-    with open(os.path.join(d, "ext.cnf"), "w") as f:
-        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    ossl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-         "-CAcreateserial", "-out", "server.pem", "-days", "1", "-extfile", "ext.cnf")
-    return [os.path.join(d, n) for n in ("ca.pem", "server.pem", "server.key")]
+def test_tls_on_both_front_ends(server, tls_files, grpc, pb, pb_grpc):
+    s = server(flags("--api-key", API_KEY), tls=tls_files)
+    assert s.http_base.startswith("https://")
+    code, body = curl(f"{s.http_base}/v1/completions", "--cacert", tls_files.ca,
+                      data=json.dumps({"prompt": "Hi", "max_tokens": 3, "ignore_eos": True}))
+    assert code == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
+    # Without the CA the client refuses the certificate; plain HTTP gets no answer.
+    res = subprocess.run(["curl", "-sS", f"{s.http_base}/health"], capture_output=True,
+                         timeout=60)
+    assert res.returncode != 0
+    res = subprocess.run(["curl", "-sS", f"http://127.0.0.1:{s.http_port}/health"],
+                         capture_output=True, timeout=60)
+    assert res.returncode != 0 or b"200" not in res.stdout
+    info = s.stub().GetModelInfo(pb.GetModelInfoRequest(), timeout=HANG_S, metadata=AUTH)
+    assert info.model_name == "tiny-llama"
+    with pytest.raises(grpc.RpcError) as e:
+        pb_grpc.GenerationStub(s.insecure_channel()).GetModelInfo(pb.GetModelInfoRequest(),
+                                                                  timeout=30)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
-def test_tls_on_both_front_ends(tmp_path):
-    ca, cert, key = make_ca_and_cert(str(tmp_path))
-    s = Server(["--tls-cert-file", cert, "--tls-key-file", key, "--api-key", API_KEY])
-    try:
-        url = f"https://127.0.0.1:{s.http_port}/v1/completions"
-        code, body = curl(url, "--cacert", ca,
-                          data=json.dumps({"prompt": "Hi", "max_tokens": 3, "ignore_eos": True}))
-        assert code == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
-        # Without the CA the client refuses the certificate; plain HTTP gets no answer.
-        res = subprocess.run(["curl", "-sS", f"https://127.0.0.1:{s.http_port}/health"],
-                             capture_output=True, timeout=60)
-        assert res.returncode != 0
-        res = subprocess.run(["curl", "-sS", f"http://127.0.0.1:{s.http_port}/health"],
-                             capture_output=True, timeout=60)
-        assert res.returncode != 0 or b"200" not in res.stdout
-
-        grpc, pb, pb_grpc = grpc_modules()
-        with open(ca, "rb") as f:
-            creds = grpc.ssl_channel_credentials(root_certificates=f.read())
-        with grpc.secure_channel(f"127.0.0.1:{s.grpc_port}", creds) as ch:
-            info = pb_grpc.GenerationStub(ch).GetModelInfo(
-                pb.GetModelInfoRequest(), timeout=30,
-                metadata=[("authorization", f"Bearer {API_KEY}")])
-            assert info.model_name == "tiny-llama"
-        with grpc.insecure_channel(f"127.0.0.1:{s.grpc_port}") as ch:
-            with pytest.raises(grpc.RpcError) as e:
-                pb_grpc.GenerationStub(ch).GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
-            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
-    finally:
-        s.stop()
-
-
-def scrape(port):
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
-        out = {}
-        for line in r.read().decode().splitlines():
-            if line and not line.startswith("#"):
-                k, _, v = line.rpartition(" ")
-                out[k] = float(v)
-        return out
-
-
-def test_non_streaming_disconnect_aborts():
+def test_non_streaming_disconnect_aborts(server):
     """A client that leaves a non-streaming request frees it too (ended as cancelled). The paced
     model keeps the request running for minutes, so the disconnect always comes first."""
-    server = Server(["--max-tokens-limit", str(PACED_LONG)], model=PACED_MODEL)
-    try:
-        disconnect_aborts(server)
-    finally:
-        server.stop()
-
-
-def disconnect_aborts(server):
+    s = server(flags("--max-tokens-limit", str(PACED_LONG)), model=PACED_MODEL)
     cancelled = 'llm_requests_total{outcome="cancelled"}'
     length = 'llm_requests_total{outcome="length"}'
-    m0 = scrape(server.metrics_port)
+    m0 = s.metrics()
     body = json.dumps({"prompt": [5, 6, 7, 8], "max_tokens": PACED_LONG,
                        "ignore_eos": True}).encode()
-    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=60)
+    sock = socket.create_connection(("127.0.0.1", s.http_port), timeout=60)
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n"
-                 .encode() + body)
-    while scrape(server.metrics_port).get("llm_num_requests_running") != 1:
-        time.sleep(0.01)  # until the engine runs it
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    s.wait_metrics(lambda m: m.get("llm_num_requests_running") == 1, "the engine runs it")
     sock.close()
-    while True:  # until the request has ended, one way or the other
-        m = scrape(server.metrics_port)
-        if m.get(cancelled, 0) + m.get(length, 0) > m0.get(cancelled, 0) + m0.get(length, 0):
-            break
-        time.sleep(0.01)
+    m = s.wait_metrics(lambda m: m.get(cancelled, 0) + m.get(length, 0) >
+                       m0.get(cancelled, 0) + m0.get(length, 0), "the request has ended")
     assert m.get(cancelled, 0) == m0.get(cancelled, 0) + 1, "ended by the disconnect"
     # The gauges follow at the end of the engine step that dropped it.
-    while m["llm_num_requests_running"] != 0 or m["llm_kv_cache_usage_perc"] != 0:
-        time.sleep(0.01)
-        m = scrape(server.metrics_port)
+    s.wait_idle()
 
 
 def open_stream(port, body):
@@ -339,37 +237,32 @@ def open_stream(port, body):
     return sock
 
 
-def test_queue_full_429_and_shutdown_503():
+def test_queue_full_429_and_shutdown_503(server):
     """One running request, one waiting: the next gets 429. After SIGTERM, new requests get 503
     while the running one finishes its grace period. The paced model keeps both running for
     minutes."""
-    s = Server(["--max-num-seqs", "1", "--max-queued-requests", "1", "--shutdown-grace-s", "60",
-                "--max-tokens-limit", str(PACED_LONG), "--num-kv-blocks", "1200"],
+    s = server(flags("--max-num-seqs", "1", "--max-queued-requests", "1", "--shutdown-grace-s",
+                     "60", "--max-tokens-limit", str(PACED_LONG), "--num-kv-blocks", "1200"),
                model=PACED_MODEL)
-    try:
-        long_req = {"prompt": [5, 6, 7, 8], "max_tokens": PACED_LONG, "ignore_eos": True}
-        a = open_stream(s.http_port, long_req)
-        while scrape(s.metrics_port).get("llm_num_requests_running") != 1:
-            time.sleep(0.01)
-        b = open_stream(s.http_port, long_req)
-        while scrape(s.metrics_port).get("llm_num_requests_waiting") != 1:
-            time.sleep(0.01)
-        base = f"http://127.0.0.1:{s.http_port}"
-        code, body = curl(base + "/v1/completions", key=None,
-                          data=json.dumps({"prompt": [5], "max_tokens": 1}))
-        assert code == 429, body
-        err = error_of(body)
-        assert err["type"] == "rate_limit_error" and "queue" in err["message"]
-        b.close()  # the waiting request leaves; then shut down with `a` still running
-        while scrape(s.metrics_port).get("llm_num_requests_waiting") != 0:
-            time.sleep(0.01)
-        s.proc.send_signal(signal.SIGTERM)
-        while curl(base + "/health", key=None)[0] != 503:
-            time.sleep(0.01)
-        code, body = curl(base + "/v1/completions", key=None,
-                          data=json.dumps({"prompt": [5], "max_tokens": 1}))
-        assert code == 503 and "shutting down" in error_of(body)["message"]
-        a.close()  # the last request leaves; the server exits without waiting out the grace
-        assert s.proc.wait(60) == 0
-    finally:
-        s.stop()
+    long_req = {"prompt": [5, 6, 7, 8], "max_tokens": PACED_LONG, "ignore_eos": True}
+    a = open_stream(s.http_port, long_req)
+    s.wait_metrics(lambda m: m.get("llm_num_requests_running") == 1, "the first request runs")
+    b = open_stream(s.http_port, long_req)
+    s.wait_metrics(lambda m: m.get("llm_num_requests_waiting") == 1, "the second request waits")
+    code, body = curl(s.http_base + "/v1/completions", key=None,
+                      data=json.dumps({"prompt": [5], "max_tokens": 1}))
+    assert code == 429, body
+    err = error_of(body)
+    assert err["type"] == "rate_limit_error" and "queue" in err["message"]
+    b.close()  # the waiting request leaves; then shut down with `a` still running
+    s.wait_metrics(lambda m: m.get("llm_num_requests_waiting") == 0, "the second request left")
+    s.proc.send_signal(signal.SIGTERM)
+    end = time.monotonic() + HANG_S
+    while curl(s.http_base + "/health", key=None)[0] != 503:
+        assert time.monotonic() < end, "/health never answered 503 after SIGTERM"
+        time.sleep(0.01)
+    code, body = curl(s.http_base + "/v1/completions", key=None,
+                      data=json.dumps({"prompt": [5], "max_tokens": 1}))
+    assert code == 503 and "shutting down" in error_of(body)["message"]
+    a.close()  # the last request leaves; the server exits without waiting out the grace
+    assert s.wait_exit(60) == 0
