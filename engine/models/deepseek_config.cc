@@ -4,7 +4,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <numbers>
 
 #include <nlohmann/json.hpp>
 
@@ -74,37 +73,21 @@ double YarnGetMscale(double scale, double mscale) {
 
 float DeepseekConfig::SoftmaxScale() const {
   double s = 1.0 / std::sqrt(static_cast<double>(qk_head_dim()));
-  if (yarn.enabled && yarn.mscale_all_dim != 0.0f) {
-    const double m = YarnGetMscale(yarn.factor, yarn.mscale_all_dim);
+  if (yarn.enabled() && yarn.mscale_all_dim != 0.0f) {
+    const double m = YarnGetMscale(yarn.freq.factor, yarn.mscale_all_dim);
     s *= m * m;
   }
   return static_cast<float>(s);
 }
 
 float DeepseekConfig::RopeMscale() const {
-  if (!yarn.enabled) return 1.0f;
-  return static_cast<float>(YarnGetMscale(yarn.factor, yarn.mscale) /
-                            YarnGetMscale(yarn.factor, yarn.mscale_all_dim));
+  if (!yarn.enabled()) return 1.0f;
+  return static_cast<float>(YarnGetMscale(yarn.freq.factor, yarn.mscale) /
+                            YarnGetMscale(yarn.freq.factor, yarn.mscale_all_dim));
 }
 
 std::vector<float> DeepseekConfig::RopeInvFreq() const {
-  const int dim = qk_rope_head_dim;
-  if (!yarn.enabled) {
-    std::vector<float> inv(dim / 2);
-    for (int i = 0; i < dim / 2; ++i) {
-      inv[i] = static_cast<float>(
-          1.0 / std::pow(static_cast<double>(base.rope_theta), static_cast<double>(2 * i) / dim));
-    }
-    return inv;
-  }
-  YarnFreqParams y;
-  y.dim = dim;
-  y.base = base.rope_theta;
-  y.factor = yarn.factor;
-  y.original_max_position_embeddings = yarn.original_max_position_embeddings;
-  y.beta_fast = yarn.beta_fast;
-  y.beta_slow = yarn.beta_slow;
-  return YarnInvFreq(y);
+  return llm::RopeInvFreq(qk_rope_head_dim, static_cast<double>(base.rope_theta), yarn.freq);
 }
 
 bool IsDeepseekModelDir(const std::string& model_dir) {
@@ -191,17 +174,20 @@ StatusOr<DeepseekConfig> LoadDeepseekConfigImpl(const std::string& model_dir) {
   }
   if (rope.type == RopeParameters::Type::kYarn) {
     YarnScaling& y = d.yarn;
-    y.enabled = true;
-    y.factor = rope.factor;
-    y.original_max_position_embeddings = rope.original_max_position_embeddings.value_or(4096);
-    y.beta_fast = rope.beta_fast;
-    y.beta_slow = rope.beta_slow;
+    y.freq.type = RopeScaling::Type::kYarn;
+    y.freq.factor = rope.factor;
+    y.freq.original_max_position_embeddings = rope.original_max_position_embeddings.value_or(4096);
+    y.freq.beta_fast = rope.beta_fast;
+    y.freq.beta_slow = rope.beta_slow;
+    // transformers' _compute_yarn_parameters: truncate = false keeps the correction range's
+    // bounds unrounded (DeepSeek's own code always rounds, i.e. the default true).
+    y.freq.truncate = rope.truncate;
     y.mscale = rope.mscale.value_or(1.0f);
     y.mscale_all_dim = rope.mscale_all_dim.value_or(0.0f);
-    if (rope.attention_factor || !rope.truncate) {
+    if (rope.attention_factor) {
       return Unimplemented(file +
-                           ": yarn 'attention_factor' / 'truncate' are not implemented "
-                           "for DeepSeek");
+                           ": yarn 'attention_factor' is not implemented for DeepSeek (the "
+                           "cos/sin scale comes from mscale / mscale_all_dim)");
     }
   } else if (rope.type != RopeParameters::Type::kDefault) {
     return Unimplemented(file + ": rope type '" + rope.type_name +

@@ -31,13 +31,13 @@ namespace llm {
 constexpr int kMaxRopeDim = 512;  // qk_rope_head_dim bound (64 for DeepSeek)
 
 struct YarnScaling {
-  bool enabled = false;
-  float factor = 1.0f;
-  int original_max_position_embeddings = 4096;
-  float beta_fast = 32.0f;
-  float beta_slow = 1.0f;
+  // The inverse frequencies' settings (factor, original_max_position_embeddings, beta_fast,
+  // beta_slow, truncate), as the Llama-family code carries them: type kYarn when yarn is on,
+  // kNone otherwise. RopeInvFreq (engine/models/rope.h) applies them for both.
+  RopeScaling freq;
   float mscale = 1.0f;
   float mscale_all_dim = 0.0f;
+  bool enabled() const { return freq.type == RopeScaling::Type::kYarn; }
 };
 
 struct DeepseekConfig {

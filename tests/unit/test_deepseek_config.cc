@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -113,7 +114,7 @@ TEST_CASE("DeepSeek-V2 config: fields, yarn, MoE placement", "[deepseek_config]"
   CHECK(c->RopeMscale() == Approx(1.0f));
   const double m = 0.1 * 0.707 * std::log(40.0) + 1.0;
   CHECK(c->SoftmaxScale() == Approx(m * m / std::sqrt(192.0)).epsilon(1e-6));
-  // YaRN bands at d=64, base 1e4, original 4096: low = floor(10.2) = 10, high = ceil(22.9) = 23.
+  // YaRN bands at d=64, base 1e4, original 4096: low = floor(10.47) = 10, high = ceil(22.51) = 23.
   const std::vector<float> inv = c->RopeInvFreq();
   REQUIRE(inv.size() == 32);
   for (int i = 0; i < 32; ++i) {
@@ -125,6 +126,39 @@ TEST_CASE("DeepSeek-V2 config: fields, yarn, MoE placement", "[deepseek_config]"
       CHECK(inv[i] > extra / 40);
     }
   }
+}
+
+TEST_CASE("DeepSeek yarn with truncate false", "[deepseek_config]") {
+  // transformers' _compute_yarn_parameters with truncate = false: the correction range's bounds
+  // stay unrounded, low = 64 ln(4096 / (32 * 2 pi)) / (2 ln 1e4) = 10.47..., high (beta_slow 1)
+  // = 22.51...; inv_freq = extra * (1 - ramp) + extra / factor * ramp, ramp = clamp((i - low) /
+  // (high - low), 0, 1).
+  TempDir dir;
+  json j = V2Lite();
+  j["rope_scaling"]["truncate"] = false;
+  dir.WriteConfig(j);
+  auto c = LoadDeepseekConfig(dir.path());
+  REQUIRE(c.ok());
+  CHECK_FALSE(c->yarn.freq.truncate);
+  const double low = 64 * std::log(4096 / (32 * 2 * M_PI)) / (2 * std::log(10000.0));
+  const double high = 64 * std::log(4096 / (1 * 2 * M_PI)) / (2 * std::log(10000.0));
+  REQUIRE(low == Approx(10.47).margin(0.01));
+  REQUIRE(high == Approx(22.51).margin(0.01));
+  const std::vector<float> inv = c->RopeInvFreq();
+  REQUIRE(inv.size() == 32);
+  for (int i = 0; i < 32; ++i) {
+    CAPTURE(i);
+    const double extra = 1.0 / std::pow(10000.0, 2.0 * i / 64);
+    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+    CHECK(inv[i] == Approx(extra * (1 - ramp) + extra / 40 * ramp).epsilon(1e-6));
+  }
+  // Not the rounded range [10, 23]: i = 11 sits at ramp 0.044 here, 1/13 = 0.077 with truncate.
+  j["rope_scaling"].erase("truncate");
+  dir.WriteConfig(j);
+  auto rounded = LoadDeepseekConfig(dir.path());
+  REQUIRE(rounded.ok());
+  CHECK(rounded->yarn.freq.truncate);
+  CHECK(rounded->RopeInvFreq()[11] != Approx(inv[11]).epsilon(1e-4));
 }
 
 TEST_CASE("DeepSeek-V3 config: defaults and noaux_tc", "[deepseek_config]") {
@@ -175,7 +209,7 @@ TEST_CASE("DeepSeek config extensions and errors", "[deepseek_config]") {
     dir.WriteConfig(j);
     auto c = LoadDeepseekConfig(dir.path());
     REQUIRE(c.ok());
-    CHECK_FALSE(c->yarn.enabled);
+    CHECK_FALSE(c->yarn.enabled());
     CHECK(c->RopeMscale() == 1.0f);
     CHECK(c->SoftmaxScale() == Approx(1.0 / std::sqrt(192.0)));
     CHECK(c->IsMoeLayer(0));
@@ -214,6 +248,8 @@ TEST_CASE("DeepSeek config extensions and errors", "[deepseek_config]") {
        StatusCode::kInvalidArgument, "num_experts_per_tok"},
       {"attention bias", [](json& j) { j["attention_bias"] = true; }, StatusCode::kUnimplemented,
        "attention_bias"},
+      {"yarn attention_factor", [](json& j) { j["rope_scaling"]["attention_factor"] = 1.2; },
+       StatusCode::kUnimplemented, "attention_factor"},
   };
   for (const Bad& b : bad) {
     CAPTURE(b.what);
