@@ -74,6 +74,20 @@ bool PyLess(const Value& a, const Value& b) {
               "'");
 }
 
+// jinja2's min / max: the first item that no later one beats (Python's min/max keep the first of
+// equal items); undefined for an empty sequence.
+Value MinOrMax(const Value& seq, CallArgs& args, bool max) {
+  ValueList items = Iterate(seq);
+  if (items.empty()) return Value::Undefined("No aggregated item, sequence was empty.");
+  const bool cs = args.Get(0, "case_sensitive").Truthy();
+  Value best = items[0];
+  for (const Value& x : items) {
+    const Value kx = SortKey(x, cs), kbest = SortKey(best, cs);
+    if (max ? PyLess(kbest, kx) : PyLess(kx, kbest)) best = x;
+  }
+  return best;
+}
+
 // select/reject/selectattr/rejectattr: args after the sequence (and attribute) name a test.
 Value SelectOrReject(Interpreter& in, const Value& seq, CallArgs& args, bool by_attr, bool select) {
   size_t next = 0;
@@ -366,26 +380,8 @@ const std::map<std::string, FilterFn>& Filters() {
          }
          return Value::List(out);
        }},
-      {"max",
-       [](Interpreter&, const Value& v, CallArgs& a) {
-         ValueList items = Iterate(v);
-         if (items.empty()) return Value::Undefined("No aggregated item, sequence was empty.");
-         bool cs = a.Get(0, "case_sensitive").Truthy();
-         Value best = items[0];
-         for (const Value& x : items)
-           if (PyLess(SortKey(best, cs), SortKey(x, cs))) best = x;
-         return best;
-       }},
-      {"min",
-       [](Interpreter&, const Value& v, CallArgs& a) {
-         ValueList items = Iterate(v);
-         if (items.empty()) return Value::Undefined("No aggregated item, sequence was empty.");
-         bool cs = a.Get(0, "case_sensitive").Truthy();
-         Value best = items[0];
-         for (const Value& x : items)
-           if (PyLess(SortKey(x, cs), SortKey(best, cs))) best = x;
-         return best;
-       }},
+      {"max", [](Interpreter&, const Value& v, CallArgs& a) { return MinOrMax(v, a, true); }},
+      {"min", [](Interpreter&, const Value& v, CallArgs& a) { return MinOrMax(v, a, false); }},
       {"reject", [](Interpreter& in, const Value& v,
                     CallArgs& a) { return SelectOrReject(in, v, a, false, false); }},
       {"rejectattr", [](Interpreter& in, const Value& v,
