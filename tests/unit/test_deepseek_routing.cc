@@ -5,13 +5,9 @@
 // prefill chunks and decode steps.
 #include <catch2/catch.hpp>
 
-#include <unistd.h>
-
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -19,8 +15,8 @@
 
 #include "engine/engine_core.h"
 #include "engine/models/deepseek_routing.h"
-#include "engine/safetensors.h"
 #include "tests/gpu/engine_generate.h"  // device-neutral: drives the CPU model here
+#include "tests/unit/tiny_checkpoint.h"
 
 namespace llm {
 namespace {
@@ -140,61 +136,50 @@ TEST_CASE("DeepSeek router: group_limited_greedy exact group tie", "[routing]") 
   CHECK(r.weights[0] == Approx(p).margin(1e-6));  // the masked top-k value, unscaled
 }
 
-// A tiny random DeepSeek-V3 (fp32 safetensors) whose MoE routers are zero, so that every token's
-// selection scores are 0.5 + kGroupTieBias at both MoE layers (1 and 2).
-std::string WriteZeroRouterDeepseek() {
-  const fs::path dir =
-      fs::temp_directory_path() / ("llm_test_deepseek_routing_" + std::to_string(getpid()));
-  fs::create_directories(dir);
+// A tiny random DeepSeek-V3 (fp32 safetensors) in `dir` whose MoE routers are zero, so that every
+// token's selection scores are 0.5 + kGroupTieBias at both MoE layers (1 and 2).
+void WriteZeroRouterDeepseek(const fs::path& dir) {
   const int hidden = 32, heads = 2, kv_lora = 16, rope = 8, nope = 8, vdim = 8, layers = 3;
   const int inter = 32, moe_inter = 8, experts = 8, vocab = 64;
-  const nlohmann::json cfg = {{"architectures", {"DeepseekV3ForCausalLM"}},
-                              {"model_type", "deepseek_v3"},
-                              {"hidden_size", hidden},
-                              {"intermediate_size", inter},
-                              {"moe_intermediate_size", moe_inter},
-                              {"num_hidden_layers", layers},
-                              {"num_attention_heads", heads},
-                              {"num_key_value_heads", heads},
-                              {"q_lora_rank", nullptr},
-                              {"kv_lora_rank", kv_lora},
-                              {"qk_rope_head_dim", rope},
-                              {"qk_nope_head_dim", nope},
-                              {"v_head_dim", vdim},
-                              {"n_routed_experts", experts},
-                              {"n_shared_experts", 1},
-                              {"num_experts_per_tok", 2},
-                              {"routed_scaling_factor", 2.5},
-                              {"scoring_func", "sigmoid"},
-                              {"topk_method", "noaux_tc"},
-                              {"n_group", 4},
-                              {"topk_group", 2},
-                              {"norm_topk_prob", true},
-                              {"first_k_dense_replace", 1},
-                              {"moe_layer_freq", 1},
-                              {"hidden_act", "silu"},
-                              {"rope_theta", 10000.0},
-                              {"rope_scaling", nullptr},
-                              {"rms_norm_eps", 1e-6},
-                              {"vocab_size", vocab},
-                              {"max_position_embeddings", 256},
-                              {"tie_word_embeddings", false},
-                              {"attention_bias", false},
-                              {"torch_dtype", "float32"},
-                              {"bos_token_id", 0},
-                              {"eos_token_id", 1}};
-  std::ofstream(dir / "config.json") << cfg.dump();
-  std::mt19937 rng(11);
-  std::vector<TensorToWrite> ts;
+  test::TinyCheckpoint c;
+  c.config = {{"architectures", {"DeepseekV3ForCausalLM"}},
+              {"model_type", "deepseek_v3"},
+              {"hidden_size", hidden},
+              {"intermediate_size", inter},
+              {"moe_intermediate_size", moe_inter},
+              {"num_hidden_layers", layers},
+              {"num_attention_heads", heads},
+              {"num_key_value_heads", heads},
+              {"q_lora_rank", nullptr},
+              {"kv_lora_rank", kv_lora},
+              {"qk_rope_head_dim", rope},
+              {"qk_nope_head_dim", nope},
+              {"v_head_dim", vdim},
+              {"n_routed_experts", experts},
+              {"n_shared_experts", 1},
+              {"num_experts_per_tok", 2},
+              {"routed_scaling_factor", 2.5},
+              {"scoring_func", "sigmoid"},
+              {"topk_method", "noaux_tc"},
+              {"n_group", 4},
+              {"topk_group", 2},
+              {"norm_topk_prob", true},
+              {"first_k_dense_replace", 1},
+              {"moe_layer_freq", 1},
+              {"hidden_act", "silu"},
+              {"rope_theta", 10000.0},
+              {"rope_scaling", nullptr},
+              {"rms_norm_eps", 1e-6},
+              {"vocab_size", vocab},
+              {"max_position_embeddings", 256},
+              {"tie_word_embeddings", false},
+              {"attention_bias", false},
+              {"torch_dtype", "float32"},
+              {"bos_token_id", 0},
+              {"eos_token_id", 1}};
+  uint32_t seed = 11000;
   auto add = [&](const std::string& n, std::vector<int64_t> shape, float mean, float std) {
-    int64_t e = 1;
-    for (int64_t s : shape) e *= s;
-    std::vector<float> v(e);
-    std::normal_distribution<float> nd(mean, std);
-    for (float& x : v) x = std == 0.0f ? mean : nd(rng);
-    TensorToWrite t{n, DType::kF32, std::move(shape), std::vector<std::byte>(e * 4)};
-    std::memcpy(t.data.data(), v.data(), e * 4);
-    ts.push_back(std::move(t));
+    c.AddF32(n, std::move(shape), mean, std, ++seed);
   };
   auto mlp = [&](const std::string& p, int n) {
     add(p + "gate_proj.weight", {n, hidden}, 0, 0.2f);
@@ -217,24 +202,22 @@ std::string WriteZeroRouterDeepseek() {
       continue;
     }
     add(p + "mlp.gate.weight", {experts, hidden}, 0, 0.0f);  // router logits exactly 0
-    TensorToWrite bias{p + "mlp.gate.e_score_correction_bias",
-                       DType::kF32,
-                       {experts},
-                       std::vector<std::byte>(experts * 4)};
-    std::memcpy(bias.data.data(), kGroupTieBias.data(), experts * 4);
-    ts.push_back(std::move(bias));
+    const std::string bias = p + "mlp.gate.e_score_correction_bias";
+    add(bias, {experts}, 0, 0.0f);
+    std::memcpy(c.Find(bias)->data.data(), kGroupTieBias.data(), experts * 4);
     for (int e = 0; e < experts; ++e) mlp(p + "mlp.experts." + std::to_string(e) + ".", moe_inter);
     mlp(p + "mlp.shared_experts.", moe_inter);
   }
   add("model.norm.weight", {hidden}, 1, 0.1f);
   add("lm_head.weight", {vocab, hidden}, 0, 1.0f);
-  REQUIRE(WriteSafetensors((dir / "model.safetensors").string(), ts).ok());
-  return dir.string();
+  c.Write(dir);
 }
 
 TEST_CASE("CPU DeepSeek records every routing decision by request, position and layer",
           "[routing]") {
-  const std::string dir = WriteZeroRouterDeepseek();
+  test::TempDir tmp("deepseek_routing");
+  WriteZeroRouterDeepseek(tmp.path());
+  const std::string dir = tmp.path().string();
   // Prompts of 7 and 40 tokens under a 16-token budget: prefill chunks beside decode steps.
   const std::vector<std::vector<int32_t>> prompts = {std::vector<int32_t>(7, 5),
                                                      std::vector<int32_t>(40, 9)};
@@ -271,15 +254,15 @@ TEST_CASE("CPU DeepSeek records every routing decision by request, position and 
       }
     }
   }
-  fs::remove_all(dir);
 }
 
 TEST_CASE(
     "mla_kernel: unknown values fail the load, and models without routing refuse the observer",
     "[routing]") {
-  const std::string dir = WriteZeroRouterDeepseek();
+  test::TempDir tmp("deepseek_routing");
+  WriteZeroRouterDeepseek(tmp.path());
   EngineConfig cfg;
-  cfg.model.model_dir = dir;
+  cfg.model.model_dir = tmp.path().string();
   cfg.model.block_size = 16;
   cfg.model.num_kv_blocks = 16;
   cfg.require_tokenizer = false;
@@ -290,7 +273,6 @@ TEST_CASE(
   CHECK(bad.status().message() == "mla_kernel must be one of auto, wgmma, portable, got 'fast'");
   cfg.model.mla_kernel = "portable";  // a CUDA choice: the CPU model ignores it
   CHECK(EngineCore::Create(cfg).ok());
-  fs::remove_all(dir);
 
   cfg.model.model_dir = "synthetic:vocab=40,max_len=64";
   cfg.model.mla_kernel = "auto";
