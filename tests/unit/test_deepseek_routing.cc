@@ -141,42 +141,38 @@ TEST_CASE("DeepSeek router: group_limited_greedy exact group tie", "[routing]") 
 void WriteZeroRouterDeepseek(const fs::path& dir) {
   const int hidden = 32, heads = 2, kv_lora = 16, rope = 8, nope = 8, vdim = 8, layers = 3;
   const int inter = 32, moe_inter = 8, experts = 8, vocab = 64;
+  // TinyDeepseekV2's dimensions (hidden 32, 2 heads, MLA 16 + rope 8, vocab 64), as a V3 with
+  // noaux_tc routing over 8 experts in 4 groups after one dense layer.
   test::TinyCheckpoint c;
-  c.config = {{"architectures", {"DeepseekV3ForCausalLM"}},
-              {"model_type", "deepseek_v3"},
-              {"hidden_size", hidden},
-              {"intermediate_size", inter},
-              {"moe_intermediate_size", moe_inter},
-              {"num_hidden_layers", layers},
-              {"num_attention_heads", heads},
-              {"num_key_value_heads", heads},
-              {"q_lora_rank", nullptr},
-              {"kv_lora_rank", kv_lora},
-              {"qk_rope_head_dim", rope},
-              {"qk_nope_head_dim", nope},
-              {"v_head_dim", vdim},
-              {"n_routed_experts", experts},
-              {"n_shared_experts", 1},
-              {"num_experts_per_tok", 2},
-              {"routed_scaling_factor", 2.5},
-              {"scoring_func", "sigmoid"},
-              {"topk_method", "noaux_tc"},
-              {"n_group", 4},
-              {"topk_group", 2},
-              {"norm_topk_prob", true},
-              {"first_k_dense_replace", 1},
-              {"moe_layer_freq", 1},
-              {"hidden_act", "silu"},
-              {"rope_theta", 10000.0},
-              {"rope_scaling", nullptr},
-              {"rms_norm_eps", 1e-6},
-              {"vocab_size", vocab},
-              {"max_position_embeddings", 256},
-              {"tie_word_embeddings", false},
-              {"attention_bias", false},
-              {"torch_dtype", "float32"},
-              {"bos_token_id", 0},
-              {"eos_token_id", 1}};
+  c.config = test::TinyDeepseekV2().config;
+  c.config.update({{"architectures", {"DeepseekV3ForCausalLM"}},
+                   {"model_type", "deepseek_v3"},
+                   {"moe_intermediate_size", moe_inter},
+                   {"num_hidden_layers", layers},
+                   {"n_routed_experts", experts},
+                   {"n_shared_experts", 1},
+                   {"num_experts_per_tok", 2},
+                   {"routed_scaling_factor", 2.5},
+                   {"scoring_func", "sigmoid"},
+                   {"topk_method", "noaux_tc"},
+                   {"n_group", 4},
+                   {"topk_group", 2},
+                   {"norm_topk_prob", true},
+                   {"first_k_dense_replace", 1},
+                   {"moe_layer_freq", 1},
+                   {"rope_theta", 10000.0},
+                   {"rope_scaling", nullptr},
+                   {"attention_bias", false},
+                   {"torch_dtype", "float32"}});
+  // The tensors below are shaped from these.
+  REQUIRE(c.config["hidden_size"] == hidden);
+  REQUIRE(c.config["intermediate_size"] == inter);
+  REQUIRE(c.config["num_attention_heads"] == heads);
+  REQUIRE(c.config["kv_lora_rank"] == kv_lora);
+  REQUIRE(c.config["qk_rope_head_dim"] == rope);
+  REQUIRE(c.config["qk_nope_head_dim"] == nope);
+  REQUIRE(c.config["v_head_dim"] == vdim);
+  REQUIRE(c.config["vocab_size"] == vocab);
   uint32_t seed = 11000;
   auto add = [&](const std::string& n, std::vector<int64_t> shape, float mean, float std) {
     c.AddF32(n, std::move(shape), mean, std, ++seed);
