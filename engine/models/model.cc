@@ -1,7 +1,7 @@
 // Model factory: picks the implementation for a model directory.
 #include "engine/models/model.h"
+#include "engine/models/cpu_decoder.h"
 #include "engine/models/deepseek_model.h"
-#include "engine/models/llama_model.h"
 #include "engine/models/synthetic_model.h"
 #ifdef LLM_HAVE_CUDA
 #include "engine/models/cuda_deepseek_model.h"
@@ -103,7 +103,7 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
   if (options.dummy_weights) return InvalidArgument("dummy weights need the cuda device");
   if (fp8_weights) return InvalidArgument("fp8 weights need the cuda device");
   LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config));
-  LLM_ASSIGN_OR_RETURN(auto model, LlamaModel::Create(config, *weights, options));
+  LLM_ASSIGN_OR_RETURN(auto model, CpuDecoder::Create(config, *weights, options));
   LLM_RETURN_IF_ERROR(weights->CheckAllConsumed(config.architecture_name));
   return std::unique_ptr<Model>(std::move(model));
 }
