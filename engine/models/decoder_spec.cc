@@ -5,8 +5,8 @@
 namespace llm {
 namespace {
 
-// Llama, Mistral, Qwen2: pre-norm attention and a dense SiLU MLP; biases and windows from the
-// config.
+// Llama, Mistral, Qwen2, Qwen3: pre-norm attention and a dense SiLU MLP; biases, windows and
+// Qwen3's per-head q/k norms from the config.
 DecoderSpec LlamaLayers(const ModelConfig& c) {
   DecoderSpec spec;
   spec.rms_norm_eps = c.rms_norm_eps;
@@ -15,6 +15,7 @@ DecoderSpec LlamaLayers(const ModelConfig& c) {
   for (int l = 0; l < c.num_layers; ++l) {
     DecoderLayerSpec& L = spec.layers[l];
     L.qkv_bias = c.qkv_bias;
+    L.qk_norm = c.qk_norm;
     L.o_bias = c.o_bias;
     L.inv_freq = inv_freq;
     L.window_left = c.WindowLeft(l);
@@ -32,6 +33,7 @@ StatusOr<DecoderSpec> MakeDecoderSpec(const ModelConfig& c) {
     case Architecture::kLlama:
     case Architecture::kMistral:
     case Architecture::kQwen2:
+    case Architecture::kQwen3:
       return LlamaLayers(c);
     case Architecture::kDeepseekV2:
     case Architecture::kDeepseekV3:

@@ -93,6 +93,13 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
   LLM_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
 #ifdef LLM_HAVE_CUDA
   if (on_cuda) {
+    // The CUDA Llama runner computes Llama, Mistral and Qwen2 only (no q/k norm, no MoE).
+    if (config.architecture != Architecture::kLlama &&
+        config.architecture != Architecture::kMistral &&
+        config.architecture != Architecture::kQwen2) {
+      return Unimplemented(config.architecture_name +
+                           " is not implemented on device cuda (it runs on --device cpu)");
+    }
     if (options.dummy_weights) return CreateCudaLlamaModel(config, nullptr, options);
     LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config));
     LLM_ASSIGN_OR_RETURN(auto model, CreateCudaLlamaModel(config, weights.get(), options));
