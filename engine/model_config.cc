@@ -107,11 +107,11 @@ Status ReadGenerationDefaults(const JsonScope& g, GenerationDefaults* d) {
 // Qwen2Config; Mistral ignores layer_types, as HF does). Llama has no sliding window.
 Status ReadSlidingWindow(const JsonScope& s, ModelConfig* c) {
   const json& j = s.j;
-  if (c->architecture != Architecture::kMistral && c->architecture != Architecture::kQwen2) {
-    return Status::Ok();
-  }
+  const bool qwen =
+      c->architecture == Architecture::kQwen2 || c->architecture == Architecture::kQwen3;
+  if (c->architecture != Architecture::kMistral && !qwen) return Status::Ok();
   bool use = true;
-  if (c->architecture == Architecture::kQwen2) {
+  if (qwen) {
     use = false;
     LLM_RETURN_IF_ERROR(s.Bool("use_sliding_window", &use));
     if (!use) return Status::Ok();
@@ -121,7 +121,7 @@ Status ReadSlidingWindow(const JsonScope& s, ModelConfig* c) {
   int window = 4096;
   LLM_RETURN_IF_ERROR(s.Int("sliding_window", &window));
   c->sliding_window = window;
-  if (c->architecture != Architecture::kQwen2) return Status::Ok();
+  if (!qwen) return Status::Ok();
 
   c->window_layers.assign(c->num_layers, false);
   if (s.Has("layer_types")) {
@@ -217,10 +217,13 @@ StatusOr<ModelConfig> LoadModelConfigImpl(const std::string& model_dir) {
     c.architecture = Architecture::kMistral;
   } else if (c.architecture_name == "Qwen2ForCausalLM") {
     c.architecture = Architecture::kQwen2;
+  } else if (c.architecture_name == "Qwen3ForCausalLM") {
+    c.architecture = Architecture::kQwen3;
+    c.qk_norm = true;
   } else {
     return Unimplemented(file + ": unsupported architecture '" + c.architecture_name +
                          "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                         "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)");
+                         "Qwen3ForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)");
   }
   LLM_RETURN_IF_ERROR(s.Int("hidden_size", &c.hidden_size, true));
   LLM_RETURN_IF_ERROR(s.Int("intermediate_size", &c.intermediate_size, true));
@@ -256,8 +259,8 @@ StatusOr<ModelConfig> LoadModelConfigImpl(const std::string& model_dir) {
   bool attention_bias = false, mlp_bias = false;
   LLM_RETURN_IF_ERROR(s.Bool("attention_bias", &attention_bias));
   LLM_RETURN_IF_ERROR(s.Bool("mlp_bias", &mlp_bias));
-  if (c.architecture == Architecture::kLlama) {
-    c.qkv_bias = c.o_bias = attention_bias;
+  if (c.architecture == Architecture::kLlama || c.architecture == Architecture::kQwen3) {
+    c.qkv_bias = c.o_bias = attention_bias;  // Qwen3: q/k/v/o alike, as Llama
     c.mlp_bias = mlp_bias;
   } else if (attention_bias || mlp_bias) {
     return Unimplemented(s.Name(attention_bias ? "attention_bias" : "mlp_bias") +
@@ -326,6 +329,8 @@ const char* ArchitectureName(Architecture a) {
       return "MistralForCausalLM";
     case Architecture::kQwen2:
       return "Qwen2ForCausalLM";
+    case Architecture::kQwen3:
+      return "Qwen3ForCausalLM";
     case Architecture::kDeepseekV2:
       return "DeepseekV2ForCausalLM";
     case Architecture::kDeepseekV3:

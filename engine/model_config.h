@@ -15,7 +15,7 @@
 namespace llm {
 
 // DeepSeek configs are read by models/deepseek_config.h (LoadModel dispatches on the name).
-enum class Architecture { kLlama, kMistral, kQwen2, kDeepseekV2, kDeepseekV3 };
+enum class Architecture { kLlama, kMistral, kQwen2, kQwen3, kDeepseekV2, kDeepseekV3 };
 
 const char* ArchitectureName(Architecture a);
 
@@ -90,6 +90,7 @@ struct ModelConfig {
   bool qkv_bias = false;  // q/k/v biases (Qwen2; Llama attention_bias)
   bool o_bias = false;    // o_proj bias (Llama attention_bias)
   bool mlp_bias = false;  // gate/up/down biases (Llama mlp_bias)
+  bool qk_norm = false;   // per-head q_norm / k_norm RMSNorm before rotary (Qwen3)
   // Sliding-window attention (Mistral, Qwen2): the window size W when enabled; a windowed layer's
   // query i sees keys j with i - j < W (HF). Which layers use it: window_layers.
   std::optional<int> sliding_window;

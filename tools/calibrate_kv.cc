@@ -19,8 +19,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "engine/models/cpu_decoder.h"
 #include "engine/models/kv_cache_quant.h"
-#include "engine/models/llama_model.h"
 #include "tools/kv_tool_common.h"
 
 namespace {
@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
   opt.kv_cache_dtype = "auto";  // calibrate on the fp32 cache
   auto model_or = llm::LoadModel(opt);
   if (!model_or.ok()) return Fail(model_or.status());
-  auto* model = dynamic_cast<llm::LlamaModel*>(model_or.value().get());
+  auto* model = dynamic_cast<llm::CpuDecoder*>(model_or.value().get());
   if (model == nullptr) {
     std::fprintf(stderr, "llm-calibrate-kv: %s is not a Llama-family model\n",
                  opt.model_dir.c_str());

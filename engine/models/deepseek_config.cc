@@ -86,6 +86,33 @@ float DeepseekConfig::RopeMscale() const {
                             YarnGetMscale(yarn.freq.factor, yarn.mscale_all_dim));
 }
 
+MoeRouting DeepseekConfig::Routing() const {
+  MoeRouting r;
+  r.num_experts = n_routed_experts;
+  r.top_k = num_experts_per_tok;
+  r.scoring =
+      scoring == Scoring::kSoftmax ? MoeRouting::Scoring::kSoftmax : MoeRouting::Scoring::kSigmoid;
+  switch (topk_method) {
+    case TopkMethod::kGreedy:
+      r.groups = MoeRouting::Groups::kNone;
+      break;
+    case TopkMethod::kGroupLimitedGreedy:
+      r.groups = MoeRouting::Groups::kGroupLimited;
+      break;
+    case TopkMethod::kNoauxTc:
+      r.groups = MoeRouting::Groups::kGroupSumTop2;
+      r.weigh_unbiased = true;
+      break;
+  }
+  r.n_group = n_group;
+  r.topk_group = topk_group;
+  r.normalize = norm_topk_prob && num_experts_per_tok > 1;
+  r.norm_eps = 1e-20f;  // HF MoEGate's denominator
+  // V3 always scales; DeepSeek-V2's gate scales only when it does not normalize.
+  r.scaling = is_v3() || !r.normalize ? routed_scaling_factor : 1.0f;
+  return r;
+}
+
 std::vector<float> DeepseekConfig::RopeInvFreq() const {
   return llm::RopeInvFreq(qk_rope_head_dim, static_cast<double>(base.rope_theta), yarn.freq);
 }

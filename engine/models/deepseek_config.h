@@ -25,6 +25,7 @@
 #include "engine/base/dtype.h"
 #include "engine/base/status.h"
 #include "engine/model_config.h"
+#include "engine/models/moe_router.h"
 
 namespace llm {
 
@@ -79,6 +80,8 @@ struct DeepseekConfig {
   bool IsMoeLayer(int layer) const {
     return n_routed_experts > 0 && layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
   }
+  // The MoE gate's options (moe_router.h) for these routing keys.
+  MoeRouting Routing() const;
   // qk_head_dim^-0.5, times yarn_get_mscale(factor, mscale_all_dim)^2 when that is set.
   float SoftmaxScale() const;
   // Factor on the roped q_pe / k_pe (cos and sin): mscale(mscale) / mscale(mscale_all_dim).

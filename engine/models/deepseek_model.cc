@@ -1,7 +1,7 @@
 #include "engine/models/deepseek_model.h"
 
 #include "engine/models/cpu_ops.h"
-#include "engine/models/deepseek_routing.h"
+#include "engine/models/cpu_weights.h"
 
 #include <cblas.h>
 
@@ -95,22 +95,15 @@ StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::Create(const DeepseekCon
 Status DeepseekModel::LoadWeights(const WeightStore& w) {
   const DeepseekConfig& d = config_;
   const ModelConfig& c = d.base;
-  const int64_t h = c.hidden_size, heads = c.num_q_heads, v = c.vocab_size;
+  const int64_t h = c.hidden_size, heads = c.num_q_heads;
   const int64_t qk = d.qk_head_dim(), lat = d.latent_dim(), C = d.kv_lora_rank;
-  LLM_RETURN_IF_ERROR(w.ReadF32("model.embed_tokens.weight", {v, h}, &embed_));
+  LLM_RETURN_IF_ERROR(ReadEmbeddingAndHead(w, c, &embed_, &lm_head_));
   LLM_RETURN_IF_ERROR(w.ReadF32("model.norm.weight", {h}, &final_norm_));
-  if (!c.tie_word_embeddings) {
-    LLM_RETURN_IF_ERROR(w.ReadF32("lm_head.weight", {v, h}, &lm_head_));
+  const MoeRouting routing = d.Routing();
+  MoeTensorNames moe_names;
+  if (d.topk_method == DeepseekConfig::TopkMethod::kNoauxTc) {
+    moe_names.selection_bias = "e_score_correction_bias";
   }
-  auto read_mlp = [&](const std::string& prefix, int64_t inter, DeepseekMlp* m) -> Status {
-    std::vector<float> tmp;
-    m->intermediate = static_cast<int>(inter);
-    for (const char* name : {"gate_proj", "up_proj"}) {
-      LLM_RETURN_IF_ERROR(w.ReadF32(prefix + name + ".weight", {inter, h}, &tmp));
-      m->w_gate_up.insert(m->w_gate_up.end(), tmp.begin(), tmp.end());
-    }
-    return w.ReadF32(prefix + "down_proj.weight", {h, inter}, &m->w_down);
-  };
 
   layers_.resize(c.num_layers);
   std::vector<float> tmp;
@@ -149,22 +142,12 @@ Status DeepseekModel::LoadWeights(const WeightStore& w) {
 
     L.moe = d.IsMoeLayer(i);
     if (!L.moe) {
-      LLM_RETURN_IF_ERROR(read_mlp(p + "mlp.", c.intermediate_size, &L.dense));
+      LLM_RETURN_IF_ERROR(ReadCpuMlp(w, p + "mlp.", MlpTensorNames(), c.hidden_size,
+                                     c.intermediate_size, false, &L.dense));
       continue;
     }
-    const int64_t E = d.n_routed_experts, I = d.moe_intermediate_size;
-    LLM_RETURN_IF_ERROR(w.ReadF32(p + "mlp.gate.weight", {E, h}, &L.router));
-    const std::string bias = p + "mlp.gate.e_score_correction_bias";
-    if (d.topk_method == DeepseekConfig::TopkMethod::kNoauxTc) {
-      LLM_RETURN_IF_ERROR(w.ReadF32(bias, {E}, &L.router_bias));
-    }
-    L.experts.resize(E);
-    for (int64_t e = 0; e < E; ++e) {
-      LLM_RETURN_IF_ERROR(read_mlp(p + "mlp.experts." + std::to_string(e) + ".", I, &L.experts[e]));
-    }
-    if (d.n_shared_experts > 0) {
-      LLM_RETURN_IF_ERROR(read_mlp(p + "mlp.shared_experts.", I * d.n_shared_experts, &L.shared));
-    }
+    LLM_RETURN_IF_ERROR(ReadCpuMoe(w, p, moe_names, routing, c.hidden_size, d.moe_intermediate_size,
+                                   d.moe_intermediate_size * d.n_shared_experts, &L.moe_block));
   }
   return Status::Ok();
 }
@@ -179,69 +162,6 @@ void DeepseekModel::ApplyRope(float* x, int position) const {
     const float x0 = in[2 * i], x1 = in[2 * i + 1];
     x[i] = x0 * c - x1 * s;
     x[i + half] = x1 * c + x0 * s;
-  }
-}
-
-void DeepseekModel::Mlp(const DeepseekMlp& m, const float* x, int rows, float* out) const {
-  const int H = config_.base.hidden_size, I = m.intermediate;
-  std::vector<float> gu(static_cast<size_t>(rows) * 2 * I), act(static_cast<size_t>(rows) * I);
-  Linear(x, m.w_gate_up.data(), rows, 2 * I, H, gu.data());
-  cpu::SiluMul(gu.data(), rows, I, act.data());
-  Linear(act.data(), m.w_down.data(), rows, H, I, out);
-}
-
-void DeepseekModel::Moe(const DeepseekLayerWeights& L, int layer, const int32_t* positions,
-                        const float* x, int rows, float* out) const {
-  const DeepseekConfig& d = config_;
-  const int H = d.base.hidden_size, E = d.n_routed_experts, K = d.num_experts_per_tok;
-  std::vector<float> logits(static_cast<size_t>(rows) * E);
-  Linear(x, L.router.data(), rows, E, H, logits.data());
-
-  std::vector<std::vector<std::pair<int, float>>> assigned(E);  // expert -> (row, weight)
-  DeepseekRouter router(d);
-  const float* bias = L.router_bias.empty() ? nullptr : L.router_bias.data();
-  std::vector<int32_t> ids(K);
-  std::vector<float> w(K);
-  for (int r = 0; r < rows; ++r) {
-    float margin = 0.0f;
-    router.Route(logits.data() + static_cast<size_t>(r) * E, bias, ids.data(), w.data(),
-                 routing_trace_ != nullptr ? &margin : nullptr);
-    for (int i = 0; i < K; ++i) assigned[ids[i]].emplace_back(r, w[i]);
-    if (routing_trace_ != nullptr) {
-      MoeRoutingDecision& rec = routing_trace_->emplace_back();
-      rec.row = r;
-      rec.position = positions[r];
-      rec.layer = layer;
-      rec.experts = ids;
-      std::sort(rec.experts.begin(), rec.experts.end());
-      rec.margin = margin;
-    }
-  }
-
-  std::fill(out, out + static_cast<size_t>(rows) * H, 0.0f);
-  std::vector<float> xe, ye;
-  for (int e = 0; e < E; ++e) {
-    const auto& list = assigned[e];
-    if (list.empty()) continue;
-    const int n = static_cast<int>(list.size());
-    xe.resize(static_cast<size_t>(n) * H);
-    ye.resize(static_cast<size_t>(n) * H);
-    for (int i = 0; i < n; ++i) {
-      std::copy_n(x + static_cast<size_t>(list[i].first) * H, H,
-                  xe.data() + static_cast<size_t>(i) * H);
-    }
-    Mlp(L.experts[e], xe.data(), n, ye.data());
-    for (int i = 0; i < n; ++i) {
-      float* o = out + static_cast<size_t>(list[i].first) * H;
-      const float* y = ye.data() + static_cast<size_t>(i) * H;
-      const float wt = list[i].second;
-      for (int j = 0; j < H; ++j) o[j] += wt * y[j];
-    }
-  }
-  if (L.shared.intermediate > 0) {
-    ye.resize(static_cast<size_t>(rows) * H);
-    Mlp(L.shared, x, rows, ye.data());
-    for (size_t i = 0; i < ye.size(); ++i) out[i] += ye[i];
   }
 }
 
@@ -399,9 +319,9 @@ Status DeepseekModel::Forward(const ForwardBatch& batch, std::vector<float>* log
 
     RmsNorm(x.data(), L.mlp_norm.data(), T, Hd, c.rms_norm_eps, xn.data());
     if (L.moe) {
-      Moe(L, l, batch.positions.data(), xn.data(), T, tmp.data());
+      L.moe_block.Forward(xn.data(), T, {routing_trace_, l, batch.positions.data()}, tmp.data());
     } else {
-      Mlp(L.dense, xn.data(), T, tmp.data());
+      L.dense.Forward(xn.data(), T, tmp.data());
     }
     for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
   }

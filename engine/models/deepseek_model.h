@@ -24,17 +24,12 @@
 #include <memory>
 #include <vector>
 
+#include "engine/models/cpu_moe.h"
 #include "engine/models/deepseek_config.h"
 #include "engine/models/model.h"
 #include "engine/safetensors.h"
 
 namespace llm {
-
-struct DeepseekMlp {
-  int intermediate = 0;          // 0: absent
-  std::vector<float> w_gate_up;  // [2 * intermediate, hidden] (gate, up stacked)
-  std::vector<float> w_down;     // [hidden, intermediate]
-};
 
 struct DeepseekLayerWeights {
   std::vector<float> attn_norm;  // [hidden]
@@ -49,11 +44,10 @@ struct DeepseekLayerWeights {
   float cache_scale = 1.0f;      // fp8 latent cache dequant scale
 
   bool moe = false;
-  DeepseekMlp dense;                 // dense layers (intermediate_size)
-  DeepseekMlp shared;                // MoE layers: n_shared_experts * moe_intermediate_size
-  std::vector<float> router;         // [n_routed_experts, hidden]
-  std::vector<float> router_bias;    // [n_routed_experts] (noaux_tc: selection only)
-  std::vector<DeepseekMlp> experts;  // [n_routed_experts]
+  CpuMlp dense;  // dense layers (intermediate_size)
+  // MoE layers: routed experts of moe_intermediate_size, shared experts of n_shared_experts *
+  // moe_intermediate_size, noaux_tc's e_score_correction_bias as the selection bias.
+  CpuMoe moe_block;
 };
 
 class DeepseekModel final : public Model {
@@ -71,7 +65,7 @@ class DeepseekModel final : public Model {
     return attention_->BlockBytes() * config_.base.num_layers;
   }
   DType cache_dtype() const { return cache_dtype_; }
-  // Records every routing decision with its margin (deepseek_routing.h).
+  // Records every routing decision with its margin (moe_router.h).
   bool set_routing_trace(std::vector<MoeRoutingDecision>* trace) override {
     routing_trace_ = trace;
     return true;
@@ -82,11 +76,6 @@ class DeepseekModel final : public Model {
   Status LoadWeights(const WeightStore& weights);
   // DeepSeek rope on one [rope_dim] vector in place (see the file comment).
   void ApplyRope(float* x, int position) const;
-  void Mlp(const DeepseekMlp& m, const float* x, int rows, float* out) const;
-  // DeepSeekMoE over rows [rows, hidden] of layer `layer` (routing: deepseek_routing.h); records
-  // each row's decision, at positions[row], when a routing trace is set.
-  void Moe(const DeepseekLayerWeights& L, int layer, const int32_t* positions, const float* x,
-           int rows, float* out) const;
   // Expanded-heads attention of one prefill sequence; writes its rows of attn [T, H * v_head].
   void PrefillAttention(const DeepseekLayerWeights& L, int layer, const AttentionBatch& batch,
                         int seq, const float* q, float* attn) const;

@@ -1,7 +1,7 @@
 // Model factory: picks the implementation for a model directory.
 #include "engine/models/model.h"
+#include "engine/models/cpu_decoder.h"
 #include "engine/models/deepseek_model.h"
-#include "engine/models/llama_model.h"
 #include "engine/models/synthetic_model.h"
 #ifdef LLM_HAVE_CUDA
 #include "engine/models/cuda_deepseek_model.h"
@@ -93,6 +93,13 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
   LLM_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
 #ifdef LLM_HAVE_CUDA
   if (on_cuda) {
+    // The CUDA Llama runner computes Llama, Mistral and Qwen2 only (no q/k norm, no MoE).
+    if (config.architecture != Architecture::kLlama &&
+        config.architecture != Architecture::kMistral &&
+        config.architecture != Architecture::kQwen2) {
+      return Unimplemented(config.architecture_name +
+                           " is not implemented on device cuda (it runs on --device cpu)");
+    }
     if (options.dummy_weights) return CreateCudaLlamaModel(config, nullptr, options);
     LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config));
     LLM_ASSIGN_OR_RETURN(auto model, CreateCudaLlamaModel(config, weights.get(), options));
@@ -103,7 +110,7 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
   if (options.dummy_weights) return InvalidArgument("dummy weights need the cuda device");
   if (fp8_weights) return InvalidArgument("fp8 weights need the cuda device");
   LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config));
-  LLM_ASSIGN_OR_RETURN(auto model, LlamaModel::Create(config, *weights, options));
+  LLM_ASSIGN_OR_RETURN(auto model, CpuDecoder::Create(config, *weights, options));
   LLM_RETURN_IF_ERROR(weights->CheckAllConsumed(config.architecture_name));
   return std::unique_ptr<Model>(std::move(model));
 }

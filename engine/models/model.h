@@ -38,7 +38,7 @@ struct MoeRoutingDecision {
   int32_t layer = 0;             // decoder layer (MoE layers only)
   std::vector<int32_t> experts;  // the selected routed experts, ascending
   // How far the decision was from changing, in the router's selection-score units
-  // (engine/models/deepseek_routing.h); NaN where the model does not compute it (CUDA).
+  // (engine/models/moe_router.h); NaN where the model does not compute it (CUDA).
   float margin = std::numeric_limits<float>::quiet_NaN();
 };
 

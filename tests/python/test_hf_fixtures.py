@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools", "hf_fixtures"))
 import weights as W  # noqa: E402
 
 # Architectures the server implements; every other fixture must be refused by name.
-SUPPORTED = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+SUPPORTED = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
              "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}
 # A divergence is accepted only where transformers' own top-2 logits are closer than this:
 # fp32 sums in another order can then pick the other token.

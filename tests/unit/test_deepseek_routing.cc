@@ -1,4 +1,4 @@
-// The DeepSeekMoE gate on the CPU (engine/models/deepseek_routing.h): selections and margins on
+// The DeepSeekMoE gate on the CPU (engine/models/moe_router.h): selections and margins on
 // hand-made scores where the answer can be worked out by hand (exact and near ties of experts and
 // of groups, a group gap that cannot change the selection), and the routing record of the CPU
 // DeepseekModel through EngineCore::set_routing_observer, keyed by request and position across
@@ -14,7 +14,9 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine_core.h"
-#include "engine/models/deepseek_routing.h"
+#include "engine/models/deepseek_config.h"
+#include "engine/models/moe_router.h"
+#include "engine/safetensors.h"
 #include "tests/gpu/engine_generate.h"  // device-neutral: drives the CPU model here
 #include "tests/unit/tiny_checkpoint.h"
 
@@ -51,7 +53,7 @@ Routed Route(const DeepseekConfig& d, const std::vector<float>& logits,
              const std::vector<float>& bias) {
   const int K = d.num_experts_per_tok;
   Routed r{std::vector<int32_t>(K), std::vector<float>(K)};
-  DeepseekRouter router(d);
+  MoeRouter router(d.Routing());
   router.Route(logits.data(), bias.empty() ? nullptr : bias.data(), r.experts.data(),
                r.weights.data(), &r.margin);
   std::vector<int32_t> experts(K);

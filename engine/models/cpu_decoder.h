@@ -1,32 +1,37 @@
-// Llama-family decoder (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) on the CPU:
-// fp32 weights, OpenBLAS matrix products, paged KV through the selected attention backend.
+// The decoder-only transformer on the CPU (the numerical oracle) for every architecture with
+// per-head K/V attention: fp32 weights, OpenBLAS matrix products, paged KV through the selected
+// attention backend. What differs between architectures is data, their layer definition
+// (decoder_spec.h): Llama, Mistral and Qwen2 today. DeepSeek's latent attention is DeepseekModel.
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <vector>
 
+#include "engine/models/cpu_mlp.h"
+#include "engine/models/cpu_moe.h"
+#include "engine/models/decoder_spec.h"
 #include "engine/models/model.h"
 #include "engine/safetensors.h"
 
 namespace llm {
 
-struct LlamaLayerWeights {
-  std::vector<float> attn_norm;  // [hidden]
-  std::vector<float> wqkv;       // [q_size + 2 * kv_size, hidden] (q, k, v stacked)
-  std::vector<float> bqkv;       // [q_size + 2 * kv_size] or empty
-  std::vector<float> wo;         // [hidden, q_size]
-  std::vector<float> bo;         // [hidden] or empty (Llama attention_bias)
-  std::vector<float> mlp_norm;   // [hidden]
-  std::vector<float> w_gate_up;  // [2 * intermediate, hidden] (gate, up stacked)
-  std::vector<float> w_down;     // [hidden, intermediate]
-  std::vector<float> b_gate_up;  // [2 * intermediate] or empty (Llama mlp_bias)
-  std::vector<float> b_down;     // [hidden] or empty
+struct CpuDecoderLayer {
+  // Norm weights with the spec's norm_weight_offset added; empty where the spec has no norm.
+  std::vector<float> attn_in_norm, attn_out_norm, ffn_in_norm, ffn_out_norm;  // [hidden]
+  std::vector<float> wqkv;    // [q_size + 2 * kv_size, hidden] (q, k, v stacked)
+  std::vector<float> bqkv;    // [q_size + 2 * kv_size] or empty
+  std::vector<float> wo;      // [hidden, q_size]
+  std::vector<float> bo;      // [hidden] or empty
+  std::vector<float> q_norm;  // [head_dim] or empty (qk_norm)
+  std::vector<float> k_norm;  // [head_dim] or empty
+  CpuMlp mlp;                 // Ffn::kDense
+  CpuMoe moe;                 // Ffn::kMoe
 };
 
-class LlamaModel final : public Model {
+class CpuDecoder final : public Model {
  public:
-  static StatusOr<std::unique_ptr<LlamaModel>> Create(const ModelConfig& config,
+  static StatusOr<std::unique_ptr<CpuDecoder>> Create(const ModelConfig& config,
                                                       const WeightStore& weights,
                                                       const ModelLoadOptions& options);
 
@@ -37,6 +42,8 @@ class LlamaModel final : public Model {
   size_t kv_bytes_per_block() const override {
     return attention_->BlockBytes() * config_.num_layers;
   }
+  // Records every MoE routing decision with its margin (moe_router.h); false without MoE layers.
+  bool set_routing_trace(std::vector<MoeRoutingDecision>* trace) override;
 
   // Sees every layer's new K (after RoPE, as the cache stores it) and V, [num_tokens,
   // num_kv_heads, head_dim] fp32, right before the attention backend appends them. Calibration
@@ -45,17 +52,18 @@ class LlamaModel final : public Model {
   void set_kv_observer(KvObserver observer) { kv_observer_ = std::move(observer); }
 
  private:
-  explicit LlamaModel(const ModelConfig& config) : config_(config) {}
+  CpuDecoder(const ModelConfig& config, DecoderSpec spec)
+      : config_(config), spec_(std::move(spec)) {}
   Status LoadWeights(const WeightStore& weights);
-  void InitRope();
-  void ApplyRope(float* x, int num_heads, int position) const;
+  // Rotates each head of x in the "rotate_half" layout: pairs (i, i + d/2).
+  void ApplyRope(const std::vector<float>& inv_freq, float* x, int num_heads, int position) const;
 
   ModelConfig config_;
+  DecoderSpec spec_;
   std::vector<float> embed_;    // [vocab, hidden]
   std::vector<float> lm_head_;  // [vocab, hidden]; empty when tied to embed_
   std::vector<float> final_norm_;
-  std::vector<LlamaLayerWeights> layers_;
-  std::vector<float> inv_freq_;  // [head_dim / 2]
+  std::vector<CpuDecoderLayer> layers_;
 
   std::unique_ptr<AttentionBackend> attention_;
   int block_size_ = 0;
@@ -67,6 +75,7 @@ class LlamaModel final : public Model {
   std::vector<std::vector<float>> k_scale_, v_scale_;
   std::vector<std::vector<float>> k_block_scales_, v_block_scales_;
   KvObserver kv_observer_;
+  std::vector<MoeRoutingDecision>* routing_trace_ = nullptr;  // set_routing_trace; not owned
 };
 
 }  // namespace llm

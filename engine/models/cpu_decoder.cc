@@ -1,4 +1,4 @@
-#include "engine/models/llama_model.h"
+#include "engine/models/cpu_decoder.h"
 
 #include <cblas.h>
 
@@ -7,18 +7,19 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/models/cpu_ops.h"
+#include "engine/models/cpu_weights.h"
 #include "engine/models/kv_cache_quant.h"
-#include "engine/models/rope.h"
 #include "kernels/backend_registry.h"
 
 namespace llm {
 using cpu::Linear;
 using cpu::RmsNorm;
 
-StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig& config,
+StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const ModelConfig& config,
                                                          const WeightStore& weights,
                                                          const ModelLoadOptions& options) {
-  std::unique_ptr<LlamaModel> m(new LlamaModel(config));
+  LLM_ASSIGN_OR_RETURN(DecoderSpec layers, MakeDecoderSpec(config));
+  std::unique_ptr<CpuDecoder> m(new CpuDecoder(config, std::move(layers)));
   LLM_ASSIGN_OR_RETURN(const KvCacheType kv_type,
                        ParseKvCacheType(options.kv_cache_dtype, options.kv_scale_granularity));
   AttentionSpec spec;
@@ -31,7 +32,9 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig& conf
   spec.head_dim = config.head_dim;
   spec.block_size = options.block_size;
   spec.features = kFeatureCausal;
-  if (config.AnyLayerWindowed()) spec.features |= kFeatureSlidingWindow;
+  for (const DecoderLayerSpec& layer : m->spec_.layers) {
+    if (layer.window_left >= 0) spec.features |= kFeatureSlidingWindow;
+  }
   std::string table;
   auto backend = BackendRegistry::Global().Create(spec, options.attention_backend, &table);
   spdlog::info("{}", table);
@@ -50,7 +53,6 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig& conf
   }
 
   LLM_RETURN_IF_ERROR(m->LoadWeights(weights));
-  m->InitRope();
 
   const size_t per_block = m->attention_->BlockBytes() * config.num_layers;
   m->block_size_ = options.block_size;
@@ -68,7 +70,7 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig& conf
   if (2 * (data_bytes + scale_floats * sizeof(float)) != m->attention_->BlockBytes()) {
     return Internal("attention backend " + m->attention_->name() + " reports " +
                     std::to_string(m->attention_->BlockBytes()) +
-                    " bytes per block, not the layout LlamaModel allocates");
+                    " bytes per block, not the layout CpuDecoder allocates");
   }
   const size_t layer_floats = (data_bytes * m->num_blocks_ + sizeof(float) - 1) / sizeof(float);
   m->k_cache_.assign(config.num_layers, std::vector<float>(layer_floats, 0.0f));
@@ -82,65 +84,67 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig& conf
   return m;
 }
 
-Status LlamaModel::LoadWeights(const WeightStore& w) {
+Status CpuDecoder::LoadWeights(const WeightStore& w) {
   const ModelConfig& c = config_;
-  const int64_t h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), inter = c.intermediate_size;
-  const int64_t v = c.vocab_size;
-  LLM_RETURN_IF_ERROR(w.ReadF32("model.embed_tokens.weight", {v, h}, &embed_));
-  LLM_RETURN_IF_ERROR(w.ReadF32("model.norm.weight", {h}, &final_norm_));
-  if (!c.tie_word_embeddings) {
-    LLM_RETURN_IF_ERROR(w.ReadF32("lm_head.weight", {v, h}, &lm_head_));
-  } else if (w.Has("lm_head.weight")) {
-    // A tied checkpoint may still store the head; HF then ties it (drops it). Accept only a copy.
-    std::vector<float> head;
-    LLM_RETURN_IF_ERROR(w.ReadF32("lm_head.weight", {v, h}, &head));
-    if (head != embed_) {
-      return InvalidArgument(
-          "tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight");
-    }
-  }
+  const int64_t h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), d = c.head_dim;
+  const float offset = spec_.norm_weight_offset;
+  // A norm of the spec: absent when it names none; else [dim] with the offset added.
+  auto read_norm = [&](const std::string& prefix, const std::string& name, int64_t dim,
+                       std::vector<float>* out) -> Status {
+    out->clear();
+    if (name.empty()) return Status::Ok();
+    LLM_RETURN_IF_ERROR(w.ReadF32(prefix + name + ".weight", {dim}, out));
+    for (float& x : *out) x += offset;
+    return Status::Ok();
+  };
+  LLM_RETURN_IF_ERROR(ReadEmbeddingAndHead(w, c, &embed_, &lm_head_));
+  LLM_RETURN_IF_ERROR(read_norm("model.", "norm", h, &final_norm_));
   layers_.resize(c.num_layers);
-  std::vector<float> tmp;
   for (int i = 0; i < c.num_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
-    LlamaLayerWeights& L = layers_[i];
-    LLM_RETURN_IF_ERROR(w.ReadF32(p + "input_layernorm.weight", {h}, &L.attn_norm));
-    LLM_RETURN_IF_ERROR(w.ReadF32(p + "post_attention_layernorm.weight", {h}, &L.mlp_norm));
-    LLM_RETURN_IF_ERROR(w.ReadF32(p + "self_attn.o_proj.weight", {h, q}, &L.wo));
-    LLM_RETURN_IF_ERROR(w.ReadF32(p + "mlp.down_proj.weight", {h, inter}, &L.w_down));
-    if (c.o_bias) LLM_RETURN_IF_ERROR(w.ReadF32(p + "self_attn.o_proj.bias", {h}, &L.bo));
-    if (c.mlp_bias) LLM_RETURN_IF_ERROR(w.ReadF32(p + "mlp.down_proj.bias", {h}, &L.b_down));
-    // Stack q/k/v and gate/up so each is one matrix product.
-    const std::pair<const char*, int64_t> qkv[] = {{"q_proj", q}, {"k_proj", kv}, {"v_proj", kv}};
-    for (const auto& [name, rows] : qkv) {
-      LLM_RETURN_IF_ERROR(w.ReadF32(p + "self_attn." + name + ".weight", {rows, h}, &tmp));
-      L.wqkv.insert(L.wqkv.end(), tmp.begin(), tmp.end());
-      if (c.qkv_bias) {
-        LLM_RETURN_IF_ERROR(w.ReadF32(p + "self_attn." + name + ".bias", {rows}, &tmp));
-        L.bqkv.insert(L.bqkv.end(), tmp.begin(), tmp.end());
-      }
+    const DecoderLayerSpec& S = spec_.layers[i];
+    CpuDecoderLayer& L = layers_[i];
+    LLM_RETURN_IF_ERROR(read_norm(p, S.attn_in_norm, h, &L.attn_in_norm));
+    LLM_RETURN_IF_ERROR(read_norm(p, S.attn_out_norm, h, &L.attn_out_norm));
+    LLM_RETURN_IF_ERROR(read_norm(p, S.ffn_in_norm, h, &L.ffn_in_norm));
+    LLM_RETURN_IF_ERROR(read_norm(p, S.ffn_out_norm, h, &L.ffn_out_norm));
+    const std::string a = p + "self_attn.";
+    const StackedPart qkv[] = {{"q_proj", q}, {"k_proj", kv}, {"v_proj", kv}};
+    LLM_RETURN_IF_ERROR(ReadStacked(w, a, qkv, h, S.qkv_bias, &L.wqkv, &L.bqkv));
+    LLM_RETURN_IF_ERROR(w.ReadF32(a + "o_proj.weight", {h, q}, &L.wo));
+    if (S.o_bias) LLM_RETURN_IF_ERROR(w.ReadF32(a + "o_proj.bias", {h}, &L.bo));
+    if (S.qk_norm) {
+      LLM_RETURN_IF_ERROR(read_norm(a, "q_norm", d, &L.q_norm));
+      LLM_RETURN_IF_ERROR(read_norm(a, "k_norm", d, &L.k_norm));
     }
-    for (const char* name : {"gate_proj", "up_proj"}) {
-      LLM_RETURN_IF_ERROR(w.ReadF32(p + "mlp." + name + ".weight", {inter, h}, &tmp));
-      L.w_gate_up.insert(L.w_gate_up.end(), tmp.begin(), tmp.end());
-      if (c.mlp_bias) {
-        LLM_RETURN_IF_ERROR(w.ReadF32(p + "mlp." + name + ".bias", {inter}, &tmp));
-        L.b_gate_up.insert(L.b_gate_up.end(), tmp.begin(), tmp.end());
-      }
+    switch (S.ffn) {
+      case DecoderLayerSpec::Ffn::kDense:
+        LLM_RETURN_IF_ERROR(ReadCpuMlp(w, p + S.mlp_prefix, S.mlp_names, c.hidden_size,
+                                       S.intermediate, S.mlp_bias, &L.mlp));
+        break;
+      case DecoderLayerSpec::Ffn::kMoe:
+        LLM_RETURN_IF_ERROR(ReadCpuMoe(w, p, S.moe_names, S.routing, c.hidden_size,
+                                       S.moe_intermediate, S.shared_intermediate, &L.moe));
+        break;
     }
   }
   return Status::Ok();
 }
 
-void LlamaModel::InitRope() {
-  inv_freq_ = RopeInvFreq(config_);
+bool CpuDecoder::set_routing_trace(std::vector<MoeRoutingDecision>* trace) {
+  routing_trace_ = trace;
+  for (const DecoderLayerSpec& S : spec_.layers) {
+    if (S.ffn == DecoderLayerSpec::Ffn::kMoe) return true;
+  }
+  routing_trace_ = nullptr;
+  return false;
 }
 
-// Rotates each head of x in the "rotate_half" layout: pairs (i, i + d/2).
-void LlamaModel::ApplyRope(float* x, int num_heads, int position) const {
+void CpuDecoder::ApplyRope(const std::vector<float>& inv_freq, float* x, int num_heads,
+                           int position) const {
   const int d = config_.head_dim, half = d / 2;
   for (int i = 0; i < half; ++i) {
-    const float angle = static_cast<float>(position) * inv_freq_[i];
+    const float angle = static_cast<float>(position) * inv_freq[i];
     const float c = std::cos(angle), s = std::sin(angle);
     for (int h = 0; h < num_heads; ++h) {
       float* xh = x + static_cast<size_t>(h) * d;
@@ -151,11 +155,12 @@ void LlamaModel::ApplyRope(float* x, int num_heads, int position) const {
   }
 }
 
-Status LlamaModel::Forward(const ForwardBatch& batch, std::vector<float>* logits) {
+Status CpuDecoder::Forward(const ForwardBatch& batch, std::vector<float>* logits) {
   const ModelConfig& c = config_;
   const int T = static_cast<int>(batch.token_ids.size());
-  const int H = c.hidden_size, Q = c.q_size(), KV = c.kv_size(), I = c.intermediate_size;
+  const int H = c.hidden_size, Q = c.q_size(), KV = c.kv_size(), D = c.head_dim;
   const int QKV = Q + 2 * KV;
+  const float eps = spec_.rms_norm_eps;
   LLM_CHECK_EQ(batch.attn.num_tokens, T);
   LLM_CHECK_EQ(static_cast<int>(batch.positions.size()), T);
 
@@ -164,22 +169,32 @@ Status LlamaModel::Forward(const ForwardBatch& batch, std::vector<float>* logits
   std::vector<float> qkv(static_cast<size_t>(T) * QKV);  // [T, Q + 2KV]
   std::vector<float> q(static_cast<size_t>(T) * Q), k(static_cast<size_t>(T) * KV),
       v(static_cast<size_t>(T) * KV), attn(static_cast<size_t>(T) * Q);
-  std::vector<float> gu(static_cast<size_t>(T) * 2 * I), act(static_cast<size_t>(T) * I);
   std::vector<float> tmp(static_cast<size_t>(T) * H);
 
   for (int t = 0; t < T; ++t) {
     const int32_t id = batch.token_ids[t];
     if (id < 0 || id >= c.vocab_size) return InvalidArgument("token id out of range");
-    std::copy_n(embed_.data() + static_cast<size_t>(id) * H, H,
-                x.data() + static_cast<size_t>(t) * H);
+    float* xt = x.data() + static_cast<size_t>(t) * H;
+    std::copy_n(embed_.data() + static_cast<size_t>(id) * H, H, xt);
+    if (spec_.embed_scale != 1.0f) {
+      for (int i = 0; i < H; ++i) xt[i] *= spec_.embed_scale;
+    }
   }
   LLM_RETURN_IF_ERROR(CheckAttentionBatch(batch.attn, block_size_, num_blocks_));
   LLM_RETURN_IF_ERROR(attention_->Plan(batch.attn));
-  const float scale = c.SoftmaxScale();
+  // Adds the block output f to the residual stream, through the output norm when there is one.
+  auto add_residual = [&](const std::vector<float>& out_norm, std::vector<float>& f) {
+    if (!out_norm.empty()) {
+      RmsNorm(f.data(), out_norm.data(), T, H, eps, xn.data());
+      f.swap(xn);
+    }
+    for (size_t i = 0; i < x.size(); ++i) x[i] += f[i];
+  };
 
   for (int l = 0; l < c.num_layers; ++l) {
-    const LlamaLayerWeights& L = layers_[l];
-    RmsNorm(x.data(), L.attn_norm.data(), T, H, c.rms_norm_eps, xn.data());
+    const DecoderLayerSpec& S = spec_.layers[l];
+    const CpuDecoderLayer& L = layers_[l];
+    RmsNorm(x.data(), L.attn_in_norm.data(), T, H, eps, xn.data());
     Linear(xn.data(), L.wqkv.data(), L.bqkv.empty() ? nullptr : L.bqkv.data(), T, QKV, H,
            qkv.data());
     for (int t = 0; t < T; ++t) {
@@ -189,8 +204,12 @@ Status LlamaModel::Forward(const ForwardBatch& batch, std::vector<float>* logits
       std::copy_n(row, Q, qt);
       std::copy_n(row + Q, KV, kt);
       std::copy_n(row + Q + KV, KV, v.data() + static_cast<size_t>(t) * KV);
-      ApplyRope(qt, c.num_q_heads, batch.positions[t]);
-      ApplyRope(kt, c.num_kv_heads, batch.positions[t]);
+      if (!L.q_norm.empty()) {  // per head, before rotary; in place is safe row by row
+        RmsNorm(qt, L.q_norm.data(), c.num_q_heads, D, eps, qt);
+        RmsNorm(kt, L.k_norm.data(), c.num_kv_heads, D, eps, kt);
+      }
+      ApplyRope(S.inv_freq, qt, c.num_q_heads, batch.positions[t]);
+      ApplyRope(S.inv_freq, kt, c.num_kv_heads, batch.positions[t]);
     }
     if (kv_observer_) kv_observer_(l, T, k.data(), v.data());
     AttentionParams p;
@@ -208,25 +227,28 @@ Status LlamaModel::Forward(const ForwardBatch& batch, std::vector<float>* logits
       p.cache.k_block_scales = k_block_scales_[l].data();
       p.cache.v_block_scales = v_block_scales_[l].data();
     }
-    p.softmax_scale = scale;
-    p.window_left = c.WindowLeft(l);
+    p.softmax_scale = S.softmax_scale;
+    p.window_left = S.window_left;
     attention_->Run(p);
     Linear(attn.data(), L.wo.data(), L.bo.empty() ? nullptr : L.bo.data(), T, H, Q, tmp.data());
-    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+    add_residual(L.attn_out_norm, tmp);
 
-    RmsNorm(x.data(), L.mlp_norm.data(), T, H, c.rms_norm_eps, xn.data());
-    Linear(xn.data(), L.w_gate_up.data(), L.b_gate_up.empty() ? nullptr : L.b_gate_up.data(), T,
-           2 * I, H, gu.data());
-    cpu::SiluMul(gu.data(), T, I, act.data());
-    Linear(act.data(), L.w_down.data(), L.b_down.empty() ? nullptr : L.b_down.data(), T, H, I,
-           tmp.data());
-    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+    RmsNorm(x.data(), L.ffn_in_norm.data(), T, H, eps, xn.data());
+    switch (S.ffn) {
+      case DecoderLayerSpec::Ffn::kDense:
+        L.mlp.Forward(xn.data(), T, tmp.data());
+        break;
+      case DecoderLayerSpec::Ffn::kMoe:
+        L.moe.Forward(xn.data(), T, {routing_trace_, l, batch.positions.data()}, tmp.data());
+        break;
+    }
+    add_residual(L.ffn_out_norm, tmp);
   }
 
   // Final norm and LM head only for the rows that sample.
   cpu::FinalLogits(x.data(), batch.logit_rows, final_norm_.data(),
-                   (c.tie_word_embeddings ? embed_ : lm_head_).data(), H, c.vocab_size,
-                   c.rms_norm_eps, logits);
+                   (c.tie_word_embeddings ? embed_ : lm_head_).data(), H, c.vocab_size, eps,
+                   logits);
   return Status::Ok();
 }
 
