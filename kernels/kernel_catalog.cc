@@ -33,7 +33,8 @@ std::vector<BackendInfo> KernelCatalog() {
                           .device = DeviceKind::kCpu,
                           .kind = AttentionKind::kMha,
                           .kv_dtypes = {DType::kF32},
-                          .features = kFeatureCausal | kFeatureSlidingWindow,
+                          .features = kFeatureCausal | kFeatureSlidingWindow | kFeatureSoftCap |
+                                      kFeatureSinks,
                           .priority = 0});
   c.push_back(BackendInfo{.name = "cpu_c8",
                           .device = DeviceKind::kCpu,
