@@ -93,8 +93,8 @@ class CpuReferenceBackend final : public AttentionBackend {
     CpuAppendKv(shape_, *batch_, static_cast<const float*>(p.k_new),
                 static_cast<const float*>(p.v_new), k_cache, v_cache);
     CpuPagedAttention(shape_, *batch_, static_cast<const float*>(p.q), k_cache, v_cache,
-                      p.softmax_scale, static_cast<float*>(p.out), p.window_left,
-                      p.logit_softcap, p.sink_logits);
+                      p.softmax_scale, static_cast<float*>(p.out), p.window_left, p.logit_softcap,
+                      p.sink_logits);
   }
 
  private:

@@ -169,16 +169,14 @@ std::vector<double> Reference(const AttnCase& c, const AttnSetup& s, float scale
 // Returns the kernel output.
 std::vector<float> CheckAgainstReference(const AttnCase& c, int window_left = -1,
                                          float logit_softcap = 0.0f,
-                                         const float* sink_logits = nullptr,
-                                         float scale = 0.0f) {
+                                         const float* sink_logits = nullptr, float scale = 0.0f) {
   AttnSetup s = Build(c);
   if (scale == 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   CpuAppendKv(s.shape, s.batch, s.k_new.data(), s.v_new.data(), s.k_cache.data(), s.v_cache.data());
   std::vector<float> out(s.q.size(), std::numeric_limits<float>::quiet_NaN());
   CpuPagedAttention(s.shape, s.batch, s.q.data(), s.k_cache.data(), s.v_cache.data(), scale,
                     out.data(), window_left, logit_softcap, sink_logits);
-  const std::vector<double> ref =
-      Reference(c, s, scale, window_left, logit_softcap, sink_logits);
+  const std::vector<double> ref = Reference(c, s, scale, window_left, logit_softcap, sink_logits);
   double worst = 0.0;
   size_t bad = 0;
   for (size_t i = 0; i < out.size(); ++i) {
@@ -191,8 +189,8 @@ std::vector<float> CheckAgainstReference(const AttnCase& c, int window_left = -1
       worst = std::max(worst, err);
   }
   INFO("block_size=" << c.block_size << " head_dim=" << c.head_dim << " heads=" << c.num_q_heads
-                     << "/" << c.num_kv_heads << " window_left=" << window_left << " softcap="
-                     << logit_softcap << " sinks=" << (sink_logits != nullptr)
+                     << "/" << c.num_kv_heads << " window_left=" << window_left
+                     << " softcap=" << logit_softcap << " sinks=" << (sink_logits != nullptr)
                      << " worst abs error " << worst);
   CHECK(bad == 0);
   return out;
@@ -456,8 +454,7 @@ TEST_CASE("CPU backends implement the sliding window and honor window_left", "[c
   }
 }
 
-TEST_CASE("CpuPagedAttention soft-cap and sink logits match dense attention",
-          "[cpu_attention]") {
+TEST_CASE("CpuPagedAttention soft-cap and sink logits match dense attention", "[cpu_attention]") {
   // Random shapes (head_dim 256 included, Gemma's), windows, caps and sink logits; a large
   // softmax scale pushes scores past the cap, so tanh is far from the identity.
   std::mt19937 rng(4242);
@@ -470,7 +467,11 @@ TEST_CASE("CpuPagedAttention soft-cap and sink logits match dense attention",
     const int block_size = i % 2 == 0 ? 16 : 64;
     const int kv_a = std::uniform_int_distribution<int>(1, 150)(rng);
     const int kv_b = std::uniform_int_distribution<int>(1, 40)(rng);
-    AttnCase c{block_size, d, hq, hkv, {{kv_a, 1}, {kv_b, kv_b}, {kv_a, std::min(kv_a, 9)}},
+    AttnCase c{block_size,
+               d,
+               hq,
+               hkv,
+               {{kv_a, 1}, {kv_b, kv_b}, {kv_a, std::min(kv_a, 9)}},
                900u + static_cast<uint32_t>(i)};
     const int window_left = i % 3 == 0 ? 15 : -1;
     const float cap = i % 4 == 3 ? 0.0f : 2.0f + static_cast<float>(i % 5) * 10.0f;
@@ -498,8 +499,8 @@ TEST_CASE("A sink logit far below every score changes nothing; a high one drains
 
 TEST_CASE("Models needing soft-cap or sinks get cpu_reference; an 8-bit cache fails naming them",
           "[cpu_attention]") {
-  for (uint32_t feature : {static_cast<uint32_t>(kFeatureSoftCap),
-                           static_cast<uint32_t>(kFeatureSinks)}) {
+  for (uint32_t feature :
+       {static_cast<uint32_t>(kFeatureSoftCap), static_cast<uint32_t>(kFeatureSinks)}) {
     AttentionSpec spec = CpuSpec();
     spec.head_dim = 256;
     spec.features = kFeatureCausal | kFeatureSlidingWindow | feature;
