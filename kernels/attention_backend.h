@@ -126,6 +126,14 @@ struct AttentionParams {
   // positions [p - window_left, p]; -1 = the whole prefix. Layers of one model may differ (Qwen2's
   // max_window_layers). Only backends listing kFeatureSlidingWindow get a non-negative value.
   int window_left = -1;
+  // Attention logit soft-cap of this layer (Gemma 2's attn_logit_softcapping): each scaled score
+  // s becomes cap * tanh(s / cap) before the softmax; 0 = none. Only backends listing
+  // kFeatureSoftCap get a non-zero value.
+  float logit_softcap = 0.0f;
+  // Learned per-head sink logits (gpt-oss self_attn.sinks), [num_q_heads] fp32 in the backend's
+  // memory space: one more softmax column per head whose value vector is zero, so the weights of
+  // the real keys sum to less than one. Null = none. Only backends listing kFeatureSinks get one.
+  const float* sink_logits = nullptr;
   // Set (rope.qkv non-null) only for backends with supports_fused_rope(): then q, k_new and v_new
   // are unused.
   FusedRope rope;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numbers>
 
 namespace llm::cpu {
 
@@ -33,6 +34,33 @@ void SiluMul(const float* gate_up, int rows, int inter, float* act) {
     const float* u = g + inter;
     float* a = act + static_cast<size_t>(t) * inter;
     for (int i = 0; i < inter; ++i) a[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  }
+}
+
+void GeluTanhMul(const float* gate_up, int rows, int inter, float* act) {
+  const float k = std::sqrt(2.0f / std::numbers::pi_v<float>);
+  for (int t = 0; t < rows; ++t) {
+    const float* g = gate_up + static_cast<size_t>(t) * 2 * inter;
+    const float* u = g + inter;
+    float* a = act + static_cast<size_t>(t) * inter;
+    for (int i = 0; i < inter; ++i) {
+      const float x = g[i];
+      a[i] = 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x))) * u[i];
+    }
+  }
+}
+
+void ClampedSwiGlu(const float* gate_up, int rows, int inter, float alpha, float limit,
+                   float* act) {
+  for (int t = 0; t < rows; ++t) {
+    const float* gu = gate_up + static_cast<size_t>(t) * 2 * inter;
+    float* a = act + static_cast<size_t>(t) * inter;
+    for (int i = 0; i < inter; ++i) {
+      const float gate = std::min(gu[2 * i], limit);
+      const float up = std::clamp(gu[2 * i + 1], -limit, limit);
+      const float glu = gate / (1.0f + std::exp(-alpha * gate));
+      a[i] = (up + 1.0f) * glu;
+    }
   }
 }
 

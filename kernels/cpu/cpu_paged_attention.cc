@@ -29,16 +29,17 @@ void CpuAppendKv(const PagedAttentionShape& s, const AttentionBatch& batch, cons
 
 void CpuPagedAttention(const PagedAttentionShape& s, const AttentionBatch& batch, const float* q,
                        const float* k_cache, const float* v_cache, float softmax_scale, float* out,
-                       int window_left) {
+                       int window_left, float logit_softcap, const float* sink_logits) {
   const int d = s.head_dim;
   const int group = s.num_q_heads / s.num_kv_heads;
   std::vector<float> scores;
   std::vector<float> acc(d);
+  const std::vector<float> zero_row(d, 0.0f);  // the sink column's value vector
   for (int seq = 0; seq < batch.num_seqs; ++seq) {
     const int q_begin = batch.q_indptr[seq], q_end = batch.q_indptr[seq + 1];
     const int kv_len = batch.kv_lens[seq];
     const int32_t* pages = batch.page_indices.data() + batch.page_indptr[seq];
-    scores.resize(kv_len);
+    scores.resize(static_cast<size_t>(kv_len) + 1);  // + the sink column
     for (int t = q_begin; t < q_end; ++t) {
       const int pos = kv_len - (q_end - t);  // causal: attend to [first, pos]
       const int first = WindowStart(pos, window_left);
@@ -55,10 +56,15 @@ void CpuPagedAttention(const PagedAttentionShape& s, const AttentionBatch& batch
           const float* kr = k_cache + row(j);
           float dot = 0.0f;
           for (int i = 0; i < d; ++i) dot += qv[i] * kr[i];
-          scores[j - first] = dot * softmax_scale;
+          float score = dot * softmax_scale;
+          if (logit_softcap > 0.0f) score = logit_softcap * std::tanh(score / logit_softcap);
+          scores[j - first] = score;
         }
+        const int n = pos + 1 - first;
+        if (sink_logits != nullptr) scores[n] = sink_logits[h];
         SoftmaxWeightedSum(
-            scores.data(), pos + 1 - first, [&](int j) { return v_cache + row(first + j); }, d,
+            scores.data(), n + (sink_logits != nullptr ? 1 : 0),
+            [&](int j) { return j < n ? v_cache + row(first + j) : zero_row.data(); }, d,
             acc.data(), out + (static_cast<size_t>(t) * s.num_q_heads + h) * d);
       }
     }
@@ -87,7 +93,8 @@ class CpuReferenceBackend final : public AttentionBackend {
     CpuAppendKv(shape_, *batch_, static_cast<const float*>(p.k_new),
                 static_cast<const float*>(p.v_new), k_cache, v_cache);
     CpuPagedAttention(shape_, *batch_, static_cast<const float*>(p.q), k_cache, v_cache,
-                      p.softmax_scale, static_cast<float*>(p.out), p.window_left);
+                      p.softmax_scale, static_cast<float*>(p.out), p.window_left, p.logit_softcap,
+                      p.sink_logits);
   }
 
  private:
@@ -95,7 +102,7 @@ class CpuReferenceBackend final : public AttentionBackend {
   const AttentionBatch* batch_ = nullptr;
 };
 
-// Capabilities (including kFeatureSlidingWindow) are this family's row in KernelCatalog().
+// Capabilities (sliding window, soft-cap, sinks) are this family's row in KernelCatalog().
 const BackendRegistrar kRegistrar(
     "cpu_reference", [](const AttentionSpec& spec) -> std::unique_ptr<AttentionBackend> {
       return std::make_unique<CpuReferenceBackend>(spec);

@@ -20,10 +20,14 @@ void CpuAppendKv(const PagedAttentionShape& shape, const AttentionBatch& batch, 
 // Causal attention of every query row over its sequence's paged cache (already appended): the
 // row at position p attends to [0, p], or to [p - window_left, p] when window_left >= 0 (sliding
 // window; cache positions left of every row's window are never read).
-// q, out: [num_tokens, num_q_heads, head_dim]
+// Score modifiers (AttentionParams::logit_softcap / sink_logits): scores are scaled, then
+// soft-capped (cap * tanh(s / cap) when logit_softcap > 0); a head with a sink logit gets one more
+// softmax column of that logit and a zero value vector.
+// q, out: [num_tokens, num_q_heads, head_dim]; sink_logits: [num_q_heads] or null
 void CpuPagedAttention(const PagedAttentionShape& shape, const AttentionBatch& batch,
                        const float* q, const float* k_cache, const float* v_cache,
-                       float softmax_scale, float* out, int window_left = -1);
+                       float softmax_scale, float* out, int window_left = -1,
+                       float logit_softcap = 0.0f, const float* sink_logits = nullptr);
 
 // First cache position a query row at position pos attends to.
 inline int WindowStart(int pos, int window_left) {

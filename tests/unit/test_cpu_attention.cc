@@ -1,5 +1,5 @@
 // Tests for the CPU reference paged attention against a naive dense causal attention (with and
-// without a sliding window), and for the attention backend registry.
+// without a sliding window, soft-cap and sink logits), and for the attention backend registry.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -114,8 +114,11 @@ AttnSetup Build(const AttnCase& c) {
 
 // Naive dense causal attention in double: query row i of sequence s sits at position
 // kv_len - q_len + i and attends to positions [0, that], or to the last window_left + 1 of them.
+// With logit_softcap > 0 each scaled score s becomes cap * tanh(s / cap); with sink logits a
+// head's softmax gets one more column e^sink whose value is zero.
 std::vector<double> Reference(const AttnCase& c, const AttnSetup& s, float scale,
-                              int window_left = -1) {
+                              int window_left = -1, double logit_softcap = 0.0,
+                              const float* sink_logits = nullptr) {
   const int hq = c.num_q_heads, hkv = c.num_kv_heads, d = c.head_dim;
   const int group = hq / hkv;
   std::vector<double> out(s.q.size());
@@ -139,10 +142,13 @@ std::vector<double> Reference(const AttnCase& c, const AttnSetup& s, float scale
           const float* kv = k.data() + (static_cast<size_t>(j) * hkv + kvh) * d;
           double dot = 0.0;
           for (int x = 0; x < d; ++x) dot += static_cast<double>(qv[x]) * kv[x];
-          scores[static_cast<size_t>(j)] = dot * scale;
-          max = std::max(max, scores[static_cast<size_t>(j)]);
+          double sc = dot * scale;
+          if (logit_softcap > 0.0) sc = logit_softcap * std::tanh(sc / logit_softcap);
+          scores[static_cast<size_t>(j)] = sc;
+          max = std::max(max, sc);
         }
-        double sum = 0.0;
+        if (sink_logits != nullptr) max = std::max(max, static_cast<double>(sink_logits[h]));
+        double sum = sink_logits != nullptr ? std::exp(sink_logits[h] - max) : 0.0;
         for (double& sc : scores) {
           sc = std::exp(sc - max);
           sum += sc;
@@ -161,14 +167,16 @@ std::vector<double> Reference(const AttnCase& c, const AttnSetup& s, float scale
 
 // Appends this step's K/V, runs the paged kernel, and compares with the dense reference.
 // Returns the kernel output.
-std::vector<float> CheckAgainstReference(const AttnCase& c, int window_left = -1) {
+std::vector<float> CheckAgainstReference(const AttnCase& c, int window_left = -1,
+                                         float logit_softcap = 0.0f,
+                                         const float* sink_logits = nullptr, float scale = 0.0f) {
   AttnSetup s = Build(c);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  if (scale == 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   CpuAppendKv(s.shape, s.batch, s.k_new.data(), s.v_new.data(), s.k_cache.data(), s.v_cache.data());
   std::vector<float> out(s.q.size(), std::numeric_limits<float>::quiet_NaN());
   CpuPagedAttention(s.shape, s.batch, s.q.data(), s.k_cache.data(), s.v_cache.data(), scale,
-                    out.data(), window_left);
-  const std::vector<double> ref = Reference(c, s, scale, window_left);
+                    out.data(), window_left, logit_softcap, sink_logits);
+  const std::vector<double> ref = Reference(c, s, scale, window_left, logit_softcap, sink_logits);
   double worst = 0.0;
   size_t bad = 0;
   for (size_t i = 0; i < out.size(); ++i) {
@@ -182,6 +190,7 @@ std::vector<float> CheckAgainstReference(const AttnCase& c, int window_left = -1
   }
   INFO("block_size=" << c.block_size << " head_dim=" << c.head_dim << " heads=" << c.num_q_heads
                      << "/" << c.num_kv_heads << " window_left=" << window_left
+                     << " softcap=" << logit_softcap << " sinks=" << (sink_logits != nullptr)
                      << " worst abs error " << worst);
   CHECK(bad == 0);
   return out;
@@ -442,6 +451,100 @@ TEST_CASE("CPU backends implement the sliding window and honor window_left", "[c
       CHECK(o == direct);
     }
     CHECK(out[0] != out[1]);  // window_left reached the kernel
+  }
+}
+
+TEST_CASE("CpuPagedAttention soft-cap and sink logits match dense attention", "[cpu_attention]") {
+  // Random shapes (head_dim 256 included, Gemma's), windows, caps and sink logits; a large
+  // softmax scale pushes scores past the cap, so tanh is far from the identity.
+  std::mt19937 rng(4242);
+  std::uniform_real_distribution<float> sink_dist(-3.0f, 3.0f);
+  const int head_dims[] = {16, 64, 128, 256};
+  const std::pair<int, int> heads[] = {{4, 2}, {8, 1}, {4, 4}};
+  for (int i = 0; i < 24; ++i) {
+    const int d = head_dims[i % 4];
+    const auto [hq, hkv] = heads[i % 3];
+    const int block_size = i % 2 == 0 ? 16 : 64;
+    const int kv_a = std::uniform_int_distribution<int>(1, 150)(rng);
+    const int kv_b = std::uniform_int_distribution<int>(1, 40)(rng);
+    AttnCase c{block_size,
+               d,
+               hq,
+               hkv,
+               {{kv_a, 1}, {kv_b, kv_b}, {kv_a, std::min(kv_a, 9)}},
+               900u + static_cast<uint32_t>(i)};
+    const int window_left = i % 3 == 0 ? 15 : -1;
+    const float cap = i % 4 == 3 ? 0.0f : 2.0f + static_cast<float>(i % 5) * 10.0f;
+    std::vector<float> sinks(static_cast<size_t>(hq));
+    for (float& x : sinks) x = sink_dist(rng);
+    const float* sink_ptr = i % 2 == 0 ? sinks.data() : nullptr;
+    const float scale = 4.0f / std::sqrt(static_cast<float>(d));
+    const std::vector<float> modified = CheckAgainstReference(c, window_left, cap, sink_ptr, scale);
+    const std::vector<float> plain = CheckAgainstReference(c, window_left, 0.0f, nullptr, scale);
+    if (cap > 0.0f || sink_ptr != nullptr) CHECK(modified != plain);  // the modifiers took effect
+  }
+}
+
+TEST_CASE("A sink logit far below every score changes nothing; a high one drains the row",
+          "[cpu_attention]") {
+  AttnCase c{16, 32, 4, 2, {{20, 4}, {3, 1}}, 31};
+  const std::vector<float> low(4, -1e4f), high(4, 60.0f);
+  const std::vector<float> plain = CheckAgainstReference(c);
+  const std::vector<float> with_low = CheckAgainstReference(c, -1, 0.0f, low.data());
+  CHECK(with_low == plain);
+  // The sink takes nearly all the mass and its value is zero: the output goes to ~0.
+  const std::vector<float> with_high = CheckAgainstReference(c, -1, 0.0f, high.data());
+  for (float x : with_high) CHECK(std::abs(x) < 1e-20f);
+}
+
+TEST_CASE("Models needing soft-cap or sinks get cpu_reference; an 8-bit cache fails naming them",
+          "[cpu_attention]") {
+  for (uint32_t feature :
+       {static_cast<uint32_t>(kFeatureSoftCap), static_cast<uint32_t>(kFeatureSinks)}) {
+    AttentionSpec spec = CpuSpec();
+    spec.head_dim = 256;
+    spec.features = kFeatureCausal | kFeatureSlidingWindow | feature;
+    const Selection sel = BackendRegistry::Global().Select(spec);
+    REQUIRE(sel.info != nullptr);
+    CHECK(sel.info->name == "cpu_reference");
+    spec.kv_dtype = DType::kI8;
+    spec.kv_quant = KvQuant::kStaticPerHead;
+    std::string table;
+    auto backend = BackendRegistry::Global().Create(spec, "", &table);
+    REQUIRE_FALSE(backend.ok());
+    INFO(backend.status().message() << "\n" << table);
+    CHECK(backend.status().message().find(FeatureNames(feature)) != std::string::npos);
+  }
+}
+
+TEST_CASE("cpu_reference Run applies AttentionParams' soft-cap and sinks", "[cpu_attention]") {
+  AttnCase c{16, 256, 4, 2, {{33, 1}, {18, 18}}, 77};
+  AttentionSpec spec = CpuSpec();
+  spec.num_q_heads = 4;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 256;
+  spec.block_size = 16;
+  spec.features = kFeatureCausal | kFeatureSoftCap | kFeatureSinks;
+  auto backend = BackendRegistry::Global().Create(spec, "", nullptr);
+  REQUIRE(backend.ok());
+  AttnSetup s = Build(c);
+  const std::vector<float> sinks = {0.5f, -1.0f, 2.0f, 0.0f};
+  REQUIRE((*backend)->Plan(s.batch).ok());
+  AttentionParams p;
+  p.q = s.q.data();
+  p.k_new = s.k_new.data();
+  p.v_new = s.v_new.data();
+  std::vector<float> out(s.q.size(), std::numeric_limits<float>::quiet_NaN());
+  p.out = out.data();
+  p.cache.k = s.k_cache.data();
+  p.cache.v = s.v_cache.data();
+  p.softmax_scale = 0.25f;
+  p.logit_softcap = 3.0f;
+  p.sink_logits = sinks.data();
+  (*backend)->Run(p);
+  const std::vector<double> ref = Reference(c, s, 0.25f, -1, 3.0, sinks.data());
+  for (size_t i = 0; i < out.size(); ++i) {
+    REQUIRE(std::abs(out[i] - ref[i]) <= 1e-5 * std::max(1.0, std::abs(ref[i])));
   }
 }
 

@@ -79,7 +79,10 @@ const Row kTable[] = {
     // CPU: fp32 oracle, 8-bit C8 reference, MLA reference.
     {kCpu, 0, kMha, DType::kF32, kNoQ, kCausal, 128, "cpu_reference", ""},
     {kCpu, 0, kMha, DType::kF32, kNoQ, kWin, 64, "cpu_reference", ""},
+    {kCpu, 0, kMha, DType::kF32, kNoQ, kWin | kFeatureSoftCap, 256, "cpu_reference", ""},
+    {kCpu, 0, kMha, DType::kF32, kNoQ, kWin | kFeatureSinks, 64, "cpu_reference", ""},
     {kCpu, 0, kMha, DType::kI8, kHead, kCausal, 128, "cpu_c8", ""},
+    {kCpu, 0, kMha, DType::kI8, kHead, kWin | kFeatureSinks, 64, "", "sinks"},
     {kCpu, 0, kMha, DType::kFp8E4M3, kTok, kWin, 128, "cpu_c8", ""},
     {kCpu, 0, kMla, DType::kF32, kNoQ, kCausal, 576, "cpu_mla", ""},
     {kCpu, 0, kMla, DType::kFp8E4M3, kNoQ, kCausal, 576, "cpu_mla", ""},
@@ -112,6 +115,13 @@ const Row kTable[] = {
     {kHip, 0x90a, kMha, DType::kI8, kHead, kCausal, 128, "", "int8"},
 };
 
+// The first CUDA row (bf16 causal, sm_90: cuda_c8 and cuda_fmha both fit).
+size_t FirstCudaRow() {
+  size_t i = 0;
+  while (kTable[i].device != kCuda) ++i;
+  return i;
+}
+
 TEST_CASE("Kernel selection follows the catalog's rules, row by row", "[selection]") {
   const BackendRegistry reg = AllBuiltRegistry();
   for (const Row& r : kTable) {
@@ -134,7 +144,8 @@ TEST_CASE("Kernel selection follows the catalog's rules, row by row", "[selectio
 
 TEST_CASE("Selection table says what was chosen and why", "[selection]") {
   const BackendRegistry reg = AllBuiltRegistry();
-  const AttentionSpec spec = SpecOf(kTable[8]);  // CUDA bf16 causal: c8 and fmha both fit
+  const AttentionSpec spec =
+      SpecOf(kTable[FirstCudaRow()]);  // CUDA bf16 causal: c8 and fmha both fit
   const Selection sel = reg.Select(spec);
   const std::string table = sel.Table(spec);
   CHECK(table.find("sm_90") != std::string::npos);
@@ -145,7 +156,7 @@ TEST_CASE("Selection table says what was chosen and why", "[selection]") {
 
 TEST_CASE("The attention_backend override picks a lower-priority kernel or fails", "[selection]") {
   const BackendRegistry reg = AllBuiltRegistry();
-  const AttentionSpec spec = SpecOf(kTable[8]);
+  const AttentionSpec spec = SpecOf(kTable[FirstCudaRow()]);
   const Selection forced = reg.Select(spec, "cuda_fmha");
   REQUIRE(forced.info != nullptr);
   CHECK(forced.info->name == "cuda_fmha");
