@@ -183,7 +183,8 @@ Status CudaDeepseekDecoder::Load(const CudaLoadContext& ctx) {
       LLM_RETURN_IF_ERROR(loader.Load({a + "q_a_proj.weight", a + "kv_a_proj_with_mqa.weight"},
                                       {{QA, h}, {Lw, h}}, 0, wstd, L->w_a.bf16_target()));
       LLM_RETURN_IF_ERROR(load(a + "q_a_layernorm.weight", {QA}, 1, 0.1f, &L->q_a_norm));
-      LLM_RETURN_IF_ERROR(load(a + "q_b_proj.weight", {H * QK, QA}, 0, wstd, L->w_q_b.bf16_target()));
+      LLM_RETURN_IF_ERROR(
+          load(a + "q_b_proj.weight", {H * QK, QA}, 0, wstd, L->w_q_b.bf16_target()));
       LLM_RETURN_IF_ERROR(L->w_q_b.Quantize(*ops_, quant, static_cast<int>(H * QK),
                                             static_cast<int>(QA), 1, a + "q_b_proj"));
     } else {
@@ -290,10 +291,10 @@ Status CudaDeepseekDecoder::Plan(const ForwardBatch& batch) {
   return mla_->Plan(a);
 }
 
-Status CudaDeepseekDecoder::Batched(cublasOperation_t ta, cublasOperation_t tb, int m, int n,
-                                    int k, const void* a, int lda, int64_t sa, const void* b,
-                                    int ldb, int64_t sb, void* c, cudaDataType c_type, int ldc,
-                                    int64_t sc, int batch, float beta) {
+Status CudaDeepseekDecoder::Batched(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                                    const void* a, int lda, int64_t sa, const void* b, int ldb,
+                                    int64_t sb, void* c, cudaDataType c_type, int ldc, int64_t sc,
+                                    int batch, float beta) {
   const float alpha = 1.0f;
   BLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
       ops_->blas, ta, tb, m, n, k, &alpha, a, CUDA_R_16BF, lda, sa, b, CUDA_R_16BF, ldb, sb, &beta,
@@ -392,8 +393,8 @@ StatusOr<CudaLayersOut> CudaDeepseekDecoder::RunLayers(const CudaStep& step) {
   const float softmax_scale = d_.SoftmaxScale();
   for (int l = 0; l < c.num_layers; ++l) {
     const Layer& L = *layers_[l];
-    cuda::LaunchAddRmsNorm(step.residual, l == 0 ? nullptr : s.tmp.ptr, L.attn_norm.ptr, nullptr,
-                           T, Hd, c.rms_norm_eps, xn, stream);
+    cuda::LaunchAddRmsNorm(step.residual, l == 0 ? nullptr : s.tmp.ptr, L.attn_norm.ptr, nullptr, T,
+                           Hd, c.rms_norm_eps, xn, stream);
     // a [T, QA + C + R] = xn @ w_a^T.
     LLM_RETURN_IF_ERROR(L.w_a.Apply(*ops_, xn, T, s.a.ptr, fp8));
     auto* a = s.a.as<uint16_t>();
@@ -464,8 +465,8 @@ StatusOr<CudaLayersOut> CudaDeepseekDecoder::RunLayers(const CudaStep& step) {
       LLM_RETURN_IF_ERROR(PrefillAttention(s, L, batch, sq, q, q_stride));
     }
     LLM_RETURN_IF_ERROR(L.wo.Apply(*ops_, s.attn.ptr, T, s.tmp.ptr, fp8));
-    cuda::LaunchAddRmsNorm(step.residual, s.tmp.ptr, L.mlp_norm.ptr, nullptr, T, Hd,
-                           c.rms_norm_eps, xn, stream);
+    cuda::LaunchAddRmsNorm(step.residual, s.tmp.ptr, L.mlp_norm.ptr, nullptr, T, Hd, c.rms_norm_eps,
+                           xn, stream);
     if (L.moe) {
       LLM_RETURN_IF_ERROR(moe_.Run(*ops_, L.experts, l, xn, T, step.batch->positions, s.tmp.ptr));
     } else {

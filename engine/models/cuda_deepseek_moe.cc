@@ -13,8 +13,8 @@ Status CudaGatedMlp::Load(Bf16WeightLoader& loader, const CudaLinearOps& ops, We
   inter = inter_size;
   const int64_t h = hidden, i = inter_size;
   const float wstd = 0.02f;
-  LLM_RETURN_IF_ERROR(loader.Load({p + "gate_proj.weight", p + "up_proj.weight"},
-                                  {{i, h}, {i, h}}, 0, wstd, gate_up.bf16_target()));
+  LLM_RETURN_IF_ERROR(loader.Load({p + "gate_proj.weight", p + "up_proj.weight"}, {{i, h}, {i, h}},
+                                  0, wstd, gate_up.bf16_target()));
   LLM_RETURN_IF_ERROR(loader.Load({p + "down_proj.weight"}, {{h, i}}, 0, wstd, down.bf16_target()));
   LLM_RETURN_IF_ERROR(gate_up.Quantize(ops, quant, 2 * inter, hidden, 1, p + "gate_up_proj"));
   return down.Quantize(ops, quant, hidden, inter, 1, p + "down_proj");
@@ -42,8 +42,8 @@ Status CudaDeepseekMoe::Pinned(cudaStream_t stream, size_t bytes) {
 }
 
 Status CudaDeepseekMoe::LoadLayer(Bf16WeightLoader& loader, const WeightStore* w,
-                                  const CudaLinearOps& ops, WeightQuant quant,
-                                  const std::string& p, Layer* L) const {
+                                  const CudaLinearOps& ops, WeightQuant quant, const std::string& p,
+                                  Layer* L) const {
   const int64_t h = d_.base.hidden_size, E = d_.n_routed_experts, I = d_.moe_intermediate_size;
   const float wstd = 0.02f;
   LLM_RETURN_IF_ERROR(loader.Load({p + "gate.weight"}, {{E, h}}, 0, wstd, L->router.bf16_target()));
@@ -51,7 +51,8 @@ Status CudaDeepseekMoe::LoadLayer(Bf16WeightLoader& loader, const WeightStore* w
                                          static_cast<int>(h), 1, p + "gate"));
   if (d_.topk_method == DeepseekConfig::TopkMethod::kNoauxTc) {
     std::vector<float> bias(E, 0.0f);  // dummy weights: no correction
-    if (!loader.dummy()) LLM_RETURN_IF_ERROR(w->ReadF32(p + "gate.e_score_correction_bias", {E}, &bias));
+    if (!loader.dummy())
+      LLM_RETURN_IF_ERROR(w->ReadF32(p + "gate.e_score_correction_bias", {E}, &bias));
     LLM_RETURN_IF_ERROR(L->router_bias.Alloc(E * 4));
     GPU_RETURN_IF_ERROR(cudaMemcpy(L->router_bias.ptr, bias.data(), E * 4, cudaMemcpyHostToDevice));
   }
@@ -162,10 +163,9 @@ Status CudaDeepseekMoe::Run(const CudaLinearOps& ops, const Layer& L, int layer,
   for (int e = 0; e < E; ++e) {
     const int n = offsets[e + 1] - offsets[e];
     if (n == 0) continue;
-    LLM_RETURN_IF_ERROR(
-        L.gate_up.Apply(ops, xg_.as<uint16_t>() + static_cast<size_t>(offsets[e]) * Hd, n,
-                        ge_.as<uint16_t>() + static_cast<size_t>(offsets[e]) * 2 * I, fp8_scratch,
-                        e));
+    LLM_RETURN_IF_ERROR(L.gate_up.Apply(
+        ops, xg_.as<uint16_t>() + static_cast<size_t>(offsets[e]) * Hd, n,
+        ge_.as<uint16_t>() + static_cast<size_t>(offsets[e]) * 2 * I, fp8_scratch, e));
   }
   cuda::LaunchSiluMul(ge_.ptr, S, I, ae_.ptr, stream);
   for (int e = 0; e < E; ++e) {
@@ -180,8 +180,8 @@ Status CudaDeepseekMoe::Run(const CudaLinearOps& ops, const Layer& L, int layer,
     LLM_RETURN_IF_ERROR(shared_out_.Alloc(rows * Hd * 2));
     LLM_RETURN_IF_ERROR(shared_gu_.Alloc(rows * 2 * SI * 2));
     LLM_RETURN_IF_ERROR(shared_act_.Alloc(rows * SI * 2));
-    LLM_RETURN_IF_ERROR(L.shared.Run(ops, xn, T, shared_out_.ptr, shared_gu_.ptr, shared_act_.ptr,
-                                     fp8_scratch));
+    LLM_RETURN_IF_ERROR(
+        L.shared.Run(ops, xn, T, shared_out_.ptr, shared_gu_.ptr, shared_act_.ptr, fp8_scratch));
     shared = shared_out_.ptr;
   }
   cuda::LaunchMoeCombine(ye_.ptr, d_slot, topk_w_.as<float>(), shared, T, K, Hd, out, stream);

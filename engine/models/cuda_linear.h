@@ -27,7 +27,7 @@ const char* WeightQuantName(WeightQuant q);
 struct CudaLinearOps {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
-  CudaFp8Gemm* fp8 = nullptr;        // null without fp8 weights
+  CudaFp8Gemm* fp8 = nullptr;         // null without fp8 weights
   const float* unit_scale = nullptr;  // 1.0f: the activation scale when row scales come after
   float* amax = nullptr;              // one float of scratch for Quantize
 };
@@ -71,6 +71,8 @@ class CudaLinear {
 };
 
 // Whole 16-row groups: the fp8 GEMMs run on them (scratch and outputs are sized for them).
-inline int Fp8Rows16(int rows) { return (rows + 15) / 16 * 16; }
+inline int Fp8Rows16(int rows) {
+  return (rows + 15) / 16 * 16;
+}
 
 }  // namespace llm

@@ -157,8 +157,8 @@ Status CudaLlamaDecoder::Load(const CudaLoadContext& ctx) {
           {p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"},
           {{q}, {kvs}, {kvs}}, 0, wstd, &L->bqkv));
     }
-    LLM_RETURN_IF_ERROR(loader.Load({p + "self_attn.o_proj.weight"}, {{h, q}}, 0, wstd,
-                                    L->proj[kO].bf16_target()));
+    LLM_RETURN_IF_ERROR(
+        loader.Load({p + "self_attn.o_proj.weight"}, {{h, q}}, 0, wstd, L->proj[kO].bf16_target()));
     LLM_RETURN_IF_ERROR(loader.Load({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"},
                                     {{inter, h}, {inter, h}}, 0, wstd,
                                     L->proj[kGateUp].bf16_target()));

@@ -109,7 +109,7 @@ class CudaModelRunner final : public Model {
   DeviceBuffer embed_, lm_head_, final_norm_;
   int block_size_ = 0;
   int num_blocks_ = 0;
-  Scratch sets_[2];  // eager, graph
+  Scratch sets_[2];              // eager, graph
   int graph_max_batch_ = 0;      // 0: no graphs
   int graph_pages_per_seq_ = 0;  // block-table entries a graph step's sequence may have
   bool graphs_reserved_ = false;
@@ -195,18 +195,18 @@ Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& optio
   if (num_blocks_ < 1) return ResourceExhausted("no GPU memory left for a single KV block");
   LLM_RETURN_IF_ERROR(dec_->AllocateCache(ctx, num_blocks_));
 
-  const char* why_not =
-      options.cuda_graph_max_batch <= 0        ? " (none: disabled)"
-      : !dec_->attention().supports_graphs()   ? " (none: the attention backend cannot be captured)"
-      : !dec_->graph_safe()                    ? " (none: the layers synchronize with the host)"
-                                               : "";
+  const char* why_not = options.cuda_graph_max_batch <= 0 ? " (none: disabled)"
+                        : !dec_->attention().supports_graphs()
+                            ? " (none: the attention backend cannot be captured)"
+                        : !dec_->graph_safe() ? " (none: the layers synchronize with the host)"
+                                              : "";
   spdlog::info("cuda model: decode steps of up to {} sequences run in CUDA graphs{}",
                graph_max_batch_, why_not);
   const std::string extra = dec_->Summary();
   spdlog::info("cuda model: {} {} layers{} on sm_{}, {} {} weights, KV {} x {} blocks ({:.1f} GiB)",
-               dec_->name(), c.num_layers, extra.empty() ? "" : " (" + extra + ")",
-               ctx.device_arch, loader.dummy() ? "DUMMY (random)" : "checkpoint",
-               WeightQuantName(ctx.weight_quant), dec_->kv_cache_dtype_name(), num_blocks_,
+               dec_->name(), c.num_layers, extra.empty() ? "" : " (" + extra + ")", ctx.device_arch,
+               loader.dummy() ? "DUMMY (random)" : "checkpoint", WeightQuantName(ctx.weight_quant),
+               dec_->kv_cache_dtype_name(), num_blocks_,
                static_cast<double>(per_block) * num_blocks_ / (1ull << 30));
   if (graph_max_batch_ > 0 && options.cuda_graph_warmup) LLM_RETURN_IF_ERROR(CaptureAllGraphs());
   return Status::Ok();

@@ -40,17 +40,17 @@ struct CudaLoadContext {
 // One step's activations that the runner owns, in the scratch set the step runs on (eager, or the
 // fixed set that decode graphs capture).
 struct CudaStep {
-  int set = 0;                         // 0 eager, 1 graph (a definition keeps one scratch per set)
-  int rows = 0;                        // rows to compute: the batch's tokens, or a graph bucket
+  int set = 0;                          // 0 eager, 1 graph (a definition keeps one scratch per set)
+  int rows = 0;                         // rows to compute: the batch's tokens, or a graph bucket
   const ForwardBatch* batch = nullptr;  // the step (a captured step's first instance)
-  const int32_t* positions = nullptr;  // device [rows]
-  float* residual = nullptr;           // fp32 [rows, hidden]: the embedding, layers add into it
-  void* xn = nullptr;                  // bf16 [rows, hidden] scratch (norm outputs)
+  const int32_t* positions = nullptr;   // device [rows]
+  float* residual = nullptr;            // fp32 [rows, hidden]: the embedding, layers add into it
+  void* xn = nullptr;                   // bf16 [rows, hidden] scratch (norm outputs)
 };
 
 // The last layer's output, not yet in the residual: the runner's final norm adds it.
 struct CudaLayersOut {
-  const void* delta = nullptr;          // bf16 [rows, hidden]
+  const void* delta = nullptr;         // bf16 [rows, hidden]
   const float* delta_scale = nullptr;  // [rows] row scales (raw fp8 GEMM output) or null
 };
 
