@@ -131,6 +131,10 @@ Status CudaLlamaDecoder::SelectAttention(const CudaLoadContext& ctx) {
   spec_.block_size = options.block_size;
   spec_.features = kFeatureCausal;
   if (c.AnyLayerWindowed()) spec_.features |= kFeatureSlidingWindow;
+  if ((options.block_size & (options.block_size - 1)) != 0) {
+    return InvalidArgument("the CUDA backend needs a power-of-two block_size, got " +
+                           std::to_string(options.block_size));
+  }
   LLM_ASSIGN_OR_RETURN(attention_, ctx.SelectAttention(spec_));
   step_attention_ = attention_.get();
   LLM_RETURN_IF_ERROR(SelectPrefillBackend(options.prefill_attention_backend));

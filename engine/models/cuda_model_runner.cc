@@ -156,10 +156,6 @@ Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& optio
   GPU_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   GPU_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
   ctx.device_arch = major * 10 + minor;
-  if ((options.block_size & (options.block_size - 1)) != 0) {
-    return InvalidArgument("the CUDA backend needs a power-of-two block_size, got " +
-                           std::to_string(options.block_size));
-  }
   block_size_ = options.block_size;
   Bf16WeightLoader loader(options.dummy_weights ? nullptr : w, stream_);
   ctx.loader = &loader;
