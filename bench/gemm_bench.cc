@@ -1,5 +1,5 @@
 // The model's projection GEMMs on the GPU, at the decode batch sizes: y[m, n] = x[m, k] w[n, k]^T
-// in bf16 with fp32 accumulation, as engine/models/cuda_llama_model.cc issues them
+// in bf16 with fp32 accumulation, as engine/models/cuda_linear.cc issues them
 // (cublasGemmEx, CUBLAS_GEMM_DEFAULT), against the fastest of the algorithms cuBLASLt's heuristic
 // offers for the same problem. Shapes: Llama-3-8B (qkv, o, gate_up, down, lm_head).
 //

@@ -1,5 +1,5 @@
-// Device-memory helpers shared by the CUDA model runtimes (cuda_llama_model.cc,
-// cuda_deepseek_model*.cc): an owning device buffer, the cuBLAS status macro, bf16 weight upload
+// Device-memory helpers shared by the CUDA model runtimes (cuda_model_runner.cc and
+// the decoder definitions): an owning device buffer, the cuBLAS status macro, bf16 weight upload
 // (or deterministic random fill for dummy weights) and the row-major bf16 GEMM.
 #pragma once
 

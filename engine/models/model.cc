@@ -4,8 +4,7 @@
 #include "engine/models/deepseek_model.h"
 #include "engine/models/synthetic_model.h"
 #ifdef LLM_HAVE_CUDA
-#include "engine/models/cuda_deepseek_model.h"
-#include "engine/models/cuda_llama_model.h"
+#include "engine/models/cuda_model_runner.h"
 #endif
 
 namespace llm {
@@ -71,7 +70,6 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
   [[maybe_unused]] const bool on_cuda = ResolveDevice(options.device) == "cuda";
   const bool fp8_weights = options.weight_dtype == "fp8";
   if (IsDeepseekModelDir(options.model_dir)) {  // MLA + MoE: its own config and model
-    if (fp8_weights) return Unimplemented("fp8 weights are implemented for Llama-family models");
     LLM_ASSIGN_OR_RETURN(DeepseekConfig config, LoadDeepseekConfig(options.model_dir));
 #ifdef LLM_HAVE_CUDA
     if (on_cuda) {
@@ -84,6 +82,7 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
     }
 #endif
     if (options.dummy_weights) return InvalidArgument("dummy weights need the cuda device");
+    if (fp8_weights) return InvalidArgument("fp8 weights need the cuda device");
     LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config.base));
     LLM_ASSIGN_OR_RETURN(auto model, DeepseekModel::Create(config, *weights, options));
     LLM_RETURN_IF_ERROR(

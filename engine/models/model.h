@@ -119,9 +119,9 @@ struct ModelLoadOptions {
   // cache: its prefill tiles run at about twice cuda_c8's rate), "none" (the decode backend), or a
   // backend name that shares the decode backend's cache layout.
   std::string prefill_attention_backend = "auto";
-  // Projection weights on the GPU (CUDA Llama): "auto"/"bf16", or "fp8": e4m3 with one scale per
-  // tensor, activations quantized per row (token) at run time by the kernel that produces them,
-  // cuBLASLt fp8 GEMMs (embedding, norms and LM head stay bf16).
+  // Projection weights on the GPU (CUDA models): "auto"/"bf16", or "fp8": e4m3 with one scale per
+  // tensor (per expert for MoE experts), activations quantized per row (token) at run time,
+  // cuBLASLt fp8 GEMMs (embedding, norms, LM head, DeepSeek's router and kv_b_proj stay bf16).
   std::string weight_dtype = "auto";
   // fp8 weights only: cuBLASLt fast accumulation for the fp8 projections (CudaFp8Gemm::Init). On
   // by default, as in vLLM's and TensorRT-LLM's fp8 GEMMs: under the H200's power cap it makes a

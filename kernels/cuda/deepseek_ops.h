@@ -1,4 +1,4 @@
-// Fused kernels of the DeepSeek-V2/V3 decoder on CUDA (engine/models/cuda_deepseek_model*.cc).
+// Fused kernels of the DeepSeek-V2/V3 decoder on CUDA (engine/models/cuda_deepseek_decoder.cc).
 // Plain C++ launcher header: pointers are device pointers, `stream` is a cudaStream_t.
 // Activations are bf16 unless noted.
 #pragma once

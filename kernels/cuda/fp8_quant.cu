@@ -109,6 +109,15 @@ __global__ void QuantizeRowsKernel(const __nv_bfloat16* x, int cols, uint8_t* q,
   }
 }
 
+__global__ void ScaleRowsKernel(__nv_bfloat16* y, const float* scale, int cols) {
+  const size_t row = blockIdx.x;
+  const float s = scale[row];
+  __nv_bfloat16* yr = y + row * cols;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+    yr[i] = __float2bfloat16(__bfloat162float(yr[i]) * s);
+  }
+}
+
 int Blocks(int64_t n) {
   return static_cast<int>(std::clamp<int64_t>((n / kVec + 255) / 256, 1, 1024));
 }
@@ -133,6 +142,13 @@ void LaunchQuantizeRowsFp8(const void* x, int rows, int cols, const Fp8Rows& out
   (void)LaunchPdl(QuantizeRowsKernel, dim3(rows), dim3(threads), 0,
                   static_cast<cudaStream_t>(stream), static_cast<const __nv_bfloat16*>(x), cols,
                   static_cast<uint8_t*>(out.q), out.scale);
+}
+
+void LaunchScaleRowsBf16(void* y, const float* scale, int rows, int cols, void* stream) {
+  if (rows == 0) return;
+  const int threads = std::clamp((cols + 31) / 32 * 32, 32, 256);
+  ScaleRowsKernel<<<rows, threads, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<__nv_bfloat16*>(y), scale, cols);
 }
 
 }  // namespace llm::cuda

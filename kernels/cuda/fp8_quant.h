@@ -32,4 +32,8 @@ struct Fp8Rows {
 // out: x (bf16 [rows, cols]) quantized per row (one CTA per row).
 void LaunchQuantizeRowsFp8(const void* x, int rows, int cols, const Fp8Rows& out, void* stream);
 
+// y[t, :] = bf16(y[t, :] * scale[t]) in place (bf16 [rows, cols]): applies the row scales of an
+// fp8 GEMM's input to its raw output where the consumer cannot take them (CudaLinear::Apply).
+void LaunchScaleRowsBf16(void* y, const float* scale, int rows, int cols, void* stream);
+
 }  // namespace llm::cuda

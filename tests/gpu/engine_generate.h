@@ -149,4 +149,17 @@ inline GenerateResult Generate(const std::string& dir,
   return result;
 }
 
+// Relative L2 distance of prompt i's first-step logits (the prompt's last row) from ref's.
+inline double FirstStepDistance(const Logits& ref, const Logits& got, size_t i) {
+  const auto& a = ref.at(std::to_string(i)).at(0);
+  const auto& b = got.at(std::to_string(i)).at(0);
+  REQUIRE(a.size() == b.size());
+  double err2 = 0, ref2 = 0;
+  for (size_t j = 0; j < a.size(); ++j) {
+    err2 += (static_cast<double>(b[j]) - a[j]) * (b[j] - a[j]);
+    ref2 += static_cast<double>(a[j]) * a[j];
+  }
+  return std::sqrt(err2 / ref2);
+}
+
 }  // namespace llm::gpu_test

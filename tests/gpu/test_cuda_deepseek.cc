@@ -475,5 +475,68 @@ TEST_CASE("GPU DeepSeek fp8 latent cache tracks the CPU fp8 run", "[gpu][deepsee
   fs::remove_all(dir);
 }
 
+// fp8 weights (weight_dtype fp8, e4m3 per tensor from bf16 at load, activations per row): the
+// projections, dense MLP and routed / shared experts go through CudaLinear's fp8 GEMMs, kv_b_proj,
+// the router and the LM head stay bf16. The first step's logits of each prompt must stay near
+// the bf16-weight model's: e4m3 keeps 3 mantissa bits (~2-4% rms rounding per element, weights
+// and activations), compounding over 3 layers of up to 9 projections; a wrong scale, layout or
+// expert index is off by O(1). The mean over the prompts is bounded as Llama's (0.2); one prompt
+// may be further off (0.5) where fp8 rounding flips a router near-tie of its last row, which
+// moves that row's hidden state by an expert's output. Then the same model decodes overlapped,
+// with device sampling.
+TEST_CASE("GPU DeepSeek fp8 weights track the bf16-weight model", "[gpu][deepseek][fp8]") {
+  const auto prompts = Prompts();
+  for (bool v3 : {false, true}) {
+    const std::string name = v3 ? "v3_fp8w" : "v2_fp8w";
+    const std::string dir = WriteRandomDeepseek(name, v3, nullptr);
+    gpu_test::Logits ref, got;
+    gpu_test::GenerateOptions o{.block_size = 64, .num_kv_blocks = 64, .steps = 4};
+    o.logits = &ref;
+    gpu_test::Generate(dir, prompts, o);
+    o.logits = &got;
+    o.weight_dtype = "fp8";
+    gpu_test::Generate(dir, prompts, o);
+    double mean = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const double rel = gpu_test::FirstStepDistance(ref, got, i);
+      std::printf("%s prompt %zu: fp8 vs bf16 weights, relative L2 error of the logits %.4f\n",
+                  name.c_str(), i, rel);
+      INFO(name << " prompt " << i << ": relative L2 error " << rel);
+      CHECK(rel < 0.5);
+      mean += rel / static_cast<double>(prompts.size());
+    }
+    INFO(name << ": mean relative L2 error " << mean);
+    CHECK(mean < 0.2);
+    gpu_test::GenerateOptions f{.block_size = 64, .num_kv_blocks = 64, .steps = 16};
+    f.weight_dtype = "fp8";
+    const auto fast = gpu_test::Generate(dir, prompts, f);
+    CHECK(fast.overlapped_steps >= 8);
+    for (const auto& t : fast.tokens) CHECK(t.size() == 16);
+    fs::remove_all(dir);
+  }
+}
+
+// Overlapped steps from the runner: step k + 1 is queued before step k's tokens reach the host,
+// its fed-back ids read on the device. Scheduling does not depend on overlap, so the batches and
+// their kernels are the same as one step at a time (device sampling in both): identical tokens.
+TEST_CASE("GPU DeepSeek overlapped steps give the one-at-a-time tokens",
+          "[gpu][deepseek][overlap]") {
+  const std::string dir = WriteRandomDeepseek("v2_overlap", false, nullptr);
+  const auto prompts = Prompts();
+  gpu_test::GenerateOptions o{.block_size = 64, .num_kv_blocks = 64, .steps = 32};
+  o.overlap = false;
+  const auto one = gpu_test::Generate(dir, prompts, o);
+  o.overlap = true;
+  const auto over = gpu_test::Generate(dir, prompts, o);
+  CHECK(one.overlapped_steps == 0);
+  CHECK(over.overlapped_steps >= 16);
+  CHECK(over.graph_steps == 0);  // opted out while the MoE synchronizes (graph_safe)
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    INFO("prompt " << i);
+    CHECK(over.tokens[i] == one.tokens[i]);
+  }
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace llm

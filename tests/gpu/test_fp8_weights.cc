@@ -188,19 +188,6 @@ TEST_CASE("fp8 weights: per-row activation quantization matches the host definit
   }
 }
 
-// Relative L2 distance of prompt i's first-step logits (the prompt's last row) from ref's.
-double FirstStepDistance(const gpu_test::Logits& ref, const gpu_test::Logits& got, size_t i) {
-  const auto& a = ref.at(std::to_string(i)).at(0);
-  const auto& b = got.at(std::to_string(i)).at(0);
-  REQUIRE(a.size() == b.size());
-  double err2 = 0, ref2 = 0;
-  for (size_t j = 0; j < a.size(); ++j) {
-    err2 += (static_cast<double>(b[j]) - a[j]) * (b[j] - a[j]);
-    ref2 += static_cast<double>(a[j]) * a[j];
-  }
-  return std::sqrt(err2 / ref2);
-}
-
 std::vector<std::vector<int32_t>> RandomPrompts(std::mt19937& rng) {
   std::vector<std::vector<int32_t>> prompts;
   for (int len : {3, 29, 64, 1, 17}) {
@@ -226,7 +213,7 @@ TEST_CASE("fp8 weights: a whole Llama tracks the bf16-weight model", "[gpu][fp8]
   // activations, compound to ~10% (H200, 2026-11-29: 0.107 at most over these prompts). A wrong
   // scale or layout is off by O(1).
   auto distance = [&](const gpu_test::Logits& logits, size_t i) {
-    return FirstStepDistance(bf16_logits, logits, i);
+    return gpu_test::FirstStepDistance(bf16_logits, logits, i);
   };
   for (size_t i = 0; i < prompts.size(); ++i) {
     const double rel = distance(fp8_logits, i);
@@ -285,9 +272,9 @@ TEST_CASE("fp8 weights over a static int8 cache: the attention's fp8 output", "[
   CHECK(st.graph_steps > 0);
   double between_max = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    const double rows = FirstStepDistance(bf16_logits, rows_logits, i);
-    const double stat = FirstStepDistance(bf16_logits, static_logits, i);
-    const double between = FirstStepDistance(rows_logits, static_logits, i);
+    const double rows = gpu_test::FirstStepDistance(bf16_logits, rows_logits, i);
+    const double stat = gpu_test::FirstStepDistance(bf16_logits, static_logits, i);
+    const double between = gpu_test::FirstStepDistance(rows_logits, static_logits, i);
     INFO("prompt " << i << ": relative L2 error of the logits against bf16 weights: per-row pass "
                    << rows << ", static scale " << stat << "; between the two " << between);
     CHECK(rows < 0.2);

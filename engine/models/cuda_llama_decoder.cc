@@ -1,0 +1,437 @@
+#include "engine/models/cuda_llama_decoder.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <spdlog/spdlog.h>
+
+#include "engine/base/dtype.h"
+#include "engine/base/quant.h"
+#include "engine/models/kv_cache_quant.h"
+#include "engine/models/rope.h"
+#include "kernels/backend_registry.h"
+#include "kernels/cuda/c8_attention.h"
+#include "kernels/cuda/cuda_c8_backend.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/llama_ops.h"
+#include "kernels/fmha/fmha_launcher.h"
+
+namespace llm {
+namespace {
+
+// The four projections of a layer, indexing LayerWeights::proj and the activations' row scales.
+enum Proj { kQkv = 0, kO = 1, kGateUp = 2, kDown = 3, kNumProj = 4 };
+
+struct LayerWeights {
+  DeviceBuffer attn_norm, mlp_norm, bqkv;  // bf16
+  CudaLinear proj[kNumProj];
+};
+
+struct LayerCache {
+  DeviceBuffer k, v, k_block_scales, v_block_scales;  // cache in the kv dtype; dynamic scales
+  DeviceBuffer k_scale, v_scale;                      // static scales (fp32)
+  // fp8 weights over a static 8-bit cache (ModelLoadOptions::fp8_static_attention_output): the
+  // attention writes o_proj's e4m3 input as out * out_inv (out_inv = 448 / V bound), and
+  // out_scale holds 1 / out_inv for the GEMM. out_inv 0: a per-row quantization pass instead.
+  DeviceBuffer out_scale;
+  float out_inv = 0.f;
+};
+
+// Activations of the layers for `cap` rows (the runner holds the residual and the norm output).
+struct Scratch {
+  DeviceBuffer qkv, q, k, v, attn, tmp, gate_up, act;
+  // fp8 weights: the e4m3 input of the current projection, and per projection the row scales
+  // of its input [kNumProj][cap], which the projection's consumer applies to its output.
+  DeviceBuffer xq, row_scales;
+  int cap = 0;
+  Status Reserve(const ModelConfig& c, int tokens, bool fp8, cudaStream_t stream);
+  cuda::Fp8Rows Fp8In(Proj proj) const {
+    return {xq.ptr, row_scales.as<float>() + static_cast<size_t>(proj) * cap};
+  }
+};
+
+class CudaLlamaDecoder final : public CudaDecoder {
+ public:
+  explicit CudaLlamaDecoder(const ModelConfig& config) : config_(config) {}
+  const ModelConfig& config() const override { return config_; }
+  const char* name() const override { return "llama"; }
+  Status SelectAttention(const CudaLoadContext& ctx) override;
+  Status Load(const CudaLoadContext& ctx) override;
+  AttentionBackend& attention() override { return *attention_; }
+  std::string kv_cache_dtype_name() const override {
+    std::string s = DTypeName(spec_.kv_dtype);
+    if (spec_.kv_quant != KvQuant::kNone) s += std::string("/") + KvQuantName(spec_.kv_quant);
+    return s;
+  }
+  Status AllocateCache(const CudaLoadContext& ctx, int num_blocks) override;
+  bool graph_safe() const override { return true; }
+  Status Reserve(int set, int rows) override {
+    return scratch_[set].Reserve(config_, rows, fp8_, ops_->stream);
+  }
+  Status Plan(const ForwardBatch& batch) override;
+  Status PlanGraph(const ForwardBatch& batch, int bucket) override {
+    step_attention_ = attention_.get();
+    return attention_->PlanGraph(batch.attn, bucket);
+  }
+  StatusOr<CudaLayersOut> RunLayers(const CudaStep& step) override;
+
+ private:
+  // prefill_attention_ from the option: "auto" (cuda_fmha for a 16-bit cache whose decode
+  // backend is another family), "none", or a backend name (fails if it cannot serve the spec).
+  Status SelectPrefillBackend(const std::string& choice);
+  // ModelLoadOptions::c8_prefill onto the backend that attends steps with a prefill chunk.
+  Status SelectC8Prefill(const std::string& choice);
+  // A layer projection y[T, n] = x[T, k] W^T (bf16 out). bf16 weights: cuBLAS on x. fp8
+  // weights: x is ignored; the input is s.Fp8In(proj), which x's producer wrote, and y is the raw
+  // product without the input's row scales (RowScales(s, proj) holds them for y's consumer).
+  // x_scale: the fp8 input's scale (a device scalar); null: 1, the row scales come after.
+  Status Project(Scratch& s, int layer, Proj proj, const void* x, int T, void* y,
+                 const float* x_scale = nullptr) {
+    const CudaLinear& w = layers_[layer]->proj[proj];
+    return fp8_ ? w.RunFp8(*ops_, s.xq.ptr, x_scale, T, y) : w.RunBf16(*ops_, x, T, y);
+  }
+  // The fp8 input of proj (what the producer of x writes), or nothing with bf16 weights.
+  cuda::Fp8Rows Fp8In(const Scratch& s, Proj proj) const {
+    return fp8_ ? s.Fp8In(proj) : cuda::Fp8Rows{};
+  }
+  // The row scales that proj's output still needs (null with bf16 weights).
+  const float* RowScales(const Scratch& s, Proj proj) const { return Fp8In(s, proj).scale; }
+
+  ModelConfig config_;
+  const CudaLinearOps* ops_ = nullptr;
+  bool fp8_ = false;  // weight_dtype "fp8"
+  DeviceBuffer inv_freq_;
+  std::vector<std::unique_ptr<LayerWeights>> layers_;
+  std::vector<std::unique_ptr<LayerCache>> cache_;
+  std::unique_ptr<AttentionBackend> attention_;
+  // Steps with a prefill chunk may attend through a second family on the same cache (16-bit:
+  // cuda_fmha's prefill tiles run at about twice cuda_c8's rate); null: attention_ for all steps.
+  std::unique_ptr<AttentionBackend> prefill_attention_;
+  AttentionBackend* step_attention_ = nullptr;  // the one this step planned
+  AttentionSpec spec_;
+  KvCacheType kv_;
+  Scratch scratch_[2];  // eager, graph
+};
+
+Status CudaLlamaDecoder::SelectAttention(const CudaLoadContext& ctx) {
+  const ModelConfig& c = config_;
+  const ModelLoadOptions& options = *ctx.options;
+  ops_ = ctx.ops;
+  fp8_ = ctx.weight_quant != WeightQuant::kBf16;
+  LLM_ASSIGN_OR_RETURN(kv_, ParseKvCacheType(options.kv_cache_dtype, options.kv_scale_granularity));
+  if (kv_.dtype == DType::kF32) kv_.dtype = DType::kBF16;  // "auto": the 16-bit cache on GPUs
+  spec_.device = DeviceKind::kCuda;
+  spec_.device_arch = ctx.device_arch;
+  spec_.kind = AttentionKind::kMha;
+  spec_.kv_dtype = kv_.dtype;
+  spec_.kv_quant = kv_.quant;
+  spec_.num_q_heads = c.num_q_heads;
+  spec_.num_kv_heads = c.num_kv_heads;
+  spec_.head_dim = c.head_dim;
+  spec_.block_size = options.block_size;
+  spec_.features = kFeatureCausal;
+  if (c.AnyLayerWindowed()) spec_.features |= kFeatureSlidingWindow;
+  if ((options.block_size & (options.block_size - 1)) != 0) {
+    return InvalidArgument("the CUDA backend needs a power-of-two block_size, got " +
+                           std::to_string(options.block_size));
+  }
+  LLM_ASSIGN_OR_RETURN(attention_, ctx.SelectAttention(spec_));
+  step_attention_ = attention_.get();
+  LLM_RETURN_IF_ERROR(SelectPrefillBackend(options.prefill_attention_backend));
+  return SelectC8Prefill(options.c8_prefill);
+}
+
+Status CudaLlamaDecoder::Load(const CudaLoadContext& ctx) {
+  const ModelConfig& c = config_;
+  const int64_t h = c.hidden_size, q = c.q_size(), kvs = c.kv_size(), inter = c.intermediate_size;
+  const float wstd = 0.02f;
+  Bf16WeightLoader& loader = *ctx.loader;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    auto L = std::make_unique<LayerWeights>();
+    LLM_RETURN_IF_ERROR(loader.Load({p + "input_layernorm.weight"}, {{h}}, 1, 0.1f, &L->attn_norm));
+    LLM_RETURN_IF_ERROR(
+        loader.Load({p + "post_attention_layernorm.weight"}, {{h}}, 1, 0.1f, &L->mlp_norm));
+    LLM_RETURN_IF_ERROR(loader.Load({p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
+                                     p + "self_attn.v_proj.weight"},
+                                    {{q, h}, {kvs, h}, {kvs, h}}, 0, wstd,
+                                    L->proj[kQkv].bf16_target()));
+    if (c.qkv_bias) {
+      LLM_RETURN_IF_ERROR(loader.Load(
+          {p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"},
+          {{q}, {kvs}, {kvs}}, 0, wstd, &L->bqkv));
+    }
+    LLM_RETURN_IF_ERROR(
+        loader.Load({p + "self_attn.o_proj.weight"}, {{h, q}}, 0, wstd, L->proj[kO].bf16_target()));
+    LLM_RETURN_IF_ERROR(loader.Load({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"},
+                                    {{inter, h}, {inter, h}}, 0, wstd,
+                                    L->proj[kGateUp].bf16_target()));
+    LLM_RETURN_IF_ERROR(loader.Load({p + "mlp.down_proj.weight"}, {{h, inter}}, 0, wstd,
+                                    L->proj[kDown].bf16_target()));
+    const int64_t shapes[kNumProj][2] = {{q + 2 * kvs, h}, {h, q}, {2 * inter, h}, {h, inter}};
+    const char* names[kNumProj] = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"};
+    for (int j = 0; j < kNumProj; ++j) {
+      LLM_RETURN_IF_ERROR(L->proj[j].Quantize(*ops_, ctx.weight_quant,
+                                              static_cast<int>(shapes[j][0]),
+                                              static_cast<int>(shapes[j][1]), 1, p + names[j]));
+    }
+    layers_.push_back(std::move(L));
+  }
+  // Rotary frequencies: the CPU oracle's own definition.
+  const std::vector<float> inv = RopeInvFreq(c);
+  LLM_RETURN_IF_ERROR(inv_freq_.Alloc(inv.size() * 4));
+  GPU_RETURN_IF_ERROR(
+      cudaMemcpy(inv_freq_.ptr, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+  return Status::Ok();
+}
+
+Status CudaLlamaDecoder::AllocateCache(const CudaLoadContext& ctx, int num_blocks) {
+  const ModelConfig& c = config_;
+  const ModelLoadOptions& options = *ctx.options;
+  KvCacheScales scales;
+  if (kv_.is_static()) {
+    if (ctx.loader->dummy()) {
+      // Dummy weights have no checkpoint scales: unit-variance data fits absmax 4.
+      const size_t n = kv_.quant == KvQuant::kStaticPerHead ? c.num_kv_heads : c.kv_size();
+      const float s = 4.0f / (kv_.dtype == DType::kI8 ? 127.0f : 448.0f);
+      scales.k.assign(c.num_layers, std::vector<float>(n, s));
+      scales.v = scales.k;
+    } else {
+      LLM_ASSIGN_OR_RETURN(scales, LoadKvCacheScales(c, *ctx.weights, kv_, options.kv_scales_file));
+    }
+  }
+  const size_t esize = kv_.dtype == DType::kBF16 ? 2 : 1;
+  const size_t elems = static_cast<size_t>(num_blocks) * c.num_kv_heads * options.block_size;
+  for (int l = 0; l < c.num_layers; ++l) {
+    auto lc = std::make_unique<LayerCache>();
+    LLM_RETURN_IF_ERROR(lc->k.Alloc(elems * c.head_dim * esize));
+    LLM_RETURN_IF_ERROR(lc->v.Alloc(elems * c.head_dim * esize));
+    if (kv_.quant == KvQuant::kDynamicPerToken) {
+      LLM_RETURN_IF_ERROR(lc->k_block_scales.Alloc(elems * 4));
+      LLM_RETURN_IF_ERROR(lc->v_block_scales.Alloc(elems * 4));
+    }
+    if (kv_.is_static()) {
+      LLM_RETURN_IF_ERROR(lc->k_scale.Alloc(scales.k[l].size() * 4));
+      LLM_RETURN_IF_ERROR(lc->v_scale.Alloc(scales.v[l].size() * 4));
+      GPU_RETURN_IF_ERROR(cudaMemcpy(lc->k_scale.ptr, scales.k[l].data(), scales.k[l].size() * 4,
+                                     cudaMemcpyHostToDevice));
+      GPU_RETURN_IF_ERROR(cudaMemcpy(lc->v_scale.ptr, scales.v[l].data(), scales.v[l].size() * 4,
+                                     cudaMemcpyHostToDevice));
+      if (fp8_ && options.fp8_static_attention_output) {
+        // |out| <= qmax x max(v_scale): softmax weights sum to 1 over dequantized V rows.
+        const float qmax = kv_.dtype == DType::kI8 ? kInt8Max : kFp8E4M3Max;
+        const float bound = qmax * *std::max_element(scales.v[l].begin(), scales.v[l].end());
+        if (bound > 0.f && std::isfinite(bound)) {
+          const float out_scale = bound / kFp8E4M3Max;
+          lc->out_inv = kFp8E4M3Max / bound;
+          LLM_RETURN_IF_ERROR(lc->out_scale.Alloc(CudaLinear::kScaleSlot * sizeof(float)));
+          GPU_RETURN_IF_ERROR(
+              cudaMemcpy(lc->out_scale.ptr, &out_scale, sizeof(out_scale), cudaMemcpyHostToDevice));
+        }
+      }
+    }
+    cache_.push_back(std::move(lc));
+  }
+  if (!cache_.empty() && cache_[0]->out_inv > 0.f) {
+    spdlog::info(
+        "cuda model: the attention writes o_proj's fp8 input, scaled by the static V "
+        "bound of each layer (fp8_static_attention_output)");
+  }
+  return Status::Ok();
+}
+
+Status CudaLlamaDecoder::SelectPrefillBackend(const std::string& choice) {
+  if (choice == "none") return Status::Ok();
+  std::string name = choice;
+  if (choice == "auto") {
+    const bool sixteen = spec_.kv_dtype == DType::kBF16 && spec_.kv_quant == KvQuant::kNone;
+    if (!sixteen || attention_->name() == "cuda_fmha") return Status::Ok();
+    name = "cuda_fmha";
+  }
+  if (name == attention_->name()) return Status::Ok();
+  std::string table;
+  auto backend = BackendRegistry::Global().Create(spec_, name, &table);
+  if (!backend.ok()) {
+    if (choice == "auto") return Status::Ok();  // not built in, or cannot serve this spec
+    spdlog::info("prefill attention: {}", table);
+    return backend.status();
+  }
+  if ((*backend)->BlockBytes() != attention_->BlockBytes()) {
+    return FailedPrecondition("prefill attention backend " + name +
+                              " lays out KV blocks differently from " + attention_->name());
+  }
+  prefill_attention_ = std::move(backend.value());
+  prefill_attention_->set_stream(ops_->stream);
+  spdlog::info("cuda model: steps with a prefill chunk attend through {}, decode steps through {}",
+               prefill_attention_->name(), attention_->name());
+  return Status::Ok();
+}
+
+Status CudaLlamaDecoder::SelectC8Prefill(const std::string& choice) {
+  LLM_RETURN_IF_ERROR(CheckChoice("c8_prefill", choice, kC8PrefillChoices));
+  AttentionBackend* backend = prefill_attention_ ? prefill_attention_.get() : attention_.get();
+  auto* sw = dynamic_cast<cuda::C8PrefillSwitch*>(backend);
+  const bool eight_bit = spec_.kv_quant != KvQuant::kNone;
+  if (choice == "fmha" && (sw == nullptr || !eight_bit)) {
+    return InvalidArgument(
+        "c8_prefill fmha: needs the cuda_c8 backend over an 8-bit KV cache, got " +
+        backend->name() + " over " + DTypeName(spec_.kv_dtype));
+  }
+  if (sw == nullptr) return Status::Ok();
+  // auto: the FMHA path where it runs (an H100/H200 with sm_90a in the build): 1.8% off a mixed
+  // prompt step, 0.6-1.0% more output tokens/s in the serving workload (docs/BENCHMARKS.md).
+  const bool fmha = choice == "fmha" || (choice == "auto" && eight_bit && FmhaWgmmaAvailable());
+  LLM_RETURN_IF_ERROR(sw->SetPrefillFmha(fmha));
+  if (eight_bit) {
+    spdlog::info("cuda model: c8_prefill={} -> prefill chunks on {}", choice,
+                 fmha ? "the wgmma FMHA kernel over a bf16 copy of the 8-bit cache"
+                      : "the C8 prefill tiles");
+  }
+  return Status::Ok();
+}
+
+Status Scratch::Reserve(const ModelConfig& c, int tokens, bool fp8, cudaStream_t stream) {
+  if (tokens <= cap) return Status::Ok();
+  const size_t T = static_cast<size_t>(tokens);
+  const size_t H = c.hidden_size, Q = c.q_size(), KV = c.kv_size(), I = c.intermediate_size;
+  LLM_RETURN_IF_ERROR(qkv.Alloc(T * (Q + 2 * KV) * 2));
+  LLM_RETURN_IF_ERROR(q.Alloc(T * Q * 2));
+  LLM_RETURN_IF_ERROR(k.Alloc(T * KV * 2));
+  LLM_RETURN_IF_ERROR(v.Alloc(T * KV * 2));
+  LLM_RETURN_IF_ERROR(attn.Alloc(T * Q * 2));
+  LLM_RETURN_IF_ERROR(tmp.Alloc(T * H * 2));
+  LLM_RETURN_IF_ERROR(gate_up.Alloc(T * 2 * I * 2));
+  LLM_RETURN_IF_ERROR(act.Alloc(T * I * 2));
+  if (fp8) {
+    LLM_RETURN_IF_ERROR(xq.Alloc(T * std::max({H, Q, I})));
+    LLM_RETURN_IF_ERROR(row_scales.Alloc(kNumProj * T * 4));
+    GPU_RETURN_IF_ERROR(cudaMemsetAsync(xq.ptr, 0, xq.bytes, stream));
+    GPU_RETURN_IF_ERROR(cudaMemsetAsync(row_scales.ptr, 0, row_scales.bytes, stream));
+  }
+  // Padding rows of a graph bucket are computed too: keep them finite from the start.
+  for (DeviceBuffer* b : {&qkv, &q, &k, &v, &attn, &tmp, &gate_up, &act}) {
+    GPU_RETURN_IF_ERROR(cudaMemsetAsync(b->ptr, 0, b->bytes, stream));
+  }
+  cap = tokens;
+  return Status::Ok();
+}
+
+Status CudaLlamaDecoder::Plan(const ForwardBatch& batch) {
+  // A prefill chunk (more query tokens than a decode of 1..4) goes to the prefill family.
+  bool prefill = false;
+  for (int i = 0; i < batch.attn.num_seqs && !prefill; ++i) {
+    prefill = batch.attn.q_indptr[i + 1] - batch.attn.q_indptr[i] > 4;
+  }
+  step_attention_ = prefill && prefill_attention_ ? prefill_attention_.get() : attention_.get();
+  return step_attention_->Plan(batch.attn);
+}
+
+StatusOr<CudaLayersOut> CudaLlamaDecoder::RunLayers(const CudaStep& step) {
+  const ModelConfig& c = config_;
+  Scratch& s = scratch_[step.set];
+  cudaStream_t stream = ops_->stream;
+  const int T = step.rows;
+  const int H = c.hidden_size, Q = c.q_size(), I = c.intermediate_size;
+  const float scale = c.SoftmaxScale();
+  // With fp8 weights every projection's input is produced as e4m3 rows by the kernel before it
+  // (norm, SiluMul, or a row quantization of the attention output), and its raw output is scaled
+  // back by the kernel after it (rotary, norm, SiluMul): no separate quantization pass.
+  cuda::RmsNormArgs norm;
+  norm.residual = step.residual;
+  norm.num_rows = T;
+  norm.hidden = H;
+  norm.eps = c.rms_norm_eps;
+  norm.out = step.xn;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& L = *layers_[l];
+    // The previous layer's MLP output joins the residual inside this norm.
+    norm.delta = l == 0 ? nullptr : s.tmp.ptr;
+    norm.delta_scale = l == 0 ? nullptr : RowScales(s, kDown);
+    norm.weight = L.attn_norm.ptr;
+    norm.out_fp8 = Fp8In(s, kQkv);
+    cuda::LaunchAddRmsNorm(norm, stream);
+    LLM_RETURN_IF_ERROR(Project(s, l, kQkv, step.xn, T, s.qkv.ptr));
+    cuda::RopeArgs ra;
+    ra.qkv = s.qkv.ptr;
+    ra.bias = L.bqkv.ptr;
+    ra.qkv_scale = RowScales(s, kQkv);
+    ra.positions = step.positions;
+    ra.inv_freq = inv_freq_.as<float>();
+    ra.q = s.q.ptr;
+    ra.k = s.k.ptr;
+    ra.v = s.v.ptr;
+    ra.num_tokens = T;
+    ra.num_q_heads = c.num_q_heads;
+    ra.num_kv_heads = c.num_kv_heads;
+    ra.head_dim = c.head_dim;
+    AttentionParams p;
+    p.out = s.attn.ptr;
+    if (step_attention_->supports_fused_rope()) {  // one launch: rotary + KV append
+      p.rope.qkv = ra.qkv;
+      p.rope.bias = ra.bias;
+      p.rope.qkv_scale = ra.qkv_scale;
+      p.rope.positions = ra.positions;
+      p.rope.inv_freq = ra.inv_freq;
+      p.rope.q = s.q.ptr;
+    } else {
+      cuda::LaunchBiasRope(ra, stream);
+      p.q = s.q.ptr;
+      p.k_new = s.k.ptr;
+      p.v_new = s.v.ptr;
+    }
+    const LayerCache& lc = *cache_[l];
+    p.cache.k = lc.k.ptr;
+    p.cache.v = lc.v.ptr;
+    p.cache.k_scale = lc.k_scale.as<float>();
+    p.cache.v_scale = lc.v_scale.as<float>();
+    p.cache.k_block_scales = lc.k_block_scales.as<float>();
+    p.cache.v_block_scales = lc.v_block_scales.as<float>();
+    p.softmax_scale = scale;
+    p.window_left = c.WindowLeft(l);
+    // o_proj's fp8 input straight from the attention, with the layer's static scale; else a
+    // per-row pass over its bf16 output.
+    const bool static_out = fp8_ && lc.out_inv > 0.f && step_attention_->supports_fp8_out();
+    if (static_out) {
+      p.out_fp8 = s.xq.ptr;
+      p.out_fp8_inv_scale = lc.out_inv;
+    }
+    step_attention_->Run(p);
+    if (fp8_ && !static_out) cuda::LaunchQuantizeRowsFp8(s.attn.ptr, T, Q, Fp8In(s, kO), stream);
+    LLM_RETURN_IF_ERROR(Project(s, l, kO, s.attn.ptr, T, s.tmp.ptr,
+                                static_out ? lc.out_scale.as<float>() : nullptr));
+    norm.delta = s.tmp.ptr;
+    norm.delta_scale = static_out ? nullptr : RowScales(s, kO);
+    norm.weight = L.mlp_norm.ptr;
+    norm.out_fp8 = Fp8In(s, kGateUp);
+    cuda::LaunchAddRmsNorm(norm, stream);
+    LLM_RETURN_IF_ERROR(Project(s, l, kGateUp, step.xn, T, s.gate_up.ptr));
+    cuda::SiluMulArgs sm;
+    sm.gate_up = s.gate_up.ptr;
+    sm.gate_up_scale = RowScales(s, kGateUp);
+    sm.num_tokens = T;
+    sm.inter = I;
+    sm.act = s.act.ptr;
+    sm.act_fp8 = Fp8In(s, kDown);
+    cuda::LaunchSiluMul(sm, stream);
+    LLM_RETURN_IF_ERROR(Project(s, l, kDown, s.act.ptr, T, s.tmp.ptr));
+  }
+  return CudaLayersOut{s.tmp.ptr, RowScales(s, kDown)};
+}
+
+}  // namespace
+
+std::unique_ptr<CudaDecoder> NewCudaLlamaDecoder(const ModelConfig& config) {
+  return std::make_unique<CudaLlamaDecoder>(config);
+}
+
+StatusOr<std::unique_ptr<Model>> CreateCudaLlamaModel(const ModelConfig& config,
+                                                      const WeightStore* weights,
+                                                      const ModelLoadOptions& options) {
+  if (config.o_bias || config.mlp_bias) {  // the CPU model implements them
+    return Unimplemented(std::string(config.o_bias ? "attention_bias (o_proj bias)" : "mlp_bias") +
+                         " is not implemented on the cuda device; use device cpu");
+  }
+  return CreateCudaModel(NewCudaLlamaDecoder(config), weights, options);
+}
+
+}  // namespace llm

@@ -1,0 +1,17 @@
+// The Llama-family decoder (Llama, Mistral, Qwen2) as a definition on the CUDA model runner
+// (cuda_model_runner.h): fused kernels (kernels/cuda/llama_ops.h) for RMSNorm + residual, bias +
+// rotary and SiLU-and-multiply, CudaLinear projections (bf16, or fp8 e4m3 whose activations the
+// kernel before each projection writes as e4m3 rows), and the attention backend the registry
+// selects for the device (cuda_c8), with an optional second family for prefill chunks
+// (cuda_fmha). The residual stream stays fp32. Built only with the CUDA backend.
+#pragma once
+
+#include <memory>
+
+#include "engine/models/cuda_model_runner.h"
+
+namespace llm {
+
+std::unique_ptr<CudaDecoder> NewCudaLlamaDecoder(const ModelConfig& config);
+
+}  // namespace llm
