@@ -96,7 +96,7 @@ __global__ void CausalSoftmaxKernel(const float* s, int q_rows, int kv_len, int 
   }
 }
 
-// One thread per token; mirrors DeepseekRouter::Route (engine/models/deepseek_routing.cc) line
+// One thread per token; mirrors MoeRouter::Route (engine/models/moe_router.cc) line
 // by line.
 __global__ void MoeRoutingKernel(MoeRoutingArgs a) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;

@@ -194,7 +194,7 @@ constexpr float kTieGap = 5e-3f;
 // MoE routing has near-ties of its own: an expert set that flips at one (token, layer) changes
 // that token's hidden state by a lot, and the tokens diverge later at a clear logit gap. Such a
 // divergence is accepted when the first routing mismatch that can reach its logits
-// (CompareRouting) is at a CPU router margin (deepseek_routing.h: the gap in selection-score
+// (CompareRouting) is at a CPU router margin (moe_router.h: the gap in selection-score
 // units between the last selected and the best unselected expert, or between the last kept and
 // the best dropped group) below this. Why 2e-2: the GPU's router GEMM is fp32 over bf16
 // activations and bf16 router weights, and the hidden state it reads carries the bf16 drift that
