@@ -162,6 +162,8 @@ class FmhaBackend final : public AttentionBackend {
     p.k = params.cache.k;
     p.v = params.cache.v;
     p.softmax_scale = params.softmax_scale;
+    p.softcap = params.logit_softcap;  // the catalog lists kFeatureSoftCap | kFeatureSinks
+    p.sink_logits = params.sink_logits;
     if (params.window_left >= 0) {
       p.mask = FmhaMask{FmhaMaskType::kWindow, params.window_left, 0, 0};
     } else {
