@@ -9,6 +9,7 @@
 #include "engine/models/cpu_ops.h"
 #include "engine/models/cpu_weights.h"
 #include "engine/models/kv_cache_quant.h"
+#include "engine/models/mha_attention_spec.h"
 #include "kernels/backend_registry.h"
 
 namespace llm {
@@ -22,19 +23,10 @@ StatusOr<std::unique_ptr<CpuDecoder>> CpuDecoder::Create(const ModelConfig& conf
   std::unique_ptr<CpuDecoder> m(new CpuDecoder(config, std::move(layers)));
   LLM_ASSIGN_OR_RETURN(const KvCacheType kv_type,
                        ParseKvCacheType(options.kv_cache_dtype, options.kv_scale_granularity));
-  AttentionSpec spec;
-  spec.device = DeviceKind::kCpu;
-  spec.kind = AttentionKind::kMha;
-  spec.kv_dtype = kv_type.dtype;
-  spec.kv_quant = kv_type.quant;
-  spec.num_q_heads = config.num_q_heads;
-  spec.num_kv_heads = config.num_kv_heads;
-  spec.head_dim = config.head_dim;
-  spec.block_size = options.block_size;
-  spec.features = kFeatureCausal;
-  for (const DecoderLayerSpec& layer : m->spec_.layers) {
-    if (layer.window_left >= 0) spec.features |= kFeatureSlidingWindow;
-  }
+  bool windowed = false;
+  for (const DecoderLayerSpec& layer : m->spec_.layers) windowed |= layer.window_left >= 0;
+  const AttentionSpec spec =
+      MhaAttentionSpec(config, kv_type, options.block_size, DeviceKind::kCpu, 0, windowed);
   std::string table;
   auto backend = BackendRegistry::Global().Create(spec, options.attention_backend, &table);
   spdlog::info("{}", table);

@@ -8,6 +8,7 @@
 #include "engine/base/dtype.h"
 #include "engine/base/quant.h"
 #include "engine/models/kv_cache_quant.h"
+#include "engine/models/mha_attention_spec.h"
 #include "engine/models/rope.h"
 #include "kernels/backend_registry.h"
 #include "kernels/cuda/c8_attention.h"
@@ -120,17 +121,8 @@ Status CudaLlamaDecoder::SelectAttention(const CudaLoadContext& ctx) {
   fp8_ = ctx.weight_quant != WeightQuant::kBf16;
   LLM_ASSIGN_OR_RETURN(kv_, ParseKvCacheType(options.kv_cache_dtype, options.kv_scale_granularity));
   if (kv_.dtype == DType::kF32) kv_.dtype = DType::kBF16;  // "auto": the 16-bit cache on GPUs
-  spec_.device = DeviceKind::kCuda;
-  spec_.device_arch = ctx.device_arch;
-  spec_.kind = AttentionKind::kMha;
-  spec_.kv_dtype = kv_.dtype;
-  spec_.kv_quant = kv_.quant;
-  spec_.num_q_heads = c.num_q_heads;
-  spec_.num_kv_heads = c.num_kv_heads;
-  spec_.head_dim = c.head_dim;
-  spec_.block_size = options.block_size;
-  spec_.features = kFeatureCausal;
-  if (c.AnyLayerWindowed()) spec_.features |= kFeatureSlidingWindow;
+  spec_ = MhaAttentionSpec(c, kv_, options.block_size, DeviceKind::kCuda, ctx.device_arch,
+                           c.AnyLayerWindowed());
   if ((options.block_size & (options.block_size - 1)) != 0) {
     return InvalidArgument("the CUDA backend needs a power-of-two block_size, got " +
                            std::to_string(options.block_size));
