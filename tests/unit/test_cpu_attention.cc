@@ -485,7 +485,7 @@ TEST_CASE("CpuPagedAttention soft-cap and sink logits match dense attention", "[
   }
 }
 
-TEST_CASE("A sink logit far below every score changes nothing; a high one drains the row",
+TEST_CASE("A sink logit far below every score changes nothing and a high one drains the row",
           "[cpu_attention]") {
   AttnCase c{16, 32, 4, 2, {{20, 4}, {3, 1}}, 31};
   const std::vector<float> low(4, -1e4f), high(4, 60.0f);
@@ -497,7 +497,7 @@ TEST_CASE("A sink logit far below every score changes nothing; a high one drains
   for (float x : with_high) CHECK(std::abs(x) < 1e-20f);
 }
 
-TEST_CASE("Models needing soft-cap or sinks get cpu_reference; an 8-bit cache fails naming them",
+TEST_CASE("Models needing soft-cap or sinks get cpu_reference and an 8-bit cache fails naming them",
           "[cpu_attention]") {
   for (uint32_t feature :
        {static_cast<uint32_t>(kFeatureSoftCap), static_cast<uint32_t>(kFeatureSinks)}) {
