@@ -92,6 +92,7 @@ void GenerateReactor::Push(GenerationOutput out) {
       c->set_matched_stop(out.matched_stop);
       c->mutable_token_ids()->Add(out.token_ids.begin(), out.token_ids.end());
       c->set_text(out.text);
+      AddLogprobs(out.logprobs, c->mutable_logprobs());
       c->mutable_usage()->set_prompt_tokens(out.usage.prompt_tokens);
       c->mutable_usage()->set_completion_tokens(out.usage.completion_tokens);
       c->mutable_usage()->set_cached_tokens(out.usage.cached_tokens);

@@ -80,7 +80,9 @@ def generate(pb, stub, **prompt):
     out = list(stub.Generate(req, timeout=HANG_S))
     done = out[-1].complete
     ids = [t for m in out[:-1] for t in m.chunk.token_ids] + list(done.token_ids)
-    logprobs = [t.logprob for m in out[:-1] for t in m.chunk.logprobs]
+    logprobs = [t.logprob for m in out[:-1] for t in m.chunk.logprobs] + \
+        [t.logprob for t in done.logprobs]
+    assert len(logprobs) == len(ids), "one logprob per generated token, the last step's included"
     text = "".join(m.chunk.text for m in out[:-1]) + done.text
     return {"prompt_tokens": done.usage.prompt_tokens, "ids": ids, "logprobs": logprobs,
             "text": text}
@@ -118,9 +120,8 @@ def test_grpc_chat_with_tool_calls_renders_as_http(chat_server, pb):
     assert via_chat["prompt_tokens"] == len(expected_ids)
     assert via_chat["ids"] == via_ids["ids"] and len(via_chat["ids"]) == MAX_TOKENS
     # Equal to float rounding (the second request may reuse the first's cached prefix); a prompt
-    # one token apart moves them far more. GenerateComplete carries the last step's tokens but
-    # not their logprobs.
-    assert len(via_chat["logprobs"]) >= 1
+    # one token apart moves them far more.
+    assert len(via_chat["logprobs"]) == MAX_TOKENS
     assert via_chat["logprobs"] == pytest.approx(via_ids["logprobs"], rel=1e-5)
 
     http = post(s.http_port, "/v1/chat/completions",
@@ -129,8 +130,7 @@ def test_grpc_chat_with_tool_calls_renders_as_http(chat_server, pb):
     assert http["usage"]["prompt_tokens"] == len(expected_ids)
     assert http["choices"][0]["message"]["content"] == via_chat["text"]
     http_logprobs = [t["logprob"] for t in http["choices"][0]["logprobs"]["content"]]
-    assert http_logprobs[:len(via_chat["logprobs"])] == pytest.approx(via_chat["logprobs"],
-                                                                     rel=1e-5)
+    assert http_logprobs == pytest.approx(via_chat["logprobs"], rel=1e-5)
 
     # Without the tool fields the prompt differs: the comparison above can fail.
     bare = pb.ChatPrompt(messages=grpc_messages(pb, MESSAGES, with_tool_fields=False),

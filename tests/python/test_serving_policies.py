@@ -77,7 +77,9 @@ def test_logprobs(tiny, pb):
     stub = tiny.stub()
     msgs = list(stub.Generate(greedy(pb, "lp", [1, 2, 3], 5, logprobs=3), timeout=HANG_S))
     lps = [lp for msg in msgs if msg.HasField("chunk") for lp in msg.chunk.logprobs]
-    assert len(lps) >= 4, "expected a logprob entry per streamed token"
+    lps += list(msgs[-1].complete.logprobs)
+    ids = [t for msg in msgs[:-1] for t in msg.chunk.token_ids] + list(msgs[-1].complete.token_ids)
+    assert len(ids) == 5 and [lp.token_id for lp in lps] == ids, "one logprob per token"
     for lp in lps:
         tops = [t.logprob for t in lp.top]
         assert len(tops) == 3 and tops == sorted(tops, reverse=True) and tops[0] <= 0, tops
