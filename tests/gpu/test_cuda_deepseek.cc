@@ -5,7 +5,8 @@
 // (mla_kernel portable), and the fp8 latent cache's agreement with the CPU fp8 run. Prompts
 // of 5..150 tokens under max_batched_tokens 48 give prefill chunks of more than 4 rows
 // (expanded-heads path) beside 1..4-row chunks and decodes (absorbed path through cuda_mla), with 3
-// sequences in flight.
+// sequences in flight. An all-dense model's decode steps replayed from CUDA graphs give the eager
+// steps' tokens.
 //
 //   build/.../tests/gpu_tests "[deepseek]"
 //
