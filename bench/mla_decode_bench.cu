@@ -11,7 +11,10 @@
 // --bw-tbps / --tflops. The same-run peer is bench/mla_torch_peer.py (plain torch, bf16).
 //
 // Usage: mla_decode_bench [--iters N] [--bw-tbps X] [--tflops Y] [--only SUBSTRING]
-//                         [--sustain SECONDS]
+//                         [--sustain SECONDS] [--graph-form 0|1]
+// --graph-form 1: every shape also in MlaDecode's graph form (ReserveGraph / UploadGraph with the
+//   batch as its bucket: grids of the bucket's capacities, item counts read on the device), as
+//   impl=<kernel>_graphform rows beside the eager ones.
 // --sustain S: after the samples, replays the shape back to back for about S seconds and adds
 //   sustained_us (wall time per call over that span: the H200 here is power-capped, and a
 //   compute-bound row slows once the cap bites), and where NVML can say (bench/gpu_energy.h),
@@ -95,7 +98,7 @@ struct Result {
 };
 
 Result RunShape(const Shape& s, int iters, double bw_tbps, double peak_tflops, double sustain_s,
-                const bench::GpuEnergy& energy) {
+                bool graph_form, const bench::GpuEnergy& energy) {
   constexpr int kBs = 64, kL = llm::cuda::kMlaCacheDim, kC = llm::cuda::kMlaLatentDim;
   const bool fp8 = s.cache == MlaCacheType::kFp8E4M3;
   const size_t esize = fp8 ? 1 : 2;
@@ -145,14 +148,23 @@ Result RunShape(const Shape& s, int iters, double bw_tbps, double peak_tflops, d
     }
     attn.push_back(std::make_unique<MlaDecode>(
         llm::cuda::MlaDecodeShape{s.heads, kBs, s.cache, s.kernel, s.fp8_math, s.schedule}));
-    llm::cuda::MlaPlanConfig pc = attn.back()->plan_config();
+    if (graph_form) {
+      const llm::Status st = attn.back()->ReserveGraph(s.batch, b.page_indices.size());
+      if (!st.ok()) {
+        std::fprintf(stderr, "reserve: %s\n", st.ToString().c_str());
+        std::exit(1);
+      }
+    }
+    llm::cuda::MlaPlanConfig pc =
+        graph_form ? attn.back()->GraphPlanConfig(s.batch) : attn.back()->plan_config();
     if (const char* env = std::getenv("MLA_BENCH_MIN_CHUNK")) pc.min_chunk_tokens = std::atoi(env);
     if (const char* env = std::getenv("MLA_BENCH_MAX_SPLITS")) pc.max_splits = std::atoi(env);
     if (const char* env = std::getenv("MLA_BENCH_FORCE_SPLIT"))
       pc.force_split = std::atoi(env) != 0;
     const llm::cuda::MlaPlan plan = llm::cuda::BuildMlaPlan(attn.back()->shape(), b, pc);
     splits = plan.merges.empty() ? 1 : plan.merges[0].num_partials;
-    const llm::Status st = attn.back()->Upload(b, plan, nullptr);
+    const llm::Status st = graph_form ? attn.back()->UploadGraph(b, plan, s.batch, nullptr)
+                                      : attn.back()->Upload(b, plan, nullptr);
     if (!st.ok()) {
       std::fprintf(stderr, "upload: %s\n", st.ToString().c_str());
       std::exit(1);
@@ -236,7 +248,7 @@ Result RunShape(const Shape& s, int iters, double bw_tbps, double peak_tflops, d
                      : attn[0]->uses_fp8_mma()      ? "cuda_mla_e4m3"
                                                     : "cuda_mla_f16";
   Result r{s.name,
-           impl,
+           std::string(impl) + (graph_form ? "_graphform" : ""),
            s.heads,
            s.batch,
            s.kv_len,
@@ -270,12 +282,14 @@ int main(int argc, char** argv) {
   int iters = 30;
   const char* only = "";
   double bw = 4.3, tflops = 790.0, sustain_s = 0;
+  bool graph_form = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--iters")) iters = std::max(1, std::atoi(argv[i + 1]));
     if (!std::strcmp(argv[i], "--bw-tbps")) bw = std::atof(argv[i + 1]);
     if (!std::strcmp(argv[i], "--tflops")) tflops = std::atof(argv[i + 1]);
     if (!std::strcmp(argv[i], "--only")) only = argv[i + 1];
     if (!std::strcmp(argv[i], "--sustain")) sustain_s = std::atof(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--graph-form")) graph_form = std::atoi(argv[i + 1]) != 0;
   }
   if (llm::cuda::CudaDeviceCount() == 0) {
     std::printf("no CUDA device\n");
@@ -313,6 +327,10 @@ int main(int argc, char** argv) {
       {"h128_b1_latency", 128, 1, 4096, MlaCacheType::kBf16, MlaKernel::kPortable},
       {"h128_b1_latency", 128, 1, 4096, MlaCacheType::kFp8E4M3},
       {"h128_b1_latency", 128, 1, 4096, MlaCacheType::kFp8E4M3, kPortable, MlaFp8Math::kE4m3},
+      // DeepSeek-V2-Lite decode steps at context 600 (model_step_bench's shapes).
+      {"h16_b1_ctx600", 16, 1, 600, MlaCacheType::kBf16},
+      {"h16_b64_ctx600", 16, 64, 600, MlaCacheType::kBf16},
+      {"h16_b128_ctx600", 16, 128, 600, MlaCacheType::kBf16},
   };
   int device = 0;
   cudaGetDevice(&device);
@@ -322,7 +340,9 @@ int main(int argc, char** argv) {
     const std::string tag =
         std::string(s.name) + (s.cache == MlaCacheType::kBf16 ? "_bf16" : "_fp8");
     if (tag.find(only) == std::string::npos) continue;
-    results.push_back(RunShape(s, iters, bw, tflops, sustain_s, energy));
+    results.push_back(RunShape(s, iters, bw, tflops, sustain_s, false, energy));
+    // The graph form of the same step: bucket-sized grids, device item counts.
+    if (graph_form) results.push_back(RunShape(s, iters, bw, tflops, sustain_s, true, energy));
   }
   std::printf("\n# MLA decode, median of %d (floor: %.2f TB/s, %.0f TFLOP/s)\n", iters, bw, tflops);
   for (const Result& r : results) {

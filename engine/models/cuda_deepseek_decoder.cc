@@ -72,9 +72,14 @@ class CudaDeepseekDecoder final : public CudaDecoder {
   AttentionBackend& attention() override { return *mla_; }
   std::string kv_cache_dtype_name() const override { return DTypeName(cache_dtype_); }
   Status AllocateCache(const CudaLoadContext& ctx, int num_blocks) override;
-  // CudaDeepseekMoe::Run waits for its top-k ids on the host; true once the MoE is device-only
-  // (the runner also needs cuda_mla to support graphs).
-  bool graph_safe() const override { return false; }
+  // A decode step reads only the runner's staged device inputs (ids, positions) and the backend's
+  // graph area (PlanGraph), except CudaDeepseekMoe::Run, which waits for its top-k ids on the
+  // host: so today only a model without MoE layers (first_k_dense_replace = num_layers) runs in
+  // graphs. A device-only MoE layer flips moe_graph_safe.
+  bool graph_safe() const override {
+    const bool moe_graph_safe = num_moe_layers() == 0;
+    return moe_graph_safe && mla_->supports_graphs();
+  }
   Status Reserve(int set, int rows) override;
   Status Plan(const ForwardBatch& batch) override;
   Status PlanGraph(const ForwardBatch& batch, int bucket) override {
@@ -83,11 +88,7 @@ class CudaDeepseekDecoder final : public CudaDecoder {
     return mla_->PlanGraph(batch.attn, bucket);
   }
   StatusOr<CudaLayersOut> RunLayers(const CudaStep& step) override;
-  std::string Summary() const override {
-    return std::to_string(std::count_if(layers_.begin(), layers_.end(),
-                                        [](const auto& L) { return L->moe; })) +
-           " MoE";
-  }
+  std::string Summary() const override { return std::to_string(num_moe_layers()) + " MoE"; }
   // Records the top-k ids the MoE already copies to the host (no margin: NaN).
   bool set_routing_trace(std::vector<MoeRoutingDecision>* trace) override {
     moe_.set_routing_trace(trace);
@@ -104,6 +105,10 @@ class CudaDeepseekDecoder final : public CudaDecoder {
   // Expanded-heads causal attention of one prefill sequence into its rows of s.attn.
   Status PrefillAttention(Scratch& s, const Layer& L, const AttentionBatch& batch, int seq,
                           const uint16_t* q_all, int q_stride);
+  int num_moe_layers() const {
+    return static_cast<int>(
+        std::count_if(layers_.begin(), layers_.end(), [](const auto& L) { return L->moe; }));
+  }
   // Decode rows [0, rows): every row of a decode-only step.
   void SetDecodeRows(int rows) {
     d0_ = 0;

@@ -3,7 +3,8 @@
 // scale, MlaParams::cache_scale), bf16 activations, causal, 1..kMlaMaxDecodeQueryLen query rows
 // per decode sequence, any block size. Plan uploads the step's plan; RunMla appends every row's
 // latent, then attends the decode sequences on the backend's stream (the model's compute stream)
-// and leaves the other rows of out_latent untouched.
+// and leaves the other rows of out_latent untouched. Decode steps of one token per sequence can
+// run in CUDA graphs (ReserveGraphs / PlanGraph: MlaDecode's graph form).
 //
 // The model sets the stream through AttentionBackend::set_stream, calls RunMla through
 // MlaAttentionBackend and chooses the kernel through MlaKernelSwitch (cuda_mla_backend.h), both
@@ -61,6 +62,17 @@ class CudaMlaBackend final : public MlaAttentionBackend, public MlaKernelSwitch 
   void set_stream(void* stream) override { stream_ = stream; }
   Status Plan(const AttentionBatch& batch) override {
     return attn_->Upload(batch, BuildMlaPlan(attn_->shape(), batch, config_), stream_);
+  }
+  // Decode steps in CUDA graphs: MlaDecode's graph form (mla_decode.h). The split-KV choice is
+  // still made on the host for every step, only bounded by the bucket's grid.
+  bool supports_graphs() const override { return true; }
+  Status ReserveGraphs(int max_seqs, int max_pages) override {
+    return attn_->ReserveGraph(max_seqs, max_pages);
+  }
+  Status PlanGraph(const AttentionBatch& batch, int bucket) override {
+    return attn_->UploadGraph(batch,
+                              BuildMlaPlan(attn_->shape(), batch, attn_->GraphPlanConfig(bucket)),
+                              bucket, stream_);
   }
   void Run(const AttentionParams&) override {
     LLM_CHECK(false) << "cuda_mla is an MLA backend: call RunMla";

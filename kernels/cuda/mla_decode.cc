@@ -58,6 +58,16 @@ MlaPlan BuildMlaPlan(const MlaDecodeShape& shape, const AttentionBatch& batch,
   auto efficiency = [](double waves) {
     return waves <= 1.0 ? waves : waves / std::ceil(waves - 1e-9);
   };
+  // A graph bucket's grid bounds the items of each row variant (config.max_items).
+  auto fits = [&](int64_t chunk) {
+    int64_t n[kMlaNumRowVariants] = {0, 0, 0};
+    for (const Tile& t : tiles)
+      n[t.variant] += std::max<int64_t>(1, (t.kv_end + chunk - 1) / chunk);
+    for (int v = 0; v < kMlaNumRowVariants; ++v) {
+      if (config.max_items[v] > 0 && n[v] > config.max_items[v]) return false;
+    }
+    return true;
+  };
   const int min_chunk = std::max(64, (config.min_chunk_tokens + 63) / 64 * 64);
   int64_t chunk = std::max(max_kv, 1);
   if (config.force_split) {
@@ -67,6 +77,7 @@ MlaPlan BuildMlaPlan(const MlaDecodeShape& shape, const AttentionBatch& batch,
     for (int n = 2; n <= config.max_splits; ++n) {
       const int64_t c = ((max_kv + n - 1) / n + 63) / 64 * 64;
       if (c < min_chunk) break;
+      if (!fits(c)) continue;
       const double waves = waves_for(c);
       const double e = efficiency(waves);
       // Under one wave more CTAs are always better; past it, demand a real gain per split.
@@ -163,9 +174,15 @@ Status CheckKernelChoice(const MlaDecodeShape& shape) {
 }
 }  // namespace
 
+void MlaDecode::Area::Free() {
+  if (d_ints) cudaFree(d_ints);
+  if (d_partial) cudaFree(d_partial);
+  *this = Area{};
+}
+
 MlaDecode::~MlaDecode() {
-  if (d_ints_) cudaFree(d_ints_);
-  if (d_partial_) cudaFree(d_partial_);
+  eager_.Free();
+  graph_.Free();
 }
 
 void MlaDecode::ctas_per_sm(int out[kMlaNumRowVariants]) const {
@@ -194,64 +211,238 @@ MlaPlanConfig MlaDecode::plan_config() const {
   return c;
 }
 
+namespace {
+size_t Align4(size_t n) {
+  return (n + 3) / 4 * 4;
+}
+}  // namespace
+
+Status MlaDecode::Send(Area* a, PinnedStaging* staging, const void* host, size_t bytes,
+                       void* stream) {
+  if (bytes == 0) return Status::Ok();
+  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(a->d_ints, host, bytes, cudaMemcpyHostToDevice,
+                                      static_cast<cudaStream_t>(stream)));
+  return staging->Queued(stream);
+}
+
 Status MlaDecode::Upload(const AttentionBatch& batch, const MlaPlan& plan, void* stream) {
   static_assert(sizeof(MlaWorkItem) % 16 == 0 && sizeof(MlaMergeItem) % 4 == 0);
   if (shape_.num_heads <= 0 || shape_.block_size <= 0) {
     return InvalidArgument("MLA decode needs num_heads > 0 and block_size > 0");
   }
   LLM_RETURN_IF_ERROR(CheckKernelChoice(shape_));
-  num_tokens_ = batch.num_tokens;
+  Area& a = eager_;
+  a.num_tokens = batch.num_tokens;
   for (int v = 0; v < kMlaNumRowVariants; ++v) {
-    num_items_[v] = static_cast<int>(plan.items[v].size());
+    a.num_items[v] = static_cast<int>(plan.items[v].size());
   }
-  num_merges_ = static_cast<int>(plan.merges.size());
-  num_partials_ = plan.num_partials;
+  a.num_merges = static_cast<int>(plan.merges.size());
+  a.merge_rows = kMlaMaxRows;
+  a.num_partials = plan.num_partials;
+  a.device_counts = false;
   // Layout of the one upload, in int32 elements (every part starts 16-byte aligned).
   size_t off = 0;
   auto take = [&](size_t n) {
     const size_t o = off;
-    off += (n + 3) / 4 * 4;
+    off += Align4(n);
     return o;
   };
-  off_q_indptr_ = take(batch.q_indptr.size());
-  off_kv_lens_ = take(batch.kv_lens.size());
-  off_page_indptr_ = take(batch.page_indptr.size());
-  off_pages_ = take(batch.page_indices.size());
-  off_slots_ = take(batch.slot_mapping.size());
+  a.off_q_indptr = take(batch.q_indptr.size());
+  a.off_kv_lens = take(batch.kv_lens.size());
+  a.off_page_indptr = take(batch.page_indptr.size());
+  a.off_pages = take(batch.page_indices.size());
+  a.off_slots = take(batch.slot_mapping.size());
   for (int v = 0; v < kMlaNumRowVariants; ++v) {
-    off_items_[v] = take(plan.items[v].size() * sizeof(MlaWorkItem) / 4);
+    a.off_items[v] = take(plan.items[v].size() * sizeof(MlaWorkItem) / 4);
   }
-  off_merge_ = take(plan.merges.size() * sizeof(MlaMergeItem) / 4);
+  a.off_merge = take(plan.merges.size() * sizeof(MlaMergeItem) / 4);
   const size_t bytes = off * 4;
-  LLM_ASSIGN_OR_RETURN(void* staged, staging_.Acquire(bytes));
+  LLM_ASSIGN_OR_RETURN(void* staged, eager_staging_.Acquire(bytes));
   auto* h = static_cast<int32_t*>(staged);
   auto put = [&](size_t o, const void* src, size_t n_bytes) {
     if (n_bytes) std::memcpy(h + o, src, n_bytes);
   };
-  put(off_q_indptr_, batch.q_indptr.data(), batch.q_indptr.size() * 4);
-  put(off_kv_lens_, batch.kv_lens.data(), batch.kv_lens.size() * 4);
-  put(off_page_indptr_, batch.page_indptr.data(), batch.page_indptr.size() * 4);
-  put(off_pages_, batch.page_indices.data(), batch.page_indices.size() * 4);
-  put(off_slots_, batch.slot_mapping.data(), batch.slot_mapping.size() * 4);
+  put(a.off_q_indptr, batch.q_indptr.data(), batch.q_indptr.size() * 4);
+  put(a.off_kv_lens, batch.kv_lens.data(), batch.kv_lens.size() * 4);
+  put(a.off_page_indptr, batch.page_indptr.data(), batch.page_indptr.size() * 4);
+  put(a.off_pages, batch.page_indices.data(), batch.page_indices.size() * 4);
+  put(a.off_slots, batch.slot_mapping.data(), batch.slot_mapping.size() * 4);
   for (int v = 0; v < kMlaNumRowVariants; ++v) {
-    put(off_items_[v], plan.items[v].data(), plan.items[v].size() * sizeof(MlaWorkItem));
+    put(a.off_items[v], plan.items[v].data(), plan.items[v].size() * sizeof(MlaWorkItem));
   }
-  put(off_merge_, plan.merges.data(), plan.merges.size() * sizeof(MlaMergeItem));
-  LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&d_ints_, &d_ints_cap_, std::max<size_t>(bytes, 256)));
-  if (bytes) {
-    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(d_ints_, staged, bytes, cudaMemcpyHostToDevice,
-                                        static_cast<cudaStream_t>(stream)));
-    LLM_RETURN_IF_ERROR(staging_.Queued(stream));
-  }
-  const size_t rows = static_cast<size_t>(num_partials_) * kMlaMaxRows;
-  LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&d_partial_, &d_partial_cap_,
+  put(a.off_merge, plan.merges.data(), plan.merges.size() * sizeof(MlaMergeItem));
+  LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&a.d_ints, &a.d_ints_cap, std::max<size_t>(bytes, 256)));
+  LLM_RETURN_IF_ERROR(Send(&a, &eager_staging_, staged, bytes, stream));
+  const size_t rows = static_cast<size_t>(a.num_partials) * kMlaMaxRows;
+  LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&a.d_partial, &a.d_partial_cap,
                                        std::max<size_t>(rows * (kMlaLatentDim + 1) * 4, 256)));
+  active_ = &eager_;
+  return Status::Ok();
+}
+
+namespace {
+// Work items per query token of each row variant in a decode step of one token per sequence
+// (BuildMlaPlan's head split for that case).
+void TilesPerToken(int num_heads, int max_item_rows, int out[kMlaNumRowVariants]) {
+  const int max_rows = std::clamp(max_item_rows, kMlaVariantRows[0], kMlaMaxRows);
+  const int heads_per_item = std::min(num_heads, max_rows);
+  for (int v = 0; v < kMlaNumRowVariants; ++v) out[v] = 0;
+  for (int h0 = 0; h0 < num_heads; h0 += heads_per_item) {
+    const int rows = std::min(heads_per_item, num_heads - h0);
+    int v = 0;
+    while (kMlaVariantRows[v] < rows) ++v;
+    ++out[v];
+  }
+}
+}  // namespace
+
+int MlaDecode::GraphItemCapacity(int bucket, int variant) const {
+  int per_token[kMlaNumRowVariants];
+  TilesPerToken(shape_.num_heads, graph_config_.max_item_rows, per_token);
+  const int tiles = bucket * per_token[variant];
+  if (tiles == 0) return 0;
+  // Splitting pays only while the items do not fill the GPU's resident CTA slots, so a plan
+  // rarely wants more than two slots' worth (the planner is held to it), or one per tile.
+  const int slots =
+      std::max(1, graph_config_.num_sms) * std::max(1, graph_config_.ctas_per_sm[variant]);
+  return std::max(tiles, 2 * slots);
+}
+
+int MlaDecode::GraphMergeCapacity(int bucket) const {
+  int per_token[kMlaNumRowVariants];
+  TilesPerToken(shape_.num_heads, graph_config_.max_item_rows, per_token);
+  return bucket * (per_token[0] + per_token[1] + per_token[2]);
+}
+
+MlaPlanConfig MlaDecode::GraphPlanConfig(int bucket) const {
+  MlaPlanConfig c = graph_config_;
+  for (int v = 0; v < kMlaNumRowVariants; ++v) {
+    // A variant the bucket never plans keeps a bound of one (zero would mean none).
+    c.max_items[v] = std::max(1, GraphItemCapacity(bucket, v));
+  }
+  return c;
+}
+
+Status MlaDecode::ReserveGraph(int max_seqs, int max_pages) {
+  if (max_seqs <= graph_max_seqs_ && max_pages <= graph_max_pages_) return Status::Ok();
+  if (graph_.d_ints != nullptr) {
+    return FailedPrecondition("the MLA graph area is reserved once: captured graphs point into it");
+  }
+  if (shape_.num_heads <= 0 || shape_.block_size <= 0 || max_seqs <= 0 || max_pages < 0) {
+    return InvalidArgument("MLA graph area needs num_heads, block_size and max_seqs > 0");
+  }
+  LLM_RETURN_IF_ERROR(CheckKernelChoice(shape_));
+  graph_config_ = plan_config();
+  Area& a = graph_;
+  const int S = max_seqs;
+  size_t off = 0;
+  auto take = [&](size_t n) {
+    const size_t o = off;
+    off += Align4(n);
+    return o;
+  };
+  a.off_counts = take(kMlaNumRowVariants + 1);
+  a.off_q_indptr = take(S + 1);
+  a.off_kv_lens = take(S);
+  a.off_page_indptr = take(S + 1);
+  a.off_slots = take(S);
+  int partials = 0;
+  for (int v = 0; v < kMlaNumRowVariants; ++v) {
+    const int cap = GraphItemCapacity(S, v);
+    a.off_items[v] = take(static_cast<size_t>(cap) * sizeof(MlaWorkItem) / 4);
+    partials += cap;  // every item at most one partial slot
+  }
+  a.off_merge = take(static_cast<size_t>(GraphMergeCapacity(S)) * sizeof(MlaMergeItem) / 4);
+  a.off_pages = take(max_pages);  // last: a step copies only the entries it uses
+  a.num_partials = partials;
+  a.device_counts = true;
+  LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&a.d_ints, &a.d_ints_cap, off * 4));
+  const size_t rows = static_cast<size_t>(partials) * kMlaMaxRows;
+  LLM_RETURN_IF_ERROR(
+      GrowDeviceBuffer(&a.d_partial, &a.d_partial_cap, rows * (kMlaLatentDim + 1) * 4));
+  graph_max_seqs_ = S;
+  graph_max_pages_ = max_pages;
+  return Status::Ok();
+}
+
+Status MlaDecode::UploadGraph(const AttentionBatch& batch, const MlaPlan& plan, int bucket,
+                              void* stream) {
+  Area& a = graph_;
+  const int n = batch.num_seqs;
+  if (graph_max_seqs_ == 0) return FailedPrecondition("MLA UploadGraph before ReserveGraph");
+  if (n > bucket || bucket > graph_max_seqs_ || batch.num_tokens != n) {
+    return InvalidArgument("MLA graph upload: " + std::to_string(n) + " sequences, " +
+                           std::to_string(batch.num_tokens) + " tokens, bucket " +
+                           std::to_string(bucket) + ", capacity " +
+                           std::to_string(graph_max_seqs_));
+  }
+  for (int i = 0; i <= n; ++i) {
+    if (batch.q_indptr[i] != i) {
+      return InvalidArgument("MLA graph upload: every sequence must have one query token");
+    }
+  }
+  if (static_cast<int>(batch.page_indices.size()) > graph_max_pages_) {
+    return InvalidArgument("MLA graph upload: " + std::to_string(batch.page_indices.size()) +
+                           " block-table entries, capacity " + std::to_string(graph_max_pages_));
+  }
+  int partials = 0;
+  for (int v = 0; v < kMlaNumRowVariants; ++v) {
+    const int cap = GraphItemCapacity(bucket, v);
+    if (static_cast<int>(plan.items[v].size()) > cap) {
+      return InvalidArgument("MLA graph upload: " + std::to_string(plan.items[v].size()) + " " +
+                             std::to_string(kMlaVariantRows[v]) + "-row items, the bucket's grid " +
+                             std::to_string(cap));
+    }
+    partials += GraphItemCapacity(graph_max_seqs_, v);
+  }
+  if (static_cast<int>(plan.merges.size()) > GraphMergeCapacity(bucket) ||
+      plan.num_partials > partials) {
+    return InvalidArgument("MLA graph upload: the plan's merges do not fit the bucket");
+  }
+  const size_t bytes = (a.off_pages + batch.page_indices.size()) * 4;
+  LLM_ASSIGN_OR_RETURN(void* staged, graph_staging_.Acquire(bytes));
+  auto* h = static_cast<int32_t*>(staged);
+  for (int v = 0; v < kMlaNumRowVariants; ++v) {
+    h[a.off_counts + v] = static_cast<int32_t>(plan.items[v].size());
+  }
+  h[a.off_counts + kMlaNumRowVariants] = static_cast<int32_t>(plan.merges.size());
+  std::memcpy(h + a.off_q_indptr, batch.q_indptr.data(), (n + 1) * 4);
+  std::memcpy(h + a.off_kv_lens, batch.kv_lens.data(), n * 4);
+  std::memcpy(h + a.off_page_indptr, batch.page_indptr.data(), (n + 1) * 4);
+  std::memcpy(h + a.off_slots, batch.slot_mapping.data(), n * 4);
+  std::fill(h + a.off_slots + n, h + a.off_slots + bucket, -1);  // padding rows: no append
+  for (int v = 0; v < kMlaNumRowVariants; ++v) {
+    if (!plan.items[v].empty()) {
+      std::memcpy(h + a.off_items[v], plan.items[v].data(),
+                  plan.items[v].size() * sizeof(MlaWorkItem));
+    }
+  }
+  if (!plan.merges.empty()) {
+    std::memcpy(h + a.off_merge, plan.merges.data(), plan.merges.size() * sizeof(MlaMergeItem));
+  }
+  if (!batch.page_indices.empty()) {
+    std::memcpy(h + a.off_pages, batch.page_indices.data(), batch.page_indices.size() * 4);
+  }
+  LLM_RETURN_IF_ERROR(Send(&a, &graph_staging_, staged, bytes, stream));
+  // Grids of the bucket: the same launches for every step of it, whatever its plan.
+  a.num_tokens = bucket;
+  int rows = kMlaVariantRows[0];
+  for (int v = 0; v < kMlaNumRowVariants; ++v) {
+    a.num_items[v] = GraphItemCapacity(bucket, v);
+    if (a.num_items[v] > 0) rows = kMlaVariantRows[v];
+  }
+  a.merge_rows = rows;
+  // The merge CTAs stride over the items: one resident wave of 128-thread CTAs (16 per SM).
+  a.num_merges =
+      std::min(GraphMergeCapacity(bucket), std::max(1, graph_config_.num_sms * 16 / rows));
+  active_ = &graph_;
   return Status::Ok();
 }
 
 Status MlaDecode::Run(const LayerArgs& args, void* stream) {
-  const auto* ints = static_cast<const int32_t*>(d_ints_);
-  const mla::AppendArgs ap{args.latent_new, args.cache, ints + off_slots_, num_tokens_,
+  const Area& ar = *active_;
+  const auto* ints = static_cast<const int32_t*>(ar.d_ints);
+  const mla::AppendArgs ap{args.latent_new, args.cache, ints + ar.off_slots, ar.num_tokens,
                            args.cache_scale};
   mla::LaunchAppend(ap, shape_.cache, stream);
   GPU_RETURN_IF_ERROR(cudaGetLastError());
@@ -264,18 +455,21 @@ Status MlaDecode::Attend(const LayerArgs& args, void* stream) {
     return InvalidArgument("MLA fp8 cache needs a positive finite cache_scale");
   }
   LLM_RETURN_IF_ERROR(CheckKernelChoice(shape_));
-  const auto* ints = static_cast<const int32_t*>(d_ints_);
-  float* partial_o = static_cast<float*>(d_partial_);
-  float* partial_lse = partial_o + static_cast<size_t>(num_partials_) * kMlaMaxRows * kMlaLatentDim;
+  const Area& ar = *active_;
+  const auto* ints = static_cast<const int32_t*>(ar.d_ints);
+  float* partial_o = static_cast<float*>(ar.d_partial);
+  float* partial_lse =
+      partial_o + static_cast<size_t>(ar.num_partials) * kMlaMaxRows * kMlaLatentDim;
+  const int32_t* counts = ar.device_counts ? ints + ar.off_counts : nullptr;
   mla::AttendArgs a{};
   a.q_latent = args.q_latent;
   a.q_pe = args.q_pe;
   a.out = args.out_latent;
   a.cache = args.cache;
-  a.q_indptr = ints + off_q_indptr_;
-  a.kv_lens = ints + off_kv_lens_;
-  a.page_indptr = ints + off_page_indptr_;
-  a.pages = ints + off_pages_;
+  a.q_indptr = ints + ar.off_q_indptr;
+  a.kv_lens = ints + ar.off_kv_lens;
+  a.page_indptr = ints + ar.off_page_indptr;
+  a.pages = ints + ar.off_pages;
   a.partial_o = partial_o;
   a.partial_lse = partial_lse;
   a.num_heads = shape_.num_heads;
@@ -283,8 +477,9 @@ Status MlaDecode::Attend(const LayerArgs& args, void* stream) {
   a.scale_log2 = args.softmax_scale * 1.4426950408889634f * (fp8 ? args.cache_scale : 1.f);
   a.out_scale = fp8 ? args.cache_scale : 1.f;
   for (int v = 0; v < kMlaNumRowVariants; ++v) {
-    a.items = reinterpret_cast<const MlaWorkItem*>(ints + off_items_[v]);
-    a.num_items = num_items_[v];
+    a.items = reinterpret_cast<const MlaWorkItem*>(ints + ar.off_items[v]);
+    a.num_items = ar.num_items[v];
+    a.device_num_items = counts ? counts + v : nullptr;
     if (uses_wgmma(v)) {
 #if LLM_MLA_WGMMA
       const bool launched = fp8 ? mla::LaunchAttendFp8Wgmma(a, kMlaVariantRows[v], stream)
@@ -301,10 +496,11 @@ Status MlaDecode::Attend(const LayerArgs& args, void* stream) {
     }
     GPU_RETURN_IF_ERROR(cudaGetLastError());
   }
-  const mla::MergeArgs ma{args.out_latent, reinterpret_cast<const MlaMergeItem*>(ints + off_merge_),
-                          partial_o,       partial_lse,
-                          num_merges_,     shape_.num_heads};
-  mla::LaunchMerge(ma, stream);
+  mla::MergeArgs ma{args.out_latent, reinterpret_cast<const MlaMergeItem*>(ints + ar.off_merge),
+                    partial_o,       partial_lse,
+                    ar.num_merges,   shape_.num_heads};
+  ma.device_num_items = counts ? counts + kMlaNumRowVariants : nullptr;
+  mla::LaunchMerge(ma, ar.merge_rows, stream);
   GPU_RETURN_IF_ERROR(cudaGetLastError());
   return Status::Ok();
 }

@@ -4,8 +4,10 @@
 // split-KV with a merge kernel. Plain C++ header: no CUDA types.
 //
 // Plan/run split (like C8): BuildMlaPlan makes the work list on the host once per step,
-// MlaDecode::Upload copies it to the device, and Run only consumes it, so a step's launches can be
-// captured in a CUDA graph. Design notes are in mla_decode_kernel.cuh.
+// MlaDecode::Upload copies it to the device, and Run only consumes it. Decode steps can also take
+// the graph form (MlaDecode::ReserveGraph / UploadGraph), whose launches are the same for every
+// step of a batch bucket, so a model captures them in a CUDA graph once and replays them. Design
+// notes are in mla_decode_kernel.cuh.
 #pragma once
 
 #include <cstdint>
@@ -108,6 +110,9 @@ struct MlaPlanConfig {
   // Rows (heads x query tokens) per work item, a kMlaVariantRows entry: 64, or 32 where the
   // fp8 wgmma kernel serves up to 32 rows (MlaDecode::plan_config).
   int max_item_rows = kMlaMaxRows;
+  // > 0: never plan more work items of row variant v than max_items[v] (a graph bucket's grid;
+  // MlaDecode::GraphItemCapacity). Zeros: no bound.
+  int max_items[kMlaNumRowVariants] = {0, 0, 0};
 };
 
 struct MlaPlan {
@@ -134,6 +139,23 @@ class MlaDecode {
 
   // Uploads the batch's CSR arrays and the plan (async on `stream`, a cudaStream_t).
   Status Upload(const AttentionBatch& batch, const MlaPlan& plan, void* stream);
+
+  // Graph form, for decode steps of one query token per sequence. ReserveGraph fixes a second
+  // device area once for up to max_seqs sequences and max_pages block-table entries (captured
+  // graphs hold its pointers: a second, larger reservation is refused). UploadGraph copies a step
+  // (num_seqs <= bucket <= max_seqs) and its plan into that area from pinned memory; the Runs
+  // after it launch grids of the bucket's capacities (GraphItemCapacity, GraphMergeCapacity) with
+  // fixed pointers, and the kernels read the step's item and merge counts from the area, so
+  // surplus CTAs exit at once. Rows [num_seqs, bucket) are padding: no append, no output.
+  Status ReserveGraph(int max_seqs, int max_pages);
+  // Work items of row variant v a bucket's grid covers (0: the variant never occurs); the plan of
+  // a graph step must stay within them (MlaPlanConfig::max_items, set by GraphPlanConfig).
+  int GraphItemCapacity(int bucket, int variant) const;
+  // Merge items a bucket's merge launch covers: at most one per (token, head group).
+  int GraphMergeCapacity(int bucket) const;
+  // plan_config() with the bucket's item capacities (valid after ReserveGraph).
+  MlaPlanConfig GraphPlanConfig(int bucket) const;
+  Status UploadGraph(const AttentionBatch& batch, const MlaPlan& plan, int bucket, void* stream);
 
   struct LayerArgs {
     const void* q_latent = nullptr;    // bf16 [num_tokens, H, 512] (decode rows read)
@@ -165,19 +187,34 @@ class MlaDecode {
   MlaPlanConfig plan_config() const;
 
  private:
+  // One upload area: device ints (CSR arrays, slot mapping, work and merge items), partial
+  // outputs, offsets in int32 elements, and what the launches cover.
+  struct Area {
+    void* d_ints = nullptr;
+    size_t d_ints_cap = 0;
+    void* d_partial = nullptr;  // partial outputs + lse
+    size_t d_partial_cap = 0;
+    size_t off_q_indptr = 0, off_kv_lens = 0, off_page_indptr = 0, off_pages = 0, off_slots = 0,
+           off_merge = 0;
+    size_t off_items[kMlaNumRowVariants] = {0, 0, 0};
+    size_t off_counts = 0;  // graph: [items of each variant..., merges]
+    // Grid extents: exact counts (eager) or the bucket's capacities (graph, device_counts).
+    int num_tokens = 0;
+    int num_items[kMlaNumRowVariants] = {0, 0, 0};
+    int num_merges = 0;
+    int merge_rows = kMlaMaxRows;  // the merge grid's rows per item
+    int num_partials = 0;          // partial slots the partial buffer is laid out for
+    bool device_counts = false;
+    void Free();
+  };
+  Status Send(Area* a, PinnedStaging* staging, const void* host, size_t bytes, void* stream);
+
   MlaDecodeShape shape_;
-  int num_tokens_ = 0;
-  int num_items_[kMlaNumRowVariants] = {0, 0, 0};
-  int num_merges_ = 0, num_partials_ = 0;
-  void* d_ints_ = nullptr;  // CSR arrays, slot mapping, work and merge items
-  size_t d_ints_cap_ = 0;
-  void* d_partial_ = nullptr;  // partial outputs + lse
-  size_t d_partial_cap_ = 0;
-  PinnedStaging staging_;  // for the upload
-  // Offsets (in int32 elements) into d_ints_.
-  size_t off_q_indptr_ = 0, off_kv_lens_ = 0, off_page_indptr_ = 0, off_pages_ = 0, off_slots_ = 0,
-         off_merge_ = 0;
-  size_t off_items_[kMlaNumRowVariants] = {0, 0, 0};
+  Area eager_, graph_;
+  Area* active_ = &eager_;  // the last upload's
+  PinnedStaging eager_staging_, graph_staging_;
+  int graph_max_seqs_ = 0, graph_max_pages_ = 0;
+  MlaPlanConfig graph_config_;  // plan_config() at ReserveGraph
 };
 
 }  // namespace llm::cuda

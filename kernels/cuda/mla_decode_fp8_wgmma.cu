@@ -264,6 +264,7 @@ __device__ __forceinline__ int PSlot(int n, int tok) {
 template <int R>
 __global__ void __launch_bounds__(FwRing::kThreads, 1)
     MlaFp8WgmmaKernel(const AttendArgs a, const __grid_constant__ CUtensorMap cache_map) {
+  if (SurplusCta(a)) return;
   using C = FwCfg<R>;
   constexpr int kCols = C::kCols;
   extern __shared__ uint8_t smem_raw[];

@@ -465,6 +465,7 @@ struct Config {
 
 template <typename C, int ROWS>
 __global__ void __launch_bounds__(256, ROWS == 16 ? 2 : 1) MlaDecodeKernel(const AttendArgs args) {
+  if (SurplusCta(args)) return;
   using K = Config<C, ROWS>;
   constexpr int kTile = K::kTile, kStages = K::kStages;
   extern __shared__ __align__(16) uint8_t smem[];

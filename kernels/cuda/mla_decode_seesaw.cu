@@ -452,6 +452,7 @@ __device__ __forceinline__ void RunPairs(Ctx& x) {
 __global__ void __launch_bounds__(SeeCfg::kThreads, 1)
     MlaSeesawKernel(const __grid_constant__ AttendArgs a,
                     const __grid_constant__ CUtensorMap cache_map) {
+  if (SurplusCta(a)) return;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t pad = (1024 - (raw_addr & 1023)) & 1023;  // 1024-byte aligned for the swizzle

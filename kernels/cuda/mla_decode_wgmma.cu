@@ -400,6 +400,7 @@ __device__ __forceinline__ void Consume(const AttendArgs& a, const MlaWorkItem& 
 
 __global__ void __launch_bounds__(WgCfg::kThreads, 1)
     MlaWgmmaKernel(const AttendArgs a, const __grid_constant__ CUtensorMap cache_map) {
+  if (SurplusCta(a)) return;
   extern __shared__ uint8_t smem_raw[];
   // 1024-byte aligned for the swizzle.
   const uint32_t raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));

@@ -24,6 +24,14 @@ struct ItemGeometry {
   }
 };
 
+// Graph form: whether this CTA lies past the step's item count (AttendArgs::device_num_items).
+// Every kernel asks first, before any barrier or shared-memory setup, so surplus CTAs of a
+// bucket-sized grid cost only their launch. The count was uploaded before the step's first kernel,
+// like the items, so it is read before GridDependencyWait.
+__device__ __forceinline__ bool SurplusCta(const AttendArgs& a) {
+  return a.device_num_items != nullptr && static_cast<int>(blockIdx.x) >= *a.device_num_items;
+}
+
 // KV tiles of `tile` tokens covering the item's range [kv_start, kv_end).
 __device__ __forceinline__ int NumTiles(const MlaWorkItem& item, int tile) {
   return (item.kv_end - item.kv_start + tile - 1) / tile;

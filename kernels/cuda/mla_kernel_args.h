@@ -25,6 +25,9 @@ struct AttendArgs {
   int block_size;
   float scale_log2;  // softmax_scale * log2(e), times the cache scale for fp8 (K dequant)
   float out_scale;   // 1, or the cache scale for fp8 (V dequant)
+  // Graph form (MlaDecode::UploadGraph): the grid covers a bucket's capacity and the step's item
+  // count is read here; CTAs past it exit at once. Null: the grid is the exact count.
+  const int32_t* device_num_items;
 };
 
 struct MergeArgs {
@@ -32,8 +35,9 @@ struct MergeArgs {
   const MlaMergeItem* items;
   const float* partial_o;
   const float* partial_lse;
-  int num_items;
+  int num_items;  // grid width; with device_num_items a grid-stride bound (see AttendArgs)
   int num_heads;
+  const int32_t* device_num_items = nullptr;
 };
 
 struct AppendArgs {
@@ -68,7 +72,8 @@ int AttendCtasPerSmBf16Seesaw();
 // LLM_MLA_WGMMA); rows is 16 or 32.
 bool LaunchAttendFp8Wgmma(const AttendArgs& a, int rows, void* stream);
 int AttendCtasPerSmFp8Wgmma(int rows);
-void LaunchMerge(const MergeArgs& a, void* stream);
+// Grid (a.num_items, rows): rows covers the largest merge item (kMlaMaxRows in eager steps).
+void LaunchMerge(const MergeArgs& a, int rows, void* stream);
 void LaunchAppend(const AppendArgs& a, MlaCacheType cache, void* stream);
 
 }  // namespace llm::cuda::mla

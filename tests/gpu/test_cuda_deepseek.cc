@@ -5,7 +5,8 @@
 // (mla_kernel portable), and the fp8 latent cache's agreement with the CPU fp8 run. Prompts
 // of 5..150 tokens under max_batched_tokens 48 give prefill chunks of more than 4 rows
 // (expanded-heads path) beside 1..4-row chunks and decodes (absorbed path through cuda_mla), with 3
-// sequences in flight.
+// sequences in flight. An all-dense model's decode steps replayed from CUDA graphs give the eager
+// steps' tokens.
 //
 //   build/.../tests/gpu_tests "[deepseek]"
 //
@@ -53,7 +54,9 @@ constexpr int kMoeLayers = 2;  // layers 1 and 2
 // the other dims are small. 3 layers: layer 0 dense, layers 1-2 MoE (8 experts, top-2, 4 groups
 // of which 2 are kept, 1 shared expert). v3: no q LoRA, sigmoid + noaux_tc with a correction
 // bias, normalized weights times 2.5; else V2: q LoRA, softmax + group_limited_greedy.
-std::string WriteRandomDeepseek(const std::string& name, bool v3, const char* cache_dtype) {
+// dense_only: every layer dense (first_k_dense_replace = num_layers), no expert tensors.
+std::string WriteRandomDeepseek(const std::string& name, bool v3, const char* cache_dtype,
+                                bool dense_only = false) {
   const fs::path dir = fs::temp_directory_path() / ("llm_gpu_deepseek_" + name);
   fs::create_directories(dir);
   const int hidden = 256, heads = 16, kv_lora = 512, rope = 64, nope = 32, vdim = 32;
@@ -80,7 +83,7 @@ std::string WriteRandomDeepseek(const std::string& name, bool v3, const char* ca
                         {"n_group", 4},
                         {"topk_group", 2},
                         {"norm_topk_prob", v3},
-                        {"first_k_dense_replace", 1},
+                        {"first_k_dense_replace", dense_only ? layers : 1},
                         {"moe_layer_freq", 1},
                         {"hidden_act", "silu"},
                         {"rope_theta", 10000.0},
@@ -130,7 +133,7 @@ std::string WriteRandomDeepseek(const std::string& name, bool v3, const char* ca
     add(a + "kv_a_layernorm.weight", {kv_lora}, 1, 0.1f);
     add(a + "kv_b_proj.weight", {heads * (nope + vdim), kv_lora}, 0, 0.05f);
     add(a + "o_proj.weight", {hidden, heads * vdim}, 0, 0.05f);
-    if (l == 0) {
+    if (l == 0 || dense_only) {
       mlp(p + "mlp.", inter);
       continue;
     }
@@ -536,6 +539,84 @@ TEST_CASE("GPU DeepSeek overlapped steps give the one-at-a-time tokens",
     CHECK(over.tokens[i] == one.tokens[i]);
   }
   fs::remove_all(dir);
+}
+
+// Decode steps replayed from CUDA graphs against eager launches. A model whose layers are all
+// dense (first_k_dense_replace = num_layers) is graph-safe: CudaDeepseekMoe still waits on the
+// host, so a model with an MoE layer decodes eagerly (the overlap test checks that). 13 requests
+// of 1..40-token prompts asking for 64 - 4 i tokens: after the prefill the decode batch shrinks
+// through buckets 16, 8, 4, 2 and 1, mostly with padding rows, and every bucket's graph replays
+// steps of other sequence counts, contexts and block tables. Graph steps compute padded GEMMs,
+// which may take other cuBLAS kernels (rounding, not math), so a divergence is accepted at a near-
+// tie of the eager run only.
+TEST_CASE("GPU DeepSeek decode steps replayed from CUDA graphs give the eager tokens",
+          "[gpu][deepseek][graphs]") {
+  std::mt19937 rng(9);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int> max_tokens;
+  for (int i = 0; i < 13; ++i) {
+    std::vector<int32_t> p(1 + rng() % 40);
+    for (auto& t : p) t = static_cast<int32_t>(rng() % kVocab);
+    prompts.push_back(p);
+    max_tokens.push_back(kSteps - 4 * i);
+  }
+  struct Variant {
+    bool v3;
+    const char* kv;          // kv_cache_dtype
+    const char* mla_kernel;  // ModelLoadOptions::mla_kernel
+  };
+  for (const Variant& v : {Variant{false, "auto", "auto"}, Variant{true, "auto", "portable"},
+                           Variant{false, "fp8_e4m3", "auto"}}) {
+    const std::string what =
+        std::string(v.v3 ? "v3" : "v2") + " dense kv=" + v.kv + " mla_kernel=" + v.mla_kernel;
+    INFO(what);
+    const std::string dir = WriteRandomDeepseek(std::string("graphs_") + (v.v3 ? "v3" : "v2"), v.v3,
+                                                nullptr, /*dense_only=*/true);
+    gpu_test::GenerateOptions o{.kv_dtype = v.kv,
+                                .block_size = 64,
+                                .num_kv_blocks = 64,
+                                .mla_kernel = v.mla_kernel,
+                                .max_tokens = &max_tokens};
+    Gaps gaps;
+    o.cuda_graph_max_batch = 0;
+    o.gaps = &gaps;
+    const auto eager = gpu_test::Generate(dir, prompts, o);
+    o.gaps = nullptr;
+    o.cuda_graph_max_batch = 256;
+    const auto graphs = gpu_test::Generate(dir, prompts, o);  // captured at load (the default)
+    o.graph_warmup = false;
+    const auto lazy = gpu_test::Generate(dir, prompts, o);  // each on its bucket's first step
+    CHECK(eager.graph_steps == 0);
+    // About 60 decode-only steps (the longest request) minus, without the warm-up, one eager
+    // step per bucket.
+    CHECK(lazy.graph_steps >= 40);
+    CHECK(graphs.graph_steps > lazy.graph_steps);
+    for (const auto* run : {&graphs, &lazy}) {
+      int identical = 0;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        const auto& ref = eager.tokens[i];
+        const auto& got = run->tokens[i];
+        REQUIRE(got.size() == ref.size());
+        size_t k = 0;
+        while (k < ref.size() && got[k] == ref[k]) ++k;
+        if (k == ref.size()) {
+          ++identical;
+          continue;
+        }
+        const float gap = gaps.at(std::to_string(i)).at(k);
+        std::printf("%s %s prompt %zu: first divergence at step %zu, eager top-2 gap %.2e\n",
+                    what.c_str(), run == &graphs ? "graphs" : "lazy graphs", i, k, gap);
+        INFO((run == &graphs ? "graphs" : "lazy graphs")
+             << " prompt " << i << ": first divergence at step " << k << ", eager gap " << gap);
+        CHECK(gap < kTieGap);
+      }
+      std::printf("%s %s: %d of %zu sequences identical to eager, %lld graph steps\n", what.c_str(),
+                  run == &graphs ? "graphs" : "lazy graphs", identical, prompts.size(),
+                  static_cast<long long>(run->graph_steps));
+      CHECK(identical >= 10);
+    }
+    fs::remove_all(dir);
+  }
 }
 
 }  // namespace
