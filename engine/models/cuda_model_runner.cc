@@ -213,9 +213,8 @@ Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& optio
   spdlog::info("cuda model: {} {} layers{} on sm_{}, {} {} weights, KV {} x {} blocks ({:.1f} GiB)",
                dec_->name(), c.num_layers, extra.empty() ? "" : " (" + extra + ")", ctx.device_arch,
                loader.dummy() ? "DUMMY (random)" : "checkpoint",
-               ctx.fp8_checkpoint
-                   ? "the checkpoint's fp8-e4m3 (" + w->quantization().quant_method + ")"
-                   : std::string(WeightQuantName(ctx.weight_quant)),
+               ctx.fp8_checkpoint ? "fp8-e4m3 as stored (" + w->quantization().quant_method + ")"
+                                  : std::string(WeightQuantName(ctx.weight_quant)),
                dec_->kv_cache_dtype_name(), num_blocks_,
                static_cast<double>(per_block) * num_blocks_ / (1ull << 30));
   if (graph_max_batch_ > 0 && options.cuda_graph_warmup) LLM_RETURN_IF_ERROR(CaptureAllGraphs());
