@@ -188,6 +188,11 @@ Status CudaDeepseekDecoder::Load(const CudaLoadContext& ctx) {
     return lin->Quantize(*ops_, quant, static_cast<int>(n), static_cast<int>(shapes[0][1]), 1,
                          name);
   };
+  if (ctx.fp8_checkpoint) {
+    spdlog::info(
+        "cuda deepseek: the attention projections keep the checkpoint's fp8; kv_b_proj, the dense "
+        "MLP and the experts are dequantized to bf16 (then weight_dtype)");
+  }
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const std::string a = p + "self_attn.";
