@@ -247,7 +247,7 @@ Status WeightStore::CheckAllConsumed(const std::string& model_name,
                          list);
 }
 
-Status WeightStore::DequantFp8(const TensorView& v, std::vector<float>* out) const {
+StatusOr<Fp8Weight> WeightStore::ParseFp8(const TensorView& v) const {
   const std::string& name = v.name;
   using M = WeightQuantization::Method;
   const WeightQuantization& q = quantization_;
@@ -263,7 +263,11 @@ Status WeightStore::DequantFp8(const TensorView& v, std::vector<float>* out) con
                            ") is not a 2-D linear weight; only those may be fp8");
   }
   const std::string stem = name.substr(0, name.size() - suffix.size());
-  const int64_t rows = v.shape[0], cols = v.shape[1];
+  Fp8Weight w;
+  w.data = reinterpret_cast<const uint8_t*>(v.data);
+  w.rows = v.shape[0];
+  w.cols = v.shape[1];
+  const int64_t rows = w.rows, cols = w.cols;
   std::string scale_name = stem + ".weight_scale_inv";
   if (!Has(scale_name)) scale_name = stem + ".weight_scale";
   if (!Has(scale_name)) {
@@ -275,8 +279,8 @@ Status WeightStore::DequantFp8(const TensorView& v, std::vector<float>* out) con
     return InvalidArgument("scale '" + scale_name + "' has dtype " + DTypeName(s->dtype) +
                            "; expected float32, bfloat16 or float16");
   }
-  std::vector<float> scale(static_cast<size_t>(s->numel()));
-  ConvertToF32(s->dtype, s->data, scale.data(), scale.size());
+  w.scale.resize(static_cast<size_t>(s->numel()));
+  ConvertToF32(s->dtype, s->data, w.scale.data(), w.scale.size());
   if (Has(stem + ".input_scale")) {
     if (!q.static_input_scales) {
       return InvalidArgument("tensor '" + stem +
@@ -284,13 +288,15 @@ Status WeightStore::DequantFp8(const TensorView& v, std::vector<float>* out) con
                              "but quantization_config says activations are dynamic");
     }
     LLM_ASSIGN_OR_RETURN(const TensorView* in, Get(stem + ".input_scale"));
-    if (in->numel() != 1) {
+    if (in->numel() != 1 ||
+        (in->dtype != DType::kF32 && in->dtype != DType::kBF16 && in->dtype != DType::kF16)) {
       return InvalidArgument("input scale '" + in->name + "' has shape " + in->ShapeString() +
-                             "; only a per-tensor scale is supported");
+                             " and dtype " + DTypeName(in->dtype) +
+                             "; only a per-tensor float scale is supported");
     }
+    ConvertToF32(in->dtype, in->data, &w.input_scale, 1);
+    w.has_input_scale = true;
   }
-  out->resize(static_cast<size_t>(v.numel()));
-  ConvertToF32(DType::kFp8E4M3, v.data, out->data(), out->size());
   const std::vector<int64_t>& ss = s->shape;
   auto bad_shape = [&](const std::string& want) {
     return InvalidArgument("scale '" + scale_name + "' of fp8 weight '" + name + "' " +
@@ -304,10 +310,10 @@ Status WeightStore::DequantFp8(const TensorView& v, std::vector<float>* out) con
       return bad_shape("[" + std::to_string(nr) + ", " + std::to_string(nc) + "] (" +
                        std::to_string(br) + "x" + std::to_string(bc) + " blocks)");
     }
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < cols; ++c) (*out)[r * cols + c] *= scale[(r / br) * nc + c / bc];
-    }
-    return Status::Ok();
+    w.kind = Fp8Weight::Scale::kBlock;
+    w.block_rows = q.block_rows;
+    w.block_cols = q.block_cols;
+    return w;
   }
   const bool per_tensor =
       s->numel() == 1 && (ss.empty() || ss.size() == 1 || ss == std::vector<int64_t>{1, 1});
@@ -317,11 +323,43 @@ Status WeightStore::DequantFp8(const TensorView& v, std::vector<float>* out) con
     return bad_shape("a per-channel scale [" + std::to_string(rows) + "] or [" +
                      std::to_string(rows) + ", 1]");
   }
+  w.kind = per_tensor ? Fp8Weight::Scale::kTensor : Fp8Weight::Scale::kChannel;
+  return w;
+}
+
+Status WeightStore::DequantFp8(const TensorView& v, std::vector<float>* out) const {
+  LLM_ASSIGN_OR_RETURN(const Fp8Weight w, ParseFp8(v));
+  out->resize(static_cast<size_t>(v.numel()));
+  ConvertToF32(DType::kFp8E4M3, v.data, out->data(), out->size());
+  const int64_t rows = w.rows, cols = w.cols;
+  if (w.kind == Fp8Weight::Scale::kBlock) {
+    const int64_t br = w.block_rows, bc = w.block_cols, nc = (cols + bc - 1) / bc;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) (*out)[r * cols + c] *= w.scale[(r / br) * nc + c / bc];
+    }
+    return Status::Ok();
+  }
   for (int64_t r = 0; r < rows; ++r) {
-    const float f = per_tensor ? scale[0] : scale[r];
+    const float f = w.kind == Fp8Weight::Scale::kTensor ? w.scale[0] : w.scale[r];
     for (int64_t c = 0; c < cols; ++c) (*out)[r * cols + c] *= f;
   }
   return Status::Ok();
+}
+
+StatusOr<Fp8Weight> WeightStore::ReadFp8(const std::string& name,
+                                         const std::vector<int64_t>& shape) const {
+  LLM_ASSIGN_OR_RETURN(const TensorView* v, GetWithShape(name, shape));
+  if (v->dtype != DType::kFp8E4M3) {
+    return InvalidArgument("tensor '" + name + "' has dtype " + DTypeName(v->dtype) +
+                           "; expected float8_e4m3 (a pre-quantized weight)");
+  }
+  return ParseFp8(*v);
+}
+
+StatusOr<DType> WeightStore::StoredDType(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) return NotFound("checkpoint has no tensor '" + name + "'");
+  return it->second->dtype;
 }
 
 StatusOr<const TensorView*> WeightStore::GetWithShape(const std::string& name,

@@ -48,6 +48,20 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// A pre-quantized fp8 linear weight as the checkpoint stores it (WeightStore::ReadFp8).
+struct Fp8Weight {
+  enum class Scale { kTensor, kChannel, kBlock };
+  const uint8_t* data = nullptr;  // e4m3 [rows, cols], in the mapping
+  int64_t rows = 0, cols = 0;
+  Scale kind = Scale::kTensor;
+  // kTensor [1]; kChannel [rows]; kBlock row-major [ceil(rows / br), ceil(cols / bc)]. value =
+  // e4m3 * scale (weight_scale and weight_scale_inv are both multipliers of the stored bytes).
+  std::vector<float> scale;
+  int block_rows = 0, block_cols = 0;  // kBlock
+  bool has_input_scale = false;        // a static per-tensor activation scale (input_scale)
+  float input_scale = 0.f;
+};
+
 // All weights of a model directory: `model.safetensors`, or the shards named by
 // `model.safetensors.index.json`. Every tensor handed out is recorded, so that a loader can
 // refuse a checkpoint with tensors it did not read (CheckAllConsumed).
@@ -73,6 +87,11 @@ class WeightStore {
   Status ReadF32(const std::string& name, const std::vector<int64_t>& shape,
                  std::vector<float>* out) const;
   size_t num_tensors() const { return index_.size(); }
+  // An fp8 e4m3 `X.weight` of a quantized checkpoint with its scale tensors (shapes checked as
+  // ReadF32 checks them; all consumed), without dequantizing: the CUDA fp8 GEMMs use the bytes.
+  StatusOr<Fp8Weight> ReadFp8(const std::string& name, const std::vector<int64_t>& shape) const;
+  // The stored dtype of a tensor (NotFound naming it). Does not mark it consumed.
+  StatusOr<DType> StoredDType(const std::string& name) const;
 
   // Fails naming the tensors that no Get/ReadF32 touched, except those on the ignore list
   // (IgnoredTensor) and those `also_ignore` accepts.
@@ -81,6 +100,7 @@ class WeightStore {
                           const void* ctx = nullptr) const;
 
  private:
+  StatusOr<Fp8Weight> ParseFp8(const TensorView& v) const;
   Status DequantFp8(const TensorView& v, std::vector<float>* out) const;
 
   std::vector<std::unique_ptr<SafetensorsFile>> files_;

@@ -130,8 +130,9 @@ std::vector<ServerOption> Declarations() {
                  "percent of the GPU memory left after the weights for the KV pool")
           .OnlyOn("cuda", "the cpu KV cache is sized by --kv-cache-memory-mb or --num-kv-blocks"),
       O::Choice("weight_dtype", LLM_BIND(engine.model.weight_dtype), kWeightDtypeChoices, G::kCuda,
-                "projection weights on the GPU; auto: bf16; fp8: e4m3 with per-tensor scales, "
-                "activations quantized per token")
+                "projection weights on the GPU; auto: bf16, or a pre-quantized fp8 checkpoint's "
+                "e4m3 as stored; fp8: e4m3 with per-tensor scales (a bf16 checkpoint's quantized "
+                "at load), activations quantized per token; bf16: also dequantizes fp8 checkpoints")
           .OnlyOn("cuda", "the cpu models compute in fp32"),
       O::Bool("dummy_weights", LLM_BIND(engine.model.dummy_weights), G::kCuda,
               "random weights on the GPU instead of the checkpoint (benchmarks)")

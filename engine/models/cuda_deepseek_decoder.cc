@@ -80,6 +80,9 @@ class CudaDeepseekDecoder final : public CudaDecoder {
     const bool moe_graph_safe = num_moe_layers() == 0;
     return moe_graph_safe && mla_->supports_graphs();
   }
+  // The attention projections (q_a / q, kv_a, q_b, o_proj) keep a checkpoint's fp8; kv_b_proj (the
+  // MLA absorbs it in bf16), the dense MLP and the experts are dequantized by the loader.
+  bool keeps_checkpoint_fp8() const override { return true; }
   Status Reserve(int set, int rows) override;
   Status Plan(const ForwardBatch& batch) override;
   Status PlanGraph(const ForwardBatch& batch, int bucket) override {
@@ -177,6 +180,24 @@ Status CudaDeepseekDecoder::Load(const CudaLoadContext& ctx) {
   const float wstd = 0.02f;
   auto load = [&](const std::string& name, std::vector<int64_t> shape, float mean, float std,
                   DeviceBuffer* out) { return loader.Load({name}, {shape}, mean, std, out); };
+  // A projection: the checkpoint's fp8 as it is (CudaLinear::LoadCheckpoint), or bf16 from the
+  // loader, then `quant`.
+  auto linear = [&](CudaLinear* lin, const std::vector<std::string>& names,
+                    const std::vector<std::vector<int64_t>>& shapes, const std::string& name) {
+    int64_t n = 0;
+    for (const auto& sh : shapes) n += sh[0];
+    if (ctx.fp8_checkpoint) {
+      return lin->LoadCheckpoint(*ops_, *w, loader, names, shapes, name, quant);
+    }
+    LLM_RETURN_IF_ERROR(loader.Load(names, shapes, 0, wstd, lin->bf16_target()));
+    return lin->Quantize(*ops_, quant, static_cast<int>(n), static_cast<int>(shapes[0][1]), 1,
+                         name);
+  };
+  if (ctx.fp8_checkpoint) {
+    spdlog::info(
+        "cuda deepseek: the attention projections keep the checkpoint's fp8; kv_b_proj, the dense "
+        "MLP and the experts are dequantized to bf16 (then weight_dtype)");
+  }
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const std::string a = p + "self_attn.";
@@ -185,24 +206,18 @@ Status CudaDeepseekDecoder::Load(const CudaLoadContext& ctx) {
     LLM_RETURN_IF_ERROR(load(p + "post_attention_layernorm.weight", {h}, 1, 0.1f, &L->mlp_norm));
     const int64_t QA = d_.q_lora_rank > 0 ? d_.q_lora_rank : H * QK;
     if (d_.q_lora_rank > 0) {
-      LLM_RETURN_IF_ERROR(loader.Load({a + "q_a_proj.weight", a + "kv_a_proj_with_mqa.weight"},
-                                      {{QA, h}, {Lw, h}}, 0, wstd, L->w_a.bf16_target()));
+      LLM_RETURN_IF_ERROR(linear(&L->w_a, {a + "q_a_proj.weight", a + "kv_a_proj_with_mqa.weight"},
+                                 {{QA, h}, {Lw, h}}, a + "q_a_proj + kv_a_proj"));
       LLM_RETURN_IF_ERROR(load(a + "q_a_layernorm.weight", {QA}, 1, 0.1f, &L->q_a_norm));
       LLM_RETURN_IF_ERROR(
-          load(a + "q_b_proj.weight", {H * QK, QA}, 0, wstd, L->w_q_b.bf16_target()));
-      LLM_RETURN_IF_ERROR(L->w_q_b.Quantize(*ops_, quant, static_cast<int>(H * QK),
-                                            static_cast<int>(QA), 1, a + "q_b_proj"));
+          linear(&L->w_q_b, {a + "q_b_proj.weight"}, {{H * QK, QA}}, a + "q_b_proj"));
     } else {
-      LLM_RETURN_IF_ERROR(loader.Load({a + "q_proj.weight", a + "kv_a_proj_with_mqa.weight"},
-                                      {{QA, h}, {Lw, h}}, 0, wstd, L->w_a.bf16_target()));
+      LLM_RETURN_IF_ERROR(linear(&L->w_a, {a + "q_proj.weight", a + "kv_a_proj_with_mqa.weight"},
+                                 {{QA, h}, {Lw, h}}, a + "q_proj + kv_a_proj"));
     }
-    LLM_RETURN_IF_ERROR(L->w_a.Quantize(*ops_, quant, static_cast<int>(QA + Lw),
-                                        static_cast<int>(h), 1, a + "q_a_proj + kv_a_proj"));
     LLM_RETURN_IF_ERROR(load(a + "kv_a_layernorm.weight", {C}, 1, 0.1f, &L->kv_a_norm));
     LLM_RETURN_IF_ERROR(load(a + "kv_b_proj.weight", {H * NV, C}, 0, wstd, &L->w_kv_b));
-    LLM_RETURN_IF_ERROR(load(a + "o_proj.weight", {h, H * V}, 0, wstd, L->wo.bf16_target()));
-    LLM_RETURN_IF_ERROR(L->wo.Quantize(*ops_, quant, static_cast<int>(h), static_cast<int>(H * V),
-                                       1, a + "o_proj"));
+    LLM_RETURN_IF_ERROR(linear(&L->wo, {a + "o_proj.weight"}, {{h, H * V}}, a + "o_proj"));
     L->cache_scale = d_.mla_cache_scale;
     if (w != nullptr && !loader.dummy() && w->Has(a + "kv_scale")) {
       std::vector<float> s;
@@ -260,7 +275,8 @@ Status CudaDeepseekDecoder::Reserve(int set, int rows) {
   LLM_RETURN_IF_ERROR(s.act.Alloc(T * I * 2));
   if (ops_->fp8 != nullptr) {
     LLM_RETURN_IF_ERROR(s.xq.Alloc(T * std::max({Hd, QA, H * V, I})));
-    LLM_RETURN_IF_ERROR(s.row_scales.Alloc(T * 4));
+    // Per-row scales, or 1x128 block scales [ceil(k / 128)][T] for block-scaled checkpoint weights.
+    LLM_RETURN_IF_ERROR(s.row_scales.Alloc(T * 4 * ((std::max({Hd, QA, H * V, I}) + 127) / 128)));
   }
   // Padding rows of a graph bucket are computed too: keep them finite from the start.
   for (DeviceBuffer* b : {&s.a, &s.qa, &s.q, &s.latent, &s.q_pe, &s.q_latent, &s.out_latent,

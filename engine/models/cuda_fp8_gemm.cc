@@ -40,10 +40,22 @@ Status CudaFp8Gemm::Init(cudaStream_t stream, void* workspace, size_t workspace_
   return Status::Ok();
 }
 
-StatusOr<CudaFp8Gemm::Shape*> CudaFp8Gemm::Get(int m, int n, int k, const float* x_scale,
-                                               const float* w_scale, const void* x, const void* w,
-                                               void* y) {
-  const auto key = std::make_tuple(m, n, k);
+const char* Fp8ScalingName(Fp8Scaling s) {
+  switch (s) {
+    case Fp8Scaling::kTensor:
+      return "per-tensor";
+    case Fp8Scaling::kOuter:
+      return "outer-vector (per-row x per-channel)";
+    case Fp8Scaling::kBlock:
+      return "block (1x128 x 128x128)";
+  }
+  return "?";
+}
+
+StatusOr<CudaFp8Gemm::Shape*> CudaFp8Gemm::Get(int m, int n, int k, Fp8Scaling scaling,
+                                               const float* x_scale, const float* w_scale,
+                                               const void* x, const void* w, void* y) {
+  const auto key = std::make_tuple(m, n, k, scaling);
   auto it = shapes_.find(key);
   if (it != shapes_.end()) return &it->second;
   // Row-major y[m, n] = x[m, k] w[n, k]^T is column-major y^T[n, m] = w^T . x^T: A = w (k x n,
@@ -55,9 +67,23 @@ StatusOr<CudaFp8Gemm::Shape*> CudaFp8Gemm::Get(int m, int n, int k, const float*
       cublasLtMatmulDescSetAttribute(s.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   LT_RETURN_IF_ERROR(
       cublasLtMatmulDescSetAttribute(s.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  const int8_t fast = fast_accum_ ? 1 : 0;
+  // Block scaling applies the scales per 128-deep k step in fp32, which fast accumulation would
+  // skip: cuBLASLt (and torch._scaled_mm) allow it only without.
+  const int8_t fast = fast_accum_ && scaling != Fp8Scaling::kBlock ? 1 : 0;
   LT_RETURN_IF_ERROR(
       cublasLtMatmulDescSetAttribute(s.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+  if (scaling != Fp8Scaling::kTensor) {
+    const int32_t a_mode = scaling == Fp8Scaling::kOuter
+                               ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                               : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    const int32_t b_mode = scaling == Fp8Scaling::kOuter
+                               ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                               : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(s.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                                                      &a_mode, sizeof(a_mode)));
+    LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(s.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                                                      &b_mode, sizeof(b_mode)));
+  }
   // The scale pointers are part of the problem the heuristic answers (an algorithm chosen
   // without them is rejected once they are set); Run resets them per call.
   LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(s.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
@@ -74,16 +100,26 @@ StatusOr<CudaFp8Gemm::Shape*> CudaFp8Gemm::Get(int m, int n, int k, const float*
   constexpr int kCandidates = 8;
   cublasLtMatmulHeuristicResult_t results[kCandidates];
   int found = 0;
-  const cublasStatus_t h = cublasLtMatmulAlgoGetHeuristic(
-      lt_, s.op, s.a, s.b, s.c, s.c, pref, m <= tune_max_m_ ? kCandidates : 1, results, &found);
+  const int want = m <= tune_max_m_ ? kCandidates : 1;
+  cublasStatus_t h =
+      cublasLtMatmulAlgoGetHeuristic(lt_, s.op, s.a, s.b, s.c, s.c, pref, want, results, &found);
+  if ((h != CUBLAS_STATUS_SUCCESS || found == 0) && fast != 0 && scaling != Fp8Scaling::kTensor) {
+    // No fast-accumulation kernel for this scaling: the fp32-promoting ones.
+    const int8_t exact = 0;
+    LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(s.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &exact,
+                                                      sizeof(exact)));
+    h = cublasLtMatmulAlgoGetHeuristic(lt_, s.op, s.a, s.b, s.c, s.c, pref, want, results, &found);
+  }
   cublasLtMatmulPreferenceDestroy(pref);
   if (h != CUBLAS_STATUS_SUCCESS || found == 0) {
     cublasLtMatrixLayoutDestroy(s.a);
     cublasLtMatrixLayoutDestroy(s.b);
     cublasLtMatrixLayoutDestroy(s.c);
     cublasLtMatmulDescDestroy(s.op);
-    return Unimplemented("cuBLASLt has no fp8 algorithm for m=" + std::to_string(m) +
-                         " n=" + std::to_string(n) + " k=" + std::to_string(k));
+    return Unimplemented(std::string("cuBLASLt has no fp8 algorithm with ") +
+                         Fp8ScalingName(scaling) + " scaling for m=" + std::to_string(m) +
+                         " n=" + std::to_string(n) + " k=" + std::to_string(k) + " (status " +
+                         std::to_string(static_cast<int>(h)) + ")");
   }
   int pick = 0;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
@@ -98,19 +134,24 @@ StatusOr<CudaFp8Gemm::Shape*> CudaFp8Gemm::Get(int m, int n, int k, const float*
       pick = *tuned;
     }
   }
-  spdlog::debug("fp8 GEMM m={} n={} k={}: candidate {} of {}", m, n, k, pick, found);
+  spdlog::debug("fp8 GEMM m={} n={} k={} {}: candidate {} of {}", m, n, k, Fp8ScalingName(scaling),
+                pick, found);
   s.algo = results[pick].algo;
   return &shapes_.emplace(key, s).first->second;
 }
 
 Status CudaFp8Gemm::Run(const void* x, const float* x_scale, const void* w, const float* w_scale,
-                        int m, int n, int k, void* y) {
+                        int m, int n, int k, void* y, Fp8Scaling scaling) {
   if (m <= 0) return Status::Ok();
   if (n % 16 != 0 || k % 16 != 0) {
     return InvalidArgument("fp8 GEMM needs n and k multiples of 16, got n=" + std::to_string(n) +
                            " k=" + std::to_string(k));
   }
-  LLM_ASSIGN_OR_RETURN(Shape * s, Get(m, n, k, x_scale, w_scale, x, w, y));
+  if (scaling != Fp8Scaling::kTensor && m % 16 != 0) {
+    return InvalidArgument("fp8 GEMM with scale vectors needs m a multiple of 16, got " +
+                           std::to_string(m));
+  }
+  LLM_ASSIGN_OR_RETURN(Shape * s, Get(m, n, k, scaling, x_scale, w_scale, x, w, y));
   // A is the weight, B the activation: D = alpha * a_scale * b_scale * (A^T B).
   LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(s->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
                                                     &w_scale, sizeof(w_scale)));

@@ -42,8 +42,10 @@ struct LayerCache {
 struct Scratch {
   DeviceBuffer qkv, q, k, v, attn, tmp, gate_up, act;
   // fp8 weights: the e4m3 input of the current projection, and per projection the row scales
-  // of its input [kNumProj][cap], which the projection's consumer applies to its output.
-  DeviceBuffer xq, row_scales;
+  // of its input [kNumProj][cap], which the projection's consumer applies to its output;
+  // apply_scales: the scales of an input that the projection quantizes itself (CudaLinear::Apply:
+  // static input scales, 1x128 blocks), [ceil(max k / 128)][cap].
+  DeviceBuffer xq, row_scales, apply_scales;
   int cap = 0;
   Status Reserve(const ModelConfig& c, int tokens, bool fp8, cudaStream_t stream);
   cuda::Fp8Rows Fp8In(Proj proj) const {
@@ -66,6 +68,7 @@ class CudaLlamaDecoder final : public CudaDecoder {
   }
   Status AllocateCache(const CudaLoadContext& ctx, int num_blocks) override;
   bool graph_safe() const override { return true; }
+  bool keeps_checkpoint_fp8() const override { return true; }
   Status Reserve(int set, int rows) override {
     return scratch_[set].Reserve(config_, rows, fp8_, ops_->stream);
   }
@@ -82,25 +85,30 @@ class CudaLlamaDecoder final : public CudaDecoder {
   Status SelectPrefillBackend(const std::string& choice);
   // ModelLoadOptions::c8_prefill onto the backend that attends steps with a prefill chunk.
   Status SelectC8Prefill(const std::string& choice);
-  // A layer projection y[T, n] = x[T, k] W^T (bf16 out). bf16 weights: cuBLAS on x. fp8
-  // weights: x is ignored; the input is s.Fp8In(proj), which x's producer wrote, and y is the raw
-  // product without the input's row scales (RowScales(s, proj) holds them for y's consumer).
+  // A layer projection y[T, n] = x[T, k] W^T (bf16 out). bf16 weights: cuBLAS on x. fp8 weights
+  // with dynamic row inputs: x is ignored; the input is Fp8In(s, layer, proj), which x's producer
+  // wrote, and y is the product; per-tensor weights leave the input's row scales out
+  // (RowScales holds them for y's consumer). Other fp8 weights quantize x themselves (Apply).
   // x_scale: the fp8 input's scale (a device scalar); null: 1, the row scales come after.
   Status Project(Scratch& s, int layer, Proj proj, const void* x, int T, void* y,
                  const float* x_scale = nullptr) {
     const CudaLinear& w = layers_[layer]->proj[proj];
-    return fp8_ ? w.RunFp8(*ops_, s.xq.ptr, x_scale, T, y) : w.RunBf16(*ops_, x, T, y);
+    if (!w.fp8()) return w.RunBf16(*ops_, x, T, y);
+    if (!w.takes_fp8_rows()) return w.Apply(*ops_, x, T, y, {s.xq.ptr, s.apply_scales.as<float>()});
+    return w.RunFp8(*ops_, s.xq.ptr, x_scale, T, y, 0, s.Fp8In(proj).scale);
   }
-  // The fp8 input of proj (what the producer of x writes), or nothing with bf16 weights.
-  cuda::Fp8Rows Fp8In(const Scratch& s, Proj proj) const {
-    return fp8_ ? s.Fp8In(proj) : cuda::Fp8Rows{};
+  // The fp8 input of proj (what the producer of x writes), or nothing (x in bf16).
+  cuda::Fp8Rows Fp8In(const Scratch& s, int layer, Proj proj) const {
+    return layers_[layer]->proj[proj].takes_fp8_rows() ? s.Fp8In(proj) : cuda::Fp8Rows{};
   }
-  // The row scales that proj's output still needs (null with bf16 weights).
-  const float* RowScales(const Scratch& s, Proj proj) const { return Fp8In(s, proj).scale; }
+  // The row scales that proj's output still needs (null where the GEMM applied them).
+  const float* RowScales(const Scratch& s, int layer, Proj proj) const {
+    return layers_[layer]->proj[proj].raw_output() ? Fp8In(s, layer, proj).scale : nullptr;
+  }
 
   ModelConfig config_;
   const CudaLinearOps* ops_ = nullptr;
-  bool fp8_ = false;  // weight_dtype "fp8"
+  bool fp8_ = false;  // weight_dtype "fp8" or a pre-quantized checkpoint's fp8 projections
   DeviceBuffer inv_freq_;
   std::vector<std::unique_ptr<LayerWeights>> layers_;
   std::vector<std::unique_ptr<LayerCache>> cache_;
@@ -118,7 +126,7 @@ Status CudaLlamaDecoder::SelectAttention(const CudaLoadContext& ctx) {
   const ModelConfig& c = config_;
   const ModelLoadOptions& options = *ctx.options;
   ops_ = ctx.ops;
-  fp8_ = ctx.weight_quant != WeightQuant::kBf16;
+  fp8_ = ctx.weight_quant != WeightQuant::kBf16 || ctx.fp8_checkpoint;
   LLM_ASSIGN_OR_RETURN(kv_, ParseKvCacheType(options.kv_cache_dtype, options.kv_scale_granularity));
   if (kv_.dtype == DType::kF32) kv_.dtype = DType::kBF16;  // "auto": the 16-bit cache on GPUs
   spec_ = MhaAttentionSpec(c, kv_, options.block_size, DeviceKind::kCuda, ctx.device_arch,
@@ -144,25 +152,28 @@ Status CudaLlamaDecoder::Load(const CudaLoadContext& ctx) {
     LLM_RETURN_IF_ERROR(loader.Load({p + "input_layernorm.weight"}, {{h}}, 1, 0.1f, &L->attn_norm));
     LLM_RETURN_IF_ERROR(
         loader.Load({p + "post_attention_layernorm.weight"}, {{h}}, 1, 0.1f, &L->mlp_norm));
-    LLM_RETURN_IF_ERROR(loader.Load({p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
-                                     p + "self_attn.v_proj.weight"},
-                                    {{q, h}, {kvs, h}, {kvs, h}}, 0, wstd,
-                                    L->proj[kQkv].bf16_target()));
+    const std::vector<std::string> parts[kNumProj] = {
+        {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
+         p + "self_attn.v_proj.weight"},
+        {p + "self_attn.o_proj.weight"},
+        {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"},
+        {p + "mlp.down_proj.weight"}};
+    const std::vector<std::vector<int64_t>> part_shapes[kNumProj] = {
+        {{q, h}, {kvs, h}, {kvs, h}}, {{h, q}}, {{inter, h}, {inter, h}}, {{h, inter}}};
+    const int64_t shapes[kNumProj][2] = {{q + 2 * kvs, h}, {h, q}, {2 * inter, h}, {h, inter}};
+    const char* names[kNumProj] = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"};
     if (c.qkv_bias) {
       LLM_RETURN_IF_ERROR(loader.Load(
           {p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"},
           {{q}, {kvs}, {kvs}}, 0, wstd, &L->bqkv));
     }
-    LLM_RETURN_IF_ERROR(
-        loader.Load({p + "self_attn.o_proj.weight"}, {{h, q}}, 0, wstd, L->proj[kO].bf16_target()));
-    LLM_RETURN_IF_ERROR(loader.Load({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"},
-                                    {{inter, h}, {inter, h}}, 0, wstd,
-                                    L->proj[kGateUp].bf16_target()));
-    LLM_RETURN_IF_ERROR(loader.Load({p + "mlp.down_proj.weight"}, {{h, inter}}, 0, wstd,
-                                    L->proj[kDown].bf16_target()));
-    const int64_t shapes[kNumProj][2] = {{q + 2 * kvs, h}, {h, q}, {2 * inter, h}, {h, inter}};
-    const char* names[kNumProj] = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"};
     for (int j = 0; j < kNumProj; ++j) {
+      if (ctx.fp8_checkpoint) {  // the checkpoint's e4m3 bytes and scales, no bf16 copy
+        LLM_RETURN_IF_ERROR(L->proj[j].LoadCheckpoint(
+            *ops_, *ctx.weights, loader, parts[j], part_shapes[j], p + names[j], ctx.weight_quant));
+        continue;
+      }
+      LLM_RETURN_IF_ERROR(loader.Load(parts[j], part_shapes[j], 0, wstd, L->proj[j].bf16_target()));
       LLM_RETURN_IF_ERROR(L->proj[j].Quantize(*ops_, ctx.weight_quant,
                                               static_cast<int>(shapes[j][0]),
                                               static_cast<int>(shapes[j][1]), 1, p + names[j]));
@@ -297,8 +308,10 @@ Status Scratch::Reserve(const ModelConfig& c, int tokens, bool fp8, cudaStream_t
   if (fp8) {
     LLM_RETURN_IF_ERROR(xq.Alloc(T * std::max({H, Q, I})));
     LLM_RETURN_IF_ERROR(row_scales.Alloc(kNumProj * T * 4));
+    LLM_RETURN_IF_ERROR(apply_scales.Alloc((std::max({H, Q, I}) + 127) / 128 * T * 4));
     GPU_RETURN_IF_ERROR(cudaMemsetAsync(xq.ptr, 0, xq.bytes, stream));
     GPU_RETURN_IF_ERROR(cudaMemsetAsync(row_scales.ptr, 0, row_scales.bytes, stream));
+    GPU_RETURN_IF_ERROR(cudaMemsetAsync(apply_scales.ptr, 0, apply_scales.bytes, stream));
   }
   // Padding rows of a graph bucket are computed too: keep them finite from the start.
   for (DeviceBuffer* b : {&qkv, &q, &k, &v, &attn, &tmp, &gate_up, &act}) {
@@ -338,15 +351,15 @@ StatusOr<CudaLayersOut> CudaLlamaDecoder::RunLayers(const CudaStep& step) {
     const LayerWeights& L = *layers_[l];
     // The previous layer's MLP output joins the residual inside this norm.
     norm.delta = l == 0 ? nullptr : s.tmp.ptr;
-    norm.delta_scale = l == 0 ? nullptr : RowScales(s, kDown);
+    norm.delta_scale = l == 0 ? nullptr : RowScales(s, l - 1, kDown);
     norm.weight = L.attn_norm.ptr;
-    norm.out_fp8 = Fp8In(s, kQkv);
+    norm.out_fp8 = Fp8In(s, l, kQkv);
     cuda::LaunchAddRmsNorm(norm, stream);
     LLM_RETURN_IF_ERROR(Project(s, l, kQkv, step.xn, T, s.qkv.ptr));
     cuda::RopeArgs ra;
     ra.qkv = s.qkv.ptr;
     ra.bias = L.bqkv.ptr;
-    ra.qkv_scale = RowScales(s, kQkv);
+    ra.qkv_scale = RowScales(s, l, kQkv);
     ra.positions = step.positions;
     ra.inv_freq = inv_freq_.as<float>();
     ra.q = s.q.ptr;
@@ -382,32 +395,36 @@ StatusOr<CudaLayersOut> CudaLlamaDecoder::RunLayers(const CudaStep& step) {
     p.window_left = c.WindowLeft(l);
     // o_proj's fp8 input straight from the attention, with the layer's static scale; else a
     // per-row pass over its bf16 output.
-    const bool static_out = fp8_ && lc.out_inv > 0.f && step_attention_->supports_fp8_out();
+    const bool static_out = fp8_ && lc.out_inv > 0.f && step_attention_->supports_fp8_out() &&
+                            L.proj[kO].takes_fp8_rows() && L.proj[kO].raw_output();
     if (static_out) {
       p.out_fp8 = s.xq.ptr;
       p.out_fp8_inv_scale = lc.out_inv;
     }
     step_attention_->Run(p);
-    if (fp8_ && !static_out) cuda::LaunchQuantizeRowsFp8(s.attn.ptr, T, Q, Fp8In(s, kO), stream);
+    if (!static_out && Fp8In(s, l, kO).enabled()) {
+      cuda::LaunchQuantizeRowsFp8(s.attn.ptr, T, Q, Fp8In(s, l, kO), stream);
+    }
     LLM_RETURN_IF_ERROR(Project(s, l, kO, s.attn.ptr, T, s.tmp.ptr,
                                 static_out ? lc.out_scale.as<float>() : nullptr));
     norm.delta = s.tmp.ptr;
-    norm.delta_scale = static_out ? nullptr : RowScales(s, kO);
+    norm.delta_scale = static_out ? nullptr : RowScales(s, l, kO);
     norm.weight = L.mlp_norm.ptr;
-    norm.out_fp8 = Fp8In(s, kGateUp);
+    norm.out_fp8 = Fp8In(s, l, kGateUp);
     cuda::LaunchAddRmsNorm(norm, stream);
     LLM_RETURN_IF_ERROR(Project(s, l, kGateUp, step.xn, T, s.gate_up.ptr));
     cuda::SiluMulArgs sm;
     sm.gate_up = s.gate_up.ptr;
-    sm.gate_up_scale = RowScales(s, kGateUp);
+    sm.gate_up_scale = RowScales(s, l, kGateUp);
     sm.num_tokens = T;
     sm.inter = I;
     sm.act = s.act.ptr;
-    sm.act_fp8 = Fp8In(s, kDown);
+    sm.act_fp8 = Fp8In(s, l, kDown);
     cuda::LaunchSiluMul(sm, stream);
     LLM_RETURN_IF_ERROR(Project(s, l, kDown, s.act.ptr, T, s.tmp.ptr));
   }
-  return CudaLayersOut{s.tmp.ptr, RowScales(s, kDown)};
+  return CudaLayersOut{s.tmp.ptr,
+                       c.num_layers > 0 ? RowScales(s, c.num_layers - 1, kDown) : nullptr};
 }
 
 }  // namespace

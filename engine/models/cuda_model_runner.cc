@@ -139,8 +139,19 @@ Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& optio
   ctx.options = &options;
   ctx.weights = w;
   ctx.ops = &ops_;
-  if (options.weight_dtype == "fp8") {
-    ctx.weight_quant = WeightQuant::kFp8PerTensor;
+  // A pre-quantized checkpoint keeps its e4m3 projections (unless weight_dtype bf16 asks for the
+  // dequantized model) where the definition can: no bf16 copy of them is ever made.
+  ctx.fp8_checkpoint = w != nullptr && !options.dummy_weights && w->quantization().quantized() &&
+                       options.weight_dtype != "bf16" && dec_->keeps_checkpoint_fp8();
+  if (w != nullptr && w->quantization().quantized() && !ctx.fp8_checkpoint) {
+    spdlog::warn("cuda model: {} checkpoint weights are dequantized to bf16 ({})",
+                 w->quantization().quant_method,
+                 options.weight_dtype == "bf16"
+                     ? "weight_dtype bf16"
+                     : std::string("the ") + dec_->name() + " definition keeps no checkpoint fp8");
+  }
+  if (options.weight_dtype == "fp8") ctx.weight_quant = WeightQuant::kFp8PerTensor;
+  if (options.weight_dtype == "fp8" || ctx.fp8_checkpoint) {
     LLM_RETURN_IF_ERROR(fp8_gemm_.Init(stream_, blas_workspace_.ptr, blas_workspace_.bytes,
                                        /*tune_max_m=*/256, options.fp8_fast_accumulation));
     LLM_RETURN_IF_ERROR(amax_.Alloc(sizeof(float)));
@@ -201,7 +212,9 @@ Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& optio
   const std::string extra = dec_->Summary();
   spdlog::info("cuda model: {} {} layers{} on sm_{}, {} {} weights, KV {} x {} blocks ({:.1f} GiB)",
                dec_->name(), c.num_layers, extra.empty() ? "" : " (" + extra + ")", ctx.device_arch,
-               loader.dummy() ? "DUMMY (random)" : "checkpoint", WeightQuantName(ctx.weight_quant),
+               loader.dummy() ? "DUMMY (random)" : "checkpoint",
+               ctx.fp8_checkpoint ? "fp8-e4m3 as stored (" + w->quantization().quant_method + ")"
+                                  : std::string(WeightQuantName(ctx.weight_quant)),
                dec_->kv_cache_dtype_name(), num_blocks_,
                static_cast<double>(per_block) * num_blocks_ / (1ull << 30));
   if (graph_max_batch_ > 0 && options.cuda_graph_warmup) LLM_RETURN_IF_ERROR(CaptureAllGraphs());

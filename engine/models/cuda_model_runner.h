@@ -31,7 +31,10 @@ struct CudaLoadContext {
   Bf16WeightLoader* loader = nullptr;
   const CudaLinearOps* ops = nullptr;
   WeightQuant weight_quant = WeightQuant::kBf16;  // for the projections (ModelLoadOptions)
-  int device_arch = 0;                            // e.g. 90
+  // A pre-quantized fp8 checkpoint whose e4m3 projections the definition keeps as they are
+  // (CudaLinear::LoadCheckpoint; weight_quant then applies to its unquantized projections).
+  bool fp8_checkpoint = false;
+  int device_arch = 0;  // e.g. 90
   // The registry's choice for `spec` (the selection table is logged; a forced
   // ModelLoadOptions::attention_backend applies), on the runner's stream.
   StatusOr<std::unique_ptr<AttentionBackend>> SelectAttention(const AttentionSpec& spec) const;
@@ -87,6 +90,9 @@ class CudaDecoder {
   virtual StatusOr<CudaLayersOut> RunLayers(const CudaStep& step) = 0;
   // An extra clause of the load summary (e.g. "2 MoE"), or empty.
   virtual std::string Summary() const { return ""; }
+  // Whether Load honours CudaLoadContext::fp8_checkpoint; otherwise the loader dequantizes a
+  // pre-quantized checkpoint's weights to bf16 (then weight_quant).
+  virtual bool keeps_checkpoint_fp8() const { return false; }
   virtual bool set_routing_trace(std::vector<MoeRoutingDecision>* trace) {
     (void)trace;
     return false;

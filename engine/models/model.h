@@ -122,6 +122,8 @@ struct ModelLoadOptions {
   // Projection weights on the GPU (CUDA models): "auto"/"bf16", or "fp8": e4m3 with one scale per
   // tensor (per expert for MoE experts), activations quantized per row (token) at run time,
   // cuBLASLt fp8 GEMMs (embedding, norms, LM head, DeepSeek's router and kv_b_proj stay bf16).
+  // A pre-quantized fp8 checkpoint keeps its e4m3 bytes and scales under "auto" and "fp8"
+  // (CudaLinear::LoadCheckpoint); "bf16" dequantizes it.
   std::string weight_dtype = "auto";
   // fp8 weights only: cuBLASLt fast accumulation for the fp8 projections (CudaFp8Gemm::Init). On
   // by default, as in vLLM's and TensorRT-LLM's fp8 GEMMs: under the H200's power cap it makes a

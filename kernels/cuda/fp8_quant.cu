@@ -109,6 +109,43 @@ __global__ void QuantizeRowsKernel(const __nv_bfloat16* x, int cols, uint8_t* q,
   }
 }
 
+__global__ void QuantizeRowsStaticKernel(const __nv_bfloat16* x, int cols, const float* scale,
+                                         uint8_t* q, float* scales) {
+  const size_t row = blockIdx.x;
+  const float s = *scale;
+  if (threadIdx.x == 0) scales[row] = s;
+  const __nv_bfloat16* xr = x + row * cols;
+  uint8_t* qr = q + row * cols;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) qr[i] = ToFp8(__bfloat162float(xr[i]), s);
+}
+
+// One warp per 128-column block (4 columns a lane), blockIdx.x the row.
+__global__ void QuantizeBlocks128Kernel(const __nv_bfloat16* x, int rows, int cols, uint8_t* q,
+                                        float* scales, int scale_ld) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int b = blockIdx.y * (blockDim.x / 32) + warp;
+  const size_t row = blockIdx.x;
+  if (b * 128 >= cols) return;  // whole warp: no shuffle below is left half-done
+  const __nv_bfloat16* xr = x + row * cols;
+  float v[4];
+  float m = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int c = b * 128 + lane * 4 + j;
+    v[j] = c < cols ? __bfloat162float(xr[c]) : 0.f;
+    m = fmaxf(m, fabsf(v[j]));
+  }
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
+  const float s = Fp8Scale(m);
+  if (lane == 0) scales[static_cast<size_t>(b) * scale_ld + row] = s;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int c = b * 128 + lane * 4 + j;
+    if (c < cols) q[row * cols + c] = ToFp8(v[j], s);
+  }
+  (void)rows;
+}
+
 __global__ void ScaleRowsKernel(__nv_bfloat16* y, const float* scale, int cols) {
   const size_t row = blockIdx.x;
   const float s = scale[row];
@@ -142,6 +179,24 @@ void LaunchQuantizeRowsFp8(const void* x, int rows, int cols, const Fp8Rows& out
   (void)LaunchPdl(QuantizeRowsKernel, dim3(rows), dim3(threads), 0,
                   static_cast<cudaStream_t>(stream), static_cast<const __nv_bfloat16*>(x), cols,
                   static_cast<uint8_t*>(out.q), out.scale);
+}
+
+void LaunchQuantizeRowsStaticFp8(const void* x, int rows, int cols, const float* scale,
+                                 const Fp8Rows& out, void* stream) {
+  if (rows == 0) return;
+  const int threads = std::clamp((cols + 31) / 32 * 32, 32, 256);
+  QuantizeRowsStaticKernel<<<rows, threads, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const __nv_bfloat16*>(x), cols, scale, static_cast<uint8_t*>(out.q), out.scale);
+}
+
+void LaunchQuantizeBlocks128Fp8(const void* x, int rows, int cols, void* q, float* scales,
+                                int scale_ld, void* stream) {
+  if (rows == 0) return;
+  constexpr int kWarps = 4;
+  const int blocks = (cols + 127) / 128;
+  const dim3 grid(rows, (blocks + kWarps - 1) / kWarps);
+  QuantizeBlocks128Kernel<<<grid, kWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const __nv_bfloat16*>(x), rows, cols, static_cast<uint8_t*>(q), scales, scale_ld);
 }
 
 void LaunchScaleRowsBf16(void* y, const float* scale, int rows, int cols, void* stream) {

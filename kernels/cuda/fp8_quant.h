@@ -32,6 +32,19 @@ struct Fp8Rows {
 // out: x (bf16 [rows, cols]) quantized per row (one CTA per row).
 void LaunchQuantizeRowsFp8(const void* x, int rows, int cols, const Fp8Rows& out, void* stream);
 
+// Static activation scale (a checkpoint's input_scale): q[t, :] = e4m3(x[t, :] / *scale),
+// saturating, and out.scale[t] = *scale for every row, so the row-scale consumers need no other
+// path.
+void LaunchQuantizeRowsStaticFp8(const void* x, int rows, int cols, const float* scale,
+                                 const Fp8Rows& out, void* stream);
+
+// 1x128 blocks (the activation side of DeepSeek-V3's block-scaled fp8 GEMM): for row t and block
+// b (columns [128 b, 128 b + 128), the last one partial), s = Fp8Scale(block absmax),
+// q[t, c] = e4m3(x[t, c] / s) and scales[b * scale_ld + t] = s (rows fastest: what cuBLASLt's
+// VEC128_32F reads). scale_ld >= rows.
+void LaunchQuantizeBlocks128Fp8(const void* x, int rows, int cols, void* q, float* scales,
+                                int scale_ld, void* stream);
+
 // y[t, :] = bf16(y[t, :] * scale[t]) in place (bf16 [rows, cols]): applies the row scales of an
 // fp8 GEMM's input to its raw output where the consumer cannot take them (CudaLinear::Apply).
 void LaunchScaleRowsBf16(void* y, const float* scale, int rows, int cols, void* stream);

@@ -36,6 +36,7 @@
 #include "engine/safetensors.h"
 #include "kernels/cuda/mla_decode.h"
 #include "tests/gpu/engine_generate.h"
+#include "tests/gpu/random_fp8_llama.h"
 #include "tests/gpu/random_llama.h"
 
 namespace llm {
@@ -55,8 +56,11 @@ constexpr int kMoeLayers = 2;  // layers 1 and 2
 // of which 2 are kept, 1 shared expert). v3: no q LoRA, sigmoid + noaux_tc with a correction
 // bias, normalized weights times 2.5; else V2: q LoRA, softmax + group_limited_greedy.
 // dense_only: every layer dense (first_k_dense_replace = num_layers), no expert tensors.
+// fp8_block: every linear weight but the router's and the LM head's stored as DeepSeek-V3 does
+// (e4m3 with 128x128 block weight_scale_inv, quant_method fp8); V3 only (V2's q_a_proj of 96 rows
+// is not whole 128-row blocks above kv_a_proj in the stacked projection).
 std::string WriteRandomDeepseek(const std::string& name, bool v3, const char* cache_dtype,
-                                bool dense_only = false) {
+                                bool dense_only = false, bool fp8_block = false) {
   const fs::path dir = fs::temp_directory_path() / ("llm_gpu_deepseek_" + name);
   fs::create_directories(dir);
   const int hidden = 256, heads = 16, kv_lora = 512, rope = 64, nope = 32, vdim = 32;
@@ -104,11 +108,27 @@ std::string WriteRandomDeepseek(const std::string& name, bool v3, const char* ca
                         {"bos_token_id", 0},
                         {"eos_token_id", 1}};
   if (cache_dtype) cfg["mla_cache_dtype"] = cache_dtype;
+  if (fp8_block)
+    cfg["quantization_config"] = gpu_test::Fp8QuantizationConfig(gpu_test::Fp8Format::kBlock128);
   std::ofstream(dir / "config.json") << cfg.dump();
   std::mt19937 rng(v3 ? 31 : 17);
   std::vector<TensorToWrite> ts;
   auto add = [&](const std::string& n, std::vector<int64_t> shape, float mean, float std) {
-    ts.push_back(RandomBf16Tensor(n, std::move(shape), mean, std, rng));
+    const std::string suffix = ".weight";
+    const bool linear = shape.size() == 2 && n.size() > suffix.size() &&
+                        n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+                        n.find("embed_tokens") == std::string::npos &&
+                        n.find("lm_head") == std::string::npos &&
+                        n.find("mlp.gate.") == std::string::npos;
+    if (!fp8_block || !linear) {
+      ts.push_back(RandomBf16Tensor(n, std::move(shape), mean, std, rng));
+      return;
+    }
+    std::normal_distribution<float> nd(mean, std);
+    std::vector<float> w(static_cast<size_t>(shape[0] * shape[1]));
+    for (auto& v : w) v = nd(rng);
+    gpu_test::AddFp8Linear(&ts, n.substr(0, n.size() - suffix.size()),
+                           gpu_test::Fp8Format::kBlock128, shape[0], shape[1], w, 0.f);
   };
   auto mlp = [&](const std::string& p, int n) {
     add(p + "gate_proj.weight", {n, hidden}, 0, 0.06f);
@@ -517,6 +537,39 @@ TEST_CASE("GPU DeepSeek fp8 weights track the bf16-weight model", "[gpu][deepsee
     for (const auto& t : fast.tokens) CHECK(t.size() == 16);
     fs::remove_all(dir);
   }
+}
+
+// A DeepSeek-V3 block-fp8 checkpoint: the attention projections run on the checkpoint's e4m3
+// bytes through cuBLASLt's 1x128 x 128x128 block-scaled GEMM (kv_b_proj, the dense MLP and the
+// experts dequantized by the loader); against the same checkpoint dequantized to bf16
+// (weight_dtype bf16), first-step logits within the bounds of the test above (which also
+// quantizes every weight).
+TEST_CASE("GPU DeepSeek-V3 block-fp8 checkpoint tracks its dequantized model",
+          "[gpu][deepseek][fp8]") {
+  const auto prompts = Prompts();
+  const std::string dir = WriteRandomDeepseek("v3_block_fp8", true, nullptr, /*dense_only=*/false,
+                                              /*fp8_block=*/true);
+  gpu_test::Logits ref, got;
+  gpu_test::GenerateOptions o{.block_size = 64, .num_kv_blocks = 64, .steps = 4};
+  o.logits = &ref;
+  o.weight_dtype = "bf16";
+  gpu_test::Generate(dir, prompts, o);
+  o.logits = &got;
+  o.weight_dtype = "auto";
+  const auto fp8 = gpu_test::Generate(dir, prompts, o);
+  double mean = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const double rel = gpu_test::FirstStepDistance(ref, got, i);
+    std::printf("v3 block fp8 prompt %zu: checkpoint fp8 vs dequantized, relative L2 %.4f\n", i,
+                rel);
+    INFO("prompt " << i << ": relative L2 error " << rel);
+    CHECK(rel < 0.5);
+    CHECK(fp8.tokens[i].size() == 4);
+    mean += rel / static_cast<double>(prompts.size());
+  }
+  INFO("mean relative L2 error " << mean);
+  CHECK(mean < 0.2);
+  fs::remove_all(dir);
 }
 
 // Overlapped steps from the runner: step k + 1 is queued before step k's tokens reach the host,

@@ -441,3 +441,116 @@ TEST_CASE("Safetensors header fuzz never crashes Open", "[safetensors]") {
 
 }  // namespace
 }  // namespace llm
+
+namespace llm {
+namespace {
+
+TensorToWrite F32Tensor(const std::string& name, std::vector<int64_t> shape,
+                        const std::vector<float>& v) {
+  TensorToWrite t{name, DType::kF32, std::move(shape), {}};
+  t.data.resize(v.size() * 4);
+  std::memcpy(t.data.data(), v.data(), t.data.size());
+  return t;
+}
+
+// ReadFp8 (what the CUDA fp8 path uploads) hands out the stored e4m3 bytes and scales of every
+// granularity, consumes the scale tensors, and agrees with ReadF32's dequantization.
+TEST_CASE("Safetensors ReadFp8 returns the stored e4m3 bytes and scales", "[safetensors][fp8]") {
+  using M = WeightQuantization::Method;
+  struct Case {
+    const char* name;
+    M method;
+    std::string scale_name;
+    std::vector<int64_t> scale_shape;
+    Fp8Weight::Scale kind;
+    bool input_scale;
+  };
+  const int64_t rows = 40, cols = 24;
+  const std::vector<Case> cases = {
+      {"per tensor, static input",
+       M::kFp8PerTensor,
+       "w.weight_scale",
+       {},
+       Fp8Weight::Scale::kTensor,
+       true},
+      {"per channel",
+       M::kFp8PerChannel,
+       "w.weight_scale",
+       {rows, 1},
+       Fp8Weight::Scale::kChannel,
+       false},
+      {"blocks 16x16", M::kFp8Block, "w.weight_scale_inv", {3, 2}, Fp8Weight::Scale::kBlock, false},
+  };
+  std::mt19937 rng(4);
+  for (const Case& c : cases) {
+    INFO(c.name);
+    TempDir dir;
+    TensorToWrite w{"w.weight", DType::kFp8E4M3, {rows, cols}, {}};
+    w.data.resize(rows * cols);
+    for (auto& b : w.data) b = static_cast<std::byte>(rng() % 0x7e);  // positive, never NaN
+    int64_t n_scales = 1;
+    for (int64_t d : c.scale_shape) n_scales *= d;
+    std::vector<float> scales(n_scales);
+    for (size_t i = 0; i < scales.size(); ++i) scales[i] = 0.01f * static_cast<float>(i + 1);
+    std::vector<TensorToWrite> ts = {w, F32Tensor(c.scale_name, c.scale_shape, scales)};
+    if (c.input_scale) ts.push_back(F32Tensor("w.input_scale", {}, {0.25f}));
+    REQUIRE(WriteSafetensors(dir.file("model.safetensors"), ts).ok());
+    auto store = WeightStore::Open(dir.path().string());
+    REQUIRE(store.ok());
+    WeightQuantization q;
+    q.method = c.method;
+    q.quant_method = "test";
+    q.static_input_scales = c.input_scale;
+    if (c.method == M::kFp8Block) q.block_rows = q.block_cols = 16;
+    (*store)->set_quantization(q);
+    auto got = (*store)->ReadFp8("w.weight", {rows, cols});
+    INFO(got.status().ToString());
+    REQUIRE(got.ok());
+    CHECK(got->kind == c.kind);
+    CHECK(got->rows == rows);
+    CHECK(got->cols == cols);
+    CHECK(got->scale == scales);
+    CHECK(std::memcmp(got->data, w.data.data(), w.data.size()) == 0);
+    CHECK(got->has_input_scale == c.input_scale);
+    if (c.input_scale) CHECK(got->input_scale == 0.25f);
+    CHECK((*store)->CheckAllConsumed("test").ok());
+    std::vector<float> deq;
+    REQUIRE((*store)->ReadF32("w.weight", {rows, cols}, &deq).ok());
+    bool same = true;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t col = 0; col < cols; ++col) {
+        const float s = c.kind == Fp8Weight::Scale::kTensor    ? scales[0]
+                        : c.kind == Fp8Weight::Scale::kChannel ? scales[r]
+                                                               : scales[(r / 16) * 2 + col / 16];
+        float v = 0.f;
+        ConvertToF32(DType::kFp8E4M3, got->data + r * cols + col, &v, 1);
+        same &= deq[r * cols + col] == v * s;
+      }
+    }
+    CHECK(same);
+    auto dtype = (*store)->StoredDType("w.weight");
+    REQUIRE(dtype.ok());
+    CHECK(*dtype == DType::kFp8E4M3);
+    CHECK_FALSE((*store)->StoredDType("nope").ok());
+  }
+}
+
+TEST_CASE("Safetensors ReadFp8 refuses a tensor that is not e4m3, naming it",
+          "[safetensors][fp8]") {
+  TempDir dir;
+  REQUIRE(WriteSafetensors(dir.file("model.safetensors"),
+                           {F32Tensor("w.weight", {2, 2}, {1.f, 2.f, 3.f, 4.f})})
+              .ok());
+  auto store = WeightStore::Open(dir.path().string());
+  REQUIRE(store.ok());
+  WeightQuantization q;
+  q.method = WeightQuantization::Method::kFp8PerTensor;
+  (*store)->set_quantization(q);
+  auto got = (*store)->ReadFp8("w.weight", {2, 2});
+  REQUIRE_FALSE(got.ok());
+  CHECK_THAT(got.status().message(), Catch::Contains("w.weight"));
+  CHECK_THAT(got.status().message(), Catch::Contains("float8_e4m3"));
+}
+
+}  // namespace
+}  // namespace llm
