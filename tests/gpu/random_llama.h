@@ -29,15 +29,23 @@ inline TensorToWrite RandomBf16Tensor(const std::string& name, std::vector<int64
   return t;
 }
 
-// A random bf16 Llama (or Qwen2, with q/k/v biases) with head_dim 64, in the HF layout; with
-// `window` > 0 a Mistral whose every layer attends to the last `window` positions.
-inline std::string WriteRandomLlama(const std::string& name, bool qwen2 = false, int window = 0) {
+// The dense architectures WriteRandomDense writes.
+enum class RandomArch { kLlama, kQwen2, kQwen3 };
+
+// A random bf16 dense decoder in the HF layout: Llama (llama3 rope scaling), Qwen2 (q/k/v
+// biases) or Qwen3 (per-head q/k norms); with `window` > 0 a Mistral whose every layer attends to
+// the last `window` positions.
+inline std::string WriteRandomDense(const std::string& name, RandomArch arch, int head_dim = 64,
+                                    int window = 0) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("llm_gpu_model_" + name);
   fs::create_directories(dir);
-  const int hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, inter = 512, layers = 3,
-            vocab = 600;
-  nlohmann::json cfg = {{"architectures", {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
+  const bool qwen2 = arch == RandomArch::kQwen2, qwen3 = arch == RandomArch::kQwen3;
+  const int hidden = 256, heads = 4, kv_heads = 2, inter = 512, layers = 3, vocab = 600;
+  const char* arch_name = qwen2   ? "Qwen2ForCausalLM"
+                          : qwen3 ? "Qwen3ForCausalLM"
+                                  : "LlamaForCausalLM";
+  nlohmann::json cfg = {{"architectures", {arch_name}},
                         {"hidden_size", hidden},
                         {"intermediate_size", inter},
                         {"num_hidden_layers", layers},
@@ -53,7 +61,7 @@ inline std::string WriteRandomLlama(const std::string& name, bool qwen2 = false,
   if (window > 0) {
     cfg["architectures"] = {"MistralForCausalLM"};
     cfg["sliding_window"] = window;
-  } else if (!qwen2) {
+  } else if (arch == RandomArch::kLlama) {
     cfg["rope_scaling"] = {{"rope_type", "llama3"},
                            {"factor", 8.0},
                            {"low_freq_factor", 1.0},
@@ -61,7 +69,7 @@ inline std::string WriteRandomLlama(const std::string& name, bool qwen2 = false,
                            {"original_max_position_embeddings", 128}};
   }
   std::ofstream(dir / "config.json") << cfg.dump();
-  std::mt19937 rng(qwen2 ? 7 : 3);
+  std::mt19937 rng(qwen2 ? 7 : qwen3 ? 5 : 3);
   std::vector<TensorToWrite> ts;
   auto add = [&](const std::string& n, std::vector<int64_t> shape, float mean, float std) {
     ts.push_back(RandomBf16Tensor(n, std::move(shape), mean, std, rng));
@@ -80,6 +88,10 @@ inline std::string WriteRandomLlama(const std::string& name, bool qwen2 = false,
       add(p + "self_attn.k_proj.bias", {kv}, 0, 0.1f);
       add(p + "self_attn.v_proj.bias", {kv}, 0, 0.1f);
     }
+    if (qwen3) {
+      add(p + "self_attn.q_norm.weight", {head_dim}, 1, 0.1f);
+      add(p + "self_attn.k_norm.weight", {head_dim}, 1, 0.1f);
+    }
     add(p + "self_attn.o_proj.weight", {hidden, q}, 0, 0.05f);
     add(p + "mlp.gate_proj.weight", {inter, hidden}, 0, 0.06f);
     add(p + "mlp.up_proj.weight", {inter, hidden}, 0, 0.06f);
@@ -91,6 +103,11 @@ inline std::string WriteRandomLlama(const std::string& name, bool qwen2 = false,
   add("lm_head.weight", {vocab, hidden}, 0, 1.0f);
   REQUIRE(WriteSafetensors((dir / "model.safetensors").string(), ts).ok());
   return dir.string();
+}
+
+// A random bf16 Llama (or Qwen2) with head_dim 64; with `window` > 0 a Mistral.
+inline std::string WriteRandomLlama(const std::string& name, bool qwen2 = false, int window = 0) {
+  return WriteRandomDense(name, qwen2 ? RandomArch::kQwen2 : RandomArch::kLlama, 64, window);
 }
 
 }  // namespace llm::gpu_test
