@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include <spdlog/spdlog.h>
 
@@ -144,6 +145,22 @@ Status CheckComputable(const ModelConfig& c, const DecoderSpec& spec) {
   return Status::Ok();
 }
 
+// The start-up table of the layer types (window, soft-cap, rotary base) and the backend that
+// serves them: one backend serves every layer, so it must list the union of their features.
+void LogLayerTypes(const DecoderSpec& spec, const std::string& backend) {
+  std::map<std::string, int> types;
+  for (const DecoderLayerSpec& L : spec.layers) {
+    std::string t = L.window_left >= 0
+                        ? "sliding (window " + std::to_string(L.window_left + 1) + ")"
+                        : std::string("global");
+    if (L.qk_norm) t += ", q/k norm";
+    ++types[t];
+  }
+  for (const auto& [t, n] : types) {
+    spdlog::info("cuda model: {} layer(s) {} attend through {}", n, t, backend);
+  }
+}
+
 Status CudaLlamaDecoder::SelectAttention(const CudaLoadContext& ctx) {
   const ModelConfig& c = config_;
   const ModelLoadOptions& options = *ctx.options;
@@ -161,6 +178,7 @@ Status CudaLlamaDecoder::SelectAttention(const CudaLoadContext& ctx) {
   }
   LLM_ASSIGN_OR_RETURN(attention_, ctx.SelectAttention(spec_));
   step_attention_ = attention_.get();
+  LogLayerTypes(layers_spec_, attention_->name());
   LLM_RETURN_IF_ERROR(SelectPrefillBackend(options.prefill_attention_backend));
   return SelectC8Prefill(options.c8_prefill);
 }
