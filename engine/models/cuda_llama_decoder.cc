@@ -65,6 +65,7 @@ class CudaLlamaDecoder final : public CudaDecoder {
     CudaModelSettings s;
     s.embed_scale = layers_spec_.embed_scale;
     s.norm_weight_offset = layers_spec_.norm_weight_offset;
+    s.final_logit_softcap = layers_spec_.final_logit_softcap;
     return s;
   }
   Status SelectAttention(const CudaLoadContext& ctx) override;
@@ -134,6 +135,11 @@ Status CheckComputable(const ModelConfig& c, const DecoderSpec& spec) {
   for (const DecoderLayerSpec& L : spec.layers) {
     if (L.attn_in_norm.empty() || L.ffn_in_norm.empty()) return refuse("a layer without pre-norms");
     if (L.ffn != DecoderLayerSpec::Ffn::kDense) return refuse("a MoE layer");
+    if (L.sinks) return refuse("learned attention sink logits");
+    if (L.gate.activation != CpuMlp::Activation::kSilu &&
+        L.gate.activation != CpuMlp::Activation::kGeluTanh) {
+      return refuse("the MLP activation");
+    }
     if (L.o_bias) return refuse("attention_bias (o_proj bias)");
     if (L.mlp_bias) return refuse("mlp_bias");
     if (L.qk_norm && (c.head_dim % 8 != 0 || c.head_dim > cuda::kMaxQkNormHeadDim)) {
@@ -153,6 +159,7 @@ void LogLayerTypes(const DecoderSpec& spec, const std::string& backend) {
     std::string t = L.window_left >= 0
                         ? "sliding (window " + std::to_string(L.window_left + 1) + ")"
                         : std::string("global");
+    if (L.logit_softcap > 0.f) t += ", soft-cap " + std::to_string(L.logit_softcap);
     if (L.qk_norm) t += ", q/k norm";
     ++types[t];
   }
@@ -450,6 +457,7 @@ StatusOr<CudaLayersOut> CudaLlamaDecoder::RunLayers(const CudaStep& step) {
     p.cache.v_block_scales = lc.v_block_scales.as<float>();
     p.softmax_scale = S.softmax_scale;
     p.window_left = S.window_left;
+    p.logit_softcap = S.logit_softcap;
     // o_proj's fp8 input straight from the attention, with the layer's static scale; else a
     // per-row pass over its bf16 output.
     const bool static_out = fp8_ && lc.out_inv > 0.f && step_attention_->supports_fp8_out();
@@ -473,6 +481,7 @@ StatusOr<CudaLayersOut> CudaLlamaDecoder::RunLayers(const CudaStep& step) {
     sm.gate_up_scale = RowScales(s, kGateUp);
     sm.num_tokens = T;
     sm.inter = I;
+    sm.gelu_tanh = S.gate.activation == CpuMlp::Activation::kGeluTanh;
     sm.act = s.act.ptr;
     sm.act_fp8 = Fp8In(s, kDown);
     cuda::LaunchSiluMul(sm, stream);

@@ -70,7 +70,6 @@ inline std::string WriteRandomDense(const std::string& name, RandomArch arch, in
     cfg["query_pre_attn_scalar"] = head_dim;
     cfg["sliding_window"] = 8;
     cfg["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention"};
-    cfg["tie_word_embeddings"] = true;
     cfg["rms_norm_eps"] = 1e-6;
     if (gemma2) {
       cfg["attn_logit_softcapping"] = 2.0;
@@ -99,7 +98,9 @@ inline std::string WriteRandomDense(const std::string& name, RandomArch arch, in
     ts.push_back(RandomBf16Tensor(n, std::move(shape), mean, std, rng));
   };
   const int64_t q = heads * head_dim, kv = kv_heads * head_dim;
-  add("model.embed_tokens.weight", {vocab, hidden}, 0, 1.0f);
+  // Gemma scales the embedding by sqrt(hidden) = 16: rows of std 1/16 keep the token's own
+  // embedding from drowning the layers' contributions (the next token would follow the input).
+  add("model.embed_tokens.weight", {vocab, hidden}, 0, gemma ? 1.0f / 16 : 1.0f);
   for (int l = 0; l < layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     add(p + "input_layernorm.weight", {hidden}, norm_mean, 0.1f);
@@ -127,8 +128,8 @@ inline std::string WriteRandomDense(const std::string& name, RandomArch arch, in
   }
   add("model.norm.weight", {hidden}, norm_mean, 0.1f);
   // A wide head keeps the top-2 logit gaps of a random model well above bf16 rounding, so greedy
-  // paths can be compared token for token (Gemma ties it to the embedding).
-  if (!gemma) add("lm_head.weight", {vocab, hidden}, 0, 1.0f);
+  // paths can be compared token for token.
+  add("lm_head.weight", {vocab, hidden}, 0, 1.0f);
   REQUIRE(WriteSafetensors((dir / "model.safetensors").string(), ts).ok());
   return dir.string();
 }
