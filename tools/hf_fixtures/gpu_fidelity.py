@@ -13,6 +13,7 @@ larger gap is a wrong token, not a bf16 near-tie.
 """
 
 import argparse
+import copy
 import json
 import os
 import shlex
@@ -26,7 +27,7 @@ import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import weights as W  # noqa: E402
-from make_fixtures import SEED, YARN_ROPE, LLAMA3_ROPE, scale_for  # noqa: E402
+from make_fixtures import ARCHS, SEED, YARN_ROPE, LLAMA3_ROPE, scale_for  # noqa: E402
 
 STEPS = 48
 GPU_ARCHS = {
@@ -64,10 +65,7 @@ GPU_ARCHS = {
                     layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                     hidden_activation="gelu_pytorch_tanh", max_position_embeddings=131072,
                     tie_word_embeddings=True,
-                    rope_parameters={
-                        "full_attention": {"rope_type": "linear", "factor": 8.0,
-                                           "rope_theta": 1000000.0},
-                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
+                    rope_parameters=copy.deepcopy(ARCHS["gemma3"][3]["rope_parameters"]))),
     "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM",
                     dict(hidden_size=512, intermediate_size=1024, moe_intermediate_size=256,
                          num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=16,
