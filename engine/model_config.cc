@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <set>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -101,15 +102,79 @@ Status ReadGenerationDefaults(const JsonScope& g, GenerationDefaults* d) {
   return Status::Ok();
 }
 
-// Sliding window as Hugging Face applies it. Mistral: every layer when sliding_window is
-// non-null. Qwen2: only with use_sliding_window, and then the layers named "sliding_attention" in
-// layer_types or, without that list, layers l >= max_window_layers (default 28, as in
-// Qwen2Config; Mistral ignores layer_types, as HF does). Llama has no sliding window.
+// layer_types ("sliding_attention" / "full_attention" per layer) into window_layers.
+Status ReadLayerTypes(const JsonScope& s, ModelConfig* c) {
+  const json& types = s.j["layer_types"];
+  if (!types.is_array() || static_cast<int>(types.size()) != c->num_layers) {
+    return InvalidArgument(s.Name("layer_types") + " must list one type per layer (" +
+                           std::to_string(c->num_layers) + ")");
+  }
+  c->window_layers.assign(c->num_layers, false);
+  for (int l = 0; l < c->num_layers; ++l) {
+    const json& t = types[l];
+    if (t == "sliding_attention") {
+      c->window_layers[l] = true;
+    } else if (t != "full_attention") {
+      return InvalidArgument(s.Name("layer_types") + "[" + std::to_string(l) + "] is " + t.dump() +
+                             "; expected \"full_attention\" or \"sliding_attention\"");
+    }
+  }
+  return Status::Ok();
+}
+
+// Gemma 2/3 and gpt-oss: every layer type from layer_types, or without it the config class's
+// rule: a layer is full every `pattern`-th layer (l + 1) % pattern == 0 and sliding otherwise
+// (Gemma 2 and gpt-oss alternate, pattern 2; Gemma 3 sliding_window_pattern, default 6). The
+// window is required.
+Status ReadInterleavedWindow(const JsonScope& s, ModelConfig* c) {
+  int window = 0;
+  LLM_RETURN_IF_ERROR(s.Int("sliding_window", &window, true));
+  c->sliding_window = window;
+  if (s.Has("layer_types")) return ReadLayerTypes(s, c);
+  int pattern = 2;
+  if (c->architecture == Architecture::kGemma3) {
+    pattern = 6;
+    LLM_RETURN_IF_ERROR(s.Int("_sliding_window_pattern", &pattern));
+    LLM_RETURN_IF_ERROR(s.Int("sliding_window_pattern", &pattern));
+  }
+  c->window_layers.assign(c->num_layers, false);
+  for (int l = 0; l < c->num_layers; ++l) c->window_layers[l] = (l + 1) % pattern != 0;
+  return Status::Ok();
+}
+
+// Sliding window as Hugging Face applies it. Mistral and Mixtral: every layer when
+// sliding_window is non-null. Qwen2: only with use_sliding_window, and then the layers named
+// "sliding_attention" in layer_types or, without that list, layers l >= max_window_layers
+// (default 28, as in Qwen2Config; Mistral ignores layer_types, as HF does). Qwen3-MoE: refused
+// (its eager and flash attention paths disagree on it). Gemma, gpt-oss: ReadInterleavedWindow.
+// Llama has no sliding window.
 Status ReadSlidingWindow(const JsonScope& s, ModelConfig* c) {
   const json& j = s.j;
+  switch (c->architecture) {
+    case Architecture::kGemma2:
+    case Architecture::kGemma3:
+    case Architecture::kGptOss:
+      return ReadInterleavedWindow(s, c);
+    case Architecture::kQwen3Moe: {
+      bool use = false;
+      LLM_RETURN_IF_ERROR(s.Bool("use_sliding_window", &use));
+      if (use || s.Has("sliding_window")) {
+        return Unimplemented(s.Name(use ? "use_sliding_window" : "sliding_window") +
+                             ": a sliding window is not implemented for Qwen3MoeForCausalLM");
+      }
+      return Status::Ok();
+    }
+    case Architecture::kMixtral:  // default null (MixtralConfig)
+      if (!s.Has("sliding_window")) return Status::Ok();
+      break;
+    default:
+      break;
+  }
   const bool qwen =
       c->architecture == Architecture::kQwen2 || c->architecture == Architecture::kQwen3;
-  if (c->architecture != Architecture::kMistral && !qwen) return Status::Ok();
+  const bool mistral =
+      c->architecture == Architecture::kMistral || c->architecture == Architecture::kMixtral;
+  if (!mistral && !qwen) return Status::Ok();
   bool use = true;
   if (qwen) {
     use = false;
@@ -123,34 +188,20 @@ Status ReadSlidingWindow(const JsonScope& s, ModelConfig* c) {
   c->sliding_window = window;
   if (!qwen) return Status::Ok();
 
+  if (s.Has("layer_types")) return ReadLayerTypes(s, c);
   c->window_layers.assign(c->num_layers, false);
-  if (s.Has("layer_types")) {
-    const json& types = j["layer_types"];
-    if (!types.is_array() || static_cast<int>(types.size()) != c->num_layers) {
-      return InvalidArgument(s.Name("layer_types") + " must list one type per layer (" +
-                             std::to_string(c->num_layers) + ")");
-    }
-    for (int l = 0; l < c->num_layers; ++l) {
-      const json& t = types[l];
-      if (t == "sliding_attention") {
-        c->window_layers[l] = true;
-      } else if (t != "full_attention") {
-        return InvalidArgument(s.Name("layer_types") + "[" + std::to_string(l) + "] is " +
-                               t.dump() + "; expected \"full_attention\" or \"sliding_attention\"");
-      }
-    }
-    return Status::Ok();
-  }
   int max_window_layers = 28;
   LLM_RETURN_IF_ERROR(s.Int("max_window_layers", &max_window_layers, false, 0));
   for (int l = max_window_layers; l < c->num_layers; ++l) c->window_layers[l] = true;
   return Status::Ok();
 }
 
-// Maps HF rope settings onto what the Llama-family code applies; the rest is refused by name.
-Status SetRope(const RopeParameters& p, const std::string& file, ModelConfig* c) {
-  c->rope_theta = static_cast<float>(p.theta);
-  RopeScaling& rs = c->rope_scaling;
+// Maps HF rope settings onto what the Llama-family code applies (into *theta, *rs); the rest is
+// refused by name.
+Status SetRope(const RopeParameters& p, const std::string& file, const ModelConfig* c, float* theta,
+               RopeScaling* scaling) {
+  *theta = static_cast<float>(p.theta);
+  RopeScaling& rs = *scaling;
   rs.factor = p.factor;
   switch (p.type) {
     case RopeParameters::Type::kDefault:
@@ -192,6 +243,186 @@ Status SetRope(const RopeParameters& p, const std::string& file, ModelConfig* c)
                        c->architecture_name + " (implemented: default, linear, llama3, yarn)");
 }
 
+bool IsGemma(Architecture a) {
+  return a == Architecture::kGemma2 || a == Architecture::kGemma3;
+}
+
+// The gated MLP's activation: hidden_act (Llama family, Mixtral, Qwen), hidden_activation
+// (Gemma; transformers' Gemma 2/3 read only that key). gpt-oss's experts do not read hidden_act.
+Status ReadActivation(const JsonScope& s, ModelConfig* c) {
+  if (c->architecture == Architecture::kGptOss) return Status::Ok();
+  const bool gemma = IsGemma(c->architecture);
+  const char* key = gemma ? "hidden_activation" : "hidden_act";
+  std::string act = gemma ? "gelu_pytorch_tanh" : "silu";
+  LLM_RETURN_IF_ERROR(s.String(key, &act));
+  if (act == "silu") {
+    c->hidden_act = HiddenAct::kSilu;
+  } else if (act == "gelu_pytorch_tanh") {
+    c->hidden_act = HiddenAct::kGeluTanh;
+  } else {
+    return Unimplemented(s.Name(key) + " is '" + act + "'; implemented: silu, gelu_pytorch_tanh");
+  }
+  return Status::Ok();
+}
+
+// Biases. Llama and Qwen3(-MoE): attention_bias covers q/k/v/o and mlp_bias gate/up/down. Qwen2
+// always has q/k/v biases and no o/mlp bias (its config class has neither key). gpt-oss:
+// attention_bias for q/k/v/o (its experts always have biases). Gemma: attention_bias for q/k/v/o
+// as Llama, no mlp_bias. Mistral and Mixtral have none.
+Status ReadBiases(const JsonScope& s, ModelConfig* c) {
+  const Architecture a = c->architecture;
+  if (a == Architecture::kQwen2) c->qkv_bias = true;
+  bool attention_bias = false, mlp_bias = false;
+  LLM_RETURN_IF_ERROR(s.Bool("attention_bias", &attention_bias));
+  LLM_RETURN_IF_ERROR(s.Bool("mlp_bias", &mlp_bias));
+  const bool attn_ok = a == Architecture::kLlama || a == Architecture::kQwen3 ||
+                       a == Architecture::kQwen3Moe || a == Architecture::kGptOss || IsGemma(a);
+  const bool mlp_ok = a == Architecture::kLlama || a == Architecture::kQwen3;
+  if ((attention_bias && !attn_ok) || (mlp_bias && !mlp_ok)) {
+    return Unimplemented(s.Name(attention_bias && !attn_ok ? "attention_bias" : "mlp_bias") +
+                         " = true is not part of " + c->architecture_name);
+  }
+  if (attn_ok) c->qkv_bias = c->o_bias = attention_bias;
+  c->mlp_bias = mlp_bias;
+  return Status::Ok();
+}
+
+// Routed MoE layers. Mixtral: num_local_experts experts of intermediate_size on every layer,
+// softmax top-k renormalized (router_jitter_noise only perturbs training). Qwen3-MoE: experts of
+// moe_intermediate_size on layer l iff l is not in mlp_only_layers and (l + 1) %
+// decoder_sparse_step == 0, a dense MLP of intermediate_size elsewhere; norm_topk_prob.
+// gpt-oss: num_local_experts of intermediate_size on every layer, swiglu_limit.
+Status ReadMoe(const JsonScope& s, ModelConfig* c) {
+  const Architecture a = c->architecture;
+  if (a != Architecture::kMixtral && a != Architecture::kQwen3Moe && a != Architecture::kGptOss) {
+    return Status::Ok();
+  }
+  MoeSettings& m = c->moe;
+  // transformers 5 writes Qwen3-MoE's num_experts as num_local_experts; 4.x num_experts.
+  int experts = 0, alias = 0;
+  LLM_RETURN_IF_ERROR(s.Int("num_local_experts", &experts));
+  if (a == Architecture::kQwen3Moe) {
+    LLM_RETURN_IF_ERROR(s.Int("num_experts", &alias));
+    if (experts != 0 && alias != 0 && experts != alias) {
+      return InvalidArgument(s.Name("num_experts") + " and num_local_experts disagree");
+    }
+    if (experts == 0) experts = alias;
+  }
+  if (experts == 0) {
+    return InvalidArgument(
+        s.Name(a == Architecture::kQwen3Moe ? "num_experts" : "num_local_experts") +
+        " is required");
+  }
+  m.num_experts = experts;
+  LLM_RETURN_IF_ERROR(s.Int("num_experts_per_tok", &m.top_k, true, 1, experts));
+  m.intermediate = c->intermediate_size;
+  m.layers.assign(c->num_layers, true);
+  m.normalize = a != Architecture::kQwen3Moe;
+  if (a == Architecture::kMixtral) {
+    float jitter = 0.0f;
+    LLM_RETURN_IF_ERROR(s.Float("router_jitter_noise", &jitter));  // training only
+  } else if (a == Architecture::kQwen3Moe) {
+    LLM_RETURN_IF_ERROR(s.Int("moe_intermediate_size", &m.intermediate, true));
+    m.normalize = false;
+    LLM_RETURN_IF_ERROR(s.Bool("norm_topk_prob", &m.normalize));
+    int step = 1;
+    LLM_RETURN_IF_ERROR(s.Int("decoder_sparse_step", &step));
+    for (int l = 0; l < c->num_layers; ++l) m.layers[l] = (l + 1) % step == 0;
+    if (s.Has("mlp_only_layers")) {
+      const json& only = s.j["mlp_only_layers"];
+      if (!only.is_array()) return InvalidArgument(s.Name("mlp_only_layers") + " must be a list");
+      for (const json& l : only) {
+        if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= c->num_layers) {
+          return InvalidArgument(s.Name("mlp_only_layers") + " holds " + l.dump() +
+                                 ", not a layer index");
+        }
+        m.layers[l.get<int>()] = false;
+      }
+    }
+  } else {
+    LLM_RETURN_IF_ERROR(s.Float("swiglu_limit", &m.swiglu_limit));
+    if (m.swiglu_limit <= 0.0f) return InvalidArgument(s.Name("swiglu_limit") + " must be > 0");
+  }
+  return Status::Ok();
+}
+
+// Gemma's attention scale and soft-caps; bidirectional attention (an encoder use) is refused.
+Status ReadGemmaKeys(const JsonScope& s, ModelConfig* c) {
+  if (!IsGemma(c->architecture)) return Status::Ok();
+  float scalar = static_cast<float>(c->head_dim);  // the config classes' default: head_dim
+  LLM_RETURN_IF_ERROR(s.Float("query_pre_attn_scalar", &scalar));
+  if (scalar <= 0.0f) return InvalidArgument(s.Name("query_pre_attn_scalar") + " must be > 0");
+  c->query_pre_attn_scalar = scalar;
+  // Gemma 2's defaults are 50 and 30; Gemma 3's null. A null key is no cap.
+  const bool g2 = c->architecture == Architecture::kGemma2;
+  for (auto [key, out, def] :
+       {std::tuple{"attn_logit_softcapping", &c->attn_logit_softcap, 50.0f},
+        std::tuple{"final_logit_softcapping", &c->final_logit_softcap, 30.0f}}) {
+    *out = g2 && !s.Contains(key) ? def : 0.0f;
+    LLM_RETURN_IF_ERROR(s.Float(key, out));
+    if (*out < 0.0f) return InvalidArgument(s.Name(key) + " must be >= 0");
+  }
+  bool bidirectional = false;
+  LLM_RETURN_IF_ERROR(s.Bool("use_bidirectional_attention", &bidirectional));
+  if (bidirectional) {
+    return Unimplemented(s.Name("use_bidirectional_attention") +
+                         " = true (bidirectional attention) is not implemented");
+  }
+  return Status::Ok();
+}
+
+// Rope settings: one table for every layer, or (Gemma 3) one for the full-attention layers
+// (rope_theta / rope_scaling; rope_parameters.full_attention) and one for the sliding layers
+// (rope_local_base_freq, default rope; rope_parameters.sliding_attention).
+Status ReadRope(const json& j, const std::string& file, ModelConfig* c) {
+  const JsonScope s{j, file};
+  LLM_ASSIGN_OR_RETURN(auto per_type, ReadRopeParametersPerLayerType(j, file, 10000.0));
+  const bool gemma3 = c->architecture == Architecture::kGemma3;
+  RopeParameters full, sliding;
+  sliding.theta = 10000.0;
+  if (gemma3 && s.Has("rope_local_base_freq")) {
+    float t = 0;
+    LLM_RETURN_IF_ERROR(s.Float("rope_local_base_freq", &t));
+    sliding.theta = j["rope_local_base_freq"].get<double>();
+  }
+  if (gemma3 && !per_type.empty()) {
+    for (const auto& [type, p] : per_type) {
+      if (type != "full_attention" && type != "sliding_attention") {
+        return InvalidArgument(s.Name("rope_parameters") + " has layer type '" + type +
+                               "'; expected full_attention and sliding_attention");
+      }
+    }
+    if (!per_type.count("full_attention") || !per_type.count("sliding_attention")) {
+      return InvalidArgument(s.Name("rope_parameters") +
+                             " needs both full_attention and sliding_attention");
+    }
+    full = per_type["full_attention"];
+    if (s.Has("rope_local_base_freq") && sliding.theta != per_type["sliding_attention"].theta) {
+      return InvalidArgument(file +
+                             ": rope_local_base_freq and rope_parameters.sliding_attention "
+                             "disagree");
+    }
+    sliding = per_type["sliding_attention"];
+  } else {
+    LLM_ASSIGN_OR_RETURN(full, ReadRopeParameters(j, file, 10000.0));
+  }
+  for (const RopeParameters* p : {&full, &sliding}) {
+    float partial = p->partial_rotary_factor.value_or(1.0f);
+    LLM_RETURN_IF_ERROR(s.Float("partial_rotary_factor", &partial));
+    if (partial != 1.0f) {
+      return Unimplemented(s.Name("partial_rotary_factor") + " = " + std::to_string(partial) +
+                           " is not implemented for " + c->architecture_name + " (only 1.0)");
+    }
+  }
+  LLM_RETURN_IF_ERROR(SetRope(full, file, c, &c->rope_theta, &c->rope_scaling));
+  if (gemma3) {
+    c->sliding_layers_own_rope = true;
+    LLM_RETURN_IF_ERROR(
+        SetRope(sliding, file, c, &c->sliding_rope_theta, &c->sliding_rope_scaling));
+  }
+  return Status::Ok();
+}
+
 StatusOr<ModelConfig> LoadModelConfigImpl(const std::string& model_dir) {
   const fs::path dir(model_dir);
   const std::string file = (dir / "config.json").string();
@@ -211,20 +442,32 @@ StatusOr<ModelConfig> LoadModelConfigImpl(const std::string& model_dir) {
                          c.architecture_name +
                          "') is not supported; serve the text model's own checkpoint");
   }
-  if (c.architecture_name == "LlamaForCausalLM") {
-    c.architecture = Architecture::kLlama;
-  } else if (c.architecture_name == "MistralForCausalLM") {
-    c.architecture = Architecture::kMistral;
-  } else if (c.architecture_name == "Qwen2ForCausalLM") {
-    c.architecture = Architecture::kQwen2;
-  } else if (c.architecture_name == "Qwen3ForCausalLM") {
-    c.architecture = Architecture::kQwen3;
-    c.qk_norm = true;
-  } else {
-    return Unimplemented(file + ": unsupported architecture '" + c.architecture_name +
-                         "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                         "Qwen3ForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)");
+  static const std::pair<const char*, Architecture> kNames[] = {
+      {"LlamaForCausalLM", Architecture::kLlama},
+      {"MistralForCausalLM", Architecture::kMistral},
+      {"Qwen2ForCausalLM", Architecture::kQwen2},
+      {"Qwen3ForCausalLM", Architecture::kQwen3},
+      {"MixtralForCausalLM", Architecture::kMixtral},
+      {"Qwen3MoeForCausalLM", Architecture::kQwen3Moe},
+      {"Gemma2ForCausalLM", Architecture::kGemma2},
+      {"Gemma3ForCausalLM", Architecture::kGemma3},
+      {"GptOssForCausalLM", Architecture::kGptOss}};
+  bool known = false;
+  for (const auto& [name, arch] : kNames) {
+    if (c.architecture_name == name) {
+      c.architecture = arch;
+      known = true;
+    }
   }
+  if (!known) {
+    std::string list;
+    for (const auto& [name, arch] : kNames) list += std::string(name) + ", ";
+    return Unimplemented(file + ": unsupported architecture '" + c.architecture_name +
+                         "' (supported: " + list + "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)");
+  }
+  c.qk_norm = c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe ||
+              c.architecture == Architecture::kGemma3;
+  c.attention_sinks = c.architecture == Architecture::kGptOss;
   LLM_RETURN_IF_ERROR(s.Int("hidden_size", &c.hidden_size, true));
   LLM_RETURN_IF_ERROR(s.Int("intermediate_size", &c.intermediate_size, true));
   LLM_RETURN_IF_ERROR(s.Int("num_hidden_layers", &c.num_layers, true));
@@ -233,6 +476,12 @@ StatusOr<ModelConfig> LoadModelConfigImpl(const std::string& model_dir) {
   LLM_RETURN_IF_ERROR(s.Int("num_key_value_heads", &c.num_kv_heads));
   LLM_RETURN_IF_ERROR(s.Int("vocab_size", &c.vocab_size, true));
   LLM_RETURN_IF_ERROR(s.Int("max_position_embeddings", &c.max_position_embeddings));
+  // Gemma's and gpt-oss's config classes default head_dim to 256 / 64, not hidden / heads:
+  // required there rather than guessed.
+  const bool head_dim_required = IsGemma(c.architecture) || c.architecture == Architecture::kGptOss;
+  if (head_dim_required && !s.Has("head_dim")) {
+    return InvalidArgument(s.Name("head_dim") + " is required for " + c.architecture_name);
+  }
   if (c.hidden_size % c.num_q_heads != 0 && !s.Has("head_dim")) {
     return InvalidArgument(file + ": hidden_size is not a multiple of num_attention_heads");
   }
@@ -248,34 +497,12 @@ StatusOr<ModelConfig> LoadModelConfigImpl(const std::string& model_dir) {
   if (c.rms_norm_eps <= 0.0f) return InvalidArgument(s.Name("rms_norm_eps") + " must be > 0");
   LLM_RETURN_IF_ERROR(s.Bool("tie_word_embeddings", &c.tie_word_embeddings));
 
-  std::string act = "silu";
-  LLM_RETURN_IF_ERROR(s.String("hidden_act", &act));
-  if (act != "silu") {
-    return Unimplemented(s.Name("hidden_act") + " is '" + act + "'; only silu is implemented");
-  }
-  // Biases. Llama: attention_bias covers q/k/v/o and mlp_bias gate/up/down. Qwen2 always has
-  // q/k/v biases and no o/mlp bias (its config class has neither key). Mistral has none.
-  if (c.architecture == Architecture::kQwen2) c.qkv_bias = true;
-  bool attention_bias = false, mlp_bias = false;
-  LLM_RETURN_IF_ERROR(s.Bool("attention_bias", &attention_bias));
-  LLM_RETURN_IF_ERROR(s.Bool("mlp_bias", &mlp_bias));
-  if (c.architecture == Architecture::kLlama || c.architecture == Architecture::kQwen3) {
-    c.qkv_bias = c.o_bias = attention_bias;  // Qwen3: q/k/v/o alike, as Llama
-    c.mlp_bias = mlp_bias;
-  } else if (attention_bias || mlp_bias) {
-    return Unimplemented(s.Name(attention_bias ? "attention_bias" : "mlp_bias") +
-                         " = true is not part of " + c.architecture_name);
-  }
-
-  LLM_ASSIGN_OR_RETURN(RopeParameters rope, ReadRopeParameters(j, file, 10000.0));
-  float partial = rope.partial_rotary_factor.value_or(1.0f);
-  LLM_RETURN_IF_ERROR(s.Float("partial_rotary_factor", &partial));
-  if (partial != 1.0f) {
-    return Unimplemented(s.Name("partial_rotary_factor") + " = " + std::to_string(partial) +
-                         " is not implemented for " + c.architecture_name + " (only 1.0)");
-  }
-  LLM_RETURN_IF_ERROR(SetRope(rope, file, &c));
+  LLM_RETURN_IF_ERROR(ReadActivation(s, &c));
+  LLM_RETURN_IF_ERROR(ReadBiases(s, &c));
+  LLM_RETURN_IF_ERROR(ReadMoe(s, &c));
+  LLM_RETURN_IF_ERROR(ReadGemmaKeys(s, &c));
   LLM_RETURN_IF_ERROR(ReadSlidingWindow(s, &c));
+  LLM_RETURN_IF_ERROR(ReadRope(j, file, &c));
   // transformers 5 writes "dtype", 4.x "torch_dtype".
   for (const char* key : {"torch_dtype", "dtype"}) {
     std::string name;
@@ -283,7 +510,8 @@ StatusOr<ModelConfig> LoadModelConfigImpl(const std::string& model_dir) {
     DType t;
     if (!name.empty() && ParseDType(name, &t)) c.dtype = t;
   }
-  LLM_RETURN_IF_ERROR(ReadQuantizationConfig(j, file, &c.quantization));
+  LLM_RETURN_IF_ERROR(
+      ReadQuantizationConfig(j, file, &c.quantization, c.architecture == Architecture::kGptOss));
   LLM_RETURN_IF_ERROR(ReadSpecialTokenIds(model_dir, j, &c));
   return c;
 }
@@ -318,7 +546,8 @@ std::string GenerationDefaults::Describe() const {
 float ModelConfig::SoftmaxScale() const {
   const float a =
       rope_scaling.type == RopeScaling::Type::kYarn ? rope_scaling.attention_factor : 1.0f;
-  return a * a / std::sqrt(static_cast<float>(head_dim));
+  const float d = query_pre_attn_scalar.value_or(static_cast<float>(head_dim));
+  return a * a / std::sqrt(d);
 }
 
 const char* ArchitectureName(Architecture a) {
@@ -335,6 +564,16 @@ const char* ArchitectureName(Architecture a) {
       return "DeepseekV2ForCausalLM";
     case Architecture::kDeepseekV3:
       return "DeepseekV3ForCausalLM";
+    case Architecture::kMixtral:
+      return "MixtralForCausalLM";
+    case Architecture::kQwen3Moe:
+      return "Qwen3MoeForCausalLM";
+    case Architecture::kGemma2:
+      return "Gemma2ForCausalLM";
+    case Architecture::kGemma3:
+      return "Gemma3ForCausalLM";
+    case Architecture::kGptOss:
+      return "GptOssForCausalLM";
   }
   return "?";
 }
@@ -366,7 +605,8 @@ Status ReadSpecialTokenIds(const std::string& model_dir, const json& j, ModelCon
   return Status::Ok();
 }
 
-Status ReadQuantizationConfig(const json& j, const std::string& file, WeightQuantization* out) {
+Status ReadQuantizationConfig(const json& j, const std::string& file, WeightQuantization* out,
+                              bool allow_mxfp4) {
   const JsonScope top{j, file};
   LLM_ASSIGN_OR_RETURN(const json* qc, top.Object("quantization_config"));
   *out = WeightQuantization();
@@ -399,6 +639,10 @@ Status ReadQuantizationConfig(const json& j, const std::string& file, WeightQuan
       out->block_rows = b[0].get<int>();
       out->block_cols = b[1].get<int>();
     }
+    return Status::Ok();
+  }
+  if (method == "mxfp4" && allow_mxfp4) {  // which modules stay unquantized the tensors say
+    out->method = M::kMxfp4;
     return Status::Ok();
   }
   if (method == "fbgemm_fp8") {  // per-channel weight scales, dynamic per-token activations
@@ -467,7 +711,8 @@ Status ReadQuantizationConfig(const json& j, const std::string& file, WeightQuan
     return Status::Ok();
   }
   return Unimplemented("quantization method " + method + " is not supported (" + file +
-                       "; supported: fp8, fbgemm_fp8, modelopt FP8, compressed-tensors fp8)");
+                       "; supported: fp8, fbgemm_fp8, modelopt FP8, compressed-tensors fp8, "
+                       "mxfp4 for GptOssForCausalLM)");
 }
 
 StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {

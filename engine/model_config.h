@@ -15,7 +15,19 @@
 namespace llm {
 
 // DeepSeek configs are read by models/deepseek_config.h (LoadModel dispatches on the name).
-enum class Architecture { kLlama, kMistral, kQwen2, kQwen3, kDeepseekV2, kDeepseekV3 };
+enum class Architecture {
+  kLlama,
+  kMistral,
+  kQwen2,
+  kQwen3,
+  kDeepseekV2,
+  kDeepseekV3,
+  kMixtral,
+  kQwen3Moe,
+  kGemma2,
+  kGemma3,  // Gemma3ForCausalLM (model_type gemma3_text)
+  kGptOss,
+};
 
 const char* ArchitectureName(Architecture a);
 
@@ -35,9 +47,34 @@ struct RopeScaling {
   float attention_factor = 1.0f;
 };
 
+// The activation of the gated MLPs (hidden_act; Gemma's hidden_activation). gpt-oss's experts
+// use their own clamped SwiGLU whatever hidden_act says (transformers ignores it there).
+enum class HiddenAct { kSilu, kGeluTanh };
+
+// Routed mixture-of-experts layers (Mixtral, Qwen3-MoE, gpt-oss); num_experts 0: none.
+struct MoeSettings {
+  int num_experts = 0;   // num_local_experts (Mixtral, gpt-oss) / num_experts (Qwen3-MoE)
+  int top_k = 0;         // num_experts_per_tok
+  int intermediate = 0;  // per expert: moe_intermediate_size (Qwen3-MoE), else intermediate_size
+  // Routing weights renormalized over the top-k (Mixtral always; Qwen3-MoE norm_topk_prob).
+  bool normalize = true;
+  // [num_layers]: true where the layer is MoE; a false layer is a dense MLP of intermediate_size
+  // (Qwen3-MoE's mlp_only_layers / decoder_sparse_step).
+  std::vector<bool> layers;
+  float swiglu_limit = 7.0f;  // gpt-oss experts' clamp
+  bool Layer(int l) const { return num_experts > 0 && layers[l]; }
+};
+
 // Pre-quantized checkpoint weights (config.json "quantization_config").
 struct WeightQuantization {
-  enum class Method { kNone, kFp8PerTensor, kFp8PerChannel, kFp8Block } method = Method::kNone;
+  // kMxfp4: gpt-oss's MXFP4 experts (*_blocks u8 + *_scales e8m0), dequantized at load.
+  enum class Method {
+    kNone,
+    kFp8PerTensor,
+    kFp8PerChannel,
+    kFp8Block,
+    kMxfp4
+  } method = Method::kNone;
   std::string quant_method;            // as written: compressed-tensors, modelopt, fbgemm_fp8, fp8
   int block_rows = 0, block_cols = 0;  // kFp8Block: weight_block_size
   // Static per-tensor activation scales (input_scale tensors) are present and consumed; the CPU
@@ -90,12 +127,29 @@ struct ModelConfig {
   bool qkv_bias = false;  // q/k/v biases (Qwen2; Llama attention_bias)
   bool o_bias = false;    // o_proj bias (Llama attention_bias)
   bool mlp_bias = false;  // gate/up/down biases (Llama mlp_bias)
-  bool qk_norm = false;   // per-head q_norm / k_norm RMSNorm before rotary (Qwen3)
-  // Sliding-window attention (Mistral, Qwen2): the window size W when enabled; a windowed layer's
-  // query i sees keys j with i - j < W (HF). Which layers use it: window_layers.
+  bool qk_norm = false;   // per-head q_norm / k_norm RMSNorm before rotary (Qwen3, Gemma 3)
+  HiddenAct hidden_act = HiddenAct::kSilu;
+  MoeSettings moe;
+  // Gemma: the softmax scale is query_pre_attn_scalar^-0.5 instead of head_dim^-0.5.
+  std::optional<float> query_pre_attn_scalar;
+  // Soft-caps (Gemma 2, allowed by Gemma 3): cap * tanh(x / cap) of the attention scores and of
+  // the LM head's logits; 0 = none.
+  float attn_logit_softcap = 0.0f;
+  float final_logit_softcap = 0.0f;
+  // Learned per-head sink logits (gpt-oss self_attn.sinks [num_attention_heads]).
+  bool attention_sinks = false;
+  // Gemma 3: the sliding-window layers rotate with their own table (rope_local_base_freq, or
+  // rope_parameters.sliding_attention); the other layers use rope_theta / rope_scaling.
+  bool sliding_layers_own_rope = false;
+  float sliding_rope_theta = 10000.0f;
+  RopeScaling sliding_rope_scaling;
+  // Sliding-window attention (Mistral, Mixtral, Qwen2, Gemma, gpt-oss): the window size W when
+  // enabled; a windowed layer's query i sees keys j with i - j < W (HF). Which layers use it:
+  // window_layers.
   std::optional<int> sliding_window;
   // [num_layers] when only some layers use the window (Qwen2: layer_types, or layer index >=
-  // max_window_layers); empty means every layer (Mistral).
+  // max_window_layers; Gemma, gpt-oss: layer_types or their alternation rule); empty means every
+  // layer (Mistral, Mixtral).
   std::vector<bool> window_layers;
   DType dtype = DType::kF32;  // torch_dtype of the checkpoint
   std::optional<int32_t> bos_token_id;
@@ -103,8 +157,16 @@ struct ModelConfig {
   WeightQuantization quantization;
   GenerationDefaults generation;
 
-  // Softmax scale of attention: head_dim^-0.5, times the yarn attention factor squared.
+  // Softmax scale of attention: head_dim^-0.5 (query_pre_attn_scalar^-0.5 where given), times
+  // the yarn attention factor squared.
   float SoftmaxScale() const;
+  // The rope settings a layer rotates with (sliding_layers_own_rope).
+  float LayerRopeTheta(int layer) const {
+    return sliding_layers_own_rope && WindowLeft(layer) >= 0 ? sliding_rope_theta : rope_theta;
+  }
+  const RopeScaling& LayerRopeScaling(int layer) const {
+    return sliding_layers_own_rope && WindowLeft(layer) >= 0 ? sliding_rope_scaling : rope_scaling;
+  }
 
   // AttentionParams::window_left of a layer: W - 1 when it uses the window, else -1.
   int WindowLeft(int layer) const {
@@ -129,10 +191,11 @@ struct ModelConfig {
 Status ReadSpecialTokenIds(const std::string& model_dir, const nlohmann::json& config_json,
                            ModelConfig* c);
 
-// "quantization_config" of config.json: fp8 methods are read, any other is Unimplemented
-// ("quantization method X is not supported"). Shared by the config loaders.
+// "quantization_config" of config.json: fp8 methods are read (and mxfp4 when `allow_mxfp4`:
+// gpt-oss), any other is Unimplemented ("quantization method X is not supported"). Shared by the
+// config loaders.
 Status ReadQuantizationConfig(const nlohmann::json& config_json, const std::string& file,
-                              WeightQuantization* out);
+                              WeightQuantization* out, bool allow_mxfp4 = false);
 
 // Reads config.json and, when present, generation_config.json (whose eos ids win).
 // Unknown architectures and missing or inconsistent fields are errors that name them.

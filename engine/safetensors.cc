@@ -29,6 +29,8 @@ bool ParseSafetensorsDType(const std::string& s, DType* out) {
     *out = DType::kI8;
   else if (s == "F8_E4M3")
     *out = DType::kFp8E4M3;
+  else if (s == "U8")
+    *out = DType::kU8;
   else
     return false;
   return true;
@@ -46,6 +48,8 @@ const char* SafetensorsDTypeName(DType t) {
       return "I8";
     case DType::kFp8E4M3:
       return "F8_E4M3";
+    case DType::kU8:
+      return "U8";
   }
   return "?";
 }
@@ -251,9 +255,9 @@ StatusOr<Fp8Weight> WeightStore::ParseFp8(const TensorView& v) const {
   const std::string& name = v.name;
   using M = WeightQuantization::Method;
   const WeightQuantization& q = quantization_;
-  if (!q.quantized()) {
-    return InvalidArgument("tensor '" + name +
-                           "' is float8_e4m3 but config.json has no quantization_config");
+  if (!q.quantized() || q.method == M::kMxfp4) {
+    return InvalidArgument("tensor '" + name + "' is float8_e4m3 but config.json has no fp8 " +
+                           "quantization_config");
   }
   const std::string suffix = ".weight";
   if (name.size() <= suffix.size() ||

@@ -18,6 +18,8 @@ const char* DTypeName(DType t) {
       return "int8";
     case DType::kFp8E4M3:
       return "fp8_e4m3";
+    case DType::kU8:
+      return "uint8";
   }
   return "?";
 }
@@ -31,6 +33,7 @@ int DTypeSize(DType t) {
       return 2;
     case DType::kI8:
     case DType::kFp8E4M3:
+    case DType::kU8:
       return 1;
   }
   return 0;
@@ -109,6 +112,11 @@ void ConvertToF32(DType t, const void* src, float* dst, size_t n) {
     case DType::kFp8E4M3: {
       const auto* s = static_cast<const uint8_t*>(src);
       for (size_t i = 0; i < n; ++i) dst[i] = Fp8E4M3ToFloat(s[i]);
+      return;
+    }
+    case DType::kU8: {
+      const auto* s = static_cast<const uint8_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = s[i];
       return;
     }
   }

@@ -8,7 +8,8 @@
 
 namespace llm {
 
-enum class DType { kF32, kF16, kBF16, kI8, kFp8E4M3 };
+// kU8: raw bytes (MXFP4 blocks and e8m0 scales); never a float weight by itself.
+enum class DType { kF32, kF16, kBF16, kI8, kFp8E4M3, kU8 };
 
 const char* DTypeName(DType t);
 // Bytes per element.

@@ -118,6 +118,22 @@ bool Same(const RopeParameters& a, const RopeParameters& b) {
          a.truncate == b.truncate && a.partial_rotary_factor == b.partial_rotary_factor;
 }
 
+// rope_parameters is a dict of settings objects keyed by layer type (transformers 5).
+bool IsPerLayerType(const json& v5) {
+  if (v5.empty()) return false;
+  for (const auto& [k, v] : v5.items()) {
+    if (!v.is_object()) return false;
+  }
+  return true;
+}
+
+double TopTheta(const JsonScope& top, double default_theta, Status* st) {
+  if (!top.Has("rope_theta")) return default_theta;
+  float t = 0;
+  *st = top.Float("rope_theta", &t);
+  return st->ok() ? top.j["rope_theta"].get<double>() : default_theta;
+}
+
 }  // namespace
 
 const char* RopeTypeName(Type t) {
@@ -141,12 +157,9 @@ const char* RopeTypeName(Type t) {
 StatusOr<RopeParameters> ReadRopeParameters(const json& j, const std::string& file,
                                             double default_theta) {
   const JsonScope top{j, file};
-  double theta = default_theta;
-  if (top.Has("rope_theta")) {
-    float t = 0;
-    LLM_RETURN_IF_ERROR(top.Float("rope_theta", &t));
-    theta = j["rope_theta"].get<double>();
-  }
+  Status st = Status::Ok();
+  const double theta = TopTheta(top, default_theta, &st);
+  LLM_RETURN_IF_ERROR(st);
   LLM_ASSIGN_OR_RETURN(const json* v5, top.Object("rope_parameters"));
   LLM_ASSIGN_OR_RETURN(const json* v4, top.Object("rope_scaling"));
   if (v5 == nullptr) {
@@ -160,10 +173,7 @@ StatusOr<RopeParameters> ReadRopeParameters(const json& j, const std::string& fi
   }
   // transformers 5 may still write rope_scaling as an alias of rope_parameters; they must agree.
   const JsonScope s = top.Sub(*v5, "rope_parameters");
-  bool per_layer_type = !v5->empty();
-  for (const auto& [k, v] : v5->items()) {
-    if (!v.is_object()) per_layer_type = false;
-  }
+  const bool per_layer_type = IsPerLayerType(*v5);
   RopeParameters result;
   if (!per_layer_type) {
     LLM_ASSIGN_OR_RETURN(result, ReadOne(s, theta));
@@ -189,6 +199,23 @@ StatusOr<RopeParameters> ReadRopeParameters(const json& j, const std::string& fi
     }
   }
   return result;
+}
+
+StatusOr<std::map<std::string, RopeParameters>> ReadRopeParametersPerLayerType(
+    const json& j, const std::string& file, double default_theta) {
+  const JsonScope top{j, file};
+  Status st = Status::Ok();
+  const double theta = TopTheta(top, default_theta, &st);
+  LLM_RETURN_IF_ERROR(st);
+  LLM_ASSIGN_OR_RETURN(const json* v5, top.Object("rope_parameters"));
+  std::map<std::string, RopeParameters> out;
+  if (v5 == nullptr || !IsPerLayerType(*v5)) return out;
+  const JsonScope s = top.Sub(*v5, "rope_parameters");
+  for (const auto& [k, v] : v5->items()) {
+    LLM_ASSIGN_OR_RETURN(RopeParameters p, ReadOne(s.Sub(v, k.c_str()), theta));
+    out.emplace(k, p);
+  }
+  return out;
 }
 
 }  // namespace llm

@@ -6,6 +6,7 @@
 // by name by the architecture's loader (see RopeTypeName).
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,5 +47,12 @@ const char* RopeTypeName(RopeParameters::Type t);
 // is the architecture's default rope_theta. Unknown rope types are Unimplemented naming them.
 StatusOr<RopeParameters> ReadRopeParameters(const nlohmann::json& j, const std::string& file,
                                             double default_theta);
+
+// transformers 5's per-layer-type form only ("rope_parameters": {"full_attention": {...},
+// "sliding_attention": {...}}), for models whose layer types rotate differently (Gemma 3): each
+// type's settings, keyed by type. An empty map when the config has no such dict (the 4.x layout,
+// or one rope_parameters object); the caller then reads ReadRopeParameters and its own keys.
+StatusOr<std::map<std::string, RopeParameters>> ReadRopeParametersPerLayerType(
+    const nlohmann::json& j, const std::string& file, double default_theta);
 
 }  // namespace llm

@@ -109,14 +109,16 @@ Status CpuDecoder::LoadWeights(const WeightStore& w) {
       LLM_RETURN_IF_ERROR(read_norm(a, "q_norm", d, &L.q_norm));
       LLM_RETURN_IF_ERROR(read_norm(a, "k_norm", d, &L.k_norm));
     }
+    L.sinks.clear();
+    if (S.sinks) LLM_RETURN_IF_ERROR(w.ReadF32(a + "sinks", {c.num_q_heads}, &L.sinks));
     switch (S.ffn) {
       case DecoderLayerSpec::Ffn::kDense:
         LLM_RETURN_IF_ERROR(ReadCpuMlp(w, p + S.mlp_prefix, S.mlp_names, c.hidden_size,
-                                       S.intermediate, S.mlp_bias, &L.mlp));
+                                       S.intermediate, S.mlp_bias, &L.mlp, S.gate));
         break;
       case DecoderLayerSpec::Ffn::kMoe:
         LLM_RETURN_IF_ERROR(ReadCpuMoe(w, p, S.moe_names, S.routing, c.hidden_size,
-                                       S.moe_intermediate, S.shared_intermediate, &L.moe));
+                                       S.moe_intermediate, S.shared_intermediate, &L.moe, S.gate));
         break;
     }
   }
@@ -221,6 +223,8 @@ Status CpuDecoder::Forward(const ForwardBatch& batch, std::vector<float>* logits
     }
     p.softmax_scale = S.softmax_scale;
     p.window_left = S.window_left;
+    p.logit_softcap = S.logit_softcap;
+    p.sink_logits = L.sinks.empty() ? nullptr : L.sinks.data();
     attention_->Run(p);
     Linear(attn.data(), L.wo.data(), L.bo.empty() ? nullptr : L.bo.data(), T, H, Q, tmp.data());
     add_residual(L.attn_out_norm, tmp);
@@ -241,6 +245,9 @@ Status CpuDecoder::Forward(const ForwardBatch& batch, std::vector<float>* logits
   cpu::FinalLogits(x.data(), batch.logit_rows, final_norm_.data(),
                    (c.tie_word_embeddings ? embed_ : lm_head_).data(), H, c.vocab_size, eps,
                    logits);
+  if (const float cap = spec_.final_logit_softcap; cap > 0.0f) {
+    for (float& v : *logits) v = cap * std::tanh(v / cap);
+  }
   return Status::Ok();
 }
 

@@ -1,7 +1,8 @@
 // The decoder-only transformer on the CPU (the numerical oracle) for every architecture with
 // per-head K/V attention: fp32 weights, OpenBLAS matrix products, paged KV through the selected
 // attention backend. What differs between architectures is data, their layer definition
-// (decoder_spec.h): Llama, Mistral and Qwen2 today. DeepSeek's latent attention is DeepseekModel.
+// (decoder_spec.h): Llama, Mistral, Qwen2/3, Qwen3-MoE, Mixtral, Gemma 2/3 and gpt-oss. DeepSeek's
+// latent attention is DeepseekModel.
 #pragma once
 
 #include <functional>
@@ -25,6 +26,7 @@ struct CpuDecoderLayer {
   std::vector<float> bo;      // [hidden] or empty
   std::vector<float> q_norm;  // [head_dim] or empty (qk_norm)
   std::vector<float> k_norm;  // [head_dim] or empty
+  std::vector<float> sinks;   // [num_q_heads] learned sink logits, or empty
   CpuMlp mlp;                 // Ffn::kDense
   CpuMoe moe;                 // Ffn::kMoe
 };

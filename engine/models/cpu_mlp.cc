@@ -10,9 +10,15 @@ void CpuMlp::Forward(const float* x, int rows, float* out) const {
   std::vector<float> gu(static_cast<size_t>(rows) * 2 * I), act(static_cast<size_t>(rows) * I);
   cpu::Linear(x, w_gate_up.data(), b_gate_up.empty() ? nullptr : b_gate_up.data(), rows, 2 * I,
               hidden, gu.data());
-  switch (activation) {
+  switch (gate.activation) {
     case Activation::kSilu:
       cpu::SiluMul(gu.data(), rows, I, act.data());
+      break;
+    case Activation::kGeluTanh:
+      cpu::GeluTanhMul(gu.data(), rows, I, act.data());
+      break;
+    case Activation::kClampedSwiGlu:
+      cpu::ClampedSwiGlu(gu.data(), rows, I, gate.swiglu_alpha, gate.swiglu_limit, act.data());
       break;
   }
   cpu::Linear(act.data(), w_down.data(), b_down.empty() ? nullptr : b_down.data(), rows, hidden, I,
@@ -20,8 +26,9 @@ void CpuMlp::Forward(const float* x, int rows, float* out) const {
 }
 
 Status ReadCpuMlp(const WeightStore& w, const std::string& prefix, const MlpTensorNames& names,
-                  int hidden, int intermediate, bool bias, CpuMlp* out) {
+                  int hidden, int intermediate, bool bias, CpuMlp* out, const CpuMlp::Gate& gate) {
   out->hidden = hidden;
+  out->gate = gate;
   out->intermediate = intermediate;
   const int64_t h = hidden, inter = intermediate;
   const StackedPart gate_up[] = {{names.gate, inter}, {names.up, inter}};

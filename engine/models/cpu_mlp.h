@@ -1,5 +1,5 @@
 // The gated feed-forward block of the CPU models (dense layers, MoE experts, shared experts):
-// out = down(act(gate(x)) * up(x)), fp32, gate and up stacked into one matrix at load.
+// out = down(act(gate(x)) * up(x)) (+ biases), fp32, gate and up stacked into one matrix at load.
 #pragma once
 
 #include <string>
@@ -19,13 +19,19 @@ struct MlpTensorNames {
 };
 
 struct CpuMlp {
-  // The gate activation. Only SiLU today; GeGLU (tanh GELU) and the like add a value here.
-  enum class Activation { kSilu };
+  // The gate activation (cpu_ops.h): SiLU (Llama), GELU-tanh (Gemma's GeGLU), gpt-oss's clamped
+  // SwiGLU, whose gate/up rows are interleaved (gate 2i, up 2i + 1) as its checkpoint stores them.
+  enum class Activation { kSilu, kGeluTanh, kClampedSwiGlu };
+  struct Gate {
+    Activation activation = Activation::kSilu;
+    float swiglu_alpha = 1.702f;  // kClampedSwiGlu (GptOssExperts' constants)
+    float swiglu_limit = 7.0f;
+  };
 
   int hidden = 0;
   int intermediate = 0;  // 0: absent
-  Activation activation = Activation::kSilu;
-  std::vector<float> w_gate_up;  // [2 * intermediate, hidden] (gate, up stacked)
+  Gate gate;
+  std::vector<float> w_gate_up;  // [2 * intermediate, hidden] (gate, up stacked or interleaved)
   std::vector<float> w_down;     // [hidden, intermediate]
   std::vector<float> b_gate_up;  // [2 * intermediate] or empty
   std::vector<float> b_down;     // [hidden] or empty
@@ -37,6 +43,7 @@ struct CpuMlp {
 
 // Reads `prefix + name + ".weight"` (and ".bias" when `bias`) for gate, up and down.
 Status ReadCpuMlp(const WeightStore& w, const std::string& prefix, const MlpTensorNames& names,
-                  int hidden, int intermediate, bool bias, CpuMlp* out);
+                  int hidden, int intermediate, bool bias, CpuMlp* out,
+                  const CpuMlp::Gate& gate = {});
 
 }  // namespace llm

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/base/mxfp4.h"
 #include "engine/models/cpu_ops.h"
 
 namespace llm {
@@ -10,7 +11,8 @@ void CpuMoe::Forward(const float* x, int rows, const Trace& trace, float* out) c
   const int E = routing.num_experts, K = routing.top_k;
   const int H = experts.empty() ? 0 : experts[0].hidden;
   std::vector<float> logits(static_cast<size_t>(rows) * E);
-  cpu::Linear(x, router.data(), nullptr, rows, E, H, logits.data());
+  cpu::Linear(x, router.data(), router_bias.empty() ? nullptr : router_bias.data(), rows, E, H,
+              logits.data());
 
   std::vector<std::vector<std::pair<int, float>>> assigned(E);  // expert -> (row, weight)
   MoeRouter gate(routing);
@@ -62,22 +64,115 @@ void CpuMoe::Forward(const float* x, int rows, const Trace& trace, float* out) c
   }
 }
 
+namespace {
+
+Status ReadMxfp4Experts(const WeightStore& w, const std::string& name, int64_t E, int64_t rows,
+                        int64_t cols, std::vector<float>* out) {
+  if (w.quantization().method != WeightQuantization::Method::kMxfp4) {
+    return InvalidArgument("tensor '" + name +
+                           "_blocks' is MXFP4 but config.json's quantization_config is not mxfp4");
+  }
+  if (cols % 32 != 0) {
+    return InvalidArgument("MXFP4 tensor '" + name + "_blocks': input dimension " +
+                           std::to_string(cols) + " is not a multiple of 32");
+  }
+  const int64_t groups = cols / 32;
+  LLM_ASSIGN_OR_RETURN(const TensorView* b,
+                       w.GetWithShape(name + "_blocks", {E, rows, groups, 16}));
+  LLM_ASSIGN_OR_RETURN(const TensorView* s, w.GetWithShape(name + "_scales", {E, rows, groups}));
+  for (const TensorView* v : {b, s}) {
+    if (v->dtype != DType::kU8) {
+      return InvalidArgument("MXFP4 tensor '" + v->name + "' has dtype " + DTypeName(v->dtype) +
+                             "; expected uint8");
+    }
+  }
+  out->resize(static_cast<size_t>(E * rows * cols));
+  DequantizeMxfp4(reinterpret_cast<const uint8_t*>(b->data),
+                  reinterpret_cast<const uint8_t*>(s->data), static_cast<size_t>(E * rows * groups),
+                  out->data());
+  return Status::Ok();
+}
+
+// src [E, a, b] -> expert e's [b, a] (the Linear layout of a stored x @ W matrix).
+void TransposeExpert(const std::vector<float>& src, int64_t e, int64_t a, int64_t b,
+                     std::vector<float>* dst) {
+  dst->resize(static_cast<size_t>(a * b));
+  const float* s = src.data() + e * a * b;
+  for (int64_t i = 0; i < a; ++i) {
+    for (int64_t j = 0; j < b; ++j) (*dst)[j * a + i] = s[i * b + j];
+  }
+}
+
+// The stacked expert tensors of gpt-oss (the MoeTensorNames comment).
+Status ReadStackedExperts(const WeightStore& w, const std::string& p, const MoeTensorNames& names,
+                          int64_t E, int64_t H, int64_t I, CpuMoe* out) {
+  const std::string gu = p + names.expert.gate, down = p + names.expert.down;
+  std::vector<float> gu_w, gu_b, down_w, down_b;
+  LLM_RETURN_IF_ERROR(ReadExpertMatrix(w, gu, E, H, 2 * I, &gu_w));
+  LLM_RETURN_IF_ERROR(ReadExpertMatrix(w, down, E, I, H, &down_w));
+  if (names.expert_bias) {
+    LLM_RETURN_IF_ERROR(w.ReadF32(gu + "_bias", {E, 2 * I}, &gu_b));
+    LLM_RETURN_IF_ERROR(w.ReadF32(down + "_bias", {E, H}, &down_b));
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    CpuMlp& m = out->experts[e];
+    m.hidden = static_cast<int>(H);
+    m.intermediate = static_cast<int>(I);
+    // ReadExpertMatrix gives [E, out, in]: the Linear layout already.
+    m.w_gate_up.assign(gu_w.begin() + e * 2 * I * H, gu_w.begin() + (e + 1) * 2 * I * H);
+    m.w_down.assign(down_w.begin() + e * H * I, down_w.begin() + (e + 1) * H * I);
+    if (names.expert_bias) {
+      m.b_gate_up.assign(gu_b.begin() + e * 2 * I, gu_b.begin() + (e + 1) * 2 * I);
+      m.b_down.assign(down_b.begin() + e * H, down_b.begin() + (e + 1) * H);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ReadExpertMatrix(const WeightStore& w, const std::string& name, int64_t E, int64_t in,
+                        int64_t out_dim, std::vector<float>* out) {
+  if (w.Has(name + "_blocks")) return ReadMxfp4Experts(w, name, E, out_dim, in, out);
+  std::vector<float> stored;
+  LLM_RETURN_IF_ERROR(w.ReadF32(name, {E, in, out_dim}, &stored));
+  out->resize(static_cast<size_t>(E * in * out_dim));
+  std::vector<float> one;
+  for (int64_t e = 0; e < E; ++e) {
+    TransposeExpert(stored, e, in, out_dim, &one);
+    std::copy(one.begin(), one.end(), out->begin() + e * in * out_dim);
+  }
+  return Status::Ok();
+}
+
 Status ReadCpuMoe(const WeightStore& w, const std::string& layer_prefix,
                   const MoeTensorNames& names, const MoeRouting& routing, int hidden,
-                  int intermediate, int shared_intermediate, CpuMoe* out) {
+                  int intermediate, int shared_intermediate, CpuMoe* out,
+                  const CpuMlp::Gate& gate) {
   const std::string p = layer_prefix + names.block;
   const int64_t E = routing.num_experts;
   out->routing = routing;
   LLM_RETURN_IF_ERROR(w.ReadF32(p + names.router + ".weight", {E, hidden}, &out->router));
+  out->router_bias.clear();
+  if (names.router_bias) {
+    LLM_RETURN_IF_ERROR(w.ReadF32(p + names.router + ".bias", {E}, &out->router_bias));
+  }
   out->selection_bias.clear();
   if (!names.selection_bias.empty()) {
     LLM_RETURN_IF_ERROR(
         w.ReadF32(p + names.router + "." + names.selection_bias, {E}, &out->selection_bias));
   }
   out->experts.assign(E, CpuMlp());
-  for (int64_t e = 0; e < E; ++e) {
-    LLM_RETURN_IF_ERROR(ReadCpuMlp(w, p + names.experts + "." + std::to_string(e) + ".",
-                                   names.expert, hidden, intermediate, false, &out->experts[e]));
+  if (names.stacked_experts) {
+    LLM_RETURN_IF_ERROR(
+        ReadStackedExperts(w, p + names.experts + ".", names, E, hidden, intermediate, out));
+    for (CpuMlp& m : out->experts) m.gate = gate;
+  } else {
+    for (int64_t e = 0; e < E; ++e) {
+      LLM_RETURN_IF_ERROR(ReadCpuMlp(w, p + names.experts + "." + std::to_string(e) + ".",
+                                     names.expert, hidden, intermediate, names.expert_bias,
+                                     &out->experts[e], gate));
+    }
   }
   out->shared = CpuMlp();
   if (shared_intermediate > 0) {

@@ -2,14 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include <spdlog/spdlog.h>
 
 #include "engine/base/dtype.h"
 #include "engine/base/quant.h"
+#include "engine/models/decoder_spec.h"
 #include "engine/models/kv_cache_quant.h"
 #include "engine/models/mha_attention_spec.h"
-#include "engine/models/rope.h"
 #include "kernels/backend_registry.h"
 #include "kernels/cuda/c8_attention.h"
 #include "kernels/cuda/cuda_c8_backend.h"
@@ -24,7 +25,11 @@ namespace {
 enum Proj { kQkv = 0, kO = 1, kGateUp = 2, kDown = 3, kNumProj = 4 };
 
 struct LayerWeights {
-  DeviceBuffer attn_norm, mlp_norm, bqkv;  // bf16
+  // The four RMSNorms of DecoderLayerSpec (bf16 [hidden]); an unnamed one stays empty (null).
+  DeviceBuffer attn_in_norm, attn_out_norm, ffn_in_norm, ffn_out_norm;
+  DeviceBuffer bqkv;            // bf16
+  DeviceBuffer q_norm, k_norm;  // bf16 [head_dim] (DecoderLayerSpec::qk_norm)
+  DeviceBuffer inv_freq;        // fp32 [head_dim / 2]: this layer's rotary
   CudaLinear proj[kNumProj];
 };
 
@@ -57,7 +62,14 @@ class CudaLlamaDecoder final : public CudaDecoder {
  public:
   explicit CudaLlamaDecoder(const ModelConfig& config) : config_(config) {}
   const ModelConfig& config() const override { return config_; }
-  const char* name() const override { return "llama"; }
+  const char* name() const override { return "dense"; }
+  CudaModelSettings settings() const override {
+    CudaModelSettings s;
+    s.embed_scale = layers_spec_.embed_scale;
+    s.norm_weight_offset = layers_spec_.norm_weight_offset;
+    s.final_logit_softcap = layers_spec_.final_logit_softcap;
+    return s;
+  }
   Status SelectAttention(const CudaLoadContext& ctx) override;
   Status Load(const CudaLoadContext& ctx) override;
   AttentionBackend& attention() override { return *attention_; }
@@ -107,9 +119,9 @@ class CudaLlamaDecoder final : public CudaDecoder {
   }
 
   ModelConfig config_;
+  DecoderSpec layers_spec_;  // the architecture's layers, as the CPU decoder computes them
   const CudaLinearOps* ops_ = nullptr;
   bool fp8_ = false;  // weight_dtype "fp8" or a pre-quantized checkpoint's fp8 projections
-  DeviceBuffer inv_freq_;
   std::vector<std::unique_ptr<LayerWeights>> layers_;
   std::vector<std::unique_ptr<LayerCache>> cache_;
   std::unique_ptr<AttentionBackend> attention_;
@@ -122,9 +134,53 @@ class CudaLlamaDecoder final : public CudaDecoder {
   Scratch scratch_[2];  // eager, graph
 };
 
+// What of a DecoderSpec this definition computes; the rest is refused by name at load.
+Status CheckComputable(const ModelConfig& c, const DecoderSpec& spec) {
+  auto refuse = [&](const std::string& what) {
+    return Unimplemented(c.architecture_name + ": " + what +
+                         " is not implemented on the cuda device; use device cpu");
+  };
+  for (const DecoderLayerSpec& L : spec.layers) {
+    if (L.attn_in_norm.empty() || L.ffn_in_norm.empty()) return refuse("a layer without pre-norms");
+    if (L.ffn != DecoderLayerSpec::Ffn::kDense) return refuse("a MoE layer");
+    if (L.sinks) return refuse("learned attention sink logits");
+    if (L.gate.activation != CpuMlp::Activation::kSilu &&
+        L.gate.activation != CpuMlp::Activation::kGeluTanh) {
+      return refuse("the MLP activation");
+    }
+    if (L.o_bias) return refuse("attention_bias (o_proj bias)");
+    if (L.mlp_bias) return refuse("mlp_bias");
+    if (L.qk_norm && (c.head_dim % 8 != 0 || c.head_dim > cuda::kMaxQkNormHeadDim)) {
+      return refuse("q/k norm over head_dim " + std::to_string(c.head_dim) +
+                    " (needs a multiple of 8, at most " + std::to_string(cuda::kMaxQkNormHeadDim) +
+                    ")");
+    }
+  }
+  return Status::Ok();
+}
+
+// The start-up table of the layer types (window, soft-cap, rotary base) and the backend that
+// serves them: one backend serves every layer, so it must list the union of their features.
+void LogLayerTypes(const DecoderSpec& spec, const std::string& backend) {
+  std::map<std::string, int> types;
+  for (const DecoderLayerSpec& L : spec.layers) {
+    std::string t = L.window_left >= 0
+                        ? "sliding (window " + std::to_string(L.window_left + 1) + ")"
+                        : std::string("global");
+    if (L.logit_softcap > 0.f) t += ", soft-cap " + std::to_string(L.logit_softcap);
+    if (L.qk_norm) t += ", q/k norm";
+    ++types[t];
+  }
+  for (const auto& [t, n] : types) {
+    spdlog::info("cuda model: {} layer(s) {} attend through {}", n, t, backend);
+  }
+}
+
 Status CudaLlamaDecoder::SelectAttention(const CudaLoadContext& ctx) {
   const ModelConfig& c = config_;
   const ModelLoadOptions& options = *ctx.options;
+  LLM_ASSIGN_OR_RETURN(layers_spec_, MakeDecoderSpec(c));
+  LLM_RETURN_IF_ERROR(CheckComputable(c, layers_spec_));
   ops_ = ctx.ops;
   fp8_ = ctx.weight_quant != WeightQuant::kBf16 || ctx.fp8_checkpoint;
   LLM_ASSIGN_OR_RETURN(kv_, ParseKvCacheType(options.kv_cache_dtype, options.kv_scale_granularity));
@@ -137,6 +193,7 @@ Status CudaLlamaDecoder::SelectAttention(const CudaLoadContext& ctx) {
   }
   LLM_ASSIGN_OR_RETURN(attention_, ctx.SelectAttention(spec_));
   step_attention_ = attention_.get();
+  LogLayerTypes(layers_spec_, attention_->name());
   LLM_RETURN_IF_ERROR(SelectPrefillBackend(options.prefill_attention_backend));
   return SelectC8Prefill(options.c8_prefill);
 }
@@ -149,9 +206,25 @@ Status CudaLlamaDecoder::Load(const CudaLoadContext& ctx) {
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     auto L = std::make_unique<LayerWeights>();
-    LLM_RETURN_IF_ERROR(loader.Load({p + "input_layernorm.weight"}, {{h}}, 1, 0.1f, &L->attn_norm));
-    LLM_RETURN_IF_ERROR(
-        loader.Load({p + "post_attention_layernorm.weight"}, {{h}}, 1, 0.1f, &L->mlp_norm));
+    const DecoderLayerSpec& S = layers_spec_.layers[l];
+    // Dummy norm weights near 1 as (offset + w): near 0 for Gemma's (1 + w).
+    const float norm_mean = 1.0f - layers_spec_.norm_weight_offset;
+    auto load_norm = [&](const std::string& name, int64_t dim, DeviceBuffer* out) {
+      if (name.empty()) return Status::Ok();
+      return loader.Load({p + name + ".weight"}, {{dim}}, norm_mean, 0.1f, out);
+    };
+    LLM_RETURN_IF_ERROR(load_norm(S.attn_in_norm, h, &L->attn_in_norm));
+    LLM_RETURN_IF_ERROR(load_norm(S.attn_out_norm, h, &L->attn_out_norm));
+    LLM_RETURN_IF_ERROR(load_norm(S.ffn_in_norm, h, &L->ffn_in_norm));
+    LLM_RETURN_IF_ERROR(load_norm(S.ffn_out_norm, h, &L->ffn_out_norm));
+    if (S.qk_norm) {
+      const int64_t d = c.head_dim;
+      LLM_RETURN_IF_ERROR(load_norm("self_attn.q_norm", d, &L->q_norm));
+      LLM_RETURN_IF_ERROR(load_norm("self_attn.k_norm", d, &L->k_norm));
+    }
+    LLM_RETURN_IF_ERROR(L->inv_freq.Alloc(S.inv_freq.size() * 4));
+    GPU_RETURN_IF_ERROR(cudaMemcpy(L->inv_freq.ptr, S.inv_freq.data(), S.inv_freq.size() * 4,
+                                   cudaMemcpyHostToDevice));
     const std::vector<std::string> parts[kNumProj] = {
         {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
          p + "self_attn.v_proj.weight"},
@@ -162,7 +235,7 @@ Status CudaLlamaDecoder::Load(const CudaLoadContext& ctx) {
         {{q, h}, {kvs, h}, {kvs, h}}, {{h, q}}, {{inter, h}, {inter, h}}, {{h, inter}}};
     const int64_t shapes[kNumProj][2] = {{q + 2 * kvs, h}, {h, q}, {2 * inter, h}, {h, inter}};
     const char* names[kNumProj] = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"};
-    if (c.qkv_bias) {
+    if (S.qkv_bias) {
       LLM_RETURN_IF_ERROR(loader.Load(
           {p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"},
           {{q}, {kvs}, {kvs}}, 0, wstd, &L->bqkv));
@@ -180,11 +253,6 @@ Status CudaLlamaDecoder::Load(const CudaLoadContext& ctx) {
     }
     layers_.push_back(std::move(L));
   }
-  // Rotary frequencies: the CPU oracle's own definition.
-  const std::vector<float> inv = RopeInvFreq(c);
-  LLM_RETURN_IF_ERROR(inv_freq_.Alloc(inv.size() * 4));
-  GPU_RETURN_IF_ERROR(
-      cudaMemcpy(inv_freq_.ptr, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
   return Status::Ok();
 }
 
@@ -337,7 +405,6 @@ StatusOr<CudaLayersOut> CudaLlamaDecoder::RunLayers(const CudaStep& step) {
   cudaStream_t stream = ops_->stream;
   const int T = step.rows;
   const int H = c.hidden_size, Q = c.q_size(), I = c.intermediate_size;
-  const float scale = c.SoftmaxScale();
   // With fp8 weights every projection's input is produced as e4m3 rows by the kernel before it
   // (norm, SiluMul, or a row quantization of the attention output), and its raw output is scaled
   // back by the kernel after it (rotary, norm, SiluMul): no separate quantization pass.
@@ -346,13 +413,17 @@ StatusOr<CudaLayersOut> CudaLlamaDecoder::RunLayers(const CudaStep& step) {
   norm.num_rows = T;
   norm.hidden = H;
   norm.eps = c.rms_norm_eps;
+  norm.weight_offset = layers_spec_.norm_weight_offset;
   norm.out = step.xn;
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = *layers_[l];
-    // The previous layer's MLP output joins the residual inside this norm.
+    const DecoderLayerSpec& S = layers_spec_.layers[l];
+    // The previous layer's MLP output (after its own norm, if any) joins the residual inside
+    // this norm.
     norm.delta = l == 0 ? nullptr : s.tmp.ptr;
     norm.delta_scale = l == 0 ? nullptr : RowScales(s, l - 1, kDown);
-    norm.weight = L.attn_norm.ptr;
+    norm.delta_norm = l == 0 ? nullptr : layers_[l - 1]->ffn_out_norm.ptr;
+    norm.weight = L.attn_in_norm.ptr;
     norm.out_fp8 = Fp8In(s, l, kQkv);
     cuda::LaunchAddRmsNorm(norm, stream);
     LLM_RETURN_IF_ERROR(Project(s, l, kQkv, step.xn, T, s.qkv.ptr));
@@ -361,7 +432,11 @@ StatusOr<CudaLayersOut> CudaLlamaDecoder::RunLayers(const CudaStep& step) {
     ra.bias = L.bqkv.ptr;
     ra.qkv_scale = RowScales(s, l, kQkv);
     ra.positions = step.positions;
-    ra.inv_freq = inv_freq_.as<float>();
+    ra.inv_freq = L.inv_freq.as<float>();
+    ra.q_norm = L.q_norm.ptr;
+    ra.k_norm = L.k_norm.ptr;
+    ra.norm_eps = c.rms_norm_eps;
+    ra.norm_offset = layers_spec_.norm_weight_offset;
     ra.q = s.q.ptr;
     ra.k = s.k.ptr;
     ra.v = s.v.ptr;
@@ -371,7 +446,9 @@ StatusOr<CudaLayersOut> CudaLlamaDecoder::RunLayers(const CudaStep& step) {
     ra.head_dim = c.head_dim;
     AttentionParams p;
     p.out = s.attn.ptr;
-    if (step_attention_->supports_fused_rope()) {  // one launch: rotary + KV append
+    // One launch for rotary + KV append where the backend fuses them; q/k norms come before the
+    // rotary, in LaunchBiasRope.
+    if (step_attention_->supports_fused_rope() && !S.qk_norm) {
       p.rope.qkv = ra.qkv;
       p.rope.bias = ra.bias;
       p.rope.qkv_scale = ra.qkv_scale;
@@ -391,8 +468,9 @@ StatusOr<CudaLayersOut> CudaLlamaDecoder::RunLayers(const CudaStep& step) {
     p.cache.v_scale = lc.v_scale.as<float>();
     p.cache.k_block_scales = lc.k_block_scales.as<float>();
     p.cache.v_block_scales = lc.v_block_scales.as<float>();
-    p.softmax_scale = scale;
-    p.window_left = c.WindowLeft(l);
+    p.softmax_scale = S.softmax_scale;
+    p.window_left = S.window_left;
+    p.logit_softcap = S.logit_softcap;
     // o_proj's fp8 input straight from the attention, with the layer's static scale; else a
     // per-row pass over its bf16 output.
     const bool static_out = fp8_ && lc.out_inv > 0.f && step_attention_->supports_fp8_out() &&
@@ -409,7 +487,8 @@ StatusOr<CudaLayersOut> CudaLlamaDecoder::RunLayers(const CudaStep& step) {
                                 static_out ? lc.out_scale.as<float>() : nullptr));
     norm.delta = s.tmp.ptr;
     norm.delta_scale = static_out ? nullptr : RowScales(s, l, kO);
-    norm.weight = L.mlp_norm.ptr;
+    norm.delta_norm = L.attn_out_norm.ptr;
+    norm.weight = L.ffn_in_norm.ptr;
     norm.out_fp8 = Fp8In(s, l, kGateUp);
     cuda::LaunchAddRmsNorm(norm, stream);
     LLM_RETURN_IF_ERROR(Project(s, l, kGateUp, step.xn, T, s.gate_up.ptr));
@@ -418,13 +497,15 @@ StatusOr<CudaLayersOut> CudaLlamaDecoder::RunLayers(const CudaStep& step) {
     sm.gate_up_scale = RowScales(s, l, kGateUp);
     sm.num_tokens = T;
     sm.inter = I;
+    sm.gelu_tanh = S.gate.activation == CpuMlp::Activation::kGeluTanh;
     sm.act = s.act.ptr;
     sm.act_fp8 = Fp8In(s, l, kDown);
     cuda::LaunchSiluMul(sm, stream);
     LLM_RETURN_IF_ERROR(Project(s, l, kDown, s.act.ptr, T, s.tmp.ptr));
   }
-  return CudaLayersOut{s.tmp.ptr,
-                       c.num_layers > 0 ? RowScales(s, c.num_layers - 1, kDown) : nullptr};
+  const void* last_norm = layers_.empty() ? nullptr : layers_.back()->ffn_out_norm.ptr;
+  return CudaLayersOut{
+      s.tmp.ptr, c.num_layers > 0 ? RowScales(s, c.num_layers - 1, kDown) : nullptr, last_norm};
 }
 
 }  // namespace
@@ -436,10 +517,9 @@ std::unique_ptr<CudaDecoder> NewCudaLlamaDecoder(const ModelConfig& config) {
 StatusOr<std::unique_ptr<Model>> CreateCudaLlamaModel(const ModelConfig& config,
                                                       const WeightStore* weights,
                                                       const ModelLoadOptions& options) {
-  if (config.o_bias || config.mlp_bias) {  // the CPU model implements them
-    return Unimplemented(std::string(config.o_bias ? "attention_bias (o_proj bias)" : "mlp_bias") +
-                         " is not implemented on the cuda device; use device cpu");
-  }
+  // Before the runner reads any weight: what the definition does not compute fails by name.
+  LLM_ASSIGN_OR_RETURN(const DecoderSpec spec, MakeDecoderSpec(config));
+  LLM_RETURN_IF_ERROR(CheckComputable(config, spec));
   return CreateCudaModel(NewCudaLlamaDecoder(config), weights, options);
 }
 

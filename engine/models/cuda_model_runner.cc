@@ -107,6 +107,7 @@ class CudaModelRunner final : public Model {
   DeviceBuffer unit_scale_, amax_;  // CudaLinearOps::unit_scale / amax
   CudaLinearOps ops_;
   DeviceBuffer embed_, lm_head_, final_norm_;
+  CudaModelSettings settings_;
   int block_size_ = 0;
   int num_blocks_ = 0;
   Scratch sets_[2];              // eager, graph
@@ -171,6 +172,7 @@ Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& optio
   Bf16WeightLoader loader(options.dummy_weights ? nullptr : w, stream_);
   ctx.loader = &loader;
   LLM_RETURN_IF_ERROR(dec_->SelectAttention(ctx));
+  settings_ = dec_->settings();
 
   // Embedding, final norm and LM head stay bf16 whatever the projections' quantization.
   const int64_t h = c.hidden_size, vocab = c.vocab_size;
@@ -253,7 +255,7 @@ StatusOr<CudaLayersOut> CudaModelRunner::LaunchLayers(const ForwardBatch& batch,
                                                       int rows) {
   Scratch& s = sets_[set];
   cuda::LaunchEmbedding(embed_.ptr, s.ids(), rows, config().hidden_size, s.residual.as<float>(),
-                        stream_, readback_.device_tokens());
+                        stream_, readback_.device_tokens(), settings_.embed_scale);
   CudaStep step;
   step.set = set;
   step.rows = rows;
@@ -411,16 +413,28 @@ StatusOr<int> CudaModelRunner::Enqueue(const ForwardBatch& batch) {
     fin.residual = s.residual.as<float>();
     fin.delta = out.delta;
     fin.delta_scale = out.delta_scale;
+    fin.delta_norm = out.delta_norm;
     fin.weight = final_norm_.ptr;
+    fin.weight_offset = settings_.norm_weight_offset;
     fin.num_rows = rows;
     fin.hidden = H;
     fin.eps = c.rms_norm_eps;
     fin.out = s.xn.ptr;
     cuda::LaunchAddRmsNorm(fin, stream_);
-    cuda::LaunchAddRmsNorm(s.residual.as<float>(), nullptr, final_norm_.ptr, s.rows(), R, H,
-                           c.rms_norm_eps, last_.ptr, stream_);
+    cuda::RmsNormArgs last = fin;  // the sampled rows only, gathered
+    last.delta = nullptr;
+    last.delta_scale = nullptr;
+    last.delta_norm = nullptr;
+    last.rows = s.rows();
+    last.num_rows = R;
+    last.out = last_.ptr;
+    cuda::LaunchAddRmsNorm(last, stream_);
     const void* head = c.tie_word_embeddings ? embed_.ptr : lm_head_.ptr;
     LLM_RETURN_IF_ERROR(GemmBf16(blas_, last_.ptr, head, R, V, H, logits_.ptr, CUDA_R_32F));
+    if (settings_.final_logit_softcap > 0.f) {  // before the readback and every sampler
+      cuda::LaunchSoftCap(logits_.as<float>(), static_cast<int64_t>(R) * V,
+                          settings_.final_logit_softcap, stream_);
+    }
   }
   LLM_ASSIGN_OR_RETURN(int slot, readback_.Issue(batch, logits_.as<float>(), V, stream_));
   bool all_device = batch.device_sampled.size() == static_cast<size_t>(R);

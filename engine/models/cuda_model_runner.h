@@ -6,8 +6,8 @@
 // weights, its KV cache and attention backend, and the launches of its layers, written against
 // CudaLinear (cuda_linear.h) and the kernels in kernels/cuda. Built only with the CUDA backend.
 //
-// Definitions: cuda_llama_decoder.h (Llama, Mistral, Qwen2), cuda_deepseek_decoder.h (DeepSeek
-// V2 / V3: MLA + MoE).
+// Definitions: cuda_llama_decoder.h (Llama, Mistral, Qwen2, Qwen3), cuda_deepseek_decoder.h
+// (DeepSeek V2 / V3: MLA + MoE).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -55,6 +55,15 @@ struct CudaStep {
 struct CudaLayersOut {
   const void* delta = nullptr;         // bf16 [rows, hidden]
   const float* delta_scale = nullptr;  // [rows] row scales (raw fp8 GEMM output) or null
+  const void* delta_norm = nullptr;    // bf16 [hidden]: the branch's own norm first, or null
+};
+
+// What an architecture changes around its layers, in the runner's embedding, final norm and LM
+// head (DecoderSpec's model-level fields; Gemma's values in the comments).
+struct CudaModelSettings {
+  float embed_scale = 1.0f;          // the embedding rows times this (sqrt(hidden))
+  float norm_weight_offset = 0.0f;   // the final norm scales by (offset + w) (1)
+  float final_logit_softcap = 0.0f;  // logits -> cap * tanh(logits / cap); 0: none (Gemma 2)
 };
 
 // An architecture on the runner.
@@ -62,6 +71,8 @@ class CudaDecoder {
  public:
   virtual ~CudaDecoder() = default;
   virtual const ModelConfig& config() const = 0;
+  // Valid after SelectAttention.
+  virtual CudaModelSettings settings() const { return {}; }
   // Log name, e.g. "llama" or "deepseek".
   virtual const char* name() const = 0;
   // Selects the attention backend(s), before any weight is read: an unsupported combination

@@ -4,10 +4,12 @@
 //
 // One layer, with x the residual stream:
 //   h = attn_in_norm(x); q, k, v = qkv(h) (+ bias); q_norm / k_norm per head (qk_norm);
-//   rotary (inv_freq); attention (window_left, softmax_scale); a = o_proj(.) (+ bias);
+//   rotary (inv_freq); attention (window_left, softmax_scale, logit_softcap, sinks);
+//   a = o_proj(.) (+ bias);
 //   x += attn_out_norm(a)                 (attn_out_norm empty: x += a)
 //   h = ffn_in_norm(x); f = dense gated MLP or MoE block (ffn)
 //   x += ffn_out_norm(f)                  (ffn_out_norm empty: x += f)
+// and after the last layer logits = lm_head(norm(x)), soft-capped when final_logit_softcap > 0.
 #pragma once
 
 #include <string>
@@ -34,6 +36,8 @@ struct DecoderLayerSpec {
   std::vector<float> inv_freq;  // [head_dim / 2] rotary frequencies of this layer
   int window_left = -1;         // AttentionParams::window_left
   float softmax_scale = 1.0f;
+  float logit_softcap = 0.0f;  // AttentionParams::logit_softcap (Gemma)
+  bool sinks = false;          // self_attn.sinks [num_q_heads]: learned sink logits (gpt-oss)
 
   // Feed-forward: a dense gated MLP of `intermediate`, or a routed MoE block.
   enum class Ffn { kDense, kMoe } ffn = Ffn::kDense;
@@ -41,6 +45,7 @@ struct DecoderLayerSpec {
   MlpTensorNames mlp_names;
   int intermediate = 0;
   bool mlp_bias = false;
+  CpuMlp::Gate gate;  // the activation of the dense MLP and of the experts
   MoeTensorNames moe_names;
   MoeRouting routing;
   int moe_intermediate = 0;
@@ -52,7 +57,8 @@ struct DecoderSpec {
   float rms_norm_eps = 1e-6f;
   // RMSNorm multiplies by (norm_weight_offset + w): 0 for Llama, 1 for Gemma's (1 + w).
   float norm_weight_offset = 0.0f;
-  float embed_scale = 1.0f;  // multiplies the embedding rows (Gemma: sqrt(hidden))
+  float embed_scale = 1.0f;          // multiplies the embedding rows (Gemma: sqrt(hidden))
+  float final_logit_softcap = 0.0f;  // cap * tanh(logit / cap) of the LM head output; 0: none
 };
 
 // The layer definition of config.architecture; Unimplemented naming it for architectures the

@@ -23,6 +23,8 @@ inline AttentionSpec MhaAttentionSpec(const ModelConfig& config, const KvCacheTy
   spec.block_size = block_size;
   spec.features = kFeatureCausal;
   if (any_layer_windowed) spec.features |= kFeatureSlidingWindow;
+  if (config.attn_logit_softcap > 0.0f) spec.features |= kFeatureSoftCap;
+  if (config.attention_sinks) spec.features |= kFeatureSinks;
   return spec;
 }
 

@@ -92,10 +92,14 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
   LLM_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
 #ifdef LLM_HAVE_CUDA
   if (on_cuda) {
-    // The CUDA Llama runner computes Llama, Mistral and Qwen2 only (no q/k norm, no MoE).
+    // The CUDA dense definition computes Llama, Mistral, Qwen2, Qwen3 and Gemma 2 / 3 (no MoE
+    // yet).
     if (config.architecture != Architecture::kLlama &&
         config.architecture != Architecture::kMistral &&
-        config.architecture != Architecture::kQwen2) {
+        config.architecture != Architecture::kQwen2 &&
+        config.architecture != Architecture::kQwen3 &&
+        config.architecture != Architecture::kGemma2 &&
+        config.architecture != Architecture::kGemma3) {
       return Unimplemented(config.architecture_name +
                            " is not implemented on device cuda (it runs on --device cpu)");
     }

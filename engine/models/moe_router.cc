@@ -34,8 +34,10 @@ void MoeRouter::Route(const float* l, const float* bias, int32_t* experts, float
     float sum = 0.0f;
     for (int e = 0; e < E; ++e) sum += (scores_[e] = std::exp(l[e] - mx));
     for (int e = 0; e < E; ++e) scores_[e] /= sum;
-  } else {
+  } else if (r_.scoring == MoeRouting::Scoring::kSigmoid) {
     for (int e = 0; e < E; ++e) scores_[e] = 1.0f / (1.0f + std::exp(-l[e]));
+  } else {
+    std::copy(l, l + E, scores_.begin());
   }
   // Selection scores; a selection bias (noaux_tc) changes the choice, not the weights.
   for (int e = 0; e < E; ++e) choice_[e] = scores_[e] + (bias == nullptr ? 0.0f : bias[e]);
@@ -78,6 +80,12 @@ void MoeRouter::Route(const float* l, const float* bias, int32_t* experts, float
     // noaux_tc weighs with the unbiased scores; the others with the (masked) topk values.
     weights[i] = r_.weigh_unbiased ? scores_[order_[i]] : masked_[order_[i]];
     sum += weights[i];
+  }
+  if (r_.scoring == MoeRouting::Scoring::kSoftmaxOfTopK) {
+    const float mx = *std::max_element(weights, weights + K);
+    sum = 0.0f;
+    for (int i = 0; i < K; ++i) sum += (weights[i] = std::exp(weights[i] - mx));
+    for (int i = 0; i < K; ++i) weights[i] /= sum;
   }
   for (int i = 0; i < K; ++i) {
     if (r_.normalize) weights[i] /= sum + r_.norm_eps;

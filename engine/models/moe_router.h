@@ -3,7 +3,8 @@
 // line), and the margin of its decision for the routing trace (Model::set_routing_trace).
 //
 // Selection, for one token's router logits [E = num_experts] (computed in fp32):
-//   scores  = softmax(logits) or sigmoid(logits)                                   (scoring)
+//   scores  = softmax(logits) or sigmoid(logits), or the logits themselves (kSoftmaxOfTopK)
+//                                                                                  (scoring)
 //   choice  = scores + selection bias (DeepSeek noaux_tc's e_score_correction_bias: selection
 //           only), else scores
 //   groups  (kGroupLimited, kGroupSumTop2): E / n_group consecutive experts per group; a group's
@@ -12,10 +13,12 @@
 //           other groups' experts get choice 0.0 (HF masked_fill), not -inf
 //   experts = the top_k largest choices; ties go to the lower index (groups likewise)
 //   weights = scores (weigh_unbiased) or choices of those experts; divided by their sum (+
-//           norm_eps) when `normalize`; times `scaling`
+//           norm_eps) when `normalize`; times `scaling`. kSoftmaxOfTopK (gpt-oss): the softmax
+//           of the selected logits (HF topk, then softmax over the k values)
 //
 // The architectures set these from their configs: Mixtral softmax, greedy, normalize; Qwen3-MoE
-// softmax, greedy, normalize = norm_topk_prob; DeepSeek its topk_method, scoring_func,
+// softmax, greedy, normalize = norm_topk_prob; gpt-oss kSoftmaxOfTopK (its router bias is part
+// of the logits, CpuMoe); DeepSeek its topk_method, scoring_func,
 // norm_topk_prob (only with top_k > 1), norm_eps 1e-20 and routed_scaling_factor (V2: only
 // without normalization) (DeepseekConfig::Routing).
 //
@@ -35,7 +38,7 @@
 namespace llm {
 
 struct MoeRouting {
-  enum class Scoring { kSoftmax, kSigmoid };
+  enum class Scoring { kSoftmax, kSigmoid, kSoftmaxOfTopK };
   enum class Groups { kNone, kGroupLimited, kGroupSumTop2 };
   int num_experts = 0;
   int top_k = 0;

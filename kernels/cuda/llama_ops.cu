@@ -14,13 +14,13 @@ namespace llm::cuda {
 namespace {
 
 __global__ void EmbeddingKernel(const __nv_bfloat16* table, const int32_t* ids, const int32_t* feed,
-                                int hidden, float* residual) {
+                                int hidden, float scale, float* residual) {
   ptx::GridDependencySync();  // launched with LaunchPdl
   const int t = blockIdx.x;
   const int32_t id = ids[t] >= 0 ? ids[t] : feed[-ids[t] - 1];
   const __nv_bfloat16* row = table + static_cast<size_t>(id) * hidden;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-    residual[static_cast<size_t>(t) * hidden + i] = __bfloat162float(row[i]);
+    residual[static_cast<size_t>(t) * hidden + i] = __bfloat162float(row[i]) * scale;
   }
 }
 
@@ -50,12 +50,23 @@ __global__ void AddRmsNormKernel(const RmsNormArgs a) {
   float* x = a.residual + static_cast<size_t>(t) * hidden;
   const auto* delta = static_cast<const __nv_bfloat16*>(a.delta);
   const auto* weight = static_cast<const __nv_bfloat16*>(a.weight);
-  const float ds = RowScale(a.delta_scale, t);
+  const auto* dnorm = static_cast<const __nv_bfloat16*>(a.delta_norm);
+  const float ds = RowScale(a.delta_scale, t), off = a.weight_offset;
+  auto delta_at = [&](int i) {
+    return __bfloat162float(delta[static_cast<size_t>(t) * hidden + i]) * ds;
+  };
+  float dinv = 1.f;
+  if (delta && dnorm) {
+    float dss = 0.f;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) dss += delta_at(i) * delta_at(i);
+    dinv = rsqrtf(BlockSum(dss) / hidden + a.eps);
+  }
   float ss = 0.f;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
     float v = x[i];
     if (delta) {
-      v += __bfloat162float(delta[static_cast<size_t>(t) * hidden + i]) * ds;
+      const float d = delta_at(i);
+      v += dnorm ? d * dinv * (off + __bfloat162float(dnorm[i])) : d;
       x[i] = v;
     }
     ss += v * v;
@@ -64,19 +75,19 @@ __global__ void AddRmsNormKernel(const RmsNormArgs a) {
   if (a.out_fp8.q == nullptr) {
     auto* out = static_cast<__nv_bfloat16*>(a.out) + static_cast<size_t>(out_row) * hidden;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-      out[i] = __float2bfloat16_rn(x[i] * inv * __bfloat162float(weight[i]));
+      out[i] = __float2bfloat16_rn(x[i] * inv * (off + __bfloat162float(weight[i])));
     }
     return;
   }
   float m = 0.f;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-    m = fmaxf(m, fabsf(x[i] * inv * __bfloat162float(weight[i])));
+    m = fmaxf(m, fabsf(x[i] * inv * (off + __bfloat162float(weight[i]))));
   }
   const float sc = detail::Fp8Scale(detail::BlockMax(m));
   if (threadIdx.x == 0) a.out_fp8.scale[out_row] = sc;
   auto* q = static_cast<uint8_t*>(a.out_fp8.q) + static_cast<size_t>(out_row) * hidden;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-    q[i] = detail::ToFp8(x[i] * inv * __bfloat162float(weight[i]), sc);
+    q[i] = detail::ToFp8(x[i] * inv * (off + __bfloat162float(weight[i])), sc);
   }
 }
 
@@ -130,15 +141,25 @@ __device__ __forceinline__ void StoreRow(float (&v)[kChunks][8], int cols, size_
 
 // AddRmsNormKernel for hidden % 8 == 0 and hidden <= 8 * kChunks * blockDim: the row stays in
 // registers between the sum, the absmax and the output, and every access is 8 or 16 bytes.
-template <int kChunks, bool kFp8>
+// kDeltaNorm: a.delta_norm is set (a compile-time switch, so the plain norm keeps its registers).
+template <int kChunks, bool kFp8, bool kDeltaNorm>
 __global__ void AddRmsNormVecKernel(const RmsNormArgs a) {
   const int hidden = a.hidden;
-  // The norm weight is no kernel's output: read it before waiting for the previous kernel.
-  float w[kChunks][8];
+  // The norm weights are no kernel's output: read them before waiting for the previous kernel.
+  float w[kChunks][8], wd[kChunks][8];
+  const auto* dnorm = kDeltaNorm ? static_cast<const __nv_bfloat16*>(a.delta_norm) : nullptr;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int i = (c * blockDim.x + threadIdx.x) * 8;
-    if (i < hidden) LoadBf16x8(static_cast<const __nv_bfloat16*>(a.weight) + i, w[c]);
+    if (i < hidden) {
+      LoadBf16x8(static_cast<const __nv_bfloat16*>(a.weight) + i, w[c]);
+      if (dnorm) LoadBf16x8(dnorm + i, wd[c]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        w[c][j] += a.weight_offset;
+        if (dnorm) wd[c][j] += a.weight_offset;
+      }
+    }
   }
   ptx::GridDependencySync();  // launched with LaunchPdl
   const int out_row = blockIdx.x;
@@ -159,6 +180,16 @@ __global__ void AddRmsNormVecKernel(const RmsNormArgs a) {
       if (delta) LoadBf16x8(delta + static_cast<size_t>(t) * hidden + i, d[c]);
     }
   }
+  float dinv = 1.f;  // the delta's own norm first (delta_norm), over its scaled row
+  if (delta && dnorm) {
+    float dss = 0.f;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) dss += (d[c][j] * ds) * (d[c][j] * ds);  // zero past hidden
+    }
+    dinv = rsqrtf(BlockSum(dss) / hidden + a.eps);
+  }
   float ss = 0.f;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
@@ -166,7 +197,9 @@ __global__ void AddRmsNormVecKernel(const RmsNormArgs a) {
     if (i >= hidden) break;
     if (delta) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) v[c][j] += d[c][j] * ds;
+      for (int j = 0; j < 8; ++j) {
+        v[c][j] += dnorm ? d[c][j] * ds * dinv * wd[c][j] : d[c][j] * ds;
+      }
       *reinterpret_cast<float4*>(x + i) = make_float4(v[c][0], v[c][1], v[c][2], v[c][3]);
       *reinterpret_cast<float4*>(x + i + 4) = make_float4(v[c][4], v[c][5], v[c][6], v[c][7]);
     }
@@ -263,8 +296,73 @@ __global__ void BiasRopeVecKernel(const RopeArgs a) {
   }
 }
 
+// BiasRope with the per-head q/k RMSNorm first: one CTA per token, one warp per head (the norm
+// is a sum over the head), each lane holding groups of 4 pairs (head_dim <= 8 * 32 * kGroups).
+// Values stay fp32 between the norm and the rotation; one bf16 rounding at the store.
+constexpr int kQkNormGroups = kMaxQkNormHeadDim / 256;
+__global__ void QkNormRopeKernel(const RopeArgs a) {
+  ptx::GridDependencySync();     // launched with LaunchPdl
+  extern __shared__ float cs[];  // [D / 2] cos, then [D / 2] sin
+  const int t = blockIdx.x;
+  const int D = a.head_dim, half = D / 2, groups = half / 4;
+  const int heads = a.num_q_heads + 2 * a.num_kv_heads;
+  rope::FillAngles(static_cast<float>(a.positions[t]), a.inv_freq, half, cs);
+  __syncthreads();
+  const auto* qkv = static_cast<const __nv_bfloat16*>(a.qkv) + static_cast<size_t>(t) * heads * D;
+  const auto* bias = static_cast<const __nv_bfloat16*>(a.bias);
+  const float rs = RowScale(a.qkv_scale, t);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  for (int h = warp; h < heads; h += warps) {
+    float x1[kQkNormGroups][4], x2[kQkNormGroups][4];
+    float ss = 0.f;
+#pragma unroll
+    for (int g = 0; g < kQkNormGroups; ++g) {
+      const int i = (lane + 32 * g) * 4;
+      if (lane + 32 * g >= groups) break;
+      rope::LoadPairs(qkv, bias, h * D + i, half, rs, x1[g], x2[g]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) ss += x1[g][j] * x1[g][j] + x2[g][j] * x2[g][j];
+    }
+    bool rotate;
+    __nv_bfloat16* dst = RopeDestination(a, t, h, &rotate);
+    const auto* w = static_cast<const __nv_bfloat16*>(h < a.num_q_heads ? a.q_norm
+                                                      : rotate          ? a.k_norm
+                                                                        : nullptr);
+    float inv = 1.f;
+    if (w) {
+      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffff, ss, o);
+      inv = rsqrtf(ss / D + a.norm_eps);
+    }
+#pragma unroll
+    for (int g = 0; g < kQkNormGroups; ++g) {
+      const int i = (lane + 32 * g) * 4;
+      if (lane + 32 * g >= groups) break;
+      if (w) {
+        float w1[4], w2[4];
+        ptx::LoadBf16x4(w + i, w1);
+        ptx::LoadBf16x4(w + i + half, w2);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          x1[g][j] = x1[g][j] * inv * (a.norm_offset + w1[j]);
+          x2[g][j] = x2[g][j] * inv * (a.norm_offset + w2[j]);
+        }
+      }
+      if (rotate) rope::Rotate(cs, i, half, x1[g], x2[g]);
+      ptx::StoreBf16x4(dst + i, x1[g]);
+      ptx::StoreBf16x4(dst + i + half, x2[g]);
+    }
+  }
+}
+
 __device__ __forceinline__ float SiluMul(float x, float up) {
   return __fdividef(x, 1.f + __expf(-x)) * up;
+}
+// transformers' gelu_pytorch_tanh (GeGLU of Gemma).
+__device__ __forceinline__ float GeluTanhMul(float x, float up) {
+  return 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))) * up;
+}
+__device__ __forceinline__ float ActMul(bool gelu_tanh, float x, float up) {
+  return gelu_tanh ? GeluTanhMul(x, up) : SiluMul(x, up);
 }
 
 // grid (tokens, column blocks); 8 columns per thread with 16-byte accesses (inter % 8 == 0).
@@ -279,7 +377,7 @@ __global__ void SiluMulVecKernel(const SiluMulArgs a) {
   LoadBf16x8(g + i, x);
   LoadBf16x8(g + inter + i, u);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) o[j] = SiluMul(x[j] * gs, u[j] * gs);
+  for (int j = 0; j < 8; ++j) o[j] = ActMul(a.gelu_tanh, x[j] * gs, u[j] * gs);
   StoreBf16x8(static_cast<__nv_bfloat16*>(a.act) + static_cast<size_t>(t) * inter + i, o);
 }
 
@@ -301,7 +399,7 @@ __global__ void __launch_bounds__(512, 3) SiluMulFp8RowKernel(const SiluMulArgs 
     LoadBf16x8(g + inter + c * 8, u);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      x[j] = SiluMul(x[j] * gs, u[j] * gs);
+      x[j] = ActMul(a.gelu_tanh, x[j] * gs, u[j] * gs);
       m = fmaxf(m, fabsf(x[j]));
     }
     row4[2 * c] = make_float4(x[0], x[1], x[2], x[3]);
@@ -325,7 +423,7 @@ __global__ void SiluMulKernel(const SiluMulArgs a) {
   const float gs = RowScale(a.gate_up_scale, t);
   const auto* g = static_cast<const __nv_bfloat16*>(a.gate_up) + static_cast<size_t>(t) * 2 * inter;
   auto value = [&](int i) {
-    return SiluMul(__bfloat162float(g[i]) * gs, __bfloat162float(g[inter + i]) * gs);
+    return ActMul(a.gelu_tanh, __bfloat162float(g[i]) * gs, __bfloat162float(g[inter + i]) * gs);
   };
   if (a.act_fp8.q == nullptr) {
     auto* act = static_cast<__nv_bfloat16*>(a.act) + static_cast<size_t>(t) * inter;
@@ -340,6 +438,15 @@ __global__ void SiluMulKernel(const SiluMulArgs a) {
   if (threadIdx.x == 0) a.act_fp8.scale[t] = sc;
   auto* q = static_cast<uint8_t*>(a.act_fp8.q) + static_cast<size_t>(t) * inter;
   for (int i = threadIdx.x; i < inter; i += blockDim.x) q[i] = detail::ToFp8(value(i), sc);
+}
+
+__global__ void SoftCapKernel(float* x, int64_t n, float cap) {
+  ptx::GridDependencySync();  // launched with LaunchPdl
+  const float inv = 1.f / cap;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[i] = cap * tanhf(x[i] * inv);
+  }
 }
 
 __global__ void FillKernel(__nv_bfloat16* p, int64_t n, float mean, float std, uint64_t seed) {
@@ -367,11 +474,18 @@ bool Aligned8(const void* p) {
 }  // namespace
 
 void LaunchEmbedding(const void* table, const int32_t* ids, int num_tokens, int hidden,
-                     float* residual, void* stream, const int32_t* feed) {
+                     float* residual, void* stream, const int32_t* feed, float scale) {
   if (num_tokens == 0) return;
   (void)LaunchPdl(EmbeddingKernel, dim3(num_tokens), dim3(256), 0,
                   static_cast<cudaStream_t>(stream), static_cast<const __nv_bfloat16*>(table), ids,
-                  feed, hidden, residual);
+                  feed, hidden, scale, residual);
+}
+
+void LaunchSoftCap(float* x, int64_t n, float cap, void* stream) {
+  if (n == 0) return;
+  const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
+  (void)LaunchPdl(SoftCapKernel, dim3(blocks), dim3(256), 0, static_cast<cudaStream_t>(stream), x,
+                  n, cap);
 }
 
 void LaunchAddRmsNorm(const RmsNormArgs& a, void* stream) {
@@ -380,17 +494,28 @@ void LaunchAddRmsNorm(const RmsNormArgs& a, void* stream) {
   const bool fp8 = a.out_fp8.enabled();
   const bool out_aligned = fp8 ? Aligned8(a.out_fp8.q) : Aligned16(a.out);
   if (a.hidden % 8 == 0 && a.hidden <= 8 * 4 * 256 && Aligned16(a.residual) && Aligned16(a.delta) &&
-      Aligned16(a.weight) && out_aligned) {
+      Aligned16(a.delta_norm) && Aligned16(a.weight) && out_aligned) {
     // Threads so that each holds at most 4 chunks of 8 (hidden 4096: 128 threads x 4).
     const int chunks = a.hidden / 8;
     const int threads = std::min(256, std::max(32, (chunks + 3) / 4 + 31) / 32 * 32);
     auto launch = [&](auto kernel) {
       (void)LaunchPdl(kernel, dim3(a.num_rows), dim3(threads), 0, s, a);
     };
+    const bool dn = a.delta_norm != nullptr && a.delta != nullptr;
     if (chunks <= 2 * threads) {
-      fp8 ? launch(AddRmsNormVecKernel<2, true>) : launch(AddRmsNormVecKernel<2, false>);
+      if (dn) {
+        fp8 ? launch(AddRmsNormVecKernel<2, true, true>)
+            : launch(AddRmsNormVecKernel<2, false, true>);
+      } else {
+        fp8 ? launch(AddRmsNormVecKernel<2, true, false>)
+            : launch(AddRmsNormVecKernel<2, false, false>);
+      }
+    } else if (dn) {
+      fp8 ? launch(AddRmsNormVecKernel<4, true, true>)
+          : launch(AddRmsNormVecKernel<4, false, true>);
     } else {
-      fp8 ? launch(AddRmsNormVecKernel<4, true>) : launch(AddRmsNormVecKernel<4, false>);
+      fp8 ? launch(AddRmsNormVecKernel<4, true, false>)
+          : launch(AddRmsNormVecKernel<4, false, false>);
     }
     return;
   }
@@ -413,6 +538,11 @@ void LaunchAddRmsNorm(float* residual, const void* delta, const void* weight, co
 
 void LaunchBiasRope(const RopeArgs& a, void* stream) {
   if (a.num_tokens == 0) return;
+  if (a.q_norm != nullptr) {  // the model checked head_dim % 8 == 0 and <= kMaxQkNormHeadDim
+    (void)LaunchPdl(QkNormRopeKernel, dim3(a.num_tokens), dim3(256), a.head_dim * sizeof(float),
+                    static_cast<cudaStream_t>(stream), a);
+    return;
+  }
   if (a.head_dim % 8 == 0 && Aligned8(a.qkv) && (a.bias == nullptr || Aligned8(a.bias)) &&
       Aligned8(a.q) && Aligned8(a.k) && Aligned8(a.v)) {
     const int heads = a.num_q_heads + 2 * a.num_kv_heads;

@@ -24,7 +24,8 @@ import weights as W  # noqa: E402
 
 # Architectures the server implements; every other fixture must be refused by name.
 SUPPORTED = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-             "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}
+             "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "MixtralForCausalLM",
+             "Qwen3MoeForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "GptOssForCausalLM"}
 # A divergence is accepted only where transformers' own top-2 logits are closer than this:
 # fp32 sums in another order can then pick the other token.
 NEAR_TIE = 1e-4

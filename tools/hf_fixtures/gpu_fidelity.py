@@ -13,6 +13,7 @@ larger gap is a wrong token, not a bf16 near-tie.
 """
 
 import argparse
+import copy
 import json
 import os
 import shlex
@@ -26,7 +27,7 @@ import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import weights as W  # noqa: E402
-from make_fixtures import SEED, YARN_ROPE, LLAMA3_ROPE, scale_for  # noqa: E402
+from make_fixtures import ARCHS, SEED, YARN_ROPE, LLAMA3_ROPE, scale_for  # noqa: E402
 
 STEPS = 48
 GPU_ARCHS = {
@@ -44,6 +45,27 @@ GPU_ARCHS = {
                      num_attention_heads=4, num_key_value_heads=2, head_dim=128,
                      vocab_size=32000, sliding_window=32,
                      rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
+              dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=128, vocab_size=32000,
+                   max_position_embeddings=40960, tie_word_embeddings=True,
+                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    # Gemma at head_dim 128: no CUDA attention kernel serves the real models' 256 yet.
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=128, vocab_size=32000,
+                    query_pre_attn_scalar=128, sliding_window=32, attn_logit_softcapping=50.0,
+                    final_logit_softcapping=30.0, hidden_activation="gelu_pytorch_tanh",
+                    max_position_embeddings=8192, tie_word_embeddings=True,
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=128, vocab_size=32000,
+                    query_pre_attn_scalar=128, sliding_window=32,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                    hidden_activation="gelu_pytorch_tanh", max_position_embeddings=131072,
+                    tie_word_embeddings=True,
+                    rope_parameters=copy.deepcopy(ARCHS["gemma3"][3]["rope_parameters"]))),
     "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM",
                     dict(hidden_size=512, intermediate_size=1024, moe_intermediate_size=256,
                          num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=16,
