@@ -49,6 +49,10 @@ class CudaLinear {
   bool fp8() const { return quant_ != WeightQuant::kBf16; }
   // bf16 weights only: the matrix (for batched GEMMs that index it themselves).
   const void* bf16() const { return w_.ptr; }
+  // The matrix in its stored form (bf16, or e4m3 bytes) and the fp8 scales ([groups][kScaleSlot],
+  // null for bf16): for kernels that index the groups themselves (the MoE grouped GEMMs).
+  const void* data() const { return w_.ptr; }
+  const float* scales() const { return fp8() ? scales_.as<float>() : nullptr; }
 
   // bf16 in and out (fp8: quantizes x per row into `scratch`, the raw product, then the row
   // scales): the plain form. scratch: e4m3 [rows16, k] + [rows16] scales, unused for bf16; y
