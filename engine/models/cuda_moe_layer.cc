@@ -46,6 +46,7 @@ Status CudaMoeLayer::Load(Bf16WeightLoader& loader, const WeightStore* weights,
     DeviceBuffer bf;
     LLM_RETURN_IF_ERROR(loader.Load({p + n.router + ".weight"}, {{E, h}}, 0, wstd, &bf));
     std::vector<uint16_t> hb(E * h);
+    GPU_RETURN_IF_ERROR(cudaDeviceSynchronize());  // the loader's stream filled or uploaded it
     GPU_RETURN_IF_ERROR(cudaMemcpy(hb.data(), bf.ptr, hb.size() * 2, cudaMemcpyDeviceToHost));
     std::vector<float> f(hb.size());
     for (size_t i = 0; i < hb.size(); ++i) {
@@ -121,6 +122,13 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
   cudaStream_t stream = ops.stream;
   const int E = r_.num_experts, K = r_.top_k, S = T * K;
   const int max_tiles = cuda::MoeMaxTiles(S, E);
+  if (trace.out != nullptr) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    GPU_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &cs));
+    if (cs != cudaStreamCaptureStatusNone) {
+      return FailedPrecondition("the MoE routing trace cannot be recorded inside a CUDA graph");
+    }
+  }
 
   // Router: fp32 input, fp32 weight, no TF32 (a flipped group-limited choice costs a whole
   // expert set).
@@ -196,11 +204,6 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
   cuda::LaunchMoeCombine(s->y.ptr, pa.slot_of, ra.topk_w, shared, T, K, hidden_, out, stream);
 
   if (trace.out != nullptr) {
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    GPU_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &cs));
-    if (cs != cudaStreamCaptureStatusNone) {
-      return FailedPrecondition("the MoE routing trace cannot be recorded inside a CUDA graph");
-    }
     std::vector<int32_t> ids(S);
     GPU_RETURN_IF_ERROR(
         cudaMemcpyAsync(ids.data(), ra.topk_ids, S * 4, cudaMemcpyDeviceToHost, stream));

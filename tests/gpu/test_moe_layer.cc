@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -134,11 +135,13 @@ TEST_CASE("MoE routing kernel matches MoeRouter (ties, groups, bias)", "[gpu][mo
       const int T = 257, E = c.r.num_experts, K = c.r.top_k;
       std::vector<float> logits(static_cast<size_t>(T) * E), bias;
       std::normal_distribution<float> nd(0.f, 2.f);
-      std::uniform_int_distribution<int> ud(-3, 3);
+      // Discrete logits in {0, 0.5, 1, 1.5}: exact ties within a run on both sides, and no two
+      // different pairs of sigmoid values with the same sum (a rounding-decided group tie).
+      std::uniform_int_distribution<int> ud(0, 3);
       for (float& x : logits) x = discrete ? 0.5f * ud(rng) : nd(rng);
-      if (c.with_bias) {
+      if (c.with_bias && !discrete) {
         bias.resize(E);
-        for (float& b : bias) b = discrete ? 0.25f * ud(rng) : 0.1f * nd(rng);
+        for (float& b : bias) b = 0.1f * nd(rng);
       }
       std::vector<int32_t> ids;
       std::vector<float> w;
@@ -334,7 +337,9 @@ TEST_CASE("MoE layer matches CpuMoe (bf16 and fp8 experts, batch 1..300)", "[gpu
         m.cpu.Forward(x.data(), T, {&decisions, 0, pos.data()}, ref.data());
         const std::vector<float> got = RunGpu(o, layer, m, x, T, &s);
         // A token whose CPU routing is a near-tie may pick other experts on the GPU.
-        const double tol = quant == WeightQuant::kBf16 ? 0.01 : 0.05;
+        // bf16: the bf16 roundings of act, y and the shared path; fp8: the shared experts quantize
+        // their activations per row (e4m3), which the CPU oracle does not.
+        const double tol = quant == WeightQuant::kBf16 ? 0.02 : 0.08;
         int skipped = 0;
         for (int t = 0; t < T; ++t) {
           if (decisions[t].margin < 1e-4f) {
@@ -414,10 +419,110 @@ TEST_CASE("MoE layer in a CUDA graph replays like eager runs", "[gpu][moe]") {
       d2 += d * d;
       r2 += static_cast<double>(ref[i]) * ref[i];
     }
-    CHECK(std::sqrt(d2) <= 0.01 * std::sqrt(r2));  // and the inputs changed the output
+    CHECK(std::sqrt(d2) <= 0.02 * std::sqrt(r2));  // and the inputs changed the output
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+}
+
+}  // namespace
+}  // namespace llm
+
+namespace llm {
+namespace {
+
+// One DeepSeek-V2-Lite MoE layer (64 experts, top-6, 2 shared, hidden 2048, moe_intermediate
+// 1408; dummy weights) in a CUDA graph at batch 1 / 64 / 128, beside its floor: the bytes of the
+// routed experts the batch touches (plus the shared experts and the fp32 router) / 4.2 TB/s.
+// Four layers' weights (4.6 GB bf16) run in turn so the 60 MB L2 holds none of them.
+//   gpu_tests "[.bench][moe]"
+TEST_CASE("MoE layer benchmark: DeepSeek-V2-Lite shapes in a CUDA graph", "[.bench][moe]") {
+  Ops o;
+  constexpr int kLayers = 4, E = 64, K = 6, H = 2048, I = 1408, SI = 2 * 1408;
+  MoeRouting r = GreedyRouting(E, K);
+  r.normalize = false;  // V2-Lite: norm_topk_prob false, routed_scaling_factor 1
+  const CudaMoeLayer layer(r, H, I, SI);
+  REQUIRE(CudaMoeLayer::Check(r, H, I).ok());
+  std::printf("%-6s %-5s %10s %12s %12s %8s %s\n", "weight", "batch", "us/layer", "routed floor",
+              "+shared", "x floor", "(anchor: torch._grouped_mm 123 us @1, 491 us @128)");
+  for (const WeightQuant quant : {WeightQuant::kBf16, WeightQuant::kFp8PerTensor}) {
+    const double wbytes = quant == WeightQuant::kBf16 ? 2.0 : 1.0;
+    std::vector<CudaMoeWeights> w(kLayers);
+    Bf16WeightLoader loader(nullptr, o.stream);
+    for (int l = 0; l < kLayers; ++l) {
+      REQUIRE(layer
+                  .Load(loader, nullptr, o.ops, quant,
+                        "model.layers." + std::to_string(l) + ".mlp.", MoeTensorNames{}, &w[l])
+                  .ok());
+    }
+    for (const int T : {1, 64, 128}) {
+      std::vector<CudaMoeScratch> s(kLayers);
+      DeviceBuffer d_x, d_out;
+      REQUIRE(d_x.Alloc(static_cast<size_t>(T) * H * 2).ok());
+      REQUIRE(d_out.Alloc(static_cast<size_t>(T) * H * 2 * kLayers).ok());
+      std::mt19937 rng(T);
+      std::normal_distribution<float> nd(0.f, 1.f);
+      std::vector<float> x(static_cast<size_t>(T) * H);
+      std::vector<uint16_t> xb(x.size());
+      for (size_t i = 0; i < x.size(); ++i) xb[i] = F32ToBf16(x[i] = RoundBf16(nd(rng)));
+      CUDA_REQUIRE(cudaMemcpy(d_x.ptr, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
+      for (int l = 0; l < kLayers; ++l) {
+        REQUIRE(layer.Reserve(T, quant != WeightQuant::kBf16, &s[l]).ok());
+        CUDA_REQUIRE(cudaMemcpy(s[l].x_f32.ptr, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+      }
+      auto run_all = [&] {
+        for (int l = 0; l < kLayers; ++l) {
+          REQUIRE(layer
+                      .Run(o.ops, w[l], d_x.ptr, T, &s[l],
+                           d_out.as<uint16_t>() + static_cast<size_t>(l) * T * H, {})
+                      .ok());
+        }
+      };
+      run_all();
+      CUDA_REQUIRE(cudaStreamSynchronize(o.stream));
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CUDA_REQUIRE(cudaStreamBeginCapture(o.stream, cudaStreamCaptureModeThreadLocal));
+      run_all();
+      CUDA_REQUIRE(cudaStreamEndCapture(o.stream, &graph));
+      CUDA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0));
+      for (int i = 0; i < 10; ++i) CUDA_REQUIRE(cudaGraphLaunch(exec, o.stream));
+      cudaEvent_t e0, e1;
+      CUDA_REQUIRE(cudaEventCreate(&e0));
+      CUDA_REQUIRE(cudaEventCreate(&e1));
+      std::vector<float> per_layer;
+      constexpr int kReplays = 20;
+      for (int rep = 0; rep < 7; ++rep) {
+        CUDA_REQUIRE(cudaEventRecord(e0, o.stream));
+        for (int i = 0; i < kReplays; ++i) CUDA_REQUIRE(cudaGraphLaunch(exec, o.stream));
+        CUDA_REQUIRE(cudaEventRecord(e1, o.stream));
+        CUDA_REQUIRE(cudaEventSynchronize(e1));
+        float ms = 0;
+        CUDA_REQUIRE(cudaEventElapsedTime(&ms, e0, e1));
+        per_layer.push_back(ms * 1000.f / (kReplays * kLayers));
+      }
+      std::sort(per_layer.begin(), per_layer.end());
+      // Touched experts per layer, from the routing the graph computed.
+      double routed_bytes = 0;
+      for (int l = 0; l < kLayers; ++l) {
+        const std::vector<int32_t> ids = Download(s[l].topk_ids.as<int32_t>(), T * K);
+        std::vector<char> used(E, 0);
+        for (int32_t id : ids) used[id] = 1;
+        routed_bytes += std::count(used.begin(), used.end(), 1) * 3.0 * I * H * wbytes;
+      }
+      routed_bytes /= kLayers;
+      const double other = 3.0 * SI * H * wbytes + 4.0 * E * H;
+      const double floor_us = routed_bytes / 4.2e12 * 1e6,
+                   all_us = (routed_bytes + other) / 4.2e12 * 1e6;
+      std::printf("%-6s %-5d %10.1f %12.1f %12.1f %8.2f\n",
+                  quant == WeightQuant::kBf16 ? "bf16" : "fp8", T, per_layer[per_layer.size() / 2],
+                  floor_us, all_us, per_layer[per_layer.size() / 2] / all_us);
+      cudaEventDestroy(e0);
+      cudaEventDestroy(e1);
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }
+  }
 }
 
 }  // namespace
