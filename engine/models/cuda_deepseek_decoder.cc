@@ -144,8 +144,8 @@ Status CudaDeepseekDecoder::SelectAttention(const CudaLoadContext& ctx) {
   const ModelLoadOptions& options = *ctx.options;
   ops_ = ctx.ops;
   if (d_.n_routed_experts > 0) {
-    LLM_RETURN_IF_ERROR(
-        CudaMoeLayer::Check(moe_.routing(), c.hidden_size, d_.moe_intermediate_size));
+    LLM_RETURN_IF_ERROR(CudaMoeLayer::Check(moe_.routing(), c.hidden_size, d_.moe_intermediate_size,
+                                            d_.moe_intermediate_size * d_.n_shared_experts));
   }
   if (d_.topk_method == DeepseekConfig::TopkMethod::kNoauxTc) {
     moe_names_.selection_bias = "e_score_correction_bias";
@@ -269,8 +269,7 @@ Status CudaDeepseekDecoder::Reserve(int set, int rows) {
     LLM_RETURN_IF_ERROR(s.xq.Alloc(T * std::max({Hd, QA, H * V, I})));
     LLM_RETURN_IF_ERROR(s.row_scales.Alloc(T * 4));
   }
-  if (d_.n_routed_experts > 0)
-    LLM_RETURN_IF_ERROR(moe_.Reserve(rows, ops_->fp8 != nullptr, &s.moe));
+  if (d_.n_routed_experts > 0) LLM_RETURN_IF_ERROR(moe_.Reserve(rows, &s.moe));
   // Padding rows of a graph bucket are computed too: keep them finite from the start.
   for (DeviceBuffer* b : {&s.a, &s.qa, &s.q, &s.latent, &s.q_pe, &s.q_latent, &s.out_latent,
                           &s.attn, &s.tmp, &s.gate_up, &s.act, &s.xq, &s.row_scales}) {

@@ -9,7 +9,7 @@
 
 namespace llm {
 
-Status CudaMoeLayer::Check(const MoeRouting& r, int hidden, int inter) {
+Status CudaMoeLayer::Check(const MoeRouting& r, int hidden, int inter, int shared_inter) {
   const std::string what = "CUDA MoE layer: ";
   if (r.num_experts < 1 || r.num_experts > cuda::kMoeRouteMaxExperts) {
     return InvalidArgument(what + std::to_string(r.num_experts) + " routed experts (1.." +
@@ -32,13 +32,17 @@ Status CudaMoeLayer::Check(const MoeRouting& r, int hidden, int inter) {
                            std::to_string(inter) +
                            ": the grouped GEMMs need hidden % 64 == 0 and intermediate % 64 == 0");
   }
+  if (shared_inter < 0 || shared_inter % cuda::kMoeGemmK != 0) {
+    return InvalidArgument(what + "shared experts' intermediate " + std::to_string(shared_inter) +
+                           ": the grouped GEMMs need a multiple of 64");
+  }
   return Status::Ok();
 }
 
 Status CudaMoeLayer::Load(Bf16WeightLoader& loader, const WeightStore* weights,
                           const CudaLinearOps& ops, WeightQuant quant, const std::string& p,
                           const MoeTensorNames& n, CudaMoeWeights* w) const {
-  LLM_RETURN_IF_ERROR(Check(r_, hidden_, inter_));
+  LLM_RETURN_IF_ERROR(Check(r_, hidden_, inter_, shared_inter_));
   const int64_t h = hidden_, E = r_.num_experts, I = inter_;
   const float wstd = 0.02f;
   // The router in fp32: its bf16 values widened exactly (through the host, once at load).
@@ -86,30 +90,25 @@ Status CudaMoeLayer::Load(Bf16WeightLoader& loader, const WeightStore* weights,
   return Status::Ok();
 }
 
-Status CudaMoeLayer::Reserve(int rows, bool fp8, CudaMoeScratch* s) const {
+Status CudaMoeLayer::Reserve(int rows, CudaMoeScratch* s) const {
   if (rows <= s->cap) return Status::Ok();
   const size_t T = rows, H = hidden_, E = r_.num_experts, K = r_.top_k, I = inter_;
   const size_t S = T * K, SI = shared_inter_;
+  const int max_tiles =
+      cuda::MoeMaxTiles(static_cast<int>(S), static_cast<int>(E), SI > 0 ? rows : 0);
   LLM_RETURN_IF_ERROR(s->x_f32.Alloc(T * H * 4));
   LLM_RETURN_IF_ERROR(s->logits.Alloc(T * E * 4));
   LLM_RETURN_IF_ERROR(s->topk_ids.Alloc(S * 4));
   LLM_RETURN_IF_ERROR(s->topk_w.Alloc(S * 4));
   LLM_RETURN_IF_ERROR(s->sorted_token.Alloc(S * 4));
   LLM_RETURN_IF_ERROR(s->slot_of.Alloc(S * 4));
-  LLM_RETURN_IF_ERROR(
-      s->tiles.Alloc(static_cast<size_t>(cuda::MoeMaxTiles(static_cast<int>(S), E)) * 3 * 4 + 16));
+  LLM_RETURN_IF_ERROR(s->tiles.Alloc(static_cast<size_t>(max_tiles) * 3 * 4 + 16));
   LLM_RETURN_IF_ERROR(s->num_tiles.Alloc(16));
   LLM_RETURN_IF_ERROR(s->act.Alloc(S * I * 2));
   LLM_RETURN_IF_ERROR(s->y.Alloc(S * H * 2));
   if (SI > 0) {
-    const size_t R = Fp8Rows16(rows);
-    LLM_RETURN_IF_ERROR(s->shared_out.Alloc(R * H * 2));
-    LLM_RETURN_IF_ERROR(s->shared_gu.Alloc(R * 2 * SI * 2));
-    LLM_RETURN_IF_ERROR(s->shared_act.Alloc(R * SI * 2));
-    if (fp8) {
-      LLM_RETURN_IF_ERROR(s->xq.Alloc(R * std::max(H, SI)));
-      LLM_RETURN_IF_ERROR(s->row_scales.Alloc(R * 4));
-    }
+    LLM_RETURN_IF_ERROR(s->shared_act.Alloc(T * SI * 2));
+    LLM_RETURN_IF_ERROR(s->shared_out.Alloc(T * H * 2));
   }
   s->cap = rows;
   return Status::Ok();
@@ -121,7 +120,13 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
   if (T > s->cap) return Internal("CUDA MoE layer: scratch reserved for fewer rows");
   cudaStream_t stream = ops.stream;
   const int E = r_.num_experts, K = r_.top_k, S = T * K;
-  const int max_tiles = cuda::MoeMaxTiles(S, E);
+  const bool shared = w.shared.inter > 0;
+  if (shared && (w.shared.inter != shared_inter_ || w.shared.gate_up.fp8() != w.gate_up.fp8() ||
+                 w.shared.down.fp8() != w.down.fp8())) {
+    return Internal("CUDA MoE layer: shared experts of another size or dtype than the layer's");
+  }
+  const int dense_rows = shared ? T : 0;  // the shared experts: a dense group of every token
+  const int max_tiles = cuda::MoeMaxTiles(S, E, dense_rows);
   if (trace.out != nullptr) {
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     GPU_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &cs));
@@ -162,6 +167,7 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
   pa.num_slots = S;
   pa.num_experts = E;
   pa.top_k = K;
+  pa.dense_rows = dense_rows;
   pa.sorted_token = s->sorted_token.as<int32_t>();
   pa.slot_of = s->slot_of.as<int32_t>();
   pa.tiles = s->tiles.as<int32_t>();
@@ -182,6 +188,14 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
   g.num_tiles = pa.num_tiles;
   g.max_tiles = max_tiles;
   g.out = s->act.ptr;
+  if (shared) {
+    g.dense_x = x;
+    g.dense_w = w.shared.gate_up.data();
+    g.dense_w_scale = w.shared.gate_up.scales();
+    g.dense_n_out = shared_inter_;
+    g.dense_k = hidden_;
+    g.dense_out = s->shared_act.ptr;
+  }
   cuda::LaunchMoeGemm(g, stream);
   g.x = s->act.ptr;
   g.sorted_token = nullptr;
@@ -192,16 +206,17 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
   g.n_out = hidden_;
   g.k = inter_;
   g.out = s->y.ptr;
-  cuda::LaunchMoeGemm(g, stream);
-
-  const void* shared = nullptr;
-  if (w.shared.inter > 0) {
-    const cuda::Fp8Rows fp8{s->xq.ptr, s->row_scales.as<float>()};
-    LLM_RETURN_IF_ERROR(
-        w.shared.Run(ops, x, T, s->shared_out.ptr, s->shared_gu.ptr, s->shared_act.ptr, fp8));
-    shared = s->shared_out.ptr;
+  if (shared) {
+    g.dense_x = s->shared_act.ptr;
+    g.dense_w = w.shared.down.data();
+    g.dense_w_scale = w.shared.down.scales();
+    g.dense_n_out = hidden_;
+    g.dense_k = shared_inter_;
+    g.dense_out = s->shared_out.ptr;
   }
-  cuda::LaunchMoeCombine(s->y.ptr, pa.slot_of, ra.topk_w, shared, T, K, hidden_, out, stream);
+  cuda::LaunchMoeGemm(g, stream);
+  cuda::LaunchMoeCombine(s->y.ptr, pa.slot_of, ra.topk_w, shared ? s->shared_out.ptr : nullptr, T,
+                         K, hidden_, out, stream);
 
   if (trace.out != nullptr) {
     std::vector<int32_t> ids(S);

@@ -11,6 +11,8 @@
 //   act [S, I]         = silu(x[tok] Wg_e^T) * (x[tok] Wu_e^T)  (grouped GEMM, fused epilogue)
 //   y [S, hidden]      = act Wd_e^T                             (grouped GEMM)
 //   out [T, hidden]    = shared(x) + sum_k w[t, k] y[slot(t, k)] (fixed order, no atomics)
+// The shared experts are one more group of both grouped GEMMs (every token, weight 1): no
+// launches of their own, and with fp8 weights their activations stay bf16 as the experts'.
 // Built only with the CUDA backend.
 #pragma once
 
@@ -39,16 +41,16 @@ struct CudaMoeWeights {
 struct CudaMoeScratch {
   DeviceBuffer x_f32;  // fp32 [cap, hidden]: the router's input (the caller's norm writes it)
   DeviceBuffer logits, topk_ids, topk_w, sorted_token, slot_of, tiles, num_tiles, act, y;
-  DeviceBuffer shared_out, shared_gu, shared_act, xq, row_scales;  // shared experts
+  DeviceBuffer shared_act, shared_out;  // the shared experts' [cap, shared I], [cap, hidden]
   int cap = 0;
 };
 
 class CudaMoeLayer {
  public:
   // InvalidArgument naming what does not fit: more than 512 experts or 32 groups, top-k over 32,
-  // shapes the grouped GEMMs do not tile (I a multiple of 32, hidden of 64), groups that do not
-  // divide the experts.
-  static Status Check(const MoeRouting& routing, int hidden, int inter);
+  // shapes the grouped GEMMs do not tile (hidden, I and the shared experts' I multiples of 64),
+  // groups that do not divide the experts.
+  static Status Check(const MoeRouting& routing, int hidden, int inter, int shared_inter);
   CudaMoeLayer(const MoeRouting& routing, int hidden, int inter, int shared_inter)
       : r_(routing), hidden_(hidden), inter_(inter), shared_inter_(shared_inter) {}
 
@@ -57,7 +59,7 @@ class CudaMoeLayer {
   Status Load(Bf16WeightLoader& loader, const WeightStore* weights, const CudaLinearOps& ops,
               WeightQuant quant, const std::string& block_prefix, const MoeTensorNames& names,
               CudaMoeWeights* w) const;
-  Status Reserve(int rows, bool fp8, CudaMoeScratch* s) const;
+  Status Reserve(int rows, CudaMoeScratch* s) const;
 
   struct Trace {
     std::vector<MoeRoutingDecision>* out = nullptr;  // null: no trace

@@ -36,22 +36,25 @@ void LaunchMoeRoute(const MoeRouteArgs& a, void* stream);
 
 // Rows of one M tile of the grouped GEMMs: an expert's slots are cut into tiles of this many rows.
 constexpr int kMoeTileRows = 16;
-// Upper bound on the tiles of `slots` slots over `experts` experts (the grid the GEMMs launch;
-// tiles past the real count exit at once).
-inline int MoeMaxTiles(int slots, int experts) {
-  return slots / kMoeTileRows + (slots < experts ? slots : experts);
+// Upper bound on the tiles of `slots` slots over `experts` experts plus `dense_rows` rows of the
+// dense group (shared experts) (the grid the GEMMs launch; tiles past the real count exit at once).
+inline int MoeMaxTiles(int slots, int experts, int dense_rows) {
+  return slots / kMoeTileRows + (slots < experts ? slots : experts) +
+         (dense_rows + kMoeTileRows - 1) / kMoeTileRows;
 }
 
 // Counting sort of the S = T * top_k slots by expert (one CTA), stable: within an expert, slots in
 // (token, k) order, as CpuMoe. Writes
 //   sorted_token [S]  token of each expert-ordered slot
 //   slot_of      [S]  expert-ordered position of slot (t, k)
-//   tiles        [MoeMaxTiles(S, E)][3]  each M tile's expert, first row, and its expert's row end
+//   tiles        [MoeMaxTiles(S, E, D)][3]  each M tile's expert, first row, and its expert's
+//                row end; then the dense group's tiles (expert -1, rows of [0, D))
 //   num_tiles    [1]
 // An id outside [0, E) is counted for no expert (its slot gets position S, the combine skips it).
 struct MoePermuteArgs {
   const int32_t* topk_ids = nullptr;  // [S]
   int num_slots = 0, num_experts = 0, top_k = 0;
+  int dense_rows = 0;  // D: rows of the dense group (the shared experts: every token), or 0
   int32_t* sorted_token = nullptr;
   int32_t* slot_of = nullptr;
   int32_t* tiles = nullptr;  // [max_tiles][3]: expert, row begin, row end (exclusive)
@@ -60,7 +63,9 @@ struct MoePermuteArgs {
 void LaunchMoePermute(const MoePermuteArgs& a, void* stream);
 
 // One grouped GEMM over the tiles of LaunchMoePermute, weights bf16 or fp8 e4m3 (one scale per
-// expert, device [E][scale_stride]), streamed from global memory once per tile:
+// expert, device [E][scale_stride]), streamed from global memory once per tile. The dense group's
+// tiles (expert -1) use the dense_* operands instead (shared experts: their own weight, rows of
+// dense_x, no gather, out to dense_out):
 //   gate_up (silu_mul): act[s, j] = bf16(silu(g) * u), g = s_e x[tok(s)] . Wg_e[j],
 //                       u = s_e x[tok(s)] . Wu_e[j]; W_e = [2 I, K] (gate rows, then up rows)
 //   down:               y[s, n] = bf16(s_e act[s] . Wd_e[n]); W_e = [N, K]
@@ -79,6 +84,12 @@ struct MoeGemmArgs {
   const int32_t* num_tiles = nullptr;
   int max_tiles = 0;
   void* out = nullptr;  // bf16 [S, n_out]
+  // The dense group (tiles with expert -1), same dtype and silu_mul: W [(2) dense_n_out, dense_k].
+  const void* dense_x = nullptr;  // bf16 [D, dense_k]
+  const void* dense_w = nullptr;
+  const float* dense_w_scale = nullptr;  // fp8: one scale
+  int dense_n_out = 0, dense_k = 0;
+  void* dense_out = nullptr;  // bf16 [D, dense_n_out]
 };
 constexpr int kMoeGemmK = 64;
 constexpr int kMoeGemmN = 64;  // outputs per CTA (silu_mul: 32 outputs from 64 weight rows)

@@ -5,6 +5,8 @@
 #include <cstdint>
 
 #include "kernels/cuda/moe_ops.h"
+#include "kernels/cuda/pdl_launch.cuh"
+#include "kernels/cuda/ptx_ops.cuh"
 
 namespace llm::cuda {
 namespace {
@@ -47,6 +49,7 @@ __device__ int BlockExclusiveScan(int v, int* s_warp, int* total) {
 __global__ void __launch_bounds__(kPermuteThreads) MoePermuteKernel(const MoePermuteArgs a) {
   __shared__ int s_base[kPermuteWarps][kMoeRouteMaxExperts];  // counts, then running bases
   __shared__ int s_warp[kPermuteWarps + 1];
+  ptx::GridDependencySync();  // launched with LaunchPdl
   const int S = a.num_slots, E = a.num_experts;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int i = threadIdx.x; i < kPermuteWarps * kMoeRouteMaxExperts; i += kPermuteThreads) {
@@ -89,7 +92,15 @@ __global__ void __launch_bounds__(kPermuteThreads) MoePermuteKernel(const MoePer
       tile[2] = offset + count;
     }
   }
-  if (threadIdx.x == 0) *a.num_tiles = total_tiles;
+  // The dense group's tiles after the experts'.
+  const int dense_tiles = (a.dense_rows + kMoeTileRows - 1) / kMoeTileRows;
+  for (int j = threadIdx.x; j < dense_tiles; j += kPermuteThreads) {
+    int32_t* tile = a.tiles + 3 * (total_tiles + j);
+    tile[0] = -1;
+    tile[1] = j * kMoeTileRows;
+    tile[2] = a.dense_rows;
+  }
+  if (threadIdx.x == 0) *a.num_tiles = total_tiles + dense_tiles;
   __syncthreads();
   for (int b = begin; b < end; b += 32) {
     const int i = b + lane;
@@ -112,6 +123,7 @@ __global__ void __launch_bounds__(kPermuteThreads) MoePermuteKernel(const MoePer
 __global__ void MoeCombineKernel(const __nv_bfloat16* y, const int32_t* slot_of,
                                  const float* topk_w, const __nv_bfloat16* shared, int num_slots,
                                  int top_k, int hidden, __nv_bfloat16* out) {
+  ptx::GridDependencySync();  // launched with LaunchPdl
   const int t = blockIdx.x;
   for (int i = threadIdx.x * 8; i < hidden; i += blockDim.x * 8) {
     float acc[8] = {};
@@ -149,17 +161,18 @@ __global__ void MoeCombineKernel(const __nv_bfloat16* y, const int32_t* slot_of,
 }  // namespace
 
 void LaunchMoePermute(const MoePermuteArgs& a, void* stream) {
-  MoePermuteKernel<<<1, kPermuteThreads, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  (void)LaunchPdl(MoePermuteKernel, dim3(1), dim3(kPermuteThreads), 0,
+                  static_cast<cudaStream_t>(stream), a);
 }
 
 void LaunchMoeCombine(const void* y, const int32_t* slot_of, const float* topk_w,
                       const void* shared, int num_tokens, int top_k, int hidden, void* out,
                       void* stream) {
   if (num_tokens == 0) return;
-  MoeCombineKernel<<<num_tokens, 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const __nv_bfloat16*>(y), slot_of, topk_w,
-      static_cast<const __nv_bfloat16*>(shared), num_tokens * top_k, top_k, hidden,
-      static_cast<__nv_bfloat16*>(out));
+  (void)LaunchPdl(MoeCombineKernel, dim3(num_tokens), dim3(256), 0,
+                  static_cast<cudaStream_t>(stream), static_cast<const __nv_bfloat16*>(y), slot_of,
+                  topk_w, static_cast<const __nv_bfloat16*>(shared), num_tokens * top_k, top_k,
+                  hidden, static_cast<__nv_bfloat16*>(out));
 }
 
 }  // namespace llm::cuda

@@ -5,6 +5,8 @@
 #include <cstdint>
 
 #include "kernels/cuda/moe_ops.h"
+#include "kernels/cuda/pdl_launch.cuh"
+#include "kernels/cuda/ptx_ops.cuh"
 
 namespace llm::cuda {
 namespace {
@@ -44,6 +46,7 @@ __device__ __forceinline__ float WarpSum(float v) {
 __global__ void __launch_bounds__(kWarps * 32) MoeRouteKernel(const MoeRouteArgs a) {
   __shared__ float s_score[kWarps][kMoeRouteMaxExperts];
   __shared__ float s_choice[kWarps][kMoeRouteMaxExperts];
+  ptx::GridDependencySync();  // launched with LaunchPdl
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int t = blockIdx.x * kWarps + warp;
   if (t >= a.num_tokens) return;  // whole warps: no CTA barrier below
@@ -137,8 +140,8 @@ __global__ void __launch_bounds__(kWarps * 32) MoeRouteKernel(const MoeRouteArgs
 
 void LaunchMoeRoute(const MoeRouteArgs& a, void* stream) {
   if (a.num_tokens == 0) return;
-  MoeRouteKernel<<<(a.num_tokens + kWarps - 1) / kWarps, kWarps * 32, 0,
-                   static_cast<cudaStream_t>(stream)>>>(a);
+  (void)LaunchPdl(MoeRouteKernel, dim3((a.num_tokens + kWarps - 1) / kWarps), dim3(kWarps * 32), 0,
+                  static_cast<cudaStream_t>(stream), a);
 }
 
 }  // namespace llm::cuda
