@@ -14,7 +14,8 @@
 //                causal softmax kernel, PV GEMM. Queries are tiled so the score buffer stays
 //                under 256 MiB: cost O(H * Tq * kv) memory traffic per tile, fine for
 //                correctness, a fused FMHA is the follow-up.
-//   MoE: CudaDeepseekMoe (host grouping: one sync per MoE layer).
+//   MoE: CudaMoeLayer (cuda_moe_layer.h: routing, permutation and grouped GEMMs on the device, no
+//   host sync).
 // fp8 weights (weight_dtype fp8): q_a / q / kv_a (fused), q_b, o_proj, the dense MLPs, the routed
 // and shared experts through CudaLinear (per-tensor e4m3, activations per row); kv_b_proj (W_UK /
 // W_UV, read by the batched absorptions and the prefill expansion), the router, embedding, norms

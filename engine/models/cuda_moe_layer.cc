@@ -9,6 +9,23 @@
 
 namespace llm {
 
+cuda::MoeRouteArgs MoeRouteArgsOf(const MoeRouting& r) {
+  cuda::MoeRouteArgs a;
+  a.num_experts = r.num_experts;
+  a.top_k = r.top_k;
+  a.sigmoid = r.scoring == MoeRouting::Scoring::kSigmoid;
+  a.groups = r.groups == MoeRouting::Groups::kNone           ? 0
+             : r.groups == MoeRouting::Groups::kGroupLimited ? 1
+                                                             : 2;
+  a.n_group = r.n_group;
+  a.topk_group = r.topk_group;
+  a.weigh_unbiased = r.weigh_unbiased;
+  a.normalize = r.normalize;
+  a.norm_eps = r.norm_eps;
+  a.scaling = r.scaling;
+  return a;
+}
+
 Status CudaMoeLayer::Check(const MoeRouting& r, int hidden, int inter, int shared_inter) {
   const std::string what = "CUDA MoE layer: ";
   if (r.num_experts < 1 || r.num_experts > cuda::kMoeRouteMaxExperts) {
@@ -142,22 +159,10 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
                                     w.router.ptr, CUDA_R_32F, hidden_, s->x_f32.ptr, CUDA_R_32F,
                                     hidden_, &zero, s->logits.ptr, CUDA_R_32F, E,
                                     CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
-  cuda::MoeRouteArgs ra;
+  cuda::MoeRouteArgs ra = MoeRouteArgsOf(r_);
   ra.logits = s->logits.as<float>();
   ra.bias = w.router_bias.ptr ? w.router_bias.as<float>() : nullptr;
   ra.num_tokens = T;
-  ra.num_experts = E;
-  ra.top_k = K;
-  ra.sigmoid = r_.scoring == MoeRouting::Scoring::kSigmoid;
-  ra.groups = r_.groups == MoeRouting::Groups::kNone           ? 0
-              : r_.groups == MoeRouting::Groups::kGroupLimited ? 1
-                                                               : 2;
-  ra.n_group = r_.n_group;
-  ra.topk_group = r_.topk_group;
-  ra.weigh_unbiased = r_.weigh_unbiased;
-  ra.normalize = r_.normalize;
-  ra.norm_eps = r_.norm_eps;
-  ra.scaling = r_.scaling;
   ra.topk_ids = s->topk_ids.as<int32_t>();
   ra.topk_w = s->topk_w.as<float>();
   cuda::LaunchMoeRoute(ra, stream);

@@ -25,6 +25,7 @@
 #include "engine/models/cuda_linear.h"
 #include "engine/models/model.h"
 #include "engine/models/moe_router.h"
+#include "kernels/cuda/moe_ops.h"
 
 namespace llm {
 
@@ -44,6 +45,9 @@ struct CudaMoeScratch {
   DeviceBuffer shared_act, shared_out;  // the shared experts' [cap, shared I], [cap, hidden]
   int cap = 0;
 };
+
+// The routing kernel's arguments for `routing` (pointers and the token count left to the caller).
+cuda::MoeRouteArgs MoeRouteArgsOf(const MoeRouting& routing);
 
 class CudaMoeLayer {
  public:

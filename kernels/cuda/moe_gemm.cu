@@ -39,38 +39,6 @@ struct Smem {
   alignas(128) uint8_t b[kStages][kB];
 };
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared; src_bytes 0 fills zeros (rows past the expert's end).
-__device__ __forceinline__ void CpAsync16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(dst)), "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void Ldmatrix4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddr(p)));
-}
-
-__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // Two e4m3 bytes (low byte first) -> two bf16 in one register, exactly.
 __device__ __forceinline__ uint32_t Fp8x2ToBf16x2(uint16_t v) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v), __NV_E4M3);
@@ -130,10 +98,10 @@ __global__ void __launch_bounds__(kThreads) MoeGemmKernel(const MoeGemmArgs a) {
   }
   auto load_stage = [&](int stage, int kt) {
     const int a_dst = kFp8 ? a_row * kFp8ARow + a_chunk * 16 : Swz(a_row, a_chunk);
-    CpAsync16(&sm.a[stage][a_dst], a_src + kt * kBK * 2, a_valid ? 16 : 0);
+    ptx::CpAsync16(&sm.a[stage][a_dst], a_src + kt * kBK * 2, a_valid);
 #pragma unroll
     for (int i = 0; i < kBCopies; ++i) {
-      CpAsync16(&sm.b[stage][b_dst[i]], b_src[i] + kt * kBK * kWBytes, 16);
+      ptx::CpAsync16(&sm.b[stage][b_dst[i]], b_src[i] + kt * kBK * kWBytes, true);
     }
   };
 
@@ -141,10 +109,10 @@ __global__ void __launch_bounds__(kThreads) MoeGemmKernel(const MoeGemmArgs a) {
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < KT) load_stage(s, s);
-    CpAsyncCommit();
+    ptx::CpAsyncCommit();
   }
   for (int kt = 0; kt < KT; ++kt) {
-    CpAsyncWait<kStages - 2>();
+    ptx::CpAsyncWait<kStages - 2>();
     __syncthreads();
     const int stage = kt % kStages;
     const uint8_t* as = sm.a[stage];
@@ -153,11 +121,11 @@ __global__ void __launch_bounds__(kThreads) MoeGemmKernel(const MoeGemmArgs a) {
 #pragma unroll
       for (int kk = 0; kk < kBK; kk += 16) {
         uint32_t af[4], r[4];
-        Ldmatrix4(af, as + Swz(lane % 16, kk / 8 + lane / 16));
+        ptx::LdMatrixX4(af, as + Swz(lane % 16, kk / 8 + lane / 16));
         const int n = warp * 16 + (lane & 7) + ((lane >> 4) << 3);
-        Ldmatrix4(r, bs + Swz(n, kk / 8 + ((lane >> 3) & 1)));
-        Mma(acc[0], af, r[0], r[1]);
-        Mma(acc[1], af, r[2], r[3]);
+        ptx::LdMatrixX4(r, bs + Swz(n, kk / 8 + ((lane >> 3) & 1)));
+        ptx::MmaBf16(acc[0], af, r[0], r[1]);
+        ptx::MmaBf16(acc[1], af, r[2], r[3]);
       }
     } else {
       // Thread (g, c): A rows g and g + 8, physical k [16 c, 16 c + 16); B rows of its two n8
@@ -183,16 +151,16 @@ __global__ void __launch_bounds__(kThreads) MoeGemmKernel(const MoeGemmArgs a) {
 #pragma unroll
         for (int nb = 0; nb < 2; ++nb) {
           const uint32_t wq = reinterpret_cast<const uint32_t*>(&b[nb])[st];
-          Mma(acc[nb], af, Fp8x2ToBf16x2(static_cast<uint16_t>(wq & 0xffffu)),
-              Fp8x2ToBf16x2(static_cast<uint16_t>(wq >> 16)));
+          ptx::MmaBf16(acc[nb], af, Fp8x2ToBf16x2(static_cast<uint16_t>(wq & 0xffffu)),
+                       Fp8x2ToBf16x2(static_cast<uint16_t>(wq >> 16)));
         }
       }
     }
     const int next = kt + kStages - 1;
     if (next < KT) load_stage(next % kStages, next);
-    CpAsyncCommit();
+    ptx::CpAsyncCommit();
   }
-  CpAsyncWait<0>();
+  ptx::CpAsyncWait<0>();
 
   // Accumulator (m16n8): c[0..1] row lane / 4, columns 2 (lane % 4) + {0, 1}; c[2..3] row + 8.
   const float scale = !kFp8 ? 1.0f : dense ? *a.dense_w_scale : a.w_scale[expert * a.scale_stride];

@@ -79,22 +79,10 @@ void GpuRoute(const MoeRouting& r, const std::vector<float>& logits, const std::
   float* d_b = bias.empty() ? nullptr : Upload(bias);
   int32_t* d_ids = Upload(std::vector<int32_t>(T * r.top_k, -7));
   float* d_w = Upload(std::vector<float>(T * r.top_k, 0.f));
-  cuda::MoeRouteArgs a;
+  cuda::MoeRouteArgs a = MoeRouteArgsOf(r);
   a.logits = d_l;
   a.bias = d_b;
   a.num_tokens = T;
-  a.num_experts = r.num_experts;
-  a.top_k = r.top_k;
-  a.sigmoid = r.scoring == MoeRouting::Scoring::kSigmoid;
-  a.groups = r.groups == MoeRouting::Groups::kNone           ? 0
-             : r.groups == MoeRouting::Groups::kGroupLimited ? 1
-                                                             : 2;
-  a.n_group = r.n_group;
-  a.topk_group = r.topk_group;
-  a.weigh_unbiased = r.weigh_unbiased;
-  a.normalize = r.normalize;
-  a.norm_eps = r.norm_eps;
-  a.scaling = r.scaling;
   a.topk_ids = d_ids;
   a.topk_w = d_w;
   cuda::LaunchMoeRoute(a, nullptr);
