@@ -8,7 +8,8 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/base/dtype.h"
-#include "engine/models/cuda_deepseek_moe.h"
+#include "engine/models/cuda_gated_mlp.h"
+#include "engine/models/cuda_moe_layer.h"
 #include "kernels/cpu/cpu_mla_attention.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_mla_backend.h"
@@ -35,7 +36,7 @@ struct Layer {
   float cache_scale = 1.0f;          // fp8 latent cache dequant scale
   bool moe = false;
   CudaGatedMlp dense;
-  CudaDeepseekMoe::Layer experts;
+  CudaMoeWeights experts;
   DeviceBuffer cache;  // [num_blocks, block_size, C + R] bf16 or fp8 bytes
 };
 
@@ -43,6 +44,7 @@ struct Layer {
 struct Scratch {
   DeviceBuffer a, qa, q, latent, q_pe, q_latent, out_latent, attn, tmp, gate_up, act;
   DeviceBuffer xq, row_scales;  // fp8 weights: CudaLinear::Apply's per-row input
+  CudaMoeScratch moe;           // MoE layers (their router's fp32 input too)
   int cap = 0;
   cuda::Fp8Rows fp8() const { return {xq.ptr, row_scales.as<float>()}; }
 };
@@ -64,7 +66,10 @@ StatusOr<DType> GpuCacheDType(const DeepseekConfig& config, const ModelLoadOptio
 
 class CudaDeepseekDecoder final : public CudaDecoder {
  public:
-  explicit CudaDeepseekDecoder(const DeepseekConfig& config) : d_(config), moe_(config) {}
+  explicit CudaDeepseekDecoder(const DeepseekConfig& config)
+      : d_(config),
+        moe_(config.Routing(), config.base.hidden_size, config.moe_intermediate_size,
+             config.moe_intermediate_size * config.n_shared_experts) {}
   const ModelConfig& config() const override { return d_.base; }
   const char* name() const override { return "deepseek"; }
   Status SelectAttention(const CudaLoadContext& ctx) override;
@@ -72,14 +77,11 @@ class CudaDeepseekDecoder final : public CudaDecoder {
   AttentionBackend& attention() override { return *mla_; }
   std::string kv_cache_dtype_name() const override { return DTypeName(cache_dtype_); }
   Status AllocateCache(const CudaLoadContext& ctx, int num_blocks) override;
-  // A decode step reads only the runner's staged device inputs (ids, positions) and the backend's
-  // graph area (PlanGraph), except CudaDeepseekMoe::Run, which waits for its top-k ids on the
-  // host: so today only a model without MoE layers (first_k_dense_replace = num_layers) runs in
-  // graphs. A device-only MoE layer flips moe_graph_safe.
-  bool graph_safe() const override {
-    const bool moe_graph_safe = num_moe_layers() == 0;
-    return moe_graph_safe && mla_->supports_graphs();
-  }
+  // A decode step reads only the runner's staged device inputs (ids, positions), the backend's
+  // graph area (PlanGraph) and the MoE layer's own device buffers (it never waits for the host), so
+  // it runs in the runner's graphs when cuda_mla has its graph form (the runner runs eager steps
+  // while a routing trace is set).
+  bool graph_safe() const override { return moe_.graph_safe() && mla_->supports_graphs(); }
   // The attention projections (q_a / q, kv_a, q_b, o_proj) keep a checkpoint's fp8; kv_b_proj (the
   // MLA absorbs it in bf16), the dense MLP and the experts are dequantized by the loader.
   bool keeps_checkpoint_fp8() const override { return true; }
@@ -92,9 +94,10 @@ class CudaDeepseekDecoder final : public CudaDecoder {
   }
   StatusOr<CudaLayersOut> RunLayers(const CudaStep& step) override;
   std::string Summary() const override { return std::to_string(num_moe_layers()) + " MoE"; }
-  // Records the top-k ids the MoE already copies to the host (no margin: NaN).
+  // Each MoE layer copies its top-k ids back and waits for them (no margin: NaN); eager steps
+  // only (CudaMoeLayer::Run refuses a trace inside a capture).
   bool set_routing_trace(std::vector<MoeRoutingDecision>* trace) override {
-    moe_.set_routing_trace(trace);
+    routing_trace_ = trace;
     return true;
   }
 
@@ -127,8 +130,10 @@ class CudaDeepseekDecoder final : public CudaDecoder {
   float rope_mscale_ = 1.0f;
   DeviceBuffer inv_freq_;
   std::vector<std::unique_ptr<Layer>> layers_;
-  CudaDeepseekMoe moe_;
-  Scratch scratch_[2];  // eager, graph
+  CudaMoeLayer moe_;
+  MoeTensorNames moe_names_;
+  std::vector<MoeRoutingDecision>* routing_trace_ = nullptr;  // set_routing_trace; not owned
+  Scratch scratch_[2];                                        // eager, graph
   // This step (Plan): decode rows lie in [d0_, d1_) (rows of other sequences in between are
   // computed and then overwritten by the prefill path); which sequences are decodes.
   int d0_ = 0, d1_ = 0;
@@ -143,9 +148,12 @@ Status CudaDeepseekDecoder::SelectAttention(const CudaLoadContext& ctx) {
   const ModelConfig& c = d_.base;
   const ModelLoadOptions& options = *ctx.options;
   ops_ = ctx.ops;
-  if (d_.n_routed_experts > cuda::kMoeMaxExperts || d_.n_group > 64) {
-    return Unimplemented("DeepSeek on CUDA supports at most " +
-                         std::to_string(cuda::kMoeMaxExperts) + " routed experts and 64 groups");
+  if (d_.n_routed_experts > 0) {
+    LLM_RETURN_IF_ERROR(CudaMoeLayer::Check(moe_.routing(), c.hidden_size, d_.moe_intermediate_size,
+                                            d_.moe_intermediate_size * d_.n_shared_experts));
+  }
+  if (d_.topk_method == DeepseekConfig::TopkMethod::kNoauxTc) {
+    moe_names_.selection_bias = "e_score_correction_bias";
   }
   // An unsupported shape (the kernel is built for kv_lora_rank 512 + rope 64) fails here.
   LLM_ASSIGN_OR_RETURN(cache_dtype_, GpuCacheDType(d_, options));
@@ -232,7 +240,8 @@ Status CudaDeepseekDecoder::Load(const CudaLoadContext& ctx) {
       LLM_RETURN_IF_ERROR(L->dense.Load(loader, *ops_, quant, p + "mlp.", static_cast<int>(h),
                                         c.intermediate_size));
     } else {
-      LLM_RETURN_IF_ERROR(moe_.LoadLayer(loader, w, *ops_, quant, p + "mlp.", &L->experts));
+      LLM_RETURN_IF_ERROR(
+          moe_.Load(loader, w, *ops_, quant, p + moe_names_.block, moe_names_, &L->experts));
     }
     layers_.push_back(std::move(L));
   }
@@ -278,6 +287,7 @@ Status CudaDeepseekDecoder::Reserve(int set, int rows) {
     // Per-row scales, or 1x128 block scales [ceil(k / 128)][T] for block-scaled checkpoint weights.
     LLM_RETURN_IF_ERROR(s.row_scales.Alloc(T * 4 * ((std::max({Hd, QA, H * V, I}) + 127) / 128)));
   }
+  if (d_.n_routed_experts > 0) LLM_RETURN_IF_ERROR(moe_.Reserve(rows, &s.moe));
   // Padding rows of a graph bucket are computed too: keep them finite from the start.
   for (DeviceBuffer* b : {&s.a, &s.qa, &s.q, &s.latent, &s.q_pe, &s.q_latent, &s.out_latent,
                           &s.attn, &s.tmp, &s.gate_up, &s.act, &s.xq, &s.row_scales}) {
@@ -486,10 +496,19 @@ StatusOr<CudaLayersOut> CudaDeepseekDecoder::RunLayers(const CudaStep& step) {
       LLM_RETURN_IF_ERROR(PrefillAttention(s, L, batch, sq, q, q_stride));
     }
     LLM_RETURN_IF_ERROR(L.wo.Apply(*ops_, s.attn.ptr, T, s.tmp.ptr, fp8));
-    cuda::LaunchAddRmsNorm(step.residual, s.tmp.ptr, L.mlp_norm.ptr, nullptr, T, Hd, c.rms_norm_eps,
-                           xn, stream);
+    cuda::RmsNormArgs na;
+    na.residual = step.residual;
+    na.delta = s.tmp.ptr;
+    na.weight = L.mlp_norm.ptr;
+    na.num_rows = T;
+    na.hidden = Hd;
+    na.eps = c.rms_norm_eps;
+    na.out = xn;
+    na.out_f32 = L.moe ? s.moe.x_f32.as<float>() : nullptr;  // the router's fp32 input
+    cuda::LaunchAddRmsNorm(na, stream);
     if (L.moe) {
-      LLM_RETURN_IF_ERROR(moe_.Run(*ops_, L.experts, l, xn, T, step.batch->positions, s.tmp.ptr));
+      const CudaMoeLayer::Trace trace{routing_trace_, l, step.batch->positions.data()};
+      LLM_RETURN_IF_ERROR(moe_.Run(*ops_, L.experts, xn, T, &s.moe, s.tmp.ptr, trace));
     } else {
       LLM_RETURN_IF_ERROR(L.dense.Run(*ops_, xn, T, s.tmp.ptr, s.gate_up.ptr, s.act.ptr, fp8));
     }

@@ -1,6 +1,6 @@
 // DeepSeek-V2 / DeepSeek-V3 as a definition on the CUDA model runner (cuda_model_runner.h):
 // MLA through the "cuda_mla" backend (absorbed decode) plus an expanded-heads prefill path, and
-// DeepSeekMoE (cuda_deepseek_moe.h). Same semantics as the CPU DeepseekModel (deepseek_model.h),
+// DeepSeekMoE (cuda_moe_layer.h). Same semantics as the CPU DeepseekModel (deepseek_model.h),
 // which is its oracle. Built only with the CUDA backend.
 //
 // Per layer (T rows of the flattened batch, H heads, C = kv_lora_rank 512, R = rope 64):
@@ -14,9 +14,9 @@
 //                causal softmax kernel, PV GEMM. Queries are tiled so the score buffer stays
 //                under 256 MiB: cost O(H * Tq * kv) memory traffic per tile, fine for
 //                correctness, a fused FMHA is the follow-up.
-//   MoE: CudaDeepseekMoe (host grouping: one sync per MoE layer).
-// Decode steps run in the runner's CUDA graphs (cuda_mla's graph form) when no layer waits for the
-// host (graph_safe): today only a model whose layers are all dense.
+//   MoE: CudaMoeLayer (cuda_moe_layer.h: routing, permutation and grouped GEMMs on the device, no
+//   host sync).
+// Decode steps run in the runner's CUDA graphs (cuda_mla's graph form; graph_safe).
 // fp8 weights (weight_dtype fp8): q_a / q / kv_a (fused), q_b, o_proj, the dense MLPs, the routed
 // and shared experts through CudaLinear (per-tensor e4m3, activations per row); kv_b_proj (W_UK /
 // W_UV, read by the batched absorptions and the prefill expansion), the router, embedding, norms

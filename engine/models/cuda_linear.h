@@ -83,6 +83,10 @@ class CudaLinear {
   size_t weight_bytes() const { return w_.bytes; }
   // bf16 weights only: the matrix (for batched GEMMs that index it themselves).
   const void* bf16() const { return w_.ptr; }
+  // The matrix in its stored form (bf16, or e4m3 bytes) and the fp8 scales ([groups][kScaleSlot],
+  // null for bf16): for kernels that index the groups themselves (the MoE grouped GEMMs).
+  const void* data() const { return w_.ptr; }
+  const float* scales() const { return fp8() ? scales_.as<float>() : nullptr; }
 
   // bf16 in and out (fp8: quantizes x as input() says into `scratch`, then the scaled product):
   // the plain form. scratch: e4m3 [rows16, k] + scales ([rows16], or [ceil(k / 128)][rows16] for

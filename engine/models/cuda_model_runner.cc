@@ -61,7 +61,9 @@ class CudaModelRunner final : public Model {
   size_t kv_bytes_per_block() const override {
     return dec_->attention().BlockBytes() * config().num_layers;
   }
+  // A captured step would replay without recording: steps run eagerly while a trace is set.
   bool set_routing_trace(std::vector<MoeRoutingDecision>* trace) override {
+    tracing_ = trace != nullptr;
     return dec_->set_routing_trace(trace);
   }
 
@@ -112,6 +114,7 @@ class CudaModelRunner final : public Model {
   int num_blocks_ = 0;
   Scratch sets_[2];              // eager, graph
   int graph_max_batch_ = 0;      // 0: no graphs
+  bool tracing_ = false;         // set_routing_trace: eager steps only
   int graph_pages_per_seq_ = 0;  // block-table entries a graph step's sequence may have
   bool graphs_reserved_ = false;
   int64_t graph_steps_ = 0;
@@ -268,7 +271,7 @@ StatusOr<CudaLayersOut> CudaModelRunner::LaunchLayers(const ForwardBatch& batch,
 
 int CudaModelRunner::GraphBucket(const ForwardBatch& batch) const {
   const AttentionBatch& a = batch.attn;
-  if (graph_max_batch_ == 0 || a.num_seqs == 0 || a.num_tokens != a.num_seqs ||
+  if (graph_max_batch_ == 0 || tracing_ || a.num_seqs == 0 || a.num_tokens != a.num_seqs ||
       a.num_seqs > graph_max_batch_) {
     return 0;
   }

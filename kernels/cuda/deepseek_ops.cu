@@ -96,101 +96,6 @@ __global__ void CausalSoftmaxKernel(const float* s, int q_rows, int kv_len, int 
   }
 }
 
-// One thread per token; mirrors MoeRouter::Route (engine/models/moe_router.cc) line
-// by line.
-__global__ void MoeRoutingKernel(MoeRoutingArgs a) {
-  const int t = blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= a.num_tokens) return;
-  const int E = a.num_experts, K = a.top_k;
-  const float* l = a.logits + static_cast<size_t>(t) * E;
-  float scores[kMoeMaxExperts], choice[kMoeMaxExperts];
-  if (!a.sigmoid) {
-    float mx = -INFINITY;
-    for (int e = 0; e < E; ++e) mx = fmaxf(mx, l[e]);
-    float sum = 0.f;
-    for (int e = 0; e < E; ++e) sum += (scores[e] = expf(l[e] - mx));
-    for (int e = 0; e < E; ++e) scores[e] /= sum;
-  } else {
-    for (int e = 0; e < E; ++e) scores[e] = 1.0f / (1.0f + expf(-l[e]));
-  }
-  for (int e = 0; e < E; ++e) choice[e] = scores[e] + (a.bias ? a.bias[e] : 0.0f);
-  if (a.method != 0) {
-    const int per = E / a.n_group;
-    float gs[64];
-    for (int g = 0; g < a.n_group; ++g) {
-      const float* s = choice + g * per;
-      if (a.method == 1) {
-        float m = s[0];
-        for (int i = 1; i < per; ++i) m = fmaxf(m, s[i]);
-        gs[g] = m;
-      } else {
-        float x = -INFINITY, y = -INFINITY;
-        for (int i = 0; i < per; ++i) {
-          if (s[i] > x) {
-            y = x;
-            x = s[i];
-          } else if (s[i] > y) {
-            y = s[i];
-          }
-        }
-        gs[g] = x + y;
-      }
-    }
-    // Keep the topk_group best groups (ties to the lower index), as partial_sort does.
-    uint64_t keep = 0;
-    for (int k = 0; k < a.topk_group; ++k) {
-      int best = -1;
-      for (int g = 0; g < a.n_group; ++g) {
-        if ((keep >> g) & 1) continue;
-        if (best < 0 || gs[g] > gs[best]) best = g;
-      }
-      keep |= 1ull << best;
-    }
-    for (int e = 0; e < E; ++e) {
-      if (!((keep >> (e / per)) & 1)) choice[e] = 0.0f;
-    }
-  }
-  int32_t* ids = a.topk_ids + static_cast<size_t>(t) * K;
-  float* w = a.topk_w + static_cast<size_t>(t) * K;
-  float sum = 0.f;
-  for (int k = 0; k < K; ++k) {
-    int best = -1;
-    for (int e = 0; e < E; ++e) {
-      bool taken = false;
-      for (int j = 0; j < k; ++j) taken |= ids[j] == e;
-      if (taken) continue;
-      if (best < 0 || choice[e] > choice[best]) best = e;
-    }
-    ids[k] = best;
-    w[k] = a.method == 2 ? scores[best] : choice[best];
-    sum += w[k];
-  }
-  for (int k = 0; k < K; ++k) {
-    if (a.normalize) w[k] /= sum + 1e-20f;
-    if (a.scale_after_norm || !a.normalize) w[k] *= a.routed_scaling_factor;
-  }
-}
-
-__global__ void GatherRowsKernel(const bf16* x, const int32_t* rows, int hidden, bf16* out) {
-  const bf16* src = x + static_cast<size_t>(rows[blockIdx.x]) * hidden;
-  bf16* dst = out + static_cast<size_t>(blockIdx.x) * hidden;
-  for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = src[i];
-}
-
-__global__ void MoeCombineKernel(const bf16* y, const int32_t* slot, const float* topk_w,
-                                 const bf16* shared, int top_k, int hidden, bf16* out) {
-  const int t = blockIdx.x;
-  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-    float acc = 0.f;
-    for (int k = 0; k < top_k; ++k) {
-      const int s = slot[t * top_k + k];
-      acc += topk_w[t * top_k + k] * __bfloat162float(y[static_cast<size_t>(s) * hidden + i]);
-    }
-    if (shared) acc += __bfloat162float(shared[static_cast<size_t>(t) * hidden + i]);
-    out[static_cast<size_t>(t) * hidden + i] = __float2bfloat16(acc);
-  }
-}
-
 }  // namespace
 
 void LaunchRmsNormStrided(const void* in, int in_stride, const void* weight, int rows, int dim,
@@ -220,26 +125,6 @@ void LaunchCausalSoftmax(const float* s, int heads, int q_rows, int kv_len, int 
   if (heads * q_rows == 0) return;
   CausalSoftmaxKernel<<<heads * q_rows, 256, 0, static_cast<cudaStream_t>(stream)>>>(
       s, q_rows, kv_len, first_pos, scale, static_cast<bf16*>(p));
-}
-
-void LaunchMoeRouting(const MoeRoutingArgs& a, void* stream) {
-  if (a.num_tokens == 0) return;
-  MoeRoutingKernel<<<(a.num_tokens + 63) / 64, 64, 0, static_cast<cudaStream_t>(stream)>>>(a);
-}
-
-void LaunchGatherRows(const void* x, const int32_t* rows, int n, int hidden, void* out,
-                      void* stream) {
-  if (n == 0) return;
-  GatherRowsKernel<<<n, 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const bf16*>(x), rows, hidden, static_cast<bf16*>(out));
-}
-
-void LaunchMoeCombine(const void* y, const int32_t* slot, const float* topk_w, const void* shared,
-                      int num_tokens, int top_k, int hidden, void* out, void* stream) {
-  if (num_tokens == 0) return;
-  MoeCombineKernel<<<num_tokens, 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const bf16*>(y), slot, topk_w, static_cast<const bf16*>(shared), top_k, hidden,
-      static_cast<bf16*>(out));
 }
 
 }  // namespace llm::cuda

@@ -37,34 +37,4 @@ void LaunchGatherLatents(const void* cache, bool fp8, float scale, const int32_t
 void LaunchCausalSoftmax(const float* s, int heads, int q_rows, int kv_len, int first_pos,
                          float scale, void* p, void* stream);
 
-// DeepSeekMoE routing of every token (one thread per token), exactly the CPU model's rule:
-// scores softmax or sigmoid of logits; selection scores + bias (noaux_tc); group_limited_greedy
-// (group max) or noaux_tc (sum of top two) keeps topk_group groups, others score 0; top-k with
-// ties to the lower index; weights from the selection (noaux_tc: unbiased scores), normalized
-// (norm_topk_prob && k > 1) and scaled per the V2 / V3 rule.
-struct MoeRoutingArgs {
-  const float* logits = nullptr;  // fp32 [T, E]
-  const float* bias = nullptr;    // [E] e_score_correction_bias or null
-  int num_tokens = 0, num_experts = 0, top_k = 0;
-  bool sigmoid = false;
-  int method = 0;  // 0 greedy, 1 group_limited_greedy, 2 noaux_tc
-  int n_group = 1, topk_group = 1;
-  bool normalize = false;         // norm_topk_prob && top_k > 1
-  bool scale_after_norm = false;  // V3: always multiply by routed_scaling_factor
-  float routed_scaling_factor = 1.0f;
-  int32_t* topk_ids = nullptr;  // [T, top_k]
-  float* topk_w = nullptr;      // [T, top_k]
-};
-constexpr int kMoeMaxExperts = 512;
-void LaunchMoeRouting(const MoeRoutingArgs& a, void* stream);
-
-// out[i, :] = x[rows[i], :] (bf16, hidden wide): each expert's tokens made contiguous.
-void LaunchGatherRows(const void* x, const int32_t* rows, int n, int hidden, void* out,
-                      void* stream);
-
-// out[t, :] = bf16(shared[t, :] + sum_k topk_w[t, k] * y[slot[t, k], :]) with fp32 sums in
-// a fixed order (deterministic, no atomics). shared may be null.
-void LaunchMoeCombine(const void* y, const int32_t* slot, const float* topk_w, const void* shared,
-                      int num_tokens, int top_k, int hidden, void* out, void* stream);
-
 }  // namespace llm::cuda

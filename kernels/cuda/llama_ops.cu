@@ -72,6 +72,12 @@ __global__ void AddRmsNormKernel(const RmsNormArgs a) {
     ss += v * v;
   }
   const float inv = rsqrtf(BlockSum(ss) / hidden + a.eps);
+  if (a.out_f32 != nullptr) {
+    float* o = a.out_f32 + static_cast<size_t>(out_row) * hidden;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+      o[i] = x[i] * inv * __bfloat162float(weight[i]);
+    }
+  }
   if (a.out_fp8.q == nullptr) {
     auto* out = static_cast<__nv_bfloat16*>(a.out) + static_cast<size_t>(out_row) * hidden;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
@@ -213,6 +219,11 @@ __global__ void AddRmsNormVecKernel(const RmsNormArgs a) {
     if (i >= hidden) break;
 #pragma unroll
     for (int j = 0; j < 8; ++j) v[c][j] = v[c][j] * inv * w[c][j];
+    if (a.out_f32 != nullptr) {
+      float* o = a.out_f32 + static_cast<size_t>(out_row) * hidden + i;
+      *reinterpret_cast<float4*>(o) = make_float4(v[c][0], v[c][1], v[c][2], v[c][3]);
+      *reinterpret_cast<float4*>(o + 4) = make_float4(v[c][4], v[c][5], v[c][6], v[c][7]);
+    }
   }
   StoreRow<kChunks, kFp8>(v, hidden, out_row, a.out, a.out_fp8);
 }

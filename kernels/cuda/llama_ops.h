@@ -30,8 +30,9 @@ struct RmsNormArgs {
   const int32_t* rows = nullptr;  // optional gather: output row r normalizes row rows[r]
   int num_rows = 0, hidden = 0;
   float eps = 1e-5f;
-  void* out = nullptr;  // bf16 [R, H], or
-  Fp8Rows out_fp8;      // e4m3 [R, H] with row scales (the next fp8 GEMM's input)
+  void* out = nullptr;       // bf16 [R, H], or
+  Fp8Rows out_fp8;           // e4m3 [R, H] with row scales (the next fp8 GEMM's input)
+  float* out_f32 = nullptr;  // also the normed rows in fp32 [R, H] (an MoE router's input), or null
 };
 // residual (+)= delta (or its norm); out = rmsnorm(residual) * (weight_offset + weight), per row.
 void LaunchAddRmsNorm(const RmsNormArgs& a, void* stream);

@@ -5,8 +5,8 @@
 // (mla_kernel portable), and the fp8 latent cache's agreement with the CPU fp8 run. Prompts
 // of 5..150 tokens under max_batched_tokens 48 give prefill chunks of more than 4 rows
 // (expanded-heads path) beside 1..4-row chunks and decodes (absorbed path through cuda_mla), with 3
-// sequences in flight. An all-dense model's decode steps replayed from CUDA graphs give the eager
-// steps' tokens.
+// sequences in flight. Decode steps replayed from CUDA graphs give the eager steps' tokens, with
+// and without MoE layers.
 //
 //   build/.../tests/gpu_tests "[deepseek]"
 //
@@ -586,7 +586,7 @@ TEST_CASE("GPU DeepSeek overlapped steps give the one-at-a-time tokens",
   const auto over = gpu_test::Generate(dir, prompts, o);
   CHECK(one.overlapped_steps == 0);
   CHECK(over.overlapped_steps >= 16);
-  CHECK(over.graph_steps == 0);  // opted out while the MoE synchronizes (graph_safe)
+  CHECK(over.graph_steps > 0);  // the MoE layer never waits for the host: graphs and overlap
   for (size_t i = 0; i < prompts.size(); ++i) {
     INFO("prompt " << i);
     CHECK(over.tokens[i] == one.tokens[i]);
@@ -594,9 +594,8 @@ TEST_CASE("GPU DeepSeek overlapped steps give the one-at-a-time tokens",
   fs::remove_all(dir);
 }
 
-// Decode steps replayed from CUDA graphs against eager launches. A model whose layers are all
-// dense (first_k_dense_replace = num_layers) is graph-safe: CudaDeepseekMoe still waits on the
-// host, so a model with an MoE layer decodes eagerly (the overlap test checks that). 13 requests
+// Decode steps replayed from CUDA graphs against eager launches, with MoE layers (CudaMoeLayer
+// routes on the device) and all-dense (first_k_dense_replace = num_layers). 13 requests
 // of 1..40-token prompts asking for 64 - 4 i tokens: after the prefill the decode batch shrinks
 // through buckets 16, 8, 4, 2 and 1, mostly with padding rows, and every bucket's graph replays
 // steps of other sequence counts, contexts and block tables. Graph steps compute padded GEMMs,
@@ -617,14 +616,18 @@ TEST_CASE("GPU DeepSeek decode steps replayed from CUDA graphs give the eager to
     bool v3;
     const char* kv;          // kv_cache_dtype
     const char* mla_kernel;  // ModelLoadOptions::mla_kernel
+    bool dense;              // every layer dense
   };
-  for (const Variant& v : {Variant{false, "auto", "auto"}, Variant{true, "auto", "portable"},
-                           Variant{false, "fp8_e4m3", "auto"}}) {
-    const std::string what =
-        std::string(v.v3 ? "v3" : "v2") + " dense kv=" + v.kv + " mla_kernel=" + v.mla_kernel;
+  for (const Variant& v :
+       {Variant{false, "auto", "auto", true}, Variant{true, "auto", "portable", true},
+        Variant{false, "fp8_e4m3", "auto", true}, Variant{false, "auto", "auto", false},
+        Variant{true, "auto", "auto", false}}) {
+    const std::string what = std::string(v.v3 ? "v3" : "v2") + (v.dense ? " dense" : " moe") +
+                             " kv=" + v.kv + " mla_kernel=" + v.mla_kernel;
     INFO(what);
-    const std::string dir = WriteRandomDeepseek(std::string("graphs_") + (v.v3 ? "v3" : "v2"), v.v3,
-                                                nullptr, /*dense_only=*/true);
+    const std::string dir =
+        WriteRandomDeepseek(std::string("graphs_") + (v.v3 ? "v3" : "v2") + (v.dense ? "d" : "m"),
+                            v.v3, nullptr, v.dense);
     gpu_test::GenerateOptions o{.kv_dtype = v.kv,
                                 .block_size = 64,
                                 .num_kv_blocks = 64,

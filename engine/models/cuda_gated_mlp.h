@@ -1,0 +1,23 @@
+// silu(x W_gate^T) * (x W_up^T) W_down^T on CUDA: DeepSeek's dense MLP and every MoE layer's
+// shared experts (cuda_moe_layer.h). Built only with the CUDA backend.
+#pragma once
+
+#include <string>
+
+#include "engine/models/cuda_linear.h"
+
+namespace llm {
+
+struct CudaGatedMlp {
+  int inter = 0;       // 0: absent
+  CudaLinear gate_up;  // [2 * inter, hidden] (gate, up stacked)
+  CudaLinear down;     // [hidden, inter]
+  // Loads p + {gate,up,down}_proj.weight and converts them to `quant`.
+  Status Load(Bf16WeightLoader& loader, const CudaLinearOps& ops, WeightQuant quant,
+              const std::string& p, int hidden, int inter);
+  // out [rows, hidden] (bf16); gate_up: [rows16, 2 inter] and act: [rows16, inter] scratch.
+  Status Run(const CudaLinearOps& ops, const void* x, int rows, void* out, void* gate_up_buf,
+             void* act_buf, const cuda::Fp8Rows& fp8_scratch) const;
+};
+
+}  // namespace llm

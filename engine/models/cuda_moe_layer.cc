@@ -1,0 +1,243 @@
+#include "engine/models/cuda_moe_layer.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/models/cuda_weights.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/moe_ops.h"
+
+namespace llm {
+
+cuda::MoeRouteArgs MoeRouteArgsOf(const MoeRouting& r) {
+  cuda::MoeRouteArgs a;
+  a.num_experts = r.num_experts;
+  a.top_k = r.top_k;
+  a.sigmoid = r.scoring == MoeRouting::Scoring::kSigmoid;
+  a.groups = r.groups == MoeRouting::Groups::kNone           ? 0
+             : r.groups == MoeRouting::Groups::kGroupLimited ? 1
+                                                             : 2;
+  a.n_group = r.n_group;
+  a.topk_group = r.topk_group;
+  a.weigh_unbiased = r.weigh_unbiased;
+  a.normalize = r.normalize;
+  a.norm_eps = r.norm_eps;
+  a.scaling = r.scaling;
+  return a;
+}
+
+Status CudaMoeLayer::Check(const MoeRouting& r, int hidden, int inter, int shared_inter) {
+  const std::string what = "CUDA MoE layer: ";
+  if (r.num_experts < 1 || r.num_experts > cuda::kMoeRouteMaxExperts) {
+    return InvalidArgument(what + std::to_string(r.num_experts) + " routed experts (1.." +
+                           std::to_string(cuda::kMoeRouteMaxExperts) + " supported)");
+  }
+  if (r.top_k < 1 || r.top_k > std::min(r.num_experts, cuda::kMoeRouteMaxTopK)) {
+    return InvalidArgument(what + "num_experts_per_tok " + std::to_string(r.top_k) +
+                           " (1..min(experts, " + std::to_string(cuda::kMoeRouteMaxTopK) + "))");
+  }
+  if (r.groups != MoeRouting::Groups::kNone &&
+      (r.n_group < 1 || r.n_group > cuda::kMoeRouteMaxGroups || r.num_experts % r.n_group != 0 ||
+       r.topk_group < 1 || r.topk_group > r.n_group)) {
+    return InvalidArgument(what + "n_group " + std::to_string(r.n_group) + " / topk_group " +
+                           std::to_string(r.topk_group) + " over " + std::to_string(r.num_experts) +
+                           " experts (n_group <= " + std::to_string(cuda::kMoeRouteMaxGroups) +
+                           ", dividing the experts)");
+  }
+  if (!cuda::MoeGemmShapeOk(true, inter, hidden) || !cuda::MoeGemmShapeOk(false, hidden, inter)) {
+    return InvalidArgument(what + "hidden " + std::to_string(hidden) + ", moe_intermediate " +
+                           std::to_string(inter) +
+                           ": the grouped GEMMs need hidden % 64 == 0 and intermediate % 64 == 0");
+  }
+  if (shared_inter < 0 || shared_inter % cuda::kMoeGemmK != 0) {
+    return InvalidArgument(what + "shared experts' intermediate " + std::to_string(shared_inter) +
+                           ": the grouped GEMMs need a multiple of 64");
+  }
+  return Status::Ok();
+}
+
+Status CudaMoeLayer::Load(Bf16WeightLoader& loader, const WeightStore* weights,
+                          const CudaLinearOps& ops, WeightQuant quant, const std::string& p,
+                          const MoeTensorNames& n, CudaMoeWeights* w) const {
+  LLM_RETURN_IF_ERROR(Check(r_, hidden_, inter_, shared_inter_));
+  const int64_t h = hidden_, E = r_.num_experts, I = inter_;
+  const float wstd = 0.02f;
+  // The router in fp32: its bf16 values widened exactly (through the host, once at load).
+  {
+    DeviceBuffer bf;
+    LLM_RETURN_IF_ERROR(loader.Load({p + n.router + ".weight"}, {{E, h}}, 0, wstd, &bf));
+    std::vector<uint16_t> hb(E * h);
+    GPU_RETURN_IF_ERROR(cudaDeviceSynchronize());  // the loader's stream filled or uploaded it
+    GPU_RETURN_IF_ERROR(cudaMemcpy(hb.data(), bf.ptr, hb.size() * 2, cudaMemcpyDeviceToHost));
+    std::vector<float> f(hb.size());
+    for (size_t i = 0; i < hb.size(); ++i) {
+      const uint32_t bits = static_cast<uint32_t>(hb[i]) << 16;
+      std::memcpy(&f[i], &bits, 4);
+    }
+    LLM_RETURN_IF_ERROR(w->router.Alloc(f.size() * 4));
+    GPU_RETURN_IF_ERROR(cudaMemcpy(w->router.ptr, f.data(), f.size() * 4, cudaMemcpyHostToDevice));
+  }
+  if (!n.selection_bias.empty()) {
+    std::vector<float> bias(E, 0.0f);  // dummy weights: no correction
+    if (!loader.dummy()) {
+      LLM_RETURN_IF_ERROR(weights->ReadF32(p + n.router + "." + n.selection_bias, {E}, &bias));
+    }
+    LLM_RETURN_IF_ERROR(w->router_bias.Alloc(E * 4));
+    GPU_RETURN_IF_ERROR(cudaMemcpy(w->router_bias.ptr, bias.data(), E * 4, cudaMemcpyHostToDevice));
+  }
+  std::vector<std::string> gu_names, down_names;
+  std::vector<std::vector<int64_t>> gu_shapes, down_shapes;
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string ep = p + n.experts + "." + std::to_string(e) + ".";
+    gu_names.insert(gu_names.end(), {ep + n.expert.gate + ".weight", ep + n.expert.up + ".weight"});
+    gu_shapes.insert(gu_shapes.end(), {{I, h}, {I, h}});
+    down_names.push_back(ep + n.expert.down + ".weight");
+    down_shapes.push_back({h, I});
+  }
+  LLM_RETURN_IF_ERROR(loader.Load(gu_names, gu_shapes, 0, wstd, w->gate_up.bf16_target()));
+  LLM_RETURN_IF_ERROR(loader.Load(down_names, down_shapes, 0, wstd, w->down.bf16_target()));
+  LLM_RETURN_IF_ERROR(w->gate_up.Quantize(ops, quant, static_cast<int>(2 * I), hidden_,
+                                          static_cast<int>(E), p + n.experts + ".gate_up_proj"));
+  LLM_RETURN_IF_ERROR(w->down.Quantize(ops, quant, hidden_, inter_, static_cast<int>(E),
+                                       p + n.experts + ".down_proj"));
+  if (shared_inter_ > 0) {
+    LLM_RETURN_IF_ERROR(
+        w->shared.Load(loader, ops, quant, p + n.shared + ".", hidden_, shared_inter_));
+  }
+  return Status::Ok();
+}
+
+Status CudaMoeLayer::Reserve(int rows, CudaMoeScratch* s) const {
+  if (rows <= s->cap) return Status::Ok();
+  const size_t T = rows, H = hidden_, E = r_.num_experts, K = r_.top_k, I = inter_;
+  const size_t S = T * K, SI = shared_inter_;
+  const int max_tiles =
+      cuda::MoeMaxTiles(static_cast<int>(S), static_cast<int>(E), SI > 0 ? rows : 0);
+  LLM_RETURN_IF_ERROR(s->x_f32.Alloc(T * H * 4));
+  LLM_RETURN_IF_ERROR(s->logits.Alloc(T * E * 4));
+  LLM_RETURN_IF_ERROR(s->topk_ids.Alloc(S * 4));
+  LLM_RETURN_IF_ERROR(s->topk_w.Alloc(S * 4));
+  LLM_RETURN_IF_ERROR(s->sorted_token.Alloc(S * 4));
+  LLM_RETURN_IF_ERROR(s->slot_of.Alloc(S * 4));
+  LLM_RETURN_IF_ERROR(s->tiles.Alloc(static_cast<size_t>(max_tiles) * 3 * 4 + 16));
+  LLM_RETURN_IF_ERROR(s->num_tiles.Alloc(16));
+  LLM_RETURN_IF_ERROR(s->act.Alloc(S * I * 2));
+  LLM_RETURN_IF_ERROR(s->y.Alloc(S * H * 2));
+  if (SI > 0) {
+    LLM_RETURN_IF_ERROR(s->shared_act.Alloc(T * SI * 2));
+    LLM_RETURN_IF_ERROR(s->shared_out.Alloc(T * H * 2));
+  }
+  s->cap = rows;
+  return Status::Ok();
+}
+
+Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
+                         CudaMoeScratch* s, void* out, const Trace& trace) const {
+  if (T == 0) return Status::Ok();
+  if (T > s->cap) return Internal("CUDA MoE layer: scratch reserved for fewer rows");
+  cudaStream_t stream = ops.stream;
+  const int E = r_.num_experts, K = r_.top_k, S = T * K;
+  const bool shared = w.shared.inter > 0;
+  if (shared && (w.shared.inter != shared_inter_ || w.shared.gate_up.fp8() != w.gate_up.fp8() ||
+                 w.shared.down.fp8() != w.down.fp8())) {
+    return Internal("CUDA MoE layer: shared experts of another size or dtype than the layer's");
+  }
+  const int dense_rows = shared ? T : 0;  // the shared experts: a dense group of every token
+  const int max_tiles = cuda::MoeMaxTiles(S, E, dense_rows);
+  if (trace.out != nullptr) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    GPU_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &cs));
+    if (cs != cudaStreamCaptureStatusNone) {
+      return FailedPrecondition("the MoE routing trace cannot be recorded inside a CUDA graph");
+    }
+  }
+
+  // Router: fp32 input, fp32 weight, no TF32 (a flipped group-limited choice costs a whole
+  // expert set).
+  const float one = 1.0f, zero = 0.0f;
+  BLAS_RETURN_IF_ERROR(cublasGemmEx(ops.blas, CUBLAS_OP_T, CUBLAS_OP_N, E, T, hidden_, &one,
+                                    w.router.ptr, CUDA_R_32F, hidden_, s->x_f32.ptr, CUDA_R_32F,
+                                    hidden_, &zero, s->logits.ptr, CUDA_R_32F, E,
+                                    CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+  cuda::MoeRouteArgs ra = MoeRouteArgsOf(r_);
+  ra.logits = s->logits.as<float>();
+  ra.bias = w.router_bias.ptr ? w.router_bias.as<float>() : nullptr;
+  ra.num_tokens = T;
+  ra.topk_ids = s->topk_ids.as<int32_t>();
+  ra.topk_w = s->topk_w.as<float>();
+  cuda::LaunchMoeRoute(ra, stream);
+
+  cuda::MoePermuteArgs pa;
+  pa.topk_ids = ra.topk_ids;
+  pa.num_slots = S;
+  pa.num_experts = E;
+  pa.top_k = K;
+  pa.dense_rows = dense_rows;
+  pa.sorted_token = s->sorted_token.as<int32_t>();
+  pa.slot_of = s->slot_of.as<int32_t>();
+  pa.tiles = s->tiles.as<int32_t>();
+  pa.num_tiles = s->num_tiles.as<int32_t>();
+  cuda::LaunchMoePermute(pa, stream);
+
+  cuda::MoeGemmArgs g;
+  g.x = x;
+  g.sorted_token = pa.sorted_token;
+  g.w = w.gate_up.data();
+  g.w_scale = w.gate_up.scales();
+  g.scale_stride = CudaLinear::kScaleSlot;
+  g.fp8 = w.gate_up.fp8();
+  g.silu_mul = true;
+  g.n_out = inter_;
+  g.k = hidden_;
+  g.tiles = pa.tiles;
+  g.num_tiles = pa.num_tiles;
+  g.max_tiles = max_tiles;
+  g.out = s->act.ptr;
+  if (shared) {
+    g.dense_x = x;
+    g.dense_w = w.shared.gate_up.data();
+    g.dense_w_scale = w.shared.gate_up.scales();
+    g.dense_n_out = shared_inter_;
+    g.dense_k = hidden_;
+    g.dense_out = s->shared_act.ptr;
+  }
+  cuda::LaunchMoeGemm(g, stream);
+  g.x = s->act.ptr;
+  g.sorted_token = nullptr;
+  g.w = w.down.data();
+  g.w_scale = w.down.scales();
+  g.fp8 = w.down.fp8();
+  g.silu_mul = false;
+  g.n_out = hidden_;
+  g.k = inter_;
+  g.out = s->y.ptr;
+  if (shared) {
+    g.dense_x = s->shared_act.ptr;
+    g.dense_w = w.shared.down.data();
+    g.dense_w_scale = w.shared.down.scales();
+    g.dense_n_out = hidden_;
+    g.dense_k = shared_inter_;
+    g.dense_out = s->shared_out.ptr;
+  }
+  cuda::LaunchMoeGemm(g, stream);
+  cuda::LaunchMoeCombine(s->y.ptr, pa.slot_of, ra.topk_w, shared ? s->shared_out.ptr : nullptr, T,
+                         K, hidden_, out, stream);
+
+  if (trace.out != nullptr) {
+    std::vector<int32_t> ids(S);
+    GPU_RETURN_IF_ERROR(
+        cudaMemcpyAsync(ids.data(), ra.topk_ids, S * 4, cudaMemcpyDeviceToHost, stream));
+    GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    for (int r = 0; r < T; ++r) {
+      MoeRoutingDecision& rec = trace.out->emplace_back();
+      rec.row = r;
+      rec.position = trace.positions[r];
+      rec.layer = trace.layer;
+      rec.experts.assign(ids.begin() + r * K, ids.begin() + (r + 1) * K);
+      std::sort(rec.experts.begin(), rec.experts.end());
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace llm

@@ -1,0 +1,89 @@
+// The one routed mixture-of-experts layer on CUDA, for every MoE architecture (DeepSeek-V2/V3
+// today; Mixtral, Qwen3-MoE and gpt-oss plug in through MoeRouting and MoeTensorNames). It never
+// waits for the host: the router (fp32 input, fp32 weight, fp32 GEMM), the routing
+// (kernels/cuda/moe_ops.h), the permutation by expert, the grouped expert GEMMs and the combine
+// read every routing-dependent size from device memory, so a decode step that runs it can be
+// captured in a CUDA graph (graph_safe). The CPU oracle is CpuMoe (cpu_moe.h).
+//
+//   logits [T, E]      = x_f32 @ router^T                      (cuBLAS, fp32 pedantic)
+//   ids, w [T, k]      = MoeRouter's rule                       (one warp per token)
+//   slots by expert    = stable counting sort, tiles of kMoeTileRows rows per expert
+//   act [S, I]         = silu(x[tok] Wg_e^T) * (x[tok] Wu_e^T)  (grouped GEMM, fused epilogue)
+//   y [S, hidden]      = act Wd_e^T                             (grouped GEMM)
+//   out [T, hidden]    = shared(x) + sum_k w[t, k] y[slot(t, k)] (fixed order, no atomics)
+// The shared experts are one more group of both grouped GEMMs (every token, weight 1): no
+// launches of their own, and with fp8 weights their activations stay bf16 as the experts'.
+// Built only with the CUDA backend.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/models/cpu_moe.h"
+#include "engine/models/cuda_gated_mlp.h"
+#include "engine/models/cuda_linear.h"
+#include "engine/models/model.h"
+#include "engine/models/moe_router.h"
+#include "kernels/cuda/moe_ops.h"
+
+namespace llm {
+
+struct CudaMoeWeights {
+  DeviceBuffer router;       // fp32 [E, hidden] (the checkpoint's values, widened)
+  DeviceBuffer router_bias;  // fp32 [E] selection bias, or empty
+  CudaLinear gate_up;        // E stacked [2 I, hidden] (gate rows, then up rows)
+  CudaLinear down;           // E stacked [hidden, I]
+  CudaGatedMlp shared;       // inter 0 without shared experts
+};
+
+// One set of activations for up to `cap` tokens. A captured graph holds these pointers: reserve
+// a graph set once before the first capture and never grow it after.
+struct CudaMoeScratch {
+  DeviceBuffer x_f32;  // fp32 [cap, hidden]: the router's input (the caller's norm writes it)
+  DeviceBuffer logits, topk_ids, topk_w, sorted_token, slot_of, tiles, num_tiles, act, y;
+  DeviceBuffer shared_act, shared_out;  // the shared experts' [cap, shared I], [cap, hidden]
+  int cap = 0;
+};
+
+// The routing kernel's arguments for `routing` (pointers and the token count left to the caller).
+cuda::MoeRouteArgs MoeRouteArgsOf(const MoeRouting& routing);
+
+class CudaMoeLayer {
+ public:
+  // InvalidArgument naming what does not fit: more than 512 experts or 32 groups, top-k over 32,
+  // shapes the grouped GEMMs do not tile (hidden, I and the shared experts' I multiples of 64),
+  // groups that do not divide the experts.
+  static Status Check(const MoeRouting& routing, int hidden, int inter, int shared_inter);
+  CudaMoeLayer(const MoeRouting& routing, int hidden, int inter, int shared_inter)
+      : r_(routing), hidden_(hidden), inter_(inter), shared_inter_(shared_inter) {}
+
+  // Router, selection bias, experts and shared experts of the block at `block_prefix`
+  // (layer prefix + names.block), quantized to `quant` (routed experts: one fp8 scale each).
+  Status Load(Bf16WeightLoader& loader, const WeightStore* weights, const CudaLinearOps& ops,
+              WeightQuant quant, const std::string& block_prefix, const MoeTensorNames& names,
+              CudaMoeWeights* w) const;
+  Status Reserve(int rows, CudaMoeScratch* s) const;
+
+  struct Trace {
+    std::vector<MoeRoutingDecision>* out = nullptr;  // null: no trace
+    int layer = 0;
+    const int32_t* positions = nullptr;  // host [T]
+  };
+  // out [T, hidden] (bf16) = the layer applied to x (bf16 [T, hidden]) with the router reading
+  // s->x_f32 (the same rows in fp32). With a trace, copies the decisions back and waits for them
+  // (never inside a graph: graph_safe is false while a trace is set).
+  Status Run(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
+             CudaMoeScratch* s, void* out, const Trace& trace) const;
+
+  // Run never waits for the host (only a trace does, and Run refuses a trace while the stream
+  // is capturing).
+  bool graph_safe() const { return true; }
+  const MoeRouting& routing() const { return r_; }
+
+ private:
+  MoeRouting r_;
+  int hidden_, inter_, shared_inter_;
+};
+
+}  // namespace llm

@@ -1,0 +1,108 @@
+// The device-only MoE layer's kernels (engine/models/cuda_moe_layer.h): routing, permutation of
+// the (token, k) slots by expert, the grouped expert GEMMs and the weighted combine. Plain C++
+// launcher header: pointers are device pointers, `stream` is a cudaStream_t. Activations are bf16
+// unless noted. Nothing here reads device data on the host: every size a kernel needs that
+// depends on the routing is read by the kernel from device memory, so a step that runs these can
+// be captured in a CUDA graph.
+#pragma once
+
+#include <cstdint>
+
+namespace llm::cuda {
+
+// Routing of every token (one warp per token), exactly the rule of MoeRouter
+// (engine/models/moe_router.h) up to the float rounding of expf and of the softmax sum: scores
+// softmax or sigmoid; choice = score + bias; groups (group max, or sum of the top two) keep
+// topk_group groups, the others' experts choose 0.0; top-k with ties to the lower index; weights
+// from the scores (weigh_unbiased) or the masked choices, normalized (+ norm_eps), times scaling.
+struct MoeRouteArgs {
+  const float* logits = nullptr;  // fp32 [T, E]
+  const float* bias = nullptr;    // [E] selection bias or null
+  int num_tokens = 0, num_experts = 0, top_k = 0;
+  bool sigmoid = false;
+  int groups = 0;  // 0 none, 1 group max (group_limited_greedy), 2 sum of top two (noaux_tc)
+  int n_group = 1, topk_group = 1;
+  bool weigh_unbiased = false;
+  bool normalize = false;
+  float norm_eps = 0.0f;
+  float scaling = 1.0f;
+  int32_t* topk_ids = nullptr;  // [T, top_k], best first
+  float* topk_w = nullptr;      // [T, top_k]
+};
+constexpr int kMoeRouteMaxExperts = 512;
+constexpr int kMoeRouteMaxGroups = 32;
+constexpr int kMoeRouteMaxTopK = 32;
+void LaunchMoeRoute(const MoeRouteArgs& a, void* stream);
+
+// Rows of one M tile of the grouped GEMMs: an expert's slots are cut into tiles of this many rows.
+constexpr int kMoeTileRows = 16;
+// Upper bound on the tiles of `slots` slots over `experts` experts plus `dense_rows` rows of the
+// dense group (shared experts) (the grid the GEMMs launch; tiles past the real count exit at once).
+inline int MoeMaxTiles(int slots, int experts, int dense_rows) {
+  return slots / kMoeTileRows + (slots < experts ? slots : experts) +
+         (dense_rows + kMoeTileRows - 1) / kMoeTileRows;
+}
+
+// Counting sort of the S = T * top_k slots by expert (one CTA), stable: within an expert, slots in
+// (token, k) order, as CpuMoe. Writes
+//   sorted_token [S]  token of each expert-ordered slot
+//   slot_of      [S]  expert-ordered position of slot (t, k)
+//   tiles        [MoeMaxTiles(S, E, D)][3]  each M tile's expert, first row, and its expert's
+//                row end; then the dense group's tiles (expert -1, rows of [0, D))
+//   num_tiles    [1]
+// An id outside [0, E) is counted for no expert (its slot gets position S, the combine skips it).
+struct MoePermuteArgs {
+  const int32_t* topk_ids = nullptr;  // [S]
+  int num_slots = 0, num_experts = 0, top_k = 0;
+  int dense_rows = 0;  // D: rows of the dense group (the shared experts: every token), or 0
+  int32_t* sorted_token = nullptr;
+  int32_t* slot_of = nullptr;
+  int32_t* tiles = nullptr;  // [max_tiles][3]: expert, row begin, row end (exclusive)
+  int32_t* num_tiles = nullptr;
+};
+void LaunchMoePermute(const MoePermuteArgs& a, void* stream);
+
+// One grouped GEMM over the tiles of LaunchMoePermute, weights bf16 or fp8 e4m3 (one scale per
+// expert, device [E][scale_stride]), streamed from global memory once per tile. The dense group's
+// tiles (expert -1) use the dense_* operands instead (shared experts: their own weight, rows of
+// dense_x, no gather, out to dense_out):
+//   gate_up (silu_mul): act[s, j] = bf16(silu(g) * u), g = s_e x[tok(s)] . Wg_e[j],
+//                       u = s_e x[tok(s)] . Wu_e[j]; W_e = [2 I, K] (gate rows, then up rows)
+//   down:               y[s, n] = bf16(s_e act[s] . Wd_e[n]); W_e = [N, K]
+// x rows come from `x` (gather: row sorted_token[s], else row s). n_out (I or N) must be a
+// multiple of kMoeGemmN, k of kMoeGemmK (MoeGemmShapeOk).
+struct MoeGemmArgs {
+  const void* x = nullptr;                // bf16 [rows, k]
+  const int32_t* sorted_token = nullptr;  // gather rows of x, or null: row = slot
+  const void* w = nullptr;                // bf16 or e4m3 [E, (silu_mul ? 2 : 1) * n_out, k]
+  const float* w_scale = nullptr;         // fp8: [E][scale_stride]
+  int scale_stride = 4;
+  bool fp8 = false;
+  bool silu_mul = false;
+  int n_out = 0, k = 0;
+  const int32_t* tiles = nullptr;  // LaunchMoePermute's
+  const int32_t* num_tiles = nullptr;
+  int max_tiles = 0;
+  void* out = nullptr;  // bf16 [S, n_out]
+  // The dense group (tiles with expert -1), same dtype and silu_mul: W [(2) dense_n_out, dense_k].
+  const void* dense_x = nullptr;  // bf16 [D, dense_k]
+  const void* dense_w = nullptr;
+  const float* dense_w_scale = nullptr;  // fp8: one scale
+  int dense_n_out = 0, dense_k = 0;
+  void* dense_out = nullptr;  // bf16 [D, dense_n_out]
+};
+constexpr int kMoeGemmK = 64;
+constexpr int kMoeGemmN = 64;  // outputs per CTA (silu_mul: 32 outputs from 64 weight rows)
+inline bool MoeGemmShapeOk(bool silu_mul, int n_out, int k) {
+  return n_out % (silu_mul ? kMoeGemmN / 2 : kMoeGemmN) == 0 && k % kMoeGemmK == 0 && k > 0;
+}
+void LaunchMoeGemm(const MoeGemmArgs& a, void* stream);
+
+// out[t, :] = bf16(shared[t, :] + sum_k topk_w[t, k] * y[slot_of[t, k], :]) with fp32 sums in k
+// order (deterministic, no atomics). shared may be null; a slot at position >= num_slots
+// contributes nothing.
+void LaunchMoeCombine(const void* y, const int32_t* slot_of, const float* topk_w,
+                      const void* shared, int num_tokens, int top_k, int hidden, void* out,
+                      void* stream);
+
+}  // namespace llm::cuda
