@@ -29,6 +29,8 @@ SUPPORTED = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen
 # A divergence is accepted only where transformers' own top-2 logits are closer than this:
 # fp32 sums in another order can then pick the other token.
 NEAR_TIE = 1e-4
+# fp32 sums in another order move a logit by far less than this (relative, or absolute below 1).
+LOGIT_TOL = 1e-3
 TOP_K = 5
 
 
@@ -81,6 +83,11 @@ def check_greedy(ref, out):
         ids = got["output_ids"]
         for step, (a, b) in enumerate(zip(want, ids)):
             if a == b:
+                # Greedy tokens alone miss monotonic changes (a final logit soft-cap): the
+                # chosen token's logit must be transformers' too.
+                ref_logit, got_logit = p["top5"][step][0][1], got["logits"][step][0][1]
+                assert abs(ref_logit - got_logit) <= LOGIT_TOL * max(1.0, abs(ref_logit)), (
+                    f"prompt {i} step {step}: logit {got_logit}, transformers {ref_logit}")
                 continue
             top = p["top5"][step]
             gap = top[0][1] - top[1][1]
