@@ -20,6 +20,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "models")
 sys.path.insert(0, os.path.join(ROOT, "tools", "hf_fixtures"))
+import mxfp4  # noqa: E402
 import weights as W  # noqa: E402
 
 # Architectures the server implements; every other fixture must be refused by name.
@@ -117,6 +118,43 @@ def test_greedy_matches_transformers(name, tmp_path_factory):
     for a, b in zip(outs["v5"]["requests"], outs["v4"]["requests"]):
         assert a["output_ids"] == b["output_ids"] and a["logits"] == b["logits"], (
             "the transformers 4 and 5 key layouts gave different logits")
+
+
+def test_gpt_oss_mxfp4_experts_load_as_their_dequantized_values(tmp_path):
+    """The gpt-oss fixture with its experts stored as MXFP4 (blocks + e8m0 scales in
+    transformers' layout, quantization_config mxfp4) gives exactly the logits of the same model
+    whose experts hold the dequantized fp32 values (mxfp4.dequantize follows transformers'
+    convert routine): the MXFP4 load path adds nothing to what the fp32 path computes, which the
+    test above checks against transformers. A fixture with transformers' own reference over MXFP4
+    experts needs the GPU machine (tools/hf_fixtures/make_fixtures.py --only gpt_oss_mxfp4)."""
+    fixture = os.path.join(FIXTURES, "gpt_oss")
+    ref = load_ref("gpt_oss")
+    with open(os.path.join(fixture, "weights.json")) as f:
+        manifest = json.load(f)
+    with open(os.path.join(fixture, "config.json")) as f:
+        cfg = json.load(f)
+    quant, deq = [], []
+    for name, a in W.tensors_of(manifest):
+        if mxfp4.is_gpt_oss_expert(name):
+            packed, values = mxfp4.gpt_oss_experts(name, a)
+            quant += list(packed.items())
+            deq.append((name, values))
+        else:
+            quant.append((name, a))
+            deq.append((name, a))
+    outs = []
+    for tag, tensors, config in (
+            ("mxfp4", quant, dict(cfg, quantization_config={"quant_method": "mxfp4"})),
+            ("fp32", deq, cfg)):
+        d = tmp_path / tag / "model"
+        d.mkdir(parents=True)
+        W.write_safetensors(str(d / "model.safetensors"), tensors)
+        with open(d / "config.json", "w") as f:
+            json.dump(config, f)
+        out, err = run_dump(str(d), ref, str(d.parent))
+        assert out is not None, f"{tag} checkpoint failed to load or run:\n{err}"
+        outs.append(out)
+    assert outs[0]["requests"] == outs[1]["requests"], "MXFP4 experts differ from their values"
 
 
 def test_weights_regenerate_as_recorded():

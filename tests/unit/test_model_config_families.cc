@@ -67,7 +67,9 @@ bool Contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
-std::string Message(const StatusOr<ModelConfig>& c) { return c.ok() ? "" : c.status().message(); }
+std::string Message(const StatusOr<ModelConfig>& c) {
+  return c.ok() ? "" : c.status().message();
+}
 
 TEST_CASE("Mixtral config: experts, top-k, renormalized, no window", "[model_config_families]") {
   auto [c, v4] = BothLayouts("mixtral");
@@ -235,8 +237,9 @@ TEST_CASE("gpt-oss config: yarn, sinks, windows, experts, mxfp4", "[model_config
   CHECK(c.WindowLeft(1) == -1);
 
   json j = ReadFixture("gpt_oss", "config.json");
-  j["quantization_config"] = {{"quant_method", "mxfp4"},
-                              {"modules_to_not_convert", json::array({"model.layers.*.self_attn"})}};
+  j["quantization_config"] = {
+      {"quant_method", "mxfp4"},
+      {"modules_to_not_convert", json::array({"model.layers.*.self_attn"})}};
   auto q = LoadConfigJson("gpt_oss", j);
   REQUIRE(q.ok());
   CHECK(q->quantization.method == WeightQuantization::Method::kMxfp4);

@@ -34,8 +34,8 @@ TEST_CASE("MXFP4 experts dequantize as transformers' convert_moe_packed_tensors"
   const int64_t E = 2, rows = 3, in = 32;
   std::vector<uint8_t> blocks(E * rows * 16, 0x00), scales(E * rows, 127);
   auto byte = [&](int e, int r, int b) -> uint8_t& { return blocks[(e * rows + r) * 16 + b]; };
-  byte(0, 0, 0) = 0x21;  // low 1 -> +0.5 (element 0), high 2 -> +1.0 (element 1)
-  byte(0, 0, 1) = 0xF7;  // low 7 -> +6.0, high F -> -6.0
+  byte(0, 0, 0) = 0x21;        // low 1 -> +0.5 (element 0), high 2 -> +1.0 (element 1)
+  byte(0, 0, 1) = 0xF7;        // low 7 -> +6.0, high F -> -6.0
   scales[0 * rows + 1] = 129;  // 2^2
   byte(0, 1, 0) = 0x9A;        // low A -> -1.0 * 4, high 9 -> -0.5 * 4
   byte(0, 1, 15) = 0x53;       // low 3 -> 1.5 * 4 (element 30), high 5 -> 3.0 * 4 (element 31)
