@@ -126,11 +126,15 @@ TEST_CASE("Qwen3-MoE config: mlp_only_layers, decoder_sparse_step, norm_topk_pro
   CHECK(Contains(Message(LoadConfigJson("qwen3_moe", j)), "disagree"));
 
   j = ReadFixture("qwen3_moe", "config.json");
-  j["use_sliding_window"] = true;
-  CHECK(Contains(Message(LoadConfigJson("qwen3_moe", j)), "use_sliding_window"));
-  j["use_sliding_window"] = false;
+  j["use_sliding_window"] = true;  // with a null window: none
+  CHECK(LoadConfigJson("qwen3_moe", j).ok());
   j["sliding_window"] = 4096;
-  CHECK(Contains(Message(LoadConfigJson("qwen3_moe", j)), "sliding_window"));
+  CHECK(Contains(Message(LoadConfigJson("qwen3_moe", j)), "use_sliding_window"));
+  j["use_sliding_window"] = false;  // Qwen3MoeConfig then drops the window
+  j["sliding_window"] = 4096;
+  auto nw = LoadConfigJson("qwen3_moe", j);
+  REQUIRE(nw.ok());
+  CHECK(!nw->AnyLayerWindowed());
   j = ReadFixture("qwen3_moe", "config.json");
   j["mlp_only_layers"] = json::array({7});
   CHECK(Contains(Message(LoadConfigJson("qwen3_moe", j)), "mlp_only_layers"));
@@ -165,6 +169,9 @@ TEST_CASE("Gemma 2 config: scale, soft-caps, GELU-tanh, alternating windows",
   j = ReadFixture("gemma2", "config.json");
   j["hidden_activation"] = "gelu";
   CHECK(Contains(Message(LoadConfigJson("gemma2", j)), "hidden_activation"));
+  j = ReadFixture("gemma2", "config.json");
+  j.erase("query_pre_attn_scalar");
+  CHECK(Contains(Message(LoadConfigJson("gemma2", j)), "query_pre_attn_scalar"));
   j = ReadFixture("gemma2", "config.json");
   j.erase("head_dim");
   CHECK(Contains(Message(LoadConfigJson("gemma2", j)), "head_dim"));
