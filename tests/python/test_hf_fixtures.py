@@ -157,6 +157,39 @@ def test_gpt_oss_mxfp4_experts_load_as_their_dequantized_values(tmp_path):
     assert outs[0]["requests"] == outs[1]["requests"], "MXFP4 experts differ from their values"
 
 
+# Per new architecture, a tensor only it reads: without it the load must fail naming it.
+CHARACTERISTIC = {
+    "mixtral": "model.layers.1.block_sparse_moe.experts.3.w3.weight",
+    "qwen3_moe": "model.layers.1.mlp.gate.weight",
+    "gemma2": "model.layers.1.pre_feedforward_layernorm.weight",
+    "gemma3": "model.layers.2.self_attn.q_norm.weight",
+    "gpt_oss": "model.layers.1.self_attn.sinks",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHARACTERISTIC))
+def test_missing_or_extra_tensor_is_refused_by_name(name, tmp_path):
+    ref = load_ref(name)
+    with open(os.path.join(FIXTURES, name, "weights.json")) as f:
+        manifest = json.load(f)
+    tensors = list(W.tensors_of(manifest))
+    drop = CHARACTERISTIC[name]
+    assert drop in [n for n, _ in tensors]
+    extra = ("model.layers.0.self_attn.unexpected.weight", tensors[0][1][:2])
+    for tag, ts, want in (("missing", [t for t in tensors if t[0] != drop], drop),
+                          ("extra", tensors + [extra], extra[0])):
+        d = tmp_path / tag / "model"
+        d.mkdir(parents=True)
+        W.write_safetensors(str(d / "model.safetensors"), ts)
+        with open(os.path.join(FIXTURES, name, "config.json")) as f:
+            cfg = json.load(f)
+        with open(d / "config.json", "w") as f:
+            json.dump(cfg, f)
+        out, err = run_dump(str(d), ref, str(d.parent))
+        assert out is None, f"{name}: a checkpoint with a {tag} tensor loaded"
+        assert want in err, f"{name}: the refusal must name {want}: {err}"
+
+
 def test_weights_regenerate_as_recorded():
     """The generator reproduces the weights transformers was given (sha256 over the data)."""
     for name in fixture_names():

@@ -85,6 +85,32 @@ TEST_CASE("MXFP4 experts dequantize as transformers' convert_moe_packed_tensors"
   CHECK(nonzero == 11);  // nothing else was written
 }
 
+TEST_CASE("MXFP4 experts with a wrong dtype or shape are refused by name", "[mxfp4][moe_experts]") {
+  const int64_t E = 1, rows = 2, in = 64;
+  std::vector<uint8_t> blocks(E * rows * 2 * 16, 0x11);
+  std::vector<float> f32_scales(E * rows * 2, 127.0f);
+  test::TempDir dir("moe_experts_mxfp4_bad");
+  REQUIRE(
+      WriteSafetensors((dir.path() / "model.safetensors").string(),
+                       {{"e.down_proj_blocks", DType::kU8, {E, rows, 2, 16}, Bytes(blocks)},
+                        {"e.down_proj_scales", DType::kF32, {E, rows, 2}, F32Bytes(f32_scales)}})
+          .ok());
+  auto store = WeightStore::Open(dir.path().string());
+  REQUIRE(store.ok());
+  WeightQuantization q;
+  q.method = WeightQuantization::Method::kMxfp4;
+  (*store)->set_quantization(q);
+  std::vector<float> w;
+  Status st = ReadExpertMatrix(**store, "e.down_proj", E, in, rows, &w);
+  REQUIRE(!st.ok());
+  CHECK(st.message().find("e.down_proj_scales") != std::string::npos);
+  CHECK(st.message().find("uint8") != std::string::npos);
+  // An input dimension of 96 needs 3 groups per row, the checkpoint has 2.
+  st = ReadExpertMatrix(**store, "e.down_proj", E, 96, rows, &w);
+  REQUIRE(!st.ok());
+  CHECK(st.message().find("e.down_proj_blocks") != std::string::npos);
+}
+
 TEST_CASE("Stacked float experts [E, in, out] read transposed", "[moe_experts]") {
   const int64_t E = 2, in = 3, out = 2;
   std::vector<float> stored(E * in * out);
