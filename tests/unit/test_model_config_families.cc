@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/model_config.h"
+#include "engine/models/decoder_spec.h"
+#include "engine/models/deepseek_config.h"
 #include "tiny_checkpoint.h"
 
 namespace llm {
@@ -259,6 +261,38 @@ TEST_CASE("gpt-oss config: yarn, sinks, windows, experts, mxfp4", "[model_config
   CHECK(LoadConfigJson("gpt_oss", j)->moe.swiglu_limit == 7.0f);
   j["swiglu_limit"] = "seven";
   CHECK(Contains(Message(LoadConfigJson("gpt_oss", j)), "swiglu_limit"));
+}
+
+}  // namespace
+}  // namespace llm
+
+namespace llm {
+namespace {
+
+// The dummy-weight benchmark configs (configs/models/NAME/config.json, the real models' shapes)
+// load as the architecture they name, with the layer definition the CPU decoder computes.
+TEST_CASE("The shipped benchmark configs load with their real shapes", "[model_config]") {
+  const fs::path root = fs::path(LLM_SOURCE_DIR) / "configs" / "models";
+  int n = 0;
+  for (const auto& entry : fs::directory_iterator(root)) {
+    const std::string dir = entry.path().string();
+    INFO(dir);
+    ++n;
+    if (IsDeepseekModelDir(dir)) {  // MLA + MoE: DeepSeek's own config
+      auto d = LoadDeepseekConfig(dir);
+      INFO((d.ok() ? std::string() : d.status().message()));
+      CHECK(d.ok());
+    } else {
+      auto config = LoadModelConfig(dir);
+      INFO((config.ok() ? std::string() : config.status().message()));
+      REQUIRE(config.ok());
+      CHECK(config->num_layers > 0);
+      auto spec = MakeDecoderSpec(*config);
+      INFO((spec.ok() ? std::string() : spec.status().message()));
+      CHECK(spec.ok());
+    }
+  }
+  CHECK(n >= 5);
 }
 
 }  // namespace
