@@ -146,7 +146,8 @@ Status ReadInterleavedWindow(const JsonScope& s, ModelConfig* c) {
 // sliding_window is non-null. Qwen2: only with use_sliding_window, and then the layers named
 // "sliding_attention" in layer_types or, without that list, layers l >= max_window_layers
 // (default 28, as in Qwen2Config; Mistral ignores layer_types, as HF does). Qwen3-MoE: refused
-// (its eager and flash attention paths disagree on it). Gemma, gpt-oss: ReadInterleavedWindow.
+// when enabled (use_sliding_window; without it Qwen3MoeConfig drops the window). Gemma, gpt-oss:
+// ReadInterleavedWindow.
 // Llama has no sliding window.
 Status ReadSlidingWindow(const JsonScope& s, ModelConfig* c) {
   const json& j = s.j;
@@ -155,12 +156,13 @@ Status ReadSlidingWindow(const JsonScope& s, ModelConfig* c) {
     case Architecture::kGemma3:
     case Architecture::kGptOss:
       return ReadInterleavedWindow(s, c);
-    case Architecture::kQwen3Moe: {
+    case Architecture::kQwen3Moe: {  // Qwen3MoeConfig drops the window without the flag
       bool use = false;
       LLM_RETURN_IF_ERROR(s.Bool("use_sliding_window", &use));
-      if (use || s.Has("sliding_window")) {
-        return Unimplemented(s.Name(use ? "use_sliding_window" : "sliding_window") +
-                             ": a sliding window is not implemented for Qwen3MoeForCausalLM");
+      if (use && !(s.Contains("sliding_window") && j["sliding_window"].is_null())) {
+        return Unimplemented(s.Name("use_sliding_window") +
+                             " = true: a sliding window is not implemented for " +
+                             c->architecture_name);
       }
       return Status::Ok();
     }
@@ -349,8 +351,9 @@ Status ReadMoe(const JsonScope& s, ModelConfig* c) {
 // Gemma's attention scale and soft-caps; bidirectional attention (an encoder use) is refused.
 Status ReadGemmaKeys(const JsonScope& s, ModelConfig* c) {
   if (!IsGemma(c->architecture)) return Status::Ok();
-  float scalar = static_cast<float>(c->head_dim);  // the config classes' default: head_dim
-  LLM_RETURN_IF_ERROR(s.Float("query_pre_attn_scalar", &scalar));
+  // Required: the config classes default it to 256 whatever head_dim is.
+  float scalar = 0.0f;
+  LLM_RETURN_IF_ERROR(s.Float("query_pre_attn_scalar", &scalar, true));
   if (scalar <= 0.0f) return InvalidArgument(s.Name("query_pre_attn_scalar") + " must be > 0");
   c->query_pre_attn_scalar = scalar;
   // Gemma 2's defaults are 50 and 30; Gemma 3's null. A null key is no cap.

@@ -255,9 +255,13 @@ StatusOr<Fp8Weight> WeightStore::ParseFp8(const TensorView& v) const {
   const std::string& name = v.name;
   using M = WeightQuantization::Method;
   const WeightQuantization& q = quantization_;
-  if (!q.quantized() || q.method == M::kMxfp4) {
-    return InvalidArgument("tensor '" + name + "' is float8_e4m3 but config.json has no fp8 " +
-                           "quantization_config");
+  if (!q.quantized()) {
+    return InvalidArgument("tensor '" + name +
+                           "' is float8_e4m3 but config.json has no quantization_config");
+  }
+  if (q.method == M::kMxfp4) {
+    return InvalidArgument("tensor '" + name +
+                           "' is float8_e4m3 but config.json's quantization_config is mxfp4");
   }
   const std::string suffix = ".weight";
   if (name.size() <= suffix.size() ||

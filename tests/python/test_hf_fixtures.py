@@ -20,6 +20,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "models")
 sys.path.insert(0, os.path.join(ROOT, "tools", "hf_fixtures"))
+import mxfp4  # noqa: E402
 import weights as W  # noqa: E402
 
 # Architectures the server implements; every other fixture must be refused by name.
@@ -29,6 +30,8 @@ SUPPORTED = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen
 # A divergence is accepted only where transformers' own top-2 logits are closer than this:
 # fp32 sums in another order can then pick the other token.
 NEAR_TIE = 1e-4
+# fp32 sums in another order move a logit by far less than this (relative, or absolute below 1).
+LOGIT_TOL = 1e-3
 TOP_K = 5
 
 
@@ -81,6 +84,11 @@ def check_greedy(ref, out):
         ids = got["output_ids"]
         for step, (a, b) in enumerate(zip(want, ids)):
             if a == b:
+                # Greedy tokens alone miss monotonic changes (a final logit soft-cap): the
+                # chosen token's logit must be transformers' too.
+                ref_logit, got_logit = p["top5"][step][0][1], got["logits"][step][0][1]
+                assert abs(ref_logit - got_logit) <= LOGIT_TOL * max(1.0, abs(ref_logit)), (
+                    f"prompt {i} step {step}: logit {got_logit}, transformers {ref_logit}")
                 continue
             top = p["top5"][step]
             gap = top[0][1] - top[1][1]
@@ -110,6 +118,76 @@ def test_greedy_matches_transformers(name, tmp_path_factory):
     for a, b in zip(outs["v5"]["requests"], outs["v4"]["requests"]):
         assert a["output_ids"] == b["output_ids"] and a["logits"] == b["logits"], (
             "the transformers 4 and 5 key layouts gave different logits")
+
+
+def test_gpt_oss_mxfp4_experts_load_as_their_dequantized_values(tmp_path):
+    """The gpt-oss fixture with its experts stored as MXFP4 (blocks + e8m0 scales in
+    transformers' layout, quantization_config mxfp4) gives exactly the logits of the same model
+    whose experts hold the dequantized fp32 values (mxfp4.dequantize follows transformers'
+    convert routine): the MXFP4 load path adds nothing to what the fp32 path computes, which the
+    test above checks against transformers. A fixture with transformers' own reference over MXFP4
+    experts needs the GPU machine (tools/hf_fixtures/make_fixtures.py --only gpt_oss_mxfp4)."""
+    fixture = os.path.join(FIXTURES, "gpt_oss")
+    ref = load_ref("gpt_oss")
+    with open(os.path.join(fixture, "weights.json")) as f:
+        manifest = json.load(f)
+    with open(os.path.join(fixture, "config.json")) as f:
+        cfg = json.load(f)
+    quant, deq = [], []
+    for name, a in W.tensors_of(manifest):
+        if mxfp4.is_gpt_oss_expert(name):
+            packed, values = mxfp4.gpt_oss_experts(name, a)
+            quant += list(packed.items())
+            deq.append((name, values))
+        else:
+            quant.append((name, a))
+            deq.append((name, a))
+    outs = []
+    for tag, tensors, config in (
+            ("mxfp4", quant, dict(cfg, quantization_config={"quant_method": "mxfp4"})),
+            ("fp32", deq, cfg)):
+        d = tmp_path / tag / "model"
+        d.mkdir(parents=True)
+        W.write_safetensors(str(d / "model.safetensors"), tensors)
+        with open(d / "config.json", "w") as f:
+            json.dump(config, f)
+        out, err = run_dump(str(d), ref, str(d.parent))
+        assert out is not None, f"{tag} checkpoint failed to load or run:\n{err}"
+        outs.append(out)
+    assert outs[0]["requests"] == outs[1]["requests"], "MXFP4 experts differ from their values"
+
+
+# Per new architecture, a tensor only it reads: without it the load must fail naming it.
+CHARACTERISTIC = {
+    "mixtral": "model.layers.1.block_sparse_moe.experts.3.w3.weight",
+    "qwen3_moe": "model.layers.1.mlp.gate.weight",
+    "gemma2": "model.layers.1.pre_feedforward_layernorm.weight",
+    "gemma3": "model.layers.2.self_attn.q_norm.weight",
+    "gpt_oss": "model.layers.1.self_attn.sinks",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHARACTERISTIC))
+def test_missing_or_extra_tensor_is_refused_by_name(name, tmp_path):
+    ref = load_ref(name)
+    with open(os.path.join(FIXTURES, name, "weights.json")) as f:
+        manifest = json.load(f)
+    tensors = list(W.tensors_of(manifest))
+    drop = CHARACTERISTIC[name]
+    assert drop in [n for n, _ in tensors]
+    extra = ("model.layers.0.self_attn.unexpected.weight", tensors[0][1][:2])
+    for tag, ts, want in (("missing", [t for t in tensors if t[0] != drop], drop),
+                          ("extra", tensors + [extra], extra[0])):
+        d = tmp_path / tag / "model"
+        d.mkdir(parents=True)
+        W.write_safetensors(str(d / "model.safetensors"), ts)
+        with open(os.path.join(FIXTURES, name, "config.json")) as f:
+            cfg = json.load(f)
+        with open(d / "config.json", "w") as f:
+            json.dump(cfg, f)
+        out, err = run_dump(str(d), ref, str(d.parent))
+        assert out is None, f"{name}: a checkpoint with a {tag} tensor loaded"
+        assert want in err, f"{name}: the refusal must name {want}: {err}"
 
 
 def test_weights_regenerate_as_recorded():

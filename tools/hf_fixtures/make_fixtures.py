@@ -11,6 +11,9 @@ and tokenizers are installed; CI itself has neither):
                                         logits per step, by transformers)
   tests/fixtures/models/fp8_*/          pre-quantized fp8 checkpoints (weights committed) with
                                         references computed on their dequantized weights
+  tests/fixtures/models/gpt_oss_mxfp4/  gpt-oss with MXFP4 experts (weights committed; not made
+                                        yet: needs the GPU machine), reference over the
+                                        dequantized experts
 
     python3 tools/hf_fixtures/make_fixtures.py --tokenizers DIR --out DIR [--only a,b]
 
@@ -34,6 +37,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mxfp4  # noqa: E402
 import weights as W  # noqa: E402
 
 torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -443,6 +447,76 @@ def fp8_fixture(name, out_root):
     return f"{name}: {len(q_state)} tensors, min gap {min_gap:.4f}"
 
 
+# ---------------------------------------------------------------------------------------------
+# gpt-oss with MXFP4 experts (weights committed: vocabulary 512, no tokenizer)
+
+
+def mxfp4_fixture(out_root):
+    """gpt-oss with its stacked experts as MXFP4 blocks + e8m0 scales (transformers' checkpoint
+    layout, quantization_config mxfp4); the reference is transformers' fp32 model over the
+    dequantized values, and transformers' own MXFP4 loader (Mxfp4Config(dequantize=True)) must
+    give the same logits."""
+    arch = "gpt_oss"
+    cfg_cls, model_cls, _, kw = ARCHS[arch]
+    kw = dict(kw, vocab_size=512, bos_token_id=1, eos_token_id=2)
+    config = getattr(transformers, cfg_cls)(**kw)
+    model = getattr(transformers, model_cls)(config)
+    fixture = os.path.join(out_root, "models", "gpt_oss_mxfp4")
+    os.makedirs(fixture, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        header = header_of(os.path.join(tmp, "model.safetensors"))
+        with open(os.path.join(tmp, "config.json")) as f:
+            cfg_json = json.load(f)
+    deq_state, q_state = {}, {}
+    for tname, shape, _ in header:
+        sc, off = scale_for(arch, tname, shape)
+        w = W.generate(tname, shape, SEED, sc, off)
+        if mxfp4.is_gpt_oss_expert(tname):
+            packed, values = mxfp4.gpt_oss_experts(tname, w)
+            q_state.update({k: torch.from_numpy(v) for k, v in packed.items()})
+            deq_state[tname] = torch.from_numpy(values)
+        else:
+            q_state[tname] = torch.from_numpy(w)
+            deq_state[tname] = torch.from_numpy(w)
+    qcfg = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    save_file(q_state, os.path.join(fixture, "model.safetensors"), metadata={"format": "pt"})
+    qcfg_json = dict(cfg_json, quantization_config=qcfg)
+    jdump(qcfg_json, os.path.join(fixture, "config.json"))
+    jdump(to_v4(qcfg_json), os.path.join(fixture, "config_v4.json"))
+    with tempfile.TemporaryDirectory() as tmp:
+        save_file(deq_state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        jdump(cfg_json, os.path.join(tmp, "config.json"))
+        model = load_hf(model_cls, tmp)
+    rng = np.random.default_rng(11)
+    refs, min_gap = [], 1e9
+    for n in (5, 17, 40):
+        p = [1] + [int(x) for x in rng.integers(3, 512, n)]
+        toks, tops, gap = greedy(model, p)
+        min_gap = min(min_gap, gap)
+        refs.append({"prompt_ids": p, "greedy": toks, "top5": tops, "min_gap": gap})
+    hf_loader_same = None
+    try:  # transformers' own MXFP4 reading of the committed checkpoint
+        hfq = getattr(transformers, model_cls).from_pretrained(
+            fixture, dtype=torch.float32, attn_implementation="eager",
+            quantization_config=transformers.Mxfp4Config(dequantize=True)).eval()
+        x = torch.tensor([refs[2]["prompt_ids"]])
+        with torch.no_grad():
+            hf_loader_same = bool(torch.equal(model(input_ids=x).logits,
+                                              hfq(input_ids=x).logits))
+    except Exception as e:  # recorded, not fatal: the reference above does not depend on it
+        hf_loader_same = f"not run: {type(e).__name__}: {e}"
+    jdump({"tokenizer": None, "transformers_version": transformers.__version__,
+           "torch_version": torch.__version__, "architecture": model_cls,
+           "dtype": "float32 over the dequantized experts (FP4 value * 2^(scale - 127))",
+           "quantization": qcfg, "steps": STEPS, "ignore_eos": True, "min_gap": min_gap,
+           "transformers_mxfp4_loader_identical": hf_loader_same,
+           "prompts": refs}, os.path.join(fixture, "reference.json"))
+    return f"gpt_oss_mxfp4: {len(q_state)} tensors, min gap {min_gap:.4f}, " \
+           f"transformers' MXFP4 loader identical: {hf_loader_same}"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokenizers", required=True)
@@ -482,6 +556,12 @@ def main():
         except Exception:
             failures += 1
             summary.append(f"{name}: FAILED\n{traceback.format_exc()}")
+    if not only or "gpt_oss_mxfp4" in only:
+        try:
+            summary.append(mxfp4_fixture(a.out))
+        except Exception:
+            failures += 1
+            summary.append(f"gpt_oss_mxfp4: FAILED\n{traceback.format_exc()}")
     print("\n".join(summary))
     print(f"make_fixtures: {failures} failed")
     return 1 if failures else 0

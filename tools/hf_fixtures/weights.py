@@ -62,11 +62,13 @@ def data_sha256(manifest):
 
 
 def write_safetensors(path, named_arrays):
-    """Writes float32 tensors in the safetensors layout (header, then data in the given order)."""
+    """Writes float32 tensors (uint8 ones as U8: MXFP4 blocks and scales) in the safetensors
+    layout (header, then data in the given order)."""
     header, offset, blobs = {}, 0, []
     for name, a in named_arrays:
-        b = np.ascontiguousarray(a, dtype=np.float32).tobytes()
-        header[name] = {"dtype": "F32", "shape": list(a.shape),
+        u8 = np.asarray(a).dtype == np.uint8
+        b = np.ascontiguousarray(a, dtype=np.uint8 if u8 else np.float32).tobytes()
+        header[name] = {"dtype": "U8" if u8 else "F32", "shape": list(np.shape(a)),
                         "data_offsets": [offset, offset + len(b)]}
         offset += len(b)
         blobs.append(b)
