@@ -8,6 +8,7 @@
 
 #include "engine/base/dtype.h"
 #include "engine/base/quant.h"
+#include "engine/models/cuda_moe_layer.h"
 #include "engine/models/decoder_spec.h"
 #include "engine/models/kv_cache_quant.h"
 #include "engine/models/mha_attention_spec.h"
@@ -30,7 +31,9 @@ struct LayerWeights {
   DeviceBuffer bqkv;            // bf16
   DeviceBuffer q_norm, k_norm;  // bf16 [head_dim] (DecoderLayerSpec::qk_norm)
   DeviceBuffer inv_freq;        // fp32 [head_dim / 2]: this layer's rotary
-  CudaLinear proj[kNumProj];
+  CudaLinear proj[kNumProj];    // a MoE layer loads only kQkv and kO
+  bool moe = false;             // DecoderLayerSpec::Ffn::kMoe: the experts below, not the MLP
+  CudaMoeWeights experts;
 };
 
 struct LayerCache {
@@ -51,6 +54,7 @@ struct Scratch {
   // apply_scales: the scales of an input that the projection quantizes itself (CudaLinear::Apply:
   // static input scales, 1x128 blocks), [ceil(max k / 128)][cap].
   DeviceBuffer xq, row_scales, apply_scales;
+  CudaMoeScratch moe;  // MoE layers (their router's fp32 input too)
   int cap = 0;
   Status Reserve(const ModelConfig& c, int tokens, bool fp8, cudaStream_t stream);
   cuda::Fp8Rows Fp8In(Proj proj) const {
@@ -82,6 +86,7 @@ class CudaLlamaDecoder final : public CudaDecoder {
   bool graph_safe() const override { return true; }
   bool keeps_checkpoint_fp8() const override { return true; }
   Status Reserve(int set, int rows) override {
+    if (moe_) LLM_RETURN_IF_ERROR(moe_->Reserve(rows, &scratch_[set].moe));
     return scratch_[set].Reserve(config_, rows, fp8_, ops_->stream);
   }
   Status Plan(const ForwardBatch& batch) override;
@@ -90,6 +95,19 @@ class CudaLlamaDecoder final : public CudaDecoder {
     return attention_->PlanGraph(batch.attn, bucket);
   }
   StatusOr<CudaLayersOut> RunLayers(const CudaStep& step) override;
+  std::string Summary() const override {
+    const int n = static_cast<int>(
+        std::count_if(layers_spec_.layers.begin(), layers_spec_.layers.end(),
+                      [](const auto& L) { return L.ffn == DecoderLayerSpec::Ffn::kMoe; }));
+    return n > 0 ? std::to_string(n) + " MoE" : std::string();
+  }
+  // Each MoE layer copies its top-k ids back and waits for them; eager steps only (the runner
+  // runs no graphs while a trace is set, and CudaMoeLayer::Run refuses one inside a capture).
+  bool set_routing_trace(std::vector<MoeRoutingDecision>* trace) override {
+    if (!moe_) return false;
+    routing_trace_ = trace;
+    return true;
+  }
 
  private:
   // prefill_attention_ from the option: "auto" (cuda_fmha for a 16-bit cache whose decode
@@ -124,6 +142,10 @@ class CudaLlamaDecoder final : public CudaDecoder {
   bool fp8_ = false;  // weight_dtype "fp8" or a pre-quantized checkpoint's fp8 projections
   std::vector<std::unique_ptr<LayerWeights>> layers_;
   std::vector<std::unique_ptr<LayerCache>> cache_;
+  // The MoE layers' one definition (every MoE layer of these architectures routes alike); null
+  // without MoE layers.
+  std::unique_ptr<CudaMoeLayer> moe_;
+  std::vector<MoeRoutingDecision>* routing_trace_ = nullptr;  // set_routing_trace; not owned
   std::unique_ptr<AttentionBackend> attention_;
   // Steps with a prefill chunk may attend through a second family on the same cache (16-bit:
   // cuda_fmha's prefill tiles run at about twice cuda_c8's rate); null: attention_ for all steps.
@@ -142,7 +164,20 @@ Status CheckComputable(const ModelConfig& c, const DecoderSpec& spec) {
   };
   for (const DecoderLayerSpec& L : spec.layers) {
     if (L.attn_in_norm.empty() || L.ffn_in_norm.empty()) return refuse("a layer without pre-norms");
-    if (L.ffn != DecoderLayerSpec::Ffn::kDense) return refuse("a MoE layer");
+    if (L.ffn == DecoderLayerSpec::Ffn::kMoe) {
+      // The MoE layer's experts: SiLU-gated, per-expert tensors, no biases (Mixtral, Qwen3-MoE).
+      const MoeTensorNames& n = L.moe_names;
+      if (L.routing.scoring == MoeRouting::Scoring::kSoftmaxOfTopK) {
+        return refuse("the softmax over the selected router logits (gpt-oss)");
+      }
+      if (n.router_bias) return refuse("a router bias");
+      if (n.stacked_experts) return refuse("stacked expert tensors");
+      if (n.expert_bias) return refuse("expert biases");
+      if (L.gate.activation != CpuMlp::Activation::kSilu) return refuse("the experts' activation");
+      if (!n.selection_bias.empty()) return refuse("a router selection bias");
+      LLM_RETURN_IF_ERROR(
+          CudaMoeLayer::Check(L.routing, c.hidden_size, L.moe_intermediate, L.shared_intermediate));
+    }
     if (L.sinks) return refuse("learned attention sink logits");
     if (L.gate.activation != CpuMlp::Activation::kSilu &&
         L.gate.activation != CpuMlp::Activation::kGeluTanh) {
@@ -181,6 +216,19 @@ Status CudaLlamaDecoder::SelectAttention(const CudaLoadContext& ctx) {
   const ModelLoadOptions& options = *ctx.options;
   LLM_ASSIGN_OR_RETURN(layers_spec_, MakeDecoderSpec(c));
   LLM_RETURN_IF_ERROR(CheckComputable(c, layers_spec_));
+  for (const DecoderLayerSpec& L : layers_spec_.layers) {
+    if (L.ffn != DecoderLayerSpec::Ffn::kMoe) continue;
+    if (!moe_) {
+      moe_ = std::make_unique<CudaMoeLayer>(L.routing, c.hidden_size, L.moe_intermediate,
+                                            L.shared_intermediate);
+      continue;
+    }
+    const MoeRouting& r = moe_->routing();
+    if (r.num_experts != L.routing.num_experts || r.top_k != L.routing.top_k ||
+        r.normalize != L.routing.normalize || r.scoring != L.routing.scoring) {
+      return Unimplemented(c.architecture_name + ": MoE layers that route differently");
+    }
+  }
   ops_ = ctx.ops;
   fp8_ = ctx.weight_quant != WeightQuant::kBf16 || ctx.fp8_checkpoint;
   LLM_ASSIGN_OR_RETURN(kv_, ParseKvCacheType(options.kv_cache_dtype, options.kv_scale_granularity));
@@ -240,7 +288,12 @@ Status CudaLlamaDecoder::Load(const CudaLoadContext& ctx) {
           {p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"},
           {{q}, {kvs}, {kvs}}, 0, wstd, &L->bqkv));
     }
-    for (int j = 0; j < kNumProj; ++j) {
+    L->moe = S.ffn == DecoderLayerSpec::Ffn::kMoe;
+    if (L->moe) {
+      LLM_RETURN_IF_ERROR(moe_->Load(loader, ctx.weights, *ops_, ctx.weight_quant,
+                                     p + S.moe_names.block, S.moe_names, &L->experts));
+    }
+    for (int j = 0; j < (L->moe ? kGateUp : kNumProj); ++j) {
       if (ctx.fp8_checkpoint) {  // the checkpoint's e4m3 bytes and scales, no bf16 copy
         LLM_RETURN_IF_ERROR(L->proj[j].LoadCheckpoint(
             *ops_, *ctx.weights, loader, parts[j], part_shapes[j], p + names[j], ctx.weight_quant));
@@ -489,8 +542,15 @@ StatusOr<CudaLayersOut> CudaLlamaDecoder::RunLayers(const CudaStep& step) {
     norm.delta_scale = static_out ? nullptr : RowScales(s, l, kO);
     norm.delta_norm = L.attn_out_norm.ptr;
     norm.weight = L.ffn_in_norm.ptr;
-    norm.out_fp8 = Fp8In(s, l, kGateUp);
+    norm.out_fp8 = Fp8In(s, l, kGateUp);  // empty for a MoE layer: its GEMMs take bf16 rows
+    norm.out_f32 = L.moe ? s.moe.x_f32.as<float>() : nullptr;  // the router's fp32 input
     cuda::LaunchAddRmsNorm(norm, stream);
+    norm.out_f32 = nullptr;
+    if (L.moe) {
+      const CudaMoeLayer::Trace trace{routing_trace_, l, step.batch->positions.data()};
+      LLM_RETURN_IF_ERROR(moe_->Run(*ops_, L.experts, step.xn, T, &s.moe, s.tmp.ptr, trace));
+      continue;
+    }
     LLM_RETURN_IF_ERROR(Project(s, l, kGateUp, step.xn, T, s.gate_up.ptr));
     cuda::SiluMulArgs sm;
     sm.gate_up = s.gate_up.ptr;
