@@ -13,6 +13,7 @@
 #include "engine/models/kv_cache_quant.h"
 #include "engine/models/mha_attention_spec.h"
 #include "kernels/backend_registry.h"
+#include "kernels/cuda/bias_ops.h"
 #include "kernels/cuda/c8_attention.h"
 #include "kernels/cuda/cuda_c8_backend.h"
 #include "kernels/cuda/cuda_check.h"
@@ -29,6 +30,8 @@ struct LayerWeights {
   // The four RMSNorms of DecoderLayerSpec (bf16 [hidden]); an unnamed one stays empty (null).
   DeviceBuffer attn_in_norm, attn_out_norm, ffn_in_norm, ffn_out_norm;
   DeviceBuffer bqkv;            // bf16
+  DeviceBuffer bo;              // bf16 [hidden] o_proj bias (DecoderLayerSpec::o_bias)
+  DeviceBuffer sinks;           // fp32 [num_q_heads] learned sink logits (DecoderLayerSpec::sinks)
   DeviceBuffer q_norm, k_norm;  // bf16 [head_dim] (DecoderLayerSpec::qk_norm)
   DeviceBuffer inv_freq;        // fp32 [head_dim / 2]: this layer's rotary
   CudaLinear proj[kNumProj];    // a MoE layer loads only kQkv and kO
@@ -165,25 +168,18 @@ Status CheckComputable(const ModelConfig& c, const DecoderSpec& spec) {
   for (const DecoderLayerSpec& L : spec.layers) {
     if (L.attn_in_norm.empty() || L.ffn_in_norm.empty()) return refuse("a layer without pre-norms");
     if (L.ffn == DecoderLayerSpec::Ffn::kMoe) {
-      // The MoE layer's experts: SiLU-gated, per-expert tensors, no biases (Mixtral, Qwen3-MoE).
+      // The MoE layer: Mixtral / Qwen3-MoE (SiLU experts, per-expert tensors) and gpt-oss
+      // (router bias, softmax of the selected logits, stacked experts with biases, clamped
+      // SwiGLU); its Check refuses the rest.
       const MoeTensorNames& n = L.moe_names;
-      if (L.routing.scoring == MoeRouting::Scoring::kSoftmaxOfTopK) {
-        return refuse("the softmax over the selected router logits (gpt-oss)");
-      }
-      if (n.router_bias) return refuse("a router bias");
-      if (n.stacked_experts) return refuse("stacked expert tensors");
-      if (n.expert_bias) return refuse("expert biases");
-      if (L.gate.activation != CpuMlp::Activation::kSilu) return refuse("the experts' activation");
+      if (n.expert_bias && !n.stacked_experts) return refuse("per-expert tensors with biases");
       if (!n.selection_bias.empty()) return refuse("a router selection bias");
-      LLM_RETURN_IF_ERROR(
-          CudaMoeLayer::Check(L.routing, c.hidden_size, L.moe_intermediate, L.shared_intermediate));
-    }
-    if (L.sinks) return refuse("learned attention sink logits");
-    if (L.gate.activation != CpuMlp::Activation::kSilu &&
-        L.gate.activation != CpuMlp::Activation::kGeluTanh) {
+      LLM_RETURN_IF_ERROR(CudaMoeLayer::Check(L.routing, c.hidden_size, L.moe_intermediate,
+                                              L.shared_intermediate, L.gate));
+    } else if (L.gate.activation != CpuMlp::Activation::kSilu &&
+               L.gate.activation != CpuMlp::Activation::kGeluTanh) {
       return refuse("the MLP activation");
     }
-    if (L.o_bias) return refuse("attention_bias (o_proj bias)");
     if (L.mlp_bias) return refuse("mlp_bias");
     if (L.qk_norm && (c.head_dim % 8 != 0 || c.head_dim > cuda::kMaxQkNormHeadDim)) {
       return refuse("q/k norm over head_dim " + std::to_string(c.head_dim) +
@@ -204,6 +200,7 @@ void LogLayerTypes(const DecoderSpec& spec, const std::string& backend) {
                         : std::string("global");
     if (L.logit_softcap > 0.f) t += ", soft-cap " + std::to_string(L.logit_softcap);
     if (L.qk_norm) t += ", q/k norm";
+    if (L.sinks) t += ", sink logits";
     ++types[t];
   }
   for (const auto& [t, n] : types) {
@@ -220,7 +217,7 @@ Status CudaLlamaDecoder::SelectAttention(const CudaLoadContext& ctx) {
     if (L.ffn != DecoderLayerSpec::Ffn::kMoe) continue;
     if (!moe_) {
       moe_ = std::make_unique<CudaMoeLayer>(L.routing, c.hidden_size, L.moe_intermediate,
-                                            L.shared_intermediate);
+                                            L.shared_intermediate, L.gate);
       continue;
     }
     const MoeRouting& r = moe_->routing();
@@ -231,6 +228,14 @@ Status CudaLlamaDecoder::SelectAttention(const CudaLoadContext& ctx) {
   }
   ops_ = ctx.ops;
   fp8_ = ctx.weight_quant != WeightQuant::kBf16 || ctx.fp8_checkpoint;
+  for (const DecoderLayerSpec& L : layers_spec_.layers) {
+    // An fp8 o_proj may leave its row scales to the norm after it; the bias would come first.
+    if (fp8_ && L.o_bias) {
+      return Unimplemented(c.architecture_name +
+                           ": the o_proj bias with fp8 weights is not implemented on the cuda "
+                           "device; use weight_dtype bf16");
+    }
+  }
   LLM_ASSIGN_OR_RETURN(kv_, ParseKvCacheType(options.kv_cache_dtype, options.kv_scale_granularity));
   if (kv_.dtype == DType::kF32) kv_.dtype = DType::kBF16;  // "auto": the 16-bit cache on GPUs
   spec_ = MhaAttentionSpec(c, kv_, options.block_size, DeviceKind::kCuda, ctx.device_arch,
@@ -269,6 +274,18 @@ Status CudaLlamaDecoder::Load(const CudaLoadContext& ctx) {
       const int64_t d = c.head_dim;
       LLM_RETURN_IF_ERROR(load_norm("self_attn.q_norm", d, &L->q_norm));
       LLM_RETURN_IF_ERROR(load_norm("self_attn.k_norm", d, &L->k_norm));
+    }
+    if (S.o_bias) {
+      LLM_RETURN_IF_ERROR(loader.Load({p + "self_attn.o_proj.bias"}, {{h}}, 0, wstd, &L->bo));
+    }
+    if (S.sinks) {
+      std::vector<float> sinks(c.num_q_heads, 0.0f);  // dummy weights: sink logits 0
+      if (!loader.dummy()) {
+        LLM_RETURN_IF_ERROR(ctx.weights->ReadF32(p + "self_attn.sinks", {c.num_q_heads}, &sinks));
+      }
+      LLM_RETURN_IF_ERROR(L->sinks.Alloc(sinks.size() * 4));
+      GPU_RETURN_IF_ERROR(
+          cudaMemcpy(L->sinks.ptr, sinks.data(), sinks.size() * 4, cudaMemcpyHostToDevice));
     }
     LLM_RETURN_IF_ERROR(L->inv_freq.Alloc(S.inv_freq.size() * 4));
     GPU_RETURN_IF_ERROR(cudaMemcpy(L->inv_freq.ptr, S.inv_freq.data(), S.inv_freq.size() * 4,
@@ -524,6 +541,7 @@ StatusOr<CudaLayersOut> CudaLlamaDecoder::RunLayers(const CudaStep& step) {
     p.softmax_scale = S.softmax_scale;
     p.window_left = S.window_left;
     p.logit_softcap = S.logit_softcap;
+    p.sink_logits = L.sinks.ptr ? L.sinks.as<float>() : nullptr;
     // o_proj's fp8 input straight from the attention, with the layer's static scale; else a
     // per-row pass over its bf16 output.
     const bool static_out = fp8_ && lc.out_inv > 0.f && step_attention_->supports_fp8_out() &&
@@ -538,6 +556,7 @@ StatusOr<CudaLayersOut> CudaLlamaDecoder::RunLayers(const CudaStep& step) {
     }
     LLM_RETURN_IF_ERROR(Project(s, l, kO, s.attn.ptr, T, s.tmp.ptr,
                                 static_out ? lc.out_scale.as<float>() : nullptr));
+    if (L.bo.ptr) cuda::LaunchAddBiasRows(s.tmp.ptr, L.bo.ptr, T, H, stream);  // bf16 weights
     norm.delta = s.tmp.ptr;
     norm.delta_scale = static_out ? nullptr : RowScales(s, l, kO);
     norm.delta_norm = L.attn_out_norm.ptr;

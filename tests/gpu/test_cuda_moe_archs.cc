@@ -55,6 +55,19 @@ void CheckSameUpToTies(const std::string& what, const std::vector<std::vector<in
   CHECK(identical >= min_identical * static_cast<double>(ref.size()));
 }
 
+// The random checkpoints themselves: each loads on the CPU decoder (every tensor consumed, none
+// missing) and decodes (runs without a GPU too).
+TEST_CASE("Random Mixtral, Qwen3-MoE and gpt-oss checkpoints run on the CPU decoder", "[host]") {
+  for (const auto arch :
+       {RandomMoeArch::kMixtral, RandomMoeArch::kQwen3Moe, RandomMoeArch::kGptOss}) {
+    const std::string dir = gpu_test::WriteRandomMoe("host_check", arch);
+    const auto cpu = gpu_test::Generate(dir, MoePrompts(), {.device = "cpu", .steps = 2});
+    REQUIRE(cpu.tokens.size() == MoePrompts().size());
+    for (const auto& t : cpu.tokens) CHECK(t.size() == 2);
+    fs::remove_all(dir);
+  }
+}
+
 TEST_CASE("GPU Mixtral and Qwen3-MoE match the CPU decoder over 64 greedy steps",
           "[gpu][model][archs][moe]") {
   for (const auto arch : {RandomMoeArch::kMixtral, RandomMoeArch::kQwen3Moe}) {
@@ -99,6 +112,22 @@ TEST_CASE("GPU Mixtral and Qwen3-MoE fp8 weights track the bf16 weights", "[gpu]
     CHECK(fp8.graph_steps > 0);
     fs::remove_all(dir);
   }
+}
+
+// gpt-oss: sink logits, q/k/v/o biases, sliding / full layers and YaRN reach the FMHA kernel
+// (cuda_c8 serves neither sinks nor windows, so selection picks cuda_fmha); router bias, softmax
+// of the top-4 logits, the clamped SwiGLU and the expert biases in the MoE layer.
+TEST_CASE("GPU gpt-oss matches the CPU decoder over 64 greedy steps", "[gpu][model][archs][moe]") {
+  const std::string dir = gpu_test::WriteRandomMoe("gpt_oss_d64", RandomMoeArch::kGptOss);
+  Gaps gaps;
+  const auto cpu = gpu_test::Generate(dir, MoePrompts(), {.device = "cpu", .gaps = &gaps});
+  const auto eager = gpu_test::Generate(dir, MoePrompts(), {.cuda_graph_max_batch = 0});
+  CHECK(eager.backend == "cuda_fmha");
+  CheckSameUpToTies("gpt-oss eager", cpu.tokens, gaps, eager.tokens, 0.5);
+  const auto graphs = gpu_test::Generate(dir, MoePrompts(), {});
+  CHECK(graphs.graph_steps >= 40);
+  CheckSameUpToTies("gpt-oss graphs", cpu.tokens, gaps, graphs.tokens, 0.5);
+  fs::remove_all(dir);
 }
 
 }  // namespace
