@@ -15,8 +15,8 @@ namespace llm::cuda {
 // softmax or sigmoid; choice = score + bias; groups (group max, or sum of the top two) keep
 // topk_group groups, the others' experts choose 0.0; top-k with ties to the lower index; weights
 // from the scores (weigh_unbiased) or the masked choices, normalized (+ norm_eps), times scaling.
-// softmax_of_topk (gpt-oss): the scores are the logits themselves (plus logit_bias, the router's
-// own bias), and the weights the softmax of the selected ones.
+// logit_bias (gpt-oss's router bias) is added to the logits first. softmax_of_topk (gpt-oss): the
+// scores are the logits themselves, and the weights the softmax of the selected ones.
 struct MoeRouteArgs {
   const float* logits = nullptr;      // fp32 [T, E]
   const float* bias = nullptr;        // [E] selection bias or null

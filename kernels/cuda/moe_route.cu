@@ -54,18 +54,20 @@ __global__ void __launch_bounds__(kWarps * 32) MoeRouteKernel(const MoeRouteArgs
   const float* l = a.logits + static_cast<size_t>(t) * E;
   float* score = s_score[warp];
   float* choice = s_choice[warp];
+  // The router's own bias is part of the logits (whatever the scoring).
+  auto logit = [&](int e) { return l[e] + (a.logit_bias ? a.logit_bias[e] : 0.0f); };
   if (a.softmax_of_topk) {
-    for (int e = lane; e < E; e += 32) score[e] = l[e] + (a.logit_bias ? a.logit_bias[e] : 0.0f);
+    for (int e = lane; e < E; e += 32) score[e] = logit(e);
   } else if (!a.sigmoid) {
     float mx = -INFINITY;
-    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, logit(e));
     mx = WarpMax(mx);
     float sum = 0.f;
-    for (int e = lane; e < E; e += 32) sum += (score[e] = expf(l[e] - mx));
+    for (int e = lane; e < E; e += 32) sum += (score[e] = expf(logit(e) - mx));
     sum = WarpSum(sum);
     for (int e = lane; e < E; e += 32) score[e] /= sum;
   } else {
-    for (int e = lane; e < E; e += 32) score[e] = 1.0f / (1.0f + expf(-l[e]));
+    for (int e = lane; e < E; e += 32) score[e] = 1.0f / (1.0f + expf(-logit(e)));
   }
   for (int e = lane; e < E; e += 32) choice[e] = score[e] + (a.bias ? a.bias[e] : 0.0f);
   __syncwarp();
