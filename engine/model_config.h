@@ -81,6 +81,9 @@ struct WeightQuantization {
   // path computes activations in fp32 and does not apply them.
   bool static_input_scales = false;
   bool quantized() const { return method != Method::kNone; }
+  // An fp8 method: e4m3 linear weights the CUDA fp8 GEMMs can keep (MXFP4 experts are only ever
+  // dequantized).
+  bool fp8() const { return quantized() && method != Method::kMxfp4; }
 };
 
 // Sampling defaults from generation_config.json; unset fields leave the server defaults.

@@ -8,10 +8,12 @@
 
 #include "engine/base/dtype.h"
 #include "engine/base/quant.h"
+#include "engine/models/cuda_moe_layer.h"
 #include "engine/models/decoder_spec.h"
 #include "engine/models/kv_cache_quant.h"
 #include "engine/models/mha_attention_spec.h"
 #include "kernels/backend_registry.h"
+#include "kernels/cuda/bias_ops.h"
 #include "kernels/cuda/c8_attention.h"
 #include "kernels/cuda/cuda_c8_backend.h"
 #include "kernels/cuda/cuda_check.h"
@@ -28,9 +30,13 @@ struct LayerWeights {
   // The four RMSNorms of DecoderLayerSpec (bf16 [hidden]); an unnamed one stays empty (null).
   DeviceBuffer attn_in_norm, attn_out_norm, ffn_in_norm, ffn_out_norm;
   DeviceBuffer bqkv;            // bf16
+  DeviceBuffer bo;              // bf16 [hidden] o_proj bias (DecoderLayerSpec::o_bias)
+  DeviceBuffer sinks;           // fp32 [num_q_heads] learned sink logits (DecoderLayerSpec::sinks)
   DeviceBuffer q_norm, k_norm;  // bf16 [head_dim] (DecoderLayerSpec::qk_norm)
   DeviceBuffer inv_freq;        // fp32 [head_dim / 2]: this layer's rotary
-  CudaLinear proj[kNumProj];
+  CudaLinear proj[kNumProj];    // a MoE layer loads only kQkv and kO
+  bool moe = false;             // DecoderLayerSpec::Ffn::kMoe: the experts below, not the MLP
+  CudaMoeWeights experts;
 };
 
 struct LayerCache {
@@ -51,6 +57,7 @@ struct Scratch {
   // apply_scales: the scales of an input that the projection quantizes itself (CudaLinear::Apply:
   // static input scales, 1x128 blocks), [ceil(max k / 128)][cap].
   DeviceBuffer xq, row_scales, apply_scales;
+  CudaMoeScratch moe;  // MoE layers (their router's fp32 input too)
   int cap = 0;
   Status Reserve(const ModelConfig& c, int tokens, bool fp8, cudaStream_t stream);
   cuda::Fp8Rows Fp8In(Proj proj) const {
@@ -82,6 +89,7 @@ class CudaLlamaDecoder final : public CudaDecoder {
   bool graph_safe() const override { return true; }
   bool keeps_checkpoint_fp8() const override { return true; }
   Status Reserve(int set, int rows) override {
+    if (moe_) LLM_RETURN_IF_ERROR(moe_->Reserve(rows, &scratch_[set].moe));
     return scratch_[set].Reserve(config_, rows, fp8_, ops_->stream);
   }
   Status Plan(const ForwardBatch& batch) override;
@@ -90,6 +98,19 @@ class CudaLlamaDecoder final : public CudaDecoder {
     return attention_->PlanGraph(batch.attn, bucket);
   }
   StatusOr<CudaLayersOut> RunLayers(const CudaStep& step) override;
+  std::string Summary() const override {
+    const int n = static_cast<int>(
+        std::count_if(layers_spec_.layers.begin(), layers_spec_.layers.end(),
+                      [](const auto& L) { return L.ffn == DecoderLayerSpec::Ffn::kMoe; }));
+    return n > 0 ? std::to_string(n) + " MoE" : std::string();
+  }
+  // Each MoE layer copies its top-k ids back and waits for them; eager steps only (the runner
+  // runs no graphs while a trace is set, and CudaMoeLayer::Run refuses one inside a capture).
+  bool set_routing_trace(std::vector<MoeRoutingDecision>* trace) override {
+    if (!moe_) return false;
+    routing_trace_ = trace;
+    return true;
+  }
 
  private:
   // prefill_attention_ from the option: "auto" (cuda_fmha for a 16-bit cache whose decode
@@ -124,6 +145,10 @@ class CudaLlamaDecoder final : public CudaDecoder {
   bool fp8_ = false;  // weight_dtype "fp8" or a pre-quantized checkpoint's fp8 projections
   std::vector<std::unique_ptr<LayerWeights>> layers_;
   std::vector<std::unique_ptr<LayerCache>> cache_;
+  // The MoE layers' one definition (every MoE layer of these architectures routes alike); null
+  // without MoE layers.
+  std::unique_ptr<CudaMoeLayer> moe_;
+  std::vector<MoeRoutingDecision>* routing_trace_ = nullptr;  // set_routing_trace; not owned
   std::unique_ptr<AttentionBackend> attention_;
   // Steps with a prefill chunk may attend through a second family on the same cache (16-bit:
   // cuda_fmha's prefill tiles run at about twice cuda_c8's rate); null: attention_ for all steps.
@@ -142,13 +167,19 @@ Status CheckComputable(const ModelConfig& c, const DecoderSpec& spec) {
   };
   for (const DecoderLayerSpec& L : spec.layers) {
     if (L.attn_in_norm.empty() || L.ffn_in_norm.empty()) return refuse("a layer without pre-norms");
-    if (L.ffn != DecoderLayerSpec::Ffn::kDense) return refuse("a MoE layer");
-    if (L.sinks) return refuse("learned attention sink logits");
-    if (L.gate.activation != CpuMlp::Activation::kSilu &&
-        L.gate.activation != CpuMlp::Activation::kGeluTanh) {
+    if (L.ffn == DecoderLayerSpec::Ffn::kMoe) {
+      // The MoE layer: Mixtral / Qwen3-MoE (SiLU experts, per-expert tensors) and gpt-oss
+      // (router bias, softmax of the selected logits, stacked experts with biases, clamped
+      // SwiGLU); its Check refuses the rest.
+      const MoeTensorNames& n = L.moe_names;
+      if (n.expert_bias && !n.stacked_experts) return refuse("per-expert tensors with biases");
+      if (!n.selection_bias.empty()) return refuse("a router selection bias");
+      LLM_RETURN_IF_ERROR(CudaMoeLayer::Check(L.routing, c.hidden_size, L.moe_intermediate,
+                                              L.shared_intermediate, L.gate));
+    } else if (L.gate.activation != CpuMlp::Activation::kSilu &&
+               L.gate.activation != CpuMlp::Activation::kGeluTanh) {
       return refuse("the MLP activation");
     }
-    if (L.o_bias) return refuse("attention_bias (o_proj bias)");
     if (L.mlp_bias) return refuse("mlp_bias");
     if (L.qk_norm && (c.head_dim % 8 != 0 || c.head_dim > cuda::kMaxQkNormHeadDim)) {
       return refuse("q/k norm over head_dim " + std::to_string(c.head_dim) +
@@ -169,6 +200,7 @@ void LogLayerTypes(const DecoderSpec& spec, const std::string& backend) {
                         : std::string("global");
     if (L.logit_softcap > 0.f) t += ", soft-cap " + std::to_string(L.logit_softcap);
     if (L.qk_norm) t += ", q/k norm";
+    if (L.sinks) t += ", sink logits";
     ++types[t];
   }
   for (const auto& [t, n] : types) {
@@ -181,8 +213,29 @@ Status CudaLlamaDecoder::SelectAttention(const CudaLoadContext& ctx) {
   const ModelLoadOptions& options = *ctx.options;
   LLM_ASSIGN_OR_RETURN(layers_spec_, MakeDecoderSpec(c));
   LLM_RETURN_IF_ERROR(CheckComputable(c, layers_spec_));
+  for (const DecoderLayerSpec& L : layers_spec_.layers) {
+    if (L.ffn != DecoderLayerSpec::Ffn::kMoe) continue;
+    if (!moe_) {
+      moe_ = std::make_unique<CudaMoeLayer>(L.routing, c.hidden_size, L.moe_intermediate,
+                                            L.shared_intermediate, L.gate);
+      continue;
+    }
+    const MoeRouting& r = moe_->routing();
+    if (r.num_experts != L.routing.num_experts || r.top_k != L.routing.top_k ||
+        r.normalize != L.routing.normalize || r.scoring != L.routing.scoring) {
+      return Unimplemented(c.architecture_name + ": MoE layers that route differently");
+    }
+  }
   ops_ = ctx.ops;
   fp8_ = ctx.weight_quant != WeightQuant::kBf16 || ctx.fp8_checkpoint;
+  for (const DecoderLayerSpec& L : layers_spec_.layers) {
+    // An fp8 o_proj may leave its row scales to the norm after it; the bias would come first.
+    if (fp8_ && L.o_bias) {
+      return Unimplemented(c.architecture_name +
+                           ": the o_proj bias with fp8 weights is not implemented on the cuda "
+                           "device; use weight_dtype bf16");
+    }
+  }
   LLM_ASSIGN_OR_RETURN(kv_, ParseKvCacheType(options.kv_cache_dtype, options.kv_scale_granularity));
   if (kv_.dtype == DType::kF32) kv_.dtype = DType::kBF16;  // "auto": the 16-bit cache on GPUs
   spec_ = MhaAttentionSpec(c, kv_, options.block_size, DeviceKind::kCuda, ctx.device_arch,
@@ -222,6 +275,18 @@ Status CudaLlamaDecoder::Load(const CudaLoadContext& ctx) {
       LLM_RETURN_IF_ERROR(load_norm("self_attn.q_norm", d, &L->q_norm));
       LLM_RETURN_IF_ERROR(load_norm("self_attn.k_norm", d, &L->k_norm));
     }
+    if (S.o_bias) {
+      LLM_RETURN_IF_ERROR(loader.Load({p + "self_attn.o_proj.bias"}, {{h}}, 0, wstd, &L->bo));
+    }
+    if (S.sinks) {
+      std::vector<float> sinks(c.num_q_heads, 0.0f);  // dummy weights: sink logits 0
+      if (!loader.dummy()) {
+        LLM_RETURN_IF_ERROR(ctx.weights->ReadF32(p + "self_attn.sinks", {c.num_q_heads}, &sinks));
+      }
+      LLM_RETURN_IF_ERROR(L->sinks.Alloc(sinks.size() * 4));
+      GPU_RETURN_IF_ERROR(
+          cudaMemcpy(L->sinks.ptr, sinks.data(), sinks.size() * 4, cudaMemcpyHostToDevice));
+    }
     LLM_RETURN_IF_ERROR(L->inv_freq.Alloc(S.inv_freq.size() * 4));
     GPU_RETURN_IF_ERROR(cudaMemcpy(L->inv_freq.ptr, S.inv_freq.data(), S.inv_freq.size() * 4,
                                    cudaMemcpyHostToDevice));
@@ -240,7 +305,12 @@ Status CudaLlamaDecoder::Load(const CudaLoadContext& ctx) {
           {p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"},
           {{q}, {kvs}, {kvs}}, 0, wstd, &L->bqkv));
     }
-    for (int j = 0; j < kNumProj; ++j) {
+    L->moe = S.ffn == DecoderLayerSpec::Ffn::kMoe;
+    if (L->moe) {
+      LLM_RETURN_IF_ERROR(moe_->Load(loader, ctx.weights, *ops_, ctx.weight_quant,
+                                     p + S.moe_names.block, S.moe_names, &L->experts));
+    }
+    for (int j = 0; j < (L->moe ? kGateUp : kNumProj); ++j) {
       if (ctx.fp8_checkpoint) {  // the checkpoint's e4m3 bytes and scales, no bf16 copy
         LLM_RETURN_IF_ERROR(L->proj[j].LoadCheckpoint(
             *ops_, *ctx.weights, loader, parts[j], part_shapes[j], p + names[j], ctx.weight_quant));
@@ -471,6 +541,7 @@ StatusOr<CudaLayersOut> CudaLlamaDecoder::RunLayers(const CudaStep& step) {
     p.softmax_scale = S.softmax_scale;
     p.window_left = S.window_left;
     p.logit_softcap = S.logit_softcap;
+    p.sink_logits = L.sinks.ptr ? L.sinks.as<float>() : nullptr;
     // o_proj's fp8 input straight from the attention, with the layer's static scale; else a
     // per-row pass over its bf16 output.
     const bool static_out = fp8_ && lc.out_inv > 0.f && step_attention_->supports_fp8_out() &&
@@ -485,12 +556,20 @@ StatusOr<CudaLayersOut> CudaLlamaDecoder::RunLayers(const CudaStep& step) {
     }
     LLM_RETURN_IF_ERROR(Project(s, l, kO, s.attn.ptr, T, s.tmp.ptr,
                                 static_out ? lc.out_scale.as<float>() : nullptr));
+    if (L.bo.ptr) cuda::LaunchAddBiasRows(s.tmp.ptr, L.bo.ptr, T, H, stream);  // bf16 weights
     norm.delta = s.tmp.ptr;
     norm.delta_scale = static_out ? nullptr : RowScales(s, l, kO);
     norm.delta_norm = L.attn_out_norm.ptr;
     norm.weight = L.ffn_in_norm.ptr;
-    norm.out_fp8 = Fp8In(s, l, kGateUp);
+    norm.out_fp8 = Fp8In(s, l, kGateUp);  // empty for a MoE layer: its GEMMs take bf16 rows
+    norm.out_f32 = L.moe ? s.moe.x_f32.as<float>() : nullptr;  // the router's fp32 input
     cuda::LaunchAddRmsNorm(norm, stream);
+    norm.out_f32 = nullptr;
+    if (L.moe) {
+      const CudaMoeLayer::Trace trace{routing_trace_, l, step.batch->positions.data()};
+      LLM_RETURN_IF_ERROR(moe_->Run(*ops_, L.experts, step.xn, T, &s.moe, s.tmp.ptr, trace));
+      continue;
+    }
     LLM_RETURN_IF_ERROR(Project(s, l, kGateUp, step.xn, T, s.gate_up.ptr));
     cuda::SiluMulArgs sm;
     sm.gate_up = s.gate_up.ptr;

@@ -145,9 +145,9 @@ Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& optio
   ctx.ops = &ops_;
   // A pre-quantized checkpoint keeps its e4m3 projections (unless weight_dtype bf16 asks for the
   // dequantized model) where the definition can: no bf16 copy of them is ever made.
-  ctx.fp8_checkpoint = w != nullptr && !options.dummy_weights && w->quantization().quantized() &&
+  ctx.fp8_checkpoint = w != nullptr && !options.dummy_weights && w->quantization().fp8() &&
                        options.weight_dtype != "bf16" && dec_->keeps_checkpoint_fp8();
-  if (w != nullptr && w->quantization().quantized() && !ctx.fp8_checkpoint) {
+  if (w != nullptr && w->quantization().fp8() && !ctx.fp8_checkpoint) {
     spdlog::warn("cuda model: {} checkpoint weights are dequantized to bf16 ({})",
                  w->quantization().quant_method,
                  options.weight_dtype == "bf16"

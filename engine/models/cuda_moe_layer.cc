@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "engine/base/dtype.h"
 #include "engine/models/cuda_weights.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/moe_ops.h"
@@ -14,6 +15,7 @@ cuda::MoeRouteArgs MoeRouteArgsOf(const MoeRouting& r) {
   a.num_experts = r.num_experts;
   a.top_k = r.top_k;
   a.sigmoid = r.scoring == MoeRouting::Scoring::kSigmoid;
+  a.softmax_of_topk = r.scoring == MoeRouting::Scoring::kSoftmaxOfTopK;
   a.groups = r.groups == MoeRouting::Groups::kNone           ? 0
              : r.groups == MoeRouting::Groups::kGroupLimited ? 1
                                                              : 2;
@@ -26,8 +28,13 @@ cuda::MoeRouteArgs MoeRouteArgsOf(const MoeRouting& r) {
   return a;
 }
 
-Status CudaMoeLayer::Check(const MoeRouting& r, int hidden, int inter, int shared_inter) {
+Status CudaMoeLayer::Check(const MoeRouting& r, int hidden, int inter, int shared_inter,
+                           const CpuMlp::Gate& gate) {
   const std::string what = "CUDA MoE layer: ";
+  if (gate.activation != CpuMlp::Activation::kSilu &&
+      gate.activation != CpuMlp::Activation::kClampedSwiGlu) {
+    return InvalidArgument(what + "the experts' activation (SiLU or the clamped SwiGLU only)");
+  }
   if (r.num_experts < 1 || r.num_experts > cuda::kMoeRouteMaxExperts) {
     return InvalidArgument(what + std::to_string(r.num_experts) + " routed experts (1.." +
                            std::to_string(cuda::kMoeRouteMaxExperts) + " supported)");
@@ -59,7 +66,7 @@ Status CudaMoeLayer::Check(const MoeRouting& r, int hidden, int inter, int share
 Status CudaMoeLayer::Load(Bf16WeightLoader& loader, const WeightStore* weights,
                           const CudaLinearOps& ops, WeightQuant quant, const std::string& p,
                           const MoeTensorNames& n, CudaMoeWeights* w) const {
-  LLM_RETURN_IF_ERROR(Check(r_, hidden_, inter_, shared_inter_));
+  LLM_RETURN_IF_ERROR(Check(r_, hidden_, inter_, shared_inter_, gate_));
   const int64_t h = hidden_, E = r_.num_experts, I = inter_;
   const float wstd = 0.02f;
   // The router in fp32: its bf16 values widened exactly (through the host, once at load).
@@ -85,17 +92,28 @@ Status CudaMoeLayer::Load(Bf16WeightLoader& loader, const WeightStore* weights,
     LLM_RETURN_IF_ERROR(w->router_bias.Alloc(E * 4));
     GPU_RETURN_IF_ERROR(cudaMemcpy(w->router_bias.ptr, bias.data(), E * 4, cudaMemcpyHostToDevice));
   }
+  if (n.router_bias) {
+    std::vector<float> bias(E, 0.0f);
+    if (!loader.dummy()) LLM_RETURN_IF_ERROR(weights->ReadF32(p + n.router + ".bias", {E}, &bias));
+    LLM_RETURN_IF_ERROR(w->logit_bias.Alloc(E * 4));
+    GPU_RETURN_IF_ERROR(cudaMemcpy(w->logit_bias.ptr, bias.data(), E * 4, cudaMemcpyHostToDevice));
+  }
   std::vector<std::string> gu_names, down_names;
   std::vector<std::vector<int64_t>> gu_shapes, down_shapes;
-  for (int64_t e = 0; e < E; ++e) {
+  for (int64_t e = 0; e < E && !n.stacked_experts; ++e) {
     const std::string ep = p + n.experts + "." + std::to_string(e) + ".";
     gu_names.insert(gu_names.end(), {ep + n.expert.gate + ".weight", ep + n.expert.up + ".weight"});
     gu_shapes.insert(gu_shapes.end(), {{I, h}, {I, h}});
     down_names.push_back(ep + n.expert.down + ".weight");
     down_shapes.push_back({h, I});
   }
-  LLM_RETURN_IF_ERROR(loader.Load(gu_names, gu_shapes, 0, wstd, w->gate_up.bf16_target()));
-  LLM_RETURN_IF_ERROR(loader.Load(down_names, down_shapes, 0, wstd, w->down.bf16_target()));
+  if (n.stacked_experts) {
+    LLM_RETURN_IF_ERROR(LoadStacked(loader, weights, p, n, w));
+  } else {
+    if (n.expert_bias) return InvalidArgument("CUDA MoE layer: per-expert tensors with biases");
+    LLM_RETURN_IF_ERROR(loader.Load(gu_names, gu_shapes, 0, wstd, w->gate_up.bf16_target()));
+    LLM_RETURN_IF_ERROR(loader.Load(down_names, down_shapes, 0, wstd, w->down.bf16_target()));
+  }
   LLM_RETURN_IF_ERROR(w->gate_up.Quantize(ops, quant, static_cast<int>(2 * I), hidden_,
                                           static_cast<int>(E), p + n.experts + ".gate_up_proj"));
   LLM_RETURN_IF_ERROR(w->down.Quantize(ops, quant, hidden_, inter_, static_cast<int>(E),
@@ -103,6 +121,68 @@ Status CudaMoeLayer::Load(Bf16WeightLoader& loader, const WeightStore* weights,
   if (shared_inter_ > 0) {
     LLM_RETURN_IF_ERROR(
         w->shared.Load(loader, ops, quant, p + n.shared + ".", hidden_, shared_inter_));
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+Status UploadF32(const std::vector<float>& v, DeviceBuffer* out) {
+  LLM_RETURN_IF_ERROR(out->Alloc(v.size() * 4));
+  GPU_RETURN_IF_ERROR(cudaMemcpy(out->ptr, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+  return Status::Ok();
+}
+
+Status UploadBf16(const std::vector<float>& v, DeviceBuffer* out) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = F32ToBf16(v[i]);
+  LLM_RETURN_IF_ERROR(out->Alloc(b.size() * 2));
+  GPU_RETURN_IF_ERROR(cudaMemcpy(out->ptr, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
+  return Status::Ok();
+}
+
+// rows [E][2 I][cols] with gate row i at 2 i and up row i at 2 i + 1 (the checkpoint's) -> gate
+// rows [0, I) then up rows [I, 2 I) per expert (the grouped GEMM's).
+std::vector<float> SplitInterleaved(const std::vector<float>& v, int64_t E, int64_t I,
+                                    int64_t cols) {
+  std::vector<float> out(v.size());
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t r = 0; r < 2 * I; ++r) {
+      const int64_t dst = (r % 2 == 0 ? r / 2 : I + r / 2);
+      std::copy_n(v.begin() + (e * 2 * I + r) * cols, cols, out.begin() + (e * 2 * I + dst) * cols);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Status CudaMoeLayer::LoadStacked(Bf16WeightLoader& loader, const WeightStore* weights,
+                                 const std::string& p, const MoeTensorNames& n,
+                                 CudaMoeWeights* w) const {
+  const int64_t h = hidden_, E = r_.num_experts, I = inter_;
+  const std::string gu = p + n.experts + "." + n.expert.gate,
+                    down = p + n.experts + "." + n.expert.down;
+  if (loader.dummy()) {
+    LLM_RETURN_IF_ERROR(loader.Load({gu}, {{E * 2 * I, h}}, 0, 0.02f, w->gate_up.bf16_target()));
+    LLM_RETURN_IF_ERROR(loader.Load({down}, {{E * h, I}}, 0, 0.02f, w->down.bf16_target()));
+    if (n.expert_bias) {
+      LLM_RETURN_IF_ERROR(UploadF32(std::vector<float>(E * 2 * I, 0.0f), &w->gate_up_bias));
+      LLM_RETURN_IF_ERROR(UploadF32(std::vector<float>(E * h, 0.0f), &w->down_bias));
+    }
+    return Status::Ok();
+  }
+  std::vector<float> m;
+  LLM_RETURN_IF_ERROR(ReadExpertMatrix(*weights, gu, E, h, 2 * I, &m));  // [E, 2 I, h]
+  LLM_RETURN_IF_ERROR(UploadBf16(SplitInterleaved(m, E, I, h), w->gate_up.bf16_target()));
+  LLM_RETURN_IF_ERROR(ReadExpertMatrix(*weights, down, E, I, h, &m));  // [E, h, I]
+  LLM_RETURN_IF_ERROR(UploadBf16(m, w->down.bf16_target()));
+  if (n.expert_bias) {
+    std::vector<float> b;
+    LLM_RETURN_IF_ERROR(weights->ReadF32(gu + "_bias", {E, 2 * I}, &b));
+    LLM_RETURN_IF_ERROR(UploadF32(SplitInterleaved(b, E, I, 1), &w->gate_up_bias));
+    LLM_RETURN_IF_ERROR(weights->ReadF32(down + "_bias", {E, h}, &b));
+    LLM_RETURN_IF_ERROR(UploadF32(b, &w->down_bias));
   }
   return Status::Ok();
 }
@@ -162,6 +242,7 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
   cuda::MoeRouteArgs ra = MoeRouteArgsOf(r_);
   ra.logits = s->logits.as<float>();
   ra.bias = w.router_bias.ptr ? w.router_bias.as<float>() : nullptr;
+  ra.logit_bias = w.logit_bias.ptr ? w.logit_bias.as<float>() : nullptr;
   ra.num_tokens = T;
   ra.topk_ids = s->topk_ids.as<int32_t>();
   ra.topk_w = s->topk_w.as<float>();
@@ -187,6 +268,11 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
   g.scale_stride = CudaLinear::kScaleSlot;
   g.fp8 = w.gate_up.fp8();
   g.silu_mul = true;
+  g.bias = w.gate_up_bias.ptr ? w.gate_up_bias.as<float>() : nullptr;
+  if (gate_.activation == CpuMlp::Activation::kClampedSwiGlu) {
+    g.swiglu_limit = gate_.swiglu_limit;
+    g.swiglu_alpha = gate_.swiglu_alpha;
+  }
   g.n_out = inter_;
   g.k = hidden_;
   g.tiles = pa.tiles;
@@ -208,6 +294,7 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
   g.w_scale = w.down.scales();
   g.fp8 = w.down.fp8();
   g.silu_mul = false;
+  g.bias = w.down_bias.ptr ? w.down_bias.as<float>() : nullptr;
   g.n_out = hidden_;
   g.k = inter_;
   g.out = s->y.ptr;

@@ -1,5 +1,5 @@
-// The one routed mixture-of-experts layer on CUDA, for every MoE architecture (DeepSeek-V2/V3
-// today; Mixtral, Qwen3-MoE and gpt-oss plug in through MoeRouting and MoeTensorNames). It never
+// The one routed mixture-of-experts layer on CUDA, for every MoE architecture (DeepSeek-V2/V3,
+// Mixtral, Qwen3-MoE, gpt-oss: they differ in MoeRouting, MoeTensorNames and the gate). It never
 // waits for the host: the router (fp32 input, fp32 weight, fp32 GEMM), the routing
 // (kernels/cuda/moe_ops.h), the permutation by expert, the grouped expert GEMMs and the combine
 // read every routing-dependent size from device memory, so a decode step that runs it can be
@@ -9,7 +9,8 @@
 //   ids, w [T, k]      = MoeRouter's rule                       (one warp per token)
 //   slots by expert    = stable counting sort, tiles of kMoeTileRows rows per expert
 //   act [S, I]         = silu(x[tok] Wg_e^T) * (x[tok] Wu_e^T)  (grouped GEMM, fused epilogue)
-//   y [S, hidden]      = act Wd_e^T                             (grouped GEMM)
+//                        gpt-oss: (+ expert biases) clamped SwiGLU, CpuMlp::Gate
+//   y [S, hidden]      = act Wd_e^T (+ expert bias)             (grouped GEMM)
 //   out [T, hidden]    = shared(x) + sum_k w[t, k] y[slot(t, k)] (fixed order, no atomics)
 // The shared experts are one more group of both grouped GEMMs (every token, weight 1): no
 // launches of their own, and with fp8 weights their activations stay bf16 as the experts'.
@@ -32,9 +33,12 @@ namespace llm {
 struct CudaMoeWeights {
   DeviceBuffer router;       // fp32 [E, hidden] (the checkpoint's values, widened)
   DeviceBuffer router_bias;  // fp32 [E] selection bias, or empty
-  CudaLinear gate_up;        // E stacked [2 I, hidden] (gate rows, then up rows)
-  CudaLinear down;           // E stacked [hidden, I]
-  CudaGatedMlp shared;       // inter 0 without shared experts
+  DeviceBuffer logit_bias;   // fp32 [E] the router's own bias (MoeTensorNames::router_bias)
+  // fp32 expert biases (MoeTensorNames::expert_bias): [E][2 I] (gate, then up), [E][hidden].
+  DeviceBuffer gate_up_bias, down_bias;
+  CudaLinear gate_up;   // E stacked [2 I, hidden] (gate rows, then up rows)
+  CudaLinear down;      // E stacked [hidden, I]
+  CudaGatedMlp shared;  // inter 0 without shared experts
 };
 
 // One set of activations for up to `cap` tokens. A captured graph holds these pointers: reserve
@@ -53,13 +57,18 @@ class CudaMoeLayer {
  public:
   // InvalidArgument naming what does not fit: more than 512 experts or 32 groups, top-k over 32,
   // shapes the grouped GEMMs do not tile (hidden, I and the shared experts' I multiples of 64),
-  // groups that do not divide the experts.
-  static Status Check(const MoeRouting& routing, int hidden, int inter, int shared_inter);
-  CudaMoeLayer(const MoeRouting& routing, int hidden, int inter, int shared_inter)
-      : r_(routing), hidden_(hidden), inter_(inter), shared_inter_(shared_inter) {}
+  // groups that do not divide the experts, a gate other than SiLU or the clamped SwiGLU.
+  static Status Check(const MoeRouting& routing, int hidden, int inter, int shared_inter,
+                      const CpuMlp::Gate& gate = {});
+  CudaMoeLayer(const MoeRouting& routing, int hidden, int inter, int shared_inter,
+               const CpuMlp::Gate& gate = {})
+      : r_(routing), hidden_(hidden), inter_(inter), shared_inter_(shared_inter), gate_(gate) {}
 
   // Router, selection bias, experts and shared experts of the block at `block_prefix`
   // (layer prefix + names.block), quantized to `quant` (routed experts: one fp8 scale each).
+  // Stacked experts (gpt-oss) are read on the host through ReadExpertMatrix (bf16 / fp32 or
+  // MXFP4, dequantized), their interleaved gate / up rows split into the GEMM's gate-then-up
+  // layout; dummy weights fill that layout directly (biases 0).
   Status Load(Bf16WeightLoader& loader, const WeightStore* weights, const CudaLinearOps& ops,
               WeightQuant quant, const std::string& block_prefix, const MoeTensorNames& names,
               CudaMoeWeights* w) const;
@@ -82,8 +91,14 @@ class CudaMoeLayer {
   const MoeRouting& routing() const { return r_; }
 
  private:
+  // The stacked experts' weights and biases (MoeTensorNames::stacked_experts).
+  Status LoadStacked(Bf16WeightLoader& loader, const WeightStore* weights,
+                     const std::string& block_prefix, const MoeTensorNames& names,
+                     CudaMoeWeights* w) const;
+
   MoeRouting r_;
   int hidden_, inter_, shared_inter_;
+  CpuMlp::Gate gate_;
 };
 
 }  // namespace llm

@@ -92,14 +92,18 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
   LLM_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
 #ifdef LLM_HAVE_CUDA
   if (on_cuda) {
-    // The CUDA dense definition computes Llama, Mistral, Qwen2, Qwen3 and Gemma 2 / 3 (no MoE
-    // yet).
+    // The CUDA decoder definition computes Llama, Mistral, Qwen2, Qwen3, Gemma 2 / 3, Mixtral and
+    // Qwen3-MoE (its MoE layers through the CUDA MoE layer); gpt-oss loads as far as its
+    // DecoderSpec, which the definition refuses by name where it does not compute it.
     if (config.architecture != Architecture::kLlama &&
         config.architecture != Architecture::kMistral &&
         config.architecture != Architecture::kQwen2 &&
         config.architecture != Architecture::kQwen3 &&
         config.architecture != Architecture::kGemma2 &&
-        config.architecture != Architecture::kGemma3) {
+        config.architecture != Architecture::kGemma3 &&
+        config.architecture != Architecture::kMixtral &&
+        config.architecture != Architecture::kQwen3Moe &&
+        config.architecture != Architecture::kGptOss) {
       return Unimplemented(config.architecture_name +
                            " is not implemented on device cuda (it runs on --device cpu)");
     }

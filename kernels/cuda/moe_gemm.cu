@@ -165,6 +165,7 @@ __global__ void __launch_bounds__(kThreads) MoeGemmKernel(const MoeGemmArgs a) {
   // Accumulator (m16n8): c[0..1] row lane / 4, columns 2 (lane % 4) + {0, 1}; c[2..3] row + 8.
   const float scale = !kFp8 ? 1.0f : dense ? *a.dense_w_scale : a.w_scale[expert * a.scale_stride];
   auto* out = static_cast<__nv_bfloat16*>(dense ? a.dense_out : a.out);
+  const float* bias = dense ? nullptr : a.bias;  // the shared experts have none
   const int g = lane / 4, c2 = (lane % 4) * 2;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -173,19 +174,29 @@ __global__ void __launch_bounds__(kThreads) MoeGemmKernel(const MoeGemmArgs a) {
     const size_t orow = static_cast<size_t>(row0 + m) * n_out;
     if constexpr (kSiluMul) {
       const int col = blockIdx.x * (kBN / 2) + warp * 8 + c2;
+      const float* b = bias ? bias + static_cast<size_t>(expert) * 2 * n_out : nullptr;
       float v[2];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const float gt = acc[0][2 * h + j] * scale, up = acc[1][2 * h + j] * scale;
-        v[j] = gt / (1.0f + expf(-gt)) * up;
+        float gt = acc[0][2 * h + j] * scale, up = acc[1][2 * h + j] * scale;
+        if (b) gt += b[col + j], up += b[n_out + col + j];
+        if (a.swiglu_limit > 0.f) {
+          gt = fminf(gt, a.swiglu_limit);
+          up = fminf(fmaxf(up, -a.swiglu_limit), a.swiglu_limit);
+          v[j] = (up + 1.0f) * (gt / (1.0f + expf(-a.swiglu_alpha * gt)));
+        } else {
+          v[j] = gt / (1.0f + expf(-gt)) * up;
+        }
       }
       *reinterpret_cast<__nv_bfloat162*>(out + orow + col) = __floats2bfloat162_rn(v[0], v[1]);
     } else {
 #pragma unroll
       for (int nb = 0; nb < 2; ++nb) {
         const int col = blockIdx.x * kBN + warp * 16 + nb * 8 + c2;
+        const float* b = bias ? bias + static_cast<size_t>(expert) * n_out + col : nullptr;
         *reinterpret_cast<__nv_bfloat162*>(out + orow + col) =
-            __floats2bfloat162_rn(acc[nb][2 * h] * scale, acc[nb][2 * h + 1] * scale);
+            __floats2bfloat162_rn(acc[nb][2 * h] * scale + (b ? b[0] : 0.f),
+                                  acc[nb][2 * h + 1] * scale + (b ? b[1] : 0.f));
       }
     }
   }

@@ -15,11 +15,15 @@ namespace llm::cuda {
 // softmax or sigmoid; choice = score + bias; groups (group max, or sum of the top two) keep
 // topk_group groups, the others' experts choose 0.0; top-k with ties to the lower index; weights
 // from the scores (weigh_unbiased) or the masked choices, normalized (+ norm_eps), times scaling.
+// logit_bias (gpt-oss's router bias) is added to the logits first. softmax_of_topk (gpt-oss): the
+// scores are the logits themselves, and the weights the softmax of the selected ones.
 struct MoeRouteArgs {
-  const float* logits = nullptr;  // fp32 [T, E]
-  const float* bias = nullptr;    // [E] selection bias or null
+  const float* logits = nullptr;      // fp32 [T, E]
+  const float* bias = nullptr;        // [E] selection bias or null
+  const float* logit_bias = nullptr;  // [E] added to the logits first (a router bias) or null
   int num_tokens = 0, num_experts = 0, top_k = 0;
   bool sigmoid = false;
+  bool softmax_of_topk = false;
   int groups = 0;  // 0 none, 1 group max (group_limited_greedy), 2 sum of top two (noaux_tc)
   int n_group = 1, topk_group = 1;
   bool weigh_unbiased = false;
@@ -69,6 +73,10 @@ void LaunchMoePermute(const MoePermuteArgs& a, void* stream);
 //   gate_up (silu_mul): act[s, j] = bf16(silu(g) * u), g = s_e x[tok(s)] . Wg_e[j],
 //                       u = s_e x[tok(s)] . Wu_e[j]; W_e = [2 I, K] (gate rows, then up rows)
 //   down:               y[s, n] = bf16(s_e act[s] . Wd_e[n]); W_e = [N, K]
+// With `bias` (routed experts only), b_e is added to g / u (gate_up: [E][2 I], gate then up) or
+// to y (down: [E][N]) before the activation / the store. swiglu_limit > 0: gpt-oss's clamped
+// SwiGLU instead of silu(g) * u: g' = min(g, limit), u' = clamp(u, -limit, limit),
+// act = (u' + 1) * g' * sigmoid(swiglu_alpha * g').
 // x rows come from `x` (gather: row sorted_token[s], else row s). n_out (I or N) must be a
 // multiple of kMoeGemmN, k of kMoeGemmK (MoeGemmShapeOk).
 struct MoeGemmArgs {
@@ -79,6 +87,9 @@ struct MoeGemmArgs {
   int scale_stride = 4;
   bool fp8 = false;
   bool silu_mul = false;
+  const float* bias = nullptr;  // fp32 [E][(silu_mul ? 2 : 1) * n_out] or null
+  float swiglu_limit = 0.0f;    // > 0: clamped SwiGLU (silu_mul only)
+  float swiglu_alpha = 1.702f;
   int n_out = 0, k = 0;
   const int32_t* tiles = nullptr;  // LaunchMoePermute's
   const int32_t* num_tiles = nullptr;

@@ -54,16 +54,20 @@ __global__ void __launch_bounds__(kWarps * 32) MoeRouteKernel(const MoeRouteArgs
   const float* l = a.logits + static_cast<size_t>(t) * E;
   float* score = s_score[warp];
   float* choice = s_choice[warp];
-  if (!a.sigmoid) {
+  // The router's own bias is part of the logits (whatever the scoring).
+  auto logit = [&](int e) { return l[e] + (a.logit_bias ? a.logit_bias[e] : 0.0f); };
+  if (a.softmax_of_topk) {
+    for (int e = lane; e < E; e += 32) score[e] = logit(e);
+  } else if (!a.sigmoid) {
     float mx = -INFINITY;
-    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, logit(e));
     mx = WarpMax(mx);
     float sum = 0.f;
-    for (int e = lane; e < E; e += 32) sum += (score[e] = expf(l[e] - mx));
+    for (int e = lane; e < E; e += 32) sum += (score[e] = expf(logit(e) - mx));
     sum = WarpSum(sum);
     for (int e = lane; e < E; e += 32) score[e] /= sum;
   } else {
-    for (int e = lane; e < E; e += 32) score[e] = 1.0f / (1.0f + expf(-l[e]));
+    for (int e = lane; e < E; e += 32) score[e] = 1.0f / (1.0f + expf(-logit(e)));
   }
   for (int e = lane; e < E; e += 32) choice[e] = score[e] + (a.bias ? a.bias[e] : 0.0f);
   __syncwarp();
@@ -126,6 +130,13 @@ __global__ void __launch_bounds__(kWarps * 32) MoeRouteKernel(const MoeRouteArgs
     wk[k] = a.weigh_unbiased ? score[best] : choice[best];
     sum += wk[k];  // in k order, as the CPU
     if (lane == 0) ids[k] = best;
+  }
+  if (a.softmax_of_topk) {  // MoeRouter's order: max, exp in k order, then divide
+    float mx = wk[0];
+    for (int k = 1; k < K; ++k) mx = fmaxf(mx, wk[k]);
+    sum = 0.f;
+    for (int k = 0; k < K; ++k) sum += (wk[k] = expf(wk[k] - mx));
+    for (int k = 0; k < K; ++k) wk[k] /= sum;
   }
   if (lane == 0) {
     for (int k = 0; k < K; ++k) {

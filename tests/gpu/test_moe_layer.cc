@@ -64,6 +64,14 @@ MoeRouting V3Routing(int E, int K) {  // sigmoid + bias, sum of top two, normali
   return r;
 }
 
+MoeRouting GptOssRouting(int E, int K) {  // top-k of the logits, softmax over the selected
+  MoeRouting r;
+  r.num_experts = E;
+  r.top_k = K;
+  r.scoring = MoeRouting::Scoring::kSoftmaxOfTopK;
+  return r;
+}
+
 MoeRouting GreedyRouting(int E, int K) {  // Mixtral / Qwen3-MoE
   MoeRouting r;
   r.num_experts = E;
@@ -116,6 +124,7 @@ TEST_CASE("MoE routing kernel matches MoeRouter (ties, groups, bias)", "[gpu][mo
       {"greedy 8x2", GreedyRouting(8, 2), false},
       {"greedy 128x8", GreedyRouting(128, 8), false},
       {"greedy 512x1", GreedyRouting(512, 1), false},
+      {"gpt-oss 32x4", GptOssRouting(32, 4), false},
   };
   for (const Case& c : cases) {
     for (const bool discrete : {false, true}) {
@@ -345,6 +354,111 @@ TEST_CASE("MoE layer matches CpuMoe (bf16 and fp8 experts, batch 1..300)", "[gpu
         }
         CHECK(skipped <= std::max(1, T / 20));
       }
+    }
+  }
+}
+
+// gpt-oss's block: router bias, softmax of the top-4 logits, stacked experts with biases, the
+// clamped SwiGLU (limit 7; gate_up values spread wide enough that the clamp bites), no shared
+// experts. The CPU oracle holds gate / up interleaved (row 2 i gate, 2 i + 1 up), as the
+// checkpoint; the device's gate_up is gate rows then up rows (CudaMoeLayer::Load splits them).
+TEST_CASE("MoE layer with gpt-oss's gate matches CpuMoe (biases, clamped SwiGLU)", "[gpu][moe]") {
+  GPU_TEST_RNG(rng);
+  Ops o;
+  const int E = 8, K = 4, H = 256, I = 128;
+  CpuMlp::Gate gate;
+  gate.activation = CpuMlp::Activation::kClampedSwiGlu;
+  const MoeRouting r = GptOssRouting(E, K);
+  REQUIRE(CudaMoeLayer::Check(r, H, I, 0, gate).ok());
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto randv = [&](size_t n, float sd) {
+    std::vector<float> v(n);
+    for (float& x : v) x = RoundBf16(sd * nd(rng));
+    return v;
+  };
+  for (const WeightQuant quant : {WeightQuant::kBf16, WeightQuant::kFp8PerTensor}) {
+    INFO(WeightQuantName(quant));
+    CpuMoe cpu;
+    CudaMoeWeights gpu;
+    cpu.routing = r;
+    cpu.router = randv(static_cast<size_t>(E) * H, 0.1f);
+    cpu.router_bias = randv(E, 0.5f);
+    REQUIRE(gpu.router.Alloc(cpu.router.size() * 4).ok());
+    CUDA_REQUIRE(cudaMemcpy(gpu.router.ptr, cpu.router.data(), cpu.router.size() * 4,
+                            cudaMemcpyHostToDevice));
+    REQUIRE(gpu.logit_bias.Alloc(E * 4).ok());
+    CUDA_REQUIRE(
+        cudaMemcpy(gpu.logit_bias.ptr, cpu.router_bias.data(), E * 4, cudaMemcpyHostToDevice));
+    const std::vector<float> gu = randv(static_cast<size_t>(E) * 2 * I * H, 0.3f);  // split
+    const std::vector<float> dn = randv(static_cast<size_t>(E) * H * I, 0.03f);
+    const std::vector<float> gu_b = randv(static_cast<size_t>(E) * 2 * I, 0.5f);  // split
+    const std::vector<float> dn_b = randv(static_cast<size_t>(E) * H, 0.2f);
+    UploadLinear(o.ops, gu, quant, 2 * I, H, E, &gpu.gate_up);
+    UploadLinear(o.ops, dn, quant, H, I, E, &gpu.down);
+    REQUIRE(gpu.gate_up_bias.Alloc(gu_b.size() * 4).ok());
+    CUDA_REQUIRE(
+        cudaMemcpy(gpu.gate_up_bias.ptr, gu_b.data(), gu_b.size() * 4, cudaMemcpyHostToDevice));
+    REQUIRE(gpu.down_bias.Alloc(dn_b.size() * 4).ok());
+    CUDA_REQUIRE(
+        cudaMemcpy(gpu.down_bias.ptr, dn_b.data(), dn_b.size() * 4, cudaMemcpyHostToDevice));
+    const bool fp8 = quant != WeightQuant::kBf16;
+    const std::vector<float> gu_ref = fp8 ? Dequant(gpu.gate_up, E, 2 * I, H) : gu;
+    const std::vector<float> dn_ref = fp8 ? Dequant(gpu.down, E, H, I) : dn;
+    cpu.experts.assign(E, CpuMlp());
+    for (int e = 0; e < E; ++e) {
+      CpuMlp& x = cpu.experts[e];
+      x.hidden = H;
+      x.intermediate = I;
+      x.gate = gate;
+      x.w_gate_up.resize(static_cast<size_t>(2) * I * H);
+      x.b_gate_up.resize(2 * I);
+      for (int i = 0; i < 2 * I; ++i) {  // device row i -> interleaved row
+        const int dst = i < I ? 2 * i : 2 * (i - I) + 1;
+        std::copy_n(gu_ref.begin() + (static_cast<size_t>(e) * 2 * I + i) * H, H,
+                    x.w_gate_up.begin() + static_cast<size_t>(dst) * H);
+        x.b_gate_up[dst] = gu_b[e * 2 * I + i];
+      }
+      x.w_down.assign(dn_ref.begin() + static_cast<size_t>(e) * H * I,
+                      dn_ref.begin() + static_cast<size_t>(e + 1) * H * I);
+      x.b_down.assign(dn_b.begin() + e * H, dn_b.begin() + (e + 1) * H);
+    }
+    const CudaMoeLayer layer(r, H, I, 0, gate);
+    CudaMoeScratch s;
+    for (const int T : {1, 7, 64}) {
+      INFO("batch " << T);
+      std::vector<float> x(static_cast<size_t>(T) * H);
+      for (float& v : x) v = RoundBf16(nd(rng));
+      std::vector<float> ref(x.size());
+      std::vector<MoeRoutingDecision> decisions;
+      std::vector<int32_t> pos(T, 0);
+      cpu.Forward(x.data(), T, {&decisions, 0, pos.data()}, ref.data());
+      REQUIRE(layer.Reserve(T, &s).ok());
+      std::vector<uint16_t> xb(x.size());
+      for (size_t i = 0; i < x.size(); ++i) xb[i] = F32ToBf16(x[i]);
+      DeviceBuffer d_x, d_out;
+      REQUIRE(d_x.Alloc(xb.size() * 2).ok());
+      REQUIRE(d_out.Alloc(static_cast<size_t>(T) * H * 2).ok());
+      CUDA_REQUIRE(cudaMemcpy(d_x.ptr, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
+      CUDA_REQUIRE(cudaMemcpy(s.x_f32.ptr, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+      REQUIRE(layer.Run(o.ops, gpu, d_x.ptr, T, &s, d_out.ptr, {}).ok());
+      CUDA_REQUIRE(cudaStreamSynchronize(o.stream));
+      const std::vector<uint16_t> ob = Download(d_out.as<uint16_t>(), static_cast<size_t>(T) * H);
+      int skipped = 0;
+      for (int t = 0; t < T; ++t) {
+        if (decisions[t].margin < 1e-3f) {  // logits units: a near-tie may choose otherwise
+          ++skipped;
+          continue;
+        }
+        double d2 = 0, r2 = 0;
+        for (int j = 0; j < H; ++j) {
+          const double d = Bf16ToF32(ob[t * H + j]) - ref[t * H + j];
+          d2 += d * d;
+          r2 += static_cast<double>(ref[t * H + j]) * ref[t * H + j];
+        }
+        INFO("token " << t << " relative error " << std::sqrt(d2 / r2));
+        REQUIRE(std::sqrt(d2) <= 0.02 * std::sqrt(r2));
+      }
+      CHECK(skipped <= std::max(1, T / 20));
     }
   }
 }
