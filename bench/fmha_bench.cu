@@ -3,7 +3,10 @@
 // run, plus the device copy bandwidth as the decode roofline. The torch SDPA peer (cuDNN, FA2)
 // for the same shapes: python3 bench/torch_sdpa_peer.py.
 //
-//   build/cuda/bench/fmha_bench [--iters 30] [--no-c8]
+//   build/cuda/bench/fmha_bench [--iters 30] [--no-c8] [--gemma3]
+//
+// --gemma3: Gemma-3-12B attention shapes instead (Hq 16, Hkv 8, head_dim 256; FMHA only: C8 has
+// no head_dim 256).
 //
 // Timing: each kernel is captured in a CUDA graph (as decode steps run in production); before
 // every timed replay a 512 MB memset evicts the 60 MB L2, outside the timed events; the median
@@ -144,7 +147,9 @@ struct Row {
   int splits;
 };
 
-constexpr int kHq = 32, kHkv = 8, kD = 128, kBs = 64;
+// Llama-3-8B by default; --gemma3 sets Gemma-3-12B's 16 / 8 / 256.
+int kHq = 32, kHkv = 8, kD = 128;
+constexpr int kBs = 64;
 
 double Flops(const Shape& s) {
   // Causal pairs: row t sees kv_len - q_len + t + 1 keys.
@@ -272,11 +277,16 @@ Row RunC8(const Shape& s, const Inputs& in) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool with_c8 = true;
+  bool with_c8 = true, gemma3 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--iters" && i + 1 < argc) g_iters = std::max(1, std::atoi(argv[++i]));
     if (a == "--no-c8") with_c8 = false;
+    if (a == "--gemma3") gemma3 = true;
+  }
+  if (gemma3) {
+    kHq = 16, kHkv = 8, kD = 256;
+    with_c8 = false;
   }
   if (llm::cuda::CudaDeviceCount() == 0) {
     std::printf("fmha_bench: no CUDA device\n");
@@ -292,7 +302,13 @@ int main(int argc, char** argv) {
       "shapes: Hq %d, Hkv %d, d %d, bf16, paged KV block %d (shuffled), causal "
       "bottom-right\n",
       kHq, kHkv, kD, kBs);
-  const std::vector<Shape> shapes = {
+  const std::vector<Shape> gemma3_shapes = {
+      {"decode 64x4096", 64, 1, 4096, false},
+      {"decode 1x4096", 1, 1, 4096, false},
+      {"decode 4-token 64x4096", 64, 4, 4096, false},
+      {"prefill 1x4096 causal", 1, 4096, 4096, true},
+  };
+  const std::vector<Shape> llama_shapes = {
       {"prefill 1x4096 causal", 1, 4096, 4096, true},
       {"prefill 4x4096 causal", 4, 4096, 4096, true},
       {"prefill 1x4096 causal contiguous", 1, 4096, 4096, true, true},
@@ -301,13 +317,15 @@ int main(int argc, char** argv) {
       {"decode 32x16384", 32, 1, 16384, false},
       {"decode 4-token 64x4096", 64, 4, 4096, false},
   };
+  const std::vector<Shape>& shapes = gemma3 ? gemma3_shapes : llama_shapes;
   std::vector<Row> rows;
   std::printf("result,shape,kernel,us,tflops,kv_tbps,splits\n");
   for (const Shape& s : shapes) {
     const Inputs in(s);
     CK(cudaDeviceSynchronize());
     std::vector<Row> rs{RunFmha(s, in, llm::FmhaKernel::kAuto, "fmha")};
-    if (s.prefill && llm::FmhaWgmmaAvailable()) {  // the auto row is wgmma: the portable beside it
+    // The auto row is wgmma on Hopper (head dims 64 / 128): the portable one beside it.
+    if (s.prefill && llm::FmhaWgmmaAvailable() && kD != 256) {
       rs.push_back(RunFmha(s, in, llm::FmhaKernel::kPortable, "fmha_portable"));
     }
     if (with_c8 && !s.contiguous) rs.push_back(RunC8(s, in));
@@ -330,7 +348,7 @@ int main(int argc, char** argv) {
       "c8 = partial slots of its plan (0: none).\n"
       "Peer (cuDNN / FA2 through torch SDPA, same shapes): python3 "
       "bench/torch_sdpa_peer.py\n",
-      llm::FmhaWgmmaAvailable() ? "wgmma" : "portable");
+      llm::FmhaWgmmaAvailable() && kD != 256 ? "wgmma" : "portable");
   CK(cudaFree(g_flush));
   return 0;
 }

@@ -9,25 +9,30 @@
 namespace llm::fmha {
 
 // Warp layouts:
-//   kPrefill: 128-row tiles, 4 warps x 32 rows, all warps share each KV tile (fmha_kernel.cuh).
-//   kDecode:  16-row tiles, the 4 warps split each KV tile and merge at the end.
+//   kPrefill: 128-row tiles, 4 warps x 32 rows, all warps share each KV tile (fmha_kernel.cuh);
+//             at head_dim 256, 64-row tiles of 4 warps x 16 rows (the 16 x 256 fp32 accumulator
+//             is already 128 registers per lane).
+//   kDecode:  16-row tiles, the warps split each KV tile and merge at the end.
 //   kPrefillWgmma: 128-row tiles, 2 warpgroups x 64 rows on wgmma (fmha_wgmma_kernel.cuh; sm_90
 //             devices, builds with sm_90a). Same partial layout as kPrefill.
 enum class Layout { kPrefill, kDecode, kPrefillWgmma };
 
 inline constexpr int kPrefillRows = 128;
+inline constexpr int kPrefillRowsD256 = 64;
 inline constexpr int kDecodeRows = 16;
 
-inline int LayoutRows(Layout l) {
-  return l == Layout::kDecode ? kDecodeRows : kPrefillRows;
+inline int LayoutRows(Layout l, int head_dim) {
+  if (l == Layout::kDecode) return kDecodeRows;
+  return head_dim == 256 ? kPrefillRowsD256 : kPrefillRows;
 }
 
 // One launch, as planned on the host.
 struct Run {
   FmhaParams p;
   Layout layout = Layout::kPrefill;
-  int row_tiles = 0;   // tiles of LayoutRows() packed rows (query token x GQA head) per sequence
-  int num_splits = 1;  // > 1: split-KV into the workspace, then a merge kernel
+  int row_tiles =
+      0;  // tiles of LayoutRows(layout, head_dim) packed rows (query token x GQA head) per sequence
+  int num_splits = 1;            // > 1: split-KV into the workspace, then a merge kernel
   float* partial_o = nullptr;    // [batch, kv_heads, row_tiles, splits, rows, head_dim] fp32
   float* partial_lse = nullptr;  // [batch, kv_heads, row_tiles, splits, rows] fp32 (log2 units)
 };
@@ -35,8 +40,8 @@ struct Run {
 // Split-KV workspace for a plan, in bytes.
 inline size_t WorkspaceBytes(const FmhaParams& p, Layout layout, int row_tiles, int num_splits) {
   if (num_splits <= 1) return 0;
-  const size_t parts =
-      static_cast<size_t>(p.batch) * p.num_kv_heads * row_tiles * num_splits * LayoutRows(layout);
+  const size_t parts = static_cast<size_t>(p.batch) * p.num_kv_heads * row_tiles * num_splits *
+                       LayoutRows(layout, p.head_dim);
   return parts * (p.head_dim + 1) * sizeof(float) + 256;  // + alignment slack for the lse part
 }
 

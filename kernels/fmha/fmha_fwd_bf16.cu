@@ -1,4 +1,4 @@
-// Instantiation group: bf16 FMHA forward kernels, head dims 64 and 128 (CUDA and HIP).
+// Instantiation group: bf16 FMHA forward kernels, head dims 64, 128 and 256 (CUDA and HIP).
 #include "kernels/fmha/fmha_kernel.cuh"
 
 namespace llm::fmha {

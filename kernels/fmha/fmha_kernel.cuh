@@ -19,8 +19,9 @@
 // instead of read (their blocks may hold anything, or be unmapped), and tiles every row sees
 // completely skip the mask arithmetic.
 // Two warp layouts (Cfg): prefill (4 row warps x 32 rows, each warp reuses each K/V fragment
-// for two 16-row MMA tiles, Q re-read from shared memory) and decode (16 rows, Q in registers,
-// the 4 warps split each KV tile and merge through shared memory at the end).
+// for two 16-row MMA tiles, Q re-read from shared memory; 16 rows per warp at head_dim 256) and
+// decode (16 rows, Q in registers below head_dim 256, the token warps split each KV tile and
+// merge through shared memory at the end).
 // Split-KV (num_splits > 1): the CTA's tile list is cut into contiguous pieces; each piece writes
 // its normalized partial output and log2-sum-exp, and FmhaMergeKernel combines them (adding the
 // learned sink logit once).
@@ -103,19 +104,22 @@ struct Cfg {
   static constexpr int kStepN = kNPerWarp < 32 ? kNPerWarp : 32;
   static constexpr int kSteps = kNPerWarp / kStepN;
   static constexpr int kChunks = kStepN / 16;
-  static constexpr bool kQInRegs = kMTiles == 1;
+  // Decode-like: the warps split each KV tile (token warps). Q in registers only there and at
+  // head_dim <= 128 (at 256 its 64 registers beside the 128-register accumulator would spill).
+  static constexpr bool kSplitKeys = kTokWarps > 1;
+  static constexpr bool kQInRegs = kSplitKeys && D <= 128;
   // Unroll of the QK^T k-loop: full when q fragments live in registers (indexed by k), else two
   // steps, which keeps ptxas from hoisting every fragment load of the 128-row tile (spills).
   static constexpr int kQKUnroll = kQInRegs ? D / 16 : 2;
   // Block-table latency off the copy path. Decode: each thread looks its rows' blocks up one tile
   // ahead into registers. Prefill (no registers to spare): the block ids of the tile two ahead
   // are copied into a shared-memory ring by cp.async, in the same group as the next KV tile.
-  static constexpr bool kPrefetchRows = kMTiles == 1;
+  static constexpr bool kPrefetchRows = kSplitKeys;
   static constexpr bool kIdsInSmem = !kPrefetchRows && kStages == 2;
   static_assert(kIdsPerTile <= 8, "block id ring slots");
   // Resident CTAs per SM the register allocation must allow: decode is memory-bound and wants
   // three (shared memory allows three at head_dim 128); prefill gets the full register file.
-  static constexpr int kMinBlocks = kMTiles == 1 ? 3 : 1;
+  static constexpr int kMinBlocks = kSplitKeys ? 3 : 1;
   static constexpr int kCopyChunks = D / 8;  // 16-byte chunks per row
   static constexpr int kRowsPerPass = kThreads / kCopyChunks;
   static constexpr int kPasses = kN / kRowsPerPass;
@@ -777,6 +781,19 @@ struct Configs {
   static_assert(Prefill::kRows == kPrefillRows && Decode::kRows == kDecodeRows, "row tiles");
 };
 
+// Head dim 256: one 16-row MMA tile per warp (its fp32 accumulator is 128 registers per lane), so
+// prefill tiles have 64 rows; 32-key tiles (16 on HIP and on the small variant: A100-class and
+// 99 KB devices). Decode: two token warps of 16 keys, 64 threads, so three CTAs' register
+// allocations fit an SM and two CTAs' shared memory (76 KB each on CUDA).
+template <typename T>
+struct Configs<T, 256> {
+  static constexpr int kStages = gpu::kHasAsyncCopy ? 2 : 1;
+  using Prefill = Cfg<T, 256, 4, 1, 1, gpu::kHasAsyncCopy ? 32 : 16, kStages>;
+  using PrefillSmall = Cfg<T, 256, 4, 1, 1, 16, kStages>;
+  using Decode = Cfg<T, 256, 1, 2, 1, 32, kStages>;
+  static_assert(Prefill::kRows == kPrefillRowsD256 && Decode::kRows == kDecodeRows, "row tiles");
+};
+
 inline KernelArgs MakeKernelArgs(const Run& run) {
   const FmhaParams& p = run.p;
   KernelArgs a{};
@@ -888,6 +905,7 @@ const char* ResidentCtasHeadDim(const Run& run, int* n) {
 template <typename T>
 const char* ResidentCtasElem(const Run& run, int* n) {
   if (run.p.head_dim == 64) return ResidentCtasHeadDim<T, 64>(run, n);
+  if (run.p.head_dim == 256) return ResidentCtasHeadDim<T, 256>(run, n);
   return ResidentCtasHeadDim<T, 128>(run, n);
 }
 
@@ -906,6 +924,7 @@ const char* LaunchHeadDim(const Run& run, void* stream) {
 template <typename T>
 const char* LaunchElem(const Run& run, void* stream) {
   if (run.p.head_dim == 64) return LaunchHeadDim<T, 64>(run, stream);
+  if (run.p.head_dim == 256) return LaunchHeadDim<T, 256>(run, stream);
   return LaunchHeadDim<T, 128>(run, stream);
 }
 

@@ -38,6 +38,8 @@ int64_t MaxSeqlenK(const FmhaParams& p) {
 Layout ChooseLayout(const FmhaParams& p, FmhaKernel kernel) {
   const int64_t rows = static_cast<int64_t>(MaxSeqlenQ(p)) * (p.num_q_heads / p.num_kv_heads);
   if (rows <= fmha::kDecodeRows) return Layout::kDecode;
+  // The wgmma kernel has head dims 64 and 128 only; 256 takes the portable one.
+  if (p.head_dim == 256) return Layout::kPrefill;
   if (kernel == FmhaKernel::kWgmma || (kernel == FmhaKernel::kAuto && FmhaWgmmaAvailable())) {
     return Layout::kPrefillWgmma;
   }
@@ -67,7 +69,7 @@ const char* Launch(const fmha::Run& run, void* stream) {
 
 int RowTiles(const FmhaParams& p, Layout layout) {
   const int64_t rows = static_cast<int64_t>(MaxSeqlenQ(p)) * (p.num_q_heads / p.num_kv_heads);
-  const int tile = fmha::LayoutRows(layout);
+  const int tile = fmha::LayoutRows(layout, p.head_dim);
   return static_cast<int>((rows + tile - 1) / tile);
 }
 
@@ -128,8 +130,8 @@ Status FmhaCheckParams(const FmhaParams& p) {
   if (p.dtype != FmhaDType::kBf16 && p.dtype != FmhaDType::kFp16) {
     return bad("dtype must be bf16 or fp16");
   }
-  if (p.head_dim != 64 && p.head_dim != 128) {
-    return bad("head_dim " + std::to_string(p.head_dim) + " unsupported (64 or 128)");
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) {
+    return bad("head_dim " + std::to_string(p.head_dim) + " unsupported (64, 128 or 256)");
   }
   if (p.batch < 0) return bad("batch " + std::to_string(p.batch) + " < 0");
   if (p.num_q_heads <= 0 || p.num_kv_heads <= 0 || p.num_q_heads % p.num_kv_heads != 0) {
@@ -181,8 +183,10 @@ Status FmhaCheckParams(const FmhaParams& p) {
   if (!std::isfinite(p.softmax_scale)) return bad("softmax_scale is not finite");
   if (!(p.softcap >= 0.f) || !std::isfinite(p.softcap)) return bad("softcap must be >= 0");
   const int64_t rows = static_cast<int64_t>(MaxSeqlenQ(p)) * (p.num_q_heads / p.num_kv_heads);
-  if (rows > static_cast<int64_t>(fmha::kPrefillRows) * 65535 || p.batch > 65535) {
-    return bad("grid too large: max_seqlen_q * group must be <= 8388480 and batch <= 65535");
+  const int64_t tile_rows = p.head_dim == 256 ? fmha::kPrefillRowsD256 : fmha::kPrefillRows;
+  if (rows > tile_rows * 65535 || p.batch > 65535) {
+    return bad("grid too large: max_seqlen_q * group must be <= " +
+               std::to_string(tile_rows * 65535) + " and batch <= 65535");
   }
   return Status::Ok();
 }
@@ -214,6 +218,9 @@ Status FmhaForward(const FmhaParams& p, const FmhaLaunchOptions& options, void* 
     return InvalidArgument("FmhaForward: num_splits " + std::to_string(options.num_splits) +
                            " < 0");
   }
+  if (options.kernel == FmhaKernel::kWgmma && p.head_dim == 256) {
+    return InvalidArgument("FmhaForward: the wgmma kernel has no head_dim 256 (kAuto serves it)");
+  }
   if (options.kernel == FmhaKernel::kWgmma && !FmhaWgmmaAvailable()) {
     return InvalidArgument(
         "FmhaForward: the wgmma kernel needs a compute capability 9.0 device and a build that "
@@ -242,7 +249,7 @@ Status FmhaForward(const FmhaParams& p, const FmhaLaunchOptions& options, void* 
       return InvalidArgument("FmhaForward: num_kv_heads * num_splits too large");
     }
     const size_t parts = static_cast<size_t>(p.batch) * p.num_kv_heads * run.row_tiles * splits *
-                         fmha::LayoutRows(run.layout);
+                         fmha::LayoutRows(run.layout, p.head_dim);
     auto* base = static_cast<char*>(options.workspace);
     run.partial_o = reinterpret_cast<float*>(base);
     run.partial_lse = reinterpret_cast<float*>(base + parts * p.head_dim * sizeof(float));

@@ -2,7 +2,7 @@
 // Plain C++: no CUDA/HIP types, so engine code and tests include it freely.
 //
 // All pointers in FmhaParams are device pointers (see fmha_params.h for shapes and semantics);
-// q, k, v and out must be 16-byte aligned. Supported: bf16 and fp16, head_dim 64 and 128, any
+// q, k, v and out must be 16-byte aligned. Supported: bf16 and fp16, head_dim 64, 128 and 256, any
 // num_q_heads multiple of num_kv_heads, batch and group (varlen) mode, paged KV with any
 // block_size multiple of 16 or contiguous KV (with optional cache_batch_idx), every FmhaMask,
 // sink tokens, learned sink logits, ALiBi, soft-cap, optional LSE, and an e4m3 output with a

@@ -11,7 +11,7 @@
 //        no visible key and no sink logit exactly 0;
 //   lse: |gpu - ref| <= 2e-3 + 1e-4 |ref|, -inf exactly where the reference has -inf.
 // Coverage: batch and group (varlen) mode, paged (block sizes 16/32/64/80, shuffled tables) and
-// contiguous KV (permuted cache_batch_idx), GQA ratios 1/2/4/8 and MQA, head dims 64/128,
+// contiguous KV (permuted cache_batch_idx), GQA ratios 1/2/4/8 and MQA, head dims 64/128/256,
 // bf16/fp16, masks none / causal top-left / causal bottom-right / windows (both sides, one side,
 // with sink tokens), learned sink logits, ALiBi, soft-cap, with and without LSE, ragged lengths
 // not multiple of any tile, seqlen_k < seqlen_q (rows that see nothing), empty sequences, decode
@@ -412,9 +412,9 @@ void RunCase(const Case& c, std::mt19937& rng) {
     }
   }
   // Prefill-shaped launches (more than 16 packed rows) run on every kernel this device has: the
-  // portable one and, on Hopper, the wgmma one.
+  // portable one and, on Hopper, the wgmma one (head dims 64 and 128 only).
   std::vector<FmhaKernel> kernels{FmhaKernel::kPortable};
-  if (static_cast<int64_t>(max_q) * (hq / hkv) > 16 && FmhaWgmmaAvailable()) {
+  if (static_cast<int64_t>(max_q) * (hq / hkv) > 16 && FmhaWgmmaAvailable() && c.d != 256) {
     kernels.push_back(FmhaKernel::kWgmma);
   }
   for (const FmhaKernel kernel : kernels) {
@@ -467,6 +467,67 @@ FmhaMask Mask(FmhaMaskType t, int left = -1, int right = 0, int sinks = 0) {
   m.window_right = right;
   m.sink_tokens = sinks;
   return m;
+}
+
+// Head dim 256 (Gemma 2 / 3: 64-row prefill tiles, 64-thread decode tiles): every feature the
+// engine passes (windows, soft-cap, sinks, GQA, paged KV) on decode and prefill shapes.
+std::vector<Case> HeadDim256Cases() {
+  using M = FmhaMaskType;
+  std::vector<Case> v;
+  Case c;
+  c.d = 256;
+  // Decode, Gemma-3-12B-like GQA 2, paged block 16, group mode: causal, then a sliding window.
+  c.hq = 16, c.hkv = 8, c.group_mode = true;
+  c.seqs = {{1, 1}, {1, 700}, {1, 1025}, {1, 33}};
+  c.mask = Mask(M::kCausalBottomRight);
+  v.push_back(c);
+  c.mask = Mask(M::kWindow, 511, 0);
+  v.push_back(c);
+  // Decode with soft-cap (Gemma 2) and large logits, GQA 8, fp16, block 64, and split-KV.
+  c = Case{};
+  c.d = 256, c.dtype = FmhaDType::kFp16, c.hq = 16, c.hkv = 2, c.block_size = 64;
+  c.group_mode = true;
+  c.seqs = {{2, 900}, {1, 64}, {1, 1500}};
+  c.mask = Mask(M::kCausalBottomRight);
+  c.scale_mult = 6.f, c.softcap = 50.f;
+  v.push_back(c);
+  c.num_splits = 0;
+  v.push_back(c);
+  c.mask = Mask(M::kWindow, 300, 0, 4);
+  c.softcap = 0.f, c.scale_mult = 1.f;
+  c.sink_logits = true, c.num_splits = 3;
+  v.push_back(c);
+  // Prefill: causal ragged batch, window + soft-cap, sinks (tokens and logits), MQA, split.
+  c = Case{};
+  c.d = 256, c.hq = 8, c.hkv = 4;
+  c.seqs = {{70, 70}, {70, 150}, {70, 99}};
+  c.mask = Mask(M::kCausalBottomRight);
+  v.push_back(c);
+  c.mask = Mask(M::kWindow, 40, 0);
+  c.scale_mult = 6.f, c.softcap = 30.f;
+  v.push_back(c);
+  c = Case{};
+  c.d = 256, c.hq = 4, c.hkv = 1, c.block_size = 32, c.group_mode = true;
+  c.seqs = {{130, 160}, {3, 40}, {17, 17}};
+  c.mask = Mask(M::kWindow, 50, 0, 4);
+  c.sink_logits = true;
+  v.push_back(c);
+  c.mask = Mask(M::kCausalTopLeft);
+  c.alibi = true, c.lse = false, c.sink_logits = false;
+  v.push_back(c);
+  c = Case{};
+  c.d = 256, c.dtype = FmhaDType::kFp16, c.hq = 2, c.hkv = 2, c.block_size = 0;
+  c.seqs = {{40, 300}};
+  c.mask = Mask(M::kCausalBottomRight);
+  c.num_splits = 3;
+  v.push_back(c);
+  // Packed keys (fresh prefill chunks).
+  c = Case{};
+  c.d = 256, c.block_size = 0, c.packed_keys = true, c.group_mode = true, c.hq = 16, c.hkv = 8;
+  c.seqs = {{100, 100}, {1, 1}, {65, 65}};
+  c.mask = Mask(M::kCausalBottomRight);
+  v.push_back(c);
+  return v;
 }
 
 // Each feature at least once, small enough for compute-sanitizer.
@@ -577,6 +638,7 @@ std::vector<Case> QuickCases() {
   c.seqs = {{3, 413}, {3, 80}};
   c.mask = Mask(M::kCausalBottomRight);
   v.push_back(c);
+  for (const Case& d256 : HeadDim256Cases()) v.push_back(d256);
   return v;
 }
 
@@ -590,7 +652,8 @@ std::vector<Case> SweepCases(std::mt19937& rng, int n) {
   for (int i = 0; i < n; ++i) {
     Case c;
     c.dtype = pick(0, 1) ? FmhaDType::kBf16 : FmhaDType::kFp16;
-    c.d = pick(0, 1) ? 128 : 64;
+    const int dims[] = {64, 128, 256};
+    c.d = dims[pick(0, 2)];
     c.hkv = pick(1, 4);
     c.hq = c.hkv * groups[pick(0, 3)];
     c.block_size = block_sizes[pick(0, 4)];
@@ -663,6 +726,20 @@ TEST_CASE("FMHA forward: long decode and prefill shapes", "[gpu][fmha][sweep]") 
   c.dtype = FmhaDType::kFp16;
   c.mask = Mask(FmhaMaskType::kWindow, 127, 0, 4);
   RunCase(c, rng);
+  // Head dim 256: Gemma-3-like decode, unsplit and split, and a causal prefill.
+  c = Case{};
+  c.d = 256, c.hq = 16, c.hkv = 8, c.block_size = 16, c.group_mode = true;
+  c.seqs = {{1, 4096}, {1, 3001}, {2, 2048}};
+  c.mask = Mask(FmhaMaskType::kCausalBottomRight);
+  RunCase(c, rng);
+  c.num_splits = 0;
+  RunCase(c, rng);
+  c = Case{};
+  c.d = 256, c.hq = 16, c.hkv = 8, c.block_size = 16;
+  c.seqs = {{512, 512}, {512, 700}};
+  c.mask = Mask(FmhaMaskType::kWindow, 1023, 0);
+  c.softcap = 50.f;
+  RunCase(c, rng);
 }
 
 // Parameters that pass the checks (one decode row, GQA 4) with every array at `buf`, which the
@@ -696,6 +773,14 @@ TEST_CASE("FMHA forward: unsupported parameters are rejected", "[gpu][fmha][quic
   FmhaParams x = p;
   x.head_dim = 96;
   rejected(x, "head_dim 96");
+  x = p;
+  x.head_dim = 256;
+  x.seqlen_q = 64;
+  FmhaLaunchOptions w256;
+  w256.kernel = FmhaKernel::kWgmma;  // the Hopper kernel has no head_dim 256
+  const Status s256 = FmhaForward(x, w256, nullptr);
+  CHECK(s256.code() == StatusCode::kInvalidArgument);
+  CHECK(s256.message().find("head_dim 256") != std::string::npos);
   x = p;
   x.num_q_heads = 6;
   x.num_kv_heads = 4;

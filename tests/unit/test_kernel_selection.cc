@@ -99,7 +99,10 @@ const Row kTable[] = {
     {kCuda, 90, kMha, DType::kBF16, kNoQ, kCausal | kFeatureAlibi, 64, "cuda_fmha", ""},
     {kCuda, 90, kMha, DType::kBF16, kNoQ, kWin | kFeatureSinks, 128, "cuda_fmha", ""},
     {kCuda, 90, kMha, DType::kI8, kHead, kWin, 128, "", "sliding_window"},
-    {kCuda, 90, kMha, DType::kBF16, kNoQ, kCausal, 256, "", "head_dim 256"},
+    // Head dim 256 (Gemma): C8 has none, FMHA serves it; 8-bit caches there have no kernel.
+    {kCuda, 90, kMha, DType::kBF16, kNoQ, kCausal, 256, "cuda_fmha", ""},
+    {kCuda, 90, kMha, DType::kBF16, kNoQ, kWin | kFeatureSoftCap, 256, "cuda_fmha", ""},
+    {kCuda, 90, kMha, DType::kI8, kHead, kCausal, 256, "", "head_dim 256"},
     {kCuda, 75, kMha, DType::kBF16, kNoQ, kCausal, 128, "", "sm_75"},
     // sm_100 has no sm_100 code object, but the plain "80" / "120" ones carry PTX for it.
     {kCuda, 100, kMha, DType::kBF16, kNoQ, kCausal, 128, "cuda_c8", ""},
@@ -110,6 +113,7 @@ const Row kTable[] = {
     // HIP: the FMHA family, for gfx90a code objects only.
     {kHip, 0x90a, kMha, DType::kBF16, kNoQ, kCausal, 128, "hip_fmha", ""},
     {kHip, 0x90a, kMha, DType::kF16, kNoQ, kWin | kFeatureAlibi, 64, "hip_fmha", ""},
+    {kHip, 0x90a, kMha, DType::kBF16, kNoQ, kWin | kFeatureSoftCap, 256, "hip_fmha", ""},
     {kHip, 0x942, kMha, DType::kBF16, kNoQ, kCausal, 128, "", "gfx942"},
     {kHip, 0x90a, kMla, DType::kBF16, kNoQ, kCausal, 576, "", "kind"},
     {kHip, 0x90a, kMha, DType::kI8, kHead, kCausal, 128, "", "int8"},
@@ -152,6 +156,23 @@ TEST_CASE("Selection table says what was chosen and why", "[selection]") {
   CHECK(table.find("SELECTED (highest priority of 2 that fit)") != std::string::npos);
   CHECK(table.find("fits, lower priority") != std::string::npos);
   CHECK(table.find("device is cpu") != std::string::npos);
+}
+
+TEST_CASE("Head dim 256 selects cuda_fmha; cuda_c8 refuses it by name", "[selection]") {
+  const BackendRegistry reg = AllBuiltRegistry();
+  AttentionSpec spec = SpecOf(kTable[FirstCudaRow()]);
+  spec.head_dim = 256;
+  const Selection sel = reg.Select(spec);
+  const std::string table = sel.Table(spec);
+  INFO(table);
+  REQUIRE(sel.info != nullptr);
+  CHECK(sel.info->name == "cuda_fmha");
+  bool c8_refused = false;
+  for (const SelectionRow& row : sel.rows) {
+    if (row.name == "cuda_c8") c8_refused = !row.fits && row.reason == "no head_dim 256";
+  }
+  CHECK(c8_refused);
+  CHECK(table.find("SELECTED (the only one that fits)") != std::string::npos);
 }
 
 TEST_CASE("The attention_backend override picks a lower-priority kernel or fails", "[selection]") {
