@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fails when a C++ source differs from what clang-format 14 makes of it with the repo's style.
+# Fails when a C++ source differs from what clang-format 14 makes of it with the repo's style, or
+# when a Catch2 test name holds a ';' (ctest splits such a name into several entries that fail).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 files=$(git ls-files '*.cc' '*.h' '*.cu' '*.cuh' '*.hpp')
@@ -10,5 +11,9 @@ for f in $files; do
     bad=1
   fi
 done
+if git grep -n -E 'TEST_CASE\("[^"]*;' -- tests >/dev/null; then
+  git grep -n -E 'TEST_CASE\("[^"]*;' -- tests | sed 's/^/format: a test name with ";" (ctest splits it): /'
+  bad=1
+fi
 [ $bad -eq 0 ] && echo "format: OK ($(echo "$files" | wc -w) files)"
 exit $bad

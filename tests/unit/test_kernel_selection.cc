@@ -158,7 +158,7 @@ TEST_CASE("Selection table says what was chosen and why", "[selection]") {
   CHECK(table.find("device is cpu") != std::string::npos);
 }
 
-TEST_CASE("Head dim 256 selects cuda_fmha; cuda_c8 refuses it by name", "[selection]") {
+TEST_CASE("Head dim 256 selects cuda_fmha and cuda_c8 refuses it by name", "[selection]") {
   const BackendRegistry reg = AllBuiltRegistry();
   AttentionSpec spec = SpecOf(kTable[FirstCudaRow()]);
   spec.head_dim = 256;
