@@ -424,6 +424,7 @@ def fp8_fixture(name, out_root):
                 torch.tensor(0.05) if qcfg["quant_method"] == "modelopt"
                 else torch.tensor([0.05]))
         deq_state[tname] = deq
+    q_state = {k: v.contiguous() for k, v in q_state.items()}  # numpy views of transposes
     save_file(q_state, os.path.join(fixture, "model.safetensors"), metadata={"format": "pt"})
     qcfg_json = dict(cfg_json, quantization_config=qcfg)
     jdump(qcfg_json, os.path.join(fixture, "config.json"))
@@ -481,6 +482,7 @@ def mxfp4_fixture(out_root):
             deq_state[tname] = torch.from_numpy(w)
     qcfg = {"quant_method": "mxfp4", "modules_to_not_convert": [
         "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    q_state = {k: v.contiguous() for k, v in q_state.items()}  # numpy views of transposes
     save_file(q_state, os.path.join(fixture, "model.safetensors"), metadata={"format": "pt"})
     qcfg_json = dict(cfg_json, quantization_config=qcfg)
     jdump(qcfg_json, os.path.join(fixture, "config.json"))
