@@ -10,6 +10,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <random>
 #include <span>
 #include <string>
 #include <utility>
@@ -160,6 +161,19 @@ inline double FirstStepDistance(const Logits& ref, const Logits& got, size_t i) 
     ref2 += static_cast<double>(a[j]) * a[j];
   }
   return std::sqrt(err2 / ref2);
+}
+
+// Five prompts of 5, 37, 90, 1 and 20 random ids below `vocab` (the random-model tests' set:
+// single-token, short, chunked-prefill lengths).
+inline std::vector<std::vector<int32_t>> RandomPrompts(uint32_t seed, int vocab = 600) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int len : {5, 37, 90, 1, 20}) {
+    std::vector<int32_t> p(len);
+    for (auto& t : p) t = static_cast<int32_t>(rng() % vocab);
+    prompts.push_back(p);
+  }
+  return prompts;
 }
 
 }  // namespace llm::gpu_test

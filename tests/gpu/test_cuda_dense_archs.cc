@@ -22,14 +22,7 @@ namespace fs = std::filesystem;
 using gpu_test::Gaps;
 
 std::vector<std::vector<int32_t>> ArchPrompts() {
-  std::mt19937 rng(13);
-  std::vector<std::vector<int32_t>> prompts;
-  for (int len : {5, 37, 90, 1, 20}) {
-    std::vector<int32_t> p(len);
-    for (auto& t : p) t = static_cast<int32_t>(rng() % 600);
-    prompts.push_back(p);
-  }
-  return prompts;
+  return gpu_test::RandomPrompts(13);
 }
 
 // Identical until a step where the reference's top-2 gap (of max |logit|) is a near-tie; at least

@@ -24,14 +24,7 @@ using gpu_test::Gaps;
 using gpu_test::RandomMoeArch;
 
 std::vector<std::vector<int32_t>> MoePrompts() {
-  std::mt19937 rng(17);
-  std::vector<std::vector<int32_t>> prompts;
-  for (int len : {5, 37, 90, 1, 20}) {
-    std::vector<int32_t> p(len);
-    for (auto& t : p) t = static_cast<int32_t>(rng() % 600);
-    prompts.push_back(p);
-  }
-  return prompts;
+  return gpu_test::RandomPrompts(17);
 }
 
 // A random MoE model routes some tokens at near-ties, and bf16 against fp32 flips a few of them
