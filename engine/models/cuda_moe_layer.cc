@@ -208,61 +208,110 @@ Status CudaMoeLayer::Reserve(int rows, CudaMoeScratch* s) const {
     LLM_RETURN_IF_ERROR(s->shared_out.Alloc(T * H * 2));
   }
   s->cap = rows;
+  if (S >= static_cast<size_t>(large_batch_slots_) * E) {
+    LLM_RETURN_IF_ERROR(s->gu.Alloc(std::max(S * 2 * I, T * 2 * SI) * 2));
+    LLM_RETURN_IF_ERROR(s->offsets.Alloc((E + 1) * 4));
+    LLM_RETURN_IF_ERROR(s->ptrs.Alloc(3 * E * sizeof(void*)));
+    s->large_cap = rows;
+  }
   return Status::Ok();
 }
 
-Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
-                         CudaMoeScratch* s, void* out, const Trace& trace) const {
-  if (T == 0) return Status::Ok();
-  if (T > s->cap) return Internal("CUDA MoE layer: scratch reserved for fewer rows");
-  cudaStream_t stream = ops.stream;
-  const int E = r_.num_experts, K = r_.top_k, S = T * K;
-  const bool shared = w.shared.inter > 0;
-  if (shared && (w.shared.inter != shared_inter_ || w.shared.gate_up.fp8() != w.gate_up.fp8() ||
-                 w.shared.down.fp8() != w.down.fp8())) {
-    return Internal("CUDA MoE layer: shared experts of another size or dtype than the layer's");
+bool CudaMoeLayer::TakesLargeBatchPath(int T, const CudaMoeWeights& w) const {
+  return !w.gate_up.fp8() && !w.down.fp8() &&
+         static_cast<int64_t>(T) * r_.top_k >=
+             static_cast<int64_t>(large_batch_slots_) * r_.num_experts;
+}
+
+Status CudaMoeLayer::GroupedGemm(const CudaLinearOps& ops, const std::vector<int32_t>& off,
+                                 const void* a, const void* w, int n, int k, void* c,
+                                 void* ptrs) const {
+  const int E = r_.num_experts;
+  std::vector<void*> p;  // A (weights), B (rows), C per problem, as cuBLAS reads them
+  std::vector<int> m_rows;
+  for (int e = 0; e < E; ++e) {
+    const int rows = off[e + 1] - off[e];
+    if (rows == 0) continue;
+    p.push_back(const_cast<uint16_t*>(static_cast<const uint16_t*>(w)) + size_t(e) * n * k);
+    m_rows.push_back(rows);
   }
-  const int dense_rows = shared ? T : 0;  // the shared experts: a dense group of every token
-  const int max_tiles = cuda::MoeMaxTiles(S, E, dense_rows);
-  if (trace.out != nullptr) {
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    GPU_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &cs));
-    if (cs != cudaStreamCaptureStatusNone) {
-      return FailedPrecondition("the MoE routing trace cannot be recorded inside a CUDA graph");
+  const int P = static_cast<int>(m_rows.size());
+  if (P == 0) return Status::Ok();
+  for (int e = 0; e < E; ++e) {
+    if (off[e + 1] > off[e]) {
+      p.push_back(const_cast<uint16_t*>(static_cast<const uint16_t*>(a)) + off[e] * size_t(k));
     }
   }
+  for (int e = 0; e < E; ++e) {
+    if (off[e + 1] > off[e]) p.push_back(static_cast<uint16_t*>(c) + off[e] * size_t(n));
+  }
+  // Column-major view of the row-major product: C^T [n, rows] = W_e [n, k] (transposed from its
+  // row-major [n, k] storage) times A^T [k, rows].
+  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(ptrs, p.data(), p.size() * sizeof(void*),
+                                      cudaMemcpyHostToDevice, ops.stream));
+  void** d = static_cast<void**>(ptrs);
+  const std::vector<cublasOperation_t> ta(P, CUBLAS_OP_T), tb(P, CUBLAS_OP_N);
+  const std::vector<int> nn(P, n), kk(P, k), one_each(P, 1);
+  const std::vector<float> alpha(P, 1.0f), beta(P, 0.0f);
+  BLAS_RETURN_IF_ERROR(cublasGemmGroupedBatchedEx(
+      ops.blas, ta.data(), tb.data(), nn.data(), m_rows.data(), kk.data(), alpha.data(), d,
+      CUDA_R_16BF, kk.data(), d + P, CUDA_R_16BF, kk.data(), beta.data(), d + 2 * P, CUDA_R_16BF,
+      nn.data(), P, one_each.data(), CUBLAS_COMPUTE_32F));
+  return Status::Ok();
+}
 
-  // Router: fp32 input, fp32 weight, no TF32 (a flipped group-limited choice costs a whole
-  // expert set).
+Status CudaMoeLayer::RunLargeBatch(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x,
+                                   int T, CudaMoeScratch* s) const {
+  cudaStream_t stream = ops.stream;
+  const int E = r_.num_experts;
+  std::vector<int32_t> off(E + 1);
+  GPU_RETURN_IF_ERROR(
+      cudaMemcpyAsync(off.data(), s->offsets.ptr, (E + 1) * 4, cudaMemcpyDeviceToHost, stream));
+  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  const int rows = off[E];
+  const float limit =
+      gate_.activation == CpuMlp::Activation::kClampedSwiGlu ? gate_.swiglu_limit : 0.0f;
+  const float alpha = gate_.swiglu_alpha;
+  const auto* offsets = s->offsets.as<int32_t>();
+  // The gathered rows live in y until the down GEMM overwrites it (stream order).
+  cuda::LaunchMoeGather(x, s->sorted_token.as<int32_t>(), rows, hidden_, s->y.ptr, stream);
+  LLM_RETURN_IF_ERROR(GroupedGemm(ops, off, s->y.ptr, w.gate_up.data(), 2 * inter_, hidden_,
+                                  s->gu.ptr, s->ptrs.ptr));
+  cuda::LaunchMoeGateAct(s->gu.ptr, rows, inter_,
+                         w.gate_up_bias.ptr ? w.gate_up_bias.as<float>() : nullptr, offsets, E,
+                         limit, alpha, s->act.ptr, stream);
   const float one = 1.0f, zero = 0.0f;
-  BLAS_RETURN_IF_ERROR(cublasGemmEx(ops.blas, CUBLAS_OP_T, CUBLAS_OP_N, E, T, hidden_, &one,
-                                    w.router.ptr, CUDA_R_32F, hidden_, s->x_f32.ptr, CUDA_R_32F,
-                                    hidden_, &zero, s->logits.ptr, CUDA_R_32F, E,
-                                    CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
-  cuda::MoeRouteArgs ra = MoeRouteArgsOf(r_);
-  ra.logits = s->logits.as<float>();
-  ra.bias = w.router_bias.ptr ? w.router_bias.as<float>() : nullptr;
-  ra.logit_bias = w.logit_bias.ptr ? w.logit_bias.as<float>() : nullptr;
-  ra.num_tokens = T;
-  ra.topk_ids = s->topk_ids.as<int32_t>();
-  ra.topk_w = s->topk_w.as<float>();
-  cuda::LaunchMoeRoute(ra, stream);
+  const bool shared = w.shared.inter > 0;
+  if (shared) {  // gate_up [T, 2 SI] into gu, free again once the routed activation read it
+    BLAS_RETURN_IF_ERROR(cublasGemmEx(ops.blas, CUBLAS_OP_T, CUBLAS_OP_N, 2 * shared_inter_, T,
+                                      hidden_, &one, w.shared.gate_up.data(), CUDA_R_16BF, hidden_,
+                                      x, CUDA_R_16BF, hidden_, &zero, s->gu.ptr, CUDA_R_16BF,
+                                      2 * shared_inter_, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    cuda::LaunchMoeGateAct(s->gu.ptr, T, shared_inter_, nullptr, nullptr, 0, limit, alpha,
+                           s->shared_act.ptr, stream);
+  }
+  // The same pointer arrays again: their copy runs after the first grouped GEMM (stream order).
+  LLM_RETURN_IF_ERROR(
+      GroupedGemm(ops, off, s->act.ptr, w.down.data(), hidden_, inter_, s->y.ptr, s->ptrs.ptr));
+  if (w.down_bias.ptr) {
+    cuda::LaunchMoeRowBias(s->y.ptr, rows, hidden_, w.down_bias.as<float>(), offsets, E, stream);
+  }
+  if (shared) {
+    BLAS_RETURN_IF_ERROR(cublasGemmEx(
+        ops.blas, CUBLAS_OP_T, CUBLAS_OP_N, hidden_, T, shared_inter_, &one, w.shared.down.data(),
+        CUDA_R_16BF, shared_inter_, s->shared_act.ptr, CUDA_R_16BF, shared_inter_, &zero,
+        s->shared_out.ptr, CUDA_R_16BF, hidden_, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  return Status::Ok();
+}
 
-  cuda::MoePermuteArgs pa;
-  pa.topk_ids = ra.topk_ids;
-  pa.num_slots = S;
-  pa.num_experts = E;
-  pa.top_k = K;
-  pa.dense_rows = dense_rows;
-  pa.sorted_token = s->sorted_token.as<int32_t>();
-  pa.slot_of = s->slot_of.as<int32_t>();
-  pa.tiles = s->tiles.as<int32_t>();
-  pa.num_tiles = s->num_tiles.as<int32_t>();
-  cuda::LaunchMoePermute(pa, stream);
-
+Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x,
+                              int T, CudaMoeScratch* s, int max_tiles) const {
+  cudaStream_t stream = ops.stream;
+  const bool shared = w.shared.inter > 0;
   cuda::MoeGemmArgs g;
   g.x = x;
-  g.sorted_token = pa.sorted_token;
+  g.sorted_token = s->sorted_token.as<int32_t>();
   g.w = w.gate_up.data();
   g.w_scale = w.gate_up.scales();
   g.scale_stride = CudaLinear::kScaleSlot;
@@ -275,8 +324,8 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
   }
   g.n_out = inter_;
   g.k = hidden_;
-  g.tiles = pa.tiles;
-  g.num_tiles = pa.num_tiles;
+  g.tiles = s->tiles.as<int32_t>();
+  g.num_tiles = s->num_tiles.as<int32_t>();
   g.max_tiles = max_tiles;
   g.out = s->act.ptr;
   if (shared) {
@@ -307,6 +356,63 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
     g.dense_out = s->shared_out.ptr;
   }
   cuda::LaunchMoeGemm(g, stream);
+  return Status::Ok();
+}
+
+Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
+                         CudaMoeScratch* s, void* out, const Trace& trace) const {
+  if (T == 0) return Status::Ok();
+  if (T > s->cap) return Internal("CUDA MoE layer: scratch reserved for fewer rows");
+  cudaStream_t stream = ops.stream;
+  const int E = r_.num_experts, K = r_.top_k, S = T * K;
+  const bool shared = w.shared.inter > 0;
+  if (shared && (w.shared.inter != shared_inter_ || w.shared.gate_up.fp8() != w.gate_up.fp8() ||
+                 w.shared.down.fp8() != w.down.fp8())) {
+    return Internal("CUDA MoE layer: shared experts of another size or dtype than the layer's");
+  }
+  const int dense_rows = shared ? T : 0;  // the shared experts: a dense group of every token
+  const int max_tiles = cuda::MoeMaxTiles(S, E, dense_rows);
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  GPU_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &cs));
+  const bool capturing = cs != cudaStreamCaptureStatusNone;
+  if (trace.out != nullptr && capturing) {
+    return FailedPrecondition("the MoE routing trace cannot be recorded inside a CUDA graph");
+  }
+  const bool large = !capturing && T <= s->large_cap && TakesLargeBatchPath(T, w);
+
+  // Router: fp32 input, fp32 weight, no TF32 (a flipped group-limited choice costs a whole
+  // expert set).
+  const float one = 1.0f, zero = 0.0f;
+  BLAS_RETURN_IF_ERROR(cublasGemmEx(ops.blas, CUBLAS_OP_T, CUBLAS_OP_N, E, T, hidden_, &one,
+                                    w.router.ptr, CUDA_R_32F, hidden_, s->x_f32.ptr, CUDA_R_32F,
+                                    hidden_, &zero, s->logits.ptr, CUDA_R_32F, E,
+                                    CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+  cuda::MoeRouteArgs ra = MoeRouteArgsOf(r_);
+  ra.logits = s->logits.as<float>();
+  ra.bias = w.router_bias.ptr ? w.router_bias.as<float>() : nullptr;
+  ra.logit_bias = w.logit_bias.ptr ? w.logit_bias.as<float>() : nullptr;
+  ra.num_tokens = T;
+  ra.topk_ids = s->topk_ids.as<int32_t>();
+  ra.topk_w = s->topk_w.as<float>();
+  cuda::LaunchMoeRoute(ra, stream);
+
+  cuda::MoePermuteArgs pa;
+  pa.topk_ids = ra.topk_ids;
+  pa.num_slots = S;
+  pa.num_experts = E;
+  pa.top_k = K;
+  pa.dense_rows = dense_rows;
+  pa.sorted_token = s->sorted_token.as<int32_t>();
+  pa.slot_of = s->slot_of.as<int32_t>();
+  pa.tiles = s->tiles.as<int32_t>();
+  pa.num_tiles = s->num_tiles.as<int32_t>();
+  pa.expert_offsets = large ? s->offsets.as<int32_t>() : nullptr;
+  cuda::LaunchMoePermute(pa, stream);
+  if (large) {
+    LLM_RETURN_IF_ERROR(RunLargeBatch(ops, w, x, T, s));
+  } else {
+    LLM_RETURN_IF_ERROR(RunTiled(ops, w, x, T, s, max_tiles));
+  }
   cuda::LaunchMoeCombine(s->y.ptr, pa.slot_of, ra.topk_w, shared ? s->shared_out.ptr : nullptr, T,
                          K, hidden_, out, stream);
 

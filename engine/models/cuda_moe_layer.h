@@ -14,6 +14,14 @@
 //   out [T, hidden]    = shared(x) + sum_k w[t, k] y[slot(t, k)] (fixed order, no atomics)
 // The shared experts are one more group of both grouped GEMMs (every token, weight 1): no
 // launches of their own, and with fp8 weights their activations stay bf16 as the experts'.
+//
+// Large batches (prefill chunks: at least large_batch_slots_per_expert slots per expert on
+// average, bf16 experts, not capturing) take a second path: the 16-row tiles above stream every
+// expert's weights once per 16 rows, which at thousands of rows is L2-bandwidth-bound, so there
+// the layer reads the experts' row counts back (one wait per layer), gathers the rows by expert
+// and runs cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx, one problem per expert) for
+// gate_up and for down, with the gated activation and the biases as separate element-wise
+// kernels (moe_large_batch.cu) and the shared experts as two plain GEMMs.
 // Built only with the CUDA backend.
 #pragma once
 
@@ -48,6 +56,11 @@ struct CudaMoeScratch {
   DeviceBuffer logits, topk_ids, topk_w, sorted_token, slot_of, tiles, num_tiles, act, y;
   DeviceBuffer shared_act, shared_out;  // the shared experts' [cap, shared I], [cap, hidden]
   int cap = 0;
+  // The large-batch path's (CudaMoeLayer::Run): gate_up outputs [rows, 2 I] bf16, the experts'
+  // row offsets [E + 1], the grouped GEMMs' pointer arrays. Reserved only where `cap` rows reach
+  // the path; large_cap is then cap.
+  DeviceBuffer gu, offsets, ptrs;
+  int large_cap = 0;
 };
 
 // The routing kernel's arguments for `routing` (pointers and the token count left to the caller).
@@ -74,6 +87,13 @@ class CudaMoeLayer {
               CudaMoeWeights* w) const;
   Status Reserve(int rows, CudaMoeScratch* s) const;
 
+  // Slots per expert (T * top_k / E) from which a batch takes the large-batch path; set before
+  // Reserve (tests and benchmarks force either path: 0 always, INT_MAX never).
+  static constexpr int kLargeBatchSlotsPerExpert = 64;
+  void set_large_batch_slots_per_expert(int v) { large_batch_slots_ = v; }
+  // Whether Run takes the large-batch path for T rows of weights `w` (outside a capture).
+  bool TakesLargeBatchPath(int T, const CudaMoeWeights& w) const;
+
   struct Trace {
     std::vector<MoeRoutingDecision>* out = nullptr;  // null: no trace
     int layer = 0;
@@ -96,9 +116,21 @@ class CudaMoeLayer {
                      const std::string& block_prefix, const MoeTensorNames& names,
                      CudaMoeWeights* w) const;
 
+  // The expert GEMMs of the tiled (graph-safe) path, after the permutation.
+  Status RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
+                  CudaMoeScratch* s, int max_tiles) const;
+  // The expert GEMMs, activation and biases of the large-batch path, after the permutation.
+  Status RunLargeBatch(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
+                       CudaMoeScratch* s) const;
+  // C rows [off[e], off[e + 1]) = A rows [off[e], ...) W_e^T for every expert with rows; W_e is
+  // [n, k] at w + e * n * k; A [rows, k], C [rows, n], bf16. `ptrs` holds 3 E device pointers.
+  Status GroupedGemm(const CudaLinearOps& ops, const std::vector<int32_t>& off, const void* a,
+                     const void* w, int n, int k, void* c, void* ptrs) const;
+
   MoeRouting r_;
   int hidden_, inter_, shared_inter_;
   CpuMlp::Gate gate_;
+  int large_batch_slots_ = kLargeBatchSlotsPerExpert;
 };
 
 }  // namespace llm

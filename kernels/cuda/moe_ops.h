@@ -13,10 +13,11 @@ namespace llm::cuda {
 // Routing of every token (one warp per token), exactly the rule of MoeRouter
 // (engine/models/moe_router.h) up to the float rounding of expf and of the softmax sum: scores
 // softmax or sigmoid; choice = score + bias; groups (group max, or sum of the top two) keep
-// topk_group groups, the others' experts choose 0.0; top-k with ties to the lower index; weights
-// from the scores (weigh_unbiased) or the masked choices, normalized (+ norm_eps), times scaling.
-// logit_bias (gpt-oss's router bias) is added to the logits first. softmax_of_topk (gpt-oss): the
-// scores are the logits themselves, and the weights the softmax of the selected ones.
+// topk_group groups, the others' experts are never chosen (-inf); top-k with ties to the lower
+// index; weights from the scores (weigh_unbiased) or the masked choices, normalized (+ norm_eps),
+// times scaling. logit_bias (gpt-oss's router bias) is added to the logits first. softmax_of_topk
+// (gpt-oss): the scores are the logits themselves, and the weights the softmax of the selected
+// ones.
 struct MoeRouteArgs {
   const float* logits = nullptr;      // fp32 [T, E]
   const float* bias = nullptr;        // [E] selection bias or null
@@ -63,6 +64,7 @@ struct MoePermuteArgs {
   int32_t* slot_of = nullptr;
   int32_t* tiles = nullptr;  // [max_tiles][3]: expert, row begin, row end (exclusive)
   int32_t* num_tiles = nullptr;
+  int32_t* expert_offsets = nullptr;  // [E + 1] first row of each expert, then S' (or null)
 };
 void LaunchMoePermute(const MoePermuteArgs& a, void* stream);
 
@@ -115,5 +117,22 @@ void LaunchMoeGemm(const MoeGemmArgs& a, void* stream);
 void LaunchMoeCombine(const void* y, const int32_t* slot_of, const float* topk_w,
                       const void* shared, int num_tokens, int top_k, int hidden, void* out,
                       void* stream);
+
+// The large-batch path of the MoE layer (CudaMoeLayer: prefill chunks), where the expert GEMMs
+// are cuBLAS's grouped GEMM over the expert-sorted rows and these kernels do the rest. Rows are
+// expert-ordered slots [0, rows); expert_offsets [E + 1] (device, LaunchMoePermute's) give each
+// row's expert where a bias needs it.
+//   gather:   xg[s, :] = x[sorted_token[s], :]                            (bf16 [rows, hidden])
+//   gate act: act[s, j] = bf16(gate(g[s, j], u[s, n + j])) from gu [rows, 2 n] (gate, then up,
+//             as the GEMM's weight rows), + bias_e [2 n] (gate, then up) when bias is non-null;
+//             silu(g) * u, or gpt-oss's clamped SwiGLU when swiglu_limit > 0 (MoeGemmArgs)
+//   row bias: y[s, :] = bf16(y[s, :] + bias_e)                           (bias [E][n])
+void LaunchMoeGather(const void* x, const int32_t* sorted_token, int rows, int hidden, void* xg,
+                     void* stream);
+void LaunchMoeGateAct(const void* gu, int rows, int n, const float* bias,
+                      const int32_t* expert_offsets, int num_experts, float swiglu_limit,
+                      float swiglu_alpha, void* act, void* stream);
+void LaunchMoeRowBias(void* y, int rows, int n, const float* bias, const int32_t* expert_offsets,
+                      int num_experts, void* stream);
 
 }  // namespace llm::cuda

@@ -78,6 +78,10 @@ __global__ void __launch_bounds__(kPermuteThreads) MoePermuteKernel(const MoePer
   int total_slots, total_tiles;
   const int offset = BlockExclusiveScan(count, s_warp, &total_slots);
   const int first_tile = BlockExclusiveScan(ntiles, s_warp, &total_tiles);
+  if (a.expert_offsets != nullptr) {
+    if (e < E) a.expert_offsets[e] = offset;
+    if (threadIdx.x == 0) a.expert_offsets[E] = total_slots;
+  }
   if (e < E) {
     int run = offset;
     for (int w = 0; w < kPermuteWarps; ++w) {

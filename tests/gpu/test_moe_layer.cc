@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -310,49 +311,61 @@ std::vector<float> RunGpu(const Ops& o, const CudaMoeLayer& layer, const TestMoe
   return out;
 }
 
-TEST_CASE("MoE layer matches CpuMoe (bf16 and fp8 experts, batch 1..300)", "[gpu][moe]") {
+// Both expert-GEMM paths: the 16-row tiles (forced with INT_MAX slots per expert) and the
+// large-batch path through cuBLAS's grouped GEMM (forced with 0; by default from 64 slots per
+// expert, here batch 300: 1,200 slots over 16 experts).
+TEST_CASE("MoE layer matches CpuMoe (bf16 and fp8 experts, batch 1..300, both GEMM paths)",
+          "[gpu][moe]") {
   GPU_TEST_RNG(rng);
   Ops o;
   for (const WeightQuant quant : {WeightQuant::kBf16, WeightQuant::kFp8PerTensor}) {
     for (const bool v3 : {false, true}) {
-      INFO(WeightQuantName(quant) << (v3 ? " v3 routing" : " v2 routing"));
-      TestMoe m;
-      m.routing = v3 ? V3Routing(16, 4) : V2Routing(16, 4);
-      MakeMoe(o.ops, quant, rng, &m);
-      const CudaMoeLayer layer(m.routing, m.hidden, m.inter, m.shared_inter);
-      REQUIRE(CudaMoeLayer::Check(m.routing, m.hidden, m.inter, m.shared_inter).ok());
-      CudaMoeScratch s;
-      for (const int T : {1, 7, 64, 300}) {
-        INFO("batch " << T);
-        const int H = m.hidden;
-        std::normal_distribution<float> nd(0.f, 1.f);
-        std::vector<float> x(static_cast<size_t>(T) * H);
-        for (float& v : x) v = RoundBf16(nd(rng));
-        std::vector<float> ref(x.size());
-        std::vector<MoeRoutingDecision> decisions;
-        std::vector<int32_t> pos(T, 0);
-        m.cpu.Forward(x.data(), T, {&decisions, 0, pos.data()}, ref.data());
-        const std::vector<float> got = RunGpu(o, layer, m, x, T, &s);
-        // A token whose CPU routing is a near-tie may pick other experts on the GPU.
-        // The bf16 roundings of act, y and the shared path (the CPU oracle keeps fp32; fp8
-        // weights are dequantized exactly for it).
-        const double tol = 0.02;
-        int skipped = 0;
-        for (int t = 0; t < T; ++t) {
-          if (decisions[t].margin < 1e-4f) {
-            ++skipped;
-            continue;
+      for (const int large_from : {INT_MAX, 0, CudaMoeLayer::kLargeBatchSlotsPerExpert}) {
+        INFO(WeightQuantName(quant) << (v3 ? " v3 routing" : " v2 routing") << ", large batch from "
+                                    << large_from << " slots per expert");
+        TestMoe m;
+        m.routing = v3 ? V3Routing(16, 4) : V2Routing(16, 4);
+        MakeMoe(o.ops, quant, rng, &m);
+        CudaMoeLayer layer(m.routing, m.hidden, m.inter, m.shared_inter);
+        layer.set_large_batch_slots_per_expert(large_from);
+        REQUIRE(CudaMoeLayer::Check(m.routing, m.hidden, m.inter, m.shared_inter).ok());
+        CudaMoeScratch s;
+        for (const int T : {1, 7, 64, 300}) {
+          INFO("batch " << T);
+          // fp8 experts always take the tiles; bf16 ones the large-batch path where it is due.
+          CHECK(layer.TakesLargeBatchPath(T, m.gpu) ==
+                (quant == WeightQuant::kBf16 &&
+                 int64_t{T} * m.routing.top_k >= int64_t{large_from} * 16));
+          const int H = m.hidden;
+          std::normal_distribution<float> nd(0.f, 1.f);
+          std::vector<float> x(static_cast<size_t>(T) * H);
+          for (float& v : x) v = RoundBf16(nd(rng));
+          std::vector<float> ref(x.size());
+          std::vector<MoeRoutingDecision> decisions;
+          std::vector<int32_t> pos(T, 0);
+          m.cpu.Forward(x.data(), T, {&decisions, 0, pos.data()}, ref.data());
+          const std::vector<float> got = RunGpu(o, layer, m, x, T, &s);
+          // A token whose CPU routing is a near-tie may pick other experts on the GPU.
+          // The bf16 roundings of act, y and the shared path (the CPU oracle keeps fp32; fp8
+          // weights are dequantized exactly for it).
+          const double tol = 0.02;
+          int skipped = 0;
+          for (int t = 0; t < T; ++t) {
+            if (decisions[t].margin < 1e-4f) {
+              ++skipped;
+              continue;
+            }
+            double d2 = 0, r2 = 0;
+            for (int j = 0; j < H; ++j) {
+              const double d = got[t * H + j] - ref[t * H + j];
+              d2 += d * d;
+              r2 += static_cast<double>(ref[t * H + j]) * ref[t * H + j];
+            }
+            INFO("token " << t << " relative error " << std::sqrt(d2 / r2));
+            REQUIRE(std::sqrt(d2) <= tol * std::sqrt(r2));
           }
-          double d2 = 0, r2 = 0;
-          for (int j = 0; j < H; ++j) {
-            const double d = got[t * H + j] - ref[t * H + j];
-            d2 += d * d;
-            r2 += static_cast<double>(ref[t * H + j]) * ref[t * H + j];
-          }
-          INFO("token " << t << " relative error " << std::sqrt(d2 / r2));
-          REQUIRE(std::sqrt(d2) <= tol * std::sqrt(r2));
+          CHECK(skipped <= std::max(1, T / 20));
         }
-        CHECK(skipped <= std::max(1, T / 20));
       }
     }
   }
@@ -422,43 +435,47 @@ TEST_CASE("MoE layer with gpt-oss's gate matches CpuMoe (biases, clamped SwiGLU)
                       dn_ref.begin() + static_cast<size_t>(e + 1) * H * I);
       x.b_down.assign(dn_b.begin() + e * H, dn_b.begin() + (e + 1) * H);
     }
-    const CudaMoeLayer layer(r, H, I, 0, gate);
-    CudaMoeScratch s;
-    for (const int T : {1, 7, 64}) {
-      INFO("batch " << T);
-      std::vector<float> x(static_cast<size_t>(T) * H);
-      for (float& v : x) v = RoundBf16(nd(rng));
-      std::vector<float> ref(x.size());
-      std::vector<MoeRoutingDecision> decisions;
-      std::vector<int32_t> pos(T, 0);
-      cpu.Forward(x.data(), T, {&decisions, 0, pos.data()}, ref.data());
-      REQUIRE(layer.Reserve(T, &s).ok());
-      std::vector<uint16_t> xb(x.size());
-      for (size_t i = 0; i < x.size(); ++i) xb[i] = F32ToBf16(x[i]);
-      DeviceBuffer d_x, d_out;
-      REQUIRE(d_x.Alloc(xb.size() * 2).ok());
-      REQUIRE(d_out.Alloc(static_cast<size_t>(T) * H * 2).ok());
-      CUDA_REQUIRE(cudaMemcpy(d_x.ptr, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
-      CUDA_REQUIRE(cudaMemcpy(s.x_f32.ptr, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-      REQUIRE(layer.Run(o.ops, gpu, d_x.ptr, T, &s, d_out.ptr, {}).ok());
-      CUDA_REQUIRE(cudaStreamSynchronize(o.stream));
-      const std::vector<uint16_t> ob = Download(d_out.as<uint16_t>(), static_cast<size_t>(T) * H);
-      int skipped = 0;
-      for (int t = 0; t < T; ++t) {
-        if (decisions[t].margin < 1e-3f) {  // logits units: a near-tie may choose otherwise
-          ++skipped;
-          continue;
+    for (const int large_from : {INT_MAX, 0}) {  // the tiled and the large-batch paths
+      INFO("large batch from " << large_from << " slots per expert");
+      CudaMoeLayer layer(r, H, I, 0, gate);
+      layer.set_large_batch_slots_per_expert(large_from);
+      CudaMoeScratch s;
+      for (const int T : {1, 7, 64, 200}) {
+        INFO("batch " << T);
+        std::vector<float> x(static_cast<size_t>(T) * H);
+        for (float& v : x) v = RoundBf16(nd(rng));
+        std::vector<float> ref(x.size());
+        std::vector<MoeRoutingDecision> decisions;
+        std::vector<int32_t> pos(T, 0);
+        cpu.Forward(x.data(), T, {&decisions, 0, pos.data()}, ref.data());
+        REQUIRE(layer.Reserve(T, &s).ok());
+        std::vector<uint16_t> xb(x.size());
+        for (size_t i = 0; i < x.size(); ++i) xb[i] = F32ToBf16(x[i]);
+        DeviceBuffer d_x, d_out;
+        REQUIRE(d_x.Alloc(xb.size() * 2).ok());
+        REQUIRE(d_out.Alloc(static_cast<size_t>(T) * H * 2).ok());
+        CUDA_REQUIRE(cudaMemcpy(d_x.ptr, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
+        CUDA_REQUIRE(cudaMemcpy(s.x_f32.ptr, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+        REQUIRE(layer.Run(o.ops, gpu, d_x.ptr, T, &s, d_out.ptr, {}).ok());
+        CUDA_REQUIRE(cudaStreamSynchronize(o.stream));
+        const std::vector<uint16_t> ob = Download(d_out.as<uint16_t>(), static_cast<size_t>(T) * H);
+        int skipped = 0;
+        for (int t = 0; t < T; ++t) {
+          if (decisions[t].margin < 1e-3f) {  // logits units: a near-tie may choose otherwise
+            ++skipped;
+            continue;
+          }
+          double d2 = 0, r2 = 0;
+          for (int j = 0; j < H; ++j) {
+            const double d = Bf16ToF32(ob[t * H + j]) - ref[t * H + j];
+            d2 += d * d;
+            r2 += static_cast<double>(ref[t * H + j]) * ref[t * H + j];
+          }
+          INFO("token " << t << " relative error " << std::sqrt(d2 / r2));
+          REQUIRE(std::sqrt(d2) <= 0.02 * std::sqrt(r2));
         }
-        double d2 = 0, r2 = 0;
-        for (int j = 0; j < H; ++j) {
-          const double d = Bf16ToF32(ob[t * H + j]) - ref[t * H + j];
-          d2 += d * d;
-          r2 += static_cast<double>(ref[t * H + j]) * ref[t * H + j];
-        }
-        INFO("token " << t << " relative error " << std::sqrt(d2 / r2));
-        REQUIRE(std::sqrt(d2) <= 0.02 * std::sqrt(r2));
+        CHECK(skipped <= std::max(1, T / 20));
       }
-      CHECK(skipped <= std::max(1, T / 20));
     }
   }
 }
@@ -623,6 +640,75 @@ TEST_CASE("MoE layer benchmark: DeepSeek-V2-Lite shapes in a CUDA graph", "[.ben
       cudaEventDestroy(e1);
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
+    }
+  }
+}
+
+// Prefill-sized batches through both expert-GEMM paths, eager (the large-batch path waits for
+// the host once per layer and is never captured): DeepSeek-V2-Lite's layer (64 experts, top-6,
+// 2 shared) and Qwen3-30B-A3B's (128 experts, top-8, intermediate 768, no shared experts), bf16,
+// dummy weights. FLOPs = 2 x (slots x 3 I H + tokens x 3 SI H).
+//   gpu_tests "[.bench][moe_prefill]"
+TEST_CASE("MoE layer benchmark: prefill-sized batches, tiles against cuBLAS grouped GEMM",
+          "[.bench][moe_prefill]") {
+  Ops o;
+  struct Shape {
+    const char* name;
+    int E, K, H, I, SI;
+  };
+  std::printf("%-14s %-6s %-7s %10s %9s\n", "layer", "batch", "path", "us/layer", "TFLOP/s");
+  for (const Shape sh : {Shape{"v2-lite", 64, 6, 2048, 1408, 2 * 1408},
+                         Shape{"qwen3-30b-a3b", 128, 8, 2048, 768, 0}}) {
+    MoeRouting r = GreedyRouting(sh.E, sh.K);
+    r.normalize = sh.SI == 0;
+    REQUIRE(CudaMoeLayer::Check(r, sh.H, sh.I, sh.SI).ok());
+    CudaMoeLayer tiled(r, sh.H, sh.I, sh.SI), large(r, sh.H, sh.I, sh.SI);
+    tiled.set_large_batch_slots_per_expert(INT_MAX);
+    CudaMoeWeights w;
+    Bf16WeightLoader loader(nullptr, o.stream);
+    REQUIRE(large
+                .Load(loader, nullptr, o.ops, WeightQuant::kBf16, "model.layers.0.mlp.",
+                      MoeTensorNames{}, &w)
+                .ok());
+    for (const int T : {1024, 8192}) {
+      DeviceBuffer d_x, d_out;
+      REQUIRE(d_x.Alloc(static_cast<size_t>(T) * sh.H * 2).ok());
+      REQUIRE(d_out.Alloc(static_cast<size_t>(T) * sh.H * 2).ok());
+      std::mt19937 rng(T);
+      std::normal_distribution<float> nd(0.f, 1.f);
+      std::vector<float> x(static_cast<size_t>(T) * sh.H);
+      std::vector<uint16_t> xb(x.size());
+      for (size_t i = 0; i < x.size(); ++i) xb[i] = F32ToBf16(x[i] = RoundBf16(nd(rng)));
+      CUDA_REQUIRE(cudaMemcpy(d_x.ptr, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
+      const double flops =
+          2.0 * (double(T) * sh.K * 3 * sh.I * sh.H + double(T) * 3 * sh.SI * sh.H);
+      for (const CudaMoeLayer* layer : {&tiled, &large}) {
+        CudaMoeScratch s;
+        REQUIRE(layer->Reserve(T, &s).ok());
+        CUDA_REQUIRE(cudaMemcpy(s.x_f32.ptr, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+        REQUIRE(layer->TakesLargeBatchPath(T, w) == (layer == &large));
+        for (int i = 0; i < 3; ++i)
+          REQUIRE(layer->Run(o.ops, w, d_x.ptr, T, &s, d_out.ptr, {}).ok());
+        cudaEvent_t e0, e1;
+        CUDA_REQUIRE(cudaEventCreate(&e0));
+        CUDA_REQUIRE(cudaEventCreate(&e1));
+        std::vector<float> us;
+        for (int rep = 0; rep < 9; ++rep) {
+          CUDA_REQUIRE(cudaEventRecord(e0, o.stream));
+          REQUIRE(layer->Run(o.ops, w, d_x.ptr, T, &s, d_out.ptr, {}).ok());
+          CUDA_REQUIRE(cudaEventRecord(e1, o.stream));
+          CUDA_REQUIRE(cudaEventSynchronize(e1));
+          float ms = 0;
+          CUDA_REQUIRE(cudaEventElapsedTime(&ms, e0, e1));
+          us.push_back(ms * 1000.f);
+        }
+        std::sort(us.begin(), us.end());
+        const double med = us[us.size() / 2];
+        std::printf("%-14s %-6d %-7s %10.1f %9.1f\n", sh.name, T,
+                    layer == &large ? "cublas" : "tiles", med, flops / (med * 1e-6) / 1e12);
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+      }
     }
   }
 }
