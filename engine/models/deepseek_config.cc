@@ -269,6 +269,11 @@ StatusOr<DeepseekConfig> LoadDeepseekConfigImpl(const std::string& model_dir) {
         return InvalidArgument(file + ": n_routed_experts is not a multiple of n_group");
       }
       if (d.topk_group > d.n_group) return InvalidArgument(file + ": topk_group > n_group");
+      if (d.num_experts_per_tok > d.topk_group * (d.n_routed_experts / d.n_group)) {
+        return InvalidArgument(file +
+                               ": num_experts_per_tok exceeds the experts of topk_group "
+                               "groups");
+      }
       if (d.topk_method == DeepseekConfig::TopkMethod::kNoauxTc &&
           d.n_routed_experts / d.n_group < 2) {
         return InvalidArgument(file + ": noaux_tc needs at least 2 experts per group");

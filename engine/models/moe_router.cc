@@ -19,7 +19,7 @@ MoeRouter::MoeRouter(const MoeRouting& routing)
 
 void MoeRouter::TopExperts(int count, std::vector<int>* order) {
   const int E = r_.num_experts, per = E / r_.n_group;
-  for (int e = 0; e < E; ++e) masked_[e] = keep_[e / per] ? choice_[e] : 0.0f;
+  for (int e = 0; e < E; ++e) masked_[e] = keep_[e / per] ? choice_[e] : -INFINITY;
   std::iota(order->begin(), order->begin() + E, 0);
   std::partial_sort(order->begin(), order->begin() + count, order->begin() + E, [&](int a, int b) {
     return masked_[a] > masked_[b] || (masked_[a] == masked_[b] && a < b);

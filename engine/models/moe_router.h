@@ -10,7 +10,9 @@
 //   groups  (kGroupLimited, kGroupSumTop2): E / n_group consecutive experts per group; a group's
 //           score is its best choice (kGroupLimited, DeepSeek group_limited_greedy) or the sum of
 //           its two best (kGroupSumTop2, noaux_tc); the topk_group best groups are kept and the
-//           other groups' experts get choice 0.0 (HF masked_fill), not -inf
+//           other groups' experts get choice -inf: never selected (DeepSeek's reference and
+//           transformers 5; transformers 4 masked them with 0.0, which a negative choice, a
+//           sigmoid score plus a negative selection bias, loses to)
 //   experts = the top_k largest choices; ties go to the lower index (groups likewise)
 //   weights = scores (weigh_unbiased) or choices of those experts; divided by their sum (+
 //           norm_eps) when `normalize`; times `scaling`. kSoftmaxOfTopK (gpt-oss): the softmax
@@ -25,7 +27,7 @@
 // Margin: how far the selection scores are from selecting another expert set, in the units of
 // `choice` (probabilities for softmax; sigmoid values, plus bias, for sigmoid):
 //   expert gap = choice[last selected] - choice[best not selected], in the masked choices the
-//                selection ranks (a dropped group's expert competes with its 0.0)
+//                selection ranks (a dropped group's expert does not compete)
 //   group gap  = score[last kept group] - score[best dropped group], counted only when keeping the
 //                dropped group instead would select another expert set
 //   margin     = the smaller counted gap: 0 at an exact tie, +inf when nothing can change (every
@@ -63,7 +65,7 @@ class MoeRouter {
              float* margin);
 
  private:
-  // The `count` best experts of choice_ with the groups not in keep_ masked to 0.0 (into
+  // The `count` best experts of choice_ with the groups not in keep_ masked to -inf (into
   // masked_), best first, into order[0, count).
   void TopExperts(int count, std::vector<int>* order);
 

@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(kWarps * 32) MoeRouteKernel(const MoeRouteArgs
     }
     __syncwarp();
     for (int e = lane; e < E; e += 32) {
-      if (!((keep >> (e / per)) & 1)) choice[e] = 0.0f;
+      if (!((keep >> (e / per)) & 1)) choice[e] = -INFINITY;
     }
     __syncwarp();
   }

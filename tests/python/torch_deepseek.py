@@ -227,7 +227,7 @@ class TorchDeepseek:
             group_mask = torch.zeros_like(group_scores)
             group_mask.scatter_(1, group_idx, 1)
             score_mask = group_mask.unsqueeze(-1).expand(n, self.n_group, E // self.n_group).reshape(n, -1)
-            tmp = choice.masked_fill(~score_mask.bool(), 0.0)
+            tmp = choice.masked_fill(~score_mask.bool(), float("-inf"))
             topk_weight, topk_idx = torch.topk(tmp, k=self.top_k, dim=-1, sorted=False)
             if noaux:
                 topk_weight = scores.gather(1, topk_idx)

@@ -123,6 +123,21 @@ TEST_CASE("DeepSeek router: a near-tie of groups that cannot change the experts 
   CHECK(r.margin == Approx(0.10).margin(1e-6));
 }
 
+// A dropped group's experts are never chosen, even over negative selection scores (a sigmoid
+// score plus a negative bias): DeepSeek's reference and transformers 5 mask them with -inf
+// (transformers 4's 0.0 would take expert 4 here). noaux_tc, 8 experts in 2 groups of 4, keep 1,
+// top 3, logits 0 (scores 0.5): group 0 choices {0.6, 0.5, -0.1, -0.2} (top two 1.1), group 1
+// {-0.4, -0.45, -0.45, -0.5} (top two -0.85). Experts 0, 1, 2; the best unselected kept expert
+// is 3 (-0.2): margin 0.1 (the group gap, 1.95, cannot win).
+TEST_CASE("DeepSeek router: experts of dropped groups lose to negative selection scores",
+          "[routing]") {
+  const DeepseekConfig d = Gate(Scoring::kSigmoid, Method::kNoauxTc, 8, 3, 2, 1);
+  const std::vector<float> bias = {0.1f, 0.0f, -0.6f, -0.7f, -0.9f, -0.95f, -0.95f, -1.0f};
+  const Routed r = Route(d, std::vector<float>(8, 0.0f), bias);
+  CHECK(r.experts == std::vector<int32_t>{0, 1, 2});
+  CHECK(r.margin == Approx(0.1).margin(1e-6));
+}
+
 TEST_CASE("DeepSeek router: group_limited_greedy exact group tie", "[routing]") {
   // softmax over {0, 2, 2, 0}, 2 groups of 2, keep 1, top 1: both groups score max p = p(2);
   // group 0 wins the tie (lower index) and selects expert 1; keeping group 1 would select
