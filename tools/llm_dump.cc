@@ -7,8 +7,13 @@
 //            [--kv-cache-dtype auto|int8|fp8_e4m3|fp8_e4m3_dynamic]
 //            [--kv-scale-granularity per_head|per_channel] [--kv-scales-file SCALES.json]
 //            [--logits-top-k K] [--device cpu|cuda] [--weight-dtype auto|bf16|fp8]
+//            [--routing-out ROUTING.json]
 // --logits-top-k K writes only each position's K largest logits as [token, logit] pairs (large
 // vocabularies make the full rows hundreds of megabytes).
+// --routing-out FILE (MoE models): every routed expert set the model chose, per request, as
+// [position, layer, [experts ascending]] rows ordered by position then layer (a position
+// recomputed after a preemption keeps its last decision); tools/hf_fixtures/gpu_fidelity.py
+// compares them with transformers' own routing.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -46,7 +51,8 @@ int main(int argc, char** argv) {
                  "usage: %s --model DIR --requests REQ.json --out OUT.json "
                  "[--block-size N] [--max-batched-tokens N] [--max-num-seqs N] "
                  "[--num-blocks N] [--kv-cache-dtype T] [--kv-scale-granularity G] "
-                 "[--kv-scales-file F] [--logits-top-k K] [--device D] [--weight-dtype W]\n",
+                 "[--kv-scales-file F] [--logits-top-k K] [--device D] [--weight-dtype W] "
+                 "[--routing-out F]\n",
                  argv[0]);
     return 2;
   }
@@ -104,6 +110,19 @@ int main(int argc, char** argv) {
     logits[std::stoul(id)].push_back(std::move(row));
   });
 
+  // routing[request][(position, layer)] = experts
+  std::vector<std::map<std::pair<int32_t, int32_t>, std::vector<int32_t>>> routing(n);
+  if (args.count("--routing-out")) {
+    const llm::Status st =
+        core.set_routing_observer([&](const std::string& id, const llm::MoeRoutingDecision& d) {
+          routing[std::stoul(id)][{d.position, d.layer}] = d.experts;
+        });
+    if (!st.ok()) {
+      std::fprintf(stderr, "llm-dump: --routing-out: %s\n", st.ToString().c_str());
+      return 1;
+    }
+  }
+
   json steps = json::array();
   size_t finished = 0;
   for (int step = 0; finished < n && step < 100000; ++step) {
@@ -150,5 +169,15 @@ int main(int argc, char** argv) {
                                {"logits", logits[i]}});
   }
   std::ofstream(args["--out"]) << out.dump();
+  if (args.count("--routing-out")) {
+    json r = {{"requests", json::array()}};
+    for (size_t i = 0; i < n; ++i) {
+      json rows = json::array();
+      for (const auto& [key, experts] : routing[i])
+        rows.push_back({key.first, key.second, experts});
+      r["requests"].push_back({{"routing", rows}});
+    }
+    std::ofstream(args["--routing-out"]) << r.dump();
+  }
   return 0;
 }
