@@ -16,7 +16,9 @@ E2E_MODEL="${E2E_MODEL:-llama3-8b}"
 default_kv="auto fp8_e4m3_dynamic"
 [ "$E2E_MODEL" = deepseek-v2-lite ] && default_kv="auto fp8_e4m3"
 model=/tmp/$E2E_MODEL-dummy
-mkdir -p $model && cp configs/models/$E2E_MODEL/config.json $model/ && cp .devpack/tokenizer.json $model/
+# E2E_TOKENIZER: a tokenizer.json with at most the model's vocabulary (default .devpack's).
+mkdir -p $model && cp configs/models/$E2E_MODEL/config.json $model/ &&
+  cp "${E2E_TOKENIZER:-.devpack/tokenizer.json}" $model/tokenizer.json
 for kv in ${E2E_KV:-$default_kv}; do
   log="$OUT/server_$kv.log"
   if ! start_server "$log" .devpack/bin/llm-server --model-dir $model --device cuda \

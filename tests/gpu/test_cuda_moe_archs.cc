@@ -6,6 +6,8 @@
 // against the bf16 ones. test_cuda_arch_logits.cc measures the first step's logits and routing.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <random>
@@ -32,8 +34,12 @@ std::vector<std::vector<int32_t>> MoePrompts() {
 // must equal the CPU's until a step that either is a logit near-tie (the reference's top-2 gap, of
 // max |logit|) or follows a routing decision, at a position up to the one that step reads, where
 // the GPU chose other experts than the CPU and the CPU's own margin (moe_router.h) was below
-// kRoutingTie. A divergence with neither is a wrong token. The routing is recorded by eager runs.
-constexpr float kRoutingTie = 2e-2f;
+// the routing tie. A divergence with neither is a wrong token. The routing is recorded by eager
+// runs. The margin's units are the router's selection scores: probabilities for Mixtral and
+// Qwen3-MoE (tie 0.02), logits for gpt-oss, whose random router logits have a std of ~16 here,
+// where bf16's relative error of the hidden state (1.7% of the logits, test_cuda_arch_logits.cc)
+// moves them by ~0.3 (tie 0.5).
+constexpr float kRoutingTieProb = 2e-2f, kRoutingTieLogits = 0.5f;
 
 struct Reference {
   std::vector<std::vector<int32_t>> tokens;
@@ -44,23 +50,24 @@ struct Reference {
 // The first position (at or before `last`) of request `req` where the two runs chose other
 // experts while the reference's margin was a near-tie; -1 if none.
 int RoutingTieFlip(const Reference& ref, const gpu_test::Routing& got, const std::string& req,
-                   int last) {
+                   int last, float tie, float* min_flip_margin) {
+  *min_flip_margin = INFINITY;
   const auto r = ref.routing.find(req);
   const auto g = got.find(req);
   if (r == ref.routing.end() || g == got.end()) return -1;
   for (const auto& [key, d] : r->second) {
     if (key.first > last) break;
     const auto it = g->second.find(key);
-    if (it != g->second.end() && it->second.experts != d.experts && d.margin < kRoutingTie) {
-      return key.first;
-    }
+    if (it == g->second.end() || it->second.experts == d.experts) continue;
+    *min_flip_margin = std::min(*min_flip_margin, d.margin);
+    if (d.margin < tie) return key.first;
   }
   return -1;
 }
 
 void CheckExplained(const std::string& what, const std::vector<std::vector<int32_t>>& prompts,
                     const Reference& ref, const std::vector<std::vector<int32_t>>& got,
-                    const gpu_test::Routing& got_routing) {
+                    const gpu_test::Routing& got_routing, float routing_tie) {
   int identical = 0, routing_flips = 0;
   REQUIRE(got.size() == ref.tokens.size());
   for (size_t i = 0; i < ref.tokens.size(); ++i) {
@@ -75,10 +82,12 @@ void CheckExplained(const std::string& what, const std::vector<std::vector<int32
     const float gap = ref.gaps.at(req).at(k);
     // Step k's token comes from the logits at position prompt_len - 1 + k.
     const int last = static_cast<int>(prompts[i].size()) - 1 + static_cast<int>(k);
-    const int flip = RoutingTieFlip(ref, got_routing, req, last);
+    float min_margin = INFINITY;
+    const int flip = RoutingTieFlip(ref, got_routing, req, last, routing_tie, &min_margin);
     routing_flips += flip >= 0;
     INFO(what << " prompt " << i << ": first divergence at step " << k << ", reference top-2 gap "
-              << gap << ", routing near-tie flip at position " << flip);
+              << gap << ", routing near-tie flip at position " << flip
+              << ", smallest CPU margin of a routing difference up to it " << min_margin);
     CHECK((gap < (k >= 16 ? 1e-2f : 5e-3f) || flip >= 0));
   }
   std::printf("%s: %d of %zu identical, %d divergences after a routing near-tie flip\n",
@@ -130,7 +139,7 @@ TEST_CASE("GPU Mixtral and Qwen3-MoE match the CPU decoder over 64 greedy steps"
           dir, MoePrompts(),
           {.force_backend = backend, .cuda_graph_max_batch = 0, .routing = &routing});
       CHECK(eager.backend == backend);
-      CheckExplained(what + " eager", MoePrompts(), ref, eager.tokens, routing);
+      CheckExplained(what + " eager", MoePrompts(), ref, eager.tokens, routing, kRoutingTieProb);
       const auto graphs = gpu_test::Generate(dir, MoePrompts(), {.force_backend = backend});
       CHECK(graphs.graph_steps >= 40);  // the MoE layers run inside the decode graphs
       CheckGraphsMatchEager(what + " graphs", eager.tokens, graphs.tokens);
@@ -141,7 +150,10 @@ TEST_CASE("GPU Mixtral and Qwen3-MoE match the CPU decoder over 64 greedy steps"
 
 // fp8 weights (weight_dtype fp8: e4m3 per tensor for the projections, one scale per expert in the
 // grouped GEMMs): the first step's logits within the bound test_fp8_weights.cc gives a dense
-// Llama of the same depth (a wrong scale or layout is off by O(1)), in graphs too.
+// Llama of the same depth (a wrong scale or layout is off by O(1) on every prompt), in graphs
+// too. fp8 rounding may flip a router near-tie of a prompt's last row, which moves that prompt's
+// logits by a whole expert (Mixtral's prompt 1: 0.23): the median within the bound, each prompt
+// within 0.5.
 TEST_CASE("GPU Mixtral and Qwen3-MoE fp8 weights track the bf16 weights", "[gpu][archs][moe]") {
   for (const auto arch : {RandomMoeArch::kMixtral, RandomMoeArch::kQwen3Moe}) {
     const std::string name = arch == RandomMoeArch::kMixtral ? "mixtral" : "qwen3_moe";
@@ -152,12 +164,17 @@ TEST_CASE("GPU Mixtral and Qwen3-MoE fp8 weights track the bf16 weights", "[gpu]
     gpu_test::GenerateOptions o{.steps = 8, .logits = &fp8_logits};
     o.weight_dtype = "fp8";
     const auto fp8 = gpu_test::Generate(dir, MoePrompts(), o);
+    std::vector<double> rels;
     for (size_t i = 0; i < bf16.tokens.size(); ++i) {
       const double rel = gpu_test::FirstStepDistance(bf16_logits, fp8_logits, i);
       INFO("prompt " << i << ": fp8 vs bf16 weights, relative L2 error of the logits " << rel);
-      CHECK(rel < 0.2);
+      CHECK(rel < 0.5);
       CHECK(fp8.tokens[i].size() == 8);
+      rels.push_back(rel);
     }
+    std::sort(rels.begin(), rels.end());
+    INFO("median relative L2 error of the first step's logits " << rels[rels.size() / 2]);
+    CHECK(rels[rels.size() / 2] < 0.2);
     CHECK(fp8.graph_steps > 0);
     fs::remove_all(dir);
   }
@@ -173,7 +190,7 @@ TEST_CASE("GPU gpt-oss matches the CPU decoder over 64 greedy steps", "[gpu][mod
   const auto eager =
       gpu_test::Generate(dir, MoePrompts(), {.cuda_graph_max_batch = 0, .routing = &routing});
   CHECK(eager.backend == "cuda_fmha");
-  CheckExplained("gpt-oss eager", MoePrompts(), ref, eager.tokens, routing);
+  CheckExplained("gpt-oss eager", MoePrompts(), ref, eager.tokens, routing, kRoutingTieLogits);
   const auto graphs = gpu_test::Generate(dir, MoePrompts(), {});
   CHECK(graphs.graph_steps >= 40);
   CheckGraphsMatchEager("gpt-oss graphs", eager.tokens, graphs.tokens);
