@@ -237,6 +237,19 @@ Status CudaMoeLayer::GroupedGemm(const CudaLinearOps& ops, const std::vector<int
   }
   const int P = static_cast<int>(m_rows.size());
   if (P == 0) return Status::Ok();
+  if (!large_batch_grouped_) {
+    const float one = 1.0f, zero = 0.0f;
+    for (int e = 0, i = 0; e < E; ++e) {
+      if (off[e + 1] == off[e]) continue;
+      BLAS_RETURN_IF_ERROR(
+          cublasGemmEx(ops.blas, CUBLAS_OP_T, CUBLAS_OP_N, n, m_rows[i], k, &one, p[i], CUDA_R_16BF,
+                       k, static_cast<const uint16_t*>(a) + off[e] * size_t(k), CUDA_R_16BF, k,
+                       &zero, static_cast<uint16_t*>(c) + off[e] * size_t(n), CUDA_R_16BF, n,
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      ++i;
+    }
+    return Status::Ok();
+  }
   for (int e = 0; e < E; ++e) {
     if (off[e + 1] > off[e]) {
       p.push_back(const_cast<uint16_t*>(static_cast<const uint16_t*>(a)) + off[e] * size_t(k));

@@ -91,6 +91,9 @@ class CudaMoeLayer {
   // Reserve (tests and benchmarks force either path: 0 always, INT_MAX never).
   static constexpr int kLargeBatchSlotsPerExpert = 64;
   void set_large_batch_slots_per_expert(int v) { large_batch_slots_ = v; }
+  // The large-batch path's expert GEMMs as one grouped call (default) or one cublasGemmEx per
+  // expert (the benchmark compares them).
+  void set_large_batch_grouped(bool v) { large_batch_grouped_ = v; }
   // Whether Run takes the large-batch path for T rows of weights `w` (outside a capture).
   bool TakesLargeBatchPath(int T, const CudaMoeWeights& w) const;
 
@@ -131,6 +134,7 @@ class CudaMoeLayer {
   int hidden_, inter_, shared_inter_;
   CpuMlp::Gate gate_;
   int large_batch_slots_ = kLargeBatchSlotsPerExpert;
+  bool large_batch_grouped_ = true;
 };
 
 }  // namespace llm

@@ -320,14 +320,19 @@ TEST_CASE("MoE layer matches CpuMoe (bf16 and fp8 experts, batch 1..300, both GE
   Ops o;
   for (const WeightQuant quant : {WeightQuant::kBf16, WeightQuant::kFp8PerTensor}) {
     for (const bool v3 : {false, true}) {
-      for (const int large_from : {INT_MAX, 0, CudaMoeLayer::kLargeBatchSlotsPerExpert}) {
+      for (const int variant : {0, 1, 2, 3}) {
+        // tiles; large-batch path (grouped GEMM, then per-expert GEMMs); the default threshold
+        const int large_from = variant == 0   ? INT_MAX
+                               : variant == 3 ? CudaMoeLayer::kLargeBatchSlotsPerExpert
+                                              : 0;
         INFO(WeightQuantName(quant) << (v3 ? " v3 routing" : " v2 routing") << ", large batch from "
-                                    << large_from << " slots per expert");
+                                    << large_from << " slots per expert, variant " << variant);
         TestMoe m;
         m.routing = v3 ? V3Routing(16, 4) : V2Routing(16, 4);
         MakeMoe(o.ops, quant, rng, &m);
         CudaMoeLayer layer(m.routing, m.hidden, m.inter, m.shared_inter);
         layer.set_large_batch_slots_per_expert(large_from);
+        layer.set_large_batch_grouped(variant != 2);
         REQUIRE(CudaMoeLayer::Check(m.routing, m.hidden, m.inter, m.shared_inter).ok());
         CudaMoeScratch s;
         for (const int T : {1, 7, 64, 300}) {
@@ -649,7 +654,7 @@ TEST_CASE("MoE layer benchmark: DeepSeek-V2-Lite shapes in a CUDA graph", "[.ben
 // 2 shared) and Qwen3-30B-A3B's (128 experts, top-8, intermediate 768, no shared experts), bf16,
 // dummy weights. FLOPs = 2 x (slots x 3 I H + tokens x 3 SI H).
 //   gpu_tests "[.bench][moe_prefill]"
-TEST_CASE("MoE layer benchmark: prefill-sized batches, tiles against cuBLAS grouped GEMM",
+TEST_CASE("MoE layer benchmark: prefill-sized batches, tiles against cuBLAS (grouped, per expert)",
           "[.bench][moe_prefill]") {
   Ops o;
   struct Shape {
@@ -662,8 +667,10 @@ TEST_CASE("MoE layer benchmark: prefill-sized batches, tiles against cuBLAS grou
     MoeRouting r = GreedyRouting(sh.E, sh.K);
     r.normalize = sh.SI == 0;
     REQUIRE(CudaMoeLayer::Check(r, sh.H, sh.I, sh.SI).ok());
-    CudaMoeLayer tiled(r, sh.H, sh.I, sh.SI), large(r, sh.H, sh.I, sh.SI);
+    CudaMoeLayer tiled(r, sh.H, sh.I, sh.SI), large(r, sh.H, sh.I, sh.SI),
+        loop(r, sh.H, sh.I, sh.SI);
     tiled.set_large_batch_slots_per_expert(INT_MAX);
+    loop.set_large_batch_grouped(false);
     CudaMoeWeights w;
     Bf16WeightLoader loader(nullptr, o.stream);
     REQUIRE(large
@@ -682,11 +689,11 @@ TEST_CASE("MoE layer benchmark: prefill-sized batches, tiles against cuBLAS grou
       CUDA_REQUIRE(cudaMemcpy(d_x.ptr, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
       const double flops =
           2.0 * (double(T) * sh.K * 3 * sh.I * sh.H + double(T) * 3 * sh.SI * sh.H);
-      for (const CudaMoeLayer* layer : {&tiled, &large}) {
+      for (const CudaMoeLayer* layer : {&tiled, &large, &loop}) {
         CudaMoeScratch s;
         REQUIRE(layer->Reserve(T, &s).ok());
         CUDA_REQUIRE(cudaMemcpy(s.x_f32.ptr, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-        REQUIRE(layer->TakesLargeBatchPath(T, w) == (layer == &large));
+        REQUIRE(layer->TakesLargeBatchPath(T, w) == (layer != &tiled));
         for (int i = 0; i < 3; ++i)
           REQUIRE(layer->Run(o.ops, w, d_x.ptr, T, &s, d_out.ptr, {}).ok());
         cudaEvent_t e0, e1;
@@ -705,7 +712,10 @@ TEST_CASE("MoE layer benchmark: prefill-sized batches, tiles against cuBLAS grou
         std::sort(us.begin(), us.end());
         const double med = us[us.size() / 2];
         std::printf("%-14s %-6d %-7s %10.1f %9.1f\n", sh.name, T,
-                    layer == &large ? "cublas" : "tiles", med, flops / (med * 1e-6) / 1e12);
+                    layer == &tiled   ? "tiles"
+                    : layer == &large ? "grouped"
+                                      : "per-exp",
+                    med, flops / (med * 1e-6) / 1e12);
         cudaEventDestroy(e0);
         cudaEventDestroy(e1);
       }
