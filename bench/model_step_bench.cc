@@ -22,7 +22,9 @@
 //   ncu --profile-from-start off --metrics gpu__time_duration.sum (per-kernel time of a step).
 //
 // Prints one table row per (batch, mode): mean and p50 milliseconds per step, the step's bytes
-// (weights + KV read) over its time, and where NVML can say (bench/gpu_energy.h), the joules
+// (weights + KV read; the routed MoE layers of ModelConfig::moe count the experts the batch's
+// tokens chose in one traced step, printed to stderr; DeepSeek's layers count as a dense Llama
+// MLP) over its time, and where NVML can say (bench/gpu_energy.h), the joules
 // per step and the mean power over the timed steps (the H200 here is capped at 700 W, so under
 // sustained load energy per step sets speed: time those rows over a second or more).
 #include <algorithm>
@@ -243,8 +245,45 @@ int main(int argc, char** argv) {
                     static_cast<double>(c.q_size()) * c.hidden_size +
                     3.0 * c.hidden_size * c.intermediate_size));
     const double kv_bytes_per_token = static_cast<double>(model.kv_bytes_per_block()) / bs;
+    // Routed MoE layers (ModelConfig::moe) read the experts the step's tokens chose, not a dense
+    // MLP: counted from one eager step's routing trace at each batch (the dummy router spreads
+    // them as a real one does, or not: the count says which).
+    const llm::MoeSettings& moe = c.moe;
+    const double dense_mlp = 2.0 * 3.0 * c.hidden_size * c.intermediate_size;
+    const double expert_bytes = 2.0 * 3.0 * c.hidden_size * moe.intermediate;
+    auto step_weight_bytes = [&](DecodeState& st, double* touched_per_layer) {
+      *touched_per_layer = 0;
+      if (moe.num_experts == 0) return weight_bytes;
+      std::vector<llm::MoeRoutingDecision> trace;
+      if (!model.set_routing_trace(&trace)) return weight_bytes;
+      const llm::ForwardBatch fb = DecodeBatch(st, c.vocab_size, bs, rng);
+      const llm::Status s = model.ForwardSampled(fb, &logits, &tokens);
+      model.set_routing_trace(nullptr);
+      if (!s.ok()) return weight_bytes;
+      std::vector<std::vector<char>> used(c.num_layers, std::vector<char>(moe.num_experts, 0));
+      for (const auto& d : trace) {
+        for (int32_t e : d.experts) used[d.layer][e] = 1;
+      }
+      double bytes = weight_bytes;
+      int moe_layers = 0;
+      for (int l = 0; l < c.num_layers; ++l) {
+        if (!moe.Layer(l)) continue;
+        const double n = std::count(used[l].begin(), used[l].end(), 1);
+        bytes += n * expert_bytes + 4.0 * moe.num_experts * c.hidden_size - dense_mlp;
+        *touched_per_layer += n;
+        ++moe_layers;
+      }
+      if (moe_layers > 0) *touched_per_layer /= moe_layers;
+      return bytes;
+    };
     for (int B : args.batches) {
       DecodeState st = ShuffledDecodeState(B, decode_pages, pages_per_seq, args.ctx, rng);
+      double touched = 0;
+      const double step_weights = step_weight_bytes(st, &touched);
+      if (touched > 0 && !graphs) {
+        std::fprintf(stderr, "batch %d: %.1f of %d experts per MoE layer touched\n", B, touched,
+                     moe.num_experts);
+      }
       std::vector<double> ms;
       for (int step = 0; step < args.steps + 3; ++step) {
         if (step == 3) span.Start();
@@ -267,7 +306,7 @@ int main(int argc, char** argv) {
         if (!s.ok()) return 1;
       }
       const double mean = std::accumulate(ms.begin(), ms.end(), 0.0) / ms.size();
-      const double gb = (weight_bytes + kv_bytes_per_token * B * (args.ctx + args.steps / 2)) / 1e9;
+      const double gb = (step_weights + kv_bytes_per_token * B * (args.ctx + args.steps / 2)) / 1e9;
       std::printf("| %d x %d | %s | %.3f | %.3f | %.0f | %.2f | %.2f | %s |\n", B, args.ctx,
                   graphs ? "graph" : "eager", mean, Percentile(ms, 0.5), B * 1000.0 / mean, gb,
                   gb / mean, joules.c_str());
