@@ -196,6 +196,8 @@ def routing_check(hf, hooks, hf16, hooks16, prompt, path, server_rows):
         force[layer] = torch.tensor(sets, dtype=torch.long)
     # Free run: transformers' own routing and its margins.
     free = teacher_forced_gaps(hf, prompt, path)
+    if not hooks.active():
+        return None
     chosen = {l: hooks.records[l][1] for l in hooks.blocks}
     margin = {l: hooks.margins(l, hf) for l in hooks.blocks}
     # Forced runs, fp32 and bf16: the arithmetic under the server's routing, and bf16's router
@@ -207,6 +209,8 @@ def routing_check(hf, hooks, hf16, hooks16, prompt, path, server_rows):
     hooks16.force = force
     teacher_forced_gaps(hf16, prompt, path)
     hooks16.force = None
+    if not (hooks.active() and hooks16.active()):
+        return None
     tie = max(float((hooks16.records[l][0] - l32[l]).abs().max()) for l in hooks.blocks)
     diffs = sorted((p, l) for l in hooks.blocks for p in range(L)
                    if sorted(int(e) for e in chosen[l][p]) != srv[(p, l)])
@@ -218,19 +222,19 @@ def routing_check(hf, hooks, hf16, hooks16, prompt, path, server_rows):
                         for (p, l) in primary]}
 
 
-def run(arch, dump, max_gap, kv_dtype, work):
+def run(arch, dump, max_gap, kv_dtype, work, prompt_lens=(7, 33, 150, 400), device="cuda"):
     model_dir = os.path.join(work, arch)
     hf = build(arch, model_dir)
     hooks = RouteHooks(hf)
     rng = np.random.default_rng(11)
-    prompts = [[1] + [int(x) for x in rng.integers(3, 32000, n)] for n in (7, 33, 150, 400)]
+    prompts = [[1] + [int(x) for x in rng.integers(3, 32000, n)] for n in prompt_lens]
     req = {"max_new_tokens": STEPS, "requests": [{"prompt_ids": p} for p in prompts]}
     rp, op = os.path.join(work, arch + "_req.json"), os.path.join(work, arch + "_out.json")
     rop = os.path.join(work, arch + "_routing.json")
     with open(rp, "w") as f:
         json.dump(req, f)
     cmd = shlex.split(dump) + ["--model", model_dir, "--requests", rp, "--out", op,
-                               "--device", "cuda", "--logits-top-k", "1", "--block-size", "64",
+                               "--device", device, "--logits-top-k", "1", "--block-size", "64",
                                "--num-blocks", "64", "--max-batched-tokens", "512",
                                "--kv-cache-dtype", kv_dtype]
     if hooks.active():
@@ -252,8 +256,10 @@ def run(arch, dump, max_gap, kv_dtype, work):
     tie, n_diffs, primary, peer = 0.0, 0, [], 0.0
     for i, (prompt, r) in enumerate(zip(prompts, out["requests"])):
         path = r["output_ids"]
-        if routing is not None:
+        rc = None
+        if routing is not None and hooks.active() and hooks16.active():
             rc = routing_check(hf, hooks, hf16, hooks16, prompt, path, routing[i]["routing"])
+        if rc is not None:
             free, forced = rc["free"], rc["forced"]
             tie = max(tie, rc["tie"])
             n_diffs += rc["diffs"]
@@ -272,8 +278,10 @@ def run(arch, dump, max_gap, kv_dtype, work):
     res = {"arch": arch, "steps": sum(len(r["output_ids"]) for r in out["requests"]),
            "divergences": diverged, "max_gap": worst,
            "worst": sorted(rows, key=lambda r: -r["gap"])[:5]}
-    if routing is None:
+    if routing is None or not hooks.active() or not hooks16.active():
         res["status"] = "ok" if worst <= max_gap else "FAIL"
+        if hooks.broken or (routing is not None and hooks16.broken):
+            res["detail"] = "routing hooks off: " + str(hooks.broken or hooks16.broken)
         return res
     worst_margin = max([x["margin"] for x in primary], default=0.0)
     res.update({"forced_max_gap": worst_forced, "routing_diffs": n_diffs,
@@ -292,13 +300,18 @@ def main():
     ap.add_argument("--max-gap", type=float, default=0.5)
     ap.add_argument("--kv-cache-dtype", default="auto")
     ap.add_argument("--json-out")
+    ap.add_argument("--prompt-lens", default="7,33,150,400",
+                    help="prompt lengths after the BOS token")
+    ap.add_argument("--device", default="cuda", help="the server's device (cpu: the oracle)")
     a = ap.parse_args()
     archs = [x for x in a.only.split(",") if x] or list(GPU_ARCHS)
     results = []
     with tempfile.TemporaryDirectory() as work:
         for arch in archs:
             try:
-                results.append(run(arch, a.dump, a.max_gap, a.kv_cache_dtype, work))
+                lens = [int(x) for x in a.prompt_lens.split(",")]
+                results.append(run(arch, a.dump, a.max_gap, a.kv_cache_dtype, work, lens,
+                                   a.device))
             except Exception as e:  # one architecture's failure must not hide the others
                 results.append({"arch": arch, "status": "error", "detail": repr(e)[-400:]})
     if a.json_out:

@@ -1,7 +1,8 @@
 """transformers' MoE routing, observed and forced (tools/hf_fixtures/gpu_fidelity.py).
 
-RouteHooks wraps the router (`mlp.gate`) of every MoE block of a transformers model: in
-transformers 5.17 DeepSeek-V2 / V3's routers return (router_logits, topk_weights, topk_indices).
+RouteHooks wraps the router (`mlp.gate`, gpt-oss's `mlp.router`) of every MoE block of a
+transformers model: in transformers 5.17 the DeepSeek-V2 / V3 and Mixtral routers return
+(router_logits, topk_weights, topk_indices).
 It records the router logits and the experts transformers chose at every token, and, when told
 to, makes the block use other expert sets (the server's) with the weights transformers' own rule
 gives those experts. The rule is
@@ -19,11 +20,8 @@ import torch
 
 def family_of(config):
     t = getattr(config, "model_type", "")
-    if t == "deepseek_v3":
-        return "sigmoid_groups"
-    if t == "deepseek_v2":
-        return "softmax"
-    return None
+    return {"deepseek_v3": "sigmoid_groups", "deepseek_v2": "softmax", "mixtral": "softmax_renorm",
+            "qwen3_moe": "softmax_renorm", "gpt_oss": "softmax_of_topk"}.get(t)
 
 
 class RouteHooks:
@@ -33,25 +31,31 @@ class RouteHooks:
         self.records = {}  # layer -> (logits fp64 [T, E], chosen [T, k] int64), of the last forward
         self.force = None  # layer -> int64 [T, k]: expert sets to use instead of the chosen ones
         self.blocks = []
+        self.broken = None  # why the hooks gave up (a router of another form), or None
         if self.family is None:
             return
         for i, layer in enumerate(model.model.layers):
-            gate = getattr(getattr(layer, "mlp", None), "gate", None)
-            if gate is not None and hasattr(gate, "e_score_correction_bias") or (
-                    gate is not None and type(gate).__name__.endswith("TopkRouter")):
+            mlp = getattr(layer, "mlp", None)
+            gate = getattr(mlp, "gate", None) or getattr(mlp, "router", None)
+            if gate is not None and type(gate).__name__.lower().endswith("topkrouter"):
                 self.blocks.append(i)
                 gate.forward = self._wrap(i, gate.forward)
 
     def active(self):
-        return bool(self.blocks)
+        return bool(self.blocks) and self.broken is None
 
     def weights_for(self, logits, idx):
         """transformers' expert weights for the experts idx [T, k] of router logits [T, E]."""
         c = self.config
+        if self.family == "softmax_of_topk":
+            return logits.gather(1, idx).softmax(dim=-1)
         if self.family == "sigmoid_groups":
             w = logits.sigmoid().gather(1, idx)
         else:
             w = logits.softmax(dim=-1).gather(1, idx)
+        if self.family == "softmax_renorm" and (
+                getattr(c, "model_type", "") == "mixtral" or getattr(c, "norm_topk_prob", False)):
+            return w / w.sum(dim=-1, keepdim=True)
         if getattr(c, "norm_topk_prob", False) and idx.shape[1] > 1:
             w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
         return w * getattr(c, "routed_scaling_factor", 1.0)
@@ -59,18 +63,22 @@ class RouteHooks:
     def _wrap(self, layer, orig):
         def route(hidden_states):
             out = orig(hidden_states)
+            if self.broken is not None:
+                return out
             if not (isinstance(out, tuple) and len(out) == 3):
-                raise RuntimeError(f"layer {layer}: the router returned {type(out).__name__}, "
-                                   "not (router_logits, topk_weights, topk_indices)")
+                self.broken = (f"layer {layer}: the router returned {type(out).__name__}, not "
+                               "(router_logits, topk_weights, topk_indices)")
+                return out
             router_logits, w, idx = out
             flat = router_logits.reshape(-1, router_logits.shape[-1]).float()
             idx2 = idx.reshape(flat.shape[0], -1)
             own = self.weights_for(flat, idx2.long())
             rtol = 1e-4 if w.dtype == torch.float32 else 1e-2  # a bf16 model's bf16 weights
-            if not torch.allclose(own, w.reshape(own.shape).float(), rtol=rtol, atol=1e-6):
-                raise RuntimeError(f"layer {layer}: the expert-weight rule here does not give "
-                                   f"transformers' weights (max diff "
-                                   f"{(own - w.reshape(own.shape).float()).abs().max():.3e})")
+            if own.numel() != w.numel() or not torch.allclose(
+                    own, w.reshape(own.shape).float(), rtol=rtol, atol=1e-6):
+                self.broken = f"layer {layer}: the expert-weight rule here does not give " \
+                              "transformers' weights"
+                return out
             self.records[layer] = (flat.detach().double().cpu(), idx2.detach().long().cpu())
             if self.force is None or layer not in self.force:
                 return out
@@ -95,7 +103,7 @@ class RouteHooks:
         k = c.num_experts_per_tok
         T, E = l.shape
         out = np.empty(T)
-        if self.family == "softmax":  # greedy top-k of the softmax: the logits' order
+        if self.family != "sigmoid_groups":  # top-k of the softmax (or logits): the logits' order
             s = -np.sort(-l, axis=1)
             return s[:, k - 1] - s[:, k]
         bias = self.bias(layer, model)
