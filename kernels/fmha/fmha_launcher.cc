@@ -20,9 +20,6 @@ using fmha::Layout;
 
 constexpr int kMaxSplits = 64;
 constexpr int kMinKeysPerSplit = 256;
-// A head_dim-256 key is 1 KB of bf16 K and V, four times a head_dim-64 one: 64 such keys per split
-// stream what 256 do at 64, and Gemma's decode at a few hundred keys needs the extra CTAs.
-constexpr int kMinKeysPerSplitD256 = 64;
 
 bool Aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
@@ -89,8 +86,7 @@ DeviceInfo QueryDeviceInfo() {
 
 // Splits for the automatic choice: the count whose grid fills the GPU's resident CTA slots in the
 // fullest waves (a 1.3-wave grid idles most SMs during its tail; a tiny grid leaves SMs empty),
-// never below kMinKeysPerSplit keys per split (head_dim 256: kMinKeysPerSplitD256); a split
-// beyond one wave must gain 3%.
+// never below kMinKeysPerSplit keys per split; a split beyond one wave must gain 3%.
 int AutoSplits(const FmhaParams& p, Layout layout, int row_tiles) {
   const int64_t ctas = static_cast<int64_t>(p.batch) * p.num_kv_heads * row_tiles;
   const DeviceInfo dev = QueryDeviceInfo();
@@ -106,8 +102,7 @@ int AutoSplits(const FmhaParams& p, Layout layout, int row_tiles) {
     const double waves = static_cast<double>(ctas * n) / slots;
     return waves <= 1.0 ? waves : waves / std::ceil(waves);
   };
-  const int min_keys = p.head_dim == 256 ? kMinKeysPerSplitD256 : kMinKeysPerSplit;
-  const int64_t max_splits = std::clamp<int64_t>(MaxSeqlenK(p) / min_keys, 1, kMaxSplits);
+  const int64_t max_splits = std::clamp<int64_t>(MaxSeqlenK(p) / kMinKeysPerSplit, 1, kMaxSplits);
   int best = 1;
   double best_e = efficiency(1);
   for (int n = 2; n <= max_splits; ++n) {
