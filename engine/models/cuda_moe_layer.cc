@@ -237,7 +237,10 @@ Status CudaMoeLayer::GroupedGemm(const CudaLinearOps& ops, const std::vector<int
   }
   const int P = static_cast<int>(m_rows.size());
   if (P == 0) return Status::Ok();
-  if (!large_batch_grouped_) {
+  const bool per_expert =
+      large_batch_gemm_ == LargeBatchGemm::kPerExpert ||
+      (large_batch_gemm_ == LargeBatchGemm::kAuto && off[E] >= kPerExpertGemmRows * P);
+  if (per_expert) {
     const float one = 1.0f, zero = 0.0f;
     for (int e = 0, i = 0; e < E; ++e) {
       if (off[e + 1] == off[e]) continue;

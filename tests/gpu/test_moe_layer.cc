@@ -332,7 +332,9 @@ TEST_CASE("MoE layer matches CpuMoe (bf16 and fp8 experts, batch 1..300, both GE
         MakeMoe(o.ops, quant, rng, &m);
         CudaMoeLayer layer(m.routing, m.hidden, m.inter, m.shared_inter);
         layer.set_large_batch_slots_per_expert(large_from);
-        layer.set_large_batch_grouped(variant != 2);
+        layer.set_large_batch_gemm(variant == 1   ? CudaMoeLayer::LargeBatchGemm::kGrouped
+                                   : variant == 2 ? CudaMoeLayer::LargeBatchGemm::kPerExpert
+                                                  : CudaMoeLayer::LargeBatchGemm::kAuto);
         REQUIRE(CudaMoeLayer::Check(m.routing, m.hidden, m.inter, m.shared_inter).ok());
         CudaMoeScratch s;
         for (const int T : {1, 7, 64, 300}) {
@@ -670,7 +672,9 @@ TEST_CASE("MoE layer benchmark: prefill-sized batches, tiles against cuBLAS (gro
     CudaMoeLayer tiled(r, sh.H, sh.I, sh.SI), large(r, sh.H, sh.I, sh.SI),
         loop(r, sh.H, sh.I, sh.SI);
     tiled.set_large_batch_slots_per_expert(INT_MAX);
-    loop.set_large_batch_grouped(false);
+    large.set_large_batch_gemm(CudaMoeLayer::LargeBatchGemm::kGrouped);
+    loop.set_large_batch_gemm(CudaMoeLayer::LargeBatchGemm::kPerExpert);
+    CudaMoeLayer automatic(r, sh.H, sh.I, sh.SI);  // the default choice
     CudaMoeWeights w;
     Bf16WeightLoader loader(nullptr, o.stream);
     REQUIRE(large
@@ -689,7 +693,7 @@ TEST_CASE("MoE layer benchmark: prefill-sized batches, tiles against cuBLAS (gro
       CUDA_REQUIRE(cudaMemcpy(d_x.ptr, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
       const double flops =
           2.0 * (double(T) * sh.K * 3 * sh.I * sh.H + double(T) * 3 * sh.SI * sh.H);
-      for (const CudaMoeLayer* layer : {&tiled, &large, &loop}) {
+      for (const CudaMoeLayer* layer : {&tiled, &large, &loop, &automatic}) {
         CudaMoeScratch s;
         REQUIRE(layer->Reserve(T, &s).ok());
         CUDA_REQUIRE(cudaMemcpy(s.x_f32.ptr, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
@@ -714,7 +718,8 @@ TEST_CASE("MoE layer benchmark: prefill-sized batches, tiles against cuBLAS (gro
         std::printf("%-14s %-6d %-7s %10.1f %9.1f\n", sh.name, T,
                     layer == &tiled   ? "tiles"
                     : layer == &large ? "grouped"
-                                      : "per-exp",
+                    : layer == &loop  ? "per-exp"
+                                      : "auto",
                     med, flops / (med * 1e-6) / 1e12);
         cudaEventDestroy(e0);
         cudaEventDestroy(e1);
