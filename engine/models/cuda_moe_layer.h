@@ -19,10 +19,10 @@
 // average, bf16 experts, not capturing) take a second path: the 16-row tiles above stream every
 // expert's weights once per 16 rows, which at thousands of rows is L2-bandwidth-bound, so there
 // the layer reads the experts' row counts back (one wait per layer), gathers the rows by expert
-// and runs cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx, one problem per expert) for
-// gate_up and for down, with the gated activation and the biases as separate element-wise
-// kernels (moe_large_batch.cu) and the shared experts as two plain GEMMs.
-// Built only with the CUDA backend.
+// and runs cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx, one problem per expert; per-expert
+// GEMMs once experts have hundreds of rows) for gate_up and for down, with the gated activation and
+// the biases as separate element-wise kernels (moe_large_batch.cu) and the shared experts as two
+// plain GEMMs. Built only with the CUDA backend.
 #pragma once
 
 #include <cstdint>
