@@ -227,39 +227,34 @@ Status CudaMoeLayer::GroupedGemm(const CudaLinearOps& ops, const std::vector<int
                                  const void* a, const void* w, int n, int k, void* c,
                                  void* ptrs) const {
   const int E = r_.num_experts;
-  std::vector<void*> p;  // A (weights), B (rows), C per problem, as cuBLAS reads them
-  std::vector<int> m_rows;
+  auto* wb = const_cast<uint16_t*>(static_cast<const uint16_t*>(w));
+  auto* ab = const_cast<uint16_t*>(static_cast<const uint16_t*>(a));
+  auto* cb = static_cast<uint16_t*>(c);
+  std::vector<int> experts, m_rows;  // the experts with rows, and their row counts
   for (int e = 0; e < E; ++e) {
-    const int rows = off[e + 1] - off[e];
-    if (rows == 0) continue;
-    p.push_back(const_cast<uint16_t*>(static_cast<const uint16_t*>(w)) + size_t(e) * n * k);
-    m_rows.push_back(rows);
+    if (off[e + 1] == off[e]) continue;
+    experts.push_back(e);
+    m_rows.push_back(off[e + 1] - off[e]);
   }
-  const int P = static_cast<int>(m_rows.size());
+  const int P = static_cast<int>(experts.size());
   if (P == 0) return Status::Ok();
   const bool per_expert =
       large_batch_gemm_ == LargeBatchGemm::kPerExpert ||
       (large_batch_gemm_ == LargeBatchGemm::kAuto && off[E] >= kPerExpertGemmRows * P);
   if (per_expert) {
-    const float one = 1.0f, zero = 0.0f;
-    for (int e = 0, i = 0; e < E; ++e) {
-      if (off[e + 1] == off[e]) continue;
-      BLAS_RETURN_IF_ERROR(
-          cublasGemmEx(ops.blas, CUBLAS_OP_T, CUBLAS_OP_N, n, m_rows[i], k, &one, p[i], CUDA_R_16BF,
-                       k, static_cast<const uint16_t*>(a) + off[e] * size_t(k), CUDA_R_16BF, k,
-                       &zero, static_cast<uint16_t*>(c) + off[e] * size_t(n), CUDA_R_16BF, n,
-                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-      ++i;
+    for (int i = 0; i < P; ++i) {
+      const int e = experts[i];
+      LLM_RETURN_IF_ERROR(GemmBf16(ops.blas, ab + off[e] * size_t(k), wb + size_t(e) * n * k,
+                                   m_rows[i], n, k, cb + off[e] * size_t(n), CUDA_R_16BF));
     }
     return Status::Ok();
   }
-  for (int e = 0; e < E; ++e) {
-    if (off[e + 1] > off[e]) {
-      p.push_back(const_cast<uint16_t*>(static_cast<const uint16_t*>(a)) + off[e] * size_t(k));
-    }
-  }
-  for (int e = 0; e < E; ++e) {
-    if (off[e + 1] > off[e]) p.push_back(static_cast<uint16_t*>(c) + off[e] * size_t(n));
+  std::vector<void*> p(3 * P);  // A (weights), B (rows), C per problem, as cuBLAS reads them
+  for (int i = 0; i < P; ++i) {
+    const int e = experts[i];
+    p[i] = wb + size_t(e) * n * k;
+    p[P + i] = ab + off[e] * size_t(k);
+    p[2 * P + i] = cb + off[e] * size_t(n);
   }
   // Column-major view of the row-major product: C^T [n, rows] = W_e [n, k] (transposed from its
   // row-major [n, k] storage) times A^T [k, rows].
@@ -296,13 +291,10 @@ Status CudaMoeLayer::RunLargeBatch(const CudaLinearOps& ops, const CudaMoeWeight
   cuda::LaunchMoeGateAct(s->gu.ptr, rows, inter_,
                          w.gate_up_bias.ptr ? w.gate_up_bias.as<float>() : nullptr, offsets, E,
                          limit, alpha, s->act.ptr, stream);
-  const float one = 1.0f, zero = 0.0f;
   const bool shared = w.shared.inter > 0;
   if (shared) {  // gate_up [T, 2 SI] into gu, free again once the routed activation read it
-    BLAS_RETURN_IF_ERROR(cublasGemmEx(ops.blas, CUBLAS_OP_T, CUBLAS_OP_N, 2 * shared_inter_, T,
-                                      hidden_, &one, w.shared.gate_up.data(), CUDA_R_16BF, hidden_,
-                                      x, CUDA_R_16BF, hidden_, &zero, s->gu.ptr, CUDA_R_16BF,
-                                      2 * shared_inter_, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    LLM_RETURN_IF_ERROR(GemmBf16(ops.blas, x, w.shared.gate_up.data(), T, 2 * shared_inter_,
+                                 hidden_, s->gu.ptr, CUDA_R_16BF));
     cuda::LaunchMoeGateAct(s->gu.ptr, T, shared_inter_, nullptr, nullptr, 0, limit, alpha,
                            s->shared_act.ptr, stream);
   }
@@ -313,10 +305,8 @@ Status CudaMoeLayer::RunLargeBatch(const CudaLinearOps& ops, const CudaMoeWeight
     cuda::LaunchMoeRowBias(s->y.ptr, rows, hidden_, w.down_bias.as<float>(), offsets, E, stream);
   }
   if (shared) {
-    BLAS_RETURN_IF_ERROR(cublasGemmEx(
-        ops.blas, CUBLAS_OP_T, CUBLAS_OP_N, hidden_, T, shared_inter_, &one, w.shared.down.data(),
-        CUDA_R_16BF, shared_inter_, s->shared_act.ptr, CUDA_R_16BF, shared_inter_, &zero,
-        s->shared_out.ptr, CUDA_R_16BF, hidden_, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    LLM_RETURN_IF_ERROR(GemmBf16(ops.blas, s->shared_act.ptr, w.shared.down.data(), T, hidden_,
+                                 shared_inter_, s->shared_out.ptr, CUDA_R_16BF));
   }
   return Status::Ok();
 }

@@ -292,9 +292,8 @@ struct Ops {
 };
 
 // Runs the layer on x (fp32 values that bf16 holds exactly): returns out [T, hidden] as floats.
-std::vector<float> RunGpu(const Ops& o, const CudaMoeLayer& layer, const TestMoe& m,
+std::vector<float> RunGpu(const Ops& o, const CudaMoeLayer& layer, const CudaMoeWeights& w, int H,
                           const std::vector<float>& x, int T, CudaMoeScratch* s) {
-  const int H = m.hidden;
   REQUIRE(layer.Reserve(T, s).ok());
   std::vector<uint16_t> xb(x.size());
   for (size_t i = 0; i < x.size(); ++i) xb[i] = F32ToBf16(x[i]);
@@ -303,7 +302,7 @@ std::vector<float> RunGpu(const Ops& o, const CudaMoeLayer& layer, const TestMoe
   REQUIRE(d_out.Alloc(static_cast<size_t>(T) * H * 2).ok());
   CUDA_REQUIRE(cudaMemcpy(d_x.ptr, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
   CUDA_REQUIRE(cudaMemcpy(s->x_f32.ptr, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-  REQUIRE(layer.Run(o.ops, m.gpu, d_x.ptr, T, s, d_out.ptr, {}).ok());
+  REQUIRE(layer.Run(o.ops, w, d_x.ptr, T, s, d_out.ptr, {}).ok());
   CUDA_REQUIRE(cudaStreamSynchronize(o.stream));
   std::vector<uint16_t> ob = Download(d_out.as<uint16_t>(), static_cast<size_t>(T) * H);
   std::vector<float> out(ob.size());
@@ -351,7 +350,7 @@ TEST_CASE("MoE layer matches CpuMoe (bf16 and fp8 experts, batch 1..300, both GE
           std::vector<MoeRoutingDecision> decisions;
           std::vector<int32_t> pos(T, 0);
           m.cpu.Forward(x.data(), T, {&decisions, 0, pos.data()}, ref.data());
-          const std::vector<float> got = RunGpu(o, layer, m, x, T, &s);
+          const std::vector<float> got = RunGpu(o, layer, m.gpu, m.hidden, x, T, &s);
           // A token whose CPU routing is a near-tie may pick other experts on the GPU.
           // The bf16 roundings of act, y and the shared path (the CPU oracle keeps fp32; fp8
           // weights are dequantized exactly for it).
@@ -455,17 +454,7 @@ TEST_CASE("MoE layer with gpt-oss's gate matches CpuMoe (biases, clamped SwiGLU)
         std::vector<MoeRoutingDecision> decisions;
         std::vector<int32_t> pos(T, 0);
         cpu.Forward(x.data(), T, {&decisions, 0, pos.data()}, ref.data());
-        REQUIRE(layer.Reserve(T, &s).ok());
-        std::vector<uint16_t> xb(x.size());
-        for (size_t i = 0; i < x.size(); ++i) xb[i] = F32ToBf16(x[i]);
-        DeviceBuffer d_x, d_out;
-        REQUIRE(d_x.Alloc(xb.size() * 2).ok());
-        REQUIRE(d_out.Alloc(static_cast<size_t>(T) * H * 2).ok());
-        CUDA_REQUIRE(cudaMemcpy(d_x.ptr, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
-        CUDA_REQUIRE(cudaMemcpy(s.x_f32.ptr, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-        REQUIRE(layer.Run(o.ops, gpu, d_x.ptr, T, &s, d_out.ptr, {}).ok());
-        CUDA_REQUIRE(cudaStreamSynchronize(o.stream));
-        const std::vector<uint16_t> ob = Download(d_out.as<uint16_t>(), static_cast<size_t>(T) * H);
+        const std::vector<float> got = RunGpu(o, layer, gpu, H, x, T, &s);
         int skipped = 0;
         for (int t = 0; t < T; ++t) {
           if (decisions[t].margin < 1e-3f) {  // logits units: a near-tie may choose otherwise
@@ -474,7 +463,7 @@ TEST_CASE("MoE layer with gpt-oss's gate matches CpuMoe (biases, clamped SwiGLU)
           }
           double d2 = 0, r2 = 0;
           for (int j = 0; j < H; ++j) {
-            const double d = Bf16ToF32(ob[t * H + j]) - ref[t * H + j];
+            const double d = got[t * H + j] - ref[t * H + j];
             d2 += d * d;
             r2 += static_cast<double>(ref[t * H + j]) * ref[t * H + j];
           }
