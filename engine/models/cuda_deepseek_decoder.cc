@@ -82,8 +82,8 @@ class CudaDeepseekDecoder final : public CudaDecoder {
   // it runs in the runner's graphs when cuda_mla has its graph form (the runner runs eager steps
   // while a routing trace is set).
   bool graph_safe() const override { return moe_.graph_safe() && mla_->supports_graphs(); }
-  // The attention projections (q_a / q, kv_a, q_b, o_proj) keep a checkpoint's fp8; kv_b_proj (the
-  // MLA absorbs it in bf16), the dense MLP and the experts are dequantized by the loader.
+  // The projections, the dense MLP and the experts keep a checkpoint's fp8; kv_b_proj (the MLA
+  // absorbs it in bf16) is dequantized by the loader.
   bool keeps_checkpoint_fp8() const override { return true; }
   Status Reserve(int set, int rows) override;
   Status Plan(const ForwardBatch& batch) override;
@@ -203,8 +203,8 @@ Status CudaDeepseekDecoder::Load(const CudaLoadContext& ctx) {
   };
   if (ctx.fp8_checkpoint) {
     spdlog::info(
-        "cuda deepseek: the attention projections keep the checkpoint's fp8; kv_b_proj, the dense "
-        "MLP and the experts are dequantized to bf16 (then weight_dtype)");
+        "cuda deepseek: the projections, the dense MLP and the experts keep the checkpoint's fp8; "
+        "kv_b_proj is dequantized to bf16 (the MLA absorbs it into its bf16 products)");
   }
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -238,10 +238,10 @@ Status CudaDeepseekDecoder::Load(const CudaLoadContext& ctx) {
     L->moe = d_.IsMoeLayer(l);
     if (!L->moe) {
       LLM_RETURN_IF_ERROR(L->dense.Load(loader, *ops_, quant, p + "mlp.", static_cast<int>(h),
-                                        c.intermediate_size));
+                                        c.intermediate_size, ctx.fp8_checkpoint ? w : nullptr));
     } else {
-      LLM_RETURN_IF_ERROR(
-          moe_.Load(loader, w, *ops_, quant, p + moe_names_.block, moe_names_, &L->experts));
+      LLM_RETURN_IF_ERROR(moe_.Load(loader, w, *ops_, quant, p + moe_names_.block, moe_names_,
+                                    &L->experts, ctx.fp8_checkpoint));
     }
     layers_.push_back(std::move(L));
   }

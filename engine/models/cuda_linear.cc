@@ -57,7 +57,7 @@ Status CudaLinear::Quantize(const CudaLinearOps& ops, WeightQuant quant, int n, 
 Status CudaLinear::LoadCheckpoint(const CudaLinearOps& ops, const WeightStore& store,
                                   Bf16WeightLoader& loader, const std::vector<std::string>& names,
                                   const std::vector<std::vector<int64_t>>& shapes,
-                                  const std::string& name, WeightQuant fallback) {
+                                  const std::string& name, WeightQuant fallback, int groups) {
   int n_fp8 = 0;
   for (const std::string& part : names) {
     LLM_ASSIGN_OR_RETURN(const DType t, store.StoredDType(part));
@@ -68,7 +68,7 @@ Status CudaLinear::LoadCheckpoint(const CudaLinearOps& ops, const WeightStore& s
   const int64_t k = shapes[0][1];
   if (n_fp8 == 0) {  // a layer the checkpoint left unquantized
     LLM_RETURN_IF_ERROR(loader.Load(names, shapes, 0.f, 0.02f, &w_));
-    return Quantize(ops, fallback, static_cast<int>(n), static_cast<int>(k), 1, name);
+    return Quantize(ops, fallback, static_cast<int>(n / groups), static_cast<int>(k), groups, name);
   }
   auto refuse = [&](const std::string& why) {
     return InvalidArgument("fp8 checkpoint, " + name + ": " + why);

@@ -58,13 +58,13 @@ class CudaLinear {
   // the bytes to one scale would round them again. Static input scales of stacked parts: their
   // maximum (exact when equal, as quantizers write them; else no part saturates earlier than with
   // its own). All parts 16-bit (a layer the checkpoint left unquantized): loaded as bf16, then
-  // Quantize(fallback).
+  // Quantize(fallback, groups: the stacked matrices that get one scale each).
   // Errors name the projection: mixed dtypes, non-128x128 blocks, stacked block matrices whose
   // rows are not whole blocks, n or k not multiples of 16.
   Status LoadCheckpoint(const CudaLinearOps& ops, const WeightStore& store,
                         Bf16WeightLoader& loader, const std::vector<std::string>& names,
                         const std::vector<std::vector<int64_t>>& shapes, const std::string& name,
-                        WeightQuant fallback = WeightQuant::kBf16);
+                        WeightQuant fallback = WeightQuant::kBf16, int groups = 1);
   // Where the loader writes the bf16 weight, before Quantize.
   DeviceBuffer* bf16_target() { return &w_; }
   // Converts the loaded bf16 weight to `quant` (frees the bf16 copy). fp8 needs n and k to be
@@ -73,6 +73,8 @@ class CudaLinear {
                   const std::string& name);
   bool fp8() const { return quant_ != WeightQuant::kBf16; }
   WeightQuant quant() const { return quant_; }
+  // Matrices with a per-tensor scale each (Quantize's groups; 1 for a checkpoint's weights).
+  int groups() const { return groups_; }
   Fp8Input input() const { return input_; }
   // The input may be e4m3 rows with dynamic row scales written by its producer (RunFp8).
   bool takes_fp8_rows() const { return fp8() && input_ == Fp8Input::kDynamicRows; }

@@ -308,7 +308,8 @@ Status CudaLlamaDecoder::Load(const CudaLoadContext& ctx) {
     L->moe = S.ffn == DecoderLayerSpec::Ffn::kMoe;
     if (L->moe) {
       LLM_RETURN_IF_ERROR(moe_->Load(loader, ctx.weights, *ops_, ctx.weight_quant,
-                                     p + S.moe_names.block, S.moe_names, &L->experts));
+                                     p + S.moe_names.block, S.moe_names, &L->experts,
+                                     ctx.fp8_checkpoint));
     }
     for (int j = 0; j < (L->moe ? kGateUp : kNumProj); ++j) {
       if (ctx.fp8_checkpoint) {  // the checkpoint's e4m3 bytes and scales, no bf16 copy

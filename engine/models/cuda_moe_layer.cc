@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cstring>
 
+#include <spdlog/spdlog.h>
+
 #include "engine/base/dtype.h"
+#include "engine/models/cuda_fp8_gemm.h"
 #include "engine/models/cuda_weights.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/moe_ops.h"
@@ -65,7 +68,7 @@ Status CudaMoeLayer::Check(const MoeRouting& r, int hidden, int inter, int share
 
 Status CudaMoeLayer::Load(Bf16WeightLoader& loader, const WeightStore* weights,
                           const CudaLinearOps& ops, WeightQuant quant, const std::string& p,
-                          const MoeTensorNames& n, CudaMoeWeights* w) const {
+                          const MoeTensorNames& n, CudaMoeWeights* w, bool fp8_checkpoint) const {
   LLM_RETURN_IF_ERROR(Check(r_, hidden_, inter_, shared_inter_, gate_));
   const int64_t h = hidden_, E = r_.num_experts, I = inter_;
   const float wstd = 0.02f;
@@ -107,22 +110,77 @@ Status CudaMoeLayer::Load(Bf16WeightLoader& loader, const WeightStore* weights,
     down_names.push_back(ep + n.expert.down + ".weight");
     down_shapes.push_back({h, I});
   }
-  if (n.stacked_experts) {
-    LLM_RETURN_IF_ERROR(LoadStacked(loader, weights, p, n, w));
-  } else {
-    if (n.expert_bias) return InvalidArgument("CUDA MoE layer: per-expert tensors with biases");
-    LLM_RETURN_IF_ERROR(loader.Load(gu_names, gu_shapes, 0, wstd, w->gate_up.bf16_target()));
-    LLM_RETURN_IF_ERROR(loader.Load(down_names, down_shapes, 0, wstd, w->down.bf16_target()));
+  const std::string gu_name = p + n.experts + ".gate_up_proj",
+                    down_name = p + n.experts + ".down_proj";
+  const bool keep_fp8 = fp8_checkpoint && !n.stacked_experts && weights != nullptr;
+  if (n.expert_bias && !n.stacked_experts) {
+    return InvalidArgument("CUDA MoE layer: per-expert tensors with biases");
   }
-  LLM_RETURN_IF_ERROR(w->gate_up.Quantize(ops, quant, static_cast<int>(2 * I), hidden_,
-                                          static_cast<int>(E), p + n.experts + ".gate_up_proj"));
-  LLM_RETURN_IF_ERROR(w->down.Quantize(ops, quant, hidden_, inter_, static_cast<int>(E),
-                                       p + n.experts + ".down_proj"));
-  if (shared_inter_ > 0) {
+  if (keep_fp8) {
+    LLM_RETURN_IF_ERROR(w->gate_up.LoadCheckpoint(ops, *weights, loader, gu_names, gu_shapes,
+                                                  gu_name, quant, static_cast<int>(E)));
+    LLM_RETURN_IF_ERROR(w->down.LoadCheckpoint(ops, *weights, loader, down_names, down_shapes,
+                                               down_name, quant, static_cast<int>(E)));
+  } else {
+    if (n.stacked_experts) {
+      LLM_RETURN_IF_ERROR(LoadStacked(loader, weights, p, n, w));
+    } else {
+      LLM_RETURN_IF_ERROR(loader.Load(gu_names, gu_shapes, 0, wstd, w->gate_up.bf16_target()));
+      LLM_RETURN_IF_ERROR(loader.Load(down_names, down_shapes, 0, wstd, w->down.bf16_target()));
+    }
+    LLM_RETURN_IF_ERROR(w->gate_up.Quantize(ops, quant, static_cast<int>(2 * I), hidden_,
+                                            static_cast<int>(E), gu_name));
     LLM_RETURN_IF_ERROR(
-        w->shared.Load(loader, ops, quant, p + n.shared + ".", hidden_, shared_inter_));
+        w->down.Quantize(ops, quant, hidden_, inter_, static_cast<int>(E), down_name));
+  }
+  if (shared_inter_ > 0) {
+    LLM_RETURN_IF_ERROR(w->shared.Load(loader, ops, quant, p + n.shared + ".", hidden_,
+                                       shared_inter_, keep_fp8 ? weights : nullptr));
+  }
+  // One kernel instance serves a GEMM's routed and shared experts: the same dtype, and blocks
+  // for both or neither.
+  const CudaLinear* pairs[2][2] = {{&w->gate_up, &w->shared.gate_up}, {&w->down, &w->shared.down}};
+  for (int i = 0; i < 2; ++i) {
+    const CudaLinear& routed = *pairs[i][0];
+    const CudaLinear& shared = *pairs[i][1];
+    if (shared_inter_ > 0 &&
+        (routed.fp8() != shared.fp8() || (routed.quant() == WeightQuant::kFp8Block) !=
+                                             (shared.quant() == WeightQuant::kFp8Block))) {
+      return InvalidArgument("CUDA MoE layer, " + p + ": the routed experts' " +
+                             (i == 0 ? "gate / up" : "down") + " weights are " +
+                             WeightQuantName(routed.quant()) + " and the shared experts' " +
+                             WeightQuantName(shared.quant()) + " (the grouped GEMM runs both)");
+    }
+  }
+  if (keep_fp8 &&
+      (w->gate_up.input() == Fp8Input::kStatic || w->down.input() == Fp8Input::kStatic)) {
+    spdlog::info(
+        "CUDA MoE layer, {}: the experts' activations stay bf16 (fp8 weights only); the "
+        "checkpoint's static input_scale is not applied",
+        p);
   }
   return Status::Ok();
+}
+
+cuda::MoeGemmScales MoeGemmScalesOf(const CudaLinear& lin, int rows_per_expert, int k) {
+  cuda::MoeGemmScales s;
+  s.scale = lin.scales();
+  switch (lin.quant()) {
+    case WeightQuant::kBf16:
+      break;
+    case WeightQuant::kFp8PerTensor:  // [groups][kScaleSlot]; one group: one scale for all
+      s.expert_stride = lin.groups() > 1 ? CudaLinear::kScaleSlot : 0;
+      break;
+    case WeightQuant::kFp8PerChannel:  // [E * rows]
+      s.expert_stride = rows_per_expert;
+      s.row_stride = 1;
+      break;
+    case WeightQuant::kFp8Block:  // [E * rows / 128][Fp8BlockLd(k)], rows whole blocks
+      s.block_ld = Fp8BlockLd(k);
+      s.expert_stride = rows_per_expert / 128 * s.block_ld;
+      break;
+  }
+  return s;
 }
 
 namespace {
@@ -319,8 +377,7 @@ Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w,
   g.x = x;
   g.sorted_token = s->sorted_token.as<int32_t>();
   g.w = w.gate_up.data();
-  g.w_scale = w.gate_up.scales();
-  g.scale_stride = CudaLinear::kScaleSlot;
+  g.w_scale = MoeGemmScalesOf(w.gate_up, 2 * inter_, hidden_);
   g.fp8 = w.gate_up.fp8();
   g.silu_mul = true;
   g.bias = w.gate_up_bias.ptr ? w.gate_up_bias.as<float>() : nullptr;
@@ -337,7 +394,7 @@ Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w,
   if (shared) {
     g.dense_x = x;
     g.dense_w = w.shared.gate_up.data();
-    g.dense_w_scale = w.shared.gate_up.scales();
+    g.dense_w_scale = MoeGemmScalesOf(w.shared.gate_up, 2 * shared_inter_, hidden_);
     g.dense_n_out = shared_inter_;
     g.dense_k = hidden_;
     g.dense_out = s->shared_act.ptr;
@@ -346,7 +403,7 @@ Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w,
   g.x = s->act.ptr;
   g.sorted_token = nullptr;
   g.w = w.down.data();
-  g.w_scale = w.down.scales();
+  g.w_scale = MoeGemmScalesOf(w.down, hidden_, inter_);
   g.fp8 = w.down.fp8();
   g.silu_mul = false;
   g.bias = w.down_bias.ptr ? w.down_bias.as<float>() : nullptr;
@@ -356,7 +413,7 @@ Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w,
   if (shared) {
     g.dense_x = s->shared_act.ptr;
     g.dense_w = w.shared.down.data();
-    g.dense_w_scale = w.shared.down.scales();
+    g.dense_w_scale = MoeGemmScalesOf(w.shared.down, hidden_, shared_inter_);
     g.dense_n_out = hidden_;
     g.dense_k = shared_inter_;
     g.dense_out = s->shared_out.ptr;
@@ -372,8 +429,11 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
   cudaStream_t stream = ops.stream;
   const int E = r_.num_experts, K = r_.top_k, S = T * K;
   const bool shared = w.shared.inter > 0;
-  if (shared && (w.shared.inter != shared_inter_ || w.shared.gate_up.fp8() != w.gate_up.fp8() ||
-                 w.shared.down.fp8() != w.down.fp8())) {
+  auto blocks = [](const CudaLinear& l) { return l.quant() == WeightQuant::kFp8Block; };
+  if (shared &&
+      (w.shared.inter != shared_inter_ || w.shared.gate_up.fp8() != w.gate_up.fp8() ||
+       w.shared.down.fp8() != w.down.fp8() || blocks(w.shared.gate_up) != blocks(w.gate_up) ||
+       blocks(w.shared.down) != blocks(w.down))) {
     return Internal("CUDA MoE layer: shared experts of another size or dtype than the layer's");
   }
   const int dense_rows = shared ? T : 0;  // the shared experts: a dense group of every token

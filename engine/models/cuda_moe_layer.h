@@ -65,6 +65,9 @@ struct CudaMoeScratch {
 
 // The routing kernel's arguments for `routing` (pointers and the token count left to the caller).
 cuda::MoeRouteArgs MoeRouteArgsOf(const MoeRouting& routing);
+// The grouped GEMMs' view of the fp8 scales of `lin`: experts of rows_per_expert rows and k
+// columns stacked (or one matrix: the shared experts).
+cuda::MoeGemmScales MoeGemmScalesOf(const CudaLinear& lin, int rows_per_expert, int k);
 
 class CudaMoeLayer {
  public:
@@ -79,12 +82,15 @@ class CudaMoeLayer {
 
   // Router, selection bias, experts and shared experts of the block at `block_prefix`
   // (layer prefix + names.block), quantized to `quant` (routed experts: one fp8 scale each).
-  // Stacked experts (gpt-oss) are read on the host through ReadExpertMatrix (bf16 / fp32 or
-  // MXFP4, dequantized), their interleaved gate / up rows split into the GEMM's gate-then-up
-  // layout; dummy weights fill that layout directly (biases 0).
+  // fp8_checkpoint: per-expert tensors stored in e4m3 keep their bytes and scales
+  // (CudaLinear::LoadCheckpoint over all experts stacked: per-expert, per-row or 128x128 block
+  // scales, which the grouped GEMMs apply); their activations stay bf16, so a static input_scale
+  // is not used (logged). Stacked experts (gpt-oss) are read on the host through ReadExpertMatrix
+  // (bf16 / fp32 or MXFP4, dequantized), their interleaved gate / up rows split into the GEMM's
+  // gate-then-up layout; dummy weights fill that layout directly (biases 0).
   Status Load(Bf16WeightLoader& loader, const WeightStore* weights, const CudaLinearOps& ops,
               WeightQuant quant, const std::string& block_prefix, const MoeTensorNames& names,
-              CudaMoeWeights* w) const;
+              CudaMoeWeights* w, bool fp8_checkpoint = false) const;
   Status Reserve(int rows, CudaMoeScratch* s) const;
 
   // Slots per expert (T * top_k / E) from which a batch takes the large-batch path; set before

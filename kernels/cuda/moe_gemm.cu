@@ -3,8 +3,10 @@
 // exit at once), so no size crosses to the host. Decode is weight-streaming: a 16-row M tile is
 // all a batch-1..128 expert needs, every CTA streams its own 64-row weight slice through a
 // 4-stage cp.async pipeline, and the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate)
-// have little to do. fp8 e4m3 weights are widened to bf16 in registers (exact) and the expert's
-// scale applied in the fp32 epilogue. Portable across sm_80+ (no wgmma / TMA).
+// have little to do. fp8 e4m3 weights are widened to bf16 in registers (exact); their scales are
+// applied in fp32, per expert or per weight row in the epilogue, per 128x128 block to each
+// 128-wide k slice's partial sums (every warp's 8-row n blocks lie inside one scale block).
+// Portable across sm_80+ (no wgmma / TMA).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -52,8 +54,9 @@ __device__ __forceinline__ int Swz(int row, int chunk) {
   return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
 }
 
-template <bool kFp8, bool kSiluMul>
+template <bool kFp8, bool kSiluMul, bool kBlock>
 __global__ void __launch_bounds__(kThreads) MoeGemmKernel(const MoeGemmArgs a) {
+  static_assert(kFp8 || !kBlock, "block scales are fp8 only");
   ptx::GridDependencySync();  // launched with LaunchPdl
   const int tile = blockIdx.y;
   if (tile >= *a.num_tiles) return;
@@ -78,6 +81,9 @@ __global__ void __launch_bounds__(kThreads) MoeGemmKernel(const MoeGemmArgs a) {
                                : static_cast<const uint8_t*>(a.w) +
                                      static_cast<size_t>(expert) * wrows_per_expert * K * kWBytes;
   const int32_t* gather = dense ? nullptr : a.sorted_token;
+  const MoeGemmScales& sc = dense ? a.dense_w_scale : a.w_scale;
+  const float* scale_base =
+      kFp8 ? sc.scale + (dense ? 0 : static_cast<size_t>(expert) * sc.expert_stride) : nullptr;
 
   // This thread's copies: A one 16-byte chunk (row tid / 8, chunk tid % 8); B bf16 four
   // (rows (tid + 128 i) / 8), fp8 two (rows (tid + 128 i) / 4).
@@ -106,6 +112,15 @@ __global__ void __launch_bounds__(kThreads) MoeGemmKernel(const MoeGemmArgs a) {
   };
 
   float acc[2][4] = {};
+  // kBlock: the scaled sums of the finished 128-wide k slices; acc holds the current slice's.
+  float total[2][4] = {};
+  [[maybe_unused]] const float* block_scale[2] = {};
+  if constexpr (kBlock) {
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb) {
+      block_scale[nb] = scale_base + (weight_row(warp * 16 + nb * 8) / 128) * sc.block_ld;
+    }
+  }
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < KT) load_stage(s, s);
@@ -156,14 +171,38 @@ __global__ void __launch_bounds__(kThreads) MoeGemmKernel(const MoeGemmArgs a) {
         }
       }
     }
+    if constexpr (kBlock) {
+      if (kt % 2 == 1 || kt + 1 == KT) {  // the end of a 128-wide k slice (kBK = 64)
+#pragma unroll
+        for (int nb = 0; nb < 2; ++nb) {
+          const float s = block_scale[nb][kt / 2];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) total[nb][i] += acc[nb][i] * s, acc[nb][i] = 0.f;
+        }
+      }
+    }
     const int next = kt + kStages - 1;
     if (next < KT) load_stage(next % kStages, next);
     ptx::CpAsyncCommit();
   }
   ptx::CpAsyncWait<0>();
+  if constexpr (kBlock) {
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[nb][i] = total[nb][i];
+    }
+  }
 
   // Accumulator (m16n8): c[0..1] row lane / 4, columns 2 (lane % 4) + {0, 1}; c[2..3] row + 8.
-  const float scale = !kFp8 ? 1.0f : dense ? *a.dense_w_scale : a.w_scale[expert * a.scale_stride];
+  // The scale of weight row r (1 without fp8, or where the blocks applied theirs).
+  auto row_scale = [&](int r) -> float {
+    if constexpr (!kFp8 || kBlock) {
+      return 1.0f;
+    } else {
+      return scale_base[r * sc.row_stride];
+    }
+  };
   auto* out = static_cast<__nv_bfloat16*>(dense ? a.dense_out : a.out);
   const float* bias = dense ? nullptr : a.bias;  // the shared experts have none
   const int g = lane / 4, c2 = (lane % 4) * 2;
@@ -178,7 +217,8 @@ __global__ void __launch_bounds__(kThreads) MoeGemmKernel(const MoeGemmArgs a) {
       float v[2];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        float gt = acc[0][2 * h + j] * scale, up = acc[1][2 * h + j] * scale;
+        float gt = acc[0][2 * h + j] * row_scale(col + j),
+              up = acc[1][2 * h + j] * row_scale(n_out + col + j);
         if (b) gt += b[col + j], up += b[n_out + col + j];
         if (a.swiglu_limit > 0.f) {
           gt = fminf(gt, a.swiglu_limit);
@@ -195,18 +235,18 @@ __global__ void __launch_bounds__(kThreads) MoeGemmKernel(const MoeGemmArgs a) {
         const int col = blockIdx.x * kBN + warp * 16 + nb * 8 + c2;
         const float* b = bias ? bias + static_cast<size_t>(expert) * n_out + col : nullptr;
         *reinterpret_cast<__nv_bfloat162*>(out + orow + col) =
-            __floats2bfloat162_rn(acc[nb][2 * h] * scale + (b ? b[0] : 0.f),
-                                  acc[nb][2 * h + 1] * scale + (b ? b[1] : 0.f));
+            __floats2bfloat162_rn(acc[nb][2 * h] * row_scale(col) + (b ? b[0] : 0.f),
+                                  acc[nb][2 * h + 1] * row_scale(col + 1) + (b ? b[1] : 0.f));
       }
     }
   }
 }
 
-template <bool kFp8, bool kSiluMul>
+template <bool kFp8, bool kSiluMul, bool kBlock = false>
 void Launch(const MoeGemmArgs& a, cudaStream_t stream) {
   const int n = a.dense_w != nullptr && a.dense_n_out > a.n_out ? a.dense_n_out : a.n_out;
   const dim3 grid(n / (kSiluMul ? kBN / 2 : kBN), a.max_tiles);
-  (void)LaunchPdl(MoeGemmKernel<kFp8, kSiluMul>, grid, dim3(kThreads), 0, stream, a);
+  (void)LaunchPdl(MoeGemmKernel<kFp8, kSiluMul, kBlock>, grid, dim3(kThreads), 0, stream, a);
 }
 
 }  // namespace
@@ -214,7 +254,9 @@ void Launch(const MoeGemmArgs& a, cudaStream_t stream) {
 void LaunchMoeGemm(const MoeGemmArgs& a, void* stream) {
   if (a.max_tiles == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
-  if (a.fp8) {
+  if (a.fp8 && a.w_scale.block_ld > 0) {
+    a.silu_mul ? Launch<true, true, true>(a, s) : Launch<true, false, true>(a, s);
+  } else if (a.fp8) {
     a.silu_mul ? Launch<true, true>(a, s) : Launch<true, false>(a, s);
   } else {
     a.silu_mul ? Launch<false, true>(a, s) : Launch<false, false>(a, s);

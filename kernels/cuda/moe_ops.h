@@ -68,8 +68,11 @@ struct MoePermuteArgs {
 };
 void LaunchMoePermute(const MoePermuteArgs& a, void* stream);
 
-// One grouped GEMM over the tiles of LaunchMoePermute, weights bf16 or fp8 e4m3 (one scale per
-// expert, device [E][scale_stride]), streamed from global memory once per tile. The dense group's
+// One grouped GEMM over the tiles of LaunchMoePermute, weights bf16 or fp8 e4m3, streamed from
+// global memory once per tile. fp8 scales (MoeGemmScales, device fp32): per expert, per weight row
+// (a checkpoint's per-channel or differing per-tensor scales), or per 128x128 block (DeepSeek-V3's
+// weight_scale_inv), applied in fp32 to the products of bf16 activations and the exact e4m3
+// weights (per block: to each 128-wide k slice's partial sum). The dense group's
 // tiles (expert -1) use the dense_* operands instead (shared experts: their own weight, rows of
 // dense_x, no gather, out to dense_out):
 //   gate_up (silu_mul): act[s, j] = bf16(silu(g) * u), g = s_e x[tok(s)] . Wg_e[j],
@@ -81,12 +84,20 @@ void LaunchMoePermute(const MoePermuteArgs& a, void* stream);
 // act = (u' + 1) * g' * sigmoid(swiglu_alpha * g').
 // x rows come from `x` (gather: row sorted_token[s], else row s). n_out (I or N) must be a
 // multiple of kMoeGemmN, k of kMoeGemmK (MoeGemmShapeOk).
+// Where the scale of weight row r (within one expert's [(2) n_out, k] matrix) and k index c sits:
+// scale[expert * expert_stride + r * row_stride] without blocks (row_stride 0: one per expert;
+// expert_stride 0 too: one for all), else scale[expert * expert_stride + (r / 128) * block_ld +
+// c / 128].
+struct MoeGemmScales {
+  const float* scale = nullptr;
+  int expert_stride = 0, row_stride = 0;
+  int block_ld = 0;  // > 0: 128x128 blocks
+};
 struct MoeGemmArgs {
   const void* x = nullptr;                // bf16 [rows, k]
   const int32_t* sorted_token = nullptr;  // gather rows of x, or null: row = slot
   const void* w = nullptr;                // bf16 or e4m3 [E, (silu_mul ? 2 : 1) * n_out, k]
-  const float* w_scale = nullptr;         // fp8: [E][scale_stride]
-  int scale_stride = 4;
+  MoeGemmScales w_scale;                  // fp8 only
   bool fp8 = false;
   bool silu_mul = false;
   const float* bias = nullptr;  // fp32 [E][(silu_mul ? 2 : 1) * n_out] or null
@@ -100,7 +111,7 @@ struct MoeGemmArgs {
   // The dense group (tiles with expert -1), same dtype and silu_mul: W [(2) dense_n_out, dense_k].
   const void* dense_x = nullptr;  // bf16 [D, dense_k]
   const void* dense_w = nullptr;
-  const float* dense_w_scale = nullptr;  // fp8: one scale
+  MoeGemmScales dense_w_scale;  // fp8 only (expert_stride unused); blocks iff w_scale has them
   int dense_n_out = 0, dense_k = 0;
   void* dense_out = nullptr;  // bf16 [D, dense_n_out]
 };

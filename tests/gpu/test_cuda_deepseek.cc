@@ -57,14 +57,16 @@ constexpr int kMoeLayers = 2;  // layers 1 and 2
 // bias, normalized weights times 2.5; else V2: q LoRA, softmax + group_limited_greedy.
 // dense_only: every layer dense (first_k_dense_replace = num_layers), no expert tensors.
 // fp8_block: every linear weight but the router's and the LM head's stored as DeepSeek-V3 does
-// (e4m3 with 128x128 block weight_scale_inv, quant_method fp8); V3 only (V2's q_a_proj of 96 rows
-// is not whole 128-row blocks above kv_a_proj in the stacked projection).
+// (e4m3 with 128x128 block weight_scale_inv, quant_method fp8), experts of 128 rows (whole blocks
+// where gate and up are stacked); V3 only (V2's q_a_proj of 96 rows is not whole 128-row blocks
+// above kv_a_proj in the stacked projection).
 std::string WriteRandomDeepseek(const std::string& name, bool v3, const char* cache_dtype,
                                 bool dense_only = false, bool fp8_block = false) {
   const fs::path dir = fs::temp_directory_path() / ("llm_gpu_deepseek_" + name);
   fs::create_directories(dir);
   const int hidden = 256, heads = 16, kv_lora = 512, rope = 64, nope = 32, vdim = 32;
-  const int layers = kLayers, inter = 256, moe_inter = 64, experts = 8, q_lora = v3 ? 0 : 96;
+  const int layers = kLayers, inter = 256, moe_inter = fp8_block ? 128 : 64, experts = 8,
+            q_lora = v3 ? 0 : 96;
   nlohmann::json cfg = {{"architectures", {v3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM"}},
                         {"model_type", v3 ? "deepseek_v3" : "deepseek_v2"},
                         {"hidden_size", hidden},
@@ -539,9 +541,10 @@ TEST_CASE("GPU DeepSeek fp8 weights track the bf16-weight model", "[gpu][deepsee
   }
 }
 
-// A DeepSeek-V3 block-fp8 checkpoint: the attention projections run on the checkpoint's e4m3
-// bytes through cuBLASLt's 1x128 x 128x128 block-scaled GEMM (kv_b_proj, the dense MLP and the
-// experts dequantized by the loader); against the same checkpoint dequantized to bf16
+// A DeepSeek-V3 block-fp8 checkpoint: the projections and the dense MLP run on the checkpoint's
+// e4m3 bytes through cuBLASLt's 1x128 x 128x128 block-scaled GEMM, the routed and shared experts
+// through the MoE layer's grouped GEMMs with the block scales (kv_b_proj dequantized by the
+// loader); against the same checkpoint dequantized to bf16
 // (weight_dtype bf16), first-step logits within the bounds of the test above (which also
 // quantizes every weight).
 TEST_CASE("GPU DeepSeek-V3 block-fp8 checkpoint tracks its dequantized model",

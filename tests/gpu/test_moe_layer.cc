@@ -15,17 +15,22 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/base/dtype.h"
 #include "engine/base/quant.h"
+#include "engine/model_config.h"
 #include "engine/models/cpu_moe.h"
 #include "engine/models/cuda_fp8_gemm.h"
 #include "engine/models/cuda_moe_layer.h"
 #include "engine/models/moe_router.h"
+#include "engine/safetensors.h"
 #include "kernels/cuda/moe_ops.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/random_fp8_llama.h"
 
 namespace llm {
 namespace {
@@ -310,6 +315,40 @@ std::vector<float> RunGpu(const Ops& o, const CudaMoeLayer& layer, const CudaMoe
   return out;
 }
 
+// The layer on T random rows against the CPU oracle: each token's output within 2% (relative L2:
+// the bf16 roundings of act, y and the shared path; the oracle keeps fp32, fp8 weights
+// dequantized exactly for it). A token whose CPU routing is a near-tie (margin below
+// min_margin) may pick other experts on the GPU: skipped, at most one in 20.
+void CheckAgainstCpu(const Ops& o, const CudaMoeLayer& layer, const CudaMoeWeights& w,
+                     const CpuMoe& cpu, int H, int T, float min_margin, std::mt19937& rng,
+                     CudaMoeScratch* s) {
+  INFO("batch " << T);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> x(static_cast<size_t>(T) * H);
+  for (float& v : x) v = RoundBf16(nd(rng));
+  std::vector<float> ref(x.size());
+  std::vector<MoeRoutingDecision> decisions;
+  std::vector<int32_t> pos(T, 0);
+  cpu.Forward(x.data(), T, {&decisions, 0, pos.data()}, ref.data());
+  const std::vector<float> got = RunGpu(o, layer, w, H, x, T, s);
+  int skipped = 0;
+  for (int t = 0; t < T; ++t) {
+    if (decisions[t].margin < min_margin) {
+      ++skipped;
+      continue;
+    }
+    double d2 = 0, r2 = 0;
+    for (int j = 0; j < H; ++j) {
+      const double d = got[t * H + j] - ref[t * H + j];
+      d2 += d * d;
+      r2 += static_cast<double>(ref[t * H + j]) * ref[t * H + j];
+    }
+    INFO("token " << t << " relative error " << std::sqrt(d2 / r2));
+    REQUIRE(std::sqrt(d2) <= 0.02 * std::sqrt(r2));
+  }
+  CHECK(skipped <= std::max(1, T / 20));
+}
+
 // Both expert-GEMM paths: the 16-row tiles (forced with INT_MAX slots per expert) and the
 // large-batch path through cuBLAS's grouped GEMM (forced with 0; by default from 64 slots per
 // expert, here batch 300: 1,200 slots over 16 experts).
@@ -337,40 +376,11 @@ TEST_CASE("MoE layer matches CpuMoe (bf16 and fp8 experts, batch 1..300, both GE
         REQUIRE(CudaMoeLayer::Check(m.routing, m.hidden, m.inter, m.shared_inter).ok());
         CudaMoeScratch s;
         for (const int T : {1, 7, 64, 300}) {
-          INFO("batch " << T);
           // fp8 experts always take the tiles; bf16 ones the large-batch path where it is due.
           CHECK(layer.TakesLargeBatchPath(T, m.gpu) ==
                 (quant == WeightQuant::kBf16 &&
                  int64_t{T} * m.routing.top_k >= int64_t{large_from} * 16));
-          const int H = m.hidden;
-          std::normal_distribution<float> nd(0.f, 1.f);
-          std::vector<float> x(static_cast<size_t>(T) * H);
-          for (float& v : x) v = RoundBf16(nd(rng));
-          std::vector<float> ref(x.size());
-          std::vector<MoeRoutingDecision> decisions;
-          std::vector<int32_t> pos(T, 0);
-          m.cpu.Forward(x.data(), T, {&decisions, 0, pos.data()}, ref.data());
-          const std::vector<float> got = RunGpu(o, layer, m.gpu, m.hidden, x, T, &s);
-          // A token whose CPU routing is a near-tie may pick other experts on the GPU.
-          // The bf16 roundings of act, y and the shared path (the CPU oracle keeps fp32; fp8
-          // weights are dequantized exactly for it).
-          const double tol = 0.02;
-          int skipped = 0;
-          for (int t = 0; t < T; ++t) {
-            if (decisions[t].margin < 1e-4f) {
-              ++skipped;
-              continue;
-            }
-            double d2 = 0, r2 = 0;
-            for (int j = 0; j < H; ++j) {
-              const double d = got[t * H + j] - ref[t * H + j];
-              d2 += d * d;
-              r2 += static_cast<double>(ref[t * H + j]) * ref[t * H + j];
-            }
-            INFO("token " << t << " relative error " << std::sqrt(d2 / r2));
-            REQUIRE(std::sqrt(d2) <= tol * std::sqrt(r2));
-          }
-          CHECK(skipped <= std::max(1, T / 20));
+          CheckAgainstCpu(o, layer, m.gpu, m.cpu, m.hidden, T, 1e-4f, rng, &s);
         }
       }
     }
@@ -447,32 +457,143 @@ TEST_CASE("MoE layer with gpt-oss's gate matches CpuMoe (biases, clamped SwiGLU)
       layer.set_large_batch_slots_per_expert(large_from);
       CudaMoeScratch s;
       for (const int T : {1, 7, 64, 200}) {
-        INFO("batch " << T);
-        std::vector<float> x(static_cast<size_t>(T) * H);
-        for (float& v : x) v = RoundBf16(nd(rng));
-        std::vector<float> ref(x.size());
-        std::vector<MoeRoutingDecision> decisions;
-        std::vector<int32_t> pos(T, 0);
-        cpu.Forward(x.data(), T, {&decisions, 0, pos.data()}, ref.data());
-        const std::vector<float> got = RunGpu(o, layer, gpu, H, x, T, &s);
-        int skipped = 0;
-        for (int t = 0; t < T; ++t) {
-          if (decisions[t].margin < 1e-3f) {  // logits units: a near-tie may choose otherwise
-            ++skipped;
-            continue;
-          }
-          double d2 = 0, r2 = 0;
-          for (int j = 0; j < H; ++j) {
-            const double d = got[t * H + j] - ref[t * H + j];
-            d2 += d * d;
-            r2 += static_cast<double>(ref[t * H + j]) * ref[t * H + j];
-          }
-          INFO("token " << t << " relative error " << std::sqrt(d2 / r2));
-          REQUIRE(std::sqrt(d2) <= 0.02 * std::sqrt(r2));
-        }
-        CHECK(skipped <= std::max(1, T / 20));
+        CheckAgainstCpu(o, layer, gpu, cpu, H, T, 1e-3f, rng, &s);  // margins in logits units
       }
     }
+  }
+}
+
+// A pre-quantized checkpoint's experts kept as stored (CudaMoeLayer::Load with fp8_checkpoint,
+// no bf16 copy): 128x128 blocks (DeepSeek-V3's weight_scale_inv), per channel (compressed-
+// tensors) and per tensor with static input scales (ModelOpt: every expert's own scale, so the
+// stack has per-row scales), routed and shared experts, against CpuMoe on the same checkpoint
+// as WeightStore::ReadF32 dequantizes it.
+TEST_CASE("MoE layer keeps a checkpoint's fp8 experts and matches CpuMoe on them",
+          "[gpu][moe][fp8]") {
+  namespace fs = std::filesystem;
+  using gpu_test::Fp8Format;
+  GPU_TEST_RNG(rng);
+  Ops o;
+  const int E = 16, K = 4, H = 256, I = 128, SI = 256;
+  const std::string p = "model.layers.0.mlp.";
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (const Fp8Format f : {Fp8Format::kBlock128, Fp8Format::kCtChannel, Fp8Format::kModelOpt}) {
+    INFO(gpu_test::Fp8FormatName(f));
+    const fs::path dir =
+        fs::temp_directory_path() / ("llm_gpu_moe_fp8_" + std::to_string(static_cast<int>(f)));
+    fs::create_directories(dir);
+    std::vector<TensorToWrite> ts;
+    std::vector<float> router(static_cast<size_t>(E) * H), bias(E);
+    for (float& v : router) v = RoundBf16(0.1f * nd(rng));  // the device widens its bf16
+    for (float& v : bias) v = 0.05f * nd(rng);
+    ts.push_back(gpu_test::F32Tensor(p + "gate.weight", {E, H}, router));
+    ts.push_back(gpu_test::F32Tensor(p + "gate.e_score_correction_bias", {E}, bias));
+    auto linear = [&](const std::string& stem, int64_t rows, int64_t cols) {
+      std::vector<float> w(static_cast<size_t>(rows * cols));
+      const float sd = 1.0f / std::sqrt(static_cast<float>(cols));
+      for (int64_t r = 0; r < rows; ++r) {  // rows of different magnitude
+        const float g = 0.5f + static_cast<float>(r % 7) / 6.f;
+        for (int64_t c = 0; c < cols; ++c) w[r * cols + c] = g * sd * nd(rng);
+      }
+      gpu_test::AddFp8Linear(&ts, stem, f, rows, cols, w, 0.05f);
+    };
+    auto mlp = [&](const std::string& q, int inter) {
+      linear(q + "gate_proj", inter, H);
+      linear(q + "up_proj", inter, H);
+      linear(q + "down_proj", H, inter);
+    };
+    for (int e = 0; e < E; ++e) mlp(p + "experts." + std::to_string(e) + ".", I);
+    mlp(p + "shared_experts.", SI);
+    REQUIRE(WriteSafetensors((dir / "model.safetensors").string(), ts).ok());
+    auto store = WeightStore::Open(dir.string());
+    REQUIRE(store.ok());
+    WeightQuantization q;
+    REQUIRE(ReadQuantizationConfig(
+                nlohmann::json{{"quantization_config", gpu_test::Fp8QuantizationConfig(f)}},
+                "config.json", &q)
+                .ok());
+    (*store)->set_quantization(q);
+    const WeightStore& ws = **store;
+
+    const MoeRouting routing = V3Routing(E, K);
+    MoeTensorNames names;
+    names.selection_bias = "e_score_correction_bias";
+    CudaMoeLayer layer(routing, H, I, SI);
+    Bf16WeightLoader loader(&ws, o.stream);
+    CudaMoeWeights gpu;
+    REQUIRE(layer
+                .Load(loader, &ws, o.ops, WeightQuant::kBf16, p, names, &gpu,
+                      /*fp8_checkpoint=*/true)
+                .ok());
+    const WeightQuant want =
+        f == Fp8Format::kBlock128 ? WeightQuant::kFp8Block : WeightQuant::kFp8PerChannel;
+    for (const CudaLinear* l : {&gpu.gate_up, &gpu.down, &gpu.shared.gate_up, &gpu.shared.down}) {
+      CHECK(l->quant() == want);
+    }
+    // The e4m3 bytes themselves: one byte per weight, no bf16 matrix.
+    CHECK(gpu.gate_up.weight_bytes() == static_cast<size_t>(E) * 2 * I * H);
+    CHECK(gpu.down.weight_bytes() == static_cast<size_t>(E) * H * I);
+    CHECK(gpu.shared.gate_up.weight_bytes() == static_cast<size_t>(2) * SI * H);
+
+    CpuMoe cpu;
+    cpu.routing = routing;
+    cpu.router = router;
+    cpu.selection_bias = bias;
+    auto read_mlp = [&](const std::string& q, int inter, CpuMlp* m) {
+      std::vector<float> g, u;
+      m->hidden = H;
+      m->intermediate = inter;
+      REQUIRE(ws.ReadF32(q + "gate_proj.weight", {inter, H}, &g).ok());
+      REQUIRE(ws.ReadF32(q + "up_proj.weight", {inter, H}, &u).ok());
+      REQUIRE(ws.ReadF32(q + "down_proj.weight", {H, inter}, &m->w_down).ok());
+      m->w_gate_up = g;
+      m->w_gate_up.insert(m->w_gate_up.end(), u.begin(), u.end());
+    };
+    cpu.experts.assign(E, CpuMlp());
+    for (int e = 0; e < E; ++e)
+      read_mlp(p + "experts." + std::to_string(e) + ".", I, &cpu.experts[e]);
+    read_mlp(p + "shared_experts.", SI, &cpu.shared);
+    CudaMoeScratch s;
+    for (const int T : {1, 7, 64, 300}) CheckAgainstCpu(o, layer, gpu, cpu, H, T, 1e-4f, rng, &s);
+    fs::remove_all(dir);
+  }
+  // Block scales need whole 128-row blocks where gate and up (and the experts) are stacked.
+  {
+    const fs::path dir = fs::temp_directory_path() / "llm_gpu_moe_fp8_refused";
+    fs::create_directories(dir);
+    std::vector<TensorToWrite> ts;
+    const int Er = 4, Ir = 64;
+    ts.push_back(gpu_test::F32Tensor(p + "gate.weight", {Er, H},
+                                     std::vector<float>(static_cast<size_t>(Er) * H, 0.f)));
+    for (int e = 0; e < Er; ++e) {
+      const std::string q = p + "experts." + std::to_string(e) + ".";
+      const std::vector<float> w(static_cast<size_t>(Ir) * H, 0.01f);
+      gpu_test::AddFp8Linear(&ts, q + "gate_proj", Fp8Format::kBlock128, Ir, H, w, 0.f);
+      gpu_test::AddFp8Linear(&ts, q + "up_proj", Fp8Format::kBlock128, Ir, H, w, 0.f);
+      gpu_test::AddFp8Linear(&ts, q + "down_proj", Fp8Format::kBlock128, H, Ir, w, 0.f);
+    }
+    REQUIRE(WriteSafetensors((dir / "model.safetensors").string(), ts).ok());
+    auto store = WeightStore::Open(dir.string());
+    REQUIRE(store.ok());
+    WeightQuantization q;
+    REQUIRE(ReadQuantizationConfig(
+                nlohmann::json{
+                    {"quantization_config", gpu_test::Fp8QuantizationConfig(Fp8Format::kBlock128)}},
+                "config.json", &q)
+                .ok());
+    (*store)->set_quantization(q);
+    MoeRouting r = GptOssRouting(Er, 2);
+    r.scoring = MoeRouting::Scoring::kSoftmax;
+    CudaMoeLayer layer(r, H, Ir, 0);
+    Bf16WeightLoader loader(store->get(), o.stream);
+    CudaMoeWeights gpu;
+    const Status st = layer.Load(loader, store->get(), o.ops, WeightQuant::kBf16, p,
+                                 MoeTensorNames{}, &gpu, /*fp8_checkpoint=*/true);
+    INFO(st.message());
+    CHECK(!st.ok());
+    CHECK(st.message().find("experts.0.gate_proj.weight has 64 rows, not whole 128-row blocks") !=
+          std::string::npos);
+    fs::remove_all(dir);
   }
 }
 
