@@ -8,6 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh cpu
+# The real Hugging Face tokenizer files (pinned, checksummed) before any test suite: ctest's own
+# fetch_tokenizers entry orders only the tests that declare it, and the unit tests read them too.
+scripts/fetch_tokenizers.sh
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   # CUDA backend for sm_90a; GPU tests report "skipped" where no GPU is present.
   export PATH="/usr/local/cuda/bin:$PATH"
