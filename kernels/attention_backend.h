@@ -134,6 +134,10 @@ struct AttentionParams {
   // memory space: one more softmax column per head whose value vector is zero, so the weights of
   // the real keys sum to less than one. Null = none. Only backends listing kFeatureSinks get one.
   const float* sink_logits = nullptr;
+  // ALiBi slopes, [num_q_heads] fp32 in the backend's memory space: a query at position p adds
+  // slope[h] * (j - p) to its (scaled, soft-capped) score for cache position j. Null = none. Only
+  // backends listing kFeatureAlibi get them.
+  const float* alibi_slopes = nullptr;
   // Set (rope.qkv non-null) only for backends with supports_fused_rope(): then q, k_new and v_new
   // are unused.
   FusedRope rope;

@@ -29,13 +29,13 @@ std::vector<BackendInfo> KernelCatalog() {
   std::vector<BackendInfo> c;
 
   // ---- CPU: the numerical oracles, and the embedded default.
-  c.push_back(BackendInfo{
-      .name = "cpu_reference",
-      .device = DeviceKind::kCpu,
-      .kind = AttentionKind::kMha,
-      .kv_dtypes = {DType::kF32},
-      .features = kFeatureCausal | kFeatureSlidingWindow | kFeatureSoftCap | kFeatureSinks,
-      .priority = 0});
+  c.push_back(BackendInfo{.name = "cpu_reference",
+                          .device = DeviceKind::kCpu,
+                          .kind = AttentionKind::kMha,
+                          .kv_dtypes = {DType::kF32},
+                          .features = kFeatureCausal | kFeatureSlidingWindow | kFeatureAlibi |
+                                      kFeatureSoftCap | kFeatureSinks,
+                          .priority = 0});
   c.push_back(BackendInfo{.name = "cpu_c8",
                           .device = DeviceKind::kCpu,
                           .kind = AttentionKind::kMha,

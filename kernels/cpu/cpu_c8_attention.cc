@@ -215,8 +215,8 @@ class CpuC8Backend final : public AttentionBackend {
   void Run(const AttentionParams& p) override {
     LLM_CHECK(batch_ != nullptr) << "Run before Plan";
     // Not in this family's catalog row, so selection never gives them to it.
-    LLM_CHECK(p.logit_softcap == 0.0f && p.sink_logits == nullptr)
-        << "cpu_c8 implements neither the logit soft-cap nor sink logits";
+    LLM_CHECK(p.logit_softcap == 0.0f && p.sink_logits == nullptr && p.alibi_slopes == nullptr)
+        << "cpu_c8 implements neither the logit soft-cap, sink logits nor ALiBi";
     const QuantKvCacheView view = MakeQuantKvCacheView(spec_, p.cache);
     CpuAppendKvQuant(view, *batch_, static_cast<const float*>(p.k_new),
                      static_cast<const float*>(p.v_new));

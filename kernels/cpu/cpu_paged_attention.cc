@@ -29,7 +29,8 @@ void CpuAppendKv(const PagedAttentionShape& s, const AttentionBatch& batch, cons
 
 void CpuPagedAttention(const PagedAttentionShape& s, const AttentionBatch& batch, const float* q,
                        const float* k_cache, const float* v_cache, float softmax_scale, float* out,
-                       int window_left, float logit_softcap, const float* sink_logits) {
+                       int window_left, float logit_softcap, const float* sink_logits,
+                       const float* alibi_slopes) {
   const int d = s.head_dim;
   const int group = s.num_q_heads / s.num_kv_heads;
   std::vector<float> scores;
@@ -58,6 +59,7 @@ void CpuPagedAttention(const PagedAttentionShape& s, const AttentionBatch& batch
           for (int i = 0; i < d; ++i) dot += qv[i] * kr[i];
           float score = dot * softmax_scale;
           if (logit_softcap > 0.0f) score = logit_softcap * std::tanh(score / logit_softcap);
+          if (alibi_slopes != nullptr) score += alibi_slopes[h] * static_cast<float>(j - pos);
           scores[j - first] = score;
         }
         const int n = pos + 1 - first;
@@ -94,7 +96,7 @@ class CpuReferenceBackend final : public AttentionBackend {
                 static_cast<const float*>(p.v_new), k_cache, v_cache);
     CpuPagedAttention(shape_, *batch_, static_cast<const float*>(p.q), k_cache, v_cache,
                       p.softmax_scale, static_cast<float*>(p.out), p.window_left, p.logit_softcap,
-                      p.sink_logits);
+                      p.sink_logits, p.alibi_slopes);
   }
 
  private:
@@ -102,7 +104,7 @@ class CpuReferenceBackend final : public AttentionBackend {
   const AttentionBatch* batch_ = nullptr;
 };
 
-// Capabilities (sliding window, soft-cap, sinks) are this family's row in KernelCatalog().
+// Capabilities (sliding window, soft-cap, sinks, ALiBi) are this family's row in KernelCatalog().
 const BackendRegistrar kRegistrar(
     "cpu_reference", [](const AttentionSpec& spec) -> std::unique_ptr<AttentionBackend> {
       return std::make_unique<CpuReferenceBackend>(spec);

@@ -22,12 +22,14 @@ void CpuAppendKv(const PagedAttentionShape& shape, const AttentionBatch& batch, 
 // window; cache positions left of every row's window are never read).
 // Score modifiers (AttentionParams::logit_softcap / sink_logits): scores are scaled, then
 // soft-capped (cap * tanh(s / cap) when logit_softcap > 0); a head with a sink logit gets one more
-// softmax column of that logit and a zero value vector.
-// q, out: [num_tokens, num_q_heads, head_dim]; sink_logits: [num_q_heads] or null
+// softmax column of that logit and a zero value vector; with ALiBi slopes a row at position p adds
+// slope[h] * (j - p) to its score for position j (after the soft-cap, as the FMHA kernel does).
+// q, out: [num_tokens, num_q_heads, head_dim]; sink_logits, alibi_slopes: [num_q_heads] or null
 void CpuPagedAttention(const PagedAttentionShape& shape, const AttentionBatch& batch,
                        const float* q, const float* k_cache, const float* v_cache,
                        float softmax_scale, float* out, int window_left = -1,
-                       float logit_softcap = 0.0f, const float* sink_logits = nullptr);
+                       float logit_softcap = 0.0f, const float* sink_logits = nullptr,
+                       const float* alibi_slopes = nullptr);
 
 // First cache position a query row at position pos attends to.
 inline int WindowStart(int pos, int window_left) {

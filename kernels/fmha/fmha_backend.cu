@@ -162,8 +162,10 @@ class FmhaBackend final : public AttentionBackend {
     p.k = params.cache.k;
     p.v = params.cache.v;
     p.softmax_scale = params.softmax_scale;
-    p.softcap = params.logit_softcap;  // the catalog lists kFeatureSoftCap | kFeatureSinks
+    // The catalog lists kFeatureSoftCap | kFeatureSinks | kFeatureAlibi for this family.
+    p.softcap = params.logit_softcap;
     p.sink_logits = params.sink_logits;
+    p.alibi_slopes = params.alibi_slopes;
     if (params.window_left >= 0) {
       p.mask = FmhaMask{FmhaMaskType::kWindow, params.window_left, 0, 0};
     } else {

@@ -115,10 +115,12 @@ AttnSetup Build(const AttnCase& c) {
 // Naive dense causal attention in double: query row i of sequence s sits at position
 // kv_len - q_len + i and attends to positions [0, that], or to the last window_left + 1 of them.
 // With logit_softcap > 0 each scaled score s becomes cap * tanh(s / cap); with sink logits a
-// head's softmax gets one more column e^sink whose value is zero.
+// head's softmax gets one more column e^sink whose value is zero; with ALiBi slopes the score of
+// position j gets slope[h] * (j - pos) after the soft-cap.
 std::vector<double> Reference(const AttnCase& c, const AttnSetup& s, float scale,
                               int window_left = -1, double logit_softcap = 0.0,
-                              const float* sink_logits = nullptr) {
+                              const float* sink_logits = nullptr,
+                              const float* alibi_slopes = nullptr) {
   const int hq = c.num_q_heads, hkv = c.num_kv_heads, d = c.head_dim;
   const int group = hq / hkv;
   std::vector<double> out(s.q.size());
@@ -144,6 +146,7 @@ std::vector<double> Reference(const AttnCase& c, const AttnSetup& s, float scale
           for (int x = 0; x < d; ++x) dot += static_cast<double>(qv[x]) * kv[x];
           double sc = dot * scale;
           if (logit_softcap > 0.0) sc = logit_softcap * std::tanh(sc / logit_softcap);
+          if (alibi_slopes != nullptr) sc += static_cast<double>(alibi_slopes[h]) * (j - pos);
           scores[static_cast<size_t>(j)] = sc;
           max = std::max(max, sc);
         }
@@ -169,14 +172,16 @@ std::vector<double> Reference(const AttnCase& c, const AttnSetup& s, float scale
 // Returns the kernel output.
 std::vector<float> CheckAgainstReference(const AttnCase& c, int window_left = -1,
                                          float logit_softcap = 0.0f,
-                                         const float* sink_logits = nullptr, float scale = 0.0f) {
+                                         const float* sink_logits = nullptr, float scale = 0.0f,
+                                         const float* alibi_slopes = nullptr) {
   AttnSetup s = Build(c);
   if (scale == 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   CpuAppendKv(s.shape, s.batch, s.k_new.data(), s.v_new.data(), s.k_cache.data(), s.v_cache.data());
   std::vector<float> out(s.q.size(), std::numeric_limits<float>::quiet_NaN());
   CpuPagedAttention(s.shape, s.batch, s.q.data(), s.k_cache.data(), s.v_cache.data(), scale,
-                    out.data(), window_left, logit_softcap, sink_logits);
-  const std::vector<double> ref = Reference(c, s, scale, window_left, logit_softcap, sink_logits);
+                    out.data(), window_left, logit_softcap, sink_logits, alibi_slopes);
+  const std::vector<double> ref =
+      Reference(c, s, scale, window_left, logit_softcap, sink_logits, alibi_slopes);
   double worst = 0.0;
   size_t bad = 0;
   for (size_t i = 0; i < out.size(); ++i) {
@@ -191,7 +196,7 @@ std::vector<float> CheckAgainstReference(const AttnCase& c, int window_left = -1
   INFO("block_size=" << c.block_size << " head_dim=" << c.head_dim << " heads=" << c.num_q_heads
                      << "/" << c.num_kv_heads << " window_left=" << window_left
                      << " softcap=" << logit_softcap << " sinks=" << (sink_logits != nullptr)
-                     << " worst abs error " << worst);
+                     << " alibi=" << (alibi_slopes != nullptr) << " worst abs error " << worst);
   CHECK(bad == 0);
   return out;
 }
@@ -485,6 +490,35 @@ TEST_CASE("CpuPagedAttention soft-cap and sink logits match dense attention", "[
   }
 }
 
+TEST_CASE("CpuPagedAttention ALiBi matches dense attention", "[cpu_attention]") {
+  // Random shapes, windows, soft-caps and sinks with ALiBi slopes as BLOOM / MPT set them
+  // (2^(-8 (h + 1) / H)), scaled up so that the bias is large against the scores.
+  std::mt19937 rng(777);
+  const int head_dims[] = {16, 64, 128, 256};
+  const std::pair<int, int> heads[] = {{4, 2}, {8, 1}, {4, 4}};
+  for (int i = 0; i < 12; ++i) {
+    const int d = head_dims[i % 4];
+    const auto [hq, hkv] = heads[i % 3];
+    const int kv_a = std::uniform_int_distribution<int>(1, 150)(rng);
+    const int kv_b = std::uniform_int_distribution<int>(1, 40)(rng);
+    AttnCase c{i % 2 == 0 ? 16 : 64,
+               d,
+               hq,
+               hkv,
+               {{kv_a, 1}, {kv_b, kv_b}, {kv_a, std::min(kv_a, 9)}},
+               1300u + static_cast<uint32_t>(i)};
+    std::vector<float> slopes(static_cast<size_t>(hq)), sinks(static_cast<size_t>(hq), 0.5f);
+    for (int h = 0; h < hq; ++h) slopes[h] = 4.0f * std::exp2(-8.0f * (h + 1) / hq);
+    const int window_left = i % 3 == 0 ? 20 : -1;
+    const float cap = i % 4 == 1 ? 5.0f : 0.0f;
+    const float* sink_ptr = i % 4 == 2 ? sinks.data() : nullptr;
+    const std::vector<float> with =
+        CheckAgainstReference(c, window_left, cap, sink_ptr, 0.0f, slopes.data());
+    const std::vector<float> without = CheckAgainstReference(c, window_left, cap, sink_ptr);
+    CHECK(with != without);  // the bias took effect
+  }
+}
+
 TEST_CASE("A sink logit far below every score changes nothing and a high one drains the row",
           "[cpu_attention]") {
   AttnCase c{16, 32, 4, 2, {{20, 4}, {3, 1}}, 31};
@@ -560,7 +594,9 @@ TEST_CASE("BackendRegistry reports why nothing fits", "[cpu_attention]") {
     spec.kv_dtype = DType::kI8;
     expect = "int8";
   }
-  SECTION("ALiBi") {
+  SECTION("ALiBi with an 8-bit cache") {
+    spec.kv_dtype = DType::kI8;
+    spec.kv_quant = KvQuant::kStaticPerHead;
     spec.features = kFeatureCausal | kFeatureAlibi;
     expect = "alibi";
   }

@@ -87,7 +87,8 @@ const Row kTable[] = {
     {kCpu, 0, kMla, DType::kF32, kNoQ, kCausal, 576, "cpu_mla", ""},
     {kCpu, 0, kMla, DType::kFp8E4M3, kNoQ, kCausal, 576, "cpu_mla", ""},
     {kCpu, 0, kMha, DType::kBF16, kNoQ, kCausal, 128, "", "bfloat16"},
-    {kCpu, 0, kMha, DType::kF32, kNoQ, kCausal | kFeatureAlibi, 128, "", "alibi"},
+    {kCpu, 0, kMha, DType::kF32, kNoQ, kCausal | kFeatureAlibi, 128, "cpu_reference", ""},
+    {kCpu, 0, kMha, DType::kI8, kHead, kCausal | kFeatureAlibi, 128, "", "alibi"},
     // CUDA: C8 wins plain causal attention; FMHA serves what C8 lacks.
     {kCuda, 90, kMha, DType::kBF16, kNoQ, kCausal, 128, "cuda_c8", ""},
     {kCuda, 80, kMha, DType::kBF16, kNoQ, kCausal, 64, "cuda_c8", ""},
