@@ -13,6 +13,17 @@
 
 namespace llm {
 
+namespace {
+
+// One grouped-GEMM instance serves a GEMM's routed and shared experts: the same dtype, and block
+// scales for both or neither.
+bool SameKernelForm(const CudaLinear& routed, const CudaLinear& shared) {
+  auto blocks = [](const CudaLinear& l) { return l.quant() == WeightQuant::kFp8Block; };
+  return routed.fp8() == shared.fp8() && blocks(routed) == blocks(shared);
+}
+
+}  // namespace
+
 cuda::MoeRouteArgs MoeRouteArgsOf(const MoeRouting& r) {
   cuda::MoeRouteArgs a;
   a.num_experts = r.num_experts;
@@ -137,15 +148,11 @@ Status CudaMoeLayer::Load(Bf16WeightLoader& loader, const WeightStore* weights,
     LLM_RETURN_IF_ERROR(w->shared.Load(loader, ops, quant, p + n.shared + ".", hidden_,
                                        shared_inter_, keep_fp8 ? weights : nullptr));
   }
-  // One kernel instance serves a GEMM's routed and shared experts: the same dtype, and blocks
-  // for both or neither.
   const CudaLinear* pairs[2][2] = {{&w->gate_up, &w->shared.gate_up}, {&w->down, &w->shared.down}};
   for (int i = 0; i < 2; ++i) {
     const CudaLinear& routed = *pairs[i][0];
     const CudaLinear& shared = *pairs[i][1];
-    if (shared_inter_ > 0 &&
-        (routed.fp8() != shared.fp8() || (routed.quant() == WeightQuant::kFp8Block) !=
-                                             (shared.quant() == WeightQuant::kFp8Block))) {
+    if (shared_inter_ > 0 && !SameKernelForm(routed, shared)) {
       return InvalidArgument("CUDA MoE layer, " + p + ": the routed experts' " +
                              (i == 0 ? "gate / up" : "down") + " weights are " +
                              WeightQuantName(routed.quant()) + " and the shared experts' " +
@@ -429,11 +436,8 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
   cudaStream_t stream = ops.stream;
   const int E = r_.num_experts, K = r_.top_k, S = T * K;
   const bool shared = w.shared.inter > 0;
-  auto blocks = [](const CudaLinear& l) { return l.quant() == WeightQuant::kFp8Block; };
-  if (shared &&
-      (w.shared.inter != shared_inter_ || w.shared.gate_up.fp8() != w.gate_up.fp8() ||
-       w.shared.down.fp8() != w.down.fp8() || blocks(w.shared.gate_up) != blocks(w.gate_up) ||
-       blocks(w.shared.down) != blocks(w.down))) {
+  if (shared && (w.shared.inter != shared_inter_ || !SameKernelForm(w.gate_up, w.shared.gate_up) ||
+                 !SameKernelForm(w.down, w.shared.down))) {
     return Internal("CUDA MoE layer: shared experts of another size or dtype than the layer's");
   }
   const int dense_rows = shared ? T : 0;  // the shared experts: a dense group of every token

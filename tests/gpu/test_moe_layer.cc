@@ -525,11 +525,15 @@ TEST_CASE("MoE layer keeps a checkpoint's fp8 experts and matches CpuMoe on them
                 .Load(loader, &ws, o.ops, WeightQuant::kBf16, p, names, &gpu,
                       /*fp8_checkpoint=*/true)
                 .ok());
+    // Stacking tensors of their own scales gives per-row scales; the shared experts' down
+    // projection is one tensor, so a per-tensor checkpoint (ModelOpt) keeps its one scale.
     const WeightQuant want =
         f == Fp8Format::kBlock128 ? WeightQuant::kFp8Block : WeightQuant::kFp8PerChannel;
-    for (const CudaLinear* l : {&gpu.gate_up, &gpu.down, &gpu.shared.gate_up, &gpu.shared.down}) {
+    for (const CudaLinear* l : {&gpu.gate_up, &gpu.down, &gpu.shared.gate_up}) {
       CHECK(l->quant() == want);
     }
+    CHECK(gpu.shared.down.quant() ==
+          (f == Fp8Format::kModelOpt ? WeightQuant::kFp8PerTensor : want));
     // The e4m3 bytes themselves: one byte per weight, no bf16 matrix.
     CHECK(gpu.gate_up.weight_bytes() == static_cast<size_t>(E) * 2 * I * H);
     CHECK(gpu.down.weight_bytes() == static_cast<size_t>(E) * H * I);
