@@ -125,8 +125,8 @@ def test_gpt_oss_mxfp4_experts_load_as_their_dequantized_values(tmp_path):
     transformers' layout, quantization_config mxfp4) gives exactly the logits of the same model
     whose experts hold the dequantized fp32 values (mxfp4.dequantize follows transformers'
     convert routine): the MXFP4 load path adds nothing to what the fp32 path computes, which the
-    test above checks against transformers. A fixture with transformers' own reference over MXFP4
-    experts needs the GPU machine (tools/hf_fixtures/make_fixtures.py --only gpt_oss_mxfp4)."""
+    test above checks against transformers. The gpt_oss_mxfp4 fixture checks an MXFP4 checkpoint
+    against transformers itself (made on the GPU machine: make_fixtures.py --only gpt_oss_mxfp4)."""
     fixture = os.path.join(FIXTURES, "gpt_oss")
     ref = load_ref("gpt_oss")
     with open(os.path.join(fixture, "weights.json")) as f:
