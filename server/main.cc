@@ -38,11 +38,17 @@ std::string StartupTable(const llm::ServerConfig& sc, const llm::EngineCore& cor
                          : mo.kv_cache_dtype == "fp8_e4m3_dynamic"
                              ? mo.kv_cache_dtype
                              : mo.kv_cache_dtype + " " + mo.kv_scale_granularity;
+  // What the weights are: the checkpoint's dtype (or random ones of it) and what the device holds
+  // when --weight-dtype asks for something else.
+  std::string weights = std::string(llm::DTypeName(mc.dtype)) +
+                        (mo.dummy_weights ? " (dummy: random)" : " on disk") + ", device " +
+                        mo.device;
+  if (mo.weight_dtype != "auto") weights += ", --weight-dtype " + mo.weight_dtype;
   char buf[2048];
   std::snprintf(buf, sizeof(buf),
                 "\n  | model              | %s (%s)\n"
                 "  | layers/hidden      | %d / %d, heads %d q / %d kv, head_dim %d, vocab %d\n"
-                "  | weights dtype      | %s on disk, device %s\n"
+                "  | weights dtype      | %s\n"
                 "  | attention backend  | %s\n"
                 "  | KV cache           | %s, %d blocks x %d tokens = %d tokens, %.1f MiB\n"
                 "  | context / max_tokens | %d / %d\n"
@@ -50,9 +56,9 @@ std::string StartupTable(const llm::ServerConfig& sc, const llm::EngineCore& cor
                 "  | sampling defaults  | %s\n"
                 "  | listen             | %s",
                 mc.name.c_str(), mc.architecture_name.c_str(), mc.num_layers, mc.hidden_size,
-                mc.num_q_heads, mc.num_kv_heads, mc.head_dim, mc.vocab_size,
-                llm::DTypeName(mc.dtype), mo.device.c_str(), m.attention_backend_name().c_str(),
-                kv.c_str(), core.num_blocks(), mo.block_size, core.num_blocks() * mo.block_size,
+                mc.num_q_heads, mc.num_kv_heads, mc.head_dim, mc.vocab_size, weights.c_str(),
+                m.attention_backend_name().c_str(), kv.c_str(), core.num_blocks(), mo.block_size,
+                core.num_blocks() * mo.block_size,
                 static_cast<double>(m.kv_bytes_per_block()) * core.num_blocks() / (1 << 20),
                 core.max_model_len(), sc.engine.max_tokens_limit, sc.engine.scheduler.max_num_seqs,
                 sc.engine.scheduler.max_batched_tokens, mc.generation.Describe().c_str(),
