@@ -21,7 +21,11 @@ namespace llm::cuda {
 namespace {
 
 constexpr int kThreads = 128;  // 4 warps, each 16 weight rows (two n8 blocks)
-constexpr int kStages = 4;
+// cp.async pipeline stages: an fp8 stage carries half a bf16 stage's weight bytes, so fp8 keeps
+// twice as many ahead (the same bytes in flight; 7 x 6.4 KB fits the 48 KB of static shared
+// memory).
+template <bool kFp8>
+constexpr int kStagesOf = kFp8 ? 7 : 4;
 constexpr int kBM = kMoeTileRows;   // 16
 constexpr int kBN = kMoeGemmN;      // 64 weight rows
 constexpr int kBK = kMoeGemmK;      // 64
@@ -35,6 +39,7 @@ constexpr int kFp8ARow = kRowBytes + 16;
 
 template <bool kFp8>
 struct Smem {
+  static constexpr int kStages = kStagesOf<kFp8>;
   static constexpr int kA = kBM * (kFp8 ? kFp8ARow : kRowBytes);
   static constexpr int kB = kFp8 ? kBN * kFp8Row : kBN * kRowBytes;
   alignas(128) uint8_t a[kStages][kA];
@@ -57,6 +62,7 @@ __device__ __forceinline__ int Swz(int row, int chunk) {
 template <bool kFp8, bool kSiluMul, bool kBlock>
 __global__ void __launch_bounds__(kThreads) MoeGemmKernel(const MoeGemmArgs a) {
   static_assert(kFp8 || !kBlock, "block scales are fp8 only");
+  constexpr int kStages = kStagesOf<kFp8>;
   ptx::GridDependencySync();  // launched with LaunchPdl
   const int tile = blockIdx.y;
   if (tile >= *a.num_tiles) return;
