@@ -2,10 +2,10 @@
 // (M tile of one expert, 64 weight rows), the tile list read from device memory (empty grid slots
 // exit at once), so no size crosses to the host. Decode is weight-streaming: a 16-row M tile is
 // all a batch-1..128 expert needs, every CTA streams its own 64-row weight slice through a
-// 4-stage cp.async pipeline, and the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate)
-// have little to do. fp8 e4m3 weights are widened to bf16 in registers (exact); their scales are
-// applied in fp32, per expert or per weight row in the epilogue, per 128x128 block to each
-// 128-wide k slice's partial sums (every warp's 8-row n blocks lie inside one scale block).
+// cp.async pipeline (4 stages, fp8 7), and the tensor cores (mma.sync m16n8k16, bf16 in, fp32
+// accumulate) have little to do. fp8 e4m3 weights are widened to bf16 in registers (exact); their
+// scales are applied in fp32, per expert or per weight row in the epilogue, per 128x128 block to
+// each 128-wide k slice's partial sums (every warp's 8-row n blocks lie inside one scale block).
 // Portable across sm_80+ (no wgmma / TMA).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
