@@ -17,8 +17,8 @@
 #include "engine/models/model.h"
 #include "engine/request.h"
 #include "engine/stop_matcher.h"
-#include "engine/tokenizer/tokenizer.h"
 #include "scheduler/scheduler.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace llm {
 

@@ -8,8 +8,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "engine/base/dtype.h"
-#include "engine/base/status.h"
+#include "base/dtype.h"
+#include "base/status.h"
 #include "engine/sampling_params.h"
 
 namespace llm {

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "engine/sampler.h"
 #include "engine/sampling_params.h"
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/base/dtype.h"
-#include "engine/base/status.h"
+#include "base/dtype.h"
+#include "base/status.h"
 #include "engine/model_config.h"
 
 namespace llm {

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/base/dtype.h"
-#include "engine/base/status.h"
+#include "base/dtype.h"
+#include "base/status.h"
 
 namespace llm {
 
@@ -19,7 +19,7 @@ const char* DeviceKindName(DeviceKind d);
 const char* AttentionKindName(AttentionKind k);
 
 // How an 8-bit KV cache (kv_dtype kI8 or kFp8E4M3) is scaled; kNone for fp32/fp16/bf16 caches.
-// The element formats are defined in engine/base/quant.h and the layouts in docs/ARCHITECTURE.md
+// The element formats are defined in base/quant.h and the layouts in docs/ARCHITECTURE.md
 // ("KV cache storage"). Per-tensor scales are deliberately not offered.
 enum class KvQuant {
   kNone,
@@ -187,7 +187,7 @@ class AttentionBackend {
 // The cache holds one latent row per token and no heads: [num_blocks, block_size, L] with
 // L = kv_lora_rank + rope_dim (AttentionSpec::head_dim), the RMS-normalized c_kv followed by the
 // roped k_pe, in the backend's kv dtype (fp32, or fp8 e4m3 bytes dequantized as
-// Fp8E4M3ToFloat(byte) * cache_scale, engine/base/quant.h). All query heads share that latent.
+// Fp8E4M3ToFloat(byte) * cache_scale, base/quant.h). All query heads share that latent.
 //
 // "Decode" sequences are those with 1..kMlaMaxDecodeQueryLen query rows this step. For them the
 // backend attends in the absorbed form: with W_UK folded into the query,

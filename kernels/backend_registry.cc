@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "engine/base/check.h"
+#include "base/check.h"
 
 namespace llm {
 

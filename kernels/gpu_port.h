@@ -164,7 +164,7 @@ inline constexpr bool kHasAsyncCopy = true;  // cp.async: double-buffered KV pip
 // ---------------------------------------------------------------------------------------------
 // fp8
 
-// Two floats -> e4m3fn bytes (engine/base/quant.h: round to nearest even, saturating at +-448,
+// Two floats -> e4m3fn bytes (base/quant.h: round to nearest even, saturating at +-448,
 // NaN -> 0x7f), lo in the low byte: an fp8 GEMM's input. HIP (ROCm 5.2) has no fp8 conversion
 // instructions, so it rounds in software.
 #if LLM_GPU_HIP

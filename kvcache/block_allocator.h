@@ -10,7 +10,7 @@
 #include <functional>
 #include <vector>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 
 namespace llm {
 

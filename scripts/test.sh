@@ -39,6 +39,8 @@ else
   echo "test.sh: LLM_SKIP_DOCKER_IMAGE=1: CPU image NOT built or checked"
 fi
 scripts/check_format.sh
+# No include runs up a layer (base < kernels, kvcache, text < scheduler < engine < server).
+/usr/bin/python3 scripts/check_layers.py
 if [ "${LLM_SKIP_ASAN:-0}" != "1" ]; then
   cmake --preset asan >/dev/null
   cmake --build --preset asan -j "$(nproc)"

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 
 namespace llm {
 

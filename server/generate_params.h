@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "engine/engine_core.h"
 #include "engine/request.h"
 #include "server/server_config.h"

@@ -5,7 +5,7 @@
 #include <string>
 #include <thread>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 
 namespace httplib {
 class Server;

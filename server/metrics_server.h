@@ -5,7 +5,7 @@
 #include <string>
 #include <thread>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "engine/metrics.h"
 
 namespace httplib {

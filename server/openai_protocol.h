@@ -7,10 +7,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "engine/request.h"
-#include "engine/tokenizer/tokenizer.h"
 #include "server/generate_params.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace llm {
 

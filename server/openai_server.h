@@ -12,7 +12,7 @@
 #include <string>
 #include <thread>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "server/api_keys.h"
 #include "server/chat_renderer.h"
 #include "server/request_gateway.h"

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "engine/engine_config.h"
 #include "server/front_end_options.h"
 #include "server/server_option.h"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 
 namespace llm {
 

@@ -1,13 +1,13 @@
-// The ChatRenderer of a model's Jinja chat template (engine/chat/chat_template.h), with the
+// The ChatRenderer of a model's Jinja chat template (text/chat/chat_template.h), with the
 // special tokens transformers passes (bos_token, eos_token) taken from the model's tokenizer.
 #pragma once
 
 #include <memory>
 #include <string>
 
-#include "engine/chat/chat_template.h"
 #include "engine/engine_core.h"
 #include "server/chat_renderer.h"
+#include "text/chat/chat_template.h"
 
 namespace llm {
 

@@ -11,7 +11,7 @@
 #include <sstream>
 #include <string>
 
-#include "engine/chat/chat_template.h"
+#include "text/chat/chat_template.h"
 
 int main(int argc, char** argv) {
   std::string template_path, input_path;

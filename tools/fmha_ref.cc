@@ -31,7 +31,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "kernels/cpu/cpu_fmha.h"
 
 namespace {

@@ -12,9 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "engine/models/model.h"
-#include "engine/tokenizer/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace llm::tools {
 

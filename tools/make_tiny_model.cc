@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/safetensors.h"
-#include "engine/tokenizer/bpe_trainer.h"
+#include "text/tokenizer/bpe_trainer.h"
 
 namespace {
 

@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 
 namespace llm {
 

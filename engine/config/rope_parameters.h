@@ -13,7 +13,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 
 namespace llm {
 

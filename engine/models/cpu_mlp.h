@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "engine/safetensors.h"
 
 namespace llm {

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "engine/base/mxfp4.h"
+#include "base/mxfp4.h"
 #include "engine/models/cpu_ops.h"
 
 namespace llm {

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "engine/models/cpu_mlp.h"
 #include "engine/models/model.h"
 #include "engine/models/moe_router.h"

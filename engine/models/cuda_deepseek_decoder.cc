@@ -7,7 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 #include "engine/models/cuda_gated_mlp.h"
 #include "engine/models/cuda_moe_layer.h"
 #include "kernels/cpu/cpu_mla_attention.h"

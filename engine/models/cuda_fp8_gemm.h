@@ -18,7 +18,7 @@
 #include <map>
 #include <tuple>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 
 namespace llm {
 

@@ -6,8 +6,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include "engine/base/dtype.h"
-#include "engine/base/quant.h"
+#include "base/dtype.h"
+#include "base/quant.h"
 #include "engine/models/cuda_moe_layer.h"
 #include "engine/models/decoder_spec.h"
 #include "engine/models/kv_cache_quant.h"

@@ -5,7 +5,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 #include "engine/models/cuda_fp8_gemm.h"
 #include "engine/models/cuda_weights.h"
 #include "kernels/cuda/cuda_check.h"

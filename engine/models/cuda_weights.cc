@@ -1,6 +1,6 @@
 #include "engine/models/cuda_weights.h"
 
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 #include "kernels/cuda/llama_ops.h"
 
 namespace llm {

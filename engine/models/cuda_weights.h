@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "engine/safetensors.h"
 #include "kernels/cuda/cuda_check.h"
 

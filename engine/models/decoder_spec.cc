@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 #include "engine/models/rope.h"
 
 namespace llm {

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "engine/model_config.h"
 #include "engine/models/cpu_mlp.h"
 #include "engine/models/cpu_moe.h"

@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/base/dtype.h"
-#include "engine/base/status.h"
+#include "base/dtype.h"
+#include "base/status.h"
 #include "engine/model_config.h"
 #include "engine/models/moe_router.h"
 

@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/base/quant.h"
+#include "base/quant.h"
 
 namespace llm {
 namespace {

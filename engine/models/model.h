@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "engine/model_config.h"
 #include "kernels/attention_backend.h"
 #include "kernels/cuda/sampling.h"

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <vector>
 
-#include "engine/base/check.h"
-#include "engine/base/quant.h"
+#include "base/check.h"
+#include "base/quant.h"
 #include "kernels/backend_registry.h"
 
 namespace llm {

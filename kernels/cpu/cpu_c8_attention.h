@@ -3,12 +3,12 @@
 // kernels: the append must produce bit-identical cache bytes and scales, and the attention is the
 // fp32 reference (CpuPagedAttention) run on the dequantized values, with the same operation order.
 //
-// Element formats: engine/base/quant.h. Layouts: docs/ARCHITECTURE.md, "KV cache storage".
+// Element formats: base/quant.h. Layouts: docs/ARCHITECTURE.md, "KV cache storage".
 #pragma once
 
 #include <cstdint>
 
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 #include "kernels/attention_backend.h"
 #include "kernels/cpu/cpu_paged_attention.h"
 
@@ -32,7 +32,7 @@ QuantKvCacheView MakeQuantKvCacheView(const AttentionSpec& spec, const KvCacheLa
 
 // The largest quantized magnitude of a dtype: 127 (int8) or 448 (fp8 e4m3fn).
 float KvQuantMax(DType dtype);
-// One element, exactly as stored: QuantizeInt8 / QuantizeFp8 of engine/base/quant.h (the int8
+// One element, exactly as stored: QuantizeInt8 / QuantizeFp8 of base/quant.h (the int8
 // result is returned as its two's-complement byte).
 uint8_t QuantizeKvElement(DType dtype, float x, float scale);
 float DequantizeKvElement(DType dtype, uint8_t q, float scale);

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/base/check.h"
-#include "engine/base/dtype.h"
+#include "base/check.h"
+#include "base/dtype.h"
 #include "kernels/cpu/cpu_attention_math.h"
 
 namespace llm {

@@ -6,14 +6,14 @@
 // (block, offset) holds token `block * block_size + offset`'s RMS-normalized c_kv (first
 // kv_lora_rank values) and roped k_pe (last rope_dim values). Element type fp32, or fp8 e4m3
 // bytes with one per-layer dequant scale: x = Fp8E4M3ToFloat(byte) * cache_scale, written with
-// QuantizeFp8(x, cache_scale) (engine/base/quant.h, round to nearest even, saturating at 448).
+// QuantizeFp8(x, cache_scale) (base/quant.h, round to nearest even, saturating at 448).
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <vector>
 
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 #include "kernels/attention_backend.h"
 
 namespace llm {

@@ -1,5 +1,5 @@
 // Storing one token's K or V head row into a C8 cache (internal): the quantization that
-// engine/base/quant.h defines, shared by the append kernel (c8_append.cu) and the decode tiles
+// base/quant.h defines, shared by the append kernel (c8_append.cu) and the decode tiles
 // that append their sequence's new token themselves (c8_tile_kernel.cuh), so both store the same
 // bytes and dynamic scales.
 #pragma once
@@ -15,7 +15,7 @@
 
 namespace llm::cuda::detail {
 
-// Quantization exactly as engine/base/quant.h defines it.
+// Quantization exactly as base/quant.h defines it.
 __device__ __forceinline__ int8_t QuantInt8(float x, float scale) {
   float q = rintf(x / scale);
   if (q != q) q = 0.f;
@@ -83,7 +83,7 @@ __device__ __forceinline__ void AppendRowPart(float (&x1)[4], float (&x2)[4], bo
   const float* scale = dst.scale;
   float s_row = 1.f;
   if (scale_mode == static_cast<int>(ScaleMode::kPerToken)) {
-    s_row = amax / qmax;  // engine/base/quant.h DynamicScale
+    s_row = amax / qmax;  // base/quant.h DynamicScale
     if (!(s_row > 0.f && isfinite(s_row))) s_row = 1.f;
     if (i == 0 && cache_type != static_cast<int>(CacheType::kBf16))
       dst.scale[dst.cache_row] = s_row;

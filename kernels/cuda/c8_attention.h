@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "kernels/attention_backend.h"
 #include "kernels/cuda/device_info.h"
 #include "kernels/cuda/pinned_staging.h"

@@ -23,7 +23,7 @@ __device__ __forceinline__ float Decode8(uint32_t b) {
 }
 
 // Grid (ceil(max_kv / kDequantTokens), sequences); each thread turns 16 bytes of one token's K or
-// V head row into 16 bf16 values, x = q * scale (engine/base/quant.h), rounded to nearest.
+// V head row into 16 bf16 values, x = q * scale (base/quant.h), rounded to nearest.
 template <int D, bool kFp8>
 __global__ void __launch_bounds__(256) DequantKvKernel(const DequantArgs a) {
   constexpr int kChunks = D / 16;

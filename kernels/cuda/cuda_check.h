@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <string>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 
 #define GPU_RETURN_IF_ERROR(expr)                                                 \
   do {                                                                            \

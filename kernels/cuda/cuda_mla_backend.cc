@@ -13,7 +13,7 @@
 
 #include <memory>
 
-#include "engine/base/check.h"
+#include "base/check.h"
 #include "kernels/backend_registry.h"
 #include "kernels/cuda/c8_attention.h"
 #include "kernels/cuda/cuda_c8_backend.h"

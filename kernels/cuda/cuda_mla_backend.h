@@ -3,7 +3,7 @@
 // this interface (dynamic_cast) after creating it. Plain C++ header.
 #pragma once
 
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "kernels/cuda/mla_decode.h"
 
 namespace llm::cuda {

@@ -2,7 +2,7 @@
 // activations an fp8 GEMM reads. Plain C++ launcher header: device pointers, `stream` is a
 // cudaStream_t.
 //
-// Definition (engine/base/quant.h): scale = max(amax / 448, tiny), q = e4m3(x / scale) with
+// Definition (base/quant.h): scale = max(amax / 448, tiny), q = e4m3(x / scale) with
 // round-to-nearest-even and saturation to +-448; x ~ q * scale.
 #pragma once
 

@@ -10,13 +10,13 @@
 
 namespace llm::cuda::detail {
 
-// engine/base/quant.h DynamicScale(amax, 448): never zero, never infinite.
+// base/quant.h DynamicScale(amax, 448): never zero, never infinite.
 __device__ __forceinline__ float Fp8Scale(float amax) {
   const float s = amax / 448.0f;
   return (s > 0.0f && isfinite(s)) ? s : 1.0f;
 }
 
-// engine/base/quant.h QuantizeFp8(v, s): e4m3(v / s), nearest-even, saturating to +-448.
+// base/quant.h QuantizeFp8(v, s): e4m3(v / s), nearest-even, saturating to +-448.
 __device__ __forceinline__ uint32_t ToFp8(float v, float s) {
   return __nv_cvt_float_to_fp8(v / s, __NV_SATFINITE, __NV_E4M3);
 }

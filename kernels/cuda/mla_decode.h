@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "kernels/attention_backend.h"
 #include "kernels/cuda/pinned_staging.h"
 

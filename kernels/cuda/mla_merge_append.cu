@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kMergeThreads) MergeKernel(const MergeArgs a) 
 constexpr int kAppendChunks = kMlaCacheDim / 8;  // 8 elements (16 bf16 bytes) per thread
 
 // One CTA per token: copies (bf16) or quantizes (fp8) its 576-wide latent into its cache slot.
-// fp8 bytes are engine/base/quant.h's QuantizeFp8: e4m3(x / scale) from the one correctly rounded
+// fp8 bytes are base/quant.h's QuantizeFp8: e4m3(x / scale) from the one correctly rounded
 // fp32 quotient, round to nearest even, saturating to +-448, NaN -> 0x7f (cvt.rn.satfinite).
 template <bool kFp8>
 __global__ void AppendKernel(const AppendArgs a) {

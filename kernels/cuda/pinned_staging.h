@@ -7,7 +7,7 @@
 
 #include <cstddef>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 
 namespace llm::cuda {
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/base/check.h"
+#include "base/check.h"
 #include "kernels/backend_registry.h"
 #include "kernels/fmha/fmha_launcher.h"
 #include "kernels/gpu_port.h"

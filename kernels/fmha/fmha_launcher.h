@@ -18,7 +18,7 @@
 
 #include <cstddef>
 
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "kernels/fmha/fmha_params.h"
 
 namespace llm {

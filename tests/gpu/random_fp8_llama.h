@@ -17,8 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/base/dtype.h"
-#include "engine/base/quant.h"
+#include "base/dtype.h"
+#include "base/quant.h"
 #include "engine/safetensors.h"
 #include "tests/gpu/random_llama.h"
 

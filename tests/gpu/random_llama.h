@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 #include "engine/safetensors.h"
 
 namespace llm::gpu_test {

@@ -3,7 +3,7 @@
 // ratios 1/4/8, head dims 64/128, block sizes 16/64, bf16/int8/fp8 caches with per-head,
 // per-channel and per-token scales, with and without split-KV.
 //
-// The append is checked bit for bit against engine/base/quant.h; attention is checked against
+// The append is checked bit for bit against base/quant.h; attention is checked against
 // CpuPagedAttention run on the dequantized cache (the C8 reference semantics).
 #include <catch2/catch.hpp>
 
@@ -15,8 +15,8 @@
 #include <random>
 #include <string>
 
-#include "engine/base/dtype.h"
-#include "engine/base/quant.h"
+#include "base/dtype.h"
+#include "base/quant.h"
 #include "kernels/cpu/cpu_paged_attention.h"
 #include "kernels/cuda/c8_attention.h"
 #include "kernels/fmha/fmha_launcher.h"

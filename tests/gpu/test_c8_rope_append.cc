@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 #include "kernels/cuda/c8_attention.h"
 #include "kernels/cuda/llama_ops.h"
 #include "tests/gpu/gpu_test_util.h"

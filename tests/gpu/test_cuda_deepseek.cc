@@ -31,7 +31,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 #include "engine/engine_core.h"
 #include "engine/safetensors.h"
 #include "kernels/cuda/mla_decode.h"
@@ -470,7 +470,7 @@ TEST_CASE("GPU DeepSeek matches the CPU model over 64 greedy steps (bf16 latent 
 }
 
 TEST_CASE("GPU DeepSeek fp8 latent cache tracks the CPU fp8 run", "[gpu][deepseek]") {
-  // Same fp8 storage definition on both sides (engine/base/quant.h, scale 1.0 from config), so
+  // Same fp8 storage definition on both sides (base/quant.h, scale 1.0 from config), so
   // the runs track each other; 8-bit rounding of bf16-vs-fp32 differences makes near-ties come
   // sooner, so the bounds are looser: the first divergence at a CPU gap under 2e-2 (or a router
   // near-tie, as for bf16), and every later step checked on the GPU's own context with the same

@@ -18,7 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 #include "engine/engine_core.h"
 #include "engine/models/model.h"
 #include "engine/safetensors.h"
@@ -206,7 +206,7 @@ TEST_CASE("GPU FMHA backend serves sliding windows and plain GQA like the CPU ba
 }
 
 TEST_CASE("GPU 8-bit caches match the CPU C8 reference over 64 greedy steps", "[gpu][model]") {
-  // Same storage definition on both sides (engine/base/quant.h), so the GPU 8-bit run tracks the
+  // Same storage definition on both sides (base/quant.h), so the GPU 8-bit run tracks the
   // CPU 8-bit run; accuracy against fp32 is docs/KV_QUANT_ACCURACY.md's subject.
   const std::string dir = WriteRandomModel("llama8", false);
   for (const char* kv : {"fp8_e4m3_dynamic"}) {

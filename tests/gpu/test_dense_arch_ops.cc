@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 #include "kernels/cuda/llama_ops.h"
 #include "tests/gpu/gpu_test_util.h"
 

@@ -36,8 +36,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/base/dtype.h"
-#include "engine/base/quant.h"
+#include "base/dtype.h"
+#include "base/quant.h"
 #include "kernels/cpu/cpu_fmha.h"
 #include "kernels/fmha/fmha_launcher.h"
 

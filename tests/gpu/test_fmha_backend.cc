@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 #include "kernels/attention_backend.h"
 #include "kernels/backend_registry.h"
 #include "kernels/cpu/cpu_paged_attention.h"

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/base/dtype.h"
-#include "engine/base/quant.h"
+#include "base/dtype.h"
+#include "base/quant.h"
 #include "engine/models/cuda_fp8_gemm.h"
 #include "engine/models/cuda_linear.h"
 #include "engine/safetensors.h"

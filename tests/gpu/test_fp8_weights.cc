@@ -1,5 +1,5 @@
 // fp8 (e4m3) projection weights on the GPU: the per-tensor (weights) and per-row (activations)
-// quantization kernels bit for bit against engine/base/quant.h, the cuBLASLt fp8 GEMM against a
+// quantization kernels bit for bit against base/quant.h, the cuBLASLt fp8 GEMM against a
 // host product of the same quantized operands, and a whole Llama with fp8 weights against the same
 // model with bf16 weights.
 #include <catch2/catch.hpp>
@@ -16,8 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/base/dtype.h"
-#include "engine/base/quant.h"
+#include "base/dtype.h"
+#include "base/quant.h"
 #include "engine/models/cuda_fp8_gemm.h"
 #include "kernels/cuda/fp8_quant.h"
 #include "tests/gpu/engine_generate.h"

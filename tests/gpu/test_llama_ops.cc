@@ -11,8 +11,8 @@
 #include <random>
 #include <vector>
 
-#include "engine/base/dtype.h"
-#include "engine/base/quant.h"
+#include "base/dtype.h"
+#include "base/quant.h"
 #include "kernels/cuda/llama_ops.h"
 #include "tests/gpu/gpu_test_util.h"
 

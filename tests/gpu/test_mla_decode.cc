@@ -29,8 +29,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/base/dtype.h"
-#include "engine/base/quant.h"
+#include "base/dtype.h"
+#include "base/quant.h"
 #include "kernels/backend_registry.h"
 #include "kernels/cpu/cpu_mla_attention.h"
 #include "kernels/cuda/c8_attention.h"

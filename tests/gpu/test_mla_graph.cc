@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/base/dtype.h"
-#include "engine/base/quant.h"
+#include "base/dtype.h"
+#include "base/quant.h"
 #include "kernels/cuda/mla_decode.h"
 #include "tests/gpu/gpu_test_util.h"
 

@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/base/dtype.h"
-#include "engine/base/quant.h"
+#include "base/dtype.h"
+#include "base/quant.h"
 #include "engine/model_config.h"
 #include "engine/models/cpu_moe.h"
 #include "engine/models/cuda_fp8_gemm.h"

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <functional>
 
-#include "engine/base/quant.h"
+#include "base/quant.h"
 #include "engine/models/model.h"
 #include "tests/gpu/engine_generate.h"
 #include "tests/unit/tiny_checkpoint.h"

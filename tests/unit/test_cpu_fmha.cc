@@ -15,7 +15,7 @@
 #include <tuple>
 #include <vector>
 
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 #include "kernels/cpu/cpu_fmha.h"
 
 namespace llm {

@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 
 namespace llm {
 namespace {

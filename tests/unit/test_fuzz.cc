@@ -7,9 +7,9 @@
 #include <random>
 
 #include "engine/engine_core.h"
-#include "engine/tokenizer/bpe_trainer.h"
-#include "engine/tokenizer/tokenizer.h"
 #include "server/generation_service.h"
+#include "text/tokenizer/bpe_trainer.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace llm {
 namespace {

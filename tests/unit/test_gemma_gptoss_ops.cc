@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/base/mxfp4.h"
+#include "base/mxfp4.h"
 #include "engine/models/cpu_ops.h"
 
 namespace llm {

@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
-#include "engine/chat/chat_template.h"
-#include "engine/jinja/template.h"
+#include "text/chat/chat_template.h"
+#include "text/jinja/template.h"
 
 namespace llm {
 namespace {

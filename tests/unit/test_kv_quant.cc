@@ -1,4 +1,4 @@
-// Tests for the 8-bit KV cache: the element formats of engine/base/quant.h (round trips, ties to
+// Tests for the 8-bit KV cache: the element formats of base/quant.h (round trips, ties to
 // even, saturation, NaN), the CPU C8 append + attention against the fp32 reference run on the
 // dequantized cache, the bytes and scales the append writes, backend selection, the KV cache
 // config strings, and loading scales from checkpoints and calibration files.
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/base/quant.h"
+#include "base/quant.h"
 #include "engine/models/kv_cache_quant.h"
 #include "engine/safetensors.h"
 #include "kernels/backend_registry.h"

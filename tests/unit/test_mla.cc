@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/base/quant.h"
+#include "base/quant.h"
 #include "kernels/backend_registry.h"
 #include "kernels/cpu/cpu_mla_attention.h"
 

@@ -12,9 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/tokenizer/bpe_trainer.h"
-#include "engine/tokenizer/byte_level.h"
-#include "engine/tokenizer/tokenizer.h"
+#include "text/tokenizer/bpe_trainer.h"
+#include "text/tokenizer/byte_level.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace llm {
 namespace {

@@ -17,7 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/tokenizer/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace llm {
 namespace {

@@ -8,8 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/tokenizer/normalizer.h"
-#include "engine/tokenizer/tokenizer.h"
+#include "text/tokenizer/normalizer.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace llm {
 namespace {
