@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "bench/int_list.h"
-#include "kernels/cuda/c8_attention.h"
+#include "kernels/cuda/c8/c8_attention.h"
 
 namespace {
 

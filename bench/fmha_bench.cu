@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/c8_attention.h"
+#include "kernels/cuda/c8/c8_attention.h"
 #include "kernels/fmha/fmha_launcher.h"
 
 namespace {

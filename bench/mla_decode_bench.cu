@@ -40,8 +40,8 @@
 
 #include "bench/gpu_energy.h"
 
-#include "kernels/cuda/c8_attention.h"
-#include "kernels/cuda/mla_decode.h"
+#include "kernels/cuda/c8/c8_attention.h"
+#include "kernels/cuda/mla/mla_decode.h"
 
 using llm::AttentionBatch;
 using llm::cuda::MlaCacheType;

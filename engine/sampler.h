@@ -2,8 +2,8 @@
 // Each request owns its random stream, so the same seed and prompt give the same tokens whatever
 // else is in the batch, and whether the host or the device samples.
 //
-// The definition, shared by the CPU sampler here and the device kernel (kernels/cuda/sampling.h
-// holds the arithmetic both use):
+// The definition, shared by the CPU sampler here and the device kernel
+// (kernels/cuda/sampling/sampling.h holds the arithmetic both use):
 //  1. Penalties, on the logits l: for every token in prompt + generated, l /= r if l > 0 else
 //     l *= r (repetition r); then for every generated token, l -= presence + frequency * count.
 //  2. temperature 0: the token is argmax l (lowest id on ties); nothing is drawn.
@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "engine/sampling_params.h"
-#include "kernels/cuda/sampling.h"
+#include "kernels/cuda/sampling/sampling.h"
 
 namespace llm {
 

@@ -11,11 +11,11 @@
 #include "engine/models/cuda_gated_mlp.h"
 #include "engine/models/cuda_moe_layer.h"
 #include "kernels/cpu/cpu_mla_attention.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/cuda_mla_backend.h"
-#include "kernels/cuda/deepseek_ops.h"
-#include "kernels/cuda/llama_ops.h"
-#include "kernels/cuda/pinned_staging.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/pinned_staging.h"
+#include "kernels/cuda/mla/cuda_mla_backend.h"
+#include "kernels/cuda/ops/deepseek_ops.h"
+#include "kernels/cuda/ops/elementwise_ops.h"
 
 namespace llm {
 namespace {

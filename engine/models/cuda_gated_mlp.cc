@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "kernels/cuda/llama_ops.h"
+#include "kernels/cuda/ops/elementwise_ops.h"
 
 namespace llm {
 

@@ -15,7 +15,7 @@
 
 #include "engine/models/cuda_fp8_gemm.h"
 #include "engine/models/cuda_weights.h"
-#include "kernels/cuda/fp8_quant.h"
+#include "kernels/cuda/ops/fp8_quant.h"
 
 namespace llm {
 

@@ -13,11 +13,11 @@
 #include "engine/models/kv_cache_quant.h"
 #include "engine/models/mha_attention_spec.h"
 #include "kernels/backend_registry.h"
-#include "kernels/cuda/bias_ops.h"
-#include "kernels/cuda/c8_attention.h"
-#include "kernels/cuda/cuda_c8_backend.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/llama_ops.h"
+#include "kernels/cuda/c8/c8_attention.h"
+#include "kernels/cuda/c8/cuda_c8_backend.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/ops/bias_ops.h"
+#include "kernels/cuda/ops/elementwise_ops.h"
 #include "kernels/fmha/fmha_launcher.h"
 
 namespace llm {

@@ -2,7 +2,7 @@
 // (cuda_model_runner.h). Its layers are the CPU decoder's DecoderSpec (decoder_spec.h): the same
 // data says per layer which norms, biases, rotary frequencies, window and softmax scale apply;
 // what of a spec it does not compute fails at load by name. Fused kernels
-// (kernels/cuda/llama_ops.h) for RMSNorm + residual, bias + (q/k norm) + rotary and
+// (kernels/cuda/ops/elementwise_ops.h) for RMSNorm + residual, bias + (q/k norm) + rotary and
 // SiLU-and-multiply, CudaLinear projections (bf16, or fp8 e4m3 whose activations the
 // kernel before each projection writes as e4m3 rows), and the attention backend the registry
 // selects for the device (cuda_c8), with an optional second family for prefill chunks

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "kernels/cuda/sampling.h"
+#include "kernels/cuda/sampling/sampling.h"
 
 namespace llm {
 

@@ -14,7 +14,7 @@
 
 #include "engine/models/cuda_weights.h"
 #include "engine/models/model.h"
-#include "kernels/cuda/pinned_staging.h"
+#include "kernels/cuda/common/pinned_staging.h"
 
 namespace llm {
 

@@ -11,10 +11,10 @@
 
 #include "engine/models/cuda_logits_readback.h"
 #include "kernels/backend_registry.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/device_info.h"
-#include "kernels/cuda/llama_ops.h"
-#include "kernels/cuda/pinned_staging.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_info.h"
+#include "kernels/cuda/common/pinned_staging.h"
+#include "kernels/cuda/ops/elementwise_ops.h"
 
 namespace llm {
 

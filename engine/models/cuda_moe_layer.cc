@@ -8,8 +8,8 @@
 #include "base/dtype.h"
 #include "engine/models/cuda_fp8_gemm.h"
 #include "engine/models/cuda_weights.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/moe_ops.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/moe/moe_ops.h"
 
 namespace llm {
 

@@ -1,7 +1,7 @@
 // The one routed mixture-of-experts layer on CUDA, for every MoE architecture (DeepSeek-V2/V3,
 // Mixtral, Qwen3-MoE, gpt-oss: they differ in MoeRouting, MoeTensorNames and the gate). It never
 // waits for the host: the router (fp32 input, fp32 weight, fp32 GEMM), the routing
-// (kernels/cuda/moe_ops.h), the permutation by expert, the grouped expert GEMMs and the combine
+// (kernels/cuda/moe/moe_ops.h), the permutation by expert, the grouped expert GEMMs and the combine
 // read every routing-dependent size from device memory, so a decode step that runs it can be
 // captured in a CUDA graph (graph_safe). The CPU oracle is CpuMoe (cpu_moe.h).
 //
@@ -34,7 +34,7 @@
 #include "engine/models/cuda_linear.h"
 #include "engine/models/model.h"
 #include "engine/models/moe_router.h"
-#include "kernels/cuda/moe_ops.h"
+#include "kernels/cuda/moe/moe_ops.h"
 
 namespace llm {
 

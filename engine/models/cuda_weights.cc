@@ -1,7 +1,7 @@
 #include "engine/models/cuda_weights.h"
 
 #include "base/dtype.h"
-#include "kernels/cuda/llama_ops.h"
+#include "kernels/cuda/ops/elementwise_ops.h"
 
 namespace llm {
 

@@ -12,7 +12,7 @@
 
 #include "base/status.h"
 #include "engine/safetensors.h"
-#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/common/cuda_check.h"
 
 #define BLAS_RETURN_IF_ERROR(expr)                                                   \
   do {                                                                               \

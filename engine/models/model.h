@@ -11,7 +11,7 @@
 #include "base/status.h"
 #include "engine/model_config.h"
 #include "kernels/attention_backend.h"
-#include "kernels/cuda/sampling.h"
+#include "kernels/cuda/sampling/sampling.h"
 
 namespace llm {
 
@@ -22,8 +22,8 @@ struct ForwardBatch {
   std::vector<int32_t> logit_rows;  // rows of the batch whose logits are wanted
   // Device sampling (only filled for a model whose samples_on_device() is true): per logit row,
   // 1 if the row wants a token, not logits, drawn from sampling_jobs[r] with the penalty entries
-  // penalties[penalty_indptr[r] .. penalty_indptr[r + 1]) (kernels/cuda/sampling.h). Rows that
-  // need their logits (logprobs, a logits observer) are 0. Empty: every row returns logits.
+  // penalties[penalty_indptr[r] .. penalty_indptr[r + 1]) (kernels/cuda/sampling/sampling.h). Rows
+  // that need their logits (logprobs, a logits observer) are 0. Empty: every row returns logits.
   std::vector<uint8_t> device_sampled;     // [logit_rows]
   std::vector<SamplingJob> sampling_jobs;  // [logit_rows]
   std::vector<int32_t> penalty_indptr;     // [logit_rows + 1]
@@ -136,7 +136,7 @@ struct ModelLoadOptions {
   // output and a per-row quantization pass (1.5% off a prompt step, ~0.3% off a decode step);
   // false: the per-row pass.
   bool fp8_static_attention_output = true;
-  // MLA decode kernel of the CUDA DeepSeek model (kernels/cuda/mla_decode.h MlaKernel): "auto"
+  // MLA decode kernel of the CUDA DeepSeek model (kernels/cuda/mla/mla_decode.h MlaKernel): "auto"
   // (the sm_90a wgmma kernels where they run: every bf16 work item, fp8 16-row items), "wgmma"
   // (the same; the load fails where it cannot run: not compute capability 9.0, or no sm_90a in
   // the build), "portable" (every item on the portable kernel). Other models check the value and

@@ -10,7 +10,7 @@
 #include "kernels/fmha/fmha_dispatch.h"
 
 #if LLM_FMHA_WGMMA
-#include "kernels/cuda/device_info.h"  // CUDA builds with the sm_90a kernel only
+#include "kernels/cuda/common/device_info.h"  // CUDA builds with the sm_90a kernel only
 #endif
 
 namespace llm {

@@ -24,7 +24,7 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/wgmma.cuh"
+#include "kernels/cuda/common/wgmma.cuh"
 #include "kernels/fmha/fmha_kernel.cuh"
 
 namespace llm::fmha {

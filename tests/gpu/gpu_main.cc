@@ -7,7 +7,7 @@
 
 #include <cstdio>
 
-#include "kernels/cuda/c8_attention.h"
+#include "kernels/cuda/c8/c8_attention.h"
 
 int main(int argc, char** argv) {
   if (llm::cuda::CudaDeviceCount() == 0) {

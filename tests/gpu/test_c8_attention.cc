@@ -18,7 +18,7 @@
 #include "base/dtype.h"
 #include "base/quant.h"
 #include "kernels/cpu/cpu_paged_attention.h"
-#include "kernels/cuda/c8_attention.h"
+#include "kernels/cuda/c8/c8_attention.h"
 #include "kernels/fmha/fmha_launcher.h"
 #include "tests/gpu/gpu_test_util.h"
 

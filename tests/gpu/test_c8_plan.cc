@@ -9,8 +9,8 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cuda/c8_attention.h"
-#include "kernels/cuda/c8_kernel_args.h"
+#include "kernels/cuda/c8/c8_attention.h"
+#include "kernels/cuda/c8/c8_kernel_args.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace llm::cuda {

@@ -1,10 +1,10 @@
 // The C8 append with the rotary fused in (FusedRope) against the two launches it replaces: the
 // model's BiasRope kernel followed by the plain append. Both are checked against host definitions
-// elsewhere (test_llama_ops.cc, test_c8_attention.cc); here the fused launch must store the same
-// bits: q, every cache byte, every dynamic scale, and the attention output.
-// Fresh random inputs: raw projections with and without bias and row scales, random positions,
-// shuffled pages, mixed prefill/decode batches, decode-only batches of whole or split sequences,
-// and graph-area steps whose padding rows append nothing.
+// elsewhere (test_elementwise_ops.cc, test_c8_attention.cc); here the fused launch must store the
+// same bits: q, every cache byte, every dynamic scale, and the attention output. Fresh random
+// inputs: raw projections with and without bias and row scales, random positions, shuffled pages,
+// mixed prefill/decode batches, decode-only batches of whole or split sequences, and graph-area
+// steps whose padding rows append nothing.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime.h>
@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "base/dtype.h"
-#include "kernels/cuda/c8_attention.h"
-#include "kernels/cuda/llama_ops.h"
+#include "kernels/cuda/c8/c8_attention.h"
+#include "kernels/cuda/ops/elementwise_ops.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace llm::cuda {

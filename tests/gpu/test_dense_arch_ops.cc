@@ -1,7 +1,7 @@
-// The kernel options the dense architectures beyond Llama add to kernels/cuda/llama_ops.h, against
-// a host computation of the same definition: the per-head q/k RMSNorm before rotary (Qwen3,
-// Gemma 3), the (1 + w) norm weights and the post-branch norm of the residual delta (Gemma), GeGLU
-// with tanh GELU, and the logit soft-cap.
+// The kernel options the dense architectures beyond Llama add to
+// kernels/cuda/ops/elementwise_ops.h, against a host computation of the same definition: the
+// per-head q/k RMSNorm before rotary (Qwen3, Gemma 3), the (1 + w) norm weights and the post-branch
+// norm of the residual delta (Gemma), GeGLU with tanh GELU, and the logit soft-cap.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime.h>
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "base/dtype.h"
-#include "kernels/cuda/llama_ops.h"
+#include "kernels/cuda/ops/elementwise_ops.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace llm::cuda {

@@ -21,7 +21,7 @@
 #include "engine/models/cuda_fp8_gemm.h"
 #include "engine/models/cuda_linear.h"
 #include "engine/safetensors.h"
-#include "kernels/cuda/fp8_quant.h"
+#include "kernels/cuda/ops/fp8_quant.h"
 #include "tests/gpu/engine_generate.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/random_fp8_llama.h"

@@ -19,7 +19,7 @@
 #include "base/dtype.h"
 #include "base/quant.h"
 #include "engine/models/cuda_fp8_gemm.h"
-#include "kernels/cuda/fp8_quant.h"
+#include "kernels/cuda/ops/fp8_quant.h"
 #include "tests/gpu/engine_generate.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/random_llama.h"

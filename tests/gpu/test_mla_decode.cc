@@ -1,4 +1,4 @@
-// MLA decode on the GPU (kernels/cuda/mla_decode.h, backend "cuda_mla") against the CPU oracle
+// MLA decode on the GPU (kernels/cuda/mla/mla_decode.h, backend "cuda_mla") against the CPU oracle
 // CpuMlaDecode, on fresh random inputs every run: odd KV lengths (1, 63, 65, 1000, 4097, ...),
 // shuffled block tables, batches mixing decodes of 1..4 query tokens with a prefill sequence (whose
 // rows must stay untouched), 16/32/64/128 query heads, bf16 and fp8-e4m3 caches, with split-KV
@@ -33,9 +33,9 @@
 #include "base/quant.h"
 #include "kernels/backend_registry.h"
 #include "kernels/cpu/cpu_mla_attention.h"
-#include "kernels/cuda/c8_attention.h"
-#include "kernels/cuda/cuda_c8_backend.h"
-#include "kernels/cuda/mla_decode.h"
+#include "kernels/cuda/c8/c8_attention.h"
+#include "kernels/cuda/c8/cuda_c8_backend.h"
+#include "kernels/cuda/mla/mla_decode.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace llm::cuda {

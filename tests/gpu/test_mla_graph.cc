@@ -1,4 +1,4 @@
-// MLA decode in CUDA graphs (MlaDecode::ReserveGraph / UploadGraph, kernels/cuda/mla_decode.h):
+// MLA decode in CUDA graphs (MlaDecode::ReserveGraph / UploadGraph, kernels/cuda/mla/mla_decode.h):
 // per bucket, one capture of the append + attention + merge launches, replayed for decode steps
 // of other sequence counts (padding rows), context lengths, block tables and split-KV plans. Each
 // replay must give exactly what the eager launches give for the same step and plan: the same
@@ -16,7 +16,7 @@
 
 #include "base/dtype.h"
 #include "base/quant.h"
-#include "kernels/cuda/mla_decode.h"
+#include "kernels/cuda/mla/mla_decode.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace llm::cuda {

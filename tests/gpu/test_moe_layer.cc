@@ -28,7 +28,7 @@
 #include "engine/models/cuda_moe_layer.h"
 #include "engine/models/moe_router.h"
 #include "engine/safetensors.h"
-#include "kernels/cuda/moe_ops.h"
+#include "kernels/cuda/moe/moe_ops.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/random_fp8_llama.h"
 

@@ -1,5 +1,5 @@
-// Device sampling (kernels/cuda/sampling.cu) against the CPU sampler (engine/sampler.h), its
-// oracle: random logit rows of vocab 1000, 32000 and 151936 (normal, peaked, and coarsely
+// Device sampling (kernels/cuda/sampling/sampling.cu) against the CPU sampler (engine/sampler.h),
+// its oracle: random logit rows of vocab 1000, 32000 and 151936 (normal, peaked, and coarsely
 // quantized so that exact ties are everywhere, plus ties planted at the top-k and top-p cuts and at
 // the max), every combination of temperature, top-k, top-p, min-p and penalties, fixed draws.
 // Checked: the penalized logits bit for bit, the token against SampleWithJob, every token inside
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "engine/sampler.h"
-#include "kernels/cuda/sampling.h"
+#include "kernels/cuda/sampling/sampling.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace llm {

@@ -1,0 +1,107 @@
+// Attaches the CUDA MLA decode kernel to the "cuda_mla" catalog entry (kernels/kernel_catalog.cc):
+// AttentionKind::kMla, latent width 576 with rope 64, bf16 or fp8 e4m3 cache (one per-layer
+// scale, MlaParams::cache_scale), bf16 activations, causal, 1..kMlaMaxDecodeQueryLen query rows
+// per decode sequence, any block size. Plan uploads the step's plan; RunMla appends every row's
+// latent, then attends the decode sequences on the backend's stream (the model's compute stream)
+// and leaves the other rows of out_latent untouched. Decode steps of one token per sequence can
+// run in CUDA graphs (ReserveGraphs / PlanGraph: MlaDecode's graph form).
+//
+// The model sets the stream through AttentionBackend::set_stream, calls RunMla through
+// MlaAttentionBackend and chooses the kernel through MlaKernelSwitch (cuda_mla_backend.h), both
+// dynamic_casts from the registry's AttentionBackend.
+#include "kernels/cuda/mla/cuda_mla_backend.h"
+
+#include <memory>
+
+#include "base/check.h"
+#include "kernels/backend_registry.h"
+#include "kernels/cuda/c8/c8_attention.h"
+#include "kernels/cuda/c8/cuda_c8_backend.h"
+#include "kernels/cuda/mla/mla_decode.h"
+
+namespace llm::cuda {
+namespace {
+
+class CudaMlaBackend final : public MlaAttentionBackend, public MlaKernelSwitch {
+ public:
+  explicit CudaMlaBackend(const AttentionSpec& spec)
+      : spec_(spec),
+        attn_(std::make_unique<MlaDecode>(MlaDecodeShape{
+            spec.num_q_heads, spec.block_size,
+            spec.kv_dtype == DType::kFp8E4M3 ? MlaCacheType::kFp8E4M3 : MlaCacheType::kBf16})) {
+    LLM_CHECK(spec.head_dim == kMlaCacheDim && spec.mla_rope_dim == kMlaRopeDim)
+        << "cuda_mla needs head_dim " << kMlaCacheDim << " with mla_rope_dim " << kMlaRopeDim;
+    LLM_CHECK(spec.kv_dtype == DType::kBF16 || spec.kv_dtype == DType::kFp8E4M3)
+        << "cuda_mla cache dtype " << DTypeName(spec.kv_dtype);
+    config_ = attn_->plan_config();
+  }
+
+  Status SetMlaKernel(MlaKernel kernel) override {
+    MlaDecodeShape shape = attn_->shape();
+    if (kernel == MlaKernel::kWgmma) {
+      // MlaDecode checks the same at every upload; here it fails the load instead.
+      if (!MlaWgmmaAvailable()) {
+        return InvalidArgument(
+            "mla_kernel wgmma: the sm_90a MLA kernel needs a compute capability 9.0 device and a "
+            "build whose CUDA architectures include 90a");
+      }
+    }
+    shape.kernel = kernel;
+    attn_ = std::make_unique<MlaDecode>(shape);  // holds no device memory before its first Upload
+    config_ = attn_->plan_config();
+    return Status::Ok();
+  }
+  bool uses_wgmma(int variant) const override { return attn_->uses_wgmma(variant); }
+  bool uses_seesaw(int variant) const override { return attn_->uses_seesaw(variant); }
+
+  std::string name() const override { return "cuda_mla"; }
+  size_t BlockBytes() const override {
+    return static_cast<size_t>(spec_.block_size) * kMlaCacheDim *
+           (spec_.kv_dtype == DType::kBF16 ? 2 : 1);
+  }
+  void set_stream(void* stream) override { stream_ = stream; }
+  Status Plan(const AttentionBatch& batch) override {
+    return attn_->Upload(batch, BuildMlaPlan(attn_->shape(), batch, config_), stream_);
+  }
+  // Decode steps in CUDA graphs: MlaDecode's graph form (mla_decode.h). The split-KV choice is
+  // still made on the host for every step, only bounded by the bucket's grid.
+  bool supports_graphs() const override { return true; }
+  Status ReserveGraphs(int max_seqs, int max_pages) override {
+    return attn_->ReserveGraph(max_seqs, max_pages);
+  }
+  Status PlanGraph(const AttentionBatch& batch, int bucket) override {
+    return attn_->UploadGraph(batch,
+                              BuildMlaPlan(attn_->shape(), batch, attn_->GraphPlanConfig(bucket)),
+                              bucket, stream_);
+  }
+  void Run(const AttentionParams&) override {
+    LLM_CHECK(false) << "cuda_mla is an MLA backend: call RunMla";
+  }
+  void RunMla(const MlaParams& p) override {
+    MlaDecode::LayerArgs a;
+    a.q_latent = p.q_latent;
+    a.q_pe = p.q_pe;
+    a.latent_new = p.latent_new;
+    a.out_latent = p.out_latent;
+    a.cache = p.cache;
+    a.cache_scale = p.cache_scale;
+    a.softmax_scale = p.softmax_scale;
+    const Status st = attn_->Run(a, stream_);
+    LLM_CHECK(st.ok()) << st.ToString();
+  }
+
+ private:
+  AttentionSpec spec_;
+  std::unique_ptr<MlaDecode> attn_;  // replaced by SetMlaKernel before the first Plan
+  MlaPlanConfig config_;
+  void* stream_ = nullptr;
+};
+
+const BackendRegistrar kRegistrar(
+    "cuda_mla", [](const AttentionSpec& spec) -> std::unique_ptr<AttentionBackend> {
+      auto* b = new CudaMlaBackend(spec);
+      return std::unique_ptr<AttentionBackend>(static_cast<MlaAttentionBackend*>(b));
+    });
+
+}  // namespace
+}  // namespace llm::cuda

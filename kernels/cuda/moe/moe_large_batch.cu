@@ -1,0 +1,102 @@
+// The element-wise kernels of the MoE layer's large-batch path (kernels/cuda/moe/moe_ops.h): the
+// row gather before, and the gated activation and expert biases between and after cuBLAS's grouped
+// expert GEMMs. Memory-bound; 8 bf16 per access where the widths allow it (every width the layer
+// accepts is a multiple of 64).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/moe/moe_ops.h"
+
+namespace llm::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void GatherKernel(const uint4* x, const int32_t* sorted_token, int chunks, uint4* xg) {
+  const int s = blockIdx.x;
+  const uint4* src = x + static_cast<size_t>(sorted_token[s]) * chunks;
+  uint4* dst = xg + static_cast<size_t>(s) * chunks;
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) dst[c] = src[c];
+}
+
+// The expert of expert-ordered row s: the last e with offsets[e] <= s (experts without rows have
+// equal offsets; the search lands on the one that owns s).
+__device__ __forceinline__ int ExpertOf(const int32_t* offsets, int num_experts, int s) {
+  int lo = 0, hi = num_experts - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (offsets[mid] <= s) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+__global__ void GateActKernel(const __nv_bfloat16* gu, int n, const float* bias,
+                              const int32_t* offsets, int num_experts, float limit, float alpha,
+                              __nv_bfloat16* act) {
+  const int s = blockIdx.x;
+  const __nv_bfloat16* g = gu + static_cast<size_t>(s) * 2 * n;
+  const __nv_bfloat16* u = g + n;
+  const float* b =
+      bias ? bias + static_cast<size_t>(ExpertOf(offsets, num_experts, s)) * 2 * n : nullptr;
+  __nv_bfloat16* out = act + static_cast<size_t>(s) * n;
+  for (int j = threadIdx.x * 2; j < n; j += blockDim.x * 2) {
+    const float2 gf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(g + j));
+    const float2 uf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(u + j));
+    float gv[2] = {gf.x, gf.y}, uv[2] = {uf.x, uf.y}, v[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (b) gv[i] += b[j + i], uv[i] += b[n + j + i];
+      if (limit > 0.f) {  // the tiled kernel's epilogue (moe_gemm.cu), term for term
+        const float gt = fminf(gv[i], limit), up = fminf(fmaxf(uv[i], -limit), limit);
+        v[i] = (up + 1.0f) * (gt / (1.0f + expf(-alpha * gt)));
+      } else {
+        v[i] = gv[i] / (1.0f + expf(-gv[i])) * uv[i];
+      }
+    }
+    *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(v[0], v[1]);
+  }
+}
+
+__global__ void RowBiasKernel(__nv_bfloat16* y, int n, const float* bias, const int32_t* offsets,
+                              int num_experts) {
+  const int s = blockIdx.x;
+  const float* b = bias + static_cast<size_t>(ExpertOf(offsets, num_experts, s)) * n;
+  __nv_bfloat16* row = y + static_cast<size_t>(s) * n;
+  for (int j = threadIdx.x * 2; j < n; j += blockDim.x * 2) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(row + j));
+    *reinterpret_cast<__nv_bfloat162*>(row + j) = __floats2bfloat162_rn(f.x + b[j], f.y + b[j + 1]);
+  }
+}
+
+}  // namespace
+
+void LaunchMoeGather(const void* x, const int32_t* sorted_token, int rows, int hidden, void* xg,
+                     void* stream) {
+  if (rows == 0) return;
+  GatherKernel<<<rows, kThreads / 2, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const uint4*>(x), sorted_token, hidden / 8, static_cast<uint4*>(xg));
+}
+
+void LaunchMoeGateAct(const void* gu, int rows, int n, const float* bias,
+                      const int32_t* expert_offsets, int num_experts, float swiglu_limit,
+                      float swiglu_alpha, void* act, void* stream) {
+  if (rows == 0) return;
+  GateActKernel<<<rows, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const __nv_bfloat16*>(gu), n, bias, expert_offsets, num_experts, swiglu_limit,
+      swiglu_alpha, static_cast<__nv_bfloat16*>(act));
+}
+
+void LaunchMoeRowBias(void* y, int rows, int n, const float* bias, const int32_t* expert_offsets,
+                      int num_experts, void* stream) {
+  if (rows == 0) return;
+  RowBiasKernel<<<rows, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<__nv_bfloat16*>(y), n, bias, expert_offsets, num_experts);
+}
+
+}  // namespace llm::cuda
