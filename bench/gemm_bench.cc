@@ -1,13 +1,13 @@
 // The model's projection GEMMs on the GPU, at the decode batch sizes: y[m, n] = x[m, k] w[n, k]^T
-// in bf16 with fp32 accumulation, as engine/models/cuda_linear.cc issues them
+// in bf16 with fp32 accumulation, as engine/layers/cuda/cuda_linear.cc issues them
 // (cublasGemmEx, CUBLAS_GEMM_DEFAULT), against the fastest of the algorithms cuBLASLt's heuristic
 // offers for the same problem. Shapes: Llama-3-8B (qkv, o, gate_up, down, lm_head).
 //
 //   build/cuda/bench/gemm_bench [--ms 1,8,64,256] [--iters 50] [--fp8 | --fp8-search]
 //
-// --fp8: the e4m3 projections as engine/models/cuda_fp8_gemm.cc issues them (cuBLASLt, per-tensor
-// scale pointers, bf16 out): the heuristic's first algorithm with and without fast accumulation
-// (CUBLASLT_MATMUL_DESC_FAST_ACCUM), and the fastest of its candidates with it.
+// --fp8: the e4m3 projections as engine/layers/cuda/cuda_fp8_gemm.cc issues them (cuBLASLt,
+// per-tensor scale pointers, bf16 out): the heuristic's first algorithm with and without fast
+// accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM), and the fastest of its candidates with it.
 //
 // Per row: microseconds, weight bytes over time (TB/s) and TFLOP/s; then the per-step sum over
 // 32 layers and the LM head, for each m.

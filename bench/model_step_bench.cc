@@ -42,7 +42,7 @@
 
 #include "bench/gpu_energy.h"
 #include "bench/int_list.h"
-#include "engine/models/model.h"
+#include "engine/runtime/model.h"
 
 namespace {
 

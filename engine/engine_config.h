@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "engine/models/model.h"
+#include "engine/runtime/model.h"
 #include "scheduler/scheduler.h"
 
 namespace llm {

@@ -14,8 +14,8 @@
 
 #include "engine/engine_config.h"
 #include "engine/metrics.h"
-#include "engine/models/model.h"
 #include "engine/request.h"
+#include "engine/runtime/model.h"
 #include "engine/stop_matcher.h"
 #include "scheduler/scheduler.h"
 #include "text/tokenizer/tokenizer.h"

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "base/status.h"
-#include "engine/sampler.h"
-#include "engine/sampling_params.h"
+#include "engine/sampling/sampler.h"
+#include "engine/sampling/sampling_params.h"
 
 namespace llm {
 

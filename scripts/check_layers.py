@@ -20,10 +20,11 @@ LAYERS = [
 ]
 # Sub-layers of engine/ (folders not listed are engine's top: the engine thread and its step).
 ENGINE_LAYERS = [
+    ["engine/sampling"],
     ["engine/loader"],
     ["engine/layers"],
-    ["engine/architectures"],
     ["engine/runtime"],
+    ["engine/architectures"],
 ]
 # Generated or system include roots that are not project folders.
 EXTERNAL = {"llm", "grpc", "google"}

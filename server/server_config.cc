@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "build_info.h"  // generated: LLM_VERSION, LLM_GIT_COMMIT
-#include "engine/models/kv_cache_quant.h"
+#include "engine/loader/kv_cache_quant.h"
 
 namespace llm {
 namespace {

@@ -1,7 +1,7 @@
 // Calibrates static 8-bit KV cache scales: runs prompts through the fp32 model (chunked prefill,
 // then greedy decoding) and records, per layer, the absmax of K (after RoPE, as the cache stores
 // it) and of V for every KV head, or every KV head and channel. Writes the JSON file that
-// `--kv-scales-file` reads (format in engine/models/kv_cache_quant.h); the loader turns absmax
+// `--kv-scales-file` reads (format in engine/loader/kv_cache_quant.h); the loader turns absmax
 // into dequant scales (absmax / 127 for int8, / 448 for fp8).
 //
 //   llm-calibrate-kv --model DIR --prompts FILE --out scales.json
@@ -19,8 +19,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include "engine/models/cpu_decoder.h"
-#include "engine/models/kv_cache_quant.h"
+#include "engine/architectures/cpu_decoder.h"
+#include "engine/loader/kv_cache_quant.h"
 #include "tools/kv_tool_common.h"
 
 namespace {

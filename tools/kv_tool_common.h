@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/status.h"
-#include "engine/models/model.h"
+#include "engine/runtime/model.h"
 #include "text/tokenizer/tokenizer.h"
 
 namespace llm::tools {

@@ -19,7 +19,7 @@
 
 #include "base/dtype.h"
 #include "base/quant.h"
-#include "engine/safetensors.h"
+#include "engine/loader/safetensors.h"
 #include "tests/gpu/random_llama.h"
 
 namespace llm::gpu_test {

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/dtype.h"
-#include "engine/safetensors.h"
+#include "engine/loader/safetensors.h"
 
 namespace llm::gpu_test {
 

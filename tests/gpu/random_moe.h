@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/safetensors.h"
+#include "engine/loader/safetensors.h"
 #include "tests/gpu/random_llama.h"
 
 namespace llm::gpu_test {

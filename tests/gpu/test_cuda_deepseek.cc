@@ -33,7 +33,7 @@
 
 #include "base/dtype.h"
 #include "engine/engine_core.h"
-#include "engine/safetensors.h"
+#include "engine/loader/safetensors.h"
 #include "kernels/cuda/mla/mla_decode.h"
 #include "tests/gpu/engine_generate.h"
 #include "tests/gpu/random_fp8_llama.h"

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/models/model.h"
+#include "engine/runtime/model.h"
 #include "tests/gpu/engine_generate.h"
 #include "tests/gpu/random_llama.h"
 

@@ -20,9 +20,9 @@
 
 #include "base/dtype.h"
 #include "engine/engine_core.h"
-#include "engine/models/model.h"
-#include "engine/safetensors.h"
-#include "engine/sampler.h"
+#include "engine/loader/safetensors.h"
+#include "engine/runtime/model.h"
+#include "engine/sampling/sampler.h"
 #include "kernels/fmha/fmha_launcher.h"
 #include "tests/gpu/engine_generate.h"
 #include "tests/gpu/random_llama.h"
@@ -247,7 +247,7 @@ bool SampledNearTie(const SamplingParams& params, const std::vector<int32_t>& pr
   for (const PenaltyEntry& e : pens) {
     l[e.token] = sampling::Penalize(l[e.token], e.generated_count, job);
   }
-  // K from the definition (engine/sampler.h).
+  // K from the definition (engine/sampling/sampler.h).
   std::vector<int32_t> order(l.size());
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(),

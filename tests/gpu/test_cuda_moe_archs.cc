@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/models/model.h"
+#include "engine/runtime/model.h"
 #include "tests/gpu/engine_generate.h"
 #include "tests/gpu/random_moe.h"
 

@@ -18,7 +18,7 @@
 
 #include "base/dtype.h"
 #include "base/quant.h"
-#include "engine/models/cuda_fp8_gemm.h"
+#include "engine/layers/cuda/cuda_fp8_gemm.h"
 #include "kernels/cuda/ops/fp8_quant.h"
 #include "tests/gpu/engine_generate.h"
 #include "tests/gpu/gpu_test_util.h"

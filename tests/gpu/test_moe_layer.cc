@@ -1,7 +1,7 @@
-// The device-only MoE layer (engine/models/cuda_moe_layer.h) against the CPU oracle: the routing
-// kernel against MoeRouter (random logits, exact ties, group limits), the whole layer against
-// CpuMoe with bf16 and fp8 expert weights at batch 1, 7, 64 and 300, and the layer captured in a
-// CUDA graph and replayed on new inputs against eager runs.
+// The device-only MoE layer (engine/layers/cuda/cuda_moe_layer.h) against the CPU oracle: the
+// routing kernel against MoeRouter (random logits, exact ties, group limits), the whole layer
+// against CpuMoe with bf16 and fp8 expert weights at batch 1, 7, 64 and 300, and the layer captured
+// in a CUDA graph and replayed on new inputs against eager runs.
 //
 //   build/.../tests/gpu_tests "[moe]"
 #include <catch2/catch.hpp>
@@ -22,12 +22,12 @@
 
 #include "base/dtype.h"
 #include "base/quant.h"
-#include "engine/model_config.h"
-#include "engine/models/cpu_moe.h"
-#include "engine/models/cuda_fp8_gemm.h"
-#include "engine/models/cuda_moe_layer.h"
-#include "engine/models/moe_router.h"
-#include "engine/safetensors.h"
+#include "engine/layers/cpu/cpu_moe.h"
+#include "engine/layers/cuda/cuda_fp8_gemm.h"
+#include "engine/layers/cuda/cuda_moe_layer.h"
+#include "engine/layers/moe_router.h"
+#include "engine/loader/model_config.h"
+#include "engine/loader/safetensors.h"
 #include "kernels/cuda/moe/moe_ops.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/random_fp8_llama.h"

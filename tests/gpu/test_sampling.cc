@@ -1,10 +1,11 @@
-// Device sampling (kernels/cuda/sampling/sampling.cu) against the CPU sampler (engine/sampler.h),
-// its oracle: random logit rows of vocab 1000, 32000 and 151936 (normal, peaked, and coarsely
-// quantized so that exact ties are everywhere, plus ties planted at the top-k and top-p cuts and at
-// the max), every combination of temperature, top-k, top-p, min-p and penalties, fixed draws.
-// Checked: the penalized logits bit for bit, the token against SampleWithJob, every token inside
-// the kept set K computed here from the written definition, greedy rows exactly, stratified draws
-// against the kept distribution, and independence from the batch's other rows.
+// Device sampling (kernels/cuda/sampling/sampling.cu) against the CPU sampler
+// (engine/sampling/sampler.h), its oracle: random logit rows of vocab 1000, 32000 and 151936
+// (normal, peaked, and coarsely quantized so that exact ties are everywhere, plus ties planted at
+// the top-k and top-p cuts and at the max), every combination of temperature, top-k, top-p, min-p
+// and penalties, fixed draws. Checked: the penalized logits bit for bit, the token against
+// SampleWithJob, every token inside the kept set K computed here from the written definition,
+// greedy rows exactly, stratified draws against the kept distribution, and independence from the
+// batch's other rows.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime.h>
@@ -18,7 +19,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/sampler.h"
+#include "engine/sampling/sampler.h"
 #include "kernels/cuda/sampling/sampling.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -116,7 +117,7 @@ std::vector<int32_t> SortedOrder(const std::vector<float>& l) {
   return order;
 }
 
-// The kept set K of engine/sampler.h's definition, in the sorted order `order` of l.
+// The kept set K of engine/sampling/sampler.h's definition, in the sorted order `order` of l.
 std::vector<int32_t> KeptSet(const std::vector<float>& l, const std::vector<int32_t>& order,
                              const SamplingJob& job) {
   const float max = l[order[0]];

@@ -8,7 +8,7 @@
 #include <functional>
 
 #include "base/quant.h"
-#include "engine/models/model.h"
+#include "engine/runtime/model.h"
 #include "tests/gpu/engine_generate.h"
 #include "tests/unit/tiny_checkpoint.h"
 

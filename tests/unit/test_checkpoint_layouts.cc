@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "engine/model_config.h"
+#include "engine/loader/model_config.h"
 #include "tests/gpu/engine_generate.h"
 #include "tests/unit/tiny_checkpoint.h"
 

@@ -15,7 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/models/deepseek_config.h"
+#include "engine/loader/deepseek_config.h"
 
 namespace llm {
 namespace {

@@ -1,4 +1,4 @@
-// The DeepSeekMoE gate on the CPU (engine/models/moe_router.h): selections and margins on
+// The DeepSeekMoE gate on the CPU (engine/layers/moe_router.h): selections and margins on
 // hand-made scores where the answer can be worked out by hand (exact and near ties of experts and
 // of groups, a group gap that cannot change the selection), and the routing record of the CPU
 // DeepseekModel through EngineCore::set_routing_observer, keyed by request and position across
@@ -14,9 +14,9 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine_core.h"
-#include "engine/models/deepseek_config.h"
-#include "engine/models/moe_router.h"
-#include "engine/safetensors.h"
+#include "engine/layers/moe_router.h"
+#include "engine/loader/deepseek_config.h"
+#include "engine/loader/safetensors.h"
 #include "tests/gpu/engine_generate.h"  // device-neutral: drives the CPU model here
 #include "tests/unit/tiny_checkpoint.h"
 

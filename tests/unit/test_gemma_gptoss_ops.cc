@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "base/mxfp4.h"
-#include "engine/models/cpu_ops.h"
+#include "engine/layers/cpu/cpu_ops.h"
 
 namespace llm {
 namespace {

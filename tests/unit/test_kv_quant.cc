@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "base/quant.h"
-#include "engine/models/kv_cache_quant.h"
-#include "engine/safetensors.h"
+#include "engine/loader/kv_cache_quant.h"
+#include "engine/loader/safetensors.h"
 #include "kernels/backend_registry.h"
 #include "kernels/cpu/cpu_c8_attention.h"
 #include "kernels/cpu/cpu_paged_attention.h"

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/model_config.h"
+#include "engine/loader/model_config.h"
 
 namespace llm {
 namespace {

@@ -10,9 +10,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/model_config.h"
-#include "engine/models/decoder_spec.h"
-#include "engine/models/deepseek_config.h"
+#include "engine/architectures/decoder_spec.h"
+#include "engine/loader/deepseek_config.h"
+#include "engine/loader/model_config.h"
 #include "tiny_checkpoint.h"
 
 namespace llm {

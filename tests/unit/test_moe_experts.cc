@@ -9,8 +9,8 @@
 #include <cstring>
 #include <vector>
 
-#include "engine/models/cpu_moe.h"
-#include "engine/models/moe_router.h"
+#include "engine/layers/cpu/cpu_moe.h"
+#include "engine/layers/moe_router.h"
 #include "tiny_checkpoint.h"
 
 namespace llm {

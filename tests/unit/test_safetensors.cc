@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/safetensors.h"
+#include "engine/loader/safetensors.h"
 
 namespace llm {
 namespace {

@@ -13,7 +13,7 @@
 #include <set>
 #include <vector>
 
-#include "engine/sampler.h"
+#include "engine/sampling/sampler.h"
 
 namespace llm {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <chrono>
 
-#include "engine/models/model.h"
+#include "engine/runtime/model.h"
 
 namespace llm {
 namespace {

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/safetensors.h"
+#include "engine/loader/safetensors.h"
 
 namespace llm::test {
 

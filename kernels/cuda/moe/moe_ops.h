@@ -1,5 +1,5 @@
-// The device-only MoE layer's kernels (engine/models/cuda_moe_layer.h): routing, permutation of
-// the (token, k) slots by expert, the grouped expert GEMMs and the weighted combine. Plain C++
+// The device-only MoE layer's kernels (engine/layers/cuda/cuda_moe_layer.h): routing, permutation
+// of the (token, k) slots by expert, the grouped expert GEMMs and the weighted combine. Plain C++
 // launcher header: pointers are device pointers, `stream` is a cudaStream_t. Activations are bf16
 // unless noted. Nothing here reads device data on the host: every size a kernel needs that
 // depends on the routing is read by the kernel from device memory, so a step that runs these can
@@ -11,7 +11,7 @@
 namespace llm::cuda {
 
 // Routing of every token (one warp per token), exactly the rule of MoeRouter
-// (engine/models/moe_router.h) up to the float rounding of expf and of the softmax sum: scores
+// (engine/layers/moe_router.h) up to the float rounding of expf and of the softmax sum: scores
 // softmax or sigmoid; choice = score + bias; groups (group max, or sum of the top two) keep
 // topk_group groups, the others' experts are never chosen (-inf); top-k with ties to the lower
 // index; weights from the scores (weigh_unbiased) or the masked choices, normalized (+ norm_eps),

@@ -1,6 +1,6 @@
-// Fused kernels of the DeepSeek-V2/V3 decoder on CUDA (engine/models/cuda_deepseek_decoder.cc).
-// Plain C++ launcher header: pointers are device pointers, `stream` is a cudaStream_t.
-// Activations are bf16 unless noted.
+// Fused kernels of the DeepSeek-V2/V3 decoder on CUDA
+// (engine/architectures/cuda_deepseek_decoder.cc). Plain C++ launcher header: pointers are device
+// pointers, `stream` is a cudaStream_t. Activations are bf16 unless noted.
 #pragma once
 
 #include <cstdint>
@@ -12,10 +12,10 @@ namespace llm::cuda {
 void LaunchRmsNormStrided(const void* in, int in_stride, const void* weight, int rows, int dim,
                           float eps, void* out, int out_stride, void* stream);
 
-// DeepSeek rope (engine/models/deepseek_model.h): the (d/2, 2) pairs are de-interleaved, then
-// rotate_half; cos and sin times mscale, angle = float(pos) * inv_freq[i] in fp32 as on the CPU.
-// Row t, head h reads in + t * in_row + h * in_head and writes out + t * out_row + h * out_head
-// (may alias in exactly).
+// DeepSeek rope (engine/architectures/cpu_deepseek_model.h): the (d/2, 2) pairs are de-interleaved,
+// then rotate_half; cos and sin times mscale, angle = float(pos) * inv_freq[i] in fp32 as on the
+// CPU. Row t, head h reads in + t * in_row + h * in_head and writes out + t * out_row + h *
+// out_head (may alias in exactly).
 struct DeepseekRopeArgs {
   const void* in = nullptr;
   void* out = nullptr;

@@ -1,9 +1,9 @@
 // Token sampling on the device: penalties, temperature, top-k, top-p, min-p and the seeded draw,
 // one CTA per logit row. Plain C++ header (no CUDA types; `stream` is a cudaStream_t).
 //
-// The arithmetic of the sampling definition (engine/sampler.h) lives here as inline functions
-// that compile for the host and the device alike, so the CPU sampler and the kernel compute the
-// same floats and the same integers: every operation is one IEEE-rounded step (no fused
+// The arithmetic of the sampling definition (engine/sampling/sampler.h) lives here as inline
+// functions that compile for the host and the device alike, so the CPU sampler and the kernel
+// compute the same floats and the same integers: every operation is one IEEE-rounded step (no fused
 // multiply-add, no library exp), and every mass is a fixed-point integer, so sums do not depend
 // on the order of addition. Given the same logits and draw, both sides choose the same token.
 #pragma once

@@ -1,0 +1,37 @@
+// DeepSeek-V2 / DeepSeek-V3 as a definition on the CUDA model runner (cuda_model_runner.h):
+// MLA through the "cuda_mla" backend (absorbed decode) plus an expanded-heads prefill path, and
+// DeepSeekMoE (cuda_moe_layer.h). Same semantics as the CPU DeepseekModel (cpu_deepseek_model.h),
+// which is its oracle. Built only with the CUDA backend.
+//
+// Per layer (T rows of the flattened batch, H heads, C = kv_lora_rank 512, R = rope 64):
+//   a = xn @ [q_a_proj | q_proj ; kv_a_proj_with_mqa]^T      one GEMM      [T, QA + C + R]
+//   q = q_b_proj(RMSNorm(a[:, :QA])) or a[:, :QA]                          [T, H, N + R]
+//   latent = RMSNorm(a c_kv) ++ rope(a k_pe)                               [T, C + R] -> cache
+//   decode rows: q_latent = q_nope @ W_UK (strided-batched over heads), RunMla,
+//                attn = out_latent @ W_UV^T (strided-batched)
+//   prefill seqs: gather the cached latents, expand K_nope / V = c @ W_UK^T / W_UV^T (one GEMM),
+//                materialized fp32 scores (two strided-batched GEMMs: nope + shared k_pe),
+//                causal softmax kernel, PV GEMM. Queries are tiled so the score buffer stays
+//                under 256 MiB: cost O(H * Tq * kv) memory traffic per tile, fine for
+//                correctness, a fused FMHA is the follow-up.
+//   MoE: CudaMoeLayer (cuda_moe_layer.h: routing, permutation and grouped GEMMs on the device, no
+//   host sync).
+// Decode steps run in the runner's CUDA graphs (cuda_mla's graph form; graph_safe).
+// fp8 weights (weight_dtype fp8): q_a / q / kv_a (fused), q_b, o_proj, the dense MLPs, the routed
+// and shared experts through CudaLinear (per-tensor e4m3, activations per row); kv_b_proj (W_UK /
+// W_UV, read by the batched absorptions and the prefill expansion), the router, embedding, norms
+// and LM head stay bf16 (router logits fp32).
+// ModelLoadOptions::mla_kernel picks cuda_mla's decode kernel (auto | wgmma | portable), logged
+// at load.
+#pragma once
+
+#include <memory>
+
+#include "engine/loader/deepseek_config.h"
+#include "engine/runtime/cuda/cuda_model_runner.h"
+
+namespace llm {
+
+std::unique_ptr<CudaDecoder> NewCudaDeepseekDecoder(const DeepseekConfig& config);
+
+}  // namespace llm

@@ -1,0 +1,506 @@
+#include "engine/layers/cuda/cuda_moe_layer.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "base/dtype.h"
+#include "engine/layers/cuda/cuda_fp8_gemm.h"
+#include "engine/layers/cuda/cuda_weights.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/moe/moe_ops.h"
+
+namespace llm {
+
+namespace {
+
+// One grouped-GEMM instance serves a GEMM's routed and shared experts: the same dtype, and block
+// scales for both or neither.
+bool SameKernelForm(const CudaLinear& routed, const CudaLinear& shared) {
+  auto blocks = [](const CudaLinear& l) { return l.quant() == WeightQuant::kFp8Block; };
+  return routed.fp8() == shared.fp8() && blocks(routed) == blocks(shared);
+}
+
+}  // namespace
+
+cuda::MoeRouteArgs MoeRouteArgsOf(const MoeRouting& r) {
+  cuda::MoeRouteArgs a;
+  a.num_experts = r.num_experts;
+  a.top_k = r.top_k;
+  a.sigmoid = r.scoring == MoeRouting::Scoring::kSigmoid;
+  a.softmax_of_topk = r.scoring == MoeRouting::Scoring::kSoftmaxOfTopK;
+  a.groups = r.groups == MoeRouting::Groups::kNone           ? 0
+             : r.groups == MoeRouting::Groups::kGroupLimited ? 1
+                                                             : 2;
+  a.n_group = r.n_group;
+  a.topk_group = r.topk_group;
+  a.weigh_unbiased = r.weigh_unbiased;
+  a.normalize = r.normalize;
+  a.norm_eps = r.norm_eps;
+  a.scaling = r.scaling;
+  return a;
+}
+
+Status CudaMoeLayer::Check(const MoeRouting& r, int hidden, int inter, int shared_inter,
+                           const CpuMlp::Gate& gate) {
+  const std::string what = "CUDA MoE layer: ";
+  if (gate.activation != CpuMlp::Activation::kSilu &&
+      gate.activation != CpuMlp::Activation::kClampedSwiGlu) {
+    return InvalidArgument(what + "the experts' activation (SiLU or the clamped SwiGLU only)");
+  }
+  if (r.num_experts < 1 || r.num_experts > cuda::kMoeRouteMaxExperts) {
+    return InvalidArgument(what + std::to_string(r.num_experts) + " routed experts (1.." +
+                           std::to_string(cuda::kMoeRouteMaxExperts) + " supported)");
+  }
+  if (r.top_k < 1 || r.top_k > std::min(r.num_experts, cuda::kMoeRouteMaxTopK)) {
+    return InvalidArgument(what + "num_experts_per_tok " + std::to_string(r.top_k) +
+                           " (1..min(experts, " + std::to_string(cuda::kMoeRouteMaxTopK) + "))");
+  }
+  if (r.groups != MoeRouting::Groups::kNone &&
+      (r.n_group < 1 || r.n_group > cuda::kMoeRouteMaxGroups || r.num_experts % r.n_group != 0 ||
+       r.topk_group < 1 || r.topk_group > r.n_group)) {
+    return InvalidArgument(what + "n_group " + std::to_string(r.n_group) + " / topk_group " +
+                           std::to_string(r.topk_group) + " over " + std::to_string(r.num_experts) +
+                           " experts (n_group <= " + std::to_string(cuda::kMoeRouteMaxGroups) +
+                           ", dividing the experts)");
+  }
+  if (!cuda::MoeGemmShapeOk(true, inter, hidden) || !cuda::MoeGemmShapeOk(false, hidden, inter)) {
+    return InvalidArgument(what + "hidden " + std::to_string(hidden) + ", moe_intermediate " +
+                           std::to_string(inter) +
+                           ": the grouped GEMMs need hidden % 64 == 0 and intermediate % 64 == 0");
+  }
+  if (shared_inter < 0 || shared_inter % cuda::kMoeGemmK != 0) {
+    return InvalidArgument(what + "shared experts' intermediate " + std::to_string(shared_inter) +
+                           ": the grouped GEMMs need a multiple of 64");
+  }
+  return Status::Ok();
+}
+
+Status CudaMoeLayer::Load(Bf16WeightLoader& loader, const WeightStore* weights,
+                          const CudaLinearOps& ops, WeightQuant quant, const std::string& p,
+                          const MoeTensorNames& n, CudaMoeWeights* w, bool fp8_checkpoint) const {
+  LLM_RETURN_IF_ERROR(Check(r_, hidden_, inter_, shared_inter_, gate_));
+  const int64_t h = hidden_, E = r_.num_experts, I = inter_;
+  const float wstd = 0.02f;
+  // The router in fp32: its bf16 values widened exactly (through the host, once at load).
+  {
+    DeviceBuffer bf;
+    LLM_RETURN_IF_ERROR(loader.Load({p + n.router + ".weight"}, {{E, h}}, 0, wstd, &bf));
+    std::vector<uint16_t> hb(E * h);
+    GPU_RETURN_IF_ERROR(cudaDeviceSynchronize());  // the loader's stream filled or uploaded it
+    GPU_RETURN_IF_ERROR(cudaMemcpy(hb.data(), bf.ptr, hb.size() * 2, cudaMemcpyDeviceToHost));
+    std::vector<float> f(hb.size());
+    for (size_t i = 0; i < hb.size(); ++i) {
+      const uint32_t bits = static_cast<uint32_t>(hb[i]) << 16;
+      std::memcpy(&f[i], &bits, 4);
+    }
+    LLM_RETURN_IF_ERROR(w->router.Alloc(f.size() * 4));
+    GPU_RETURN_IF_ERROR(cudaMemcpy(w->router.ptr, f.data(), f.size() * 4, cudaMemcpyHostToDevice));
+  }
+  if (!n.selection_bias.empty()) {
+    std::vector<float> bias(E, 0.0f);  // dummy weights: no correction
+    if (!loader.dummy()) {
+      LLM_RETURN_IF_ERROR(weights->ReadF32(p + n.router + "." + n.selection_bias, {E}, &bias));
+    }
+    LLM_RETURN_IF_ERROR(w->router_bias.Alloc(E * 4));
+    GPU_RETURN_IF_ERROR(cudaMemcpy(w->router_bias.ptr, bias.data(), E * 4, cudaMemcpyHostToDevice));
+  }
+  if (n.router_bias) {
+    std::vector<float> bias(E, 0.0f);
+    if (!loader.dummy()) LLM_RETURN_IF_ERROR(weights->ReadF32(p + n.router + ".bias", {E}, &bias));
+    LLM_RETURN_IF_ERROR(w->logit_bias.Alloc(E * 4));
+    GPU_RETURN_IF_ERROR(cudaMemcpy(w->logit_bias.ptr, bias.data(), E * 4, cudaMemcpyHostToDevice));
+  }
+  std::vector<std::string> gu_names, down_names;
+  std::vector<std::vector<int64_t>> gu_shapes, down_shapes;
+  for (int64_t e = 0; e < E && !n.stacked_experts; ++e) {
+    const std::string ep = p + n.experts + "." + std::to_string(e) + ".";
+    gu_names.insert(gu_names.end(), {ep + n.expert.gate + ".weight", ep + n.expert.up + ".weight"});
+    gu_shapes.insert(gu_shapes.end(), {{I, h}, {I, h}});
+    down_names.push_back(ep + n.expert.down + ".weight");
+    down_shapes.push_back({h, I});
+  }
+  const std::string gu_name = p + n.experts + ".gate_up_proj",
+                    down_name = p + n.experts + ".down_proj";
+  const bool keep_fp8 = fp8_checkpoint && !n.stacked_experts && weights != nullptr;
+  if (n.expert_bias && !n.stacked_experts) {
+    return InvalidArgument("CUDA MoE layer: per-expert tensors with biases");
+  }
+  if (keep_fp8) {
+    LLM_RETURN_IF_ERROR(w->gate_up.LoadCheckpoint(ops, *weights, loader, gu_names, gu_shapes,
+                                                  gu_name, quant, static_cast<int>(E)));
+    LLM_RETURN_IF_ERROR(w->down.LoadCheckpoint(ops, *weights, loader, down_names, down_shapes,
+                                               down_name, quant, static_cast<int>(E)));
+  } else {
+    if (n.stacked_experts) {
+      LLM_RETURN_IF_ERROR(LoadStacked(loader, weights, p, n, w));
+    } else {
+      LLM_RETURN_IF_ERROR(loader.Load(gu_names, gu_shapes, 0, wstd, w->gate_up.bf16_target()));
+      LLM_RETURN_IF_ERROR(loader.Load(down_names, down_shapes, 0, wstd, w->down.bf16_target()));
+    }
+    LLM_RETURN_IF_ERROR(w->gate_up.Quantize(ops, quant, static_cast<int>(2 * I), hidden_,
+                                            static_cast<int>(E), gu_name));
+    LLM_RETURN_IF_ERROR(
+        w->down.Quantize(ops, quant, hidden_, inter_, static_cast<int>(E), down_name));
+  }
+  if (shared_inter_ > 0) {
+    LLM_RETURN_IF_ERROR(w->shared.Load(loader, ops, quant, p + n.shared + ".", hidden_,
+                                       shared_inter_, keep_fp8 ? weights : nullptr));
+  }
+  const CudaLinear* pairs[2][2] = {{&w->gate_up, &w->shared.gate_up}, {&w->down, &w->shared.down}};
+  for (int i = 0; i < 2; ++i) {
+    const CudaLinear& routed = *pairs[i][0];
+    const CudaLinear& shared = *pairs[i][1];
+    if (shared_inter_ > 0 && !SameKernelForm(routed, shared)) {
+      return InvalidArgument("CUDA MoE layer, " + p + ": the routed experts' " +
+                             (i == 0 ? "gate / up" : "down") + " weights are " +
+                             WeightQuantName(routed.quant()) + " and the shared experts' " +
+                             WeightQuantName(shared.quant()) + " (the grouped GEMM runs both)");
+    }
+  }
+  if (keep_fp8 &&
+      (w->gate_up.input() == Fp8Input::kStatic || w->down.input() == Fp8Input::kStatic)) {
+    spdlog::info(
+        "CUDA MoE layer, {}: the experts' activations stay bf16 (fp8 weights only); the "
+        "checkpoint's static input_scale is not applied",
+        p);
+  }
+  return Status::Ok();
+}
+
+cuda::MoeGemmScales MoeGemmScalesOf(const CudaLinear& lin, int rows_per_expert, int k) {
+  cuda::MoeGemmScales s;
+  s.scale = lin.scales();
+  switch (lin.quant()) {
+    case WeightQuant::kBf16:
+      break;
+    case WeightQuant::kFp8PerTensor:  // [groups][kScaleSlot]; one group: one scale for all
+      s.expert_stride = lin.groups() > 1 ? CudaLinear::kScaleSlot : 0;
+      break;
+    case WeightQuant::kFp8PerChannel:  // [E * rows]
+      s.expert_stride = rows_per_expert;
+      s.row_stride = 1;
+      break;
+    case WeightQuant::kFp8Block:  // [E * rows / 128][Fp8BlockLd(k)], rows whole blocks
+      s.block_ld = Fp8BlockLd(k);
+      s.expert_stride = rows_per_expert / 128 * s.block_ld;
+      break;
+  }
+  return s;
+}
+
+namespace {
+
+Status UploadF32(const std::vector<float>& v, DeviceBuffer* out) {
+  LLM_RETURN_IF_ERROR(out->Alloc(v.size() * 4));
+  GPU_RETURN_IF_ERROR(cudaMemcpy(out->ptr, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+  return Status::Ok();
+}
+
+Status UploadBf16(const std::vector<float>& v, DeviceBuffer* out) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = F32ToBf16(v[i]);
+  LLM_RETURN_IF_ERROR(out->Alloc(b.size() * 2));
+  GPU_RETURN_IF_ERROR(cudaMemcpy(out->ptr, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
+  return Status::Ok();
+}
+
+// rows [E][2 I][cols] with gate row i at 2 i and up row i at 2 i + 1 (the checkpoint's) -> gate
+// rows [0, I) then up rows [I, 2 I) per expert (the grouped GEMM's).
+std::vector<float> SplitInterleaved(const std::vector<float>& v, int64_t E, int64_t I,
+                                    int64_t cols) {
+  std::vector<float> out(v.size());
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t r = 0; r < 2 * I; ++r) {
+      const int64_t dst = (r % 2 == 0 ? r / 2 : I + r / 2);
+      std::copy_n(v.begin() + (e * 2 * I + r) * cols, cols, out.begin() + (e * 2 * I + dst) * cols);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Status CudaMoeLayer::LoadStacked(Bf16WeightLoader& loader, const WeightStore* weights,
+                                 const std::string& p, const MoeTensorNames& n,
+                                 CudaMoeWeights* w) const {
+  const int64_t h = hidden_, E = r_.num_experts, I = inter_;
+  const std::string gu = p + n.experts + "." + n.expert.gate,
+                    down = p + n.experts + "." + n.expert.down;
+  if (loader.dummy()) {
+    LLM_RETURN_IF_ERROR(loader.Load({gu}, {{E * 2 * I, h}}, 0, 0.02f, w->gate_up.bf16_target()));
+    LLM_RETURN_IF_ERROR(loader.Load({down}, {{E * h, I}}, 0, 0.02f, w->down.bf16_target()));
+    if (n.expert_bias) {
+      LLM_RETURN_IF_ERROR(UploadF32(std::vector<float>(E * 2 * I, 0.0f), &w->gate_up_bias));
+      LLM_RETURN_IF_ERROR(UploadF32(std::vector<float>(E * h, 0.0f), &w->down_bias));
+    }
+    return Status::Ok();
+  }
+  std::vector<float> m;
+  LLM_RETURN_IF_ERROR(ReadExpertMatrix(*weights, gu, E, h, 2 * I, &m));  // [E, 2 I, h]
+  LLM_RETURN_IF_ERROR(UploadBf16(SplitInterleaved(m, E, I, h), w->gate_up.bf16_target()));
+  LLM_RETURN_IF_ERROR(ReadExpertMatrix(*weights, down, E, I, h, &m));  // [E, h, I]
+  LLM_RETURN_IF_ERROR(UploadBf16(m, w->down.bf16_target()));
+  if (n.expert_bias) {
+    std::vector<float> b;
+    LLM_RETURN_IF_ERROR(weights->ReadF32(gu + "_bias", {E, 2 * I}, &b));
+    LLM_RETURN_IF_ERROR(UploadF32(SplitInterleaved(b, E, I, 1), &w->gate_up_bias));
+    LLM_RETURN_IF_ERROR(weights->ReadF32(down + "_bias", {E, h}, &b));
+    LLM_RETURN_IF_ERROR(UploadF32(b, &w->down_bias));
+  }
+  return Status::Ok();
+}
+
+Status CudaMoeLayer::Reserve(int rows, CudaMoeScratch* s) const {
+  if (rows <= s->cap) return Status::Ok();
+  const size_t T = rows, H = hidden_, E = r_.num_experts, K = r_.top_k, I = inter_;
+  const size_t S = T * K, SI = shared_inter_;
+  const int max_tiles =
+      cuda::MoeMaxTiles(static_cast<int>(S), static_cast<int>(E), SI > 0 ? rows : 0);
+  LLM_RETURN_IF_ERROR(s->x_f32.Alloc(T * H * 4));
+  LLM_RETURN_IF_ERROR(s->logits.Alloc(T * E * 4));
+  LLM_RETURN_IF_ERROR(s->topk_ids.Alloc(S * 4));
+  LLM_RETURN_IF_ERROR(s->topk_w.Alloc(S * 4));
+  LLM_RETURN_IF_ERROR(s->sorted_token.Alloc(S * 4));
+  LLM_RETURN_IF_ERROR(s->slot_of.Alloc(S * 4));
+  LLM_RETURN_IF_ERROR(s->tiles.Alloc(static_cast<size_t>(max_tiles) * 3 * 4 + 16));
+  LLM_RETURN_IF_ERROR(s->num_tiles.Alloc(16));
+  LLM_RETURN_IF_ERROR(s->act.Alloc(S * I * 2));
+  LLM_RETURN_IF_ERROR(s->y.Alloc(S * H * 2));
+  if (SI > 0) {
+    LLM_RETURN_IF_ERROR(s->shared_act.Alloc(T * SI * 2));
+    LLM_RETURN_IF_ERROR(s->shared_out.Alloc(T * H * 2));
+  }
+  s->cap = rows;
+  if (S >= static_cast<size_t>(large_batch_slots_) * E) {
+    LLM_RETURN_IF_ERROR(s->gu.Alloc(std::max(S * 2 * I, T * 2 * SI) * 2));
+    LLM_RETURN_IF_ERROR(s->offsets.Alloc((E + 1) * 4));
+    LLM_RETURN_IF_ERROR(s->ptrs.Alloc(3 * E * sizeof(void*)));
+    s->large_cap = rows;
+  }
+  return Status::Ok();
+}
+
+bool CudaMoeLayer::TakesLargeBatchPath(int T, const CudaMoeWeights& w) const {
+  return !w.gate_up.fp8() && !w.down.fp8() &&
+         static_cast<int64_t>(T) * r_.top_k >=
+             static_cast<int64_t>(large_batch_slots_) * r_.num_experts;
+}
+
+Status CudaMoeLayer::GroupedGemm(const CudaLinearOps& ops, const std::vector<int32_t>& off,
+                                 const void* a, const void* w, int n, int k, void* c,
+                                 void* ptrs) const {
+  const int E = r_.num_experts;
+  auto* wb = const_cast<uint16_t*>(static_cast<const uint16_t*>(w));
+  auto* ab = const_cast<uint16_t*>(static_cast<const uint16_t*>(a));
+  auto* cb = static_cast<uint16_t*>(c);
+  std::vector<int> experts, m_rows;  // the experts with rows, and their row counts
+  for (int e = 0; e < E; ++e) {
+    if (off[e + 1] == off[e]) continue;
+    experts.push_back(e);
+    m_rows.push_back(off[e + 1] - off[e]);
+  }
+  const int P = static_cast<int>(experts.size());
+  if (P == 0) return Status::Ok();
+  const bool per_expert =
+      large_batch_gemm_ == LargeBatchGemm::kPerExpert ||
+      (large_batch_gemm_ == LargeBatchGemm::kAuto && off[E] >= kPerExpertGemmRows * P);
+  if (per_expert) {
+    for (int i = 0; i < P; ++i) {
+      const int e = experts[i];
+      LLM_RETURN_IF_ERROR(GemmBf16(ops.blas, ab + off[e] * size_t(k), wb + size_t(e) * n * k,
+                                   m_rows[i], n, k, cb + off[e] * size_t(n), CUDA_R_16BF));
+    }
+    return Status::Ok();
+  }
+  std::vector<void*> p(3 * P);  // A (weights), B (rows), C per problem, as cuBLAS reads them
+  for (int i = 0; i < P; ++i) {
+    const int e = experts[i];
+    p[i] = wb + size_t(e) * n * k;
+    p[P + i] = ab + off[e] * size_t(k);
+    p[2 * P + i] = cb + off[e] * size_t(n);
+  }
+  // Column-major view of the row-major product: C^T [n, rows] = W_e [n, k] (transposed from its
+  // row-major [n, k] storage) times A^T [k, rows].
+  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(ptrs, p.data(), p.size() * sizeof(void*),
+                                      cudaMemcpyHostToDevice, ops.stream));
+  void** d = static_cast<void**>(ptrs);
+  const std::vector<cublasOperation_t> ta(P, CUBLAS_OP_T), tb(P, CUBLAS_OP_N);
+  const std::vector<int> nn(P, n), kk(P, k), one_each(P, 1);
+  const std::vector<float> alpha(P, 1.0f), beta(P, 0.0f);
+  BLAS_RETURN_IF_ERROR(cublasGemmGroupedBatchedEx(
+      ops.blas, ta.data(), tb.data(), nn.data(), m_rows.data(), kk.data(), alpha.data(), d,
+      CUDA_R_16BF, kk.data(), d + P, CUDA_R_16BF, kk.data(), beta.data(), d + 2 * P, CUDA_R_16BF,
+      nn.data(), P, one_each.data(), CUBLAS_COMPUTE_32F));
+  return Status::Ok();
+}
+
+Status CudaMoeLayer::RunLargeBatch(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x,
+                                   int T, CudaMoeScratch* s) const {
+  cudaStream_t stream = ops.stream;
+  const int E = r_.num_experts;
+  std::vector<int32_t> off(E + 1);
+  GPU_RETURN_IF_ERROR(
+      cudaMemcpyAsync(off.data(), s->offsets.ptr, (E + 1) * 4, cudaMemcpyDeviceToHost, stream));
+  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  const int rows = off[E];
+  const float limit =
+      gate_.activation == CpuMlp::Activation::kClampedSwiGlu ? gate_.swiglu_limit : 0.0f;
+  const float alpha = gate_.swiglu_alpha;
+  const auto* offsets = s->offsets.as<int32_t>();
+  // The gathered rows live in y until the down GEMM overwrites it (stream order).
+  cuda::LaunchMoeGather(x, s->sorted_token.as<int32_t>(), rows, hidden_, s->y.ptr, stream);
+  LLM_RETURN_IF_ERROR(GroupedGemm(ops, off, s->y.ptr, w.gate_up.data(), 2 * inter_, hidden_,
+                                  s->gu.ptr, s->ptrs.ptr));
+  cuda::LaunchMoeGateAct(s->gu.ptr, rows, inter_,
+                         w.gate_up_bias.ptr ? w.gate_up_bias.as<float>() : nullptr, offsets, E,
+                         limit, alpha, s->act.ptr, stream);
+  const bool shared = w.shared.inter > 0;
+  if (shared) {  // gate_up [T, 2 SI] into gu, free again once the routed activation read it
+    LLM_RETURN_IF_ERROR(GemmBf16(ops.blas, x, w.shared.gate_up.data(), T, 2 * shared_inter_,
+                                 hidden_, s->gu.ptr, CUDA_R_16BF));
+    cuda::LaunchMoeGateAct(s->gu.ptr, T, shared_inter_, nullptr, nullptr, 0, limit, alpha,
+                           s->shared_act.ptr, stream);
+  }
+  // The same pointer arrays again: their copy runs after the first grouped GEMM (stream order).
+  LLM_RETURN_IF_ERROR(
+      GroupedGemm(ops, off, s->act.ptr, w.down.data(), hidden_, inter_, s->y.ptr, s->ptrs.ptr));
+  if (w.down_bias.ptr) {
+    cuda::LaunchMoeRowBias(s->y.ptr, rows, hidden_, w.down_bias.as<float>(), offsets, E, stream);
+  }
+  if (shared) {
+    LLM_RETURN_IF_ERROR(GemmBf16(ops.blas, s->shared_act.ptr, w.shared.down.data(), T, hidden_,
+                                 shared_inter_, s->shared_out.ptr, CUDA_R_16BF));
+  }
+  return Status::Ok();
+}
+
+Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x,
+                              int T, CudaMoeScratch* s, int max_tiles) const {
+  cudaStream_t stream = ops.stream;
+  const bool shared = w.shared.inter > 0;
+  cuda::MoeGemmArgs g;
+  g.x = x;
+  g.sorted_token = s->sorted_token.as<int32_t>();
+  g.w = w.gate_up.data();
+  g.w_scale = MoeGemmScalesOf(w.gate_up, 2 * inter_, hidden_);
+  g.fp8 = w.gate_up.fp8();
+  g.silu_mul = true;
+  g.bias = w.gate_up_bias.ptr ? w.gate_up_bias.as<float>() : nullptr;
+  if (gate_.activation == CpuMlp::Activation::kClampedSwiGlu) {
+    g.swiglu_limit = gate_.swiglu_limit;
+    g.swiglu_alpha = gate_.swiglu_alpha;
+  }
+  g.n_out = inter_;
+  g.k = hidden_;
+  g.tiles = s->tiles.as<int32_t>();
+  g.num_tiles = s->num_tiles.as<int32_t>();
+  g.max_tiles = max_tiles;
+  g.out = s->act.ptr;
+  if (shared) {
+    g.dense_x = x;
+    g.dense_w = w.shared.gate_up.data();
+    g.dense_w_scale = MoeGemmScalesOf(w.shared.gate_up, 2 * shared_inter_, hidden_);
+    g.dense_n_out = shared_inter_;
+    g.dense_k = hidden_;
+    g.dense_out = s->shared_act.ptr;
+  }
+  cuda::LaunchMoeGemm(g, stream);
+  g.x = s->act.ptr;
+  g.sorted_token = nullptr;
+  g.w = w.down.data();
+  g.w_scale = MoeGemmScalesOf(w.down, hidden_, inter_);
+  g.fp8 = w.down.fp8();
+  g.silu_mul = false;
+  g.bias = w.down_bias.ptr ? w.down_bias.as<float>() : nullptr;
+  g.n_out = hidden_;
+  g.k = inter_;
+  g.out = s->y.ptr;
+  if (shared) {
+    g.dense_x = s->shared_act.ptr;
+    g.dense_w = w.shared.down.data();
+    g.dense_w_scale = MoeGemmScalesOf(w.shared.down, hidden_, shared_inter_);
+    g.dense_n_out = hidden_;
+    g.dense_k = shared_inter_;
+    g.dense_out = s->shared_out.ptr;
+  }
+  cuda::LaunchMoeGemm(g, stream);
+  return Status::Ok();
+}
+
+Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
+                         CudaMoeScratch* s, void* out, const Trace& trace) const {
+  if (T == 0) return Status::Ok();
+  if (T > s->cap) return Internal("CUDA MoE layer: scratch reserved for fewer rows");
+  cudaStream_t stream = ops.stream;
+  const int E = r_.num_experts, K = r_.top_k, S = T * K;
+  const bool shared = w.shared.inter > 0;
+  if (shared && (w.shared.inter != shared_inter_ || !SameKernelForm(w.gate_up, w.shared.gate_up) ||
+                 !SameKernelForm(w.down, w.shared.down))) {
+    return Internal("CUDA MoE layer: shared experts of another size or dtype than the layer's");
+  }
+  const int dense_rows = shared ? T : 0;  // the shared experts: a dense group of every token
+  const int max_tiles = cuda::MoeMaxTiles(S, E, dense_rows);
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  GPU_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &cs));
+  const bool capturing = cs != cudaStreamCaptureStatusNone;
+  if (trace.out != nullptr && capturing) {
+    return FailedPrecondition("the MoE routing trace cannot be recorded inside a CUDA graph");
+  }
+  const bool large = !capturing && T <= s->large_cap && TakesLargeBatchPath(T, w);
+
+  // Router: fp32 input, fp32 weight, no TF32 (a flipped group-limited choice costs a whole
+  // expert set).
+  const float one = 1.0f, zero = 0.0f;
+  BLAS_RETURN_IF_ERROR(cublasGemmEx(ops.blas, CUBLAS_OP_T, CUBLAS_OP_N, E, T, hidden_, &one,
+                                    w.router.ptr, CUDA_R_32F, hidden_, s->x_f32.ptr, CUDA_R_32F,
+                                    hidden_, &zero, s->logits.ptr, CUDA_R_32F, E,
+                                    CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+  cuda::MoeRouteArgs ra = MoeRouteArgsOf(r_);
+  ra.logits = s->logits.as<float>();
+  ra.bias = w.router_bias.ptr ? w.router_bias.as<float>() : nullptr;
+  ra.logit_bias = w.logit_bias.ptr ? w.logit_bias.as<float>() : nullptr;
+  ra.num_tokens = T;
+  ra.topk_ids = s->topk_ids.as<int32_t>();
+  ra.topk_w = s->topk_w.as<float>();
+  cuda::LaunchMoeRoute(ra, stream);
+
+  cuda::MoePermuteArgs pa;
+  pa.topk_ids = ra.topk_ids;
+  pa.num_slots = S;
+  pa.num_experts = E;
+  pa.top_k = K;
+  pa.dense_rows = dense_rows;
+  pa.sorted_token = s->sorted_token.as<int32_t>();
+  pa.slot_of = s->slot_of.as<int32_t>();
+  pa.tiles = s->tiles.as<int32_t>();
+  pa.num_tiles = s->num_tiles.as<int32_t>();
+  pa.expert_offsets = large ? s->offsets.as<int32_t>() : nullptr;
+  cuda::LaunchMoePermute(pa, stream);
+  if (large) {
+    LLM_RETURN_IF_ERROR(RunLargeBatch(ops, w, x, T, s));
+  } else {
+    LLM_RETURN_IF_ERROR(RunTiled(ops, w, x, T, s, max_tiles));
+  }
+  cuda::LaunchMoeCombine(s->y.ptr, pa.slot_of, ra.topk_w, shared ? s->shared_out.ptr : nullptr, T,
+                         K, hidden_, out, stream);
+
+  if (trace.out != nullptr) {
+    std::vector<int32_t> ids(S);
+    GPU_RETURN_IF_ERROR(
+        cudaMemcpyAsync(ids.data(), ra.topk_ids, S * 4, cudaMemcpyDeviceToHost, stream));
+    GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    for (int r = 0; r < T; ++r) {
+      MoeRoutingDecision& rec = trace.out->emplace_back();
+      rec.row = r;
+      rec.position = trace.positions[r];
+      rec.layer = trace.layer;
+      rec.experts.assign(ids.begin() + r * K, ids.begin() + (r + 1) * K);
+      std::sort(rec.experts.begin(), rec.experts.end());
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace llm

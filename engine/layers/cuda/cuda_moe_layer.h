@@ -1,0 +1,150 @@
+// The one routed mixture-of-experts layer on CUDA, for every MoE architecture (DeepSeek-V2/V3,
+// Mixtral, Qwen3-MoE, gpt-oss: they differ in MoeRouting, MoeTensorNames and the gate). It never
+// waits for the host: the router (fp32 input, fp32 weight, fp32 GEMM), the routing
+// (kernels/cuda/moe/moe_ops.h), the permutation by expert, the grouped expert GEMMs and the combine
+// read every routing-dependent size from device memory, so a decode step that runs it can be
+// captured in a CUDA graph (graph_safe). The CPU oracle is CpuMoe (cpu_moe.h).
+//
+//   logits [T, E]      = x_f32 @ router^T                      (cuBLAS, fp32 pedantic)
+//   ids, w [T, k]      = MoeRouter's rule                       (one warp per token)
+//   slots by expert    = stable counting sort, tiles of kMoeTileRows rows per expert
+//   act [S, I]         = silu(x[tok] Wg_e^T) * (x[tok] Wu_e^T)  (grouped GEMM, fused epilogue)
+//                        gpt-oss: (+ expert biases) clamped SwiGLU, CpuMlp::Gate
+//   y [S, hidden]      = act Wd_e^T (+ expert bias)             (grouped GEMM)
+//   out [T, hidden]    = shared(x) + sum_k w[t, k] y[slot(t, k)] (fixed order, no atomics)
+// The shared experts are one more group of both grouped GEMMs (every token, weight 1): no
+// launches of their own, and with fp8 weights their activations stay bf16 as the experts'.
+//
+// Large batches (prefill chunks: at least large_batch_slots_per_expert slots per expert on
+// average, bf16 experts, not capturing) take a second path: the 16-row tiles above stream every
+// expert's weights once per 16 rows, which at thousands of rows is L2-bandwidth-bound, so there
+// the layer reads the experts' row counts back (one wait per layer), gathers the rows by expert
+// and runs cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx, one problem per expert; per-expert
+// GEMMs once experts have hundreds of rows) for gate_up and for down, with the gated activation and
+// the biases as separate element-wise kernels (moe_large_batch.cu) and the shared experts as two
+// plain GEMMs. Built only with the CUDA backend.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/layers/cpu/cpu_moe.h"
+#include "engine/layers/cuda/cuda_gated_mlp.h"
+#include "engine/layers/cuda/cuda_linear.h"
+#include "engine/layers/moe_router.h"
+#include "kernels/cuda/moe/moe_ops.h"
+
+namespace llm {
+
+struct CudaMoeWeights {
+  DeviceBuffer router;       // fp32 [E, hidden] (the checkpoint's values, widened)
+  DeviceBuffer router_bias;  // fp32 [E] selection bias, or empty
+  DeviceBuffer logit_bias;   // fp32 [E] the router's own bias (MoeTensorNames::router_bias)
+  // fp32 expert biases (MoeTensorNames::expert_bias): [E][2 I] (gate, then up), [E][hidden].
+  DeviceBuffer gate_up_bias, down_bias;
+  CudaLinear gate_up;   // E stacked [2 I, hidden] (gate rows, then up rows)
+  CudaLinear down;      // E stacked [hidden, I]
+  CudaGatedMlp shared;  // inter 0 without shared experts
+};
+
+// One set of activations for up to `cap` tokens. A captured graph holds these pointers: reserve
+// a graph set once before the first capture and never grow it after.
+struct CudaMoeScratch {
+  DeviceBuffer x_f32;  // fp32 [cap, hidden]: the router's input (the caller's norm writes it)
+  DeviceBuffer logits, topk_ids, topk_w, sorted_token, slot_of, tiles, num_tiles, act, y;
+  DeviceBuffer shared_act, shared_out;  // the shared experts' [cap, shared I], [cap, hidden]
+  int cap = 0;
+  // The large-batch path's (CudaMoeLayer::Run): gate_up outputs [rows, 2 I] bf16, the experts'
+  // row offsets [E + 1], the grouped GEMMs' pointer arrays. Reserved only where `cap` rows reach
+  // the path; large_cap is then cap.
+  DeviceBuffer gu, offsets, ptrs;
+  int large_cap = 0;
+};
+
+// The routing kernel's arguments for `routing` (pointers and the token count left to the caller).
+cuda::MoeRouteArgs MoeRouteArgsOf(const MoeRouting& routing);
+// The grouped GEMMs' view of the fp8 scales of `lin`: experts of rows_per_expert rows and k
+// columns stacked (or one matrix: the shared experts).
+cuda::MoeGemmScales MoeGemmScalesOf(const CudaLinear& lin, int rows_per_expert, int k);
+
+class CudaMoeLayer {
+ public:
+  // InvalidArgument naming what does not fit: more than 512 experts or 32 groups, top-k over 32,
+  // shapes the grouped GEMMs do not tile (hidden, I and the shared experts' I multiples of 64),
+  // groups that do not divide the experts, a gate other than SiLU or the clamped SwiGLU.
+  static Status Check(const MoeRouting& routing, int hidden, int inter, int shared_inter,
+                      const CpuMlp::Gate& gate = {});
+  CudaMoeLayer(const MoeRouting& routing, int hidden, int inter, int shared_inter,
+               const CpuMlp::Gate& gate = {})
+      : r_(routing), hidden_(hidden), inter_(inter), shared_inter_(shared_inter), gate_(gate) {}
+
+  // Router, selection bias, experts and shared experts of the block at `block_prefix`
+  // (layer prefix + names.block), quantized to `quant` (routed experts: one fp8 scale each).
+  // fp8_checkpoint: per-expert tensors stored in e4m3 keep their bytes and scales
+  // (CudaLinear::LoadCheckpoint over all experts stacked: per-expert, per-row or 128x128 block
+  // scales, which the grouped GEMMs apply); their activations stay bf16, so a static input_scale
+  // is not used (logged). Stacked experts (gpt-oss) are read on the host through ReadExpertMatrix
+  // (bf16 / fp32 or MXFP4, dequantized), their interleaved gate / up rows split into the GEMM's
+  // gate-then-up layout; dummy weights fill that layout directly (biases 0).
+  Status Load(Bf16WeightLoader& loader, const WeightStore* weights, const CudaLinearOps& ops,
+              WeightQuant quant, const std::string& block_prefix, const MoeTensorNames& names,
+              CudaMoeWeights* w, bool fp8_checkpoint = false) const;
+  Status Reserve(int rows, CudaMoeScratch* s) const;
+
+  // Slots per expert (T * top_k / E) from which a batch takes the large-batch path; set before
+  // Reserve (tests and benchmarks force either path: 0 always, INT_MAX never).
+  static constexpr int kLargeBatchSlotsPerExpert = 64;
+  void set_large_batch_slots_per_expert(int v) { large_batch_slots_ = v; }
+  // The large-batch path's expert GEMMs: one grouped call, or one cublasGemmEx per expert, which
+  // is faster once each expert has hundreds of rows (H200, "[.bench][moe_prefill]": V2-Lite's
+  // layer at 8,192 tokens, 768 rows per expert, 2.60 against 3.64 ms; Qwen3-30B-A3B's, 512 rows,
+  // 2.74 against 2.68; at 1,024 tokens the grouped call is 2.4-5.5x faster). kAuto: per expert
+  // from kPerExpertGemmRows rows per expert on average.
+  enum class LargeBatchGemm { kAuto, kGrouped, kPerExpert };
+  static constexpr int kPerExpertGemmRows = 640;
+  void set_large_batch_gemm(LargeBatchGemm v) { large_batch_gemm_ = v; }
+  // Whether Run takes the large-batch path for T rows of weights `w` (outside a capture).
+  bool TakesLargeBatchPath(int T, const CudaMoeWeights& w) const;
+
+  struct Trace {
+    std::vector<MoeRoutingDecision>* out = nullptr;  // null: no trace
+    int layer = 0;
+    const int32_t* positions = nullptr;  // host [T]
+  };
+  // out [T, hidden] (bf16) = the layer applied to x (bf16 [T, hidden]) with the router reading
+  // s->x_f32 (the same rows in fp32). With a trace, copies the decisions back and waits for them
+  // (never inside a graph: graph_safe is false while a trace is set).
+  Status Run(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
+             CudaMoeScratch* s, void* out, const Trace& trace) const;
+
+  // Run never waits for the host (only a trace does, and Run refuses a trace while the stream
+  // is capturing).
+  bool graph_safe() const { return true; }
+  const MoeRouting& routing() const { return r_; }
+
+ private:
+  // The stacked experts' weights and biases (MoeTensorNames::stacked_experts).
+  Status LoadStacked(Bf16WeightLoader& loader, const WeightStore* weights,
+                     const std::string& block_prefix, const MoeTensorNames& names,
+                     CudaMoeWeights* w) const;
+
+  // The expert GEMMs of the tiled (graph-safe) path, after the permutation.
+  Status RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
+                  CudaMoeScratch* s, int max_tiles) const;
+  // The expert GEMMs, activation and biases of the large-batch path, after the permutation.
+  Status RunLargeBatch(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
+                       CudaMoeScratch* s) const;
+  // C rows [off[e], off[e + 1]) = A rows [off[e], ...) W_e^T for every expert with rows; W_e is
+  // [n, k] at w + e * n * k; A [rows, k], C [rows, n], bf16. `ptrs` holds 3 E device pointers.
+  Status GroupedGemm(const CudaLinearOps& ops, const std::vector<int32_t>& off, const void* a,
+                     const void* w, int n, int k, void* c, void* ptrs) const;
+
+  MoeRouting r_;
+  int hidden_, inter_, shared_inter_;
+  CpuMlp::Gate gate_;
+  int large_batch_slots_ = kLargeBatchSlotsPerExpert;
+  LargeBatchGemm large_batch_gemm_ = LargeBatchGemm::kAuto;
+};
+
+}  // namespace llm

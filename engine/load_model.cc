@@ -1,0 +1,125 @@
+// Model factory: picks the implementation for a model directory.
+#include "engine/architectures/cpu_decoder.h"
+#include "engine/architectures/cpu_deepseek_model.h"
+#include "engine/runtime/model.h"
+#include "engine/runtime/synthetic_model.h"
+#ifdef LLM_HAVE_CUDA
+#include "engine/runtime/cuda/cuda_model_runner.h"
+#endif
+
+namespace llm {
+namespace {
+
+// DeepSeek-V3's multi-token-prediction layers (num_nextn_predict_layers of them, numbered from
+// num_hidden_layers): a speculative-decoding head that HF does not load either.
+bool IsMtpLayerTensor(const std::string& name, const void* ctx) {
+  const auto& d = *static_cast<const DeepseekConfig*>(ctx);
+  for (int l = d.base.num_layers; l < d.base.num_layers + d.num_nextn_predict_layers; ++l) {
+    if (name.rfind("model.layers." + std::to_string(l) + ".", 0) == 0) return true;
+  }
+  return false;
+}
+
+StatusOr<std::unique_ptr<WeightStore>> OpenWeights(const std::string& model_dir,
+                                                   const ModelConfig& config) {
+  LLM_ASSIGN_OR_RETURN(auto weights, WeightStore::Open(model_dir));
+  weights->set_quantization(config.quantization);
+  return weights;
+}
+
+}  // namespace
+
+Status CheckChoice(const char* option, const std::string& value,
+                   std::span<const char* const> choices) {
+  std::string list;
+  for (const char* c : choices) {
+    if (value == c) return Status::Ok();
+    list += (list.empty() ? "" : ", ") + std::string(c);
+  }
+  return InvalidArgument(std::string(option) + " must be one of " + list + ", got '" + value + "'");
+}
+
+std::string ResolveDevice(const std::string& device) {
+#ifdef LLM_HAVE_CUDA
+  if (device == "auto") return CudaAvailable() ? "cuda" : "cpu";
+#endif
+  return device == "auto" ? "cpu" : device;
+}
+
+StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
+  LLM_RETURN_IF_ERROR(CheckChoice("device", options.device, kDeviceChoices));
+  LLM_RETURN_IF_ERROR(CheckChoice("weight_dtype", options.weight_dtype, kWeightDtypeChoices));
+  LLM_RETURN_IF_ERROR(CheckChoice("mla_kernel", options.mla_kernel, kMlaKernelChoices));
+  LLM_RETURN_IF_ERROR(CheckChoice("c8_prefill", options.c8_prefill, kC8PrefillChoices));
+  if (options.block_size <= 0 || options.block_size > 1024) {
+    return InvalidArgument("block_size must be in [1, 1024]");
+  }
+  if (options.model_dir.rfind("synthetic", 0) == 0) {
+    // The synthetic model computes on the host; "auto" means the cpu for it.
+    if (options.device == "cuda") return InvalidArgument("synthetic models run on device cpu only");
+    if (options.dummy_weights) return InvalidArgument("dummy weights need the cuda device");
+    return SyntheticModel::Create(options);
+  }
+#ifndef LLM_HAVE_CUDA
+  if (options.device == "cuda") {
+    return Unavailable(
+        "device 'cuda' requested but this build has no CUDA backend "
+        "(configure with the cuda preset)");
+  }
+#endif
+  [[maybe_unused]] const bool on_cuda = ResolveDevice(options.device) == "cuda";
+  const bool fp8_weights = options.weight_dtype == "fp8";
+  if (IsDeepseekModelDir(options.model_dir)) {  // MLA + MoE: its own config and model
+    LLM_ASSIGN_OR_RETURN(DeepseekConfig config, LoadDeepseekConfig(options.model_dir));
+#ifdef LLM_HAVE_CUDA
+    if (on_cuda) {
+      if (options.dummy_weights) return CreateCudaDeepseekModel(config, nullptr, options);
+      LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config.base));
+      LLM_ASSIGN_OR_RETURN(auto model, CreateCudaDeepseekModel(config, weights.get(), options));
+      LLM_RETURN_IF_ERROR(
+          weights->CheckAllConsumed(config.base.architecture_name, IsMtpLayerTensor, &config));
+      return model;
+    }
+#endif
+    if (options.dummy_weights) return InvalidArgument("dummy weights need the cuda device");
+    if (fp8_weights) return InvalidArgument("fp8 weights need the cuda device");
+    LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config.base));
+    LLM_ASSIGN_OR_RETURN(auto model, DeepseekModel::Create(config, *weights, options));
+    LLM_RETURN_IF_ERROR(
+        weights->CheckAllConsumed(config.base.architecture_name, IsMtpLayerTensor, &config));
+    return std::unique_ptr<Model>(std::move(model));
+  }
+  LLM_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
+#ifdef LLM_HAVE_CUDA
+  if (on_cuda) {
+    // The CUDA decoder definition computes Llama, Mistral, Qwen2, Qwen3, Gemma 2 / 3, Mixtral and
+    // Qwen3-MoE (its MoE layers through the CUDA MoE layer); gpt-oss loads as far as its
+    // DecoderSpec, which the definition refuses by name where it does not compute it.
+    if (config.architecture != Architecture::kLlama &&
+        config.architecture != Architecture::kMistral &&
+        config.architecture != Architecture::kQwen2 &&
+        config.architecture != Architecture::kQwen3 &&
+        config.architecture != Architecture::kGemma2 &&
+        config.architecture != Architecture::kGemma3 &&
+        config.architecture != Architecture::kMixtral &&
+        config.architecture != Architecture::kQwen3Moe &&
+        config.architecture != Architecture::kGptOss) {
+      return Unimplemented(config.architecture_name +
+                           " is not implemented on device cuda (it runs on --device cpu)");
+    }
+    if (options.dummy_weights) return CreateCudaLlamaModel(config, nullptr, options);
+    LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config));
+    LLM_ASSIGN_OR_RETURN(auto model, CreateCudaLlamaModel(config, weights.get(), options));
+    LLM_RETURN_IF_ERROR(weights->CheckAllConsumed(config.architecture_name));
+    return model;
+  }
+#endif
+  if (options.dummy_weights) return InvalidArgument("dummy weights need the cuda device");
+  if (fp8_weights) return InvalidArgument("fp8 weights need the cuda device");
+  LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config));
+  LLM_ASSIGN_OR_RETURN(auto model, CpuDecoder::Create(config, *weights, options));
+  LLM_RETURN_IF_ERROR(weights->CheckAllConsumed(config.architecture_name));
+  return std::unique_ptr<Model>(std::move(model));
+}
+
+}  // namespace llm

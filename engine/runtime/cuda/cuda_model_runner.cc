@@ -1,0 +1,494 @@
+#include "engine/runtime/cuda/cuda_model_runner.h"
+
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <map>
+
+#include <spdlog/spdlog.h>
+
+#include "engine/runtime/cuda/cuda_logits_readback.h"
+#include "kernels/backend_registry.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_info.h"
+#include "kernels/cuda/common/pinned_staging.h"
+#include "kernels/cuda/ops/elementwise_ops.h"
+
+namespace llm {
+
+StatusOr<std::unique_ptr<AttentionBackend>> CudaLoadContext::SelectAttention(
+    const AttentionSpec& spec) const {
+  std::string table;
+  auto backend = BackendRegistry::Global().Create(spec, options->attention_backend, &table);
+  spdlog::info("{}", table);
+  if (!backend.ok()) return backend.status();
+  (*backend)->set_stream(ops->stream);
+  return backend;
+}
+
+namespace {
+
+class CudaModelRunner final : public Model {
+ public:
+  explicit CudaModelRunner(std::unique_ptr<CudaDecoder> decoder) : dec_(std::move(decoder)) {}
+  ~CudaModelRunner() override {
+    for (auto& [bucket, exec] : graphs_) cudaGraphExecDestroy(exec);
+    dec_.reset();  // its buffers and backends before the stream
+    if (blas_) cublasDestroy(blas_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  Status Init(const WeightStore* weights, const ModelLoadOptions& options);
+  const ModelConfig& config() const override { return dec_->config(); }
+  Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override {
+    std::vector<int32_t> unused;
+    ForwardBatch full = batch;
+    full.device_sampled.clear();  // every row's logits
+    return ForwardSampled(full, logits, &unused);
+  }
+  Status ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,
+                        std::vector<int32_t>* tokens) override;
+  bool samples_on_device() const override { return true; }
+  bool supports_overlap() const override { return true; }
+  Status Launch(const ForwardBatch& batch) override;
+  Status Collect(std::vector<int32_t>* tokens) override;
+  std::string attention_backend_name() const override { return dec_->attention().name(); }
+  std::string kv_cache_dtype_name() const override { return dec_->kv_cache_dtype_name(); }
+  int num_kv_blocks() const override { return num_blocks_; }
+  int64_t graph_steps() const override { return graph_steps_; }
+  size_t kv_bytes_per_block() const override {
+    return dec_->attention().BlockBytes() * config().num_layers;
+  }
+  // A captured step would replay without recording: steps run eagerly while a trace is set.
+  bool set_routing_trace(std::vector<MoeRoutingDecision>* trace) override {
+    tracing_ = trace != nullptr;
+    return dec_->set_routing_trace(trace);
+  }
+
+ private:
+  // The runner's part of a scratch set: the step's ints, the residual stream, the norm output.
+  struct Scratch {
+    DeviceBuffer ints;  // [ids: cap][positions: cap][logit rows: cap]
+    DeviceBuffer residual, xn;
+    int cap = 0;
+    const int32_t* ids() const { return ints.as<int32_t>(); }
+    const int32_t* positions() const { return ints.as<int32_t>() + cap; }
+    const int32_t* rows() const { return ints.as<int32_t>() + 2 * cap; }
+  };
+  // Scratch set `set` (and the definition's) for at least `rows` rows, in 16-row groups.
+  Status Reserve(int set, int rows);
+  // One upload of the batch's ids, positions and logit rows into the set's ints; rows past the
+  // batch (graph padding) get token 0 at position 0. Pinned staging: a pageable source may make
+  // the copy wait for the stream, i.e. for the previous step, which overlapped steps must not.
+  Status UploadInputs(const ForwardBatch& batch, Scratch& s);
+  // Embedding and every layer for `rows` rows of set `set` (the part a decode graph captures).
+  StatusOr<CudaLayersOut> LaunchLayers(const ForwardBatch& batch, int set, int rows);
+  // Decode-only step of at most graph_max_batch_ sequences: the padded row count of its graph,
+  // else 0 (eager).
+  int GraphBucket(const ForwardBatch& batch) const;
+  // The padded row count of a decode step of n <= graph_max_batch_ sequences.
+  int BucketFor(int n) const;
+  // Runs one throw-away decode step per bucket, which captures its graph (ModelLoadOptions::
+  // cuda_graph_warmup). Block 0's first slot is the only KV any of them writes or reads.
+  Status CaptureAllGraphs();
+  // Plans, uploads and runs the layers of a bucket's step through its graph (captured on first
+  // use, after one eager run of the same step).
+  StatusOr<CudaLayersOut> RunGraph(const ForwardBatch& batch, int bucket);
+  // Records LaunchLayers for `bucket` into graphs_ (nothing runs).
+  Status Capture(const ForwardBatch& batch, int bucket);
+  // Queues the whole forward, sampling and readback of a batch; returns its readback slot.
+  StatusOr<int> Enqueue(const ForwardBatch& batch);
+
+  std::unique_ptr<CudaDecoder> dec_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  DeviceBuffer blas_workspace_;  // fixed, so cuBLAS needs no allocation inside a capture
+  CudaFp8Gemm fp8_gemm_;
+  DeviceBuffer unit_scale_, amax_;  // CudaLinearOps::unit_scale / amax
+  CudaLinearOps ops_;
+  DeviceBuffer embed_, lm_head_, final_norm_;
+  CudaModelSettings settings_;
+  int block_size_ = 0;
+  int num_blocks_ = 0;
+  Scratch sets_[2];              // eager, graph
+  int graph_max_batch_ = 0;      // 0: no graphs
+  bool tracing_ = false;         // set_routing_trace: eager steps only
+  int graph_pages_per_seq_ = 0;  // block-table entries a graph step's sequence may have
+  bool graphs_reserved_ = false;
+  int64_t graph_steps_ = 0;
+  std::map<int, cudaGraphExec_t> graphs_;  // bucket -> instantiated decode graph
+  CudaLayersOut graph_out_;                // where the graph set's last layer leaves its output
+  DeviceBuffer last_, logits_;
+  cuda::PinnedStaging input_staging_;
+  CudaLogitsReadback readback_;
+  std::deque<int> launched_;  // readback slots of launched, not yet collected forwards
+  // Logit rows whose tokens the last forward left in readback_.device_tokens() (all its rows were
+  // sampled on the device), which the next forward may feed back; 0 otherwise.
+  int feed_rows_ = 0;
+  std::vector<float> collect_logits_;  // unused logits output of Collect
+};
+
+Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& options) {
+  const ModelConfig& c = config();
+  GPU_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  BLAS_RETURN_IF_ERROR(cublasCreate(&blas_));
+  BLAS_RETURN_IF_ERROR(cublasSetStream(blas_, stream_));
+  LLM_RETURN_IF_ERROR(blas_workspace_.Alloc(32ull << 20));
+  BLAS_RETURN_IF_ERROR(cublasSetWorkspace(blas_, blas_workspace_.ptr, blas_workspace_.bytes));
+  ops_.stream = stream_;
+  ops_.blas = blas_;
+  CudaLoadContext ctx;
+  ctx.options = &options;
+  ctx.weights = w;
+  ctx.ops = &ops_;
+  // A pre-quantized checkpoint keeps its e4m3 projections (unless weight_dtype bf16 asks for the
+  // dequantized model) where the definition can: no bf16 copy of them is ever made.
+  ctx.fp8_checkpoint = w != nullptr && !options.dummy_weights && w->quantization().fp8() &&
+                       options.weight_dtype != "bf16" && dec_->keeps_checkpoint_fp8();
+  if (w != nullptr && w->quantization().fp8() && !ctx.fp8_checkpoint) {
+    spdlog::warn("cuda model: {} checkpoint weights are dequantized to bf16 ({})",
+                 w->quantization().quant_method,
+                 options.weight_dtype == "bf16"
+                     ? "weight_dtype bf16"
+                     : std::string("the ") + dec_->name() + " definition keeps no checkpoint fp8");
+  }
+  if (options.weight_dtype == "fp8") ctx.weight_quant = WeightQuant::kFp8PerTensor;
+  if (options.weight_dtype == "fp8" || ctx.fp8_checkpoint) {
+    LLM_RETURN_IF_ERROR(fp8_gemm_.Init(stream_, blas_workspace_.ptr, blas_workspace_.bytes,
+                                       /*tune_max_m=*/256, options.fp8_fast_accumulation));
+    LLM_RETURN_IF_ERROR(amax_.Alloc(sizeof(float)));
+    LLM_RETURN_IF_ERROR(unit_scale_.Alloc(CudaLinear::kScaleSlot * sizeof(float)));
+    const float one = 1.0f;
+    GPU_RETURN_IF_ERROR(cudaMemcpy(unit_scale_.ptr, &one, sizeof(one), cudaMemcpyHostToDevice));
+    ops_.fp8 = &fp8_gemm_;
+    ops_.unit_scale = unit_scale_.as<float>();
+    ops_.amax = amax_.as<float>();
+  }
+  int dev = 0, major = 0, minor = 0;
+  GPU_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  GPU_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  GPU_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  ctx.device_arch = major * 10 + minor;
+  block_size_ = options.block_size;
+  Bf16WeightLoader loader(options.dummy_weights ? nullptr : w, stream_);
+  ctx.loader = &loader;
+  LLM_RETURN_IF_ERROR(dec_->SelectAttention(ctx));
+  settings_ = dec_->settings();
+
+  // Embedding, final norm and LM head stay bf16 whatever the projections' quantization.
+  const int64_t h = c.hidden_size, vocab = c.vocab_size;
+  LLM_RETURN_IF_ERROR(loader.Load({"model.embed_tokens.weight"}, {{vocab, h}}, 0, 1.0f, &embed_));
+  LLM_RETURN_IF_ERROR(loader.Load({"model.norm.weight"}, {{h}}, 1.0f, 0.1f, &final_norm_));
+  if (!c.tie_word_embeddings) {
+    LLM_RETURN_IF_ERROR(loader.Load({"lm_head.weight"}, {{vocab, h}}, 0, 0.02f, &lm_head_));
+  }
+  LLM_RETURN_IF_ERROR(dec_->Load(ctx));
+  if (options.cuda_graph_max_batch > 0 && dec_->graph_safe() &&
+      dec_->attention().supports_graphs()) {
+    graph_max_batch_ = options.cuda_graph_max_batch;
+    graph_pages_per_seq_ =
+        (c.max_position_embeddings + options.block_size - 1) / options.block_size;
+  }
+  LLM_RETURN_IF_ERROR(readback_.Reserve());  // fed-back tokens: a fixed address for the graphs
+
+  // KV pool: an explicit block count, or a fraction of the memory left after the weights.
+  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  const size_t per_block = kv_bytes_per_block();
+  if (options.num_kv_blocks > 0) {
+    num_blocks_ = options.num_kv_blocks;
+  } else {
+    size_t free_bytes = 0, total = 0;
+    GPU_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total));
+    const double budget = static_cast<double>(free_bytes) * options.gpu_memory_fraction;
+    num_blocks_ = static_cast<int>(budget / per_block);
+  }
+  if (num_blocks_ < 1) return ResourceExhausted("no GPU memory left for a single KV block");
+  LLM_RETURN_IF_ERROR(dec_->AllocateCache(ctx, num_blocks_));
+
+  const char* why_not = options.cuda_graph_max_batch <= 0 ? " (none: disabled)"
+                        : !dec_->attention().supports_graphs()
+                            ? " (none: the attention backend cannot be captured)"
+                        : !dec_->graph_safe() ? " (none: the layers synchronize with the host)"
+                                              : "";
+  spdlog::info("cuda model: decode steps of up to {} sequences run in CUDA graphs{}",
+               graph_max_batch_, why_not);
+  const std::string extra = dec_->Summary();
+  spdlog::info("cuda model: {} {} layers{} on sm_{}, {} {} weights, KV {} x {} blocks ({:.1f} GiB)",
+               dec_->name(), c.num_layers, extra.empty() ? "" : " (" + extra + ")", ctx.device_arch,
+               loader.dummy() ? "DUMMY (random)" : "checkpoint",
+               ctx.fp8_checkpoint ? "fp8-e4m3 as stored (" + w->quantization().quant_method + ")"
+                                  : std::string(WeightQuantName(ctx.weight_quant)),
+               dec_->kv_cache_dtype_name(), num_blocks_,
+               static_cast<double>(per_block) * num_blocks_ / (1ull << 30));
+  if (graph_max_batch_ > 0 && options.cuda_graph_warmup) LLM_RETURN_IF_ERROR(CaptureAllGraphs());
+  return Status::Ok();
+}
+
+Status CudaModelRunner::Reserve(int set, int rows) {
+  rows = Fp8Rows16(rows);
+  Scratch& s = sets_[set];
+  LLM_RETURN_IF_ERROR(dec_->Reserve(set, rows));
+  if (rows <= s.cap) return Status::Ok();
+  const size_t T = static_cast<size_t>(rows), H = config().hidden_size;
+  LLM_RETURN_IF_ERROR(s.ints.Alloc(3 * T * 4));
+  LLM_RETURN_IF_ERROR(s.residual.Alloc(T * H * 4));
+  LLM_RETURN_IF_ERROR(s.xn.Alloc(T * H * 2));
+  // Padding rows of a graph bucket are computed too: keep them finite from the start.
+  GPU_RETURN_IF_ERROR(cudaMemsetAsync(s.residual.ptr, 0, s.residual.bytes, stream_));
+  GPU_RETURN_IF_ERROR(cudaMemsetAsync(s.xn.ptr, 0, s.xn.bytes, stream_));
+  s.cap = rows;
+  return Status::Ok();
+}
+
+Status CudaModelRunner::UploadInputs(const ForwardBatch& batch, Scratch& s) {
+  const size_t n = 2 * static_cast<size_t>(s.cap) + batch.logit_rows.size();
+  LLM_ASSIGN_OR_RETURN(void* buf, input_staging_.Acquire(n * 4));
+  auto* host = static_cast<int32_t*>(buf);
+  std::fill(host, host + n, 0);
+  std::copy(batch.token_ids.begin(), batch.token_ids.end(), host);
+  std::copy(batch.positions.begin(), batch.positions.end(), host + s.cap);
+  std::copy(batch.logit_rows.begin(), batch.logit_rows.end(), host + 2 * s.cap);
+  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(s.ints.ptr, host, n * 4, cudaMemcpyHostToDevice, stream_));
+  return input_staging_.Queued(stream_);
+}
+
+StatusOr<CudaLayersOut> CudaModelRunner::LaunchLayers(const ForwardBatch& batch, int set,
+                                                      int rows) {
+  Scratch& s = sets_[set];
+  cuda::LaunchEmbedding(embed_.ptr, s.ids(), rows, config().hidden_size, s.residual.as<float>(),
+                        stream_, readback_.device_tokens(), settings_.embed_scale);
+  CudaStep step;
+  step.set = set;
+  step.rows = rows;
+  step.batch = &batch;
+  step.positions = s.positions();
+  step.residual = s.residual.as<float>();
+  step.xn = s.xn.ptr;
+  return dec_->RunLayers(step);
+}
+
+int CudaModelRunner::GraphBucket(const ForwardBatch& batch) const {
+  const AttentionBatch& a = batch.attn;
+  if (graph_max_batch_ == 0 || tracing_ || a.num_seqs == 0 || a.num_tokens != a.num_seqs ||
+      a.num_seqs > graph_max_batch_) {
+    return 0;
+  }
+  for (int i = 0; i < a.num_seqs; ++i) {
+    if (a.q_indptr[i + 1] - a.q_indptr[i] != 1) return 0;
+    if (a.page_indptr[i + 1] - a.page_indptr[i] > graph_pages_per_seq_) return 0;
+  }
+  return BucketFor(a.num_seqs);
+}
+
+int CudaModelRunner::BucketFor(int n) const {
+  // 1, 2, 4, then multiples of 8 (as vLLM): at most 7 padding rows past 8.
+  const int bucket = n <= 4 ? (n <= 1 ? 1 : n <= 2 ? 2 : 4) : (n + 7) / 8 * 8;
+  return std::min(bucket, std::max(graph_max_batch_, n));
+}
+
+Status CudaModelRunner::CaptureAllGraphs() {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<float> logits;
+  std::vector<int32_t> tokens;
+  int captured = 0;
+  for (int n = graph_max_batch_; n >= 1; --n) {
+    const int bucket = BucketFor(n);
+    if (bucket != n || graphs_.count(bucket)) continue;
+    // `bucket` sequences of one token at position 0, all in block 0: row 0 appends the one K/V
+    // entry every row then attends to (so the cache holds finite values); the others append none.
+    ForwardBatch fb;
+    AttentionBatch& a = fb.attn;
+    a.num_seqs = bucket;
+    a.num_tokens = bucket;
+    for (int i = 0; i <= bucket; ++i) {
+      a.q_indptr.push_back(i);
+      a.page_indptr.push_back(i);
+    }
+    a.kv_lens.assign(bucket, 1);
+    a.page_indices.assign(bucket, 0);
+    a.slot_mapping.assign(bucket, -1);
+    a.slot_mapping[0] = 0;
+    fb.token_ids.assign(bucket, 0);
+    fb.positions.assign(bucket, 0);
+    for (int i = 0; i < bucket; ++i) fb.logit_rows.push_back(i);
+    fb.device_sampled.assign(bucket, 1);
+    fb.sampling_jobs.assign(bucket, SamplingJob{});
+    fb.penalty_indptr.assign(bucket + 1, 0);
+    LLM_RETURN_IF_ERROR(ForwardSampled(fb, &logits, &tokens));
+    if (graph_max_batch_ == 0) break;  // a capture failed: decode steps run eagerly (logged)
+    ++captured;
+  }
+  feed_rows_ = 0;  // nothing of these steps may be fed back
+  spdlog::info("cuda model: captured {} decode graphs at start-up in {:.2f} s", captured,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return Status::Ok();
+}
+
+StatusOr<CudaLayersOut> CudaModelRunner::RunGraph(const ForwardBatch& batch, int bucket) {
+  if (!graphs_reserved_) {
+    const int cap = (graph_max_batch_ + 7) / 8 * 8;
+    LLM_RETURN_IF_ERROR(Reserve(1, cap));
+    LLM_RETURN_IF_ERROR(dec_->attention().ReserveGraphs(cap, cap * graph_pages_per_seq_));
+    graphs_reserved_ = true;
+  }
+  LLM_RETURN_IF_ERROR(dec_->PlanGraph(batch, bucket));
+  // Padding rows: token 0 at position 0 (their results are never read).
+  LLM_RETURN_IF_ERROR(UploadInputs(batch, sets_[1]));
+  auto it = graphs_.find(bucket);
+  if (it != graphs_.end()) {
+    GPU_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream_));
+    ++graph_steps_;
+    return graph_out_;
+  }
+  // First step of this bucket: run it eagerly (its results are this step's), then capture the
+  // same launches for the next ones. Capture records without executing.
+  LLM_ASSIGN_OR_RETURN(CudaLayersOut out, LaunchLayers(batch, 1, bucket));
+  graph_out_ = out;  // the graph set's pointers: the same for every bucket
+  const Status captured = Capture(batch, bucket);
+  if (!captured.ok()) {
+    // The step itself already ran: a capture failure costs speed, never a request.
+    spdlog::warn(
+        "cuda model: capturing the decode graph for {} rows failed ({}); decode steps run "
+        "eagerly from now on",
+        bucket, captured.ToString());
+    graph_max_batch_ = 0;
+    (void)cudaGetLastError();  // capture errors are not sticky; clear the last one
+  }
+  return out;
+}
+
+Status CudaModelRunner::Capture(const ForwardBatch& batch, int bucket) {
+  GPU_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  const Status launched = LaunchLayers(batch, 1, bucket).status();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+  if (!launched.ok() || ended != cudaSuccess) {
+    if (graph) cudaGraphDestroy(graph);
+    LLM_RETURN_IF_ERROR(launched);
+    GPU_RETURN_IF_ERROR(ended);
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  GPU_RETURN_IF_ERROR(inst);
+  graphs_[bucket] = exec;
+  spdlog::info("cuda model: captured the decode graph for {} rows ({} graphs)", bucket,
+               graphs_.size());
+  return Status::Ok();
+}
+
+StatusOr<int> CudaModelRunner::Enqueue(const ForwardBatch& batch) {
+  const ModelConfig& c = config();
+  LLM_RETURN_IF_ERROR(CheckAttentionBatch(batch.attn, block_size_, num_blocks_));
+  const int T = static_cast<int>(batch.token_ids.size());
+  const int R = static_cast<int>(batch.logit_rows.size());
+  const int H = c.hidden_size, V = c.vocab_size;
+  if (batch.attn.num_tokens != T || batch.positions.size() != static_cast<size_t>(T)) {
+    return InvalidArgument("the batch's token ids, positions and attention rows differ in count");
+  }
+  for (int32_t id : batch.token_ids) {
+    if (id >= V || (id < 0 && -(id + 1) >= feed_rows_)) {
+      return InvalidArgument(id < 0 ? "fed-back token row " + std::to_string(-(id + 1)) +
+                                          " is not a row the previous step sampled on the device"
+                                    : "token id out of range");
+    }
+  }
+  const int bucket = GraphBucket(batch);
+  const int set = bucket > 0 ? 1 : 0;
+  const int rows = bucket > 0 ? bucket : T;  // rows the layers computed
+  CudaLayersOut out;
+  if (bucket > 0) {
+    LLM_ASSIGN_OR_RETURN(out, RunGraph(batch, bucket));
+  } else {
+    LLM_RETURN_IF_ERROR(Reserve(0, std::max(T, 16)));
+    LLM_RETURN_IF_ERROR(UploadInputs(batch, sets_[0]));
+    LLM_RETURN_IF_ERROR(dec_->Plan(batch));
+    LLM_ASSIGN_OR_RETURN(out, LaunchLayers(batch, 0, T));
+  }
+  Scratch& s = sets_[set];
+  LLM_RETURN_IF_ERROR(last_.Alloc(std::max<size_t>(static_cast<size_t>(R) * H * 2, 64)));
+  LLM_RETURN_IF_ERROR(logits_.Alloc(std::max<size_t>(static_cast<size_t>(R) * V * 4, 64)));
+  if (R > 0) {
+    // Final residual add for all rows, then the norm of the sampled rows only.
+    cuda::RmsNormArgs fin;
+    fin.residual = s.residual.as<float>();
+    fin.delta = out.delta;
+    fin.delta_scale = out.delta_scale;
+    fin.delta_norm = out.delta_norm;
+    fin.weight = final_norm_.ptr;
+    fin.weight_offset = settings_.norm_weight_offset;
+    fin.num_rows = rows;
+    fin.hidden = H;
+    fin.eps = c.rms_norm_eps;
+    fin.out = s.xn.ptr;
+    cuda::LaunchAddRmsNorm(fin, stream_);
+    cuda::RmsNormArgs last = fin;  // the sampled rows only, gathered
+    last.delta = nullptr;
+    last.delta_scale = nullptr;
+    last.delta_norm = nullptr;
+    last.rows = s.rows();
+    last.num_rows = R;
+    last.out = last_.ptr;
+    cuda::LaunchAddRmsNorm(last, stream_);
+    const void* head = c.tie_word_embeddings ? embed_.ptr : lm_head_.ptr;
+    LLM_RETURN_IF_ERROR(GemmBf16(blas_, last_.ptr, head, R, V, H, logits_.ptr, CUDA_R_32F));
+    if (settings_.final_logit_softcap > 0.f) {  // before the readback and every sampler
+      cuda::LaunchSoftCap(logits_.as<float>(), static_cast<int64_t>(R) * V,
+                          settings_.final_logit_softcap, stream_);
+    }
+  }
+  LLM_ASSIGN_OR_RETURN(int slot, readback_.Issue(batch, logits_.as<float>(), V, stream_));
+  bool all_device = batch.device_sampled.size() == static_cast<size_t>(R);
+  for (int r = 0; r < R && all_device; ++r) all_device = batch.device_sampled[r] != 0;
+  feed_rows_ = all_device ? R : 0;
+  return slot;
+}
+
+Status CudaModelRunner::ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,
+                                       std::vector<int32_t>* tokens) {
+  // A launched forward may still be outstanding (collected after this one); its slot is busy.
+  if (launched_.size() > 1) return FailedPrecondition("two launched forwards are outstanding");
+  LLM_ASSIGN_OR_RETURN(int slot, Enqueue(batch));
+  return readback_.Finish(slot, logits, tokens);
+}
+
+Status CudaModelRunner::Launch(const ForwardBatch& batch) {
+  if (launched_.size() > 1) return FailedPrecondition("two launched forwards are outstanding");
+  for (size_t r = 0; r < batch.logit_rows.size(); ++r) {
+    if (batch.device_sampled.size() != batch.logit_rows.size() || !batch.device_sampled[r]) {
+      return InvalidArgument("a launched forward must sample every logit row on the device");
+    }
+  }
+  LLM_ASSIGN_OR_RETURN(int slot, Enqueue(batch));
+  launched_.push_back(slot);
+  return Status::Ok();
+}
+
+Status CudaModelRunner::Collect(std::vector<int32_t>* tokens) {
+  if (launched_.empty()) return FailedPrecondition("no launched forward to collect");
+  const int slot = launched_.front();
+  launched_.pop_front();
+  return readback_.Finish(slot, &collect_logits_, tokens);
+}
+
+}  // namespace
+
+bool CudaAvailable() {
+  return cuda::CudaDeviceCount() > 0;
+}
+
+StatusOr<std::unique_ptr<Model>> CreateCudaModel(std::unique_ptr<CudaDecoder> decoder,
+                                                 const WeightStore* weights,
+                                                 const ModelLoadOptions& options) {
+  if (!CudaAvailable()) return Unavailable("device 'cuda' requested but no CUDA device is present");
+  if (weights == nullptr && !options.dummy_weights) {
+    return InvalidArgument("a CUDA model needs weights unless dummy_weights is set");
+  }
+  auto m = std::make_unique<CudaModelRunner>(std::move(decoder));
+  LLM_RETURN_IF_ERROR(m->Init(weights, options));
+  return std::unique_ptr<Model>(std::move(m));
+}
+
+}  // namespace llm

@@ -1,0 +1,131 @@
+// The one CUDA model runner: every architecture's forward on the GPU goes through it. It owns the
+// compute stream, cuBLAS / cuBLASLt (CudaLinearOps), the input staging (token ids, positions,
+// logit rows), the embedding, final norm and LM head, the KV pool's size, the CUDA graphs of
+// decode steps (one per padded batch size), overlapped steps (Launch / Collect with fed-back
+// tokens), device sampling and the logits readback. An architecture is a CudaDecoder: its layer
+// weights, its KV cache and attention backend, and the launches of its layers, written against
+// CudaLinear (cuda_linear.h) and the kernels in kernels/cuda. Built only with the CUDA backend.
+//
+// Definitions: cuda_dense_decoder.h (Llama, Mistral, Qwen2, Qwen3), cuda_deepseek_decoder.h
+// (DeepSeek V2 / V3: MLA + MoE).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/layers/cuda/cuda_linear.h"
+#include "engine/loader/deepseek_config.h"
+#include "engine/loader/safetensors.h"
+#include "engine/runtime/model.h"
+#include "kernels/attention_backend.h"
+
+namespace llm {
+
+// What the runner lends a definition while it loads.
+struct CudaLoadContext {
+  const ModelLoadOptions* options = nullptr;
+  const WeightStore* weights = nullptr;  // null: dummy weights
+  Bf16WeightLoader* loader = nullptr;
+  const CudaLinearOps* ops = nullptr;
+  WeightQuant weight_quant = WeightQuant::kBf16;  // for the projections (ModelLoadOptions)
+  // A pre-quantized fp8 checkpoint whose e4m3 projections the definition keeps as they are
+  // (CudaLinear::LoadCheckpoint; weight_quant then applies to its unquantized projections).
+  bool fp8_checkpoint = false;
+  int device_arch = 0;  // e.g. 90
+  // The registry's choice for `spec` (the selection table is logged; a forced
+  // ModelLoadOptions::attention_backend applies), on the runner's stream.
+  StatusOr<std::unique_ptr<AttentionBackend>> SelectAttention(const AttentionSpec& spec) const;
+};
+
+// One step's activations that the runner owns, in the scratch set the step runs on (eager, or the
+// fixed set that decode graphs capture).
+struct CudaStep {
+  int set = 0;                          // 0 eager, 1 graph (a definition keeps one scratch per set)
+  int rows = 0;                         // rows to compute: the batch's tokens, or a graph bucket
+  const ForwardBatch* batch = nullptr;  // the step (a captured step's first instance)
+  const int32_t* positions = nullptr;   // device [rows]
+  float* residual = nullptr;            // fp32 [rows, hidden]: the embedding, layers add into it
+  void* xn = nullptr;                   // bf16 [rows, hidden] scratch (norm outputs)
+};
+
+// The last layer's output, not yet in the residual: the runner's final norm adds it.
+struct CudaLayersOut {
+  const void* delta = nullptr;         // bf16 [rows, hidden]
+  const float* delta_scale = nullptr;  // [rows] row scales (raw fp8 GEMM output) or null
+  const void* delta_norm = nullptr;    // bf16 [hidden]: the branch's own norm first, or null
+};
+
+// What an architecture changes around its layers, in the runner's embedding, final norm and LM
+// head (DecoderSpec's model-level fields; Gemma's values in the comments).
+struct CudaModelSettings {
+  float embed_scale = 1.0f;          // the embedding rows times this (sqrt(hidden))
+  float norm_weight_offset = 0.0f;   // the final norm scales by (offset + w) (1)
+  float final_logit_softcap = 0.0f;  // logits -> cap * tanh(logits / cap); 0: none (Gemma 2)
+};
+
+// An architecture on the runner.
+class CudaDecoder {
+ public:
+  virtual ~CudaDecoder() = default;
+  virtual const ModelConfig& config() const = 0;
+  // Valid after SelectAttention.
+  virtual CudaModelSettings settings() const { return {}; }
+  // Log name, e.g. "llama" or "deepseek".
+  virtual const char* name() const = 0;
+  // Selects the attention backend(s), before any weight is read: an unsupported combination
+  // fails first.
+  virtual Status SelectAttention(const CudaLoadContext& ctx) = 0;
+  // Loads the layers (after the runner's embedding, final norm and LM head; before the KV pool).
+  virtual Status Load(const CudaLoadContext& ctx) = 0;
+  // The decode backend: its name, BlockBytes and graph support are the model's.
+  virtual AttentionBackend& attention() = 0;
+  virtual std::string kv_cache_dtype_name() const = 0;
+  // The KV cache of every layer for num_blocks blocks.
+  virtual Status AllocateCache(const CudaLoadContext& ctx, int num_blocks) = 0;
+  // Whether a decode step's layers never wait for the host (no device-to-host copy or sync), so
+  // the runner may capture them in CUDA graphs (the attention backend must support them too).
+  virtual bool graph_safe() const = 0;
+  // Activations of scratch set `set` for `rows` rows (a multiple of 16). The graph set is
+  // reserved once, before the first capture: captured graphs hold its pointers.
+  virtual Status Reserve(int set, int rows) = 0;
+  // Host-side planning of an eager step (attention plans, uploads the layers need).
+  virtual Status Plan(const ForwardBatch& batch) = 0;
+  // A decode-only step padded to `bucket` rows, in graph form (AttentionBackend::PlanGraph).
+  virtual Status PlanGraph(const ForwardBatch& batch, int bucket) {
+    return attention().PlanGraph(batch.attn, bucket);
+  }
+  // Every layer over step.rows rows (the residual holds the embedding).
+  virtual StatusOr<CudaLayersOut> RunLayers(const CudaStep& step) = 0;
+  // An extra clause of the load summary (e.g. "2 MoE"), or empty.
+  virtual std::string Summary() const { return ""; }
+  // Whether Load honours CudaLoadContext::fp8_checkpoint; otherwise the loader dequantizes a
+  // pre-quantized checkpoint's weights to bf16 (then weight_quant).
+  virtual bool keeps_checkpoint_fp8() const { return false; }
+  virtual bool set_routing_trace(std::vector<MoeRoutingDecision>* trace) {
+    (void)trace;
+    return false;
+  }
+};
+
+// weights may be null when options.dummy_weights is set: tensors are then filled on the device
+// with deterministic random values (benchmarking models too large to ship).
+StatusOr<std::unique_ptr<Model>> CreateCudaModel(std::unique_ptr<CudaDecoder> decoder,
+                                                 const WeightStore* weights,
+                                                 const ModelLoadOptions& options);
+
+// The Llama family (cuda_dense_decoder.cc) and DeepSeek V2 / V3 (cuda_deepseek_decoder.cc) on the
+// runner.
+StatusOr<std::unique_ptr<Model>> CreateCudaLlamaModel(const ModelConfig& config,
+                                                      const WeightStore* weights,
+                                                      const ModelLoadOptions& options);
+StatusOr<std::unique_ptr<Model>> CreateCudaDeepseekModel(const DeepseekConfig& config,
+                                                         const WeightStore* weights,
+                                                         const ModelLoadOptions& options);
+
+// True when this build has the CUDA backend and a device is present.
+bool CudaAvailable();
+
+}  // namespace llm

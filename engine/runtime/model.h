@@ -1,0 +1,157 @@
+// The model-runner interface: one forward pass over a flattened batch of prefill and decode tokens.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/layers/moe_router.h"
+#include "engine/loader/model_config.h"
+#include "kernels/attention_backend.h"
+#include "kernels/cuda/sampling/sampling.h"
+
+namespace llm {
+
+struct ForwardBatch {
+  std::vector<int32_t> token_ids;   // [num_tokens]
+  std::vector<int32_t> positions;   // [num_tokens]
+  AttentionBatch attn;              // block tables and slots for the same tokens
+  std::vector<int32_t> logit_rows;  // rows of the batch whose logits are wanted
+  // Device sampling (only filled for a model whose samples_on_device() is true): per logit row,
+  // 1 if the row wants a token, not logits, drawn from sampling_jobs[r] with the penalty entries
+  // penalties[penalty_indptr[r] .. penalty_indptr[r + 1]) (kernels/cuda/sampling/sampling.h). Rows
+  // that need their logits (logprobs, a logits observer) are 0. Empty: every row returns logits.
+  std::vector<uint8_t> device_sampled;     // [logit_rows]
+  std::vector<SamplingJob> sampling_jobs;  // [logit_rows]
+  std::vector<int32_t> penalty_indptr;     // [logit_rows + 1]
+  std::vector<PenaltyEntry> penalties;     // CSR values
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelConfig& config() const = 0;
+  // logits: [logit_rows.size(), vocab_size], resized by the call.
+  virtual Status Forward(const ForwardBatch& batch, std::vector<float>* logits) = 0;
+  // Forward, sampling the device_sampled rows where the model can: tokens[r] >= 0 is the token of
+  // logit row r, whose logits are then not filled. The default computes every row's logits and
+  // leaves tokens empty (the engine samples them on the host, by the same definition).
+  virtual Status ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,
+                                std::vector<int32_t>* tokens) {
+    tokens->clear();
+    return Forward(batch, logits);
+  }
+  // Whether ForwardSampled samples device_sampled rows (the engine builds jobs only then).
+  virtual bool samples_on_device() const { return false; }
+
+  // Overlapped steps, for models that sample on the device. Launch queues a forward whose logit
+  // rows are all device_sampled and returns without waiting for it; Collect waits for the oldest
+  // launched forward and returns its tokens, one per logit row. At most one launched forward may
+  // be outstanding when the next forward (Launch or ForwardSampled) is issued.
+  // Fed-back tokens: token_ids[t] = -(r + 1) stands for the token that the previous forward
+  // sampled at its logit row r, read on the device, so that step k + 1 can be queued before step
+  // k's tokens reach the host. The previous forward must have sampled all its rows on the device.
+  virtual bool supports_overlap() const { return false; }
+  virtual Status Launch(const ForwardBatch& batch) {
+    (void)batch;
+    return Unimplemented("this model cannot overlap steps");
+  }
+  virtual Status Collect(std::vector<int32_t>* tokens) {
+    (void)tokens;
+    return Unimplemented("this model cannot overlap steps");
+  }
+  virtual std::string attention_backend_name() const = 0;
+  virtual int num_kv_blocks() const = 0;
+  virtual size_t kv_bytes_per_block() const = 0;  // all layers, K and V
+  // Element type (and 8-bit scaling) of the KV cache, for logs and GetModelInfo.
+  virtual std::string kv_cache_dtype_name() const { return "float32"; }
+  // Forward passes whose layers ran from a captured CUDA graph (0 for models without graphs).
+  virtual int64_t graph_steps() const { return 0; }
+  // Opt-in routing record (tests, diagnosis): while `trace` is set, every forward appends one
+  // decision per (batch row, MoE layer) to it; the caller empties it. Null (the default) records
+  // nothing and costs nothing. False: the model has no routing to record.
+  virtual bool set_routing_trace(std::vector<MoeRoutingDecision>* trace) {
+    (void)trace;
+    return false;
+  }
+};
+
+struct ModelLoadOptions {
+  std::string model_dir;
+  int block_size = 64;
+  int num_kv_blocks = 0;  // 0: derive from kv_cache_bytes
+  size_t kv_cache_bytes = 256ull << 20;
+  std::string attention_backend;  // forced backend name, empty for automatic
+  // KV cache element type and scales (engine/loader/kv_cache_quant.h): "auto" (fp32 on CPU),
+  // "int8", "fp8_e4m3" (static scales, per_head or per_channel), "fp8_e4m3_dynamic".
+  std::string kv_cache_dtype = "auto";
+  std::string kv_scale_granularity = "per_head";
+  std::string kv_scales_file;  // llm-calibrate-kv output; empty: scales from the checkpoint
+  // "cpu", "cuda", or "auto" (cuda when this build has it and a device is present).
+  std::string device = "cpu";
+  double gpu_memory_fraction = 0.85;  // of the memory free after weights, for the KV pool
+  // Fill the config's tensors with deterministic random values on the device instead of reading
+  // model.safetensors (benchmarking models too large to ship). CUDA only.
+  bool dummy_weights = false;
+  // Decode-only steps of up to this many sequences replay a CUDA graph captured per padded batch
+  // size (1, 2, 4, then multiples of 8) when the attention backend supports it; 0 disables.
+  int cuda_graph_max_batch = 256;
+  // Capture every one of those graphs while loading (vLLM and TensorRT-LLM do it at start-up), so
+  // no request pays for a bucket's first eager step, its fp8 GEMM tuning and its capture (about
+  // 60 ms each for Llama-3-8B on an H200); false: each is captured on its first decode step.
+  bool cuda_graph_warmup = true;
+  // Attention family for steps with a prefill chunk (CUDA Llama): "auto" (cuda_fmha for a 16-bit
+  // cache: its prefill tiles run at about twice cuda_c8's rate), "none" (the decode backend), or a
+  // backend name that shares the decode backend's cache layout.
+  std::string prefill_attention_backend = "auto";
+  // Projection weights on the GPU (CUDA models): "auto"/"bf16", or "fp8": e4m3 with one scale per
+  // tensor (per expert for MoE experts), activations quantized per row (token) at run time,
+  // cuBLASLt fp8 GEMMs (embedding, norms, LM head, DeepSeek's router and kv_b_proj stay bf16).
+  // A pre-quantized fp8 checkpoint keeps its e4m3 bytes and scales under "auto" and "fp8"
+  // (CudaLinear::LoadCheckpoint); "bf16" dequantizes it.
+  std::string weight_dtype = "auto";
+  // fp8 weights only: cuBLASLt fast accumulation for the fp8 projections (CudaFp8Gemm::Init). On
+  // by default, as in vLLM's and TensorRT-LLM's fp8 GEMMs: under the H200's power cap it makes a
+  // prompt step about 6% faster (docs/KERNEL_SELECTION.md); its error is bounded by
+  // tests/gpu/test_fp8_weights.cc.
+  bool fp8_fast_accumulation = true;
+  // fp8 weights with a static int8 / fp8 KV cache (CUDA Llama; ignored otherwise): the attention
+  // kernel writes o_proj's e4m3 input itself, with one static scale per layer (the cache's V
+  // bound: qmax x the largest V scale, which no attention output can exceed), instead of a bf16
+  // output and a per-row quantization pass (1.5% off a prompt step, ~0.3% off a decode step);
+  // false: the per-row pass.
+  bool fp8_static_attention_output = true;
+  // MLA decode kernel of the CUDA DeepSeek model (kernels/cuda/mla/mla_decode.h MlaKernel): "auto"
+  // (the sm_90a wgmma kernels where they run: every bf16 work item, fp8 16-row items), "wgmma"
+  // (the same; the load fails where it cannot run: not compute capability 9.0, or no sm_90a in
+  // the build), "portable" (every item on the portable kernel). Other models check the value and
+  // ignore it.
+  std::string mla_kernel = "auto";
+  // Prefill attention of the cuda_c8 backend over an 8-bit cache (CUDA Llama): "tiles" (the C8
+  // prefill tiles), "fmha" (the prefill sequences through the sm_90a wgmma FMHA kernel over a bf16
+  // copy of their cached K/V, dequantized each step; the load fails where it cannot run: a 16-bit
+  // cache, not compute capability 9.0, no sm_90a in the build), "auto" (fmha where it runs, else
+  // the tiles). Other models check the value and ignore it.
+  std::string c8_prefill = "auto";
+};
+
+// The values of ModelLoadOptions' string choices; the server's option table offers these.
+inline constexpr const char* kDeviceChoices[] = {"cpu", "cuda", "auto"};
+inline constexpr const char* kWeightDtypeChoices[] = {"auto", "bf16", "fp8"};
+inline constexpr const char* kMlaKernelChoices[] = {"auto", "wgmma", "portable"};
+inline constexpr const char* kC8PrefillChoices[] = {"auto", "tiles", "fmha"};
+
+// InvalidArgument naming `option` unless `value` is one of `choices`.
+Status CheckChoice(const char* option, const std::string& value,
+                   std::span<const char* const> choices);
+// "cpu" or "cuda": the device ModelLoadOptions::device ("auto" included) loads onto.
+std::string ResolveDevice(const std::string& device);
+
+// Loads config + weights and selects the attention backend (logging the selection table).
+StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options);
+
+}  // namespace llm
