@@ -311,6 +311,8 @@ StepRecord EngineCore::Step() {
   return record;
 }
 
+// One step reads as the engine runs it: schedule, build the inputs, launch, collect the previous
+// overlapped step, then emit this step's tokens (or hold placeholders while it runs on).
 StepRecord EngineCore::StepInner() {
   using Clock = std::chrono::steady_clock;
   StepRecord record;
@@ -328,78 +330,18 @@ StepRecord EngineCore::StepInner() {
     return record;
   }
 
-  const int block_size = scheduler_->config().block_size;
-  ForwardBatch batch;
-  AttentionBatch& attn = batch.attn;
-  attn.q_indptr.push_back(0);
-  attn.page_indptr.push_back(0);
-  const bool device_sampling = model_->samples_on_device();
-  if (device_sampling) batch.penalty_indptr.push_back(0);
-  for (const ScheduledSeq& s : sched.seqs) {
-    const Sequence& seq = *s.seq;
-    for (int i = s.start; i < s.start + s.num_tokens; ++i) {
-      const int32_t block = seq.block_table[i / block_size];
-      // A shared (prefix-cached) block is immutable: writing it would corrupt other sequences.
-      LLM_CHECK_EQ(scheduler_->allocator().ref_count(block), 1) << "write into shared block";
-      batch.token_ids.push_back(seq.token_at(i));
-      batch.positions.push_back(i);
-      attn.slot_mapping.push_back(block * block_size + i % block_size);
-    }
-    const int kv_len = s.start + s.num_tokens;
-    attn.kv_lens.push_back(kv_len);
-    attn.q_indptr.push_back(static_cast<int32_t>(batch.token_ids.size()));
-    const int pages = BlocksForTokens(kv_len, block_size);
-    attn.page_indices.insert(attn.page_indices.end(), seq.block_table.begin(),
-                             seq.block_table.begin() + pages);
-    attn.page_indptr.push_back(static_cast<int32_t>(attn.page_indices.size()));
-    RequestState& rs = requests_.at(seq_to_request_.at(seq.id));
-    if (!rs.scheduled) {
-      rs.scheduled = true;
-      if (dequeue_observer_) dequeue_observer_();
-      metrics_->queue_time.Observe(
-          Seconds(std::chrono::steady_clock::now() - rs.request.arrival_time));
-    }
-    if (s.samples) {
-      batch.logit_rows.push_back(static_cast<int32_t>(batch.token_ids.size()) - 1);
-      if (device_sampling) {
-        // Rows whose logits someone reads (logprobs, an observer) come back; the others are
-        // sampled on the device with this step's draw, taken here from the request's stream.
-        const bool on_device = rs.request.sampling.logprobs == 0 && !logits_observer_;
-        batch.device_sampled.push_back(on_device ? 1 : 0);
-        batch.sampling_jobs.push_back(
-            on_device ? rs.sampler->DeviceJob(seq.prompt_ids, seq.output_ids, &batch.penalties)
-                      : SamplingJob{});
-        batch.penalty_indptr.push_back(static_cast<int32_t>(batch.penalties.size()));
-      }
-    }
-    record.entries.push_back({seq.id, seq_to_request_[seq.id], s.num_tokens,
-                              s.start < static_cast<int>(seq.prompt_ids.size()) || s.num_tokens > 1,
-                              s.samples && s.start < static_cast<int>(seq.prompt_ids.size())});
-  }
-  attn.num_seqs = static_cast<int>(sched.seqs.size());
-  attn.num_tokens = static_cast<int>(batch.token_ids.size());
-  // The step's sequences and its logit rows' sequences, by id: the pointers in `sched` do not
-  // outlive a request that ends below.
-  std::vector<int64_t> step_seq, row_seq;
-  bool overlap = config_.overlap_steps && device_sampling && model_->supports_overlap() &&
-                 !logits_observer_ && !routing_observer_;
-  for (const ScheduledSeq& s : sched.seqs) {
-    step_seq.push_back(s.seq->id);
-    if (!s.samples) continue;
-    row_seq.push_back(s.seq->id);
-    overlap = overlap && Overlappable(requests_.at(seq_to_request_.at(s.seq->id)));
-  }
-
+  NoteScheduled(sched, &record);
+  StepBatch in = BuildInputs(sched);
+  const bool overlap = CanOverlap(in);
   const auto t2 = Clock::now();
   record.prepare_s = Seconds(t2 - t1);
-  // Reused across steps: [rows, vocab] is 100+ MB at batch 256 with a 128K vocabulary.
-  std::vector<float>& logits = logits_scratch_;
-  std::vector<int32_t> device_tokens;
-  routing_trace_.clear();
+
   // This step goes to the device first; the host then reads the previous step's tokens while
   // this one runs (overlap), or waits for this one too (a step that needs the host's sampling).
-  Status st =
-      overlap ? model_->Launch(batch) : model_->ForwardSampled(batch, &logits, &device_tokens);
+  std::vector<int32_t> device_tokens;
+  routing_trace_.clear();
+  const Status st = overlap ? model_->Launch(in.forward)
+                            : model_->ForwardSampled(in.forward, &logits_scratch_, &device_tokens);
   const std::optional<Collected> prev = CollectInflight();
   const auto t3 = Clock::now();
   record.forward_s = Seconds(t3 - t2);
@@ -408,48 +350,100 @@ StepRecord EngineCore::StepInner() {
   scheduler_->OnStepDone(sched);
   if (prev) StreamCollected(*prev);
   if (!st.ok()) {
-    FailRows(step_seq, Internal("forward pass failed: " + st.message()));
+    FailRows(in.step_seq, Internal("forward pass failed: " + st.message()));
     return record;
   }
-  if (routing_observer_) ReportRouting(attn, record.entries);
+  if (routing_observer_) ReportRouting(in.forward.attn, record.entries);
   if (overlap) {
-    // The tokens arrive with the next step: placeholders until then.
-    for (size_t r = 0; r < row_seq.size(); ++r) {
-      if (Sequence* seq = scheduler_->Find(row_seq[r])) {
-        seq->output_ids.push_back(-static_cast<int32_t>(r) - 1);
-      }
-    }
-    inflight_ = InFlight{std::move(row_seq)};
-    metrics_->overlapped_steps.Inc();
-    record.sample_s = Seconds(Clock::now() - t3);
-    return record;
-  }
-
-  const int vocab = model_->config().vocab_size;
-  for (size_t r = 0; r < row_seq.size(); ++r) {
-    Sequence* seq = scheduler_->Find(row_seq[r]);
-    if (seq == nullptr) continue;  // ended while the previous step's tokens were streamed
-    RequestState& rs = requests_.at(seq_to_request_.at(seq->id));
-    SampledToken tok;
-    if (!device_tokens.empty() && device_tokens[r] >= 0) {
-      tok.token = device_tokens[r];  // sampled on the device
-    } else if (!batch.device_sampled.empty() && batch.device_sampled[r]) {
-      // The job's draw is already taken: sample the returned logits with it.
-      std::span<float> l(logits.data() + r * vocab, vocab);
-      const std::span<const PenaltyEntry> pens(
-          batch.penalties.data() + batch.penalty_indptr[r],
-          batch.penalties.data() + batch.penalty_indptr[r + 1]);
-      tok = SampleWithJob(l, batch.sampling_jobs[r], pens);
-    } else {
-      std::span<float> l(logits.data() + r * vocab, vocab);
-      if (logits_observer_) logits_observer_(rs.request.request_id, l);
-      tok = rs.sampler->Sample(l, seq->prompt_ids, seq->output_ids);
-    }
-    seq->output_ids.push_back(tok.token);
-    OnToken(rs, *seq, tok);  // may finish and free the sequence
+    HoldPlaceholders(std::move(in.row_seq));
+  } else {
+    EmitTokens(in, device_tokens);
   }
   record.sample_s = Seconds(Clock::now() - t3);
   return record;
+}
+
+void EngineCore::NoteScheduled(const SchedulerOutput& sched, StepRecord* record) {
+  for (const ScheduledSeq& s : sched.seqs) {
+    const Sequence& seq = *s.seq;
+    RequestState& rs = requests_.at(seq_to_request_.at(seq.id));
+    if (!rs.scheduled) {
+      rs.scheduled = true;
+      if (dequeue_observer_) dequeue_observer_();
+      metrics_->queue_time.Observe(
+          Seconds(std::chrono::steady_clock::now() - rs.request.arrival_time));
+    }
+    const int prompt_len = static_cast<int>(seq.prompt_ids.size());
+    record->entries.push_back({seq.id, rs.request.request_id, s.num_tokens,
+                               s.start < prompt_len || s.num_tokens > 1,
+                               s.samples && s.start < prompt_len});
+  }
+}
+
+StepBatch EngineCore::BuildInputs(const SchedulerOutput& sched) {
+  // Rows whose logits someone reads (logprobs, an observer) come back; the others are sampled on
+  // the device with this step's draw, taken here from the request's stream.
+  const DeviceJobFn device_job = [this](const Sequence& seq, SamplingJob* job,
+                                        std::vector<PenaltyEntry>* penalties) {
+    RequestState& rs = requests_.at(seq_to_request_.at(seq.id));
+    if (rs.request.sampling.logprobs != 0 || logits_observer_) return false;
+    *job = rs.sampler->DeviceJob(seq.prompt_ids, seq.output_ids, penalties);
+    return true;
+  };
+  return BuildStepBatch(sched, scheduler_->allocator(), scheduler_->config().block_size,
+                        model_->samples_on_device(), device_job);
+}
+
+bool EngineCore::CanOverlap(const StepBatch& in) const {
+  if (!config_.overlap_steps || !model_->samples_on_device() || !model_->supports_overlap() ||
+      logits_observer_ || routing_observer_) {
+    return false;
+  }
+  for (int64_t id : in.row_seq) {
+    if (!Overlappable(requests_.at(seq_to_request_.at(id)))) return false;
+  }
+  return true;
+}
+
+void EngineCore::HoldPlaceholders(std::vector<int64_t> row_seq) {
+  // The tokens arrive with the next step: placeholders until then.
+  for (size_t r = 0; r < row_seq.size(); ++r) {
+    if (Sequence* seq = scheduler_->Find(row_seq[r])) {
+      seq->output_ids.push_back(-static_cast<int32_t>(r) - 1);
+    }
+  }
+  inflight_ = InFlight{std::move(row_seq)};
+  metrics_->overlapped_steps.Inc();
+}
+
+void EngineCore::EmitTokens(const StepBatch& in, const std::vector<int32_t>& device_tokens) {
+  for (size_t r = 0; r < in.row_seq.size(); ++r) {
+    Sequence* seq = scheduler_->Find(in.row_seq[r]);
+    if (seq == nullptr) continue;  // ended while the previous step's tokens were streamed
+    RequestState& rs = requests_.at(seq_to_request_.at(seq->id));
+    const SampledToken tok = SampleRow(in.forward, r, rs, *seq, device_tokens);
+    seq->output_ids.push_back(tok.token);
+    OnToken(rs, *seq, tok);  // may finish and free the sequence
+  }
+}
+
+SampledToken EngineCore::SampleRow(const ForwardBatch& batch, size_t r, RequestState& rs,
+                                   const Sequence& seq, const std::vector<int32_t>& device_tokens) {
+  if (!device_tokens.empty() && device_tokens[r] >= 0) {
+    SampledToken tok;
+    tok.token = device_tokens[r];  // sampled on the device
+    return tok;
+  }
+  const int vocab = model_->config().vocab_size;
+  std::span<float> l(logits_scratch_.data() + r * vocab, vocab);
+  if (!batch.device_sampled.empty() && batch.device_sampled[r]) {
+    // The job's draw is already taken: sample the returned logits with it.
+    const std::span<const PenaltyEntry> pens(batch.penalties.data() + batch.penalty_indptr[r],
+                                             batch.penalties.data() + batch.penalty_indptr[r + 1]);
+    return SampleWithJob(l, batch.sampling_jobs[r], pens);
+  }
+  if (logits_observer_) logits_observer_(rs.request.request_id, l);
+  return rs.sampler->Sample(l, seq.prompt_ids, seq.output_ids);
 }
 
 Status EngineCore::set_routing_observer(RoutingObserver f) {

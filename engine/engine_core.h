@@ -16,6 +16,7 @@
 #include "engine/metrics.h"
 #include "engine/request.h"
 #include "engine/runtime/model.h"
+#include "engine/step_batch.h"
 #include "engine/stop_matcher.h"
 #include "scheduler/scheduler.h"
 #include "text/tokenizer/tokenizer.h"
@@ -128,6 +129,20 @@ class EngineCore {
   void Finish(RequestState& st, FinishReason reason, GenerationOutput out);
   void Fail(const std::string& request_id, const Status& error);
   StepRecord StepInner();
+  // The step's phases after Schedule (StepInner reads as their sequence).
+  // Records queue times of first-scheduled requests and the step's entries.
+  void NoteScheduled(const SchedulerOutput& sched, StepRecord* record);
+  StepBatch BuildInputs(const SchedulerOutput& sched);
+  // Whether this step may run on while the host streams the previous one (Model::Launch).
+  bool CanOverlap(const StepBatch& in) const;
+  // After an overlapped launch: each row's token is a placeholder until Collect.
+  void HoldPlaceholders(std::vector<int64_t> row_seq);
+  // After a synchronous forward: samples (or takes the device's token for) each row and streams.
+  void EmitTokens(const StepBatch& in, const std::vector<int32_t>& device_tokens);
+  // Row r's token: drawn on the device, drawn on the host with the device job's draw (its logits
+  // came back), or drawn by the request's sampler (logprobs, an observer).
+  SampledToken SampleRow(const ForwardBatch& batch, size_t r, RequestState& rs, const Sequence& seq,
+                         const std::vector<int32_t>& device_tokens);
   // Hands the forward's routing_trace_ to the observer; `entries` are the batch's sequences.
   void ReportRouting(const AttentionBatch& batch, const std::vector<StepRecord::Entry>& entries);
 

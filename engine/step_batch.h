@@ -1,0 +1,35 @@
+// The model inputs of one engine step, built from the scheduler's plan: token ids, positions,
+// the attention batch (KV slots, block tables, lengths) and the logit rows, with each row's
+// device-sampling job when the model samples on the device. Pure construction: no request state
+// changes here (EngineCore records queue times and streams tokens).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "engine/runtime/model.h"
+#include "kvcache/block_allocator.h"
+#include "scheduler/scheduler.h"
+
+namespace llm {
+
+struct StepBatch {
+  ForwardBatch forward;
+  std::vector<int64_t> step_seq;  // every scheduled sequence, in batch order
+  std::vector<int64_t> row_seq;   // the sequence of each logit row
+};
+
+// The device-sampling job of a sequence's logit row: appends the row's penalty entries to
+// *penalties and returns true with *job filled when the row is drawn on the device; false when
+// its logits must come back to the host (logprobs, a logits observer).
+using DeviceJobFn = std::function<bool(const Sequence& seq, SamplingJob* job,
+                                       std::vector<PenaltyEntry>* penalties)>;
+
+// Builds the step's inputs. With `device_sampling` false, no jobs are built and device_job is not
+// called. Every written slot must be in a block this sequence owns alone (CHECKed: a shared,
+// prefix-cached block is immutable).
+StepBatch BuildStepBatch(const SchedulerOutput& sched, const BlockAllocator& allocator,
+                         int block_size, bool device_sampling, const DeviceJobFn& device_job);
+
+}  // namespace llm
