@@ -175,6 +175,58 @@ TEST_CASE("MoE routing kernel matches MoeRouter (ties, groups, bias)", "[gpu][mo
   }
 }
 
+// The fp8 grouped GEMM on one-hot activation rows: out[m, n] = W[n, m] exactly (one product with
+// 1.0, scale 1), so every e4m3 code, subnormals included, must come out of the
+// kernel's register widening as its exact value (the NaN codes are not weights).
+TEST_CASE("MoE fp8 GEMM widens every e4m3 code exactly", "[gpu][moe][fp8]") {
+  const int N = cuda::kMoeGemmN, K = cuda::kMoeGemmK, M = 16;
+  std::vector<uint8_t> w(static_cast<size_t>(N) * K, 0);
+  for (int n = 0; n < N; ++n) {
+    for (int m = 0; m < M; ++m) {
+      const int code = (n * M + m) & 0xff;
+      w[static_cast<size_t>(n) * K + m] = (code & 0x7f) == 0x7f ? 0 : static_cast<uint8_t>(code);
+    }
+  }
+  std::vector<uint16_t> x(static_cast<size_t>(M) * K, 0);
+  for (int m = 0; m < M; ++m) x[static_cast<size_t>(m) * K + m] = F32ToBf16(1.0f);
+  uint8_t* d_w = Upload(w);
+  uint16_t* d_x = Upload(x);
+  float* d_scale = Upload(std::vector<float>{1.0f});
+  int32_t* d_tiles = Upload(std::vector<int32_t>{0, 0, M});
+  int32_t* d_num_tiles = Upload(std::vector<int32_t>{1});
+  uint16_t* d_out = Upload(std::vector<uint16_t>(static_cast<size_t>(M) * N, 0xffff));
+  cuda::MoeGemmArgs a;
+  a.x = d_x;
+  a.w = d_w;
+  a.w_scale.scale = d_scale;
+  a.fp8 = true;
+  a.n_out = N;
+  a.k = K;
+  a.tiles = d_tiles;
+  a.num_tiles = d_num_tiles;
+  a.max_tiles = 1;
+  a.out = d_out;
+  cuda::LaunchMoeGemm(a, nullptr);
+  CUDA_REQUIRE(cudaDeviceSynchronize());
+  const std::vector<uint16_t> out = Download(d_out, static_cast<size_t>(M) * N);
+  int checked = 0;
+  for (int m = 0; m < M; ++m) {
+    for (int n = 0; n < N; ++n) {
+      const uint8_t q = w[static_cast<size_t>(n) * K + m];
+      INFO("code 0x" << std::hex << static_cast<int>(q));
+      const float want = DequantizeFp8(q, 1.0f);
+      REQUIRE(Bf16ToF32(out[static_cast<size_t>(m) * N + n]) == want);  // -0 sums to +0
+      ++checked;
+    }
+  }
+  CHECK(checked == M * N);
+  for (void* p :
+       {static_cast<void*>(d_w), static_cast<void*>(d_x), static_cast<void*>(d_scale),
+        static_cast<void*>(d_tiles), static_cast<void*>(d_num_tiles), static_cast<void*>(d_out)}) {
+    cudaFree(p);
+  }
+}
+
 // A random MoE block in both forms: CpuMoe (fp32 copies of the device's weights, dequantized for
 // fp8) and CudaMoeWeights.
 struct TestMoe {

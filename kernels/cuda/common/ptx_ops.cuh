@@ -119,6 +119,28 @@ __device__ __forceinline__ uint32_t Fp8x2ToF16x2(uint32_t pair) {
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
+// Four e4m3 bytes (byte 0 the lowest element) -> bf16x2 *lo (bytes 0, 1) and *hi (bytes 2, 3),
+// exactly, on the integer and bf16 FMA pipes: the hardware path (e4m3x2 -> f16x2 -> f32 -> bf16x2)
+// takes two conversions per pair on the slow conversion unit, which bounds a weight-streaming GEMM.
+// Each byte's exponent and mantissa bits move to bf16's positions, which reads as the value times
+// 2^-120 (subnormals too: both formats scale theirs alike), and one bf16x2 multiply by 2^120
+// (exact, subnormal inputs kept) restores it. e4m3's NaN codes (0x7f, 0xff) do not stay NaN.
+__device__ __forceinline__ void E4m3x4ToBf16x4(uint32_t w, uint32_t* lo, uint32_t* hi) {
+  const uint32_t a = __byte_perm(w, 0u, 0x1302);  // bytes (b2, b0, b3, b1): b0, b1 high in a half
+  const uint32_t b = a << 8;                      // b2, b3 high in a half
+  uint32_t r[2] = {(a & 0x80008000u) | ((a & 0x7f007f00u) >> 4),
+                   (b & 0x80008000u) | ((b & 0x7f007f00u) >> 4)};
+  const __nv_bfloat162 two120 =
+      __halves2bfloat162(__ushort_as_bfloat16(0x7b80), __ushort_as_bfloat16(0x7b80));
+#pragma unroll
+  for (uint32_t& x : r) {
+    const __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&x), two120);
+    x = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  *lo = r[0];
+  *hi = r[1];
+}
+
 // e4m3 helpers: two floats -> two e4m3 bytes (a in the low byte), saturating, and back.
 __device__ __forceinline__ uint32_t F32x2ToE4m3x2(float a, float b) {
   return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);

@@ -2,10 +2,11 @@
 // (M tile of one expert, 64 weight rows), the tile list read from device memory (empty grid slots
 // exit at once), so no size crosses to the host. Decode is weight-streaming: a 16-row M tile is
 // all a batch-1..128 expert needs, every CTA streams its own 64-row weight slice through a
-// cp.async pipeline (4 stages, fp8 7), and the tensor cores (mma.sync m16n8k16, bf16 in, fp32
-// accumulate) have little to do. fp8 e4m3 weights are widened to bf16 in registers (exact); their
-// scales are applied in fp32, per expert or per weight row in the epilogue, per 128x128 block to
-// each 128-wide k slice's partial sums (every warp's 8-row n blocks lie inside one scale block).
+// 4-stage cp.async pipeline in 128-byte runs per row, and the tensor cores (mma.sync m16n8k16,
+// bf16 in, fp32 accumulate) have little to do. fp8 e4m3 weights are widened to bf16 in registers
+// (exact, by bit moves: ptx_ops.cuh); their scales are applied in fp32, per expert or per weight
+// row in the epilogue, per 128x128 block to each stage's partial sums (an fp8 stage is one
+// 128-wide k slice, and every warp's 8-row n blocks lie inside one scale block).
 // Portable across sm_80+ (no wgmma / TMA).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -20,60 +21,62 @@
 namespace llm::cuda {
 namespace {
 
-constexpr int kThreads = 128;  // 4 warps, each 16 weight rows (two n8 blocks)
-// cp.async pipeline stages: an fp8 stage carries half a bf16 stage's weight bytes, so fp8 keeps
-// twice as many ahead (the same bytes in flight; 7 x 6.4 KB fits the 48 KB of static shared
-// memory).
-template <bool kFp8>
-constexpr int kStagesOf = kFp8 ? 7 : 4;
-constexpr int kBM = kMoeTileRows;   // 16
-constexpr int kBN = kMoeGemmN;      // 64 weight rows
-constexpr int kBK = kMoeGemmK;      // 64
-constexpr int kRowBytes = kBK * 2;  // bf16 tile rows: 128 bytes, 16-byte chunks swizzled
-// fp8 kernel: B rows of 64 bytes and A rows padded to 144 bytes, both read with 16-byte loads
-// (conflict-free per quarter warp). Its k order inside a stage is permuted the same way for A and
-// B (thread column c, k16 step s take physical k 16 c + 4 s + 0..3 as the mma's k 2c, 2c+1,
-// 2c+8, 2c+9): the sum over k is unchanged and every load is one 16-byte access.
-constexpr int kFp8Row = kBK;
-constexpr int kFp8ARow = kRowBytes + 16;
+constexpr int kThreads = 128;      // 4 warps, each 16 weight rows (two n8 blocks)
+constexpr int kBM = kMoeTileRows;  // 16
+constexpr int kBN = kMoeGemmN;     // 64 weight rows
 
+// One pipeline stage: a 16-row A slice (bf16 activations) and a 64-row B slice (weights), kBK
+// wide in k. Every B row slice is 128 bytes in both forms (bf16 kBK 64, e4m3 kBK 128): each
+// weight row is read in 128-byte runs, and an fp8 stage moves as many weight bytes per barrier as
+// a bf16 one (64-byte runs moved half the bytes per barrier and left the fp8 kernel short of the
+// bf16 one's share of the copy rate: docs/BENCHMARKS.md). bf16: both operands in 128-byte rows with
+// 16-byte chunks XOR-swizzled for ldmatrix. fp8: A rows padded to 272 bytes, B chunks swizzled by
+// the row's parity, so the 16-byte fragment loads below are conflict-free per quarter warp. The fp8
+// k order inside a 64-wide half is permuted the same way for A and B (thread column c, k16 step s
+// take physical k 16 c + 4 s + 0..3 as the mma's k 2c, 2c+1, 2c+8, 2c+9): the sum over k is
+// unchanged and every load is one 16-byte access.
 template <bool kFp8>
-struct Smem {
-  static constexpr int kStages = kStagesOf<kFp8>;
-  static constexpr int kA = kBM * (kFp8 ? kFp8ARow : kRowBytes);
-  static constexpr int kB = kFp8 ? kBN * kFp8Row : kBN * kRowBytes;
-  alignas(128) uint8_t a[kStages][kA];
-  alignas(128) uint8_t b[kStages][kB];
+struct Tile {
+  static constexpr int kBK = kFp8 ? 2 * kMoeGemmK : kMoeGemmK;
+  static constexpr int kStages = 4;
+  static constexpr int kBRow = 128;
+  static constexpr int kARow = kFp8 ? kBK * 2 + 16 : kBK * 2;
+  static constexpr int kA = kBM * kARow;
+  static constexpr int kB = kBN * kBRow;
+  static constexpr int kStageBytes = kA + kB;  // both multiples of 128
+  static constexpr int kSmemBytes = kStages * kStageBytes;
+  static constexpr int kACopies = kBM * kBK * 2 / 16 / kThreads;  // 16-byte copies per thread
+  static constexpr int kBCopies = kB / 16 / kThreads;
+  static constexpr int kAChunks = kBK * 2 / 16;  // per A row
+  static_assert(kA % 128 == 0 && kACopies * kThreads * 16 == kBM * kBK * 2, "A tile");
+  // Offset of 16-byte chunk `chunk` of row `row` in a B (or bf16 A) stage.
+  __device__ static int BOffset(int row, int chunk) {
+    return row * kBRow + ((kFp8 ? chunk ^ ((row & 1) << 2) : chunk ^ (row & 7)) << 4);
+  }
+  __device__ static int AOffset(int row, int chunk) {
+    return kFp8 ? row * kARow + chunk * 16 : BOffset(row, chunk);
+  }
 };
-
-// Two e4m3 bytes (low byte first) -> two bf16 in one register, exactly.
-__device__ __forceinline__ uint32_t Fp8x2ToBf16x2(uint16_t v) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v), __NV_E4M3);
-  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-  const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
-  return *reinterpret_cast<const uint32_t*>(&b);
-}
-
-// Swizzled offset of (row, 16-byte chunk) in a 128-byte-row tile.
-__device__ __forceinline__ int Swz(int row, int chunk) {
-  return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
-}
 
 template <bool kFp8, bool kSiluMul, bool kBlock>
 __global__ void __launch_bounds__(kThreads) MoeGemmKernel(const MoeGemmArgs a) {
   static_assert(kFp8 || !kBlock, "block scales are fp8 only");
-  constexpr int kStages = kStagesOf<kFp8>;
+  using T = Tile<kFp8>;
+  constexpr int kBK = T::kBK, kStages = T::kStages;
   ptx::GridDependencySync();  // launched with LaunchPdl
   const int tile = blockIdx.y;
   if (tile >= *a.num_tiles) return;
-  __shared__ Smem<kFp8> sm;
+  extern __shared__ __align__(128) uint8_t smem[];
+  auto stage_a = [&](int s) { return smem + s * T::kStageBytes; };
+  auto stage_b = [&](int s) { return smem + s * T::kStageBytes + T::kA; };
   const int expert = a.tiles[3 * tile], row0 = a.tiles[3 * tile + 1];
   const int rows = min(kBM, a.tiles[3 * tile + 2] - row0);
   const bool dense = expert < 0;  // the shared experts' group
   const int n_out = dense ? a.dense_n_out : a.n_out;
   if (static_cast<int>(blockIdx.x) * (kSiluMul ? kBN / 2 : kBN) >= n_out) return;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int K = dense ? a.dense_k : a.k, KT = K / kBK;
+  // K is a multiple of 64; an fp8 tail half-stage is zero-filled (both operands).
+  const int K = dense ? a.dense_k : a.k, KT = (K + kBK - 1) / kBK;
   const int wrows_per_expert = kSiluMul ? 2 * n_out : n_out;
   // Weight row of tile row r: down, n0 + r; gate_up, warp r/16's 8 gate rows then its 8 up rows.
   const int bx = static_cast<int>(blockIdx.x);
@@ -91,29 +94,41 @@ __global__ void __launch_bounds__(kThreads) MoeGemmKernel(const MoeGemmArgs a) {
   const float* scale_base =
       kFp8 ? sc.scale + (dense ? 0 : static_cast<size_t>(expert) * sc.expert_stride) : nullptr;
 
-  // This thread's copies: A one 16-byte chunk (row tid / 8, chunk tid % 8); B bf16 four
-  // (rows (tid + 128 i) / 8), fp8 two (rows (tid + 128 i) / 4).
-  const int a_row = tid / 8, a_chunk = tid % 8;
-  const bool a_valid = a_row < rows;
-  const int a_src_row = a_valid ? (gather ? gather[row0 + a_row] : row0 + a_row) : 0;
-  const auto* a_src = static_cast<const uint8_t*>(dense ? a.dense_x : a.x) +
-                      static_cast<size_t>(a_src_row) * K * 2 + a_chunk * 16;
-  constexpr int kBCopies = kFp8 ? 2 : 4;
-  constexpr int kChunksPerRow = kFp8 ? kBK / 16 : kBK / 8;
-  const uint8_t* b_src[kBCopies];
-  int b_dst[kBCopies];
+  // This thread's 16-byte copies: A kACopies (row idx / kAChunks), B four (row idx / 8), each at
+  // element k offset k_off within the stage.
+  const uint8_t* a_src[T::kACopies];
+  int a_dst[T::kACopies], a_k[T::kACopies];
+  bool a_valid[T::kACopies];
 #pragma unroll
-  for (int i = 0; i < kBCopies; ++i) {
-    const int idx = tid + kThreads * i, r = idx / kChunksPerRow, c = idx % kChunksPerRow;
-    b_src[i] = wbase + static_cast<size_t>(weight_row(r)) * K * kWBytes + c * 16;
-    b_dst[i] = kFp8 ? r * kFp8Row + c * 16 : Swz(r, c);
+  for (int i = 0; i < T::kACopies; ++i) {
+    const int idx = tid + kThreads * i, r = idx / T::kAChunks, c = idx % T::kAChunks;
+    a_valid[i] = r < rows;
+    const int src_row = a_valid[i] ? (gather ? gather[row0 + r] : row0 + r) : 0;
+    a_k[i] = c * 8;
+    a_src[i] = static_cast<const uint8_t*>(dense ? a.dense_x : a.x) +
+               (static_cast<size_t>(src_row) * K + a_k[i]) * 2;
+    a_dst[i] = T::AOffset(r, c);
+  }
+  const uint8_t* b_src[T::kBCopies];
+  int b_dst[T::kBCopies], b_k[T::kBCopies];
+#pragma unroll
+  for (int i = 0; i < T::kBCopies; ++i) {
+    const int idx = tid + kThreads * i, r = idx / 8, c = idx % 8;
+    b_k[i] = c * 16 / kWBytes;
+    b_src[i] = wbase + (static_cast<size_t>(weight_row(r)) * K + b_k[i]) * kWBytes;
+    b_dst[i] = T::BOffset(r, c);
   }
   auto load_stage = [&](int stage, int kt) {
-    const int a_dst = kFp8 ? a_row * kFp8ARow + a_chunk * 16 : Swz(a_row, a_chunk);
-    ptx::CpAsync16(&sm.a[stage][a_dst], a_src + kt * kBK * 2, a_valid);
+    const int k0 = kt * kBK;
 #pragma unroll
-    for (int i = 0; i < kBCopies; ++i) {
-      ptx::CpAsync16(&sm.b[stage][b_dst[i]], b_src[i] + kt * kBK * kWBytes, true);
+    for (int i = 0; i < T::kACopies; ++i) {
+      const bool in_k = !kFp8 || k0 + a_k[i] < K;
+      ptx::CpAsync16(stage_a(stage) + a_dst[i], a_src[i] + (in_k ? k0 * 2 : 0), a_valid[i] && in_k);
+    }
+#pragma unroll
+    for (int i = 0; i < T::kBCopies; ++i) {
+      const bool in_k = !kFp8 || k0 + b_k[i] < K;
+      ptx::CpAsync16(stage_b(stage) + b_dst[i], b_src[i] + (in_k ? k0 * kWBytes : 0), in_k);
     }
   };
 
@@ -136,55 +151,57 @@ __global__ void __launch_bounds__(kThreads) MoeGemmKernel(const MoeGemmArgs a) {
     ptx::CpAsyncWait<kStages - 2>();
     __syncthreads();
     const int stage = kt % kStages;
-    const uint8_t* as = sm.a[stage];
-    const uint8_t* bs = sm.b[stage];
+    const uint8_t* as = stage_a(stage);
+    const uint8_t* bs = stage_b(stage);
     if constexpr (!kFp8) {
 #pragma unroll
       for (int kk = 0; kk < kBK; kk += 16) {
         uint32_t af[4], r[4];
-        ptx::LdMatrixX4(af, as + Swz(lane % 16, kk / 8 + lane / 16));
+        ptx::LdMatrixX4(af, as + T::AOffset(lane % 16, kk / 8 + lane / 16));
         const int n = warp * 16 + (lane & 7) + ((lane >> 4) << 3);
-        ptx::LdMatrixX4(r, bs + Swz(n, kk / 8 + ((lane >> 3) & 1)));
+        ptx::LdMatrixX4(r, bs + T::BOffset(n, kk / 8 + ((lane >> 3) & 1)));
         ptx::MmaBf16(acc[0], af, r[0], r[1]);
         ptx::MmaBf16(acc[1], af, r[2], r[3]);
       }
     } else {
-      // Thread (g, c): A rows g and g + 8, physical k [16 c, 16 c + 16); B rows of its two n8
-      // blocks, the same k (16 e4m3 bytes).
+      // Thread (g, c), half h: A rows g and g + 8, physical k [64 h + 16 c, + 16); B rows of its
+      // two n8 blocks, the same k (16 e4m3 bytes, chunk 4 h + c).
       const int g = lane / 4, c = lane % 4;
-      uint4 a_lo[2], a_hi[2], b[2];
-      const uint8_t* ap = as + g * kFp8ARow + c * 32;
-      a_lo[0] = *reinterpret_cast<const uint4*>(ap);
-      a_lo[1] = *reinterpret_cast<const uint4*>(ap + 16);
-      a_hi[0] = *reinterpret_cast<const uint4*>(ap + 8 * kFp8ARow);
-      a_hi[1] = *reinterpret_cast<const uint4*>(ap + 8 * kFp8ARow + 16);
 #pragma unroll
-      for (int nb = 0; nb < 2; ++nb) {
-        b[nb] = *reinterpret_cast<const uint4*>(bs + (warp * 16 + nb * 8 + g) * kFp8Row + c * 16);
-      }
-      const uint32_t* lo = reinterpret_cast<const uint32_t*>(a_lo);  // 8 words: k pairs
-      const uint32_t* hi = reinterpret_cast<const uint32_t*>(a_hi);
-#pragma unroll
-      for (int st = 0; st < 4; ++st) {
-        // Step st: physical k 16 c + 4 st + {0, 1} as the mma's (2c, 2c+1), + {2, 3} as (2c+8,
-        // 2c+9).
-        const uint32_t af[4] = {lo[2 * st], hi[2 * st], lo[2 * st + 1], hi[2 * st + 1]};
+      for (int h = 0; h < 2; ++h) {
+        uint4 a_lo[2], a_hi[2], b[2];
+        const uint8_t* ap = as + g * T::kARow + h * 128 + c * 32;
+        a_lo[0] = *reinterpret_cast<const uint4*>(ap);
+        a_lo[1] = *reinterpret_cast<const uint4*>(ap + 16);
+        a_hi[0] = *reinterpret_cast<const uint4*>(ap + 8 * T::kARow);
+        a_hi[1] = *reinterpret_cast<const uint4*>(ap + 8 * T::kARow + 16);
 #pragma unroll
         for (int nb = 0; nb < 2; ++nb) {
-          const uint32_t wq = reinterpret_cast<const uint32_t*>(&b[nb])[st];
-          ptx::MmaBf16(acc[nb], af, Fp8x2ToBf16x2(static_cast<uint16_t>(wq & 0xffffu)),
-                       Fp8x2ToBf16x2(static_cast<uint16_t>(wq >> 16)));
+          b[nb] =
+              *reinterpret_cast<const uint4*>(bs + T::BOffset(warp * 16 + nb * 8 + g, 4 * h + c));
+        }
+        const uint32_t* lo = reinterpret_cast<const uint32_t*>(a_lo);  // 8 words: k pairs
+        const uint32_t* hi = reinterpret_cast<const uint32_t*>(a_hi);
+#pragma unroll
+        for (int st = 0; st < 4; ++st) {
+          // Step st: physical k 16 c + 4 st + {0, 1} as the mma's (2c, 2c+1), + {2, 3} as
+          // (2c+8, 2c+9).
+          const uint32_t af[4] = {lo[2 * st], hi[2 * st], lo[2 * st + 1], hi[2 * st + 1]};
+#pragma unroll
+          for (int nb = 0; nb < 2; ++nb) {
+            uint32_t w_lo, w_hi;
+            ptx::E4m3x4ToBf16x4(reinterpret_cast<const uint32_t*>(&b[nb])[st], &w_lo, &w_hi);
+            ptx::MmaBf16(acc[nb], af, w_lo, w_hi);
+          }
         }
       }
     }
-    if constexpr (kBlock) {
-      if (kt % 2 == 1 || kt + 1 == KT) {  // the end of a 128-wide k slice (kBK = 64)
+    if constexpr (kBlock) {  // every stage is one 128-wide k slice (kBK = 128)
 #pragma unroll
-        for (int nb = 0; nb < 2; ++nb) {
-          const float s = block_scale[nb][kt / 2];
+      for (int nb = 0; nb < 2; ++nb) {
+        const float s = block_scale[nb][kt];
 #pragma unroll
-          for (int i = 0; i < 4; ++i) total[nb][i] += acc[nb][i] * s, acc[nb][i] = 0.f;
-        }
+        for (int i = 0; i < 4; ++i) total[nb][i] += acc[nb][i] * s, acc[nb][i] = 0.f;
       }
     }
     const int next = kt + kStages - 1;
@@ -252,7 +269,14 @@ template <bool kFp8, bool kSiluMul, bool kBlock = false>
 void Launch(const MoeGemmArgs& a, cudaStream_t stream) {
   const int n = a.dense_w != nullptr && a.dense_n_out > a.n_out ? a.dense_n_out : a.n_out;
   const dim3 grid(n / (kSiluMul ? kBN / 2 : kBN), a.max_tiles);
-  (void)LaunchPdl(MoeGemmKernel<kFp8, kSiluMul, kBlock>, grid, dim3(kThreads), 0, stream, a);
+  constexpr int kSmem = Tile<kFp8>::kSmemBytes;
+  auto* kernel = MoeGemmKernel<kFp8, kSiluMul, kBlock>;
+  // Above 48 KB of dynamic shared memory a kernel must opt in, once (thread-safe static init).
+  [[maybe_unused]] static const bool opted_in =
+      kSmem <= 48 * 1024 ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) ==
+          cudaSuccess;
+  (void)LaunchPdl(kernel, grid, dim3(kThreads), kSmem, stream, a);
 }
 
 }  // namespace
