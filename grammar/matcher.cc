@@ -1,0 +1,74 @@
+#include "grammar/matcher.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "grammar/token_walk.h"
+
+namespace llm::grammar {
+
+Matcher::Matcher(std::shared_ptr<const CompiledGrammar> grammar)
+    : grammar_(std::move(grammar)), arena_(&grammar_->grammar()) {
+  history_.push_back(Step{arena_.Initial(), false});
+}
+
+bool Matcher::CanTerminate() const {
+  const State& s = history_.back().tops;
+  return !history_.back().terminated && !s.empty() && s.front() == StackArena::kDone;
+}
+
+void Matcher::FillNextTokenBitmask(uint32_t* mask) {
+  const Vocabulary& vocab = grammar_->vocab();
+  std::memset(mask, 0, vocab.mask_words() * sizeof(uint32_t));
+  if (IsTerminated()) return;
+  const State tops = history_.back().tops;  // a copy: the walks below add nodes to the arena
+  for (uint32_t top : tops) {
+    if (top == StackArena::kDone) {
+      for (int32_t id : vocab.eos_ids()) mask[id >> 5] |= 1u << (id & 31);
+      continue;
+    }
+    const TokenCacheEntry& entry = grammar_->CacheFor(arena_.PosOf(top));
+    for (size_t w = 0; w < entry.accepted.size(); ++w) mask[w] |= entry.accepted[w];
+    // Uncertain tokens need the real stack below this top; skip those another top already allowed.
+    pending_.clear();
+    for (int32_t id : entry.uncertain)
+      if (!((mask[id >> 5] >> (id & 31)) & 1)) pending_.push_back(id);
+    if (pending_.empty()) continue;
+    State start{top};
+    WalkTokens(arena_, vocab, start, pending_.data(), pending_.size(), /*isolated=*/false,
+               [&](int32_t id, TokenVerdict v) {
+                 if (v == TokenVerdict::kAccepted) mask[id >> 5] |= 1u << (id & 31);
+               });
+  }
+}
+
+bool Matcher::AcceptString(std::string_view bytes) {
+  if (IsTerminated()) return false;
+  scratch_a_ = history_.back().tops;
+  for (char c : bytes) {
+    arena_.Advance(scratch_a_, static_cast<uint8_t>(c), scratch_b_);
+    if (scratch_b_.empty()) return false;
+    std::swap(scratch_a_, scratch_b_);
+  }
+  history_.push_back(Step{scratch_a_, false});
+  return true;
+}
+
+bool Matcher::AcceptToken(int32_t id) {
+  const Vocabulary& vocab = grammar_->vocab();
+  if (id < 0 || id >= static_cast<int32_t>(vocab.size()) || IsTerminated()) return false;
+  if (vocab.IsEos(id)) {
+    if (!CanTerminate()) return false;
+    history_.push_back(Step{history_.back().tops, true});
+    return true;
+  }
+  if (!vocab.IsOrdinary(id)) return false;  // special and empty tokens never match
+  return AcceptString(vocab.token(id));
+}
+
+void Matcher::Rollback(int k) {
+  int keep = std::max(1, static_cast<int>(history_.size()) - std::max(0, k));
+  history_.resize(keep);
+}
+
+}  // namespace llm::grammar

@@ -1,0 +1,97 @@
+#include "grammar/stack.h"
+
+#include <algorithm>
+
+namespace llm::grammar {
+
+StackArena::StackArena(const Grammar* g) : g_(g) {
+  nodes_.push_back(Frame{UINT32_MAX, 0});  // kDone
+  stamp_.push_back(0);
+}
+
+uint32_t StackArena::Node(uint32_t pos, uint32_t parent) {
+  uint64_t key = (uint64_t{pos} << 32) | parent;
+  auto [it, inserted] = index_.try_emplace(key, static_cast<uint32_t>(nodes_.size()));
+  if (inserted) {
+    nodes_.push_back(Frame{pos, parent});
+    stamp_.push_back(0);
+  }
+  return it->second;
+}
+
+bool StackArena::Visit(uint32_t node) {
+  if (stamp_[node] == epoch_) return false;
+  stamp_[node] = epoch_;
+  return true;
+}
+
+void StackArena::Close(uint32_t start, State& out) {
+  const auto& pos = g_->positions();
+  work_.push_back(start);
+  while (!work_.empty()) {
+    uint32_t x = work_.back();
+    work_.pop_back();
+    if (!Visit(x)) continue;
+    if (x == kDone) {
+      out.push_back(x);
+      continue;
+    }
+    Frame f = nodes_[x];
+    const Position& p = pos[f.pos];
+    switch (p.kind) {
+      case Position::kByte:
+        out.push_back(x);
+        break;
+      case Position::kByteStar:
+        out.push_back(x);
+        work_.push_back(Node(f.pos + 1, f.parent));
+        break;
+      case Position::kEnd:
+        if (f.parent == kDone) {
+          work_.push_back(kDone);
+        } else {
+          Frame up = nodes_[f.parent];
+          work_.push_back(Node(up.pos + 1, up.parent));
+        }
+        break;
+      case Position::kRef: {
+        uint32_t caller = p.tail ? f.parent : x;
+        for (uint32_t s : g_->RuleStarts(p.arg)) work_.push_back(Node(s, caller));
+        break;
+      }
+    }
+  }
+}
+
+State StackArena::Initial() {
+  State out;
+  ++epoch_;
+  for (uint32_t s : g_->RuleStarts(g_->root())) Close(Node(s, kDone), out);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+State StackArena::Isolated(uint32_t pos) {
+  State out;
+  ++epoch_;
+  Close(Node(pos, kDone), out);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void StackArena::Advance(const State& in, uint8_t byte, State& out) {
+  out.clear();
+  ++epoch_;
+  const auto& pos = g_->positions();
+  const auto& sets = g_->sets();
+  for (uint32_t x : in) {
+    if (x == kDone) continue;
+    Frame f = nodes_[x];
+    const Position& p = pos[f.pos];
+    if (!sets[p.arg].Has(byte)) continue;
+    Close(p.kind == Position::kByte ? Node(f.pos + 1, f.parent) : x, out);
+  }
+  std::sort(out.begin(), out.end());
+}
+
+}  // namespace llm::grammar
