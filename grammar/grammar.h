@@ -52,4 +52,13 @@ Result<std::shared_ptr<const Grammar>> ParseRegex(const std::string& pattern);
 // Exactly one of the given strings.
 Result<std::shared_ptr<const Grammar>> MakeChoices(const std::vector<std::string>& choices);
 
+struct JsonSchemaOptions {
+  // Whitespace allowed at each place JSON allows it: at most this many of ' ', '\n', '\t', '\r'.
+  int max_whitespace = 16;
+  // Longest string length (minLength/maxLength) or array size the compiler expands exactly.
+  int max_expanded_repeat = 1000;
+};
+Result<std::shared_ptr<const Grammar>> CompileJsonSchema(const std::string& schema_json,
+                                                         const JsonSchemaOptions& options = {});
+
 }  // namespace llm::grammar
