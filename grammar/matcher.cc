@@ -22,6 +22,11 @@ void Matcher::FillNextTokenBitmask(uint32_t* mask) {
   std::memset(mask, 0, vocab.mask_words() * sizeof(uint32_t));
   if (IsTerminated()) return;
   const State tops = history_.back().tops;  // a copy: the walks below add nodes to the arena
+  auto hit = memo_.find(tops);
+  if (hit != memo_.end()) {
+    std::memcpy(mask, hit->second.data(), hit->second.size() * sizeof(uint32_t));
+    return;
+  }
   for (uint32_t top : tops) {
     if (top == StackArena::kDone) {
       for (int32_t id : vocab.eos_ids()) mask[id >> 5] |= 1u << (id & 31);
@@ -40,6 +45,9 @@ void Matcher::FillNextTokenBitmask(uint32_t* mask) {
                  if (v == TokenVerdict::kAccepted) mask[id >> 5] |= 1u << (id & 31);
                });
   }
+  constexpr size_t kMemoStates = 64;
+  if (memo_.size() >= kMemoStates) memo_.clear();
+  memo_.emplace(tops, std::vector<uint32_t>(mask, mask + vocab.mask_words()));
 }
 
 bool Matcher::AcceptString(std::string_view bytes) {

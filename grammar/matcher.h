@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -43,6 +44,9 @@ class Matcher {
   std::vector<Step> history_;
   State scratch_a_, scratch_b_;
   std::vector<int32_t> pending_;
+  // Masks of recently seen states: loops (string bodies, digits, whitespace) revisit the same
+  // interned stacks, so their masks are copies. Bounded; cleared when full.
+  std::map<State, std::vector<uint32_t>> memo_;
 };
 
 }  // namespace llm::grammar

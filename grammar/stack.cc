@@ -4,19 +4,50 @@
 
 namespace llm::grammar {
 
+namespace {
+constexpr uint64_t kEmpty = UINT64_MAX;  // no real key: kDone's position is never interned
+inline size_t Slot(uint64_t key, size_t mask) {
+  return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> 20) & mask;
+}
+}  // namespace
+
 StackArena::StackArena(const Grammar* g) : g_(g) {
   nodes_.push_back(Frame{UINT32_MAX, 0});  // kDone
   stamp_.push_back(0);
+  keys_.assign(1024, kEmpty);
+  values_.assign(1024, 0);
+}
+
+void StackArena::Grow() {
+  std::vector<uint64_t> keys(keys_.size() * 2, kEmpty);
+  std::vector<uint32_t> values(keys.size(), 0);
+  size_t mask = keys.size() - 1;
+  for (size_t i = 0; i < keys_.size(); ++i) {
+    if (keys_[i] == kEmpty) continue;
+    size_t s = Slot(keys_[i], mask);
+    while (keys[s] != kEmpty) s = (s + 1) & mask;
+    keys[s] = keys_[i];
+    values[s] = values_[i];
+  }
+  keys_.swap(keys);
+  values_.swap(values);
 }
 
 uint32_t StackArena::Node(uint32_t pos, uint32_t parent) {
   uint64_t key = (uint64_t{pos} << 32) | parent;
-  auto [it, inserted] = index_.try_emplace(key, static_cast<uint32_t>(nodes_.size()));
-  if (inserted) {
-    nodes_.push_back(Frame{pos, parent});
-    stamp_.push_back(0);
+  size_t mask = keys_.size() - 1;
+  for (size_t s = Slot(key, mask);; s = (s + 1) & mask) {
+    if (keys_[s] == key) return values_[s];
+    if (keys_[s] == kEmpty) {
+      uint32_t id = static_cast<uint32_t>(nodes_.size());
+      keys_[s] = key;
+      values_[s] = id;
+      nodes_.push_back(Frame{pos, parent});
+      stamp_.push_back(0);
+      if (++used_ * 2 > keys_.size()) Grow();
+      return id;
+    }
   }
-  return it->second;
 }
 
 bool StackArena::Visit(uint32_t node) {

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cstdint>
-#include <unordered_map>
 #include <vector>
 
 #include "grammar/grammar.h"
@@ -40,7 +39,11 @@ class StackArena {
 
   const Grammar* g_;
   std::vector<Frame> nodes_;
-  std::unordered_map<uint64_t, uint32_t> index_;
+  // Open addressing (linear probing) from (pos, parent) to node id: interning is the hot path.
+  std::vector<uint64_t> keys_;
+  std::vector<uint32_t> values_;
+  size_t used_ = 0;
+  void Grow();
   std::vector<uint32_t> stamp_;
   uint32_t epoch_ = 0;
   std::vector<uint32_t> work_;
