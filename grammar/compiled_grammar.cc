@@ -22,7 +22,7 @@ const TokenCacheEntry& CompiledGrammar::CacheFor(uint32_t pos) const {
   auto entry = std::make_unique<TokenCacheEntry>();
   entry->accepted.assign(vocab_->mask_words(), 0);
   StackArena arena(grammar_.get());
-  State start = arena.Isolated(pos);
+  uint32_t start = arena.InternState(arena.Isolated(pos));
   const auto& ids = vocab_->sorted();
   WalkTokens(arena, *vocab_, start, ids.data(), ids.size(), /*isolated=*/true,
              [&](int32_t id, TokenVerdict v) {

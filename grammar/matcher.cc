@@ -9,20 +9,20 @@ namespace llm::grammar {
 
 Matcher::Matcher(std::shared_ptr<const CompiledGrammar> grammar)
     : grammar_(std::move(grammar)), arena_(&grammar_->grammar()) {
-  history_.push_back(Step{arena_.Initial(), false});
+  history_.push_back(Step{arena_.InternState(arena_.Initial()), false});
 }
 
 bool Matcher::CanTerminate() const {
-  const State& s = history_.back().tops;
-  return !history_.back().terminated && !s.empty() && s.front() == StackArena::kDone;
+  return !history_.back().terminated && arena_.IsDone(history_.back().state);
 }
 
 void Matcher::FillNextTokenBitmask(uint32_t* mask) {
   const Vocabulary& vocab = grammar_->vocab();
   std::memset(mask, 0, vocab.mask_words() * sizeof(uint32_t));
   if (IsTerminated()) return;
-  const State tops = history_.back().tops;  // a copy: the walks below add nodes to the arena
-  auto hit = memo_.find(tops);
+  uint32_t state = history_.back().state;
+  const State tops = arena_.StateOf(state);  // a copy: the walks below add states to the arena
+  auto hit = memo_.find(state);
   if (hit != memo_.end()) {
     std::memcpy(mask, hit->second.data(), hit->second.size() * sizeof(uint32_t));
     return;
@@ -39,7 +39,7 @@ void Matcher::FillNextTokenBitmask(uint32_t* mask) {
     for (int32_t id : entry.uncertain)
       if (!((mask[id >> 5] >> (id & 31)) & 1)) pending_.push_back(id);
     if (pending_.empty()) continue;
-    State start{top};
+    uint32_t start = arena_.InternState(State{top});
     WalkTokens(arena_, vocab, start, pending_.data(), pending_.size(), /*isolated=*/false,
                [&](int32_t id, TokenVerdict v) {
                  if (v == TokenVerdict::kAccepted) mask[id >> 5] |= 1u << (id & 31);
@@ -47,18 +47,17 @@ void Matcher::FillNextTokenBitmask(uint32_t* mask) {
   }
   constexpr size_t kMemoStates = 64;
   if (memo_.size() >= kMemoStates) memo_.clear();
-  memo_.emplace(tops, std::vector<uint32_t>(mask, mask + vocab.mask_words()));
+  memo_.emplace(state, std::vector<uint32_t>(mask, mask + vocab.mask_words()));
 }
 
 bool Matcher::AcceptString(std::string_view bytes) {
   if (IsTerminated()) return false;
-  scratch_a_ = history_.back().tops;
+  uint32_t s = history_.back().state;
   for (char c : bytes) {
-    arena_.Advance(scratch_a_, static_cast<uint8_t>(c), scratch_b_);
-    if (scratch_b_.empty()) return false;
-    std::swap(scratch_a_, scratch_b_);
+    s = arena_.Step(s, static_cast<uint8_t>(c));
+    if (s == StackArena::kDead) return false;
   }
-  history_.push_back(Step{scratch_a_, false});
+  history_.push_back(Step{s, false});
   return true;
 }
 
@@ -67,7 +66,7 @@ bool Matcher::AcceptToken(int32_t id) {
   if (id < 0 || id >= static_cast<int32_t>(vocab.size()) || IsTerminated()) return false;
   if (vocab.IsEos(id)) {
     if (!CanTerminate()) return false;
-    history_.push_back(Step{history_.back().tops, true});
+    history_.push_back(Step{history_.back().state, true});
     return true;
   }
   if (!vocab.IsOrdinary(id)) return false;  // special and empty tokens never match

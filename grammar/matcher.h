@@ -3,9 +3,9 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "grammar/compiled_grammar.h"
@@ -36,17 +36,16 @@ class Matcher {
 
  private:
   struct Step {
-    State tops;
+    uint32_t state;  // an interned state id of arena_
     bool terminated = false;
   };
   std::shared_ptr<const CompiledGrammar> grammar_;
   StackArena arena_;
   std::vector<Step> history_;
-  State scratch_a_, scratch_b_;
   std::vector<int32_t> pending_;
   // Masks of recently seen states: loops (string bodies, digits, whitespace) revisit the same
   // interned stacks, so their masks are copies. Bounded; cleared when full.
-  std::map<State, std::vector<uint32_t>> memo_;
+  std::unordered_map<uint32_t, std::vector<uint32_t>> memo_;
 };
 
 }  // namespace llm::grammar

@@ -16,6 +16,31 @@ StackArena::StackArena(const Grammar* g) : g_(g) {
   stamp_.push_back(0);
   keys_.assign(1024, kEmpty);
   values_.assign(1024, 0);
+  InternState(State{});  // kDead
+}
+
+namespace {
+constexpr uint32_t kUnknown = UINT32_MAX;
+}
+
+uint32_t StackArena::InternState(const State& s) {
+  auto [it, inserted] = state_index_.try_emplace(s, static_cast<uint32_t>(states_.size()));
+  if (inserted) {
+    states_.push_back(s);
+    done_.push_back(!s.empty() && s.front() == kDone);
+    next_.resize(next_.size() + 256, kUnknown);
+  }
+  return it->second;
+}
+
+uint32_t StackArena::Step(uint32_t id, uint8_t byte) {
+  uint32_t& slot = next_[size_t{id} * 256 + byte];
+  if (slot != kUnknown) return slot;
+  if (id == kDead) return slot = kDead;
+  Advance(states_[id], byte, scratch_);
+  uint32_t to = InternState(scratch_);
+  next_[size_t{id} * 256 + byte] = to;  // `slot` may dangle: InternState grew next_
+  return to;
 }
 
 void StackArena::Grow() {

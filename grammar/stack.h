@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #include "grammar/grammar.h"
@@ -30,6 +31,16 @@ class StackArena {
   // The state after consuming `byte`; empty when no stack accepts it.
   void Advance(const State& in, uint8_t byte, State& out);
 
+  // States interned as ids, with their byte transitions memoized: a walk over the vocabulary
+  // revisits the same states constantly (every character of a string body leads back to the
+  // same state), so most steps are one table lookup. Id 0 is the dead (empty) state.
+  static constexpr uint32_t kDead = 0;
+  uint32_t InternState(const State& s);
+  const State& StateOf(uint32_t id) const { return states_[id]; }
+  uint32_t Step(uint32_t id, uint8_t byte);
+  // The root (or the isolated frame) has returned in this state.
+  bool IsDone(uint32_t id) const { return done_[id]; }
+
  private:
   struct Frame {
     uint32_t pos, parent;
@@ -47,6 +58,19 @@ class StackArena {
   std::vector<uint32_t> stamp_;
   uint32_t epoch_ = 0;
   std::vector<uint32_t> work_;
+
+  struct StateHash {
+    size_t operator()(const State& s) const {
+      uint64_t h = 1469598103934665603ull;
+      for (uint32_t x : s) h = (h ^ x) * 1099511628211ull;
+      return static_cast<size_t>(h);
+    }
+  };
+  std::unordered_map<State, uint32_t, StateHash> state_index_;
+  std::vector<State> states_;
+  std::vector<char> done_;
+  std::vector<uint32_t> next_;  // 256 per state; kUnknown until computed
+  State scratch_;
 };
 
 }  // namespace llm::grammar

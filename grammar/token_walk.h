@@ -18,12 +18,12 @@ enum class TokenVerdict { kRejected, kAccepted, kUncertain };
 // isolated: `start` came from StackArena::Isolated, and reaching kDone with bytes left makes the
 // token uncertain rather than rejected.
 template <typename OnVerdict>
-void WalkTokens(StackArena& arena, const Vocabulary& vocab, const State& start, const int32_t* ids,
+void WalkTokens(StackArena& arena, const Vocabulary& vocab, uint32_t start, const int32_t* ids,
                 size_t n, bool isolated, OnVerdict&& on_verdict) {
-  std::vector<State> level(1, start);
-  std::vector<char> returned(1, 0);  // a frame returned to kDone somewhere before this depth
-  size_t valid = 0;                  // levels 0..valid hold the previous token's prefix states
-  size_t dead_at = SIZE_MAX;         // the previous token's prefix died at this depth
+  std::vector<uint32_t> level(1, start);  // state id after each prefix length
+  std::vector<char> returned(1, 0);       // a frame returned to kDone before this depth
+  size_t valid = 0;                       // levels 0..valid hold the previous token's prefix
+  size_t dead_at = SIZE_MAX;              // the previous token's prefix died at this depth
   TokenVerdict dead_verdict = TokenVerdict::kRejected;
   const std::string* prev = nullptr;
   for (size_t i = 0; i < n; ++i) {
@@ -39,17 +39,14 @@ void WalkTokens(StackArena& arena, const Vocabulary& vocab, const State& start, 
       continue;
     }
     dead_at = SIZE_MAX;
-    size_t d = lcp;
     if (level.size() < tok.size() + 1) {
       level.resize(tok.size() + 1);
       returned.resize(tok.size() + 1);
     }
-    for (; d < tok.size(); ++d) {
-      const State& cur = level[d];
-      bool done_here = !cur.empty() && cur.front() == StackArena::kDone;  // kDone sorts first
-      returned[d + 1] = returned[d] || (isolated && done_here);
-      arena.Advance(cur, static_cast<uint8_t>(tok[d]), level[d + 1]);
-      if (level[d + 1].empty()) {
+    for (size_t d = lcp; d < tok.size(); ++d) {
+      returned[d + 1] = returned[d] || (isolated && arena.IsDone(level[d]));
+      level[d + 1] = arena.Step(level[d], static_cast<uint8_t>(tok[d]));
+      if (level[d + 1] == StackArena::kDead) {
         dead_at = d + 1;
         break;
       }
