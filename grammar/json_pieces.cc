@@ -1,6 +1,8 @@
 #include "grammar/json_pieces.h"
 
 #include <cstdio>
+#include <map>
+#include <tuple>
 
 #include "grammar/regex.h"
 #include "grammar/result.h"
@@ -77,31 +79,170 @@ ExprPtr IntegerRange(std::optional<int64_t> lo, std::optional<int64_t> hi) {
   return Alt(std::move(alts));
 }
 
-ExprPtr NumberRange(std::optional<int64_t> lo, bool lo_exclusive, std::optional<int64_t> hi,
-                    bool hi_exclusive) {
-  // Integer values, written with or without a zero fraction.
-  std::optional<int64_t> ilo = lo, ihi = hi;
-  if (lo && lo_exclusive) ilo = *lo + 1;
-  if (hi && hi_exclusive) ihi = *hi - 1;
-  ExprPtr zeros = Optional(Seq({Lit("."), Repeat(Lit("0"), 1, kUnbounded)}));
-  std::vector<ExprPtr> alts;
-  if (!ilo || !ihi || *ilo <= *ihi) alts.push_back(Seq({IntegerRange(ilo, ihi), zeros}));
-  // Non-integer values v: lo <= v <= hi exactly when lo <= floor(v) <= hi - 1 (for integer
-  // bounds, exclusive or not). Positive v = I.F has floor I; negative v = -I.F has floor -I-1.
-  ExprPtr frac =
-      Seq({Lit("."), Star(Set(DigitSet())), Set(DigitSet('1', '9')), Star(Set(DigitSet()))});
-  std::optional<int64_t> fhi;
-  if (hi) fhi = *hi - 1;
-  if (!fhi || *fhi >= 0) {
-    int64_t a = lo ? std::max<int64_t>(*lo, 0) : 0;
-    if (!fhi || a <= *fhi) alts.push_back(Seq({NonNegativeRange(a, fhi), frac}));
+Decimal ParseDecimal(const std::string& text) {
+  Decimal d;
+  size_t i = 0;
+  if (i < text.size() && text[i] == '-') d.negative = true, ++i;
+  std::string digits;
+  long point = -1;
+  for (; i < text.size() && (isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'); ++i) {
+    if (text[i] == '.')
+      point = static_cast<long>(digits.size());
+    else
+      digits += text[i];
   }
-  // Negative: I in [-hi, -lo - 1], I >= 0.
-  if (!lo || *lo < 0) {
-    int64_t a = hi ? std::max<int64_t>(0, -*hi) : 0;
-    std::optional<int64_t> b;
-    if (lo) b = -*lo - 1;
-    if (!b || a <= *b) alts.push_back(Seq({Lit("-"), NonNegativeRange(a, b), frac}));
+  if (point < 0) point = static_cast<long>(digits.size());
+  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) point += std::stol(text.substr(i + 1));
+  if (point > 18) throw CompileError{"number bound beyond 1e18"};
+  if (point < -40) point = -40;  // far below any digit the bounds test
+  while (point < 0) digits.insert(digits.begin(), '0'), ++point;
+  while (static_cast<long>(digits.size()) < point) digits += '0';
+  d.int_digits = digits.substr(0, point);
+  d.frac_digits = digits.substr(point);
+  d.int_digits.erase(0, std::min(d.int_digits.find_first_not_of('0'), d.int_digits.size()));
+  if (d.int_digits.empty()) d.int_digits = "0";
+  while (!d.frac_digits.empty() && d.frac_digits.back() == '0') d.frac_digits.pop_back();
+  if (d.int_digits == "0" && d.frac_digits.empty()) d.negative = false;
+  return d;
+}
+
+namespace {
+
+// Compares non-negative magnitudes.
+int CompareMagnitude(const Decimal& a, const Decimal& b) {
+  if (a.int_digits.size() != b.int_digits.size())
+    return a.int_digits.size() < b.int_digits.size() ? -1 : 1;
+  if (int c = a.int_digits.compare(b.int_digits)) return c < 0 ? -1 : 1;
+  if (int c = a.frac_digits.compare(b.frac_digits)) return c < 0 ? -1 : 1;
+  return 0;
+}
+
+// The digits after a number's '.', compared with the fractions of the bounds whose integer part
+// the number shares ("tight" sides). R(k, lo_tight, hi_tight) is the language of the remaining
+// digits; beyond both bounds' lengths the bound digits are zeros, so states repeat and loop.
+class FractionAutomaton {
+ public:
+  FractionAutomaton(GrammarBuilder& b, const std::string* x, bool x_strict, const std::string* y,
+                    bool y_strict)
+      : b_(b), x_(x), y_(y), x_strict_(x_strict), y_strict_(y_strict) {
+    len_ = std::max(x ? x->size() : 0, y ? y->size() : 0);
+  }
+
+  // "" (when the value without a fraction qualifies) | "." digits.
+  ExprPtr Fraction() {
+    std::vector<ExprPtr> alts;
+    if (EndOk(0, x_ != nullptr, y_ != nullptr)) alts.push_back(Empty());
+    ExprPtr t = Transitions(0, x_ != nullptr, y_ != nullptr);
+    alts.push_back(Seq({Lit("."), t}));
+    return Alt(std::move(alts));
+  }
+
+ private:
+  int Digit(const std::string* s, size_t k) const { return k < s->size() ? (*s)[k] - '0' : 0; }
+
+  bool EndOk(size_t k, bool lt, bool ht) const {
+    bool lo_ok = !lt || (k >= x_->size() && !x_strict_);
+    bool hi_ok = !ht || k < y_->size() || !y_strict_;
+    return lo_ok && hi_ok;
+  }
+
+  // One or more digits from position k.
+  ExprPtr Transitions(size_t k, bool lt, bool ht) {
+    std::map<std::pair<bool, bool>, ByteSet> groups;
+    for (int d = 0; d <= 9; ++d) {
+      if (lt && d < Digit(x_, k)) continue;
+      if (ht && d > Digit(y_, k)) continue;
+      groups[{lt && d == Digit(x_, k), ht && d == Digit(y_, k)}].Add(static_cast<uint8_t>('0' + d));
+    }
+    std::vector<ExprPtr> alts;
+    for (auto& [flags, set] : groups)
+      alts.push_back(Seq({Set(set), Rest(k + 1, flags.first, flags.second)}));
+    return Alt(std::move(alts));
+  }
+
+  // Zero or more digits from position k.
+  ExprPtr Rest(size_t k, bool lt, bool ht) {
+    ByteSet digit;
+    digit.AddRange('0', '9');
+    if (!lt && !ht) return Star(Set(digit));
+    auto key = std::make_tuple(std::min(k, len_), lt, ht);
+    if (auto it = rules_.find(key); it != rules_.end()) return Ref(it->second);
+    int r = b_.AddRule("fraction");
+    rules_[key] = r;
+    std::vector<ExprPtr> alts;
+    if (EndOk(k, lt, ht)) alts.push_back(Empty());
+    alts.push_back(Transitions(std::min(k, len_), lt, ht));
+    b_.Define(r, Alt(std::move(alts)));
+    return Ref(r);
+  }
+
+  GrammarBuilder& b_;
+  const std::string *x_, *y_;
+  bool x_strict_, y_strict_;
+  size_t len_;
+  std::map<std::tuple<size_t, bool, bool>, int> rules_;
+};
+
+int64_t ToInt(const std::string& digits) {
+  return std::stoll(digits);
+}
+
+// Non-negative numbers between `lo` (a magnitude) and `hi` (absent: open), as "I" or "I.F".
+ExprPtr NonNegativeDecimals(GrammarBuilder& b, const Decimal& lo, bool lo_strict,
+                            const std::optional<Decimal>& hi, bool hi_strict) {
+  if (hi) {
+    int c = CompareMagnitude(lo, *hi);
+    if (c > 0 || (c == 0 && (lo_strict || hi_strict))) return Nothing();
+  }
+  ByteSet digit;
+  digit.AddRange('0', '9');
+  ExprPtr any_fraction = Optional(Seq({Lit("."), Repeat(Set(digit), 1, kUnbounded)}));
+  int64_t il = ToInt(lo.int_digits);
+  if (hi && hi->int_digits == lo.int_digits) {
+    FractionAutomaton f(b, &lo.frac_digits, lo_strict, &hi->frac_digits, hi_strict);
+    return Seq({Lit(lo.int_digits), f.Fraction()});
+  }
+  std::vector<ExprPtr> alts;
+  FractionAutomaton low(b, &lo.frac_digits, lo_strict, nullptr, false);
+  alts.push_back(Seq({Lit(lo.int_digits), low.Fraction()}));
+  std::optional<int64_t> mid_hi;
+  if (hi) mid_hi = ToInt(hi->int_digits) - 1;
+  if (!mid_hi || il + 1 <= *mid_hi)
+    alts.push_back(Seq({IntegerRange(il + 1, mid_hi), any_fraction}));
+  if (hi) {
+    FractionAutomaton high(b, nullptr, false, &hi->frac_digits, hi_strict);
+    alts.push_back(Seq({Lit(hi->int_digits), high.Fraction()}));
+  }
+  return Alt(std::move(alts));
+}
+
+}  // namespace
+
+ExprPtr NumberRange(GrammarBuilder& b, const std::optional<Decimal>& lo, bool lo_exclusive,
+                    const std::optional<Decimal>& hi, bool hi_exclusive) {
+  std::vector<ExprPtr> alts;
+  Decimal zero;
+  // v >= 0: magnitudes from max(lo, 0) to hi.
+  if (!hi || !hi->negative) {
+    bool from_lo = lo && !lo->negative;
+    alts.push_back(
+        NonNegativeDecimals(b, from_lo ? *lo : zero, from_lo && lo_exclusive, hi, hi_exclusive));
+  }
+  // v < 0, written "-" and its magnitude: from |hi| (or just above 0) to |lo|.
+  if (!lo || lo->negative) {
+    Decimal mlo = zero;
+    bool mlo_strict = true;  // no "-0"
+    if (hi && hi->negative) {
+      mlo = *hi;
+      mlo.negative = false;
+      mlo_strict = hi_exclusive;
+    }
+    std::optional<Decimal> mhi;
+    if (lo) {
+      mhi = *lo;
+      mhi->negative = false;
+    }
+    alts.push_back(Seq({Lit("-"), NonNegativeDecimals(b, mlo, mlo_strict, mhi, lo_exclusive)}));
   }
   return Alt(std::move(alts));
 }
@@ -119,18 +260,13 @@ ExprPtr AnyNumber() {
 }
 
 ExprPtr JsonStringChar(const CodepointRanges& except) {
-  CodepointRanges raw;
-  raw.Add(0x20, 0x10FFFF);
+  // Raw characters: U+0020 and up, minus '"', '\\' and `except`.
   CodepointRanges excluded = except;
   excluded.Add('"');
   excluded.Add('\\');
-  CodepointRanges keep;
-  for (auto [lo, hi] : raw.ranges) keep.Add(lo, hi);
-  // keep minus excluded
   CodepointRanges allowed;
-  auto ex = excluded.Normalized();
   uint32_t next = 0x20;
-  for (auto [lo, hi] : ex.ranges) {
+  for (auto [lo, hi] : excluded.Normalized().ranges) {
     if (hi < next) continue;
     if (lo > next) allowed.Add(next, lo - 1);
     next = std::max(next, hi + 1);

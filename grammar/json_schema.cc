@@ -378,7 +378,6 @@ class SchemaCompiler {
     if (std::fabs(d) > 1e18) Refuse(std::string("\"") + key + "\" beyond 1e18", path);
     if (v.is_number_integer()) return v.get<int64_t>();
     if (std::floor(d) == d) return static_cast<int64_t>(d);
-    if (!integer) Refuse(std::string("non-integer \"") + key + "\" on a number", path);
     return static_cast<int64_t>(lower ? std::floor(d) : std::ceil(d));
   }
 
@@ -405,12 +404,20 @@ class SchemaCompiler {
       return IntegerRange(l, h);
     }
     if (!lo && !hi && !xlo && !xhi) return AnyNumber();
-    // Tightest lower and upper bound, each inclusive or exclusive.
-    std::optional<int64_t> l = lo, h = hi;
+    // Tightest lower and upper bound, each inclusive or exclusive, as exact decimals.
+    auto dec = [&](const char* k) {
+      std::optional<Decimal> d;
+      if (s.contains(k)) d = ParseDecimal(s[k].dump());
+      return d;
+    };
+    auto value = [&](const char* k) { return s[k].get<double>(); };
+    std::optional<Decimal> l = dec("minimum"), h = dec("maximum");
     bool lx = false, hx = false;
-    if (xlo && (!l || *xlo >= *l)) l = xlo, lx = true;
-    if (xhi && (!h || *xhi <= *h)) h = xhi, hx = true;
-    return NumberRange(l, lx, h, hx);
+    if (xlo && (!lo || value("exclusiveMinimum") >= value("minimum")))
+      l = dec("exclusiveMinimum"), lx = true;
+    if (xhi && (!hi || value("exclusiveMaximum") <= value("maximum")))
+      h = dec("exclusiveMaximum"), hx = true;
+    return NumberRange(b_, l, lx, h, hx);
   }
 
   int Count(const Json& s, const char* key, const std::string& path) {

@@ -1,5 +1,7 @@
 // JSON Schema to grammar: each keyword accepts and rejects what it should, refusals name the
 // keyword and its location, and masks on both tokenizer styles generate valid JSON that ends.
+#include <cmath>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "grammar_test_util.h"
@@ -133,6 +135,43 @@ TEST_CASE("json schema: number bounds", "[grammar][json]") {
   auto g = Schema(R"({"type": "number", "minimum": -2, "exclusiveMaximum": 3})");
   for (const char* v : {"-2", "-2.0", "-1.99", "0", "0.5", "2.999", "-0.5"}) CHECK(Accepts(g, v));
   for (const char* v : {"-2.01", "-3", "3", "3.0", "3.5", "10"}) CHECK_FALSE(Accepts(g, v));
+}
+
+// Decimal bounds are exact: every number with up to 3 fraction digits in [-3, 3] against the
+// arithmetic, for several bound pairs (inclusive and exclusive).
+TEST_CASE("json schema: decimal number bounds are exact", "[grammar][json]") {
+  struct Bounds {
+    const char* schema;
+    double lo, hi;
+    bool lo_x, hi_x;
+  };
+  for (const Bounds& b : std::vector<Bounds>{
+           {R"({"type": "number", "minimum": 1.1, "maximum": 2.25})", 1.1, 2.25, false, false},
+           {R"({"type": "number", "exclusiveMinimum": -1.05, "exclusiveMaximum": 0.5})", -1.05, 0.5,
+            true, true},
+           {R"({"type": "number", "minimum": -2.5, "exclusiveMaximum": -2.125})", -2.5, -2.125,
+            false, true},
+           {R"({"type": "number", "exclusiveMinimum": 0.001, "maximum": 0.01})", 0.001, 0.01, true,
+            false}}) {
+    auto g = Schema(b.schema);
+    INFO(b.schema);
+    for (int v = -3000; v <= 3000; ++v) {  // v / 1000, compared in integers (no rounding)
+      int lo = static_cast<int>(std::lround(b.lo * 1000)),
+          hi = static_cast<int>(std::lround(b.hi * 1000));
+      bool in = (b.lo_x ? v > lo : v >= lo) && (b.hi_x ? v < hi : v <= hi);
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%s%d.%03d", v < 0 ? "-" : "", std::abs(v) / 1000,
+                    std::abs(v) % 1000);
+      INFO(buf);
+      REQUIRE(Accepts(g, buf) == in);
+      // The same value with its trailing zeros dropped.
+      std::string t = buf;
+      while (t.back() == '0') t.pop_back();
+      if (t.back() == '.') t.pop_back();
+      if (t == "-0") continue;
+      REQUIRE(Accepts(g, t) == in);
+    }
+  }
 }
 
 TEST_CASE("json schema: enum, const, allOf, oneOf", "[grammar][json]") {
