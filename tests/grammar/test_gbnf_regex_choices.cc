@@ -1,5 +1,7 @@
 // GBNF, regex and choice grammars: byte-level acceptance, masks on both tokenizer styles,
 // rollback and completion.
+#include <thread>
+
 #include "grammar_test_util.h"
 
 namespace llm::grammar::testing {
@@ -175,6 +177,43 @@ TEST_CASE("vocabulary: SentencePiece metaspace and byte fallback", "[grammar][vo
   CHECK(v->IsEos(2));
   CHECK_FALSE(v->IsOrdinary(0));
   CHECK_FALSE(v->byte_level());
+}
+
+}  // namespace
+}  // namespace llm::grammar::testing
+
+namespace llm::grammar::testing {
+namespace {
+
+// Requests on different threads share one CompiledGrammar and fill its token cache concurrently;
+// every thread's masks must equal those of a single-threaded run.
+TEST_CASE("masks: matchers on several threads share one compiled grammar", "[grammar][mask]") {
+  auto vocab = ByteLevelVocab();
+  auto g = Must(ParseGbnf("root ::= (\"cat\" | \"dog\" | [a-z]{1,5}) (\" \" [0-9]+)? \"!\""));
+  std::vector<std::vector<uint32_t>> expected;
+  {
+    Matcher m(CompiledGrammar::Create(g, vocab));
+    for (const char* piece : {"", "d", "o", "g", " ", "1", "2", "!"}) {
+      REQUIRE(m.AcceptString(piece));
+      expected.emplace_back(vocab->mask_words());
+      m.FillNextTokenBitmask(expected.back().data());
+    }
+  }
+  auto shared = CompiledGrammar::Create(g, vocab);
+  std::vector<std::vector<std::vector<uint32_t>>> got(4);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      Matcher m(shared);
+      for (const char* piece : {"", "d", "o", "g", " ", "1", "2", "!"}) {
+        if (!m.AcceptString(piece)) return;
+        got[t].emplace_back(vocab->mask_words());
+        m.FillNextTokenBitmask(got[t].back().data());
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 4; ++t) CHECK(got[t] == expected);
 }
 
 }  // namespace
