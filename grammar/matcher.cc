@@ -20,10 +20,12 @@ void Matcher::FillNextTokenBitmask(uint32_t* mask) {
   const Vocabulary& vocab = grammar_->vocab();
   std::memset(mask, 0, vocab.mask_words() * sizeof(uint32_t));
   if (IsTerminated()) return;
+  ++stats_.masks;
   uint32_t state = history_.back().state;
   const State tops = arena_.StateOf(state);  // a copy: the walks below add states to the arena
   auto hit = memo_.find(state);
   if (hit != memo_.end()) {
+    ++stats_.memo_hits;
     std::memcpy(mask, hit->second.data(), hit->second.size() * sizeof(uint32_t));
     return;
   }
@@ -34,16 +36,15 @@ void Matcher::FillNextTokenBitmask(uint32_t* mask) {
     }
     const TokenCacheEntry& entry = grammar_->CacheFor(arena_.PosOf(top));
     for (size_t w = 0; w < entry.accepted.size(); ++w) mask[w] |= entry.accepted[w];
-    // Uncertain tokens need the real stack below this top; skip those another top already allowed.
-    pending_.clear();
-    for (int32_t id : entry.uncertain)
-      if (!((mask[id >> 5] >> (id & 31)) & 1)) pending_.push_back(id);
-    if (pending_.empty()) continue;
+    // Uncertain tokens need the real stack below this top.
+    if (entry.uncertain.empty()) continue;
     uint32_t start = arena_.InternState(State{top});
-    WalkTokens(arena_, vocab, start, pending_.data(), pending_.size(), /*isolated=*/false,
-               [&](int32_t id, TokenVerdict v) {
-                 if (v == TokenVerdict::kAccepted) mask[id >> 5] |= 1u << (id & 31);
-               });
+    WalkTokens(
+        arena_, vocab, start, entry.uncertain.data(), entry.uncertain.size(), /*isolated=*/false,
+        [&](int32_t id, TokenVerdict v) {
+          if (v == TokenVerdict::kAccepted) mask[id >> 5] |= 1u << (id & 31);
+        },
+        entry.skip);
   }
   constexpr size_t kMemoStates = 64;
   if (memo_.size() >= kMemoStates) memo_.clear();

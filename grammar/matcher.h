@@ -33,6 +33,11 @@ class Matcher {
   bool CanTerminate() const;
   int num_steps() const { return static_cast<int>(history_.size()) - 1; }
   const CompiledGrammar& compiled() const { return *grammar_; }
+  // Masks filled, and how many of them were copies of a recent state's mask.
+  struct Stats {
+    uint64_t masks = 0, memo_hits = 0;
+  };
+  const Stats& stats() const { return stats_; }
 
  private:
   struct Step {
@@ -42,10 +47,10 @@ class Matcher {
   std::shared_ptr<const CompiledGrammar> grammar_;
   StackArena arena_;
   std::vector<Step> history_;
-  std::vector<int32_t> pending_;
   // Masks of recently seen states: loops (string bodies, digits, whitespace) revisit the same
   // interned stacks, so their masks are copies. Bounded; cleared when full.
   std::unordered_map<uint32_t, std::vector<uint32_t>> memo_;
+  Stats stats_;
 };
 
 }  // namespace llm::grammar

@@ -17,9 +17,14 @@ enum class TokenVerdict { kRejected, kAccepted, kUncertain };
 
 // isolated: `start` came from StackArena::Isolated, and reaching kDone with bytes left makes the
 // token uncertain rather than rejected.
+//
+// skip (optional, full mode only): skip[d - 1][i] is the first index after i whose token does not
+// share i's first d bytes (d = 1, 2); a token dying at depth d then skips all of them, unreported
+// (rejections are not reported in full mode, where no token is uncertain).
 template <typename OnVerdict>
 void WalkTokens(StackArena& arena, const Vocabulary& vocab, uint32_t start, const int32_t* ids,
-                size_t n, bool isolated, OnVerdict&& on_verdict) {
+                size_t n, bool isolated, OnVerdict&& on_verdict,
+                const std::vector<uint32_t>* skip = nullptr) {
   std::vector<uint32_t> level(1, start);  // state id after each prefix length
   std::vector<char> returned(1, 0);       // a frame returned to kDone before this depth
   size_t valid = 0;                       // levels 0..valid hold the previous token's prefix
@@ -55,6 +60,7 @@ void WalkTokens(StackArena& arena, const Vocabulary& vocab, uint32_t start, cons
       valid = dead_at;
       dead_verdict = returned[dead_at] ? TokenVerdict::kUncertain : TokenVerdict::kRejected;
       on_verdict(ids[i], dead_verdict);
+      if (skip && !isolated && dead_at <= 2) i = skip[dead_at - 1][i] - 1;
     } else {
       valid = tok.size();
       on_verdict(ids[i], TokenVerdict::kAccepted);
