@@ -24,21 +24,14 @@ const TokenCacheEntry& CompiledGrammar::CacheFor(uint32_t pos) const {
   StackArena arena(grammar_.get());
   uint32_t start = arena.InternState(arena.Isolated(pos));
   const auto& ids = vocab_->sorted();
-  WalkTokens(arena, *vocab_, start, ids.data(), ids.size(), /*isolated=*/true,
-             [&](int32_t id, TokenVerdict v) {
-               if (v == TokenVerdict::kAccepted) entry->accepted[id >> 5] |= 1u << (id & 31);
-               if (v == TokenVerdict::kUncertain) entry->uncertain.push_back(id);
-             });
-  const auto& u = entry->uncertain;
-  for (size_t d = 1; d <= 2; ++d) {
-    auto& skip = entry->skip[d - 1];
-    skip.assign(u.size(), static_cast<uint32_t>(u.size()));
-    for (size_t i = u.size(); i-- > 1;) {
-      const std::string &a = vocab_->token(u[i - 1]), &b = vocab_->token(u[i]);
-      bool shared = a.size() >= d && b.size() >= d && a.compare(0, d, b, 0, d) == 0;
-      skip[i - 1] = shared ? skip[i] : static_cast<uint32_t>(i);
-    }
-  }
+  WalkTokens(
+      arena, *vocab_, start, ids.data(), ids.size(), /*isolated=*/true,
+      [&](int32_t id, TokenVerdict v) {
+        if (v == TokenVerdict::kAccepted) entry->accepted[id >> 5] |= 1u << (id & 31);
+        if (v == TokenVerdict::kUncertain) entry->uncertain.push_back(id);
+      },
+      vocab_->sorted_skip());
+  BuildSkipTables(*vocab_, entry->uncertain, entry->skip);
   std::lock_guard<std::mutex> lock(mu_);
   auto [it, inserted] = cache_.try_emplace(pos, std::move(entry));
   return *it->second;

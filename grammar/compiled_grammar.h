@@ -19,9 +19,8 @@ namespace llm::grammar {
 struct TokenCacheEntry {
   std::vector<uint32_t> accepted;  // bitmask over token ids
   std::vector<int32_t> uncertain;  // token ids in byte order
-  // For the walk of the uncertain tokens: skip[d - 1][i], the first index after i whose token
-  // does not share the first d bytes of token i (see WalkTokens).
-  std::vector<uint32_t> skip[2];
+  // Skip tables of the uncertain list for its walks (token_walk.h).
+  std::vector<uint32_t> skip[kSkipDepth];
 };
 
 class CompiledGrammar {

@@ -18,9 +18,9 @@ enum class TokenVerdict { kRejected, kAccepted, kUncertain };
 // isolated: `start` came from StackArena::Isolated, and reaching kDone with bytes left makes the
 // token uncertain rather than rejected.
 //
-// skip (optional, full mode only): skip[d - 1][i] is the first index after i whose token does not
-// share i's first d bytes (d = 1, 2); a token dying at depth d then skips all of them, unreported
-// (rejections are not reported in full mode, where no token is uncertain).
+// skip (optional): skip[d - 1][i] is the first index after i whose token does not share i's first
+// d bytes (d <= kSkipDepth, vocabulary.h); a token rejected at depth d then settles all of those at
+// once, and they are not reported (callers only collect accepted and uncertain tokens).
 template <typename OnVerdict>
 void WalkTokens(StackArena& arena, const Vocabulary& vocab, uint32_t start, const int32_t* ids,
                 size_t n, bool isolated, OnVerdict&& on_verdict,
@@ -60,7 +60,8 @@ void WalkTokens(StackArena& arena, const Vocabulary& vocab, uint32_t start, cons
       valid = dead_at;
       dead_verdict = returned[dead_at] ? TokenVerdict::kUncertain : TokenVerdict::kRejected;
       on_verdict(ids[i], dead_verdict);
-      if (skip && !isolated && dead_at <= 2) i = skip[dead_at - 1][i] - 1;
+      if (skip && dead_at <= kSkipDepth && dead_verdict == TokenVerdict::kRejected)
+        i = skip[dead_at - 1][i] - 1;
     } else {
       valid = tok.size();
       on_verdict(ids[i], TokenVerdict::kAccepted);

@@ -24,7 +24,21 @@ std::shared_ptr<const Vocabulary> Vocabulary::Create(std::vector<std::string> to
   for (int32_t id : v->sorted_) v->ordinary_[id] = 1;
   std::sort(v->sorted_.begin(), v->sorted_.end(),
             [&](int32_t a, int32_t b) { return v->tokens_[a] < v->tokens_[b]; });
+  BuildSkipTables(*v, v->sorted_, v->sorted_skip_);
   return v;
+}
+
+void BuildSkipTables(const Vocabulary& vocab, const std::vector<int32_t>& ids,
+                     std::vector<uint32_t>* skip) {
+  for (size_t d = 1; d <= kSkipDepth; ++d) {
+    auto& t = skip[d - 1];
+    t.assign(ids.size(), static_cast<uint32_t>(ids.size()));
+    for (size_t i = ids.size(); i-- > 1;) {
+      const std::string &a = vocab.token(ids[i - 1]), &b = vocab.token(ids[i]);
+      bool shared = a.size() >= d && b.size() >= d && a.compare(0, d, b, 0, d) == 0;
+      t[i - 1] = shared ? t[i] : static_cast<uint32_t>(i);
+    }
+  }
 }
 
 bool Vocabulary::IsEos(int32_t id) const {

@@ -32,6 +32,8 @@ class Vocabulary {
   // Ids of ordinary tokens (non-empty, not special, not EOS) in byte order.
   const std::vector<int32_t>& sorted() const { return sorted_; }
   bool byte_level() const { return byte_level_; }
+  // Skip tables of sorted() (see BuildSkipTables).
+  const std::vector<uint32_t>* sorted_skip() const { return sorted_skip_; }
   bool IsOrdinary(int32_t id) const { return ordinary_[id]; }
 
  private:
@@ -39,7 +41,15 @@ class Vocabulary {
   std::vector<int32_t> eos_ids_;
   std::vector<int32_t> sorted_;
   std::vector<char> ordinary_;
+  std::vector<uint32_t> sorted_skip_[3];
   bool byte_level_ = false;
 };
+
+// For a byte-ordered token list: skip[d - 1][i] is the first index after i whose token does not
+// share the first d bytes of token i, for d = 1..kSkipDepth. A walk that rejects a prefix of d
+// bytes jumps over every token that starts with it.
+constexpr size_t kSkipDepth = 3;
+void BuildSkipTables(const Vocabulary& vocab, const std::vector<int32_t>& ids,
+                     std::vector<uint32_t>* skip);
 
 }  // namespace llm::grammar
