@@ -21,6 +21,19 @@ ExprPtr Seq(std::vector<ExprPtr> kids) {
   return Make(Expr{.kind = Expr::kSeq, .kids = std::move(kids)});
 }
 ExprPtr Alt(std::vector<ExprPtr> kids) {
+  // Nested alternations are spliced: a loop over them then stays one rule (see grammar.cc).
+  bool nested = false;
+  for (const auto& k : kids) nested |= k->kind == Expr::kAlt;
+  if (nested) {
+    std::vector<ExprPtr> flat;
+    for (auto& k : kids) {
+      if (k->kind == Expr::kAlt)
+        flat.insert(flat.end(), k->kids.begin(), k->kids.end());
+      else
+        flat.push_back(std::move(k));
+    }
+    kids = std::move(flat);
+  }
   if (kids.size() == 1) return kids[0];
   return Make(Expr{.kind = Expr::kAlt, .kids = std::move(kids)});
 }
