@@ -19,6 +19,8 @@ PKGS=(
   clang-format-14 gnuplot-nox
   hipcc libamdhip64-dev
   python3 python3-grpcio python3-protobuf python3-numpy python3-aiohttp python3-pytest python3-torch python3-jinja2
+  # The grammar engine's JSON Schema conformance test: the standard suite and its oracle.
+  json-schema-test-suite python3-jsonschema
   # CI builds the CPU Docker image with podman from a debootstrap-made Debian 12 base.
   podman debootstrap
 )

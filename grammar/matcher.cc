@@ -1,0 +1,82 @@
+#include "grammar/matcher.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "grammar/token_walk.h"
+
+namespace llm::grammar {
+
+Matcher::Matcher(std::shared_ptr<const CompiledGrammar> grammar)
+    : grammar_(std::move(grammar)), arena_(&grammar_->grammar()) {
+  history_.push_back(Step{arena_.InternState(arena_.Initial()), false});
+}
+
+bool Matcher::CanTerminate() const {
+  return !history_.back().terminated && arena_.IsDone(history_.back().state);
+}
+
+void Matcher::FillNextTokenBitmask(uint32_t* mask) {
+  const Vocabulary& vocab = grammar_->vocab();
+  std::memset(mask, 0, vocab.mask_words() * sizeof(uint32_t));
+  if (IsTerminated()) return;
+  ++stats_.masks;
+  uint32_t state = history_.back().state;
+  const State tops = arena_.StateOf(state);  // a copy: the walks below add states to the arena
+  auto hit = memo_.find(state);
+  if (hit != memo_.end()) {
+    ++stats_.memo_hits;
+    std::memcpy(mask, hit->second.data(), hit->second.size() * sizeof(uint32_t));
+    return;
+  }
+  for (uint32_t top : tops) {
+    if (top == StackArena::kDone) {
+      for (int32_t id : vocab.eos_ids()) mask[id >> 5] |= 1u << (id & 31);
+      continue;
+    }
+    const TokenCacheEntry& entry = grammar_->CacheFor(arena_.PosOf(top));
+    for (size_t w = 0; w < entry.accepted.size(); ++w) mask[w] |= entry.accepted[w];
+    // Uncertain tokens need the real stack below this top.
+    if (entry.uncertain.empty()) continue;
+    uint32_t start = arena_.InternState(State{top});
+    WalkTokens(
+        arena_, vocab, start, entry.uncertain.data(), entry.uncertain.size(), /*isolated=*/false,
+        [&](int32_t id, TokenVerdict v) {
+          if (v == TokenVerdict::kAccepted) mask[id >> 5] |= 1u << (id & 31);
+        },
+        entry.skip);
+  }
+  constexpr size_t kMemoStates = 64;
+  if (memo_.size() >= kMemoStates) memo_.clear();
+  memo_.emplace(state, std::vector<uint32_t>(mask, mask + vocab.mask_words()));
+}
+
+bool Matcher::AcceptString(std::string_view bytes) {
+  if (IsTerminated()) return false;
+  uint32_t s = history_.back().state;
+  for (char c : bytes) {
+    s = arena_.Step(s, static_cast<uint8_t>(c));
+    if (s == StackArena::kDead) return false;
+  }
+  history_.push_back(Step{s, false});
+  return true;
+}
+
+bool Matcher::AcceptToken(int32_t id) {
+  const Vocabulary& vocab = grammar_->vocab();
+  if (id < 0 || id >= static_cast<int32_t>(vocab.size()) || IsTerminated()) return false;
+  if (vocab.IsEos(id)) {
+    if (!CanTerminate()) return false;
+    history_.push_back(Step{history_.back().state, true});
+    return true;
+  }
+  if (!vocab.IsOrdinary(id)) return false;  // special and empty tokens never match
+  return AcceptString(vocab.token(id));
+}
+
+void Matcher::Rollback(int k) {
+  int keep = std::max(1, static_cast<int>(history_.size()) - std::max(0, k));
+  history_.resize(keep);
+}
+
+}  // namespace llm::grammar
