@@ -230,10 +230,7 @@ class CpuC8Backend final : public AttentionBackend {
 };
 
 // Capabilities (including kFeatureSlidingWindow) are this family's row in KernelCatalog().
-const BackendRegistrar kRegistrar(
-    "cpu_c8", [](const AttentionSpec& spec) -> std::unique_ptr<AttentionBackend> {
-      return std::make_unique<CpuC8Backend>(spec);
-    });
+const BackendRegistrar kRegistrar("cpu_c8", BackendFactoryOf<CpuC8Backend>());
 
 }  // namespace
 }  // namespace llm

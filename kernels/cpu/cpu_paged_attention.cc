@@ -105,10 +105,7 @@ class CpuReferenceBackend final : public AttentionBackend {
 };
 
 // Capabilities (sliding window, soft-cap, sinks, ALiBi) are this family's row in KernelCatalog().
-const BackendRegistrar kRegistrar(
-    "cpu_reference", [](const AttentionSpec& spec) -> std::unique_ptr<AttentionBackend> {
-      return std::make_unique<CpuReferenceBackend>(spec);
-    });
+const BackendRegistrar kRegistrar("cpu_reference", BackendFactoryOf<CpuReferenceBackend>());
 
 }  // namespace
 }  // namespace llm
