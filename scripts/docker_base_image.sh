@@ -48,9 +48,12 @@ apt_sources() {
   done
 }
 
-# The first source that serves `suite`, without a trailing slash.
+# The first source that serves `suite`, without a trailing slash (awk reads to the end, so no
+# writer in the pipeline dies of a closed pipe under pipefail).
 mirror_for() {
-  apt_sources | awk -v s="$1" '$2 == s || $2 == s "/" { sub(/\/+$/, "", $1); print $1; exit }'
+  apt_sources | awk -v s="$1" '
+    !found && ($2 == s || $2 == s "/") { sub(/\/+$/, "", $1); found = $1 }
+    END { if (found != "") print found }'
 }
 
 find_mirrors() {
