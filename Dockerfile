@@ -12,6 +12,9 @@ ARG RUNTIME_IMAGE=debian:12-slim
 
 FROM ${BUILD_IMAGE} AS build
 ARG BACKEND
+# BACKEND=cuda on a base image whose apt sources lack NVIDIA's repository: the URL of its
+# cuda-keyring package (scripts/install_cuda_toolkit.sh reads it from the environment).
+ARG CUDA_KEYRING_URL=""
 WORKDIR /src
 # Dependencies first, in their own layer, so a source change does not reinstall them.
 COPY scripts/install_deps.sh scripts/install_cuda_toolkit.sh scripts/

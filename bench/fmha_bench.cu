@@ -9,8 +9,8 @@
 // no head_dim 256).
 //
 // Timing: each kernel is captured in a CUDA graph (as decode steps run in production); before
-// every timed replay a 512 MB memset evicts the 60 MB L2, outside the timed events; the median
-// of --iters replays after warm-up is reported. Inputs are random non-zero bf16.
+// every timed replay a 512 MB memset evicts the L2 (tens of MB), outside the timed events; the
+// median of --iters replays after warm-up is reported. Inputs are random non-zero bf16.
 // On Hopper the prefill shapes run twice: "fmha" (the automatic choice, the wgmma kernel) and
 // "fmha_portable" (the one-source kernel).
 // Output: one CSV line per measurement ("result,<shape>,<kernel>,<us>,<TFLOP/s>,<KV TB/s>,

@@ -1,11 +1,11 @@
 // Energy a GPU has drawn, from NVML's total-energy counter (millijoules since the driver loaded),
-// so benchmarks can report joules per step. The H200 here runs the serving workload at its 700 W
-// cap (docs/BENCHMARKS.md): there the energy a step takes sets its speed, which a
-// short run at full clock does not show. NVML is opened at run time (dlopen), so nothing links
+// so benchmarks can report joules per step. A power-capped board runs the serving workload at its
+// cap (docs/BENCHMARKS.md): there the energy a step takes sets its speed, which a short run at
+// full clock does not show. NVML is opened at run time (dlopen), so nothing links
 // against it (the CUDA toolkit here ships neither nvml.h nor the driver's library) and a machine
 // without it just reports no energy. The counter advances in steps of tens of milliseconds on
-// some boards (H200, 2026-12-01: 0 J and 1,392 W over 0.1 s spans of a small step): measure spans
-// of a second or more; shorter ones are reported as unknown (kMinSpanSeconds).
+// some boards, so a short span reads as zero or as an impossible power: measure spans of a second
+// or more; shorter ones are reported as unknown (kMinSpanSeconds).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,14 +1,15 @@
 // MLA decode benchmark (attention only; the cache already holds the step's rows): CUDA events,
 // median of N timed samples after warm-up, random data, and several independent copies of small
-// problems rotated so the 60 MB L2 does not serve them.
+// problems rotated so the L2 (tens of MB) does not serve them.
 //
 // Shapes (DeepSeek latent 512 + rope 64, block size 64, one query token per sequence):
 //   128 heads x batch 128 x 4096 tokens: compute-bound, TFLOP/s with FLOPs = b h L (576 + 512) 2
 //   16 heads x batch 128 x 4096 tokens:  memory-bound, cache-read TB/s (b L 576 bytes/element)
 //   128 heads x batch 1 x 4096 tokens:   latency (split-KV), microseconds
-// each in bf16 and fp8. The floor is max(cache bytes / bandwidth, FLOPs / matrix rate) with the
-// H200 figures measured here (4.3 TB/s copy, 790 TFLOP/s bf16 GEMM); override with
-// --bw-tbps / --tflops. The same-run peer is bench/mla_torch_peer.py (plain torch, bf16).
+// each in bf16 and fp8. The floor is max(cache bytes / bandwidth, FLOPs / matrix rate); the
+// defaults are the GPU machine's measured copy and bf16 GEMM rates (docs/BENCHMARKS.md); override
+// them with --bw-tbps / --tflops for another board. The same-run peer is bench/mla_torch_peer.py
+// (plain torch, bf16).
 //
 // Usage: mla_decode_bench [--iters N] [--bw-tbps X] [--tflops Y] [--only SUBSTRING]
 //                         [--sustain SECONDS] [--graph-form 0|1]
@@ -16,8 +17,8 @@
 //   batch as its bucket: grids of the bucket's capacities, item counts read on the device), as
 //   impl=<kernel>_graphform rows beside the eager ones.
 // --sustain S: after the samples, replays the shape back to back for about S seconds and adds
-//   sustained_us (wall time per call over that span: the H200 here is power-capped, and a
-//   compute-bound row slows once the cap bites), and where NVML can say (bench/gpu_energy.h),
+//   sustained_us (wall time per call over that span: on a power-capped board a compute-bound row
+//   slows once the cap bites), and where NVML can say (bench/gpu_energy.h),
 //   mj_per_call and watts.
 // Planner overrides for experiments: MLA_BENCH_MIN_CHUNK=tokens, MLA_BENCH_MAX_SPLITS=n,
 // MLA_BENCH_FORCE_SPLIT=1 (every item in MLA_BENCH_MIN_CHUNK chunks).
@@ -105,7 +106,7 @@ Result RunShape(const Shape& s, int iters, double bw_tbps, double peak_tflops, d
   const int blocks_per_seq = (s.kv_len + kBs - 1) / kBs;
   const size_t cache_bytes_per_copy =
       static_cast<size_t>(s.batch) * blocks_per_seq * kBs * kL * esize;
-  // Enough copies that one pass over them is >= 256 MB (L2 is 60 MB), at most 16.
+  // Enough copies that one pass over them is >= 256 MB (several times any L2), at most 16.
   const int copies = static_cast<int>(
       std::min<size_t>(16, std::max<size_t>(1, (256u << 20) / cache_bytes_per_copy + 1)));
   const int T = s.batch;  // one query token per sequence
@@ -296,7 +297,7 @@ int main(int argc, char** argv) {
     return 77;
   }
   using llm::cuda::MlaKernel;
-  // kAuto: the sm_90a kernels on an H100/H200 (every bf16 item; fp8 16- and 32-row items on the
+  // kAuto: the sm_90a kernels on sm_90 (every bf16 item; fp8 16- and 32-row items on the
   // transposed one); kPortable rows measure the sm_120 design on the same GPU: f16 MMA for fp8
   // on Hopper, and e4m3 MMA (sm_120's fp8 path) in the kE4m3 rows.
   using llm::cuda::MlaFp8Math;

@@ -25,8 +25,8 @@
 // (weights + KV read; the routed MoE layers of ModelConfig::moe count the experts the batch's
 // tokens chose in one traced step, printed to stderr; DeepSeek's layers count as a dense Llama
 // MLP) over its time, and where NVML can say (bench/gpu_energy.h), the joules
-// per step and the mean power over the timed steps (the H200 here is capped at 700 W, so under
-// sustained load energy per step sets speed: time those rows over a second or more).
+// per step and the mean power over the timed steps (on a power-capped board energy per step sets
+// speed under sustained load: time those rows over a second or more).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

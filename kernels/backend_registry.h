@@ -80,8 +80,18 @@ class BackendRegistry {
   std::vector<BackendInfo> backends_;
 };
 
-// Static registration in the backend's file: `const BackendRegistrar reg("cuda_c8", factory);`
-// for a catalog family, or with a whole BackendInfo for one the catalog does not describe.
+// The factory of a backend class built from the spec alone.
+template <typename Backend>
+std::function<std::unique_ptr<AttentionBackend>(const AttentionSpec&)> BackendFactoryOf() {
+  return [](const AttentionSpec& spec) -> std::unique_ptr<AttentionBackend> {
+    return std::make_unique<Backend>(spec);
+  };
+}
+
+// Static registration in the backend's file:
+// `const BackendRegistrar reg("cuda_c8", BackendFactoryOf<CudaC8Backend>());` for a catalog
+// family (the catalog's row holds its capabilities), or with a whole BackendInfo for one the
+// catalog does not describe (tests, out-of-tree backends).
 struct BackendRegistrar {
   explicit BackendRegistrar(BackendInfo info) {
     BackendRegistry::Global().Register(std::move(info));

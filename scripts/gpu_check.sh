@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (H200): every GPU test, compute-sanitizer memcheck on quick subsets of
+# Runs on the GPU machine: every GPU test, compute-sanitizer memcheck on quick subsets of
 # the kernel tests, the kernel benchmarks and their torch peers, in one call. Results under $OUT
 # (or ./gpu-out: summary, gpu_tests, memcheck, bench, peers .txt); a summary table is printed last.
 # Build and pack here first (docs/BENCHMARKS.md, "Commands"):

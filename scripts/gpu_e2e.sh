@@ -29,7 +29,7 @@ for kv in ${E2E_KV:-$default_kv}; do
     continue
   fi
   grep -A12 "startup:" "$log" | head -12
-  # The board's SM clock and power while the load runs (the H200 here is power-capped).
+  # The board's SM clock and power while the load runs (a power-capped board slows under load).
   nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits -lms 200 \
     > "$OUT/smi_$kv.csv" 2>/dev/null &
   smi=$!

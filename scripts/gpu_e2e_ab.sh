@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine: the same end-to-end workload (scripts/gpu_e2e.sh and its E2E_*
 # variables) once per server binary, alternating, in one call, so two builds are compared on
-# the same machine state (the H200 here is power-capped; calls differ by a few percent).
+# the same machine state (power caps and board differences move separate calls' results more
+# than most changes do).
 #   scripts/gpu_e2e_ab.sh .devpack/bin/llm-server-base .devpack/bin/llm-server-new [rounds]
 # E2E_EXTRA_A / E2E_EXTRA_B: server flags for one side only (added to E2E_EXTRA), so one binary
 # can be compared with itself under two settings:

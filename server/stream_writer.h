@@ -1,7 +1,7 @@
 // Runs gRPC stream writes off the engine thread. Starting a write serializes the message and may
-// enter the transport inline (about 18 us per stream on the dev VM), which, done by the engine
-// thread for every stream every step, stalled the next step by milliseconds at a few hundred
-// streams. The engine thread now only queues; one writer thread starts the writes.
+// enter the transport inline, which, done by the engine thread for every stream every step, grows
+// with the number of streams and stalled the next step at a few hundred of them. The engine thread
+// now only queues; one writer thread starts the writes.
 #pragma once
 
 #include <condition_variable>

@@ -34,47 +34,37 @@ int Usage(const char* argv0) {
   return 2;
 }
 
-int Fail(const llm::Status& st) {
-  std::fprintf(stderr, "llm-calibrate-kv: %s\n", st.ToString().c_str());
-  return 1;
-}
+constexpr char kTool[] = "llm-calibrate-kv";
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::map<std::string, std::string> args;
-  if (!llm::tools::ParseFlags(argc, argv, &args) || !args.count("--model") ||
-      !args.count("--prompts") || !args.count("--out")) {
-    return Usage(argv[0]);
-  }
-  auto get = [&](const char* k, int def) {
-    return args.count(k) ? std::atoi(args[k].c_str()) : def;
-  };
-  const std::string granularity =
-      args.count("--granularity") ? args["--granularity"] : std::string("per_head");
+  llm::tools::Flags flags;
+  if (!flags.Parse(argc, argv, {"--model", "--prompts", "--out"})) return Usage(argv[0]);
+  const std::string granularity = flags.Get("--granularity", "per_head");
   if (granularity != "per_head" && granularity != "per_channel") {
     std::fprintf(stderr,
                  "llm-calibrate-kv: --granularity must be per_head or per_channel "
                  "(per-tensor scales are not offered)\n");
     return 2;
   }
-  const int max_new = get("--max-new-tokens", 64);
-  const int chunk = get("--prefill-chunk", 64);
+  const int max_new = flags.GetInt("--max-new-tokens", 64);
+  const int chunk = flags.GetInt("--prefill-chunk", 64);
   spdlog::set_level(spdlog::level::warn);
 
-  auto prompts = llm::tools::LoadPrompts(args["--prompts"], args["--model"]);
-  if (!prompts.ok()) return Fail(prompts.status());
+  auto prompts = llm::tools::LoadPrompts(flags.Get("--prompts"), flags.Get("--model"));
+  if (!prompts.ok()) return llm::tools::Fail(kTool, prompts.status());
   int longest = 0;
   for (const auto& p : *prompts) longest = std::max<int>(longest, static_cast<int>(p.size()));
 
   llm::ModelLoadOptions opt;
-  opt.model_dir = args["--model"];
-  opt.block_size = get("--block-size", 16);
+  opt.model_dir = flags.Get("--model");
+  opt.block_size = flags.GetInt("--block-size", 16);
   opt.num_kv_blocks = static_cast<int>(prompts->size()) *
                       ((longest + max_new + opt.block_size - 1) / opt.block_size + 1);
   opt.kv_cache_dtype = "auto";  // calibrate on the fp32 cache
   auto model_or = llm::LoadModel(opt);
-  if (!model_or.ok()) return Fail(model_or.status());
+  if (!model_or.ok()) return llm::tools::Fail(kTool, model_or.status());
   auto* model = dynamic_cast<llm::CpuDecoder*>(model_or.value().get());
   if (model == nullptr) {
     std::fprintf(stderr, "llm-calibrate-kv: %s is not a Llama-family model\n",
@@ -112,15 +102,15 @@ int main(int argc, char** argv) {
   llm::tools::SequenceRunner runner(model, opt.block_size, static_cast<int>(prompts->size()));
   std::vector<std::vector<float>> logits;
   llm::Status st = runner.Prefill(*prompts, chunk, &logits);
-  if (!st.ok()) return Fail(st);
+  if (!st.ok()) return llm::tools::Fail(kTool, st);
   for (int step = 0; step < max_new; ++step) {
     std::vector<std::vector<int32_t>> next(prompts->size());
     for (size_t s = 0; s < prompts->size(); ++s) next[s] = {llm::tools::Argmax(logits[s])};
     st = runner.Step(next, &logits);
-    if (!st.ok()) return Fail(st);
+    if (!st.ok()) return llm::tools::Fail(kTool, st);
   }
-  st = llm::WriteKvAbsmaxFile(args["--out"], absmax);
-  if (!st.ok()) return Fail(st);
+  st = llm::WriteKvAbsmaxFile(flags.Get("--out"), absmax);
+  if (!st.ok()) return llm::tools::Fail(kTool, st);
 
   float k_max = 0.0f, v_max = 0.0f;
   for (int l = 0; l < c.num_layers; ++l) {
@@ -131,6 +121,6 @@ int main(int argc, char** argv) {
       "llm-calibrate-kv: %zu prompts, %lld tokens observed, %d layers, %s; "
       "largest |K| %.4g, |V| %.4g -> %s\n",
       prompts->size(), static_cast<long long>(observed), c.num_layers, granularity.c_str(), k_max,
-      v_max, args["--out"].c_str());
+      v_max, flags.Get("--out").c_str());
   return 0;
 }

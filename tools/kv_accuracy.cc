@@ -145,17 +145,13 @@ llm::StatusOr<json> RunMode(const Options& o, const Prompts& prompts, const Refe
   return j;
 }
 
-int Fail(const llm::Status& st) {
-  std::fprintf(stderr, "llm-kv-accuracy: %s\n", st.ToString().c_str());
-  return 1;
-}
+constexpr char kTool[] = "llm-kv-accuracy";
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::map<std::string, std::string> args;
-  if (!llm::tools::ParseFlags(argc, argv, &args) || !args.count("--model") ||
-      !args.count("--prompts") || !args.count("--out")) {
+  llm::tools::Flags flags;
+  if (!flags.Parse(argc, argv, {"--model", "--prompts", "--out"})) {
     std::fprintf(stderr,
                  "usage: %s --model DIR --prompts FILE --out metrics.json [--steps 256] "
                  "[--modes M1,M2,...] [--kv-scales-file F] [--block-size 16] "
@@ -165,38 +161,34 @@ int main(int argc, char** argv) {
                  argv[0]);
     return 2;
   }
-  auto get = [&](const char* k, int def) {
-    return args.count(k) ? std::atoi(args[k].c_str()) : def;
-  };
   Options o;
-  o.model_dir = args["--model"];
-  o.scales_file = args.count("--kv-scales-file") ? args["--kv-scales-file"] : "";
-  o.steps = get("--steps", 256);
-  o.block_size = get("--block-size", 16);
-  o.chunk = get("--prefill-chunk", 32);
+  o.model_dir = flags.Get("--model");
+  o.scales_file = flags.Get("--kv-scales-file");
+  o.steps = flags.GetInt("--steps", 256);
+  o.block_size = flags.GetInt("--block-size", 16);
+  o.chunk = flags.GetInt("--prefill-chunk", 32);
   std::vector<std::string> modes;
   {
-    std::stringstream ss(args.count("--modes") ? args["--modes"]
-                                               : "int8:per_head,int8:per_channel,"
-                                                 "fp8_e4m3:per_head,fp8_e4m3:per_channel,"
-                                                 "fp8_e4m3_dynamic");
+    std::stringstream ss(flags.Get("--modes",
+                                   "int8:per_head,int8:per_channel,fp8_e4m3:per_head,"
+                                   "fp8_e4m3:per_channel,fp8_e4m3_dynamic"));
     for (std::string m; std::getline(ss, m, ',');) {
       if (!m.empty()) modes.push_back(m);
     }
   }
   spdlog::set_level(spdlog::level::warn);
 
-  auto prompts = llm::tools::LoadPrompts(args["--prompts"], o.model_dir);
-  if (!prompts.ok()) return Fail(prompts.status());
+  auto prompts = llm::tools::LoadPrompts(flags.Get("--prompts"), o.model_dir);
+  if (!prompts.ok()) return llm::tools::Fail(kTool, prompts.status());
   auto ref = RunReference(o, *prompts);
-  if (!ref.ok()) return Fail(ref.status());
+  if (!ref.ok()) return llm::tools::Fail(kTool, ref.status());
 
   json results = json::array();
   std::printf("%-22s %12s %12s %12s %8s %8s\n", "mode", "err_max", "err_max_avg", "err_mean",
               "top1", "free");
   for (const std::string& m : modes) {
     auto r = RunMode(o, *prompts, *ref, m);
-    if (!r.ok()) return Fail(r.status());
+    if (!r.ok()) return llm::tools::Fail(kTool, r.status());
     const json& j = *r;
     std::printf("%-22s %12.3e %12.3e %12.3e %7.2f%% %7.2f%%\n",
                 j["mode"].get<std::string>().c_str(), j["logit_err_max"].get<double>(),
@@ -223,7 +215,7 @@ int main(int argc, char** argv) {
                      {"below_0.03", static_cast<double>(below_3pct) / static_cast<double>(steps)}};
   std::printf("fp32 top-1/top-2 gap below 1%% / 3%% of max|logit|: %.1f%% / %.1f%% of steps\n",
               100.0 * gaps["below_0.01"].get<double>(), 100.0 * gaps["below_0.03"].get<double>());
-  std::ofstream(args["--out"])
+  std::ofstream(flags.Get("--out"))
       << json{{"model", o.model_dir}, {"fp32_top2_gap_fraction", gaps}, {"results", results}}.dump(
              1)
       << "\n";

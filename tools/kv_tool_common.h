@@ -1,11 +1,14 @@
-// Shared by llm-calibrate-kv and llm-kv-accuracy: prompt files and a small driver that runs
-// several sequences through a Model's paged forward pass (chunked prefill, then decode steps),
-// without the scheduler.
+// Shared by llm-calibrate-kv and llm-kv-accuracy: their command line, prompt files and a small
+// driver that runs several sequences through a Model's paged forward pass (chunked prefill, then
+// decode steps), without the scheduler.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <vector>
@@ -151,13 +154,38 @@ inline int32_t Argmax(const std::vector<float>& x) {
   return static_cast<int32_t>(std::max_element(x.begin(), x.end()) - x.begin());
 }
 
-// "--key value" pairs; a flag without a value is an error reported by the caller's usage.
-inline bool ParseFlags(int argc, char** argv, std::map<std::string, std::string>* out) {
-  for (int i = 1; i < argc; i += 2) {
-    if (i + 1 >= argc || std::string(argv[i]).rfind("--", 0) != 0) return false;
-    (*out)[argv[i]] = argv[i + 1];
+// A tool's command line: "--key value" pairs.
+class Flags {
+ public:
+  // False, for the caller to print its usage, when an argument is not a "--key value" pair or a
+  // key in `required` is missing.
+  bool Parse(int argc, char** argv, std::initializer_list<const char*> required) {
+    for (int i = 1; i < argc; i += 2) {
+      if (i + 1 >= argc || std::string(argv[i]).rfind("--", 0) != 0) return false;
+      values_[argv[i]] = argv[i + 1];
+    }
+    for (const char* key : required) {
+      if (!values_.count(key)) return false;
+    }
+    return true;
   }
-  return true;
+  std::string Get(const std::string& key, const std::string& def = "") const {
+    const auto it = values_.find(key);
+    return it == values_.end() ? def : it->second;
+  }
+  int GetInt(const std::string& key, int def) const {
+    const auto it = values_.find(key);
+    return it == values_.end() ? def : std::atoi(it->second.c_str());
+  }
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+// Reports `st` as "tool: message" on stderr; returns the tool's exit code for it.
+inline int Fail(const char* tool, const Status& st) {
+  std::fprintf(stderr, "%s: %s\n", tool, st.ToString().c_str());
+  return 1;
 }
 
 }  // namespace llm::tools

@@ -9,6 +9,7 @@
 #include "base/check.h"
 #include "base/quant.h"
 #include "kernels/backend_registry.h"
+#include "kernels/cpu/cpu_attention_backend.h"
 
 namespace llm {
 
@@ -197,7 +198,7 @@ void CpuDequantizeKvCache(const QuantKvCacheView& c, int num_blocks, float* k_ou
 
 namespace {
 
-class CpuC8Backend final : public AttentionBackend {
+class CpuC8Backend final : public CpuAttentionBackend {
  public:
   explicit CpuC8Backend(const AttentionSpec& spec) : spec_(spec) {}
 
@@ -208,32 +209,24 @@ class CpuC8Backend final : public AttentionBackend {
     if (spec_.kv_quant == KvQuant::kDynamicPerToken) bytes += 2 * slots * sizeof(float);
     return bytes;
   }
-  Status Plan(const AttentionBatch& batch) override {
-    batch_ = &batch;  // nothing to precompute on the CPU; the batch outlives the step
-    return Status::Ok();
-  }
   void Run(const AttentionParams& p) override {
-    LLM_CHECK(batch_ != nullptr) << "Run before Plan";
+    const AttentionBatch& batch = this->batch();
     // Not in this family's catalog row, so selection never gives them to it.
     LLM_CHECK(p.logit_softcap == 0.0f && p.sink_logits == nullptr && p.alibi_slopes == nullptr)
         << "cpu_c8 implements neither the logit soft-cap, sink logits nor ALiBi";
     const QuantKvCacheView view = MakeQuantKvCacheView(spec_, p.cache);
-    CpuAppendKvQuant(view, *batch_, static_cast<const float*>(p.k_new),
+    CpuAppendKvQuant(view, batch, static_cast<const float*>(p.k_new),
                      static_cast<const float*>(p.v_new));
-    CpuPagedAttentionQuant(view, *batch_, static_cast<const float*>(p.q), p.softmax_scale,
+    CpuPagedAttentionQuant(view, batch, static_cast<const float*>(p.q), p.softmax_scale,
                            static_cast<float*>(p.out), p.window_left);
   }
 
  private:
   AttentionSpec spec_;
-  const AttentionBatch* batch_ = nullptr;
 };
 
 // Capabilities (including kFeatureSlidingWindow) are this family's row in KernelCatalog().
-const BackendRegistrar kRegistrar(
-    "cpu_c8", [](const AttentionSpec& spec) -> std::unique_ptr<AttentionBackend> {
-      return std::make_unique<CpuC8Backend>(spec);
-    });
+const BackendRegistrar kRegistrar("cpu_c8", BackendFactoryOf<CpuC8Backend>());
 
 }  // namespace
 }  // namespace llm

@@ -140,17 +140,8 @@ class CpuMlaBackend final : public MlaAttentionBackend {
   std::vector<int32_t> decode_seqs_;
 };
 
-const BackendRegistrar kRegistrar(BackendInfo{
-    .name = "cpu_mla",
-    .device = DeviceKind::kCpu,
-    .kind = AttentionKind::kMla,
-    .kv_dtypes = {DType::kF32, DType::kFp8E4M3},
-    .head_dims = {},  // any latent width
-    .features = kFeatureCausal,
-    .priority = 0,
-    .create = [](const AttentionSpec& spec) -> std::unique_ptr<AttentionBackend> {
-      return std::make_unique<CpuMlaBackend>(spec);
-    }});
+// Capabilities (any latent width, fp32 and fp8 caches) are this family's row in KernelCatalog().
+const BackendRegistrar kRegistrar("cpu_mla", BackendFactoryOf<CpuMlaBackend>());
 
 }  // namespace
 }  // namespace llm

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/backend_registry.h"
+#include "kernels/cpu/cpu_attention_backend.h"
 #include "kernels/cpu/cpu_attention_math.h"
 
 namespace llm {
@@ -75,7 +76,7 @@ void CpuPagedAttention(const PagedAttentionShape& s, const AttentionBatch& batch
 
 namespace {
 
-class CpuReferenceBackend final : public AttentionBackend {
+class CpuReferenceBackend final : public CpuAttentionBackend {
  public:
   explicit CpuReferenceBackend(const AttentionSpec& spec)
       : shape_{spec.num_q_heads, spec.num_kv_heads, spec.head_dim, spec.block_size} {}
@@ -84,31 +85,23 @@ class CpuReferenceBackend final : public AttentionBackend {
   size_t BlockBytes() const override {
     return 2ull * shape_.num_kv_heads * shape_.block_size * shape_.head_dim * sizeof(float);
   }
-  Status Plan(const AttentionBatch& batch) override {
-    batch_ = &batch;  // the CPU path needs no precomputation; the batch outlives the step
-    return Status::Ok();
-  }
   void Run(const AttentionParams& p) override {
-    LLM_CHECK(batch_ != nullptr) << "Run before Plan";
+    const AttentionBatch& batch = this->batch();
     auto* k_cache = static_cast<float*>(p.cache.k);
     auto* v_cache = static_cast<float*>(p.cache.v);
-    CpuAppendKv(shape_, *batch_, static_cast<const float*>(p.k_new),
+    CpuAppendKv(shape_, batch, static_cast<const float*>(p.k_new),
                 static_cast<const float*>(p.v_new), k_cache, v_cache);
-    CpuPagedAttention(shape_, *batch_, static_cast<const float*>(p.q), k_cache, v_cache,
+    CpuPagedAttention(shape_, batch, static_cast<const float*>(p.q), k_cache, v_cache,
                       p.softmax_scale, static_cast<float*>(p.out), p.window_left, p.logit_softcap,
                       p.sink_logits, p.alibi_slopes);
   }
 
  private:
   PagedAttentionShape shape_;
-  const AttentionBatch* batch_ = nullptr;
 };
 
 // Capabilities (sliding window, soft-cap, sinks, ALiBi) are this family's row in KernelCatalog().
-const BackendRegistrar kRegistrar(
-    "cpu_reference", [](const AttentionSpec& spec) -> std::unique_ptr<AttentionBackend> {
-      return std::make_unique<CpuReferenceBackend>(spec);
-    });
+const BackendRegistrar kRegistrar("cpu_reference", BackendFactoryOf<CpuReferenceBackend>());
 
 }  // namespace
 }  // namespace llm

@@ -289,10 +289,9 @@ class FmhaBackend final : public AttentionBackend {
   int graph_max_seqs_ = 0, graph_pages_per_seq_ = 0;
 };
 
+// Capabilities are this family's row in KernelCatalog() (cuda_fmha or hip_fmha).
 const BackendRegistrar kRegistrar(std::string(gpu::kPlatformName) + "_fmha",
-                                  [](const AttentionSpec& spec) {
-                                    return std::unique_ptr<AttentionBackend>(new FmhaBackend(spec));
-                                  });
+                                  BackendFactoryOf<FmhaBackend>());
 
 }  // namespace
 }  // namespace llm::fmha

@@ -782,7 +782,7 @@ struct Configs {
 };
 
 // Head dim 256: one 16-row MMA tile per warp (its fp32 accumulator is 128 registers per lane), so
-// prefill tiles have 64 rows; 32-key tiles (16 on HIP and on the small variant: A100-class and
+// prefill tiles have 64 rows; 32-key tiles (16 on HIP and on the small variant: sm_80-class and
 // 99 KB devices). Decode: two token warps of 16 keys, 64 threads, so three CTAs' register
 // allocations fit an SM and two CTAs' shared memory (76 KB each on CUDA).
 template <typename T>
@@ -860,7 +860,7 @@ const char* LaunchConfig(const KernelArgs& a, int batch, gpu::Stream stream) {
 }
 
 // Whether the current device runs the big prefill tile (two 128x64 CTAs per SM, 104 KB each at
-// head_dim 128: H100/H200) or the 128x32 one (A100, consumer Blackwell's 99 KB per block).
+// head_dim 128: sm_90) or the 128x32 one (sm_80, consumer Blackwell's 99 KB per block).
 // Cached per device index.
 template <class Big>
 bool UseBigPrefill() {

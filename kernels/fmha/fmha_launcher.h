@@ -41,7 +41,7 @@ struct FmhaLaunchOptions {
 };
 
 // Whether this build carries the sm_90a wgmma kernel and the current device is compute
-// capability 9.0 (H100, H200).
+// capability 9.0 (Hopper).
 bool FmhaWgmmaAvailable();
 
 // InvalidArgument naming the first unsupported or inconsistent field; OK otherwise. Reads only

@@ -39,8 +39,8 @@ struct WgmmaCfg {
   static constexpr int kN = 128;              // keys per KV tile
   static constexpr int kThreads = 384;        // producer + 2 consumer warpgroups
   // setmaxnreg moves registers within what the CTA got at launch: 384 threads x 168 (the cap
-  // __launch_bounds__(384, 1) implies). Asking for more makes setmaxnreg.inc wait forever (a hang
-  // seen on the H200 with 64 + 2 x 224).
+  // __launch_bounds__(384, 1) implies). Asking for more makes setmaxnreg.inc wait forever (a hang,
+  // seen with 64 + 2 x 224).
   static constexpr int kEntryRegs = 168;
   static constexpr int kProducerRegs = 56;
   static constexpr int kConsumerRegs = 224;

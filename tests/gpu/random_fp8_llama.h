@@ -9,8 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -155,31 +153,10 @@ inline void AddFp8Linear(std::vector<TensorToWrite>* ts, const std::string& stem
 // A random Llama (hidden 256, 4 heads of 64, 2 KV heads, intermediate 512, 2 layers, vocab 600)
 // whose projections are stored as format f; embedding, norms and LM head stay bf16.
 inline std::string WriteRandomFp8Llama(const std::string& name, Fp8Format f) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("llm_gpu_model_" + name);
-  fs::create_directories(dir);
-  const int hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, inter = 512, layers = 2,
-            vocab = 600;
-  nlohmann::json cfg = {{"architectures", {"LlamaForCausalLM"}},
-                        {"hidden_size", hidden},
-                        {"intermediate_size", inter},
-                        {"num_hidden_layers", layers},
-                        {"num_attention_heads", heads},
-                        {"num_key_value_heads", kv_heads},
-                        {"head_dim", head_dim},
-                        {"vocab_size", vocab},
-                        {"max_position_embeddings", 2048},
-                        {"rms_norm_eps", 1e-5},
-                        {"rope_theta", 10000.0},
-                        {"tie_word_embeddings", false},
-                        {"torch_dtype", "bfloat16"},
-                        {"quantization_config", Fp8QuantizationConfig(f)}};
-  std::ofstream(dir / "config.json") << cfg.dump();
-  std::mt19937 rng(11 + static_cast<int>(f));
-  std::vector<TensorToWrite> ts;
-  auto add = [&](const std::string& n, std::vector<int64_t> shape, float mean, float std) {
-    ts.push_back(RandomBf16Tensor(n, std::move(shape), mean, std, rng));
-  };
+  RandomCheckpoint ck(name, "LlamaForCausalLM", RandomShape{.layers = 2},
+                      11 + static_cast<uint32_t>(f));
+  ck.config()["quantization_config"] = Fp8QuantizationConfig(f);
+  const RandomShape& s = ck.shape();
   // Activations after the norms are ~N(0, 1) (|x| < 6), attention outputs and SiluMul smaller:
   // 448 x 0.05 = 22.4 covers them, so a static scale of 0.05 does not saturate.
   const float input_scale = 0.05f;
@@ -189,28 +166,27 @@ inline std::string WriteRandomFp8Llama(const std::string& name, Fp8Format f) {
     // Rows of different magnitude, so per-channel scales differ from the per-tensor one.
     for (int64_t r = 0; r < rows; ++r) {
       const float g = 0.5f + static_cast<float>(r % 7) / 6.f;
-      for (int64_t c = 0; c < cols; ++c) w[r * cols + c] = g * nd(rng);
+      for (int64_t c = 0; c < cols; ++c) w[r * cols + c] = g * nd(ck.rng());
     }
-    AddFp8Linear(&ts, stem, f, rows, cols, w, input_scale);
+    AddFp8Linear(&ck.tensors(), stem, f, rows, cols, w, input_scale);
   };
-  const int64_t q = heads * head_dim, kv = kv_heads * head_dim;
-  add("model.embed_tokens.weight", {vocab, hidden}, 0, 1.0f);
-  for (int l = 0; l < layers; ++l) {
+  const int64_t q = ck.q_width(), kv = ck.kv_width();
+  ck.Add("model.embed_tokens.weight", {s.vocab, s.hidden}, 0, 1.0f);
+  for (int l = 0; l < s.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "input_layernorm.weight", {hidden}, 1, 0.1f);
-    add(p + "post_attention_layernorm.weight", {hidden}, 1, 0.1f);
-    linear(p + "self_attn.q_proj", q, hidden);
-    linear(p + "self_attn.k_proj", kv, hidden);
-    linear(p + "self_attn.v_proj", kv, hidden);
-    linear(p + "self_attn.o_proj", hidden, q);
-    linear(p + "mlp.gate_proj", inter, hidden);
-    linear(p + "mlp.up_proj", inter, hidden);
-    linear(p + "mlp.down_proj", hidden, inter);
+    ck.Add(p + "input_layernorm.weight", {s.hidden}, 1, 0.1f);
+    ck.Add(p + "post_attention_layernorm.weight", {s.hidden}, 1, 0.1f);
+    linear(p + "self_attn.q_proj", q, s.hidden);
+    linear(p + "self_attn.k_proj", kv, s.hidden);
+    linear(p + "self_attn.v_proj", kv, s.hidden);
+    linear(p + "self_attn.o_proj", s.hidden, q);
+    linear(p + "mlp.gate_proj", s.inter, s.hidden);
+    linear(p + "mlp.up_proj", s.inter, s.hidden);
+    linear(p + "mlp.down_proj", s.hidden, s.inter);
   }
-  add("model.norm.weight", {hidden}, 1, 0.1f);
-  add("lm_head.weight", {vocab, hidden}, 0, 0.05f);
-  REQUIRE(WriteSafetensors((dir / "model.safetensors").string(), ts, {}).ok());
-  return dir.string();
+  ck.Add("model.norm.weight", {s.hidden}, 1, 0.1f);
+  ck.Add("lm_head.weight", {s.vocab, s.hidden}, 0, 0.05f);
+  return ck.Write();
 }
 
 }  // namespace llm::gpu_test

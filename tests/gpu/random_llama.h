@@ -1,8 +1,11 @@
-// Small random bf16 checkpoints for the whole-model GPU tests.
+// Small random checkpoints for the whole-model GPU tests: RandomCheckpoint, the builder every
+// random model shares (its directory, the config keys of the common shape, seeded tensors), and
+// the bf16 dense decoders written with it.
 #pragma once
 
 #include <catch2/catch.hpp>
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -29,6 +32,67 @@ inline TensorToWrite RandomBf16Tensor(const std::string& name, std::vector<int64
   return t;
 }
 
+// The shape of the random decoders: small, with grouped-query attention (two query heads per KV
+// head) and a vocabulary wider than every test's token ids.
+struct RandomShape {
+  int hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, inter = 512, layers = 3, vocab = 600;
+};
+
+// A random checkpoint in the HF layout under the temp folder: config.json starts with the keys
+// every random decoder shares (a Llama's, to be overridden per architecture), and the tensors come
+// from one generator seeded per model, in the order added, so a test sees the same model on every
+// run.
+class RandomCheckpoint {
+ public:
+  RandomCheckpoint(const std::string& name, const char* architecture, const RandomShape& shape,
+                   uint32_t seed)
+      : dir_(std::filesystem::temp_directory_path() / ("llm_gpu_model_" + name)),
+        shape_(shape),
+        rng_(seed) {
+    config_ = {{"architectures", {architecture}},
+               {"hidden_size", shape.hidden},
+               {"intermediate_size", shape.inter},
+               {"num_hidden_layers", shape.layers},
+               {"num_attention_heads", shape.heads},
+               {"num_key_value_heads", shape.kv_heads},
+               {"head_dim", shape.head_dim},
+               {"vocab_size", shape.vocab},
+               {"max_position_embeddings", 2048},
+               {"rms_norm_eps", 1e-5},
+               {"rope_theta", 10000.0},
+               {"tie_word_embeddings", false},
+               {"torch_dtype", "bfloat16"}};
+  }
+
+  nlohmann::json& config() { return config_; }
+  const RandomShape& shape() const { return shape_; }
+  std::mt19937& rng() { return rng_; }
+  std::vector<TensorToWrite>& tensors() { return tensors_; }
+  // Query and KV projection widths.
+  int64_t q_width() const { return static_cast<int64_t>(shape_.heads) * shape_.head_dim; }
+  int64_t kv_width() const { return static_cast<int64_t>(shape_.kv_heads) * shape_.head_dim; }
+
+  // A bf16 tensor of normal(mean, std) values.
+  void Add(const std::string& name, std::vector<int64_t> shape, float mean, float std) {
+    tensors_.push_back(RandomBf16Tensor(name, std::move(shape), mean, std, rng_));
+  }
+
+  // Writes config.json and model.safetensors; returns the directory.
+  std::string Write() {
+    std::filesystem::create_directories(dir_);
+    std::ofstream(dir_ / "config.json") << config_.dump();
+    REQUIRE(WriteSafetensors((dir_ / "model.safetensors").string(), tensors_).ok());
+    return dir_.string();
+  }
+
+ private:
+  std::filesystem::path dir_;
+  RandomShape shape_;
+  std::mt19937 rng_;
+  nlohmann::json config_;
+  std::vector<TensorToWrite> tensors_;
+};
+
 // The dense architectures WriteRandomDense writes.
 enum class RandomArch { kLlama, kQwen2, kQwen3, kGemma2, kGemma3 };
 
@@ -40,29 +104,19 @@ enum class RandomArch { kLlama, kQwen2, kQwen3, kGemma2, kGemma3 };
 // attends to the last `window` positions.
 inline std::string WriteRandomDense(const std::string& name, RandomArch arch, int head_dim = 64,
                                     int window = 0) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("llm_gpu_model_" + name);
-  fs::create_directories(dir);
   const bool qwen2 = arch == RandomArch::kQwen2, qwen3 = arch == RandomArch::kQwen3;
   const bool gemma2 = arch == RandomArch::kGemma2, gemma3 = arch == RandomArch::kGemma3;
   const bool gemma = gemma2 || gemma3;
-  const int hidden = 256, heads = 4, kv_heads = 2, inter = 512, layers = 3, vocab = 600;
   const char* arch_name = qwen2   ? "Qwen2ForCausalLM"
                           : qwen3 ? "Qwen3ForCausalLM"
                                   : "LlamaForCausalLM";
-  nlohmann::json cfg = {{"architectures", {arch_name}},
-                        {"hidden_size", hidden},
-                        {"intermediate_size", inter},
-                        {"num_hidden_layers", layers},
-                        {"num_attention_heads", heads},
-                        {"num_key_value_heads", kv_heads},
-                        {"head_dim", head_dim},
-                        {"vocab_size", vocab},
-                        {"max_position_embeddings", 2048},
-                        {"rms_norm_eps", 1e-5},
-                        {"rope_theta", 10000.0},
-                        {"tie_word_embeddings", false},
-                        {"torch_dtype", "bfloat16"}};
+  RandomCheckpoint ck(name, arch_name, RandomShape{.head_dim = head_dim},
+                      qwen2    ? 7
+                      : qwen3  ? 5
+                      : gemma2 ? 9
+                      : gemma3 ? 10
+                               : 3);
+  nlohmann::json& cfg = ck.config();
   if (gemma) {
     cfg["architectures"] = {gemma2 ? "Gemma2ForCausalLM" : "Gemma3ForCausalLM"};
     cfg["model_type"] = gemma2 ? "gemma2" : "gemma3_text";
@@ -90,48 +144,42 @@ inline std::string WriteRandomDense(const std::string& name, RandomArch arch, in
                            {"high_freq_factor", 4.0},
                            {"original_max_position_embeddings", 128}};
   }
-  std::ofstream(dir / "config.json") << cfg.dump();
-  std::mt19937 rng(qwen2 ? 7 : qwen3 ? 5 : gemma2 ? 9 : gemma3 ? 10 : 3);
+  const RandomShape& s = ck.shape();
   const float norm_mean = gemma ? 0.0f : 1.0f;  // Gemma's norms scale by (1 + w)
-  std::vector<TensorToWrite> ts;
-  auto add = [&](const std::string& n, std::vector<int64_t> shape, float mean, float std) {
-    ts.push_back(RandomBf16Tensor(n, std::move(shape), mean, std, rng));
-  };
-  const int64_t q = heads * head_dim, kv = kv_heads * head_dim;
+  const int64_t q = ck.q_width(), kv = ck.kv_width();
   // Gemma scales the embedding by sqrt(hidden) = 16: rows of std 1/16 keep the token's own
   // embedding from drowning the layers' contributions (the next token would follow the input).
-  add("model.embed_tokens.weight", {vocab, hidden}, 0, gemma ? 1.0f / 16 : 1.0f);
-  for (int l = 0; l < layers; ++l) {
+  ck.Add("model.embed_tokens.weight", {s.vocab, s.hidden}, 0, gemma ? 1.0f / 16 : 1.0f);
+  for (int l = 0; l < s.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "input_layernorm.weight", {hidden}, norm_mean, 0.1f);
-    add(p + "post_attention_layernorm.weight", {hidden}, norm_mean, 0.1f);
+    ck.Add(p + "input_layernorm.weight", {s.hidden}, norm_mean, 0.1f);
+    ck.Add(p + "post_attention_layernorm.weight", {s.hidden}, norm_mean, 0.1f);
     if (gemma) {
-      add(p + "pre_feedforward_layernorm.weight", {hidden}, norm_mean, 0.1f);
-      add(p + "post_feedforward_layernorm.weight", {hidden}, norm_mean, 0.1f);
+      ck.Add(p + "pre_feedforward_layernorm.weight", {s.hidden}, norm_mean, 0.1f);
+      ck.Add(p + "post_feedforward_layernorm.weight", {s.hidden}, norm_mean, 0.1f);
     }
-    add(p + "self_attn.q_proj.weight", {q, hidden}, 0, 0.08f);
-    add(p + "self_attn.k_proj.weight", {kv, hidden}, 0, 0.08f);
-    add(p + "self_attn.v_proj.weight", {kv, hidden}, 0, 0.08f);
+    ck.Add(p + "self_attn.q_proj.weight", {q, s.hidden}, 0, 0.08f);
+    ck.Add(p + "self_attn.k_proj.weight", {kv, s.hidden}, 0, 0.08f);
+    ck.Add(p + "self_attn.v_proj.weight", {kv, s.hidden}, 0, 0.08f);
     if (qwen2) {
-      add(p + "self_attn.q_proj.bias", {q}, 0, 0.1f);
-      add(p + "self_attn.k_proj.bias", {kv}, 0, 0.1f);
-      add(p + "self_attn.v_proj.bias", {kv}, 0, 0.1f);
+      ck.Add(p + "self_attn.q_proj.bias", {q}, 0, 0.1f);
+      ck.Add(p + "self_attn.k_proj.bias", {kv}, 0, 0.1f);
+      ck.Add(p + "self_attn.v_proj.bias", {kv}, 0, 0.1f);
     }
     if (qwen3 || gemma3) {
-      add(p + "self_attn.q_norm.weight", {head_dim}, norm_mean, 0.1f);
-      add(p + "self_attn.k_norm.weight", {head_dim}, norm_mean, 0.1f);
+      ck.Add(p + "self_attn.q_norm.weight", {head_dim}, norm_mean, 0.1f);
+      ck.Add(p + "self_attn.k_norm.weight", {head_dim}, norm_mean, 0.1f);
     }
-    add(p + "self_attn.o_proj.weight", {hidden, q}, 0, 0.05f);
-    add(p + "mlp.gate_proj.weight", {inter, hidden}, 0, 0.06f);
-    add(p + "mlp.up_proj.weight", {inter, hidden}, 0, 0.06f);
-    add(p + "mlp.down_proj.weight", {hidden, inter}, 0, 0.04f);
+    ck.Add(p + "self_attn.o_proj.weight", {s.hidden, q}, 0, 0.05f);
+    ck.Add(p + "mlp.gate_proj.weight", {s.inter, s.hidden}, 0, 0.06f);
+    ck.Add(p + "mlp.up_proj.weight", {s.inter, s.hidden}, 0, 0.06f);
+    ck.Add(p + "mlp.down_proj.weight", {s.hidden, s.inter}, 0, 0.04f);
   }
-  add("model.norm.weight", {hidden}, norm_mean, 0.1f);
+  ck.Add("model.norm.weight", {s.hidden}, norm_mean, 0.1f);
   // A wide head keeps the top-2 logit gaps of a random model well above bf16 rounding, so greedy
   // paths can be compared token for token.
-  add("lm_head.weight", {vocab, hidden}, 0, 1.0f);
-  REQUIRE(WriteSafetensors((dir / "model.safetensors").string(), ts).ok());
-  return dir.string();
+  ck.Add("lm_head.weight", {s.vocab, s.hidden}, 0, 1.0f);
+  return ck.Write();
 }
 
 // A random bf16 Llama (or Qwen2) with head_dim 64; with `window` > 0 a Mistral.

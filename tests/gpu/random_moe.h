@@ -4,15 +4,11 @@
 
 #include <catch2/catch.hpp>
 
-#include <filesystem>
-#include <fstream>
-#include <random>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "engine/loader/safetensors.h"
 #include "tests/gpu/random_llama.h"
 
 namespace llm::gpu_test {
@@ -28,30 +24,16 @@ enum class RandomMoeArch { kMixtral, kQwen3Moe, kGptOss };
 // sliding over 32 keys, YaRN rope (its real scaling), 8 stacked experts top-4 with biases
 // (gate_up interleaved, input dimension first), a router bias, the clamped SwiGLU.
 inline std::string WriteRandomMoe(const std::string& name, RandomMoeArch arch) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("llm_gpu_model_" + name);
-  fs::create_directories(dir);
   const bool qwen3 = arch == RandomMoeArch::kQwen3Moe, oss = arch == RandomMoeArch::kGptOss;
-  const int hidden = 256, heads = 4, kv_heads = 2, head_dim = oss ? 64 : 128, layers = 3;
-  const int vocab = 600;
   const int inter = oss ? 256 : 512, experts = qwen3 ? 16 : 8, top_k = qwen3 || oss ? 4 : 2;
   const int moe_inter = qwen3 ? 128 : inter;
-  nlohmann::json cfg = {{"architectures", {qwen3 ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM"}},
-                        {"model_type", qwen3 ? "qwen3_moe" : "mixtral"},
-                        {"hidden_size", hidden},
-                        {"intermediate_size", inter},
-                        {"num_hidden_layers", layers},
-                        {"num_attention_heads", heads},
-                        {"num_key_value_heads", kv_heads},
-                        {"head_dim", head_dim},
-                        {"vocab_size", vocab},
-                        {"max_position_embeddings", 2048},
-                        {"rms_norm_eps", 1e-5},
-                        {"rope_theta", 1000000.0},
-                        {"tie_word_embeddings", false},
-                        {"sliding_window", nullptr},
-                        {"num_experts_per_tok", top_k},
-                        {"torch_dtype", "bfloat16"}};
+  RandomCheckpoint ck(name, qwen3 ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM",
+                      RandomShape{.head_dim = oss ? 64 : 128, .inter = inter}, qwen3 ? 21 : 22);
+  nlohmann::json& cfg = ck.config();
+  cfg["model_type"] = qwen3 ? "qwen3_moe" : "mixtral";
+  cfg["rope_theta"] = 1000000.0;
+  cfg["sliding_window"] = nullptr;
+  cfg["num_experts_per_tok"] = top_k;
   if (oss) {
     cfg["architectures"] = {"GptOssForCausalLM"};
     cfg["model_type"] = "gpt_oss";
@@ -77,61 +59,57 @@ inline std::string WriteRandomMoe(const std::string& name, RandomMoeArch arch) {
   } else {
     cfg["num_local_experts"] = experts;
   }
-  std::ofstream(dir / "config.json") << cfg.dump();
-  std::mt19937 rng(qwen3 ? 21 : 22);
-  std::vector<TensorToWrite> ts;
-  auto add = [&](const std::string& n, std::vector<int64_t> shape, float mean, float std) {
-    ts.push_back(RandomBf16Tensor(n, std::move(shape), mean, std, rng));
-  };
-  const int64_t q = heads * head_dim, kv = kv_heads * head_dim;
-  add("model.embed_tokens.weight", {vocab, hidden}, 0, 1.0f);
-  for (int l = 0; l < layers; ++l) {
+  const RandomShape& s = ck.shape();
+  const int hidden = s.hidden, head_dim = s.head_dim;
+  const int64_t q = ck.q_width(), kv = ck.kv_width();
+  ck.Add("model.embed_tokens.weight", {s.vocab, hidden}, 0, 1.0f);
+  for (int l = 0; l < s.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "input_layernorm.weight", {hidden}, 1.0f, 0.1f);
-    add(p + "post_attention_layernorm.weight", {hidden}, 1.0f, 0.1f);
-    add(p + "self_attn.q_proj.weight", {q, hidden}, 0, 0.08f);
-    add(p + "self_attn.k_proj.weight", {kv, hidden}, 0, 0.08f);
-    add(p + "self_attn.v_proj.weight", {kv, hidden}, 0, 0.08f);
+    ck.Add(p + "input_layernorm.weight", {hidden}, 1.0f, 0.1f);
+    ck.Add(p + "post_attention_layernorm.weight", {hidden}, 1.0f, 0.1f);
+    ck.Add(p + "self_attn.q_proj.weight", {q, hidden}, 0, 0.08f);
+    ck.Add(p + "self_attn.k_proj.weight", {kv, hidden}, 0, 0.08f);
+    ck.Add(p + "self_attn.v_proj.weight", {kv, hidden}, 0, 0.08f);
     if (qwen3) {
-      add(p + "self_attn.q_norm.weight", {head_dim}, 1.0f, 0.1f);
-      add(p + "self_attn.k_norm.weight", {head_dim}, 1.0f, 0.1f);
+      ck.Add(p + "self_attn.q_norm.weight", {head_dim}, 1.0f, 0.1f);
+      ck.Add(p + "self_attn.k_norm.weight", {head_dim}, 1.0f, 0.1f);
     }
-    add(p + "self_attn.o_proj.weight", {hidden, q}, 0, 0.05f);
+    ck.Add(p + "self_attn.o_proj.weight", {hidden, q}, 0, 0.05f);
     if (oss) {
-      add(p + "self_attn.q_proj.bias", {q}, 0, 0.1f);
-      add(p + "self_attn.k_proj.bias", {kv}, 0, 0.1f);
-      add(p + "self_attn.v_proj.bias", {kv}, 0, 0.1f);
-      add(p + "self_attn.o_proj.bias", {hidden}, 0, 0.1f);
-      add(p + "self_attn.sinks", {heads}, 0, 1.0f);
-      add(p + "mlp.router.weight", {experts, hidden}, 0, 1.0f);
-      add(p + "mlp.router.bias", {experts}, 0, 1.0f);
+      ck.Add(p + "self_attn.q_proj.bias", {q}, 0, 0.1f);
+      ck.Add(p + "self_attn.k_proj.bias", {kv}, 0, 0.1f);
+      ck.Add(p + "self_attn.v_proj.bias", {kv}, 0, 0.1f);
+      ck.Add(p + "self_attn.o_proj.bias", {hidden}, 0, 0.1f);
+      ck.Add(p + "self_attn.sinks", {s.heads}, 0, 1.0f);
+      ck.Add(p + "mlp.router.weight", {experts, hidden}, 0, 1.0f);
+      ck.Add(p + "mlp.router.bias", {experts}, 0, 1.0f);
       // Wide enough that the clamp at 7 bites sometimes.
-      add(p + "mlp.experts.gate_up_proj", {experts, hidden, 2 * inter}, 0, 0.3f);
-      add(p + "mlp.experts.gate_up_proj_bias", {experts, 2 * inter}, 0, 0.5f);
-      add(p + "mlp.experts.down_proj", {experts, inter, hidden}, 0, 0.02f);
-      add(p + "mlp.experts.down_proj_bias", {experts, hidden}, 0, 0.1f);
+      ck.Add(p + "mlp.experts.gate_up_proj", {experts, hidden, 2 * inter}, 0, 0.3f);
+      ck.Add(p + "mlp.experts.gate_up_proj_bias", {experts, 2 * inter}, 0, 0.5f);
+      ck.Add(p + "mlp.experts.down_proj", {experts, inter, hidden}, 0, 0.02f);
+      ck.Add(p + "mlp.experts.down_proj_bias", {experts, hidden}, 0, 0.1f);
       continue;
     }
     if (qwen3 && l == 1) {  // mlp_only_layers
-      add(p + "mlp.gate_proj.weight", {inter, hidden}, 0, 0.06f);
-      add(p + "mlp.up_proj.weight", {inter, hidden}, 0, 0.06f);
-      add(p + "mlp.down_proj.weight", {hidden, inter}, 0, 0.04f);
+      ck.Add(p + "mlp.gate_proj.weight", {inter, hidden}, 0, 0.06f);
+      ck.Add(p + "mlp.up_proj.weight", {inter, hidden}, 0, 0.06f);
+      ck.Add(p + "mlp.down_proj.weight", {hidden, inter}, 0, 0.04f);
       continue;
     }
     const std::string b = p + (qwen3 ? "mlp." : "block_sparse_moe.");
-    add(b + "gate.weight", {experts, hidden}, 0, 1.0f);
+    ck.Add(b + "gate.weight", {experts, hidden}, 0, 1.0f);
     for (int e = 0; e < experts; ++e) {
       const std::string ep = b + "experts." + std::to_string(e) + ".";
-      add(ep + (qwen3 ? "gate_proj" : "w1") + ".weight", {moe_inter, hidden}, 0, 0.06f);
-      add(ep + (qwen3 ? "up_proj" : "w3") + ".weight", {moe_inter, hidden}, 0, 0.06f);
-      add(ep + (qwen3 ? "down_proj" : "w2") + ".weight", {hidden, moe_inter}, 0,
-          qwen3 ? 0.08f : 0.04f);
+      ck.Add(ep + (qwen3 ? "gate_proj" : "w1") + ".weight", {moe_inter, hidden}, 0, 0.06f);
+      ck.Add(ep + (qwen3 ? "up_proj" : "w3") + ".weight", {moe_inter, hidden}, 0, 0.06f);
+      ck.Add(ep + (qwen3 ? "down_proj" : "w2") + ".weight", {hidden, moe_inter}, 0,
+             qwen3 ? 0.08f : 0.04f);
     }
   }
-  add("model.norm.weight", {hidden}, 1.0f, 0.1f);
-  add("lm_head.weight", {vocab, hidden}, 0, 1.0f);  // wide: top-2 gaps well above bf16 rounding
-  REQUIRE(WriteSafetensors((dir / "model.safetensors").string(), ts).ok());
-  return dir.string();
+  ck.Add("model.norm.weight", {hidden}, 1.0f, 0.1f);
+  ck.Add("lm_head.weight", {s.vocab, hidden}, 0,
+         1.0f);  // wide: top-2 gaps well above bf16 rounding
+  return ck.Write();
 }
 
 }  // namespace llm::gpu_test

@@ -166,8 +166,9 @@ AttentionBatch DecodeBatch(int n, int kv) {
   return b;
 }
 
-// The plan for n x kv decode with Llama-3-8B heads (32 q / 8 kv) on an H200-sized grid (132 SMs).
-C8Plan H200Plan(CacheType cache, int n, int kv, C8PlanConfig config) {
+// The plan for n x kv decode with Llama-3-8B heads (32 q / 8 kv) on a 132-SM grid, the size of
+// the GPU machine the planner's costs were fitted on.
+C8Plan Plan132Sms(CacheType cache, int n, int kv, C8PlanConfig config) {
   C8Shape shape;
   shape.num_q_heads = 32;
   shape.num_kv_heads = 8;
@@ -176,17 +177,17 @@ C8Plan H200Plan(CacheType cache, int n, int kv, C8PlanConfig config) {
   return BuildC8Plan(shape, DecodeBatch(n, kv), config);
 }
 
-// Splits per sequence the planner chooses for n x kv decode on an H200-sized grid.
+// Splits per sequence the planner chooses for n x kv decode on a 132-SM grid.
 int Splits(CacheType cache, int n, int kv, int ctas_per_sm) {
   C8PlanConfig config;
   config.ctas_per_sm = ctas_per_sm;
-  return static_cast<int>(H200Plan(cache, n, kv, config).decode_items.size()) / n;
+  return static_cast<int>(Plan132Sms(cache, n, kv, config).decode_items.size()) / n;
 }
 
-// The split choices behind the H200 timings in docs/BENCHMARKS.md: a batch that already fills
-// several waves of CTAs runs whole (splitting 256 x 1,500 int8 in two cost 12%), a 1.3-wave grid
-// is split into about three, and a lone sequence is spread over the GPU in 16 chunks (32 made
-// the final merge 16% slower).
+// The split choices behind the timings in docs/BENCHMARKS.md: a batch that already fills several
+// waves of CTAs runs whole (a split only adds a merge), a 1.3-wave grid is split into about three,
+// and a lone sequence is spread over the GPU in 16 chunks (more chunks make the final merge cost
+// more than they save).
 TEST_CASE("C8 plan: the split cost model keeps full batches whole and spreads small ones",
           "[host][c8]") {
   CHECK(Splits(CacheType::kInt8, 256, 1500, 3) == 1);
@@ -198,16 +199,16 @@ TEST_CASE("C8 plan: the split cost model keeps full batches whole and spreads sm
   CHECK(Splits(CacheType::kInt8, 1, 4096, 3) == 16);
 }
 
-// The ring depth the planner picks on an H200's occupancies (3, 2 and 1 CTAs per SM for 2, 3 and
-// 4 stages), with the items it plans for that ring: the choices behind the H200's
-// c8_attention_bench --stage-sweep 1.
+// The ring depth the planner picks on sm_90 occupancies (3, 2 and 1 CTAs per SM for 2, 3 and 4
+// stages), with the items it plans for that ring: the choices behind c8_attention_bench
+// --stage-sweep 1.
 C8Plan RingPlan(CacheType cache, int n, int kv) {
   C8PlanConfig config;
   config.ctas_per_sm = cache == CacheType::kBf16 ? 2 : 3;  // the cache type's default ring
   config.ring_ctas_per_sm[2] = 3;
   config.ring_ctas_per_sm[3] = 2;
   config.ring_ctas_per_sm[4] = 1;
-  return H200Plan(cache, n, kv, config);
+  return Plan132Sms(cache, n, kv, config);
 }
 
 TEST_CASE("C8 plan: the decode ring depth follows the grid", "[host][c8]") {
@@ -230,10 +231,10 @@ TEST_CASE("C8 plan: the decode ring depth follows the grid", "[host][c8]") {
   // Without occupancies the cache type's default ring runs; a forced depth is kept.
   CHECK(Splits(CacheType::kBf16, 1, 4096, 2) > 1);
   C8PlanConfig config;
-  CHECK(H200Plan(CacheType::kBf16, 4, 4096, config).decode_stages == 0);
+  CHECK(Plan132Sms(CacheType::kBf16, 4, 4096, config).decode_stages == 0);
   config.decode_stages = 2;
   config.ring_ctas_per_sm[4] = 1;
-  CHECK(H200Plan(CacheType::kBf16, 4, 4096, config).decode_stages == 2);
+  CHECK(Plan132Sms(CacheType::kBf16, 4, 4096, config).decode_stages == 2);
 }
 
 }  // namespace

@@ -312,8 +312,8 @@ int RunCaseOnce(const MlaCase& c, std::mt19937& rng) {
   return num_partials;
 }
 
-// Runs the case on the automatic choice and, where the sm_90a kernel can run (bf16 cache on an
-// H100/H200), once more on the portable kernel (which sm_120 runs) and, where kAuto took the
+// Runs the case on the automatic choice and, where the sm_90a kernel can run (bf16 cache on
+// sm_90), once more on the portable kernel (which sm_120 runs) and, where kAuto took the
 // seesaw schedule, once more on the ring schedule. An fp8 case runs once more on the fp8 kernel
 // kAuto did not choose, where both can run (sm_89+), so both are checked on one device.
 int RunCase(const MlaCase& c, std::mt19937& rng) {
@@ -536,7 +536,7 @@ TEST_CASE("MLA decode: kernel choice per device and cache type", "[gpu][mla]") {
     const Status st = bad.Upload(b, BuildMlaPlan(bad.shape(), b, MlaPlanConfig{}), nullptr);
     CHECK(st.code() == StatusCode::kInvalidArgument);
   }
-  // fp8 math: e4m3 MMA can run wherever the device's binary is sm_89+ (H100/H200 too) and is
+  // fp8 math: e4m3 MMA can run wherever the device's binary is sm_89+ (sm_90 too) and is
   // kAuto's choice except on Hopper; f16 on request; forcing e4m3 where it cannot run is an
   // upload error too.
   const bool e4m3 = MlaFp8MmaAvailable();

@@ -200,7 +200,7 @@ StatusOr<int> CudaFp8Gemm::Tune(const Shape& s, const cublasLtMatmulHeuristicRes
   // Model load starts on an idle GPU whose clock ramps up over tens of milliseconds: keep it busy
   // first (longer the first time), then time the candidates in interleaved rounds, so neither a
   // clock change nor a momentary stall favours one of them. (Medians of one back-to-back series
-  // per candidate picked kernels 25% apart on the same projection in different runs.)
+  // per candidate picked different kernels on the same projection in different runs.)
   auto tune = [&]() -> StatusOr<int> {
     std::vector<std::vector<float>> us(found);
     std::vector<bool> usable(found);

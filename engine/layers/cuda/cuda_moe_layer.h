@@ -96,11 +96,11 @@ class CudaMoeLayer {
   // Reserve (tests and benchmarks force either path: 0 always, INT_MAX never).
   static constexpr int kLargeBatchSlotsPerExpert = 64;
   void set_large_batch_slots_per_expert(int v) { large_batch_slots_ = v; }
-  // The large-batch path's expert GEMMs: one grouped call, or one cublasGemmEx per expert, which
-  // is faster once each expert has hundreds of rows (H200, "[.bench][moe_prefill]": V2-Lite's
-  // layer at 8,192 tokens, 768 rows per expert, 2.60 against 3.64 ms; Qwen3-30B-A3B's, 512 rows,
-  // 2.74 against 2.68; at 1,024 tokens the grouped call is 2.4-5.5x faster). kAuto: per expert
-  // from kPerExpertGemmRows rows per expert on average.
+  // The large-batch path's expert GEMMs: one grouped call, or one cublasGemmEx per expert. With
+  // hundreds of rows per expert, one cuBLAS call per expert is large enough to win; with fewer,
+  // the grouped call's single launch over every expert wins ("[.bench][moe_prefill]" measures the
+  // crossover; docs/log/PERFORMANCE_NOTEBOOK.md). kAuto: per expert from kPerExpertGemmRows
+  // rows per expert on average.
   enum class LargeBatchGemm { kAuto, kGrouped, kPerExpert };
   static constexpr int kPerExpertGemmRows = 640;
   void set_large_batch_gemm(LargeBatchGemm v) { large_batch_gemm_ = v; }

@@ -1,8 +1,8 @@
 // The C8 tile kernel's decode math (internal): KV tokens as the MMA's M dimension.
 //
 // A decode tile has few query rows (query tokens x GQA group, at most 16). As the M dimension of
-// m16n8k16 they leave most of it empty: a group of 4 fills 4 of 16 rows, and the MMAs were half
-// of the decode kernel's time (ncu, int8 cache on the H200). Here a step's 16 KV tokens are M and
+// m16n8k16 they leave most of it empty: a group of 4 fills 4 of 16 rows, and the MMAs were a large
+// share of the decode kernel's time (ncu). Here a step's 16 KV tokens are M and
 // the query rows are N, 8 per n-tile (NT tiles): S^T = K q^T, then O^T += V^T P^T. With one
 // n-tile that is 8 + 8 MMAs per 16 tokens instead of 16 + 16 + 1. K and V come from the same
 // ldmatrix loads as in the row layout, their registers now play the A role; movmatrix turns S^T's

@@ -73,9 +73,9 @@ struct TileConfig {
   static_assert(kRowsPerThread <= 8, "a thread's rows must fit the smallest page (8 tokens)");
   // Decode layout (one row group): warp w copies rows [w, w + 1) x kTile / kWarps of each tile,
   // exactly the token slice it reads, so the ring needs only warp-level synchronization and the
-  // warps drift apart instead of meeting at a CTA barrier twice per tile (2-4% faster on the
-  // 2- and 3-stage rings of full batches; the 4-stage ring of tiny split grids was 3% slower
-  // with it, so it keeps the CTA barrier).
+  // warps drift apart instead of meeting at a CTA barrier twice per tile. That paid on the 2- and
+  // 3-stage rings of full batches but not on the 4-stage ring of tiny split grids (measured:
+  // docs/log/PERFORMANCE_NOTEBOOK.md), so that ring keeps the CTA barrier.
   static constexpr bool kWarpPrivateRows = ROW_WARPS == 1 && STAGES <= 3;
   static_assert(!kWarpPrivateRows || (32 % kChunksPerRow == 0 &&
                                       (32 / kChunksPerRow) * kRowsPerThread == kTile / TOK_WARPS),

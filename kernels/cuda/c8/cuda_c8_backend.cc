@@ -90,21 +90,9 @@ class CudaC8Backend final : public CudaAttentionBackend, public C8PrefillSwitch 
   void* stream_ = nullptr;
 };
 
-const BackendRegistrar kRegistrar(BackendInfo{
-    .name = "cuda_c8",
-    .device = DeviceKind::kCuda,
-    .min_arch = 80,
-    .kind = AttentionKind::kMha,
-    .kv_dtypes = {DType::kBF16, DType::kI8, DType::kFp8E4M3},
-    .kv_quants = {KvQuant::kNone, KvQuant::kStaticPerHead, KvQuant::kStaticPerChannel,
-                  KvQuant::kDynamicPerToken},
-    .head_dims = {64, 128},
-    .min_block_size = 16,
-    .features = kFeatureCausal,
-    .priority = 10,
-    .create = [](const AttentionSpec& spec) -> std::unique_ptr<AttentionBackend> {
-      return std::make_unique<CudaC8Backend>(spec);
-    }});
+// Capabilities (cache dtypes and scalings, head dims, block sizes) are this family's row in
+// KernelCatalog().
+const BackendRegistrar kRegistrar("cuda_c8", BackendFactoryOf<CudaC8Backend>());
 
 }  // namespace
 

@@ -24,14 +24,14 @@ auto CachedForCurrentDevice() {
   }
   return cached;
 }
-// Whether the current device has compute capability 9.0 (H100/H200), the only target of the
+// Whether the current device has compute capability 9.0 (Hopper), the only target of the
 // sm_90a kernels (cached per device and thread).
 bool CurrentDeviceIsSm90();
 // Whether the current device supports programmatic dependent launch (compute capability 9.0 and
 // later; cached).
 bool CurrentDeviceHasPdl();
-// The most dynamic shared memory one block of the current device may opt into (227 KB on
-// H100/H200, 163 KB on A100, 99 KB on Ada and consumer Blackwell; 0 without a device; cached).
+// The most dynamic shared memory one block of the current device may opt into (227 KB on sm_90,
+// 163 KB on sm_80, 99 KB on sm_89 and sm_120; 0 without a device; cached).
 int CurrentDeviceMaxSmemPerBlock();
 
 }  // namespace llm::cuda

@@ -97,11 +97,8 @@ class CudaMlaBackend final : public MlaAttentionBackend, public MlaKernelSwitch 
   void* stream_ = nullptr;
 };
 
-const BackendRegistrar kRegistrar(
-    "cuda_mla", [](const AttentionSpec& spec) -> std::unique_ptr<AttentionBackend> {
-      auto* b = new CudaMlaBackend(spec);
-      return std::unique_ptr<AttentionBackend>(static_cast<MlaAttentionBackend*>(b));
-    });
+// Capabilities are this family's row in KernelCatalog().
+const BackendRegistrar kRegistrar("cuda_mla", BackendFactoryOf<CudaMlaBackend>());
 
 }  // namespace
 }  // namespace llm::cuda

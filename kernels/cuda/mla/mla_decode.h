@@ -29,9 +29,9 @@ constexpr int kMlaCacheDim = kMlaLatentDim + kMlaRopeDim;  // QK width, cached r
 // architecture) or an sm_90a warpgroup-MMA one (compute capability 9.0 and a build that includes
 // sm_90a). bf16 cache: 64-row tiles, smaller items padded (mla_decode_wgmma.cu). fp8 cache: 16-
 // and 32-row items, tokens as the MMA's M (mla_decode_fp8_wgmma.cu); 64-row items stay portable.
-//   kAuto: every bf16 item and fp8 16/32-row items on wgmma where it can run (16 heads x 4096
-//     tokens: bf16 4.0 TB/s against 3.4-3.6 portable, padding and all; fp8 84 us against 149;
-//     32 heads fp8 103 us against 215), fp8 64-row items on the portable kernel.
+//   kAuto: every bf16 item and fp8 16/32-row items on wgmma where it can run (TMA and the
+//     asynchronous MMA keep more bytes in flight than the portable kernel, padding and all), fp8
+//     64-row items on the portable kernel.
 //   kWgmma: the same, and an error where it cannot run.
 //   kPortable: every item on the portable kernel.
 // Current numbers: docs/BENCHMARKS.md; the rules: docs/KERNEL_SELECTION.md.
@@ -54,8 +54,7 @@ enum class MlaBf16Schedule { kAuto, kRing, kSeesaw };
 //     kernel binary is older than sm_89.
 //   kF16: every cache byte converted to f16 in registers (any architecture).
 //   kAuto: kE4m3 where it can run, except on Hopper, whose mma.sync e4m3 is no faster than f16
-//     so the hi/lo split costs twice (200 us against 147 at 16 heads x 4096 on an H200); else
-//     kF16.
+//     so the hi/lo split doubles the tensor time; else kF16.
 enum class MlaFp8Math { kAuto, kE4m3, kF16 };
 
 struct MlaDecodeShape {

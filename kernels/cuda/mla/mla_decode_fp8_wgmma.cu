@@ -30,8 +30,9 @@
 // (held by the same threads: O^T's columns are S^T's), then O^T += V^T P^T. Each warpgroup's
 // chain of products, softmax and barriers is latency-bound, so two of them per SM keep the tensor
 // cores and the memory busy (one warpgroup per CTA at two CTAs per SM did the same but needed a
-// KV split and a merge kernel for 128 items: 92-97 us against 84). At the end warpgroup 1 hands
-// its (O^T, max, sum) to warpgroup 0 through the idle ring, and warpgroup 0 writes the output.
+// KV split and a merge kernel for 128 items, which cost more than it hid). At the end warpgroup 1
+// hands its (O^T, max, sum) to warpgroup 0 through the idle ring, and warpgroup 0 writes the
+// output.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

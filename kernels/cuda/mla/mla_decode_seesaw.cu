@@ -5,7 +5,7 @@
 //
 // Why not the ring kernel (mla_decode_wgmma.cu): there the next tile's S = Q K^T is queued behind
 // the other warpgroup's P V, which waits for the current softmax, so the tensor cores idle for the
-// whole softmax of every tile (ncu at 128 heads on the H200: tensor pipe active 63%).
+// whole softmax of every tile (ncu shows the tensor pipe idle for a third of the time).
 // Here each warpgroup's softmax runs while the other warpgroup's S is on the tensor cores.
 //
 // One CTA = one MlaWorkItem, 256 threads = two warpgroups and no producer. Warpgroup c owns output

@@ -1,7 +1,7 @@
 // MLA decode on Hopper warpgroup MMA (sm_90a only): work items of up to 64 rows over a bf16
 // latent cache. The portable kernel (mla_decode_kernel.cuh) keeps to sm_120's limits; this one
 // uses what sm_90a has (wgmma from shared memory, setmaxnreg, TMA, 227 KB of shared memory).
-// MlaDecode gives it every bf16 work item on an H100/H200 (16- and 32-row items padded to 64
+// MlaDecode gives it every bf16 work item on sm_90 (16- and 32-row items padded to 64
 // rows: still memory-bound at 16 and 32 heads).
 //
 // One CTA = one MlaWorkItem (heads x tokens rows) against a KV range; 384 threads:
@@ -76,7 +76,7 @@ struct WgCfg {
 // Lazy rescaling (FlashAttention-4's rule): a row's softmax offset moves only when the tile's max
 // passes it by more than this (log2 units). P = 2^(s - offset) <= 256 then: exact in bf16 and in
 // the fp32 sums, and the rescale of O (128 multiplies per thread, on both consumers' critical
-// path) is skipped on most tiles (H200, 128 heads: 2.5% faster with the tree maximum below).
+// path) is skipped on most tiles (with the tree maximum below).
 constexpr float kLazyRescaleLog2 = 8.f;
 
 // Named barriers 1 and 2 hand P_i over (by tile parity); 3 joins the consumers at the end.
@@ -144,7 +144,7 @@ __device__ __forceinline__ void Produce(const AttendArgs& a, const CUtensorMap* 
         const int y = pages[tok0 / a.block_size] * a.block_size + tok0 % a.block_size;
         wg::MbarArriveExpectTx(sm.full(slot), WgCfg::kTileBytes);
         // Evict-first in L2: a tile is read once per item, and the items that share it (the
-        // head halves of one token) read it at about the same time (H200: 0.5-1% faster).
+        // head halves of one token) read it at about the same time: nothing reads it later.
 #pragma unroll
         for (int pn = 0; pn < WgCfg::kPanels; ++pn) {
           wg::TmaLoad2d(sm.kv(slot) + pn * WgCfg::kPanelBytes, map, pn * 64, y, sm.full(slot),

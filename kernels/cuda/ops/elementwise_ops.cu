@@ -395,8 +395,8 @@ __global__ void SiluMulVecKernel(const SiluMulArgs a) {
 // fp8 output: one CTA per row (the row scale needs the whole row). The first pass keeps the row's
 // products in shared memory (fp32 [inter]) and its absmax in a register, the second quantizes
 // from shared memory, so a thread holds only one 16-byte chunk at a time and several CTAs stay
-// resident per SM. (Holding the row in registers, 4 chunks per thread, ran at 2.3 TB/s in an
-// 8 x 1,024-token prefill; loading all 4 first was slower still.) inter % 8 == 0.
+// resident per SM. (Holding the row in registers, 4 chunks per thread, cost occupancy and was
+// slower; loading all 4 first was slower still.) inter % 8 == 0.
 __global__ void __launch_bounds__(512, 3) SiluMulFp8RowKernel(const SiluMulArgs a) {
   ptx::GridDependencySync();        // launched with LaunchPdl
   extern __shared__ float4 row4[];  // [inter / 4]

@@ -6,16 +6,15 @@
 // block-wide prefix over ids in order. Every sum is an integer, so atomics and reduction order
 // cannot change a result.
 //
-// Passes over a row of V logits (4 bytes each, from L2/HBM), with H200 times for 256 rows x
-// 128256 (tests/gpu/test_sampling.cc "[.bench]", peaked LLM-like rows, 2026-11-29):
-//   greedy: 1 (argmax)                                                          65 us
-//   temperature: 2 (max; kept mass per warp chunk) + 1/32 (the crossing chunk)  133 us
-//   top-k: + up to 2 (digits 2 and 3; digit 1 rides with the max)               276 us (k = 50)
+// Passes over a row of V logits (4 bytes each, from L2/HBM); the time grows with the passes
+// (tests/gpu/test_sampling.cc "[.bench]" times them at serving shape):
+//   greedy: 1 (argmax)
+//   temperature: 2 (max; kept mass per warp chunk) + 1/32 (the crossing chunk)
+//   top-k: + up to 2 (digits 2 and 3; digit 1 rides with the max)
 //   top-p: + 1 (mass above e^-1 .. e^-16; only over > 4096 candidates)
-//          + up to 3 digits (early out when the cut bin holds one candidate)    297 us (p = 0.9)
-//   top-k 50 + top-p 0.9 + min-p + penalties                                    359 us
-// One CTA per row (a 512 KB row streams at ~16 GB/s per SM, latency-bound); 256 rows are two
-// waves on 132 SMs. Splitting rows over several CTAs is the next step if this matters.
+//          + up to 3 digits (early out when the cut bin holds one candidate)
+// One CTA per row: a row streams through one SM, latency-bound, and a large batch needs more
+// than one wave. Splitting rows over several CTAs is the next step if this matters.
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/common/pdl_launch.cuh"
