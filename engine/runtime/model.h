@@ -101,8 +101,8 @@ struct ModelLoadOptions {
   // size (1, 2, 4, then multiples of 8) when the attention backend supports it; 0 disables.
   int cuda_graph_max_batch = 256;
   // Capture every one of those graphs while loading (vLLM and TensorRT-LLM do it at start-up), so
-  // no request pays for a bucket's first eager step, its fp8 GEMM tuning and its capture (about
-  // 60 ms each for Llama-3-8B on an H200); false: each is captured on its first decode step.
+  // no request pays for a bucket's first eager step, its fp8 GEMM tuning and its capture;
+  // false: each is captured on its first decode step.
   bool cuda_graph_warmup = true;
   // Attention family for steps with a prefill chunk (CUDA Llama): "auto" (cuda_fmha for a 16-bit
   // cache: its prefill tiles run at about twice cuda_c8's rate), "none" (the decode backend), or a
@@ -115,14 +115,13 @@ struct ModelLoadOptions {
   // (CudaLinear::LoadCheckpoint); "bf16" dequantizes it.
   std::string weight_dtype = "auto";
   // fp8 weights only: cuBLASLt fast accumulation for the fp8 projections (CudaFp8Gemm::Init). On
-  // by default, as in vLLM's and TensorRT-LLM's fp8 GEMMs: under the H200's power cap it makes a
-  // prompt step about 6% faster (docs/KERNEL_SELECTION.md); its error is bounded by
-  // tests/gpu/test_fp8_weights.cc.
+  // by default, as in vLLM's and TensorRT-LLM's fp8 GEMMs: prompt steps are faster with it
+  // (docs/KERNEL_SELECTION.md); its error is bounded by tests/gpu/test_fp8_weights.cc.
   bool fp8_fast_accumulation = true;
   // fp8 weights with a static int8 / fp8 KV cache (CUDA Llama; ignored otherwise): the attention
   // kernel writes o_proj's e4m3 input itself, with one static scale per layer (the cache's V
   // bound: qmax x the largest V scale, which no attention output can exceed), instead of a bf16
-  // output and a per-row quantization pass (1.5% off a prompt step, ~0.3% off a decode step);
+  // output and a per-row quantization pass (one pass and one bf16 round trip fewer per layer);
   // false: the per-row pass.
   bool fp8_static_attention_output = true;
   // MLA decode kernel of the CUDA DeepSeek model (kernels/cuda/mla/mla_decode.h MlaKernel): "auto"

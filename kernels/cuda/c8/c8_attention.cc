@@ -50,8 +50,8 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
   // split tile last then reads all of its chunks. A 1.3-wave grid idles most SMs during its tail
   // and a tiny batch leaves most SMs empty without a split, but past a few waves the fixed costs
   // of splitting outweigh the shorter tail, and many small chunks make the final merge the long
-  // pole. Fitted to H200 sweeps (c8_attention_bench --sweep 1): 256 x 1,500 int8 213 us whole,
-  // 238 us in two; 1 x 4,096 bf16 11.9 us in 16 chunks, 13.8 us in 32.
+  // pole. The costs are fitted to `c8_attention_bench --sweep 1` (the sweep's figures:
+  // docs/log/PERFORMANCE_NOTEBOOK.md, section 28).
   constexpr double kCtaCost = 0.4, kSplitCost = 1.0, kMergeCost = 0.2;  // in tiles
   const int kv_tile = shape.cache == CacheType::kBf16 ? detail::kKvTile16 : detail::kKvTile8;
   int max_kv = 0;
@@ -116,12 +116,10 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
     chunk = config.min_chunk_tokens;
   } else if (any_decode) {
     // The decode ring: a deeper cp.async ring keeps more of a CTA's tiles in flight but fits
-    // fewer CTAs per SM. H200, c8_attention_bench --stage-sweep 1 (docs/BENCHMARKS.md, command
-    // A): a grid that fits one wave at one CTA per SM runs best on 4 stages when its chunks span
-    // at least 4 tiles (bf16 1 x 4096: 11.8 us against 12.2; 8 x 4096: 40.5 against 43.1); long
-    // chunks prefer 3 stages at 2 CTAs per SM (int8 64 x 4096: 144.5 us against 157.0), short
-    // ones 2 stages at 3 (int8 256 x 1,500: 207 us against 218). Without occupancies (or with a
-    // forced depth) the plan is for config.ctas_per_sm.
+    // fewer CTAs per SM. From `c8_attention_bench --stage-sweep 1` (command A): a grid that fits
+    // one wave at one CTA per SM runs best on 4 stages when its chunks span at least 4 tiles;
+    // long chunks prefer 3 stages at 2 CTAs per SM, short ones 2 stages at 3. Without
+    // occupancies (or with a forced depth) the plan is for config.ctas_per_sm.
     const int* occ = config.ring_ctas_per_sm;
     auto tiles_per_cta = [](const Launch& l) {
       return static_cast<double>(l.kv_tiles) / std::max<int64_t>(l.ctas, 1);
@@ -526,8 +524,8 @@ std::vector<int32_t> C8Attention::PlanFmhaPrefill(const AttentionBatch& batch, c
   a.fmha_keys = static_cast<int>(keys);
   // Split KV only when the CTAs (sequence, KV head, 128-row tile) do not fill the SMs: a causal
   // prefill's CTAs differ in length anyway, and FmhaAutoSplits' wave count (tuned on equal-length
-  // decode CTAs) split 8 x 992-token prompts in two, whose merge cost 5.3 of the step's 12 ms
-  // (H200). Host-side fields only: no device memory is read.
+  // decode CTAs) split a batch of mid-length prompts in two, and the merge of those splits cost
+  // far more than the split saved. Host-side fields only: no device memory is read.
   FmhaParams p = FmhaPrefillParams(a, nullptr);
   if (!FmhaCheckParams(p).ok()) return {};  // e.g. a grid past the launch limits: the tiles
   const int group = shape_.num_q_heads / shape_.num_kv_heads;

@@ -123,9 +123,8 @@ bool MlaFp8MmaAvailable() {
 bool MlaDecode::uses_fp8_mma() const {
   if (shape_.cache != MlaCacheType::kFp8E4M3 || shape_.fp8_math == MlaFp8Math::kF16) return false;
   // Hopper's mma.sync m16n8k32 e4m3 takes about twice as long as an f16 m16n8k16 (no fp8 gain),
-  // so the hi/lo split doubles the tensor time (H200, 16 heads x 4096: 200 us against 147) and
-  // kAuto keeps the f16 kernel there; Ada and consumer Blackwell (sm_89, sm_120) run fp8
-  // mma.sync at twice the f16 rate.
+  // so the hi/lo split doubles the tensor time and kAuto keeps the f16 kernel there; Ada and
+  // consumer Blackwell (sm_89, sm_120) run fp8 mma.sync at twice the f16 rate.
   if (shape_.fp8_math == MlaFp8Math::kAuto && CurrentDeviceIsSm90()) return false;
   return MlaFp8MmaAvailable();
 }
@@ -133,9 +132,9 @@ bool MlaDecode::uses_fp8_mma() const {
 bool MlaDecode::uses_wgmma(int variant) const {
   if (shape_.kernel == MlaKernel::kPortable) return false;
   if (shape_.cache == MlaCacheType::kFp8E4M3) {
-    // fp8: 16- and 32-row items on the transposed e4m3 wgmma kernel (mla_decode_fp8_wgmma.cu:
-    // 84 us against 149 portable at 16 heads x 4096 on the H200); 64-row items (its O^T would
-    // not fit in registers) stay portable.
+    // fp8: 16- and 32-row items on the transposed e4m3 wgmma kernel (mla_decode_fp8_wgmma.cu,
+    // faster than the portable one on every measured shape); 64-row items (its O^T would not fit
+    // in registers) stay portable.
     return kMlaVariantRows[variant] <= 32 && MlaWgmmaAvailable();
   }
   return MlaWgmmaAvailable();
@@ -146,7 +145,7 @@ bool MlaDecode::uses_seesaw(int variant) const {
   if (shape_.bf16_schedule == MlaBf16Schedule::kRing) return false;
   if (shape_.block_size % 64 != 0) return false;  // kSeesaw here is refused by CheckKernelChoice
   // kAuto: 64-row items only. Padded 16- and 32-row items are memory-bound, and there the ring's
-  // producer keeps more copies in flight (H200, 16 heads x 4096: 4.00 TB/s against 3.86-3.92).
+  // producer keeps more copies in flight.
   return shape_.bf16_schedule == MlaBf16Schedule::kSeesaw || variant == kMlaNumRowVariants - 1;
 }
 
