@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kernels/fmha/fmha_dispatch.h"
+#include "kernels/split_kv.h"
 
 #if LLM_FMHA_WGMMA
 #include "kernels/cuda/common/device_info.h"  // CUDA builds with the sm_90a kernel only
@@ -98,16 +99,13 @@ int AutoSplits(const FmhaParams& p, Layout layout, int row_tiles) {
   int per_sm = 0;
   if (ResidentCtas(probe, &per_sm) != nullptr || per_sm <= 0) per_sm = 1;
   const int64_t slots = static_cast<int64_t>(dev.num_sms) * per_sm;
-  auto efficiency = [&](int64_t n) {
-    const double waves = static_cast<double>(ctas * n) / slots;
-    return waves <= 1.0 ? waves : waves / std::ceil(waves);
-  };
+  auto waves_of = [&](int64_t n) { return static_cast<double>(ctas * n) / slots; };
   const int64_t max_splits = std::clamp<int64_t>(MaxSeqlenK(p) / kMinKeysPerSplit, 1, kMaxSplits);
   int best = 1;
-  double best_e = efficiency(1);
+  double best_e = WaveEfficiency(waves_of(1));
   for (int n = 2; n <= max_splits; ++n) {
-    const double e = efficiency(n);
-    if (ctas * n <= slots ? e > best_e : e > best_e + 0.03) {
+    const double e = WaveEfficiency(waves_of(n));
+    if (SplitImproves(waves_of(n), e, best_e)) {
       best = n;
       best_e = e;
     }

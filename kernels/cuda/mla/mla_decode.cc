@@ -8,6 +8,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_info.h"
 #include "kernels/cuda/mla/mla_kernel_args.h"
+#include "kernels/split_kv.h"
 
 namespace llm::cuda {
 
@@ -55,9 +56,6 @@ MlaPlan BuildMlaPlan(const MlaDecodeShape& shape, const AttentionBatch& batch,
     }
     return w;
   };
-  auto efficiency = [](double waves) {
-    return waves <= 1.0 ? waves : waves / std::ceil(waves - 1e-9);
-  };
   // A graph bucket's grid bounds the items of each row variant (config.max_items).
   auto fits = [&](int64_t chunk) {
     int64_t n[kMlaNumRowVariants] = {0, 0, 0};
@@ -73,15 +71,14 @@ MlaPlan BuildMlaPlan(const MlaDecodeShape& shape, const AttentionBatch& batch,
   if (config.force_split) {
     chunk = min_chunk;
   } else if (!tiles.empty()) {
-    double best = efficiency(waves_for(chunk));
+    double best = WaveEfficiency(waves_for(chunk));
     for (int n = 2; n <= config.max_splits; ++n) {
       const int64_t c = ((max_kv + n - 1) / n + 63) / 64 * 64;
       if (c < min_chunk) break;
       if (!fits(c)) continue;
       const double waves = waves_for(c);
-      const double e = efficiency(waves);
-      // Under one wave more CTAs are always better; past it, demand a real gain per split.
-      if (waves <= 1.0 ? e > best : e > best + 0.03) {
+      const double e = WaveEfficiency(waves);
+      if (SplitImproves(waves, e, best)) {
         best = e;
         chunk = c;
       }
