@@ -75,9 +75,15 @@ def test_response_format_json_schema(srv, endpoint, strict):
 
 
 def test_json_object_and_vllm_fields(srv):
-    c = completion(srv, 1, response_format={"type": "json_object"})
-    assert c["finish_reason"] == "stop"
-    assert isinstance(json.loads(c["text"]), dict)
+    # Any JSON object has unbounded strings and nesting, so a random model may run to the limit:
+    # every output that stops must be an object, and some stop.
+    stopped = 0
+    for seed in range(8):
+        c = completion(srv, seed, response_format={"type": "json_object"})
+        if c["finish_reason"] == "stop":
+            stopped += 1
+            assert isinstance(json.loads(c["text"]), dict), c["text"]
+    assert stopped >= 1
 
     c = completion(srv, 2, structured_outputs={"json": SCHEMA})
     assert c["finish_reason"] == "stop"
