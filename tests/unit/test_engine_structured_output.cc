@@ -3,6 +3,7 @@
 // From random weights only the grammar's mask can make the output match and end with "stop".
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <map>
 #include <memory>
 #include <regex>
@@ -18,12 +19,14 @@ namespace {
 
 struct TextSink : ResultSink {
   std::vector<int32_t> tokens;
+  std::vector<SampledToken> logprobs;
   std::string text;
   int finals = 0;
   FinishReason reason = FinishReason::kNone;
   Status error;
   void OnOutput(GenerationOutput o) override {
     tokens.insert(tokens.end(), o.token_ids.begin(), o.token_ids.end());
+    logprobs.insert(logprobs.end(), o.logprobs.begin(), o.logprobs.end());
     text += o.text;
     if (o.finished || !o.error.ok()) {
       ++finals;
@@ -145,6 +148,7 @@ TEST_CASE("json_object, regex and choice constraints", "[structured]") {
       MakeRequest(*core, "re", 2, {Constraint::Kind::kRegex, "[a-c]{3}-[0-9]{2,4}", {}}));
   reqs.push_back(
       MakeRequest(*core, "choice", 3, {Constraint::Kind::kChoice, "", {"yes", "no", "maybe"}}));
+  reqs.back().sampling.logprobs = 20;
   reqs.push_back(MakeRequest(*core, "gbnf", 4,
                              {Constraint::Kind::kGrammar, "root ::= \"x\" [0-9]+ \";\"", {}}));
   auto sinks = Run(*core, std::move(reqs));
@@ -157,6 +161,13 @@ TEST_CASE("json_object, regex and choice constraints", "[structured]") {
   CHECK(std::regex_match(sinks["re"]->text, std::regex("[a-c]{3}-[0-9]{2,4}")));
   const std::string& c = sinks["choice"]->text;
   CHECK((c == "yes" || c == "no" || c == "maybe"));
+  // Logprobs are those of the masked distribution: the few allowed tokens hold all the mass,
+  // which from random weights over 770 tokens the unmasked top 20 never would.
+  const auto& lp = sinks["choice"]->logprobs;
+  REQUIRE(!lp.empty());
+  double mass = 0;
+  for (const auto& [id, logprob] : lp[0].top) mass += std::exp(logprob);
+  CHECK(mass == Approx(1.0).epsilon(1e-4));
   CHECK(std::regex_match(sinks["gbnf"]->text, std::regex("x[0-9]+;")));
 }
 
