@@ -186,6 +186,20 @@ TEST_CASE("a mixed batch leaves free requests' tokens unchanged", "[structured]"
   CheckMatchesSchema(together["c"]->text);
 }
 
+TEST_CASE("a complete grammar ends the request even with ignore_eos and min_tokens",
+          "[structured]") {
+  auto core = MakeCore();
+  GenerationRequest r = MakeRequest(*core, "c", 5, {Constraint::Kind::kChoice, "", {"ok"}});
+  r.stopping.ignore_eos = true;
+  r.stopping.min_tokens = 50;
+  std::vector<GenerationRequest> reqs;
+  reqs.push_back(std::move(r));
+  auto sinks = Run(*core, std::move(reqs));
+  CHECK(sinks["c"]->text == "ok");
+  CHECK(sinks["c"]->reason == FinishReason::kStop);
+  CHECK(sinks["c"]->tokens.back() == 769);
+}
+
 TEST_CASE("bad constraints are refused by name", "[structured]") {
   auto core = MakeCore();
   auto refuse = [&](Constraint c, const std::string& needle) {
