@@ -17,6 +17,10 @@ struct EngineConfig {
   int max_stop_strings = 16;
   int max_stop_string_bytes = 256;
   int max_logprobs = 20;
+  // Structured outputs: the largest constraint text (schema, regex, grammar, choices together)
+  // and how many compiled grammars the engine keeps.
+  int max_constraint_bytes = 64 * 1024;
+  int grammar_cache_size = 64;
   int max_queued_requests = 1024;  // accepted but not yet running; past it RESOURCE_EXHAUSTED
   bool require_tokenizer = true;   // false: token-id-only use (tests, llm-dump)
   // Overlapped steps (models that support them): step k + 1 is scheduled and queued on the

@@ -3,8 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include <spdlog/spdlog.h>
+
+#include "engine/sampling/token_mask.h"
 
 namespace llm {
 namespace {
@@ -75,7 +79,54 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& con
   len = std::min(len, mc.max_position_embeddings);
   len = std::min(len, num_blocks * sc.block_size);
   core->max_model_len_ = len;
+  core->InitGrammars(tok_path);
   return core;
+}
+
+void EngineCore::InitGrammars(const std::string& tokenizer_path) {
+  // The grammar sees tokens as the bytes they decode to; building that table once at load keeps
+  // it out of every request's path.
+  const std::vector<int32_t>& eos = model_->config().eos_token_ids;
+  if (!tokenizer_) {
+    grammar_unavailable_ = "the model has no tokenizer.json";
+    return;
+  }
+  if (eos.empty()) {
+    grammar_unavailable_ =
+        "the model config names no eos_token_id, so a constrained output "
+        "could never end";
+    return;
+  }
+  std::ifstream f(tokenizer_path, std::ios::binary);
+  std::stringstream text;
+  text << f.rdbuf();
+  auto vocab = grammar::Vocabulary::FromHfTokenizerJson(text.str(), eos);
+  if (!vocab.ok()) {
+    grammar_unavailable_ = "the tokenizer's vocabulary could not be read: " + vocab.error();
+    spdlog::warn("structured outputs unavailable: {}", grammar_unavailable_);
+    return;
+  }
+  grammar_cache_ = std::make_unique<GrammarCache>(
+      vocab.value(), static_cast<size_t>(std::max(1, config_.grammar_cache_size)));
+}
+
+Status EngineCore::ValidateConstraint(GenerationRequest* r) const {
+  const Constraint& c = r->constraint;
+  if (c.kind == Constraint::Kind::kNone) return Status::Ok();
+  const std::string name = ConstraintKindName(c.kind);
+  size_t bytes = c.text.size();
+  for (const std::string& s : c.choices) bytes += s.size();
+  if (bytes > static_cast<size_t>(config_.max_constraint_bytes)) {
+    return InvalidArgument("the " + name + " constraint is " + std::to_string(bytes) +
+                           " bytes; the limit (max_constraint_bytes) is " +
+                           std::to_string(config_.max_constraint_bytes));
+  }
+  if (!grammar_cache_) {
+    return FailedPrecondition("structured outputs (" + name +
+                              ") are unavailable: " + grammar_unavailable_);
+  }
+  LLM_ASSIGN_OR_RETURN(r->grammar, grammar_cache_->Get(c));
+  return Status::Ok();
 }
 
 Status EngineCore::Validate(GenerationRequest* r) const {
@@ -146,7 +197,7 @@ Status EngineCore::Validate(GenerationRequest* r) const {
   if (!st.stop.empty() && tokenizer_ == nullptr) {
     return InvalidArgument("stop strings need a tokenizer");
   }
-  return Status::Ok();
+  return ValidateConstraint(r);
 }
 
 void EngineCore::Add(GenerationRequest request, std::shared_ptr<ResultSink> sink) {
@@ -164,6 +215,12 @@ void EngineCore::Add(GenerationRequest request, std::shared_ptr<ResultSink> sink
     st.decoder = std::make_unique<IncrementalDecoder>(*tokenizer_, request.skip_special_tokens);
   }
   st.stop_matcher = std::make_unique<StopMatcher>(request.stopping.stop);
+  LLM_CHECK(request.constraint.kind == Constraint::Kind::kNone || request.grammar)
+      << "a constrained request must go through Validate before Add";
+  if (request.grammar) {
+    st.matcher = std::make_unique<grammar::Matcher>(request.grammar);
+    st.mask.resize(request.grammar->vocab().mask_words());
+  }
   st.sink = std::move(sink);
   const std::string id = request.request_id;
   st.request = std::move(request);
@@ -243,7 +300,12 @@ void EngineCore::OnToken(RequestState& st, Sequence& seq, const SampledToken& to
 
   FinishReason reason = FinishReason::kNone;
   bool emit_text = true;
-  if (n_out >= stop.min_tokens) {
+  if (st.matcher && st.matcher->IsTerminated()) {
+    // The grammar accepted EOS: the output is complete whatever min_tokens or ignore_eos say.
+    reason = FinishReason::kStop;
+    out.matched_stop = "eos";
+    emit_text = false;
+  } else if (n_out >= stop.min_tokens) {
     const auto& eos = model_->config().eos_token_ids;
     if (std::find(stop.stop_token_ids.begin(), stop.stop_token_ids.end(), tok.token) !=
         stop.stop_token_ids.end()) {
@@ -381,12 +443,12 @@ void EngineCore::NoteScheduled(const SchedulerOutput& sched, StepRecord* record)
 }
 
 StepBatch EngineCore::BuildInputs(const SchedulerOutput& sched) {
-  // Rows whose logits someone reads (logprobs, an observer) come back; the others are sampled on
-  // the device with this step's draw, taken here from the request's stream.
+  // Rows whose logits someone reads (logprobs, an observer, a grammar's mask) come back; the others
+  // are sampled on the device with this step's draw, taken here from the request's stream.
   const DeviceJobFn device_job = [this](const Sequence& seq, SamplingJob* job,
                                         std::vector<PenaltyEntry>* penalties) {
     RequestState& rs = requests_.at(seq_to_request_.at(seq.id));
-    if (rs.request.sampling.logprobs != 0 || logits_observer_) return false;
+    if (rs.request.sampling.logprobs != 0 || logits_observer_ || rs.matcher) return false;
     *job = rs.sampler->DeviceJob(seq.prompt_ids, seq.output_ids, penalties);
     return true;
   };
@@ -422,6 +484,12 @@ void EngineCore::EmitTokens(const StepBatch& in, const std::vector<int32_t>& dev
     if (seq == nullptr) continue;  // ended while the previous step's tokens were streamed
     RequestState& rs = requests_.at(seq_to_request_.at(seq->id));
     const SampledToken tok = SampleRow(in.forward, r, rs, *seq, device_tokens);
+    if (rs.matcher && !rs.matcher->AcceptToken(tok.token)) {
+      // Only when the mask left nothing to choose from.
+      Fail(rs.request.request_id,
+           Internal("token " + std::to_string(tok.token) + " is outside the request's grammar"));
+      continue;
+    }
     seq->output_ids.push_back(tok.token);
     OnToken(rs, *seq, tok);  // may finish and free the sequence
   }
@@ -441,6 +509,11 @@ SampledToken EngineCore::SampleRow(const ForwardBatch& batch, size_t r, RequestS
     const std::span<const PenaltyEntry> pens(batch.penalties.data() + batch.penalty_indptr[r],
                                              batch.penalties.data() + batch.penalty_indptr[r + 1]);
     return SampleWithJob(l, batch.sampling_jobs[r], pens);
+  }
+  if (rs.matcher) {
+    // Before the sampler: penalties, temperature and the kept set see only allowed tokens.
+    rs.matcher->FillNextTokenBitmask(rs.mask.data());
+    ApplyTokenMask(l, rs.mask.data(), rs.matcher->compiled().vocab().size());
   }
   if (logits_observer_) logits_observer_(rs.request.request_id, l);
   return rs.sampler->Sample(l, seq.prompt_ids, seq.output_ids);
@@ -468,8 +541,8 @@ void EngineCore::ReportRouting(const AttentionBatch& batch,
 
 bool EngineCore::Overlappable(const RequestState& st) const {
   const SamplingParams& p = st.request.sampling;
-  return p.logprobs == 0 && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
-         p.frequency_penalty == 0.0f;
+  return !st.matcher && p.logprobs == 0 && p.repetition_penalty == 1.0f &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
 }
 
 std::optional<EngineCore::Collected> EngineCore::CollectInflight() {

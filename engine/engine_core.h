@@ -13,11 +13,13 @@
 #include <vector>
 
 #include "engine/engine_config.h"
+#include "engine/grammar_cache.h"
 #include "engine/metrics.h"
 #include "engine/request.h"
 #include "engine/runtime/model.h"
 #include "engine/step_batch.h"
 #include "engine/stop_matcher.h"
+#include "grammar/matcher.h"
 #include "scheduler/scheduler.h"
 #include "text/tokenizer/tokenizer.h"
 
@@ -77,6 +79,8 @@ class EngineCore {
   const Model& model() const { return *model_; }
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   const EngineConfig& config() const { return config_; }
+  // Null when structured outputs are unavailable for this model.
+  const GrammarCache* grammar_cache() const { return grammar_cache_.get(); }
   int max_model_len() const { return max_model_len_; }
   int num_running() const { return scheduler_->num_running(); }
   int num_waiting() const { return scheduler_->num_waiting(); }
@@ -97,11 +101,19 @@ class EngineCore {
     std::unique_ptr<Sampler> sampler;
     std::unique_ptr<IncrementalDecoder> decoder;
     std::unique_ptr<StopMatcher> stop_matcher;
+    // Structured outputs: the grammar's state and its token mask. The engine thread fills the
+    // mask on the host before sampling the row (no device-side mask yet).
+    std::unique_ptr<grammar::Matcher> matcher;
+    std::vector<uint32_t> mask;
     bool scheduled = false;  // queue time recorded
     std::chrono::steady_clock::time_point last_token_time;
   };
 
   EngineCore() = default;
+  // Builds the grammar cache over the tokenizer's vocabulary, or notes why there is none.
+  void InitGrammars(const std::string& tokenizer_path);
+  // Size limit and compilation (through the cache) of the request's constraint.
+  Status ValidateConstraint(GenerationRequest* r) const;
   // A step launched on the device whose tokens the host has not read yet (overlapped steps).
   struct InFlight {
     std::vector<int64_t> row_seq;  // the sequence of each logit row
@@ -150,6 +162,10 @@ class EngineCore {
   std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<Scheduler> scheduler_;
+  // Compiled grammars over the tokenizer's vocabulary; null when the model has no usable
+  // tokenizer.json (grammar_unavailable_ says why) or no EOS id.
+  std::unique_ptr<GrammarCache> grammar_cache_;
+  std::string grammar_unavailable_;
   int max_model_len_ = 0;
   int64_t next_seq_id_ = 1;
   std::map<std::string, RequestState> requests_;  // by request id

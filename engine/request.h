@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,7 +12,22 @@
 #include "engine/sampling/sampler.h"
 #include "engine/sampling/sampling_params.h"
 
+namespace llm::grammar {
+class CompiledGrammar;
+}
+
 namespace llm {
+
+// A structured-output constraint (issue 49): the generated text must match it.
+struct Constraint {
+  enum class Kind { kNone, kJsonSchema, kJsonObject, kRegex, kGrammar, kChoice };
+  Kind kind = Kind::kNone;
+  std::string text;                  // the schema (JSON), the regex or the GBNF grammar
+  std::vector<std::string> choices;  // kChoice: the output is exactly one of these
+};
+
+// "json_schema", "json_object", "regex", "grammar", "choice" ("none" for kNone).
+const char* ConstraintKindName(Constraint::Kind kind);
 
 struct GenerationRequest {
   std::string request_id;
@@ -22,6 +38,9 @@ struct GenerationRequest {
   int priority = 0;
   std::optional<std::chrono::steady_clock::time_point> deadline;
   std::chrono::steady_clock::time_point arrival_time = std::chrono::steady_clock::now();
+  Constraint constraint;
+  // Set by EngineCore::Validate from `constraint` (through the engine's grammar cache).
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
 
 enum class FinishReason { kNone, kLength, kStop, kAborted };

@@ -7,6 +7,36 @@
 
 namespace llm {
 
+namespace pb = ::llm::v1;
+
+Status ConstraintFromProto(const pb::GenerateRequest& in, Constraint* out) {
+  switch (in.constraint_case()) {
+    case pb::GenerateRequest::kJsonSchema:
+      *out = {Constraint::Kind::kJsonSchema, in.json_schema(), {}};
+      break;
+    case pb::GenerateRequest::kRegex:
+      *out = {Constraint::Kind::kRegex, in.regex(), {}};
+      break;
+    case pb::GenerateRequest::kGrammar:
+      *out = {Constraint::Kind::kGrammar, in.grammar(), {}};
+      break;
+    case pb::GenerateRequest::kChoice:
+      if (in.choice().choices().empty()) return InvalidArgument("choice.choices is empty");
+      *out = {Constraint::Kind::kChoice,
+              "",
+              {in.choice().choices().begin(), in.choice().choices().end()}};
+      break;
+    case pb::GenerateRequest::kJsonObject:
+      if (!in.json_object()) return InvalidArgument("json_object must be true when set");
+      *out = {Constraint::Kind::kJsonObject, "", {}};
+      break;
+    case pb::GenerateRequest::CONSTRAINT_NOT_SET:
+      *out = {};
+      break;
+  }
+  return Status::Ok();
+}
+
 Status ConvertRequest(const GenerateParams& in, const EngineCore& core, const ServerConfig& config,
                       const ChatRenderer* chat, GenerationRequest* out) {
   out->request_id = in.request_id;
@@ -59,6 +89,7 @@ Status ConvertRequest(const GenerateParams& in, const EngineCore& core, const Se
   if (in.ignore_eos) st.ignore_eos = *in.ignore_eos;
   if (in.skip_special_tokens) out->skip_special_tokens = *in.skip_special_tokens;
   if (in.priority) out->priority = *in.priority;
+  out->constraint = in.constraint;
   return Status::Ok();
 }
 

@@ -14,6 +14,7 @@
 #include "base/status.h"
 #include "engine/engine_core.h"
 #include "engine/request.h"
+#include "llm/v1/generation.pb.h"
 #include "server/server_config.h"
 
 namespace llm {
@@ -50,9 +51,15 @@ struct GenerateParams {
   std::optional<bool> ignore_eos;
   std::optional<bool> skip_special_tokens;
   std::optional<int> priority;
+  // Structured outputs: none, or the one constraint the request carries (compiled and checked by
+  // EngineCore::Validate).
+  Constraint constraint;
 };
 
 class ChatRenderer;
+
+// GenerateRequest's `constraint` oneof -> out (unset: none).
+Status ConstraintFromProto(const v1::GenerateRequest& in, Constraint* out);
 
 // Renders a chat prompt (with `chat`; null: FAILED_PRECONDITION), tokenizes and applies defaults.
 // Range checks happen in EngineCore::Validate (Engine::Submit).

@@ -79,6 +79,138 @@ std::string ParsePrompt(const json& v, GenerateParams* p) {
   return e;
 }
 
+// Structured outputs: one constraint per request, whichever field carries it.
+std::string SetConstraint(OpenAiRequest* r, const std::string& field, Constraint c) {
+  if (!r->constraint_field.empty()) {
+    return "only one constraint per request: '" + r->constraint_field + "' and '" + field +
+           "' both set one";
+  }
+  r->constraint_field = field;
+  r->params.constraint = std::move(c);
+  return "";
+}
+
+// A JSON Schema given as an object (or a boolean schema), or as its text (vLLM's guided_json).
+std::string SchemaText(const json& v, std::string* out) {
+  if (v.is_string()) {
+    *out = v.get<std::string>();
+    return "";
+  }
+  if (!v.is_object() && !v.is_boolean()) return "must be a JSON Schema (an object or its text)";
+  *out = v.dump();
+  return "";
+}
+
+std::string StringList(const json& v, std::vector<std::string>* out) {
+  if (!v.is_array() || v.empty()) return "must be a non-empty list of strings";
+  for (const json& s : v) {
+    if (!s.is_string()) return "must be a non-empty list of strings";
+    out->push_back(s.get<std::string>());
+  }
+  return "";
+}
+
+// One constraint kind (vLLM's names: json, regex, choice, grammar, json_object) and its value.
+std::string ParseConstraintValue(const std::string& kind, const json& v, Constraint* c) {
+  if (kind == "json") {
+    c->kind = Constraint::Kind::kJsonSchema;
+    return SchemaText(v, &c->text);
+  }
+  if (kind == "regex" || kind == "grammar") {
+    if (!v.is_string()) return "must be a string";
+    c->kind = kind == "regex" ? Constraint::Kind::kRegex : Constraint::Kind::kGrammar;
+    c->text = v.get<std::string>();
+    return "";
+  }
+  if (kind == "choice") {
+    c->kind = Constraint::Kind::kChoice;
+    return StringList(v, &c->choices);
+  }
+  if (kind == "json_object") {
+    if (v != true) return "must be true";
+    c->kind = Constraint::Kind::kJsonObject;
+    return "";
+  }
+  return "unsupported option '" + kind + "'";
+}
+
+// OpenAI's {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}.
+std::string ParseResponseFormat(const json& v, OpenAiRequest* r) {
+  if (!v.is_object() || !v.contains("type") || !v["type"].is_string()) {
+    return "'response_format' must be an object with a string 'type'";
+  }
+  const std::string type = v["type"].get<std::string>();
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    if (it.key() != "type" && !(type == "json_schema" && it.key() == "json_schema")) {
+      return "response_format: unsupported option '" + it.key() + "' for type '" + type + "'";
+    }
+  }
+  if (type == "text") return "";
+  Constraint c;
+  if (type == "json_object") {
+    c.kind = Constraint::Kind::kJsonObject;
+    return SetConstraint(r, "response_format", std::move(c));
+  }
+  if (type != "json_schema") {
+    return "response_format type '" + type +
+           "' is not supported (text, json_object, json_schema are)";
+  }
+  if (!v.contains("json_schema") || !v["json_schema"].is_object()) {
+    return "response_format: type 'json_schema' needs a 'json_schema' object";
+  }
+  const json& js = v["json_schema"];
+  for (auto it = js.begin(); it != js.end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "name" || k == "description") {
+      if (!it->is_string()) return "response_format.json_schema." + k + " must be a string";
+    } else if (k == "strict") {
+      // strict true or false: the schema is enforced either way, as vLLM does.
+      if (!it->is_boolean() && !it->is_null()) {
+        return "response_format.json_schema.strict must be a boolean";
+      }
+    } else if (k != "schema") {
+      return "response_format.json_schema: unsupported option '" + k + "'";
+    }
+  }
+  if (!js.contains("schema")) return "response_format.json_schema needs a 'schema'";
+  c.kind = Constraint::Kind::kJsonSchema;
+  std::string e = SchemaText(js["schema"], &c.text);
+  if (!e.empty()) return "response_format.json_schema.schema " + e;
+  return SetConstraint(r, "response_format", std::move(c));
+}
+
+// vLLM's {"structured_outputs": {"json" | "regex" | "choice" | "grammar" | "json_object": ...}}.
+std::string ParseStructuredOutputs(const json& v, OpenAiRequest* r) {
+  if (!v.is_object()) return "'structured_outputs' must be an object";
+  Constraint c;
+  std::string first;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    if (it->is_null()) continue;
+    if (!first.empty()) {
+      return "only one constraint per request: 'structured_outputs." + first +
+             "' and 'structured_outputs." + it.key() + "' both set one";
+    }
+    std::string e = ParseConstraintValue(it.key(), *it, &c);
+    if (!e.empty()) {
+      return e.rfind("unsupported", 0) == 0 ? "structured_outputs: " + e
+                                            : "'structured_outputs." + it.key() + "' " + e;
+    }
+    first = it.key();
+  }
+  if (first.empty()) return "'structured_outputs' sets no constraint";
+  return SetConstraint(r, "structured_outputs", std::move(c));
+}
+
+// vLLM's older guided_json / guided_regex / guided_choice / guided_grammar fields.
+FieldParser Guided(std::string kind) {
+  return [kind](const json& v, OpenAiRequest* r) -> std::string {
+    Constraint c;
+    std::string e = ParseConstraintValue(kind, v, &c);
+    if (!e.empty()) return e;
+    return SetConstraint(r, "guided_" + kind, std::move(c));
+  };
+}
+
 // Fields that change nothing unless set to a value other than the one given.
 FieldParser OnlyDefault(json neutral, std::string why) {
   return [neutral, why](const json& v, OpenAiRequest*) -> std::string {
@@ -163,8 +295,12 @@ const std::map<std::string, FieldParser>& CommonFields() {
        }},
       {"n", OnlyDefault(1, "n > 1 is not supported")},
       {"logit_bias", OnlyDefault(json::object(), "logit_bias is not supported")},
-      {"response_format", OnlyDefault(json{{"type", "text"}},
-                                      "only response_format {\"type\": \"text\"} is supported")},
+      {"response_format", ParseResponseFormat},
+      {"structured_outputs", ParseStructuredOutputs},
+      {"guided_json", Guided("json")},
+      {"guided_regex", Guided("regex")},
+      {"guided_choice", Guided("choice")},
+      {"guided_grammar", Guided("grammar")},
       {"include_stop_str_in_output",
        OnlyDefault(false, "include_stop_str_in_output is not supported")},
       {"prompt_logprobs", OnlyDefault(0, "prompt_logprobs is not supported")},

@@ -30,6 +30,9 @@ struct OpenAiRequest {
   int logprobs = -1;
   bool chat_logprobs = false;  // as sent, before `logprobs` is resolved
   int top_logprobs = -1;
+  // The field that set params.constraint (response_format, structured_outputs, guided_*): a
+  // second one is refused naming both.
+  std::string constraint_field;
 };
 
 // An error as OpenAI sends it: {"error": {"message", "type", "param", "code"}}.

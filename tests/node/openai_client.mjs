@@ -142,6 +142,47 @@ await check("bad request: 400 naming the field", async () => {
   await expectError(client.completions.create({ model: "no-such-model", prompt: "x" }), 404, "model");
 });
 
+await check("response_format json_schema (strict): output parses, matches, ends with stop", async () => {
+  // From random weights only the grammar's mask can give this.
+  const schema = {
+    type: "object",
+    properties: { city: { type: "string", maxLength: 12 }, rank: { type: "integer", minimum: 1, maximum: 9 } },
+    required: ["city", "rank"],
+    additionalProperties: false,
+  };
+  const response_format = { type: "json_schema", json_schema: { name: "place", schema, strict: true } };
+  const messages = [{ role: "user", content: "Name a city as JSON." }];
+  const check1 = (text, finish) => {
+    expect(finish === "stop", `finish_reason stop, got ${finish} for ${JSON.stringify(text)}`);
+    const v = JSON.parse(text);
+    expect(Object.keys(v).sort().join(",") === "city,rank", `keys of ${text}`);
+    expect(typeof v.city === "string" && [...v.city].length <= 12, `city of ${text}`);
+    expect(Number.isInteger(v.rank) && v.rank >= 1 && v.rank <= 9, `rank of ${text}`);
+  };
+  for (const seed of [1, 2]) {
+    const r = await client.chat.completions.create({
+      model: MODEL, messages, response_format, seed, max_completion_tokens: 300,
+    });
+    check1(r.choices[0].message.content, r.choices[0].finish_reason);
+  }
+  const stream = await client.chat.completions.create({
+    model: MODEL, messages, response_format, seed: 3, max_completion_tokens: 300, stream: true,
+  });
+  let text = "", finish = null;
+  for await (const ch of stream) {
+    for (const choice of ch.choices) {
+      text += choice.delta.content || "";
+      if (choice.finish_reason) finish = choice.finish_reason;
+    }
+  }
+  check1(text, finish);
+  const e = await expectError(client.chat.completions.create({
+    model: MODEL, messages,
+    response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "object", patternProperties: {} } } },
+  }), 400, "unsupported schema keyword");
+  expect(/patternProperties/.test(e.message), `message names the keyword: ${e.message}`);
+});
+
 await check("bad key: 401", async () => {
   const bad = new OpenAI({ baseURL: BASE_URL, apiKey: "wrong-" + API_KEY, maxRetries: 0 });
   await expectError(bad.completions.create({ model: MODEL, prompt: "x", max_tokens: 1 }), 401, "bad key");

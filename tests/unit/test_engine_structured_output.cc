@@ -1,0 +1,222 @@
+// Structured outputs on the host path: an EngineCore over the random-weight tiny model
+// (build/cpu/models/tiny-llama, byte-level BPE) with JSON Schema, regex and choice constraints.
+// From random weights only the grammar's mask can make the output match and end with "stop".
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/engine_core.h"
+
+namespace llm {
+namespace {
+
+struct TextSink : ResultSink {
+  std::vector<int32_t> tokens;
+  std::vector<SampledToken> logprobs;
+  std::string text;
+  int finals = 0;
+  FinishReason reason = FinishReason::kNone;
+  Status error;
+  void OnOutput(GenerationOutput o) override {
+    tokens.insert(tokens.end(), o.token_ids.begin(), o.token_ids.end());
+    logprobs.insert(logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+    text += o.text;
+    if (o.finished || !o.error.ok()) {
+      ++finals;
+      reason = o.finish_reason;
+      error = o.error;
+    }
+  }
+};
+
+std::unique_ptr<EngineCore> MakeCore() {
+  EngineConfig cfg;
+  cfg.model.model_dir = LLM_TINY_MODEL_DIR;
+  cfg.model.num_kv_blocks = 256;
+  cfg.scheduler.max_num_seqs = 8;
+  auto core = EngineCore::Create(cfg);
+  REQUIRE(core.ok());
+  REQUIRE(core.value()->grammar_cache() != nullptr);
+  return std::move(core.value());
+}
+
+GenerationRequest MakeRequest(const EngineCore& core, const std::string& id, uint64_t seed,
+                              Constraint c = {}) {
+  GenerationRequest r;
+  r.request_id = id;
+  r.prompt_ids = core.tokenizer()->Encode("Answer in JSON: who are you?", true);
+  r.sampling.temperature = 1.0f;
+  r.sampling.seed = seed;
+  r.stopping.max_tokens = 400;
+  r.constraint = std::move(c);
+  return r;
+}
+
+// Runs the requests together to the end; each must end exactly once.
+std::map<std::string, std::shared_ptr<TextSink>> Run(EngineCore& core,
+                                                     std::vector<GenerationRequest> reqs) {
+  std::map<std::string, std::shared_ptr<TextSink>> sinks;
+  for (GenerationRequest& r : reqs) {
+    const Status st = core.Validate(&r);
+    INFO(st.ToString());
+    REQUIRE(st.ok());
+    auto sink = std::make_shared<TextSink>();
+    sinks[r.request_id] = sink;
+    core.Add(std::move(r), sink);
+  }
+  int steps = 0;
+  while (core.HasWork() && steps++ < 5000) core.Step();
+  REQUIRE(!core.HasWork());
+  for (const auto& [id, s] : sinks) {
+    INFO(id);
+    REQUIRE(s->finals == 1);
+    REQUIRE(s->error.ok());
+  }
+  return sinks;
+}
+
+size_t CodePoints(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+const char* kSchema = R"({
+  "type": "object",
+  "properties": {
+    "name": {"type": "string", "maxLength": 8},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}
+  },
+  "required": ["name", "age"],
+  "additionalProperties": false
+})";
+
+// The schema above, checked by hand.
+void CheckMatchesSchema(const std::string& text) {
+  INFO(text);
+  const nlohmann::json v = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  REQUIRE(!v.is_discarded());
+  REQUIRE(v.is_object());
+  REQUIRE(v.contains("name"));
+  REQUIRE(v.contains("age"));
+  for (const auto& [k, x] : v.items()) CHECK((k == "name" || k == "age" || k == "tags"));
+  REQUIRE(v["name"].is_string());
+  CHECK(CodePoints(v["name"].get<std::string>()) <= 8);
+  REQUIRE(v["age"].is_number_integer());
+  CHECK(v["age"].get<int64_t>() >= 0);
+  CHECK(v["age"].get<int64_t>() <= 120);
+  if (v.contains("tags")) {
+    REQUIRE(v["tags"].is_array());
+    CHECK(v["tags"].size() <= 3);
+    for (const auto& t : v["tags"]) CHECK((t == "a" || t == "b"));
+  }
+}
+
+TEST_CASE("a JSON-schema constraint makes a random model emit matching JSON and stop",
+          "[structured]") {
+  auto core = MakeCore();
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    reqs.push_back(MakeRequest(*core, "j" + std::to_string(i), 100 + i,
+                               {Constraint::Kind::kJsonSchema, kSchema, {}}));
+  }
+  reqs[1].sampling.temperature = 0.0f;  // greedy
+  reqs[2].sampling.logprobs = 2;        // host sampling with logprobs of the masked distribution
+  reqs[3].sampling.repetition_penalty = 1.3f;
+  for (const auto& [id, s] : Run(*core, std::move(reqs))) {
+    INFO(id);
+    CHECK(s->reason == FinishReason::kStop);
+    CHECK(s->tokens.back() == 769);  // EOS
+    CheckMatchesSchema(s->text);
+  }
+  CHECK(core->grammar_cache()->size() == 1);  // one schema, compiled once
+}
+
+TEST_CASE("json_object, regex and choice constraints", "[structured]") {
+  auto core = MakeCore();
+  std::vector<GenerationRequest> reqs;
+  reqs.push_back(MakeRequest(*core, "obj", 1, {Constraint::Kind::kJsonObject, "", {}}));
+  reqs.push_back(
+      MakeRequest(*core, "re", 2, {Constraint::Kind::kRegex, "[a-c]{3}-[0-9]{2,4}", {}}));
+  reqs.push_back(
+      MakeRequest(*core, "choice", 3, {Constraint::Kind::kChoice, "", {"yes", "no", "maybe"}}));
+  reqs.back().sampling.logprobs = 20;
+  reqs.push_back(MakeRequest(*core, "gbnf", 4,
+                             {Constraint::Kind::kGrammar, "root ::= \"x\" [0-9]+ \";\"", {}}));
+  auto sinks = Run(*core, std::move(reqs));
+  for (const auto& [id, s] : sinks) {
+    INFO(id << ": " << s->text);
+    CHECK(s->reason == FinishReason::kStop);
+  }
+  const auto obj = nlohmann::json::parse(sinks["obj"]->text, nullptr, false);
+  CHECK(obj.is_object());
+  CHECK(std::regex_match(sinks["re"]->text, std::regex("[a-c]{3}-[0-9]{2,4}")));
+  const std::string& c = sinks["choice"]->text;
+  CHECK((c == "yes" || c == "no" || c == "maybe"));
+  // Logprobs are those of the masked distribution: the few allowed tokens hold all the mass,
+  // which from random weights over 770 tokens the unmasked top 20 never would.
+  const auto& lp = sinks["choice"]->logprobs;
+  REQUIRE(!lp.empty());
+  double mass = 0;
+  for (const auto& [id, logprob] : lp[0].top) mass += std::exp(logprob);
+  CHECK(mass == Approx(1.0).epsilon(1e-4));
+  CHECK(std::regex_match(sinks["gbnf"]->text, std::regex("x[0-9]+;")));
+}
+
+TEST_CASE("a mixed batch leaves free requests' tokens unchanged", "[structured]") {
+  auto core = MakeCore();
+  auto free_alone = Run(*core, {MakeRequest(*core, "free", 7)});
+  auto constrained_alone =
+      Run(*core, {MakeRequest(*core, "c", 8, {Constraint::Kind::kJsonSchema, kSchema, {}})});
+  std::vector<GenerationRequest> mixed;
+  mixed.push_back(MakeRequest(*core, "free", 7));
+  mixed.push_back(MakeRequest(*core, "c", 8, {Constraint::Kind::kJsonSchema, kSchema, {}}));
+  mixed.push_back(MakeRequest(*core, "c2", 9, {Constraint::Kind::kRegex, "[0-9]{5}", {}}));
+  auto together = Run(*core, std::move(mixed));
+  CHECK(together["free"]->tokens == free_alone["free"]->tokens);
+  CHECK(together["c"]->tokens == constrained_alone["c"]->tokens);
+  CheckMatchesSchema(together["c"]->text);
+}
+
+TEST_CASE("a complete grammar ends the request even with ignore_eos and min_tokens",
+          "[structured]") {
+  auto core = MakeCore();
+  GenerationRequest r = MakeRequest(*core, "c", 5, {Constraint::Kind::kChoice, "", {"ok"}});
+  r.stopping.ignore_eos = true;
+  r.stopping.min_tokens = 50;
+  std::vector<GenerationRequest> reqs;
+  reqs.push_back(std::move(r));
+  auto sinks = Run(*core, std::move(reqs));
+  CHECK(sinks["c"]->text == "ok");
+  CHECK(sinks["c"]->reason == FinishReason::kStop);
+  CHECK(sinks["c"]->tokens.back() == 769);
+}
+
+TEST_CASE("bad constraints are refused by name", "[structured]") {
+  auto core = MakeCore();
+  auto refuse = [&](Constraint c, const std::string& needle) {
+    GenerationRequest r = MakeRequest(*core, "bad", 1, std::move(c));
+    const Status st = core->Validate(&r);
+    INFO(st.ToString());
+    CHECK(st.code() == StatusCode::kInvalidArgument);
+    CHECK(st.message().find(needle) != std::string::npos);
+  };
+  refuse({Constraint::Kind::kJsonSchema, R"({"type": "object", "patternProperties": {}})", {}},
+         "patternProperties");
+  refuse({Constraint::Kind::kJsonSchema, "{not json", {}}, "json_schema");
+  refuse({Constraint::Kind::kRegex, "(?=a)b", {}}, "regex");
+  refuse({Constraint::Kind::kGrammar, "root ::= undefined_rule", {}}, "undefined_rule");
+  refuse({Constraint::Kind::kChoice, "", {}}, "choice");
+  refuse({Constraint::Kind::kRegex, std::string(70000, 'a'), {}}, "max_constraint_bytes");
+}
+
+}  // namespace
+}  // namespace llm
