@@ -13,6 +13,7 @@ struct FrontEndOptions {
   std::string tls_cert_file;                    // PEM; with tls_key_file, TLS on gRPC and HTTP
   std::string tls_key_file;
   int max_request_body_bytes = 8 << 20;  // HTTP bodies past this get 413
+  int max_json_depth = 64;               // HTTP JSON bodies nested deeper get 400
   std::string chat_template_file;        // overrides the model's chat template
 
   bool tls() const { return !tls_cert_file.empty(); }

@@ -1,11 +1,16 @@
 #include "server/openai_server.h"
 
+#include <sys/socket.h>
+
 #include <ctime>
 
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
 #include "server/http_listen.h"
+#include "server/http_request_checks.h"
+#include "server/http_socket_close.h"
+#include "server/json_depth.h"
 #include "server/openai_protocol.h"
 #include "server/output_queue.h"
 
@@ -18,9 +23,37 @@ using json = nlohmann::ordered_json;
 // socket this often, so a client that left stops holding KV blocks.
 constexpr std::chrono::milliseconds kDisconnectPoll(50);
 
+// At shutdown the engine has already given every stream its last output; this bounds the wait
+// for the handlers to write it before the remaining connections are shut down.
+constexpr std::chrono::seconds kDrainLimit(2);
+
+// Bounds on discarding the unread body of a refused request before its connection closes.
+constexpr int kLingerMs = 2000;
+constexpr size_t kLingerBytes = size_t{64} << 20;
+
+// Client text quoted in an error (a path, a method) is cut to this many bytes.
+constexpr size_t kQuoteBytes = 256;
+
 void SendError(httplib::Response& res, const OpenAiError& e) {
   res.status = e.http_status;
-  res.set_content(e.ToJson().dump(), "application/json");
+  // Messages may quote client bytes that are not UTF-8: those become U+FFFD, never an exception.
+  res.set_content(e.ToJson().dump(-1, ' ', false, json::error_handler_t::replace),
+                  "application/json");
+}
+
+// For a request answered without reading its body: the body is discarded (bounded), and once
+// the response is written (the releaser runs when httplib destroys the Response) the socket is
+// shut for reading, so httplib closes it instead of parsing leftover bytes as a request.
+void CloseAfterResponse(const httplib::Request& req, httplib::Response& res) {
+  res.set_header("Connection", "close");
+  const int fd = ConnectionSocket(req.local_port, req.remote_addr, req.remote_port);
+  if (fd < 0) return;
+  DiscardPending(fd, kLingerMs, kLingerBytes);
+  res.content_provider_resource_releaser_ = [fd](bool) { shutdown(fd, SHUT_RD); };
+}
+
+std::string Quote(const std::string& s) {
+  return s.size() <= kQuoteBytes ? s : s.substr(0, kQuoteBytes) + "...";
 }
 
 void SendStatus(httplib::Response& res, const Status& s, std::string param = "") {
@@ -149,6 +182,22 @@ bool OpenAiServer::Authorized(const httplib::Request& req, httplib::Response& re
   return false;
 }
 
+bool OpenAiServer::ParseBody(const httplib::Request& req, httplib::Response& res,
+                             nlohmann::ordered_json* body) const {
+  // Bounded before parsing: parsing, copying and rendering a JSON value recurse per level.
+  if (!JsonDepthWithin(req.body, config_.max_json_depth)) {
+    SendStatus(res, InvalidArgument("the request body nests JSON deeper than max_json_depth (" +
+                                    std::to_string(config_.max_json_depth) + ")"));
+    return false;
+  }
+  *body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (body->is_discarded() || !body->is_object()) {
+    SendStatus(res, InvalidArgument("the request body must be a JSON object"));
+    return false;
+  }
+  return true;
+}
+
 void OpenAiServer::Routes() {
   // httplib's default sets SO_REUSEPORT, which lets a second server silently share the port.
   http_->set_socket_options([](int sock) {
@@ -160,19 +209,44 @@ void OpenAiServer::Routes() {
     threads = std::max(64, 2 * gateway_->config().engine.scheduler.max_num_seqs + 16);
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http_->set_payload_max_length(config_.max_request_body_bytes);
-  // Keys are checked before any parsing; /health stays open for load balancers and probes.
+  // Runs before the body is read: the framing checks, then the key (/health stays open for
+  // load balancers and probes). A request answered here leaves its body unread on the socket,
+  // so its connection is closed after the response.
   http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (req.path == "/health" || Authorized(req, res))
+    const std::optional<OpenAiError> refused =
+        CheckRequestHead(req, config_.max_request_body_bytes);
+    if (!refused && (req.path == "/health" || Authorized(req, res)))
       return httplib::Server::HandlerResponse::Unhandled;
+    if (refused) SendError(res, *refused);
+    const std::string length = req.get_header_value("Content-Length");
+    if (!refused && (length.empty() || length == "0"))
+      return httplib::Server::HandlerResponse::Handled;
+    CloseAfterResponse(req, res);
     return httplib::Server::HandlerResponse::Handled;
   });
+  // Anything a handler throws becomes a 500 with a fixed message: exception texts name internals.
+  http_->set_exception_handler(
+      [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown exception";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        spdlog::error("HTTP {} {}: {}", req.method, Quote(req.path), what);
+        OpenAiError e;
+        e.http_status = 500;
+        e.message = "internal error";
+        SendError(res, e);
+      });
   http_->set_error_handler(httplib::Server::HandlerWithResponse(
       [this](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Handled;
         OpenAiError e;
         e.http_status = res.status;
         if (res.status == 404) {
-          e.message = "no route " + req.method + " " + req.path;
+          e.message = "no route " + Quote(req.method) + " " + Quote(req.path);
         } else if (res.status == 413) {
           e.message = "request body exceeds max_request_body_bytes (" +
                       std::to_string(config_.max_request_body_bytes) + ")";
@@ -216,11 +290,8 @@ void OpenAiServer::Models(httplib::Response& res) const {
 }
 
 void OpenAiServer::Generate(const httplib::Request& req, httplib::Response& res, bool chat) {
-  json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) {
-    SendStatus(res, InvalidArgument("the request body is not valid JSON"));
-    return;
-  }
+  json body;
+  if (!ParseBody(req, res, &body)) return;
   auto st = std::make_shared<Stream>();
   OpenAiRequest& r = st->request;
   std::string param;
@@ -228,8 +299,8 @@ void OpenAiServer::Generate(const httplib::Request& req, httplib::Response& res,
   try {
     s = ParseOpenAiRequest(body, chat ? OpenAiEndpoint::kChat : OpenAiEndpoint::kCompletions, &r,
                            &param);
-  } catch (const std::exception& e) {  // nlohmann type errors on odd values
-    s = InvalidArgument(std::string("bad request: ") + e.what());
+  } catch (const std::exception&) {  // nlohmann type errors on odd values; their text is internal
+    s = InvalidArgument("a field of the request has a value of the wrong type");
   }
   if (!s.ok()) {
     SendStatus(res, s, param);
@@ -261,7 +332,9 @@ void OpenAiServer::Generate(const httplib::Request& req, httplib::Response& res,
     gateway_->Abort(st->request_id, Status(StatusCode::kCancelled, "client disconnected"));
     return false;
   };
+  open_responses_.fetch_add(1);
   auto release = [this, st](bool success) {
+    open_responses_.fetch_sub(1);
     if (!success && !st->finished) {
       gateway_->Abort(st->request_id, Status(StatusCode::kCancelled, "client disconnected"));
     }
@@ -316,10 +389,16 @@ void OpenAiServer::Generate(const httplib::Request& req, httplib::Response& res,
 }
 
 void OpenAiServer::Tokenize(const httplib::Request& req, httplib::Response& res) {
-  json body = json::parse(req.body, nullptr, false);
+  json body;
+  if (!ParseBody(req, res, &body)) return;
   const Tokenizer* tok = gateway_->core().tokenizer();
-  if (body.is_discarded() || !body.is_object()) {
-    SendStatus(res, InvalidArgument("the request body must be a JSON object"));
+  if (body.contains("add_generation_prompt") && !body["add_generation_prompt"].is_boolean()) {
+    SendStatus(res, InvalidArgument("'add_generation_prompt' must be a boolean"),
+               "add_generation_prompt");
+    return;
+  }
+  if (body.contains("tools") && !body["tools"].is_array() && !body["tools"].is_null()) {
+    SendStatus(res, InvalidArgument("'tools' must be a list"), "tools");
     return;
   }
   if (tok == nullptr) {
@@ -375,10 +454,10 @@ void OpenAiServer::Tokenize(const httplib::Request& req, httplib::Response& res)
 }
 
 void OpenAiServer::Detokenize(const httplib::Request& req, httplib::Response& res) {
-  json body = json::parse(req.body, nullptr, false);
+  json body;
+  if (!ParseBody(req, res, &body)) return;
   const Tokenizer* tok = gateway_->core().tokenizer();
-  if (body.is_discarded() || !body.is_object() || !body.contains("tokens") ||
-      !body["tokens"].is_array()) {
+  if (!body.contains("tokens") || !body["tokens"].is_array()) {
     SendStatus(res, InvalidArgument("'tokens' (a list of token ids) is required"), "tokens");
     return;
   }
@@ -421,14 +500,23 @@ StatusOr<int> OpenAiServer::Start() {
     http_ = std::make_unique<httplib::Server>();
   }
   Routes();
-  return ListenHttp(http_.get(), config_.address, "http_address", &thread_);
+  StatusOr<int> port = ListenHttp(http_.get(), config_.address, "http_address", &thread_);
+  if (port.ok()) port_ = port.value();
+  return port;
 }
 
 void OpenAiServer::Stop() {
-  if (thread_.joinable()) {
-    http_->stop();
-    thread_.join();
+  if (!thread_.joinable()) return;
+  const auto drain_end = std::chrono::steady_clock::now() + kDrainLimit;
+  while (open_responses_.load() > 0 && std::chrono::steady_clock::now() < drain_end) {
+    std::this_thread::sleep_for(kDisconnectPoll);
   }
+  // Idle keep-alive and slow clients would otherwise hold their pool threads, and stop() joins
+  // them.
+  const int closed = ShutdownConnections(port_);
+  if (closed > 0) spdlog::info("HTTP: closed {} open connections", closed);
+  http_->stop();
+  thread_.join();
 }
 
 }  // namespace llm

@@ -8,6 +8,7 @@
 // kDisconnectPoll while none comes) and its request aborted.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -30,7 +31,8 @@ struct OpenAiServerConfig {
   std::string tls_cert_file;               // both set: HTTPS
   std::string tls_key_file;
   size_t max_request_body_bytes = 8 << 20;
-  int num_threads = 0;  // handler threads (one per open request); 0: from max_num_seqs + queue
+  int max_json_depth = 64;  // request bodies nested deeper get 400
+  int num_threads = 0;      // handler threads (one per open request); 0: from max_num_seqs + queue
   std::string model_name;
 };
 
@@ -50,12 +52,17 @@ class OpenAiServer {
   void Tokenize(const httplib::Request& req, httplib::Response& res);
   void Detokenize(const httplib::Request& req, httplib::Response& res);
   void Models(httplib::Response& res) const;
+  // Parses a JSON object body within max_json_depth; false after sending the error.
+  bool ParseBody(const httplib::Request& req, httplib::Response& res,
+                 nlohmann::ordered_json* body) const;
 
   RequestGateway* gateway_;
   const ApiKeys* keys_;
   OpenAiServerConfig config_;
   std::unique_ptr<httplib::Server> http_;
   std::thread thread_;
+  int port_ = 0;
+  std::atomic<int> open_responses_{0};  // generation responses whose provider is not released
 };
 
 }  // namespace llm
