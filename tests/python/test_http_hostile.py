@@ -6,8 +6,6 @@ fields), body limits for every body form, HTTP/1.1 framing, API key forms, slow 
 shutdown. After each case the server must still answer a normal request, its RSS must stay within
 RSS_BOUND of where it started, and the engine's metrics must be back at baseline.
 
-Cases the current front end (cpp-httplib 0.11) cannot pass are marked xfail(strict=True): they
-run, and the suite fails the day they start passing, so the mark is removed with the fix.
 Every loop is bounded in count and time; everything talks to 127.0.0.1 only.
 """
 
@@ -23,8 +21,6 @@ MAX_BODY = 65536
 # RSS growth allowed over a server's first reading: far below the hundreds of MB the unbounded
 # body and header reproducers took, above what ASan's quarantine adds.
 RSS_BOUND = 192 << 20
-HTTPLIB_LIMIT = "cpp-httplib 0.11 cannot do this (issue 48 item 2-4): needs the event-driven " \
-                "front end"
 
 
 def flags(*extra):
@@ -257,14 +253,32 @@ def sent_then_answer(server, head, body_chunks, seconds=10):
         return sent, responses(read_all(s, timeout=seconds))
 
 
-def test_chunked_body_is_refused_before_it_is_read(open_server):
-    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
-            b"Content-Type: application/json\r\n\r\n")
-    chunk = b"100000\r\n" + b" " * 0x100000 + b"\r\n"
-    _, resps = sent_then_answer(open_server, head, (chunk for _ in range(64)))
-    assert len(resps) == 1 and resps[0][0] == 411, resps
-    assert "Transfer-Encoding" in error_of(resps[0])["message"]
+CHUNKED = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+           b"Content-Type: application/json\r\n\r\n")
+
+
+def test_chunked_body_is_cut_at_the_limit(open_server):
+    chunk = b"100000\r\n" + b" " * 0x100000 + b"\r\n"  # 64 MiB in 1 MiB chunks
+    sent, resps = sent_then_answer(open_server, CHUNKED, (chunk for _ in range(64)))
+    assert len(resps) == 1 and resps[0][0] == 413, resps
+    assert "max_request_body_bytes" in error_of(resps[0])["message"]
+    assert sent < (32 << 20), f"the server read {sent >> 20} MiB past a 64 KiB limit"
     still_serves(open_server, open_server.rss0, key=None)
+
+
+def test_chunked_body_within_the_limit_is_served(open_server):
+    body = json.dumps({"prompt": "Hi", "max_tokens": 2}).encode()
+    raw = (CHUNKED.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")
+           + b"%x\r\n" % 5 + body[:5] + b"\r\n" + b"%x\r\n" % (len(body) - 5) + body[5:]
+           + b"\r\n0\r\n\r\n")
+    (resp,) = exchange(open_server, raw)
+    assert resp[0] == 200, resp
+
+
+def test_unknown_transfer_coding_is_501(open_server):
+    raw = CHUNKED.replace(b"chunked", b"gzip, chunked") + b"0\r\n\r\n"
+    resps = exchange(open_server, raw)
+    assert [r[0] for r in resps] == [501], resps
 
 
 def test_body_without_length_is_refused(open_server):
@@ -293,7 +307,6 @@ def test_oversized_content_length_is_413_without_reading_it(open_server):
     still_serves(open_server, open_server.rss0, key=None)
 
 
-@pytest.mark.xfail(strict=True, reason=HTTPLIB_LIMIT)
 def test_huge_header_line_is_cut_while_reading(server):
     s = server(flags(), name="header")
     with connect(s, timeout=20) as c:
@@ -329,7 +342,6 @@ def test_ambiguous_framing_is_400_and_closes(open_server, framing):
     still_serves(open_server, open_server.rss0, key=None)
 
 
-@pytest.mark.xfail(strict=True, reason=HTTPLIB_LIMIT)
 def test_pipelined_requests_are_answered_in_order(server):
     s = server(flags(), name="pipeline")
     raw = (get("/health", key=None, close=False) + get("/v1/models", key=None, close=False)
@@ -361,8 +373,6 @@ def test_api_key_scheme_per_rfc_9110(keyed, value, ok):
     still_serves(keyed, keyed.rss0)
 
 
-@pytest.mark.xfail(strict=True, reason="cpp-httplib 0.11 percent-decodes header values before "
-                   "the server sees them; the raw value needs the new front end")
 def test_api_key_compared_on_the_raw_header_value(keyed):
     percent = API_KEY.replace("-", "%2D")
     (resp,) = exchange(keyed, get("/v1/models", f"Authorization: Bearer {percent}", key=None))
@@ -370,9 +380,10 @@ def test_api_key_compared_on_the_raw_header_value(keyed):
 
 
 def test_refused_body_is_not_read_as_a_request(keyed):
-    # Wrong key: 401 before the body, whose bytes must not be taken for a second request.
-    raw = post("/v1/completions", SMUGGLED, key="wrong").replace(b"Connection: close\r\n", b"")
-    resps = exchange(keyed, raw)
+    # Wrong key: 401; the body's bytes (a request) must not be taken for a second request.
+    raw = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n"
+           + b"Content-Length: %d\r\n\r\n" % len(SMUGGLED) + SMUGGLED)
+    resps = exchange(keyed, raw, timeout=3)
     assert [r[0] for r in resps] == [401], resps
     still_serves(keyed, keyed.rss0)
 
@@ -416,7 +427,6 @@ def test_sigterm_closes_slow_connections_within_grace(server):
             c.close()
 
 
-@pytest.mark.xfail(strict=True, reason=HTTPLIB_LIMIT)
 def test_slow_header_clients_do_not_starve_others(server):
     s = server(flags("--max-num-seqs", "8"), name="slow")
     rss0 = rss(s)
@@ -434,7 +444,6 @@ def test_slow_header_clients_do_not_starve_others(server):
     still_serves(s, rss0, key=None)
 
 
-@pytest.mark.xfail(strict=True, reason=HTTPLIB_LIMIT)
 def test_request_head_has_a_deadline(server):
     s = server(flags(), name="deadline")
     socks = slow_clients(s, 4)
