@@ -204,7 +204,7 @@ asio::awaitable<void> Http1Server::Impl::Watch(std::shared_ptr<Conn> c) {
 template <typename Stream>
 asio::awaitable<void> Http1Server::Impl::Read(std::shared_ptr<Stream> stream,
                                               std::shared_ptr<Conn> c) {
-  char buf[16384];
+  char buf[4096];  // in the coroutine frame: per connection, so kept small
   while (!c->closed) {
     if (c->in.size() >= kReadAhead + limits.max_head_bytes) {
       co_await Wait(c->reader_wake);  // the server catches up first

@@ -439,6 +439,8 @@ void OpenAiServer::Detokenize(const Http1Request& req, const Reply& reply) {
 StatusOr<int> OpenAiServer::Start() {
   Http1Limits limits;
   limits.max_body_bytes = config_.max_request_body_bytes;
+  limits.max_connections = config_.max_connections;
+  limits.max_connections_per_address = config_.max_connections_per_address;
   if (config_.num_threads > 0) limits.io_threads = config_.num_threads;
   http_ = std::make_unique<Http1Server>(
       limits,

@@ -27,7 +27,9 @@ struct OpenAiServerConfig {
   std::string tls_key_file;
   size_t max_request_body_bytes = 8 << 20;
   int max_json_depth = 64;  // request bodies nested deeper get 400
-  int num_threads = 0;      // io threads; 0: Http1Limits::io_threads
+  int max_connections = 16384;
+  int max_connections_per_address = 4096;
+  int num_threads = 0;  // io threads; 0: Http1Limits::io_threads
   std::string model_name;
 };
 

@@ -412,6 +412,39 @@ def trickle(socks, seconds):
         time.sleep(0.5)
 
 
+def test_connection_caps_total_and_per_address(server):
+    s = server(flags("--http-max-connections-per-address", "8", "--http-max-connections", "12"),
+               name="caps")
+    idle = [connect(s, timeout=5) for _ in range(8)]
+    try:
+        with connect(s, timeout=5) as extra:  # the 9th from 127.0.0.1: closed at accept
+            extra.sendall(get("/health", key=None))
+            assert read_all(extra, timeout=5) == b""
+        # Another loopback address is another client, up to the total cap.
+        others = []
+        for _ in range(6):
+            c = socket.socket()
+            c.settimeout(5)
+            c.bind(("127.0.0.2", 0))
+            c.connect(("127.0.0.1", s.http_port))
+            others.append(c)
+        served = []
+        for c in others:
+            c.sendall(get("/health", key=None))
+            served.append(bool(responses(read_all(c, timeout=5))))
+            c.close()
+        assert served == [True] * 4 + [False] * 2, served
+    finally:
+        for c in idle:
+            c.close()
+    # The server sees the closes asynchronously; its counts drop within moments.
+    end = time.monotonic() + 10
+    while not exchange(s, get("/health", key=None), timeout=5):
+        assert time.monotonic() < end, "connections closed by the client still count"
+        time.sleep(0.05)
+    still_serves(s, rss(s), key=None)
+
+
 def test_sigterm_closes_slow_connections_within_grace(server):
     s = server(flags("--shutdown-grace-s", "2"), name="sigterm")
     socks = slow_clients(s, 50)
@@ -453,3 +486,57 @@ def test_request_head_has_a_deadline(server):
     finally:
         for c in socks:
             c.close()
+
+
+def test_4096_streams_beside_1000_slow_clients(server):
+    """Streams cost a socket, not a thread: 4,096 open SSE streams (64 running, the rest queued
+    with their response head sent) and 1,000 slow-header clients, while other requests are
+    served. Then every stream leaves and the engine is back at baseline."""
+    import selectors
+    from conftest import PACED_LONG, PACED_MODEL
+    s = server(flags("--max-num-seqs", "64", "--max-queued-requests", "8192", "--num-kv-blocks",
+                     "1200", "--max-tokens-limit", str(PACED_LONG),
+                     "--http-max-connections-per-address", "8192"), model=PACED_MODEL,
+               name="streams")
+    body = json.dumps({"prompt": [5, 6], "max_tokens": PACED_LONG, "ignore_eos": True,
+                       "stream": True}).encode()
+    raw = post("/v1/completions", body, key=None).replace(b"Connection: close\r\n", b"")
+    streams, slow = [], []
+    sel = selectors.DefaultSelector()
+    try:
+        for _ in range(4096):
+            c = connect(s, timeout=30)
+            c.sendall(raw)
+            c.setblocking(False)
+            streams.append(c)
+            sel.register(c, selectors.EVENT_READ, [b""])
+        heads, end = 0, time.monotonic() + 120
+        while heads < len(streams) and time.monotonic() < end:
+            for key, _ in sel.select(timeout=1):
+                try:
+                    data = key.fileobj.recv(65536)
+                except BlockingIOError:
+                    continue
+                assert data, "a stream was closed before its response head"
+                key.data[0] += data
+                if b"\r\n\r\n" in key.data[0]:
+                    assert key.data[0].startswith(b"HTTP/1.1 200"), key.data[0][:200]
+                    sel.unregister(key.fileobj)
+                    heads += 1
+        assert heads == len(streams), f"{heads} of {len(streams)} streams started"
+        slow = slow_clients(s, 1000)
+        trickle(slow, 1.0)
+        assert len(slow) == 1000
+        t0 = time.monotonic()
+        for raw_req in (get("/v1/models", key=None), get("/health", key=None),
+                        post("/tokenize", {"prompt": [1]}, key=None)):
+            resps = exchange(s, raw_req, timeout=10)
+            assert resps and resps[0][0] in (200, 400), resps
+        assert time.monotonic() - t0 < 10
+        m = s.metrics()
+        assert m["llm_num_requests_running"] + m["llm_num_requests_waiting"] == 4096, m
+    finally:
+        for c in streams + slow:
+            c.close()
+    s.wait_idle(timeout=120)
+    assert s.alive()
