@@ -381,7 +381,11 @@ asio::awaitable<void> Http1Server::Impl::Accept() {
     tcp::socket sock =
         co_await acceptor->async_accept(strand, asio::redirect_error(asio::use_awaitable, ec));
     if (ec == asio::error::operation_aborted || !acceptor->is_open()) co_return;
-    if (ec) continue;
+    if (ec) {  // out of descriptors, say: pause rather than spin on the ready listener
+      asio::steady_timer pause(*ioc, std::chrono::milliseconds(10));
+      co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      continue;
+    }
     std::string peer = sock.remote_endpoint(ec).address().to_string();
     if (ec) continue;
     {
