@@ -540,3 +540,39 @@ def test_4096_streams_beside_1000_slow_clients(server):
             c.close()
     s.wait_idle(timeout=120)
     assert s.alive()
+
+
+def test_sigterm_with_open_streams_ends_each_with_error_and_done(server):
+    """Kept from before the switch: every open stream gets an error event and [DONE], then the
+    process exits 0; abandoned streams before that are cancelled."""
+    from conftest import PACED_LONG, PACED_MODEL
+    s = server(flags("--max-num-seqs", "64", "--num-kv-blocks", "1200", "--max-tokens-limit",
+                     str(PACED_LONG), "--shutdown-grace-s", "1"), model=PACED_MODEL, name="term")
+    body = json.dumps({"prompt": [5, 6], "max_tokens": PACED_LONG, "ignore_eos": True,
+                       "stream": True}).encode()
+    raw = post("/v1/completions", body, key=None).replace(b"Connection: close\r\n", b"")
+    abandoned = []
+    for _ in range(100):
+        c = connect(s)
+        c.sendall(raw)
+        abandoned.append(c)
+    for c in abandoned:
+        assert c.recv(12) == b"HTTP/1.1 200"
+        c.close()
+    s.wait_idle(timeout=120)
+    streams = []
+    for _ in range(50):
+        c = connect(s, timeout=60)
+        c.sendall(raw)
+        streams.append(c)
+    s.wait_metrics(lambda m: m["llm_num_requests_running"] == 50, "50 streams run")
+    s.proc.send_signal(15)
+    for c in streams:
+        data = read_all(c, timeout=60)
+        assert data.startswith(b"HTTP/1.1 200"), data[:100]
+        (resp,) = responses(data)
+        events = resp[2].decode().split("\n\n")[:-1]
+        assert events[-1] == "data: [DONE]", events[-3:]
+        assert '"error"' in events[-2], events[-3:]
+        c.close()
+    assert s.wait_exit(30) == 0
