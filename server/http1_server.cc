@@ -344,7 +344,9 @@ asio::awaitable<void> Http1Server::Impl::Serve(std::shared_ptr<Stream> stream,
       spdlog::error("HTTP handler: {}", e.what());
       reply->Respond(500, "application/json", error_body(500, "internal error"), {});
     }
-    // Write what the reply produces until it finishes; a client that leaves ends it.
+    // Write what the reply produces until it finishes; a client that leaves ends it. The state
+    // is looked at again after every write (a suspension: output and its wake-up may come
+    // meanwhile), and the wait follows a look with no suspension between, so no wake-up is lost.
     for (;;) {
       std::deque<std::string> out;
       bool finished = false;
@@ -353,17 +355,16 @@ asio::awaitable<void> Http1Server::Impl::Serve(std::shared_ptr<Stream> stream,
         out.swap(c->out);
         finished = c->finished;
       }
-      for (const std::string& s : out) {
-        if (!co_await write(s)) {
-          reply->Gone();
-          co_return;
+      if (!out.empty()) {
+        for (const std::string& s : out) {
+          if (!co_await write(s)) {
+            reply->Gone();
+            co_return;
+          }
         }
-      }
-      if (finished) {
-        std::lock_guard<std::mutex> l(c->mu);
-        if (c->out.empty()) break;
         continue;
       }
+      if (finished) break;
       if (c->closed || (c->eof && c->in.empty())) {
         reply->Gone();
         co_return;
