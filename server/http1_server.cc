@@ -23,6 +23,11 @@ using Headers = std::vector<std::pair<std::string, std::string>>;
 
 // A stalled client write (a reader that stopped reading) ends its connection after this.
 constexpr std::chrono::seconds kWriteTimeout(30);
+// After the last response, what the client still sends is read and dropped for at most this
+// long before the socket closes (nginx's lingering close): closing with unread input resets the
+// connection, and the client could lose the response (a 413 or 415 sent before its body).
+constexpr std::chrono::seconds kLingerTime(2);
+constexpr size_t kLingerBytes = 1 << 20;
 // Bytes read ahead of the request being served (pipelined requests) before reading pauses.
 constexpr size_t kReadAhead = 64 << 10;
 
@@ -88,6 +93,10 @@ struct Conn : std::enable_shared_from_this<Conn> {
   asio::steady_timer deadline;     // the watchdog closes the connection when it passes
   std::string in;                  // bytes read, not yet parsed
   bool eof = false;                // the client closed or reset its side
+  bool draining = false;           // lingering close: input is dropped
+  size_t drained = 0;
+  bool busy = false;      // writing a response
+  bool stopping = false;  // the server stops: end after the response being written
   bool closed = false;
   std::function<void()> close_socket;
 
@@ -178,6 +187,8 @@ struct Http1Server::Impl {
   template <typename Stream>
   asio::awaitable<void> Read(std::shared_ptr<Stream> stream, std::shared_ptr<Conn> c);
   asio::awaitable<void> Watch(std::shared_ptr<Conn> c);
+  // Drops input until the client closes, or kLingerTime passes (the watchdog then closes).
+  asio::awaitable<void> Linger(Conn& c);
   // Waits until `t` is cancelled (never expires: its expiry is the end of time).
   asio::awaitable<void> Wait(asio::steady_timer& t);
 };
@@ -185,6 +196,15 @@ struct Http1Server::Impl {
 asio::awaitable<void> Http1Server::Impl::Wait(asio::steady_timer& t) {
   boost::system::error_code ec;
   co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+}
+
+asio::awaitable<void> Http1Server::Impl::Linger(Conn& c) {
+  if (c.stopping) co_return;
+  c.draining = true;
+  c.in.clear();
+  c.reader_wake.cancel();
+  c.SetDeadline(kLingerTime);
+  while (!c.eof && !c.closed) co_await Wait(c.wake);
 }
 
 asio::awaitable<void> Http1Server::Impl::Watch(std::shared_ptr<Conn> c) {
@@ -214,7 +234,11 @@ asio::awaitable<void> Http1Server::Impl::Read(std::shared_ptr<Stream> stream,
     const size_t n = co_await stream->async_read_some(
         asio::buffer(buf), asio::redirect_error(asio::use_awaitable, ec));
     if (ec) break;
-    c->in.append(buf, n);
+    if (!c->draining) {
+      c->in.append(buf, n);
+    } else if ((c->drained += n) > kLingerBytes) {
+      break;
+    }
     c->wake.cancel();
   }
   c->eof = true;
@@ -344,6 +368,7 @@ asio::awaitable<void> Http1Server::Impl::Serve(std::shared_ptr<Stream> stream,
       spdlog::error("HTTP handler: {}", e.what());
       reply->Respond(500, "application/json", error_body(500, "internal error"), {});
     }
+    c->busy = true;
     // Write what the reply produces until it finishes; a client that leaves ends it. The state
     // is looked at again after every write (a suspension: output and its wake-up may come
     // meanwhile), and the wait follows a look with no suspension between, so no wake-up is lost.
@@ -371,7 +396,8 @@ asio::awaitable<void> Http1Server::Impl::Serve(std::shared_ptr<Stream> stream,
       }
       co_await Wait(c->wake);
     }
-    if (!keep_alive) co_return;
+    c->busy = false;
+    if (!keep_alive || c->stopping) co_return;
   }
 }
 
@@ -428,6 +454,7 @@ asio::awaitable<void> Http1Server::Impl::Accept() {
             if (!e) {
               asio::co_spawn(c->strand, Read(s, c), asio::detached);
               co_await Serve(s, c, peer);
+              co_await Linger(*c);
             }
             c->closed = true;
             c->close_socket();
@@ -449,6 +476,7 @@ asio::awaitable<void> Http1Server::Impl::Accept() {
             // Lingering close: stop sending, let the client read the response, then close.
             boost::system::error_code e;
             s->shutdown(tcp::socket::shutdown_send, e);
+            co_await Linger(*c);
             c->closed = true;
             c->close_socket();
             c->deadline.cancel();
@@ -525,6 +553,11 @@ void Http1Server::Stop() {
     for (auto& w : m.conns) {
       if (auto c = w.lock()) {
         asio::post(c->strand, [c] {
+          c->stopping = true;
+          if (c->busy) {  // its response (a stream's last events) goes out first
+            c->wake.cancel();
+            return;
+          }
           c->closed = true;
           c->close_socket();
           c->wake.cancel();
