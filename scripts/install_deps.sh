@@ -9,13 +9,13 @@ IMAGE_PKGS=(
   build-essential cmake ninja-build pkg-config ccache ca-certificates
   libgrpc++-dev libgrpc-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libspdlog-dev libfmt-dev nlohmann-json3-dev catch2
-  libopenblas-dev libpcre2-dev libcpp-httplib-dev libicu-dev
+  libopenblas-dev libpcre2-dev libcpp-httplib-dev libicu-dev libboost-dev
 )
 PKGS=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libgrpc++-dev libgrpc-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libspdlog-dev libfmt-dev nlohmann-json3-dev catch2
-  libopenblas-dev libpcre2-dev libcpp-httplib-dev libicu-dev libssl-dev
+  libopenblas-dev libpcre2-dev libcpp-httplib-dev libicu-dev libssl-dev libboost-dev
   clang-format-14 gnuplot-nox
   hipcc libamdhip64-dev
   python3 python3-grpcio python3-protobuf python3-numpy python3-aiohttp python3-pytest python3-torch python3-jinja2

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -12,16 +13,21 @@
 
 namespace llm {
 
+// The token of an `Authorization` value "Bearer TOKEN": scheme case-insensitive, one or more
+// spaces, then an RFC 9110 token68 and nothing else (RFC 9110 §11.4, RFC 6750 §2.1); nullopt for
+// any other form.
+std::optional<std::string_view> BearerCredential(std::string_view authorization);
+
 class ApiKeys {
  public:
   ApiKeys() = default;  // no keys: every request is allowed
 
   // `keys` entries may be comma lists; `file` (optional) holds one key per line ('#' comments and
-  // blank lines skipped). An empty key is an error.
+  // blank lines skipped). An empty key, or one that is not a token68, is an error.
   static StatusOr<ApiKeys> Load(const std::vector<std::string>& keys, const std::string& file);
 
   bool enabled() const { return !digests_.empty(); }
-  // True when no keys are configured, or `authorization` is "Bearer K" for a configured K.
+  // True when no keys are configured, or BearerCredential(authorization) is a configured key.
   bool Allows(std::string_view authorization) const;
 
  private:

@@ -12,8 +12,11 @@ struct FrontEndOptions {
   std::string api_key_file;                     // one key per line
   std::string tls_cert_file;                    // PEM; with tls_key_file, TLS on gRPC and HTTP
   std::string tls_key_file;
-  int max_request_body_bytes = 8 << 20;  // HTTP bodies past this get 413
-  std::string chat_template_file;        // overrides the model's chat template
+  int max_request_body_bytes = 8 << 20;         // HTTP bodies past this get 413
+  int max_json_depth = 64;                      // HTTP JSON bodies nested deeper get 400
+  int http_max_connections = 16384;             // open HTTP connections; past it, closed at accept
+  int http_max_connections_per_address = 4096;  // the same, per client address
+  std::string chat_template_file;               // overrides the model's chat template
 
   bool tls() const { return !tls_cert_file.empty(); }
 };

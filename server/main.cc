@@ -158,6 +158,9 @@ int main(int argc, char** argv) {
   hc.tls_cert_file = fe.tls_cert_file;
   hc.tls_key_file = fe.tls_key_file;
   hc.max_request_body_bytes = static_cast<size_t>(fe.max_request_body_bytes);
+  hc.max_json_depth = fe.max_json_depth;
+  hc.max_connections = fe.http_max_connections;
+  hc.max_connections_per_address = fe.http_max_connections_per_address;
   hc.model_name = engine.core().model_config().name;
   llm::OpenAiServer http(&gateway, &keys, hc);
   if (fe.http_address != "off") {

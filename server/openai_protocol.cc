@@ -63,18 +63,21 @@ std::string AsTokenIds(const json& v, std::vector<int32_t>* out) {
 }
 
 // A completions prompt: text, token ids, or a one-element list of either.
-std::string ParsePrompt(const json& v, GenerateParams* p) {
-  if (v.is_string()) {
-    p->prompt = v.get<std::string>();
+// One level of list is unwrapped at most: a loop, so no nesting recurses.
+std::string ParsePrompt(const json& prompt, GenerateParams* p) {
+  const json* v = &prompt;
+  if (v->is_array() && v->size() == 1 && ((*v)[0].is_string() || (*v)[0].is_array())) {
+    v = &(*v)[0];
+  } else if (v->is_array() && !v->empty() && ((*v)[0].is_string() || (*v)[0].is_array())) {
+    return "lists of more than one prompt are not supported";
+  }
+  if (v->is_string()) {
+    p->prompt = v->get<std::string>();
     return "";
   }
-  if (!v.is_array()) return "must be a string, a list of token ids, or a list of one of those";
-  if (!v.empty() && (v[0].is_string() || v[0].is_array())) {
-    if (v.size() != 1) return "lists of more than one prompt are not supported";
-    return ParsePrompt(v[0], p);
-  }
+  if (!v->is_array()) return "must be a string, a list of token ids, or a list of one of those";
   std::vector<int32_t> ids;
-  std::string e = AsTokenIds(v, &ids);
+  std::string e = AsTokenIds(*v, &ids);
   if (e.empty()) p->prompt = std::move(ids);
   return e;
 }

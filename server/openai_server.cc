@@ -1,11 +1,13 @@
 #include "server/openai_server.h"
 
 #include <ctime>
+#include <mutex>
+#include <thread>
 
-#include <httplib.h>
 #include <spdlog/spdlog.h>
 
-#include "server/http_listen.h"
+#include "server/http1_server.h"
+#include "server/json_depth.h"
 #include "server/openai_protocol.h"
 #include "server/output_queue.h"
 
@@ -13,27 +15,43 @@ namespace llm {
 namespace {
 
 using json = nlohmann::ordered_json;
+using Reply = std::shared_ptr<Http1Reply>;
 
-// While no output arrives (a long prefill, a queued request), the handler still looks at its
-// socket this often, so a client that left stops holding KV blocks.
-constexpr std::chrono::milliseconds kDisconnectPoll(50);
+// At shutdown the engine has already given every request its last output; this bounds the wait
+// for those to be written before the connections are closed.
+constexpr std::chrono::seconds kDrainLimit(2);
 
-void SendError(httplib::Response& res, const OpenAiError& e) {
-  res.status = e.http_status;
-  res.set_content(e.ToJson().dump(), "application/json");
+// Client text quoted in an error (a path, a method) is cut to this many bytes.
+constexpr size_t kQuoteBytes = 256;
+
+std::string Quote(std::string_view s) {
+  return s.size() <= kQuoteBytes ? std::string(s) : std::string(s.substr(0, kQuoteBytes)) + "...";
 }
 
-void SendStatus(httplib::Response& res, const Status& s, std::string param = "") {
-  SendError(res, OpenAiError::FromStatus(s, std::move(param)));
+// Messages may quote client bytes that are not UTF-8: those become U+FFFD, never an exception.
+std::string Dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+void SendError(const Reply& reply, const OpenAiError& e,
+               std::vector<std::pair<std::string, std::string>> headers = {}) {
+  reply->Respond(e.http_status, "application/json", Dump(e.ToJson()), std::move(headers));
+}
+
+void SendStatus(const Reply& reply, const Status& s, std::string param = "") {
+  SendError(reply, OpenAiError::FromStatus(s, std::move(param)));
+}
+
+void SendJson(const Reply& reply, const json& j) {
+  reply->Respond(200, "application/json", Dump(j));
 }
 
 std::string SseEvent(const json& j) {
-  return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+  return "data: " + Dump(j) + "\n\n";
 }
 
-// The state of one streamed response, shared by httplib's content provider and its releaser.
+// The state of one response (streamed or whole), rendered from the engine's outputs.
 struct Stream {
-  std::shared_ptr<OutputQueue> queue;
   OpenAiRequest request;
   std::string request_id;
   std::string id;  // cmpl-... / chatcmpl-...
@@ -128,6 +146,79 @@ std::string RandomHex() {
   return buf;
 }
 
+// Receives a request's outputs on the engine thread and writes them to its reply: SSE events as
+// they come, or one JSON body at the end. Outputs that arrive before the handler has sent the
+// response head wait in `pending`.
+class ReplySink final : public ResultSink {
+ public:
+  ReplySink(Reply reply, std::atomic<int>* open) : reply_(std::move(reply)), open_(open) {
+    open_->fetch_add(1);
+  }
+  ~ReplySink() override {
+    if (!done_) open_->fetch_sub(1);
+  }
+
+  Stream st;
+
+  void OnOutput(GenerationOutput out) override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!started_) {
+      pending_.push_back(std::move(out));
+      return;
+    }
+    Handle(std::move(out));
+  }
+  // The handler's part: the response head (streams), then what came before it.
+  void Start() {
+    std::lock_guard<std::mutex> l(mu_);
+    started_ = true;
+    if (st.request.stream) {
+      reply_->Begin(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+      if (st.request.endpoint == OpenAiEndpoint::kChat) {  // OpenAI's first chat chunk: the role
+        json first = st.Chunk("", {}, nullptr);
+        first["choices"][0]["delta"] = {{"role", "assistant"}, {"content", ""}};
+        reply_->Stream(SseEvent(first));
+      }
+    }
+    for (GenerationOutput& o : pending_) Handle(std::move(o));
+    pending_.clear();
+  }
+  bool finished() {
+    std::lock_guard<std::mutex> l(mu_);
+    return done_;
+  }
+
+ private:
+  void Handle(GenerationOutput out) {
+    if (done_) return;
+    if (st.request.stream) {
+      reply_->Stream(st.Render(out));
+      if (st.finished) Done();
+      return;
+    }
+    result_.Add(std::move(out));
+    if (!result_.finished) return;
+    st.finished = true;
+    const json body =
+        result_.error.ok() ? st.Whole(result_) : OpenAiError::FromStatus(result_.error).ToJson();
+    reply_->Respond(200, "application/json", Dump(body));
+    Done();
+  }
+  void Done() {
+    if (st.request.stream) reply_->Finish();
+    done_ = true;
+    open_->fetch_sub(1);
+  }
+
+  Reply reply_;
+  std::atomic<int>* open_;
+  std::mutex mu_;
+  bool started_ = false;
+  bool done_ = false;
+  std::vector<GenerationOutput> pending_;
+  GenerationResult result_;
+};
+
 }  // namespace
 
 OpenAiServer::OpenAiServer(RequestGateway* gateway, const ApiKeys* keys, OpenAiServerConfig config)
@@ -137,74 +228,62 @@ OpenAiServer::~OpenAiServer() {
   Stop();
 }
 
-bool OpenAiServer::Authorized(const httplib::Request& req, httplib::Response& res) const {
-  if (keys_->Allows(req.get_header_value("Authorization"))) return true;
+bool OpenAiServer::Authorized(const Http1Request& req, const Reply& reply) const {
+  if (keys_->Allows(req.Header("Authorization"))) return true;
   OpenAiError e;
   e.http_status = 401;
-  e.message = req.has_header("Authorization") ? "invalid API key"
-                                              : "missing API key: send 'Authorization: Bearer KEY'";
+  e.message = req.HasHeader("Authorization") ? "invalid API key"
+                                             : "missing API key: send 'Authorization: Bearer KEY'";
   e.code = "invalid_api_key";
-  SendError(res, e);
-  res.set_header("WWW-Authenticate", "Bearer");
+  SendError(reply, e, {{"WWW-Authenticate", "Bearer"}});
   return false;
 }
 
-void OpenAiServer::Routes() {
-  // httplib's default sets SO_REUSEPORT, which lets a second server silently share the port.
-  http_->set_socket_options([](int sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
-  int threads = config_.num_threads;
-  if (threads <= 0)
-    threads = std::max(64, 2 * gateway_->config().engine.scheduler.max_num_seqs + 16);
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  http_->set_payload_max_length(config_.max_request_body_bytes);
-  // Keys are checked before any parsing; /health stays open for load balancers and probes.
-  http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (req.path == "/health" || Authorized(req, res))
-      return httplib::Server::HandlerResponse::Unhandled;
-    return httplib::Server::HandlerResponse::Handled;
-  });
-  http_->set_error_handler(httplib::Server::HandlerWithResponse(
-      [this](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty()) return httplib::Server::HandlerResponse::Handled;
-        OpenAiError e;
-        e.http_status = res.status;
-        if (res.status == 404) {
-          e.message = "no route " + req.method + " " + req.path;
-        } else if (res.status == 413) {
-          e.message = "request body exceeds max_request_body_bytes (" +
-                      std::to_string(config_.max_request_body_bytes) + ")";
-        } else {
-          e.message = "HTTP error " + std::to_string(res.status);
-        }
-        SendError(res, e);
-        return httplib::Server::HandlerResponse::Handled;
-      }));
-  http_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    if (!gateway_->accepting()) {
-      SendStatus(res, Unavailable("server is shutting down"));
-      return;
-    }
-    res.status = 200;
-  });
-  http_->Get("/v1/models",
-             [this](const httplib::Request&, httplib::Response& res) { Models(res); });
-  http_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    Generate(req, res, /*chat=*/false);
-  });
-  http_->Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    Generate(req, res, /*chat=*/true);
-  });
-  http_->Post("/tokenize",
-              [this](const httplib::Request& req, httplib::Response& res) { Tokenize(req, res); });
-  http_->Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    Detokenize(req, res);
-  });
+bool OpenAiServer::ParseBody(const Http1Request& req, const Reply& reply,
+                             nlohmann::ordered_json* body) const {
+  // Bounded before parsing: parsing, copying and rendering a JSON value recurse per level.
+  if (!JsonDepthWithin(req.body, config_.max_json_depth)) {
+    SendStatus(reply, InvalidArgument("the request body nests JSON deeper than max_json_depth (" +
+                                      std::to_string(config_.max_json_depth) + ")"));
+    return false;
+  }
+  *body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (body->is_discarded()) {
+    SendStatus(reply, InvalidArgument("the request body is not valid JSON"));
+    return false;
+  }
+  if (!body->is_object()) {
+    SendStatus(reply, InvalidArgument("the request body must be a JSON object"));
+    return false;
+  }
+  return true;
 }
 
-void OpenAiServer::Models(httplib::Response& res) const {
+void OpenAiServer::Handle(const Http1Request& req, const Reply& reply) {
+  const std::string_view target = req.target;
+  const std::string_view path = target.substr(0, target.find('?'));
+  // /health stays open for load balancers and probes.
+  if (req.method == "GET" && path == "/health") {
+    if (!gateway_->accepting()) {
+      SendStatus(reply, Unavailable("server is shutting down"));
+    } else {
+      reply->Respond(200, "", "");
+    }
+    return;
+  }
+  if (!Authorized(req, reply)) return;
+  if (req.method == "GET" && path == "/v1/models") return Models(reply);
+  if (req.method == "POST" && path == "/v1/completions") return Generate(req, reply, false);
+  if (req.method == "POST" && path == "/v1/chat/completions") return Generate(req, reply, true);
+  if (req.method == "POST" && path == "/tokenize") return Tokenize(req, reply);
+  if (req.method == "POST" && path == "/detokenize") return Detokenize(req, reply);
+  OpenAiError e;
+  e.http_status = 404;
+  e.message = "no route " + Quote(req.method) + " " + Quote(path);
+  SendError(reply, e);
+}
+
+void OpenAiServer::Models(const Reply& reply) const {
   const EngineCore& core = gateway_->core();
   json m = {{"id", config_.model_name},
             {"object", "model"},
@@ -212,27 +291,24 @@ void OpenAiServer::Models(httplib::Response& res) const {
             {"owned_by", "llm-server"},
             {"root", core.config().model.model_dir},
             {"max_model_len", core.max_model_len()}};
-  res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(), "application/json");
+  SendJson(reply, json{{"object", "list"}, {"data", json::array({m})}});
 }
 
-void OpenAiServer::Generate(const httplib::Request& req, httplib::Response& res, bool chat) {
-  json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) {
-    SendStatus(res, InvalidArgument("the request body is not valid JSON"));
-    return;
-  }
-  auto st = std::make_shared<Stream>();
-  OpenAiRequest& r = st->request;
+void OpenAiServer::Generate(const Http1Request& req, const Reply& reply, bool chat) {
+  json body;
+  if (!ParseBody(req, reply, &body)) return;
+  auto sink = std::make_shared<ReplySink>(reply, &open_responses_);
+  OpenAiRequest& r = sink->st.request;
   std::string param;
   Status s;
   try {
     s = ParseOpenAiRequest(body, chat ? OpenAiEndpoint::kChat : OpenAiEndpoint::kCompletions, &r,
                            &param);
-  } catch (const std::exception& e) {  // nlohmann type errors on odd values
-    s = InvalidArgument(std::string("bad request: ") + e.what());
+  } catch (const std::exception&) {  // nlohmann type errors on odd values; their text is internal
+    s = InvalidArgument("a field of the request has a value of the wrong type");
   }
   if (!s.ok()) {
-    SendStatus(res, s, param);
+    SendStatus(reply, s, param);
     return;
   }
   if (!r.model.empty() && r.model != config_.model_name) {
@@ -242,102 +318,57 @@ void OpenAiServer::Generate(const httplib::Request& req, httplib::Response& res,
                 config_.model_name + "'";
     e.param = "model";
     e.code = "model_not_found";
-    SendError(res, e);
+    SendError(reply, e);
     return;
   }
   if (chat) r.params.prompt = ChatPromptParams{r.messages, r.tools, r.add_generation_prompt};
-  st->queue = std::make_shared<OutputQueue>();
-  s = gateway_->Submit(r.params, std::nullopt, st->queue, &st->request_id);
+  sink->st.id = (chat ? "chatcmpl-" : "cmpl-") + RandomHex();
+  sink->st.model = config_.model_name;
+  sink->st.created = std::time(nullptr);
+  sink->st.tokenizer = gateway_->core().tokenizer();
+  s = gateway_->Submit(r.params, std::nullopt, sink, &sink->st.request_id);
   if (!s.ok()) {
-    SendStatus(res, s, chat && s.code() == StatusCode::kFailedPrecondition ? "messages" : "");
+    SendStatus(reply, s, chat && s.code() == StatusCode::kFailedPrecondition ? "messages" : "");
     return;
   }
-  st->id = (chat ? "chatcmpl-" : "cmpl-") + RandomHex();
-  st->model = config_.model_name;
-  st->created = std::time(nullptr);
-  st->tokenizer = gateway_->core().tokenizer();
-
-  auto gone = [this, st] {
-    gateway_->Abort(st->request_id, Status(StatusCode::kCancelled, "client disconnected"));
-    return false;
-  };
-  auto release = [this, st](bool success) {
-    if (!success && !st->finished) {
-      gateway_->Abort(st->request_id, Status(StatusCode::kCancelled, "client disconnected"));
-    }
-  };
-  if (!r.stream) {
-    // Also a content provider (one chunk, at the end): only its sink can tell that the client
-    // went away, and a request nobody waits for must not keep its KV blocks.
-    res.set_chunked_content_provider(
-        "application/json",
-        [st, gone](size_t, httplib::DataSink& sink) {
-          GenerationResult result;
-          GenerationOutput out;
-          while (!result.finished) {
-            // Checked after every output too: outputs come every step, so a check only when
-            // none came would never run.
-            if (st->queue->Next(kDisconnectPoll, &out)) result.Add(std::move(out));
-            if (!result.finished && !sink.is_writable()) return gone();
-          }
-          st->finished = true;
-          const json body = result.error.ok() ? st->Whole(result)
-                                              : OpenAiError::FromStatus(result.error).ToJson();
-          const std::string text = body.dump(-1, ' ', false, json::error_handler_t::replace);
-          if (!sink.write(text.data(), text.size())) return gone();
-          sink.done();
-          return true;
-        },
-        release);
-    return;
-  }
-
-  res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [st, gone](size_t, httplib::DataSink& sink) {
-        if (!st->started && st->request.endpoint == OpenAiEndpoint::kChat) {
-          st->started = true;  // OpenAI's first chat chunk names the role
-          json first = st->Chunk("", {}, nullptr);
-          first["choices"][0]["delta"] = {{"role", "assistant"}, {"content", ""}};
-          const std::string ev = SseEvent(first);
-          return sink.write(ev.data(), ev.size()) ? true : gone();
-        }
-        GenerationOutput out;
-        while (!st->queue->Next(kDisconnectPoll, &out)) {
-          if (!sink.is_writable()) return gone();
-        }
-        const std::string ev = st->Render(out);
-        if (!sink.is_writable() || !sink.write(ev.data(), ev.size())) return gone();
-        if (st->finished) sink.done();
-        return true;
-      },
-      release);
+  // A client that leaves frees its request's KV blocks at the engine's next step.
+  reply->OnGone([gateway = gateway_, id = sink->st.request_id, weak = std::weak_ptr(sink)] {
+    auto sk = weak.lock();
+    if (sk && sk->finished()) return;
+    gateway->Abort(id, Status(StatusCode::kCancelled, "client disconnected"));
+  });
+  sink->Start();
 }
 
-void OpenAiServer::Tokenize(const httplib::Request& req, httplib::Response& res) {
-  json body = json::parse(req.body, nullptr, false);
+void OpenAiServer::Tokenize(const Http1Request& req, const Reply& reply) {
+  json body;
+  if (!ParseBody(req, reply, &body)) return;
   const Tokenizer* tok = gateway_->core().tokenizer();
-  if (body.is_discarded() || !body.is_object()) {
-    SendStatus(res, InvalidArgument("the request body must be a JSON object"));
+  if (body.contains("add_generation_prompt") && !body["add_generation_prompt"].is_boolean()) {
+    SendStatus(reply, InvalidArgument("'add_generation_prompt' must be a boolean"),
+               "add_generation_prompt");
+    return;
+  }
+  if (body.contains("tools") && !body["tools"].is_array() && !body["tools"].is_null()) {
+    SendStatus(reply, InvalidArgument("'tools' must be a list"), "tools");
     return;
   }
   if (tok == nullptr) {
-    SendStatus(res, FailedPrecondition("the model has no tokenizer"));
+    SendStatus(reply, FailedPrecondition("the model has no tokenizer"));
     return;
   }
   std::string text;
   bool add_special = true;
   if (body.contains("messages")) {
     if (gateway_->chat() == nullptr) {
-      SendStatus(res, FailedPrecondition("this server has no chat template engine yet"),
+      SendStatus(reply, FailedPrecondition("this server has no chat template engine yet"),
                  "messages");
       return;
     }
     auto rendered = gateway_->chat()->Render(body["messages"], body.value("tools", json()),
                                              body.value("add_generation_prompt", true));
     if (!rendered.ok()) {
-      SendStatus(res, rendered.status(), "messages");
+      SendStatus(reply, rendered.status(), "messages");
       return;
     }
     text = std::move(rendered).value();
@@ -345,46 +376,44 @@ void OpenAiServer::Tokenize(const httplib::Request& req, httplib::Response& res)
   } else if (body.contains("prompt") && body["prompt"].is_string()) {
     text = body["prompt"].get<std::string>();
   } else {
-    SendStatus(res, InvalidArgument("'prompt' (a string) or 'messages' is required"), "prompt");
+    SendStatus(reply, InvalidArgument("'prompt' (a string) or 'messages' is required"), "prompt");
     return;
   }
   for (auto it = body.begin(); it != body.end(); ++it) {
     const std::string& k = it.key();
     if (k == "add_special_tokens") {
       if (!it->is_boolean()) {
-        SendStatus(res, InvalidArgument("'add_special_tokens' must be a boolean"), k);
+        SendStatus(reply, InvalidArgument("'add_special_tokens' must be a boolean"), k);
         return;
       }
       add_special = it->get<bool>();
     } else if (k != "prompt" && k != "messages" && k != "model" && k != "tools" &&
                k != "add_generation_prompt") {
-      SendStatus(res, InvalidArgument("unsupported field '" + k + "'"), k);
+      SendStatus(reply, InvalidArgument("unsupported field '" + k + "'"), k);
       return;
     }
   }
   if (static_cast<int64_t>(text.size()) > gateway_->config().max_prompt_bytes) {
-    SendStatus(res, InvalidArgument("text exceeds max_prompt_bytes"), "prompt");
+    SendStatus(reply, InvalidArgument("text exceeds max_prompt_bytes"), "prompt");
     return;
   }
   const std::vector<int32_t> ids = tok->Encode(text, add_special);
-  res.set_content(json{{"count", ids.size()},
+  SendJson(reply, json{{"count", ids.size()},
                        {"max_model_len", gateway_->core().max_model_len()},
-                       {"tokens", ids}}
-                      .dump(),
-                  "application/json");
+                       {"tokens", ids}});
 }
 
-void OpenAiServer::Detokenize(const httplib::Request& req, httplib::Response& res) {
-  json body = json::parse(req.body, nullptr, false);
+void OpenAiServer::Detokenize(const Http1Request& req, const Reply& reply) {
+  json body;
+  if (!ParseBody(req, reply, &body)) return;
   const Tokenizer* tok = gateway_->core().tokenizer();
-  if (body.is_discarded() || !body.is_object() || !body.contains("tokens") ||
-      !body["tokens"].is_array()) {
-    SendStatus(res, InvalidArgument("'tokens' (a list of token ids) is required"), "tokens");
+  if (!body.contains("tokens") || !body["tokens"].is_array()) {
+    SendStatus(reply, InvalidArgument("'tokens' (a list of token ids) is required"), "tokens");
     return;
   }
   for (auto it = body.begin(); it != body.end(); ++it) {
     if (it.key() != "tokens" && it.key() != "model") {
-      SendStatus(res, InvalidArgument("unsupported field '" + it.key() + "'"), it.key());
+      SendStatus(reply, InvalidArgument("unsupported field '" + it.key() + "'"), it.key());
       return;
     }
   }
@@ -393,42 +422,57 @@ void OpenAiServer::Detokenize(const httplib::Request& req, httplib::Response& re
   for (const json& t : body["tokens"]) {
     if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab) {
       SendStatus(
-          res, InvalidArgument("token ids must be integers in [0, " + std::to_string(vocab) + ")"),
+          reply,
+          InvalidArgument("token ids must be integers in [0, " + std::to_string(vocab) + ")"),
           "tokens");
       return;
     }
     ids.push_back(t.get<int32_t>());
   }
   if (tok == nullptr) {
-    SendStatus(res, FailedPrecondition("the model has no tokenizer"));
+    SendStatus(reply, FailedPrecondition("the model has no tokenizer"));
     return;
   }
-  res.set_content(json{{"prompt", tok->Decode(ids, /*skip_special_tokens=*/false)}}.dump(
-                      -1, ' ', false, json::error_handler_t::replace),
-                  "application/json");
+  SendJson(reply, json{{"prompt", tok->Decode(ids, /*skip_special_tokens=*/false)}});
 }
 
 StatusOr<int> OpenAiServer::Start() {
-  if (!config_.tls_cert_file.empty()) {
-    auto ssl = std::make_unique<httplib::SSLServer>(config_.tls_cert_file.c_str(),
-                                                    config_.tls_key_file.c_str());
-    if (!ssl->is_valid()) {
-      return InvalidArgument("cannot load TLS certificate " + config_.tls_cert_file + " / key " +
-                             config_.tls_key_file);
-    }
-    http_ = std::move(ssl);
-  } else {
-    http_ = std::make_unique<httplib::Server>();
-  }
-  Routes();
-  return ListenHttp(http_.get(), config_.address, "http_address", &thread_);
+  Http1Limits limits;
+  limits.max_body_bytes = config_.max_request_body_bytes;
+  limits.max_connections = config_.max_connections;
+  limits.max_connections_per_address = config_.max_connections_per_address;
+  if (config_.num_threads > 0) limits.io_threads = config_.num_threads;
+  http_ = std::make_unique<Http1Server>(
+      limits,
+      [this](Http1Request req, std::shared_ptr<Http1Reply> reply) {
+        try {
+          Handle(req, reply);
+        } catch (const std::exception& e) {
+          // The text names internals: logged, not sent.
+          spdlog::error("HTTP {} {}: {}", Quote(req.method), Quote(req.target), e.what());
+          OpenAiError err;
+          err.http_status = 500;
+          err.message = "internal error";
+          SendError(reply, err);
+        }
+      },
+      [](int status, const std::string& message) {
+        OpenAiError e;
+        e.http_status = status;
+        e.message = message;
+        return Dump(e.ToJson());
+      });
+  return http_->Start(config_.address, config_.tls_cert_file, config_.tls_key_file);
 }
 
 void OpenAiServer::Stop() {
-  if (thread_.joinable()) {
-    http_->stop();
-    thread_.join();
+  if (!http_) return;
+  const auto drain_end = std::chrono::steady_clock::now() + kDrainLimit;
+  while (open_responses_.load() > 0 && std::chrono::steady_clock::now() < drain_end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  http_->Stop();
+  http_.reset();
 }
 
 }  // namespace llm

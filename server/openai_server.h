@@ -1,13 +1,14 @@
-// The OpenAI-compatible HTTP front end (cpp-httplib): /v1/models, /v1/completions,
-// /v1/chat/completions (SSE streaming or one JSON body), /tokenize, /detokenize, /health.
+// The OpenAI-compatible HTTP front end: /v1/models, /v1/completions, /v1/chat/completions (SSE
+// streaming or one JSON body), /tokenize, /detokenize, /health, on Http1Server (Boost.Beast,
+// server/http1_server.h), which holds the connection-level limits.
 //
-// Threads: httplib accepts on the listener thread (Start) and runs each connection's handlers on
-// a pool thread. A handler parses, checks the API key, submits through the RequestGateway and then
-// waits on its request's OutputQueue, writing each engine output as it arrives; the engine thread
-// only appends to that queue. A client that goes away is noticed at the next output (or within
-// kDisconnectPoll while none comes) and its request aborted.
+// Threads: the io threads parse, check the API key and submit through the RequestGateway; no
+// thread waits for a request's outputs. The engine thread hands each output to the request's
+// ReplySink, which renders it and queues it on the connection; a client that goes away aborts its
+// request (Http1Reply::OnGone).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -15,13 +16,8 @@
 #include "base/status.h"
 #include "server/api_keys.h"
 #include "server/chat_renderer.h"
+#include "server/http1_server.h"
 #include "server/request_gateway.h"
-
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-}  // namespace httplib
 
 namespace llm {
 
@@ -30,7 +26,10 @@ struct OpenAiServerConfig {
   std::string tls_cert_file;               // both set: HTTPS
   std::string tls_key_file;
   size_t max_request_body_bytes = 8 << 20;
-  int num_threads = 0;  // handler threads (one per open request); 0: from max_num_seqs + queue
+  int max_json_depth = 64;  // request bodies nested deeper get 400
+  int max_connections = 16384;
+  int max_connections_per_address = 4096;
+  int num_threads = 0;  // io threads; 0: Http1Limits::io_threads
   std::string model_name;
 };
 
@@ -44,18 +43,21 @@ class OpenAiServer {
   void Stop();
 
  private:
-  void Routes();
-  bool Authorized(const httplib::Request& req, httplib::Response& res) const;
-  void Generate(const httplib::Request& req, httplib::Response& res, bool chat);
-  void Tokenize(const httplib::Request& req, httplib::Response& res);
-  void Detokenize(const httplib::Request& req, httplib::Response& res);
-  void Models(httplib::Response& res) const;
+  using Reply = std::shared_ptr<Http1Reply>;
+  void Handle(const Http1Request& req, const Reply& reply);
+  bool Authorized(const Http1Request& req, const Reply& reply) const;
+  void Generate(const Http1Request& req, const Reply& reply, bool chat);
+  void Tokenize(const Http1Request& req, const Reply& reply);
+  void Detokenize(const Http1Request& req, const Reply& reply);
+  void Models(const Reply& reply) const;
+  // Parses a JSON object body within max_json_depth; false after sending the error.
+  bool ParseBody(const Http1Request& req, const Reply& reply, nlohmann::ordered_json* body) const;
 
   RequestGateway* gateway_;
   const ApiKeys* keys_;
   OpenAiServerConfig config_;
-  std::unique_ptr<httplib::Server> http_;
-  std::thread thread_;
+  std::unique_ptr<Http1Server> http_;
+  std::atomic<int> open_responses_{0};  // generation responses not yet finished
 };
 
 }  // namespace llm

@@ -2,22 +2,6 @@
 
 namespace llm {
 
-void OutputQueue::OnOutput(GenerationOutput output) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(output));
-  }
-  cv_.notify_one();
-}
-
-bool OutputQueue::Next(std::chrono::milliseconds timeout, GenerationOutput* out) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [this] { return !queue_.empty(); })) return false;
-  *out = std::move(queue_.front());
-  queue_.pop_front();
-  return true;
-}
-
 void GenerationResult::Add(GenerationOutput out) {
   token_ids.insert(token_ids.end(), out.token_ids.begin(), out.token_ids.end());
   text += out.text;

@@ -1,30 +1,15 @@
-// A ResultSink for front ends whose handler thread waits for outputs (the HTTP server runs one
-// thread per connection): the engine thread only appends and signals; the handler thread takes.
+// The whole result of a request, assembled from its outputs (non-streaming HTTP responses).
+// (This file held OutputQueue, the blocking sink of the thread-per-connection HTTP front end;
+// the event-driven one renders in its ReplySink, server/openai_server.cc.)
 #pragma once
 
-#include <chrono>
-#include <condition_variable>
-#include <deque>
-#include <mutex>
+#include <string>
+#include <vector>
 
 #include "engine/request.h"
 
 namespace llm {
 
-class OutputQueue final : public ResultSink {
- public:
-  void OnOutput(GenerationOutput output) override;  // engine thread; never blocks
-
-  // Waits up to `timeout` for the next output; false when none came in time.
-  bool Next(std::chrono::milliseconds timeout, GenerationOutput* out);
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<GenerationOutput> queue_;
-};
-
-// The whole result of a request, built from its stream of outputs (non-streaming responses).
 struct GenerationResult {
   std::vector<int32_t> token_ids;
   std::string text;

@@ -74,6 +74,13 @@ std::vector<ServerOption> Declarations() {
           .Check(ReadableFileOrEmpty),
       O::Int("max_request_body_bytes", LLM_BIND(front_end.max_request_body_bytes), 1024, 1 << 30,
              G::kServer, "HTTP request bodies larger than this get 413"),
+      O::Int("max_json_depth", LLM_BIND(front_end.max_json_depth), 2, 1024, G::kServer,
+             "HTTP request bodies whose JSON nests deeper than this get 400"),
+      O::Int("http_max_connections", LLM_BIND(front_end.http_max_connections), 1, 1 << 20,
+             G::kServer, "open HTTP connections; one past it is closed at accept"),
+      O::Int("http_max_connections_per_address",
+             LLM_BIND(front_end.http_max_connections_per_address), 1, 1 << 20, G::kServer,
+             "open HTTP connections from one client address; one past it is closed at accept"),
       O::String("chat_template", LLM_BIND(front_end.chat_template_file), G::kModel,
                 "Jinja chat template file used instead of the model's own")
           .Check(ReadableFileOrEmpty),
