@@ -107,9 +107,9 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
       return Unimplemented(config.architecture_name +
                            " is not implemented on device cuda (it runs on --device cpu)");
     }
-    if (options.dummy_weights) return CreateCudaLlamaModel(config, nullptr, options);
+    if (options.dummy_weights) return CreateCudaDenseModel(config, nullptr, options);
     LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config));
-    LLM_ASSIGN_OR_RETURN(auto model, CreateCudaLlamaModel(config, weights.get(), options));
+    LLM_ASSIGN_OR_RETURN(auto model, CreateCudaDenseModel(config, weights.get(), options));
     LLM_RETURN_IF_ERROR(weights->CheckAllConsumed(config.architecture_name));
     return model;
   }

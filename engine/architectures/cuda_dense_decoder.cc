@@ -65,9 +65,9 @@ struct Scratch {
   }
 };
 
-class CudaLlamaDecoder final : public CudaDecoder {
+class CudaDenseDecoder final : public CudaDecoder {
  public:
-  explicit CudaLlamaDecoder(const ModelConfig& config) : config_(config) {}
+  explicit CudaDenseDecoder(const ModelConfig& config) : config_(config) {}
   const ModelConfig& config() const override { return config_; }
   const char* name() const override { return "dense"; }
   CudaModelSettings settings() const override {
@@ -208,7 +208,7 @@ void LogLayerTypes(const DecoderSpec& spec, const std::string& backend) {
   }
 }
 
-Status CudaLlamaDecoder::SelectAttention(const CudaLoadContext& ctx) {
+Status CudaDenseDecoder::SelectAttention(const CudaLoadContext& ctx) {
   const ModelConfig& c = config_;
   const ModelLoadOptions& options = *ctx.options;
   LLM_ASSIGN_OR_RETURN(layers_spec_, MakeDecoderSpec(c));
@@ -251,7 +251,7 @@ Status CudaLlamaDecoder::SelectAttention(const CudaLoadContext& ctx) {
   return SelectC8Prefill(options.c8_prefill);
 }
 
-Status CudaLlamaDecoder::Load(const CudaLoadContext& ctx) {
+Status CudaDenseDecoder::Load(const CudaLoadContext& ctx) {
   const ModelConfig& c = config_;
   const int64_t h = c.hidden_size, q = c.q_size(), kvs = c.kv_size(), inter = c.intermediate_size;
   const float wstd = 0.02f;
@@ -327,7 +327,7 @@ Status CudaLlamaDecoder::Load(const CudaLoadContext& ctx) {
   return Status::Ok();
 }
 
-Status CudaLlamaDecoder::AllocateCache(const CudaLoadContext& ctx, int num_blocks) {
+Status CudaDenseDecoder::AllocateCache(const CudaLoadContext& ctx, int num_blocks) {
   const ModelConfig& c = config_;
   const ModelLoadOptions& options = *ctx.options;
   KvCacheScales scales;
@@ -382,7 +382,7 @@ Status CudaLlamaDecoder::AllocateCache(const CudaLoadContext& ctx, int num_block
   return Status::Ok();
 }
 
-Status CudaLlamaDecoder::SelectPrefillBackend(const std::string& choice) {
+Status CudaDenseDecoder::SelectPrefillBackend(const std::string& choice) {
   if (choice == "none") return Status::Ok();
   std::string name = choice;
   if (choice == "auto") {
@@ -409,7 +409,7 @@ Status CudaLlamaDecoder::SelectPrefillBackend(const std::string& choice) {
   return Status::Ok();
 }
 
-Status CudaLlamaDecoder::SelectC8Prefill(const std::string& choice) {
+Status CudaDenseDecoder::SelectC8Prefill(const std::string& choice) {
   LLM_RETURN_IF_ERROR(CheckChoice("c8_prefill", choice, kC8PrefillChoices));
   AttentionBackend* backend = prefill_attention_ ? prefill_attention_.get() : attention_.get();
   auto* sw = dynamic_cast<cuda::C8PrefillSwitch*>(backend);
@@ -460,7 +460,7 @@ Status Scratch::Reserve(const ModelConfig& c, int tokens, bool fp8, cudaStream_t
   return Status::Ok();
 }
 
-Status CudaLlamaDecoder::Plan(const ForwardBatch& batch) {
+Status CudaDenseDecoder::Plan(const ForwardBatch& batch) {
   // A prefill chunk (more query tokens than a decode of 1..4) goes to the prefill family.
   bool prefill = false;
   for (int i = 0; i < batch.attn.num_seqs && !prefill; ++i) {
@@ -470,7 +470,7 @@ Status CudaLlamaDecoder::Plan(const ForwardBatch& batch) {
   return step_attention_->Plan(batch.attn);
 }
 
-StatusOr<CudaLayersOut> CudaLlamaDecoder::RunLayers(const CudaStep& step) {
+StatusOr<CudaLayersOut> CudaDenseDecoder::RunLayers(const CudaStep& step) {
   const ModelConfig& c = config_;
   Scratch& s = scratch_[step.set];
   cudaStream_t stream = ops_->stream;
@@ -590,17 +590,17 @@ StatusOr<CudaLayersOut> CudaLlamaDecoder::RunLayers(const CudaStep& step) {
 
 }  // namespace
 
-std::unique_ptr<CudaDecoder> NewCudaLlamaDecoder(const ModelConfig& config) {
-  return std::make_unique<CudaLlamaDecoder>(config);
+std::unique_ptr<CudaDecoder> NewCudaDenseDecoder(const ModelConfig& config) {
+  return std::make_unique<CudaDenseDecoder>(config);
 }
 
-StatusOr<std::unique_ptr<Model>> CreateCudaLlamaModel(const ModelConfig& config,
+StatusOr<std::unique_ptr<Model>> CreateCudaDenseModel(const ModelConfig& config,
                                                       const WeightStore* weights,
                                                       const ModelLoadOptions& options) {
   // Before the runner reads any weight: what the definition does not compute fails by name.
   LLM_ASSIGN_OR_RETURN(const DecoderSpec spec, MakeDecoderSpec(config));
   LLM_RETURN_IF_ERROR(CheckComputable(config, spec));
-  return CreateCudaModel(NewCudaLlamaDecoder(config), weights, options);
+  return CreateCudaModel(NewCudaDenseDecoder(config), weights, options);
 }
 
 }  // namespace llm

@@ -15,6 +15,6 @@
 
 namespace llm {
 
-std::unique_ptr<CudaDecoder> NewCudaLlamaDecoder(const ModelConfig& config);
+std::unique_ptr<CudaDecoder> NewCudaDenseDecoder(const ModelConfig& config);
 
 }  // namespace llm

@@ -116,9 +116,9 @@ StatusOr<std::unique_ptr<Model>> CreateCudaModel(std::unique_ptr<CudaDecoder> de
                                                  const WeightStore* weights,
                                                  const ModelLoadOptions& options);
 
-// The Llama family (cuda_dense_decoder.cc) and DeepSeek V2 / V3 (cuda_deepseek_decoder.cc) on the
-// runner.
-StatusOr<std::unique_ptr<Model>> CreateCudaLlamaModel(const ModelConfig& config,
+// The dense family (cuda_dense_decoder.cc: every per-head K/V architecture) and DeepSeek V2 / V3
+// (cuda_deepseek_decoder.cc) on the runner.
+StatusOr<std::unique_ptr<Model>> CreateCudaDenseModel(const ModelConfig& config,
                                                       const WeightStore* weights,
                                                       const ModelLoadOptions& options);
 StatusOr<std::unique_ptr<Model>> CreateCudaDeepseekModel(const DeepseekConfig& config,
