@@ -1,5 +1,5 @@
 // An event-driven HTTP/1.1 server on Boost.Beast (asio): the connection layer chosen for the
-// OpenAI front end in docs/ARCHITECTURE.md ("HTTP front end"). A few io threads serve every
+// OpenAI front end in docs/design/HTTP_FRONT_END.md. A few io threads serve every
 // connection; no thread waits on a client. Each connection reads one request at a time, so
 // pipelined requests are answered in order, and holds these limits while reading:
 //   - a deadline for the whole request head and one for the body, an idle timeout between
