@@ -148,6 +148,17 @@ struct AttentionParams {
   float out_fp8_inv_scale = 1.0f;
 };
 
+// How a user steers attention (the server's attention options). Only the registry reads them
+// (BackendRegistry::CreateBackends): a model never sees a family's own kernel choices.
+struct AttentionOptions {
+  std::string backend;                   // forced backend name; empty: the registry's priority
+  std::string prefill_backend = "auto";  // steps with a prefill chunk: "auto", "none" or a name
+  std::string c8_prefill = "auto";       // cuda_c8's prefill kernel: "auto", "tiles" or "fmha"
+  std::string mla_kernel = "auto";       // cuda_mla's decode kernel: "auto", "wgmma", "portable"
+};
+
+class MlaAttentionBackend;
+
 class AttentionBackend {
  public:
   virtual ~AttentionBackend() = default;
@@ -167,6 +178,14 @@ class AttentionBackend {
   // GPU backends: the stream (cudaStream_t / hipStream_t) every Plan upload and Run launch goes
   // to, owned by the model. CPU backends ignore it.
   virtual void set_stream(void* stream) {}
+  // Applies the options that choose among this family's own kernels. The registry calls it once,
+  // right after creating the backend; an error fails the load. The default has no such choice
+  // and refuses the one value that would need it (c8_prefill "fmha").
+  virtual Status Configure(const AttentionOptions& options);
+  // What Configure chose, for the load log ("" when there is no choice to report).
+  virtual std::string kernel_choice() const { return ""; }
+  // This backend's MLA interface; null for kMha families.
+  virtual MlaAttentionBackend* mla() { return nullptr; }
 
   // ---- Decode steps in CUDA graphs (GPU backends that support it) ----
   // ReserveGraphs fixes a second device area for decode-only steps (one query token per sequence)
@@ -211,6 +230,9 @@ struct MlaParams {
 // Backends of kind kMla implement RunMla; their Run(AttentionParams) is never called.
 class MlaAttentionBackend : public AttentionBackend {
  public:
+  MlaAttentionBackend* mla() override { return this; }
+  // The default has no kernel choice and refuses an mla_kernel other than "auto".
+  Status Configure(const AttentionOptions& options) override;
   // Appends this step's latents, then attends the decode sequences. Valid after Plan.
   virtual void RunMla(const MlaParams& params) = 0;
 };

@@ -1,4 +1,5 @@
-// CheckAttentionBatch: the structural invariants every backend's planner relies on.
+// CheckAttentionBatch: the structural invariants every backend's planner relies on; the default
+// Configure of the backends without kernel choices.
 #include <string>
 
 #include "kernels/attention_backend.h"
@@ -62,6 +63,22 @@ Status CheckAttentionBatch(const AttentionBatch& b, int block_size, int num_bloc
       return Bad("slot " + std::to_string(slot) + " outside the cache's " + std::to_string(slots) +
                  " slots");
     }
+  }
+  return Status::Ok();
+}
+
+Status AttentionBackend::Configure(const AttentionOptions& options) {
+  if (options.c8_prefill == "fmha") {
+    return InvalidArgument(
+        "c8_prefill fmha: needs the cuda_c8 backend over an 8-bit KV cache, got " + name());
+  }
+  return Status::Ok();
+}
+
+Status MlaAttentionBackend::Configure(const AttentionOptions& options) {
+  if (options.mla_kernel != "auto") {
+    return InvalidArgument("mla_kernel " + options.mla_kernel + ": backend '" + name() +
+                           "' has no MLA kernel choice");
   }
   return Status::Ok();
 }

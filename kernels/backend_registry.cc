@@ -232,4 +232,58 @@ StatusOr<std::unique_ptr<AttentionBackend>> BackendRegistry::Create(const Attent
   return sel.info->create(spec);
 }
 
+StatusOr<AttentionBackends> BackendRegistry::CreateBackends(const AttentionSpec& spec,
+                                                            const AttentionOptions& options,
+                                                            std::vector<std::string>* log) const {
+  std::vector<std::string> ignored;
+  if (log == nullptr) log = &ignored;
+  AttentionBackends out;
+  std::string table;
+  auto decode = Create(spec, options.backend, &table);
+  log->push_back(table);
+  if (!decode.ok()) return decode.status();
+  out.decode = std::move(decode).value();
+
+  std::string name = options.prefill_backend;
+  const bool automatic = name == "auto";
+  if (automatic) {  // the fitting family with the highest prefill_priority, if any
+    name.clear();
+    int best = 0;
+    for (const BackendInfo& b : backends_) {
+      if (b.prefill_priority > best && Select(spec, b.name).info != nullptr) {
+        best = b.prefill_priority;
+        name = b.name;
+      }
+    }
+  }
+  if (!name.empty() && name != "none" && name != out.decode->name()) {
+    auto prefill = Create(spec, name, &table);
+    if (!prefill.ok()) {
+      if (!automatic) {
+        log->push_back("prefill attention: " + table);
+        return prefill.status();
+      }
+    } else if ((*prefill)->BlockBytes() != out.decode->BlockBytes()) {
+      if (!automatic) {
+        return FailedPrecondition("prefill attention backend " + name +
+                                  " lays out KV blocks differently from " + out.decode->name());
+      }
+    } else {
+      out.prefill = std::move(prefill).value();
+    }
+  }
+  for (AttentionBackend* b : {out.decode.get(), out.prefill.get()}) {
+    if (b == nullptr) continue;
+    LLM_RETURN_IF_ERROR(b->Configure(options));
+    if (const std::string choice = b->kernel_choice(); !choice.empty()) {
+      log->push_back(b->name() + ": " + choice);
+    }
+  }
+  if (out.prefill) {
+    log->push_back("steps with a prefill chunk attend through " + out.prefill->name() +
+                   ", decode steps through " + out.decode->name());
+  }
+  return out;
+}
+
 }  // namespace llm

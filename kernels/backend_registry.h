@@ -26,7 +26,10 @@ struct BackendInfo {
   int min_block_size = 1;                             // block sizes must be multiples of this
   uint32_t features = 0;                              // features implemented
   int priority = 0;                                   // higher wins when several fit
-  int mla_rope_dim = 0;                               // kMla: required rope width (0: any)
+  // > 0: may attend a model's steps with a prefill chunk beside another decode backend with the
+  // same block layout (AttentionOptions::prefill_backend "auto"); higher wins.
+  int prefill_priority = 0;
+  int mla_rope_dim = 0;  // kMla: required rope width (0: any)
   // GPU code objects in this binary: "90a" runs on exactly sm_90, "80" on sm_80 and newer (PTX),
   // "gfx90a" on exactly gfx90a. Empty: no restriction beyond [min_arch, max_arch].
   std::vector<std::string> archs;
@@ -41,6 +44,16 @@ std::string ArchName(DeviceKind device, int arch);
 bool ArchRuns(DeviceKind device, const std::string& built, int arch);
 // Parses a ';'-separated arch list (CMAKE_CUDA_ARCHITECTURES style).
 std::vector<std::string> SplitArchList(const std::string& list);
+
+// What a model attends through: the registry's whole choice for one AttentionSpec and the options.
+struct AttentionBackends {
+  std::unique_ptr<AttentionBackend> decode;   // decode steps, and prefill steps without `prefill`
+  std::unique_ptr<AttentionBackend> prefill;  // steps with a prefill chunk, or null
+  // The backend for a step with (true) or without a prefill chunk.
+  AttentionBackend& For(bool has_prefill) const {
+    return has_prefill && prefill ? *prefill : *decode;
+  }
+};
 
 // Every kernel family's capabilities and preference (priority), factories unset.
 std::vector<BackendInfo> KernelCatalog();
@@ -75,6 +88,13 @@ class BackendRegistry {
   StatusOr<std::unique_ptr<AttentionBackend>> Create(const AttentionSpec& spec,
                                                      const std::string& force_name,
                                                      std::string* table_out) const;
+  // The decode backend (options.backend forces one), the prefill backend that options and the
+  // catalog's prefill_priority give (with the decode backend's block layout, or none), each
+  // configured with the options (AttentionBackend::Configure). Errors name what does not fit.
+  // `log` (if set) gets the selection tables and the decisions, failed loads included.
+  StatusOr<AttentionBackends> CreateBackends(const AttentionSpec& spec,
+                                             const AttentionOptions& options,
+                                             std::vector<std::string>* log) const;
 
  private:
   std::vector<BackendInfo> backends_;

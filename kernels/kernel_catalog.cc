@@ -73,6 +73,7 @@ std::vector<BackendInfo> KernelCatalog() {
                           .min_block_size = 16,
                           .features = kFmhaFeatures,
                           .priority = 5,
+                          .prefill_priority = 1,
                           .archs = cuda_archs,
                           .build_hint = kCudaHint});
   // The SM120 design (mma.sync, <= 99 KB shared memory) also runs on Hopper; fp8 MMA needs sm_89+
@@ -99,6 +100,7 @@ std::vector<BackendInfo> KernelCatalog() {
                           .min_block_size = 16,
                           .features = kFmhaFeatures,
                           .priority = 5,
+                          .prefill_priority = 1,
                           .archs = hip_archs,
                           .build_hint = kHipHint});
   return c;

@@ -13,7 +13,6 @@
 #include "kernels/cpu/cpu_mla_attention.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/pinned_staging.h"
-#include "kernels/cuda/mla/cuda_mla_backend.h"
 #include "kernels/cuda/ops/deepseek_ops.h"
 #include "kernels/cuda/ops/elementwise_ops.h"
 
@@ -106,8 +105,6 @@ class CudaDeepseekDecoder final : public CudaDecoder {
   Status Batched(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* a,
                  int lda, int64_t sa, const void* b, int ldb, int64_t sb, void* c,
                  cudaDataType c_type, int ldc, int64_t sc, int batch, float beta = 0.0f);
-  // ModelLoadOptions::mla_kernel onto the cuda_mla backend, logged.
-  Status SelectMlaKernel(const std::string& option);
   // Expanded-heads causal attention of one prefill sequence into its rows of s.attn.
   Status PrefillAttention(Scratch& s, const Layer& L, const AttentionBatch& batch, int seq,
                           const uint16_t* q_all, int q_stride);
@@ -123,8 +120,8 @@ class CudaDeepseekDecoder final : public CudaDecoder {
 
   DeepseekConfig d_;
   const CudaLinearOps* ops_ = nullptr;
-  std::unique_ptr<AttentionBackend> backend_;  // the registry's object
-  MlaAttentionBackend* mla_ = nullptr;         // the same, as an MLA backend
+  AttentionBackends backends_;          // the registry's choice (no separate prefill family)
+  MlaAttentionBackend* mla_ = nullptr;  // backends_.decode's MLA interface
   DType cache_dtype_ = DType::kBF16;
   int block_size_ = 64;
   float rope_mscale_ = 1.0f;
@@ -168,13 +165,14 @@ Status CudaDeepseekDecoder::SelectAttention(const CudaLoadContext& ctx) {
   spec.mla_rope_dim = d_.qk_rope_head_dim;
   spec.block_size = options.block_size;
   spec.features = kFeatureCausal;
-  LLM_ASSIGN_OR_RETURN(backend_, ctx.SelectAttention(spec));
-  mla_ = dynamic_cast<MlaAttentionBackend*>(backend_.get());
-  if (mla_ == nullptr) {
-    return Internal("backend '" + backend_->name() + "' is not a CUDA MlaAttentionBackend");
+  LLM_ASSIGN_OR_RETURN(backends_, ctx.SelectAttention(spec));
+  mla_ = backends_.decode->mla();
+  if (mla_ == nullptr || backends_.prefill != nullptr) {
+    return Internal("backend '" + backends_.decode->name() +
+                    "' selected for MLA is not an MLA backend alone");
   }
   block_size_ = options.block_size;
-  return SelectMlaKernel(options.mla_kernel);
+  return Status::Ok();
 }
 
 Status CudaDeepseekDecoder::Load(const CudaLoadContext& ctx) {
@@ -330,30 +328,6 @@ Status CudaDeepseekDecoder::Batched(cublasOperation_t ta, cublasOperation_t tb, 
   BLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
       ops_->blas, ta, tb, m, n, k, &alpha, a, CUDA_R_16BF, lda, sa, b, CUDA_R_16BF, ldb, sb, &beta,
       c, c_type, ldc, sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  return Status::Ok();
-}
-
-Status CudaDeepseekDecoder::SelectMlaKernel(const std::string& option) {
-  LLM_RETURN_IF_ERROR(CheckChoice("mla_kernel", option, kMlaKernelChoices));
-  const cuda::MlaKernel kernel = option == "wgmma"      ? cuda::MlaKernel::kWgmma
-                                 : option == "portable" ? cuda::MlaKernel::kPortable
-                                                        : cuda::MlaKernel::kAuto;
-  auto* sw = dynamic_cast<cuda::MlaKernelSwitch*>(mla_);
-  if (sw == nullptr) {
-    if (kernel == cuda::MlaKernel::kAuto) return Status::Ok();
-    return InvalidArgument("mla_kernel " + option + ": backend '" + mla_->name() +
-                           "' has no MLA kernel choice");
-  }
-  LLM_RETURN_IF_ERROR(sw->SetMlaKernel(kernel));
-  static_assert(cuda::kMlaNumRowVariants == 3 && cuda::kMlaVariantRows[0] == 16 &&
-                cuda::kMlaVariantRows[1] == 32 && cuda::kMlaVariantRows[2] == 64);
-  auto on = [sw](int variant) {
-    return !sw->uses_wgmma(variant)   ? "portable"
-           : sw->uses_seesaw(variant) ? "wgmma (seesaw)"
-                                      : "wgmma";
-  };
-  spdlog::info("cuda_mla kernel: mla_kernel={} -> 16-row items on {}, 32-row on {}, 64-row on {}",
-               option, on(0), on(1), on(2));
   return Status::Ok();
 }
 

@@ -14,7 +14,6 @@
 #include "engine/loader/kv_cache_quant.h"
 #include "kernels/backend_registry.h"
 #include "kernels/cuda/c8/c8_attention.h"
-#include "kernels/cuda/c8/cuda_c8_backend.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/ops/bias_ops.h"
 #include "kernels/cuda/ops/elementwise_ops.h"
@@ -79,7 +78,7 @@ class CudaDenseDecoder final : public CudaDecoder {
   }
   Status SelectAttention(const CudaLoadContext& ctx) override;
   Status Load(const CudaLoadContext& ctx) override;
-  AttentionBackend& attention() override { return *attention_; }
+  AttentionBackend& attention() override { return *attention_.decode; }
   std::string kv_cache_dtype_name() const override {
     std::string s = DTypeName(spec_.kv_dtype);
     if (spec_.kv_quant != KvQuant::kNone) s += std::string("/") + KvQuantName(spec_.kv_quant);
@@ -94,8 +93,8 @@ class CudaDenseDecoder final : public CudaDecoder {
   }
   Status Plan(const ForwardBatch& batch) override;
   Status PlanGraph(const ForwardBatch& batch, int bucket) override {
-    step_attention_ = attention_.get();
-    return attention_->PlanGraph(batch.attn, bucket);
+    step_attention_ = attention_.decode.get();
+    return step_attention_->PlanGraph(batch.attn, bucket);
   }
   StatusOr<CudaLayersOut> RunLayers(const CudaStep& step) override;
   std::string Summary() const override {
@@ -113,11 +112,6 @@ class CudaDenseDecoder final : public CudaDecoder {
   }
 
  private:
-  // prefill_attention_ from the option: "auto" (cuda_fmha for a 16-bit cache whose decode
-  // backend is another family), "none", or a backend name (fails if it cannot serve the spec).
-  Status SelectPrefillBackend(const std::string& choice);
-  // ModelLoadOptions::c8_prefill onto the backend that attends steps with a prefill chunk.
-  Status SelectC8Prefill(const std::string& choice);
   // A layer projection y[T, n] = x[T, k] W^T (bf16 out). bf16 weights: cuBLAS on x. fp8 weights
   // with dynamic row inputs: x is ignored; the input is Fp8In(s, layer, proj), which x's producer
   // wrote, and y is the product; per-tensor weights leave the input's row scales out
@@ -149,10 +143,9 @@ class CudaDenseDecoder final : public CudaDecoder {
   // without MoE layers.
   std::unique_ptr<CudaMoeLayer> moe_;
   std::vector<MoeRoutingDecision>* routing_trace_ = nullptr;  // set_routing_trace; not owned
-  std::unique_ptr<AttentionBackend> attention_;
-  // Steps with a prefill chunk may attend through a second family on the same cache (16-bit:
-  // cuda_fmha's prefill tiles run at about twice cuda_c8's rate); null: attention_ for all steps.
-  std::unique_ptr<AttentionBackend> prefill_attention_;
+  // The registry's choice: the decode backend, and a second family on the same cache for steps
+  // with a prefill chunk where it has one.
+  AttentionBackends attention_;
   AttentionBackend* step_attention_ = nullptr;  // the one this step planned
   AttentionSpec spec_;
   KvCacheType kv_;
@@ -245,10 +238,9 @@ Status CudaDenseDecoder::SelectAttention(const CudaLoadContext& ctx) {
                            std::to_string(options.block_size));
   }
   LLM_ASSIGN_OR_RETURN(attention_, ctx.SelectAttention(spec_));
-  step_attention_ = attention_.get();
-  LogLayerTypes(layers_spec_, attention_->name());
-  LLM_RETURN_IF_ERROR(SelectPrefillBackend(options.prefill_attention_backend));
-  return SelectC8Prefill(options.c8_prefill);
+  step_attention_ = attention_.decode.get();
+  LogLayerTypes(layers_spec_, attention_.decode->name());
+  return Status::Ok();
 }
 
 Status CudaDenseDecoder::Load(const CudaLoadContext& ctx) {
@@ -382,56 +374,6 @@ Status CudaDenseDecoder::AllocateCache(const CudaLoadContext& ctx, int num_block
   return Status::Ok();
 }
 
-Status CudaDenseDecoder::SelectPrefillBackend(const std::string& choice) {
-  if (choice == "none") return Status::Ok();
-  std::string name = choice;
-  if (choice == "auto") {
-    const bool sixteen = spec_.kv_dtype == DType::kBF16 && spec_.kv_quant == KvQuant::kNone;
-    if (!sixteen || attention_->name() == "cuda_fmha") return Status::Ok();
-    name = "cuda_fmha";
-  }
-  if (name == attention_->name()) return Status::Ok();
-  std::string table;
-  auto backend = BackendRegistry::Global().Create(spec_, name, &table);
-  if (!backend.ok()) {
-    if (choice == "auto") return Status::Ok();  // not built in, or cannot serve this spec
-    spdlog::info("prefill attention: {}", table);
-    return backend.status();
-  }
-  if ((*backend)->BlockBytes() != attention_->BlockBytes()) {
-    return FailedPrecondition("prefill attention backend " + name +
-                              " lays out KV blocks differently from " + attention_->name());
-  }
-  prefill_attention_ = std::move(backend.value());
-  prefill_attention_->set_stream(ops_->stream);
-  spdlog::info("cuda model: steps with a prefill chunk attend through {}, decode steps through {}",
-               prefill_attention_->name(), attention_->name());
-  return Status::Ok();
-}
-
-Status CudaDenseDecoder::SelectC8Prefill(const std::string& choice) {
-  LLM_RETURN_IF_ERROR(CheckChoice("c8_prefill", choice, kC8PrefillChoices));
-  AttentionBackend* backend = prefill_attention_ ? prefill_attention_.get() : attention_.get();
-  auto* sw = dynamic_cast<cuda::C8PrefillSwitch*>(backend);
-  const bool eight_bit = spec_.kv_quant != KvQuant::kNone;
-  if (choice == "fmha" && (sw == nullptr || !eight_bit)) {
-    return InvalidArgument(
-        "c8_prefill fmha: needs the cuda_c8 backend over an 8-bit KV cache, got " +
-        backend->name() + " over " + DTypeName(spec_.kv_dtype));
-  }
-  if (sw == nullptr) return Status::Ok();
-  // auto: the FMHA path where it runs (compute capability 9.0 with sm_90a in the build): its
-  // prefill tiles are faster than C8's even with the bf16 copy (docs/BENCHMARKS.md).
-  const bool fmha = choice == "fmha" || (choice == "auto" && eight_bit && FmhaWgmmaAvailable());
-  LLM_RETURN_IF_ERROR(sw->SetPrefillFmha(fmha));
-  if (eight_bit) {
-    spdlog::info("cuda model: c8_prefill={} -> prefill chunks on {}", choice,
-                 fmha ? "the wgmma FMHA kernel over a bf16 copy of the 8-bit cache"
-                      : "the C8 prefill tiles");
-  }
-  return Status::Ok();
-}
-
 Status Scratch::Reserve(const ModelConfig& c, int tokens, bool fp8, cudaStream_t stream) {
   if (tokens <= cap) return Status::Ok();
   const size_t T = static_cast<size_t>(tokens);
@@ -466,7 +408,7 @@ Status CudaDenseDecoder::Plan(const ForwardBatch& batch) {
   for (int i = 0; i < batch.attn.num_seqs && !prefill; ++i) {
     prefill = batch.attn.q_indptr[i + 1] - batch.attn.q_indptr[i] > 4;
   }
-  step_attention_ = prefill && prefill_attention_ ? prefill_attention_.get() : attention_.get();
+  step_attention_ = &attention_.For(prefill);
   return step_attention_->Plan(batch.attn);
 }
 

@@ -18,14 +18,19 @@
 
 namespace llm {
 
-StatusOr<std::unique_ptr<AttentionBackend>> CudaLoadContext::SelectAttention(
-    const AttentionSpec& spec) const {
-  std::string table;
-  auto backend = BackendRegistry::Global().Create(spec, options->attention_backend, &table);
-  spdlog::info("{}", table);
-  if (!backend.ok()) return backend.status();
-  (*backend)->set_stream(ops->stream);
-  return backend;
+StatusOr<AttentionBackends> CudaLoadContext::SelectAttention(const AttentionSpec& spec) const {
+  AttentionOptions o;
+  o.backend = options->attention_backend;
+  o.prefill_backend = options->prefill_attention_backend;
+  o.c8_prefill = options->c8_prefill;
+  o.mla_kernel = options->mla_kernel;
+  std::vector<std::string> log;
+  auto backends = BackendRegistry::Global().CreateBackends(spec, o, &log);
+  for (const std::string& line : log) spdlog::info("{}", line);
+  if (!backends.ok()) return backends.status();
+  backends->decode->set_stream(ops->stream);
+  if (backends->prefill) backends->prefill->set_stream(ops->stream);
+  return backends;
 }
 
 namespace {

@@ -21,6 +21,7 @@
 #include "engine/loader/safetensors.h"
 #include "engine/runtime/model.h"
 #include "kernels/attention_backend.h"
+#include "kernels/backend_registry.h"
 
 namespace llm {
 
@@ -35,9 +36,10 @@ struct CudaLoadContext {
   // (CudaLinear::LoadCheckpoint; weight_quant then applies to its unquantized projections).
   bool fp8_checkpoint = false;
   int device_arch = 0;  // e.g. 90
-  // The registry's choice for `spec` (the selection table is logged; a forced
-  // ModelLoadOptions::attention_backend applies), on the runner's stream.
-  StatusOr<std::unique_ptr<AttentionBackend>> SelectAttention(const AttentionSpec& spec) const;
+  // The registry's whole choice for `spec` under the options' attention choices
+  // (attention_backend, prefill_attention_backend, c8_prefill, mla_kernel), logged, on the
+  // runner's stream. Definitions hold no selection code of their own.
+  StatusOr<AttentionBackends> SelectAttention(const AttentionSpec& spec) const;
 };
 
 // One step's activations that the runner owns, in the scratch set the step runs on (eager, or the

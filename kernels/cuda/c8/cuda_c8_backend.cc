@@ -2,12 +2,13 @@
 // caches with per-head, per-channel or per-token scales, head dims 64 and 128, power-of-two
 // blocks of at least 16 tokens, causal. Plan uploads the step's plan; Run appends (with the
 // rotary fused in when given the raw projection) and attends on the backend's stream (the
-// model's compute stream).
+// model's compute stream). Configure applies c8_prefill: prefill chunks over an 8-bit cache on
+// the C8 prefill tiles, or through the sm_90a wgmma FMHA kernel over a bf16 copy of their cache.
 #include <memory>
 
 #include "kernels/backend_registry.h"
 #include "kernels/cuda/c8/c8_attention.h"
-#include "kernels/cuda/c8/cuda_c8_backend.h"
+#include "kernels/fmha/fmha_launcher.h"
 
 namespace llm::cuda {
 namespace {
@@ -32,7 +33,7 @@ ScaleMode ToScaleMode(KvQuant q) {
   return ScaleMode::kNone;
 }
 
-class CudaC8Backend final : public CudaAttentionBackend, public C8PrefillSwitch {
+class CudaC8Backend final : public AttentionBackend {
  public:
   explicit CudaC8Backend(const AttentionSpec& spec)
       : spec_(spec),
@@ -54,8 +55,26 @@ class CudaC8Backend final : public CudaAttentionBackend, public C8PrefillSwitch 
   bool supports_graphs() const override { return true; }
   bool supports_fused_rope() const override { return true; }
   bool supports_fp8_out() const override { return true; }
-  Status SetPrefillFmha(bool on) override { return attn_.SetPrefillFmha(on); }
-  bool prefill_fmha() const override { return attn_.prefill_fmha(); }
+  Status Configure(const AttentionOptions& options) override {
+    eight_bit_ = spec_.kv_quant != KvQuant::kNone;
+    if (options.c8_prefill == "fmha" && !eight_bit_) {
+      return InvalidArgument(
+          "c8_prefill fmha: needs the cuda_c8 backend over an 8-bit KV cache, got cuda_c8 over " +
+          std::string(DTypeName(spec_.kv_dtype)));
+    }
+    // auto: the FMHA path where it runs (compute capability 9.0, sm_90a in the build): its
+    // prefill tiles outrun C8's even with the bf16 copy (docs/BENCHMARKS.md).
+    const bool fmha = options.c8_prefill == "fmha" ||
+                      (options.c8_prefill == "auto" && eight_bit_ && FmhaWgmmaAvailable());
+    choice_ = options.c8_prefill;
+    return attn_.SetPrefillFmha(fmha);
+  }
+  std::string kernel_choice() const override {
+    if (!eight_bit_) return "";
+    return "c8_prefill=" + choice_ + " -> prefill chunks on " +
+           (attn_.prefill_fmha() ? "the wgmma FMHA kernel over a bf16 copy of the 8-bit cache"
+                                 : "the C8 prefill tiles");
+  }
   Status ReserveGraphs(int max_seqs, int max_pages) override {
     return attn_.ReserveGraph(max_seqs, max_pages);
   }
@@ -88,6 +107,8 @@ class CudaC8Backend final : public CudaAttentionBackend, public C8PrefillSwitch 
   C8Attention attn_;
   C8PlanConfig config_;
   void* stream_ = nullptr;
+  bool eight_bit_ = false;  // Configure's view of the cache
+  std::string choice_;      // the c8_prefill value Configure applied
 };
 
 // Capabilities (cache dtypes and scalings, head dims, block sizes) are this family's row in
@@ -95,7 +116,4 @@ class CudaC8Backend final : public CudaAttentionBackend, public C8PrefillSwitch 
 const BackendRegistrar kRegistrar("cuda_c8", BackendFactoryOf<CudaC8Backend>());
 
 }  // namespace
-
-void LinkCudaC8Backend() {}
-
 }  // namespace llm::cuda

@@ -6,23 +6,19 @@
 // and leaves the other rows of out_latent untouched. Decode steps of one token per sequence can
 // run in CUDA graphs (ReserveGraphs / PlanGraph: MlaDecode's graph form).
 //
-// The model sets the stream through AttentionBackend::set_stream, calls RunMla through
-// MlaAttentionBackend and chooses the kernel through MlaKernelSwitch (cuda_mla_backend.h), both
-// dynamic_casts from the registry's AttentionBackend.
-#include "kernels/cuda/mla/cuda_mla_backend.h"
-
+// Configure applies mla_kernel (the registry's call, before the first Plan); the model reaches
+// RunMla through AttentionBackend::mla().
 #include <memory>
 
 #include "base/check.h"
 #include "kernels/backend_registry.h"
 #include "kernels/cuda/c8/c8_attention.h"
-#include "kernels/cuda/c8/cuda_c8_backend.h"
 #include "kernels/cuda/mla/mla_decode.h"
 
 namespace llm::cuda {
 namespace {
 
-class CudaMlaBackend final : public MlaAttentionBackend, public MlaKernelSwitch {
+class CudaMlaBackend final : public MlaAttentionBackend {
  public:
   explicit CudaMlaBackend(const AttentionSpec& spec)
       : spec_(spec),
@@ -36,23 +32,42 @@ class CudaMlaBackend final : public MlaAttentionBackend, public MlaKernelSwitch 
     config_ = attn_->plan_config();
   }
 
-  Status SetMlaKernel(MlaKernel kernel) override {
-    MlaDecodeShape shape = attn_->shape();
-    if (kernel == MlaKernel::kWgmma) {
-      // MlaDecode checks the same at every upload; here it fails the load instead.
-      if (!MlaWgmmaAvailable()) {
-        return InvalidArgument(
-            "mla_kernel wgmma: the sm_90a MLA kernel needs a compute capability 9.0 device and a "
-            "build whose CUDA architectures include 90a");
-      }
+  // mla_kernel "auto" | "wgmma" | "portable" (MlaKernel, mla_decode.h). "wgmma" where it cannot
+  // run (not compute capability 9.0, or no sm_90a in the build) fails the load; MlaDecode checks
+  // the same at every upload.
+  Status Configure(const AttentionOptions& options) override {
+    MlaKernel kernel = MlaKernel::kAuto;
+    if (options.mla_kernel == "wgmma") {
+      kernel = MlaKernel::kWgmma;
+    } else if (options.mla_kernel == "portable") {
+      kernel = MlaKernel::kPortable;
+    } else if (options.mla_kernel != "auto") {
+      return InvalidArgument("mla_kernel must be one of auto, wgmma, portable, got '" +
+                             options.mla_kernel + "'");
     }
+    if (kernel == MlaKernel::kWgmma && !MlaWgmmaAvailable()) {
+      return InvalidArgument(
+          "mla_kernel wgmma: the sm_90a MLA kernel needs a compute capability 9.0 device and a "
+          "build whose CUDA architectures include 90a");
+    }
+    MlaDecodeShape shape = attn_->shape();
     shape.kernel = kernel;
     attn_ = std::make_unique<MlaDecode>(shape);  // holds no device memory before its first Upload
     config_ = attn_->plan_config();
+    choice_ = options.mla_kernel;
     return Status::Ok();
   }
-  bool uses_wgmma(int variant) const override { return attn_->uses_wgmma(variant); }
-  bool uses_seesaw(int variant) const override { return attn_->uses_seesaw(variant); }
+  std::string kernel_choice() const override {
+    static_assert(kMlaNumRowVariants == 3 && kMlaVariantRows[0] == 16 && kMlaVariantRows[1] == 32 &&
+                  kMlaVariantRows[2] == 64);
+    auto on = [this](int variant) -> std::string {
+      return !attn_->uses_wgmma(variant)   ? "portable"
+             : attn_->uses_seesaw(variant) ? "wgmma (seesaw)"
+                                           : "wgmma";
+    };
+    return "mla_kernel=" + choice_ + " -> 16-row items on " + on(0) + ", 32-row on " + on(1) +
+           ", 64-row on " + on(2);
+  }
 
   std::string name() const override { return "cuda_mla"; }
   size_t BlockBytes() const override {
@@ -92,9 +107,10 @@ class CudaMlaBackend final : public MlaAttentionBackend, public MlaKernelSwitch 
 
  private:
   AttentionSpec spec_;
-  std::unique_ptr<MlaDecode> attn_;  // replaced by SetMlaKernel before the first Plan
+  std::unique_ptr<MlaDecode> attn_;  // replaced by Configure before the first Plan
   MlaPlanConfig config_;
   void* stream_ = nullptr;
+  std::string choice_ = "auto";  // the mla_kernel value Configure applied
 };
 
 // Capabilities are this family's row in KernelCatalog().
