@@ -2,7 +2,7 @@
 // (cpu_model_runner.h): fp32 weights, OpenBLAS matrix products, paged KV through the runner's
 // attention backend and cache. What differs between architectures is data, their layer definition
 // (decoder_spec.h): Llama, Mistral, Qwen2/3, Qwen3-MoE, Mixtral, Gemma 2/3 and gpt-oss. DeepSeek's
-// latent attention is cpu_deepseek_model.h.
+// latent attention is cpu_deepseek_decoder.h.
 #pragma once
 
 #include <memory>
