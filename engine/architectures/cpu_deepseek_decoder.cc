@@ -72,7 +72,8 @@ class CpuDeepseekDecoder final : public CpuArchitecture {
   StatusOr<AttentionSpec> MakeAttentionSpec(const ModelLoadOptions& options) const override;
   Status LoadLayers(const WeightStore& weights) override;
   Status RunLayers(const CpuStep& step) const override;
-  // Every DeepSeek model routes (its first_k_dense_replace dense layers aside).
+  // True for every DeepSeek config, as before the runner: one without routed experts records
+  // nothing.
   bool routes_experts() const override { return true; }
   std::string CacheSummary(const AttentionSpec& spec) const override;
 
