@@ -1,6 +1,7 @@
 // Model factory: picks the implementation for a model directory.
-#include "engine/architectures/cpu_decoder.h"
-#include "engine/architectures/cpu_deepseek_model.h"
+#include "engine/architectures/cpu_deepseek_decoder.h"
+#include "engine/architectures/cpu_dense_decoder.h"
+#include "engine/runtime/cpu/cpu_model_runner.h"
 #include "engine/runtime/model.h"
 #include "engine/runtime/synthetic_model.h"
 #ifdef LLM_HAVE_CUDA
@@ -84,7 +85,8 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
     if (options.dummy_weights) return InvalidArgument("dummy weights need the cuda device");
     if (fp8_weights) return InvalidArgument("fp8 weights need the cuda device");
     LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config.base));
-    LLM_ASSIGN_OR_RETURN(auto model, DeepseekModel::Create(config, *weights, options));
+    LLM_ASSIGN_OR_RETURN(auto model,
+                         CpuModelRunner::Create(NewCpuDeepseekDecoder(config), *weights, options));
     LLM_RETURN_IF_ERROR(
         weights->CheckAllConsumed(config.base.architecture_name, IsMtpLayerTensor, &config));
     return std::unique_ptr<Model>(std::move(model));
@@ -117,7 +119,8 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
   if (options.dummy_weights) return InvalidArgument("dummy weights need the cuda device");
   if (fp8_weights) return InvalidArgument("fp8 weights need the cuda device");
   LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config));
-  LLM_ASSIGN_OR_RETURN(auto model, CpuDecoder::Create(config, *weights, options));
+  LLM_ASSIGN_OR_RETURN(auto decoder, NewCpuDenseDecoder(config));
+  LLM_ASSIGN_OR_RETURN(auto model, CpuModelRunner::Create(std::move(decoder), *weights, options));
   LLM_RETURN_IF_ERROR(weights->CheckAllConsumed(config.architecture_name));
   return std::unique_ptr<Model>(std::move(model));
 }

@@ -19,8 +19,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include "engine/architectures/cpu_decoder.h"
 #include "engine/loader/kv_cache_quant.h"
+#include "engine/runtime/cpu/cpu_model_runner.h"
 #include "tools/kv_tool_common.h"
 
 namespace {
@@ -65,8 +65,9 @@ int main(int argc, char** argv) {
   opt.kv_cache_dtype = "auto";  // calibrate on the fp32 cache
   auto model_or = llm::LoadModel(opt);
   if (!model_or.ok()) return llm::tools::Fail(kTool, model_or.status());
-  auto* model = dynamic_cast<llm::CpuDecoder*>(model_or.value().get());
-  if (model == nullptr) {
+  // The CPU runner over a per-head K/V architecture is the one that shows its new K and V.
+  auto* model = dynamic_cast<llm::CpuModelRunner*>(model_or.value().get());
+  if (model == nullptr || !model->set_kv_observer({})) {
     std::fprintf(stderr, "llm-calibrate-kv: %s is not a Llama-family model\n",
                  opt.model_dir.c_str());
     return 1;

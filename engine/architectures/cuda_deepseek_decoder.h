@@ -1,6 +1,6 @@
 // DeepSeek-V2 / DeepSeek-V3 as a definition on the CUDA model runner (cuda_model_runner.h):
 // MLA through the "cuda_mla" backend (absorbed decode) plus an expanded-heads prefill path, and
-// DeepSeekMoE (cuda_moe_layer.h). Same semantics as the CPU DeepseekModel (cpu_deepseek_model.h),
+// DeepSeekMoE (cuda_moe_layer.h). Same semantics as the CPU definition (cpu_deepseek_decoder.h),
 // which is its oracle. Built only with the CUDA backend.
 //
 // Per layer (T rows of the flattened batch, H heads, C = kv_lora_rank 512, R = rope 64):

@@ -138,7 +138,7 @@ StatusOr<DecoderSpec> MakeDecoderSpec(const ModelConfig& c) {
     }
     case Architecture::kDeepseekV2:
     case Architecture::kDeepseekV3:
-      break;  // DeepseekModel (multi-head latent attention)
+      break;  // cpu_deepseek_decoder (multi-head latent attention)
   }
   return Unimplemented("the CPU decoder does not implement " + c.architecture_name);
 }

@@ -1,6 +1,6 @@
-// The layer definitions of the CPU decoder (cpu_decoder.h): what one architecture's decoder
-// layer is, as data. An architecture is one function in decoder_spec.cc that fills this from its
-// ModelConfig; the decoder computes every architecture with the same code.
+// The layer definitions of the dense decoders (cpu_dense_decoder.h, cuda_dense_decoder.h): what one
+// architecture's decoder layer is, as data. An architecture is one function in decoder_spec.cc
+// that fills this from its ModelConfig; the decoder computes every architecture with the same code.
 //
 // One layer, with x the residual stream:
 //   h = attn_in_norm(x); q, k, v = qkv(h) (+ bias); q_norm / k_norm per head (qk_norm);

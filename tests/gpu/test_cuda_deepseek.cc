@@ -1,9 +1,9 @@
 // The DeepSeek-V2/V3 model on the GPU (cuBLAS + deepseek_ops + cuda_mla) against the CPU
-// DeepseekModel, through the real EngineCore: greedy tokens over 64 steps for tiny random models
-// with a bf16 latent cache (identical up to genuine near-ties), on the default MLA kernel choice
-// (the sm_90a wgmma kernel on Hopper builds) and, where that is wgmma, on the portable kernel
-// (mla_kernel portable), and the fp8 latent cache's agreement with the CPU fp8 run. Prompts
-// of 5..150 tokens under max_batched_tokens 48 give prefill chunks of more than 4 rows
+// definition (cpu_deepseek_decoder), through the real EngineCore: greedy tokens over 64 steps for
+// tiny random models with a bf16 latent cache (identical up to genuine near-ties), on the default
+// MLA kernel choice (the sm_90a wgmma kernel on Hopper builds) and, where that is wgmma, on the
+// portable kernel (mla_kernel portable), and the fp8 latent cache's agreement with the CPU fp8 run.
+// Prompts of 5..150 tokens under max_batched_tokens 48 give prefill chunks of more than 4 rows
 // (expanded-heads path) beside 1..4-row chunks and decodes (absorbed path through cuda_mla), with 3
 // sequences in flight. Decode steps replayed from CUDA graphs give the eager steps' tokens, with
 // and without MoE layers.

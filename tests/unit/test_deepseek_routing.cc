@@ -1,7 +1,7 @@
 // The DeepSeekMoE gate on the CPU (engine/layers/moe_router.h): selections and margins on
 // hand-made scores where the answer can be worked out by hand (exact and near ties of experts and
-// of groups, a group gap that cannot change the selection), and the routing record of the CPU
-// DeepseekModel through EngineCore::set_routing_observer, keyed by request and position across
+// of groups, a group gap that cannot change the selection), and the routing record of DeepSeek on
+// the CPU runner through EngineCore::set_routing_observer, keyed by request and position across
 // prefill chunks and decode steps.
 #include <catch2/catch.hpp>
 

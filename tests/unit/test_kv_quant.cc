@@ -353,7 +353,7 @@ TEST_CASE("CPU C8 attention equals the fp32 reference on the dequantized cache",
   C8Setup s = BuildC8(c, mode, headroom);
   const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 
-  // Through the registered backend, as CpuDecoder calls it.
+  // Through the registered backend, as the CPU model runner calls it.
   AttentionSpec spec;
   spec.kv_dtype = mode.dtype;
   spec.kv_quant = mode.quant;

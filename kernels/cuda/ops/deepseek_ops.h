@@ -12,10 +12,10 @@ namespace llm::cuda {
 void LaunchRmsNormStrided(const void* in, int in_stride, const void* weight, int rows, int dim,
                           float eps, void* out, int out_stride, void* stream);
 
-// DeepSeek rope (engine/architectures/cpu_deepseek_model.h): the (d/2, 2) pairs are de-interleaved,
-// then rotate_half; cos and sin times mscale, angle = float(pos) * inv_freq[i] in fp32 as on the
-// CPU. Row t, head h reads in + t * in_row + h * in_head and writes out + t * out_row + h *
-// out_head (may alias in exactly).
+// DeepSeek rope (engine/architectures/cpu_deepseek_decoder.h): the (d/2, 2) pairs are
+// de-interleaved, then rotate_half; cos and sin times mscale, angle = float(pos) * inv_freq[i] in
+// fp32 as on the CPU. Row t, head h reads in + t * in_row + h * in_head and writes out + t *
+// out_row + h * out_head (may alias in exactly).
 struct DeepseekRopeArgs {
   const void* in = nullptr;
   void* out = nullptr;

@@ -1,16 +1,14 @@
-#include "engine/architectures/cpu_deepseek_model.h"
-
-#include "engine/layers/cpu/cpu_ops.h"
-#include "engine/layers/cpu/cpu_weights.h"
+#include "engine/architectures/cpu_deepseek_decoder.h"
 
 #include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
-#include <spdlog/spdlog.h>
-
-#include "kernels/backend_registry.h"
+#include "engine/layers/cpu/cpu_mlp.h"
+#include "engine/layers/cpu/cpu_moe.h"
+#include "engine/layers/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_mla_attention.h"
 
 namespace llm {
@@ -41,64 +39,85 @@ StatusOr<DType> CacheDType(const DeepseekConfig& config, const ModelLoadOptions&
                          "fp8_e4m3 (one static scale per layer)");
 }
 
-}  // namespace
+struct DeepseekLayerWeights {
+  std::vector<float> attn_norm;  // [hidden]
+  std::vector<float> mlp_norm;   // [hidden]
+  // q_a_proj (q LoRA) or q_proj rows, stacked over kv_a_proj_with_mqa rows: [qa + L, hidden].
+  std::vector<float> w_a;
+  std::vector<float> q_a_norm;   // [q_lora_rank] (q LoRA only)
+  std::vector<float> w_q_b;      // [H * qk_head_dim, q_lora_rank] (q LoRA only)
+  std::vector<float> kv_a_norm;  // [kv_lora_rank]
+  std::vector<float> w_kv_b;     // [H * (qk_nope + v_head), kv_lora_rank]
+  std::vector<float> wo;         // [hidden, H * v_head]
+  float cache_scale = 1.0f;      // fp8 latent cache dequant scale
 
-StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::Create(const DeepseekConfig& config,
-                                                               const WeightStore& weights,
-                                                               const ModelLoadOptions& options) {
-  std::unique_ptr<DeepseekModel> m(new DeepseekModel(config));
-  LLM_ASSIGN_OR_RETURN(m->cache_dtype_, CacheDType(config, options));
+  bool moe = false;
+  CpuMlp dense;  // dense layers (intermediate_size)
+  // MoE layers: routed experts of moe_intermediate_size, shared experts of n_shared_experts *
+  // moe_intermediate_size, noaux_tc's e_score_correction_bias as the selection bias.
+  CpuMoe moe_block;
+};
+
+class CpuDeepseekDecoder final : public CpuArchitecture {
+ public:
+  explicit CpuDeepseekDecoder(const DeepseekConfig& config)
+      : config_(config), inv_freq_(config.RopeInvFreq()), rope_mscale_(config.RopeMscale()) {}
+
+  const ModelConfig& config() const override { return config_.base; }
+  CpuModelSettings settings() const override {
+    CpuModelSettings s;
+    s.norm_eps = config_.base.rms_norm_eps;
+    return s;
+  }
+  StatusOr<AttentionSpec> MakeAttentionSpec(const ModelLoadOptions& options) const override;
+  Status LoadLayers(const WeightStore& weights) override;
+  Status RunLayers(const CpuStep& step) const override;
+  // True for every DeepSeek config, as before the runner: one without routed experts records
+  // nothing.
+  bool routes_experts() const override { return true; }
+  std::string CacheSummary(const AttentionSpec& spec) const override;
+
+ private:
+  // DeepSeek rope on one [rope_dim] vector in place (see the file comment).
+  void ApplyRope(float* x, int position) const;
+  // Expanded-heads attention of one prefill sequence; writes its rows of attn [T, H * v_head].
+  void PrefillAttention(const DeepseekLayerWeights& L, const AttentionSpec& spec, const void* cache,
+                        const AttentionBatch& batch, int seq, const float* q, float* attn) const;
+
+  DeepseekConfig config_;
+  std::vector<float> inv_freq_;  // [qk_rope / 2]
+  float rope_mscale_ = 1.0f;
+  std::vector<DeepseekLayerWeights> layers_;
+};
+
+StatusOr<AttentionSpec> CpuDeepseekDecoder::MakeAttentionSpec(
+    const ModelLoadOptions& options) const {
+  LLM_ASSIGN_OR_RETURN(const DType cache_dtype, CacheDType(config_, options));
   AttentionSpec spec;
   spec.device = DeviceKind::kCpu;
   spec.kind = AttentionKind::kMla;
-  spec.kv_dtype = m->cache_dtype_;
-  spec.num_q_heads = config.base.num_q_heads;
+  spec.kv_dtype = cache_dtype;
+  spec.num_q_heads = config_.base.num_q_heads;
   spec.num_kv_heads = 1;
-  spec.head_dim = config.latent_dim();
-  spec.mla_rope_dim = config.qk_rope_head_dim;
+  spec.head_dim = config_.latent_dim();
+  spec.mla_rope_dim = config_.qk_rope_head_dim;
   spec.block_size = options.block_size;
   spec.features = kFeatureCausal;
-  std::string table;
-  auto backend = BackendRegistry::Global().Create(spec, options.attention_backend, &table);
-  spdlog::info("{}", table);
-  if (!backend.ok()) return backend.status();  // fail before loading weights or allocating KV
-  auto* mla = dynamic_cast<MlaAttentionBackend*>(backend.value().get());
-  if (mla == nullptr) {
-    return Internal("backend '" + backend.value()->name() +
-                    "' registered as MLA does not implement MlaAttentionBackend");
-  }
-  backend.value().release();
-  m->attention_.reset(mla);
-
-  LLM_RETURN_IF_ERROR(m->LoadWeights(weights));
-  m->block_size_ = options.block_size;
-  m->inv_freq_ = config.RopeInvFreq();
-  m->rope_mscale_ = config.RopeMscale();
-
-  const size_t per_block = m->attention_->BlockBytes() * config.base.num_layers;
-  m->num_blocks_ = options.num_kv_blocks > 0 ? options.num_kv_blocks
-                                             : static_cast<int>(options.kv_cache_bytes / per_block);
-  if (m->num_blocks_ < 1) {
-    return ResourceExhausted("KV cache budget of " + std::to_string(options.kv_cache_bytes) +
-                             " bytes holds no block of " + std::to_string(per_block) + " bytes");
-  }
-  const size_t layer_bytes = m->attention_->BlockBytes() * m->num_blocks_;
-  m->cache_.assign(config.base.num_layers,
-                   std::vector<float>((layer_bytes + sizeof(float) - 1) / sizeof(float), 0.0f));
-  spdlog::info(
-      "DeepSeek MLA latent cache: {} values per token per layer (kv_lora_rank {} + rope {}), {}{}",
-      config.latent_dim(), config.kv_lora_rank, config.qk_rope_head_dim, DTypeName(m->cache_dtype_),
-      m->cache_dtype_ == DType::kFp8E4M3 ? " with one static scale per layer" : "");
-  return m;
+  return spec;
 }
 
-Status DeepseekModel::LoadWeights(const WeightStore& w) {
+std::string CpuDeepseekDecoder::CacheSummary(const AttentionSpec& spec) const {
+  return "DeepSeek MLA latent cache: " + std::to_string(config_.latent_dim()) +
+         " values per token per layer (kv_lora_rank " + std::to_string(config_.kv_lora_rank) +
+         " + rope " + std::to_string(config_.qk_rope_head_dim) + "), " + DTypeName(spec.kv_dtype) +
+         (spec.kv_dtype == DType::kFp8E4M3 ? " with one static scale per layer" : "");
+}
+
+Status CpuDeepseekDecoder::LoadLayers(const WeightStore& w) {
   const DeepseekConfig& d = config_;
   const ModelConfig& c = d.base;
   const int64_t h = c.hidden_size, heads = c.num_q_heads;
   const int64_t qk = d.qk_head_dim(), lat = d.latent_dim(), C = d.kv_lora_rank;
-  LLM_RETURN_IF_ERROR(ReadEmbeddingAndHead(w, c, &embed_, &lm_head_));
-  LLM_RETURN_IF_ERROR(w.ReadF32("model.norm.weight", {h}, &final_norm_));
   const MoeRouting routing = d.Routing();
   MoeTensorNames moe_names;
   if (d.topk_method == DeepseekConfig::TopkMethod::kNoauxTc) {
@@ -152,7 +171,7 @@ Status DeepseekModel::LoadWeights(const WeightStore& w) {
   return Status::Ok();
 }
 
-void DeepseekModel::ApplyRope(float* x, int position) const {
+void CpuDeepseekDecoder::ApplyRope(float* x, int position) const {
   const int half = config_.qk_rope_head_dim / 2;
   float in[kMaxRopeDim];
   std::copy_n(x, 2 * half, in);
@@ -165,18 +184,17 @@ void DeepseekModel::ApplyRope(float* x, int position) const {
   }
 }
 
-void DeepseekModel::PrefillAttention(const DeepseekLayerWeights& L, int layer,
-                                     const AttentionBatch& batch, int seq, const float* q,
-                                     float* attn) const {
+void CpuDeepseekDecoder::PrefillAttention(const DeepseekLayerWeights& L, const AttentionSpec& spec,
+                                          const void* cache, const AttentionBatch& batch, int seq,
+                                          const float* q, float* attn) const {
   const DeepseekConfig& d = config_;
   const int H = d.base.num_q_heads, N = d.qk_nope_head_dim, R = d.qk_rope_head_dim;
   const int V = d.v_head_dim, C = d.kv_lora_rank, Lw = d.latent_dim(), QK = N + R;
   const int NV = N + V;
-  const MlaShape shape{H, C, R, block_size_};
+  const MlaShape shape{H, C, R, spec.block_size};
   const int kv_len = batch.kv_lens[seq];
   std::vector<float> lat(static_cast<size_t>(kv_len) * Lw);
-  CpuMlaGatherLatents(shape, batch, seq, cache_dtype_, L.cache_scale, cache_[layer].data(),
-                      lat.data());
+  CpuMlaGatherLatents(shape, batch, seq, spec.kv_dtype, L.cache_scale, cache, lat.data());
   // Expand: per cached token and head, k_nope = W_UK c and v = W_UV c.
   std::vector<float> kv(static_cast<size_t>(kv_len) * H * NV);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kv_len, H * NV, C, 1.0f, lat.data(), Lw,
@@ -212,30 +230,23 @@ void DeepseekModel::PrefillAttention(const DeepseekLayerWeights& L, int layer,
   }
 }
 
-Status DeepseekModel::Forward(const ForwardBatch& batch, std::vector<float>* logits) {
+Status CpuDeepseekDecoder::RunLayers(const CpuStep& step) const {
   const DeepseekConfig& d = config_;
   const ModelConfig& c = d.base;
-  const int T = static_cast<int>(batch.token_ids.size());
+  const ForwardBatch& batch = *step.batch;
+  const int T = step.num_tokens;
   const int Hd = c.hidden_size, H = c.num_q_heads, N = d.qk_nope_head_dim;
   const int R = d.qk_rope_head_dim, V = d.v_head_dim, C = d.kv_lora_rank, Lw = d.latent_dim();
   const int QK = N + R, NV = N + V;
   const int QA = d.q_lora_rank > 0 ? d.q_lora_rank : H * QK;  // q part of the stacked w_a
   const int A = QA + Lw;
-  LLM_CHECK_EQ(batch.attn.num_tokens, T);
-  LLM_CHECK_EQ(static_cast<int>(batch.positions.size()), T);
+  float* x = step.residual;  // [T, Hd]
+  const size_t x_size = static_cast<size_t>(T) * Hd;
 
-  std::vector<float> x(static_cast<size_t>(T) * Hd), xn(x.size()), tmp(x.size());
+  std::vector<float> xn(x_size), tmp(x_size);
   std::vector<float> a(static_cast<size_t>(T) * A), q(static_cast<size_t>(T) * H * QK);
   std::vector<float> qa(d.q_lora_rank > 0 ? static_cast<size_t>(T) * d.q_lora_rank : 0);
   std::vector<float> latent(static_cast<size_t>(T) * Lw), attn(static_cast<size_t>(T) * H * V);
-  for (int t = 0; t < T; ++t) {
-    const int32_t id = batch.token_ids[t];
-    if (id < 0 || id >= c.vocab_size) return InvalidArgument("token id out of range");
-    std::copy_n(embed_.data() + static_cast<size_t>(id) * Hd, Hd,
-                x.data() + static_cast<size_t>(t) * Hd);
-  }
-  LLM_RETURN_IF_ERROR(CheckAttentionBatch(batch.attn, block_size_, num_blocks_));
-  LLM_RETURN_IF_ERROR(attention_->Plan(batch.attn));
 
   // Decode sequences go through the MLA backend (absorbed); the rest are expanded here.
   const std::vector<int32_t> decode_seqs = MlaDecodeSeqs(batch.attn);
@@ -263,7 +274,7 @@ Status DeepseekModel::Forward(const ForwardBatch& batch, std::vector<float>* log
 
   for (int l = 0; l < c.num_layers; ++l) {
     const DeepseekLayerWeights& L = layers_[l];
-    RmsNorm(x.data(), L.attn_norm.data(), T, Hd, c.rms_norm_eps, xn.data());
+    RmsNorm(x, L.attn_norm.data(), T, Hd, c.rms_norm_eps, xn.data());
     Linear(xn.data(), L.w_a.data(), T, A, Hd, a.data());
     for (int t = 0; t < T; ++t) {
       const float* at = a.data() + static_cast<size_t>(t) * A;
@@ -300,10 +311,10 @@ Status DeepseekModel::Forward(const ForwardBatch& batch, std::vector<float>* log
     p.q_pe = q_pe.data();
     p.latent_new = latent.data();
     p.out_latent = out_latent.data();
-    p.cache = cache_[l].data();
+    p.cache = step.kv[l].k;
     p.cache_scale = L.cache_scale;
     p.softmax_scale = scale;
-    attention_->RunMla(p);  // appends every row's latent, attends the decode rows
+    step.mla->RunMla(p);  // appends every row's latent, attends the decode rows
     for (int32_t t : decode_rows) {
       for (int h = 0; h < H; ++h) {
         const float* w_uv = L.w_kv_b.data() + (static_cast<size_t>(h) * NV + N) * C;  // [V, C]
@@ -312,24 +323,29 @@ Status DeepseekModel::Forward(const ForwardBatch& batch, std::vector<float>* log
                     attn.data() + (static_cast<size_t>(t) * H + h) * V, 1);
       }
     }
-    for (int32_t s : prefill_seqs) PrefillAttention(L, l, batch.attn, s, q.data(), attn.data());
+    for (int32_t s : prefill_seqs)
+      PrefillAttention(L, *step.spec, step.kv[l].k, batch.attn, s, q.data(), attn.data());
 
     Linear(attn.data(), L.wo.data(), T, Hd, H * V, tmp.data());
-    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+    for (size_t i = 0; i < x_size; ++i) x[i] += tmp[i];
 
-    RmsNorm(x.data(), L.mlp_norm.data(), T, Hd, c.rms_norm_eps, xn.data());
+    RmsNorm(x, L.mlp_norm.data(), T, Hd, c.rms_norm_eps, xn.data());
     if (L.moe) {
-      L.moe_block.Forward(xn.data(), T, {routing_trace_, l, batch.positions.data()}, tmp.data());
+      L.moe_block.Forward(xn.data(), T, {step.routing_trace, l, batch.positions.data()},
+                          tmp.data());
     } else {
       L.dense.Forward(xn.data(), T, tmp.data());
     }
-    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+    for (size_t i = 0; i < x_size; ++i) x[i] += tmp[i];
   }
 
-  cpu::FinalLogits(x.data(), batch.logit_rows, final_norm_.data(),
-                   (c.tie_word_embeddings ? embed_ : lm_head_).data(), Hd, c.vocab_size,
-                   c.rms_norm_eps, logits);
   return Status::Ok();
+}
+
+}  // namespace
+
+std::unique_ptr<CpuArchitecture> NewCpuDeepseekDecoder(const DeepseekConfig& config) {
+  return std::make_unique<CpuDeepseekDecoder>(config);
 }
 
 }  // namespace llm

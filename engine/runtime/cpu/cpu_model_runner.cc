@@ -1,0 +1,162 @@
+#include "engine/runtime/cpu/cpu_model_runner.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <spdlog/spdlog.h>
+
+#include "engine/layers/cpu/cpu_ops.h"
+#include "engine/layers/cpu/cpu_weights.h"
+#include "engine/loader/kv_cache_quant.h"
+#include "kernels/backend_registry.h"
+
+namespace llm {
+
+StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
+    std::unique_ptr<CpuArchitecture> arch, const WeightStore& weights,
+    const ModelLoadOptions& options) {
+  std::unique_ptr<CpuModelRunner> m(new CpuModelRunner(std::move(arch)));
+  LLM_RETURN_IF_ERROR(m->Init(weights, options));
+  return m;
+}
+
+Status CpuModelRunner::Init(const WeightStore& w, const ModelLoadOptions& options) {
+  const ModelConfig& c = config();
+  LLM_ASSIGN_OR_RETURN(spec_, arch_->MakeAttentionSpec(options));
+  std::string table;
+  auto backend = BackendRegistry::Global().Create(spec_, options.attention_backend, &table);
+  spdlog::info("{}", table);
+  if (!backend.ok()) return backend.status();  // fail before loading weights or allocating KV
+  attention_ = std::move(backend).value();
+  if (spec_.kind == AttentionKind::kMla) {
+    mla_ = dynamic_cast<MlaAttentionBackend*>(attention_.get());
+    if (mla_ == nullptr) {
+      return Internal("backend '" + attention_->name() +
+                      "' registered as MLA does not implement MlaAttentionBackend");
+    }
+  }
+  const KvCacheType kv_type{spec_.kv_dtype, spec_.kv_quant};
+  if (kv_type.is_static()) {  // before the weights: a missing scale fails fast
+    LLM_ASSIGN_OR_RETURN(KvCacheScales scales,
+                         LoadKvCacheScales(c, w, kv_type, options.kv_scales_file));
+    spdlog::info("KV cache {} {}: scales from {}", DTypeName(spec_.kv_dtype),
+                 KvQuantName(spec_.kv_quant), scales.source);
+    k_scale_ = std::move(scales.k);
+    v_scale_ = std::move(scales.v);
+  } else if (!options.kv_scales_file.empty()) {
+    spdlog::warn("kv_scales_file {} ignored: the {} KV cache uses no static scales",
+                 options.kv_scales_file, options.kv_cache_dtype);
+  }
+
+  settings_ = arch_->settings();
+  LLM_RETURN_IF_ERROR(ReadEmbeddingAndHead(w, c, &embed_, &lm_head_));
+  LLM_RETURN_IF_ERROR(w.ReadF32(settings_.final_norm, {c.hidden_size}, &final_norm_));
+  for (float& x : final_norm_) x += settings_.norm_weight_offset;
+  LLM_RETURN_IF_ERROR(arch_->LoadLayers(w));
+
+  const size_t per_block = kv_bytes_per_block();
+  block_size_ = options.block_size;
+  num_blocks_ = options.num_kv_blocks > 0 ? options.num_kv_blocks
+                                          : static_cast<int>(options.kv_cache_bytes / per_block);
+  if (num_blocks_ < 1) {
+    return ResourceExhausted("KV cache budget of " + std::to_string(options.kv_cache_bytes) +
+                             " bytes holds no block of " + std::to_string(per_block) + " bytes");
+  }
+  LLM_RETURN_IF_ERROR(AllocateCache());
+  if (const std::string s = arch_->CacheSummary(spec_); !s.empty()) spdlog::info("{}", s);
+  return Status::Ok();
+}
+
+Status CpuModelRunner::AllocateCache() {
+  const int layers = config().num_layers;
+  // Per block and layer: K and V (MLA: the latent rows alone), each slots * head_dim elements
+  // (+ one fp32 scale per slot when dynamic). The backend's BlockBytes() must account for exactly
+  // that.
+  const int tensors = spec_.kind == AttentionKind::kMla ? 1 : 2;
+  const size_t slots = static_cast<size_t>(spec_.num_kv_heads) * spec_.block_size;
+  const size_t data_bytes = slots * spec_.head_dim * DTypeSize(spec_.kv_dtype);
+  const size_t scale_floats = spec_.kv_quant == KvQuant::kDynamicPerToken ? slots : 0;
+  if (tensors * (data_bytes + scale_floats * sizeof(float)) != attention_->BlockBytes()) {
+    return Internal("attention backend " + attention_->name() + " reports " +
+                    std::to_string(attention_->BlockBytes()) +
+                    " bytes per block, not the layout the CPU model runner allocates");
+  }
+  const size_t layer_floats = (data_bytes * num_blocks_ + sizeof(float) - 1) / sizeof(float);
+  k_cache_.assign(layers, std::vector<float>(layer_floats, 0.0f));
+  if (tensors == 2) v_cache_.assign(layers, std::vector<float>(layer_floats, 0.0f));
+  if (scale_floats > 0) {
+    k_block_scales_.assign(layers, std::vector<float>(scale_floats * num_blocks_, 1.0f));
+    v_block_scales_.assign(layers, std::vector<float>(scale_floats * num_blocks_, 1.0f));
+  }
+  kv_.assign(layers, KvCacheLayer{});
+  for (int l = 0; l < layers; ++l) {
+    KvCacheLayer& kv = kv_[l];
+    kv.k = k_cache_[l].data();
+    if (!v_cache_.empty()) kv.v = v_cache_[l].data();
+    if (!k_scale_.empty()) {
+      kv.k_scale = k_scale_[l].data();
+      kv.v_scale = v_scale_[l].data();
+    }
+    if (!k_block_scales_.empty()) {
+      kv.k_block_scales = k_block_scales_[l].data();
+      kv.v_block_scales = v_block_scales_[l].data();
+    }
+  }
+  return Status::Ok();
+}
+
+bool CpuModelRunner::set_routing_trace(std::vector<MoeRoutingDecision>* trace) {
+  const bool routes = arch_->routes_experts();
+  routing_trace_ = routes ? trace : nullptr;
+  return routes;
+}
+
+bool CpuModelRunner::set_kv_observer(KvObserver observer) {
+  if (spec_.kind != AttentionKind::kMha) return false;
+  kv_observer_ = std::move(observer);
+  return true;
+}
+
+Status CpuModelRunner::Forward(const ForwardBatch& batch, std::vector<float>* logits) {
+  const ModelConfig& c = config();
+  const int T = static_cast<int>(batch.token_ids.size());
+  const int H = c.hidden_size;
+  LLM_CHECK_EQ(batch.attn.num_tokens, T);
+  LLM_CHECK_EQ(static_cast<int>(batch.positions.size()), T);
+
+  std::vector<float> x(static_cast<size_t>(T) * H);  // residual stream [T, H]
+  for (int t = 0; t < T; ++t) {
+    const int32_t id = batch.token_ids[t];
+    if (id < 0 || id >= c.vocab_size) return InvalidArgument("token id out of range");
+    float* xt = x.data() + static_cast<size_t>(t) * H;
+    std::copy_n(embed_.data() + static_cast<size_t>(id) * H, H, xt);
+    if (settings_.embed_scale != 1.0f) {
+      for (int i = 0; i < H; ++i) xt[i] *= settings_.embed_scale;
+    }
+  }
+  LLM_RETURN_IF_ERROR(CheckAttentionBatch(batch.attn, block_size_, num_blocks_));
+  LLM_RETURN_IF_ERROR(attention_->Plan(batch.attn));
+
+  CpuStep step;
+  step.batch = &batch;
+  step.num_tokens = T;
+  step.residual = x.data();
+  step.kv = kv_;
+  step.spec = &spec_;
+  step.attention = attention_.get();
+  step.mla = mla_;
+  step.routing_trace = routing_trace_;
+  step.kv_observer = kv_observer_ ? &kv_observer_ : nullptr;
+  LLM_RETURN_IF_ERROR(arch_->RunLayers(step));
+
+  // Final norm and LM head only for the rows that sample.
+  cpu::FinalLogits(x.data(), batch.logit_rows, final_norm_.data(),
+                   (c.tie_word_embeddings ? embed_ : lm_head_).data(), H, c.vocab_size,
+                   settings_.norm_eps, logits);
+  if (const float cap = settings_.final_logit_softcap; cap > 0.0f) {
+    for (float& v : *logits) v = cap * std::tanh(v / cap);
+  }
+  return Status::Ok();
+}
+
+}  // namespace llm
