@@ -29,7 +29,7 @@ Status CpuModelRunner::Init(const WeightStore& w, const ModelLoadOptions& option
   if (!backend.ok()) return backend.status();  // fail before loading weights or allocating KV
   attention_ = std::move(backend).value();
   if (spec_.kind == AttentionKind::kMla) {
-    mla_ = dynamic_cast<MlaAttentionBackend*>(attention_.get());
+    mla_ = attention_->mla();
     if (mla_ == nullptr) {
       return Internal("backend '" + attention_->name() +
                       "' registered as MLA does not implement MlaAttentionBackend");
