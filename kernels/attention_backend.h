@@ -101,6 +101,20 @@ struct KvCacheLayer {
   float* v_block_scales = nullptr;
 };
 
+// How one layer's cache for `spec` is laid out in one allocation of num_blocks blocks, for every
+// backend of the spec (whose BlockBytes() must equal block_bytes()): all K blocks, then all V
+// blocks, then for kDynamicPerToken K's and V's per-token scales. kMla caches one latent row per
+// token, in K alone. Runners allocate from this; static scales are the model's, not per block.
+struct KvCacheLayout {
+  int tensors = 2;         // K and V; 1 for kMla
+  size_t data_bytes = 0;   // per tensor and block
+  size_t scale_bytes = 0;  // per tensor and block (dynamic per-token scales)
+  size_t block_bytes() const { return tensors * (data_bytes + scale_bytes); }
+  static KvCacheLayout Of(const AttentionSpec& spec);
+  // The views of an allocation of block_bytes() * num_blocks bytes at base; static scales null.
+  KvCacheLayer Carve(void* base, int num_blocks) const;
+};
+
 // Rotary embedding fused into the KV append (the C8 seed's design; backends with
 // supports_fused_rope()). The backend splits the raw fused q/k/v projection, scales each row,
 // adds the bias, rotates q and k ("rotate_half" pairs, angle = position x inv_freq), writes q and

@@ -1,5 +1,5 @@
 // CheckAttentionBatch: the structural invariants every backend's planner relies on; the default
-// Configure of the backends without kernel choices.
+// Configure of the backends without kernel choices; the KV cache layout runners allocate.
 #include <string>
 
 #include "kernels/attention_backend.h"
@@ -81,6 +81,28 @@ Status MlaAttentionBackend::Configure(const AttentionOptions& options) {
                            "' has no MLA kernel choice");
   }
   return Status::Ok();
+}
+
+KvCacheLayout KvCacheLayout::Of(const AttentionSpec& spec) {
+  KvCacheLayout l;
+  l.tensors = spec.kind == AttentionKind::kMla ? 1 : 2;
+  const size_t slots = static_cast<size_t>(spec.num_kv_heads) * spec.block_size;
+  l.data_bytes = slots * spec.head_dim * DTypeSize(spec.kv_dtype);
+  l.scale_bytes = spec.kv_quant == KvQuant::kDynamicPerToken ? slots * sizeof(float) : 0;
+  return l;
+}
+
+KvCacheLayer KvCacheLayout::Carve(void* base, int num_blocks) const {
+  char* p = static_cast<char*>(base);
+  const size_t data = data_bytes * num_blocks, scales = scale_bytes * num_blocks;
+  KvCacheLayer kv;
+  kv.k = p;
+  if (tensors == 2) kv.v = p + data;
+  if (scales > 0) {
+    kv.k_block_scales = reinterpret_cast<float*>(p + tensors * data);
+    kv.v_block_scales = reinterpret_cast<float*>(p + tensors * data + scales);
+  }
+  return kv;
 }
 
 }  // namespace llm

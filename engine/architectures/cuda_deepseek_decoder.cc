@@ -36,7 +36,7 @@ struct Layer {
   bool moe = false;
   CudaGatedMlp dense;
   CudaMoeWeights experts;
-  DeviceBuffer cache;  // [num_blocks, block_size, C + R] bf16 or fp8 bytes
+  void* cache = nullptr;  // the runner's [num_blocks, block_size, C + R] bf16 or fp8 bytes
 };
 
 // Activations of the layers for `cap` rows (the runner holds the residual and the norm output).
@@ -71,11 +71,12 @@ class CudaDeepseekDecoder final : public CudaDecoder {
              config.moe_intermediate_size * config.n_shared_experts) {}
   const ModelConfig& config() const override { return d_.base; }
   const char* name() const override { return "deepseek"; }
-  Status SelectAttention(const CudaLoadContext& ctx) override;
+  StatusOr<AttentionSpec> AttentionNeeds(const CudaLoadContext& ctx) override;
+  Status UseAttention(AttentionBackends backends) override;
   Status Load(const CudaLoadContext& ctx) override;
   AttentionBackend& attention() override { return *mla_; }
   std::string kv_cache_dtype_name() const override { return DTypeName(cache_dtype_); }
-  Status AllocateCache(const CudaLoadContext& ctx, int num_blocks) override;
+  Status BindCache(const CudaLoadContext& ctx, const std::vector<KvCacheLayer>& layers) override;
   // A decode step reads only the runner's staged device inputs (ids, positions), the backend's
   // graph area (PlanGraph) and the MoE layer's own device buffers (it never waits for the host), so
   // it runs in the runner's graphs when cuda_mla has its graph form (the runner runs eager steps
@@ -141,7 +142,7 @@ class CudaDeepseekDecoder final : public CudaDecoder {
   cuda::PinnedStaging pages_staging_;
 };
 
-Status CudaDeepseekDecoder::SelectAttention(const CudaLoadContext& ctx) {
+StatusOr<AttentionSpec> CudaDeepseekDecoder::AttentionNeeds(const CudaLoadContext& ctx) {
   const ModelConfig& c = d_.base;
   const ModelLoadOptions& options = *ctx.options;
   ops_ = ctx.ops;
@@ -165,13 +166,17 @@ Status CudaDeepseekDecoder::SelectAttention(const CudaLoadContext& ctx) {
   spec.mla_rope_dim = d_.qk_rope_head_dim;
   spec.block_size = options.block_size;
   spec.features = kFeatureCausal;
-  LLM_ASSIGN_OR_RETURN(backends_, ctx.SelectAttention(spec));
+  block_size_ = options.block_size;
+  return spec;
+}
+
+Status CudaDeepseekDecoder::UseAttention(AttentionBackends backends) {
+  backends_ = std::move(backends);
   mla_ = backends_.decode->mla();
   if (mla_ == nullptr || backends_.prefill != nullptr) {
     return Internal("backend '" + backends_.decode->name() +
                     "' selected for MLA is not an MLA backend alone");
   }
-  block_size_ = options.block_size;
   return Status::Ok();
 }
 
@@ -251,9 +256,10 @@ Status CudaDeepseekDecoder::Load(const CudaLoadContext& ctx) {
   return Status::Ok();
 }
 
-Status CudaDeepseekDecoder::AllocateCache(const CudaLoadContext& ctx, int num_blocks) {
+Status CudaDeepseekDecoder::BindCache(const CudaLoadContext& ctx,
+                                      const std::vector<KvCacheLayer>& layers) {
   (void)ctx;
-  for (auto& L : layers_) LLM_RETURN_IF_ERROR(L->cache.Alloc(mla_->BlockBytes() * num_blocks));
+  for (size_t l = 0; l < layers_.size(); ++l) layers_[l]->cache = layers[l].k;
   return Status::Ok();
 }
 
@@ -342,7 +348,7 @@ Status CudaDeepseekDecoder::PrefillAttention(Scratch& s, const Layer& L,
   LLM_RETURN_IF_ERROR(lat_.Alloc(static_cast<size_t>(kv_len) * Lw * 2));
   LLM_RETURN_IF_ERROR(kvx_.Alloc(static_cast<size_t>(kv_len) * H * NV * 2));
   // lat [kv_len, C + R]: the sequence's latents, this step's included (RunMla appended them).
-  cuda::LaunchGatherLatents(L.cache.ptr, cache_dtype_ == DType::kFp8E4M3, L.cache_scale,
+  cuda::LaunchGatherLatents(L.cache, cache_dtype_ == DType::kFp8E4M3, L.cache_scale,
                             pages_.as<int32_t>() + batch.page_indptr[seq], block_size_, Lw, kv_len,
                             lat_.ptr, stream);
   // kvx [kv_len, H, N + V]: per head k_nope then v = c @ kv_b_proj^T (lda Lw skips k_pe).
@@ -453,7 +459,7 @@ StatusOr<CudaLayersOut> CudaDeepseekDecoder::RunLayers(const CudaStep& step) {
     mp.q_pe = s.q_pe.ptr;
     mp.latent_new = latent;
     mp.out_latent = s.out_latent.ptr;
-    mp.cache = L.cache.ptr;
+    mp.cache = L.cache;
     mp.cache_scale = L.cache_scale;
     mp.softmax_scale = softmax_scale;
     mla_->RunMla(mp);  // appends every row's latent, attends the decode rows

@@ -39,8 +39,8 @@ struct LayerWeights {
 };
 
 struct LayerCache {
-  DeviceBuffer k, v, k_block_scales, v_block_scales;  // cache in the kv dtype; dynamic scales
-  DeviceBuffer k_scale, v_scale;                      // static scales (fp32)
+  KvCacheLayer kv;                // the runner's cache of this layer, with the static scales
+  DeviceBuffer k_scale, v_scale;  // static scales (fp32)
   // fp8 weights over a static 8-bit cache (ModelLoadOptions::fp8_static_attention_output): the
   // attention writes o_proj's e4m3 input as out * out_inv (out_inv = 448 / V bound), and
   // out_scale holds 1 / out_inv for the GEMM. out_inv 0: a per-row quantization pass instead.
@@ -76,7 +76,8 @@ class CudaDenseDecoder final : public CudaDecoder {
     s.final_logit_softcap = layers_spec_.final_logit_softcap;
     return s;
   }
-  Status SelectAttention(const CudaLoadContext& ctx) override;
+  StatusOr<AttentionSpec> AttentionNeeds(const CudaLoadContext& ctx) override;
+  Status UseAttention(AttentionBackends backends) override;
   Status Load(const CudaLoadContext& ctx) override;
   AttentionBackend& attention() override { return *attention_.decode; }
   std::string kv_cache_dtype_name() const override {
@@ -84,7 +85,7 @@ class CudaDenseDecoder final : public CudaDecoder {
     if (spec_.kv_quant != KvQuant::kNone) s += std::string("/") + KvQuantName(spec_.kv_quant);
     return s;
   }
-  Status AllocateCache(const CudaLoadContext& ctx, int num_blocks) override;
+  Status BindCache(const CudaLoadContext& ctx, const std::vector<KvCacheLayer>& layers) override;
   bool graph_safe() const override { return true; }
   bool keeps_checkpoint_fp8() const override { return true; }
   Status Reserve(int set, int rows) override {
@@ -201,7 +202,7 @@ void LogLayerTypes(const DecoderSpec& spec, const std::string& backend) {
   }
 }
 
-Status CudaDenseDecoder::SelectAttention(const CudaLoadContext& ctx) {
+StatusOr<AttentionSpec> CudaDenseDecoder::AttentionNeeds(const CudaLoadContext& ctx) {
   const ModelConfig& c = config_;
   const ModelLoadOptions& options = *ctx.options;
   LLM_ASSIGN_OR_RETURN(layers_spec_, MakeDecoderSpec(c));
@@ -237,7 +238,11 @@ Status CudaDenseDecoder::SelectAttention(const CudaLoadContext& ctx) {
     return InvalidArgument("the CUDA backend needs a power-of-two block_size, got " +
                            std::to_string(options.block_size));
   }
-  LLM_ASSIGN_OR_RETURN(attention_, ctx.SelectAttention(spec_));
+  return spec_;
+}
+
+Status CudaDenseDecoder::UseAttention(AttentionBackends backends) {
+  attention_ = std::move(backends);
   step_attention_ = attention_.decode.get();
   LogLayerTypes(layers_spec_, attention_.decode->name());
   return Status::Ok();
@@ -319,7 +324,8 @@ Status CudaDenseDecoder::Load(const CudaLoadContext& ctx) {
   return Status::Ok();
 }
 
-Status CudaDenseDecoder::AllocateCache(const CudaLoadContext& ctx, int num_blocks) {
+Status CudaDenseDecoder::BindCache(const CudaLoadContext& ctx,
+                                   const std::vector<KvCacheLayer>& layers) {
   const ModelConfig& c = config_;
   const ModelLoadOptions& options = *ctx.options;
   KvCacheScales scales;
@@ -334,16 +340,9 @@ Status CudaDenseDecoder::AllocateCache(const CudaLoadContext& ctx, int num_block
       LLM_ASSIGN_OR_RETURN(scales, LoadKvCacheScales(c, *ctx.weights, kv_, options.kv_scales_file));
     }
   }
-  const size_t esize = kv_.dtype == DType::kBF16 ? 2 : 1;
-  const size_t elems = static_cast<size_t>(num_blocks) * c.num_kv_heads * options.block_size;
   for (int l = 0; l < c.num_layers; ++l) {
     auto lc = std::make_unique<LayerCache>();
-    LLM_RETURN_IF_ERROR(lc->k.Alloc(elems * c.head_dim * esize));
-    LLM_RETURN_IF_ERROR(lc->v.Alloc(elems * c.head_dim * esize));
-    if (kv_.quant == KvQuant::kDynamicPerToken) {
-      LLM_RETURN_IF_ERROR(lc->k_block_scales.Alloc(elems * 4));
-      LLM_RETURN_IF_ERROR(lc->v_block_scales.Alloc(elems * 4));
-    }
+    lc->kv = layers[l];
     if (kv_.is_static()) {
       LLM_RETURN_IF_ERROR(lc->k_scale.Alloc(scales.k[l].size() * 4));
       LLM_RETURN_IF_ERROR(lc->v_scale.Alloc(scales.v[l].size() * 4));
@@ -351,6 +350,8 @@ Status CudaDenseDecoder::AllocateCache(const CudaLoadContext& ctx, int num_block
                                      cudaMemcpyHostToDevice));
       GPU_RETURN_IF_ERROR(cudaMemcpy(lc->v_scale.ptr, scales.v[l].data(), scales.v[l].size() * 4,
                                      cudaMemcpyHostToDevice));
+      lc->kv.k_scale = lc->k_scale.as<float>();
+      lc->kv.v_scale = lc->v_scale.as<float>();
       if (fp8_ && options.fp8_static_attention_output) {
         // |out| <= qmax x max(v_scale): softmax weights sum to 1 over dequantized V rows.
         const float qmax = kv_.dtype == DType::kI8 ? kInt8Max : kFp8E4M3Max;
@@ -475,12 +476,7 @@ StatusOr<CudaLayersOut> CudaDenseDecoder::RunLayers(const CudaStep& step) {
       p.v_new = s.v.ptr;
     }
     const LayerCache& lc = *cache_[l];
-    p.cache.k = lc.k.ptr;
-    p.cache.v = lc.v.ptr;
-    p.cache.k_scale = lc.k_scale.as<float>();
-    p.cache.v_scale = lc.v_scale.as<float>();
-    p.cache.k_block_scales = lc.k_block_scales.as<float>();
-    p.cache.v_block_scales = lc.v_block_scales.as<float>();
+    p.cache = lc.kv;
     p.softmax_scale = S.softmax_scale;
     p.window_left = S.window_left;
     p.logit_softcap = S.logit_softcap;

@@ -111,7 +111,8 @@ TEST_CASE("A 16-bit cache gets the prefill family beside the decode backend", "[
   CHECK(b->prefill == nullptr);
 }
 
-TEST_CASE("An 8-bit cache has no prefill family; naming one fails with the table", "[selection]") {
+TEST_CASE("An 8-bit cache has no prefill family, and naming one fails with the table",
+          "[selection]") {
   const BackendRegistry reg = Registry();
   AttentionOptions o;
   auto b = reg.CreateBackends(CudaMha(DType::kI8, KvQuant::kStaticPerHead), o, nullptr);

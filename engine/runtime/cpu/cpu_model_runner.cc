@@ -69,18 +69,15 @@ Status CpuModelRunner::Init(const WeightStore& w, const ModelLoadOptions& option
 
 Status CpuModelRunner::AllocateCache() {
   const int layers = config().num_layers;
-  // Per block and layer: K and V (MLA: the latent rows alone), each slots * head_dim elements
-  // (+ one fp32 scale per slot when dynamic). The backend's BlockBytes() must account for exactly
-  // that.
-  const int tensors = spec_.kind == AttentionKind::kMla ? 1 : 2;
-  const size_t slots = static_cast<size_t>(spec_.num_kv_heads) * spec_.block_size;
-  const size_t data_bytes = slots * spec_.head_dim * DTypeSize(spec_.kv_dtype);
-  const size_t scale_floats = spec_.kv_quant == KvQuant::kDynamicPerToken ? slots : 0;
-  if (tensors * (data_bytes + scale_floats * sizeof(float)) != attention_->BlockBytes()) {
+  const KvCacheLayout layout = KvCacheLayout::Of(spec_);
+  if (layout.block_bytes() != attention_->BlockBytes()) {
     return Internal("attention backend " + attention_->name() + " reports " +
-                    std::to_string(attention_->BlockBytes()) +
-                    " bytes per block, not the layout the CPU model runner allocates");
+                    std::to_string(attention_->BlockBytes()) + " bytes per block, not the " +
+                    std::to_string(layout.block_bytes()) + " of the spec's KV cache layout");
   }
+  const int tensors = layout.tensors;
+  const size_t data_bytes = layout.data_bytes;
+  const size_t scale_floats = layout.scale_bytes / sizeof(float);
   const size_t layer_floats = (data_bytes * num_blocks_ + sizeof(float) - 1) / sizeof(float);
   k_cache_.assign(layers, std::vector<float>(layer_floats, 0.0f));
   if (tensors == 2) v_cache_.assign(layers, std::vector<float>(layer_floats, 0.0f));

@@ -18,22 +18,25 @@
 
 namespace llm {
 
-StatusOr<AttentionBackends> CudaLoadContext::SelectAttention(const AttentionSpec& spec) const {
+namespace {
+
+// The registry's whole choice for `spec` under the options' attention choices
+// (attention_backend, prefill_attention_backend, c8_prefill, mla_kernel), logged, on `stream`.
+StatusOr<AttentionBackends> SelectAttention(const AttentionSpec& spec,
+                                            const ModelLoadOptions& options, cudaStream_t stream) {
   AttentionOptions o;
-  o.backend = options->attention_backend;
-  o.prefill_backend = options->prefill_attention_backend;
-  o.c8_prefill = options->c8_prefill;
-  o.mla_kernel = options->mla_kernel;
+  o.backend = options.attention_backend;
+  o.prefill_backend = options.prefill_attention_backend;
+  o.c8_prefill = options.c8_prefill;
+  o.mla_kernel = options.mla_kernel;
   std::vector<std::string> log;
   auto backends = BackendRegistry::Global().CreateBackends(spec, o, &log);
   for (const std::string& line : log) spdlog::info("{}", line);
   if (!backends.ok()) return backends.status();
-  backends->decode->set_stream(ops->stream);
-  if (backends->prefill) backends->prefill->set_stream(ops->stream);
+  backends->decode->set_stream(stream);
+  if (backends->prefill) backends->prefill->set_stream(stream);
   return backends;
 }
-
-namespace {
 
 class CudaModelRunner final : public Model {
  public:
@@ -117,9 +120,10 @@ class CudaModelRunner final : public Model {
   CudaModelSettings settings_;
   int block_size_ = 0;
   int num_blocks_ = 0;
-  Scratch sets_[2];              // eager, graph
-  int graph_max_batch_ = 0;      // 0: no graphs
-  bool tracing_ = false;         // set_routing_trace: eager steps only
+  std::vector<std::unique_ptr<DeviceBuffer>> kv_cache_;  // per layer, in the spec's layout
+  Scratch sets_[2];                                      // eager, graph
+  int graph_max_batch_ = 0;                              // 0: no graphs
+  bool tracing_ = false;                                 // set_routing_trace: eager steps only
   int graph_pages_per_seq_ = 0;  // block-table entries a graph step's sequence may have
   bool graphs_reserved_ = false;
   int64_t graph_steps_ = 0;
@@ -179,7 +183,15 @@ Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& optio
   block_size_ = options.block_size;
   Bf16WeightLoader loader(options.dummy_weights ? nullptr : w, stream_);
   ctx.loader = &loader;
-  LLM_RETURN_IF_ERROR(dec_->SelectAttention(ctx));
+  LLM_ASSIGN_OR_RETURN(const AttentionSpec spec, dec_->AttentionNeeds(ctx));
+  LLM_ASSIGN_OR_RETURN(AttentionBackends backends, SelectAttention(spec, options, stream_));
+  const KvCacheLayout layout = KvCacheLayout::Of(spec);
+  if (layout.block_bytes() != backends.decode->BlockBytes()) {
+    return Internal("attention backend " + backends.decode->name() + " reports " +
+                    std::to_string(backends.decode->BlockBytes()) + " bytes per block, not the " +
+                    std::to_string(layout.block_bytes()) + " of the spec's KV cache layout");
+  }
+  LLM_RETURN_IF_ERROR(dec_->UseAttention(std::move(backends)));
   settings_ = dec_->settings();
 
   // Embedding, final norm and LM head stay bf16 whatever the projections' quantization.
@@ -210,7 +222,13 @@ Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& optio
     num_blocks_ = static_cast<int>(budget / per_block);
   }
   if (num_blocks_ < 1) return ResourceExhausted("no GPU memory left for a single KV block");
-  LLM_RETURN_IF_ERROR(dec_->AllocateCache(ctx, num_blocks_));
+  std::vector<KvCacheLayer> views;
+  for (int l = 0; l < c.num_layers; ++l) {
+    kv_cache_.push_back(std::make_unique<DeviceBuffer>());
+    LLM_RETURN_IF_ERROR(kv_cache_.back()->Alloc(layout.block_bytes() * num_blocks_));
+    views.push_back(layout.Carve(kv_cache_.back()->ptr, num_blocks_));
+  }
+  LLM_RETURN_IF_ERROR(dec_->BindCache(ctx, views));
 
   const char* why_not = options.cuda_graph_max_batch <= 0 ? " (none: disabled)"
                         : !dec_->attention().supports_graphs()

@@ -1,9 +1,10 @@
 // The one CUDA model runner: every architecture's forward on the GPU goes through it. It owns the
 // compute stream, cuBLAS / cuBLASLt (CudaLinearOps), the input staging (token ids, positions,
-// logit rows), the embedding, final norm and LM head, the KV pool's size, the CUDA graphs of
+// logit rows), the embedding, final norm and LM head, the attention backends the registry picks
+// for the definition's AttentionSpec, the KV pool (sized and allocated), the CUDA graphs of
 // decode steps (one per padded batch size), overlapped steps (Launch / Collect with fed-back
 // tokens), device sampling and the logits readback. An architecture is a CudaDecoder: its layer
-// weights, its KV cache and attention backend, and the launches of its layers, written against
+// weights, what its attention needs, and the launches of its layers, written against
 // CudaLinear (cuda_linear.h) and the kernels in kernels/cuda. Built only with the CUDA backend.
 //
 // Definitions: cuda_dense_decoder.h (Llama, Mistral, Qwen2, Qwen3), cuda_deepseek_decoder.h
@@ -36,10 +37,6 @@ struct CudaLoadContext {
   // (CudaLinear::LoadCheckpoint; weight_quant then applies to its unquantized projections).
   bool fp8_checkpoint = false;
   int device_arch = 0;  // e.g. 90
-  // The registry's whole choice for `spec` under the options' attention choices
-  // (attention_backend, prefill_attention_backend, c8_prefill, mla_kernel), logged, on the
-  // runner's stream. Definitions hold no selection code of their own.
-  StatusOr<AttentionBackends> SelectAttention(const AttentionSpec& spec) const;
 };
 
 // One step's activations that the runner owns, in the scratch set the step runs on (eager, or the
@@ -73,20 +70,23 @@ class CudaDecoder {
  public:
   virtual ~CudaDecoder() = default;
   virtual const ModelConfig& config() const = 0;
-  // Valid after SelectAttention.
+  // Valid after AttentionNeeds.
   virtual CudaModelSettings settings() const { return {}; }
   // Log name, e.g. "llama" or "deepseek".
   virtual const char* name() const = 0;
-  // Selects the attention backend(s), before any weight is read: an unsupported combination
-  // fails first.
-  virtual Status SelectAttention(const CudaLoadContext& ctx) = 0;
+  // Checks what the definition computes under the options and declares what its attention
+  // needs, before any weight is read: an unsupported combination fails first.
+  virtual StatusOr<AttentionSpec> AttentionNeeds(const CudaLoadContext& ctx) = 0;
+  // The registry's choice for that spec (BackendRegistry::CreateBackends), on the runner's stream.
+  virtual Status UseAttention(AttentionBackends backends) = 0;
   // Loads the layers (after the runner's embedding, final norm and LM head; before the KV pool).
   virtual Status Load(const CudaLoadContext& ctx) = 0;
   // The decode backend: its name, BlockBytes and graph support are the model's.
   virtual AttentionBackend& attention() = 0;
   virtual std::string kv_cache_dtype_name() const = 0;
-  // The KV cache of every layer for num_blocks blocks.
-  virtual Status AllocateCache(const CudaLoadContext& ctx, int num_blocks) = 0;
+  // The runner's KV cache, one view per layer in the spec's layout (KvCacheLayout); the
+  // definition adds what it owns beside it (static 8-bit scales).
+  virtual Status BindCache(const CudaLoadContext& ctx, const std::vector<KvCacheLayer>& layers) = 0;
   // Whether a decode step's layers never wait for the host (no device-to-host copy or sync), so
   // the runner may capture them in CUDA graphs (the attention backend must support them too).
   virtual bool graph_safe() const = 0;
