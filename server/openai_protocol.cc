@@ -4,6 +4,8 @@
 #include <limits>
 #include <map>
 
+#include "text/chat/chat_messages.h"
+
 namespace llm {
 namespace {
 
@@ -333,13 +335,10 @@ const std::map<std::string, FieldParser>& ChatFields() {
       {"messages",
        [](const json& v, OpenAiRequest* r) -> std::string {
          if (!v.is_array() || v.empty()) return "must be a non-empty list of messages";
-         for (const json& m : v) {
-           if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
-             return "every message must be an object with a string 'role'";
-           }
-         }
+         // content null / a list of parts, tool-call arguments as text: what OpenAI accepts.
          r->messages = v;
-         return "";
+         std::string bad_path;
+         return NormalizeChatMessages(&r->messages, &bad_path).message();
        }},
       {"tools",
        [](const json& v, OpenAiRequest* r) -> std::string {

@@ -28,6 +28,27 @@ std::string Quote(std::string_view s) {
   return s.size() <= kQuoteBytes ? std::string(s) : std::string(s.substr(0, kQuoteBytes)) + "...";
 }
 
+// A path segment with its %XX escapes decoded (the openai client escapes '/' in model names);
+// a malformed escape is kept as sent.
+std::string PercentDecode(std::string_view s) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 && hex(s[i + 2]) >= 0) {
+      out += static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2]));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
 // Messages may quote client bytes that are not UTF-8: those become U+FFFD, never an exception.
 std::string Dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -273,6 +294,9 @@ void OpenAiServer::Handle(const Http1Request& req, const Reply& reply) {
   }
   if (!Authorized(req, reply)) return;
   if (req.method == "GET" && path == "/v1/models") return Models(reply);
+  if (req.method == "GET" && path.rfind("/v1/models/", 0) == 0) {
+    return Model(path.substr(std::string_view("/v1/models/").size()), reply);
+  }
   if (req.method == "POST" && path == "/v1/completions") return Generate(req, reply, false);
   if (req.method == "POST" && path == "/v1/chat/completions") return Generate(req, reply, true);
   if (req.method == "POST" && path == "/tokenize") return Tokenize(req, reply);
@@ -283,15 +307,30 @@ void OpenAiServer::Handle(const Http1Request& req, const Reply& reply) {
   SendError(reply, e);
 }
 
-void OpenAiServer::Models(const Reply& reply) const {
+json OpenAiServer::ModelObject() const {
   const EngineCore& core = gateway_->core();
-  json m = {{"id", config_.model_name},
-            {"object", "model"},
-            {"created", 0},
-            {"owned_by", "llm-server"},
-            {"root", core.config().model.model_dir},
-            {"max_model_len", core.max_model_len()}};
-  SendJson(reply, json{{"object", "list"}, {"data", json::array({m})}});
+  return json{{"id", config_.model_name},
+              {"object", "model"},
+              {"created", 0},
+              {"owned_by", "llm-server"},
+              {"root", core.config().model.model_dir},
+              {"max_model_len", core.max_model_len()}};
+}
+
+void OpenAiServer::Models(const Reply& reply) const {
+  SendJson(reply, json{{"object", "list"}, {"data", json::array({ModelObject()})}});
+}
+
+void OpenAiServer::Model(std::string_view id, const Reply& reply) const {
+  // The openai client escapes the id ('/' in org/model becomes %2F); an unescaped '/' matches too.
+  const std::string name = PercentDecode(id);
+  if (name == config_.model_name) return SendJson(reply, ModelObject());
+  OpenAiError e;
+  e.http_status = 404;
+  e.message = "The model '" + Quote(name) + "' does not exist";
+  e.param = "model";
+  e.code = "model_not_found";
+  SendError(reply, e);
 }
 
 void OpenAiServer::Generate(const Http1Request& req, const Reply& reply, bool chat) {

@@ -135,6 +135,42 @@ def test_tokenize_detokenize(shared):
     assert code == 400
 
 
+def test_message_shapes_and_model_route(shared):
+    """content null beside tool_calls, a tool result and text parts render as the strings and
+    objects vLLM hands the template; non-text parts are refused by type; GET /v1/models/{id}."""
+    base = shared.http_base
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "weather"},
+                                         {"type": "text", "text": "in Paris?"}]},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    req = {"messages": msgs, "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    code, body = curl(base + "/v1/chat/completions", data=json.dumps(req))
+    assert code == 200, body
+    assert json.loads(body)["usage"]["completion_tokens"] == 3
+    # The parts join with "\n" exactly as the string form would render.
+    code, parts = curl(base + "/tokenize", data=json.dumps({"messages": msgs[:1]}))
+    code2, joined = curl(base + "/tokenize", data=json.dumps(
+        {"messages": [{"role": "user", "content": "weather\nin Paris?"}]}))
+    assert code == code2 == 200 and json.loads(parts)["tokens"] == json.loads(joined)["tokens"]
+    for part in ({"type": "image_url", "image_url": {"url": "http://x/y.png"}},
+                 {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}):
+        code, body = curl(base + "/v1/chat/completions", data=json.dumps(
+            {"messages": [{"role": "user", "content": [part]}], "max_tokens": 1}))
+        err = error_of(body)
+        assert code == 400 and err["param"] == "messages", body
+        assert f"'{part['type']}' are not supported" in err["message"]
+    code, body = curl(base + "/v1/models/tiny-llama")
+    assert code == 200 and json.loads(body)["id"] == "tiny-llama"
+    assert json.loads(body)["object"] == "model"
+    code, body = curl(base + "/v1/models/gpt-4")
+    err = error_of(body)
+    assert code == 404 and err["code"] == "model_not_found" and "gpt-4" in err["message"]
+    code, body = curl(base + "/v1/models/tiny-llama", key="wrong")
+    assert code == 401
+
+
 def test_api_key_on_grpc(shared, grpc, pb):
     ch = shared.channel()
     stub = shared.stub()
