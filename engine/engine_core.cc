@@ -194,6 +194,17 @@ Status EngineCore::Validate(GenerationRequest* r) const {
   if (sp.logprobs < 0 || sp.logprobs > config_.max_logprobs) {
     return InvalidArgument("logprobs must be in [0, " + std::to_string(config_.max_logprobs) + "]");
   }
+  for (const auto& [token, bias] : sp.logit_bias) {
+    if (token < 0 || token >= mc.vocab_size) {
+      return InvalidArgument("logit_bias token id " + std::to_string(token) +
+                             " is outside the vocabulary [0, " + std::to_string(mc.vocab_size) +
+                             ")");
+    }
+    if (!Finite(bias) || bias < -100 || bias > 100) {
+      return InvalidArgument("logit_bias for token " + std::to_string(token) +
+                             " must be in [-100, 100]");
+    }
+  }
   if (!st.stop.empty() && tokenizer_ == nullptr) {
     return InvalidArgument("stop strings need a tokenizer");
   }
@@ -448,7 +459,10 @@ StepBatch EngineCore::BuildInputs(const SchedulerOutput& sched) {
   const DeviceJobFn device_job = [this](const Sequence& seq, SamplingJob* job,
                                         std::vector<PenaltyEntry>* penalties) {
     RequestState& rs = requests_.at(seq_to_request_.at(seq.id));
-    if (rs.request.sampling.logprobs != 0 || logits_observer_ || rs.matcher) return false;
+    if (rs.request.sampling.logprobs != 0 || logits_observer_ || rs.matcher ||
+        !rs.request.sampling.logit_bias.empty()) {
+      return false;  // logit_bias: the host sampler applies it (the kernel has no bias entries)
+    }
     *job = rs.sampler->DeviceJob(seq.prompt_ids, seq.output_ids, penalties);
     return true;
   };
@@ -541,7 +555,7 @@ void EngineCore::ReportRouting(const AttentionBatch& batch,
 
 bool EngineCore::Overlappable(const RequestState& st) const {
   const SamplingParams& p = st.request.sampling;
-  return !st.matcher && p.logprobs == 0 && p.repetition_penalty == 1.0f &&
+  return !st.matcher && p.logprobs == 0 && p.logit_bias.empty() && p.repetition_penalty == 1.0f &&
          p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
 }
 

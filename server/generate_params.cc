@@ -78,6 +78,7 @@ Status ConvertRequest(const GenerateParams& in, const EngineCore& core, const Se
   if (in.presence_penalty) sp.presence_penalty = *in.presence_penalty;
   if (in.frequency_penalty) sp.frequency_penalty = *in.frequency_penalty;
   sp.logprobs = in.logprobs;
+  sp.logit_bias = in.logit_bias;
   StoppingParams& st = out->stopping;
   st.max_tokens = in.max_tokens
                       ? *in.max_tokens

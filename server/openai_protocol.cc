@@ -1,5 +1,6 @@
 #include "server/openai_protocol.h"
 
+#include <algorithm>
 #include <functional>
 #include <limits>
 #include <map>
@@ -82,6 +83,33 @@ std::string ParsePrompt(const json& prompt, GenerateParams* p) {
   std::string e = AsTokenIds(*v, &ids);
   if (e.empty()) p->prompt = std::move(ids);
   return e;
+}
+
+// OpenAI's logit_bias: {"<token id>": bias in [-100, 100]}. Ids beyond the vocabulary are
+// refused by EngineCore::Validate, which knows its size.
+std::string ParseLogitBias(const json& v, GenerateParams* p) {
+  if (!v.is_object()) return "must be an object mapping token ids to biases";
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    const std::string& key = it.key();
+    const bool digits =
+        !key.empty() && key.size() <= 10 &&
+        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const int64_t id = digits ? std::stoll(key) : -1;
+    if (!digits || id > std::numeric_limits<int32_t>::max()) {
+      return "logit_bias: key '" + key + "' is not a token id (a non-negative integer)";
+    }
+    if (!it->is_number()) return "logit_bias['" + key + "'] must be a number";
+    const double b = it->get<double>();
+    if (!(b >= -100.0 && b <= 100.0)) return "logit_bias['" + key + "'] must be in [-100, 100]";
+    p->logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
+  }
+  std::sort(p->logit_bias.begin(), p->logit_bias.end());
+  for (size_t i = 1; i < p->logit_bias.size(); ++i) {
+    if (p->logit_bias[i].first == p->logit_bias[i - 1].first) {  // "7" and "07"
+      return "logit_bias gives token " + std::to_string(p->logit_bias[i].first) + " twice";
+    }
+  }
+  return "";
 }
 
 // Structured outputs: one constraint per request, whichever field carries it.
@@ -299,7 +327,7 @@ const std::map<std::string, FieldParser>& CommonFields() {
          return "";
        }},
       {"n", OnlyDefault(1, "n > 1 is not supported")},
-      {"logit_bias", OnlyDefault(json::object(), "logit_bias is not supported")},
+      {"logit_bias", [](const json& v, OpenAiRequest* r) { return ParseLogitBias(v, &r->params); }},
       {"response_format", ParseResponseFormat},
       {"structured_outputs", ParseStructuredOutputs},
       {"guided_json", Guided("json")},

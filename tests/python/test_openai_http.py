@@ -171,6 +171,51 @@ def test_message_shapes_and_model_route(shared):
     assert code == 401
 
 
+def test_logit_bias(shared):
+    base = shared.http_base
+    code, body = curl(base + "/tokenize", data=json.dumps({"prompt": "a",
+                                                            "add_special_tokens": False}))
+    assert code == 200
+    token = json.loads(body)["tokens"][-1]
+    req = {"prompt": "Hello", "max_tokens": 4, "temperature": 1.0, "seed": 7, "ignore_eos": True,
+           "logit_bias": {str(token): 100}}
+    code, body = curl(base + "/v1/completions", data=json.dumps(req))
+    assert code == 200, body
+    code, want = curl(base + "/detokenize", data=json.dumps({"tokens": [token] * 4}))
+    assert json.loads(body)["choices"][0]["text"] == json.loads(want)["prompt"]
+    # -100 on the greedy choice bans it.
+    greedy = {"prompt": "Hello", "max_tokens": 1, "temperature": 0, "logprobs": 1}
+    code, body = curl(base + "/v1/completions", data=json.dumps(greedy))
+    first = json.loads(body)["choices"][0]["logprobs"]["tokens"][0]
+    code, ids = curl(base + "/tokenize", data=json.dumps({"prompt": first,
+                                                           "add_special_tokens": False}))
+    banned = json.loads(ids)["tokens"]
+    if len(banned) == 1:  # the piece re-tokenizes to itself
+        code, body = curl(base + "/v1/completions", data=json.dumps(
+            dict(greedy, logit_bias={str(banned[0]): -100})))
+        assert code == 200 and json.loads(body)["choices"][0]["logprobs"]["tokens"][0] != first
+    for bias, where in (({"1": 100.5}, "[-100, 100]"), ({"abc": 1}, "'abc'"),
+                        ({"99999999": 1}, "outside the vocabulary")):
+        code, body = curl(base + "/v1/completions", data=json.dumps(
+            {"prompt": "x", "max_tokens": 1, "logit_bias": bias}))
+        assert code == 400 and where in error_of(body)["message"], body
+
+
+def test_logit_bias_on_grpc(shared, pb):
+    code, body = curl(shared.http_base + "/tokenize", data=json.dumps(
+        {"prompt": "a", "add_special_tokens": False}))
+    token = json.loads(body)["tokens"][-1]
+    req = pb.GenerateRequest(text="Hello", stopping=pb.StoppingParams(max_tokens=3,
+                                                                     ignore_eos=True))
+    req.sampling.temperature = 1.0
+    req.sampling.seed = 3
+    req.sampling.logit_bias[token] = 100.0
+    out = list(shared.stub().Generate(req, timeout=HANG_S, metadata=AUTH))
+    ids = [t for m in out if m.HasField("chunk") for t in m.chunk.token_ids]
+    ids += list(out[-1].complete.token_ids)
+    assert ids[:3] == [token] * 3, out
+
+
 def test_api_key_on_grpc(shared, grpc, pb):
     ch = shared.channel()
     stub = shared.stub()
