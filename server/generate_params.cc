@@ -91,6 +91,7 @@ Status ConvertRequest(const GenerateParams& in, const EngineCore& core, const Se
   if (in.skip_special_tokens) out->skip_special_tokens = *in.skip_special_tokens;
   if (in.priority) out->priority = *in.priority;
   out->constraint = in.constraint;
+  out->n = in.n;
   return Status::Ok();
 }
 

@@ -326,7 +326,13 @@ const std::map<std::string, FieldParser>& CommonFields() {
          }
          return "";
        }},
-      {"n", OnlyDefault(1, "n > 1 is not supported")},
+      {"n",
+       [](const json& v, OpenAiRequest* r) -> std::string {
+         int64_t x = 0;
+         std::string e = AsInt(v, 1, std::numeric_limits<int>::max(), &x);  // --max-n: the engine
+         if (e.empty()) r->params.n = static_cast<int>(x);
+         return e;
+       }},
       {"logit_bias", [](const json& v, OpenAiRequest* r) { return ParseLogitBias(v, &r->params); }},
       {"response_format", ParseResponseFormat},
       {"structured_outputs", ParseStructuredOutputs},
@@ -352,7 +358,13 @@ const std::map<std::string, FieldParser>& CompletionFields() {
          return e;
        }},
       {"echo", OnlyDefault(false, "echo is not supported")},
-      {"best_of", OnlyDefault(1, "best_of > 1 is not supported")},
+      {"best_of",
+       [](const json& v, OpenAiRequest* r) -> std::string {
+         int64_t x = 0;
+         std::string e = AsInt(v, 1, std::numeric_limits<int>::max(), &x);
+         if (e.empty()) r->best_of = static_cast<int>(x);
+         return e;
+       }},
       {"suffix", OnlyDefault("", "suffix is not supported")},
   };
   return kFields;
@@ -479,6 +491,12 @@ Status ParseOpenAiRequest(const json& body, OpenAiEndpoint endpoint, OpenAiReque
       *bad_param = key;
       return InvalidArgument(err.rfind("must", 0) == 0 ? "'" + key + "' " + err : err);
     }
+  }
+  if (out->best_of && *out->best_of != out->params.n) {
+    *bad_param = "best_of";
+    return InvalidArgument("best_of (" + std::to_string(*out->best_of) +
+                           ") must equal n: returning the best of more choices than asked for "
+                           "is not supported");
   }
   if (out->include_usage && !out->stream) {
     *bad_param = "stream_options";

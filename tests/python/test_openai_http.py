@@ -216,6 +216,54 @@ def test_logit_bias_on_grpc(shared, pb):
     assert ids[:3] == [token] * 3, out
 
 
+def test_n_choices(shared):
+    base = shared.http_base
+    req = {"prompt": "Hello", "max_tokens": 5, "temperature": 1.0, "seed": 11, "ignore_eos": True,
+           "n": 3, "best_of": 3}
+    code, body = curl(base + "/v1/completions", data=json.dumps(req))
+    assert code == 200, body
+    whole = json.loads(body)
+    assert [c["index"] for c in whole["choices"]] == [0, 1, 2]
+    assert all(c["finish_reason"] == "length" for c in whole["choices"])
+    assert whole["usage"]["completion_tokens"] == 15
+    # Choice i is the n = 1 request seeded seed + i.
+    for i in range(3):
+        code, one = curl(base + "/v1/completions", data=json.dumps(
+            dict(req, n=1, best_of=1, seed=11 + i)))
+        assert json.loads(one)["choices"][0]["text"] == whole["choices"][i]["text"]
+    # Streamed: every chunk names its choice; each choice finishes once; usage counts all.
+    code, body = curl(base + "/v1/completions", data=json.dumps(
+        dict(req, stream=True, stream_options={"include_usage": True})))
+    events = [json.loads(e[len("data: "):]) for e in body.decode().split("\n\n")[:-2]]
+    texts, finishes = {}, {}
+    for e in events[:-1]:
+        (c,) = e["choices"]
+        texts[c["index"]] = texts.get(c["index"], "") + c["text"]
+        if c["finish_reason"] is not None:
+            assert c["index"] not in finishes
+            finishes[c["index"]] = c["finish_reason"]
+    assert finishes == {0: "length", 1: "length", 2: "length"}
+    assert texts == {i: whole["choices"][i]["text"] for i in range(3)}
+    assert events[-1]["usage"]["completion_tokens"] == 15
+    assert events[-1]["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"]
+    # Chat: greedy choices are identical; each streamed choice opens with its role.
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0,
+            "ignore_eos": True, "n": 2}
+    code, body = curl(base + "/v1/chat/completions", data=json.dumps(chat))
+    ch = json.loads(body)["choices"]
+    assert len(ch) == 2 and ch[0]["message"]["content"] == ch[1]["message"]["content"]
+    code, body = curl(base + "/v1/chat/completions", data=json.dumps(dict(chat, stream=True)))
+    events = [json.loads(e[len("data: "):]) for e in body.decode().split("\n\n")[:-2]]
+    roles = [e["choices"][0]["index"] for e in events if "role" in e["choices"][0]["delta"]]
+    assert sorted(roles) == [0, 1]
+    # Bounds.
+    code, body = curl(base + "/v1/completions", data=json.dumps({"prompt": "x", "n": 17}))
+    assert code == 400 and "--max-n" in error_of(body)["message"], body
+    code, body = curl(base + "/v1/completions", data=json.dumps(
+        {"prompt": "x", "n": 2, "best_of": 4}))
+    assert code == 400 and error_of(body)["param"] == "best_of", body
+
+
 def test_api_key_on_grpc(shared, grpc, pb):
     ch = shared.channel()
     stub = shared.stub()
