@@ -89,6 +89,7 @@ Status FromProto(const pb::GenerateRequest& in, GenerateParams* out) {
   if (t.has_ignore_eos()) out->ignore_eos = t.ignore_eos();
   if (in.has_skip_special_tokens()) out->skip_special_tokens = in.skip_special_tokens();
   if (in.has_priority()) out->priority = in.priority();
+  if (in.has_n()) out->n = in.n();  // range: EngineCore::Validate (--max-n)
   return ConstraintFromProto(in, &out->constraint);
 }
 

@@ -264,6 +264,33 @@ def test_n_choices(shared):
     assert code == 400 and error_of(body)["param"] == "best_of", body
 
 
+def test_n_choices_on_grpc(shared, pb):
+    req = pb.GenerateRequest(text="Hello", n=3, stopping=pb.StoppingParams(max_tokens=4,
+                                                                          ignore_eos=True))
+    req.sampling.temperature = 1.0
+    req.sampling.seed = 21
+    out = list(shared.stub().Generate(req, timeout=HANG_S, metadata=AUTH))
+    tokens, finishes = {}, {}
+    for m in out[:-1]:
+        tokens.setdefault(m.chunk.index, []).extend(m.chunk.token_ids)
+        if m.chunk.finish_reason:
+            finishes[m.chunk.index] = m.chunk.finish_reason
+    done = out[-1].complete
+    tokens.setdefault(done.index, []).extend(done.token_ids)
+    finishes[done.index] = done.finish_reason
+    assert sorted(tokens) == [0, 1, 2] and all(len(t) == 4 for t in tokens.values()), out
+    assert set(finishes.values()) == {pb.FINISH_REASON_LENGTH} and len(finishes) == 3
+    assert done.usage.completion_tokens == 12
+    # Choice 1 is the n = 1 request seeded 22.
+    one = pb.GenerateRequest(text="Hello", stopping=pb.StoppingParams(max_tokens=4,
+                                                                      ignore_eos=True))
+    one.sampling.temperature = 1.0
+    one.sampling.seed = 22
+    solo = list(shared.stub().Generate(one, timeout=HANG_S, metadata=AUTH))
+    assert [t for m in solo[:-1] for t in m.chunk.token_ids] + \
+        list(solo[-1].complete.token_ids) == tokens[1]
+
+
 def test_api_key_on_grpc(shared, grpc, pb):
     ch = shared.channel()
     stub = shared.stub()
