@@ -276,7 +276,8 @@ void EngineCore::AddOne(GenerationRequest request, std::shared_ptr<ResultSink> s
   const std::string id = request.request_id;
   st.request = std::move(request);
   seq_to_request_[seq->id] = id;
-  if (choice > 0) {
+  // Without a prefix cache there is nothing to wait for: every choice computes its prompt.
+  if (choice > 0 && scheduler_->prefix_cache() != nullptr) {
     st.held = std::move(seq);
   } else {
     scheduler_->Add(std::move(seq));
@@ -378,7 +379,8 @@ void EngineCore::ExpireDeadlines(std::chrono::steady_clock::time_point now) {
 void EngineCore::OnToken(RequestState& st, Sequence& seq, const SampledToken& tok) {
   const auto now = std::chrono::steady_clock::now();
   if (seq.output_ids.size() == 1) {
-    metrics_->ttft.Observe(Seconds(now - st.request.arrival_time));
+    // A request's first token is its choice 0's (the others start after its prefill).
+    if (st.choice == 0) metrics_->ttft.Observe(Seconds(now - st.request.arrival_time));
   } else {
     metrics_->itl.Observe(Seconds(now - st.last_token_time));
   }

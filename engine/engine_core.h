@@ -107,8 +107,9 @@ class EngineCore {
     std::unique_ptr<grammar::Matcher> matcher;
     std::vector<uint32_t> mask;
     bool scheduled = false;  // queue time recorded
-    // n > 1: the request this is a choice of, and the choice's index; choices 1..n-1 hold their
-    // sequence here until choice 0's prefill is done (ReleaseHeldChoices).
+    // n > 1: the request this is a choice of, and the choice's index; with a prefix cache,
+    // choices 1..n-1 hold their sequence here until choice 0's prefill is done
+    // (ReleaseHeldChoices).
     std::string group;
     int choice = 0;
     std::unique_ptr<Sequence> held;

@@ -40,9 +40,9 @@ struct GenerationRequest {
   std::chrono::steady_clock::time_point arrival_time = std::chrono::steady_clock::now();
   Constraint constraint;
   // Choices: n > 1 runs n child requests ("<id>#<i>"), choice i seeded with sampling.seed + i
-  // (vLLM's rule), choices 1..n-1 admitted once choice 0's prefill is in the prefix cache, so
-  // they share its full prompt blocks. Their outputs meet in the request's one sink
-  // (engine/choice_fan_in.h).
+  // (vLLM's rule); with prefix caching on, choices 1..n-1 are admitted once choice 0's prefill is
+  // in the prefix cache, so they share its full prompt blocks. Their outputs meet in the request's
+  // one sink (engine/choice_fan_in.h).
   int n = 1;
   // Set by EngineCore::Validate from `constraint` (through the engine's grammar cache).
   std::shared_ptr<const grammar::CompiledGrammar> grammar;

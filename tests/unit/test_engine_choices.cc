@@ -38,14 +38,14 @@ struct ChoicesSink : ResultSink {
   }
 };
 
-std::unique_ptr<EngineCore> MakeCore() {
+std::unique_ptr<EngineCore> MakeCore(bool prefix_caching = true) {
   EngineConfig cfg;
   cfg.model.model_dir = "synthetic:vocab=40,max_len=512,device_sampling=1";
   cfg.model.block_size = 8;
   cfg.model.num_kv_blocks = 64;
   cfg.scheduler.max_num_seqs = 8;
   cfg.scheduler.max_batched_tokens = 256;
-  cfg.scheduler.enable_prefix_caching = true;
+  cfg.scheduler.enable_prefix_caching = prefix_caching;
   cfg.require_tokenizer = false;
   auto core = EngineCore::Create(cfg);
   REQUIRE(core.ok());
@@ -126,6 +126,22 @@ TEST_CASE("n choices: seeds seed + i, shared prompt blocks, indexed outputs, sum
   CHECK(prefill_tokens["req#1"] == 1);
   CHECK(prefill_tokens["req#2"] == 1);
   CHECK(first_sibling_step > leader_done_step);
+  CHECK(core->num_free_blocks() == baseline);
+}
+
+TEST_CASE("n choices without a prefix cache start together", "[engine][choices]") {
+  auto core = MakeCore(/*prefix_caching=*/false);
+  const int baseline = core->num_free_blocks();
+  GenerationRequest r = Request("np", 2, 3);
+  REQUIRE(core->Validate(&r).ok());
+  auto sink = std::make_shared<ChoicesSink>();
+  core->Add(r, sink);
+  const StepRecord first = core->Step();
+  REQUIRE(first.entries.size() == 2);  // nothing to share: both compute the prompt at once
+  for (const StepRecord::Entry& e : first.entries) CHECK(e.num_tokens == 41);
+  Drain(core.get());
+  CHECK(sink->finals == 1);
+  CHECK(sink->usage.completion_tokens == 24);
   CHECK(core->num_free_blocks() == baseline);
 }
 
