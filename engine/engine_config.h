@@ -17,6 +17,7 @@ struct EngineConfig {
   int max_stop_strings = 16;
   int max_stop_string_bytes = 256;
   int max_logprobs = 20;
+  int max_n = 16;  // most choices (n) per request; each is a sequence of its own
   // Structured outputs: the largest constraint text (schema, regex, grammar, choices together)
   // and how many compiled grammars the engine keeps.
   int max_constraint_bytes = 64 * 1024;

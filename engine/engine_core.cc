@@ -8,6 +8,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "engine/choice_fan_in.h"
 #include "engine/sampling/token_mask.h"
 
 namespace llm {
@@ -194,6 +195,21 @@ Status EngineCore::Validate(GenerationRequest* r) const {
   if (sp.logprobs < 0 || sp.logprobs > config_.max_logprobs) {
     return InvalidArgument("logprobs must be in [0, " + std::to_string(config_.max_logprobs) + "]");
   }
+  for (const auto& [token, bias] : sp.logit_bias) {
+    if (token < 0 || token >= mc.vocab_size) {
+      return InvalidArgument("logit_bias token id " + std::to_string(token) +
+                             " is outside the vocabulary [0, " + std::to_string(mc.vocab_size) +
+                             ")");
+    }
+    if (!Finite(bias) || bias < -100 || bias > 100) {
+      return InvalidArgument("logit_bias for token " + std::to_string(token) +
+                             " must be in [-100, 100]");
+    }
+  }
+  if (r->n < 1 || r->n > config_.max_n) {
+    return InvalidArgument("n is " + std::to_string(r->n) + "; must be in [1, " +
+                           std::to_string(config_.max_n) + "] (--max-n)");
+  }
   if (!st.stop.empty() && tokenizer_ == nullptr) {
     return InvalidArgument("stop strings need a tokenizer");
   }
@@ -201,6 +217,39 @@ Status EngineCore::Validate(GenerationRequest* r) const {
 }
 
 void EngineCore::Add(GenerationRequest request, std::shared_ptr<ResultSink> sink) {
+  const int n = std::max(1, request.n);
+  std::vector<std::string> ids;
+  if (n > 1) {
+    for (int i = 0; i < n; ++i) ids.push_back(request.request_id + "#" + std::to_string(i));
+  }
+  // Engine::Submit keeps request ids unique; a choice's id may still meet a client's.
+  bool taken = requests_.count(request.request_id) || groups_.count(request.request_id);
+  for (const std::string& id : ids) taken = taken || requests_.count(id) || groups_.count(id);
+  if (taken) {
+    if (dequeue_observer_) dequeue_observer_();
+    GenerationOutput out;
+    out.error = InvalidArgument("request_id '" + request.request_id +
+                                "' (or one of its choices' ids) is already in use");
+    sink->OnOutput(std::move(out));
+    return;
+  }
+  if (n == 1) {
+    AddOne(std::move(request), std::move(sink), "", 0);
+    return;
+  }
+  std::vector<std::shared_ptr<ResultSink>> sinks = FanInChoices(std::move(sink), n);
+  groups_[request.request_id] = ids;
+  for (int i = 0; i < n; ++i) {
+    GenerationRequest child = request;
+    child.request_id = ids[i];
+    child.n = 1;
+    child.sampling.seed = request.sampling.seed + static_cast<uint64_t>(i);
+    AddOne(std::move(child), sinks[i], request.request_id, i);
+  }
+}
+
+void EngineCore::AddOne(GenerationRequest request, std::shared_ptr<ResultSink> sink,
+                        const std::string& group, int choice) {
   auto seq = std::make_unique<Sequence>();
   seq->id = next_seq_id_++;
   seq->arrival = seq->id;
@@ -222,26 +271,52 @@ void EngineCore::Add(GenerationRequest request, std::shared_ptr<ResultSink> sink
     st.mask.resize(request.grammar->vocab().mask_words());
   }
   st.sink = std::move(sink);
+  st.group = group;
+  st.choice = choice;
   const std::string id = request.request_id;
   st.request = std::move(request);
   seq_to_request_[seq->id] = id;
+  // Without a prefix cache there is nothing to wait for: every choice computes its prompt.
+  if (choice > 0 && scheduler_->prefix_cache() != nullptr) {
+    st.held = std::move(seq);
+  } else {
+    scheduler_->Add(std::move(seq));
+  }
   requests_.emplace(id, std::move(st));
-  scheduler_->Add(std::move(seq));
+}
+
+void EngineCore::ReleaseHeldChoices(const StepRecord& record) {
+  for (const StepRecord::Entry& e : record.entries) {
+    if (!e.prefill_done) continue;
+    auto it = requests_.find(e.request_id);
+    if (it == requests_.end() || it->second.group.empty() || it->second.choice != 0) continue;
+    auto g = groups_.find(it->second.group);
+    if (g == groups_.end()) continue;
+    for (const std::string& id : g->second) {
+      auto c = requests_.find(id);
+      if (c != requests_.end() && c->second.held) scheduler_->Add(std::move(c->second.held));
+    }
+  }
 }
 
 void EngineCore::Finish(RequestState& st, FinishReason reason, GenerationOutput out) {
-  if (!st.scheduled && dequeue_observer_) dequeue_observer_();    // ended while still queued
-  std::unique_ptr<Sequence> seq = scheduler_->Remove(st.seq_id);  // frees KV blocks
+  // Ended while still queued (a request's choices count once, as choice 0).
+  if (!st.scheduled && st.choice == 0 && dequeue_observer_) dequeue_observer_();
+  // Frees KV blocks; a held choice has none yet.
+  std::unique_ptr<Sequence> seq = st.held ? std::move(st.held) : scheduler_->Remove(st.seq_id);
   out.finished = true;
   out.finish_reason = reason;
   const double e2e = Seconds(std::chrono::steady_clock::now() - st.request.arrival_time);
-  metrics_->e2e.Observe(e2e);
-  metrics_->CountOutcome(Outcome(out));
+  // A request with n choices counts once in the request metrics, as its choice 0.
+  if (st.choice == 0) {
+    metrics_->e2e.Observe(e2e);
+    metrics_->CountOutcome(Outcome(out));
+  }
   spdlog::info("[{}] finished: {} prompt={} completion={} cached={} e2e={:.3f}s",
                st.request.request_id, Outcome(out), seq ? seq->prompt_ids.size() : 0,
                seq ? seq->num_known_outputs() : 0, seq ? seq->num_cached_tokens : 0, e2e);
   if (seq) {
-    metrics_->prompt_tokens.Inc(static_cast<double>(seq->prompt_ids.size()));
+    if (st.choice == 0) metrics_->prompt_tokens.Inc(static_cast<double>(seq->prompt_ids.size()));
     out.usage.prompt_tokens = static_cast<int>(seq->prompt_ids.size());
     out.usage.completion_tokens = seq->num_known_outputs();
     out.usage.cached_tokens = seq->num_cached_tokens;
@@ -249,8 +324,21 @@ void EngineCore::Finish(RequestState& st, FinishReason reason, GenerationOutput 
   std::shared_ptr<ResultSink> sink = std::move(st.sink);
   seq_to_request_.erase(st.seq_id);
   const std::string id = st.request.request_id;
+  const std::string group = st.group;
   requests_.erase(id);  // st is dangling from here on
+  const Status error = out.error;
   sink->OnOutput(std::move(out));
+  auto g = groups_.find(group);
+  if (group.empty() || g == groups_.end()) return;
+  std::erase(g->second, id);
+  if (g->second.empty()) {
+    groups_.erase(g);
+  } else if (!error.ok()) {
+    // One choice failed: the request has failed (its sink has the error); end the others.
+    const std::vector<std::string> rest = std::move(g->second);
+    groups_.erase(g);
+    for (const std::string& other : rest) Fail(other, error);
+  }
 }
 
 void EngineCore::Fail(const std::string& request_id, const Status& error) {
@@ -262,6 +350,11 @@ void EngineCore::Fail(const std::string& request_id, const Status& error) {
 }
 
 bool EngineCore::Abort(const std::string& request_id, const Status& error) {
+  if (auto g = groups_.find(request_id); g != groups_.end()) {
+    const std::vector<std::string> choices = g->second;
+    for (const std::string& id : choices) Abort(id, error);
+    return true;
+  }
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return false;
   if (error.ok()) {
@@ -286,7 +379,8 @@ void EngineCore::ExpireDeadlines(std::chrono::steady_clock::time_point now) {
 void EngineCore::OnToken(RequestState& st, Sequence& seq, const SampledToken& tok) {
   const auto now = std::chrono::steady_clock::now();
   if (seq.output_ids.size() == 1) {
-    metrics_->ttft.Observe(Seconds(now - st.request.arrival_time));
+    // A request's first token is its choice 0's (the others start after its prefill).
+    if (st.choice == 0) metrics_->ttft.Observe(Seconds(now - st.request.arrival_time));
   } else {
     metrics_->itl.Observe(Seconds(now - st.last_token_time));
   }
@@ -410,6 +504,7 @@ StepRecord EngineCore::StepInner() {
   if (!st.ok()) spdlog::error("forward pass failed: {}", st.ToString());
   // Placeholders are resolved: the prefix cache may hash the newly computed blocks.
   scheduler_->OnStepDone(sched);
+  ReleaseHeldChoices(record);
   if (prev) StreamCollected(*prev);
   if (!st.ok()) {
     FailRows(in.step_seq, Internal("forward pass failed: " + st.message()));
@@ -431,9 +526,11 @@ void EngineCore::NoteScheduled(const SchedulerOutput& sched, StepRecord* record)
     RequestState& rs = requests_.at(seq_to_request_.at(seq.id));
     if (!rs.scheduled) {
       rs.scheduled = true;
-      if (dequeue_observer_) dequeue_observer_();
-      metrics_->queue_time.Observe(
-          Seconds(std::chrono::steady_clock::now() - rs.request.arrival_time));
+      if (rs.choice == 0) {  // a request leaves the queue once, with its first choice
+        if (dequeue_observer_) dequeue_observer_();
+        metrics_->queue_time.Observe(
+            Seconds(std::chrono::steady_clock::now() - rs.request.arrival_time));
+      }
     }
     const int prompt_len = static_cast<int>(seq.prompt_ids.size());
     record->entries.push_back({seq.id, rs.request.request_id, s.num_tokens,
@@ -448,7 +545,10 @@ StepBatch EngineCore::BuildInputs(const SchedulerOutput& sched) {
   const DeviceJobFn device_job = [this](const Sequence& seq, SamplingJob* job,
                                         std::vector<PenaltyEntry>* penalties) {
     RequestState& rs = requests_.at(seq_to_request_.at(seq.id));
-    if (rs.request.sampling.logprobs != 0 || logits_observer_ || rs.matcher) return false;
+    if (rs.request.sampling.logprobs != 0 || logits_observer_ || rs.matcher ||
+        !rs.request.sampling.logit_bias.empty()) {
+      return false;  // logit_bias: the host sampler applies it (the kernel has no bias entries)
+    }
     *job = rs.sampler->DeviceJob(seq.prompt_ids, seq.output_ids, penalties);
     return true;
   };
@@ -541,7 +641,7 @@ void EngineCore::ReportRouting(const AttentionBatch& batch,
 
 bool EngineCore::Overlappable(const RequestState& st) const {
   const SamplingParams& p = st.request.sampling;
-  return !st.matcher && p.logprobs == 0 && p.repetition_penalty == 1.0f &&
+  return !st.matcher && p.logprobs == 0 && p.logit_bias.empty() && p.repetition_penalty == 1.0f &&
          p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
 }
 

@@ -50,9 +50,10 @@ class EngineCore {
   // reads only immutable state.
   Status Validate(GenerationRequest* request) const;
 
-  // Takes a validated request. The sink gets its outputs.
+  // Takes a validated request. The sink gets its outputs (every choice's, when n > 1).
   void Add(GenerationRequest request, std::shared_ptr<ResultSink> sink);
-  // Ends a request with the given reason (kAborted) or error status. False if unknown.
+  // Ends a request (every choice of it) with the given reason (kAborted) or error status. False
+  // if unknown.
   bool Abort(const std::string& request_id, const Status& error);
   // Ends every request whose deadline has passed with DEADLINE_EXCEEDED.
   void ExpireDeadlines(std::chrono::steady_clock::time_point now);
@@ -106,10 +107,22 @@ class EngineCore {
     std::unique_ptr<grammar::Matcher> matcher;
     std::vector<uint32_t> mask;
     bool scheduled = false;  // queue time recorded
+    // n > 1: the request this is a choice of, and the choice's index; with a prefix cache,
+    // choices 1..n-1 hold their sequence here until choice 0's prefill is done
+    // (ReleaseHeldChoices).
+    std::string group;
+    int choice = 0;
+    std::unique_ptr<Sequence> held;
     std::chrono::steady_clock::time_point last_token_time;
   };
 
   EngineCore() = default;
+  // One request (or one choice of one): its state, and its sequence to the scheduler unless held.
+  void AddOne(GenerationRequest request, std::shared_ptr<ResultSink> sink, const std::string& group,
+              int choice);
+  // Admits the held choices of every request whose choice 0 completed its prefill this step
+  // (its full prompt blocks are now in the prefix cache).
+  void ReleaseHeldChoices(const StepRecord& record);
   // Builds the grammar cache over the tokenizer's vocabulary, or notes why there is none.
   void InitGrammars(const std::string& tokenizer_path);
   // Size limit and compilation (through the cache) of the request's constraint.
@@ -170,6 +183,7 @@ class EngineCore {
   int64_t next_seq_id_ = 1;
   std::map<std::string, RequestState> requests_;  // by request id
   std::map<int64_t, std::string> seq_to_request_;
+  std::map<std::string, std::vector<std::string>> groups_;  // n > 1: request id -> choice ids
   LogitsObserver logits_observer_;
   RoutingObserver routing_observer_;
   std::vector<MoeRoutingDecision> routing_trace_;  // the model appends while the observer is set

@@ -39,6 +39,11 @@ struct GenerationRequest {
   std::optional<std::chrono::steady_clock::time_point> deadline;
   std::chrono::steady_clock::time_point arrival_time = std::chrono::steady_clock::now();
   Constraint constraint;
+  // Choices: n > 1 runs n child requests ("<id>#<i>"), choice i seeded with sampling.seed + i
+  // (vLLM's rule); with prefix caching on, choices 1..n-1 are admitted once choice 0's prefill is
+  // in the prefix cache, so they share its full prompt blocks. Their outputs meet in the request's
+  // one sink (engine/choice_fan_in.h).
+  int n = 1;
   // Set by EngineCore::Validate from `constraint` (through the engine's grammar cache).
   std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
@@ -52,8 +57,10 @@ struct Usage {
 };
 
 // One streamed update. Exactly one update per request has `finished` set (or a non-OK `error`),
-// and it is the last.
+// and it is the last. With n > 1 choices, a choice's last update has its finish_reason set (and
+// `finished` only if it is the request's last; its usage then covers every choice).
 struct GenerationOutput {
+  int index = 0;                   // the choice this update belongs to (n > 1)
   std::vector<int32_t> token_ids;  // tokens generated since the previous update
   std::string text;                // text delta; whole UTF-8 characters only
   std::vector<SampledToken> logprobs;

@@ -78,6 +78,7 @@ Status ConvertRequest(const GenerateParams& in, const EngineCore& core, const Se
   if (in.presence_penalty) sp.presence_penalty = *in.presence_penalty;
   if (in.frequency_penalty) sp.frequency_penalty = *in.frequency_penalty;
   sp.logprobs = in.logprobs;
+  sp.logit_bias = in.logit_bias;
   StoppingParams& st = out->stopping;
   st.max_tokens = in.max_tokens
                       ? *in.max_tokens
@@ -90,6 +91,7 @@ Status ConvertRequest(const GenerateParams& in, const EngineCore& core, const Se
   if (in.skip_special_tokens) out->skip_special_tokens = *in.skip_special_tokens;
   if (in.priority) out->priority = *in.priority;
   out->constraint = in.constraint;
+  out->n = in.n;
   return Status::Ok();
 }
 

@@ -42,7 +42,9 @@ struct GenerateParams {
   std::optional<float> repetition_penalty;
   std::optional<float> presence_penalty;
   std::optional<float> frequency_penalty;
-  int logprobs = 0;  // top-N per generated token
+  int logprobs = 0;                                   // top-N per generated token
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias), ascending ids
+  int n = 1;                                          // choices
 
   std::optional<int> max_tokens;  // unset: the server's default_max_tokens
   std::optional<int> min_tokens;

@@ -93,6 +93,7 @@ void GenerateReactor::Push(GenerationOutput out) {
       c->mutable_token_ids()->Add(out.token_ids.begin(), out.token_ids.end());
       c->set_text(out.text);
       AddLogprobs(out.logprobs, c->mutable_logprobs());
+      c->set_index(out.index);
       c->mutable_usage()->set_prompt_tokens(out.usage.prompt_tokens);
       c->mutable_usage()->set_completion_tokens(out.usage.completion_tokens);
       c->mutable_usage()->set_cached_tokens(out.usage.cached_tokens);
@@ -103,6 +104,11 @@ void GenerateReactor::Push(GenerationOutput out) {
       c->mutable_token_ids()->Add(out.token_ids.begin(), out.token_ids.end());
       c->set_text(out.text);
       AddLogprobs(out.logprobs, c->mutable_logprobs());
+      c->set_index(out.index);
+      if (out.finish_reason != FinishReason::kNone) {  // a choice of n > 1 ended
+        c->set_finish_reason(ToProto(out.finish_reason));
+        c->set_matched_stop(out.matched_stop);
+      }
       queue_.push_back(std::move(msg));
     }
     // With a write in flight, OnWriteDone sends this one; otherwise the writer thread starts it.

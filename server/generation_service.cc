@@ -1,5 +1,7 @@
 #include "server/generation_service.h"
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 #include "server/generate_reactor.h"
@@ -76,6 +78,8 @@ Status FromProto(const pb::GenerateRequest& in, GenerateParams* out) {
   if (s.has_repetition_penalty()) out->repetition_penalty = s.repetition_penalty();
   if (s.has_presence_penalty()) out->presence_penalty = s.presence_penalty();
   if (s.has_frequency_penalty()) out->frequency_penalty = s.frequency_penalty();
+  for (const auto& [token, bias] : s.logit_bias()) out->logit_bias.emplace_back(token, bias);
+  std::sort(out->logit_bias.begin(), out->logit_bias.end());  // a proto map has no order
   if (in.has_logprobs()) out->logprobs = in.logprobs();
   const pb::StoppingParams& t = in.stopping();
   if (t.has_max_tokens()) out->max_tokens = t.max_tokens();
@@ -85,6 +89,7 @@ Status FromProto(const pb::GenerateRequest& in, GenerateParams* out) {
   if (t.has_ignore_eos()) out->ignore_eos = t.ignore_eos();
   if (in.has_skip_special_tokens()) out->skip_special_tokens = in.skip_special_tokens();
   if (in.has_priority()) out->priority = in.priority();
+  if (in.has_n()) out->n = in.n();  // range: EngineCore::Validate (--max-n)
   return ConstraintFromProto(in, &out->constraint);
 }
 

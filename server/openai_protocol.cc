@@ -1,8 +1,11 @@
 #include "server/openai_protocol.h"
 
+#include <algorithm>
 #include <functional>
 #include <limits>
 #include <map>
+
+#include "text/chat/chat_messages.h"
 
 namespace llm {
 namespace {
@@ -80,6 +83,33 @@ std::string ParsePrompt(const json& prompt, GenerateParams* p) {
   std::string e = AsTokenIds(*v, &ids);
   if (e.empty()) p->prompt = std::move(ids);
   return e;
+}
+
+// OpenAI's logit_bias: {"<token id>": bias in [-100, 100]}. Ids beyond the vocabulary are
+// refused by EngineCore::Validate, which knows its size.
+std::string ParseLogitBias(const json& v, GenerateParams* p) {
+  if (!v.is_object()) return "must be an object mapping token ids to biases";
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    const std::string& key = it.key();
+    const bool digits =
+        !key.empty() && key.size() <= 10 &&
+        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const int64_t id = digits ? std::stoll(key) : -1;
+    if (!digits || id > std::numeric_limits<int32_t>::max()) {
+      return "logit_bias: key '" + key + "' is not a token id (a non-negative integer)";
+    }
+    if (!it->is_number()) return "logit_bias['" + key + "'] must be a number";
+    const double b = it->get<double>();
+    if (!(b >= -100.0 && b <= 100.0)) return "logit_bias['" + key + "'] must be in [-100, 100]";
+    p->logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
+  }
+  std::sort(p->logit_bias.begin(), p->logit_bias.end());
+  for (size_t i = 1; i < p->logit_bias.size(); ++i) {
+    if (p->logit_bias[i].first == p->logit_bias[i - 1].first) {  // "7" and "07"
+      return "logit_bias gives token " + std::to_string(p->logit_bias[i].first) + " twice";
+    }
+  }
+  return "";
 }
 
 // Structured outputs: one constraint per request, whichever field carries it.
@@ -296,8 +326,14 @@ const std::map<std::string, FieldParser>& CommonFields() {
          }
          return "";
        }},
-      {"n", OnlyDefault(1, "n > 1 is not supported")},
-      {"logit_bias", OnlyDefault(json::object(), "logit_bias is not supported")},
+      {"n",
+       [](const json& v, OpenAiRequest* r) -> std::string {
+         int64_t x = 0;
+         std::string e = AsInt(v, 1, std::numeric_limits<int>::max(), &x);  // --max-n: the engine
+         if (e.empty()) r->params.n = static_cast<int>(x);
+         return e;
+       }},
+      {"logit_bias", [](const json& v, OpenAiRequest* r) { return ParseLogitBias(v, &r->params); }},
       {"response_format", ParseResponseFormat},
       {"structured_outputs", ParseStructuredOutputs},
       {"guided_json", Guided("json")},
@@ -322,7 +358,13 @@ const std::map<std::string, FieldParser>& CompletionFields() {
          return e;
        }},
       {"echo", OnlyDefault(false, "echo is not supported")},
-      {"best_of", OnlyDefault(1, "best_of > 1 is not supported")},
+      {"best_of",
+       [](const json& v, OpenAiRequest* r) -> std::string {
+         int64_t x = 0;
+         std::string e = AsInt(v, 1, std::numeric_limits<int>::max(), &x);
+         if (e.empty()) r->best_of = static_cast<int>(x);
+         return e;
+       }},
       {"suffix", OnlyDefault("", "suffix is not supported")},
   };
   return kFields;
@@ -333,13 +375,10 @@ const std::map<std::string, FieldParser>& ChatFields() {
       {"messages",
        [](const json& v, OpenAiRequest* r) -> std::string {
          if (!v.is_array() || v.empty()) return "must be a non-empty list of messages";
-         for (const json& m : v) {
-           if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
-             return "every message must be an object with a string 'role'";
-           }
-         }
+         // content null / a list of parts, tool-call arguments as text: what OpenAI accepts.
          r->messages = v;
-         return "";
+         std::string bad_path;
+         return NormalizeChatMessages(&r->messages, &bad_path).message();
        }},
       {"tools",
        [](const json& v, OpenAiRequest* r) -> std::string {
@@ -452,6 +491,12 @@ Status ParseOpenAiRequest(const json& body, OpenAiEndpoint endpoint, OpenAiReque
       *bad_param = key;
       return InvalidArgument(err.rfind("must", 0) == 0 ? "'" + key + "' " + err : err);
     }
+  }
+  if (out->best_of && *out->best_of != out->params.n) {
+    *bad_param = "best_of";
+    return InvalidArgument("best_of (" + std::to_string(*out->best_of) +
+                           ") must equal n: returning the best of more choices than asked for "
+                           "is not supported");
   }
   if (out->include_usage && !out->stream) {
     *bad_param = "stream_options";

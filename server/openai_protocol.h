@@ -2,6 +2,7 @@
 // OpenAI's error shape. No I/O here; OpenAiServer does the HTTP.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,7 @@ struct OpenAiRequest {
   // The field that set params.constraint (response_format, structured_outputs, guided_*): a
   // second one is refused naming both.
   std::string constraint_field;
+  std::optional<int> best_of;  // completions: accepted only equal to n
 };
 
 // An error as OpenAI sends it: {"error": {"message", "type", "param", "code"}}.

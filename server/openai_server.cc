@@ -1,5 +1,6 @@
 #include "server/openai_server.h"
 
+#include <algorithm>
 #include <ctime>
 #include <mutex>
 #include <thread>
@@ -26,6 +27,27 @@ constexpr size_t kQuoteBytes = 256;
 
 std::string Quote(std::string_view s) {
   return s.size() <= kQuoteBytes ? std::string(s) : std::string(s.substr(0, kQuoteBytes)) + "...";
+}
+
+// A path segment with its %XX escapes decoded (the openai client escapes '/' in model names);
+// a malformed escape is kept as sent.
+std::string PercentDecode(std::string_view s) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 && hex(s[i + 2]) >= 0) {
+      out += static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2]));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
 }
 
 // Messages may quote client bytes that are not UTF-8: those become U+FFFD, never an exception.
@@ -60,15 +82,18 @@ struct Stream {
   const Tokenizer* tokenizer = nullptr;
   bool started = false;
   bool finished = false;
-  int text_offset = 0;
+  std::vector<int> text_offset;  // per choice: where its next text starts
 
-  json Chunk(const std::string& text, const std::vector<SampledToken>& lps,
-             const char* finish) const {
+  int num_choices() const { return std::max(1, request.params.n); }
+
+  json Chunk(int index, const std::string& text, const std::vector<SampledToken>& lps,
+             const char* finish) {
     const bool chat = request.endpoint == OpenAiEndpoint::kChat;
+    text_offset.resize(num_choices());
     json choice = {
-        {"index", 0},
+        {"index", index},
         {"logprobs", request.logprobs >= 0 ? LogprobsJson(request.endpoint, lps, request.logprobs,
-                                                          tokenizer, text_offset)
+                                                          tokenizer, text_offset[index])
                                            : json(nullptr)},
         {"finish_reason", finish ? json(finish) : json(nullptr)}};
     if (chat) {
@@ -85,11 +110,22 @@ struct Stream {
     return c;
   }
 
-  // The non-streaming response body.
-  json Whole(const GenerationResult& result) const {
+  // The non-streaming response body: one choice per result; `usage` covers them all.
+  json Whole(const std::vector<GenerationResult>& results, const Usage& usage) const {
+    const bool chat = request.endpoint == OpenAiEndpoint::kChat;
+    json choices = json::array();
+    for (size_t i = 0; i < results.size(); ++i) {
+      choices.push_back(WholeChoice(static_cast<int>(i), results[i]));
+    }
+    return json{{"id", id},           {"object", chat ? "chat.completion" : "text_completion"},
+                {"created", created}, {"model", model},
+                {"choices", choices}, {"usage", UsageJson(usage)}};
+  }
+
+  json WholeChoice(int index, const GenerationResult& result) const {
     const bool chat = request.endpoint == OpenAiEndpoint::kChat;
     json choice = {
-        {"index", 0},
+        {"index", index},
         {"logprobs", request.logprobs >= 0 ? LogprobsJson(request.endpoint, result.logprobs,
                                                           request.logprobs, tokenizer, 0)
                                            : json(nullptr)},
@@ -100,12 +136,7 @@ struct Stream {
     } else {
       choice["text"] = result.text;
     }
-    return json{{"id", id},
-                {"object", chat ? "chat.completion" : "text_completion"},
-                {"created", created},
-                {"model", model},
-                {"choices", json::array({choice})},
-                {"usage", UsageJson(result.usage)}};
+    return choice;
   }
 
   // The SSE events for one engine output.
@@ -115,10 +146,14 @@ struct Stream {
       return SseEvent(OpenAiError::FromStatus(out.error).ToJson()) + "data: [DONE]\n\n";
     }
     std::string events;
-    const char* finish = out.finished ? OpenAiFinishReason(out.finish_reason) : nullptr;
+    // With n > 1 a choice ends on its own output (finish_reason set) before the request does.
+    const char* finish = out.finished || out.finish_reason != FinishReason::kNone
+                             ? OpenAiFinishReason(out.finish_reason)
+                             : nullptr;
+    const int index = std::clamp(out.index, 0, num_choices() - 1);
     if (!out.text.empty() || !out.token_ids.empty() || finish != nullptr) {
-      events += SseEvent(Chunk(out.text, out.logprobs, finish));
-      text_offset += static_cast<int>(out.text.size());
+      events += SseEvent(Chunk(index, out.text, out.logprobs, finish));
+      text_offset[index] += static_cast<int>(out.text.size());
     }
     if (out.finished) {
       finished = true;
@@ -175,9 +210,11 @@ class ReplySink final : public ResultSink {
     if (st.request.stream) {
       reply_->Begin(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
       if (st.request.endpoint == OpenAiEndpoint::kChat) {  // OpenAI's first chat chunk: the role
-        json first = st.Chunk("", {}, nullptr);
-        first["choices"][0]["delta"] = {{"role", "assistant"}, {"content", ""}};
-        reply_->Stream(SseEvent(first));
+        for (int i = 0; i < st.num_choices(); ++i) {       // one per choice, as vLLM sends
+          json first = st.Chunk(i, "", {}, nullptr);
+          first["choices"][0]["delta"] = {{"role", "assistant"}, {"content", ""}};
+          reply_->Stream(SseEvent(first));
+        }
       }
     }
     for (GenerationOutput& o : pending_) Handle(std::move(o));
@@ -196,11 +233,15 @@ class ReplySink final : public ResultSink {
       if (st.finished) Done();
       return;
     }
-    result_.Add(std::move(out));
-    if (!result_.finished) return;
+    results_.resize(st.num_choices());
+    const bool last = out.finished || !out.error.ok();
+    const Usage usage = out.usage;
+    GenerationResult& result = results_[std::clamp(out.index, 0, st.num_choices() - 1)];
+    result.Add(std::move(out));
+    if (!last) return;
     st.finished = true;
-    const json body =
-        result_.error.ok() ? st.Whole(result_) : OpenAiError::FromStatus(result_.error).ToJson();
+    const json body = result.error.ok() ? st.Whole(results_, usage)
+                                        : OpenAiError::FromStatus(result.error).ToJson();
     reply_->Respond(200, "application/json", Dump(body));
     Done();
   }
@@ -216,7 +257,7 @@ class ReplySink final : public ResultSink {
   bool started_ = false;
   bool done_ = false;
   std::vector<GenerationOutput> pending_;
-  GenerationResult result_;
+  std::vector<GenerationResult> results_;  // per choice
 };
 
 }  // namespace
@@ -273,6 +314,9 @@ void OpenAiServer::Handle(const Http1Request& req, const Reply& reply) {
   }
   if (!Authorized(req, reply)) return;
   if (req.method == "GET" && path == "/v1/models") return Models(reply);
+  if (req.method == "GET" && path.rfind("/v1/models/", 0) == 0) {
+    return Model(path.substr(std::string_view("/v1/models/").size()), reply);
+  }
   if (req.method == "POST" && path == "/v1/completions") return Generate(req, reply, false);
   if (req.method == "POST" && path == "/v1/chat/completions") return Generate(req, reply, true);
   if (req.method == "POST" && path == "/tokenize") return Tokenize(req, reply);
@@ -283,15 +327,30 @@ void OpenAiServer::Handle(const Http1Request& req, const Reply& reply) {
   SendError(reply, e);
 }
 
-void OpenAiServer::Models(const Reply& reply) const {
+json OpenAiServer::ModelObject() const {
   const EngineCore& core = gateway_->core();
-  json m = {{"id", config_.model_name},
-            {"object", "model"},
-            {"created", 0},
-            {"owned_by", "llm-server"},
-            {"root", core.config().model.model_dir},
-            {"max_model_len", core.max_model_len()}};
-  SendJson(reply, json{{"object", "list"}, {"data", json::array({m})}});
+  return json{{"id", config_.model_name},
+              {"object", "model"},
+              {"created", 0},
+              {"owned_by", "llm-server"},
+              {"root", core.config().model.model_dir},
+              {"max_model_len", core.max_model_len()}};
+}
+
+void OpenAiServer::Models(const Reply& reply) const {
+  SendJson(reply, json{{"object", "list"}, {"data", json::array({ModelObject()})}});
+}
+
+void OpenAiServer::Model(std::string_view id, const Reply& reply) const {
+  // The openai client escapes the id ('/' in org/model becomes %2F); an unescaped '/' matches too.
+  const std::string name = PercentDecode(id);
+  if (name == config_.model_name) return SendJson(reply, ModelObject());
+  OpenAiError e;
+  e.http_status = 404;
+  e.message = "The model '" + Quote(name) + "' does not exist";
+  e.param = "model";
+  e.code = "model_not_found";
+  SendError(reply, e);
 }
 
 void OpenAiServer::Generate(const Http1Request& req, const Reply& reply, bool chat) {

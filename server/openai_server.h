@@ -11,6 +11,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "base/status.h"
@@ -50,6 +51,9 @@ class OpenAiServer {
   void Tokenize(const Http1Request& req, const Reply& reply);
   void Detokenize(const Http1Request& req, const Reply& reply);
   void Models(const Reply& reply) const;
+  // GET /v1/models/{id}: the served model's object, or OpenAI's 404 for any other id.
+  void Model(std::string_view id, const Reply& reply) const;
+  nlohmann::ordered_json ModelObject() const;
   // Parses a JSON object body within max_json_depth; false after sending the error.
   bool ParseBody(const Http1Request& req, const Reply& reply, nlohmann::ordered_json* body) const;
 

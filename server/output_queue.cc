@@ -9,11 +9,16 @@ void GenerationResult::Add(GenerationOutput out) {
   if (!out.error.ok()) {
     error = out.error;
     finished = true;
-  } else if (out.finished) {
-    finish_reason = out.finish_reason;
-    matched_stop = out.matched_stop;
-    usage = out.usage;
-    finished = true;
+  } else {
+    // A choice of an n > 1 request ends with its finish_reason before the request finishes.
+    if (out.finish_reason != FinishReason::kNone) {
+      finish_reason = out.finish_reason;
+      matched_stop = out.matched_stop;
+    }
+    if (out.finished) {
+      usage = out.usage;
+      finished = true;
+    }
   }
 }
 

@@ -132,6 +132,9 @@ std::vector<ServerOption> Declarations() {
              "max_tokens of a request that sets none"),
       O::Int("max_prompt_bytes", LLM_BIND(max_prompt_bytes), 1, 1 << 30, G::kLimits,
              "largest text prompt, in bytes"),
+      O::Int("max_n", LLM_BIND(engine.max_n), 1, 1024, G::kLimits,
+             "most choices (OpenAI's n) one request may ask for; they share the prompt's KV "
+             "blocks"),
       // CUDA.
       O::Percent("gpu_memory_percent", LLM_BIND(engine.model.gpu_memory_fraction), 1, 99, G::kCuda,
                  "percent of the GPU memory left after the weights for the KV pool")

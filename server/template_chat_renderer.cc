@@ -1,5 +1,7 @@
 #include "server/template_chat_renderer.h"
 
+#include "text/chat/chat_messages.h"
+
 namespace llm {
 
 StatusOr<std::unique_ptr<TemplateChatRenderer>> TemplateChatRenderer::Load(
@@ -27,6 +29,9 @@ StatusOr<std::string> TemplateChatRenderer::Render(const nlohmann::ordered_json&
                                                    bool add_generation_prompt) const {
   ChatRenderRequest r;
   r.messages = messages;
+  // Every path (both front ends' chat, /tokenize) hands the template the same message shapes.
+  std::string bad_path;
+  LLM_RETURN_IF_ERROR(NormalizeChatMessages(&r.messages, &bad_path));
   // An empty list renders as no tools (tools=None; a template's `tools is not none` would
   // otherwise write an empty tool section), on every path: both front ends' chat and /tokenize.
   if (!(tools.is_array() && tools.empty())) r.tools = tools;

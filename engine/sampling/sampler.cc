@@ -166,8 +166,16 @@ SamplingJob Sampler::DeviceJob(std::span<const int32_t> prompt, std::span<const 
   return NextJob();
 }
 
+void ApplyLogitBias(std::span<float> logits, std::span<const std::pair<int32_t, float>> bias) {
+  const int32_t vocab = static_cast<int32_t>(logits.size());
+  for (const auto& [token, b] : bias) {
+    if (token >= 0 && token < vocab) logits[token] += b;
+  }
+}
+
 SampledToken Sampler::Sample(std::span<float> logits, std::span<const int32_t> prompt,
                              std::span<const int32_t> generated) {
+  ApplyLogitBias(logits, params_.logit_bias);
   UpdatePenalties(prompt, generated);
   SampledToken out = SampleWithJob(logits, NextJob(), penalties_);
   // Logprobs cost a pass of exp() over the vocabulary: only when asked for. SampleWithJob leaves

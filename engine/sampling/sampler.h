@@ -4,6 +4,8 @@
 //
 // The definition, shared by the CPU sampler here and the device kernel
 // (kernels/cuda/sampling/sampling.h holds the arithmetic both use):
+//  0. logit_bias (host only: such rows never get a device job): l_t += bias_t, before the
+//     penalties, as OpenAI and vLLM apply it.
 //  1. Penalties, on the logits l: for every token in prompt + generated, l /= r if l > 0 else
 //     l *= r (repetition r); then for every generated token, l -= presence + frequency * count.
 //  2. temperature 0: the token is argmax l (lowest id on ties); nothing is drawn.
@@ -75,6 +77,10 @@ class Sampler {
 // Fills only `token`.
 SampledToken SampleWithJob(std::span<float> logits, const SamplingJob& job,
                            std::span<const PenaltyEntry> penalties);
+
+// Adds each (token, bias) to logits[token] (tokens outside the vocabulary are skipped: Validate
+// refuses them).
+void ApplyLogitBias(std::span<float> logits, std::span<const std::pair<int32_t, float>> bias);
 
 // Index of the largest logit, lowest index on ties: exactly std::max_element's result.
 int32_t Argmax(std::span<const float> logits);

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace llm {
@@ -17,6 +18,9 @@ struct SamplingParams {
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
   int logprobs = 0;  // top-N
+  // OpenAI's logit_bias: (token id, bias in [-100, 100]) added to the raw logits before anything
+  // else. Rows with a bias are sampled on the host (EngineCore's device job declines them).
+  std::vector<std::pair<int32_t, float>> logit_bias;
 
   bool greedy() const { return temperature == 0.0f; }
 };

@@ -134,8 +134,9 @@ await check("bad request: 400 naming the field", async () => {
   let e = await expectError(client.completions.create({ model: MODEL, prompt: "x", temperature: -1 }),
                             400, "temperature -1");
   expect(/temperature/.test(e.message), `message names temperature: ${e.message}`);
-  e = await expectError(client.completions.create({ model: MODEL, prompt: "x", n: 2 }), 400, "n 2");
-  expect(/n > 1 is not supported/.test(e.message), e.message);
+  e = await expectError(client.completions.create({ model: MODEL, prompt: "x", n: 2, best_of: 3 }),
+                        400, "best_of 3 with n 2");
+  expect(e.param === "best_of", `param best_of, got ${e.param}`);
   e = await expectError(client.completions.create({ model: MODEL, prompt: "x", frobnicate: 1 }),
                         400, "unknown field");
   expect(e.param === "frobnicate", `param frobnicate, got ${e.param}`);
@@ -183,24 +184,84 @@ await check("response_format json_schema (strict): output parses, matches, ends 
   expect(/patternProperties/.test(e.message), `message names the keyword: ${e.message}`);
 });
 
+await check("models.retrieve: the served model; another id is 404", async () => {
+  const m = await client.models.retrieve(MODEL);
+  expect(m.id === MODEL && m.object === "model", `retrieved ${JSON.stringify(m)}`);
+  const e = await expectError(client.models.retrieve("no-such-model"), 404, "unknown model");
+  expect(e.code === "model_not_found", `code model_not_found, got ${e.code}`);
+});
+
+await check("tool-call follow-up: the assistant message as returned (content null) and a tool result", async () => {
+  const tools = [{ type: "function", function: { name: "get_weather", description: "Weather of a city",
+    parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] } } }];
+  const messages = [
+    { role: "user", content: [{ type: "text", text: "Weather in Paris?" }] },
+    { role: "assistant", content: null, tool_calls: [{ id: "call_0", type: "function",
+      function: { name: "get_weather", arguments: '{"city": "Paris"}' } }] },
+    { role: "tool", tool_call_id: "call_0", content: "sunny, 21 C" },
+  ];
+  const r = await client.chat.completions.create({ ...greedy, messages, tools, max_tokens: 4 });
+  expect(r.choices[0].message.role === "assistant", "an assistant reply");
+  expect(r.usage.completion_tokens === 4, `4 completion tokens, got ${r.usage.completion_tokens}`);
+  const e = await expectError(client.chat.completions.create({ ...greedy, max_tokens: 1, messages: [
+    { role: "user", content: [{ type: "image_url", image_url: { url: "http://example.com/a.png" } }] }] }),
+    400, "image part");
+  expect(/'image_url'/.test(e.message) && e.param === "messages", `names image_url: ${e.message}`);
+});
+
+await check("n = 2: indexed choices, streamed chunks carry index, usage counts both", async () => {
+  const r = await client.completions.create({ model: MODEL, prompt: "Once", max_tokens: 6, n: 2,
+                                               seed: 5, temperature: 1, ignore_eos: true });
+  expect(r.choices.length === 2 && r.choices[0].index === 0 && r.choices[1].index === 1, "two choices");
+  expect(r.usage.completion_tokens === 12, `12 completion tokens, got ${r.usage.completion_tokens}`);
+  const stream = await client.chat.completions.create({
+    ...greedy, messages: [{ role: "user", content: "hi" }], max_tokens: 5, n: 2, stream: true,
+    stream_options: { include_usage: true } });
+  const text = ["", ""], finish = [null, null];
+  let usage = null;
+  for await (const ch of stream) {
+    if (ch.usage) usage = ch.usage;
+    for (const c of ch.choices) {
+      expect(c.index === 0 || c.index === 1, `index ${c.index}`);
+      text[c.index] += c.delta.content || "";
+      if (c.finish_reason) finish[c.index] = c.finish_reason;
+    }
+  }
+  expect(finish[0] === "length" && finish[1] === "length", `both finish: ${finish}`);
+  expect(text[0] === text[1] && text[0].length > 0, "greedy choices are identical");
+  expect(usage && usage.completion_tokens === 10, `usage counts both choices: ${JSON.stringify(usage)}`);
+});
+
+await check("logit_bias +100 forces one token", async () => {
+  const root = BASE_URL.replace(/\/v1\/?$/, "");
+  const tok = await (await fetch(root + "/tokenize", { method: "POST",
+    headers: { "Content-Type": "application/json", Authorization: `Bearer ${API_KEY}` },
+    body: JSON.stringify({ prompt: "a", add_special_tokens: false }) })).json();
+  const id = tok.tokens[tok.tokens.length - 1];
+  const r = await client.completions.create({ model: MODEL, prompt: "Hello", max_tokens: 4, seed: 1,
+                                               temperature: 1, ignore_eos: true, logit_bias: { [id]: 100 } });
+  expect(r.choices[0].text === "aaaa", `four 'a' tokens, got ${JSON.stringify(r.choices[0].text)}`);
+});
+
 await check("bad key: 401", async () => {
   const bad = new OpenAI({ baseURL: BASE_URL, apiKey: "wrong-" + API_KEY, maxRetries: 0 });
   await expectError(bad.completions.create({ model: MODEL, prompt: "x", max_tokens: 1 }), 401, "bad key");
   await expectError(bad.models.list(), 401, "bad key on /v1/models");
 });
 
-await check("disconnect mid-stream frees the request's KV blocks", async () => {
+for (const n of [1, 2]) await check(`disconnect mid-stream frees the request's KV blocks (n = ${n})`, async () => {
   const baseline = await metric("llm_kv_cache_usage_perc");
   const cancelledBefore = await metric(CANCELLED, 0);
   const controller = new AbortController();
   const stream = await client.completions.create(
-    { ...greedy, prompt: "A long story:", max_tokens: MAX_TOKENS_LIMIT, stream: true },
+    { ...greedy, prompt: "A long story:", max_tokens: MAX_TOKENS_LIMIT, stream: true, n },
     { signal: controller.signal });
   let chunks = 0;
   try {
     for await (const c of stream) {
+      // Choice 1 starts after choice 0's prefill step, so both run by the third chunk.
       if (++chunks === 3) {
-        expect((await metric("llm_num_requests_running")) === 1, "the request is running");
+        expect((await metric("llm_num_requests_running")) === n, `its ${n} choices are running`);
         controller.abort();
       }
     }

@@ -5,7 +5,9 @@ The server runs the tiny model with a real tool-calling template from the fixtur
 the Llama 3.x one). For one OpenAI conversation (tool definitions, an assistant tool call with
 empty content, the tool's result with tool_call_id and name, an answer, a new question):
   - HTTP /tokenize of the messages is the tokenization of Python jinja2's rendering of the
-    template (tests/python/chat_template_reference.py), so the HTTP prompt is the reference;
+    template (tests/python/chat_template_reference.py) over the messages as vLLM hands them to
+    the template (tool-call arguments parsed from JSON text into objects), so the HTTP prompt is
+    the reference;
   - the gRPC ChatPrompt of the same conversation generates exactly what that prompt's token ids
     generate (prompt length, greedy tokens and their logprobs, which depend on every prompt
     token), and what /v1/chat/completions generates;
@@ -45,6 +47,19 @@ MESSAGES = [
     {"role": "assistant", "content": "It is 21 degrees in Paris."},
     {"role": "user", "content": "And tomorrow?"},
 ]
+
+
+def as_vllm_renders(messages):
+    """vLLM's preprocessing before the template: tool-call `arguments` text parsed to objects
+    (templates write `arguments | tojson`), content null as ""."""
+    out = json.loads(json.dumps(messages))
+    for m in out:
+        if m.get("content") is None:
+            m["content"] = ""
+        for c in m.get("tool_calls") or []:
+            args = c["function"].get("arguments")
+            c["function"]["arguments"] = json.loads(args) if args else {}
+    return out
 
 
 def post(port, path, body):
@@ -106,7 +121,7 @@ def test_grpc_chat_with_tool_calls_renders_as_http(chat_server, pb):
         token_ids=[info.eos_token_ids[0]], skip_special_tokens=False), timeout=HANG_S).text}
     with open(path) as f:
         compiled = ref.compile_template(f.read())
-    conv = {"messages": MESSAGES, "tools": TOOLS, "add_generation_prompt": True}
+    conv = {"messages": as_vllm_renders(MESSAGES), "tools": TOOLS, "add_generation_prompt": True}
     expected = ref.render(compiled, conv, special)
     assert "get_weather" in expected.split("How warm")[1] and "Paris" in expected, expected
     expected_ids = post(s.http_port, "/tokenize",

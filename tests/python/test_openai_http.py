@@ -135,6 +135,162 @@ def test_tokenize_detokenize(shared):
     assert code == 400
 
 
+def test_message_shapes_and_model_route(shared):
+    """content null beside tool_calls, a tool result and text parts render as the strings and
+    objects vLLM hands the template; non-text parts are refused by type; GET /v1/models/{id}."""
+    base = shared.http_base
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "weather"},
+                                         {"type": "text", "text": "in Paris?"}]},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    req = {"messages": msgs, "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    code, body = curl(base + "/v1/chat/completions", data=json.dumps(req))
+    assert code == 200, body
+    assert json.loads(body)["usage"]["completion_tokens"] == 3
+    # The parts join with "\n" exactly as the string form would render.
+    code, parts = curl(base + "/tokenize", data=json.dumps({"messages": msgs[:1]}))
+    code2, joined = curl(base + "/tokenize", data=json.dumps(
+        {"messages": [{"role": "user", "content": "weather\nin Paris?"}]}))
+    assert code == code2 == 200 and json.loads(parts)["tokens"] == json.loads(joined)["tokens"]
+    for part in ({"type": "image_url", "image_url": {"url": "http://x/y.png"}},
+                 {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}):
+        code, body = curl(base + "/v1/chat/completions", data=json.dumps(
+            {"messages": [{"role": "user", "content": [part]}], "max_tokens": 1}))
+        err = error_of(body)
+        assert code == 400 and err["param"] == "messages", body
+        assert f"'{part['type']}' are not supported" in err["message"]
+    code, body = curl(base + "/v1/models/tiny-llama")
+    assert code == 200 and json.loads(body)["id"] == "tiny-llama"
+    assert json.loads(body)["object"] == "model"
+    code, body = curl(base + "/v1/models/gpt-4")
+    err = error_of(body)
+    assert code == 404 and err["code"] == "model_not_found" and "gpt-4" in err["message"]
+    code, body = curl(base + "/v1/models/tiny-llama", key="wrong")
+    assert code == 401
+
+
+def test_logit_bias(shared):
+    base = shared.http_base
+    code, body = curl(base + "/tokenize", data=json.dumps({"prompt": "a",
+                                                            "add_special_tokens": False}))
+    assert code == 200
+    token = json.loads(body)["tokens"][-1]
+    req = {"prompt": "Hello", "max_tokens": 4, "temperature": 1.0, "seed": 7, "ignore_eos": True,
+           "logit_bias": {str(token): 100}}
+    code, body = curl(base + "/v1/completions", data=json.dumps(req))
+    assert code == 200, body
+    code, want = curl(base + "/detokenize", data=json.dumps({"tokens": [token] * 4}))
+    assert json.loads(body)["choices"][0]["text"] == json.loads(want)["prompt"]
+    # -100 on the greedy choice bans it.
+    greedy = {"prompt": "Hello", "max_tokens": 1, "temperature": 0, "logprobs": 1}
+    code, body = curl(base + "/v1/completions", data=json.dumps(greedy))
+    first = json.loads(body)["choices"][0]["logprobs"]["tokens"][0]
+    code, ids = curl(base + "/tokenize", data=json.dumps({"prompt": first,
+                                                           "add_special_tokens": False}))
+    banned = json.loads(ids)["tokens"]
+    if len(banned) == 1:  # the piece re-tokenizes to itself
+        code, body = curl(base + "/v1/completions", data=json.dumps(
+            dict(greedy, logit_bias={str(banned[0]): -100})))
+        assert code == 200 and json.loads(body)["choices"][0]["logprobs"]["tokens"][0] != first
+    for bias, where in (({"1": 100.5}, "[-100, 100]"), ({"abc": 1}, "'abc'"),
+                        ({"99999999": 1}, "outside the vocabulary")):
+        code, body = curl(base + "/v1/completions", data=json.dumps(
+            {"prompt": "x", "max_tokens": 1, "logit_bias": bias}))
+        assert code == 400 and where in error_of(body)["message"], body
+
+
+def test_logit_bias_on_grpc(shared, pb):
+    code, body = curl(shared.http_base + "/tokenize", data=json.dumps(
+        {"prompt": "a", "add_special_tokens": False}))
+    token = json.loads(body)["tokens"][-1]
+    req = pb.GenerateRequest(text="Hello", stopping=pb.StoppingParams(max_tokens=3,
+                                                                     ignore_eos=True))
+    req.sampling.temperature = 1.0
+    req.sampling.seed = 3
+    req.sampling.logit_bias[token] = 100.0
+    out = list(shared.stub().Generate(req, timeout=HANG_S, metadata=AUTH))
+    ids = [t for m in out if m.HasField("chunk") for t in m.chunk.token_ids]
+    ids += list(out[-1].complete.token_ids)
+    assert ids[:3] == [token] * 3, out
+
+
+def test_n_choices(shared):
+    base = shared.http_base
+    req = {"prompt": "Hello", "max_tokens": 5, "temperature": 1.0, "seed": 11, "ignore_eos": True,
+           "n": 3, "best_of": 3}
+    code, body = curl(base + "/v1/completions", data=json.dumps(req))
+    assert code == 200, body
+    whole = json.loads(body)
+    assert [c["index"] for c in whole["choices"]] == [0, 1, 2]
+    assert all(c["finish_reason"] == "length" for c in whole["choices"])
+    assert whole["usage"]["completion_tokens"] == 15
+    # Choice i is the n = 1 request seeded seed + i.
+    for i in range(3):
+        code, one = curl(base + "/v1/completions", data=json.dumps(
+            dict(req, n=1, best_of=1, seed=11 + i)))
+        assert json.loads(one)["choices"][0]["text"] == whole["choices"][i]["text"]
+    # Streamed: every chunk names its choice; each choice finishes once; usage counts all.
+    code, body = curl(base + "/v1/completions", data=json.dumps(
+        dict(req, stream=True, stream_options={"include_usage": True})))
+    events = [json.loads(e[len("data: "):]) for e in body.decode().split("\n\n")[:-2]]
+    texts, finishes = {}, {}
+    for e in events[:-1]:
+        (c,) = e["choices"]
+        texts[c["index"]] = texts.get(c["index"], "") + c["text"]
+        if c["finish_reason"] is not None:
+            assert c["index"] not in finishes
+            finishes[c["index"]] = c["finish_reason"]
+    assert finishes == {0: "length", 1: "length", 2: "length"}
+    assert texts == {i: whole["choices"][i]["text"] for i in range(3)}
+    assert events[-1]["usage"]["completion_tokens"] == 15
+    assert events[-1]["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"]
+    # Chat: greedy choices are identical; each streamed choice opens with its role.
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0,
+            "ignore_eos": True, "n": 2}
+    code, body = curl(base + "/v1/chat/completions", data=json.dumps(chat))
+    ch = json.loads(body)["choices"]
+    assert len(ch) == 2 and ch[0]["message"]["content"] == ch[1]["message"]["content"]
+    code, body = curl(base + "/v1/chat/completions", data=json.dumps(dict(chat, stream=True)))
+    events = [json.loads(e[len("data: "):]) for e in body.decode().split("\n\n")[:-2]]
+    roles = [e["choices"][0]["index"] for e in events if "role" in e["choices"][0]["delta"]]
+    assert sorted(roles) == [0, 1]
+    # Bounds.
+    code, body = curl(base + "/v1/completions", data=json.dumps({"prompt": "x", "n": 17}))
+    assert code == 400 and "--max-n" in error_of(body)["message"], body
+    code, body = curl(base + "/v1/completions", data=json.dumps(
+        {"prompt": "x", "n": 2, "best_of": 4}))
+    assert code == 400 and error_of(body)["param"] == "best_of", body
+
+
+def test_n_choices_on_grpc(shared, pb):
+    req = pb.GenerateRequest(text="Hello", n=3, stopping=pb.StoppingParams(max_tokens=4,
+                                                                          ignore_eos=True))
+    req.sampling.temperature = 1.0
+    req.sampling.seed = 21
+    out = list(shared.stub().Generate(req, timeout=HANG_S, metadata=AUTH))
+    tokens, finishes = {}, {}
+    for m in out[:-1]:
+        tokens.setdefault(m.chunk.index, []).extend(m.chunk.token_ids)
+        if m.chunk.finish_reason:
+            finishes[m.chunk.index] = m.chunk.finish_reason
+    done = out[-1].complete
+    tokens.setdefault(done.index, []).extend(done.token_ids)
+    finishes[done.index] = done.finish_reason
+    assert sorted(tokens) == [0, 1, 2] and all(len(t) == 4 for t in tokens.values()), out
+    assert set(finishes.values()) == {pb.FINISH_REASON_LENGTH} and len(finishes) == 3
+    assert done.usage.completion_tokens == 12
+    # Choice 1 is the n = 1 request seeded 22.
+    one = pb.GenerateRequest(text="Hello", stopping=pb.StoppingParams(max_tokens=4,
+                                                                      ignore_eos=True))
+    one.sampling.temperature = 1.0
+    one.sampling.seed = 22
+    solo = list(shared.stub().Generate(one, timeout=HANG_S, metadata=AUTH))
+    assert [t for m in solo[:-1] for t in m.chunk.token_ids] + \
+        list(solo[-1].complete.token_ids) == tokens[1]
+
+
 def test_api_key_on_grpc(shared, grpc, pb):
     ch = shared.channel()
     stub = shared.stub()

@@ -70,6 +70,22 @@ TEST_CASE("chat logprobs, max_completion_tokens and special tokens", "[openai]")
   CHECK(param == "top_logprobs");
 }
 
+TEST_CASE("n, best_of equal to n, and logit_bias map onto GenerateParams", "[openai]") {
+  OpenAiRequest r;
+  std::string param;
+  REQUIRE(Parse(R"({"prompt": "x", "best_of": 3, "n": 3, "logit_bias": {"9": -100, "2": 5.5}})",
+                OpenAiEndpoint::kCompletions, &r, &param)
+              .ok());
+  CHECK(r.params.n == 3);
+  CHECK(r.params.logit_bias == std::vector<std::pair<int32_t, float>>{{2, 5.5f}, {9, -100.0f}});
+  OpenAiRequest chat;
+  REQUIRE(Parse(R"({"messages": [{"role": "assistant", "content": null}], "n": 2})",
+                OpenAiEndpoint::kChat, &chat, &param)
+              .ok());
+  CHECK(chat.params.n == 2);
+  CHECK(chat.messages[0]["content"] == "");
+}
+
 TEST_CASE("unsupported and bad fields are refused naming the field", "[openai]") {
   struct Case {
     const char* body;
@@ -77,11 +93,19 @@ TEST_CASE("unsupported and bad fields are refused naming the field", "[openai]")
     const char* message;
   };
   const Case cases[] = {
-      {R"({"prompt": "x", "n": 2})", "n", "n > 1 is not supported"},
+      {R"({"prompt": "x", "n": 0})", "n", "'n' must be in [1, "},
+      {R"({"prompt": "x", "n": 2, "best_of": 3})", "best_of", "best_of (3) must equal n"},
+      {R"({"prompt": "x", "best_of": 2})", "best_of", "best_of (2) must equal n"},
       {R"({"prompt": "x", "frobnicate": 1})", "frobnicate", "unsupported field 'frobnicate'"},
       {R"({"prompt": "x", "temperature": "hot"})", "temperature", "'temperature' must be a number"},
       {R"({"prompt": "x", "max_tokens": 1.5})", "max_tokens", "'max_tokens' must be an integer"},
-      {R"({"prompt": "x", "logit_bias": {"5": 10}})", "logit_bias", "not supported"},
+      {R"({"prompt": "x", "logit_bias": {"5": 101}})", "logit_bias",
+       "logit_bias['5'] must be in [-100, 100]"},
+      {R"({"prompt": "x", "logit_bias": {"x5": 1}})", "logit_bias", "key 'x5' is not a token id"},
+      {R"({"prompt": "x", "logit_bias": {"-5": 1}})", "logit_bias", "key '-5' is not a token id"},
+      {R"({"prompt": "x", "logit_bias": {"5": "1"}})", "logit_bias", "must be a number"},
+      {R"({"prompt": "x", "logit_bias": {"7": 1, "07": 2}})", "logit_bias", "token 7 twice"},
+      {R"({"prompt": "x", "logit_bias": [1]})", "logit_bias", "must be an object"},
       {R"({"prompt": ["a", "b"]})", "prompt", "more than one prompt"},
       {R"({"prompt": [1, -2]})", "prompt", "non-negative"},
       {R"({"max_tokens": 3})", "prompt", "'prompt' is required"},
