@@ -45,7 +45,8 @@ void AppendJsonString(std::string_view text, JsonNonAscii non_ascii, std::string
           out += "\\t";
           break;
         default:
-          if (c < 0x20) {
+          // ensure_ascii escapes all but printable ASCII, so DEL as well.
+          if (c < 0x20 || (c == 0x7F && non_ascii == JsonNonAscii::kEscape)) {
             AppendU4(out, c);
           } else {
             out += static_cast<char>(c);

@@ -13,8 +13,9 @@ enum class JsonNonAscii {
 };
 
 // Appends `text` to `out` as a quoted JSON string, escaped as Python's json.dumps does: \" \\ \b
-// \f \n \r \t, other control characters as \u00XX, '/' and DEL unescaped. Under kEscape a byte
-// that does not start a valid UTF-8 sequence is written as \u00XX of its value.
+// \f \n \r \t, other control characters as \u00XX, '/' unescaped, DEL as \u007f under kEscape
+// only. Under kEscape a byte that does not start a valid UTF-8 sequence is written as \u00XX of
+// its value.
 void AppendJsonString(std::string_view text, JsonNonAscii non_ascii, std::string& out);
 
 // The same, returned as a new string.

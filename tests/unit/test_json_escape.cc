@@ -24,6 +24,9 @@ TEST_CASE("JSON escaper: ASCII specials and control characters as json.dumps", "
   CHECK(Escaped(in) == want);
   CHECK(Raw(in) == want);
   CHECK(Escaped("") == "\"\"");
+  // DEL: json.dumps('\x7f') and json.dumps('\x7f', ensure_ascii=False).encode()
+  CHECK(Escaped("\x7f") == R"("\u007f")");
+  CHECK(Raw("\x7f") == "\"\x7f\"");
   CHECK(Raw("~ plain") == "\"~ plain\"");
 }
 
