@@ -486,9 +486,10 @@ StepRecord EngineCore::StepInner() {
     return record;
   }
 
-  NoteScheduled(sched, &record);
-  StepBatch in = BuildInputs(sched);
-  const bool overlap = CanOverlap(in);
+  const StepStates states = GatherStates(sched);
+  NoteScheduled(sched, states, &record);
+  StepBatch in = BuildInputs(sched, states);
+  const bool overlap = CanOverlap(in, states);
   const auto t2 = Clock::now();
   record.prepare_s = Seconds(t2 - t1);
 
@@ -514,16 +515,27 @@ StepRecord EngineCore::StepInner() {
   if (overlap) {
     HoldPlaceholders(std::move(in.row_seq));
   } else {
-    EmitTokens(in, device_tokens);
+    EmitTokens(in, states, device_tokens);
   }
   record.sample_s = Seconds(Clock::now() - t3);
   return record;
 }
 
-void EngineCore::NoteScheduled(const SchedulerOutput& sched, StepRecord* record) {
+EngineCore::StepStates EngineCore::GatherStates(const SchedulerOutput& sched) {
+  StepStates states;
+  states.reserve(sched.seqs.size());
   for (const ScheduledSeq& s : sched.seqs) {
+    states.push_back(&requests_.at(seq_to_request_.at(s.seq->id)));
+  }
+  return states;
+}
+
+void EngineCore::NoteScheduled(const SchedulerOutput& sched, const StepStates& states,
+                               StepRecord* record) {
+  for (size_t k = 0; k < sched.seqs.size(); ++k) {
+    const ScheduledSeq& s = sched.seqs[k];
     const Sequence& seq = *s.seq;
-    RequestState& rs = requests_.at(seq_to_request_.at(seq.id));
+    RequestState& rs = *states[k];
     if (!rs.scheduled) {
       rs.scheduled = true;
       if (rs.choice == 0) {  // a request leaves the queue once, with its first choice
@@ -539,12 +551,12 @@ void EngineCore::NoteScheduled(const SchedulerOutput& sched, StepRecord* record)
   }
 }
 
-StepBatch EngineCore::BuildInputs(const SchedulerOutput& sched) {
+StepBatch EngineCore::BuildInputs(const SchedulerOutput& sched, const StepStates& states) {
   // Rows whose logits someone reads (logprobs, an observer, a grammar's mask) come back; the others
   // are sampled on the device with this step's draw, taken here from the request's stream.
-  const DeviceJobFn device_job = [this](const Sequence& seq, SamplingJob* job,
-                                        std::vector<PenaltyEntry>* penalties) {
-    RequestState& rs = requests_.at(seq_to_request_.at(seq.id));
+  const DeviceJobFn device_job = [this, &states](size_t k, const Sequence& seq, SamplingJob* job,
+                                                 std::vector<PenaltyEntry>* penalties) {
+    RequestState& rs = *states[k];
     if (rs.request.sampling.logprobs != 0 || logits_observer_ || rs.matcher ||
         !rs.request.sampling.logit_bias.empty()) {
       return false;  // logit_bias: the host sampler applies it (the kernel has no bias entries)
@@ -556,13 +568,13 @@ StepBatch EngineCore::BuildInputs(const SchedulerOutput& sched) {
                         model_->samples_on_device(), device_job);
 }
 
-bool EngineCore::CanOverlap(const StepBatch& in) const {
+bool EngineCore::CanOverlap(const StepBatch& in, const StepStates& states) const {
   if (!config_.overlap_steps || !model_->samples_on_device() || !model_->supports_overlap() ||
       logits_observer_ || routing_observer_) {
     return false;
   }
-  for (int64_t id : in.row_seq) {
-    if (!Overlappable(requests_.at(seq_to_request_.at(id)))) return false;
+  for (size_t k : in.row_step) {
+    if (!Overlappable(*states[k])) return false;
   }
   return true;
 }
@@ -578,11 +590,12 @@ void EngineCore::HoldPlaceholders(std::vector<int64_t> row_seq) {
   metrics_->overlapped_steps.Inc();
 }
 
-void EngineCore::EmitTokens(const StepBatch& in, const std::vector<int32_t>& device_tokens) {
+void EngineCore::EmitTokens(const StepBatch& in, const StepStates& states,
+                            const std::vector<int32_t>& device_tokens) {
   for (size_t r = 0; r < in.row_seq.size(); ++r) {
     Sequence* seq = scheduler_->Find(in.row_seq[r]);
     if (seq == nullptr) continue;  // ended while the previous step's tokens were streamed
-    RequestState& rs = requests_.at(seq_to_request_.at(seq->id));
+    RequestState& rs = *states[in.row_step[r]];  // alive while its sequence is
     const SampledToken tok = SampleRow(in.forward, r, rs, *seq, device_tokens);
     if (rs.matcher && !rs.matcher->AcceptToken(tok.token)) {
       // Only when the mask left nothing to choose from.

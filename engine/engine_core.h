@@ -155,15 +155,20 @@ class EngineCore {
   void Fail(const std::string& request_id, const Status& error);
   StepRecord StepInner();
   // The step's phases after Schedule (StepInner reads as their sequence).
+  // The request of each scheduled sequence, parallel to sched.seqs: looked up once a step. An
+  // entry stays valid while its sequence is in the scheduler (Finish removes both at once).
+  using StepStates = std::vector<RequestState*>;
+  StepStates GatherStates(const SchedulerOutput& sched);
   // Records queue times of first-scheduled requests and the step's entries.
-  void NoteScheduled(const SchedulerOutput& sched, StepRecord* record);
-  StepBatch BuildInputs(const SchedulerOutput& sched);
+  void NoteScheduled(const SchedulerOutput& sched, const StepStates& states, StepRecord* record);
+  StepBatch BuildInputs(const SchedulerOutput& sched, const StepStates& states);
   // Whether this step may run on while the host streams the previous one (Model::Launch).
-  bool CanOverlap(const StepBatch& in) const;
+  bool CanOverlap(const StepBatch& in, const StepStates& states) const;
   // After an overlapped launch: each row's token is a placeholder until Collect.
   void HoldPlaceholders(std::vector<int64_t> row_seq);
   // After a synchronous forward: samples (or takes the device's token for) each row and streams.
-  void EmitTokens(const StepBatch& in, const std::vector<int32_t>& device_tokens);
+  void EmitTokens(const StepBatch& in, const StepStates& states,
+                  const std::vector<int32_t>& device_tokens);
   // Row r's token: drawn on the device, drawn on the host with the device job's draw (its logits
   // came back), or drawn by the request's sampler (logprobs, an observer).
   SampledToken SampleRow(const ForwardBatch& batch, size_t r, RequestState& rs, const Sequence& seq,

@@ -12,7 +12,8 @@ StepBatch BuildStepBatch(const SchedulerOutput& sched, const BlockAllocator& all
   attn.q_indptr.push_back(0);
   attn.page_indptr.push_back(0);
   if (device_sampling) batch.penalty_indptr.push_back(0);
-  for (const ScheduledSeq& s : sched.seqs) {
+  for (size_t k = 0; k < sched.seqs.size(); ++k) {
+    const ScheduledSeq& s = sched.seqs[k];
     const Sequence& seq = *s.seq;
     out.step_seq.push_back(seq.id);
     for (int i = s.start; i < s.start + s.num_tokens; ++i) {
@@ -32,10 +33,11 @@ StepBatch BuildStepBatch(const SchedulerOutput& sched, const BlockAllocator& all
     attn.page_indptr.push_back(static_cast<int32_t>(attn.page_indices.size()));
     if (!s.samples) continue;
     out.row_seq.push_back(seq.id);
+    out.row_step.push_back(k);
     batch.logit_rows.push_back(static_cast<int32_t>(batch.token_ids.size()) - 1);
     if (device_sampling) {
       SamplingJob job{};
-      const bool on_device = device_job(seq, &job, &batch.penalties);
+      const bool on_device = device_job(k, seq, &job, &batch.penalties);
       batch.device_sampled.push_back(on_device ? 1 : 0);
       batch.sampling_jobs.push_back(on_device ? job : SamplingJob{});
       batch.penalty_indptr.push_back(static_cast<int32_t>(batch.penalties.size()));

@@ -18,12 +18,14 @@ struct StepBatch {
   ForwardBatch forward;
   std::vector<int64_t> step_seq;  // every scheduled sequence, in batch order
   std::vector<int64_t> row_seq;   // the sequence of each logit row
+  std::vector<size_t> row_step;   // each logit row's index in step_seq (and in sched.seqs)
 };
 
-// The device-sampling job of a sequence's logit row: appends the row's penalty entries to
-// *penalties and returns true with *job filled when the row is drawn on the device; false when
-// its logits must come back to the host (logprobs, a logits observer).
-using DeviceJobFn = std::function<bool(const Sequence& seq, SamplingJob* job,
+// The device-sampling job of a sequence's logit row (`step_index`: the sequence's index in
+// sched.seqs): appends the row's penalty entries to *penalties and returns true with *job filled
+// when the row is drawn on the device; false when its logits must come back to the host
+// (logprobs, a logits observer).
+using DeviceJobFn = std::function<bool(size_t step_index, const Sequence& seq, SamplingJob* job,
                                        std::vector<PenaltyEntry>* penalties)>;
 
 // Builds the step's inputs. With `device_sampling` false, no jobs are built and device_job is not

@@ -1,6 +1,5 @@
 #include "grammar/json_pieces.h"
 
-#include <cstdio>
 #include <map>
 #include <tuple>
 
@@ -304,44 +303,6 @@ ExprPtr FormatContent(const std::string& format) {
     return nullptr;
   }
   return RegexToExpr("^" + re + "$", RegexFlavor::kJsonStringPattern);
-}
-
-std::string JsonQuote(const std::string& utf8) {
-  std::string out = "\"";
-  for (unsigned char c : utf8) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
 }
 
 }  // namespace llm::grammar

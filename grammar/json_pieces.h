@@ -31,7 +31,5 @@ ExprPtr AnyNumber();
 ExprPtr JsonStringChar(const CodepointRanges& except = {});
 // A string format's content (between the quotes); nullptr for an unknown format.
 ExprPtr FormatContent(const std::string& format);
-// The canonical text of a JSON string literal (quotes included).
-std::string JsonQuote(const std::string& utf8);
 
 }  // namespace llm::grammar

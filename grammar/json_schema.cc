@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "base/json_escape.h"
 #include "grammar/grammar.h"
 #include "grammar/json_pieces.h"
 #include "grammar/regex.h"
@@ -343,7 +344,8 @@ class SchemaCompiler {
       for (auto it = v.begin(); it != v.end(); ++it) {
         if (!first) seq.insert(seq.end(), {ws_, Lit(","), ws_});
         first = false;
-        seq.insert(seq.end(), {Lit(JsonQuote(it.key())), ws_, Lit(":"), ws_, Literal(it.value())});
+        seq.insert(seq.end(), {Lit(JsonQuoted(it.key(), JsonNonAscii::kRaw)), ws_, Lit(":"), ws_,
+                               Literal(it.value())});
       }
       seq.insert(seq.end(), {ws_, Lit("}")});
       return Seq(std::move(seq));
@@ -357,7 +359,7 @@ class SchemaCompiler {
       seq.insert(seq.end(), {ws_, Lit("]")});
       return Seq(std::move(seq));
     }
-    if (v.is_string()) return Lit(JsonQuote(v.get<std::string>()));
+    if (v.is_string()) return Lit(JsonQuoted(v.get<std::string>(), JsonNonAscii::kRaw));
     if (v.is_number_float()) {
       double d = v.get<double>();
       if (std::floor(d) == d && std::fabs(d) < 1e18) {  // 1.0 is written 1, as integers are
@@ -545,7 +547,8 @@ class SchemaCompiler {
     after[0] = extra ? Star(Seq({sep, extra})) : Empty();
     after[1] = extra ? Optional(Seq({extra, after[0]})) : Empty();
     for (int i = static_cast<int>(names.size()) - 1; i >= 0; --i) {
-      ExprPtr member = Seq({Lit(JsonQuote(names[i])), ws_, Lit(":"), ws_, values[i]});
+      ExprPtr member =
+          Seq({Lit(JsonQuoted(names[i], JsonNonAscii::kRaw)), ws_, Lit(":"), ws_, values[i]});
       int r0 = b_.AddRule("props"), r1 = b_.AddRule("props");
       b_.Define(r0, after[0]);
       b_.Define(r1, after[1]);

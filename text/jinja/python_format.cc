@@ -5,30 +5,13 @@
 #include <cmath>
 #include <cstdio>
 
+#include "base/json_escape.h"
+#include "base/utf8.h"
 #include "text/jinja/error.h"
 
 namespace llm::jinja {
 
 namespace {
-
-// Length of the UTF-8 sequence starting at s[i]; 1 for a byte that does not start a valid one.
-size_t Utf8SeqLen(const std::string& s, size_t i) {
-  auto c = static_cast<unsigned char>(s[i]);
-  size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
-  if (i + n > s.size()) return 1;
-  for (size_t k = 1; k < n; ++k) {
-    if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return 1;
-  }
-  return n;
-}
-
-uint32_t DecodeUtf8(const std::string& s, size_t i, size_t n) {
-  auto c = static_cast<unsigned char>(s[i]);
-  if (n == 1) return c;
-  uint32_t cp = c & (0x7F >> n);
-  for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
-  return cp;
-}
 
 void AppendHex(std::string& out, const char* fmt, unsigned v) {
   char buf[16];
@@ -36,56 +19,8 @@ void AppendHex(std::string& out, const char* fmt, unsigned v) {
   out += buf;
 }
 
-void JsonString(const std::string& s, bool ensure_ascii, std::string& out) {
-  out += '"';
-  for (size_t i = 0; i < s.size();) {
-    size_t n = Utf8SeqLen(s, i);
-    auto c = static_cast<unsigned char>(s[i]);
-    if (n == 1 && c < 0x80) {
-      switch (c) {
-        case '"':
-          out += "\\\"";
-          break;
-        case '\\':
-          out += "\\\\";
-          break;
-        case '\n':
-          out += "\\n";
-          break;
-        case '\r':
-          out += "\\r";
-          break;
-        case '\t':
-          out += "\\t";
-          break;
-        case '\b':
-          out += "\\b";
-          break;
-        case '\f':
-          out += "\\f";
-          break;
-        default:
-          if (c < 0x20) {
-            AppendHex(out, "\\u%04x", c);
-          } else {
-            out += static_cast<char>(c);
-          }
-      }
-    } else if (ensure_ascii) {
-      uint32_t cp = DecodeUtf8(s, i, n);
-      if (cp >= 0x10000) {
-        cp -= 0x10000;
-        AppendHex(out, "\\u%04x", 0xD800 + (cp >> 10));
-        AppendHex(out, "\\u%04x", 0xDC00 + (cp & 0x3FF));
-      } else {
-        AppendHex(out, "\\u%04x", cp);
-      }
-    } else {
-      out.append(s, i, n);
-    }
-    i += n;
-  }
-  out += '"';
+JsonNonAscii NonAscii(const JsonDumpOptions& o) {
+  return o.ensure_ascii ? JsonNonAscii::kEscape : JsonNonAscii::kRaw;
 }
 
 std::string JsonFloat(double d) {
@@ -115,7 +50,7 @@ void Dump(const Value& v, const JsonDumpOptions& o, int depth, std::string& out)
       out += JsonFloat(v.as_double());
       return;
     case Value::Kind::kString:
-      JsonString(v.as_string(), o.ensure_ascii, out);
+      AppendJsonString(v.as_string(), NonAscii(o), out);
       return;
     case Value::Kind::kList: {
       if (v.list().empty()) {
@@ -158,7 +93,7 @@ void Dump(const Value& v, const JsonDumpOptions& o, int depth, std::string& out)
         newline(depth + 1);
         const Value& k = kv->first;
         if (k.is_string()) {
-          JsonString(k.as_string(), o.ensure_ascii, out);
+          AppendJsonString(k.as_string(), NonAscii(o), out);
         } else if (k.is_bool()) {
           out += k.as_bool() ? "\"true\"" : "\"false\"";
         } else if (k.is_none()) {

@@ -196,24 +196,17 @@ C8PlanConfig C8Attention::plan_config() const {
   return c;
 }
 
-void C8Attention::Area::Free() {
-  if (d_ints) cudaFree(d_ints);
+C8Attention::Area::~Area() {
   if (d_partial) cudaFree(d_partial);
   if (d_counters) cudaFree(d_counters);
-  *this = Area{};
 }
 
 C8Attention::~C8Attention() {
-  eager_.Free();
-  graph_.Free();
   if (fmha_kv_) cudaFree(fmha_kv_);
   if (fmha_workspace_) cudaFree(fmha_workspace_);
 }
 
 namespace {
-size_t Align4(size_t n) {
-  return (n + 3) / 4 * 4;
-}
 // The smallest l with 2^l >= n (n a power of two: its log2).
 int CeilLog2(int n) {
   int l = 0;
@@ -221,18 +214,6 @@ int CeilLog2(int n) {
   return l;
 }
 }  // namespace
-
-Status C8Attention::Stage(Area* a, size_t bytes) {
-  PinnedStaging& staging = a == &graph_ ? graph_staging_ : eager_staging_;
-  LLM_ASSIGN_OR_RETURN(a->h_pinned, staging.Acquire(bytes));
-  return Status::Ok();
-}
-
-Status C8Attention::Send(Area* a, size_t bytes, void* stream) {
-  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(a->d_ints, a->h_pinned, bytes, cudaMemcpyHostToDevice,
-                                      static_cast<cudaStream_t>(stream)));
-  return (a == &graph_ ? graph_staging_ : eager_staging_).Queued(stream);
-}
 
 Status C8Attention::Upload(const AttentionBatch& batch, const C8Plan& plan, void* stream) {
   static_assert(sizeof(C8WorkItem) % 4 == 0 && sizeof(C8MergeItem) % 4 == 0);
@@ -244,24 +225,18 @@ Status C8Attention::Upload(const AttentionBatch& batch, const C8Plan& plan, void
   a.decode_stages = plan.decode_stages;
   a.decode_rows = plan.decode_rows;
   a.device_counts = false;
-  // Layout of the one upload, in int32 elements (every part starts 16-byte aligned).
-  size_t off = 0;
-  auto take = [&](size_t n) {
-    const size_t o = off;
-    off += Align4(n);
-    return o;
-  };
-  a.off_counts = take(0);
-  a.off_pages = take(batch.page_indices.size());
-  a.off_slots = take(batch.slot_mapping.size());
-  a.off_decode = take(plan.decode_items.size() * sizeof(C8WorkItem) / 4);
-  a.off_prefill = take(plan.prefill_items.size() * sizeof(C8WorkItem) / 4);
-  a.off_merge = take(plan.merges.size() * sizeof(C8MergeItem) / 4);
+  // Layout of the one upload.
+  IntLayout layout;
+  a.off_counts = layout.Take(0);
+  a.off_pages = layout.Take(batch.page_indices.size());
+  a.off_slots = layout.Take(batch.slot_mapping.size());
+  a.off_decode = layout.Take(plan.decode_items.size() * sizeof(C8WorkItem) / 4);
+  a.off_prefill = layout.Take(plan.prefill_items.size() * sizeof(C8WorkItem) / 4);
+  a.off_merge = layout.Take(plan.merges.size() * sizeof(C8MergeItem) / 4);
   const std::vector<int32_t> fmha = PlanFmhaPrefill(batch, plan);
-  a.off_fmha = take(fmha.size());
-  const size_t bytes = off * 4;
-  LLM_RETURN_IF_ERROR(Stage(&a, bytes));
-  auto* h = static_cast<int32_t*>(a.h_pinned);
+  a.off_fmha = layout.Take(fmha.size());
+  const size_t bytes = layout.bytes();
+  LLM_ASSIGN_OR_RETURN(auto h, a.ints.Stage(bytes));
   auto put = [&](size_t o, const void* src, size_t n_bytes) {
     if (n_bytes) std::memcpy(h + o, src, n_bytes);
   };
@@ -271,8 +246,8 @@ Status C8Attention::Upload(const AttentionBatch& batch, const C8Plan& plan, void
   put(a.off_prefill, plan.prefill_items.data(), plan.prefill_items.size() * sizeof(C8WorkItem));
   put(a.off_merge, plan.merges.data(), plan.merges.size() * sizeof(C8MergeItem));
   put(a.off_fmha, fmha.data(), fmha.size() * 4);
-  LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&a.d_ints, &a.d_ints_cap, std::max<size_t>(bytes, 256)));
-  LLM_RETURN_IF_ERROR(Send(&a, bytes, stream));
+  LLM_RETURN_IF_ERROR(a.ints.Grow(std::max<size_t>(bytes, 256)));
+  LLM_RETURN_IF_ERROR(a.ints.Send(bytes, stream));
   const size_t rows =
       static_cast<size_t>(a.num_partials) * shape_.num_kv_heads * detail::kPartialRows;
   LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&a.d_partial, &a.d_partial_cap,
@@ -304,37 +279,30 @@ int C8Attention::GraphItemCapacity(int bucket) const {
 }
 
 Status C8Attention::ReserveGraph(int max_seqs, int max_pages) {
-  if (max_seqs <= graph_max_seqs_ && max_pages <= graph_max_pages_) return Status::Ok();
-  if (graph_.d_ints != nullptr) {
-    return FailedPrecondition("the C8 graph area is reserved once: captured graphs point into it");
-  }
   Area& a = graph_;
+  bool covered = false;
+  LLM_RETURN_IF_ERROR(graph_cap_.CheckReserve(max_seqs, max_pages, a.ints, "C8", &covered));
+  if (covered) return Status::Ok();
   // The most CTAs per SM any ring plan may count on.
   const C8PlanConfig pc = plan_config();
   graph_slots_ = pc.num_sms * std::max({pc.ctas_per_sm, pc.ring_ctas_per_sm[2],
                                         pc.ring_ctas_per_sm[3], pc.ring_ctas_per_sm[4]});
   const int S = max_seqs, items = GraphItemCapacity(S);
-  size_t off = 0;
-  auto take = [&](size_t n) {
-    const size_t o = off;
-    off += Align4(n);
-    return o;
-  };
-  a.off_counts = take(4);  // [decode items]
-  a.off_slots = take(S);
-  a.off_decode = take(static_cast<size_t>(items) * sizeof(C8WorkItem) / 4);
-  a.off_prefill = take(0);
-  a.off_merge = take(static_cast<size_t>(S) * sizeof(C8MergeItem) / 4);
-  a.off_pages = take(max_pages);  // last: a step copies only the entries it uses
-  a.num_partials = items;         // every item at most one partial slot
-  LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&a.d_ints, &a.d_ints_cap, off * 4));
+  IntLayout layout;
+  a.off_counts = layout.Take(4);  // [decode items]
+  a.off_slots = layout.Take(S);
+  a.off_decode = layout.Take(static_cast<size_t>(items) * sizeof(C8WorkItem) / 4);
+  a.off_prefill = layout.Take(0);
+  a.off_merge = layout.Take(static_cast<size_t>(S) * sizeof(C8MergeItem) / 4);
+  a.off_pages = layout.Take(max_pages);  // last: a step copies only the entries it uses
+  a.num_partials = items;                // every item at most one partial slot
+  LLM_RETURN_IF_ERROR(a.ints.Grow(layout.bytes()));
   const size_t rows = static_cast<size_t>(items) * shape_.num_kv_heads * detail::kPartialRows;
   LLM_RETURN_IF_ERROR(
       GrowDeviceBuffer(&a.d_partial, &a.d_partial_cap, rows * (shape_.head_dim + 1) * 4));
   LLM_RETURN_IF_ERROR(EnsureCounters(&a, S, nullptr));
   a.device_counts = true;
-  graph_max_seqs_ = S;
-  graph_max_pages_ = max_pages;
+  graph_cap_ = {S, max_pages};
   return Status::Ok();
 }
 
@@ -342,22 +310,14 @@ Status C8Attention::UploadGraph(const AttentionBatch& batch, const C8Plan& plan,
                                 void* stream) {
   Area& a = graph_;
   const int n = batch.num_seqs;
-  if (graph_max_seqs_ == 0) return FailedPrecondition("UploadGraph before ReserveGraph");
-  if (n > bucket || bucket > graph_max_seqs_ || batch.num_tokens != n) {
-    return InvalidArgument("graph upload: " + std::to_string(n) + " sequences, " +
-                           std::to_string(batch.num_tokens) + " tokens, bucket " +
-                           std::to_string(bucket) + ", capacity " +
-                           std::to_string(graph_max_seqs_));
-  }
-  if (static_cast<int>(batch.page_indices.size()) > graph_max_pages_ ||
-      !plan.prefill_items.empty() ||
+  LLM_RETURN_IF_ERROR(graph_cap_.CheckStep(batch, bucket, "C8"));
+  if (!plan.prefill_items.empty() ||
       static_cast<int>(plan.decode_items.size()) > GraphItemCapacity(bucket) ||
       static_cast<int>(plan.merges.size()) > bucket || plan.num_partials > a.num_partials) {
     return InvalidArgument("graph upload: the plan does not fit the bucket's capacities");
   }
   const size_t bytes = (a.off_pages + batch.page_indices.size()) * 4;
-  LLM_RETURN_IF_ERROR(Stage(&a, bytes));
-  auto* h = static_cast<int32_t*>(a.h_pinned);
+  LLM_ASSIGN_OR_RETURN(auto h, a.ints.Stage(bytes));
   h[a.off_counts] = static_cast<int32_t>(plan.decode_items.size());
   std::memcpy(h + a.off_pages, batch.page_indices.data(), batch.page_indices.size() * 4);
   std::memcpy(h + a.off_slots, batch.slot_mapping.data(), n * 4);
@@ -365,7 +325,7 @@ Status C8Attention::UploadGraph(const AttentionBatch& batch, const C8Plan& plan,
   std::memcpy(h + a.off_decode, plan.decode_items.data(),
               plan.decode_items.size() * sizeof(C8WorkItem));
   std::memcpy(h + a.off_merge, plan.merges.data(), plan.merges.size() * sizeof(C8MergeItem));
-  LLM_RETURN_IF_ERROR(Send(&a, bytes, stream));
+  LLM_RETURN_IF_ERROR(a.ints.Send(bytes, stream));
   a.num_tokens = bucket;
   a.decode_stages = plan.decode_stages;  // a captured launch keeps its ring: either is correct
   // Every graph step has one query token per sequence: a captured launch fits every replay.
@@ -379,7 +339,7 @@ Status C8Attention::UploadGraph(const AttentionBatch& batch, const C8Plan& plan,
 
 Status C8Attention::Run(const LayerArgs& args, void* stream) {
   const Area& a = *active_;
-  const auto* ints = static_cast<const int32_t*>(a.d_ints);
+  const auto* ints = a.ints.device();
   detail::AppendArgs ap{args.k_new,
                         args.v_new,
                         args.k_cache,
@@ -415,7 +375,7 @@ Status C8Attention::Run(const LayerArgs& args, void* stream) {
 
 Status C8Attention::Attend(const LayerArgs& args, void* stream) {
   const Area& a = *active_;
-  const auto* ints = static_cast<const int32_t*>(a.d_ints);
+  const auto* ints = a.ints.device();
   float* partial_o = static_cast<float*>(a.d_partial);
   float* partial_lse = partial_o + static_cast<size_t>(a.num_partials) * shape_.num_kv_heads *
                                        detail::kPartialRows * shape_.head_dim;
@@ -571,7 +531,7 @@ FmhaParams C8Attention::FmhaPrefillParams(const Area& a, const int32_t* ints) co
 
 Status C8Attention::AttendPrefillFmha(const LayerArgs& args, void* stream) {
   const Area& a = eager_;
-  const auto* ints = static_cast<const int32_t*>(a.d_ints);
+  const auto* ints = a.ints.device();
   const size_t copy_elems =
       static_cast<size_t>(a.fmha_keys) * shape_.num_kv_heads * shape_.head_dim;
   auto* k16 = static_cast<uint16_t*>(fmha_kv_);

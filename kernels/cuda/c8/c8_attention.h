@@ -13,7 +13,7 @@
 #include "base/status.h"
 #include "kernels/attention_backend.h"
 #include "kernels/cuda/common/device_info.h"
-#include "kernels/cuda/common/pinned_staging.h"
+#include "kernels/cuda/common/plan_area.h"
 #include "kernels/fmha/fmha_params.h"
 
 namespace llm::cuda {
@@ -166,18 +166,16 @@ class C8Attention {
   C8PlanConfig plan_config() const;
 
  private:
-  // One upload area: device ints (block table, slots, work and merge items), partial outputs,
-  // pinned staging, offsets in int32 elements, and what the launches cover.
+  // One upload area: device ints (block table, slots, work and merge items) with their pinned
+  // staging, partial outputs, offsets in int32 elements, and what the launches cover.
   struct Area {
-    void* d_ints = nullptr;
-    size_t d_ints_cap = 0;
+    PlanArea ints;
     void* d_partial = nullptr;  // partial outputs + lse
     size_t d_partial_cap = 0;
     // [merge items x num_kv_heads] chunks finished so far; zero between launches (the merging
     // CTA resets its counter).
     int* d_counters = nullptr;
     size_t d_counters_cap = 0;  // bytes
-    void* h_pinned = nullptr;   // this step's staging buffer (owned by the area's PinnedStaging)
     size_t off_counts = 0, off_pages = 0, off_slots = 0, off_decode = 0, off_prefill = 0,
            off_merge = 0;
     int num_partials = 0;  // partial slots the partial buffer is laid out for
@@ -193,12 +191,8 @@ class C8Attention {
     size_t off_fmha = 0;
     int fmha_seqs = 0, fmha_row0 = 0, fmha_max_q = 0, fmha_max_k = 0, fmha_keys = 0;
     int fmha_splits = 1;
-    void Free();
+    ~Area();
   };
-  // Points a->h_pinned at a staging buffer of `bytes` that no queued copy still reads.
-  Status Stage(Area* a, size_t bytes);
-  // Queues the upload of a->h_pinned[0, bytes) to a->d_ints.
-  Status Send(Area* a, size_t bytes, void* stream);
   Status EnsureCounters(Area* a, int merges, void* stream);
   // Sets up the eager area's FMHA prefill section when this step can use it (SetPrefillFmha):
   // returns its host values to upload, empty when the step keeps the prefill tiles.
@@ -209,9 +203,8 @@ class C8Attention {
 
   C8Shape shape_;
   Area eager_, graph_;
-  PinnedStaging eager_staging_, graph_staging_;
   Area* active_ = &eager_;
-  int graph_max_seqs_ = 0, graph_max_pages_ = 0;
+  GraphCapacity graph_cap_;
   int graph_slots_ = 0;  // resident decode CTA slots of the device (set by ReserveGraph)
   bool prefill_fmha_ = false;
   void* fmha_kv_ = nullptr;  // bf16 K then V copies of the prefill keys (grown per step)

@@ -170,16 +170,11 @@ Status CheckKernelChoice(const MlaDecodeShape& shape) {
 }
 }  // namespace
 
-void MlaDecode::Area::Free() {
-  if (d_ints) cudaFree(d_ints);
+MlaDecode::Area::~Area() {
   if (d_partial) cudaFree(d_partial);
-  *this = Area{};
 }
 
-MlaDecode::~MlaDecode() {
-  eager_.Free();
-  graph_.Free();
-}
+MlaDecode::~MlaDecode() = default;
 
 void MlaDecode::ctas_per_sm(int out[kMlaNumRowVariants]) const {
   for (int v = 0; v < kMlaNumRowVariants; ++v) {
@@ -207,20 +202,6 @@ MlaPlanConfig MlaDecode::plan_config() const {
   return c;
 }
 
-namespace {
-size_t Align4(size_t n) {
-  return (n + 3) / 4 * 4;
-}
-}  // namespace
-
-Status MlaDecode::Send(Area* a, PinnedStaging* staging, const void* host, size_t bytes,
-                       void* stream) {
-  if (bytes == 0) return Status::Ok();
-  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(a->d_ints, host, bytes, cudaMemcpyHostToDevice,
-                                      static_cast<cudaStream_t>(stream)));
-  return staging->Queued(stream);
-}
-
 Status MlaDecode::Upload(const AttentionBatch& batch, const MlaPlan& plan, void* stream) {
   static_assert(sizeof(MlaWorkItem) % 16 == 0 && sizeof(MlaMergeItem) % 4 == 0);
   if (shape_.num_heads <= 0 || shape_.block_size <= 0) {
@@ -236,25 +217,19 @@ Status MlaDecode::Upload(const AttentionBatch& batch, const MlaPlan& plan, void*
   a.merge_rows = kMlaMaxRows;
   a.num_partials = plan.num_partials;
   a.device_counts = false;
-  // Layout of the one upload, in int32 elements (every part starts 16-byte aligned).
-  size_t off = 0;
-  auto take = [&](size_t n) {
-    const size_t o = off;
-    off += Align4(n);
-    return o;
-  };
-  a.off_q_indptr = take(batch.q_indptr.size());
-  a.off_kv_lens = take(batch.kv_lens.size());
-  a.off_page_indptr = take(batch.page_indptr.size());
-  a.off_pages = take(batch.page_indices.size());
-  a.off_slots = take(batch.slot_mapping.size());
+  // Layout of the one upload.
+  IntLayout layout;
+  a.off_q_indptr = layout.Take(batch.q_indptr.size());
+  a.off_kv_lens = layout.Take(batch.kv_lens.size());
+  a.off_page_indptr = layout.Take(batch.page_indptr.size());
+  a.off_pages = layout.Take(batch.page_indices.size());
+  a.off_slots = layout.Take(batch.slot_mapping.size());
   for (int v = 0; v < kMlaNumRowVariants; ++v) {
-    a.off_items[v] = take(plan.items[v].size() * sizeof(MlaWorkItem) / 4);
+    a.off_items[v] = layout.Take(plan.items[v].size() * sizeof(MlaWorkItem) / 4);
   }
-  a.off_merge = take(plan.merges.size() * sizeof(MlaMergeItem) / 4);
-  const size_t bytes = off * 4;
-  LLM_ASSIGN_OR_RETURN(void* staged, eager_staging_.Acquire(bytes));
-  auto* h = static_cast<int32_t*>(staged);
+  a.off_merge = layout.Take(plan.merges.size() * sizeof(MlaMergeItem) / 4);
+  const size_t bytes = layout.bytes();
+  LLM_ASSIGN_OR_RETURN(auto h, a.ints.Stage(bytes));
   auto put = [&](size_t o, const void* src, size_t n_bytes) {
     if (n_bytes) std::memcpy(h + o, src, n_bytes);
   };
@@ -267,8 +242,8 @@ Status MlaDecode::Upload(const AttentionBatch& batch, const MlaPlan& plan, void*
     put(a.off_items[v], plan.items[v].data(), plan.items[v].size() * sizeof(MlaWorkItem));
   }
   put(a.off_merge, plan.merges.data(), plan.merges.size() * sizeof(MlaMergeItem));
-  LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&a.d_ints, &a.d_ints_cap, std::max<size_t>(bytes, 256)));
-  LLM_RETURN_IF_ERROR(Send(&a, &eager_staging_, staged, bytes, stream));
+  LLM_RETURN_IF_ERROR(a.ints.Grow(std::max<size_t>(bytes, 256)));
+  LLM_RETURN_IF_ERROR(a.ints.Send(bytes, stream));
   const size_t rows = static_cast<size_t>(a.num_partials) * kMlaMaxRows;
   LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&a.d_partial, &a.d_partial_cap,
                                        std::max<size_t>(rows * (kMlaLatentDim + 1) * 4, 256)));
@@ -320,44 +295,37 @@ MlaPlanConfig MlaDecode::GraphPlanConfig(int bucket) const {
 }
 
 Status MlaDecode::ReserveGraph(int max_seqs, int max_pages) {
-  if (max_seqs <= graph_max_seqs_ && max_pages <= graph_max_pages_) return Status::Ok();
-  if (graph_.d_ints != nullptr) {
-    return FailedPrecondition("the MLA graph area is reserved once: captured graphs point into it");
-  }
+  Area& a = graph_;
+  bool covered = false;
+  LLM_RETURN_IF_ERROR(graph_cap_.CheckReserve(max_seqs, max_pages, a.ints, "MLA", &covered));
+  if (covered) return Status::Ok();
   if (shape_.num_heads <= 0 || shape_.block_size <= 0 || max_seqs <= 0 || max_pages < 0) {
     return InvalidArgument("MLA graph area needs num_heads, block_size and max_seqs > 0");
   }
   LLM_RETURN_IF_ERROR(CheckKernelChoice(shape_));
   graph_config_ = plan_config();
-  Area& a = graph_;
   const int S = max_seqs;
-  size_t off = 0;
-  auto take = [&](size_t n) {
-    const size_t o = off;
-    off += Align4(n);
-    return o;
-  };
-  a.off_counts = take(kMlaNumRowVariants + 1);
-  a.off_q_indptr = take(S + 1);
-  a.off_kv_lens = take(S);
-  a.off_page_indptr = take(S + 1);
-  a.off_slots = take(S);
+  IntLayout layout;
+  a.off_counts = layout.Take(kMlaNumRowVariants + 1);
+  a.off_q_indptr = layout.Take(S + 1);
+  a.off_kv_lens = layout.Take(S);
+  a.off_page_indptr = layout.Take(S + 1);
+  a.off_slots = layout.Take(S);
   int partials = 0;
   for (int v = 0; v < kMlaNumRowVariants; ++v) {
     const int cap = GraphItemCapacity(S, v);
-    a.off_items[v] = take(static_cast<size_t>(cap) * sizeof(MlaWorkItem) / 4);
+    a.off_items[v] = layout.Take(static_cast<size_t>(cap) * sizeof(MlaWorkItem) / 4);
     partials += cap;  // every item at most one partial slot
   }
-  a.off_merge = take(static_cast<size_t>(GraphMergeCapacity(S)) * sizeof(MlaMergeItem) / 4);
-  a.off_pages = take(max_pages);  // last: a step copies only the entries it uses
+  a.off_merge = layout.Take(static_cast<size_t>(GraphMergeCapacity(S)) * sizeof(MlaMergeItem) / 4);
+  a.off_pages = layout.Take(max_pages);  // last: a step copies only the entries it uses
   a.num_partials = partials;
   a.device_counts = true;
-  LLM_RETURN_IF_ERROR(GrowDeviceBuffer(&a.d_ints, &a.d_ints_cap, off * 4));
+  LLM_RETURN_IF_ERROR(a.ints.Grow(layout.bytes()));
   const size_t rows = static_cast<size_t>(partials) * kMlaMaxRows;
   LLM_RETURN_IF_ERROR(
       GrowDeviceBuffer(&a.d_partial, &a.d_partial_cap, rows * (kMlaLatentDim + 1) * 4));
-  graph_max_seqs_ = S;
-  graph_max_pages_ = max_pages;
+  graph_cap_ = {S, max_pages};
   return Status::Ok();
 }
 
@@ -365,21 +333,11 @@ Status MlaDecode::UploadGraph(const AttentionBatch& batch, const MlaPlan& plan, 
                               void* stream) {
   Area& a = graph_;
   const int n = batch.num_seqs;
-  if (graph_max_seqs_ == 0) return FailedPrecondition("MLA UploadGraph before ReserveGraph");
-  if (n > bucket || bucket > graph_max_seqs_ || batch.num_tokens != n) {
-    return InvalidArgument("MLA graph upload: " + std::to_string(n) + " sequences, " +
-                           std::to_string(batch.num_tokens) + " tokens, bucket " +
-                           std::to_string(bucket) + ", capacity " +
-                           std::to_string(graph_max_seqs_));
-  }
+  LLM_RETURN_IF_ERROR(graph_cap_.CheckStep(batch, bucket, "MLA"));
   for (int i = 0; i <= n; ++i) {
     if (batch.q_indptr[i] != i) {
       return InvalidArgument("MLA graph upload: every sequence must have one query token");
     }
-  }
-  if (static_cast<int>(batch.page_indices.size()) > graph_max_pages_) {
-    return InvalidArgument("MLA graph upload: " + std::to_string(batch.page_indices.size()) +
-                           " block-table entries, capacity " + std::to_string(graph_max_pages_));
   }
   int partials = 0;
   for (int v = 0; v < kMlaNumRowVariants; ++v) {
@@ -389,15 +347,14 @@ Status MlaDecode::UploadGraph(const AttentionBatch& batch, const MlaPlan& plan, 
                              std::to_string(kMlaVariantRows[v]) + "-row items, the bucket's grid " +
                              std::to_string(cap));
     }
-    partials += GraphItemCapacity(graph_max_seqs_, v);
+    partials += GraphItemCapacity(graph_cap_.max_seqs, v);
   }
   if (static_cast<int>(plan.merges.size()) > GraphMergeCapacity(bucket) ||
       plan.num_partials > partials) {
     return InvalidArgument("MLA graph upload: the plan's merges do not fit the bucket");
   }
   const size_t bytes = (a.off_pages + batch.page_indices.size()) * 4;
-  LLM_ASSIGN_OR_RETURN(void* staged, graph_staging_.Acquire(bytes));
-  auto* h = static_cast<int32_t*>(staged);
+  LLM_ASSIGN_OR_RETURN(auto h, a.ints.Stage(bytes));
   for (int v = 0; v < kMlaNumRowVariants; ++v) {
     h[a.off_counts + v] = static_cast<int32_t>(plan.items[v].size());
   }
@@ -419,7 +376,7 @@ Status MlaDecode::UploadGraph(const AttentionBatch& batch, const MlaPlan& plan, 
   if (!batch.page_indices.empty()) {
     std::memcpy(h + a.off_pages, batch.page_indices.data(), batch.page_indices.size() * 4);
   }
-  LLM_RETURN_IF_ERROR(Send(&a, &graph_staging_, staged, bytes, stream));
+  LLM_RETURN_IF_ERROR(a.ints.Send(bytes, stream));
   // Grids of the bucket: the same launches for every step of it, whatever its plan.
   a.num_tokens = bucket;
   int rows = kMlaVariantRows[0];
@@ -437,7 +394,7 @@ Status MlaDecode::UploadGraph(const AttentionBatch& batch, const MlaPlan& plan, 
 
 Status MlaDecode::Run(const LayerArgs& args, void* stream) {
   const Area& ar = *active_;
-  const auto* ints = static_cast<const int32_t*>(ar.d_ints);
+  const auto* ints = ar.ints.device();
   const mla::AppendArgs ap{args.latent_new, args.cache, ints + ar.off_slots, ar.num_tokens,
                            args.cache_scale};
   mla::LaunchAppend(ap, shape_.cache, stream);
@@ -452,7 +409,7 @@ Status MlaDecode::Attend(const LayerArgs& args, void* stream) {
   }
   LLM_RETURN_IF_ERROR(CheckKernelChoice(shape_));
   const Area& ar = *active_;
-  const auto* ints = static_cast<const int32_t*>(ar.d_ints);
+  const auto* ints = ar.ints.device();
   float* partial_o = static_cast<float*>(ar.d_partial);
   float* partial_lse =
       partial_o + static_cast<size_t>(ar.num_partials) * kMlaMaxRows * kMlaLatentDim;

@@ -15,7 +15,7 @@
 
 #include "base/status.h"
 #include "kernels/attention_backend.h"
-#include "kernels/cuda/common/pinned_staging.h"
+#include "kernels/cuda/common/plan_area.h"
 
 namespace llm::cuda {
 
@@ -186,11 +186,10 @@ class MlaDecode {
   MlaPlanConfig plan_config() const;
 
  private:
-  // One upload area: device ints (CSR arrays, slot mapping, work and merge items), partial
-  // outputs, offsets in int32 elements, and what the launches cover.
+  // One upload area: device ints (CSR arrays, slot mapping, work and merge items) with their
+  // pinned staging, partial outputs, offsets in int32 elements, and what the launches cover.
   struct Area {
-    void* d_ints = nullptr;
-    size_t d_ints_cap = 0;
+    PlanArea ints;
     void* d_partial = nullptr;  // partial outputs + lse
     size_t d_partial_cap = 0;
     size_t off_q_indptr = 0, off_kv_lens = 0, off_page_indptr = 0, off_pages = 0, off_slots = 0,
@@ -204,15 +203,13 @@ class MlaDecode {
     int merge_rows = kMlaMaxRows;  // the merge grid's rows per item
     int num_partials = 0;          // partial slots the partial buffer is laid out for
     bool device_counts = false;
-    void Free();
+    ~Area();
   };
-  Status Send(Area* a, PinnedStaging* staging, const void* host, size_t bytes, void* stream);
 
   MlaDecodeShape shape_;
   Area eager_, graph_;
   Area* active_ = &eager_;  // the last upload's
-  PinnedStaging eager_staging_, graph_staging_;
-  int graph_max_seqs_ = 0, graph_max_pages_ = 0;
+  GraphCapacity graph_cap_;
   MlaPlanConfig graph_config_;  // plan_config() at ReserveGraph
 };
 
