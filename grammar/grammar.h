@@ -60,5 +60,11 @@ struct JsonSchemaOptions {
 };
 Result<std::shared_ptr<const Grammar>> CompileJsonSchema(const std::string& schema_json,
                                                          const JsonSchemaOptions& options = {});
+// JSON values between fixed texts (a model's tool-call syntax around a function's parameters):
+// {"prefix", "items": [{"begin", "schema", "end"}, ...], "separator", "max_items", "suffix"}
+// matches prefix, then 1 to max_items (default 1) items separated by separator, then suffix; an
+// item is its begin, a value of its schema, its end. Missing texts are empty.
+Result<std::shared_ptr<const Grammar>> CompileTaggedJsonSchemas(
+    const std::string& spec_json, const JsonSchemaOptions& options = {});
 
 }  // namespace llm::grammar

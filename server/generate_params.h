@@ -24,6 +24,7 @@ struct ChatPromptParams {
   nlohmann::ordered_json messages;
   nlohmann::ordered_json tools;  // null: none
   bool add_generation_prompt = true;
+  nlohmann::ordered_json template_kwargs;  // null or an object: extra template variables
 };
 
 struct GenerateParams {
@@ -62,8 +63,10 @@ class ChatRenderer;
 Status ConstraintFromProto(const v1::GenerateRequest& in, Constraint* out);
 
 // Renders a chat prompt (with `chat`; null: FAILED_PRECONDITION), tokenizes and applies defaults.
-// Range checks happen in EngineCore::Validate (Engine::Submit).
+// Range checks happen in EngineCore::Validate (Engine::Submit). `rendered_chat` (optional)
+// receives a chat prompt's rendered text.
 Status ConvertRequest(const GenerateParams& in, const EngineCore& core, const ServerConfig& config,
-                      const ChatRenderer* chat, GenerationRequest* out);
+                      const ChatRenderer* chat, GenerationRequest* out,
+                      std::string* rendered_chat = nullptr);
 
 }  // namespace llm

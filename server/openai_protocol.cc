@@ -343,11 +343,23 @@ const std::map<std::string, FieldParser>& ChatFields() {
        }},
       {"tools",
        [](const json& v, OpenAiRequest* r) -> std::string {
-         if (!v.is_array()) return "must be a list";
-         r->tools = v;
+         std::string e = CheckTools(v);
+         if (e.empty()) r->tools = v;
+         return e;
+       }},
+      {"tool_choice",
+       [](const json& v, OpenAiRequest* r) { return ParseToolChoice(v, &r->tool_choice); }},
+      {"parallel_tool_calls",
+       [](const json& v, OpenAiRequest* r) { return AsBool(v, &r->parallel_tool_calls); }},
+      {"chat_template_kwargs",
+       [](const json& v, OpenAiRequest* r) -> std::string {
+         if (!v.is_object()) return "must be an object";
+         for (const char* k : {"messages", "tools", "documents", "add_generation_prompt"}) {
+           if (v.contains(k)) return std::string("'chat_template_kwargs' cannot set '") + k + "'";
+         }
+         r->chat_template_kwargs = v;
          return "";
        }},
-      {"tool_choice", OnlyDefault("auto", "only tool_choice \"auto\" is supported")},
       {"add_generation_prompt",
        [](const json& v, OpenAiRequest* r) { return AsBool(v, &r->add_generation_prompt); }},
       {"max_completion_tokens",
@@ -424,10 +436,8 @@ json OpenAiError::ToJson() const {
 }
 
 const std::vector<std::string>& IgnoredOpenAiFields() {
-  // Bookkeeping fields: who asked, whether OpenAI should store the exchange, billing tier, and
-  // parallel tool calls (meaningful only to the client's handling of tool calls).
-  static const std::vector<std::string> kIgnored = {"user", "store", "metadata", "service_tier",
-                                                    "parallel_tool_calls"};
+  // Bookkeeping fields: who asked, whether OpenAI should store the exchange, billing tier.
+  static const std::vector<std::string> kIgnored = {"user", "store", "metadata", "service_tier"};
   return kIgnored;
 }
 
