@@ -15,6 +15,7 @@
 #include "engine/engine_core.h"
 #include "engine/request.h"
 #include "llm/v1/generation.pb.h"
+#include "server/openai_tool_calls.h"
 #include "server/server_config.h"
 
 namespace llm {
@@ -25,6 +26,8 @@ struct ChatPromptParams {
   nlohmann::ordered_json tools;  // null: none
   bool add_generation_prompt = true;
   nlohmann::ordered_json template_kwargs;  // null or an object: extra template variables
+  ToolChoice tool_choice;                  // gRPC: how tool calls are parsed or forced
+  bool parallel_tool_calls = true;
 };
 
 struct GenerateParams {

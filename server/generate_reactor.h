@@ -14,6 +14,7 @@
 
 #include "engine/engine.h"
 #include "llm/v1/generation.grpc.pb.h"
+#include "server/openai_tool_calls.h"
 #include "server/request_gateway.h"
 #include "server/stream_writer.h"
 
@@ -23,9 +24,11 @@ class GenerateReactor final : public grpc::ServerWriteReactor<::llm::v1::Generat
  public:
   GenerateReactor(RequestGateway* gateway, StreamWriter* writer);
 
-  // Submits through the gateway; on error finishes the call with that status.
+  // Submits through the gateway; on error finishes the call with that status. With
+  // `chat_plan.parse` the complete message carries the output parsed (ChatOutput).
   void Start(const GenerateParams& params,
-             std::optional<std::chrono::steady_clock::time_point> deadline);
+             std::optional<std::chrono::steady_clock::time_point> deadline,
+             const ChatOutputPlan& chat_plan = {});
   // Ends the call with `error` without involving the engine.
   void Fail(const Status& error);
   void Fail(const grpc::Status& error);
@@ -53,6 +56,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<::llm::v1::Generat
   bool pump_scheduled_ = false;        // a Pump is queued on the writer thread
   std::optional<grpc::Status> final_;  // Finish with this once the queue drains
   bool finish_called_ = false;
+  // Chat prompts with a parse plan: the text so far, parsed whole at the end.
+  std::optional<ChatOutputOptions> parse_;
+  std::string text_;
   // gRPC (until OnDone) + engine sink (until destroyed) + one per Pump queued on the writer.
   std::atomic<int> refs_{2};
 };

@@ -73,3 +73,52 @@ def test_openai_node_client_tool_calls(qwen25, qwen3):
                          text=True, timeout=600)
     print(res.stdout, res.stderr)
     assert res.returncode == 0 and "ALL OK" in res.stdout, res.stdout + res.stderr
+
+
+def grpc_chat(server, pb, chat, **kw):
+    req = pb.GenerateRequest(chat=chat, **kw)
+    req.stopping.max_tokens = 200
+    req.sampling.seed = 7
+    out = list(server.stub().Generate(req, timeout=120))
+    return out[-1].complete, "".join(m.chunk.text for m in out[:-1]) + out[-1].complete.text
+
+
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"],
+    "additionalProperties": False}}}]
+
+
+def test_grpc_chat_carries_tool_calls_and_reasoning(qwen25, qwen3, pb):
+    msgs = [pb.ChatMessage(role="user", content="Weather in Paris?")]
+    # Forced call: parsed into chat_output, the raw text still in chunks / complete.text.
+    chat = pb.ChatPrompt(messages=msgs, tools_json=json.dumps(WEATHER), tool_choice="required",
+                         parallel_tool_calls=False)
+    done, text = grpc_chat(qwen25, pb, chat)
+    assert "<tool_call>" in text
+    calls = done.chat_output.tool_calls
+    assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].id.startswith("call_")
+    assert json.loads(calls[0].arguments)["city"] in ("Paris", "Oslo")
+    assert done.chat_output.content.strip() == ""
+    # Named, through tool_choice "function".
+    chat = pb.ChatPrompt(messages=msgs, tools_json=json.dumps(WEATHER), tool_choice="function",
+                         tool_choice_function="get_weather", parallel_tool_calls=False)
+    done, _ = grpc_chat(qwen25, pb, chat)
+    assert [c.name for c in done.chat_output.tool_calls] == ["get_weather"]
+    # Reasoning (Qwen3) from markup a regex writes.
+    chat = pb.ChatPrompt(messages=msgs)
+    done, _ = grpc_chat(qwen3, pb, chat, regex="<think>\nhm\n</think>\n\nYes\\.")
+    assert done.chat_output.reasoning_content == "\nhm\n"
+    assert done.chat_output.content == "\n\nYes."
+    # template kwargs reach the template; bad tool_choice values are refused.
+    on, _ = grpc_chat(qwen3, pb, pb.ChatPrompt(messages=msgs))
+    off, _ = grpc_chat(qwen3, pb, pb.ChatPrompt(
+        messages=msgs, template_kwargs_json=json.dumps({"enable_thinking": False})))
+    assert off.usage.prompt_tokens > on.usage.prompt_tokens
+    import grpc
+    for bad in [pb.ChatPrompt(messages=msgs, tools_json=json.dumps(WEATHER), tool_choice="x"),
+                pb.ChatPrompt(messages=msgs, tool_choice="required"),
+                pb.ChatPrompt(messages=msgs, tools_json=json.dumps(WEATHER),
+                              tool_choice="function", tool_choice_function="nope")]:
+        with pytest.raises(grpc.RpcError) as e:
+            grpc_chat(qwen25, pb, bad)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
