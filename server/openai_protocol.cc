@@ -360,6 +360,14 @@ const std::map<std::string, FieldParser>& ChatFields() {
          r->chat_template_kwargs = v;
          return "";
        }},
+      {"reasoning_effort",
+       [](const json& v, OpenAiRequest* r) -> std::string {
+         if (v != "low" && v != "medium" && v != "high") {
+           return "'reasoning_effort' must be \"low\", \"medium\" or \"high\"";
+         }
+         r->reasoning_effort = v.get<std::string>();
+         return "";
+       }},
       {"add_generation_prompt",
        [](const json& v, OpenAiRequest* r) { return AsBool(v, &r->add_generation_prompt); }},
       {"max_completion_tokens",
@@ -481,6 +489,13 @@ Status ParseOpenAiRequest(const json& body, OpenAiEndpoint endpoint, OpenAiReque
       return InvalidArgument("'top_logprobs' needs 'logprobs': true");
     }
     out->logprobs = out->chat_logprobs ? std::max(out->top_logprobs, 0) : -1;
+    // As vLLM: the template variable gpt-oss's template reads; chat_template_kwargs wins.
+    if (!out->reasoning_effort.empty()) {
+      if (out->chat_template_kwargs.is_null()) out->chat_template_kwargs = json::object();
+      if (!out->chat_template_kwargs.contains("reasoning_effort")) {
+        out->chat_template_kwargs["reasoning_effort"] = out->reasoning_effort;
+      }
+    }
   } else if (std::holds_alternative<std::monostate>(out->params.prompt)) {
     *bad_param = "prompt";
     return InvalidArgument("'prompt' is required");

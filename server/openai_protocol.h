@@ -29,6 +29,7 @@ struct OpenAiRequest {
   ToolChoice tool_choice;
   bool parallel_tool_calls = true;
   nlohmann::ordered_json chat_template_kwargs;  // null or an object
+  std::string reasoning_effort;  // "low" | "medium" | "high"; reaches the template as a kwarg
   bool add_generation_prompt = true;
   // Logprobs the response reports: -1 none, else the number of alternatives per token.
   int logprobs = -1;

@@ -386,7 +386,12 @@ void OpenAiServer::Generate(const Http1Request& req, const Reply& reply, bool ch
   s = gateway_->Submit(r.params, std::nullopt, sink, &sink->st.request_id,
                        chat ? &prompt : nullptr);
   if (!s.ok()) {
-    SendStatus(reply, s, chat && s.code() == StatusCode::kFailedPrecondition ? "messages" : "");
+    // A forced call's constraint is built from the tools' parameter schemas.
+    const bool tools_schema = s.message().rfind("tagged_json", 0) == 0;
+    SendStatus(reply, s,
+               tools_schema                                          ? "tools"
+               : chat && s.code() == StatusCode::kFailedPrecondition ? "messages"
+                                                                     : "");
     return;
   }
   // Outputs wait in the sink until Start(), so the parser is in place before the first.

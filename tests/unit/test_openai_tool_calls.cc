@@ -158,6 +158,16 @@ TEST_CASE("chat requests parse tool_choice, parallel_tool_calls and chat_templat
   b2["chat_template_kwargs"] = {{"messages", json::array()}};
   CHECK_FALSE(ParseOpenAiRequest(b2, OpenAiEndpoint::kChat, &r2, &bad).ok());
   CHECK(bad == "chat_template_kwargs");
+  OpenAiRequest r4;
+  b2 = body;
+  b2["reasoning_effort"] = "low";
+  REQUIRE(ParseOpenAiRequest(b2, OpenAiEndpoint::kChat, &r4, &bad).ok());
+  CHECK(r4.chat_template_kwargs["reasoning_effort"] == "low");
+  CHECK(r4.chat_template_kwargs["enable_thinking"] == false);
+  OpenAiRequest r5;
+  b2["reasoning_effort"] = "max";
+  CHECK_FALSE(ParseOpenAiRequest(b2, OpenAiEndpoint::kChat, &r5, &bad).ok());
+  CHECK(bad == "reasoning_effort");
   OpenAiRequest r3;
   b2 = body;
   b2["tool_choice"] = "sometimes";
