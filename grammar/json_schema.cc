@@ -662,7 +662,7 @@ Result<std::shared_ptr<const Grammar>> CompileTaggedJsonSchemas(const std::strin
     b.Define(root, Seq({lit(text("prefix")), Ref(item),
                         Repeat(Seq({lit(text("separator")), Ref(item)}), 0, max_items - 1),
                         lit(text("suffix"))}));
-    return Grammar::Build(b, root);
+    return Grammar::Build(b, root, /*special_tokens=*/true);
   } catch (const CompileError& e) {
     return R::Error("JSON Schema: " + e.message);
   } catch (const nlohmann::json::exception& e) {

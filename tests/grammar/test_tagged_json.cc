@@ -49,3 +49,38 @@ TEST_CASE("tagged JSON: a bad spec or schema is an error naming it", "[grammar]"
 
 }  // namespace
 }  // namespace llm::grammar
+
+namespace llm::grammar {
+namespace {
+
+// The mask bit of token `id`.
+bool Allowed(Matcher& m, const Vocabulary& v, int32_t id) {
+  std::vector<uint32_t> mask(v.mask_words());
+  m.FillNextTokenBitmask(mask.data());
+  return (mask[id >> 5] >> (id & 31)) & 1u;
+}
+
+TEST_CASE("tagged JSON: the model's special tokens may write the fixed texts", "[grammar]") {
+  auto vocab = testing::ByteLevelVocab();
+  const int32_t special = static_cast<int32_t>(vocab->size()) - 2;  // "<|special|>"
+  REQUIRE(vocab->token(special) == "<|special|>");
+  auto tagged = testing::Must(CompileTaggedJsonSchemas(
+      R"({"items": [{"begin": "<|special|>", "schema": {"enum": [1]}}]})"));
+  Matcher m(CompiledGrammar::Create(tagged, vocab));
+  CHECK(Allowed(m, *vocab, special));
+  REQUIRE(m.AcceptToken(special));
+  CHECK_FALSE(Allowed(m, *vocab, special));  // the text is written once
+  CHECK(m.AcceptString("1"));
+  CHECK(m.CanTerminate());
+  // Its bytes one by one work as well.
+  Matcher bytes(CompiledGrammar::Create(tagged, vocab));
+  CHECK(bytes.AcceptString("<|special|>1"));
+  // Other grammars never allow special tokens, even where their text fits.
+  auto regex = testing::Must(ParseRegex("<\\|special\\|>1"));
+  Matcher r(CompiledGrammar::Create(regex, vocab));
+  CHECK_FALSE(Allowed(r, *vocab, special));
+  CHECK_FALSE(r.AcceptToken(special));
+}
+
+}  // namespace
+}  // namespace llm::grammar
