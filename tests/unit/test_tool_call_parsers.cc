@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "text/tool_calls/chat_output_parser.h"
+#include "text/tool_calls/text_scan.h"
 
 namespace llm {
 namespace {
@@ -214,3 +215,30 @@ TEST_CASE("the family is chosen from the template text", "[tool_calls]") {
 
 }  // namespace
 }  // namespace llm
+
+namespace llm::tool_scan {
+namespace {
+
+TEST_CASE("JSON value extents, resumed across pieces", "[tool_calls]") {
+  size_t end = 0;
+  CHECK(ScanJsonValue(R"({"a": "}\"{"} tail)", 0, &end) == ScanResult::kComplete);
+  CHECK(end == 13);
+  CHECK(ScanJsonValue("12, ", 0, &end) == ScanResult::kComplete);
+  CHECK(end == 2);
+  CHECK(ScanJsonValue("12", 0, &end) == ScanResult::kIncomplete);  // more digits may come
+  CHECK(ScanJsonValue("]", 0, &end) == ScanResult::kInvalid);
+  // An escape split from the quote it escapes.
+  std::string text = R"(["x\)";
+  JsonValueScanner s(0);
+  CHECK(s.Scan(text, &end) == ScanResult::kIncomplete);
+  text += R"("", 1] after)";
+  CHECK(s.Scan(text, &end) == ScanResult::kComplete);
+  CHECK(text.substr(0, end) == R"(["x\"", 1])");
+  CHECK(s.Scan(text + "more", &end) == ScanResult::kComplete);  // stays complete
+  CHECK(PartialMarkerLength("text <tool", {"<tool_call>"}) == 5);
+  CHECK(PartialMarkerLength("text <tool_call", {"<tool_call>", "</tool_call>"}) == 10);
+  CHECK(PartialMarkerLength("text", {"<tool_call>"}) == 0);
+}
+
+}  // namespace
+}  // namespace llm::tool_scan

@@ -27,47 +27,53 @@ size_t SkipSpace(std::string_view text, size_t pos) {
 }
 
 ScanResult ScanJsonValue(std::string_view text, size_t pos, size_t* end) {
-  if (pos >= text.size()) return ScanResult::kIncomplete;
-  const char c0 = text[pos];
+  return JsonValueScanner(pos).Scan(text, end);
+}
+
+ScanResult JsonValueScanner::Scan(std::string_view text, size_t* end) {
+  if (result_ != ScanResult::kIncomplete) {
+    *end = end_;
+    return result_;
+  }
+  if (start_ >= text.size()) return ScanResult::kIncomplete;
   auto scalar_char = [](char c) {
     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || c == '-' || c == '+' || c == '.' ||
            c == 'E';
   };
+  auto done = [&](ScanResult r, size_t e) {
+    result_ = r;
+    end_ = e;
+    *end = e;
+    return r;
+  };
+  const char c0 = text[start_];
   if (c0 != '{' && c0 != '[' && c0 != '"') {
-    if (!scalar_char(c0)) return ScanResult::kInvalid;
-    size_t p = pos;
-    while (p < text.size() && scalar_char(text[p])) ++p;
-    if (p == text.size()) return ScanResult::kIncomplete;
-    *end = p;
-    return ScanResult::kComplete;
+    if (!scalar_char(c0)) return done(ScanResult::kInvalid, start_);
+    while (pos_ < text.size() && scalar_char(text[pos_])) ++pos_;
+    if (pos_ == text.size()) return ScanResult::kIncomplete;  // more digits may follow
+    return done(ScanResult::kComplete, pos_);
   }
   // Brackets are matched by count; a mismatched pair is caught when the value is parsed.
-  int depth = 0;
-  bool in_string = false;
-  for (size_t p = pos; p < text.size(); ++p) {
-    const char c = text[p];
-    if (in_string) {
-      if (c == '\\') {
-        ++p;
+  for (; pos_ < text.size(); ++pos_) {
+    const char c = text[pos_];
+    if (in_string_) {
+      if (escape_) {
+        escape_ = false;
+      } else if (c == '\\') {
+        escape_ = true;
       } else if (c == '"') {
-        in_string = false;
-        if (depth == 0) {
-          *end = p + 1;
-          return ScanResult::kComplete;
-        }
+        in_string_ = false;
+        if (depth_ == 0) return done(ScanResult::kComplete, pos_ + 1);
       }
       continue;
     }
     if (c == '"') {
-      in_string = true;
+      in_string_ = true;
     } else if (c == '{' || c == '[') {
-      ++depth;
+      ++depth_;
     } else if (c == '}' || c == ']') {
-      if (--depth == 0) {
-        *end = p + 1;
-        return ScanResult::kComplete;
-      }
-      if (depth < 0) return ScanResult::kInvalid;
+      if (--depth_ == 0) return done(ScanResult::kComplete, pos_ + 1);
+      if (depth_ < 0) return done(ScanResult::kInvalid, pos_);
     }
   }
   return ScanResult::kIncomplete;
@@ -118,7 +124,8 @@ bool JsonCallStreamer::Advance() {
       state_ = State::kValue;
     } else if (state_ == State::kValue) {
       size_t end = 0;
-      const ScanResult r = ScanJsonValue(t, pos_, &end);
+      if (!value_) value_.emplace(pos_);
+      const ScanResult r = value_->Scan(t, &end);
       if (r == ScanResult::kInvalid) {
         state_ = State::kInvalid;
         break;
@@ -148,6 +155,7 @@ bool JsonCallStreamer::Advance() {
         }
       }
       pos_ = end;
+      value_.reset();
       state_ = State::kComma;
     } else if (state_ == State::kComma) {
       ++pos_;
@@ -210,7 +218,7 @@ std::string JsonValueStreamer::Feed(std::string_view more) {
   }
   if (text_.empty()) return "";
   size_t end = 0;
-  result_ = ScanJsonValue(text_, 0, &end);
+  result_ = scan_.Scan(text_, &end);
   if (result_ == ScanResult::kInvalid) return "";
   const size_t upto = result_ == ScanResult::kComplete ? end : text_.size();
   end_ = upto;

@@ -22,6 +22,21 @@ enum class ScanResult { kComplete, kIncomplete, kInvalid };
 // number at the very end of `text` is kIncomplete (more digits may follow).
 ScanResult ScanJsonValue(std::string_view text, size_t pos, size_t* end);
 
+// ScanJsonValue that resumes: called again on the same text grown at its end, it goes on from
+// where it stopped, so a value arriving in n pieces is scanned once, not n times.
+class JsonValueScanner {
+ public:
+  explicit JsonValueScanner(size_t start) : start_(start), pos_(start) {}
+  ScanResult Scan(std::string_view text, size_t* end);
+
+ private:
+  size_t start_, pos_;
+  int depth_ = 0;
+  bool in_string_ = false, escape_ = false;
+  ScanResult result_ = ScanResult::kIncomplete;
+  size_t end_ = 0;
+};
+
 // A tool call written as one JSON object, arriving in pieces: the name from `name` and the
 // arguments from `arguments` or `parameters` (an object, or a JSON string holding one). The name
 // is released as soon as it is complete, the arguments as they arrive once the name is known.
@@ -56,6 +71,7 @@ class JsonCallStreamer {
   size_t args_end_ = std::string::npos;
   size_t args_sent_ = 0;
   std::optional<std::string> args_decoded_;  // arguments given as a JSON string
+  std::optional<JsonValueScanner> value_;    // the value being scanned (kValue)
 };
 
 // One JSON value (a call's arguments) arriving in pieces, sent on as it arrives; leading
@@ -74,6 +90,7 @@ class JsonValueStreamer {
   size_t sent_ = 0;
   size_t end_ = 0;
   ScanResult result_ = ScanResult::kIncomplete;
+  JsonValueScanner scan_{0};  // text_ starts at the value once sent_ > 0
 };
 
 }  // namespace llm::tool_scan
