@@ -3,6 +3,7 @@
 // Python jinja2) parses back to the calls the template rendered, whole and streamed in pieces;
 // plus the edge cases a template cannot render (cut-off output, reasoning, parallel limit).
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include <catch2/catch.hpp>
@@ -242,3 +243,97 @@ TEST_CASE("JSON value extents, resumed across pieces", "[tool_calls]") {
 
 }  // namespace
 }  // namespace llm::tool_scan
+
+namespace llm {
+namespace {
+
+// Text built from the families' markers, JSON punctuation and plain characters.
+std::string RandomMarkup(std::mt19937& rng) {
+  static const char* kPieces[] = {"<tool_call>",
+                                  "</tool_call>",
+                                  "<think>",
+                                  "</think>",
+                                  "<|python_tag|>",
+                                  "[TOOL_CALLS]",
+                                  "[ARGS]",
+                                  "<｜tool▁calls▁begin｜>",
+                                  "<｜tool▁call▁begin｜>",
+                                  "<｜tool▁sep｜>",
+                                  "<｜tool▁call▁end｜>",
+                                  "<｜tool▁calls▁end｜>",
+                                  "<|channel|>",
+                                  "<|message|>",
+                                  "<|end|>",
+                                  "<|start|>",
+                                  "<|call|>",
+                                  " to=functions.f",
+                                  "analysis",
+                                  "final",
+                                  "{\"name\": \"f\"",
+                                  ", \"arguments\": ",
+                                  "{\"a\": 1}",
+                                  "\"",
+                                  "\\",
+                                  "{",
+                                  "}",
+                                  "[",
+                                  "]",
+                                  ",",
+                                  ":",
+                                  ";",
+                                  " ",
+                                  "\n",
+                                  "```json\n",
+                                  "\n```",
+                                  "x",
+                                  "é",
+                                  "1"};
+  std::uniform_int_distribution<int> pick(0, std::size(kPieces) - 1), len(0, 40);
+  std::string s;
+  for (int i = len(rng); i > 0; --i) s += kPieces[pick(rng)];
+  return s;
+}
+
+TEST_CASE("any text parses the same streamed in any pieces as whole", "[tool_calls]") {
+  std::mt19937 rng(1234);
+  const ToolCallFamily families[] = {ToolCallFamily::kHermes, ToolCallFamily::kLlama3Json,
+                                     ToolCallFamily::kMistral, ToolCallFamily::kDeepSeekV3,
+                                     ToolCallFamily::kHarmony};
+  for (int iter = 0; iter < 20000; ++iter) {
+    const std::string text = RandomMarkup(rng);
+    for (ToolCallFamily f : families) {
+      for (bool think : {false, true}) {
+        ChatOutputOptions o;
+        o.tools = f;
+        o.reasoning = f == ToolCallFamily::kHarmony ? ReasoningFamily::kHarmony
+                      : think                       ? ReasoningFamily::kThink
+                                                    : ReasoningFamily::kNone;
+        o.max_tool_calls = iter % 3 == 0 ? 1 : -1;
+        int n = 0;
+        o.new_id = [&n] { return "id" + std::to_string(n++); };
+        const ParsedMessage whole = ParseChatOutput(o, text);
+        n = 0;
+        auto p = CreateChatOutputParser(o);
+        ParsedMessage streamed;
+        std::uniform_int_distribution<size_t> step(1, 9);
+        for (size_t i = 0; i < text.size();) {
+          const size_t k = std::min(step(rng), text.size() - i);
+          streamed.Append(p->Push(std::string_view(text).substr(i, k)));
+          i += k;
+        }
+        streamed.Append(p->Finish());
+        INFO(ToolCallFamilyName(f) << " think=" << think << " text: " << text);
+        REQUIRE(streamed.content == whole.content);
+        REQUIRE(streamed.reasoning == whole.reasoning);
+        REQUIRE(streamed.tool_calls.size() == whole.tool_calls.size());
+        for (size_t i = 0; i < whole.tool_calls.size(); ++i) {
+          REQUIRE(streamed.tool_calls[i].name == whole.tool_calls[i].name);
+          REQUIRE(streamed.tool_calls[i].arguments == whole.tool_calls[i].arguments);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace llm

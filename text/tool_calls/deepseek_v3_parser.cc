@@ -89,8 +89,11 @@ class DeepSeekV3Parser final : public ChatOutputParser {
         }
         case State::kHead: {
           const size_t at = buf_.find(kSep);
-          if (at == std::string::npos) {
-            if (buf_.size() > kMaxHead + kSep.size()) state_ = State::kDrop;
+          if (at == std::string::npos || at > kMaxHead) {
+            if (at != std::string::npos || buf_.size() > kMaxHead + kSep.size()) {
+              state_ = State::kDrop;  // decided alike however the text arrives
+              break;
+            }
             return Wait(final);
           }
           head_ = buf_.substr(0, at);
@@ -112,8 +115,11 @@ class DeepSeekV3Parser final : public ChatOutputParser {
         }
         case State::kName: {
           const size_t nl = buf_.find('\n');
-          if (nl == std::string::npos) {
-            if (buf_.size() > kMaxHead) state_ = State::kDrop;
+          if (nl == std::string::npos || nl > kMaxHead) {
+            if (nl != std::string::npos || buf_.size() > kMaxHead) {
+              state_ = State::kDrop;
+              break;
+            }
             return Wait(final);
           }
           calls_.Begin(d, Trim(buf_.substr(0, nl)));

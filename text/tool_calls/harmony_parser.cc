@@ -59,10 +59,13 @@ class HarmonyParser final : public ChatOutputParser {
       }
       if (state_ == State::kHeader) {
         const size_t at = buf_.find(kMessage);
-        if (at == std::string::npos) {
-          if (buf_.size() > kMaxHeader) state_ = State::kPlain;
-          if (state_ == State::kHeader) return;
-          continue;
+        if (at == std::string::npos || at > kMaxHeader) {
+          // Decided alike however the text arrives: a header ends within kMaxHeader bytes.
+          if (at != std::string::npos || buf_.size() >= kMaxHeader + kMessage.size()) {
+            state_ = State::kPlain;
+            continue;
+          }
+          return;
         }
         std::string header = buf_.substr(0, at);
         buf_.erase(0, at + kMessage.size());

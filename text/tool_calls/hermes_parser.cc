@@ -52,7 +52,8 @@ class HermesParser final : public ChatOutputParser {
         call_->Feed(buf_);
         buf_.clear();
         if (!call_->Advance()) {
-          if (call_->name_released()) {  // broken after the name: the rest up to </tool_call> goes
+          if (call_->name_known()) {  // broken after the name: the rest up to </tool_call> goes
+            calls_.Drain(&*call_, d);
             state_ = State::kBadCall;
             buf_ = call_->text();
           } else {  // not a call after all: the tag is content, what follows is scanned again
@@ -70,16 +71,15 @@ class HermesParser final : public ChatOutputParser {
         state_ = State::kAfterCall;
       } else {  // kAfterCall / kBadCall: skip to the closing tag
         call_.reset();
-        const size_t at = buf_.find(kClose);
+        // Only whitespace is expected; anything else is dropped up to the closing tag, or up to
+        // a new call's tag when that comes first.
+        const size_t at = buf_.find(kClose), open = buf_.find(kOpen);
+        if (open < at) {
+          buf_.erase(0, open);
+          state_ = State::kText;
+          continue;
+        }
         if (at == std::string::npos) {
-          // Only whitespace is expected; anything else after a complete call is dropped until
-          // the tag, or content when a new call opens without one.
-          const size_t open = buf_.find(kOpen);
-          if (open != std::string::npos) {
-            buf_.erase(0, open);
-            state_ = State::kText;
-            continue;
-          }
           if (final) buf_.clear();
           return;
         }

@@ -80,13 +80,15 @@ class Llama3JsonParser final : public ChatOutputParser {
           call_->Feed(buf_);
           buf_.clear();
           if (!call_->Advance()) {
-            if (!call_->name_released()) {  // not a call: the text is content
-              d->content += prefix_ + call_->text();
+            if (!call_->name_known()) {  // not a call: the text is content, scanned again
+              d->content += prefix_;
+              buf_ = call_->text();
               prefix_.clear();
               call_.reset();
               state_ = State::kContent;
               break;
             }
+            calls_.Drain(&*call_, d);
             call_.reset();
             state_ = State::kDrop;
             break;

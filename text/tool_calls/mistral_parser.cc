@@ -80,6 +80,7 @@ class MistralParser final : public ChatOutputParser {
           call_->Feed(buf_);
           buf_.clear();
           if (!call_->Advance()) {
+            if (call_->name_known()) calls_.Drain(&*call_, d);
             call_.reset();
             state_ = State::kDrop;
             break;
@@ -101,8 +102,11 @@ class MistralParser final : public ChatOutputParser {
         }
         case State::kName: {
           const size_t at = buf_.find(kArgs);
-          if (at == std::string::npos) {
-            if (buf_.size() > kMaxName + kArgs.size()) state_ = State::kDrop;
+          if (at == std::string::npos || at > kMaxName) {
+            if (at != std::string::npos || buf_.size() > kMaxName + kArgs.size()) {
+              state_ = State::kDrop;  // decided alike however the text arrives
+              break;
+            }
             return Wait(final);
           }
           std::string name = buf_.substr(0, at);

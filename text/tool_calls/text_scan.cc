@@ -112,7 +112,13 @@ bool JsonCallStreamer::Advance() {
         state_ = State::kInvalid;
         break;
       }
-      key_ = nlohmann::json::parse(t.substr(pos_, end - pos_), nullptr, false).get<std::string>();
+      // Model text: a bad escape makes it no JSON key (never an exception).
+      const auto key = nlohmann::json::parse(t.substr(pos_, end - pos_), nullptr, false);
+      if (!key.is_string()) {
+        state_ = State::kInvalid;
+        break;
+      }
+      key_ = key.get<std::string>();
       pos_ = end;
       state_ = State::kColon;
     } else if (state_ == State::kColon) {

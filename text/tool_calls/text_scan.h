@@ -54,6 +54,9 @@ class JsonCallStreamer {
   // Argument text ready to send (empty when none; never before the name).
   std::string TakeArguments();
   bool name_released() const { return name_released_; }
+  // The name is complete: the text is a call, whatever follows (a parser that finds the rest
+  // broken still sends the call, as it would have streamed it).
+  bool name_known() const { return name_.has_value(); }
   // The whole text fed (for a parser that gives up and sends it as content).
   const std::string& text() const { return text_; }
 
