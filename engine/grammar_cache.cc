@@ -18,6 +18,8 @@ const char* ConstraintKindName(Constraint::Kind kind) {
       return "grammar";
     case Constraint::Kind::kChoice:
       return "choice";
+    case Constraint::Kind::kTaggedJson:
+      return "tagged_json";
     case Constraint::Kind::kNone:
       break;
   }
@@ -49,6 +51,8 @@ grammar::Result<std::shared_ptr<const grammar::Grammar>> Compile(const Constrain
     case Constraint::Kind::kChoice:
       if (c.choices.empty()) return R::Error("choice: the list of choices is empty");
       return grammar::MakeChoices(c.choices);
+    case Constraint::Kind::kTaggedJson:
+      return grammar::CompileTaggedJsonSchemas(c.text);
     case Constraint::Kind::kNone:
       break;
   }

@@ -20,13 +20,15 @@ namespace llm {
 
 // A structured-output constraint (issue 49): the generated text must match it.
 struct Constraint {
-  enum class Kind { kNone, kJsonSchema, kJsonObject, kRegex, kGrammar, kChoice };
+  // kTaggedJson: JSON Schema values between fixed texts, the forced tool calls of the OpenAI
+  // API (grammar::CompileTaggedJsonSchemas).
+  enum class Kind { kNone, kJsonSchema, kJsonObject, kRegex, kGrammar, kChoice, kTaggedJson };
   Kind kind = Kind::kNone;
-  std::string text;                  // the schema (JSON), the regex or the GBNF grammar
+  std::string text;                  // the schema (JSON), the regex, the GBNF grammar or the spec
   std::vector<std::string> choices;  // kChoice: the output is exactly one of these
 };
 
-// "json_schema", "json_object", "regex", "grammar", "choice" ("none" for kNone).
+// "json_schema", "json_object", "regex", "grammar", "choice", "tagged_json" ("none" for kNone).
 const char* ConstraintKindName(Constraint::Kind kind);
 
 struct GenerationRequest {

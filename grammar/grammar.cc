@@ -208,10 +208,13 @@ class Lowerer {
   std::map<std::pair<const Expr*, int>, int> helpers_;
 };
 
-Result<std::shared_ptr<const Grammar>> Grammar::Build(const GrammarBuilder& builder, int root) {
+Result<std::shared_ptr<const Grammar>> Grammar::Build(const GrammarBuilder& builder, int root,
+                                                      bool special_tokens) {
   try {
     if (root < 0 || root >= builder.size()) throw CompileError{"no root rule"};
-    return std::shared_ptr<const Grammar>(Lowerer(builder).Run(root));
+    std::shared_ptr<Grammar> g = Lowerer(builder).Run(root);
+    g->special_tokens_ = special_tokens;
+    return std::shared_ptr<const Grammar>(std::move(g));
   } catch (const CompileError& e) {
     return Result<std::shared_ptr<const Grammar>>::Error(e.message);
   }

@@ -23,7 +23,10 @@ struct Position {
 class Grammar {
  public:
   // Lowers the builder's rules; fails on an undefined rule or left recursion, naming the rule.
-  static Result<std::shared_ptr<const Grammar>> Build(const GrammarBuilder& builder, int root);
+  // `special_tokens`: the vocabulary's special tokens may match where their text fits (a model's
+  // own markup, such as gpt-oss's <|channel|>); otherwise they never do.
+  static Result<std::shared_ptr<const Grammar>> Build(const GrammarBuilder& builder, int root,
+                                                      bool special_tokens = false);
 
   const std::vector<ByteSet>& sets() const { return sets_; }
   const std::vector<Position>& positions() const { return positions_; }
@@ -31,6 +34,7 @@ class Grammar {
   uint32_t RuleOf(uint32_t pos) const { return rule_of_[pos]; }
   const std::string& RuleName(uint32_t rule) const { return rule_names_[rule]; }
   int root() const { return root_; }
+  bool special_tokens() const { return special_tokens_; }
   size_t num_rules() const { return rule_names_.size(); }
   std::string ToString() const;  // one line per alternative, for debugging and tests
 
@@ -42,6 +46,7 @@ class Grammar {
   std::vector<std::vector<uint32_t>> rule_starts_;
   std::vector<std::string> rule_names_;
   int root_ = 0;
+  bool special_tokens_ = false;
 };
 
 // Front ends. Each returns the grammar or an error that names what is wrong.
@@ -60,5 +65,12 @@ struct JsonSchemaOptions {
 };
 Result<std::shared_ptr<const Grammar>> CompileJsonSchema(const std::string& schema_json,
                                                          const JsonSchemaOptions& options = {});
+// JSON values between fixed texts (a model's tool-call syntax around a function's parameters):
+// {"prefix", "items": [{"begin", "schema", "end"}, ...], "separator", "max_items", "suffix"}
+// matches prefix, then 1 to max_items (default 1) items separated by separator, then suffix; an
+// item is its begin, a value of its schema, its end. Missing texts are empty. The fixed texts may
+// be written with the vocabulary's special tokens (a model's call markup often is one).
+Result<std::shared_ptr<const Grammar>> CompileTaggedJsonSchemas(
+    const std::string& spec_json, const JsonSchemaOptions& options = {});
 
 }  // namespace llm::grammar

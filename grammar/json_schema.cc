@@ -56,13 +56,18 @@ const std::vector<std::string> kTypes = {"null",   "boolean", "object", "array",
 
 class SchemaCompiler {
  public:
-  SchemaCompiler(const Json& root, const JsonSchemaOptions& opt) : root_(root), opt_(opt) {
+  // Rules go into `b`, which several compilers may share (CompileTaggedJsonSchemas).
+  SchemaCompiler(const Json& root, const JsonSchemaOptions& opt, GrammarBuilder& b)
+      : root_(root), opt_(opt), b_(b) {
     ByteSet ws;
     for (char c : std::string(" \t\n\r")) ws.Add(static_cast<uint8_t>(c));
     ws_ = Repeat(Set(ws), 0, opt.max_whitespace);
     string_char_ = JsonStringChar();
     any_string_ = Seq({Lit("\""), Star(string_char_), Lit("\"")});
   }
+
+  // The whole schema's value, as an expression over the builder's rules.
+  ExprPtr Value() { return Compile(root_, ""); }
 
   std::shared_ptr<const Grammar> Run() {
     int root = b_.AddRule("root");
@@ -604,7 +609,7 @@ class SchemaCompiler {
 
   const Json& root_;
   JsonSchemaOptions opt_;
-  GrammarBuilder b_;
+  GrammarBuilder& b_;
   ExprPtr ws_, string_char_, any_string_;
   int any_value_ = -1;
   std::map<std::string, int> ref_rules_;
@@ -618,11 +623,53 @@ Result<std::shared_ptr<const Grammar>> CompileJsonSchema(const std::string& sche
   Json schema = Json::parse(schema_json, nullptr, false);
   if (schema.is_discarded()) return R::Error("JSON Schema: not valid JSON");
   try {
-    return SchemaCompiler(schema, options).Run();
+    GrammarBuilder b;
+    return SchemaCompiler(schema, options, b).Run();
   } catch (const CompileError& e) {
     return R::Error("JSON Schema: " + e.message);
   } catch (const nlohmann::json::exception& e) {
     return R::Error(std::string("JSON Schema: malformed keyword value (") + e.what() + ")");
+  }
+}
+
+Result<std::shared_ptr<const Grammar>> CompileTaggedJsonSchemas(const std::string& spec_json,
+                                                                const JsonSchemaOptions& options) {
+  using R = Result<std::shared_ptr<const Grammar>>;
+  const Json spec = Json::parse(spec_json, nullptr, false);
+  auto text = [&spec](const char* key) -> std::string {
+    const Json& v = spec.contains(key) ? spec[key] : Json("");
+    if (!v.is_string()) throw CompileError{std::string("'") + key + "' must be a string"};
+    return v.get<std::string>();
+  };
+  auto lit = [](const std::string& s) { return s.empty() ? Empty() : Lit(s); };
+  try {
+    if (!spec.is_object() || !spec.contains("items") || !spec["items"].is_array() ||
+        spec["items"].empty()) {
+      return R::Error("tagged JSON: needs a non-empty list 'items'");
+    }
+    const int max_items = spec.value("max_items", 1);
+    if (max_items < 1) return R::Error("tagged JSON: 'max_items' must be at least 1");
+    GrammarBuilder b;
+    std::vector<ExprPtr> items;
+    for (const Json& item : spec["items"]) {
+      if (!item.is_object() || !item.contains("schema")) {
+        return R::Error("tagged JSON: every item needs a 'schema'");
+      }
+      const Json& schema = item["schema"];
+      const std::string begin = item.value("begin", ""), end = item.value("end", "");
+      items.push_back(Seq({lit(begin), SchemaCompiler(schema, options, b).Value(), lit(end)}));
+    }
+    const int item = b.AddRule("item");
+    b.Define(item, items.size() == 1 ? items[0] : Alt(items));
+    const int root = b.AddRule("root");
+    b.Define(root, Seq({lit(text("prefix")), Ref(item),
+                        Repeat(Seq({lit(text("separator")), Ref(item)}), 0, max_items - 1),
+                        lit(text("suffix"))}));
+    return Grammar::Build(b, root, /*special_tokens=*/true);
+  } catch (const CompileError& e) {
+    return R::Error("JSON Schema: " + e.message);
+  } catch (const nlohmann::json::exception& e) {
+    return R::Error(std::string("tagged JSON: malformed value (") + e.what() + ")");
   }
 }
 

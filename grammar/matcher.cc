@@ -46,6 +46,17 @@ void Matcher::FillNextTokenBitmask(uint32_t* mask) {
         },
         entry.skip);
   }
+  // Special tokens, in grammars that allow them: few, and most die on their first byte.
+  if (grammar_->grammar().special_tokens()) {
+    for (int32_t id : vocab.special_ids()) {
+      uint32_t s = state;
+      for (char c : vocab.token(id)) {
+        s = arena_.Step(s, static_cast<uint8_t>(c));
+        if (s == StackArena::kDead) break;
+      }
+      if (s != StackArena::kDead) mask[id >> 5] |= 1u << (id & 31);
+    }
+  }
   constexpr size_t kMemoStates = 64;
   if (memo_.size() >= kMemoStates) memo_.clear();
   memo_.emplace(state, std::vector<uint32_t>(mask, mask + vocab.mask_words()));
@@ -70,7 +81,10 @@ bool Matcher::AcceptToken(int32_t id) {
     history_.push_back(Step{history_.back().state, true});
     return true;
   }
-  if (!vocab.IsOrdinary(id)) return false;  // special and empty tokens never match
+  // Empty tokens never match; special ones only in grammars that allow them.
+  if (!vocab.IsOrdinary(id) && !(vocab.IsSpecial(id) && grammar_->grammar().special_tokens())) {
+    return false;
+  }
   return AcceptString(vocab.token(id));
 }
 

@@ -22,6 +22,14 @@ std::shared_ptr<const Vocabulary> Vocabulary::Create(std::vector<std::string> to
   }
   v->ordinary_.assign(v->tokens_.size(), 0);
   for (int32_t id : v->sorted_) v->ordinary_[id] = 1;
+  std::unordered_set<int32_t> eos(v->eos_ids_.begin(), v->eos_ids_.end());
+  for (int32_t id : special_ids) {
+    if (id >= 0 && id < static_cast<int32_t>(v->tokens_.size()) && !v->tokens_[id].empty() &&
+        !eos.count(id) && v->ordinary_[id] == 0) {
+      v->ordinary_[id] = 2;
+      v->special_ids_.push_back(id);
+    }
+  }
   std::sort(v->sorted_.begin(), v->sorted_.end(),
             [&](int32_t a, int32_t b) { return v->tokens_[a] < v->tokens_[b]; });
   BuildSkipTables(*v, v->sorted_, v->sorted_skip_);

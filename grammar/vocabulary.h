@@ -34,13 +34,17 @@ class Vocabulary {
   bool byte_level() const { return byte_level_; }
   // Skip tables of sorted() (see BuildSkipTables).
   const std::vector<uint32_t>* sorted_skip() const { return sorted_skip_; }
-  bool IsOrdinary(int32_t id) const { return ordinary_[id]; }
+  bool IsOrdinary(int32_t id) const { return ordinary_[id] == 1; }
+  // Special tokens (non-empty, not EOS): allowed only by grammars that say so.
+  const std::vector<int32_t>& special_ids() const { return special_ids_; }
+  bool IsSpecial(int32_t id) const { return ordinary_[id] == 2; }
 
  private:
   std::vector<std::string> tokens_;
   std::vector<int32_t> eos_ids_;
   std::vector<int32_t> sorted_;
-  std::vector<char> ordinary_;
+  std::vector<int32_t> special_ids_;
+  std::vector<char> ordinary_;  // 1: ordinary, 2: special, 0: neither (EOS, empty)
   std::vector<uint32_t> sorted_skip_[3];
   bool byte_level_ = false;
 };

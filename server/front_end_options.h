@@ -17,6 +17,9 @@ struct FrontEndOptions {
   int http_max_connections = 16384;             // open HTTP connections; past it, closed at accept
   int http_max_connections_per_address = 4096;  // the same, per client address
   std::string chat_template_file;               // overrides the model's chat template
+  // How chat output is split (text/tool_calls): "auto" picks from the chat template.
+  std::string tool_call_parser = "auto";
+  std::string reasoning_parser = "auto";
 
   bool tls() const { return !tls_cert_file.empty(); }
 };

@@ -38,7 +38,8 @@ Status ConstraintFromProto(const pb::GenerateRequest& in, Constraint* out) {
 }
 
 Status ConvertRequest(const GenerateParams& in, const EngineCore& core, const ServerConfig& config,
-                      const ChatRenderer* chat, GenerationRequest* out) {
+                      const ChatRenderer* chat, GenerationRequest* out,
+                      std::string* rendered_chat) {
   out->request_id = in.request_id;
   if (const auto* c = std::get_if<ChatPromptParams>(&in.prompt)) {
     if (chat == nullptr) {
@@ -46,8 +47,9 @@ Status ConvertRequest(const GenerateParams& in, const EngineCore& core, const Se
           "chat prompts need a chat template and this server has no chat template engine yet; "
           "send text or token ids");
     }
-    auto text = chat->Render(c->messages, c->tools, c->add_generation_prompt);
+    auto text = chat->Render(c->messages, c->tools, c->add_generation_prompt, c->template_kwargs);
     if (!text.ok()) return text.status();
+    if (rendered_chat != nullptr) *rendered_chat = *text;
     GenerateParams rendered = in;
     rendered.prompt = std::move(text).value();
     return ConvertRequest(rendered, core, config, chat, out);

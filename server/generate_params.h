@@ -15,6 +15,7 @@
 #include "engine/engine_core.h"
 #include "engine/request.h"
 #include "llm/v1/generation.pb.h"
+#include "server/openai_tool_calls.h"
 #include "server/server_config.h"
 
 namespace llm {
@@ -24,6 +25,9 @@ struct ChatPromptParams {
   nlohmann::ordered_json messages;
   nlohmann::ordered_json tools;  // null: none
   bool add_generation_prompt = true;
+  nlohmann::ordered_json template_kwargs;  // null or an object: extra template variables
+  ToolChoice tool_choice;                  // gRPC: how tool calls are parsed or forced
+  bool parallel_tool_calls = true;
 };
 
 struct GenerateParams {
@@ -64,8 +68,10 @@ class ChatRenderer;
 Status ConstraintFromProto(const v1::GenerateRequest& in, Constraint* out);
 
 // Renders a chat prompt (with `chat`; null: FAILED_PRECONDITION), tokenizes and applies defaults.
-// Range checks happen in EngineCore::Validate (Engine::Submit).
+// Range checks happen in EngineCore::Validate (Engine::Submit). `rendered_chat` (optional)
+// receives a chat prompt's rendered text.
 Status ConvertRequest(const GenerateParams& in, const EngineCore& core, const ServerConfig& config,
-                      const ChatRenderer* chat, GenerationRequest* out);
+                      const ChatRenderer* chat, GenerationRequest* out,
+                      std::string* rendered_chat = nullptr);
 
 }  // namespace llm

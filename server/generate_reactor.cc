@@ -54,9 +54,18 @@ GenerateReactor::GenerateReactor(RequestGateway* gateway, StreamWriter* writer)
     : gateway_(gateway), writer_(writer) {}
 
 void GenerateReactor::Start(const GenerateParams& params,
-                            std::optional<std::chrono::steady_clock::time_point> deadline) {
+                            std::optional<std::chrono::steady_clock::time_point> deadline,
+                            const ChatOutputPlan& chat_plan) {
   auto sink = std::make_shared<Sink>(this);
-  Status st = gateway_->Submit(params, deadline, sink, &request_id_);
+  std::string prompt;
+  // Outputs that arrive before parse_ is set wait on mu_.
+  std::unique_lock<std::mutex> hold(mu_);
+  Status st = gateway_->Submit(params, deadline, sink, &request_id_, &prompt);
+  if (st.ok() && chat_plan.parse) {
+    parse_ = chat_plan.options;
+    parse_->starts_in_reasoning = PromptOpensThinking(prompt);
+  }
+  hold.unlock();
   if (!st.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     final_ = ToGrpcStatus(st);
@@ -78,6 +87,21 @@ void GenerateReactor::Fail(const grpc::Status& error) {
   Unref();  // no engine sink will ever exist
 }
 
+void GenerateReactor::SetChatOutput(const GenerationOutput& out, pb::ChatOutput* co) {
+  std::string& text = texts_[out.index];
+  if (out.finished) text += out.text;  // a chunk's text was added as it arrived
+  const ParsedMessage m = ParseChatOutput(*parse_, text);
+  co->set_content(m.content);
+  co->set_reasoning_content(m.reasoning);
+  for (const ParsedToolCall& t : m.tool_calls) {
+    pb::ToolCall* tc = co->add_tool_calls();
+    tc->set_id(t.id);
+    tc->set_name(t.name);
+    tc->set_arguments(t.arguments);
+  }
+  text.clear();
+}
+
 void GenerateReactor::Push(GenerationOutput out) {
   pb::GenerateResponse msg;
   msg.set_request_id(request_id_);
@@ -92,6 +116,7 @@ void GenerateReactor::Push(GenerationOutput out) {
       c->set_matched_stop(out.matched_stop);
       c->mutable_token_ids()->Add(out.token_ids.begin(), out.token_ids.end());
       c->set_text(out.text);
+      if (parse_) SetChatOutput(out, c->mutable_chat_output());
       AddLogprobs(out.logprobs, c->mutable_logprobs());
       c->set_index(out.index);
       c->mutable_usage()->set_prompt_tokens(out.usage.prompt_tokens);
@@ -103,11 +128,13 @@ void GenerateReactor::Push(GenerationOutput out) {
       pb::GenerateChunk* c = msg.mutable_chunk();
       c->mutable_token_ids()->Add(out.token_ids.begin(), out.token_ids.end());
       c->set_text(out.text);
+      if (parse_) texts_[out.index] += out.text;
       AddLogprobs(out.logprobs, c->mutable_logprobs());
       c->set_index(out.index);
       if (out.finish_reason != FinishReason::kNone) {  // a choice of n > 1 ended
         c->set_finish_reason(ToProto(out.finish_reason));
         c->set_matched_stop(out.matched_stop);
+        if (parse_) SetChatOutput(out, c->mutable_chat_output());
       }
       queue_.push_back(std::move(msg));
     }

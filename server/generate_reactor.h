@@ -14,6 +14,7 @@
 
 #include "engine/engine.h"
 #include "llm/v1/generation.grpc.pb.h"
+#include "server/openai_tool_calls.h"
 #include "server/request_gateway.h"
 #include "server/stream_writer.h"
 
@@ -23,9 +24,11 @@ class GenerateReactor final : public grpc::ServerWriteReactor<::llm::v1::Generat
  public:
   GenerateReactor(RequestGateway* gateway, StreamWriter* writer);
 
-  // Submits through the gateway; on error finishes the call with that status.
+  // Submits through the gateway; on error finishes the call with that status. With
+  // `chat_plan.parse` the complete message carries the output parsed (ChatOutput).
   void Start(const GenerateParams& params,
-             std::optional<std::chrono::steady_clock::time_point> deadline);
+             std::optional<std::chrono::steady_clock::time_point> deadline,
+             const ChatOutputPlan& chat_plan = {});
   // Ends the call with `error` without involving the engine.
   void Fail(const Status& error);
   void Fail(const grpc::Status& error);
@@ -39,6 +42,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<::llm::v1::Generat
   friend class Sink;
 
   void Push(GenerationOutput out);  // engine thread
+  // Choice out.index's whole text parsed into `co` (a chat prompt with a parse plan); under mu_.
+  void SetChatOutput(const GenerationOutput& out, v1::ChatOutput* co);
   // Starts the next write or the Finish if one is due. Called without mu_ held.
   void Pump();
   void Unref();
@@ -53,6 +58,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<::llm::v1::Generat
   bool pump_scheduled_ = false;        // a Pump is queued on the writer thread
   std::optional<grpc::Status> final_;  // Finish with this once the queue drains
   bool finish_called_ = false;
+  // Chat prompts with a parse plan: each choice's text so far, parsed whole when it ends.
+  std::optional<ChatOutputOptions> parse_;
+  std::map<int, std::string> texts_;  // by choice index
   // gRPC (until OnDone) + engine sink (until destroyed) + one per Pump queued on the writer.
   std::atomic<int> refs_{2};
 };

@@ -61,6 +61,30 @@ Status FromProto(const pb::GenerateRequest& in, GenerateParams* out) {
         if (chat.tools.is_discarded() || !chat.tools.is_array()) {
           return InvalidArgument("chat.tools_json is not a JSON array");
         }
+        const std::string e = CheckTools(chat.tools);
+        if (!e.empty()) return InvalidArgument("chat.tools_json: " + e);
+      }
+      const std::string& tc = in.chat().tool_choice();
+      if (tc == "function") {
+        chat.tool_choice = {ToolChoice::Mode::kFunction, in.chat().tool_choice_function()};
+      } else if (!tc.empty() && !ParseToolChoice(tc, &chat.tool_choice).empty()) {
+        return InvalidArgument(
+            "chat.tool_choice must be \"auto\", \"none\", \"required\" or "
+            "\"function\", not \"" +
+            tc + "\"");
+      }
+      if (tc != "function" && !in.chat().tool_choice_function().empty()) {
+        return InvalidArgument("chat.tool_choice_function needs chat.tool_choice \"function\"");
+      }
+      if (in.chat().has_parallel_tool_calls()) {
+        chat.parallel_tool_calls = in.chat().parallel_tool_calls();
+      }
+      if (!in.chat().template_kwargs_json().empty()) {
+        chat.template_kwargs =
+            nlohmann::ordered_json::parse(in.chat().template_kwargs_json(), nullptr, false);
+        if (!chat.template_kwargs.is_object()) {
+          return InvalidArgument("chat.template_kwargs_json is not a JSON object");
+        }
       }
       out->prompt = std::move(chat);
       out->add_special_tokens = false;  // the template writes BOS and the like itself
@@ -125,6 +149,19 @@ grpc::ServerWriteReactor<pb::GenerateResponse>* GenerationService::Generate(
   }
   GenerateParams params;
   Status st = FromProto(*request, &params);
+  ChatOutputPlan plan;
+  if (auto* chat = std::get_if<ChatPromptParams>(&params.prompt); st.ok() && chat != nullptr) {
+    const ChatRenderer* renderer = gateway_->chat();
+    std::string bad;
+    st = PlanChatOutput(chat->tools, chat->tool_choice, chat->parallel_tool_calls,
+                        renderer ? renderer->tool_call_family() : ToolCallFamily::kNone,
+                        renderer ? renderer->reasoning_family() : ReasoningFamily::kNone,
+                        params.constraint.kind != Constraint::Kind::kNone, &plan,
+                        &params.constraint, &bad);
+    if (plan.needs_special_tokens && !params.skip_special_tokens) {
+      params.skip_special_tokens = false;
+    }
+  }
   std::optional<std::chrono::steady_clock::time_point> deadline;
   if (ctx->deadline() != std::chrono::system_clock::time_point::max()) {
     const auto left = ctx->deadline() - std::chrono::system_clock::now();
@@ -132,7 +169,7 @@ grpc::ServerWriteReactor<pb::GenerateResponse>* GenerationService::Generate(
                std::chrono::duration_cast<std::chrono::steady_clock::duration>(left);
   }
   if (st.ok()) {
-    reactor->Start(params, deadline);
+    reactor->Start(params, deadline, plan);
   } else {
     reactor->Fail(st);
   }

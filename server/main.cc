@@ -112,10 +112,13 @@ int main(int argc, char** argv) {
   // an error saying so; a template that is there but does not parse stops the start.
   std::unique_ptr<llm::TemplateChatRenderer> chat;
   auto chat_or = llm::TemplateChatRenderer::Load(engine.core(), sc.engine.model.model_dir,
-                                                 fe.chat_template_file);
+                                                 fe.chat_template_file, fe.tool_call_parser,
+                                                 fe.reasoning_parser);
   if (chat_or.ok()) {
     chat = std::move(chat_or).value();
-    spdlog::info("chat template from {}", chat->origin());
+    spdlog::info("chat template from {} (tool calls: {}, reasoning: {})", chat->origin(),
+                 llm::ToolCallFamilyName(chat->tool_call_family()),
+                 llm::ReasoningFamilyName(chat->reasoning_family()));
   } else if (chat_or.status().code() == llm::StatusCode::kNotFound &&
              fe.chat_template_file.empty()) {
     spdlog::warn("no chat template in {}: chat requests will fail", sc.engine.model.model_dir);

@@ -382,11 +382,31 @@ const std::map<std::string, FieldParser>& ChatFields() {
        }},
       {"tools",
        [](const json& v, OpenAiRequest* r) -> std::string {
-         if (!v.is_array()) return "must be a list";
-         r->tools = v;
+         std::string e = CheckTools(v);
+         if (e.empty()) r->tools = v;
+         return e;
+       }},
+      {"tool_choice",
+       [](const json& v, OpenAiRequest* r) { return ParseToolChoice(v, &r->tool_choice); }},
+      {"parallel_tool_calls",
+       [](const json& v, OpenAiRequest* r) { return AsBool(v, &r->parallel_tool_calls); }},
+      {"chat_template_kwargs",
+       [](const json& v, OpenAiRequest* r) -> std::string {
+         if (!v.is_object()) return "must be an object";
+         for (const char* k : {"messages", "tools", "documents", "add_generation_prompt"}) {
+           if (v.contains(k)) return std::string("'chat_template_kwargs' cannot set '") + k + "'";
+         }
+         r->chat_template_kwargs = v;
          return "";
        }},
-      {"tool_choice", OnlyDefault("auto", "only tool_choice \"auto\" is supported")},
+      {"reasoning_effort",
+       [](const json& v, OpenAiRequest* r) -> std::string {
+         if (v != "low" && v != "medium" && v != "high") {
+           return "'reasoning_effort' must be \"low\", \"medium\" or \"high\"";
+         }
+         r->reasoning_effort = v.get<std::string>();
+         return "";
+       }},
       {"add_generation_prompt",
        [](const json& v, OpenAiRequest* r) { return AsBool(v, &r->add_generation_prompt); }},
       {"max_completion_tokens",
@@ -463,10 +483,8 @@ json OpenAiError::ToJson() const {
 }
 
 const std::vector<std::string>& IgnoredOpenAiFields() {
-  // Bookkeeping fields: who asked, whether OpenAI should store the exchange, billing tier, and
-  // parallel tool calls (meaningful only to the client's handling of tool calls).
-  static const std::vector<std::string> kIgnored = {"user", "store", "metadata", "service_tier",
-                                                    "parallel_tool_calls"};
+  // Bookkeeping fields: who asked, whether OpenAI should store the exchange, billing tier.
+  static const std::vector<std::string> kIgnored = {"user", "store", "metadata", "service_tier"};
   return kIgnored;
 }
 
@@ -516,6 +534,13 @@ Status ParseOpenAiRequest(const json& body, OpenAiEndpoint endpoint, OpenAiReque
       return InvalidArgument("'top_logprobs' needs 'logprobs': true");
     }
     out->logprobs = out->chat_logprobs ? std::max(out->top_logprobs, 0) : -1;
+    // As vLLM: the template variable gpt-oss's template reads; chat_template_kwargs wins.
+    if (!out->reasoning_effort.empty()) {
+      if (out->chat_template_kwargs.is_null()) out->chat_template_kwargs = json::object();
+      if (!out->chat_template_kwargs.contains("reasoning_effort")) {
+        out->chat_template_kwargs["reasoning_effort"] = out->reasoning_effort;
+      }
+    }
   } else if (std::holds_alternative<std::monostate>(out->params.prompt)) {
     *bad_param = "prompt";
     return InvalidArgument("'prompt' is required");

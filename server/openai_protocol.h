@@ -11,6 +11,7 @@
 #include "base/status.h"
 #include "engine/request.h"
 #include "server/generate_params.h"
+#include "server/openai_tool_calls.h"
 #include "text/tokenizer/tokenizer.h"
 
 namespace llm {
@@ -26,6 +27,10 @@ struct OpenAiRequest {
   // Chat: messages and tools go to the ChatRenderer; logprobs is a bool with top_logprobs.
   nlohmann::ordered_json messages;
   nlohmann::ordered_json tools;
+  ToolChoice tool_choice;
+  bool parallel_tool_calls = true;
+  nlohmann::ordered_json chat_template_kwargs;  // null or an object
+  std::string reasoning_effort;  // "low" | "medium" | "high"; reaches the template as a kwarg
   bool add_generation_prompt = true;
   // Logprobs the response reports: -1 none, else the number of alternatives per token.
   int logprobs = -1;

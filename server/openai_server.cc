@@ -83,11 +83,17 @@ struct Stream {
   bool started = false;
   bool finished = false;
   std::vector<int> text_offset;  // per choice: where its next text starts
+  // Chat: how the output splits into reasoning, content and tool calls (openai_tool_calls.h).
+  ChatOutputPlan plan;
+  // Streams with plan.parse: one parser per choice, and whether it streamed a tool call.
+  std::vector<std::unique_ptr<ChatOutputParser>> parsers;
+  std::vector<char> streamed_calls;
 
   int num_choices() const { return std::max(1, request.params.n); }
 
+  // `chat_delta` (chat with a parser) replaces the content delta made of `text`.
   json Chunk(int index, const std::string& text, const std::vector<SampledToken>& lps,
-             const char* finish) {
+             const char* finish, const json* chat_delta = nullptr) {
     const bool chat = request.endpoint == OpenAiEndpoint::kChat;
     text_offset.resize(num_choices());
     json choice = {
@@ -96,7 +102,9 @@ struct Stream {
                                                           tokenizer, text_offset[index])
                                            : json(nullptr)},
         {"finish_reason", finish ? json(finish) : json(nullptr)}};
-    if (chat) {
+    if (chat_delta != nullptr) {
+      choice["delta"] = *chat_delta;
+    } else if (chat) {
       choice["delta"] = text.empty() ? json::object() : json{{"content", text}};
     } else {
       choice["text"] = text;
@@ -131,7 +139,21 @@ struct Stream {
                                            : json(nullptr)},
         {"finish_reason", OpenAiFinishReason(result.finish_reason)},
         {"stop_reason", result.matched_stop.empty() ? json(nullptr) : json(result.matched_stop)}};
-    if (chat) {
+    if (chat && plan.parse) {
+      const ParsedMessage m = ParseChatOutput(plan.options, result.text);
+      json msg = {{"role", "assistant"}};
+      // OpenAI's content is null beside tool calls when the model wrote nothing else.
+      const bool blank = m.content.find_first_not_of(" \n") == std::string::npos;
+      msg["content"] = blank && !m.tool_calls.empty() ? json(nullptr) : json(m.content);
+      if (plan.reasoning_field) {
+        msg["reasoning_content"] = m.reasoning.empty() ? json(nullptr) : json(m.reasoning);
+      }
+      if (!m.tool_calls.empty()) {
+        msg["tool_calls"] = ToolCallsJson(m.tool_calls);
+        if (result.finish_reason == FinishReason::kStop) choice["finish_reason"] = "tool_calls";
+      }
+      choice["message"] = std::move(msg);
+    } else if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", result.text}};
     } else {
       choice["text"] = result.text;
@@ -151,7 +173,26 @@ struct Stream {
                              ? OpenAiFinishReason(out.finish_reason)
                              : nullptr;
     const int index = std::clamp(out.index, 0, num_choices() - 1);
-    if (!out.text.empty() || !out.token_ids.empty() || finish != nullptr) {
+    if (!parsers.empty()) {
+      ChatOutputParser& parser = *parsers[index];
+      ParsedDelta d = parser.Push(out.text);
+      if (finish != nullptr) d.Append(parser.Finish());
+      json delta = json::object();
+      if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+      if (!d.content.empty()) delta["content"] = d.content;
+      if (!d.tool_calls.empty()) {
+        delta["tool_calls"] = ToolCallDeltasJson(d.tool_calls);
+        streamed_calls[index] = 1;
+      }
+      if (finish != nullptr && streamed_calls[index] && out.finish_reason == FinishReason::kStop) {
+        finish = "tool_calls";
+      }
+      // Held-back markup sends nothing, unless the client waits for the tokens' logprobs.
+      if (!delta.empty() || finish != nullptr ||
+          (request.logprobs >= 0 && !out.token_ids.empty())) {
+        events += SseEvent(Chunk(index, "", out.logprobs, finish, &delta));
+      }
+    } else if (!out.text.empty() || !out.token_ids.empty() || finish != nullptr) {
       events += SseEvent(Chunk(index, out.text, out.logprobs, finish));
       text_offset[index] += static_cast<int>(out.text.size());
     }
@@ -380,15 +421,49 @@ void OpenAiServer::Generate(const Http1Request& req, const Reply& reply, bool ch
     SendError(reply, e);
     return;
   }
-  if (chat) r.params.prompt = ChatPromptParams{r.messages, r.tools, r.add_generation_prompt};
+  if (chat) {
+    r.params.prompt =
+        ChatPromptParams{r.messages, r.tools, r.add_generation_prompt, r.chat_template_kwargs};
+    const ChatRenderer* renderer = gateway_->chat();
+    s = PlanChatOutput(r.tools, r.tool_choice, r.parallel_tool_calls,
+                       renderer ? renderer->tool_call_family() : ToolCallFamily::kNone,
+                       renderer ? renderer->reasoning_family() : ReasoningFamily::kNone,
+                       r.params.constraint.kind != Constraint::Kind::kNone, &sink->st.plan,
+                       &r.params.constraint, &param);
+    if (!s.ok()) {
+      SendStatus(reply, s, param);
+      return;
+    }
+    // Markers that are special tokens must reach the parser (vLLM does the same for Mistral).
+    if (sink->st.plan.needs_special_tokens && !r.params.skip_special_tokens) {
+      r.params.skip_special_tokens = false;
+    }
+  }
   sink->st.id = (chat ? "chatcmpl-" : "cmpl-") + RandomHex();
   sink->st.model = config_.model_name;
   sink->st.created = std::time(nullptr);
   sink->st.tokenizer = gateway_->core().tokenizer();
-  s = gateway_->Submit(r.params, std::nullopt, sink, &sink->st.request_id);
+  std::string prompt;
+  s = gateway_->Submit(r.params, std::nullopt, sink, &sink->st.request_id,
+                       chat ? &prompt : nullptr);
   if (!s.ok()) {
-    SendStatus(reply, s, chat && s.code() == StatusCode::kFailedPrecondition ? "messages" : "");
+    // A forced call's constraint is built from the tools' parameter schemas.
+    const bool tools_schema = s.message().rfind("tagged_json", 0) == 0;
+    SendStatus(reply, s,
+               tools_schema                                          ? "tools"
+               : chat && s.code() == StatusCode::kFailedPrecondition ? "messages"
+                                                                     : "");
     return;
+  }
+  // Outputs wait in the sink until Start(), so the parser is in place before the first.
+  if (chat && sink->st.plan.parse) {
+    sink->st.plan.options.starts_in_reasoning = PromptOpensThinking(prompt);
+    if (r.stream) {
+      for (int i = 0; i < sink->st.num_choices(); ++i) {
+        sink->st.parsers.push_back(CreateChatOutputParser(sink->st.plan.options));
+      }
+      sink->st.streamed_calls.assign(sink->st.parsers.size(), 0);
+    }
   }
   // A client that leaves frees its request's KV blocks at the engine's next step.
   reply->OnGone([gateway = gateway_, id = sink->st.request_id, weak = std::weak_ptr(sink)] {
@@ -425,7 +500,7 @@ void OpenAiServer::Tokenize(const Http1Request& req, const Reply& reply) {
       return;
     }
     auto rendered = gateway_->chat()->Render(body["messages"], body.value("tools", json()),
-                                             body.value("add_generation_prompt", true));
+                                             body.value("add_generation_prompt", true), json());
     if (!rendered.ok()) {
       SendStatus(reply, rendered.status(), "messages");
       return;

@@ -27,7 +27,8 @@ class RequestGateway {
   // RESOURCE_EXHAUSTED when the engine's queue is full, INVALID_ARGUMENT for a bad request.
   Status Submit(const GenerateParams& params,
                 std::optional<std::chrono::steady_clock::time_point> deadline,
-                std::shared_ptr<ResultSink> sink, std::string* request_id);
+                std::shared_ptr<ResultSink> sink, std::string* request_id,
+                std::string* rendered_chat = nullptr);
   // Client went away (or asked): the engine frees the request's KV blocks at its next step.
   bool Abort(const std::string& request_id, const Status& why = Status::Ok()) {
     return engine_->Abort(request_id, why);

@@ -20,6 +20,9 @@ using O = ServerOption;
     return c.path;                \
   }
 
+constexpr const char* kToolCallParsers[] = {"auto",    "none",        "hermes", "llama3_json",
+                                            "mistral", "deepseek_v3", "harmony"};
+constexpr const char* kReasoningParsers[] = {"auto", "none", "think", "harmony"};
 constexpr const char* kLogLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
 
 bool StaticKvCache(const ServerConfig& c) {
@@ -84,6 +87,14 @@ std::vector<ServerOption> Declarations() {
       O::String("chat_template", LLM_BIND(front_end.chat_template_file), G::kModel,
                 "Jinja chat template file used instead of the model's own")
           .Check(ReadableFileOrEmpty),
+      O::Choice("tool_call_parser", LLM_BIND(front_end.tool_call_parser), kToolCallParsers,
+                G::kModel,
+                "tool-call syntax parsed out of chat output into tool_calls; auto: the one the "
+                "chat template writes"),
+      O::Choice("reasoning_parser", LLM_BIND(front_end.reasoning_parser), kReasoningParsers,
+                G::kModel,
+                "reasoning markup parsed out of chat output into reasoning_content; auto: the one "
+                "the chat template writes"),
       O::Choice("log_level", LLM_BIND(log_level), kLogLevels, G::kServer, "log level"),
       O::Int("shutdown_grace_s", LLM_BIND(shutdown_grace_s), 0, 3600, G::kServer,
              "seconds in-flight requests get to finish after SIGTERM"),

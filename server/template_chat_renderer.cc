@@ -5,7 +5,8 @@
 namespace llm {
 
 StatusOr<std::unique_ptr<TemplateChatRenderer>> TemplateChatRenderer::Load(
-    const EngineCore& core, const std::string& model_dir, const std::string& override_path) {
+    const EngineCore& core, const std::string& model_dir, const std::string& override_path,
+    const std::string& tool_call_parser, const std::string& reasoning_parser) {
   auto src = LoadChatTemplateSource(model_dir, override_path);
   if (!src.ok()) return src.status();
   auto t = ChatTemplate::Create(src->text);
@@ -20,13 +21,25 @@ StatusOr<std::unique_ptr<TemplateChatRenderer>> TemplateChatRenderer::Load(
     const auto& eos = core.model_config().eos_token_ids;
     if (!eos.empty()) extra["eos_token"] = piece(eos.front());
   }
-  return std::unique_ptr<TemplateChatRenderer>(
+  std::unique_ptr<TemplateChatRenderer> r(
       new TemplateChatRenderer(std::move(t).value(), src->origin, std::move(extra)));
+  if (tool_call_parser == "auto") {
+    r->tool_family_ = DetectToolCallFamily(src->text);
+  } else if (!ToolCallFamilyFromName(tool_call_parser, &r->tool_family_)) {
+    return InvalidArgument("unknown tool call parser '" + tool_call_parser + "'");
+  }
+  if (reasoning_parser == "auto") {
+    r->reasoning_family_ = DetectReasoningFamily(src->text);
+  } else if (!ReasoningFamilyFromName(reasoning_parser, &r->reasoning_family_)) {
+    return InvalidArgument("unknown reasoning parser '" + reasoning_parser + "'");
+  }
+  return r;
 }
 
 StatusOr<std::string> TemplateChatRenderer::Render(const nlohmann::ordered_json& messages,
                                                    const nlohmann::ordered_json& tools,
-                                                   bool add_generation_prompt) const {
+                                                   bool add_generation_prompt,
+                                                   const nlohmann::ordered_json& kwargs) const {
   ChatRenderRequest r;
   r.messages = messages;
   // Every path (both front ends' chat, /tokenize) hands the template the same message shapes.
@@ -37,6 +50,9 @@ StatusOr<std::string> TemplateChatRenderer::Render(const nlohmann::ordered_json&
   if (!(tools.is_array() && tools.empty())) r.tools = tools;
   r.add_generation_prompt = add_generation_prompt;
   r.extra = extra_;
+  if (kwargs.is_object()) {
+    for (auto it = kwargs.begin(); it != kwargs.end(); ++it) r.extra[it.key()] = *it;
+  }
   auto out = template_.Render(r);
   if (!out.ok()) return InvalidArgument("chat template: " + out.status().message());
   return out;

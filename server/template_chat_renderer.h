@@ -16,13 +16,17 @@ class TemplateChatRenderer final : public ChatRenderer {
   // The template from `override_path` (--chat-template), else the model directory's
   // chat_template.jinja, else tokenizer_config.json's chat_template. NotFound when there is none;
   // a template the engine cannot parse fails naming the construct.
-  static StatusOr<std::unique_ptr<TemplateChatRenderer>> Load(const EngineCore& core,
-                                                              const std::string& model_dir,
-                                                              const std::string& override_path);
+  // `tool_call_parser` / `reasoning_parser`: a family name (chat_output_parser.h), "none", or
+  // "auto" for the one the template's text writes.
+  static StatusOr<std::unique_ptr<TemplateChatRenderer>> Load(
+      const EngineCore& core, const std::string& model_dir, const std::string& override_path,
+      const std::string& tool_call_parser = "auto", const std::string& reasoning_parser = "auto");
 
   StatusOr<std::string> Render(const nlohmann::ordered_json& messages,
-                               const nlohmann::ordered_json& tools,
-                               bool add_generation_prompt) const override;
+                               const nlohmann::ordered_json& tools, bool add_generation_prompt,
+                               const nlohmann::ordered_json& template_kwargs) const override;
+  ToolCallFamily tool_call_family() const override { return tool_family_; }
+  ReasoningFamily reasoning_family() const override { return reasoning_family_; }
   const std::string& origin() const { return origin_; }
 
  private:
@@ -31,6 +35,8 @@ class TemplateChatRenderer final : public ChatRenderer {
   ChatTemplate template_;
   std::string origin_;
   nlohmann::ordered_json extra_;  // bos_token, eos_token
+  ToolCallFamily tool_family_ = ToolCallFamily::kNone;
+  ReasoningFamily reasoning_family_ = ReasoningFamily::kNone;
 };
 
 }  // namespace llm

@@ -67,3 +67,36 @@ TEST_CASE("real tokenizers: byte strings and constrained generation", "[grammar]
 
 }  // namespace
 }  // namespace llm::grammar::testing
+
+namespace llm::grammar::testing {
+namespace {
+
+TEST_CASE("real tokenizers: a forced gpt-oss call may use its special header tokens",
+          "[grammar][real]") {
+  std::string text = CachedTokenizer("gptoss");
+  if (text.empty()) {
+    WARN("tokenizer cache has no gptoss (run scripts/fetch_tokenizers.sh): skipped");
+    return;
+  }
+  auto v = Vocabulary::FromHfTokenizerJson(text, {200012});  // <|call|>
+  REQUIRE(v.ok());
+  auto vocab = v.value();
+  const int32_t channel = 200005, message = 200008;
+  REQUIRE(vocab->token(channel) == "<|channel|>");
+  REQUIRE(vocab->IsSpecial(channel));
+  auto g = Must(CompileTaggedJsonSchemas(R"({"items": [{"begin":
+      " to=functions.f<|channel|>commentary json<|message|>", "schema": {"enum": [1]}}]})"));
+  Matcher m(CompiledGrammar::Create(g, vocab));
+  REQUIRE(m.AcceptString(" to=functions.f"));
+  std::vector<uint32_t> mask(vocab->mask_words());
+  m.FillNextTokenBitmask(mask.data());
+  CHECK(((mask[channel >> 5] >> (channel & 31)) & 1u) == 1u);
+  REQUIRE(m.AcceptToken(channel));
+  REQUIRE(m.AcceptString("commentary json"));
+  REQUIRE(m.AcceptToken(message));
+  REQUIRE(m.AcceptString("1"));
+  CHECK(m.CanTerminate());
+}
+
+}  // namespace
+}  // namespace llm::grammar::testing

@@ -1,0 +1,193 @@
+// DeepSeek-V3 tool calls: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n
+// ```json\n{...}\n```<｜tool▁call▁end｜>` per call, newline-separated, then
+// `<｜tool▁calls▁end｜>`; V3.1 writes `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}` instead.
+// Text before the calls is content.
+#include <optional>
+
+#include "text/tool_calls/family_parsers.h"
+
+namespace llm::tool_parsers {
+namespace {
+
+using tool_scan::JsonValueStreamer;
+
+constexpr std::string_view kCallsBegin = "<｜tool▁calls▁begin｜>";
+constexpr std::string_view kCallsEnd = "<｜tool▁calls▁end｜>";
+constexpr std::string_view kCallBegin = "<｜tool▁call▁begin｜>";
+constexpr std::string_view kCallEnd = "<｜tool▁call▁end｜>";
+constexpr std::string_view kSep = "<｜tool▁sep｜>";
+constexpr std::string_view kFence = "```";
+constexpr size_t kMaxHead = 256;  // a type or name longer than this is not one
+
+bool StartsWith(std::string_view s, std::string_view p) {
+  return s.substr(0, p.size()) == p;
+}
+
+class DeepSeekV3Parser final : public ChatOutputParser {
+ public:
+  explicit DeepSeekV3Parser(std::function<std::string()> new_id) : calls_(std::move(new_id)) {}
+
+  ParsedDelta Push(std::string_view text) override {
+    buf_ += text;
+    ParsedDelta d;
+    Run(&d, false);
+    return d;
+  }
+  ParsedDelta Finish() override {
+    ParsedDelta d;
+    Run(&d, true);
+    if (state_ == State::kContent) d.content += buf_;
+    buf_.clear();
+    return d;
+  }
+
+ private:
+  enum class State {
+    kContent,
+    kBetween,
+    kHead,
+    kAfterSep,
+    kName,
+    kFence,
+    kArgs,
+    kAfterArgs,
+    kDrop
+  };
+
+  void Run(ParsedDelta* d, bool final) {
+    for (;;) {
+      switch (state_) {
+        case State::kContent: {
+          const size_t at = buf_.find(kCallsBegin);
+          if (at == std::string::npos) {
+            const size_t keep = final ? 0 : tool_scan::PartialMarkerLength(buf_, {kCallsBegin});
+            d->content += buf_.substr(0, buf_.size() - keep);
+            buf_.erase(0, buf_.size() - keep);
+            return;
+          }
+          d->content += buf_.substr(0, at);
+          buf_.erase(0, at + kCallsBegin.size());
+          state_ = State::kBetween;
+          break;
+        }
+        case State::kBetween: {
+          const size_t p = tool_scan::SkipSpace(buf_, 0);
+          const std::string_view rest = std::string_view(buf_).substr(p);
+          if (StartsWith(rest, kCallBegin)) {
+            buf_.erase(0, p + kCallBegin.size());
+            state_ = State::kHead;
+          } else if (StartsWith(rest, kCallsEnd)) {
+            buf_.erase(0, p + kCallsEnd.size());
+            state_ = State::kContent;
+          } else if (!final && (StartsWith(kCallBegin, rest) || StartsWith(kCallsEnd, rest))) {
+            return;
+          } else {
+            buf_.erase(0, p);
+            state_ = State::kContent;
+          }
+          break;
+        }
+        case State::kHead: {
+          const size_t at = buf_.find(kSep);
+          if (at == std::string::npos || at > kMaxHead) {
+            if (at != std::string::npos || buf_.size() > kMaxHead + kSep.size()) {
+              state_ = State::kDrop;  // decided alike however the text arrives
+              break;
+            }
+            return Wait(final);
+          }
+          head_ = buf_.substr(0, at);
+          buf_.erase(0, at + kSep.size());
+          state_ = State::kAfterSep;
+          break;
+        }
+        case State::kAfterSep: {
+          const size_t p = tool_scan::SkipSpace(buf_, 0);
+          if (p == buf_.size()) return Wait(final);
+          if (buf_[p] == '{' || buf_[p] == '[') {  // V3.1: the head was the name
+            calls_.Begin(d, Trim(head_));
+            args_.emplace();
+            state_ = State::kArgs;
+          } else {
+            state_ = State::kName;
+          }
+          break;
+        }
+        case State::kName: {
+          const size_t nl = buf_.find('\n');
+          if (nl == std::string::npos || nl > kMaxHead) {
+            if (nl != std::string::npos || buf_.size() > kMaxHead) {
+              state_ = State::kDrop;
+              break;
+            }
+            return Wait(final);
+          }
+          calls_.Begin(d, Trim(buf_.substr(0, nl)));
+          buf_.erase(0, nl + 1);
+          state_ = State::kFence;
+          break;
+        }
+        case State::kFence: {  // ```json, then the arguments on the next line
+          const size_t p = tool_scan::SkipSpace(buf_, 0);
+          const std::string_view rest = std::string_view(buf_).substr(p);
+          if (rest.size() < kFence.size() && StartsWith(kFence, rest) && !final) return;
+          if (StartsWith(rest, kFence)) {
+            const size_t nl = buf_.find('\n', p);
+            if (nl == std::string::npos) return Wait(final);
+            buf_.erase(0, nl + 1);
+          }
+          args_.emplace();
+          state_ = State::kArgs;
+          break;
+        }
+        case State::kArgs: {
+          calls_.Arguments(d, args_->Feed(buf_));
+          buf_.clear();
+          if (args_->invalid()) {
+            state_ = State::kDrop;
+            break;
+          }
+          if (!args_->done()) return;
+          buf_ = args_->Leftover();
+          args_.reset();
+          state_ = State::kAfterArgs;
+          break;
+        }
+        case State::kAfterArgs: {  // the closing fence, then the call's end marker
+          const size_t at = buf_.find(kCallEnd);
+          if (at == std::string::npos) return Wait(final);
+          buf_.erase(0, at + kCallEnd.size());
+          state_ = State::kBetween;
+          break;
+        }
+        case State::kDrop:
+          buf_.clear();
+          return;
+      }
+    }
+  }
+
+  static std::string Trim(std::string s) {
+    const size_t b = tool_scan::SkipSpace(s, 0);
+    s.erase(0, b);
+    while (!s.empty() && (s.back() == ' ' || s.back() == '\n' || s.back() == '\r')) s.pop_back();
+    return s;
+  }
+  void Wait(bool final) {
+    if (final) buf_.clear();
+  }
+
+  CallWriter calls_;
+  State state_ = State::kContent;
+  std::string buf_;
+  std::string head_;
+  std::optional<JsonValueStreamer> args_;
+};
+
+}  // namespace
+
+std::unique_ptr<ChatOutputParser> CreateDeepSeekV3Parser(std::function<std::string()> new_id) {
+  return std::make_unique<DeepSeekV3Parser>(std::move(new_id));
+}
+
+}  // namespace llm::tool_parsers

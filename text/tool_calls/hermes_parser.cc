@@ -1,0 +1,104 @@
+// Qwen2.5 / Qwen3 (Hermes) tool calls: `<tool_call>\n{"name": ..., "arguments":
+// {...}}\n</tool_call>`, several in a row, text around them content.
+#include <optional>
+
+#include "text/tool_calls/family_parsers.h"
+
+namespace llm::tool_parsers {
+namespace {
+
+using tool_scan::JsonCallStreamer;
+
+constexpr std::string_view kOpen = "<tool_call>";
+constexpr std::string_view kClose = "</tool_call>";
+
+class HermesParser final : public ChatOutputParser {
+ public:
+  explicit HermesParser(std::function<std::string()> new_id) : calls_(std::move(new_id)) {}
+
+  ParsedDelta Push(std::string_view text) override {
+    buf_ += text;
+    ParsedDelta d;
+    Run(&d, /*final=*/false);
+    return d;
+  }
+  ParsedDelta Finish() override {
+    ParsedDelta d;
+    Run(&d, /*final=*/true);
+    if (state_ == State::kText) d.content += buf_;
+    // A call cut off keeps what it had; a body that never named a function is dropped.
+    buf_.clear();
+    return d;
+  }
+
+ private:
+  enum class State { kText, kCall, kAfterCall, kBadCall };
+
+  void Run(ParsedDelta* d, bool final) {
+    for (;;) {
+      if (state_ == State::kText) {
+        const size_t at = buf_.find(kOpen);
+        if (at == std::string::npos) {
+          const size_t keep = final ? 0 : tool_scan::PartialMarkerLength(buf_, {kOpen});
+          d->content += buf_.substr(0, buf_.size() - keep);
+          buf_.erase(0, buf_.size() - keep);
+          return;
+        }
+        d->content += buf_.substr(0, at);
+        buf_.erase(0, at + kOpen.size());
+        call_.emplace();
+        state_ = State::kCall;
+      } else if (state_ == State::kCall) {
+        call_->Feed(buf_);
+        buf_.clear();
+        if (!call_->Advance()) {
+          if (call_->name_known()) {  // broken after the name: the rest up to </tool_call> goes
+            calls_.Drain(&*call_, d);
+            state_ = State::kBadCall;
+            buf_ = call_->text();
+          } else {  // not a call after all: the tag is content, what follows is scanned again
+            d->content += kOpen;
+            buf_ = call_->text();
+            call_.reset();
+            state_ = State::kText;
+          }
+          continue;
+        }
+        calls_.Drain(&*call_, d);
+        if (!call_->done()) return;
+        buf_ = call_->Leftover();
+        call_.reset();
+        state_ = State::kAfterCall;
+      } else {  // kAfterCall / kBadCall: skip to the closing tag
+        call_.reset();
+        // Only whitespace is expected; anything else is dropped up to the closing tag, or up to
+        // a new call's tag when that comes first.
+        const size_t at = buf_.find(kClose), open = buf_.find(kOpen);
+        if (open < at) {
+          buf_.erase(0, open);
+          state_ = State::kText;
+          continue;
+        }
+        if (at == std::string::npos) {
+          if (final) buf_.clear();
+          return;
+        }
+        buf_.erase(0, at + kClose.size());
+        state_ = State::kText;
+      }
+    }
+  }
+
+  CallWriter calls_;
+  State state_ = State::kText;
+  std::string buf_;
+  std::optional<JsonCallStreamer> call_;
+};
+
+}  // namespace
+
+std::unique_ptr<ChatOutputParser> CreateHermesParser(std::function<std::string()> new_id) {
+  return std::make_unique<HermesParser>(std::move(new_id));
+}
+
+}  // namespace llm::tool_parsers

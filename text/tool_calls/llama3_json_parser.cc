@@ -1,0 +1,145 @@
+// Llama 3.1-3.3 JSON tool calls: the turn is `{"name": ..., "parameters": {...}}` (optionally
+// after <|python_tag|>), several separated by `;`. Text that does not open with such an object
+// is content; <|python_tag|> later in the text starts calls there.
+#include <optional>
+
+#include "text/tool_calls/family_parsers.h"
+
+namespace llm::tool_parsers {
+namespace {
+
+using tool_scan::JsonCallStreamer;
+
+constexpr std::string_view kPythonTag = "<|python_tag|>";
+
+class Llama3JsonParser final : public ChatOutputParser {
+ public:
+  explicit Llama3JsonParser(std::function<std::string()> new_id) : calls_(std::move(new_id)) {}
+
+  ParsedDelta Push(std::string_view text) override {
+    buf_ += text;
+    ParsedDelta d;
+    Run(&d, false);
+    return d;
+  }
+  ParsedDelta Finish() override {
+    ParsedDelta d;
+    Run(&d, true);
+    if (state_ == State::kStart || state_ == State::kContent) d.content += buf_;
+    if (state_ == State::kCall && call_ && !call_->name_released()) d.content += call_->text();
+    buf_.clear();
+    return d;
+  }
+
+ private:
+  enum class State { kStart, kContent, kCall, kBetween, kDrop };
+
+  void Run(ParsedDelta* d, bool final) {
+    for (;;) {
+      switch (state_) {
+        case State::kStart: {
+          const size_t p = tool_scan::SkipSpace(buf_, 0);
+          const std::string_view rest = std::string_view(buf_).substr(p);
+          if (rest.empty()) return;
+          if (rest.substr(0, kPythonTag.size()) == kPythonTag) {
+            buf_.erase(0, p + kPythonTag.size());
+            StartCall("");
+          } else if (!final && kPythonTag.substr(0, rest.size()) == rest) {
+            return;  // maybe the tag
+          } else if (rest[0] == '{') {
+            StartCall(buf_.substr(0, p));
+            buf_.erase(0, p);
+          } else {
+            state_ = State::kContent;
+          }
+          break;
+        }
+        case State::kContent: {
+          const size_t at = buf_.find(kPythonTag);
+          if (at == std::string::npos) {
+            const size_t keep = final ? 0 : tool_scan::PartialMarkerLength(buf_, {kPythonTag});
+            d->content += buf_.substr(0, buf_.size() - keep);
+            buf_.erase(0, buf_.size() - keep);
+            return;
+          }
+          d->content += buf_.substr(0, at);
+          buf_.erase(0, at + kPythonTag.size());
+          StartCall("");
+          break;
+        }
+        case State::kCall: {
+          if (!call_) {  // between `;` and the next object
+            const size_t p = tool_scan::SkipSpace(buf_, 0);
+            if (p == buf_.size()) {
+              if (final) buf_.clear();
+              return;
+            }
+            buf_.erase(0, p);
+            call_.emplace();
+          }
+          call_->Feed(buf_);
+          buf_.clear();
+          if (!call_->Advance()) {
+            if (!call_->name_known()) {  // not a call: the text is content, scanned again
+              d->content += prefix_;
+              buf_ = call_->text();
+              prefix_.clear();
+              call_.reset();
+              state_ = State::kContent;
+              break;
+            }
+            calls_.Drain(&*call_, d);
+            call_.reset();
+            state_ = State::kDrop;
+            break;
+          }
+          calls_.Drain(&*call_, d);
+          if (!call_->done()) return;
+          buf_ = call_->Leftover();
+          call_.reset();
+          prefix_.clear();
+          state_ = State::kBetween;
+          break;
+        }
+        case State::kBetween: {
+          const size_t p = tool_scan::SkipSpace(buf_, 0);
+          if (p == buf_.size()) {
+            if (final) buf_.clear();
+            return;
+          }
+          if (buf_[p] == ';') {
+            buf_.erase(0, p + 1);
+            state_ = State::kCall;
+          } else {
+            buf_.erase(0, p);
+            state_ = State::kContent;
+          }
+          break;
+        }
+        case State::kDrop:
+          buf_.clear();
+          return;
+      }
+    }
+  }
+
+  void StartCall(std::string prefix) {
+    prefix_ = std::move(prefix);
+    call_.reset();
+    state_ = State::kCall;
+  }
+
+  CallWriter calls_;
+  State state_ = State::kStart;
+  std::string buf_;
+  std::string prefix_;  // whitespace before a tentative call, content again if it is not one
+  std::optional<JsonCallStreamer> call_;
+};
+
+}  // namespace
+
+std::unique_ptr<ChatOutputParser> CreateLlama3JsonParser(std::function<std::string()> new_id) {
+  return std::make_unique<Llama3JsonParser>(std::move(new_id));
+}
+
+}  // namespace llm::tool_parsers

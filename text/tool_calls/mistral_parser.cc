@@ -1,0 +1,157 @@
+// Mistral tool calls: `[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}, ...]` (Mistral
+// 7B v0.3, Nemo, Small before 3.2) and `[TOOL_CALLS]name[ARGS]{...}` (tokenizer v11 and later:
+// Small 3.2, Devstral, Magistral). Text before the first [TOOL_CALLS] is content.
+#include <optional>
+
+#include "text/tool_calls/family_parsers.h"
+
+namespace llm::tool_parsers {
+namespace {
+
+using tool_scan::JsonCallStreamer;
+using tool_scan::JsonValueStreamer;
+
+constexpr std::string_view kToolCalls = "[TOOL_CALLS]";
+constexpr std::string_view kArgs = "[ARGS]";
+// A function name longer than this before [ARGS] means the text is not the v11 form.
+constexpr size_t kMaxName = 256;
+
+class MistralParser final : public ChatOutputParser {
+ public:
+  explicit MistralParser(std::function<std::string()> new_id) : calls_(std::move(new_id)) {}
+
+  ParsedDelta Push(std::string_view text) override {
+    buf_ += text;
+    ParsedDelta d;
+    Run(&d, false);
+    return d;
+  }
+  ParsedDelta Finish() override {
+    ParsedDelta d;
+    Run(&d, true);
+    if (state_ == State::kContent) d.content += buf_;
+    buf_.clear();
+    return d;
+  }
+
+ private:
+  enum class State { kContent, kAfterTag, kItem, kSeparator, kName, kArgs, kDrop };
+
+  void Run(ParsedDelta* d, bool final) {
+    for (;;) {
+      switch (state_) {
+        case State::kContent: {
+          const size_t at = buf_.find(kToolCalls);
+          if (at == std::string::npos) {
+            const size_t keep = final ? 0 : tool_scan::PartialMarkerLength(buf_, {kToolCalls});
+            d->content += buf_.substr(0, buf_.size() - keep);
+            buf_.erase(0, buf_.size() - keep);
+            return;
+          }
+          d->content += buf_.substr(0, at);
+          buf_.erase(0, at + kToolCalls.size());
+          state_ = State::kAfterTag;
+          break;
+        }
+        case State::kAfterTag: {
+          const size_t p = tool_scan::SkipSpace(buf_, 0);
+          if (p == buf_.size()) return Wait(final);
+          if (buf_[p] == '[') {
+            buf_.erase(0, p + 1);
+            state_ = State::kItem;
+          } else {
+            buf_.erase(0, p);
+            state_ = State::kName;
+          }
+          break;
+        }
+        case State::kItem: {
+          if (!call_) {
+            const size_t p = tool_scan::SkipSpace(buf_, 0);
+            if (p == buf_.size()) return Wait(final);
+            if (buf_[p] == ']') {
+              buf_.erase(0, p + 1);
+              state_ = State::kContent;
+              break;
+            }
+            buf_.erase(0, p);
+            call_.emplace();
+          }
+          call_->Feed(buf_);
+          buf_.clear();
+          if (!call_->Advance()) {
+            if (call_->name_known()) calls_.Drain(&*call_, d);
+            call_.reset();
+            state_ = State::kDrop;
+            break;
+          }
+          calls_.Drain(&*call_, d);
+          if (!call_->done()) return;
+          buf_ = call_->Leftover();
+          call_.reset();
+          state_ = State::kSeparator;
+          break;
+        }
+        case State::kSeparator: {
+          const size_t p = tool_scan::SkipSpace(buf_, 0);
+          if (p == buf_.size()) return Wait(final);
+          const char c = buf_[p];
+          buf_.erase(0, p + 1);
+          state_ = c == ',' ? State::kItem : c == ']' ? State::kContent : State::kDrop;
+          break;
+        }
+        case State::kName: {
+          const size_t at = buf_.find(kArgs);
+          if (at == std::string::npos || at > kMaxName) {
+            if (at != std::string::npos || buf_.size() > kMaxName + kArgs.size()) {
+              state_ = State::kDrop;  // decided alike however the text arrives
+              break;
+            }
+            return Wait(final);
+          }
+          std::string name = buf_.substr(0, at);
+          while (!name.empty() && (name.back() == ' ' || name.back() == '\n')) name.pop_back();
+          calls_.Begin(d, std::move(name));
+          buf_.erase(0, at + kArgs.size());
+          args_.emplace();
+          state_ = State::kArgs;
+          break;
+        }
+        case State::kArgs: {
+          calls_.Arguments(d, args_->Feed(buf_));
+          buf_.clear();
+          if (args_->invalid()) {
+            state_ = State::kDrop;
+            break;
+          }
+          if (!args_->done()) return;
+          buf_ = args_->Leftover();
+          args_.reset();
+          state_ = State::kContent;  // another [TOOL_CALLS] may follow
+          break;
+        }
+        case State::kDrop:
+          buf_.clear();
+          return;
+      }
+    }
+  }
+
+  void Wait(bool final) {
+    if (final) buf_.clear();
+  }
+
+  CallWriter calls_;
+  State state_ = State::kContent;
+  std::string buf_;
+  std::optional<JsonCallStreamer> call_;
+  std::optional<JsonValueStreamer> args_;
+};
+
+}  // namespace
+
+std::unique_ptr<ChatOutputParser> CreateMistralParser(std::function<std::string()> new_id) {
+  return std::make_unique<MistralParser>(std::move(new_id));
+}
+
+}  // namespace llm::tool_parsers
