@@ -61,6 +61,49 @@ def test_streamed_call_never_shows_markup(qwen25):
     assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+def test_n_choices_each_parse_their_own_calls(qwen25, pb):
+    # Every choice of n = 3 streams its own call: ids, names and arguments per index, never
+    # another choice's markup or fragments; finish_reason "tool_calls" on each.
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"enum": ["x", "y"]}}, "required": ["a"],
+        "additionalProperties": False}}}]
+    text = post(qwen25, {"messages": [{"role": "user", "content": "hi"}], "tools": tools,
+                         "tool_choice": "required", "stream": True, "max_tokens": 100,
+                         "seed": 3, "n": 3, "temperature": 1.0,
+                         "parallel_tool_calls": False})
+    events = [json.loads(e[len("data: "):]) for e in text.split("\n\n")
+              if e.startswith("data: {")]
+    by_index = {}
+    for e in events:
+        for c in e["choices"]:
+            by_index.setdefault(c["index"], []).append(c)
+    assert sorted(by_index) == [0, 1, 2]
+    for index, chunks in by_index.items():
+        deltas = [c["delta"] for c in chunks]
+        assert all("<tool_call>" not in d.get("content", "") for d in deltas)
+        calls = [t for d in deltas for t in d.get("tool_calls", [])]
+        assert calls[0]["id"].startswith("call_") and calls[0]["function"]["name"] == "f"
+        assert len({t["id"] for t in calls if "id" in t}) == 1, index
+        args = "".join(t["function"].get("arguments", "") for t in calls)
+        assert json.loads(args)["a"] in ("x", "y"), (index, args)
+        assert chunks[-1]["finish_reason"] == "tool_calls", index
+    # gRPC: each choice's own output parsed, on its last chunk or on the final complete.
+    msgs = [pb.ChatMessage(role="user", content="hi")]
+    req = pb.GenerateRequest(chat=pb.ChatPrompt(messages=msgs, tools_json=json.dumps(tools),
+                                                tool_choice="required",
+                                                parallel_tool_calls=False), n=3)
+    req.stopping.max_tokens = 100
+    req.sampling.seed = 3
+    req.sampling.temperature = 1.0
+    out = list(qwen25.stub().Generate(req, timeout=120))
+    parsed = {m.chunk.index: m.chunk.chat_output for m in out[:-1] if m.chunk.finish_reason}
+    parsed[out[-1].complete.index] = out[-1].complete.chat_output
+    assert sorted(parsed) == [0, 1, 2]
+    for index, co in parsed.items():
+        assert [c.name for c in co.tool_calls] == ["f"], index
+        assert json.loads(co.tool_calls[0].arguments)["a"] in ("x", "y")
+
+
 def test_openai_node_client_tool_calls(qwen25, qwen3):
     npm = shutil.which("npm")
     if npm is None:
