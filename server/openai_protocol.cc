@@ -376,9 +376,11 @@ const std::map<std::string, FieldParser>& ChatFields() {
        [](const json& v, OpenAiRequest* r) -> std::string {
          if (!v.is_array() || v.empty()) return "must be a non-empty list of messages";
          // content null / a list of parts, tool-call arguments as text: what OpenAI accepts.
+         // Checked here; kept as sent, for the renderer to shape as its template expects.
          r->messages = v;
+         json shaped = v;
          std::string bad_path;
-         return NormalizeChatMessages(&r->messages, &bad_path).message();
+         return NormalizeChatMessages(&shaped, &bad_path).message();
        }},
       {"tools",
        [](const json& v, OpenAiRequest* r) -> std::string {

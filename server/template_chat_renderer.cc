@@ -23,6 +23,7 @@ StatusOr<std::unique_ptr<TemplateChatRenderer>> TemplateChatRenderer::Load(
   }
   std::unique_ptr<TemplateChatRenderer> r(
       new TemplateChatRenderer(std::move(t).value(), src->origin, std::move(extra)));
+  r->message_shape_ = DetectToolCallMessageShape(src->text);
   if (tool_call_parser == "auto") {
     r->tool_family_ = DetectToolCallFamily(src->text);
   } else if (!ToolCallFamilyFromName(tool_call_parser, &r->tool_family_)) {
@@ -44,7 +45,7 @@ StatusOr<std::string> TemplateChatRenderer::Render(const nlohmann::ordered_json&
   r.messages = messages;
   // Every path (both front ends' chat, /tokenize) hands the template the same message shapes.
   std::string bad_path;
-  LLM_RETURN_IF_ERROR(NormalizeChatMessages(&r.messages, &bad_path));
+  LLM_RETURN_IF_ERROR(NormalizeChatMessages(&r.messages, &bad_path, message_shape_));
   // An empty list renders as no tools (tools=None; a template's `tools is not none` would
   // otherwise write an empty tool section), on every path: both front ends' chat and /tokenize.
   if (!(tools.is_array() && tools.empty())) r.tools = tools;

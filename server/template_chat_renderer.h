@@ -7,6 +7,7 @@
 
 #include "engine/engine_core.h"
 #include "server/chat_renderer.h"
+#include "text/chat/chat_messages.h"
 #include "text/chat/chat_template.h"
 
 namespace llm {
@@ -37,6 +38,8 @@ class TemplateChatRenderer final : public ChatRenderer {
   nlohmann::ordered_json extra_;  // bos_token, eos_token
   ToolCallFamily tool_family_ = ToolCallFamily::kNone;
   ReasoningFamily reasoning_family_ = ReasoningFamily::kNone;
+  // How the template takes an assistant turn with tool calls (chat_messages.h).
+  ToolCallMessageShape message_shape_ = ToolCallMessageShape::kTemplateValues;
 };
 
 }  // namespace llm

@@ -73,7 +73,7 @@ def grpc_messages(pb, messages, with_tool_fields=True):
     out = []
     for m in messages:
         g = pb.ChatMessage(role=m["role"])
-        if "content" in m:
+        if m.get("content") is not None:  # None: the field left unset
             g.content = m["content"]
         if with_tool_fields:
             if "name" in m:
@@ -170,3 +170,34 @@ def test_grpc_empty_tools_is_no_tools(chat_server, pb):
     ref_ids = generate(pb, stub, token_ids=pb.TokenIds(ids=none))
     assert got["prompt_tokens"] == len(none)
     assert got["logprobs"] == pytest.approx(ref_ids["logprobs"], rel=1e-5)
+
+
+def test_template_that_tests_null_content_gets_the_api_shape(module_server, pb):
+    """DeepSeek-V3's template renders an assistant turn's calls only when its content is None and
+    writes the arguments as the OpenAI strings they are: given vLLM's shapes ("" and objects) it
+    would drop the calls without an error. The server hands it the turn as the API sends it, and
+    renders what jinja2 renders from that (on both front ends)."""
+    path = os.path.join(FIXTURES, "deepseek_v3.jinja")
+    s = module_server(["--chat-template", path], name="server-deepseek_v3")
+    stub = s.stub()
+    info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=HANG_S)
+    special = {"bos_token": stub.Detokenize(pb.DetokenizeRequest(
+        token_ids=[info.bos_token_id], skip_special_tokens=False), timeout=HANG_S).text,
+               "eos_token": stub.Detokenize(pb.DetokenizeRequest(
+        token_ids=[info.eos_token_ids[0]], skip_special_tokens=False), timeout=HANG_S).text}
+    messages = json.loads(json.dumps(MESSAGES))
+    messages[2]["content"] = None  # the assistant turn exactly as the API returned it
+    with open(path) as f:
+        compiled = ref.compile_template(f.read())
+    expected = ref.render(compiled, {"messages": messages, "tools": TOOLS,
+                                     "add_generation_prompt": True}, special)
+    assert "get_weather" in expected and ARGS in expected, expected  # the call is rendered
+    expected_ids = post(s.http_port, "/tokenize",
+                        {"prompt": expected, "add_special_tokens": False})["tokens"]
+    http_ids = post(s.http_port, "/tokenize", {"messages": messages, "tools": TOOLS})["tokens"]
+    assert http_ids == expected_ids, "HTTP renders differently from jinja2"
+    # gRPC: a ChatMessage without content is the null content.
+    grpc_msgs = grpc_messages(pb, messages)
+    via_chat = generate(pb, stub, chat=pb.ChatPrompt(messages=grpc_msgs,
+                                                      tools_json=json.dumps(TOOLS)))
+    assert via_chat["prompt_tokens"] == len(expected_ids)

@@ -95,5 +95,37 @@ TEST_CASE("content parts: text joined with newlines, others refused by type", "[
   }
 }
 
+TEST_CASE("Templates that test content for none get tool-call turns as the API sends them",
+          "[chat_messages]") {
+  CHECK(DetectToolCallMessageShape("{%- if message['content'] is none %}") ==
+        ToolCallMessageShape::kOpenAiNative);
+  CHECK(DetectToolCallMessageShape("{% if message.content is not none %}") ==
+        ToolCallMessageShape::kOpenAiNative);
+  // Other fields tested for none, or content tested otherwise, keep the template values.
+  CHECK(DetectToolCallMessageShape("{% if message.reasoning_content is not none %}") ==
+        ToolCallMessageShape::kTemplateValues);
+  CHECK(DetectToolCallMessageShape("{% if message.content is string %}") ==
+        ToolCallMessageShape::kTemplateValues);
+
+  json msgs = json::parse(R"([
+    {"role": "assistant", "content": null, "tool_calls": [
+      {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}},
+      {"id": "b", "type": "function", "function": {"name": "g", "arguments": {"y": 2}}},
+      {"id": "c", "type": "function", "function": {"name": "h", "arguments": ""}}]},
+    {"role": "user", "content": null}])");
+  json values = msgs;
+  std::string path;
+  REQUIRE(NormalizeChatMessages(&msgs, &path, ToolCallMessageShape::kOpenAiNative).ok());
+  CHECK(msgs[0]["content"].is_null());  // only beside tool calls
+  CHECK(msgs[1]["content"] == "");
+  CHECK(msgs[0]["tool_calls"][0]["function"]["arguments"] == "{\"x\": 1}");
+  CHECK(msgs[0]["tool_calls"][1]["function"]["arguments"] == "{\"y\":2}");
+  CHECK(msgs[0]["tool_calls"][2]["function"]["arguments"] == "{}");
+  REQUIRE(NormalizeChatMessages(&values, &path).ok());
+  CHECK(values[0]["content"] == "");
+  CHECK(values[0]["tool_calls"][0]["function"]["arguments"] == json::parse(R"({"x": 1})"));
+  CHECK(values[0]["tool_calls"][2]["function"]["arguments"] == json::object());
+}
+
 }  // namespace
 }  // namespace llm

@@ -1,5 +1,7 @@
 #include "text/chat/chat_messages.h"
 
+#include <regex>
+
 namespace llm {
 namespace {
 
@@ -47,7 +49,8 @@ Status PartsText(const json& parts, const std::string& where, std::string* text,
   return Status::Ok();
 }
 
-Status NormalizeToolCalls(json* calls, const std::string& where, std::string* bad_path) {
+Status NormalizeToolCalls(json* calls, const std::string& where, bool as_text,
+                          std::string* bad_path) {
   if (calls->is_null()) return Status::Ok();
   if (!calls->is_array()) {
     *bad_path = where;
@@ -63,14 +66,16 @@ Status NormalizeToolCalls(json* calls, const std::string& where, std::string* ba
     json& f = c["function"];
     auto it = f.find("arguments");
     if (it == f.end() || it->is_null() || (it->is_string() && it->get<std::string>().empty())) {
-      f["arguments"] = json::object();
+      f["arguments"] = as_text ? json("{}") : json::object();
     } else if (it->is_string()) {
       json parsed = json::parse(it->get<std::string>(), nullptr, /*allow_exceptions=*/false);
       if (parsed.is_discarded()) {
         *bad_path = path + ".function.arguments";
         return InvalidArgument(*bad_path + " is not valid JSON");
       }
-      *it = std::move(parsed);
+      if (!as_text) *it = std::move(parsed);
+    } else if (as_text) {
+      *it = it->dump();
     }
   }
   return Status::Ok();
@@ -78,7 +83,16 @@ Status NormalizeToolCalls(json* calls, const std::string& where, std::string* ba
 
 }  // namespace
 
-Status NormalizeChatMessages(json* messages, std::string* bad_path) {
+ToolCallMessageShape DetectToolCallMessageShape(const std::string& template_text) {
+  // `message['content'] is none` / `message.content is not none`, not `reasoning_content`.
+  static const std::regex kTestsNull(
+      R"((^|[^\w.])message(\['content'\]|\["content"\]|\.content)\s+is\s+(not\s+)?none\b)");
+  return std::regex_search(template_text, kTestsNull) ? ToolCallMessageShape::kOpenAiNative
+                                                      : ToolCallMessageShape::kTemplateValues;
+}
+
+Status NormalizeChatMessages(json* messages, std::string* bad_path, ToolCallMessageShape shape) {
+  const bool native = shape == ToolCallMessageShape::kOpenAiNative;
   if (!messages->is_array()) {
     *bad_path = "messages";
     return InvalidArgument("'messages' must be a list of messages");
@@ -91,7 +105,10 @@ Status NormalizeChatMessages(json* messages, std::string* bad_path) {
       return InvalidArgument(path + " must be an object with a string 'role'");
     }
     auto content = m.find("content");
-    if (content == m.end() || content->is_null()) {
+    const bool calls = m.contains("tool_calls") && !m["tool_calls"].is_null();
+    if ((content == m.end() || content->is_null()) && native && calls) {
+      m["content"] = nullptr;  // the template renders the calls on a null content
+    } else if (content == m.end() || content->is_null()) {
       m["content"] = "";
     } else if (content->is_array()) {
       std::string text;
@@ -102,7 +119,8 @@ Status NormalizeChatMessages(json* messages, std::string* bad_path) {
       return InvalidArgument(*bad_path + " must be a string, a list of content parts, or null");
     }
     if (m.contains("tool_calls")) {
-      LLM_RETURN_IF_ERROR(NormalizeToolCalls(&m["tool_calls"], path + ".tool_calls", bad_path));
+      LLM_RETURN_IF_ERROR(
+          NormalizeToolCalls(&m["tool_calls"], path + ".tool_calls", native, bad_path));
     }
   }
   return Status::Ok();
