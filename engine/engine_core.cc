@@ -557,10 +557,7 @@ StepBatch EngineCore::BuildInputs(const SchedulerOutput& sched, const StepStates
   const DeviceJobFn device_job = [this, &states](size_t k, const Sequence& seq, SamplingJob* job,
                                                  std::vector<PenaltyEntry>* penalties) {
     RequestState& rs = *states[k];
-    if (rs.request.sampling.logprobs != 0 || logits_observer_ || rs.matcher ||
-        !rs.request.sampling.logit_bias.empty()) {
-      return false;  // logit_bias: the host sampler applies it (the kernel has no bias entries)
-    }
+    if (rs.request.sampling.logprobs != 0 || logits_observer_ || rs.matcher) return false;
     *job = rs.sampler->DeviceJob(seq.prompt_ids, seq.output_ids, penalties);
     return true;
   };
@@ -654,7 +651,7 @@ void EngineCore::ReportRouting(const AttentionBatch& batch,
 
 bool EngineCore::Overlappable(const RequestState& st) const {
   const SamplingParams& p = st.request.sampling;
-  return !st.matcher && p.logprobs == 0 && p.logit_bias.empty() && p.repetition_penalty == 1.0f &&
+  return !st.matcher && p.logprobs == 0 && p.repetition_penalty == 1.0f &&
          p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
 }
 

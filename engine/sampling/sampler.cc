@@ -52,9 +52,8 @@ SampledToken SampleWithJob(std::span<float> logits, const SamplingJob& job,
                            std::span<const PenaltyEntry> penalties) {
   const int vocab = static_cast<int>(logits.size());
   for (const PenaltyEntry& e : penalties) {
-    if (e.token >= 0 && e.token < vocab) {
-      logits[e.token] = sampling::Penalize(logits[e.token], e.generated_count, job);
-    }
+    if (e.token >= 0 && e.token < vocab)
+      logits[e.token] = sampling::ApplyEntry(logits[e.token], e, job);
   }
   SampledToken out;
   const int32_t argmax = Argmax(logits);
@@ -162,7 +161,17 @@ SamplingJob Sampler::NextJob() {
 SamplingJob Sampler::DeviceJob(std::span<const int32_t> prompt, std::span<const int32_t> generated,
                                std::vector<PenaltyEntry>* penalties) {
   UpdatePenalties(prompt, generated);
+  const size_t base = penalties->size();
   penalties->insert(penalties->end(), penalties_.begin(), penalties_.end());
+  // logit_bias rides on the token's entry, or on an entry of its own (not seen: no penalties).
+  for (const auto& [token, bias] : params_.logit_bias) {
+    const auto it = index_.find(token);
+    if (it != index_.end()) {
+      (*penalties)[base + it->second].bias = bias;
+    } else {
+      penalties->push_back({token, -1, bias});
+    }
+  }
   return NextJob();
 }
 

@@ -4,8 +4,8 @@
 //
 // The definition, shared by the CPU sampler here and the device kernel
 // (kernels/cuda/sampling/sampling.h holds the arithmetic both use):
-//  0. logit_bias (host only: such rows never get a device job): l_t += bias_t, before the
-//     penalties, as OpenAI and vLLM apply it.
+//  0. logit_bias: l_t += bias_t, before the penalties, as OpenAI and vLLM apply it (on the
+//     device, the bias rides on the row's penalty entries: PenaltyEntry::bias).
 //  1. Penalties, on the logits l: for every token in prompt + generated, l /= r if l > 0 else
 //     l *= r (repetition r); then for every generated token, l -= presence + frequency * count.
 //  2. temperature 0: the token is argmax l (lowest id on ties); nothing is drawn.

@@ -103,9 +103,7 @@ GpuResult RunGpu(const std::vector<Row>& rows, int vocab, std::vector<int32_t> o
 
 std::vector<float> Penalized(const Row& r) {
   std::vector<float> l = r.logits;
-  for (const PenaltyEntry& e : r.penalties) {
-    l[e.token] = sampling::Penalize(l[e.token], e.generated_count, r.job);
-  }
+  for (const PenaltyEntry& e : r.penalties) l[e.token] = sampling::ApplyEntry(l[e.token], e, r.job);
   return l;
 }
 
@@ -205,8 +203,12 @@ std::vector<Row> MakeRows(int vocab, std::mt19937& rng) {
                 const int32_t id = static_cast<int32_t>(rng() % vocab);
                 if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
               }
-              for (int32_t id : ids) {
-                r.penalties.push_back({id, static_cast<int32_t>(rng() % 4)});
+              // Every third entry also carries a logit_bias; some ids only a bias (count -1).
+              for (size_t i = 0; i < ids.size(); ++i) {
+                const float bias =
+                    i % 3 == 0 ? static_cast<float>(rng() % 41) * 0.25f - 5.0f : 0.0f;
+                const int32_t count = i % 7 == 6 ? -1 : static_cast<int32_t>(rng() % 4);
+                r.penalties.push_back({ids[i], count, bias});
               }
             }
             // Ties at the thresholds, measured on the penalized logits.

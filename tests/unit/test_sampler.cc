@@ -515,16 +515,21 @@ TEST_CASE("Sampler device job takes the same draw as Sample", "[sampler]") {
   // sampled with SampleWithJob (what the device computes). Same tokens, step after step.
   std::mt19937 rng(17);
   std::normal_distribution<float> nd(0.0f, 1.5f);
-  for (int variant = 0; variant < 4; ++variant) {
+  for (int variant = 0; variant < 6; ++variant) {
     SamplingParams p;
     p.seed = 100 + variant;
+    // Variants 4 and 5 add a logit_bias: on tokens the penalties also touch (prompt 2, often
+    // generated ones) and on others; variant 5 without penalties (bias-only entries).
+    if (variant >= 4) p.logit_bias = {{2, 1.5f}, {7, 3.0f}, {123, -2.5f}, {499, 4.0f}};
     p.temperature = variant == 3 ? 0.0f : 0.8f;
     p.top_k = variant == 1 ? 40 : 0;
     p.top_p = variant == 2 ? 0.9f : 1.0f;
     p.min_p = variant == 1 ? 0.02f : 0.0f;
-    p.repetition_penalty = 1.2f;
-    p.presence_penalty = 0.3f;
-    p.frequency_penalty = 0.1f;
+    if (variant != 5) {
+      p.repetition_penalty = 1.2f;
+      p.presence_penalty = 0.3f;
+      p.frequency_penalty = 0.1f;
+    }
     Sampler host(p), device(p);
     const std::vector<int32_t> prompt = {1, 2, 3, 40, 41};
     std::vector<int32_t> generated;

@@ -224,12 +224,10 @@ __global__ void __launch_bounds__(kThreads, 1) SamplingKernel(const SamplingArgs
   const bool use_top_p = !greedy && job.top_p < 1.0f;
   const bool use_min_p = !greedy && job.min_p > 0.0f;
 
-  // Penalties first, in place: each entry names a distinct token.
+  // Logit bias and penalties first, in place: each entry names a distinct token.
   for (int e = a.penalty_indptr[j] + tid; e < a.penalty_indptr[j + 1]; e += kThreads) {
     const PenaltyEntry pe = a.penalties[e];
-    if (pe.token >= 0 && pe.token < V) {
-      row[pe.token] = sampling::Penalize(row[pe.token], pe.generated_count, job);
-    }
+    if (pe.token >= 0 && pe.token < V) row[pe.token] = sampling::ApplyEntry(row[pe.token], pe, job);
   }
   for (int b = tid; b < kBins; b += kThreads) s.count[b] = 0;
   if (tid == 0) s.token = -1;

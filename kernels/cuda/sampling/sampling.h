@@ -31,12 +31,15 @@ struct SamplingJob {
   float frequency_penalty = 0.0f;
 };
 
-// One token a request has seen (prompt or generated; each token at most once per row), with the
-// number of times it was generated. The repetition penalty applies to every entry; presence and
-// frequency penalties to entries with generated_count > 0.
+// One token whose logit a row changes before sampling (each token at most once per row): a token
+// the request has seen (prompt or generated), with the number of times it was generated, or -1 for
+// a token it has not seen; and the request's logit_bias for it (0: none). The bias is added first
+// (OpenAI's logit_bias, as the CPU sampler adds it), then the repetition penalty applies to every
+// seen token, presence and frequency penalties to those with generated_count > 0.
 struct PenaltyEntry {
   int32_t token = 0;
   int32_t generated_count = 0;
+  float bias = 0.0f;
 };
 
 namespace sampling {
@@ -168,6 +171,12 @@ LLM_SAMPLING_HD float Penalize(float logit, int32_t generated_count, const Sampl
                            Mul(job.frequency_penalty, static_cast<float>(generated_count))));
   }
   return logit;
+}
+
+// A logit after its entry: the bias, then the penalties of a seen token.
+LLM_SAMPLING_HD float ApplyEntry(float logit, const PenaltyEntry& e, const SamplingJob& job) {
+  if (e.bias != 0.0f) logit = Add(logit, e.bias);
+  return e.generated_count < 0 ? logit : Penalize(logit, e.generated_count, job);
 }
 
 }  // namespace sampling
