@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdio>
 #include <ctime>
+#include <string_view>
 
 namespace llm {
 namespace {
@@ -238,14 +239,12 @@ Status ChatResponseFormat(const json& text, json* out) {
 
 Status ResponsesToChatBody(const json& body, json* chat, json* echo, std::string* bad_param) {
   *chat = json::object();
-  *echo = {{"instructions", nullptr},
-           {"max_output_tokens", nullptr},
-           {"parallel_tool_calls", true},
-           {"temperature", nullptr},
-           {"text", {{"format", {{"type", "text"}}}}},
-           {"tool_choice", "auto"},
-           {"tools", json::array()},
-           {"top_p", nullptr}};
+  *echo = {{"instructions", nullptr},    {"max_output_tokens", nullptr},
+           {"metadata", json::object()}, {"parallel_tool_calls", true},
+           {"temperature", nullptr},     {"text", {{"format", {{"type", "text"}}}}},
+           {"tool_choice", "auto"},      {"tools", json::array()},
+           {"top_p", nullptr},           {"reasoning", {{"effort", nullptr}, {"summary", nullptr}}},
+           {"truncation", "disabled"}};
   json messages = json::array();
   auto refuse = [&](const std::string& key, const std::string& why) {
     *bad_param = key;
@@ -261,7 +260,10 @@ Status ResponsesToChatBody(const json& body, json* chat, json* echo, std::string
       }
       return false;
     };
-    if (in(kIgnoredFields)) continue;
+    if (in(kIgnoredFields)) {
+      if (key == "metadata") (*echo)[key] = v;  // repeated, as OpenAI does
+      continue;
+    }
     if (in(kSameFields)) {
       (*chat)[key] = v;
       if (echo->contains(key)) (*echo)[key] = v;
@@ -293,6 +295,7 @@ Status ResponsesToChatBody(const json& body, json* chat, json* echo, std::string
           return refuse(key, "reasoning: unsupported option '" + r.key() + "'");
         }
         (*chat)["reasoning_effort"] = *r;
+        (*echo)["reasoning"]["effort"] = *r;
       }
     } else if (key == "store") {
       if (v != false) {
@@ -557,7 +560,9 @@ std::string ResponsesWriter::Finish(FinishReason finish, const Usage& usage) {
   const char* status = StatusOf(finish);
   // An item cut off by max_output_tokens is incomplete, as the response is.
   events += Close(finish == FinishReason::kLength ? "incomplete" : "completed");
-  const char* type = finish == FinishReason::kLength ? "response.incomplete" : "response.completed";
+  // No event is named for a cancelled response (the server aborted it): it did not complete.
+  const char* type =
+      std::string_view(status) == "completed" ? "response.completed" : "response.incomplete";
   return events + Event(type, {{"response", Response(status, output_, finish, &usage)}});
 }
 

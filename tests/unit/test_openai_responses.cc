@@ -123,6 +123,8 @@ TEST_CASE("tools, tool_choice and text.format map to their chat forms", "[respon
   CHECK(echo["tool_choice"] == body["tool_choice"]);
   CHECK(echo["text"] == body["text"]);
   CHECK(echo["parallel_tool_calls"] == false);
+  CHECK(echo["reasoning"] == json{{"effort", "low"}, {"summary", nullptr}});
+  CHECK(echo["truncation"] == "disabled");
   OpenAiRequest r;
   REQUIRE(ParseOpenAiRequest(chat, OpenAiEndpoint::kChat, &r, &bad).ok());
   CHECK(r.params.constraint.kind == Constraint::Kind::kJsonSchema);
