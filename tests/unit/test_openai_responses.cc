@@ -296,7 +296,7 @@ TEST_CASE("a streamed response: events in OpenAI's order with sequence numbers",
   CHECK(ev[23]["item"] == done["output"][3]);
 }
 
-TEST_CASE("a streamed reply of nothing is one empty message; errors fail the response",
+TEST_CASE("a streamed reply of nothing is one empty message, an error fails the response",
           "[responses]") {
   ResponsesWriter w("resp_3", 1, "m", json::object());
   std::string sse = w.Begin();  // apart: the operands of + run in no set order
