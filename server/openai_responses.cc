@@ -11,7 +11,8 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-// Fields that go to the chat body under the same name and meaning.
+// Fields that go to the chat body under the same name and meaning (the sampling extras and
+// structured_outputs are vLLM's, as on its chat API).
 constexpr const char* kSameFields[] = {"model",
                                        "stream",
                                        "temperature",
@@ -23,7 +24,8 @@ constexpr const char* kSameFields[] = {"model",
                                        "stop",
                                        "presence_penalty",
                                        "frequency_penalty",
-                                       "repetition_penalty"};
+                                       "repetition_penalty",
+                                       "structured_outputs"};
 
 // Bookkeeping fields that cannot change the output.
 constexpr const char* kIgnoredFields[] = {"user", "metadata", "service_tier", "safety_identifier",
@@ -412,8 +414,9 @@ json CallItem(const std::string& id, const char* status, const std::string& call
 json ResponsesWriter::Whole(const ParsedMessage& m, FinishReason finish, const Usage& usage) const {
   json output = json::array();
   if (!m.reasoning.empty()) output.push_back(ReasoningItem(NewId("rs_"), "completed", m.reasoning));
-  // Text beside tool calls that is only whitespace separates them; OpenAI sends no message then.
-  if (m.tool_calls.empty() || !Blank(m.content)) {
+  // Whitespace beside calls or reasoning (between calls, after </think>) is no message; a reply
+  // of nothing else still is one.
+  if (!Blank(m.content) || (m.tool_calls.empty() && m.reasoning.empty())) {
     output.push_back(MessageItem(NewId("msg_"), "completed", m.content));
   }
   for (const ParsedToolCall& c : m.tool_calls) {
@@ -533,7 +536,6 @@ std::string ResponsesWriter::Delta(const ParsedDelta& d) {
     }
   }
   for (const ToolCallDelta& c : d.tool_calls) {
-    any_call_ = true;
     if (open_ != Item::kFunctionCall || open_call_ != c.index) {
       events += Open(Item::kFunctionCall, &c);
     }
@@ -550,9 +552,7 @@ std::string ResponsesWriter::Delta(const ParsedDelta& d) {
 std::string ResponsesWriter::Finish(FinishReason finish, const Usage& usage) {
   std::string events;
   // A reply of only whitespace (or nothing) is still a message, as in Whole().
-  const bool has_message = std::any_of(output_.begin(), output_.end(),
-                                       [](const json& i) { return i["type"] == "message"; });
-  if (!has_message && !any_call_) {
+  if (output_.empty()) {
     events += Open(Item::kMessage, nullptr);
     if (!blank_.empty()) events += Text(Item::kMessage, blank_);
   }

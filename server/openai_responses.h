@@ -64,7 +64,6 @@ class ResponsesWriter {
   int open_call_ = -1;     // the open function call's index in the parser's numbering
   std::string open_text_;  // the open item's text or arguments so far
   std::string blank_;      // whitespace content held back: it may only separate tool calls
-  bool any_call_ = false;
 };
 
 }  // namespace llm

@@ -1,14 +1,16 @@
 // The Responses API (POST /v1/responses) through the official `openai` npm client. Run by
-// tests/python/test_openai_tool_calls.py against the tiny random-weight model behind Qwen2.5's
-// real chat template (Hermes tool calls):
-//   TOOLS_URL=http://127.0.0.1:P/v1 MODEL=tiny-llama node responses.mjs
+// tests/python/test_openai_tool_calls.py against two servers of the tiny random-weight model:
+//   TOOLS_URL=http://127.0.0.1:P/v1 (Qwen2.5's real chat template, Hermes tool calls)
+//   THINK_URL=http://127.0.0.1:Q/v1 (Qwen3's, <think> reasoning and Hermes tool calls)
+//   MODEL=tiny-llama node responses.mjs
 // The weights are random, so calls come from tool_choice "required" and JSON from text.format
-// json_schema, both constrained. Prints one line per check and exits non-zero on the first
+// json_schema, both constrained, and reasoning from a regex that writes the markup. Prints one line per check and exits non-zero on the first
 // failure.
 import OpenAI from "openai";
 
-const { TOOLS_URL, MODEL } = process.env;
+const { TOOLS_URL, THINK_URL, MODEL } = process.env;
 const client = new OpenAI({ baseURL: TOOLS_URL, apiKey: "none", maxRetries: 0 });
+const think = new OpenAI({ baseURL: THINK_URL, apiKey: "none", maxRetries: 0 });
 
 function expect(cond, msg) {
   if (!cond) throw new Error("check failed: " + msg);
@@ -174,6 +176,43 @@ await check("text.format json_schema: the output is JSON following the schema", 
   expect(Object.keys(v).sort().join() === "city,size", `keys of ${r.output_text}`);
   expect(["Paris", "Oslo"].includes(v.city) && [1, 2, 3].includes(v.size), r.output_text);
   expect(r.text.format.type === "json_schema", "text.format repeated");
+});
+
+await check("reasoning (Qwen3 <think>): a reasoning item before the message, whole and streamed",
+            async () => {
+  // The regex writes the markup a reasoning model would (vLLM's structured_outputs).
+  const regex = "<think>\\nhmm [a-z]{2,6}\\n</think>\\n\\nAnswer [a-z]{2,6}\\.";
+  const req = { model: MODEL, input: "Hi", max_output_tokens: 60, seed: 5,
+                structured_outputs: { regex } };
+  const whole = await think.responses.create(req);
+  const { events, response } = await collect(await think.responses.create({ ...req, stream: true }));
+  for (const r of [whole, response]) {
+    checkResponse(r);
+    expect(r.output.map((i) => i.type).join() === "reasoning,message",
+           `items ${JSON.stringify(r.output)}`);
+    const reasoning = r.output[0].content[0];
+    expect(reasoning.type === "reasoning_text" && /^\nhmm [a-z]{2,6}\n$/.test(reasoning.text),
+           `reasoning ${JSON.stringify(reasoning)}`);
+    expect(/^\n\nAnswer [a-z]{2,6}\.$/.test(r.output_text ?? r.output[1].content[0].text),
+           `text ${JSON.stringify(r.output[1])}`);
+  }
+  const deltas = events.filter((e) => e.type === "response.reasoning_text.delta")
+                       .map((e) => e.delta).join("");
+  expect(deltas === response.output[0].content[0].text, "reasoning deltas add up");
+});
+
+await check("reasoning then a call (Qwen3): no message item", async () => {
+  const regex = '<think>\\nok\\n</think>\\n\\n<tool_call>\\n\\{"name": "get_weather", ' +
+                '"arguments": \\{"city": "Oslo", "unit": "c"\\}\\}\\n</tool_call>';
+  const r = await think.responses.create({
+    model: MODEL, input: "Weather?", tools: [WEATHER], max_output_tokens: 200,
+    structured_outputs: { regex },
+  });
+  checkResponse(r);
+  expect(r.output.map((i) => i.type).join() === "reasoning,function_call",
+         `items ${JSON.stringify(r.output)}`);
+  expect(r.output[0].content[0].text === "\nok\n", "the reasoning");
+  checkWeatherArgs(r.output[1].arguments);
 });
 
 await check("stored state and built-in tools are refused by name", async () => {

@@ -205,6 +205,13 @@ TEST_CASE("a whole response: reasoning, calls, no message of whitespace, usage",
   CHECK(out[1]["arguments"] == "{\"a\": 1}");
   CHECK(out[1]["id"].get<std::string>().rfind("fc_", 0) == 0);
 
+  ParsedMessage thought;  // cut off while thinking: no message of nothing beside it
+  thought.reasoning = "hm";
+  const json only = w.Whole(thought, FinishReason::kLength, u);
+  REQUIRE(only["output"].size() == 1);
+  CHECK(only["output"][0]["type"] == "reasoning");
+  CHECK(only["output"][0]["status"] == "incomplete");
+
   ParsedMessage text;
   text.content = "Hello";
   const json cut = w.Whole(text, FinishReason::kLength, u);
