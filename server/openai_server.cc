@@ -501,10 +501,10 @@ void OpenAiServer::Generate(const Http1Request& req, const Reply& reply, bool ch
   if (!s.ok()) {
     // A forced call's constraint is built from the tools' parameter schemas.
     const bool tools_schema = s.message().rfind("tagged_json", 0) == 0;
-    SendStatus(reply, s,
-               tools_schema                                          ? "tools"
-               : chat && s.code() == StatusCode::kFailedPrecondition ? "messages"
-                                                                     : "");
+    const std::string bad = tools_schema                                          ? "tools"
+                            : chat && s.code() == StatusCode::kFailedPrecondition ? "messages"
+                                                                                  : "";
+    SendStatus(reply, s, responses ? ResponsesParamFor(bad) : bad);
     return;
   }
   // Outputs wait in the sink until Start(), so the parser is in place before the first.
