@@ -10,6 +10,7 @@
 #include "server/http1_server.h"
 #include "server/json_depth.h"
 #include "server/openai_protocol.h"
+#include "server/openai_responses.h"
 #include "server/output_queue.h"
 
 namespace llm {
@@ -88,6 +89,8 @@ struct Stream {
   // Streams with plan.parse: one parser per choice, and whether it streamed a tool call.
   std::vector<std::unique_ptr<ChatOutputParser>> parsers;
   std::vector<char> streamed_calls;
+  // POST /v1/responses: the chat result written as a Responses object or events.
+  std::unique_ptr<ResponsesWriter> responses;
 
   int num_choices() const { return std::max(1, request.params.n); }
 
@@ -120,6 +123,16 @@ struct Stream {
 
   // The non-streaming response body: one choice per result; `usage` covers them all.
   json Whole(const std::vector<GenerationResult>& results, const Usage& usage) const {
+    if (responses) {
+      const GenerationResult& r = results.at(0);
+      ParsedMessage m;
+      if (plan.parse) {
+        m = ParseChatOutput(plan.options, r.text);
+      } else {
+        m.content = r.text;
+      }
+      return responses->Whole(m, r.finish_reason, usage);
+    }
     const bool chat = request.endpoint == OpenAiEndpoint::kChat;
     json choices = json::array();
     for (size_t i = 0; i < results.size(); ++i) {
@@ -163,6 +176,7 @@ struct Stream {
 
   // The SSE events for one engine output.
   std::string Render(const GenerationOutput& out) {
+    if (responses) return RenderResponses(out);
     if (!out.error.ok()) {
       finished = true;
       return SseEvent(OpenAiError::FromStatus(out.error).ToJson()) + "data: [DONE]\n\n";
@@ -212,6 +226,28 @@ struct Stream {
     }
     return events;
   }
+
+  // Responses events for one engine output (one choice: the API has no n).
+  std::string RenderResponses(const GenerationOutput& out) {
+    if (!out.error.ok()) {
+      finished = true;
+      return responses->Failed(out.error);
+    }
+    const bool last = out.finished || out.finish_reason != FinishReason::kNone;
+    ParsedDelta d;
+    if (!parsers.empty()) {
+      d = parsers[0]->Push(out.text);
+      if (last) d.Append(parsers[0]->Finish());
+    } else {
+      d.content = out.text;
+    }
+    std::string events = responses->Delta(d);
+    if (out.finished) {
+      finished = true;
+      events += responses->Finish(out.finish_reason, out.usage);
+    }
+    return events;
+  }
 };
 
 std::string RandomHex() {
@@ -250,8 +286,11 @@ class ReplySink final : public ResultSink {
     started_ = true;
     if (st.request.stream) {
       reply_->Begin(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
-      if (st.request.endpoint == OpenAiEndpoint::kChat) {  // OpenAI's first chat chunk: the role
-        for (int i = 0; i < st.num_choices(); ++i) {       // one per choice, as vLLM sends
+      if (st.responses) {
+        reply_->Stream(st.responses->Begin());
+      } else if (st.request.endpoint ==
+                 OpenAiEndpoint::kChat) {             // OpenAI's first chat chunk: the role
+        for (int i = 0; i < st.num_choices(); ++i) {  // one per choice, as vLLM sends
           json first = st.Chunk(i, "", {}, nullptr);
           first["choices"][0]["delta"] = {{"role", "assistant"}, {"content", ""}};
           reply_->Stream(SseEvent(first));
@@ -360,6 +399,7 @@ void OpenAiServer::Handle(const Http1Request& req, const Reply& reply) {
   }
   if (req.method == "POST" && path == "/v1/completions") return Generate(req, reply, false);
   if (req.method == "POST" && path == "/v1/chat/completions") return Generate(req, reply, true);
+  if (req.method == "POST" && path == "/v1/responses") return Generate(req, reply, true, true);
   if (req.method == "POST" && path == "/tokenize") return Tokenize(req, reply);
   if (req.method == "POST" && path == "/detokenize") return Detokenize(req, reply);
   OpenAiError e;
@@ -394,7 +434,8 @@ void OpenAiServer::Model(std::string_view id, const Reply& reply) const {
   SendError(reply, e);
 }
 
-void OpenAiServer::Generate(const Http1Request& req, const Reply& reply, bool chat) {
+void OpenAiServer::Generate(const Http1Request& req, const Reply& reply, bool chat,
+                            bool responses) {
   json body;
   if (!ParseBody(req, reply, &body)) return;
   auto sink = std::make_shared<ReplySink>(reply, &open_responses_);
@@ -402,13 +443,24 @@ void OpenAiServer::Generate(const Http1Request& req, const Reply& reply, bool ch
   std::string param;
   Status s;
   try {
+    if (responses) {  // served as the chat request it means
+      json chat_body, echo;
+      s = ResponsesToChatBody(body, &chat_body, &echo, &param);
+      if (!s.ok()) {
+        SendStatus(reply, s, param);
+        return;
+      }
+      body = std::move(chat_body);
+      sink->st.responses = std::make_unique<ResponsesWriter>(
+          "resp_" + RandomHex(), std::time(nullptr), config_.model_name, std::move(echo));
+    }
     s = ParseOpenAiRequest(body, chat ? OpenAiEndpoint::kChat : OpenAiEndpoint::kCompletions, &r,
                            &param);
   } catch (const std::exception&) {  // nlohmann type errors on odd values; their text is internal
     s = InvalidArgument("a field of the request has a value of the wrong type");
   }
   if (!s.ok()) {
-    SendStatus(reply, s, param);
+    SendStatus(reply, s, responses ? ResponsesParamFor(param) : param);
     return;
   }
   if (!r.model.empty() && r.model != config_.model_name) {
@@ -449,10 +501,10 @@ void OpenAiServer::Generate(const Http1Request& req, const Reply& reply, bool ch
   if (!s.ok()) {
     // A forced call's constraint is built from the tools' parameter schemas.
     const bool tools_schema = s.message().rfind("tagged_json", 0) == 0;
-    SendStatus(reply, s,
-               tools_schema                                          ? "tools"
-               : chat && s.code() == StatusCode::kFailedPrecondition ? "messages"
-                                                                     : "");
+    const std::string bad = tools_schema                                          ? "tools"
+                            : chat && s.code() == StatusCode::kFailedPrecondition ? "messages"
+                                                                                  : "";
+    SendStatus(reply, s, responses ? ResponsesParamFor(bad) : bad);
     return;
   }
   // Outputs wait in the sink until Start(), so the parser is in place before the first.

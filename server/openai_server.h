@@ -47,7 +47,8 @@ class OpenAiServer {
   using Reply = std::shared_ptr<Http1Reply>;
   void Handle(const Http1Request& req, const Reply& reply);
   bool Authorized(const Http1Request& req, const Reply& reply) const;
-  void Generate(const Http1Request& req, const Reply& reply, bool chat);
+  // `responses`: a /v1/responses body, served as the chat request it means.
+  void Generate(const Http1Request& req, const Reply& reply, bool chat, bool responses = false);
   void Tokenize(const Http1Request& req, const Reply& reply);
   void Detokenize(const Http1Request& req, const Reply& reply);
   void Models(const Reply& reply) const;

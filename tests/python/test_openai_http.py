@@ -106,6 +106,62 @@ def test_errors_have_openai_shape_and_status(shared):
     assert code == 200, body
 
 
+def sse_events(text):
+    """[(event name, data)] of a Responses stream: 'event: T' and 'data: J' per frame."""
+    out = []
+    for frame in text.split("\n\n")[:-1]:
+        name, data = frame.split("\n")
+        assert name.startswith("event: ") and data.startswith("data: "), frame
+        out.append((name[len("event: "):], json.loads(data[len("data: "):])))
+    return out
+
+
+def test_responses_api(shared):
+    """POST /v1/responses, stateless: whole and streamed, and fields needing state refused."""
+    url = f"{shared.http_base}/v1/responses"
+    req = {"model": "tiny-llama", "input": [{"role": "user", "content": "Hello"}],
+           "instructions": "Be brief", "max_output_tokens": 6, "temperature": 0}
+    code, body = curl(url, data=json.dumps(req))
+    assert code == 200, body
+    whole = json.loads(body)
+    assert whole["object"] == "response" and whole["id"].startswith("resp_")
+    assert whole["status"] == "incomplete"
+    assert whole["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert whole["usage"]["output_tokens"] == 6
+    usage = whole["usage"]
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    [item] = whole["output"]
+    assert item["type"] == "message" and item["role"] == "assistant"
+    [part] = item["content"]
+    assert part["type"] == "output_text"
+
+    code, body = curl(url, data=json.dumps(dict(req, stream=True)))
+    assert code == 200
+    text = body.decode()
+    assert "[DONE]" not in text  # OpenAI's Responses streams end with the last event
+    events = sse_events(text)
+    assert [e["sequence_number"] for _, e in events] == list(range(len(events)))
+    assert all(e["type"] == name for name, e in events)
+    names = [name for name, _ in events]
+    assert names[:4] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added"]
+    assert names[-4:] == ["response.output_text.done", "response.content_part.done",
+                          "response.output_item.done", "response.incomplete"]
+    deltas = "".join(e["delta"] for name, e in events if name == "response.output_text.delta")
+    # temperature 0: the streamed text is the whole response's text
+    assert deltas == part["text"]
+    final = events[-1][1]["response"]
+    assert final["output"][0]["content"][0]["text"] == part["text"]
+    assert final["usage"]["output_tokens"] == 6
+
+    for field, value in [("previous_response_id", "resp_1"), ("store", True),
+                         ("background", True), ("conversation", "conv_1")]:
+        code, body = curl(url, data=json.dumps({"input": "x", field: value}))
+        assert code == 400 and error_of(body)["param"] == field, body
+    code, body = curl(url, data=json.dumps(dict(req, max_output_tokens=MAX_TOKENS_LIMIT + 1)))
+    assert code == 400 and error_of(body)["type"] == "invalid_request_error", body
+
+
 def test_api_key_on_http(shared):
     base = shared.http_base
     code, body = curl(base + "/v1/models", key=None)

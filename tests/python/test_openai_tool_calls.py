@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Tool calls and reasoning on the OpenAI chat API, end to end: the tiny random-weight model
 behind real chat templates (Qwen2.5's and Qwen3's), driven by the official `openai` npm client
-(tests/node/tool_calls.mjs) and by curl for the raw SSE frames."""
+(tests/node/tool_calls.mjs; the Responses API: tests/node/responses.mjs) and by curl for the raw
+SSE frames."""
 
 import json
 import os
@@ -113,6 +114,21 @@ def test_openai_node_client_tool_calls(qwen25, qwen3):
     env = dict(os.environ, TOOLS_URL=f"{qwen25.http_base}/v1", THINK_URL=f"{qwen3.http_base}/v1",
                MODEL="tiny-llama")
     res = subprocess.run(["node", "tool_calls.mjs"], cwd=NODE_DIR, env=env, capture_output=True,
+                         text=True, timeout=600)
+    print(res.stdout, res.stderr)
+    assert res.returncode == 0 and "ALL OK" in res.stdout, res.stdout + res.stderr
+
+
+def test_openai_node_client_responses(qwen25, qwen3):
+    """POST /v1/responses through the openai client (tests/node/responses.mjs)."""
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed")
+    subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True,
+                   capture_output=True, timeout=300)
+    env = dict(os.environ, TOOLS_URL=f"{qwen25.http_base}/v1", THINK_URL=f"{qwen3.http_base}/v1",
+               MODEL="tiny-llama")
+    res = subprocess.run(["node", "responses.mjs"], cwd=NODE_DIR, env=env, capture_output=True,
                          text=True, timeout=600)
     print(res.stdout, res.stderr)
     assert res.returncode == 0 and "ALL OK" in res.stdout, res.stdout + res.stderr
