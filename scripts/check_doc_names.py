@@ -18,20 +18,12 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# External names the docs cite on purpose (libraries, reference projects, formats).
+# Names that are not ours and not in our sources (library and HF file names). External names
+# our code calls (cuBLAS, CUDA, HF architecture strings) are found in the sources; names under
+# std::, grpc::, absl::, nlohmann::, boost:: are skipped.
 ALLOW = {
-    "ImmutableSandboxedEnvironment", "FlashInfer", "FlashAttention", "FlashMLA", "TensorRT",
-    "OpenAI", "DeepSeek", "LLaMA", "PyTorch", "HuggingFace", "SGLang", "GitHub",
-    "cublasLtMatmul", "cublasGemmEx", "cublasSgemm", "cudaGraphLaunch", "cudaMemcpyAsync",
-    "cudaStreamSynchronize", "cudaGraphExecUpdate", "cudaMallocAsync", "cudaEventRecord",
-    "cudaDeviceSynchronize", "cudaMalloc", "cudaMemcpy", "cudaHostAlloc", "cudaFuncSetAttribute",
-    "cudaGetDeviceProperties", "cudaStreamBeginCapture",
-    "ServerContext::IsCancelled", "grpc::Server", "ServerBuilder", "EnableDefaultHealthCheckService",
-    "TryCancel", "StartWrite", "OnWriteDone", "OnDone", "OnCancel",
-    "TokenizerFast", "PreTrainedTokenizerFast", "AutoTokenizer", "LlamaForCausalLM",
-    "MistralForCausalLM", "Qwen2ForCausalLM", "DeepseekV3ForCausalLM",
-    "PagedAttention", "RadixAttention", "MultiHeadLatentAttention",
-    "chat_template.jinja", "httplib.h",
+    "chat_template.jinja",  # the HF tokenizer folder's template file
+    "httplib.h",  # cpp-httplib's header (Debian's libcpp-httplib-dev)
 }
 
 PATH_EXT = re.compile(r"\.(h|cc|cu|cuh|py|sh|md|json|txt|proto|cmake|jinja|toml|yml|yaml|hip|"
