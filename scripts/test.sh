@@ -41,6 +41,8 @@ fi
 scripts/check_format.sh
 # No include runs up a layer (base < kernels, kvcache, text < scheduler < engine < server).
 /usr/bin/python3 scripts/check_layers.py
+# Every file, folder and C++ name the main docs cite still exists in the tree.
+/usr/bin/python3 scripts/check_doc_names.py
 if [ "${LLM_SKIP_ASAN:-0}" != "1" ]; then
   cmake --preset asan >/dev/null
   cmake --build --preset asan -j "$(nproc)"
