@@ -7,8 +7,9 @@
 // weights, what its attention needs, and the launches of its layers, written against
 // CudaLinear (cuda_linear.h) and the kernels in kernels/cuda. Built only with the CUDA backend.
 //
-// Definitions: cuda_dense_decoder.h (Llama, Mistral, Qwen2, Qwen3), cuda_deepseek_decoder.h
-// (DeepSeek V2 / V3: MLA + MoE).
+// Definitions: cuda_dense_decoder.h (every per-head K/V architecture of decoder_spec.h: Llama,
+// Mistral, Qwen2 / 3, Gemma 2 / 3, Mixtral, Qwen3-MoE; gpt-oss as far as its spec allows),
+// cuda_deepseek_decoder.h (DeepSeek V2 / V3: MLA + MoE).
 #pragma once
 
 #include <cuda_runtime.h>
