@@ -23,23 +23,9 @@ bool StartsWith(std::string_view s, std::string_view p) {
   return s.substr(0, p.size()) == p;
 }
 
-class DeepSeekV3Parser final : public ChatOutputParser {
+class DeepSeekV3Parser final : public BufferedParser {
  public:
   explicit DeepSeekV3Parser(std::function<std::string()> new_id) : calls_(std::move(new_id)) {}
-
-  ParsedDelta Push(std::string_view text) override {
-    buf_ += text;
-    ParsedDelta d;
-    Run(&d, false);
-    return d;
-  }
-  ParsedDelta Finish() override {
-    ParsedDelta d;
-    Run(&d, true);
-    if (state_ == State::kContent) d.content += buf_;
-    buf_.clear();
-    return d;
-  }
 
  private:
   enum class State {
@@ -54,7 +40,11 @@ class DeepSeekV3Parser final : public ChatOutputParser {
     kDrop
   };
 
-  void Run(ParsedDelta* d, bool final) {
+  void Flush(ParsedDelta* d) override {
+    if (state_ == State::kContent) d->content += buf_;
+  }
+
+  void Run(ParsedDelta* d, bool final) override {
     for (;;) {
       switch (state_) {
         case State::kContent: {
@@ -179,7 +169,6 @@ class DeepSeekV3Parser final : public ChatOutputParser {
 
   CallWriter calls_;
   State state_ = State::kContent;
-  std::string buf_;
   std::string head_;
   std::optional<JsonValueStreamer> args_;
 };

@@ -25,6 +25,31 @@ class CallWriter {
   int next_index_ = 0;
 };
 
+// A parser that buffers what it is given and runs a state machine over the buffer: Push runs it
+// on what has come; Finish runs it knowing the output has ended, then Flush says what becomes of
+// the text still held back (content, or nothing).
+class BufferedParser : public ChatOutputParser {
+ public:
+  ParsedDelta Push(std::string_view text) final {
+    buf_ += text;
+    ParsedDelta d;
+    Run(&d, /*final=*/false);
+    return d;
+  }
+  ParsedDelta Finish() final {
+    ParsedDelta d;
+    Run(&d, /*final=*/true);
+    Flush(&d);
+    buf_.clear();
+    return d;
+  }
+
+ protected:
+  virtual void Run(ParsedDelta* d, bool final) = 0;
+  virtual void Flush(ParsedDelta* d) = 0;
+  std::string buf_;
+};
+
 // Each parses content and tool calls; `new_id` names the calls.
 std::unique_ptr<ChatOutputParser> CreateHermesParser(std::function<std::string()> new_id);
 std::unique_ptr<ChatOutputParser> CreateLlama3JsonParser(std::function<std::string()> new_id);

@@ -26,31 +26,21 @@ std::string WordAfter(const std::string& header, std::string_view key) {
   return header.substr(b, e - b);
 }
 
-class HarmonyParser final : public ChatOutputParser {
+class HarmonyParser final : public BufferedParser {
  public:
   HarmonyParser(bool parse_tools, std::function<std::string()> new_id)
       : parse_tools_(parse_tools), calls_(std::move(new_id)) {}
-
-  ParsedDelta Push(std::string_view text) override {
-    buf_ += text;
-    ParsedDelta d;
-    Run(&d, false);
-    return d;
-  }
-  ParsedDelta Finish() override {
-    ParsedDelta d;
-    Run(&d, true);
-    // A header cut off says nothing; plain text that never became a header is content.
-    if (state_ == State::kHeader && buf_.find("<|") == std::string::npos) d.content += buf_;
-    buf_.clear();
-    return d;
-  }
 
  private:
   enum class State { kHeader, kBody, kPlain };
   enum class Route { kReasoning, kContent, kCall };
 
-  void Run(ParsedDelta* d, bool final) {
+  void Flush(ParsedDelta* d) override {
+    // A header cut off says nothing; plain text that never became a header is content.
+    if (state_ == State::kHeader && buf_.find("<|") == std::string::npos) d->content += buf_;
+  }
+
+  void Run(ParsedDelta* d, bool final) override {
     for (;;) {
       if (state_ == State::kPlain) {
         d->content += buf_;
@@ -127,7 +117,6 @@ class HarmonyParser final : public ChatOutputParser {
   CallWriter calls_;
   State state_ = State::kHeader;
   Route route_ = Route::kContent;
-  std::string buf_;
 };
 
 }  // namespace

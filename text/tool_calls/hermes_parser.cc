@@ -12,29 +12,19 @@ using tool_scan::JsonCallStreamer;
 constexpr std::string_view kOpen = "<tool_call>";
 constexpr std::string_view kClose = "</tool_call>";
 
-class HermesParser final : public ChatOutputParser {
+class HermesParser final : public BufferedParser {
  public:
   explicit HermesParser(std::function<std::string()> new_id) : calls_(std::move(new_id)) {}
-
-  ParsedDelta Push(std::string_view text) override {
-    buf_ += text;
-    ParsedDelta d;
-    Run(&d, /*final=*/false);
-    return d;
-  }
-  ParsedDelta Finish() override {
-    ParsedDelta d;
-    Run(&d, /*final=*/true);
-    if (state_ == State::kText) d.content += buf_;
-    // A call cut off keeps what it had; a body that never named a function is dropped.
-    buf_.clear();
-    return d;
-  }
 
  private:
   enum class State { kText, kCall, kAfterCall, kBadCall };
 
-  void Run(ParsedDelta* d, bool final) {
+  void Flush(ParsedDelta* d) override {
+    // A call cut off keeps what it had; a body that never named a function is dropped.
+    if (state_ == State::kText) d->content += buf_;
+  }
+
+  void Run(ParsedDelta* d, bool final) override {
     for (;;) {
       if (state_ == State::kText) {
         const size_t at = buf_.find(kOpen);
@@ -91,7 +81,6 @@ class HermesParser final : public ChatOutputParser {
 
   CallWriter calls_;
   State state_ = State::kText;
-  std::string buf_;
   std::optional<JsonCallStreamer> call_;
 };
 

@@ -12,29 +12,19 @@ using tool_scan::JsonCallStreamer;
 
 constexpr std::string_view kPythonTag = "<|python_tag|>";
 
-class Llama3JsonParser final : public ChatOutputParser {
+class Llama3JsonParser final : public BufferedParser {
  public:
   explicit Llama3JsonParser(std::function<std::string()> new_id) : calls_(std::move(new_id)) {}
-
-  ParsedDelta Push(std::string_view text) override {
-    buf_ += text;
-    ParsedDelta d;
-    Run(&d, false);
-    return d;
-  }
-  ParsedDelta Finish() override {
-    ParsedDelta d;
-    Run(&d, true);
-    if (state_ == State::kStart || state_ == State::kContent) d.content += buf_;
-    if (state_ == State::kCall && call_ && !call_->name_released()) d.content += call_->text();
-    buf_.clear();
-    return d;
-  }
 
  private:
   enum class State { kStart, kContent, kCall, kBetween, kDrop };
 
-  void Run(ParsedDelta* d, bool final) {
+  void Flush(ParsedDelta* d) override {
+    if (state_ == State::kStart || state_ == State::kContent) d->content += buf_;
+    if (state_ == State::kCall && call_ && !call_->name_released()) d->content += call_->text();
+  }
+
+  void Run(ParsedDelta* d, bool final) override {
     for (;;) {
       switch (state_) {
         case State::kStart: {
@@ -131,7 +121,6 @@ class Llama3JsonParser final : public ChatOutputParser {
 
   CallWriter calls_;
   State state_ = State::kStart;
-  std::string buf_;
   std::string prefix_;  // whitespace before a tentative call, content again if it is not one
   std::optional<JsonCallStreamer> call_;
 };

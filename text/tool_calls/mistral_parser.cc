@@ -16,28 +16,18 @@ constexpr std::string_view kArgs = "[ARGS]";
 // A function name longer than this before [ARGS] means the text is not the v11 form.
 constexpr size_t kMaxName = 256;
 
-class MistralParser final : public ChatOutputParser {
+class MistralParser final : public BufferedParser {
  public:
   explicit MistralParser(std::function<std::string()> new_id) : calls_(std::move(new_id)) {}
-
-  ParsedDelta Push(std::string_view text) override {
-    buf_ += text;
-    ParsedDelta d;
-    Run(&d, false);
-    return d;
-  }
-  ParsedDelta Finish() override {
-    ParsedDelta d;
-    Run(&d, true);
-    if (state_ == State::kContent) d.content += buf_;
-    buf_.clear();
-    return d;
-  }
 
  private:
   enum class State { kContent, kAfterTag, kItem, kSeparator, kName, kArgs, kDrop };
 
-  void Run(ParsedDelta* d, bool final) {
+  void Flush(ParsedDelta* d) override {
+    if (state_ == State::kContent) d->content += buf_;
+  }
+
+  void Run(ParsedDelta* d, bool final) override {
     for (;;) {
       switch (state_) {
         case State::kContent: {
@@ -143,7 +133,6 @@ class MistralParser final : public ChatOutputParser {
 
   CallWriter calls_;
   State state_ = State::kContent;
-  std::string buf_;
   std::optional<JsonCallStreamer> call_;
   std::optional<JsonValueStreamer> args_;
 };
