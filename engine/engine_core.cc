@@ -51,6 +51,11 @@ EngineCore::~EngineCore() {
 }
 
 StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& config) {
+  return Create(config, nullptr);
+}
+
+StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& config,
+                                                         std::unique_ptr<Model> model) {
   std::unique_ptr<EngineCore> core(new EngineCore());
   core->config_ = config;
   const std::string tok_path = config.model.model_dir + "/tokenizer.json";
@@ -59,7 +64,11 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& con
   } else if (config.require_tokenizer && config.model.model_dir.rfind("synthetic", 0) != 0) {
     return NotFound("no tokenizer.json in " + config.model.model_dir);
   }
-  LLM_ASSIGN_OR_RETURN(core->model_, LoadModel(config.model));
+  if (model) {
+    core->model_ = std::move(model);
+  } else {
+    LLM_ASSIGN_OR_RETURN(core->model_, LoadModel(config.model));
+  }
   const ModelConfig& mc = core->model_->config();
   if (core->tokenizer_ && core->tokenizer_->vocab_size() > mc.vocab_size) {
     return InvalidArgument("tokenizer has " + std::to_string(core->tokenizer_->vocab_size()) +
@@ -554,11 +563,25 @@ void EngineCore::NoteScheduled(const SchedulerOutput& sched, const StepStates& s
 StepBatch EngineCore::BuildInputs(const SchedulerOutput& sched, const StepStates& states) {
   // Rows whose logits someone reads (logprobs, an observer, a grammar's mask) come back; the others
   // are sampled on the device with this step's draw, taken here from the request's stream.
-  const DeviceJobFn device_job = [this, &states](size_t k, const Sequence& seq, SamplingJob* job,
-                                                 std::vector<PenaltyEntry>* penalties) {
+  const int vocab = model_->config().vocab_size;
+  const DeviceJobFn device_job = [this, &states, vocab](size_t k, const Sequence& seq,
+                                                        SamplingJob* job, ForwardBatch* batch) {
     RequestState& rs = *states[k];
-    if (rs.request.sampling.logprobs != 0 || logits_observer_ || rs.matcher) return false;
-    *job = rs.sampler->DeviceJob(seq.prompt_ids, seq.output_ids, penalties);
+    if (rs.request.sampling.logprobs != 0 || logits_observer_) return false;
+    *job = rs.sampler->DeviceJob(seq.prompt_ids, seq.output_ids, &batch->penalties);
+    if (rs.matcher) {  // the mask rides with the job; bits past the grammar's vocabulary stay 0
+      batch->mask_words = (vocab + 31) / 32;
+      rs.matcher->FillNextTokenBitmask(rs.mask.data());
+      const size_t at = batch->token_masks.size();
+      batch->token_masks.resize(at + batch->mask_words, 0u);
+      const size_t n = std::min<size_t>(rs.mask.size(), batch->mask_words);
+      std::copy_n(rs.mask.begin(), n, batch->token_masks.begin() + at);
+      const size_t tokens = rs.matcher->compiled().vocab().size();
+      if (tokens < static_cast<size_t>(vocab) && tokens % 32 != 0 && tokens / 32 < n) {
+        batch->token_masks[at + tokens / 32] &= (1u << (tokens % 32)) - 1u;
+      }
+      job->mask_row = static_cast<int32_t>(at / batch->mask_words);
+    }
     return true;
   };
   return BuildStepBatch(sched, scheduler_->allocator(), scheduler_->config().block_size,
@@ -616,6 +639,7 @@ SampledToken EngineCore::SampleRow(const ForwardBatch& batch, size_t r, RequestS
   std::span<float> l(logits_scratch_.data() + r * vocab, vocab);
   if (!batch.device_sampled.empty() && batch.device_sampled[r]) {
     // The job's draw is already taken: sample the returned logits with it.
+    if (const uint32_t* mask = batch.mask_of(r)) ApplyTokenMask(l, mask, l.size());
     const std::span<const PenaltyEntry> pens(batch.penalties.data() + batch.penalty_indptr[r],
                                              batch.penalties.data() + batch.penalty_indptr[r + 1]);
     return SampleWithJob(l, batch.sampling_jobs[r], pens);

@@ -44,6 +44,10 @@ struct StepRecord {
 class EngineCore {
  public:
   static StatusOr<std::unique_ptr<EngineCore>> Create(const EngineConfig& config);
+  // With a model made by the caller (tests: a model that wraps another) instead of LoadModel;
+  // the tokenizer still comes from config.model.model_dir.
+  static StatusOr<std::unique_ptr<EngineCore>> Create(const EngineConfig& config,
+                                                      std::unique_ptr<Model> model);
   ~EngineCore();  // waits for a step still on the device
 
   // Checks a request against the model and limits; fills defaults (max_tokens). Thread-safe:
@@ -103,7 +107,8 @@ class EngineCore {
     std::unique_ptr<IncrementalDecoder> decoder;
     std::unique_ptr<StopMatcher> stop_matcher;
     // Structured outputs: the grammar's state and its token mask. The engine thread fills the
-    // mask on the host before sampling the row (no device-side mask yet).
+    // mask before the step: it rides with the row's device sampling job, or masks the row's
+    // logits on the host (logprobs, a logits observer, a model that samples on the host).
     std::unique_ptr<grammar::Matcher> matcher;
     std::vector<uint32_t> mask;
     bool scheduled = false;  // queue time recorded

@@ -37,7 +37,7 @@ StepBatch BuildStepBatch(const SchedulerOutput& sched, const BlockAllocator& all
     batch.logit_rows.push_back(static_cast<int32_t>(batch.token_ids.size()) - 1);
     if (device_sampling) {
       SamplingJob job{};
-      const bool on_device = device_job(k, seq, &job, &batch.penalties);
+      const bool on_device = device_job(k, seq, &job, &batch);
       batch.device_sampled.push_back(on_device ? 1 : 0);
       batch.sampling_jobs.push_back(on_device ? job : SamplingJob{});
       batch.penalty_indptr.push_back(static_cast<int32_t>(batch.penalties.size()));

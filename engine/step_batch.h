@@ -24,9 +24,10 @@ struct StepBatch {
 // The device-sampling job of a sequence's logit row (`step_index`: the sequence's index in
 // sched.seqs): appends the row's penalty entries to *penalties and returns true with *job filled
 // when the row is drawn on the device; false when its logits must come back to the host
-// (logprobs, a logits observer).
+// (logprobs, a logits observer). A constrained row appends its token mask to the batch
+// (ForwardBatch::token_masks, mask_words words) and points job->mask_row at it.
 using DeviceJobFn = std::function<bool(size_t step_index, const Sequence& seq, SamplingJob* job,
-                                       std::vector<PenaltyEntry>* penalties)>;
+                                       ForwardBatch* batch)>;
 
 // Builds the step's inputs. With `device_sampling` false, no jobs are built and device_job is not
 // called. Every written slot must be in a block this sequence owns alone (CHECKed: a shared,

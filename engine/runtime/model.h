@@ -29,6 +29,16 @@ struct ForwardBatch {
   std::vector<SamplingJob> sampling_jobs;  // [logit_rows]
   std::vector<int32_t> penalty_indptr;     // [logit_rows + 1]
   std::vector<PenaltyEntry> penalties;     // CSR values
+  // Structured outputs on device-sampled rows: SamplingJob::mask_row indexes rows of mask_words
+  // words here (kernels/cuda/sampling/sampling.h; bits past the vocabulary are 0).
+  std::vector<uint32_t> token_masks;
+  int mask_words = 0;
+
+  // Logit row r's mask, or null (no job, or an unconstrained one).
+  const uint32_t* mask_of(size_t r) const {
+    const int32_t m = r < sampling_jobs.size() ? sampling_jobs[r].mask_row : -1;
+    return m < 0 ? nullptr : token_masks.data() + static_cast<size_t>(m) * mask_words;
+  }
 };
 
 class Model {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/sampling/sampler.h"
+#include "engine/sampling/token_mask.h"
 
 namespace llm {
 
@@ -138,12 +139,14 @@ Status SyntheticModel::ForwardSampled(const ForwardBatch& batch, std::vector<flo
     }
     const SamplingJob& job = batch.sampling_jobs[r];
     const bool penalized = batch.penalty_indptr[r + 1] > batch.penalty_indptr[r];
-    if (job.temperature == 0.0f && !penalized) {
+    const uint32_t* mask = batch.mask_of(r);
+    if (job.temperature == 0.0f && !penalized && mask == nullptr) {
       (*tokens)[r] = hot;  // the argmax of the row, without building it
       continue;
     }
     std::fill(row.begin(), row.end(), 0.0f);
     row[hot] = 10.0f;
+    if (mask != nullptr) ApplyTokenMask(row, mask, row.size());
     const std::span<const PenaltyEntry> pens(batch.penalties.data() + batch.penalty_indptr[r],
                                              batch.penalties.data() + batch.penalty_indptr[r + 1]);
     (*tokens)[r] = SampleWithJob(row, job, pens).token;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "engine/sampling/sampler.h"
+#include "engine/sampling/token_mask.h"
 #include "kernels/cuda/sampling/sampling.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -43,7 +44,9 @@ struct GpuResult {
 };
 
 // Samples `rows` on the device. order[j] gives the row job j samples (default: j -> j).
-GpuResult RunGpu(const std::vector<Row>& rows, int vocab, std::vector<int32_t> order = {}) {
+// masks: rows of mask_words words (SamplingJob::mask_row).
+GpuResult RunGpu(const std::vector<Row>& rows, int vocab, std::vector<int32_t> order = {},
+                 const std::vector<uint32_t>& masks = {}, int mask_words = 0) {
   if (order.empty()) {
     order.resize(rows.size());
     std::iota(order.begin(), order.end(), 0);
@@ -65,6 +68,7 @@ GpuResult RunGpu(const std::vector<Row>& rows, int vocab, std::vector<int32_t> o
   int32_t* d_indptr = Upload(indptr);
   PenaltyEntry* d_pens = Upload(pens);
   int32_t* d_tokens = Upload(std::vector<int32_t>(order.size(), -7));
+  uint32_t* d_masks = masks.empty() ? nullptr : Upload(masks);
   cuda::SamplingArgs a;
   a.logits = d_logits;
   a.vocab = vocab;
@@ -74,6 +78,8 @@ GpuResult RunGpu(const std::vector<Row>& rows, int vocab, std::vector<int32_t> o
   a.penalty_indptr = d_indptr;
   a.penalties = d_pens;
   a.tokens = d_tokens;
+  a.masks = d_masks;
+  a.mask_words = mask_words;
   cudaEvent_t e0, e1;
   CUDA_REQUIRE(cudaEventCreate(&e0));
   CUDA_REQUIRE(cudaEventCreate(&e1));
@@ -93,7 +99,8 @@ GpuResult RunGpu(const std::vector<Row>& rows, int vocab, std::vector<int32_t> o
       cudaMemcpy(out.penalized.data(), d_logits, logits.size() * 4, cudaMemcpyDeviceToHost));
   for (void* p :
        {static_cast<void*>(d_logits), static_cast<void*>(d_rows), static_cast<void*>(d_jobs),
-        static_cast<void*>(d_indptr), static_cast<void*>(d_pens), static_cast<void*>(d_tokens)}) {
+        static_cast<void*>(d_indptr), static_cast<void*>(d_pens), static_cast<void*>(d_tokens),
+        static_cast<void*>(d_masks)}) {
     CUDA_REQUIRE(cudaFree(p));
   }
   CUDA_REQUIRE(cudaEventDestroy(e0));
@@ -272,6 +279,51 @@ TEST_CASE("GPU sampling matches the CPU sampler", "[gpu][sampling]") {
         vocab, same, sampled, tie_rows, greedy, gpu.ms, rows.size());
     CHECK(same >= 0.995 * sampled);
     CHECK(tie_rows > 10);  // the planted ties do land on the cuts
+  }
+}
+
+TEST_CASE("GPU sampling applies structured-output masks as the CPU path does", "[gpu][sampling]") {
+  // Every other row gets a random mask (about a fifth of the ids allowed, the row's best one
+  // often not), before its bias and penalties; the CPU masks to -inf, then samples the same job.
+  std::mt19937 rng(31);
+  for (int vocab : {32000, 151936}) {
+    std::vector<Row> rows = MakeRows(vocab, rng);
+    const int words = (vocab + 31) / 32 + 1;  // a row may be wider than the vocabulary
+    std::vector<uint32_t> masks;
+    for (size_t r = 0; r < rows.size(); r += 2) {
+      rows[r].job.mask_row = static_cast<int32_t>(masks.size() / words);
+      const size_t at = masks.size();
+      masks.resize(at + words, 0u);
+      for (int i = 0; i < vocab; ++i) {
+        if (rng() % 5 == 0) masks[at + i / 32] |= 1u << (i % 32);
+      }
+    }
+    const GpuResult gpu = RunGpu(rows, vocab, {}, masks, words);
+    int same = 0, sampled = 0;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const Row& row = rows[r];
+      std::vector<float> cpu_logits = row.logits;
+      const uint32_t* mask =
+          row.job.mask_row < 0 ? nullptr : masks.data() + size_t{1} * row.job.mask_row * words;
+      if (mask != nullptr) ApplyTokenMask(cpu_logits, mask, vocab);
+      const int32_t cpu = SampleWithJob(cpu_logits, row.job, row.penalties).token;
+      INFO("vocab " << vocab << " row " << r << " masked " << (mask != nullptr) << " cpu " << cpu
+                    << " gpu " << gpu.tokens[r]);
+      REQUIRE(std::equal(cpu_logits.begin(), cpu_logits.end(),
+                         gpu.penalized.begin() + static_cast<size_t>(r) * vocab));
+      const int32_t t = gpu.tokens[r];
+      REQUIRE((t >= 0 && t < vocab));
+      if (mask != nullptr) CHECK(((mask[t / 32] >> (t % 32)) & 1u) == 1u);
+      if (row.job.temperature == 0.0f) {
+        CHECK(t == cpu);
+        continue;
+      }
+      ++sampled;
+      same += t == cpu ? 1 : 0;
+    }
+    std::printf("vocab %d, masks on half the rows: %d/%d sampled rows identical to the CPU\n",
+                vocab, same, sampled);
+    CHECK(same >= 0.995 * sampled);
   }
 }
 

@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine_core.h"
+#include "engine/sampling/sampler.h"
+#include "engine/sampling/token_mask.h"
 
 namespace llm {
 namespace {
@@ -184,6 +186,84 @@ TEST_CASE("a mixed batch leaves free requests' tokens unchanged", "[structured]"
   CHECK(together["free"]->tokens == free_alone["free"]->tokens);
   CHECK(together["c"]->tokens == constrained_alone["c"]->tokens);
   CheckMatchesSchema(together["c"]->text);
+}
+
+// The tiny model as a GPU model looks to the engine: rows with a sampling job are drawn "on the
+// device" (here SampleWithJob over the row's logits after its token mask, the definition the CUDA
+// kernel computes), so constrained rows take the device path with their masks.
+class DeviceSamplingModel final : public Model {
+ public:
+  explicit DeviceSamplingModel(std::unique_ptr<Model> inner) : inner_(std::move(inner)) {}
+  const ModelConfig& config() const override { return inner_->config(); }
+  Status Forward(const ForwardBatch& b, std::vector<float>* logits) override {
+    return inner_->Forward(b, logits);
+  }
+  bool samples_on_device() const override { return true; }
+  Status ForwardSampled(const ForwardBatch& b, std::vector<float>* logits,
+                        std::vector<int32_t>* tokens) override {
+    LLM_RETURN_IF_ERROR(inner_->Forward(b, logits));
+    const size_t v = config().vocab_size;
+    tokens->assign(b.logit_rows.size(), -1);
+    for (size_t r = 0; r < b.logit_rows.size(); ++r) {
+      if (b.device_sampled.empty() || !b.device_sampled[r]) continue;
+      std::span<float> row(logits->data() + r * v, v);
+      if (const uint32_t* mask = b.mask_of(r)) {
+        ApplyTokenMask(row, mask, v);
+        ++masked_rows;
+      }
+      const std::span<const PenaltyEntry> pens(b.penalties.data() + b.penalty_indptr[r],
+                                               b.penalties.data() + b.penalty_indptr[r + 1]);
+      (*tokens)[r] = SampleWithJob(row, b.sampling_jobs[r], pens).token;
+    }
+    return Status::Ok();
+  }
+  std::string attention_backend_name() const override { return inner_->attention_backend_name(); }
+  int num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  size_t kv_bytes_per_block() const override { return inner_->kv_bytes_per_block(); }
+  int masked_rows = 0;
+
+ private:
+  std::unique_ptr<Model> inner_;
+};
+
+TEST_CASE("constrained rows sampled on the device with their masks give the host path's tokens",
+          "[structured]") {
+  EngineConfig cfg;
+  cfg.model.model_dir = LLM_TINY_MODEL_DIR;
+  cfg.model.num_kv_blocks = 256;
+  cfg.scheduler.max_num_seqs = 8;
+  auto inner = LoadModel(cfg.model);
+  REQUIRE(inner.ok());
+  auto owned = std::make_unique<DeviceSamplingModel>(std::move(inner).value());
+  DeviceSamplingModel* device = owned.get();
+  auto made = EngineCore::Create(cfg, std::move(owned));
+  REQUIRE(made.ok());
+  EngineCore& dev = *made.value();
+  auto host = MakeCore();
+  auto requests = [](const EngineCore& core) {
+    std::vector<GenerationRequest> reqs;
+    for (uint64_t seed : {1, 2, 3}) {
+      reqs.push_back(MakeRequest(core, "json" + std::to_string(seed), seed,
+                                 {Constraint::Kind::kJsonSchema, kSchema, {}}));
+    }
+    reqs.push_back(MakeRequest(core, "free", 9));  // unconstrained beside them
+    reqs.back().stopping.max_tokens = 40;
+    GenerationRequest greedy =
+        MakeRequest(core, "greedy", 4, {Constraint::Kind::kRegex, "[a-c]{3,9}", {}});
+    greedy.sampling.temperature = 0.0f;
+    reqs.push_back(std::move(greedy));
+    return reqs;
+  };
+  auto on_device = Run(dev, requests(dev));
+  auto on_host = Run(*host, requests(*host));
+  CHECK(device->masked_rows > 0);  // the masks went the device way
+  for (const auto& [id, s] : on_host) {
+    INFO(id);
+    CHECK(on_device.at(id)->tokens == s->tokens);
+    CHECK(on_device.at(id)->reason == s->reason);
+  }
+  CheckMatchesSchema(on_device.at("json1")->text);
+  CHECK(std::regex_match(on_device.at("greedy")->text, std::regex("[a-c]{3,9}")));
 }
 
 TEST_CASE("a complete grammar ends the request even with ignore_eos and min_tokens",

@@ -26,6 +26,13 @@ StatusOr<int> CudaLogitsReadback::Issue(const ForwardBatch& batch, float* d_logi
     return InvalidArgument("device sampling arrays do not match the logit rows");
   }
   if (R > kMaxRows) return InvalidArgument("more than 65536 sampled rows in one step");
+  for (int r = 0; any_device && r < R; ++r) {
+    const int32_t m = batch.sampling_jobs[r].mask_row;
+    if (m >= 0 && (batch.mask_words < (vocab + 31) / 32 ||
+                   (static_cast<size_t>(m) + 1) * batch.mask_words > batch.token_masks.size())) {
+      return InvalidArgument("a sampling job's token mask does not cover the vocabulary");
+    }
+  }
   const int slot = next_;
   Slot& sl = slots_[slot];
   if (sl.busy) return FailedPrecondition("two steps are already waiting to be read back");
@@ -55,8 +62,8 @@ StatusOr<int> CudaLogitsReadback::Issue(const ForwardBatch& batch, float* d_logi
   LLM_RETURN_IF_ERROR(Reserve());
   auto* h_tokens =
       reinterpret_cast<int32_t*>(static_cast<char*>(sl.pinned) + sl.full_rows * row_bytes);
-  // The device rows' jobs, compacted, in one upload:
-  // [jobs: n SamplingJob][rows: n][penalty indptr: n + 1][penalties: PenaltyEntry].
+  // The device rows' jobs, compacted, in one upload: [jobs: n SamplingJob][rows: n]
+  // [penalty indptr: n + 1][penalties: PenaltyEntry][token masks, as the batch holds them].
   std::vector<int32_t>& dev_rows = sl.dev_rows;
   std::vector<int32_t> indptr(1, 0);
   dev_rows.clear();
@@ -69,9 +76,14 @@ StatusOr<int> CudaLogitsReadback::Issue(const ForwardBatch& batch, float* d_logi
   if (n > 0) {
     const size_t jobs_bytes = n * sizeof(SamplingJob);
     const size_t ints_bytes = (2 * static_cast<size_t>(n) + 1) * sizeof(int32_t);
-    host_sampling_.resize(jobs_bytes + ints_bytes + indptr.back() * sizeof(PenaltyEntry));
+    const size_t pens_bytes = indptr.back() * sizeof(PenaltyEntry);
+    const size_t masks_bytes = batch.token_masks.size() * sizeof(uint32_t);
+    host_sampling_.resize(jobs_bytes + ints_bytes + pens_bytes + masks_bytes);
     char* h = host_sampling_.data();
     char* pen_out = h + jobs_bytes + ints_bytes;
+    if (masks_bytes > 0) {
+      std::memcpy(pen_out + pens_bytes, batch.token_masks.data(), masks_bytes);
+    }
     for (int k = 0; k < n; ++k) {
       const int r = dev_rows[k];
       std::memcpy(h + k * sizeof(SamplingJob), &batch.sampling_jobs[r], sizeof(SamplingJob));
@@ -97,6 +109,8 @@ StatusOr<int> CudaLogitsReadback::Issue(const ForwardBatch& batch, float* d_logi
     sa.rows = reinterpret_cast<const int32_t*>(d + jobs_bytes);
     sa.penalty_indptr = sa.rows + n;
     sa.penalties = reinterpret_cast<const PenaltyEntry*>(d + jobs_bytes + ints_bytes);
+    sa.masks = reinterpret_cast<const uint32_t*>(d + jobs_bytes + ints_bytes + pens_bytes);
+    sa.mask_words = batch.mask_words;
     sa.tokens = sampled_dev_.as<int32_t>();
     cuda::LaunchSampling(sa, stream);
     GPU_RETURN_IF_ERROR(cudaMemcpyAsync(h_tokens, sampled_dev_.ptr, n * sizeof(int32_t),

@@ -224,7 +224,15 @@ __global__ void __launch_bounds__(kThreads, 1) SamplingKernel(const SamplingArgs
   const bool use_top_p = !greedy && job.top_p < 1.0f;
   const bool use_min_p = !greedy && job.min_p > 0.0f;
 
-  // Logit bias and penalties first, in place: each entry names a distinct token.
+  // A structured-output mask first, then logit bias and penalties, in place.
+  if (job.mask_row >= 0) {
+    const uint32_t* mask = a.masks + static_cast<size_t>(job.mask_row) * a.mask_words;
+    for (int i = tid; i < V; i += kThreads) {
+      if (!((mask[i >> 5] >> (i & 31)) & 1u)) row[i] = -INFINITY;
+    }
+    __syncthreads();  // an entry's token may be one another thread masked
+  }
+  // Each entry names a distinct token.
   for (int e = a.penalty_indptr[j] + tid; e < a.penalty_indptr[j + 1]; e += kThreads) {
     const PenaltyEntry pe = a.penalties[e];
     if (pe.token >= 0 && pe.token < V) row[pe.token] = sampling::ApplyEntry(row[pe.token], pe, job);

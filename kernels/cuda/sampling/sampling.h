@@ -29,6 +29,9 @@ struct SamplingJob {
   float repetition_penalty = 1.0f;
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
+  // A structured-output mask: row mask_row of SamplingArgs::masks (bit id & 31 of word id >> 5
+  // set when token id is allowed); disallowed logits become -inf before anything else. -1: none.
+  int32_t mask_row = -1;
 };
 
 // One token whose logit a row changes before sampling (each token at most once per row): a token
@@ -191,6 +194,8 @@ struct SamplingArgs {
   const SamplingJob* jobs = nullptr;  // [num_jobs]
   const int32_t* penalty_indptr = nullptr;  // [num_jobs + 1] CSR into penalties
   const PenaltyEntry* penalties = nullptr;  // [penalty_indptr[num_jobs]]
+  const uint32_t* masks = nullptr;          // [rows of masks, mask_words] (SamplingJob::mask_row)
+  int mask_words = 0;                       // >= ceil(vocab / 32)
   int32_t* tokens = nullptr;                // [num_jobs] out
 };
 
