@@ -82,6 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--seed", type=int, default=0, help="seed for prompts, lengths and arrivals")
     g.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="let EOS end generation early (lengths then vary)")
+    g.add_argument("--json-schema", metavar="FILE", default=None,
+                   help="constrain every request's output to this JSON Schema (the server's "
+                        "structured outputs: the gRPC constraint, or OpenAI's response_format)")
     g.add_argument("--temperature", type=float, default=None,
                    help="sampling temperature (default: the server's, 1.0)")
 
@@ -250,9 +253,15 @@ def build_workload(args: argparse.Namespace, info, rng: np.random.Generator) -> 
         n = args.num_requests or 100
         entries, order = None, range(n)
 
+    schema = None
+    if args.json_schema:
+        with open(args.json_schema) as f:
+            schema = f.read()
     specs = []
     for i, src in enumerate(order):
         req = pb.GenerateRequest(request_id=f"{run_tag}-{i}")
+        if schema is not None:
+            req.json_schema = schema
         prompt_len = None
         if entries is None:
             prompt_len = vary(args.input_len, args.range_ratio, rng)

@@ -47,6 +47,9 @@ def request_body(req, backend: str, model: str, chat_text: str | None) -> dict:
         body["min_tokens"] = t.min_tokens
     if len(t.stop):
         body["stop"] = list(t.stop)
+    if req.WhichOneof("constraint") == "json_schema":
+        body["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": "loadgen", "schema": json.loads(req.json_schema), "strict": True}}
     return body
 
 

@@ -66,7 +66,7 @@ def check_report(rep, n, abort_fraction, invalid_fraction):
     assert c["unexpected_errors"] == 0, (f"unexpected errors: {rep['unexpected_errors']} "
           f"{rep['unexpected_error_details']}")
     assert c["measured"] == n - n_abort - n_invalid, f"{c['measured']} measured requests"
-    assert rep["expected_errors"].get("INVALID_ARGUMENT") == n_invalid, (
+    assert rep["expected_errors"].get("INVALID_ARGUMENT", 0) == n_invalid, (
         f"expected errors {rep['expected_errors']}")
     assert not rep["anomalies"], f"anomalies: {rep['anomalies'][:5]}"
     for name in ("ttft", "tpot", "itl", "e2e"):
@@ -122,6 +122,43 @@ def test_loadgen(server, option, tmp_path, n, concurrency, abort_fraction, inval
     ended = sum(v for k, v in m.items() if k.startswith("llm_requests_total"))
     n_invalid = round(invalid_fraction * n)
     assert ended == n - n_invalid, "every accepted request ends exactly once"
+    assert s.terminate() == 0
+
+
+@pytest.mark.parametrize("backend", ["grpc", "openai-completions"])
+def test_loadgen_json_schema(server, option, tmp_path, backend):
+    """--json-schema constrains every request (gRPC constraint / OpenAI response_format): a
+    string that cannot end within --output-len tokens, so each request runs to its length, and
+    the streamed text is a prefix of such JSON."""
+    s = server()
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {
+        "text": {"type": "string", "minLength": 1000}}, "required": ["text"],
+        "additionalProperties": False}))
+    out_json = str(tmp_path / "report.json")
+    cmd = [sys.executable, LOADGEN, "--target", s.target, "--proto-python", option("proto_python"),
+           "--input-len", str(INPUT_LEN), "--output-len", str(OUTPUT_LEN), "--num-requests", "12",
+           "--concurrency", "6", "--seed", "3", "--request-timeout", str(HANG_S),
+           "--fail-on-errors", "--no-progress", "--output-json", out_json, "--backend", backend,
+           "--json-schema", str(schema)]
+    if backend != "grpc":
+        cmd += ["--base-url", f"http://127.0.0.1:{s.http_port}"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    print(res.stdout)
+    print(res.stderr, file=sys.stderr)
+    assert res.returncode == 0, f"loadgen exited {res.returncode}"
+    with open(out_json) as f:
+        check_report(json.load(f), 12, 0.0, 0.0)
+    # The server saw the constraint: a prefix of {"text": "...".
+    req = {"prompt": "x", "max_tokens": 8, "response_format": {"type": "json_schema",
+           "json_schema": {"name": "t", "schema": json.loads(schema.read_text())}}}
+    import urllib.request
+    r = urllib.request.Request(f"http://127.0.0.1:{s.http_port}/v1/completions",
+                               data=json.dumps(req).encode(),
+                               headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(r, timeout=HANG_S) as resp:
+        text = json.loads(resp.read())["choices"][0]["text"]
+    assert text.lstrip().startswith("{"), text
     assert s.terminate() == 0
 
 
