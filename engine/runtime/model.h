@@ -114,9 +114,9 @@ struct ModelLoadOptions {
   // no request pays for a bucket's first eager step, its fp8 GEMM tuning and its capture;
   // false: each is captured on its first decode step.
   bool cuda_graph_warmup = true;
-  // Attention family for steps with a prefill chunk (CUDA Llama): "auto" (cuda_fmha for a 16-bit
-  // cache: its prefill tiles run at about twice cuda_c8's rate), "none" (the decode backend), or a
-  // backend name that shares the decode backend's cache layout.
+  // Attention family for steps with a prefill chunk (CUDA): "auto" (the registry's fitting family
+  // of highest prefill_priority, cuda_fmha for a 16-bit cache), "none" (the decode backend), or a
+  // backend name that shares the decode backend's cache layout. The cpu device takes auto / none.
   std::string prefill_attention_backend = "auto";
   // Projection weights on the GPU (CUDA models): "auto"/"bf16", or "fp8": e4m3 with one scale per
   // tensor (per expert for MoE experts), activations quantized per row (token) at run time,
@@ -137,14 +137,16 @@ struct ModelLoadOptions {
   // MLA decode kernel of the CUDA DeepSeek model (kernels/cuda/mla/mla_decode.h MlaKernel): "auto"
   // (the sm_90a wgmma kernels where they run: every bf16 work item, fp8 16-row items), "wgmma"
   // (the same; the load fails where it cannot run: not compute capability 9.0, or no sm_90a in
-  // the build), "portable" (every item on the portable kernel). Other models check the value and
-  // ignore it.
+  // the build), "portable" (every item on the portable kernel). Applied by the registry
+  // (AttentionBackend::Configure); the cpu device refuses a value other than "auto"; other CUDA
+  // models check the value and ignore it.
   std::string mla_kernel = "auto";
   // Prefill attention of the cuda_c8 backend over an 8-bit cache (CUDA Llama): "tiles" (the C8
   // prefill tiles), "fmha" (the prefill sequences through the sm_90a wgmma FMHA kernel over a bf16
   // copy of their cached K/V, dequantized each step; the load fails where it cannot run: a 16-bit
   // cache, not compute capability 9.0, no sm_90a in the build), "auto" (fmha where it runs, else
-  // the tiles). Other models check the value and ignore it.
+  // the tiles). Applied by the registry (AttentionBackend::Configure); the cpu device refuses a
+  // value other than "auto"; other CUDA models check the value and ignore it.
   std::string c8_prefill = "auto";
 };
 

@@ -284,8 +284,12 @@ TEST_CASE(
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.status().code() == StatusCode::kInvalidArgument);
   CHECK(bad.status().message() == "mla_kernel must be one of auto, wgmma, portable, got 'fast'");
-  cfg.model.mla_kernel = "portable";  // a CUDA choice: the CPU model ignores it
-  CHECK(EngineCore::Create(cfg).ok());
+  cfg.model.mla_kernel = "portable";  // a CUDA choice: refused on the CPU, not ignored
+  auto cpu = EngineCore::Create(cfg);
+  REQUIRE_FALSE(cpu.ok());
+  CHECK(cpu.status().message() ==
+        "mla_kernel portable: a kernel choice of the cuda device (the cpu device attends every "
+        "step through one backend)");
 
   cfg.model.model_dir = "synthetic:vocab=40,max_len=64";
   cfg.model.mla_kernel = "auto";

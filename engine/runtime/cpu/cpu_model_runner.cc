@@ -22,6 +22,20 @@ StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
 
 Status CpuModelRunner::Init(const WeightStore& w, const ModelLoadOptions& options) {
   const ModelConfig& c = config();
+  // The CUDA runner's kernel choices: the CPU attends every step through one backend, so another
+  // value than the default is refused, not ignored.
+  const std::pair<const char*, const std::string*> cuda_choices[] = {
+      {"prefill_attention_backend", &options.prefill_attention_backend},
+      {"c8_prefill", &options.c8_prefill},
+      {"mla_kernel", &options.mla_kernel}};
+  for (const auto& [name, value] : cuda_choices) {
+    const bool neutral = *value == "auto" || (*value == "none" && name[0] == 'p');
+    if (!neutral) {
+      return InvalidArgument(std::string(name) + " " + *value +
+                             ": a kernel choice of the cuda device (the cpu device attends every "
+                             "step through one backend)");
+    }
+  }
   LLM_ASSIGN_OR_RETURN(spec_, arch_->MakeAttentionSpec(options));
   std::string table;
   auto backend = BackendRegistry::Global().Create(spec_, options.attention_backend, &table);
