@@ -48,15 +48,7 @@ class DeepSeekV3Parser final : public BufferedParser {
     for (;;) {
       switch (state_) {
         case State::kContent: {
-          const size_t at = buf_.find(kCallsBegin);
-          if (at == std::string::npos) {
-            const size_t keep = final ? 0 : tool_scan::PartialMarkerLength(buf_, {kCallsBegin});
-            d->content += buf_.substr(0, buf_.size() - keep);
-            buf_.erase(0, buf_.size() - keep);
-            return;
-          }
-          d->content += buf_.substr(0, at);
-          buf_.erase(0, at + kCallsBegin.size());
+          if (!tool_scan::TakeUntil(buf_, kCallsBegin, final, &d->content)) return;
           state_ = State::kBetween;
           break;
         }

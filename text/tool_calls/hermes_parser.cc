@@ -27,15 +27,7 @@ class HermesParser final : public BufferedParser {
   void Run(ParsedDelta* d, bool final) override {
     for (;;) {
       if (state_ == State::kText) {
-        const size_t at = buf_.find(kOpen);
-        if (at == std::string::npos) {
-          const size_t keep = final ? 0 : tool_scan::PartialMarkerLength(buf_, {kOpen});
-          d->content += buf_.substr(0, buf_.size() - keep);
-          buf_.erase(0, buf_.size() - keep);
-          return;
-        }
-        d->content += buf_.substr(0, at);
-        buf_.erase(0, at + kOpen.size());
+        if (!tool_scan::TakeUntil(buf_, kOpen, final, &d->content)) return;
         call_.emplace();
         state_ = State::kCall;
       } else if (state_ == State::kCall) {

@@ -45,15 +45,7 @@ class Llama3JsonParser final : public BufferedParser {
           break;
         }
         case State::kContent: {
-          const size_t at = buf_.find(kPythonTag);
-          if (at == std::string::npos) {
-            const size_t keep = final ? 0 : tool_scan::PartialMarkerLength(buf_, {kPythonTag});
-            d->content += buf_.substr(0, buf_.size() - keep);
-            buf_.erase(0, buf_.size() - keep);
-            return;
-          }
-          d->content += buf_.substr(0, at);
-          buf_.erase(0, at + kPythonTag.size());
+          if (!tool_scan::TakeUntil(buf_, kPythonTag, final, &d->content)) return;
           StartCall("");
           break;
         }

@@ -31,15 +31,7 @@ class MistralParser final : public BufferedParser {
     for (;;) {
       switch (state_) {
         case State::kContent: {
-          const size_t at = buf_.find(kToolCalls);
-          if (at == std::string::npos) {
-            const size_t keep = final ? 0 : tool_scan::PartialMarkerLength(buf_, {kToolCalls});
-            d->content += buf_.substr(0, buf_.size() - keep);
-            buf_.erase(0, buf_.size() - keep);
-            return;
-          }
-          d->content += buf_.substr(0, at);
-          buf_.erase(0, at + kToolCalls.size());
+          if (!tool_scan::TakeUntil(buf_, kToolCalls, final, &d->content)) return;
           state_ = State::kAfterTag;
           break;
         }

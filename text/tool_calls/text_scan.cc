@@ -18,6 +18,19 @@ size_t PartialMarkerLength(std::string_view text, std::initializer_list<std::str
   return best;
 }
 
+bool TakeUntil(std::string& buf, std::string_view marker, bool final, std::string* out) {
+  const size_t at = buf.find(marker);
+  if (at == std::string::npos) {
+    const size_t keep = final ? 0 : PartialMarkerLength(buf, {marker});
+    out->append(buf, 0, buf.size() - keep);
+    buf.erase(0, buf.size() - keep);
+    return false;
+  }
+  out->append(buf, 0, at);
+  buf.erase(0, at + marker.size());
+  return true;
+}
+
 size_t SkipSpace(std::string_view text, size_t pos) {
   while (pos < text.size() &&
          (text[pos] == ' ' || text[pos] == '\n' || text[pos] == '\t' || text[pos] == '\r')) {

@@ -13,6 +13,11 @@ namespace llm::tool_scan {
 // held back until the next delta says whether a marker starts there.
 size_t PartialMarkerLength(std::string_view text, std::initializer_list<std::string_view> markers);
 
+// Moves the text of `buf` before `marker` to `out`, drops the marker and returns true. Without
+// the marker, moves all of `buf` but an end that may still begin one (all of it when `final`)
+// and returns false.
+bool TakeUntil(std::string& buf, std::string_view marker, bool final, std::string* out);
+
 size_t SkipSpace(std::string_view text, size_t pos);
 
 enum class ScanResult { kComplete, kIncomplete, kInvalid };

@@ -59,15 +59,8 @@ class ThinkParser final : public ChatOutputParser {
       }
     }
     if (state_ == State::kReasoning) {
-      const size_t at = buf_.find(kClose);
-      if (at == std::string::npos) {
-        const size_t keep = final ? 0 : tool_scan::PartialMarkerLength(buf_, {kClose});
-        d->reasoning += buf_.substr(0, buf_.size() - keep);
-        buf_.erase(0, buf_.size() - keep);
-        return;
-      }
-      d->reasoning += buf_.substr(0, at);
-      std::string rest = buf_.substr(at + kClose.size());
+      if (!tool_scan::TakeUntil(buf_, kClose, final, &d->reasoning)) return;
+      std::string rest = std::move(buf_);
       buf_.clear();
       state_ = State::kAnswer;
       d->Append(Answer(rest));
