@@ -30,7 +30,7 @@ TEST_CASE("JSON escaper: ASCII specials and control characters as json.dumps", "
   CHECK(Raw("~ plain") == "\"~ plain\"");
 }
 
-TEST_CASE("JSON escaper: ensure_ascii writes \\uXXXX and surrogate pairs", "[json_escape]") {
+TEST_CASE("JSON escaper: ensure_ascii writes u-escapes and surrogate pairs", "[json_escape]") {
   // json.dumps('é€😀') and json.dumps('\u2028\ufeff\x80\U0010ffff')
   CHECK(Escaped("\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80") == R"("\u00e9\u20ac\ud83d\ude00")");
   CHECK(Escaped("\xE2\x80\xA8\xEF\xBB\xBF\xC2\x80\xF4\x8F\xBF\xBF") ==
