@@ -136,6 +136,10 @@ std::vector<ServerOption> Declarations() {
       O::Bool("overlap_steps", LLM_BIND(engine.overlap_steps), G::kScheduler,
               "queue step k + 1 on the device before reading step k's tokens (models that "
               "sample on the device)"),
+      O::Int("structured_output_threads", LLM_BIND(engine.structured_output_threads), 0, 256,
+             G::kScheduler,
+             "threads (the engine's included) filling a step's structured-output token masks; "
+             "0: half the hardware threads, at most 8"),
       // Request limits.
       O::Int("max_tokens_limit", LLM_BIND(engine.max_tokens_limit), 1, 1 << 24, G::kLimits,
              "largest max_tokens a request may ask for"),
