@@ -482,6 +482,7 @@ StepRecord EngineCore::Step() {
     metrics_->step_prepare.Observe(record.prepare_s);
     metrics_->step_forward.Observe(record.forward_s);
     metrics_->step_sample.Observe(record.sample_s);
+    if (record.mask_s >= 0) metrics_->step_mask.Observe(record.mask_s);
   }
   UpdateGauges();
   return record;
@@ -527,13 +528,13 @@ StepRecord EngineCore::StepInner() {
     st = model_->Launch(in.forward);
     prev = CollectInflight();
     if (st.ok() && masks) {
-      FillMasks(in, states);
+      record.mask_s = FillMasks(in, states);
       st = model_->SupplyMasks(std::move(in.forward.token_masks));
     }
   } else {
     if (masks) {
       prev = CollectInflight();
-      FillMasks(in, states);
+      record.mask_s = FillMasks(in, states);
     }
     st = model_->ForwardSampled(in.forward, &logits_scratch_, &device_tokens);
     if (!masks) prev = CollectInflight();
@@ -615,7 +616,8 @@ StepBatch EngineCore::BuildInputs(const SchedulerOutput& sched, const StepStates
   return in;
 }
 
-void EngineCore::FillMasks(StepBatch& in, const StepStates& states) {
+double EngineCore::FillMasks(StepBatch& in, const StepStates& states) {
+  const auto t0 = std::chrono::steady_clock::now();
   ForwardBatch& b = in.forward;
   // Each row is one request's grammar state and its own slice of token_masks; the grammars'
   // shared per-position caches are thread-safe.
@@ -625,6 +627,7 @@ void EngineCore::FillMasks(StepBatch& in, const StepStates& states) {
     FillRowMask(rs, b.token_masks.data() + static_cast<size_t>(m.mask_row) * b.mask_words,
                 b.mask_words);
   });
+  return Seconds(std::chrono::steady_clock::now() - t0);
 }
 
 void EngineCore::FillRowMask(RequestState& rs, uint32_t* dst, int mask_words) {

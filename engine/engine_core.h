@@ -40,6 +40,7 @@ struct StepRecord {
   // Wall time of the step's phases (seconds): schedule, batch preparation, forward, sampling
   // plus streaming.
   double schedule_s = 0, prepare_s = 0, forward_s = 0, sample_s = 0;
+  double mask_s = -1;  // filling token masks (within forward_s); -1: the step had none
 };
 
 class EngineCore {
@@ -171,8 +172,9 @@ class EngineCore {
   void NoteScheduled(const SchedulerOutput& sched, const StepStates& states, StepRecord* record);
   StepBatch BuildInputs(const SchedulerOutput& sched, const StepStates& states);
   // Fills the token masks of the batch's constrained device-sampled rows (in.mask_rows) from
-  // their grammars, on mask_pool_. The grammars must have seen every earlier token.
-  void FillMasks(StepBatch& in, const StepStates& states);
+  // their grammars, on mask_pool_; returns the seconds it took. The grammars must have seen every
+  // earlier token.
+  double FillMasks(StepBatch& in, const StepStates& states);
   // The mask of a request's next token into `dst` (mask_words words). A row with no allowed token
   // (its grammar terminated: the request ends with the previous token) allows every token, so the
   // device never samples from an empty set; the token is then discarded or refused.

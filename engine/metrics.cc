@@ -90,7 +90,8 @@ EngineMetrics::EngineMetrics()
       step_schedule(kStepBuckets),
       step_prepare(kStepBuckets),
       step_forward(kStepBuckets),
-      step_sample(kStepBuckets) {}
+      step_sample(kStepBuckets),
+      step_mask(kStepBuckets) {}
 
 void EngineMetrics::CountOutcome(const std::string& outcome) {
   std::lock_guard<std::mutex> l(mu_);
@@ -134,6 +135,8 @@ std::string EngineMetrics::Render() const {
                   step_forward);
   RenderHistogram(os, "llm_engine_step_sample_seconds",
                   "Sampling, detokenizing and streaming per step.", step_sample);
+  RenderHistogram(os, "llm_engine_step_mask_seconds",
+                  "Filling the structured-output token masks of a step that has any.", step_mask);
   os << "# HELP llm_requests_total Ended requests by outcome.\n# TYPE llm_requests_total counter\n";
   std::lock_guard<std::mutex> l(mu_);
   for (const auto& [outcome, n] : outcomes_) {

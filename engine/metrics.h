@@ -68,6 +68,9 @@ struct EngineMetrics {
   // _seconds): scheduling, batch preparation, the model forward (on a GPU, until the stream has
   // finished the step), and sampling + detokenizing + streaming the step's tokens.
   Histogram step_schedule, step_prepare, step_forward, step_sample;
+  // llm_engine_step_mask_seconds: filling the token masks of a step's constrained rows (part of
+  // `forward`; hidden behind the device's forward in an overlapped step).
+  Histogram step_mask;
 
   void CountOutcome(const std::string& outcome);  // llm_requests_total{outcome=...}
   std::string Render() const;
