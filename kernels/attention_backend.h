@@ -163,7 +163,9 @@ struct AttentionParams {
 };
 
 // How a user steers attention (the server's attention options). Only the registry reads them
-// (BackendRegistry::CreateBackends): a model never sees a family's own kernel choices.
+// (BackendRegistry::CreateBackends): a model never sees a family's own kernel choices. A family's
+// option other than "auto" fails the load unless the backend attending the steps it steers
+// applies it (kKernelOptions, backend_registry.h).
 struct AttentionOptions {
   std::string backend;                   // forced backend name; empty: the registry's priority
   std::string prefill_backend = "auto";  // steps with a prefill chunk: "auto", "none" or a name
@@ -192,10 +194,11 @@ class AttentionBackend {
   // GPU backends: the stream (cudaStream_t / hipStream_t) every Plan upload and Run launch goes
   // to, owned by the model. CPU backends ignore it.
   virtual void set_stream(void* stream) {}
-  // Applies the options that choose among this family's own kernels. The registry calls it once,
-  // right after creating the backend; an error fails the load. The default has no such choice
-  // and refuses the one value that would need it (c8_prefill "fmha").
-  virtual Status Configure(const AttentionOptions& options);
+  // Applies the options that choose among this family's own kernels (those its catalog row lists
+  // in BackendInfo::kernel_options). The registry calls it once, right after creating the backend
+  // and refusing the options no chosen backend can apply; an error fails the load. The default
+  // has no such choice.
+  virtual Status Configure(const AttentionOptions& options) { return Status::Ok(); }
   // What Configure chose, for the load log ("" when there is no choice to report).
   virtual std::string kernel_choice() const { return ""; }
   // This backend's MLA interface; null for kMha families.
@@ -245,7 +248,8 @@ struct MlaParams {
 class MlaAttentionBackend : public AttentionBackend {
  public:
   MlaAttentionBackend* mla() override { return this; }
-  // The default has no kernel choice and refuses an mla_kernel other than "auto".
+  // The default has no kernel choice and refuses an mla_kernel other than "auto" (an MLA family
+  // whose catalog row lists the option without implementing it).
   Status Configure(const AttentionOptions& options) override;
   // Appends this step's latents, then attends the decode sequences. Valid after Plan.
   virtual void RunMla(const MlaParams& params) = 0;
