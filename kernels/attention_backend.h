@@ -244,6 +244,25 @@ struct MlaParams {
   float softmax_scale = 1.0f;
 };
 
+// The rows RunMla leaves (sequences with more than kMlaMaxDecodeQueryLen query rows: prefill
+// chunks), attended in the expanded form: each such sequence's cached latents (this step's
+// included, so after RunMla of the same layer) expand through kv_b_proj into per-head keys
+// [k_nope, k_pe] and values, and each query row attends causally with full heads:
+//   score(t, h, j) = softmax_scale * (q_nope[t,h] . (W_UK_h c_j) + q_pe[t,h] . k_pe_j)
+//   out[t, h] = sum_j softmax(score)_j * (W_UV_h c_j)
+struct MlaPrefillParams {
+  const void* q = nullptr;       // [num_tokens, num_q_heads, nope_dim + rope_dim], q_pe roped;
+  int q_stride = 0;              //   rows q_stride elements apart
+  const void* w_kv_b = nullptr;  // [num_q_heads * (nope_dim + v_dim), kv_lora_rank]: per head
+                                 //   W_UK [nope_dim, C] then W_UV [v_dim, C] (kv_b_proj)
+  int nope_dim = 0;
+  int v_dim = 0;
+  void* out = nullptr;    // [num_tokens, num_q_heads, v_dim]: the prefill rows are written
+  void* cache = nullptr;  // this layer's [num_blocks, block_size, L]
+  float cache_scale = 1.0f;
+  float softmax_scale = 1.0f;
+};
+
 // Backends of kind kMla implement RunMla; their Run(AttentionParams) is never called.
 class MlaAttentionBackend : public AttentionBackend {
  public:
@@ -253,6 +272,11 @@ class MlaAttentionBackend : public AttentionBackend {
   Status Configure(const AttentionOptions& options) override;
   // Appends this step's latents, then attends the decode sequences. Valid after Plan.
   virtual void RunMla(const MlaParams& params) = 0;
+  // Attends the prefill rows of the step last planned (MlaPrefillParams), after RunMla of the
+  // same layer; nothing when the step has none. The default has no prefill path.
+  virtual Status RunMlaPrefill(const MlaPrefillParams& params) {
+    return Unimplemented(name() + " cannot attend MLA prefill rows");
+  }
 };
 
 }  // namespace llm
