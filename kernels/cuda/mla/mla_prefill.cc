@@ -1,21 +1,12 @@
 #include "kernels/cuda/mla/mla_prefill.h"
 
-#include <cublas_v2.h>
-
 #include <algorithm>
 #include <string>
 
 #include "kernels/cpu/cpu_mla_attention.h"
+#include "kernels/cuda/common/blas_check.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/ops/deepseek_ops.h"
-
-#define MLA_BLAS_RETURN_IF_ERROR(expr)                                                      \
-  do {                                                                                      \
-    cublasStatus_t _s = (expr);                                                             \
-    if (_s != CUBLAS_STATUS_SUCCESS) {                                                      \
-      return ::llm::Internal(std::string(#expr) + " failed: " + cublasGetStatusString(_s)); \
-    }                                                                                       \
-  } while (0)
 
 namespace llm::cuda {
 
@@ -52,12 +43,12 @@ Status MlaPrefill::Plan(const AttentionBatch& batch, void* stream) {
 Status MlaPrefill::Init(void* stream) {
   if (blas_ == nullptr) {
     cublasHandle_t h = nullptr;
-    MLA_BLAS_RETURN_IF_ERROR(cublasCreate(&h));
+    BLAS_RETURN_IF_ERROR(cublasCreate(&h));
     blas_ = h;
     LLM_RETURN_IF_ERROR(Grow(kWorkspace, kBlasWorkspaceBytes));
-    MLA_BLAS_RETURN_IF_ERROR(cublasSetWorkspace(h, buf_[kWorkspace], cap_[kWorkspace]));
+    BLAS_RETURN_IF_ERROR(cublasSetWorkspace(h, buf_[kWorkspace], cap_[kWorkspace]));
   }
-  MLA_BLAS_RETURN_IF_ERROR(
+  BLAS_RETURN_IF_ERROR(
       cublasSetStream(static_cast<cublasHandle_t>(blas_), static_cast<cudaStream_t>(stream)));
   return Status::Ok();
 }
@@ -67,7 +58,7 @@ Status MlaPrefill::Batched(bool ta, bool tb, int m, int n, int k, const void* a,
                            int64_t sa, const void* b, int ldb, int64_t sb, void* c, bool c_fp32,
                            int ldc, int64_t sc, int batch, float beta) {
   const float alpha = 1.0f;
-  MLA_BLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
+  BLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
       static_cast<cublasHandle_t>(blas_), ta ? CUBLAS_OP_T : CUBLAS_OP_N,
       tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, a, CUDA_R_16BF, lda, sa, b, CUDA_R_16BF, ldb,
       sb, &beta, c, c_fp32 ? CUDA_R_32F : CUDA_R_16BF, ldc, sc, batch, CUBLAS_COMPUTE_32F,
@@ -92,7 +83,7 @@ Status MlaPrefill::Run(const MlaPrefillParams& p, void* stream) {
                         Lw, kv_len, buf_[kLatents], stream);
     // kvx [kv_len, H, N + V]: per head k_nope then v = c @ kv_b_proj^T (lda Lw skips k_pe).
     const float one = 1.0f, zero = 0.0f;
-    MLA_BLAS_RETURN_IF_ERROR(cublasGemmEx(
+    BLAS_RETURN_IF_ERROR(cublasGemmEx(
         static_cast<cublasHandle_t>(blas_), CUBLAS_OP_T, CUBLAS_OP_N, H * NV, kv_len, C, &one,
         p.w_kv_b, CUDA_R_16BF, C, buf_[kLatents], CUDA_R_16BF, Lw, &zero, buf_[kExpanded],
         CUDA_R_16BF, H * NV, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
