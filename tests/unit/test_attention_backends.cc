@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/backend_registry.h"
+#include "tests/unit/stand_in_backend.h"
 
 namespace llm {
 namespace {
@@ -18,21 +19,13 @@ std::map<std::string, std::vector<AttentionOptions>>& Configured() {
   return seen;
 }
 
-class MhaStandIn final : public AttentionBackend {
+class MhaStandIn final : public test::StandInBackend {
  public:
-  MhaStandIn(std::string name, size_t block_bytes) : name_(std::move(name)), bytes_(block_bytes) {}
-  std::string name() const override { return name_; }
-  size_t BlockBytes() const override { return bytes_; }
-  Status Plan(const AttentionBatch&) override { return Status::Ok(); }
-  void Run(const AttentionParams&) override {}
+  using StandInBackend::StandInBackend;
   Status Configure(const AttentionOptions& options) override {
-    Configured()[name_].push_back(options);
-    return AttentionBackend::Configure(options);  // the default's refusals
+    Configured()[name()].push_back(options);
+    return AttentionBackend::Configure(options);
   }
-
- private:
-  std::string name_;
-  size_t bytes_;
 };
 
 class MlaStandIn final : public MlaAttentionBackend {
