@@ -9,6 +9,12 @@
 import OpenAI from "openai";
 
 import { check, expect, expectParamError } from "./check.mjs";
+import {
+  checkWeatherArgs,
+  WEATHER_DESCRIPTION,
+  WEATHER_NAME,
+  WEATHER_PARAMETERS,
+} from "./weather_tool.mjs";
 
 const { TOOLS_URL, THINK_URL, MODEL } = process.env;
 const client = new OpenAI({ baseURL: TOOLS_URL, apiKey: "none", maxRetries: 0 });
@@ -16,20 +22,10 @@ const think = new OpenAI({ baseURL: THINK_URL, apiKey: "none", maxRetries: 0 });
 
 const WEATHER = {
   type: "function",
-  name: "get_weather",
-  description: "Weather in a city",
-  parameters: {
-    type: "object",
-    properties: { city: { enum: ["Paris", "Oslo"] }, unit: { enum: ["c", "f"] } },
-    required: ["city", "unit"],
-    additionalProperties: false,
-  },
+  name: WEATHER_NAME,
+  description: WEATHER_DESCRIPTION,
+  parameters: WEATHER_PARAMETERS,
 };
-function checkWeatherArgs(text) {
-  const args = JSON.parse(text);  // throws when not JSON
-  expect(["Paris", "Oslo"].includes(args.city) && ["c", "f"].includes(args.unit),
-         `arguments follow the schema: ${text}`);
-}
 
 function checkResponse(r) {
   expect(r.object === "response", "object response");

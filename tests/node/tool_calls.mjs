@@ -9,6 +9,12 @@
 import OpenAI from "openai";
 
 import { check, expect, expectParamError } from "./check.mjs";
+import {
+  checkWeatherArgs,
+  WEATHER_DESCRIPTION,
+  WEATHER_NAME,
+  WEATHER_PARAMETERS,
+} from "./weather_tool.mjs";
 
 const { TOOLS_URL, THINK_URL, MODEL } = process.env;
 const tools = new OpenAI({ baseURL: TOOLS_URL, apiKey: "none", maxRetries: 0 });
@@ -19,14 +25,9 @@ const TOOLS = [
   {
     type: "function",
     function: {
-      name: "get_weather",
-      description: "Weather in a city",
-      parameters: {
-        type: "object",
-        properties: { city: { enum: ["Paris", "Oslo"] }, unit: { enum: ["c", "f"] } },
-        required: ["city", "unit"],
-        additionalProperties: false,
-      },
+      name: WEATHER_NAME,
+      description: WEATHER_DESCRIPTION,
+      parameters: WEATHER_PARAMETERS,
     },
   },
   {
@@ -49,13 +50,9 @@ function checkCall(call, names) {
   expect(typeof call.id === "string" && call.id.length > 0, "a call id");
   expect(call.type === "function", "type function");
   expect(names.includes(call.function.name), `name ${call.function.name} in ${names}`);
+  if (call.function.name === WEATHER_NAME) return checkWeatherArgs(call.function.arguments);
   const args = JSON.parse(call.function.arguments);  // throws when not JSON
-  if (call.function.name === "get_weather") {
-    expect(["Paris", "Oslo"].includes(args.city) && ["c", "f"].includes(args.unit),
-           `arguments follow the schema: ${call.function.arguments}`);
-  } else {
-    expect(/^[A-Z]{1,4}$/.test(args.tz), `arguments follow the schema: ${call.function.arguments}`);
-  }
+  expect(/^[A-Z]{1,4}$/.test(args.tz), `arguments follow the schema: ${call.function.arguments}`);
   return args;
 }
 
