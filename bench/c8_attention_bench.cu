@@ -23,6 +23,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bench/bench_check.h"
 #include "bench/int_list.h"
 #include "kernels/cuda/c8/c8_attention.h"
 
@@ -30,15 +31,6 @@ namespace {
 
 using llm::cuda::CacheType;
 using llm::cuda::ScaleMode;
-
-#define CK(x)                                                                                \
-  do {                                                                                       \
-    cudaError_t e = (x);                                                                     \
-    if (e != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
 
 int g_iters = 50;
 int g_layers = 8;

@@ -28,28 +28,11 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_check.h"
 #include "kernels/cuda/c8/c8_attention.h"
 #include "kernels/fmha/fmha_launcher.h"
 
 namespace {
-
-#define CK(x)                                                                                \
-  do {                                                                                       \
-    cudaError_t e = (x);                                                                     \
-    if (e != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
-
-#define OK(x)                                                                               \
-  do {                                                                                      \
-    const llm::Status s = (x);                                                              \
-    if (!s.ok()) {                                                                          \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s.ToString().c_str()); \
-      std::exit(1);                                                                         \
-    }                                                                                       \
-  } while (0)
 
 int g_iters = 30;
 void* g_flush = nullptr;

@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_check.h"
 #include "bench/gpu_energy.h"
 
 #include "kernels/cuda/c8/c8_attention.h"
@@ -47,15 +48,6 @@
 using llm::AttentionBatch;
 using llm::cuda::MlaCacheType;
 using llm::cuda::MlaDecode;
-
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
 
 namespace {
 

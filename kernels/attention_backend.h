@@ -163,7 +163,9 @@ struct AttentionParams {
 };
 
 // How a user steers attention (the server's attention options). Only the registry reads them
-// (BackendRegistry::CreateBackends): a model never sees a family's own kernel choices.
+// (BackendRegistry::CreateBackends): a model never sees a family's own kernel choices. A family's
+// option other than "auto" fails the load unless the backend attending the steps it steers
+// applies it (kKernelOptions, backend_registry.h).
 struct AttentionOptions {
   std::string backend;                   // forced backend name; empty: the registry's priority
   std::string prefill_backend = "auto";  // steps with a prefill chunk: "auto", "none" or a name
@@ -192,10 +194,11 @@ class AttentionBackend {
   // GPU backends: the stream (cudaStream_t / hipStream_t) every Plan upload and Run launch goes
   // to, owned by the model. CPU backends ignore it.
   virtual void set_stream(void* stream) {}
-  // Applies the options that choose among this family's own kernels. The registry calls it once,
-  // right after creating the backend; an error fails the load. The default has no such choice
-  // and refuses the one value that would need it (c8_prefill "fmha").
-  virtual Status Configure(const AttentionOptions& options);
+  // Applies the options that choose among this family's own kernels (those its catalog row lists
+  // in BackendInfo::kernel_options). The registry calls it once, right after creating the backend
+  // and refusing the options no chosen backend can apply; an error fails the load. The default
+  // has no such choice.
+  virtual Status Configure(const AttentionOptions& options) { return Status::Ok(); }
   // What Configure chose, for the load log ("" when there is no choice to report).
   virtual std::string kernel_choice() const { return ""; }
   // This backend's MLA interface; null for kMha families.
@@ -241,14 +244,39 @@ struct MlaParams {
   float softmax_scale = 1.0f;
 };
 
+// The rows RunMla leaves (sequences with more than kMlaMaxDecodeQueryLen query rows: prefill
+// chunks), attended in the expanded form: each such sequence's cached latents (this step's
+// included, so after RunMla of the same layer) expand through kv_b_proj into per-head keys
+// [k_nope, k_pe] and values, and each query row attends causally with full heads:
+//   score(t, h, j) = softmax_scale * (q_nope[t,h] . (W_UK_h c_j) + q_pe[t,h] . k_pe_j)
+//   out[t, h] = sum_j softmax(score)_j * (W_UV_h c_j)
+struct MlaPrefillParams {
+  const void* q = nullptr;       // [num_tokens, num_q_heads, nope_dim + rope_dim], q_pe roped;
+  int q_stride = 0;              //   rows q_stride elements apart
+  const void* w_kv_b = nullptr;  // [num_q_heads * (nope_dim + v_dim), kv_lora_rank]: per head
+                                 //   W_UK [nope_dim, C] then W_UV [v_dim, C] (kv_b_proj)
+  int nope_dim = 0;
+  int v_dim = 0;
+  void* out = nullptr;    // [num_tokens, num_q_heads, v_dim]: the prefill rows are written
+  void* cache = nullptr;  // this layer's [num_blocks, block_size, L]
+  float cache_scale = 1.0f;
+  float softmax_scale = 1.0f;
+};
+
 // Backends of kind kMla implement RunMla; their Run(AttentionParams) is never called.
 class MlaAttentionBackend : public AttentionBackend {
  public:
   MlaAttentionBackend* mla() override { return this; }
-  // The default has no kernel choice and refuses an mla_kernel other than "auto".
+  // The default has no kernel choice and refuses an mla_kernel other than "auto" (an MLA family
+  // whose catalog row lists the option without implementing it).
   Status Configure(const AttentionOptions& options) override;
   // Appends this step's latents, then attends the decode sequences. Valid after Plan.
   virtual void RunMla(const MlaParams& params) = 0;
+  // Attends the prefill rows of the step last planned (MlaPrefillParams), after RunMla of the
+  // same layer; nothing when the step has none. The default has no prefill path.
+  virtual Status RunMlaPrefill(const MlaPrefillParams& params) {
+    return Unimplemented(name() + " cannot attend MLA prefill rows");
+  }
 };
 
 }  // namespace llm

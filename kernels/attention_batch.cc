@@ -1,5 +1,5 @@
 // CheckAttentionBatch: the structural invariants every backend's planner relies on; the default
-// Configure of the backends without kernel choices; the KV cache layout runners allocate.
+// Configure of the MLA backends without kernel choices; the KV cache layout runners allocate.
 #include <string>
 
 #include "kernels/attention_backend.h"
@@ -63,14 +63,6 @@ Status CheckAttentionBatch(const AttentionBatch& b, int block_size, int num_bloc
       return Bad("slot " + std::to_string(slot) + " outside the cache's " + std::to_string(slots) +
                  " slots");
     }
-  }
-  return Status::Ok();
-}
-
-Status AttentionBackend::Configure(const AttentionOptions& options) {
-  if (options.c8_prefill == "fmha") {
-    return InvalidArgument(
-        "c8_prefill fmha: needs the cuda_c8 backend over an 8-bit KV cache, got " + name());
   }
   return Status::Ok();
 }

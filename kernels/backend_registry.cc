@@ -232,6 +232,40 @@ StatusOr<std::unique_ptr<AttentionBackend>> BackendRegistry::Create(const Attent
   return sel.info->create(spec);
 }
 
+const BackendInfo* BackendRegistry::Find(const std::string& name) const {
+  for (const BackendInfo& b : backends_) {
+    if (b.name == name) return &b;
+  }
+  return nullptr;
+}
+
+Status BackendRegistry::CheckKernelOptions(const AttentionBackends& chosen,
+                                           const AttentionOptions& options) const {
+  for (const KernelOption& option : kKernelOptions) {
+    const std::string& value = options.*option.value;
+    if (value == "auto") continue;
+    const AttentionBackend& b = chosen.For(option.prefill_steps);
+    const BackendInfo* info = Find(b.name());
+    if (info != nullptr && std::find(info->kernel_options.begin(), info->kernel_options.end(),
+                                     option.name) != info->kernel_options.end()) {
+      continue;
+    }
+    std::string owners;
+    for (const BackendInfo& other : backends_) {
+      if (std::find(other.kernel_options.begin(), other.kernel_options.end(), option.name) !=
+          other.kernel_options.end()) {
+        owners += (owners.empty() ? "" : ", ") + other.name;
+      }
+    }
+    return InvalidArgument(std::string(option.name) + " " + value + ": steps " +
+                           (option.prefill_steps ? "with" : "without") +
+                           " a prefill chunk attend through " + b.name() + ", which has no " +
+                           option.name + " choice (it steers " +
+                           (owners.empty() ? std::string("no family") : owners) + ")");
+  }
+  return Status::Ok();
+}
+
 StatusOr<AttentionBackends> BackendRegistry::CreateBackends(const AttentionSpec& spec,
                                                             const AttentionOptions& options,
                                                             std::vector<std::string>* log) const {
@@ -272,6 +306,7 @@ StatusOr<AttentionBackends> BackendRegistry::CreateBackends(const AttentionSpec&
       out.prefill = std::move(prefill).value();
     }
   }
+  LLM_RETURN_IF_ERROR(CheckKernelOptions(out, options));
   for (AttentionBackend* b : {out.decode.get(), out.prefill.get()}) {
     if (b == nullptr) continue;
     LLM_RETURN_IF_ERROR(b->Configure(options));

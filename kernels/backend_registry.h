@@ -30,6 +30,10 @@ struct BackendInfo {
   // same block layout (AttentionOptions::prefill_backend "auto"); higher wins.
   int prefill_priority = 0;
   int mla_rope_dim = 0;  // kMla: required rope width (0: any)
+  // The family's own kernel options (kKernelOptions: "c8_prefill", "mla_kernel") that its
+  // Configure applies. A value other than "auto" is refused unless the backend attending the steps
+  // the option steers lists it.
+  std::vector<std::string> kernel_options;
   // GPU code objects in this binary: "90a" runs on exactly sm_90, "80" on sm_80 and newer (PTX),
   // "gfx90a" on exactly gfx90a. Empty: no restriction beyond [min_arch, max_arch].
   std::vector<std::string> archs;
@@ -54,6 +58,17 @@ struct AttentionBackends {
     return has_prefill && prefill ? *prefill : *decode;
   }
 };
+
+// A family's own kernel option in AttentionOptions, and the steps it steers: those with a prefill
+// chunk (AttentionBackends::For(true)) or those without.
+struct KernelOption {
+  const char* name;
+  std::string AttentionOptions::*value;
+  bool prefill_steps;
+};
+inline constexpr KernelOption kKernelOptions[] = {
+    {"c8_prefill", &AttentionOptions::c8_prefill, true},
+    {"mla_kernel", &AttentionOptions::mla_kernel, false}};
 
 // Every kernel family's capabilities and preference (priority), factories unset.
 std::vector<BackendInfo> KernelCatalog();
@@ -90,13 +105,19 @@ class BackendRegistry {
                                                      std::string* table_out) const;
   // The decode backend (options.backend forces one), the prefill backend that options and the
   // catalog's prefill_priority give (with the decode backend's block layout, or none), each
-  // configured with the options (AttentionBackend::Configure). Errors name what does not fit.
+  // configured with the options (AttentionBackend::Configure). A kernel option (kKernelOptions)
+  // other than "auto" that the backend attending its steps does not list fails, naming the
+  // option. Errors name what does not fit.
   // `log` (if set) gets the selection tables and the decisions, failed loads included.
   StatusOr<AttentionBackends> CreateBackends(const AttentionSpec& spec,
                                              const AttentionOptions& options,
                                              std::vector<std::string>* log) const;
 
  private:
+  const BackendInfo* Find(const std::string& name) const;
+  // Fails on a kernel option other than "auto" that the backend attending its steps cannot apply.
+  Status CheckKernelOptions(const AttentionBackends& chosen, const AttentionOptions& options) const;
+
   std::vector<BackendInfo> backends_;
 };
 

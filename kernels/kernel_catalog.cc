@@ -62,6 +62,7 @@ std::vector<BackendInfo> KernelCatalog() {
                           .min_block_size = 16,
                           .features = kFeatureCausal,
                           .priority = 10,
+                          .kernel_options = {"c8_prefill"},
                           .archs = cuda_archs,
                           .build_hint = kCudaHint});
   c.push_back(BackendInfo{.name = "cuda_fmha",
@@ -88,6 +89,7 @@ std::vector<BackendInfo> KernelCatalog() {
                           .features = kFeatureCausal,
                           .priority = 10,
                           .mla_rope_dim = 64,
+                          .kernel_options = {"mla_kernel"},
                           .archs = cuda_archs,
                           .build_hint = kCudaHint});
 

@@ -12,7 +12,6 @@
 #include "engine/layers/cuda/cuda_moe_layer.h"
 #include "kernels/cpu/cpu_mla_attention.h"
 #include "kernels/cuda/common/cuda_check.h"
-#include "kernels/cuda/common/pinned_staging.h"
 #include "kernels/cuda/ops/deepseek_ops.h"
 #include "kernels/cuda/ops/elementwise_ops.h"
 
@@ -21,8 +20,6 @@ namespace {
 
 // HF DeepSeek's q_a_layernorm / kv_a_layernorm use the RMSNorm default eps (as the CPU model).
 constexpr float kLatentNormEps = 1e-6f;
-// Bound on the materialized prefill scores (fp32) + probabilities (bf16) of one query tile.
-constexpr size_t kPrefillScoreBytes = 256ull << 20;
 
 struct Layer {
   DeviceBuffer attn_norm, mlp_norm;  // bf16 [hidden]
@@ -106,9 +103,6 @@ class CudaDeepseekDecoder final : public CudaDecoder {
   Status Batched(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* a,
                  int lda, int64_t sa, const void* b, int ldb, int64_t sb, void* c,
                  cudaDataType c_type, int ldc, int64_t sc, int batch, float beta = 0.0f);
-  // Expanded-heads causal attention of one prefill sequence into its rows of s.attn.
-  Status PrefillAttention(Scratch& s, const Layer& L, const AttentionBatch& batch, int seq,
-                          const uint16_t* q_all, int q_stride);
   int num_moe_layers() const {
     return static_cast<int>(
         std::count_if(layers_.begin(), layers_.end(), [](const auto& L) { return L->moe; }));
@@ -124,7 +118,6 @@ class CudaDeepseekDecoder final : public CudaDecoder {
   AttentionBackends backends_;          // the registry's choice (no separate prefill family)
   MlaAttentionBackend* mla_ = nullptr;  // backends_.decode's MLA interface
   DType cache_dtype_ = DType::kBF16;
-  int block_size_ = 64;
   float rope_mscale_ = 1.0f;
   DeviceBuffer inv_freq_;
   std::vector<std::unique_ptr<Layer>> layers_;
@@ -133,13 +126,9 @@ class CudaDeepseekDecoder final : public CudaDecoder {
   std::vector<MoeRoutingDecision>* routing_trace_ = nullptr;  // set_routing_trace; not owned
   Scratch scratch_[2];                                        // eager, graph
   // This step (Plan): decode rows lie in [d0_, d1_) (rows of other sequences in between are
-  // computed and then overwritten by the prefill path); which sequences are decodes.
+  // computed and then overwritten by the backend's prefill path); whether there are others.
   int d0_ = 0, d1_ = 0;
   bool any_prefill_ = false;
-  std::vector<char> is_decode_;
-  DeviceBuffer pages_;  // the step's page indices, for the prefill path's latent gather
-  DeviceBuffer lat_, kvx_, scores_, probs_;  // prefill
-  cuda::PinnedStaging pages_staging_;
 };
 
 StatusOr<AttentionSpec> CudaDeepseekDecoder::AttentionNeeds(const CudaLoadContext& ctx) {
@@ -166,7 +155,6 @@ StatusOr<AttentionSpec> CudaDeepseekDecoder::AttentionNeeds(const CudaLoadContex
   spec.mla_rope_dim = d_.qk_rope_head_dim;
   spec.block_size = options.block_size;
   spec.features = kFeatureCausal;
-  block_size_ = options.block_size;
   return spec;
 }
 
@@ -303,26 +291,16 @@ Status CudaDeepseekDecoder::Reserve(int set, int rows) {
 
 Status CudaDeepseekDecoder::Plan(const ForwardBatch& batch) {
   const AttentionBatch& a = batch.attn;
-  // Decode sequences attend through the backend; the others (prefill chunks) are expanded here.
+  // Decode sequences attend in the absorbed form (RunMla), the others (prefill chunks) in the
+  // expanded one (RunMlaPrefill): the model absorbs W_UK / W_UV around the first only.
   const std::vector<int32_t> decode_seqs = MlaDecodeSeqs(a);
-  is_decode_.assign(a.num_seqs, 0);
   d0_ = a.num_tokens;
   d1_ = 0;
   for (int32_t s : decode_seqs) {
-    is_decode_[s] = 1;
     d0_ = std::min(d0_, a.q_indptr[s]);
     d1_ = std::max(d1_, a.q_indptr[s + 1]);
   }
   any_prefill_ = static_cast<int>(decode_seqs.size()) < a.num_seqs;
-  if (any_prefill_ && !a.page_indices.empty()) {
-    const size_t bytes = a.page_indices.size() * 4;
-    LLM_RETURN_IF_ERROR(pages_.Alloc(bytes));
-    LLM_ASSIGN_OR_RETURN(void* host, pages_staging_.Acquire(bytes));
-    std::copy(a.page_indices.begin(), a.page_indices.end(), static_cast<int32_t*>(host));
-    GPU_RETURN_IF_ERROR(
-        cudaMemcpyAsync(pages_.ptr, host, bytes, cudaMemcpyHostToDevice, ops_->stream));
-    LLM_RETURN_IF_ERROR(pages_staging_.Queued(ops_->stream));
-  }
   return mla_->Plan(a);
 }
 
@@ -337,60 +315,10 @@ Status CudaDeepseekDecoder::Batched(cublasOperation_t ta, cublasOperation_t tb, 
   return Status::Ok();
 }
 
-Status CudaDeepseekDecoder::PrefillAttention(Scratch& s, const Layer& L,
-                                             const AttentionBatch& batch, int seq,
-                                             const uint16_t* q_all, int q_stride) {
-  cudaStream_t stream = ops_->stream;
-  const int H = d_.base.num_q_heads, N = d_.qk_nope_head_dim, R = d_.qk_rope_head_dim;
-  const int V = d_.v_head_dim, C = d_.kv_lora_rank, Lw = d_.latent_dim(), NV = N + V;
-  const int qb = batch.q_indptr[seq], Tq = batch.q_indptr[seq + 1] - qb;
-  const int kv_len = batch.kv_lens[seq];
-  LLM_RETURN_IF_ERROR(lat_.Alloc(static_cast<size_t>(kv_len) * Lw * 2));
-  LLM_RETURN_IF_ERROR(kvx_.Alloc(static_cast<size_t>(kv_len) * H * NV * 2));
-  // lat [kv_len, C + R]: the sequence's latents, this step's included (RunMla appended them).
-  cuda::LaunchGatherLatents(L.cache, cache_dtype_ == DType::kFp8E4M3, L.cache_scale,
-                            pages_.as<int32_t>() + batch.page_indptr[seq], block_size_, Lw, kv_len,
-                            lat_.ptr, stream);
-  // kvx [kv_len, H, N + V]: per head k_nope then v = c @ kv_b_proj^T (lda Lw skips k_pe).
-  const float one = 1.0f, zero = 0.0f;
-  BLAS_RETURN_IF_ERROR(cublasGemmEx(ops_->blas, CUBLAS_OP_T, CUBLAS_OP_N, H * NV, kv_len, C, &one,
-                                    L.w_kv_b.ptr, CUDA_R_16BF, C, lat_.ptr, CUDA_R_16BF, Lw, &zero,
-                                    kvx_.ptr, CUDA_R_16BF, H * NV, CUBLAS_COMPUTE_32F,
-                                    CUBLAS_GEMM_DEFAULT));
-  const auto* kvx = kvx_.as<uint16_t>();
-  const auto* lat = lat_.as<uint16_t>();
-  const int tile = static_cast<int>(std::clamp<size_t>(
-      kPrefillScoreBytes / (static_cast<size_t>(H) * kv_len * 6), 1, static_cast<size_t>(Tq)));
-  for (int i0 = 0; i0 < Tq; i0 += tile) {
-    const int tq = std::min(tile, Tq - i0);
-    const int first_pos = kv_len - Tq + i0;  // position of the tile's first query row
-    const int kv = first_pos + tq;           // keys the tile can see
-    LLM_RETURN_IF_ERROR(scores_.Alloc(static_cast<size_t>(H) * tq * kv * 4));
-    LLM_RETURN_IF_ERROR(probs_.Alloc(static_cast<size_t>(H) * tq * kv * 2));
-    const uint16_t* q = q_all + static_cast<size_t>(qb + i0) * q_stride;
-    // scores[h] [tq, kv] = q_nope_h . k_nope_h^T + q_pe_h . k_pe^T (k_pe shared: stride 0).
-    LLM_RETURN_IF_ERROR(Batched(CUBLAS_OP_T, CUBLAS_OP_N, kv, tq, N, kvx, H * NV, NV, q, q_stride,
-                                N + R, scores_.ptr, CUDA_R_32F, kv, static_cast<int64_t>(tq) * kv,
-                                H));
-    LLM_RETURN_IF_ERROR(Batched(CUBLAS_OP_T, CUBLAS_OP_N, kv, tq, R, lat + C, Lw, 0, q + N,
-                                q_stride, N + R, scores_.ptr, CUDA_R_32F, kv,
-                                static_cast<int64_t>(tq) * kv, H, 1.0f));
-    cuda::LaunchCausalSoftmax(scores_.as<float>(), H, tq, kv, first_pos, d_.SoftmaxScale(),
-                              probs_.ptr, stream);
-    // attn[t, h, :] [tq, V] = p_h [tq, kv] @ v_h [kv, V].
-    LLM_RETURN_IF_ERROR(Batched(CUBLAS_OP_N, CUBLAS_OP_N, V, tq, kv, kvx + N, H * NV, NV,
-                                probs_.ptr, kv, static_cast<int64_t>(tq) * kv,
-                                s.attn.as<uint16_t>() + static_cast<size_t>(qb + i0) * H * V,
-                                CUDA_R_16BF, H * V, V, H));
-  }
-  return Status::Ok();
-}
-
 StatusOr<CudaLayersOut> CudaDeepseekDecoder::RunLayers(const CudaStep& step) {
   const ModelConfig& c = d_.base;
   Scratch& s = scratch_[step.set];
   cudaStream_t stream = ops_->stream;
-  const AttentionBatch& batch = step.batch->attn;
   const int T = step.rows;
   const int Hd = c.hidden_size, H = c.num_q_heads, N = d_.qk_nope_head_dim;
   const int Rd = d_.qk_rope_head_dim, V = d_.v_head_dim, C = d_.kv_lora_rank;
@@ -471,9 +399,18 @@ StatusOr<CudaLayersOut> CudaDeepseekDecoder::RunLayers(const CudaStep& step) {
           s.out_latent.as<uint16_t>() + static_cast<size_t>(d0) * H * C, H * C, C,
           s.attn.as<uint16_t>() + static_cast<size_t>(d0) * H * V, CUDA_R_16BF, H * V, V, H));
     }
-    for (int sq = 0; any_prefill_ && sq < batch.num_seqs; ++sq) {
-      if (is_decode_[sq] || batch.q_indptr[sq + 1] == batch.q_indptr[sq]) continue;
-      LLM_RETURN_IF_ERROR(PrefillAttention(s, L, batch, sq, q, q_stride));
+    if (any_prefill_) {
+      MlaPrefillParams pp;
+      pp.q = q;
+      pp.q_stride = q_stride;
+      pp.w_kv_b = L.w_kv_b.ptr;
+      pp.nope_dim = N;
+      pp.v_dim = V;
+      pp.out = s.attn.ptr;
+      pp.cache = L.cache;
+      pp.cache_scale = L.cache_scale;
+      pp.softmax_scale = softmax_scale;
+      LLM_RETURN_IF_ERROR(mla_->RunMlaPrefill(pp));  // the prefill rows of s.attn
     }
     LLM_RETURN_IF_ERROR(L.wo.Apply(*ops_, s.attn.ptr, T, s.tmp.ptr, fp8));
     cuda::RmsNormArgs na;

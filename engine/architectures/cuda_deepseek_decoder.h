@@ -1,5 +1,5 @@
 // DeepSeek-V2 / DeepSeek-V3 as a definition on the CUDA model runner (cuda_model_runner.h):
-// MLA through the "cuda_mla" backend (absorbed decode) plus an expanded-heads prefill path, and
+// MLA through the "cuda_mla" backend (absorbed decode, expanded-heads prefill), and
 // DeepSeekMoE (cuda_moe_layer.h). Same semantics as the CPU definition (cpu_deepseek_decoder.h),
 // which is its oracle. Built only with the CUDA backend.
 //
@@ -9,11 +9,9 @@
 //   latent = RMSNorm(a c_kv) ++ rope(a k_pe)                               [T, C + R] -> cache
 //   decode rows: q_latent = q_nope @ W_UK (strided-batched over heads), RunMla,
 //                attn = out_latent @ W_UV^T (strided-batched)
-//   prefill seqs: gather the cached latents, expand K_nope / V = c @ W_UK^T / W_UV^T (one GEMM),
-//                materialized fp32 scores (two strided-batched GEMMs: nope + shared k_pe),
-//                causal softmax kernel, PV GEMM. Queries are tiled so the score buffer stays
-//                under 256 MiB: cost O(H * Tq * kv) memory traffic per tile, fine for
-//                correctness, a fused FMHA is the follow-up.
+//   prefill seqs: q_pe roped in place, RunMlaPrefill (the backend expands the cached latents
+//                through kv_b_proj and attends with full heads: kernels/cuda/mla/mla_prefill.h)
+//                into their rows of attn
 //   MoE: CudaMoeLayer (cuda_moe_layer.h: routing, permutation and grouped GEMMs on the device, no
 //   host sync).
 // Decode steps run in the runner's CUDA graphs (cuda_mla's graph form; graph_safe).

@@ -150,15 +150,17 @@ struct ModelLoadOptions {
   // (the sm_90a wgmma kernels where they run: every bf16 work item, fp8 16-row items), "wgmma"
   // (the same; the load fails where it cannot run: not compute capability 9.0, or no sm_90a in
   // the build), "portable" (every item on the portable kernel). Applied by the registry
-  // (AttentionBackend::Configure); the cpu device refuses a value other than "auto"; other CUDA
-  // models check the value and ignore it.
+  // (AttentionBackend::Configure); the cpu device refuses a value other than "auto", and so does
+  // the registry where decode steps attend through another family than cuda_mla (the dense CUDA
+  // models).
   std::string mla_kernel = "auto";
   // Prefill attention of the cuda_c8 backend over an 8-bit cache (CUDA Llama): "tiles" (the C8
   // prefill tiles), "fmha" (the prefill sequences through the sm_90a wgmma FMHA kernel over a bf16
   // copy of their cached K/V, dequantized each step; the load fails where it cannot run: a 16-bit
   // cache, not compute capability 9.0, no sm_90a in the build), "auto" (fmha where it runs, else
   // the tiles). Applied by the registry (AttentionBackend::Configure); the cpu device refuses a
-  // value other than "auto"; other CUDA models check the value and ignore it.
+  // value other than "auto", and so does the registry where prefill chunks attend through another
+  // family than cuda_c8 (a 16-bit cache's cuda_fmha prefill backend, DeepSeek's cuda_mla).
   std::string c8_prefill = "auto";
 };
 

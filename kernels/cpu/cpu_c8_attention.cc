@@ -110,22 +110,12 @@ void DequantizeRow(const QuantKvCacheView& c, const uint8_t* cache, const float*
 void CpuAppendKvQuant(const QuantKvCacheView& c, const AttentionBatch& batch, const float* k_new,
                       const float* v_new) {
   CheckView(c);
-  const PagedAttentionShape& s = c.shape;
-  const size_t d = s.head_dim;
   auto* k_cache = static_cast<uint8_t*>(c.k);
   auto* v_cache = static_cast<uint8_t*>(c.v);
-  for (int t = 0; t < batch.num_tokens; ++t) {
-    const int slot = batch.slot_mapping[t];
-    if (slot < 0) continue;  // a row that appends nothing
-    const int block = slot / s.block_size, offset = slot % s.block_size;
-    for (int h = 0; h < s.num_kv_heads; ++h) {
-      const size_t dst =
-          ((static_cast<size_t>(block) * s.num_kv_heads + h) * s.block_size + offset) * d;
-      const size_t src = (static_cast<size_t>(t) * s.num_kv_heads + h) * d;
-      QuantizeRow(c, c.k_scale, c.k_block_scales, block, h, offset, k_new + src, k_cache + dst);
-      QuantizeRow(c, c.v_scale, c.v_block_scales, block, h, offset, v_new + src, v_cache + dst);
-    }
-  }
+  ForEachAppendedRow(c.shape, batch, [&](int block, int h, int offset, size_t src, size_t dst) {
+    QuantizeRow(c, c.k_scale, c.k_block_scales, block, h, offset, k_new + src, k_cache + dst);
+    QuantizeRow(c, c.v_scale, c.v_block_scales, block, h, offset, v_new + src, v_cache + dst);
+  });
 }
 
 // Per output element, the same operations in the same order as CpuPagedAttention, so on

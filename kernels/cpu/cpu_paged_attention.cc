@@ -13,19 +13,11 @@ namespace llm {
 
 void CpuAppendKv(const PagedAttentionShape& s, const AttentionBatch& batch, const float* k_new,
                  const float* v_new, float* k_cache, float* v_cache) {
-  const size_t d = s.head_dim;
-  for (int t = 0; t < batch.num_tokens; ++t) {
-    const int slot = batch.slot_mapping[t];
-    if (slot < 0) continue;  // a row that appends nothing
-    const int block = slot / s.block_size, offset = slot % s.block_size;
-    for (int h = 0; h < s.num_kv_heads; ++h) {
-      const size_t dst =
-          ((static_cast<size_t>(block) * s.num_kv_heads + h) * s.block_size + offset) * d;
-      const size_t src = (static_cast<size_t>(t) * s.num_kv_heads + h) * d;
-      std::memcpy(k_cache + dst, k_new + src, d * sizeof(float));
-      std::memcpy(v_cache + dst, v_new + src, d * sizeof(float));
-    }
-  }
+  const size_t bytes = s.head_dim * sizeof(float);
+  ForEachAppendedRow(s, batch, [&](int, int, int, size_t src, size_t dst) {
+    std::memcpy(k_cache + dst, k_new + src, bytes);
+    std::memcpy(v_cache + dst, v_new + src, bytes);
+  });
 }
 
 void CpuPagedAttention(const PagedAttentionShape& s, const AttentionBatch& batch, const float* q,

@@ -1,6 +1,8 @@
 // CPU reference paged attention (fp32 cache). The numerical oracle for the GPU kernels.
 #pragma once
 
+#include <cstddef>
+
 #include "kernels/attention_backend.h"
 
 namespace llm {
@@ -11,6 +13,26 @@ struct PagedAttentionShape {
   int head_dim = 0;
   int block_size = 0;
 };
+
+// Calls f(block, h, offset, src, dst) for each new row of `batch` that appends (slot >= 0) and
+// each KV head h: src is the row's element offset in k_new / v_new
+// [num_tokens, num_kv_heads, head_dim], dst in the cache [num_blocks, num_kv_heads, block_size,
+// head_dim], both of head_dim elements.
+template <typename F>
+void ForEachAppendedRow(const PagedAttentionShape& s, const AttentionBatch& batch, F f) {
+  const size_t d = s.head_dim;
+  for (int t = 0; t < batch.num_tokens; ++t) {
+    const int slot = batch.slot_mapping[t];
+    if (slot < 0) continue;  // a row that appends nothing
+    const int block = slot / s.block_size, offset = slot % s.block_size;
+    for (int h = 0; h < s.num_kv_heads; ++h) {
+      const size_t dst =
+          ((static_cast<size_t>(block) * s.num_kv_heads + h) * s.block_size + offset) * d;
+      const size_t src = (static_cast<size_t>(t) * s.num_kv_heads + h) * d;
+      f(block, h, offset, src, dst);
+    }
+  }
+}
 
 // Writes k_new/v_new rows into the cache at batch.slot_mapping.
 // k_cache, v_cache: [num_blocks, num_kv_heads, block_size, head_dim]

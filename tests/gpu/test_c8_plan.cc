@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <random>
 #include <vector>
 
@@ -235,6 +236,160 @@ TEST_CASE("C8 plan: the decode ring depth follows the grid", "[host][c8]") {
   config.decode_stages = 2;
   config.ring_ctas_per_sm[4] = 1;
   CHECK(Plan132Sms(CacheType::kBf16, 4, 4096, config).decode_stages == 2);
+}
+
+// ---- Pinned plans: BuildC8Plan's choices on a table of decode shapes and, digested, on a wider
+// sweep and on random batches, as the planner produced them before it moved onto the shared
+// split-KV search (kernels/split_kv.h). A change to the split rule must change these on purpose.
+
+// FNV-1a over every field of a plan: any change to the items, merges or counts changes it.
+uint64_t PlanDigest(const C8Plan& p, uint64_t h = 1469598103934665603ull) {
+  auto mix = [&h](int64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= static_cast<uint64_t>(v >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  for (const auto* items : {&p.decode_items, &p.prefill_items}) {
+    mix(static_cast<int64_t>(items->size()));
+    for (const C8WorkItem& w : *items) {
+      for (int64_t v :
+           {w.q_start, w.q_len, w.kv_start, w.kv_end, w.partial, w.merge, w.page_base, w.q_pos0}) {
+        mix(v);
+      }
+    }
+  }
+  mix(static_cast<int64_t>(p.merges.size()));
+  for (const C8MergeItem& m : p.merges) {
+    for (int64_t v : {m.q_start, m.q_len, m.first_partial, m.num_partials}) mix(v);
+  }
+  for (int64_t v : {p.num_partials, p.decode_tile_tokens, p.decode_stages, p.decode_rows,
+                    p.prefill_tile_tokens}) {
+    mix(v);
+  }
+  return h;
+}
+
+// One pinned decode shape: n sequences of kv tokens, Llama-3-8B heads (32 q / 8 kv), 132 SMs, at
+// occupancy 0 (3 CTAs per SM, no ring choice), 1 (2 per SM), 2 (sm_90's ring occupancies: 3, 2
+// and 1 CTAs per SM for 2, 3 and 4 stages) or 3 (1 per SM).
+struct PinRow {
+  CacheType cache;
+  int n, kv, occupancy;
+  int stages, decode_items, merges, partials;  // the plan's
+};
+
+C8PlanConfig PinConfig(CacheType cache, int occupancy) {
+  C8PlanConfig config;
+  config.num_sms = 132;
+  config.ctas_per_sm = occupancy == 0 ? 3 : occupancy == 1 ? 2 : 1;
+  if (occupancy == 2) {
+    config.ctas_per_sm = cache == CacheType::kBf16 ? 2 : 3;
+    config.ring_ctas_per_sm[2] = 3;
+    config.ring_ctas_per_sm[3] = 2;
+    config.ring_ctas_per_sm[4] = 1;
+  }
+  return config;
+}
+
+C8Plan PinPlan(CacheType cache, int n, int kv, int occupancy, int q_heads = 32,
+               int graph_items = 0) {
+  C8Shape shape;
+  shape.num_q_heads = q_heads;
+  shape.num_kv_heads = 8;
+  shape.cache = cache;
+  C8PlanConfig config = PinConfig(cache, occupancy);
+  config.max_decode_items = graph_items;
+  return BuildC8Plan(shape, DecodeBatch(n, kv), config);
+}
+
+// Every plan of a wider sweep (three cache types, GQA groups 4 and 8, graph buckets), digested.
+uint64_t SweepDigest() {
+  uint64_t h = 1469598103934665603ull;
+  for (CacheType cache : {CacheType::kBf16, CacheType::kInt8, CacheType::kFp8E4M3}) {
+    for (int n : {1, 3, 8, 21, 64, 256}) {
+      for (int kv : {100, 1500, 4096, 16384, 65536}) {
+        for (int occupancy : {0, 2, 3}) {
+          for (int q_heads : {32, 64}) {
+            for (int graph_items : {0, n + 8}) {
+              h = PlanDigest(PinPlan(cache, n, kv, occupancy, q_heads, graph_items), h);
+            }
+          }
+        }
+      }
+    }
+  }
+  return h;
+}
+
+TEST_CASE("C8 plan: pinned decode plans", "[host][c8]") {
+  const PinRow rows[] = {
+      {CacheType::kBf16, 1, 1500, 0, 0, 12, 1, 12},
+      {CacheType::kBf16, 1, 1500, 2, 2, 12, 1, 12},
+      {CacheType::kBf16, 1, 4096, 0, 0, 16, 1, 16},
+      {CacheType::kBf16, 1, 4096, 2, 4, 16, 1, 16},
+      {CacheType::kBf16, 1, 16384, 0, 0, 32, 1, 32},
+      {CacheType::kBf16, 1, 16384, 2, 4, 16, 1, 16},
+      {CacheType::kBf16, 8, 1500, 0, 0, 48, 8, 48},
+      {CacheType::kBf16, 8, 1500, 2, 4, 16, 8, 16},
+      {CacheType::kBf16, 8, 4096, 0, 0, 48, 8, 48},
+      {CacheType::kBf16, 8, 4096, 2, 4, 16, 8, 16},
+      {CacheType::kBf16, 8, 16384, 0, 0, 48, 8, 48},
+      {CacheType::kBf16, 8, 16384, 2, 4, 16, 8, 16},
+      {CacheType::kBf16, 64, 1500, 0, 0, 192, 64, 192},
+      {CacheType::kBf16, 64, 1500, 2, 3, 64, 0, 0},
+      {CacheType::kBf16, 64, 4096, 0, 0, 192, 64, 192},
+      {CacheType::kBf16, 64, 4096, 2, 3, 64, 0, 0},
+      {CacheType::kBf16, 64, 16384, 0, 0, 192, 64, 192},
+      {CacheType::kBf16, 64, 16384, 2, 3, 64, 0, 0},
+      {CacheType::kBf16, 256, 1500, 0, 0, 256, 0, 0},
+      {CacheType::kBf16, 256, 1500, 2, 3, 256, 0, 0},
+      {CacheType::kBf16, 256, 4096, 0, 0, 768, 256, 768},
+      {CacheType::kBf16, 256, 4096, 2, 3, 256, 0, 0},
+      {CacheType::kBf16, 256, 16384, 0, 0, 1280, 256, 1280},
+      {CacheType::kBf16, 256, 16384, 2, 3, 256, 0, 0},
+      {CacheType::kInt8, 1, 1500, 0, 0, 6, 1, 6},
+      {CacheType::kInt8, 1, 1500, 2, 2, 6, 1, 6},
+      {CacheType::kInt8, 1, 4096, 0, 0, 16, 1, 16},
+      {CacheType::kInt8, 1, 4096, 2, 2, 16, 1, 16},
+      {CacheType::kInt8, 1, 16384, 0, 0, 26, 1, 26},
+      {CacheType::kInt8, 1, 16384, 2, 4, 16, 1, 16},
+      {CacheType::kInt8, 8, 1500, 0, 0, 48, 8, 48},
+      {CacheType::kInt8, 8, 1500, 2, 4, 16, 8, 16},
+      {CacheType::kInt8, 8, 4096, 0, 0, 48, 8, 48},
+      {CacheType::kInt8, 8, 4096, 2, 4, 16, 8, 16},
+      {CacheType::kInt8, 8, 16384, 0, 0, 48, 8, 48},
+      {CacheType::kInt8, 8, 16384, 2, 4, 16, 8, 16},
+      {CacheType::kInt8, 64, 1500, 0, 0, 192, 64, 192},
+      {CacheType::kInt8, 64, 1500, 2, 2, 192, 64, 192},
+      {CacheType::kInt8, 64, 4096, 0, 0, 192, 64, 192},
+      {CacheType::kInt8, 64, 4096, 2, 3, 64, 0, 0},
+      {CacheType::kInt8, 64, 16384, 0, 0, 192, 64, 192},
+      {CacheType::kInt8, 64, 16384, 2, 3, 64, 0, 0},
+      {CacheType::kInt8, 256, 1500, 0, 0, 256, 0, 0},
+      {CacheType::kInt8, 256, 1500, 2, 2, 256, 0, 0},
+      {CacheType::kInt8, 256, 4096, 0, 0, 512, 256, 512},
+      {CacheType::kInt8, 256, 4096, 2, 3, 256, 0, 0},
+      {CacheType::kInt8, 256, 16384, 0, 0, 1024, 256, 1024},
+      {CacheType::kInt8, 256, 16384, 2, 3, 256, 0, 0},
+  };
+  for (const PinRow& r : rows) {
+    INFO("cache " << static_cast<int>(r.cache) << " n " << r.n << " kv " << r.kv << " occupancy "
+                  << r.occupancy);
+    const C8Plan p = PinPlan(r.cache, r.n, r.kv, r.occupancy);
+    CHECK(p.decode_stages == r.stages);
+    CHECK(static_cast<int>(p.decode_items.size()) == r.decode_items);
+    CHECK(static_cast<int>(p.merges.size()) == r.merges);
+    CHECK(p.num_partials == r.partials);
+  }
+  CHECK(SweepDigest() == 0xbed8195ad12b0c4bull);
+  std::mt19937 rng(1234);  // RandomCase's batches, prefill chunks and graph buckets included
+  uint64_t h = 1469598103934665603ull;
+  for (int i = 0; i < 500; ++i) {
+    const PlanCase c = RandomCase(rng);
+    h = PlanDigest(BuildC8Plan(c.shape, c.batch, c.config), h);
+  }
+  CHECK(h == 0x45241f92347849caull);
 }
 
 }  // namespace

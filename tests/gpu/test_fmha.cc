@@ -40,6 +40,7 @@
 #include "base/quant.h"
 #include "kernels/cpu/cpu_fmha.h"
 #include "kernels/fmha/fmha_launcher.h"
+#include "tests/unit/fmha_mask.h"
 
 namespace llm {
 namespace {
@@ -460,14 +461,7 @@ void RunCase(const Case& c, std::mt19937& rng) {
   }
 }
 
-FmhaMask Mask(FmhaMaskType t, int left = -1, int right = 0, int sinks = 0) {
-  FmhaMask m;
-  m.type = t;
-  m.window_left = left;
-  m.window_right = right;
-  m.sink_tokens = sinks;
-  return m;
-}
+using test::Mask;
 
 // Head dim 256 (Gemma 2 / 3: 64-row prefill tiles, 64-thread decode tiles): every feature the
 // engine passes (windows, soft-cap, sinks, GQA, paged KV) on decode and prefill shapes.

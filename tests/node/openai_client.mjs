@@ -4,29 +4,11 @@
 //   MODEL=tiny-llama node openai_client.mjs
 import OpenAI from "openai";
 
+import { check, expect, expectError } from "./check.mjs";
+
 const { BASE_URL, API_KEY, METRICS_URL, MODEL } = process.env;
 const MAX_TOKENS_LIMIT = Number(process.env.MAX_TOKENS_LIMIT || "512");
 const client = new OpenAI({ baseURL: BASE_URL, apiKey: API_KEY, maxRetries: 0 });
-
-function expect(cond, msg) {
-  if (!cond) throw new Error("check failed: " + msg);
-}
-
-async function check(name, fn) {
-  await fn();
-  console.log("ok   " + name);
-}
-
-async function expectError(promise, status, what) {
-  try {
-    await promise;
-  } catch (e) {
-    expect(e instanceof OpenAI.APIError, `${what}: an APIError, got ${e}`);
-    expect(e.status === status, `${what}: status ${status}, got ${e.status} (${e.message})`);
-    return e;
-  }
-  throw new Error(`check failed: ${what} succeeded`);
-}
 
 async function metric(name, missing) {
   const text = await (await fetch(METRICS_URL)).text();

@@ -8,44 +8,24 @@
 // failure.
 import OpenAI from "openai";
 
+import { check, expect, expectParamError } from "./check.mjs";
+import {
+  checkWeatherArgs,
+  WEATHER_DESCRIPTION,
+  WEATHER_NAME,
+  WEATHER_PARAMETERS,
+} from "./weather_tool.mjs";
+
 const { TOOLS_URL, THINK_URL, MODEL } = process.env;
 const client = new OpenAI({ baseURL: TOOLS_URL, apiKey: "none", maxRetries: 0 });
 const think = new OpenAI({ baseURL: THINK_URL, apiKey: "none", maxRetries: 0 });
 
-function expect(cond, msg) {
-  if (!cond) throw new Error("check failed: " + msg);
-}
-async function check(name, fn) {
-  await fn();
-  console.log("ok   " + name);
-}
-async function expectError(promise, status, param) {
-  try {
-    await promise;
-  } catch (e) {
-    expect(e instanceof OpenAI.APIError && e.status === status, `status ${status}, got ${e}`);
-    expect(e.param === param, `param ${param}, got ${e.param}`);
-    return;
-  }
-  throw new Error("check failed: the request succeeded");
-}
-
 const WEATHER = {
   type: "function",
-  name: "get_weather",
-  description: "Weather in a city",
-  parameters: {
-    type: "object",
-    properties: { city: { enum: ["Paris", "Oslo"] }, unit: { enum: ["c", "f"] } },
-    required: ["city", "unit"],
-    additionalProperties: false,
-  },
+  name: WEATHER_NAME,
+  description: WEATHER_DESCRIPTION,
+  parameters: WEATHER_PARAMETERS,
 };
-function checkWeatherArgs(text) {
-  const args = JSON.parse(text);  // throws when not JSON
-  expect(["Paris", "Oslo"].includes(args.city) && ["c", "f"].includes(args.unit),
-         `arguments follow the schema: ${text}`);
-}
 
 function checkResponse(r) {
   expect(r.object === "response", "object response");
@@ -216,12 +196,12 @@ await check("reasoning then a call (Qwen3): no message item", async () => {
 });
 
 await check("stored state and built-in tools are refused by name", async () => {
-  await expectError(client.responses.create({ model: MODEL, input: "x",
+  await expectParamError(client.responses.create({ model: MODEL, input: "x",
                                               previous_response_id: "resp_1" }),
                     400, "previous_response_id");
-  await expectError(client.responses.create({ model: MODEL, input: "x", store: true }),
+  await expectParamError(client.responses.create({ model: MODEL, input: "x", store: true }),
                     400, "store");
-  await expectError(client.responses.create({ model: MODEL, input: "x",
+  await expectParamError(client.responses.create({ model: MODEL, input: "x",
                                               tools: [{ type: "web_search" }] }),
                     400, "tools");
 });

@@ -8,41 +8,26 @@
 // per check and exits non-zero on the first failure.
 import OpenAI from "openai";
 
+import { check, expect, expectParamError } from "./check.mjs";
+import {
+  checkWeatherArgs,
+  WEATHER_DESCRIPTION,
+  WEATHER_NAME,
+  WEATHER_PARAMETERS,
+} from "./weather_tool.mjs";
+
 const { TOOLS_URL, THINK_URL, MODEL } = process.env;
 const tools = new OpenAI({ baseURL: TOOLS_URL, apiKey: "none", maxRetries: 0 });
 const think = new OpenAI({ baseURL: THINK_URL, apiKey: "none", maxRetries: 0 });
-
-function expect(cond, msg) {
-  if (!cond) throw new Error("check failed: " + msg);
-}
-async function check(name, fn) {
-  await fn();
-  console.log("ok   " + name);
-}
-async function expectError(promise, status, param) {
-  try {
-    await promise;
-  } catch (e) {
-    expect(e instanceof OpenAI.APIError && e.status === status, `status ${status}, got ${e}`);
-    expect(e.param === param, `param ${param}, got ${e.param}`);
-    return;
-  }
-  throw new Error("check failed: the request succeeded");
-}
 
 // Bounded schemas, so that a random model's constrained call ends.
 const TOOLS = [
   {
     type: "function",
     function: {
-      name: "get_weather",
-      description: "Weather in a city",
-      parameters: {
-        type: "object",
-        properties: { city: { enum: ["Paris", "Oslo"] }, unit: { enum: ["c", "f"] } },
-        required: ["city", "unit"],
-        additionalProperties: false,
-      },
+      name: WEATHER_NAME,
+      description: WEATHER_DESCRIPTION,
+      parameters: WEATHER_PARAMETERS,
     },
   },
   {
@@ -65,13 +50,9 @@ function checkCall(call, names) {
   expect(typeof call.id === "string" && call.id.length > 0, "a call id");
   expect(call.type === "function", "type function");
   expect(names.includes(call.function.name), `name ${call.function.name} in ${names}`);
+  if (call.function.name === WEATHER_NAME) return checkWeatherArgs(call.function.arguments);
   const args = JSON.parse(call.function.arguments);  // throws when not JSON
-  if (call.function.name === "get_weather") {
-    expect(["Paris", "Oslo"].includes(args.city) && ["c", "f"].includes(args.unit),
-           `arguments follow the schema: ${call.function.arguments}`);
-  } else {
-    expect(/^[A-Z]{1,4}$/.test(args.tz), `arguments follow the schema: ${call.function.arguments}`);
-  }
+  expect(/^[A-Z]{1,4}$/.test(args.tz), `arguments follow the schema: ${call.function.arguments}`);
   return args;
 }
 
@@ -202,12 +183,12 @@ await check("follow-up turn: the returned assistant message and a tool result", 
 
 await check("errors: required without tools, unknown function, constraint beside a forced call",
             async () => {
-  await expectError(tools.chat.completions.create({ model: MODEL, messages: user,
+  await expectParamError(tools.chat.completions.create({ model: MODEL, messages: user,
                                                     tool_choice: "required" }), 400, "tool_choice");
-  await expectError(tools.chat.completions.create({
+  await expectParamError(tools.chat.completions.create({
     ...base, messages: user, tool_choice: { type: "function", function: { name: "nope" } },
   }), 400, "tool_choice");
-  await expectError(tools.chat.completions.create({
+  await expectParamError(tools.chat.completions.create({
     ...base, messages: user, tool_choice: "required", response_format: { type: "json_object" },
   }), 400, "tool_choice");
 });

@@ -83,22 +83,11 @@ def fp8_check(dump_bin, workdir, fails):
 
 
 def negative_check(workdir, name, spec, batch_result, fails):
-    if batch_result is None:
-        fails.add(f"{name}/negative", "no batch output to check against")
-        return
     # One W_UK element of head 0 in layer 0: reaches the logits only through the latent
     # expansion / absorption.
     perturb = ("model.layers.0.self_attn.kv_b_proj.weight", (3, 5), 0.05)
-    pdir = dw.write_model(os.path.join(workdir, name + "_perturbed"), spec, perturb=perturb)
-    ref = torch_deepseek.TorchDeepseek(pdir)
-    sink = fvt.Failures(quiet=True)
-    requests, outs = batch_result
-    for r, ((prompt, _), out) in enumerate(zip(requests, outs)):
-        fvt.compare_request(ref, f"request {r}", prompt, out, sink)
-    if not sink.items:
-        fails.add(f"{name}/negative", f"perturbing {perturb} went unnoticed")
-    else:
-        print(f"  negative check ok: perturbed model flagged ({len(sink.items)} findings)")
+    fvt.perturbed_check(name, batch_result, fails, perturb, lambda p: torch_deepseek.TorchDeepseek(
+        dw.write_model(os.path.join(workdir, name + "_perturbed"), spec, perturb=p)))
 
 
 def check_model(dump_bin, workdir, name, spec, fails):

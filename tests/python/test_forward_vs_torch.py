@@ -268,17 +268,14 @@ def check_model(dump_bin, workdir, name, spec, fails):
     return model_dir, batch_result
 
 
-def negative_check(workdir, name, spec, batch_result, fails):
-    """A copy of the model with one weight nudged must NOT match the C++ output
-    of the original model; otherwise the comparison cannot detect anything."""
+def perturbed_check(name, batch_result, fails, perturb, make_ref):
+    """A copy of the model with one weight nudged (`perturb`; make_ref(perturb) writes it and
+    returns its torch reference) must NOT match the C++ output of the original model; otherwise
+    the comparison cannot detect anything."""
     if batch_result is None:
         fails.add(f"{name}/negative", "no batch output to check against")
         return
-    # 0.05 on one element of layer 0's k_proj: a change that has to travel through
-    # RoPE and attention, and still only moves logits by ~1e-3 relative.
-    perturb = ("model.layers.0.self_attn.k_proj.weight", (3, 5), 0.05)
-    pdir = hw.write_model(os.path.join(workdir, name + "_perturbed"), spec, perturb=perturb)
-    ref = torch_llama.TorchLlama(pdir)
+    ref = make_ref(perturb)
     sink = Failures(quiet=True)
     requests, outs = batch_result
     for r, ((prompt, _), out) in enumerate(zip(requests, outs)):
@@ -288,6 +285,14 @@ def negative_check(workdir, name, spec, batch_result, fails):
     else:
         print(f"  negative check ok: perturbed model flagged ({len(sink.items)} findings, e.g. "
               f"{sink.items[0][:110]}...)")
+
+
+def negative_check(workdir, name, spec, batch_result, fails):
+    # 0.05 on one element of layer 0's k_proj: a change that has to travel through
+    # RoPE and attention, and still only moves logits by ~1e-3 relative.
+    perturb = ("model.layers.0.self_attn.k_proj.weight", (3, 5), 0.05)
+    perturbed_check(name, batch_result, fails, perturb, lambda p: torch_llama.TorchLlama(
+        hw.write_model(os.path.join(workdir, name + "_perturbed"), spec, perturb=p)))
 
 
 def window_negative_check(model_dir, name, spec, batch_result, fails):

@@ -105,7 +105,8 @@ def test_n_choices_each_parse_their_own_calls(qwen25, pb):
         assert json.loads(co.tool_calls[0].arguments)["a"] in ("x", "y")
 
 
-def test_openai_node_client_tool_calls(qwen25, qwen3):
+def run_node_script(script, qwen25, qwen3):
+    """Runs tests/node/<script> against the Qwen2.5 and Qwen3 servers; it must print ALL OK."""
     npm = shutil.which("npm")
     if npm is None:
         pytest.skip("npm is not installed")
@@ -113,25 +114,19 @@ def test_openai_node_client_tool_calls(qwen25, qwen3):
                    capture_output=True, timeout=300)
     env = dict(os.environ, TOOLS_URL=f"{qwen25.http_base}/v1", THINK_URL=f"{qwen3.http_base}/v1",
                MODEL="tiny-llama")
-    res = subprocess.run(["node", "tool_calls.mjs"], cwd=NODE_DIR, env=env, capture_output=True,
+    res = subprocess.run(["node", script], cwd=NODE_DIR, env=env, capture_output=True,
                          text=True, timeout=600)
     print(res.stdout, res.stderr)
     assert res.returncode == 0 and "ALL OK" in res.stdout, res.stdout + res.stderr
+
+
+def test_openai_node_client_tool_calls(qwen25, qwen3):
+    run_node_script("tool_calls.mjs", qwen25, qwen3)
 
 
 def test_openai_node_client_responses(qwen25, qwen3):
     """POST /v1/responses through the openai client (tests/node/responses.mjs)."""
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed")
-    subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True,
-                   capture_output=True, timeout=300)
-    env = dict(os.environ, TOOLS_URL=f"{qwen25.http_base}/v1", THINK_URL=f"{qwen3.http_base}/v1",
-               MODEL="tiny-llama")
-    res = subprocess.run(["node", "responses.mjs"], cwd=NODE_DIR, env=env, capture_output=True,
-                         text=True, timeout=600)
-    print(res.stdout, res.stderr)
-    assert res.returncode == 0 and "ALL OK" in res.stdout, res.stdout + res.stderr
+    run_node_script("responses.mjs", qwen25, qwen3)
 
 
 def grpc_chat(server, pb, chat, **kw):

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/backend_registry.h"
+#include "tests/unit/stand_in_backend.h"
 
 namespace llm {
 namespace {
@@ -18,21 +19,13 @@ std::map<std::string, std::vector<AttentionOptions>>& Configured() {
   return seen;
 }
 
-class MhaStandIn final : public AttentionBackend {
+class MhaStandIn final : public test::StandInBackend {
  public:
-  MhaStandIn(std::string name, size_t block_bytes) : name_(std::move(name)), bytes_(block_bytes) {}
-  std::string name() const override { return name_; }
-  size_t BlockBytes() const override { return bytes_; }
-  Status Plan(const AttentionBatch&) override { return Status::Ok(); }
-  void Run(const AttentionParams&) override {}
+  using StandInBackend::StandInBackend;
   Status Configure(const AttentionOptions& options) override {
-    Configured()[name_].push_back(options);
-    return AttentionBackend::Configure(options);  // the default's refusals
+    Configured()[name()].push_back(options);
+    return AttentionBackend::Configure(options);
   }
-
- private:
-  std::string name_;
-  size_t bytes_;
 };
 
 class MlaStandIn final : public MlaAttentionBackend {
@@ -142,17 +135,7 @@ TEST_CASE("A prefill family must share the decode backend's block layout", "[sel
         "prefill attention backend cuda_fmha lays out KV blocks differently from cuda_c8");
 }
 
-TEST_CASE("Families without a kernel choice refuse the options that need one", "[selection]") {
-  const BackendRegistry reg = Registry();
-  AttentionOptions o;
-  o.c8_prefill = "fmha";  // only cuda_c8 over an 8-bit cache has that path
-  auto b = reg.CreateBackends(CudaMha(DType::kBF16), o, nullptr);
-  REQUIRE_FALSE(b.ok());
-  CHECK(b.status().message().find("c8_prefill fmha: needs the cuda_c8 backend") !=
-        std::string::npos);
-  o.c8_prefill = "tiles";  // the default's tiles: nothing to refuse
-  CHECK(reg.CreateBackends(CudaMha(DType::kBF16), o, nullptr).ok());
-
+AttentionSpec CudaMla() {
   AttentionSpec mla;
   mla.device = DeviceKind::kCuda;
   mla.device_arch = 90;
@@ -162,13 +145,71 @@ TEST_CASE("Families without a kernel choice refuse the options that need one", "
   mla.num_kv_heads = 1;
   mla.head_dim = 576;
   mla.mla_rope_dim = 64;
+  return mla;
+}
+
+TEST_CASE("c8_prefill reaches cuda_c8 only where it attends the prefill chunks", "[selection]") {
+  const BackendRegistry reg = Registry();
+  AttentionOptions o;
+  for (const char* value : {"tiles", "fmha"}) {
+    o.c8_prefill = value;
+    // 16-bit cache: prefill chunks go to cuda_fmha, which has no such choice.
+    auto b = reg.CreateBackends(CudaMha(DType::kBF16), o, nullptr);
+    REQUIRE_FALSE(b.ok());
+    CHECK(b.status().message() == std::string("c8_prefill ") + value +
+                                      ": steps with a prefill chunk attend through cuda_fmha, "
+                                      "which has no c8_prefill choice (it steers cuda_c8)");
+    // 8-bit cache: cuda_c8 attends every step and gets the option.
+    Configured().clear();
+    b = reg.CreateBackends(CudaMha(DType::kI8, KvQuant::kStaticPerHead), o, nullptr);
+    REQUIRE(b.ok());
+    REQUIRE(Configured()["cuda_c8"].size() == 1);
+    CHECK(Configured()["cuda_c8"][0].c8_prefill == value);
+  }
+  // With prefill_attention_backend none cuda_c8 attends the prefill chunks of a 16-bit cache too
+  // (whether it can apply the value is its Configure's call).
+  o.c8_prefill = "tiles";
+  o.prefill_backend = "none";
+  CHECK(reg.CreateBackends(CudaMha(DType::kBF16), o, nullptr).ok());
+  // A forced cuda_fmha attends everything: the option has nowhere to go.
+  o.backend = "cuda_fmha";
+  auto b = reg.CreateBackends(CudaMha(DType::kBF16), o, nullptr);
+  REQUIRE_FALSE(b.ok());
+  CHECK(b.status().message().find("c8_prefill tiles: steps with a prefill chunk attend through "
+                                  "cuda_fmha") == 0);
+  // The MLA family has no c8_prefill either.
   AttentionOptions m;
-  auto got = reg.CreateBackends(mla, m, nullptr);
+  m.c8_prefill = "fmha";
+  b = reg.CreateBackends(CudaMla(), m, nullptr);
+  REQUIRE_FALSE(b.ok());
+  CHECK(b.status().message() ==
+        "c8_prefill fmha: steps with a prefill chunk attend through cuda_mla, which has no "
+        "c8_prefill choice (it steers cuda_c8)");
+}
+
+TEST_CASE("mla_kernel is refused by the dense families, applied by cuda_mla", "[selection]") {
+  const BackendRegistry reg = Registry();
+  for (const char* value : {"wgmma", "portable"}) {
+    AttentionOptions o;
+    o.mla_kernel = value;
+    for (DType kv : {DType::kBF16, DType::kI8}) {
+      const KvQuant q = kv == DType::kI8 ? KvQuant::kStaticPerHead : KvQuant::kNone;
+      auto b = reg.CreateBackends(CudaMha(kv, q), o, nullptr);
+      REQUIRE_FALSE(b.ok());
+      CHECK(b.status().message() == std::string("mla_kernel ") + value +
+                                        ": steps without a prefill chunk attend through cuda_c8, "
+                                        "which has no mla_kernel choice (it steers cuda_mla)");
+    }
+  }
+  AttentionOptions m;
+  auto got = reg.CreateBackends(CudaMla(), m, nullptr);
   REQUIRE(got.ok());
   REQUIRE(got->decode->mla() != nullptr);  // the MLA interface without a cast
   CHECK(got->prefill == nullptr);
-  m.mla_kernel = "wgmma";  // the stand-in has no kernel choice
-  got = reg.CreateBackends(mla, m, nullptr);
+  // The catalog says cuda_mla takes the option; the stand-in implements no choice, so the
+  // default MlaAttentionBackend::Configure refuses it rather than ignoring it.
+  m.mla_kernel = "wgmma";
+  got = reg.CreateBackends(CudaMla(), m, nullptr);
   REQUIRE_FALSE(got.ok());
   CHECK(got.status().message() == "mla_kernel wgmma: backend 'cuda_mla' has no MLA kernel choice");
 }

@@ -15,6 +15,8 @@
 #include "kernels/cpu/cpu_c8_attention.h"
 #include "kernels/cpu/cpu_paged_attention.h"
 #include "kvcache/block_allocator.h"
+#include "tests/unit/paged_batch.h"
+#include "tests/unit/stand_in_backend.h"
 
 namespace llm {
 namespace {
@@ -77,16 +79,10 @@ AttnSetup Build(const AttnCase& c) {
     std::vector<float> k(static_cast<size_t>(q.kv_len) * row), v(k.size());
     for (float& x : k) x = uni(rng);
     for (float& x : v) x = uni(rng);
-    const int pages = BlocksForTokens(q.kv_len, bs);
-    std::vector<int32_t> table(perm.begin() + static_cast<long>(next_page),
-                               perm.begin() + static_cast<long>(next_page + pages));
-    next_page += static_cast<size_t>(pages);
-    b.page_indices.insert(b.page_indices.end(), table.begin(), table.end());
-    b.page_indptr.push_back(static_cast<int32_t>(b.page_indices.size()));
-    b.kv_lens.push_back(q.kv_len);
-    b.q_indptr.push_back(b.q_indptr.back() + q.q_len);
+    const std::vector<int32_t> slots =
+        test::AppendSequence(b, perm, &next_page, q.kv_len, q.q_len, bs);
     for (int p = 0; p < q.kv_len; ++p) {
-      const int32_t slot = table[static_cast<size_t>(p / bs)] * bs + p % bs;
+      const int32_t slot = slots[p];
       const auto kr = k.begin() + static_cast<long>(p * row);
       const auto vr = v.begin() + static_cast<long>(p * row);
       if (p < q.kv_len - q.q_len) {
@@ -631,18 +627,6 @@ TEST_CASE("BackendRegistry forcing an unknown backend fails naming it", "[cpu_at
   CHECK(Contains(created.status().message(), "no_such_backend"));
 }
 
-class FakeBackend final : public AttentionBackend {
- public:
-  explicit FakeBackend(std::string name) : name_(std::move(name)) {}
-  std::string name() const override { return name_; }
-  size_t BlockBytes() const override { return 1; }
-  Status Plan(const AttentionBatch&) override { return Status::Ok(); }
-  void Run(const AttentionParams&) override {}
-
- private:
-  std::string name_;
-};
-
 BackendInfo FakeInfo(const std::string& name, int priority) {
   BackendInfo info;
   info.name = name;
@@ -652,7 +636,7 @@ BackendInfo FakeInfo(const std::string& name, int priority) {
   info.features = kFeatureCausal | kFeatureSlidingWindow;
   info.priority = priority;
   info.create = [name](const AttentionSpec&) -> std::unique_ptr<AttentionBackend> {
-    return std::make_unique<FakeBackend>(name);
+    return std::make_unique<test::StandInBackend>(name);
   };
   return info;
 }

@@ -17,6 +17,7 @@
 
 #include "base/dtype.h"
 #include "kernels/cpu/cpu_fmha.h"
+#include "tests/unit/fmha_mask.h"
 
 namespace llm {
 namespace {
@@ -361,14 +362,7 @@ void CheckAgainstDense(const Case& c, const Layout& lay) {
   CHECK(bad_lse == 0);
 }
 
-FmhaMask Mask(FmhaMaskType t, int left = -1, int right = 0, int sinks = 0) {
-  FmhaMask m;
-  m.type = t;
-  m.window_left = left;
-  m.window_right = right;
-  m.sink_tokens = sinks;
-  return m;
-}
+using test::Mask;
 
 // ---------------------------------------------------------------------------------------------
 

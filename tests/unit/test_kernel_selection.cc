@@ -7,21 +7,10 @@
 #include <string>
 
 #include "kernels/backend_registry.h"
+#include "tests/unit/stand_in_backend.h"
 
 namespace llm {
 namespace {
-
-class StandIn final : public AttentionBackend {
- public:
-  explicit StandIn(std::string name) : name_(std::move(name)) {}
-  std::string name() const override { return name_; }
-  size_t BlockBytes() const override { return 1; }
-  Status Plan(const AttentionBatch&) override { return Status::Ok(); }
-  void Run(const AttentionParams&) override {}
-
- private:
-  std::string name_;
-};
 
 // The catalog as a binary built for sm_80, sm_90a and sm_120 plus gfx90a would see it.
 BackendRegistry AllBuiltRegistry() {
@@ -30,7 +19,7 @@ BackendRegistry AllBuiltRegistry() {
     if (b.device == DeviceKind::kCuda) b.archs = {"80", "90a", "120"};
     if (b.device == DeviceKind::kHip) b.archs = {"gfx90a"};
     b.create = [name = b.name](const AttentionSpec&) -> std::unique_ptr<AttentionBackend> {
-      return std::make_unique<StandIn>(name);
+      return std::make_unique<test::StandInBackend>(name);
     };
   }
   return BackendRegistry(std::move(catalog));

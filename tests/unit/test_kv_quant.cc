@@ -25,6 +25,7 @@
 #include "kernels/cpu/cpu_paged_attention.h"
 #include "kvcache/block_allocator.h"
 #include "server/server_config.h"
+#include "tests/unit/paged_batch.h"
 
 namespace llm {
 namespace {
@@ -234,16 +235,10 @@ C8Setup BuildC8(const C8Case& c, const Mode& mode, float headroom = 0.9f) {
   b.page_indptr = {0};
   size_t next_page = 0;
   for (const SeqSpec& q : c.seqs) {
-    const int pages = BlocksForTokens(q.kv_len, bs);
-    std::vector<int32_t> table(perm.begin() + static_cast<long>(next_page),
-                               perm.begin() + static_cast<long>(next_page + pages));
-    next_page += static_cast<size_t>(pages);
-    b.page_indices.insert(b.page_indices.end(), table.begin(), table.end());
-    b.page_indptr.push_back(static_cast<int32_t>(b.page_indices.size()));
-    b.kv_lens.push_back(q.kv_len);
-    b.q_indptr.push_back(b.q_indptr.back() + q.q_len);
+    const std::vector<int32_t> slots =
+        test::AppendSequence(b, perm, &next_page, q.kv_len, q.q_len, bs);
     for (int p = 0; p < q.kv_len; ++p) {
-      const int32_t slot = table[static_cast<size_t>(p / bs)] * bs + p % bs;
+      const int32_t slot = slots[p];
       const bool is_new = p >= q.kv_len - q.q_len;
       (is_new ? b.slot_mapping : s.prior.slot_mapping).push_back(slot);
       std::vector<float>& k = is_new ? s.k_new : s.prior_k;

@@ -42,6 +42,20 @@ struct TinyCheckpoint {
     std::memcpy(t.data.data(), v.data(), n * 4);
     tensors.push_back(std::move(t));
   }
+  // The pieces every tiny decoder shares, each tensor seeded by the next *seed.
+  void AddLayerNorms(const std::string& layer, int hidden, uint32_t* seed) {
+    AddF32(layer + "input_layernorm.weight", {hidden}, 1, 0.1f, ++*seed);
+    AddF32(layer + "post_attention_layernorm.weight", {hidden}, 1, 0.1f, ++*seed);
+  }
+  void AddGatedMlp(const std::string& layer, int hidden, int inter, uint32_t* seed) {
+    AddF32(layer + "mlp.gate_proj.weight", {inter, hidden}, 0, 0.3f, ++*seed);
+    AddF32(layer + "mlp.up_proj.weight", {inter, hidden}, 0, 0.3f, ++*seed);
+    AddF32(layer + "mlp.down_proj.weight", {hidden, inter}, 0, 0.3f, ++*seed);
+  }
+  void AddFinalNormAndHead(int hidden, int vocab, uint32_t* seed) {
+    AddF32("model.norm.weight", {hidden}, 1, 0.1f, ++*seed);
+    AddF32("lm_head.weight", {vocab, hidden}, 0, 1.0f, ++*seed);
+  }
   std::vector<float> F32(const std::string& name) {
     TensorToWrite* t = Find(name);
     std::vector<float> v(t->data.size() / 4);
@@ -81,8 +95,7 @@ inline TinyCheckpoint TinyLlama(const std::string& arch, uint32_t seed = 1) {
   c.AddF32("model.embed_tokens.weight", {vocab, h}, 0, 1.0f, ++s);
   for (int l = 0; l < layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    c.AddF32(p + "input_layernorm.weight", {h}, 1, 0.1f, ++s);
-    c.AddF32(p + "post_attention_layernorm.weight", {h}, 1, 0.1f, ++s);
+    c.AddLayerNorms(p, h, &s);
     c.AddF32(p + "self_attn.q_proj.weight", {heads * d, h}, 0, 0.3f, ++s);
     c.AddF32(p + "self_attn.k_proj.weight", {kv_heads * d, h}, 0, 0.3f, ++s);
     c.AddF32(p + "self_attn.v_proj.weight", {kv_heads * d, h}, 0, 0.3f, ++s);
@@ -92,12 +105,9 @@ inline TinyCheckpoint TinyLlama(const std::string& arch, uint32_t seed = 1) {
       c.AddF32(p + "self_attn.k_proj.bias", {kv_heads * d}, 0, 0.3f, ++s);
       c.AddF32(p + "self_attn.v_proj.bias", {kv_heads * d}, 0, 0.3f, ++s);
     }
-    c.AddF32(p + "mlp.gate_proj.weight", {inter, h}, 0, 0.3f, ++s);
-    c.AddF32(p + "mlp.up_proj.weight", {inter, h}, 0, 0.3f, ++s);
-    c.AddF32(p + "mlp.down_proj.weight", {h, inter}, 0, 0.3f, ++s);
+    c.AddGatedMlp(p, h, inter, &s);
   }
-  c.AddF32("model.norm.weight", {h}, 1, 0.1f, ++s);
-  c.AddF32("lm_head.weight", {vocab, h}, 0, 1.0f, ++s);
+  c.AddFinalNormAndHead(h, vocab, &s);
   return c;
 }
 
@@ -131,19 +141,15 @@ inline TinyCheckpoint TinyDeepseekV2(uint32_t seed = 3) {
   for (int l = 0; l < layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const std::string a = p + "self_attn.";
-    c.AddF32(p + "input_layernorm.weight", {h}, 1, 0.1f, ++s);
-    c.AddF32(p + "post_attention_layernorm.weight", {h}, 1, 0.1f, ++s);
+    c.AddLayerNorms(p, h, &s);
     c.AddF32(a + "q_proj.weight", {heads * (nope + rope), h}, 0, 0.3f, ++s);
     c.AddF32(a + "kv_a_proj_with_mqa.weight", {kv_lora + rope, h}, 0, 0.3f, ++s);
     c.AddF32(a + "kv_a_layernorm.weight", {kv_lora}, 1, 0.1f, ++s);
     c.AddF32(a + "kv_b_proj.weight", {heads * (nope + vdim), kv_lora}, 0, 0.3f, ++s);
     c.AddF32(a + "o_proj.weight", {h, heads * vdim}, 0, 0.3f, ++s);
-    c.AddF32(p + "mlp.gate_proj.weight", {inter, h}, 0, 0.3f, ++s);
-    c.AddF32(p + "mlp.up_proj.weight", {inter, h}, 0, 0.3f, ++s);
-    c.AddF32(p + "mlp.down_proj.weight", {h, inter}, 0, 0.3f, ++s);
+    c.AddGatedMlp(p, h, inter, &s);
   }
-  c.AddF32("model.norm.weight", {h}, 1, 0.1f, ++s);
-  c.AddF32("lm_head.weight", {vocab, h}, 0, 1.0f, ++s);
+  c.AddFinalNormAndHead(h, vocab, &s);
   return c;
 }
 

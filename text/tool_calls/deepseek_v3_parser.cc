@@ -70,17 +70,9 @@ class DeepSeekV3Parser final : public BufferedParser {
           break;
         }
         case State::kHead: {
-          const size_t at = buf_.find(kSep);
-          if (at == std::string::npos || at > kMaxHead) {
-            if (at != std::string::npos || buf_.size() > kMaxHead + kSep.size()) {
-              state_ = State::kDrop;  // decided alike however the text arrives
-              break;
-            }
-            return Wait(final);
-          }
-          head_ = buf_.substr(0, at);
-          buf_.erase(0, at + kSep.size());
-          state_ = State::kAfterSep;
+          const StateResult r = TakeHead(buf_, kSep, kMaxHead, final, &head_);
+          if (r == StateResult::kWait) return;
+          state_ = r == StateResult::kDone ? State::kAfterSep : State::kDrop;
           break;
         }
         case State::kAfterSep: {
@@ -96,16 +88,14 @@ class DeepSeekV3Parser final : public BufferedParser {
           break;
         }
         case State::kName: {
-          const size_t nl = buf_.find('\n');
-          if (nl == std::string::npos || nl > kMaxHead) {
-            if (nl != std::string::npos || buf_.size() > kMaxHead) {
-              state_ = State::kDrop;
-              break;
-            }
-            return Wait(final);
+          std::string name;
+          const StateResult r = TakeHead(buf_, "\n", kMaxHead, final, &name);
+          if (r == StateResult::kWait) return;
+          if (r == StateResult::kBroken) {
+            state_ = State::kDrop;
+            break;
           }
-          calls_.Begin(d, Trim(buf_.substr(0, nl)));
-          buf_.erase(0, nl + 1);
+          calls_.Begin(d, Trim(std::move(name)));
           state_ = State::kFence;
           break;
         }
@@ -123,16 +113,10 @@ class DeepSeekV3Parser final : public BufferedParser {
           break;
         }
         case State::kArgs: {
-          calls_.Arguments(d, args_->Feed(buf_));
-          buf_.clear();
-          if (args_->invalid()) {
-            state_ = State::kDrop;
-            break;
-          }
-          if (!args_->done()) return;
-          buf_ = args_->Leftover();
+          const StateResult r = StreamArguments(*args_, buf_, calls_, d);
+          if (r == StateResult::kWait) return;
           args_.reset();
-          state_ = State::kAfterArgs;
+          state_ = r == StateResult::kDone ? State::kAfterArgs : State::kDrop;
           break;
         }
         case State::kAfterArgs: {  // the closing fence, then the call's end marker
@@ -154,9 +138,6 @@ class DeepSeekV3Parser final : public BufferedParser {
     s.erase(0, b);
     while (!s.empty() && (s.back() == ' ' || s.back() == '\n' || s.back() == '\r')) s.pop_back();
     return s;
-  }
-  void Wait(bool final) {
-    if (final) buf_.clear();
   }
 
   CallWriter calls_;

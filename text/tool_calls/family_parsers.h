@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "text/tool_calls/chat_output_parser.h"
 #include "text/tool_calls/text_scan.h"
@@ -47,8 +48,31 @@ class BufferedParser : public ChatOutputParser {
  protected:
   virtual void Run(ParsedDelta* d, bool final) = 0;
   virtual void Flush(ParsedDelta* d) = 0;
+  // A state waiting for more text: at the end of the output what it holds is dropped.
+  void Wait(bool final) {
+    if (final) buf_.clear();
+  }
   std::string buf_;
 };
+
+// ---- States the family parsers share (call_states.cc). Each consumes the parser's buffer and
+// says how far it got: kWait (more text must come), kDone (the buffer holds what follows) or
+// kBroken (the text is not what the state expects; the parser drops or re-reads it).
+enum class StateResult { kWait, kDone, kBroken };
+
+// A name or head that ends at `marker` within max_len characters: *head gets the text before it
+// and the buffer what follows. Decided alike however the text arrives: broken once the marker
+// stands, or could only stand, past max_len.
+StateResult TakeHead(std::string& buf, std::string_view marker, size_t max_len, bool final,
+                     std::string* head);
+// One JSON call object (`{"name": ..., <arguments key>: {...}}`) streamed into `calls` as it
+// comes; on kBroken the call was sent as far as it went if its name was complete
+// (JsonCallStreamer::name_known), else nothing was sent.
+StateResult StreamJsonCall(tool_scan::JsonCallStreamer& call, std::string& buf, CallWriter& calls,
+                           ParsedDelta* d);
+// A call's JSON arguments value, streamed into `calls` (after CallWriter::Begin) as it comes.
+StateResult StreamArguments(tool_scan::JsonValueStreamer& args, std::string& buf, CallWriter& calls,
+                            ParsedDelta* d);
 
 // Each parses content and tool calls; `new_id` names the calls.
 std::unique_ptr<ChatOutputParser> CreateHermesParser(std::function<std::string()> new_id);

@@ -52,43 +52,27 @@ class Llama3JsonParser final : public BufferedParser {
         case State::kCall: {
           if (!call_) {  // between `;` and the next object
             const size_t p = tool_scan::SkipSpace(buf_, 0);
-            if (p == buf_.size()) {
-              if (final) buf_.clear();
-              return;
-            }
+            if (p == buf_.size()) return Wait(final);
             buf_.erase(0, p);
             call_.emplace();
           }
-          call_->Feed(buf_);
-          buf_.clear();
-          if (!call_->Advance()) {
-            if (!call_->name_known()) {  // not a call: the text is content, scanned again
-              d->content += prefix_;
-              buf_ = call_->text();
-              prefix_.clear();
-              call_.reset();
-              state_ = State::kContent;
-              break;
-            }
-            calls_.Drain(&*call_, d);
-            call_.reset();
-            state_ = State::kDrop;
-            break;
+          const StateResult r = StreamJsonCall(*call_, buf_, calls_, d);
+          if (r == StateResult::kWait) return;
+          if (r == StateResult::kBroken && !call_->name_known()) {
+            // Not a call: the text is content, scanned again.
+            d->content += prefix_;
+            buf_ = call_->text();
+            state_ = State::kContent;
+          } else {
+            state_ = r == StateResult::kDone ? State::kBetween : State::kDrop;
           }
-          calls_.Drain(&*call_, d);
-          if (!call_->done()) return;
-          buf_ = call_->Leftover();
-          call_.reset();
           prefix_.clear();
-          state_ = State::kBetween;
+          call_.reset();
           break;
         }
         case State::kBetween: {
           const size_t p = tool_scan::SkipSpace(buf_, 0);
-          if (p == buf_.size()) {
-            if (final) buf_.clear();
-            return;
-          }
+          if (p == buf_.size()) return Wait(final);
           if (buf_[p] == ';') {
             buf_.erase(0, p + 1);
             state_ = State::kCall;

@@ -59,19 +59,10 @@ class MistralParser final : public BufferedParser {
             buf_.erase(0, p);
             call_.emplace();
           }
-          call_->Feed(buf_);
-          buf_.clear();
-          if (!call_->Advance()) {
-            if (call_->name_known()) calls_.Drain(&*call_, d);
-            call_.reset();
-            state_ = State::kDrop;
-            break;
-          }
-          calls_.Drain(&*call_, d);
-          if (!call_->done()) return;
-          buf_ = call_->Leftover();
+          const StateResult r = StreamJsonCall(*call_, buf_, calls_, d);
+          if (r == StateResult::kWait) return;
           call_.reset();
-          state_ = State::kSeparator;
+          state_ = r == StateResult::kDone ? State::kSeparator : State::kDrop;
           break;
         }
         case State::kSeparator: {
@@ -83,33 +74,25 @@ class MistralParser final : public BufferedParser {
           break;
         }
         case State::kName: {
-          const size_t at = buf_.find(kArgs);
-          if (at == std::string::npos || at > kMaxName) {
-            if (at != std::string::npos || buf_.size() > kMaxName + kArgs.size()) {
-              state_ = State::kDrop;  // decided alike however the text arrives
-              break;
-            }
-            return Wait(final);
+          std::string name;
+          const StateResult r = TakeHead(buf_, kArgs, kMaxName, final, &name);
+          if (r == StateResult::kWait) return;
+          if (r == StateResult::kBroken) {
+            state_ = State::kDrop;
+            break;
           }
-          std::string name = buf_.substr(0, at);
           while (!name.empty() && (name.back() == ' ' || name.back() == '\n')) name.pop_back();
           calls_.Begin(d, std::move(name));
-          buf_.erase(0, at + kArgs.size());
           args_.emplace();
           state_ = State::kArgs;
           break;
         }
         case State::kArgs: {
-          calls_.Arguments(d, args_->Feed(buf_));
-          buf_.clear();
-          if (args_->invalid()) {
-            state_ = State::kDrop;
-            break;
-          }
-          if (!args_->done()) return;
-          buf_ = args_->Leftover();
+          const StateResult r = StreamArguments(*args_, buf_, calls_, d);
+          if (r == StateResult::kWait) return;
           args_.reset();
-          state_ = State::kContent;  // another [TOOL_CALLS] may follow
+          // After the arguments another [TOOL_CALLS] may follow.
+          state_ = r == StateResult::kDone ? State::kContent : State::kDrop;
           break;
         }
         case State::kDrop:
@@ -117,10 +100,6 @@ class MistralParser final : public BufferedParser {
           return;
       }
     }
-  }
-
-  void Wait(bool final) {
-    if (final) buf_.clear();
   }
 
   CallWriter calls_;

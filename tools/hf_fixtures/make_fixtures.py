@@ -351,28 +351,28 @@ def quantize(w, scheme):
     raise ValueError(scheme)
 
 
+def compressed_tensors_config(weights, activations, dynamic):
+    """A compressed-tensors fp8 quantization_config: weight `weights` strategy (channel or
+    tensor, static), input activation `activations` strategy, dynamic or static."""
+    return {"quant_method": "compressed-tensors", "format": "float-quantized",
+            "quantization_status": "compressed",
+            "config_groups": {"group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "strategy": weights,
+                            "symmetric": True, "dynamic": False},
+                "input_activations": {"num_bits": 8, "type": "float", "strategy": activations,
+                                      "symmetric": True, "dynamic": dynamic}}},
+            "ignore": ["lm_head"]}
+
+
 FP8_FIXTURES = {
     # name: (arch of ARCHS, quantization_config, weight scheme, scale tensor name, extra tensors)
     "fp8_compressed_tensors_channel": (
-        "llama", {"quant_method": "compressed-tensors", "format": "float-quantized",
-                  "quantization_status": "compressed",
-                  "config_groups": {"group_0": {
-                      "targets": ["Linear"],
-                      "weights": {"num_bits": 8, "type": "float", "strategy": "channel",
-                                  "symmetric": True, "dynamic": False},
-                      "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
-                                            "symmetric": True, "dynamic": True}}},
-                  "ignore": ["lm_head"]}, "channel", "weight_scale", False),
+        "llama", compressed_tensors_config("channel", "token", True), "channel", "weight_scale",
+        False),
     "fp8_compressed_tensors_tensor": (
-        "llama", {"quant_method": "compressed-tensors", "format": "float-quantized",
-                  "quantization_status": "compressed",
-                  "config_groups": {"group_0": {
-                      "targets": ["Linear"],
-                      "weights": {"num_bits": 8, "type": "float", "strategy": "tensor",
-                                  "symmetric": True, "dynamic": False},
-                      "input_activations": {"num_bits": 8, "type": "float", "strategy": "tensor",
-                                            "symmetric": True, "dynamic": False}}},
-                  "ignore": ["lm_head"]}, "tensor", "weight_scale", True),
+        "llama", compressed_tensors_config("tensor", "tensor", False), "tensor", "weight_scale",
+        True),
     "fp8_modelopt": (
         "llama", {"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": None,
                   "exclude_modules": ["lm_head"]}, "tensor", "weight_scale", True),

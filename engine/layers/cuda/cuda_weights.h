@@ -1,5 +1,5 @@
 // Device-memory helpers shared by the CUDA model runtimes (cuda_model_runner.cc and
-// the decoder definitions): an owning device buffer, the cuBLAS status macro, bf16 weight upload
+// the decoder definitions): an owning device buffer, bf16 weight upload
 // (or deterministic random fill for dummy weights) and the row-major bf16 GEMM.
 #pragma once
 
@@ -12,15 +12,8 @@
 
 #include "base/status.h"
 #include "engine/loader/safetensors.h"
+#include "kernels/cuda/common/blas_check.h"
 #include "kernels/cuda/common/cuda_check.h"
-
-#define BLAS_RETURN_IF_ERROR(expr)                                                   \
-  do {                                                                               \
-    cublasStatus_t _s = (expr);                                                      \
-    if (_s != CUBLAS_STATUS_SUCCESS) {                                               \
-      return Internal(std::string(#expr) + " failed: " + cublasGetStatusString(_s)); \
-    }                                                                                \
-  } while (0)
 
 namespace llm {
 

@@ -8,6 +8,7 @@
 #include "kernels/cuda/c8/c8_kernel_args.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/fmha/fmha_launcher.h"
+#include "kernels/split_kv.h"
 
 namespace llm::cuda {
 
@@ -43,15 +44,15 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
       total_kv += kv_end;
     }
   }
-  // Choose the KV chunk by a cost model of the decode launch, in units of one KV tile's compute
-  // (32 KB of K and V). The CTAs run in waves over the resident slots: the launch takes about
-  // (waves - 1) average CTAs plus one longest. A CTA costs its tiles plus a fixed prologue /
-  // epilogue, and a split CTA also writes a partial and joins a merge; the CTA that finishes a
-  // split tile last then reads all of its chunks. A 1.3-wave grid idles most SMs during its tail
-  // and a tiny batch leaves most SMs empty without a split, but past a few waves the fixed costs
-  // of splitting outweigh the shorter tail, and many small chunks make the final merge the long
-  // pole. The costs are fitted to `c8_attention_bench --sweep 1` (the sweep's figures:
-  // docs/log/PERFORMANCE_NOTEBOOK.md, section 28).
+  // Choose the KV chunk with the shared split-KV search (ChooseKvChunk, kernels/split_kv.h),
+  // rating each candidate by the launch time of its decode CTAs (WaveTime: (waves - 1) average
+  // CTAs plus one longest), in units of one KV tile's compute (32 KB of K and V). A CTA costs its
+  // tiles plus a fixed prologue / epilogue, and a split CTA also writes a partial and joins a
+  // merge; the CTA that finishes a split tile last then reads all of its chunks. A 1.3-wave grid
+  // idles most SMs during its tail and a tiny batch leaves most SMs empty without a split, but past
+  // a few waves the fixed costs of splitting outweigh the shorter tail, and many small chunks make
+  // the final merge the long pole. The costs are fitted to `c8_attention_bench --sweep 1` (the
+  // sweep's figures: docs/log/PERFORMANCE_NOTEBOOK.md, section 28).
   constexpr double kCtaCost = 0.4, kSplitCost = 1.0, kMergeCost = 0.2;  // in tiles
   const int kv_tile = shape.cache == CacheType::kBf16 ? detail::kKvTile16 : detail::kKvTile8;
   int max_kv = 0;
@@ -68,7 +69,7 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
     Launch l;
     for (const Tile& t : tiles) {
       if (t.prefill) continue;
-      const int64_t n = (t.kv_end + chunk - 1) / chunk;
+      const int64_t n = NumKvChunks(t.kv_end, chunk);
       const double fixed = kCtaCost + (n > 1 ? kSplitCost : 0.0);
       // n - 1 full chunks and the rest (a chunk is a multiple of 64, a tile 64 or 128 tokens).
       const int64_t rest = t.kv_end - (n - 1) * chunk;
@@ -84,29 +85,19 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
     }
     return l;
   };
-  // The cheapest chunk for `slots` resident CTAs.
+  // The cheapest chunk for `slots` resident CTAs; a graph bucket's grid bounds the items.
   auto choose_chunk = [&](int64_t slots) {
-    auto time_of = [&](const Launch& l) {
-      const int64_t ctas = l.ctas * shape.num_kv_heads;
-      const double waves = std::ceil(static_cast<double>(ctas) / slots);
-      return (waves - 1) * (l.total / std::max<int64_t>(l.ctas, 1)) + l.longest;
-    };
-    int64_t chunk = std::max(max_kv, 1);
-    double best = time_of(launch_for(chunk));
-    for (int n = 2; n <= std::min(config.max_splits, detail::kMaxSplits); ++n) {
-      const int64_t c = ((max_kv + n - 1) / n + 63) / 64 * 64;
-      if (c < config.min_chunk_tokens) break;
+    auto time_of = [&](int64_t c) {
       const Launch l = launch_for(c);
-      if (config.max_decode_items > 0 && l.ctas > config.max_decode_items) {
-        break;  // finer chunks only add items
-      }
-      const double time = time_of(l);
-      if (time < best) {
-        best = time;
-        chunk = c;
-      }
-    }
-    return chunk;
+      return WaveTime(l.ctas * shape.num_kv_heads, slots, l.total / std::max<int64_t>(l.ctas, 1),
+                      l.longest);
+    };
+    auto fits = [&](int64_t c) {
+      return config.max_decode_items <= 0 || launch_for(c).ctas <= config.max_decode_items;
+    };
+    return ChooseKvChunk(
+        max_kv, std::min(config.max_splits, detail::kMaxSplits), config.min_chunk_tokens, time_of,
+        [](double time, double best) { return time < best; }, fits);
   };
   auto slots_for = [&](int ctas_per_sm) {
     return static_cast<int64_t>(std::max(1, config.num_sms)) * std::max(1, ctas_per_sm);
@@ -162,7 +153,7 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
       items.push_back({t.q_start, t.q_len, 0, t.kv_end, -1, -1, t.page_base, q_pos0});
       continue;
     }
-    const int n = static_cast<int>((t.kv_end + chunk - 1) / chunk);
+    const int n = static_cast<int>(NumKvChunks(t.kv_end, chunk));
     const int merge = static_cast<int>(plan.merges.size());
     plan.merges.push_back({t.q_start, t.q_len, plan.num_partials, n});
     for (int c = 0; c < n; ++c) {

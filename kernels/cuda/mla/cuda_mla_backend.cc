@@ -6,14 +6,17 @@
 // and leaves the other rows of out_latent untouched. Decode steps of one token per sequence can
 // run in CUDA graphs (ReserveGraphs / PlanGraph: MlaDecode's graph form).
 //
-// Configure applies mla_kernel (the registry's call, before the first Plan); the model reaches
-// RunMla through AttentionBackend::mla().
+// The prefill chunks of a step (sequences RunMla leaves) are attended by RunMlaPrefill in the
+// expanded form (MlaPrefill, mla_prefill.h). Configure applies mla_kernel (the registry's call,
+// before the first Plan); the model reaches RunMla and RunMlaPrefill through
+// AttentionBackend::mla().
 #include <memory>
 
 #include "base/check.h"
 #include "kernels/backend_registry.h"
 #include "kernels/cuda/c8/c8_attention.h"
 #include "kernels/cuda/mla/mla_decode.h"
+#include "kernels/cuda/mla/mla_prefill.h"
 
 namespace llm::cuda {
 namespace {
@@ -24,7 +27,9 @@ class CudaMlaBackend final : public MlaAttentionBackend {
       : spec_(spec),
         attn_(std::make_unique<MlaDecode>(MlaDecodeShape{
             spec.num_q_heads, spec.block_size,
-            spec.kv_dtype == DType::kFp8E4M3 ? MlaCacheType::kFp8E4M3 : MlaCacheType::kBf16})) {
+            spec.kv_dtype == DType::kFp8E4M3 ? MlaCacheType::kFp8E4M3 : MlaCacheType::kBf16})),
+        prefill_(MlaPrefillShape{spec.num_q_heads, spec.block_size, spec.head_dim,
+                                 spec.mla_rope_dim, spec.kv_dtype == DType::kFp8E4M3}) {
     LLM_CHECK(spec.head_dim == kMlaCacheDim && spec.mla_rope_dim == kMlaRopeDim)
         << "cuda_mla needs head_dim " << kMlaCacheDim << " with mla_rope_dim " << kMlaRopeDim;
     LLM_CHECK(spec.kv_dtype == DType::kBF16 || spec.kv_dtype == DType::kFp8E4M3)
@@ -76,6 +81,7 @@ class CudaMlaBackend final : public MlaAttentionBackend {
   }
   void set_stream(void* stream) override { stream_ = stream; }
   Status Plan(const AttentionBatch& batch) override {
+    LLM_RETURN_IF_ERROR(prefill_.Plan(batch, stream_));
     return attn_->Upload(batch, BuildMlaPlan(attn_->shape(), batch, config_), stream_);
   }
   // Decode steps in CUDA graphs: MlaDecode's graph form (mla_decode.h). The split-KV choice is
@@ -85,6 +91,7 @@ class CudaMlaBackend final : public MlaAttentionBackend {
     return attn_->ReserveGraph(max_seqs, max_pages);
   }
   Status PlanGraph(const AttentionBatch& batch, int bucket) override {
+    prefill_.PlanNone();
     return attn_->UploadGraph(batch,
                               BuildMlaPlan(attn_->shape(), batch, attn_->GraphPlanConfig(bucket)),
                               bucket, stream_);
@@ -104,11 +111,13 @@ class CudaMlaBackend final : public MlaAttentionBackend {
     const Status st = attn_->Run(a, stream_);
     LLM_CHECK(st.ok()) << st.ToString();
   }
+  Status RunMlaPrefill(const MlaPrefillParams& p) override { return prefill_.Run(p, stream_); }
 
  private:
   AttentionSpec spec_;
   std::unique_ptr<MlaDecode> attn_;  // replaced by Configure before the first Plan
   MlaPlanConfig config_;
+  MlaPrefill prefill_;
   void* stream_ = nullptr;
   std::string choice_ = "auto";  // the mla_kernel value Configure applied
 };

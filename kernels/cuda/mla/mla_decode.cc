@@ -50,7 +50,7 @@ MlaPlan BuildMlaPlan(const MlaDecodeShape& shape, const AttentionBatch& batch,
   auto waves_for = [&](int64_t chunk) {
     double w = 0;
     for (const Tile& t : tiles) {
-      const int64_t ctas = std::max<int64_t>(1, (t.kv_end + chunk - 1) / chunk);
+      const int64_t ctas = std::max<int64_t>(1, NumKvChunks(t.kv_end, chunk));
       w += static_cast<double>(ctas) /
            (std::max(1, config.num_sms) * std::max(1, config.ctas_per_sm[t.variant]));
     }
@@ -59,8 +59,7 @@ MlaPlan BuildMlaPlan(const MlaDecodeShape& shape, const AttentionBatch& batch,
   // A graph bucket's grid bounds the items of each row variant (config.max_items).
   auto fits = [&](int64_t chunk) {
     int64_t n[kMlaNumRowVariants] = {0, 0, 0};
-    for (const Tile& t : tiles)
-      n[t.variant] += std::max<int64_t>(1, (t.kv_end + chunk - 1) / chunk);
+    for (const Tile& t : tiles) n[t.variant] += std::max<int64_t>(1, NumKvChunks(t.kv_end, chunk));
     for (int v = 0; v < kMlaNumRowVariants; ++v) {
       if (config.max_items[v] > 0 && n[v] > config.max_items[v]) return false;
     }
@@ -71,18 +70,12 @@ MlaPlan BuildMlaPlan(const MlaDecodeShape& shape, const AttentionBatch& batch,
   if (config.force_split) {
     chunk = min_chunk;
   } else if (!tiles.empty()) {
-    double best = WaveEfficiency(waves_for(chunk));
-    for (int n = 2; n <= config.max_splits; ++n) {
-      const int64_t c = ((max_kv + n - 1) / n + 63) / 64 * 64;
-      if (c < min_chunk) break;
-      if (!fits(c)) continue;
-      const double waves = waves_for(c);
-      const double e = WaveEfficiency(waves);
-      if (SplitImproves(waves, e, best)) {
-        best = e;
-        chunk = c;
-      }
-    }
+    chunk = ChooseKvChunk(
+        max_kv, config.max_splits, min_chunk, waves_for,
+        [](double waves, double best_waves) {
+          return SplitImproves(waves, WaveEfficiency(waves), WaveEfficiency(best_waves));
+        },
+        fits);
   }
   chunk = (chunk + 63) / 64 * 64;
   for (const Tile& t : tiles) {
@@ -91,7 +84,7 @@ MlaPlan BuildMlaPlan(const MlaDecodeShape& shape, const AttentionBatch& batch,
       items.push_back({t.seq, t.q_start, t.q_len, t.head_start, t.num_heads, 0, t.kv_end, -1});
       continue;
     }
-    const int n = static_cast<int>((t.kv_end + chunk - 1) / chunk);
+    const int n = static_cast<int>(NumKvChunks(t.kv_end, chunk));
     plan.merges.push_back({t.q_start, t.q_len, t.head_start, t.num_heads, plan.num_partials, n});
     for (int c = 0; c < n; ++c) {
       const int b = static_cast<int>(c * chunk);
