@@ -375,21 +375,29 @@ ForwardBatch ReadbackBatch(int block_size) {
   return fb;
 }
 
-TEST_CASE("GPU readback returns the host rows' logits and the device rows' tokens",
-          "[gpu][model]") {
-  const std::string dir = WriteRandomModel("llama_readback", false);
+constexpr int kReadbackBlockSize = 64;
+
+// The model in `dir` on the GPU with 16 KV blocks of kReadbackBlockSize, no graphs.
+std::unique_ptr<Model> LoadEagerModel(const std::string& dir) {
   ModelLoadOptions o;
   o.model_dir = dir;
   o.device = "cuda";
-  o.block_size = 64;
+  o.block_size = kReadbackBlockSize;
   o.num_kv_blocks = 16;
   o.cuda_graph_max_batch = 0;
   auto loaded = LoadModel(o);
   REQUIRE(loaded.ok());
-  Model& model = **loaded;
+  return std::move(loaded).value();
+}
+
+TEST_CASE("GPU readback returns the host rows' logits and the device rows' tokens",
+          "[gpu][model]") {
+  const std::string dir = WriteRandomModel("llama_readback", false);
+  std::unique_ptr<Model> loaded = LoadEagerModel(dir);
+  Model& model = *loaded;
   REQUIRE(model.samples_on_device());
   const int V = model.config().vocab_size;
-  const ForwardBatch base = ReadbackBatch(o.block_size);
+  const ForwardBatch base = ReadbackBatch(kReadbackBlockSize);
   const int R = static_cast<int>(base.logit_rows.size());
   std::vector<float> ref;
   REQUIRE(model.Forward(base, &ref).ok());
@@ -440,19 +448,12 @@ TEST_CASE("GPU readback returns the host rows' logits and the device rows' token
 TEST_CASE("GPU launched forward with deferred masks samples as one that carried them",
           "[gpu][model][sampling]") {
   const std::string dir = WriteRandomModel("llama_deferred_masks", false);
-  ModelLoadOptions o;
-  o.model_dir = dir;
-  o.device = "cuda";
-  o.block_size = 64;
-  o.num_kv_blocks = 16;
-  o.cuda_graph_max_batch = 0;
-  auto loaded = LoadModel(o);
-  REQUIRE(loaded.ok());
-  Model& model = **loaded;
+  std::unique_ptr<Model> loaded = LoadEagerModel(dir);
+  Model& model = *loaded;
   REQUIRE(model.supports_overlap());
   const int V = model.config().vocab_size;
   const int W = (V + 31) / 32;
-  ForwardBatch fb = ReadbackBatch(o.block_size);
+  ForwardBatch fb = ReadbackBatch(kReadbackBlockSize);
   const int R = static_cast<int>(fb.logit_rows.size());
   fb.device_sampled.assign(R, 1);
   fb.penalty_indptr.assign(R + 1, 0);
