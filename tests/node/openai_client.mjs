@@ -241,9 +241,15 @@ for (const n of [1, 2]) await check(`disconnect mid-stream frees the request's K
   let chunks = 0;
   try {
     for await (const c of stream) {
-      // Choice 1 starts after choice 0's prefill step, so both run by the third chunk.
+      // Choice 1 starts after choice 0's prefill step; the gauge is refreshed at the end of a
+      // step, after its chunks went out, so wait for it to show every choice running.
       if (++chunks === 3) {
-        expect((await metric("llm_num_requests_running")) === n, `its ${n} choices are running`);
+        let running = 0;
+        for (let i = 0; i < 500 && running !== n; ++i) {
+          running = await metric("llm_num_requests_running");
+          if (running !== n) await new Promise((r) => setTimeout(r, 20));
+        }
+        expect(running === n, `its ${n} choices are running (gauge: ${running})`);
         controller.abort();
       }
     }
