@@ -10,6 +10,10 @@
 //       [--fp8-fast-accum 0|1]   (default 1, the server's default)
 //       [--fp8-static-attn-out 0|1]   (default 1, the server's fp8_static_attention_output)
 //       [--c8-prefill auto|tiles|fmha] (the server's c8_prefill)
+//       [--query-tokens 1,2,3,4,5]
+// --query-tokens Q,...: also time eager steps in which every sequence brings Q tokens (the last
+//   sampled one and Q - 1 speculative drafts) with a logit row at each, a verify step of
+//   speculative decoding, beside the one-token step; rows "verify q=Q" (tok/s counts B x Q).
 // --prefill-seqs S: the prefill chunk is S fresh sequences of prefill / S tokens each (the
 //   serving workload's chunks: 8 x 1024 is what 8,192-token steps of 1,000-token prompts hold).
 // --prefill-decode N: N decode rows at context --ctx join the prefill chunk, which keeps the same
@@ -67,6 +71,7 @@ struct Args {
   bool fast_accum = true;                // ModelLoadOptions::fp8_fast_accumulation
   bool static_attn_out = true;           // ModelLoadOptions::fp8_static_attention_output
   std::string c8_prefill = "auto";       // ModelLoadOptions::c8_prefill
+  std::vector<int> query_tokens;         // verify steps of Q tokens per sequence
 };
 
 // B sequences of ctx cached tokens each, decoding one token at position ctx + step; block tables
@@ -92,30 +97,35 @@ DecodeState ShuffledDecodeState(int B, int pool_pages, int pages_per_seq, int ct
   return st;
 }
 
-llm::ForwardBatch DecodeBatch(DecodeState& st, int vocab, int bs, std::mt19937& rng) {
+// One step of q tokens per sequence (q = 1: a decode step; q > 1: a speculative verify step,
+// sampled at every position). Each sequence advances by one token, as when one draft is accepted
+// in two, so a run's contexts stay comparable across q.
+llm::ForwardBatch DecodeBatch(DecodeState& st, int vocab, int bs, std::mt19937& rng, int q = 1) {
   llm::ForwardBatch fb;
   llm::AttentionBatch& a = fb.attn;
   const int B = static_cast<int>(st.lens.size());
   a.num_seqs = B;
-  a.num_tokens = B;
+  a.num_tokens = B * q;
   a.q_indptr.push_back(0);
   a.page_indptr.push_back(0);
   for (int s = 0; s < B; ++s) {
-    const int pos = st.lens[s]++;  // the new token's position; the sequence now holds pos + 1
-    fb.token_ids.push_back(static_cast<int32_t>(rng() % vocab));
-    fb.positions.push_back(pos);
-    fb.logit_rows.push_back(s);
-    a.q_indptr.push_back(s + 1);
-    a.kv_lens.push_back(pos + 1);
+    const int pos = st.lens[s]++;  // the first new token's position
     const auto& t = st.tables[s];
-    const int pages = (pos + 1 + bs - 1) / bs;
+    for (int i = 0; i < q; ++i) {
+      fb.token_ids.push_back(static_cast<int32_t>(rng() % vocab));
+      fb.positions.push_back(pos + i);
+      fb.logit_rows.push_back(s * q + i);
+      a.slot_mapping.push_back(t[(pos + i) / bs] * bs + (pos + i) % bs);
+    }
+    a.q_indptr.push_back((s + 1) * q);
+    a.kv_lens.push_back(pos + q);
+    const int pages = (pos + q + bs - 1) / bs;
     a.page_indices.insert(a.page_indices.end(), t.begin(), t.begin() + pages);
     a.page_indptr.push_back(static_cast<int32_t>(a.page_indices.size()));
-    a.slot_mapping.push_back(t[pos / bs] * bs + pos % bs);
   }
-  fb.device_sampled.assign(B, 1);
-  fb.sampling_jobs.assign(B, llm::SamplingJob{});  // greedy
-  fb.penalty_indptr.assign(B + 1, 0);
+  fb.device_sampled.assign(B * q, 1);
+  fb.sampling_jobs.assign(B * q, llm::SamplingJob{});  // greedy
+  fb.penalty_indptr.assign(B * q + 1, 0);
   return fb;
 }
 
@@ -187,6 +197,8 @@ int main(int argc, char** argv) {
       args.prefill_steps = std::max(1, std::stoi(v));
     } else if (k == "--prefill-decode") {
       args.prefill_decode = std::max(0, std::stoi(v));
+    } else if (k == "--query-tokens") {
+      args.query_tokens = bench::ParseIntList(v);
     } else if (k == "--profile-prefill") {
       args.profile_prefill = std::stoi(v) != 0;
     } else {
@@ -198,7 +210,13 @@ int main(int argc, char** argv) {
   spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug: e.g. each fp8 GEMM's tuned choice
   const int max_b = *std::max_element(args.batches.begin(), args.batches.end());
   const int bs = args.block_size;
-  const int pages_per_seq = (args.ctx + args.steps * 2 + 8 + bs - 1) / bs;
+  int max_q = 1;
+  for (int q : args.query_tokens) max_q = std::max(max_q, q);
+  // Room for the one-token steps and every verify run (each advances a sequence by one token).
+  const int pages_per_seq =
+      (args.ctx + (args.steps + 3) * (1 + static_cast<int>(args.query_tokens.size())) + max_q + 8 +
+       bs - 1) /
+      bs;
   const int prefill_pages = (args.prefill + bs - 1) / bs;
   // Decode tables come from the first decode_pages pages; a prefill chunk's pages follow them.
   const int decode_pages = std::max(max_b, args.prefill_decode) * pages_per_seq;
@@ -310,6 +328,24 @@ int main(int argc, char** argv) {
       std::printf("| %d x %d | %s | %.3f | %.3f | %.0f | %.2f | %.2f | %s |\n", B, args.ctx,
                   graphs ? "graph" : "eager", mean, Percentile(ms, 0.5), B * 1000.0 / mean, gb,
                   gb / mean, joules.c_str());
+      for (int q : graphs ? std::vector<int>{} : args.query_tokens) {
+        std::vector<double> vms;
+        for (int step = 0; step < args.steps + 3; ++step) {
+          const llm::ForwardBatch fb = DecodeBatch(st, c.vocab_size, bs, rng, q);
+          const auto t0 = Clock::now();
+          const llm::Status s = model.ForwardSampled(fb, &logits, &tokens);
+          if (!s.ok()) {
+            std::fprintf(stderr, "verify forward (q=%d): %s\n", q, s.ToString().c_str());
+            return 1;
+          }
+          const double dt = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+          if (step >= 3) vms.push_back(dt);
+        }
+        const double vmean = std::accumulate(vms.begin(), vms.end(), 0.0) / vms.size();
+        std::printf("| %d x %d | verify q=%d | %.3f | %.3f | %.0f | %.2f | %.2f | - | - |\n", B,
+                    args.ctx, q, vmean, Percentile(vms, 0.5), B * q * 1000.0 / vmean, gb,
+                    gb / vmean);
+      }
     }
     if (!graphs && args.prefill > 0) {
       // One prefill chunk: S fresh sequences of (P - N) / S tokens and N decode rows (eager in
