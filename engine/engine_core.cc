@@ -56,6 +56,7 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& con
 
 StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& config,
                                                          std::unique_ptr<Model> model) {
+  LLM_RETURN_IF_ERROR(CheckSpeculativeConfig(config.speculative));
   std::unique_ptr<EngineCore> core(new EngineCore());
   core->config_ = config;
   const std::string tok_path = config.model.model_dir + "/tokenizer.json";
