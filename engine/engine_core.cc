@@ -479,6 +479,13 @@ StepRecord EngineCore::Step() {
     metrics_->step_forward.Observe(record.forward_s);
     metrics_->step_sample.Observe(record.sample_s);
   }
+  if (proposer_) metrics_->step_draft.Observe(record.draft_s);
+  if (record.num_drafts > 0) {
+    metrics_->step_verify.Observe(record.verify_s);
+    metrics_->spec_drafts.Inc(record.num_drafts);
+    metrics_->spec_draft_tokens.Inc(record.num_draft_tokens);
+    metrics_->spec_accepted_tokens.Inc(record.num_accepted_tokens);
+  }
   UpdateGauges();
   return record;
 }

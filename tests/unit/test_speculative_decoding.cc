@@ -252,6 +252,25 @@ TEST_CASE("aborted and preempted speculating requests return every block",
   CHECK(res.accepted > 0);
   CHECK(res.sinks.at("r0")->reason == FinishReason::kAborted);
   CHECK(core->metrics()->preemptions.value() > 0);
+  // The metrics count what the steps reported.
+  const EngineMetrics& m = *core->metrics();
+  CHECK(m.spec_drafts.value() == res.drafts);
+  CHECK(m.spec_draft_tokens.value() == res.draft_tokens);
+  CHECK(m.spec_accepted_tokens.value() == res.accepted);
+  const std::string text = m.Render();
+  for (const char* name :
+       {"llm_spec_decode_num_drafts_total", "llm_spec_decode_num_draft_tokens_total",
+        "llm_spec_decode_num_accepted_tokens_total", "llm_spec_decode_acceptance_rate",
+        "llm_spec_decode_mean_accepted_tokens", "llm_engine_step_draft_seconds_count",
+        "llm_engine_step_verify_seconds_count"}) {
+    CHECK(text.find(name) != std::string::npos);
+  }
+  const double rate = static_cast<double>(res.accepted) / res.draft_tokens;
+  CHECK(text.find("llm_spec_decode_acceptance_rate " + [&] {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.17g", rate);
+    return std::string(buf);
+  }()) != std::string::npos);
 }
 
 // Sampled requests end to end: the distribution of the second generated token (over many seeds)
