@@ -159,7 +159,7 @@ TEST_CASE("rejection sampling primitives", "[speculative][rejection_sampler]") {
   CHECK(p.at(7) == 0.0);
 }
 
-TEST_CASE("rejection sampling keeps the target distribution; broken rules do not",
+TEST_CASE("rejection sampling keeps the target distribution and broken rules do not",
           "[speculative][rejection_sampler]") {
   CHECK(KeepsTargetDistribution(Correct, 1));
   CHECK(KeepsTargetDistribution(Correct, 2));
