@@ -60,6 +60,32 @@ def test_greedy_output_is_unchanged(server):
     spec.wait_idle()
 
 
+def test_grpc_opt_out(server, pb):
+    s = server(SPEC_FLAGS)
+    stub = s.stub()
+
+    def tokens(**extra):
+        req = pb.GenerateRequest(token_ids=pb.TokenIds(ids=[9, 10, 11] * 6),
+                                 sampling=pb.SamplingParams(temperature=0),
+                                 stopping=pb.StoppingParams(max_tokens=30, ignore_eos=True),
+                                 **extra)
+        out = []
+        for msg in stub.Generate(req, timeout=HANG_S):
+            if msg.HasField("chunk"):
+                out += list(msg.chunk.token_ids)
+            else:
+                out += list(msg.complete.token_ids)
+        return out
+
+    drafts = s.metrics()["llm_spec_decode_num_drafts_total"]
+    opted_out = tokens(speculative_decoding=False)
+    assert s.metrics()["llm_spec_decode_num_drafts_total"] == drafts  # nothing drafted
+    assert len(opted_out) == 30
+    assert tokens() == opted_out
+    assert tokens(speculative_decoding=True) == opted_out
+    assert s.metrics()["llm_spec_decode_num_drafts_total"] > drafts
+
+
 def test_opt_out_field_is_type_checked(server):
     s = server(SPEC_FLAGS)
     code, body = post(s.http_base, "/v1/completions",
