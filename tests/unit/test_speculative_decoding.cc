@@ -240,6 +240,57 @@ TEST_CASE("greedy decoding with n-gram drafts gives exactly the tokens without t
   }
 }
 
+// A model that samples on the device and overlaps steps (the synthetic one, whose token is a hash
+// of the fed-back id and the position; a vocabulary of 5 makes drafts match by chance): drafted
+// rows come back as logits while the other rows of the step are sampled on the device, requests
+// that opt out still overlap once no speculating request is in the batch, and every token is the
+// one of a run without speculation.
+TEST_CASE("speculation beside device sampling and overlapped steps changes no token",
+          "[speculative][engine]") {
+  auto make = [](const std::string& method) {
+    EngineConfig cfg;
+    cfg.model.model_dir = "synthetic:vocab=5,max_len=512,device_sampling=1";
+    cfg.model.block_size = 4;
+    cfg.model.num_kv_blocks = 128;
+    cfg.scheduler.max_num_seqs = 8;
+    cfg.scheduler.max_batched_tokens = 32;
+    cfg.require_tokenizer = false;
+    cfg.speculative.method = method;
+    cfg.speculative.num_speculative_tokens = 4;
+    auto core = EngineCore::Create(cfg);
+    REQUIRE(core.ok());
+    return std::move(core.value());
+  };
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 8; ++i) {
+    GenerationRequest r;
+    r.request_id = "d" + std::to_string(i);
+    r.prompt_ids = {1, 2, 3, 4, 1, 2, 3};
+    r.prompt_ids.push_back(i % 5);
+    r.stopping.ignore_eos = true;
+    if (i % 2 == 0) {  // greedy, speculating, short
+      r.sampling.temperature = 0.0f;
+      r.stopping.max_tokens = 10 + i;
+    } else {  // seeded sampling on the device, opted out, long: overlaps at the end
+      r.sampling.temperature = 0.9f;
+      r.sampling.seed = 50 + i;
+      r.speculative_decoding = false;
+      r.stopping.max_tokens = 60;
+    }
+    reqs.push_back(std::move(r));
+  }
+  auto plain_core = make("none");
+  const RunResult plain = Run(*plain_core, reqs);
+  auto spec_core = make("ngram");
+  const RunResult spec = Run(*spec_core, reqs);
+  CHECK(spec.accepted > 0);
+  CHECK(spec_core->num_overlapped_steps() > 0);
+  for (const auto& [id, sink] : plain.sinks) {
+    INFO(id);
+    CHECK(spec.sinks.at(id)->tokens == sink->tokens);
+  }
+}
+
 TEST_CASE("aborted and preempted speculating requests return every block",
           "[speculative][engine]") {
   test::TempDir dir("spec_abort");
