@@ -23,6 +23,9 @@ struct EngineConfig {
   // and how many compiled grammars the engine keeps.
   int max_constraint_bytes = 64 * 1024;
   int grammar_cache_size = 64;
+  // Threads (the engine thread included) that fill a step's token masks; 0: half the hardware
+  // threads, at most 8.
+  int structured_output_threads = 0;
   int max_queued_requests = 1024;  // accepted but not yet running; past it RESOURCE_EXHAUSTED
   bool require_tokenizer = true;   // false: token-id-only use (tests, llm-dump)
   // Overlapped steps (models that support them): step k + 1 is scheduled and queued on the

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -16,6 +17,11 @@ namespace {
 
 bool Finite(float x) {
   return std::isfinite(x);
+}
+
+// Only when the grammar's mask left nothing to choose from.
+Status GrammarRefused(int32_t token) {
+  return Internal("token " + std::to_string(token) + " is outside the request's grammar");
 }
 
 double Seconds(std::chrono::steady_clock::duration d) {
@@ -125,6 +131,11 @@ void EngineCore::InitGrammars(const std::string& tokenizer_path) {
   }
   grammar_cache_ = std::make_unique<GrammarCache>(
       vocab.value(), static_cast<size_t>(std::max(1, config_.grammar_cache_size)));
+  int threads = config_.structured_output_threads;
+  if (threads <= 0) {
+    threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 8);
+  }
+  mask_pool_ = std::make_unique<WorkerPool>(threads);
 }
 
 Status EngineCore::ValidateConstraint(GenerationRequest* r) const {
@@ -478,6 +489,7 @@ StepRecord EngineCore::Step() {
     metrics_->step_prepare.Observe(record.prepare_s);
     metrics_->step_forward.Observe(record.forward_s);
     metrics_->step_sample.Observe(record.sample_s);
+    if (record.mask_s >= 0) metrics_->step_mask.Observe(record.mask_s);
   }
   if (proposer_) metrics_->step_draft.Observe(record.draft_s);
   if (record.num_drafts > 0) {
@@ -519,11 +531,29 @@ StepRecord EngineCore::StepInner() {
 
   // This step goes to the device first; the host then reads the previous step's tokens while
   // this one runs (overlap), or waits for this one too (a step that needs the host's sampling).
+  // Token masks follow the previous step's tokens: an overlapped step's sampling waits for them
+  // on the device while its forward runs; a synchronous step reads that step back first.
   std::vector<int32_t> device_tokens;
   routing_trace_.clear();
-  const Status st = overlap ? model_->Launch(in.forward)
-                            : model_->ForwardSampled(in.forward, &logits_scratch_, &device_tokens);
-  const std::optional<Collected> prev = CollectInflight();
+  const bool masks = !in.mask_rows.empty();
+  std::optional<Collected> prev;
+  Status st;
+  if (overlap) {
+    in.forward.masks_deferred = masks;
+    st = model_->Launch(in.forward);
+    prev = CollectInflight();
+    if (st.ok() && masks) {
+      record.mask_s = FillMasks(in, states);
+      st = model_->SupplyMasks(std::move(in.forward.token_masks));
+    }
+  } else {
+    if (masks) {
+      prev = CollectInflight();
+      record.mask_s = FillMasks(in, states);
+    }
+    st = model_->ForwardSampled(in.forward, &logits_scratch_, &device_tokens);
+    if (!masks) prev = CollectInflight();
+  }
   const auto t3 = Clock::now();
   record.forward_s = Seconds(t3 - t2);
   if (!st.ok()) spdlog::error("forward pass failed: {}", st.ToString());
@@ -577,31 +607,61 @@ void EngineCore::NoteScheduled(const SchedulerOutput& sched, const StepStates& s
 }
 
 StepBatch EngineCore::BuildInputs(const SchedulerOutput& sched, const StepStates& states) {
-  // Rows whose logits someone reads (logprobs, an observer, a grammar's mask) come back; the others
-  // are sampled on the device with this step's draw, taken here from the request's stream.
+  // Rows whose logits someone reads (logprobs, an observer) come back; the others are sampled on
+  // the device with this step's draw, taken here from the request's stream.
   const int vocab = model_->config().vocab_size;
-  const DeviceJobFn device_job = [this, &states, vocab](size_t k, const Sequence& seq,
-                                                        SamplingJob* job, ForwardBatch* batch) {
+  std::vector<StepBatch::MaskRow> mask_rows;
+  const DeviceJobFn device_job = [this, &states, vocab, &mask_rows](size_t k, const Sequence& seq,
+                                                                    SamplingJob* job,
+                                                                    ForwardBatch* batch) {
     RequestState& rs = *states[k];
     if (rs.request.sampling.logprobs != 0 || logits_observer_) return false;
     *job = rs.sampler->DeviceJob(seq.prompt_ids, seq.output_ids, &batch->penalties);
-    if (rs.matcher) {  // the mask rides with the job; bits past the grammar's vocabulary stay 0
+    if (rs.matcher) {  // the mask rides with the job, filled by FillMasks
       batch->mask_words = (vocab + 31) / 32;
-      rs.matcher->FillNextTokenBitmask(rs.mask.data());
       const size_t at = batch->token_masks.size();
       batch->token_masks.resize(at + batch->mask_words, 0u);
-      const size_t n = std::min<size_t>(rs.mask.size(), batch->mask_words);
-      std::copy_n(rs.mask.begin(), n, batch->token_masks.begin() + at);
-      const size_t tokens = rs.matcher->compiled().vocab().size();
-      if (tokens < static_cast<size_t>(vocab) && tokens % 32 != 0 && tokens / 32 < n) {
-        batch->token_masks[at + tokens / 32] &= (1u << (tokens % 32)) - 1u;
-      }
       job->mask_row = static_cast<int32_t>(at / batch->mask_words);
+      mask_rows.push_back({batch->logit_rows.size() - 1, job->mask_row});
     }
     return true;
   };
-  return BuildStepBatch(sched, scheduler_->allocator(), scheduler_->config().block_size,
-                        model_->samples_on_device(), device_job);
+  StepBatch in = BuildStepBatch(sched, scheduler_->allocator(), scheduler_->config().block_size,
+                                model_->samples_on_device(), device_job);
+  in.mask_rows = std::move(mask_rows);
+  return in;
+}
+
+double EngineCore::FillMasks(StepBatch& in, const StepStates& states) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ForwardBatch& b = in.forward;
+  // Each row is one request's grammar state and its own slice of token_masks; the grammars'
+  // shared per-position caches are thread-safe.
+  mask_pool_->ParallelFor(in.mask_rows.size(), [&](size_t i) {
+    const StepBatch::MaskRow& m = in.mask_rows[i];
+    RequestState& rs = *states[in.row_step[m.row]];
+    FillRowMask(rs, b.token_masks.data() + static_cast<size_t>(m.mask_row) * b.mask_words,
+                b.mask_words);
+  });
+  return Seconds(std::chrono::steady_clock::now() - t0);
+}
+
+void EngineCore::FillRowMask(RequestState& rs, uint32_t* dst, int mask_words) {
+  rs.matcher->FillNextTokenBitmask(rs.mask.data());
+  const int vocab = model_->config().vocab_size;
+  // Bits past the grammar's vocabulary (a model vocabulary padded past the tokenizer's) stay 0.
+  const size_t n = std::min<size_t>(rs.mask.size(), mask_words);
+  std::copy_n(rs.mask.begin(), n, dst);
+  std::fill(dst + n, dst + mask_words, 0u);
+  const size_t tokens = rs.matcher->compiled().vocab().size();
+  if (tokens < static_cast<size_t>(vocab) && tokens % 32 != 0 && tokens / 32 < n) {
+    dst[tokens / 32] &= (1u << (tokens % 32)) - 1u;
+  }
+  if (std::all_of(dst, dst + mask_words, [](uint32_t w) { return w == 0; })) {
+    std::fill(dst, dst + mask_words, ~0u);
+    if (vocab % 32 != 0) dst[vocab / 32] = (1u << (vocab % 32)) - 1u;
+    std::fill(dst + (vocab + 31) / 32, dst + mask_words, 0u);
+  }
 }
 
 bool EngineCore::CanOverlap(const StepBatch& in, const StepStates& states) const {
@@ -634,9 +694,7 @@ void EngineCore::EmitTokens(const StepBatch& in, const StepStates& states,
     RequestState& rs = *states[in.row_step[r]];  // alive while its sequence is
     const SampledToken tok = SampleRow(in.forward, r, rs, *seq, device_tokens);
     if (rs.matcher && !rs.matcher->AcceptToken(tok.token)) {
-      // Only when the mask left nothing to choose from.
-      Fail(rs.request.request_id,
-           Internal("token " + std::to_string(tok.token) + " is outside the request's grammar"));
+      Fail(rs.request.request_id, GrammarRefused(tok.token));
       continue;
     }
     seq->output_ids.push_back(tok.token);
@@ -692,13 +750,13 @@ void EngineCore::ReportRouting(const AttentionBatch& batch,
 bool EngineCore::Overlappable(const RequestState& st) const {
   const SamplingParams& p = st.request.sampling;
   // A speculating request is never overlapped: its drafts come from tokens the host has read.
-  return !st.matcher && !Speculates(st) && p.logprobs == 0 && p.repetition_penalty == 1.0f &&
+  return !Speculates(st) && p.logprobs == 0 && p.repetition_penalty == 1.0f &&
          p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
 }
 
 std::optional<EngineCore::Collected> EngineCore::CollectInflight() {
   if (!inflight_) return std::nullopt;
-  Collected c{std::move(*inflight_), {}, Status::Ok()};
+  Collected c{std::move(*inflight_), {}, Status::Ok(), {}};
   inflight_.reset();
   c.status = model_->Collect(&c.tokens);
   if (!c.status.ok()) {
@@ -715,6 +773,11 @@ std::optional<EngineCore::Collected> EngineCore::CollectInflight() {
         << "sequence " << seq->id << " lost its placeholder for row " << r;
     LLM_CHECK(tokens[r] >= 0) << "no token for an overlapped row";
     seq->output_ids.back() = tokens[r];
+    RequestState& rs = requests_.at(seq_to_request_.at(seq->id));
+    if (rs.matcher && !rs.matcher->AcceptToken(tokens[r])) {
+      c.refused.resize(tokens.size(), 0);
+      c.refused[r] = 1;
+    }
   }
   return c;
 }
@@ -727,9 +790,14 @@ void EngineCore::StreamCollected(const Collected& c) {
   for (size_t r = 0; r < c.step.row_seq.size(); ++r) {
     Sequence* seq = scheduler_->Find(c.step.row_seq[r]);
     if (seq == nullptr) continue;
+    RequestState& rs = requests_.at(seq_to_request_.at(seq->id));
+    if (r < c.refused.size() && c.refused[r]) {
+      Fail(rs.request.request_id, GrammarRefused(c.tokens[r]));
+      continue;
+    }
     SampledToken tok;
     tok.token = c.tokens[r];
-    OnToken(requests_.at(seq_to_request_.at(seq->id)), *seq, tok);  // may finish the request
+    OnToken(rs, *seq, tok);  // may finish the request
   }
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/worker_pool.h"
 #include "engine/engine_config.h"
 #include "engine/grammar_cache.h"
 #include "engine/metrics.h"
@@ -45,6 +46,7 @@ struct StepRecord {
   // tokens and how many were accepted.
   double draft_s = 0, verify_s = 0;
   int num_drafts = 0, num_draft_tokens = 0, num_accepted_tokens = 0;
+  double mask_s = -1;  // filling token masks (within forward_s); -1: the step had none
 };
 
 class EngineCore {
@@ -116,8 +118,8 @@ class EngineCore {
     // mask before the step: it rides with the row's device sampling job, or masks the row's
     // logits on the host (logprobs, a logits observer, a model that samples on the host).
     std::unique_ptr<grammar::Matcher> matcher;
-    std::vector<uint32_t> mask;
-    bool scheduled = false;  // queue time recorded
+    std::vector<uint32_t> mask;  // the matcher's words, reused
+    bool scheduled = false;      // queue time recorded
     // n > 1: the request this is a choice of, and the choice's index; with a prefix cache,
     // choices 1..n-1 hold their sequence here until choice 0's prefill is done
     // (ReleaseHeldChoices).
@@ -154,10 +156,12 @@ class EngineCore {
     InFlight step;
     std::vector<int32_t> tokens;
     Status status;
+    std::vector<uint8_t> refused;  // per row: the request's grammar refused the token
   };
-  // Takes the in-flight step (if any), waits for its tokens and writes them over their
-  // placeholders (sequences that ended meanwhile are skipped). Nothing is streamed yet: the
-  // caller does its scheduler bookkeeping first.
+  // Takes the in-flight step (if any), waits for its tokens, writes them over their placeholders
+  // and advances the grammars of constrained rows by them (sequences that ended meanwhile are
+  // skipped), so the next masks can be computed. Nothing is streamed yet: the caller does its
+  // scheduler bookkeeping first.
   std::optional<Collected> CollectInflight();
   // Streams a collected step's tokens, or fails its requests when reading it back failed.
   void StreamCollected(const Collected& c);
@@ -173,6 +177,14 @@ class EngineCore {
   // Records queue times of first-scheduled requests and the step's entries.
   void NoteScheduled(const SchedulerOutput& sched, const StepStates& states, StepRecord* record);
   StepBatch BuildInputs(const SchedulerOutput& sched, const StepStates& states);
+  // Fills the token masks of the batch's constrained device-sampled rows (in.mask_rows) from
+  // their grammars, on mask_pool_; returns the seconds it took. The grammars must have seen every
+  // earlier token.
+  double FillMasks(StepBatch& in, const StepStates& states);
+  // The mask of a request's next token into `dst` (mask_words words). A row with no allowed token
+  // (its grammar terminated: the request ends with the previous token) allows every token, so the
+  // device never samples from an empty set; the token is then discarded or refused.
+  void FillRowMask(RequestState& rs, uint32_t* dst, int mask_words);
   // Whether this step may run on while the host streams the previous one (Model::Launch).
   bool CanOverlap(const StepBatch& in, const StepStates& states) const;
   // After an overlapped launch: each row's token is a placeholder until Collect.
@@ -204,6 +216,7 @@ class EngineCore {
   // Compiled grammars over the tokenizer's vocabulary; null when the model has no usable
   // tokenizer.json (grammar_unavailable_ says why) or no EOS id.
   std::unique_ptr<GrammarCache> grammar_cache_;
+  std::unique_ptr<WorkerPool> mask_pool_;  // EngineConfig::structured_output_threads
   std::string grammar_unavailable_;
   int max_model_len_ = 0;
   int64_t next_seq_id_ = 1;

@@ -92,7 +92,8 @@ EngineMetrics::EngineMetrics()
       step_forward(kStepBuckets),
       step_sample(kStepBuckets),
       step_draft(kStepBuckets),
-      step_verify(kStepBuckets) {}
+      step_verify(kStepBuckets),
+      step_mask(kStepBuckets) {}
 
 void EngineMetrics::CountOutcome(const std::string& outcome) {
   std::lock_guard<std::mutex> l(mu_);
@@ -136,6 +137,8 @@ std::string EngineMetrics::Render() const {
                   step_forward);
   RenderHistogram(os, "llm_engine_step_sample_seconds",
                   "Sampling, detokenizing and streaming per step.", step_sample);
+  RenderHistogram(os, "llm_engine_step_mask_seconds",
+                  "Filling the structured-output token masks of a step that has any.", step_mask);
   RenderHistogram(os, "llm_engine_step_draft_seconds",
                   "Speculative decoding: proposing drafts, per step.", step_draft);
   RenderHistogram(os, "llm_engine_step_verify_seconds",

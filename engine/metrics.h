@@ -76,6 +76,9 @@ struct EngineMetrics {
   // acceptance and streaming of a step that verified drafts; its forward is in step_forward).
   Counter spec_drafts, spec_draft_tokens, spec_accepted_tokens;
   Histogram step_draft, step_verify;
+  // llm_engine_step_mask_seconds: filling the token masks of a step's constrained rows (part of
+  // `forward`; hidden behind the device's forward in an overlapped step).
+  Histogram step_mask;
 
   void CountOutcome(const std::string& outcome);  // llm_requests_total{outcome=...}
   std::string Render() const;

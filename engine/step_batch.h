@@ -30,12 +30,19 @@ struct StepBatch {
     int num_draft = 0;
   };
   std::vector<DraftRows> drafted;
+  // Constrained device-sampled rows: their masks (rows of forward.token_masks) are filled once
+  // the previous step's tokens are known (EngineCore::FillMasks).
+  struct MaskRow {
+    size_t row;        // logit row
+    int32_t mask_row;  // SamplingJob::mask_row
+  };
+  std::vector<MaskRow> mask_rows;
 };
 
 // The device-sampling job of a sequence's logit row (`step_index`: the sequence's index in
 // sched.seqs): appends the row's penalty entries to *penalties and returns true with *job filled
 // when the row is drawn on the device; false when its logits must come back to the host
-// (logprobs, a logits observer). A constrained row appends its token mask to the batch
+// (logprobs, a logits observer). A constrained row appends room for its token mask to the batch
 // (ForwardBatch::token_masks, mask_words words) and points job->mask_row at it.
 using DeviceJobFn = std::function<bool(size_t step_index, const Sequence& seq, SamplingJob* job,
                                        ForwardBatch* batch)>;

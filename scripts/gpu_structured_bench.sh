@@ -38,6 +38,7 @@ for round in $(seq 1 "$ROUNDS"); do
       { echo "loadgen $mode round $round failed"; tail -5 "$OUT/loadgen_${mode}_$round.txt"; }
   done
 done
+[ -n "$mport" ] && curl -s "http://127.0.0.1:$mport/metrics" > "$OUT/metrics.txt"
 kill $pid 2>/dev/null
 wait $pid 2>/dev/null
 python3 - "$OUT" "$ROUNDS" <<'PY'
@@ -62,4 +63,17 @@ for mode, t, a, b, all_ in rows:
     print(f"| {mode} | {t:.0f} | {a:.0f} | {b:.2f} | {', '.join(f'{x:.0f}' for x in all_)} |")
 if len(rows) == 2:
     print(f"json / free output tok/s: {rows[1][1] / rows[0][1]:.3f}")
+# Mean per-step phases over the whole run (both modes; mask: steps with constrained rows only).
+try:
+    m = {}
+    for line in open(f"{out}/metrics.txt"):
+        if line.startswith("llm_engine_step_") and ("_sum " in line or "_count " in line):
+            k, v = line.split()
+            m[k] = float(v)
+    for ph in ("schedule", "prepare", "forward", "mask", "sample"):
+        n = m.get(f"llm_engine_step_{ph}_seconds_count", 0)
+        if n:
+            print(f"step {ph}: mean {1e3 * m[f'llm_engine_step_{ph}_seconds_sum'] / n:.2f} ms over {n:.0f} steps")
+except OSError:
+    pass
 PY

@@ -167,6 +167,10 @@ std::vector<ServerOption> Declarations() {
       O::Int("ngram_prompt_lookup_max", LLM_BIND(engine.speculative.ngram_prompt_lookup_max), 1,
              1024, G::kScheduler, "n-gram drafting: the longest context suffix tried")
           .Requires(NgramSpeculation, "--speculative-method ngram"),
+      O::Int("structured_output_threads", LLM_BIND(engine.structured_output_threads), 0, 256,
+             G::kScheduler,
+             "threads (the engine's included) filling a step's structured-output token masks; "
+             "0: half the hardware threads, at most 8"),
       // Request limits.
       O::Int("max_tokens_limit", LLM_BIND(engine.max_tokens_limit), 1, 1 << 24, G::kLimits,
              "largest max_tokens a request may ask for"),

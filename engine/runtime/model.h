@@ -33,6 +33,11 @@ struct ForwardBatch {
   // words here (kernels/cuda/sampling/sampling.h; bits past the vocabulary are 0).
   std::vector<uint32_t> token_masks;
   int mask_words = 0;
+  // Launch only: the masks are not in token_masks yet. The constrained rows' masks depend on the
+  // tokens the previous step is still sampling, so the engine computes them while this forward
+  // runs and hands them to SupplyMasks, which queues the sampling (mask_words and each job's
+  // mask_row are set already).
+  bool masks_deferred = false;
 
   // Logit row r's mask, or null (no job, or an unconstrained one).
   const uint32_t* mask_of(size_t r) const {
@@ -72,6 +77,13 @@ class Model {
   }
   virtual Status Collect(std::vector<int32_t>* tokens) {
     (void)tokens;
+    return Unimplemented("this model cannot overlap steps");
+  }
+  // After Launch of a batch with masks_deferred: the masks ([mask rows, mask_words]), with which
+  // the launched forward's sampling is queued. Every model that overlaps steps takes them; until
+  // they come, that forward cannot be collected.
+  virtual Status SupplyMasks(std::vector<uint32_t> token_masks) {
+    (void)token_masks;
     return Unimplemented("this model cannot overlap steps");
   }
   virtual std::string attention_backend_name() const = 0;

@@ -91,6 +91,31 @@ Status SyntheticModel::Launch(const ForwardBatch& batch) {
   if (batch.device_sampled.size() != batch.logit_rows.size()) {
     return InvalidArgument("a launched forward must sample every row on the device");
   }
+  if (deferred_) return FailedPrecondition("the last launched forward still waits for its masks");
+  if (batch.masks_deferred) {
+    LLM_RETURN_IF_ERROR(CheckIds(batch));
+    deferred_ = batch;  // computed when its masks come, with feed_ still the previous forward's
+    return Status::Ok();
+  }
+  std::vector<float> logits;
+  std::vector<int32_t> tokens;
+  LLM_RETURN_IF_ERROR(ForwardSampled(batch, &logits, &tokens));
+  launched_.push_back(std::move(tokens));
+  return Status::Ok();
+}
+
+Status SyntheticModel::SupplyMasks(std::vector<uint32_t> token_masks) {
+  if (!deferred_) return FailedPrecondition("no launched forward waits for masks");
+  ForwardBatch batch = std::move(*deferred_);
+  deferred_.reset();
+  batch.token_masks = std::move(token_masks);
+  batch.masks_deferred = false;
+  for (const SamplingJob& job : batch.sampling_jobs) {
+    if (job.mask_row >= 0 &&
+        (static_cast<size_t>(job.mask_row) + 1) * batch.mask_words > batch.token_masks.size()) {
+      return InvalidArgument("the supplied masks do not cover the launched forward's rows");
+    }
+  }
   std::vector<float> logits;
   std::vector<int32_t> tokens;
   LLM_RETURN_IF_ERROR(ForwardSampled(batch, &logits, &tokens));
@@ -99,7 +124,10 @@ Status SyntheticModel::Launch(const ForwardBatch& batch) {
 }
 
 Status SyntheticModel::Collect(std::vector<int32_t>* tokens) {
-  if (launched_.empty()) return FailedPrecondition("no launched forward to collect");
+  if (launched_.empty()) {
+    return FailedPrecondition(deferred_ ? "the launched forward still waits for its masks"
+                                        : "no launched forward to collect");
+  }
   *tokens = std::move(launched_.front());
   launched_.pop_front();
   return Status::Ok();

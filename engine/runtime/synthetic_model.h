@@ -6,6 +6,7 @@
 #pragma once
 
 #include <deque>
+#include <optional>
 
 #include "engine/runtime/model.h"
 
@@ -27,10 +28,11 @@ class SyntheticModel final : public Model {
   bool samples_on_device() const override { return device_sampling_; }
   // With device sampling it also overlaps steps like the GPU models: Launch computes the tokens
   // at once and Collect hands them out in order; fed-back ids (-(r + 1)) read the previous
-  // forward's tokens.
+  // forward's tokens. A forward launched with deferred masks is computed when they come.
   bool supports_overlap() const override { return device_sampling_; }
   Status Launch(const ForwardBatch& batch) override;
   Status Collect(std::vector<int32_t>* tokens) override;
+  Status SupplyMasks(std::vector<uint32_t> token_masks) override;
   std::string attention_backend_name() const override { return "none (synthetic)"; }
   int num_kv_blocks() const override { return num_blocks_; }
   size_t kv_bytes_per_block() const override { return 0; }
@@ -51,6 +53,7 @@ class SyntheticModel final : public Model {
   int step_delay_ms_ = 0;
   std::vector<int32_t> feed_;                  // the last forward's tokens by logit row
   std::deque<std::vector<int32_t>> launched_;  // tokens of launched, uncollected forwards
+  std::optional<ForwardBatch> deferred_;       // launched, waiting for its masks
 };
 
 }  // namespace llm

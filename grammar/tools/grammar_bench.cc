@@ -1,8 +1,10 @@
-// llm-grammar-bench TOKENIZER_JSON EOS_ID [SCHEMA_FILE] [STEPS]
-// Generates constrained JSON with random choices from each mask and reports the time of
-// FillNextTokenBitmask in three classes: masks that filled the shared per-position token cache
-// (the first visit of a position), masks computed from that cache, and copies of a recent
-// state's mask (the matcher's memo). Times are the thread's CPU time.
+// llm-grammar-bench TOKENIZER_JSON EOS_ID RUNS [SCHEMA_FILE ...]
+// For each JSON Schema (none given: a 7-property profile schema), generates RUNS constrained
+// outputs with random choices from each mask and reports the compile time and the time of
+// FillNextTokenBitmask: over all masks, and in three classes: masks that filled the shared
+// per-position token cache (the first visit of a position), masks computed from that cache, and
+// copies of a recent state's mask (the matcher's memo). Times are the thread's CPU time. A
+// markdown table of all schemas comes last.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -55,34 +57,45 @@ double ThreadCpuMs() {
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-}  // namespace
+struct Times {
+  std::vector<double> v;
+  void Sort() { std::sort(v.begin(), v.end()); }
+  double Mean() const {
+    double sum = 0;
+    for (double x : v) sum += x;
+    return v.empty() ? 0 : sum / v.size();
+  }
+  double Pct(int p) const { return v.empty() ? 0 : v[std::min(v.size() - 1, v.size() * p / 100)]; }
+};
 
-int main(int argc, char** argv) {
+struct SchemaResult {
+  std::string name;
+  size_t positions = 0;
+  double compile_ms = 0, fill_total_ms = 0;
+  Times all, cold, warm, memo;
+};
+
+void Report(const char* what, Times t) {
+  if (t.v.empty()) return;
+  t.Sort();
+  std::printf("  %s: %zu masks, mean %.3f ms, p50 %.3f, p99 %.3f, max %.3f\n", what, t.v.size(),
+              t.Mean(), t.Pct(50), t.Pct(99), t.v.back());
+}
+
+// Random constrained walks through one schema; false on a compile error or a dead end.
+bool RunSchema(const std::shared_ptr<const llm::grammar::Vocabulary>& vocab,
+               const std::string& schema, int runs, SchemaResult* r) {
   namespace g = llm::grammar;
-  if (argc < 3) {
-    std::fprintf(stderr, "usage: %s TOKENIZER_JSON EOS_ID [SCHEMA_FILE] [RUNS]\n", argv[0]);
-    return 2;
-  }
-  auto vocab = g::Vocabulary::FromHfTokenizerJson(ReadFile(argv[1]), {std::stoi(argv[2])});
-  if (!vocab.ok()) {
-    std::fprintf(stderr, "%s\n", vocab.error().c_str());
-    return 1;
-  }
-  std::string schema = argc > 3 && std::string(argv[3]) != "-" ? ReadFile(argv[3]) : kDefaultSchema;
-  int runs = argc > 4 ? std::stoi(argv[4]) : 5;
   auto t0 = std::chrono::steady_clock::now();
   auto grammar = g::CompileJsonSchema(schema);
   if (!grammar.ok()) {
-    std::fprintf(stderr, "%s\n", grammar.error().c_str());
-    return 1;
+    std::fprintf(stderr, "%s: %s\n", r->name.c_str(), grammar.error().c_str());
+    return false;
   }
-  auto compiled = g::CompiledGrammar::Create(grammar.value(), vocab.value());
-  double compile_ms = Ms(std::chrono::steady_clock::now() - t0);
-  std::printf("vocabulary %zu tokens (%s), grammar %zu positions, compiled in %.2f ms\n",
-              vocab.value()->size(), vocab.value()->byte_level() ? "byte-level" : "sentencepiece",
-              grammar.value()->positions().size(), compile_ms);
-  std::vector<uint32_t> mask(vocab.value()->mask_words());
-  std::vector<double> cold, warm, memo;
+  auto compiled = g::CompiledGrammar::Create(grammar.value(), vocab);
+  r->compile_ms = Ms(std::chrono::steady_clock::now() - t0);
+  r->positions = grammar.value()->positions().size();
+  std::vector<uint32_t> mask(vocab->mask_words());
   std::mt19937 rng(1234);
   for (int run = 0; run < runs; ++run) {
     g::Matcher m(compiled);
@@ -93,48 +106,92 @@ int main(int argc, char** argv) {
       double s = ThreadCpuMs();
       m.FillNextTokenBitmask(mask.data());
       double ms = ThreadCpuMs() - s;
-      if (compiled->cached_positions() > before)
-        cold.push_back(ms);
-      else if (m.stats().memo_hits > hits)
-        memo.push_back(ms);
-      else
-        warm.push_back(ms);
+      r->all.v.push_back(ms);
+      if (compiled->cached_positions() > before) {
+        r->cold.v.push_back(ms);
+        r->fill_total_ms += ms;
+      } else if (m.stats().memo_hits > hits) {
+        r->memo.v.push_back(ms);
+      } else {
+        r->warm.v.push_back(ms);
+      }
       std::vector<int32_t> allowed;
-      for (int32_t id = 0; id < static_cast<int32_t>(vocab.value()->size()); ++id)
+      for (int32_t id = 0; id < static_cast<int32_t>(vocab->size()); ++id)
         if ((mask[id >> 5] >> (id & 31)) & 1) allowed.push_back(id);
       if (allowed.empty()) {
-        std::fprintf(stderr, "dead end after: %s\n", text.c_str());
-        return 1;
+        std::fprintf(stderr, "%s: dead end after: %s\n", r->name.c_str(), text.c_str());
+        return false;
       }
       // Prefer longer tokens half of the time, as a model would, so runs do not crawl byte by byte.
       int32_t pick = allowed[rng() % allowed.size()];
       if (rng() % 2) {
         for (int k = 0; k < 8; ++k) {
           int32_t c = allowed[rng() % allowed.size()];
-          if (vocab.value()->token(c).size() > vocab.value()->token(pick).size()) pick = c;
+          if (vocab->token(c).size() > vocab->token(pick).size()) pick = c;
         }
       }
       m.AcceptToken(pick);
-      if (!vocab.value()->IsEos(pick)) text += vocab.value()->token(pick);
+      if (!vocab->IsEos(pick)) text += vocab->token(pick);
     }
     if (run == 0) {
-      std::printf("sample: %s\n",
+      std::printf("%s sample: %s\n", r->name.c_str(),
                   nlohmann::json(text)
                       .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
                       .c_str());
     }
   }
-  auto report = [](const char* what, std::vector<double> v) {
-    if (v.empty()) return;
-    std::sort(v.begin(), v.end());
-    double sum = 0;
-    for (double x : v) sum += x;
-    std::printf("%s: %zu masks, mean %.3f ms, p50 %.3f, p99 %.3f, max %.3f\n", what, v.size(),
-                sum / v.size(), v[v.size() / 2], v[std::min(v.size() - 1, v.size() * 99 / 100)],
-                v.back());
-  };
-  report("fills the position cache", cold);
-  report("computed from the cache ", warm);
-  report("copied from the memo    ", memo);
-  return 0;
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  namespace g = llm::grammar;
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: %s TOKENIZER_JSON EOS_ID RUNS [SCHEMA_FILE ...]\n", argv[0]);
+    return 2;
+  }
+  auto vocab = g::Vocabulary::FromHfTokenizerJson(ReadFile(argv[1]), {std::stoi(argv[2])});
+  if (!vocab.ok()) {
+    std::fprintf(stderr, "%s\n", vocab.error().c_str());
+    return 1;
+  }
+  const int runs = std::stoi(argv[3]);
+  std::printf("vocabulary %zu tokens (%s)\n", vocab.value()->size(),
+              vocab.value()->byte_level() ? "byte-level" : "sentencepiece");
+  std::vector<std::pair<std::string, std::string>> schemas;
+  for (int i = 4; i < argc; ++i) {
+    std::string name = argv[i];
+    name = name.substr(name.find_last_of('/') + 1);
+    schemas.emplace_back(name.substr(0, name.rfind(".json")), ReadFile(argv[i]));
+  }
+  if (schemas.empty()) schemas.emplace_back("profile (built in)", kDefaultSchema);
+  std::vector<SchemaResult> results;
+  bool ok = true;
+  for (const auto& [name, text] : schemas) {
+    SchemaResult r;
+    r.name = name;
+    if (!RunSchema(vocab.value(), text, runs, &r)) {
+      ok = false;
+      continue;
+    }
+    std::printf("%s: %zu positions, compiled in %.2f ms\n", name.c_str(), r.positions,
+                r.compile_ms);
+    Report("every mask              ", r.all);
+    Report("fills the position cache", r.cold);
+    Report("computed from the cache ", r.warm);
+    Report("copied from the memo    ", r.memo);
+    results.push_back(std::move(r));
+  }
+  std::printf(
+      "\n| schema | compile ms | cache fills (total ms) | masks | mean ms | p50 ms | p99 ms | "
+      "computed p50 / p99 ms |\n|---|---|---|---|---|---|---|---|\n");
+  for (SchemaResult& r : results) {
+    r.all.Sort();
+    r.warm.Sort();
+    std::printf("| %s | %.2f | %zu (%.1f) | %zu | %.3f | %.3f | %.3f | %.3f / %.3f |\n",
+                r.name.c_str(), r.compile_ms, r.cold.v.size(), r.fill_total_ms, r.all.v.size(),
+                r.all.Mean(), r.all.Pct(50), r.all.Pct(99), r.warm.Pct(50), r.warm.Pct(99));
+  }
+  return ok ? 0 : 1;
 }

@@ -434,5 +434,74 @@ TEST_CASE("GPU readback returns the host rows' logits and the device rows' token
   }
 }
 
+// Structured outputs in overlapped steps: a forward launched with deferred masks samples, once
+// SupplyMasks hands them over, exactly as a forward that carried the same masks; it cannot be
+// collected before, and no other forward may be issued meanwhile.
+TEST_CASE("GPU launched forward with deferred masks samples as one that carried them",
+          "[gpu][model][sampling]") {
+  const std::string dir = WriteRandomModel("llama_deferred_masks", false);
+  ModelLoadOptions o;
+  o.model_dir = dir;
+  o.device = "cuda";
+  o.block_size = 64;
+  o.num_kv_blocks = 16;
+  o.cuda_graph_max_batch = 0;
+  auto loaded = LoadModel(o);
+  REQUIRE(loaded.ok());
+  Model& model = **loaded;
+  REQUIRE(model.supports_overlap());
+  const int V = model.config().vocab_size;
+  const int W = (V + 31) / 32;
+  ForwardBatch fb = ReadbackBatch(o.block_size);
+  const int R = static_cast<int>(fb.logit_rows.size());
+  fb.device_sampled.assign(R, 1);
+  fb.penalty_indptr.assign(R + 1, 0);
+  fb.mask_words = W;
+  std::mt19937 rng(5);
+  std::vector<uint32_t> masks;
+  for (int r = 0; r < R; ++r) {
+    SamplingJob job{};
+    if (r % 2 == 1) {  // sampled rows beside greedy ones
+      job.temperature = 0.8f;
+      job.top_k = 40;
+      job.u = 0.37 + 0.1 * r;
+    }
+    if (r != 2) {  // row 2 is unconstrained
+      job.mask_row = static_cast<int32_t>(masks.size() / W);
+      std::vector<uint32_t> m(W, 0u);
+      for (int k = 0; k < 25; ++k) {
+        const int t = static_cast<int>(rng() % V);
+        m[t >> 5] |= 1u << (t & 31);
+      }
+      masks.insert(masks.end(), m.begin(), m.end());
+    }
+    fb.sampling_jobs.push_back(job);
+  }
+  ForwardBatch carried = fb;
+  carried.token_masks = masks;
+  std::vector<float> logits;
+  std::vector<int32_t> want;
+  REQUIRE(model.ForwardSampled(carried, &logits, &want).ok());
+
+  ForwardBatch deferred = fb;
+  deferred.masks_deferred = true;
+  REQUIRE(model.Launch(deferred).ok());
+  std::vector<int32_t> got;
+  CHECK(model.Collect(&got).code() == StatusCode::kFailedPrecondition);
+  CHECK(model.Launch(fb).code() == StatusCode::kFailedPrecondition);
+  CHECK(model.ForwardSampled(carried, &logits, &got).code() == StatusCode::kFailedPrecondition);
+  REQUIRE(model.SupplyMasks(masks).ok());
+  REQUIRE(model.Collect(&got).ok());
+  REQUIRE(got.size() == want.size());
+  for (int r = 0; r < R; ++r) {
+    INFO("row " << r);
+    CHECK(got[r] == want[r]);
+    const int32_t m = fb.sampling_jobs[r].mask_row;
+    if (m >= 0) CHECK(((masks[static_cast<size_t>(m) * W + (got[r] >> 5)] >> (got[r] & 31)) & 1u));
+  }
+  CHECK(model.SupplyMasks(masks).code() == StatusCode::kFailedPrecondition);
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace llm

@@ -4,8 +4,10 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <string>
 #include <vector>
@@ -190,10 +192,13 @@ TEST_CASE("a mixed batch leaves free requests' tokens unchanged", "[structured]"
 
 // The tiny model as a GPU model looks to the engine: rows with a sampling job are drawn "on the
 // device" (here SampleWithJob over the row's logits after its token mask, the definition the CUDA
-// kernel computes), so constrained rows take the device path with their masks.
+// kernel computes), so constrained rows take the device path with their masks. With `overlap` it
+// also overlaps steps as the CUDA runner does: fed-back ids (-(r + 1)) stand for the previous
+// forward's tokens, and a forward launched with deferred masks is sampled when they come.
 class DeviceSamplingModel final : public Model {
  public:
-  explicit DeviceSamplingModel(std::unique_ptr<Model> inner) : inner_(std::move(inner)) {}
+  explicit DeviceSamplingModel(std::unique_ptr<Model> inner, bool overlap = false)
+      : inner_(std::move(inner)), overlap_(overlap) {}
   const ModelConfig& config() const override { return inner_->config(); }
   Status Forward(const ForwardBatch& b, std::vector<float>* logits) override {
     return inner_->Forward(b, logits);
@@ -201,11 +206,23 @@ class DeviceSamplingModel final : public Model {
   bool samples_on_device() const override { return true; }
   Status ForwardSampled(const ForwardBatch& b, std::vector<float>* logits,
                         std::vector<int32_t>* tokens) override {
-    LLM_RETURN_IF_ERROR(inner_->Forward(b, logits));
+    ForwardBatch fed = b;
+    for (int32_t& id : fed.token_ids) {
+      if (id >= 0) continue;
+      if (static_cast<size_t>(-(id + 1)) >= feed_.size()) {
+        return InvalidArgument("a fed-back id names no row of the previous forward");
+      }
+      id = feed_[-(id + 1)];
+    }
+    LLM_RETURN_IF_ERROR(inner_->Forward(fed, logits));
     const size_t v = config().vocab_size;
     tokens->assign(b.logit_rows.size(), -1);
+    bool all_device = b.device_sampled.size() == b.logit_rows.size();
     for (size_t r = 0; r < b.logit_rows.size(); ++r) {
-      if (b.device_sampled.empty() || !b.device_sampled[r]) continue;
+      if (b.device_sampled.empty() || !b.device_sampled[r]) {
+        all_device = false;
+        continue;
+      }
       std::span<float> row(logits->data() + r * v, v);
       if (const uint32_t* mask = b.mask_of(r)) {
         ApplyTokenMask(row, mask, v);
@@ -215,32 +232,73 @@ class DeviceSamplingModel final : public Model {
                                                b.penalties.data() + b.penalty_indptr[r + 1]);
       (*tokens)[r] = SampleWithJob(row, b.sampling_jobs[r], pens).token;
     }
+    feed_ = all_device ? *tokens : std::vector<int32_t>();
+    return Status::Ok();
+  }
+  bool supports_overlap() const override { return overlap_; }
+  Status Launch(const ForwardBatch& b) override {
+    if (deferred_) return FailedPrecondition("a launched forward waits for its masks");
+    if (b.masks_deferred) {
+      ++deferred_launches;
+      deferred_ = b;
+      return Status::Ok();
+    }
+    return Run(b);
+  }
+  Status SupplyMasks(std::vector<uint32_t> masks) override {
+    if (!deferred_) return FailedPrecondition("no launched forward waits for masks");
+    ForwardBatch b = std::move(*deferred_);
+    deferred_.reset();
+    b.token_masks = std::move(masks);
+    b.masks_deferred = false;
+    return Run(b);
+  }
+  Status Collect(std::vector<int32_t>* tokens) override {
+    if (launched_.empty()) return FailedPrecondition("nothing to collect");
+    *tokens = std::move(launched_.front());
+    launched_.pop_front();
     return Status::Ok();
   }
   std::string attention_backend_name() const override { return inner_->attention_backend_name(); }
   int num_kv_blocks() const override { return inner_->num_kv_blocks(); }
   size_t kv_bytes_per_block() const override { return inner_->kv_bytes_per_block(); }
   int masked_rows = 0;
+  int deferred_launches = 0;
 
  private:
+  Status Run(const ForwardBatch& b) {
+    std::vector<float> logits;
+    std::vector<int32_t> tokens;
+    LLM_RETURN_IF_ERROR(ForwardSampled(b, &logits, &tokens));
+    launched_.push_back(std::move(tokens));
+    return Status::Ok();
+  }
+
   std::unique_ptr<Model> inner_;
+  bool overlap_;
+  std::vector<int32_t> feed_;  // the last forward's tokens by logit row
+  std::optional<ForwardBatch> deferred_;
+  std::deque<std::vector<int32_t>> launched_;
 };
 
-TEST_CASE("constrained rows sampled on the device with their masks give the host path's tokens",
-          "[structured]") {
+// Runs the same requests through the host path and through DeviceSamplingModel (overlapping steps
+// or not), and checks the tokens agree. `logprobs_row`: one constrained request also asks for
+// logprobs, so its steps sample on the host and do not overlap until it ends.
+void CheckDevicePathMatchesHost(bool overlap, int threads, bool logprobs_row) {
   EngineConfig cfg;
   cfg.model.model_dir = LLM_TINY_MODEL_DIR;
   cfg.model.num_kv_blocks = 256;
   cfg.scheduler.max_num_seqs = 8;
+  cfg.structured_output_threads = threads;
   auto inner = LoadModel(cfg.model);
   REQUIRE(inner.ok());
-  auto owned = std::make_unique<DeviceSamplingModel>(std::move(inner).value());
+  auto owned = std::make_unique<DeviceSamplingModel>(std::move(inner).value(), overlap);
   DeviceSamplingModel* device = owned.get();
   auto made = EngineCore::Create(cfg, std::move(owned));
   REQUIRE(made.ok());
   EngineCore& dev = *made.value();
   auto host = MakeCore();
-  auto requests = [](const EngineCore& core) {
+  auto requests = [logprobs_row](const EngineCore& core) {
     std::vector<GenerationRequest> reqs;
     for (uint64_t seed : {1, 2, 3}) {
       reqs.push_back(MakeRequest(core, "json" + std::to_string(seed), seed,
@@ -252,18 +310,48 @@ TEST_CASE("constrained rows sampled on the device with their masks give the host
         MakeRequest(core, "greedy", 4, {Constraint::Kind::kRegex, "[a-c]{3,9}", {}});
     greedy.sampling.temperature = 0.0f;
     reqs.push_back(std::move(greedy));
+    if (logprobs_row) {
+      GenerationRequest lp =
+          MakeRequest(core, "logprobs", 6, {Constraint::Kind::kJsonSchema, kSchema, {}});
+      lp.sampling.logprobs = 2;
+      lp.stopping.max_tokens = 12;
+      reqs.push_back(std::move(lp));
+    }
     return reqs;
   };
   auto on_device = Run(dev, requests(dev));
   auto on_host = Run(*host, requests(*host));
   CHECK(device->masked_rows > 0);  // the masks went the device way
+  if (overlap) {
+    // Constrained rows overlapped: their masks were computed while the forward "ran".
+    CHECK(device->deferred_launches > 0);
+    CHECK(dev.num_overlapped_steps() > 0);
+  } else {
+    CHECK(device->deferred_launches == 0);
+  }
   for (const auto& [id, s] : on_host) {
     INFO(id);
+    CHECK(on_device.at(id)->error.ok());
     CHECK(on_device.at(id)->tokens == s->tokens);
     CHECK(on_device.at(id)->reason == s->reason);
   }
   CheckMatchesSchema(on_device.at("json1")->text);
   CHECK(std::regex_match(on_device.at("greedy")->text, std::regex("[a-c]{3,9}")));
+  CHECK(dev.num_free_blocks() == dev.num_blocks());
+}
+
+TEST_CASE("constrained rows sampled on the device with their masks give the host path's tokens",
+          "[structured]") {
+  CheckDevicePathMatchesHost(/*overlap=*/false, /*threads=*/1, /*logprobs_row=*/false);
+}
+
+// The masks of step k + 1 wait for step k's tokens: the engine launches k + 1's forward, reads k
+// back, advances the grammars and only then fills the masks (on several threads here), which the
+// sampling takes. A request with logprobs makes some steps synchronous in between.
+TEST_CASE("constrained rows in overlapped steps, masks filled while the forward runs",
+          "[structured]") {
+  CheckDevicePathMatchesHost(/*overlap=*/true, /*threads=*/3, /*logprobs_row=*/false);
+  CheckDevicePathMatchesHost(/*overlap=*/true, /*threads=*/2, /*logprobs_row=*/true);
 }
 
 TEST_CASE("a complete grammar ends the request even with ignore_eos and min_tokens",

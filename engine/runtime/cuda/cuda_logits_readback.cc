@@ -78,8 +78,12 @@ StatusOr<int> CudaLogitsReadback::Issue(const ForwardBatch& batch, float* d_logi
     const size_t ints_bytes = (2 * static_cast<size_t>(n) + 1) * sizeof(int32_t);
     const size_t pens_bytes = indptr.back() * sizeof(PenaltyEntry);
     const size_t masks_bytes = batch.token_masks.size() * sizeof(uint32_t);
-    host_sampling_.resize(jobs_bytes + ints_bytes + pens_bytes + masks_bytes);
-    char* h = host_sampling_.data();
+    const size_t total = jobs_bytes + ints_bytes + pens_bytes + masks_bytes;
+    // Assembled in pinned memory (a pageable source may make the copy wait for the previous
+    // step), written once: the masks are most of it.
+    LLM_RETURN_IF_ERROR(sampling_args_.Alloc(total));
+    LLM_ASSIGN_OR_RETURN(void* staged, args_staging_.Acquire(total));
+    char* h = static_cast<char*>(staged);
     char* pen_out = h + jobs_bytes + ints_bytes;
     if (masks_bytes > 0) {
       std::memcpy(pen_out + pens_bytes, batch.token_masks.data(), masks_bytes);
@@ -93,12 +97,8 @@ StatusOr<int> CudaLogitsReadback::Issue(const ForwardBatch& batch, float* d_logi
     }
     std::memcpy(h + jobs_bytes, dev_rows.data(), n * sizeof(int32_t));
     std::memcpy(h + jobs_bytes + n * sizeof(int32_t), indptr.data(), (n + 1) * sizeof(int32_t));
-    // From pinned memory: a pageable source may make the copy wait for the previous step.
-    LLM_RETURN_IF_ERROR(sampling_args_.Alloc(host_sampling_.size()));
-    LLM_ASSIGN_OR_RETURN(void* staged, args_staging_.Acquire(host_sampling_.size()));
-    std::memcpy(staged, h, host_sampling_.size());
-    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(sampling_args_.ptr, staged, host_sampling_.size(),
-                                        cudaMemcpyHostToDevice, stream));
+    GPU_RETURN_IF_ERROR(
+        cudaMemcpyAsync(sampling_args_.ptr, staged, total, cudaMemcpyHostToDevice, stream));
     LLM_RETURN_IF_ERROR(args_staging_.Queued(stream));
     char* d = sampling_args_.as<char>();
     cuda::SamplingArgs sa;

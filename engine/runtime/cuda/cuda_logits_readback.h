@@ -59,8 +59,7 @@ class CudaLogitsReadback {
     std::vector<uint8_t> on_device;
   };
   DeviceBuffer sampled_dev_, sampling_args_;  // device-sampled tokens; their jobs
-  std::vector<char> host_sampling_;           // jobs, assembled
-  cuda::PinnedStaging args_staging_;          // and staged for the upload
+  cuda::PinnedStaging args_staging_;          // jobs, assembled for the upload
   Slot slots_[2];
   int next_ = 0;
 };

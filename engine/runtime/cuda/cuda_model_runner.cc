@@ -6,6 +6,7 @@
 #include <chrono>
 #include <deque>
 #include <map>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 
@@ -62,6 +63,7 @@ class CudaModelRunner final : public Model {
   bool supports_overlap() const override { return true; }
   Status Launch(const ForwardBatch& batch) override;
   Status Collect(std::vector<int32_t>* tokens) override;
+  Status SupplyMasks(std::vector<uint32_t> token_masks) override;
   std::string attention_backend_name() const override { return dec_->attention().name(); }
   std::string kv_cache_dtype_name() const override { return dec_->kv_cache_dtype_name(); }
   int num_kv_blocks() const override { return num_blocks_; }
@@ -106,7 +108,8 @@ class CudaModelRunner final : public Model {
   StatusOr<CudaLayersOut> RunGraph(const ForwardBatch& batch, int bucket);
   // Records LaunchLayers for `bucket` into graphs_ (nothing runs).
   Status Capture(const ForwardBatch& batch, int bucket);
-  // Queues the whole forward, sampling and readback of a batch; returns its readback slot.
+  // Queues the whole forward, sampling and readback of a batch; returns its readback slot. With
+  // masks_deferred, only the forward: the sampling waits in deferred_ for SupplyMasks (-1).
   StatusOr<int> Enqueue(const ForwardBatch& batch);
 
   std::unique_ptr<CudaDecoder> dec_;
@@ -128,7 +131,9 @@ class CudaModelRunner final : public Model {
   bool graphs_reserved_ = false;
   int64_t graph_steps_ = 0;
   std::map<int, cudaGraphExec_t> graphs_;  // bucket -> instantiated decode graph
-  CudaLayersOut graph_out_;                // where the graph set's last layer leaves its output
+  // The sampling part (rows, jobs, penalties) of a forward launched with deferred masks.
+  std::optional<ForwardBatch> deferred_;
+  CudaLayersOut graph_out_;  // where the graph set's last layer leaves its output
   DeviceBuffer last_, logits_;
   cuda::PinnedStaging input_staging_;
   CudaLogitsReadback readback_;
@@ -462,9 +467,20 @@ StatusOr<int> CudaModelRunner::Enqueue(const ForwardBatch& batch) {
                           settings_.final_logit_softcap, stream_);
     }
   }
-  LLM_ASSIGN_OR_RETURN(int slot, readback_.Issue(batch, logits_.as<float>(), V, stream_));
   bool all_device = batch.device_sampled.size() == static_cast<size_t>(R);
   for (int r = 0; r < R && all_device; ++r) all_device = batch.device_sampled[r] != 0;
+  if (batch.masks_deferred) {
+    ForwardBatch& d = deferred_.emplace();
+    d.logit_rows = batch.logit_rows;
+    d.device_sampled = batch.device_sampled;
+    d.sampling_jobs = batch.sampling_jobs;
+    d.penalty_indptr = batch.penalty_indptr;
+    d.penalties = batch.penalties;
+    d.mask_words = batch.mask_words;
+    feed_rows_ = all_device ? R : 0;
+    return -1;
+  }
+  LLM_ASSIGN_OR_RETURN(int slot, readback_.Issue(batch, logits_.as<float>(), V, stream_));
   feed_rows_ = all_device ? R : 0;
   return slot;
 }
@@ -473,6 +489,8 @@ Status CudaModelRunner::ForwardSampled(const ForwardBatch& batch, std::vector<fl
                                        std::vector<int32_t>* tokens) {
   // A launched forward may still be outstanding (collected after this one); its slot is busy.
   if (launched_.size() > 1) return FailedPrecondition("two launched forwards are outstanding");
+  if (deferred_) return FailedPrecondition("the launched forward still waits for its masks");
+  if (batch.masks_deferred) return InvalidArgument("masks are deferred only in a launched forward");
   LLM_ASSIGN_OR_RETURN(int slot, Enqueue(batch));
   return readback_.Finish(slot, logits, tokens);
 }
@@ -484,13 +502,29 @@ Status CudaModelRunner::Launch(const ForwardBatch& batch) {
       return InvalidArgument("a launched forward must sample every logit row on the device");
     }
   }
+  if (deferred_) return FailedPrecondition("the launched forward still waits for its masks");
   LLM_ASSIGN_OR_RETURN(int slot, Enqueue(batch));
+  if (!batch.masks_deferred) launched_.push_back(slot);
+  return Status::Ok();
+}
+
+Status CudaModelRunner::SupplyMasks(std::vector<uint32_t> token_masks) {
+  if (!deferred_) return FailedPrecondition("no launched forward waits for masks");
+  ForwardBatch batch = std::move(*deferred_);
+  deferred_.reset();
+  batch.token_masks = std::move(token_masks);
+  // Queued after the forward already on the stream: only the sampling waited for the host.
+  LLM_ASSIGN_OR_RETURN(int slot,
+                       readback_.Issue(batch, logits_.as<float>(), config().vocab_size, stream_));
   launched_.push_back(slot);
   return Status::Ok();
 }
 
 Status CudaModelRunner::Collect(std::vector<int32_t>* tokens) {
-  if (launched_.empty()) return FailedPrecondition("no launched forward to collect");
+  if (launched_.empty()) {
+    return FailedPrecondition(deferred_ ? "the launched forward still waits for its masks"
+                                        : "no launched forward to collect");
+  }
   const int slot = launched_.front();
   launched_.pop_front();
   return readback_.Finish(slot, &collect_logits_, tokens);
