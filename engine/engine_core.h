@@ -197,8 +197,8 @@ class EngineCore {
   SampledToken SampleRow(const ForwardBatch& batch, size_t r, RequestState& rs, const Sequence& seq,
                          const std::vector<int32_t>& device_tokens);
   // Speculative decoding (engine_speculative.cc). Whether the request's sequences get drafts: a
-  // method is on, the request did not opt out, and it has no grammar (the mask would have to be
-  // applied per draft position with the matcher's rollback; not done yet).
+  // method is on and the request did not opt out. A grammar's mask is applied per draft position
+  // (the matcher takes the drafts tentatively and rolls them back).
   bool Speculates(const RequestState& st) const;
   // Before Schedule: the drafts of every decoding sequence that speculates (Sequence::draft_ids).
   void ProposeDrafts(StepRecord* record);

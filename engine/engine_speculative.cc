@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "engine/engine_core.h"
+#include "engine/sampling/token_mask.h"
 #include "engine/speculative/rejection_sampler.h"
 
 namespace llm {
@@ -33,7 +34,7 @@ void CountGenerated(std::vector<PenaltyEntry>* entries, int32_t token) {
 }  // namespace
 
 bool EngineCore::Speculates(const RequestState& st) const {
-  return proposer_.has_value() && st.request.speculative_decoding && !st.matcher;
+  return proposer_.has_value() && st.request.speculative_decoding;
 }
 
 void EngineCore::ProposeDrafts(StepRecord* record) {
@@ -70,6 +71,10 @@ void EngineCore::EmitDrafted(const StepBatch& in, const StepStates& states, Step
     std::vector<PenaltyEntry> penalties;
     const SamplingJob job = rs.sampler->DeviceJob(seq->prompt_ids, seq->output_ids, &penalties);
     std::vector<std::optional<KeptDistribution>> rows(draft.size() + 1);
+    // A grammar masks each row with its state after the drafts before it: the matcher takes the
+    // drafts tentatively as rows are asked for (a row is asked for only when the draft before it
+    // was accepted, so the mask allowed it), and gives them back before the tokens are emitted.
+    int tentative = 0;
     auto row_logits = [&](int j) {
       return std::span<float>(logits_scratch_.data() + static_cast<size_t>(d.first_row + j) * vocab,
                               vocab);
@@ -81,6 +86,20 @@ void EngineCore::EmitDrafted(const StepBatch& in, const StepStates& states, Step
           for (int i = 0; i < j; ++i) CountGenerated(&entries, draft[i]);
         }
         const std::span<float> l = row_logits(j);
+        if (rs.matcher) {
+          bool in_grammar = true;
+          while (in_grammar && tentative < j) {
+            in_grammar = rs.matcher->AcceptToken(draft[tentative]);
+            tentative += in_grammar ? 1 : 0;
+          }
+          // Once the grammar has ended (an accepted EOS), the request ends at that token and
+          // later rows are never emitted: they stay unmasked. A draft the grammar refuses could
+          // only be accepted from a row the mask emptied; emitting it fails the request below.
+          if (in_grammar && !rs.matcher->IsTerminated()) {
+            rs.matcher->FillNextTokenBitmask(rs.mask.data());
+            ApplyTokenMask(l, rs.mask.data(), rs.matcher->compiled().vocab().size());
+          }
+        }
         if (logits_observer_) logits_observer_(rs.request.request_id, l);
         rows[j] = SamplingDistribution(l, job, entries);
       }
@@ -91,6 +110,7 @@ void EngineCore::EmitDrafted(const StepBatch& in, const StepStates& states, Step
                                : VerifySampled(
                                      draft, [&](int j) { return ToTokenProbs(target(j)); }, nullptr,
                                      [&] { return rs.sampler->NextUniform(); });
+    if (rs.matcher) rs.matcher->Rollback(tentative);
     record->num_drafts++;
     record->num_draft_tokens += d.num_draft;
     record->num_accepted_tokens += v.num_accepted;
@@ -101,6 +121,13 @@ void EngineCore::EmitDrafted(const StepBatch& in, const StepStates& states, Step
       tok.token = v.tokens[j];
       if (params.logprobs > 0) {
         ComputeLogprobs(row_logits(static_cast<int>(j)), tok.token, params.logprobs, &tok);
+      }
+      if (rs.matcher && !rs.matcher->AcceptToken(tok.token)) {
+        // Only when the mask left nothing to choose from.
+        Fail(rs.request.request_id,
+             Internal("token " + std::to_string(tok.token) + " is outside the request's grammar"));
+        ended = true;
+        break;
       }
       seq->output_ids.push_back(tok.token);
       OnToken(rs, *seq, tok);  // may finish the request: rs and seq die with it

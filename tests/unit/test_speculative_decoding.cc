@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -288,6 +289,63 @@ TEST_CASE("speculation beside device sampling and overlapped steps changes no to
   for (const auto& [id, sink] : plain.sinks) {
     INFO(id);
     CHECK(spec.sinks.at(id)->tokens == sink->tokens);
+  }
+}
+
+// Structured outputs with drafts: each draft position is masked by the grammar's state after the
+// drafts before it (the real tiny model, which has a tokenizer). Greedy output is the output
+// without speculation; sampled output still matches the constraint.
+TEST_CASE("constrained requests speculate under the grammar's mask", "[speculative][engine]") {
+  auto make = [](const std::string& method) {
+    EngineConfig cfg;
+    cfg.model.model_dir = LLM_TINY_MODEL_DIR;
+    cfg.model.num_kv_blocks = 256;
+    cfg.scheduler.max_num_seqs = 8;
+    cfg.speculative.method = method;
+    cfg.speculative.num_speculative_tokens = 4;
+    auto core = EngineCore::Create(cfg);
+    REQUIRE(core.ok());
+    REQUIRE(core.value()->grammar_cache() != nullptr);
+    return std::move(core.value());
+  };
+  auto plain_core = make("none");
+  std::vector<GenerationRequest> reqs;
+  const std::vector<std::string> regexes = {"(abc ){6}[a-z]{1,3}", "(ab|cd){10}",
+                                            "[0-9]{2}(, [0-9]{2}){5}"};
+  for (size_t i = 0; i < regexes.size() * 2; ++i) {
+    GenerationRequest r;
+    r.request_id = "g" + std::to_string(i);
+    r.prompt_ids = plain_core->tokenizer()->Encode("abc abc abc ab ab cd 12, 12, 12", true);
+    r.constraint.kind = Constraint::Kind::kRegex;
+    r.constraint.text = regexes[i % regexes.size()];
+    r.stopping.max_tokens = 64;
+    if (i >= regexes.size()) {  // sampled
+      r.sampling.temperature = 1.0f;
+      r.sampling.seed = 40 + i;
+    } else {
+      r.sampling.temperature = 0.0f;
+    }
+    if (i == 1) r.sampling.logprobs = 1;
+    reqs.push_back(std::move(r));
+  }
+  const RunResult plain = Run(*plain_core, reqs);
+  auto spec_core = make("ngram");
+  const RunResult spec = Run(*spec_core, reqs);
+  CHECK(spec.accepted > 0);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const std::string& id = reqs[i].request_id;
+    INFO(id);
+    const Sink& s = *spec.sinks.at(id);
+    CHECK(s.reason == FinishReason::kStop);  // the grammar completed
+    const std::string text = spec_core->tokenizer()->Decode(s.tokens, true);
+    CHECK(std::regex_match(text, std::regex(reqs[i].constraint.text)));
+    if (reqs[i].sampling.temperature == 0.0f) {
+      CHECK(s.tokens == plain.sinks.at(id)->tokens);
+      REQUIRE(s.logprobs.size() == plain.sinks.at(id)->logprobs.size());
+      for (size_t t = 0; t < s.logprobs.size(); ++t) {
+        CHECK(s.logprobs[t] == Approx(plain.sinks.at(id)->logprobs[t]).margin(1e-4));
+      }
+    }
   }
 }
 
