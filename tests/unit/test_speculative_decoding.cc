@@ -349,6 +349,72 @@ TEST_CASE("constrained requests speculate under the grammar's mask", "[speculati
   }
 }
 
+// A randomized greedy workload on the synthetic model (a vocabulary of 6, so drafts are proposed
+// and accepted often) under a small KV pool (preemption), chunked prompts, the prefix cache,
+// stop tokens, min_tokens, penalties, logprobs and aborts: every request streams exactly the
+// tokens of the run without speculation (an aborted one a prefix of them), and every block
+// comes back.
+TEST_CASE("randomized greedy workload: speculation changes no token and leaks no block",
+          "[speculative][engine]") {
+  auto make = [](const std::string& method) {
+    EngineConfig cfg;
+    cfg.model.model_dir = "synthetic:vocab=6,max_len=512,device_sampling=1";
+    cfg.model.block_size = 4;
+    cfg.model.num_kv_blocks = 40;
+    cfg.scheduler.max_num_seqs = 10;
+    cfg.scheduler.max_batched_tokens = 24;
+    cfg.require_tokenizer = false;
+    cfg.speculative.method = method;
+    cfg.speculative.num_speculative_tokens = 3;
+    auto core = EngineCore::Create(cfg);
+    REQUIRE(core.ok());
+    return std::move(core.value());
+  };
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    INFO("seed " << seed);
+    std::mt19937 rng(seed);
+    std::vector<GenerationRequest> reqs;
+    for (int i = 0; i < 30; ++i) {
+      GenerationRequest r;
+      r.request_id = "w" + std::to_string(i);
+      const int len = 1 + static_cast<int>(rng() % 30);
+      for (int t = 0; t < len; ++t) r.prompt_ids.push_back(static_cast<int32_t>(rng() % 6));
+      r.sampling.temperature = 0.0f;
+      r.stopping.max_tokens = 1 + static_cast<int>(rng() % 40);
+      r.stopping.min_tokens = static_cast<int>(rng() % 4) % (r.stopping.max_tokens + 1);
+      r.stopping.ignore_eos = rng() % 2;
+      if (rng() % 3 == 0) r.stopping.stop_token_ids.push_back(static_cast<int32_t>(rng() % 6));
+      if (rng() % 4 == 0) r.sampling.repetition_penalty = 1.2f;
+      if (rng() % 4 == 0) r.sampling.logprobs = 1;
+      r.priority = static_cast<int>(rng() % 3);
+      reqs.push_back(std::move(r));
+    }
+    std::map<int, std::string> abort_at;
+    for (int i = 0; i < 5; ++i)
+      abort_at[static_cast<int>(rng() % 80)] = "w" + std::to_string(rng() % 30);
+    auto plain_core = make("none");
+    const RunResult plain = Run(*plain_core, reqs);
+    auto spec_core = make("ngram");
+    const RunResult spec = Run(*spec_core, reqs, abort_at);
+    CHECK(spec.accepted > 20);
+    CHECK(spec_core->metrics()->preemptions.value() > 0);
+    int stopped = 0;
+    for (const auto& [id, want] : plain.sinks) {
+      INFO(id);
+      const Sink& got = *spec.sinks.at(id);
+      if (got.reason == FinishReason::kAborted) {
+        REQUIRE(got.tokens.size() <= want->tokens.size());
+        CHECK(std::equal(got.tokens.begin(), got.tokens.end(), want->tokens.begin()));
+        continue;
+      }
+      CHECK(got.tokens == want->tokens);
+      CHECK(got.reason == want->reason);
+      stopped += got.reason == FinishReason::kStop;
+    }
+    CHECK(stopped > 0);
+  }
+}
+
 TEST_CASE("aborted and preempted speculating requests return every block",
           "[speculative][engine]") {
   test::TempDir dir("spec_abort");
