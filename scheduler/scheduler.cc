@@ -133,9 +133,9 @@ SchedulerOutput Scheduler::Schedule() {
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence* seq = running_[i];
     const int pending = seq->num_tokens() - seq->num_computed_tokens;
-    const int drafts = DraftsToSchedule(seq, pending, budget);
+    int drafts = DraftsToSchedule(seq, pending, budget);
     seq->draft_ids.resize(drafts);
-    const int n = std::min(pending, budget) + drafts;
+    int n = std::min(pending, budget) + drafts;
     // A sequence whose pending token is its last allowed one (overlapped steps) computes nothing
     // more: it finishes when that token arrives.
     if (n <= 0 || (seq->has_pending_token() && seq->num_tokens() >= seq->max_total_tokens)) {
@@ -143,6 +143,13 @@ SchedulerOutput Scheduler::Schedule() {
       continue;
     }
     bool ok = Reserve(seq, seq->num_computed_tokens + n);
+    if (!ok && drafts > 0) {
+      // Drafts are a bet, not a need: they never cost another sequence its blocks.
+      n -= drafts;
+      drafts = 0;
+      seq->draft_ids.clear();
+      ok = Reserve(seq, seq->num_computed_tokens + n);
+    }
     while (!ok) {
       // Only sequences not yet scheduled this step (index >= i) may be preempted.
       Sequence* victim = PickVictim(i);

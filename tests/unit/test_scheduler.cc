@@ -822,24 +822,44 @@ TEST_CASE("Scheduler caches only blocks made wholly of accepted tokens",
   CHECK(sched.allocator().num_free() == 16);
 }
 
-TEST_CASE("Scheduler forgets the drafts of a preempted sequence", "[scheduler][speculative]") {
+TEST_CASE("Scheduler drops drafts rather than preempt for them", "[scheduler][speculative]") {
   Scheduler sched(Config(4, 4, 64), 3);  // 12 token slots
   sched.Add(MakeSeq(1, 3));
   sched.Add(MakeSeq(2, 3));
-  SpecStep(sched, 0);  // both prefilled: one block each, 4 tokens each
-  Sequence* newest = sched.Find(2);
-  sched.Find(1)->draft_ids = {50, 51, 52, 53};  // needs 2 more blocks: preempts sequence 2
-  newest->draft_ids = {60};
+  SpecStep(sched, 0);  // both prefilled: one block each (positions 0..3), 3 computed; 1 free
+  sched.Find(1)->draft_ids = {50, 51, 52, 53};  // positions 3..7: takes the free block
+  sched.Find(2)->draft_ids = {60};              // positions 3..4: no block left for position 4
   SchedulerOutput out = sched.Schedule();
-  REQUIRE(out.preempted == std::vector<int64_t>{2});
-  CHECK(newest->draft_ids.empty());
-  CHECK(newest->state == SequenceState::kWaiting);
+  CHECK(out.preempted.empty());  // without the drop, sequence 2 would preempt itself
+  REQUIRE(out.seqs.size() == 2);
+  CHECK(out.seqs[0].num_draft == 4);
+  CHECK(out.seqs[1].num_draft == 0);  // dropped: its last token fits its own block
+  CHECK(out.seqs[1].num_tokens == 1);
+  CHECK(sched.Find(2)->draft_ids.empty());
   sched.OnStepDone(out);
-  sched.Find(1)->output_ids.push_back(99);
-  sched.CommitDrafts(sched.Find(1), 0);
-  CHECK(sched.Find(1)->block_table.size() == 1);  // positions 0..3: the rest were rejected
+  sched.Find(1)->output_ids.insert(sched.Find(1)->output_ids.end(), {50, 99});
+  sched.CommitDrafts(sched.Find(1), 1);
+  CHECK(sched.Find(1)->num_computed_tokens == 5);
+  sched.Find(2)->output_ids.push_back(7);
   for (int64_t id : {1, 2}) REQUIRE(sched.Remove(id) != nullptr);
   CHECK(sched.allocator().num_free() == 3);
+}
+
+TEST_CASE("Scheduler forgets the drafts of a preempted sequence", "[scheduler][speculative]") {
+  Scheduler sched(Config(4, 4, 64), 2);  // 8 token slots
+  sched.Add(MakeSeq(1, 4));
+  sched.Add(MakeSeq(2, 4));
+  SpecStep(sched, 0);  // both prefilled: one full block each
+  SpecStep(sched, 0);  // sequence 1 needs a second block for position 4: sequence 2 goes
+  Sequence* preempted = sched.Find(2);
+  REQUIRE(preempted->state == SequenceState::kWaiting);
+  preempted->draft_ids = {60};  // drafts on a waiting sequence are never scheduled
+  SchedulerOutput out = sched.Schedule();
+  CHECK(preempted->draft_ids.empty());
+  for (const ScheduledSeq& s : out.seqs) CHECK(s.num_draft == 0);
+  sched.OnStepDone(out);
+  for (int64_t id : {1, 2}) REQUIRE(sched.Remove(id) != nullptr);
+  CHECK(sched.allocator().num_free() == 2);
 }
 
 TEST_CASE("Scheduler returns blocks that slid out of the window, and only those", "[scheduler]") {
