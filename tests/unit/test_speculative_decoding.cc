@@ -106,6 +106,30 @@ test::TinyCheckpoint TinyDeepseekV3() {
   return c;
 }
 
+// Gemma 2: (1 + w) norms, four per layer, GeGLU, soft-capped attention and logits, a sliding
+// layer then a global one, tied embeddings.
+test::TinyCheckpoint TinyGemma2() {
+  test::TinyCheckpoint c = test::TinyLlama("llama", 8);
+  c.config.erase("hidden_act");
+  c.config.update({{"architectures", {"Gemma2ForCausalLM"}},
+                   {"model_type", "gemma2"},
+                   {"hidden_activation", "gelu_pytorch_tanh"},
+                   {"query_pre_attn_scalar", 8},
+                   {"attn_logit_softcapping", 50.0},
+                   {"final_logit_softcapping", 30.0},
+                   {"sliding_window", 6},
+                   {"layer_types", {"sliding_attention", "full_attention"}},
+                   {"tie_word_embeddings", true}});
+  c.Remove("lm_head.weight");
+  uint32_t s = 1700;
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    c.AddF32(p + "pre_feedforward_layernorm.weight", {32}, 0, 0.1f, ++s);
+    c.AddF32(p + "post_feedforward_layernorm.weight", {32}, 0, 0.1f, ++s);
+  }
+  return c;
+}
+
 struct Family {
   std::string name;
   std::function<test::TinyCheckpoint()> make;
@@ -122,6 +146,7 @@ std::vector<Family> Families() {
          return c;
        }},
       {"qwen3", TinyQwen3},
+      {"gemma2 (soft-caps, a sliding layer)", TinyGemma2},
       {"mixtral (MoE)", TinyMixtral},
       {"deepseek_v2 (MLA)", [] { return test::TinyDeepseekV2(); }},
       {"deepseek_v3 (MLA + MoE)", TinyDeepseekV3},
