@@ -114,7 +114,7 @@ bool KeepsTargetDistribution(const Verifier& verify, uint64_t seed) {
         draft, [&](int j) { return j == 0 ? p0 : p1; }, [&] { return uni(rng); });
     REQUIRE(r.tokens.size() == static_cast<size_t>(r.num_accepted) + 1);
     first[r.tokens[0]]++;
-    if (r.tokens[0] == draft[0]) {
+    if (r.num_accepted >= 1) {  // the first draft accepted: a second token follows
       second[r.tokens[1]]++;
       ++n_second;
     }
