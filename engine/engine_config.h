@@ -4,6 +4,7 @@
 #include <string>
 
 #include "engine/runtime/model.h"
+#include "engine/speculative/speculative_config.h"
 #include "scheduler/scheduler.h"
 
 namespace llm {
@@ -31,6 +32,8 @@ struct EngineConfig {
   // device before step k's tokens are read back, so host work hides behind the GPU. A request
   // that stops on a token the host has not seen yet costs one discarded extra step.
   bool overlap_steps = true;
+  // Speculative decoding (engine/speculative/): off unless a method is named.
+  SpeculativeConfig speculative;
 };
 
 }  // namespace llm

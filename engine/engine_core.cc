@@ -62,6 +62,7 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& con
 
 StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& config,
                                                          std::unique_ptr<Model> model) {
+  LLM_RETURN_IF_ERROR(CheckSpeculativeConfig(config.speculative));
   std::unique_ptr<EngineCore> core(new EngineCore());
   core->config_ = config;
   const std::string tok_path = config.model.model_dir + "/tokenizer.json";
@@ -95,6 +96,12 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& con
   len = std::min(len, mc.max_position_embeddings);
   len = std::min(len, num_blocks * sc.block_size);
   core->max_model_len_ = len;
+  const SpeculativeConfig& spec = config.speculative;
+  if (spec.method == "ngram") {
+    LLM_ASSIGN_OR_RETURN(core->proposer_, NgramProposer::Create({spec.ngram_prompt_lookup_min,
+                                                                 spec.ngram_prompt_lookup_max,
+                                                                 spec.num_speculative_tokens}));
+  }
   core->InitGrammars(tok_path);
   return core;
 }
@@ -484,6 +491,13 @@ StepRecord EngineCore::Step() {
     metrics_->step_sample.Observe(record.sample_s);
     if (record.mask_s >= 0) metrics_->step_mask.Observe(record.mask_s);
   }
+  if (proposer_) metrics_->step_draft.Observe(record.draft_s);
+  if (record.num_drafts > 0) {
+    metrics_->step_verify.Observe(record.verify_s);
+    metrics_->spec_drafts.Inc(record.num_drafts);
+    metrics_->spec_draft_tokens.Inc(record.num_draft_tokens);
+    metrics_->spec_accepted_tokens.Inc(record.num_accepted_tokens);
+  }
   UpdateGauges();
   return record;
 }
@@ -493,6 +507,7 @@ StepRecord EngineCore::Step() {
 StepRecord EngineCore::StepInner() {
   using Clock = std::chrono::steady_clock;
   StepRecord record;
+  ProposeDrafts(&record);
   const auto t0 = Clock::now();
   SchedulerOutput sched = scheduler_->Schedule();
   const auto t1 = Clock::now();
@@ -555,6 +570,7 @@ StepRecord EngineCore::StepInner() {
     HoldPlaceholders(std::move(in.row_seq));
   } else {
     EmitTokens(in, states, device_tokens);
+    EmitDrafted(in, states, &record);
   }
   record.sample_s = Seconds(Clock::now() - t3);
   return record;
@@ -585,7 +601,7 @@ void EngineCore::NoteScheduled(const SchedulerOutput& sched, const StepStates& s
     }
     const int prompt_len = static_cast<int>(seq.prompt_ids.size());
     record->entries.push_back({seq.id, rs.request.request_id, s.num_tokens,
-                               s.start < prompt_len || s.num_tokens > 1,
+                               s.start < prompt_len || s.num_tokens - s.num_draft > 1,
                                s.samples && s.start < prompt_len});
   }
 }
@@ -650,7 +666,7 @@ void EngineCore::FillRowMask(RequestState& rs, uint32_t* dst, int mask_words) {
 
 bool EngineCore::CanOverlap(const StepBatch& in, const StepStates& states) const {
   if (!config_.overlap_steps || !model_->samples_on_device() || !model_->supports_overlap() ||
-      logits_observer_ || routing_observer_) {
+      logits_observer_ || routing_observer_ || !in.drafted.empty()) {
     return false;
   }
   for (size_t k : in.row_step) {
@@ -733,8 +749,9 @@ void EngineCore::ReportRouting(const AttentionBatch& batch,
 
 bool EngineCore::Overlappable(const RequestState& st) const {
   const SamplingParams& p = st.request.sampling;
-  return p.logprobs == 0 && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
-         p.frequency_penalty == 0.0f;
+  // A speculating request is never overlapped: its drafts come from tokens the host has read.
+  return !Speculates(st) && p.logprobs == 0 && p.repetition_penalty == 1.0f &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
 }
 
 std::optional<EngineCore::Collected> EngineCore::CollectInflight() {

@@ -18,6 +18,7 @@
 #include "engine/metrics.h"
 #include "engine/request.h"
 #include "engine/runtime/model.h"
+#include "engine/speculative/ngram_proposer.h"
 #include "engine/step_batch.h"
 #include "engine/stop_matcher.h"
 #include "grammar/matcher.h"
@@ -40,6 +41,11 @@ struct StepRecord {
   // Wall time of the step's phases (seconds): schedule, batch preparation, forward, sampling
   // plus streaming.
   double schedule_s = 0, prepare_s = 0, forward_s = 0, sample_s = 0;
+  // Speculative decoding: proposing drafts (before scheduling) and verifying them on the host
+  // (acceptance, streaming the accepted tokens); sequences that verified drafts, their draft
+  // tokens and how many were accepted.
+  double draft_s = 0, verify_s = 0;
+  int num_drafts = 0, num_draft_tokens = 0, num_accepted_tokens = 0;
   double mask_s = -1;  // filling token masks (within forward_s); -1: the step had none
 };
 
@@ -190,6 +196,16 @@ class EngineCore {
   // came back), or drawn by the request's sampler (logprobs, an observer).
   SampledToken SampleRow(const ForwardBatch& batch, size_t r, RequestState& rs, const Sequence& seq,
                          const std::vector<int32_t>& device_tokens);
+  // Speculative decoding (engine_speculative.cc). Whether the request's sequences get drafts: a
+  // method is on and the request did not opt out. A grammar's mask is applied per draft position
+  // (the matcher takes the drafts tentatively and rolls them back).
+  bool Speculates(const RequestState& st) const;
+  // Before Schedule: the drafts of every decoding sequence that speculates (Sequence::draft_ids).
+  void ProposeDrafts(StepRecord* record);
+  // After a synchronous forward: verifies each drafted sequence's rows (in.drafted) on the host,
+  // streams the accepted tokens and the target's next one through OnToken, one at a time (a
+  // finish drops the rest), and tells the scheduler how many were accepted.
+  void EmitDrafted(const StepBatch& in, const StepStates& states, StepRecord* record);
   // Hands the forward's routing_trace_ to the observer; `entries` are the batch's sequences.
   void ReportRouting(const AttentionBatch& batch, const std::vector<StepRecord::Entry>& entries);
 
@@ -213,6 +229,7 @@ class EngineCore {
   std::function<void()> dequeue_observer_;
   std::shared_ptr<EngineMetrics> metrics_ = std::make_shared<EngineMetrics>();
   std::vector<float> logits_scratch_;
+  std::optional<NgramProposer> proposer_;  // set when EngineConfig::speculative is ngram
   std::optional<InFlight> inflight_;
   PrefixCacheStats last_prefix_stats_;
   int64_t last_preemptions_ = 0;

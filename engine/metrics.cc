@@ -91,6 +91,8 @@ EngineMetrics::EngineMetrics()
       step_prepare(kStepBuckets),
       step_forward(kStepBuckets),
       step_sample(kStepBuckets),
+      step_draft(kStepBuckets),
+      step_verify(kStepBuckets),
       step_mask(kStepBuckets) {}
 
 void EngineMetrics::CountOutcome(const std::string& outcome) {
@@ -137,6 +139,26 @@ std::string EngineMetrics::Render() const {
                   "Sampling, detokenizing and streaming per step.", step_sample);
   RenderHistogram(os, "llm_engine_step_mask_seconds",
                   "Filling the structured-output token masks of a step that has any.", step_mask);
+  RenderHistogram(os, "llm_engine_step_draft_seconds",
+                  "Speculative decoding: proposing drafts, per step.", step_draft);
+  RenderHistogram(os, "llm_engine_step_verify_seconds",
+                  "Speculative decoding: verifying drafts and streaming the accepted tokens, per "
+                  "step that verified drafts.",
+                  step_verify);
+  const double drafts = spec_drafts.value(), draft_tokens = spec_draft_tokens.value();
+  const double accepted = spec_accepted_tokens.value();
+  RenderScalar(os, "llm_spec_decode_num_drafts_total", "counter",
+               "Sequence-steps that verified draft tokens.", drafts);
+  RenderScalar(os, "llm_spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified.",
+               draft_tokens);
+  RenderScalar(os, "llm_spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.",
+               accepted);
+  RenderScalar(os, "llm_spec_decode_acceptance_rate", "gauge",
+               "Accepted over verified draft tokens since start (0 before any).",
+               draft_tokens > 0 ? accepted / draft_tokens : 0.0);
+  RenderScalar(os, "llm_spec_decode_mean_accepted_tokens", "gauge",
+               "Draft tokens accepted per sequence-step that verified drafts, since start.",
+               drafts > 0 ? accepted / drafts : 0.0);
   os << "# HELP llm_requests_total Ended requests by outcome.\n# TYPE llm_requests_total counter\n";
   std::lock_guard<std::mutex> l(mu_);
   for (const auto& [outcome, n] : outcomes_) {

@@ -68,6 +68,14 @@ struct EngineMetrics {
   // _seconds): scheduling, batch preparation, the model forward (on a GPU, until the stream has
   // finished the step), and sampling + detokenizing + streaming the step's tokens.
   Histogram step_schedule, step_prepare, step_forward, step_sample;
+  // Speculative decoding, named after vLLM's spec_decode metrics: llm_spec_decode_num_drafts_total
+  // (sequence-steps that verified drafts), _num_draft_tokens_total, _num_accepted_tokens_total;
+  // the acceptance rate (accepted / draft tokens) and the mean accepted tokens per verified
+  // sequence-step are rendered from them as gauges. Step phases: llm_engine_step_draft_seconds
+  // (the proposer, per step while a method is on) and llm_engine_step_verify_seconds (host-side
+  // acceptance and streaming of a step that verified drafts; its forward is in step_forward).
+  Counter spec_drafts, spec_draft_tokens, spec_accepted_tokens;
+  Histogram step_draft, step_verify;
   // llm_engine_step_mask_seconds: filling the token masks of a step's constrained rows (part of
   // `forward`; hidden behind the device's forward in an overlapped step).
   Histogram step_mask;

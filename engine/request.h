@@ -46,6 +46,8 @@ struct GenerationRequest {
   // in the prefix cache, so they share its full prompt blocks. Their outputs meet in the request's
   // one sink (engine/choice_fan_in.h).
   int n = 1;
+  // false: never drafted for, whatever EngineConfig::speculative says (the request opted out).
+  bool speculative_decoding = true;
   // Set by EngineCore::Validate from `constraint` (through the engine's grammar cache).
   std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };

@@ -12,6 +12,7 @@ StepBatch BuildStepBatch(const SchedulerOutput& sched, const BlockAllocator& all
   attn.q_indptr.push_back(0);
   attn.page_indptr.push_back(0);
   if (device_sampling) batch.penalty_indptr.push_back(0);
+  std::vector<int32_t> draft_rows;  // batch rows of the drafted sequences' logit rows
   for (size_t k = 0; k < sched.seqs.size(); ++k) {
     const ScheduledSeq& s = sched.seqs[k];
     const Sequence& seq = *s.seq;
@@ -32,6 +33,12 @@ StepBatch BuildStepBatch(const SchedulerOutput& sched, const BlockAllocator& all
                              seq.block_table.begin() + pages);
     attn.page_indptr.push_back(static_cast<int32_t>(attn.page_indices.size()));
     if (!s.samples) continue;
+    if (s.num_draft > 0) {
+      out.drafted.push_back({k, seq.id, static_cast<int32_t>(draft_rows.size()), s.num_draft});
+      const int32_t end = static_cast<int32_t>(batch.token_ids.size());
+      for (int32_t r = end - 1 - s.num_draft; r < end; ++r) draft_rows.push_back(r);
+      continue;
+    }
     out.row_seq.push_back(seq.id);
     out.row_step.push_back(k);
     batch.logit_rows.push_back(static_cast<int32_t>(batch.token_ids.size()) - 1);
@@ -40,6 +47,16 @@ StepBatch BuildStepBatch(const SchedulerOutput& sched, const BlockAllocator& all
       const bool on_device = device_job(k, seq, &job, &batch);
       batch.device_sampled.push_back(on_device ? 1 : 0);
       batch.sampling_jobs.push_back(on_device ? job : SamplingJob{});
+      batch.penalty_indptr.push_back(static_cast<int32_t>(batch.penalties.size()));
+    }
+  }
+  const int32_t plain_rows = static_cast<int32_t>(batch.logit_rows.size());
+  for (StepBatch::DraftRows& d : out.drafted) d.first_row += plain_rows;
+  for (int32_t r : draft_rows) {
+    batch.logit_rows.push_back(r);
+    if (device_sampling) {  // logits back to the host
+      batch.device_sampled.push_back(0);
+      batch.sampling_jobs.push_back(SamplingJob{});
       batch.penalty_indptr.push_back(static_cast<int32_t>(batch.penalties.size()));
     }
   }

@@ -17,8 +17,19 @@ namespace llm {
 struct StepBatch {
   ForwardBatch forward;
   std::vector<int64_t> step_seq;  // every scheduled sequence, in batch order
-  std::vector<int64_t> row_seq;   // the sequence of each logit row
-  std::vector<size_t> row_step;   // each logit row's index in step_seq (and in sched.seqs)
+  std::vector<int64_t> row_seq;   // the sequence of each logit row without drafts
+  std::vector<size_t> row_step;   // each such row's index in step_seq (and in sched.seqs)
+  // Speculative decoding: a sequence that computes drafts (ScheduledSeq::num_draft > 0) has
+  // 1 + num_draft consecutive logit rows, the distributions after its last token and after each
+  // draft. They come after every row of row_seq, are not device-sampled (the host verifies them)
+  // and are not in row_seq.
+  struct DraftRows {
+    size_t step = 0;  // index in step_seq
+    int64_t seq = 0;
+    int32_t first_row = 0;  // logit row of the position before the first draft
+    int num_draft = 0;
+  };
+  std::vector<DraftRows> drafted;
   // Constrained device-sampled rows: their masks (rows of forward.token_masks) are filled once
   // the previous step's tokens are known (EngineCore::FillMasks).
   struct MaskRow {

@@ -23,6 +23,23 @@ void Scheduler::ReleaseBlocks(Sequence* seq) {
   seq->num_released_blocks = 0;
 }
 
+void Scheduler::TrimBlocks(Sequence* seq, int keep) {
+  std::vector<int32_t> tail;
+  for (int b = static_cast<int>(seq->block_table.size()); b-- > keep;) {
+    LLM_CHECK(b >= seq->num_released_blocks) << "trimming a block that slid out of the window";
+    tail.push_back(seq->block_table[b]);
+  }
+  seq->block_table.resize(std::min<size_t>(seq->block_table.size(), keep));
+  allocator_.Release(tail);
+}
+
+int Scheduler::DraftsToSchedule(Sequence* seq, int pending, int budget) const {
+  if (pending != 1 || seq->has_pending_token()) return 0;
+  // Each accepted draft is a generated token: k drafts and the token after them must fit.
+  const int room = seq->max_total_tokens - seq->num_tokens() - 1;
+  return std::max(0, std::min({static_cast<int>(seq->draft_ids.size()), budget - 1, room}));
+}
+
 void Scheduler::ReleaseOutOfWindow(Sequence* seq) {
   if (config_.sliding_window <= 0) return;
   // The next query sits at position num_computed_tokens and sees [p - W + 1, p]; later ones
@@ -98,6 +115,7 @@ bool Scheduler::Reserve(Sequence* seq, int num_tokens) {
 
 void Scheduler::Preempt(Sequence* seq) {
   ReleaseBlocks(seq);
+  seq->draft_ids.clear();
   seq->num_computed_tokens = 0;
   seq->num_preemptions++;
   num_preemptions_total_++;
@@ -114,7 +132,10 @@ SchedulerOutput Scheduler::Schedule() {
   //    short, the newest running sequence is preempted (possibly the one being scheduled).
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence* seq = running_[i];
-    const int n = std::min(seq->num_tokens() - seq->num_computed_tokens, budget);
+    const int pending = seq->num_tokens() - seq->num_computed_tokens;
+    int drafts = DraftsToSchedule(seq, pending, budget);
+    seq->draft_ids.resize(drafts);
+    int n = std::min(pending, budget) + drafts;
     // A sequence whose pending token is its last allowed one (overlapped steps) computes nothing
     // more: it finishes when that token arrives.
     if (n <= 0 || (seq->has_pending_token() && seq->num_tokens() >= seq->max_total_tokens)) {
@@ -122,6 +143,13 @@ SchedulerOutput Scheduler::Schedule() {
       continue;
     }
     bool ok = Reserve(seq, seq->num_computed_tokens + n);
+    if (!ok && drafts > 0) {
+      // Drafts are a bet, not a need: they never cost another sequence its blocks.
+      n -= drafts;
+      drafts = 0;
+      seq->draft_ids.clear();
+      ok = Reserve(seq, seq->num_computed_tokens + n);
+    }
     while (!ok) {
       // Only sequences not yet scheduled this step (index >= i) may be preempted.
       Sequence* victim = PickVictim(i);
@@ -131,8 +159,8 @@ SchedulerOutput Scheduler::Schedule() {
       ok = Reserve(seq, seq->num_computed_tokens + n);
     }
     if (!ok) continue;  // seq itself was preempted; running_[i] is now the next one
-    out.seqs.push_back(
-        {seq, seq->num_computed_tokens, n, seq->num_computed_tokens + n == seq->num_tokens()});
+    out.seqs.push_back({seq, seq->num_computed_tokens, n,
+                        seq->num_computed_tokens + n - drafts == seq->num_tokens(), drafts});
     budget -= n;
     ++i;
   }
@@ -142,6 +170,7 @@ SchedulerOutput Scheduler::Schedule() {
   while (out.preempted.empty() && !waiting_.empty() && budget > 0 &&
          static_cast<int>(running_.size()) < config_.max_num_seqs) {
     Sequence* seq = waiting_.front();
+    seq->draft_ids.clear();  // a prefill drafts nothing
     MatchPrefix(seq);
     const int n = std::min(seq->num_tokens() - seq->num_computed_tokens, budget);
     if (!Reserve(seq, seq->num_computed_tokens + n)) {
@@ -162,10 +191,25 @@ SchedulerOutput Scheduler::Schedule() {
 
 void Scheduler::OnStepDone(const SchedulerOutput& out) {
   for (const ScheduledSeq& s : out.seqs) {
-    s.seq->num_computed_tokens += s.num_tokens;
+    s.seq->num_computed_tokens += s.num_tokens - s.num_draft;
     PublishFullBlocks(s.seq);  // before the window release: published blocks stay cached
     ReleaseOutOfWindow(s.seq);
   }
+}
+
+void Scheduler::CommitDrafts(Sequence* seq, int num_accepted) {
+  LLM_CHECK(num_accepted >= 0 && num_accepted <= static_cast<int>(seq->draft_ids.size()))
+      << "sequence " << seq->id << " accepted " << num_accepted << " of " << seq->draft_ids.size()
+      << " drafts";
+  seq->num_computed_tokens += num_accepted;
+  LLM_CHECK_EQ(seq->num_computed_tokens + 1, seq->num_tokens())
+      << "the accepted drafts and the token after them must be in output_ids";
+  seq->draft_ids.clear();
+  // The rejected positions' K/V is garbage past num_computed_tokens (never read: kv_lens stop
+  // there, and the next steps overwrite it); blocks holding nothing else go back now.
+  TrimBlocks(seq, BlocksForTokens(seq->num_computed_tokens, config_.block_size));
+  PublishFullBlocks(seq);
+  ReleaseOutOfWindow(seq);
 }
 
 std::unique_ptr<Sequence> Scheduler::Remove(int64_t seq_id) {

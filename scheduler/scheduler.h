@@ -35,6 +35,9 @@ struct ScheduledSeq {
   int num_tokens = 0;  // tokens computed this step
   // True when this step brings the sequence up to date, so its last row yields a new token.
   bool samples = false;
+  // Speculative decoding: the last num_draft of the num_tokens are drafts (seq->draft_ids, cut
+  // to this length); the step's rows at start .. start + num_draft each yield a token to verify.
+  int num_draft = 0;
 };
 
 struct SchedulerOutput {
@@ -52,7 +55,13 @@ class Scheduler {
   void Add(std::unique_ptr<Sequence> seq);
   SchedulerOutput Schedule();
   // Marks the step's tokens computed (call after the forward pass, before appending samples).
+  // A sequence's drafts stay uncounted until CommitDrafts.
   void OnStepDone(const SchedulerOutput& out);
+  // After a step that verified `seq`'s drafts and appended the accepted ones and the token that
+  // followed them to output_ids: counts the accepted drafts' K/V as computed, forgets the drafts,
+  // and gives back the blocks that held only rejected positions. Only blocks made wholly of
+  // accepted tokens enter the prefix cache.
+  void CommitDrafts(Sequence* seq, int num_accepted);
   // Frees the sequence's blocks and forgets it. Valid for waiting and running sequences.
   std::unique_ptr<Sequence> Remove(int64_t seq_id);
 
@@ -74,6 +83,11 @@ class Scheduler {
   // Takes cached blocks for a sequence that has nothing computed yet.
   void MatchPrefix(Sequence* seq);
   void ReleaseBlocks(Sequence* seq);
+  // Returns the blocks past the first `keep` (newest first).
+  void TrimBlocks(Sequence* seq, int keep);
+  // The drafts a running sequence computes this step: those that fit the budget (after its one
+  // pending token) and its max_total_tokens; none unless it is decoding with nothing pending.
+  int DraftsToSchedule(Sequence* seq, int pending, int budget) const;
   void PublishFullBlocks(Sequence* seq);
   // Sliding window: returns the blocks that slid out of every future query's window.
   void ReleaseOutOfWindow(Sequence* seq);

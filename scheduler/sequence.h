@@ -19,6 +19,10 @@ struct Sequence {
   // the model reads on the device when the next step feeds it back (Model::Launch).
   std::vector<int32_t> output_ids;
   int max_total_tokens = 0;  // prompt + max_tokens, capped by the context length
+  // Speculative decoding: tokens proposed to follow output_ids, set by the engine before
+  // Schedule. A decoding sequence computes its last token and these in one step (Schedule keeps
+  // what fits, ScheduledSeq::num_draft); Scheduler::CommitDrafts ends their life.
+  std::vector<int32_t> draft_ids;
 
   SequenceState state = SequenceState::kWaiting;
   // Tokens whose K/V are in the cache. After a preemption it drops to 0 and prompt + output are
@@ -42,9 +46,13 @@ struct Sequence {
     t.insert(t.end(), output_ids.begin(), output_ids.end());
     return t;
   }
+  // Positions past output_ids are the drafts'.
   int32_t token_at(int i) const {
     const int p = static_cast<int>(prompt_ids.size());
-    return i < p ? prompt_ids[i] : output_ids[i - p];
+    if (i < p) return prompt_ids[i];
+    const int o = i - p;
+    return o < static_cast<int>(output_ids.size()) ? output_ids[o]
+                                                   : draft_ids[o - output_ids.size()];
   }
 };
 

@@ -92,6 +92,7 @@ Status ConvertRequest(const GenerateParams& in, const EngineCore& core, const Se
   if (in.ignore_eos) st.ignore_eos = *in.ignore_eos;
   if (in.skip_special_tokens) out->skip_special_tokens = *in.skip_special_tokens;
   if (in.priority) out->priority = *in.priority;
+  if (in.speculative_decoding) out->speculative_decoding = *in.speculative_decoding;
   out->constraint = in.constraint;
   out->n = in.n;
   return Status::Ok();

@@ -57,6 +57,8 @@ struct GenerateParams {
   std::optional<bool> ignore_eos;
   std::optional<bool> skip_special_tokens;
   std::optional<int> priority;
+  // false: this request does not speculate even when the server's --speculative-method is on.
+  std::optional<bool> speculative_decoding;
   // Structured outputs: none, or the one constraint the request carries (compiled and checked by
   // EngineCore::Validate).
   Constraint constraint;

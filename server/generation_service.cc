@@ -114,6 +114,7 @@ Status FromProto(const pb::GenerateRequest& in, GenerateParams* out) {
   if (in.has_skip_special_tokens()) out->skip_special_tokens = in.skip_special_tokens();
   if (in.has_priority()) out->priority = in.priority();
   if (in.has_n()) out->n = in.n();  // range: EngineCore::Validate (--max-n)
+  if (in.has_speculative_decoding()) out->speculative_decoding = in.speculative_decoding();
   return ConstraintFromProto(in, &out->constraint);
 }
 

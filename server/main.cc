@@ -44,6 +44,13 @@ std::string StartupTable(const llm::ServerConfig& sc, const llm::EngineCore& cor
                         (mo.dummy_weights ? " (dummy: random)" : " on disk") + ", device " +
                         mo.device;
   if (mo.weight_dtype != "auto") weights += ", --weight-dtype " + mo.weight_dtype;
+  const llm::SpeculativeConfig& spec = sc.engine.speculative;
+  const std::string speculative = spec.method == "ngram"
+                                      ? "ngram, " + std::to_string(spec.num_speculative_tokens) +
+                                            " tokens, suffix " +
+                                            std::to_string(spec.ngram_prompt_lookup_min) + ".." +
+                                            std::to_string(spec.ngram_prompt_lookup_max)
+                                      : spec.method;
   char buf[2048];
   std::snprintf(buf, sizeof(buf),
                 "\n  | model              | %s (%s)\n"
@@ -53,6 +60,7 @@ std::string StartupTable(const llm::ServerConfig& sc, const llm::EngineCore& cor
                 "  | KV cache           | %s, %d blocks x %d tokens = %d tokens, %.1f MiB\n"
                 "  | context / max_tokens | %d / %d\n"
                 "  | scheduler          | max_num_seqs %d, max_batched_tokens %d\n"
+                "  | speculative        | %s\n"
                 "  | sampling defaults  | %s\n"
                 "  | listen             | %s",
                 mc.name.c_str(), mc.architecture_name.c_str(), mc.num_layers, mc.hidden_size,
@@ -61,8 +69,8 @@ std::string StartupTable(const llm::ServerConfig& sc, const llm::EngineCore& cor
                 core.num_blocks() * mo.block_size,
                 static_cast<double>(m.kv_bytes_per_block()) * core.num_blocks() / (1 << 20),
                 core.max_model_len(), sc.engine.max_tokens_limit, sc.engine.scheduler.max_num_seqs,
-                sc.engine.scheduler.max_batched_tokens, mc.generation.Describe().c_str(),
-                sc.listen_address.c_str());
+                sc.engine.scheduler.max_batched_tokens, speculative.c_str(),
+                mc.generation.Describe().c_str(), sc.listen_address.c_str());
   return buf;
 }
 

@@ -311,6 +311,11 @@ const std::map<std::string, FieldParser>& CommonFields() {
        [](const json& v, OpenAiRequest* r) { return AsBool(v, &r->params.add_special_tokens); }},
       {"priority",
        [](const json& v, OpenAiRequest* r) { return AsOptInt(v, &r->params.priority); }},
+      // An extension: false opts the request out of the server's speculative decoding.
+      {"speculative_decoding",
+       [](const json& v, OpenAiRequest* r) {
+         return AsOptBool(v, &r->params.speculative_decoding);
+       }},
       {"stop_token_ids",
        [](const json& v, OpenAiRequest* r) { return AsTokenIds(v, &r->params.stop_token_ids); }},
       {"stop",

@@ -30,6 +30,22 @@ bool StaticKvCache(const ServerConfig& c) {
   return d == "int8" || d == "fp8_e4m3";
 }
 
+bool Speculating(const ServerConfig& c) {
+  return c.engine.speculative.enabled();
+}
+
+bool NgramSpeculation(const ServerConfig& c) {
+  return c.engine.speculative.method == "ngram";
+}
+
+Status ImplementedSpeculativeMethod(const std::string& v) {
+  if (v == "draft" || v == "mtp") {
+    return InvalidArgument("--speculative-method " + v +
+                           " is not implemented yet; the methods that run are none and ngram");
+  }
+  return Status::Ok();
+}
+
 bool Fp8Weights(const ServerConfig& c) {
   return c.engine.model.weight_dtype == "fp8";
 }
@@ -136,6 +152,21 @@ std::vector<ServerOption> Declarations() {
       O::Bool("overlap_steps", LLM_BIND(engine.overlap_steps), G::kScheduler,
               "queue step k + 1 on the device before reading step k's tokens (models that "
               "sample on the device)"),
+      O::Choice("speculative_method", LLM_BIND(engine.speculative.method),
+                kSpeculativeMethodChoices, G::kScheduler,
+                "speculative decoding: ngram drafts tokens from the request's own prompt and "
+                "output (prompt lookup) and verifies them in one step; draft and mtp are not "
+                "implemented yet")
+          .Check(ImplementedSpeculativeMethod),
+      O::Int("num_speculative_tokens", LLM_BIND(engine.speculative.num_speculative_tokens), 1,
+             kMaxSpeculativeTokens, G::kScheduler, "draft tokens verified per sequence and step")
+          .Requires(Speculating, "--speculative-method ngram"),
+      O::Int("ngram_prompt_lookup_min", LLM_BIND(engine.speculative.ngram_prompt_lookup_min), 1,
+             1024, G::kScheduler, "n-gram drafting: the shortest context suffix that must recur")
+          .Requires(NgramSpeculation, "--speculative-method ngram"),
+      O::Int("ngram_prompt_lookup_max", LLM_BIND(engine.speculative.ngram_prompt_lookup_max), 1,
+             1024, G::kScheduler, "n-gram drafting: the longest context suffix tried")
+          .Requires(NgramSpeculation, "--speculative-method ngram"),
       O::Int("structured_output_threads", LLM_BIND(engine.structured_output_threads), 0, 256,
              G::kScheduler,
              "threads (the engine's included) filling a step's structured-output token masks; "
@@ -263,6 +294,7 @@ Status Validate(const ServerConfig& c) {
   if (c.front_end.tls_cert_file.empty() != c.front_end.tls_key_file.empty()) {
     return InvalidArgument("--tls-cert-file and --tls-key-file go together");
   }
+  LLM_RETURN_IF_ERROR(CheckSpeculativeConfig(c.engine.speculative));
   const std::string& device = c.engine.model.device;
   return device == "auto" ? Status::Ok() : CheckOptionsApply(c, device);
 }

@@ -117,6 +117,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="include every chunk's timestamp and token count in the JSON")
     g.add_argument("--plot-dir", metavar="DIR", help="write gnuplot data, scripts and PNGs here")
     g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    g.add_argument("--metrics-url", metavar="URL", default=None,
+                   help="the server's Prometheus endpoint (http://HOST:PORT/metrics), read before "
+                        "and after the run: the report adds speculative decoding's acceptance "
+                        "over the run when the server speculates")
     args = p.parse_args(argv)
 
     if (args.concurrency is None) == (args.request_rate is None):
@@ -564,8 +568,48 @@ def request_latencies(r: RequestRecord) -> dict:
     return out
 
 
+def scrape_metrics(url: str) -> dict:
+    """The unlabelled samples of a Prometheus text page, {name: value}."""
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=30) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#") or "{" in line:
+            continue
+        name, value = line.rsplit(" ", 1)
+        out[name] = float(value)
+    return out
+
+
+def speculative_report(before: dict, after: dict) -> dict | None:
+    """Speculative decoding over the run, from two scrapes of the server's metrics; None when the
+    server reports no speculative decoding (no such metrics, or no method on: no draft phase)."""
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+    if "llm_spec_decode_num_drafts_total" not in after or \
+            delta("llm_engine_step_draft_seconds_count") <= 0:
+        return None
+    drafts = delta("llm_spec_decode_num_drafts_total")
+    draft_tokens = delta("llm_spec_decode_num_draft_tokens_total")
+    accepted = delta("llm_spec_decode_num_accepted_tokens_total")
+    draft_steps = delta("llm_engine_step_draft_seconds_count")
+    verify_steps = delta("llm_engine_step_verify_seconds_count")
+    return {
+        "verified_drafts": drafts,
+        "draft_tokens": draft_tokens,
+        "accepted_tokens": accepted,
+        "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
+        # Tokens a sequence gains in a step that verified drafts: the accepted ones plus one.
+        "mean_accepted_tokens": accepted / drafts if drafts else None,
+        "draft_ms_per_step": 1000 * delta("llm_engine_step_draft_seconds_sum") / draft_steps,
+        "verify_ms_per_step": (1000 * delta("llm_engine_step_verify_seconds_sum") / verify_steps
+                               if verify_steps else None),
+    }
+
+
 def compute_report(args: argparse.Namespace, info, records: list[RequestRecord], t0: float,
-                   t_end: float) -> dict:
+                   t_end: float, speculative: dict | None = None) -> dict:
     """Builds the report dict from the records."""
     duration = max(t_end - t0, 1e-9)
     measured = [r for r in records if r.kind == NORMAL and r.status == "OK"]
@@ -682,6 +726,7 @@ def compute_report(args: argparse.Namespace, info, records: list[RequestRecord],
         "unexpected_errors": unexpected,
         "unexpected_error_details": errors_detail,
         "anomalies": anomalies,
+        "speculative_decoding": speculative,
         "requests": per_request,
     }
 
@@ -740,6 +785,18 @@ def format_report(rep: dict) -> str:
         lines.append(f"{name.upper():<14}" + "".join(
             f"{s[k]:>10.2f}" for k in ("mean", "p50", "p90", "p99", "max")))
     lines.append("-" * w)
+    sd = rep.get("speculative_decoding")
+    if sd:
+        rate = "n/a" if sd["acceptance_rate"] is None else f"{100 * sd['acceptance_rate']:.1f}%"
+        mean = "n/a" if sd["mean_accepted_tokens"] is None else f"{sd['mean_accepted_tokens']:.2f}"
+        verify = "n/a" if sd["verify_ms_per_step"] is None else f"{sd['verify_ms_per_step']:.3f}"
+        lines += [f"{'Speculative: acceptance rate:':<34}{rate} of {sd['draft_tokens']:.0f} "
+                  "draft tokens",
+                  f"{'Speculative: accepted per verify:':<34}{mean} tokens "
+                  f"({sd['verified_drafts']:.0f} verifies)",
+                  f"{'Speculative: draft / verify (ms):':<34}{sd['draft_ms_per_step']:.3f} / "
+                  f"{verify} per step",
+                  "-" * w]
     st = ", ".join(f"{k}={v}" for k, v in sorted(rep["status_counts"].items()))
     lines.append(f"{'Status codes:':<34}{st}")
     ex = ", ".join(f"{k}={v}" for k, v in sorted(rep["expected_errors"].items())) or "none"
@@ -886,12 +943,15 @@ def main(argv: list[str] | None = None) -> int:
     specs = build_workload(args, info, rng)
     chat_text = chat_texts(args.target, specs, args.api_key) if args.backend == "openai-chat" \
         else None
+    metrics_before = scrape_metrics(args.metrics_url) if args.metrics_url else None
     try:
         records, t0, t_end = asyncio.run(run_benchmark(args, specs, rng, info, chat_text))
     except KeyboardInterrupt:
         print("\nloadgen: interrupted", file=sys.stderr)
         return 130
-    report = compute_report(args, info, records, t0, t_end)
+    speculative = speculative_report(metrics_before, scrape_metrics(args.metrics_url)) \
+        if args.metrics_url else None
+    report = compute_report(args, info, records, t0, t_end, speculative)
     if args.output_json:
         os.makedirs(os.path.dirname(os.path.abspath(args.output_json)), exist_ok=True)
         with open(args.output_json, "w") as f:

@@ -48,75 +48,85 @@ void ComputeLogprobs(std::span<const float> logits, int32_t token, int n, Sample
   for (int i = 0; i < n; ++i) out->top.emplace_back(idx[i], logits[idx[i]] - log_z);
 }
 
-SampledToken SampleWithJob(std::span<float> logits, const SamplingJob& job,
-                           std::span<const PenaltyEntry> penalties) {
+KeptDistribution SamplingDistribution(std::span<float> logits, const SamplingJob& job,
+                                      std::span<const PenaltyEntry> penalties) {
   const int vocab = static_cast<int>(logits.size());
   for (const PenaltyEntry& e : penalties) {
     if (e.token >= 0 && e.token < vocab)
       logits[e.token] = sampling::ApplyEntry(logits[e.token], e, job);
   }
-  SampledToken out;
+  KeptDistribution out;
   const int32_t argmax = Argmax(logits);
-  out.token = argmax;
-  if (job.temperature == 0.0f) return out;
-
+  if (job.temperature == 0.0f) {
+    out.ids = {argmax};
+    out.masses = {1};
+    out.total = 1;
+    return out;
+  }
   const float max = logits[argmax];
   const float inv_t = sampling::InvTemperature(job.temperature);
   auto prob = [&](int32_t i) { return sampling::Prob(logits[i], max, inv_t); };
-  // The draw over kept ids in ascending order.
-  auto draw = [&](const auto& kept_ids) {
-    uint64_t total = 0;
-    for (int32_t i : kept_ids) total += sampling::Mass(prob(i));
-    const uint64_t threshold = sampling::DrawThreshold(job.u, total);
-    uint64_t cum = 0;
-    for (int32_t i : kept_ids) {
-      cum += sampling::Mass(prob(i));
-      if (cum > threshold) return i;
-    }
-    return argmax;  // unreachable: threshold < total
-  };
-
   const bool top_k = job.top_k > 0 && job.top_k < vocab;
   const bool top_p = job.top_p < 1.0f;
   const bool min_p = job.min_p > 0.0f;
-  if (!top_k && !top_p && !min_p) {
-    // Plain temperature: every id is kept; one pass, no ordering.
-    std::vector<int32_t> all(vocab);
-    std::iota(all.begin(), all.end(), 0);
-    out.token = draw(all);
-    return out;
-  }
-  // K is defined on the order "logit descending, lower id first".
-  std::vector<int32_t> order(vocab);
+  std::vector<int32_t>& order = out.ids;
+  order.resize(vocab);
   std::iota(order.begin(), order.end(), 0);
-  auto by_logit = [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  };
-  int keep = top_k ? job.top_k : vocab;
-  if (keep < vocab) {
-    std::partial_sort(order.begin(), order.begin() + keep, order.end(), by_logit);
-  } else {
-    std::sort(order.begin(), order.end(), by_logit);
-  }
-  if (top_p) {
-    uint64_t total = 0;
-    for (int i = 0; i < keep; ++i) total += sampling::Mass(prob(order[i]));
-    const uint64_t target = sampling::TopPTarget(job.top_p, total);
-    uint64_t cum = 0;
-    int n = 0;
-    while (n < keep) {
-      cum += sampling::Mass(prob(order[n++]));
-      if (cum >= target) break;
+  if (top_k || top_p || min_p) {
+    // K is defined on the order "logit descending, lower id first".
+    auto by_logit = [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    };
+    int keep = top_k ? job.top_k : vocab;
+    if (keep < vocab) {
+      std::partial_sort(order.begin(), order.begin() + keep, order.end(), by_logit);
+    } else {
+      std::sort(order.begin(), order.end(), by_logit);
     }
-    keep = n;
+    if (top_p) {
+      uint64_t total = 0;
+      for (int i = 0; i < keep; ++i) total += sampling::Mass(prob(order[i]));
+      const uint64_t target = sampling::TopPTarget(job.top_p, total);
+      uint64_t cum = 0;
+      int n = 0;
+      while (n < keep) {
+        cum += sampling::Mass(prob(order[n++]));
+        if (cum >= target) break;
+      }
+      keep = n;
+    }
+    order.resize(keep);
+    if (min_p) {
+      // A filter, not a prefix: p falls along the order only up to rounding. The top has p = 1.
+      std::erase_if(order, [&](int32_t i) { return prob(i) < job.min_p; });
+    }
+    std::sort(order.begin(), order.end());
   }
-  order.resize(keep);
-  if (min_p) {
-    // A filter, not a prefix: p falls along the order only up to rounding. The top has p = 1.
-    std::erase_if(order, [&](int32_t i) { return prob(i) < job.min_p; });
+  out.masses.resize(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    out.masses[i] = sampling::Mass(prob(order[i]));
+    out.total += out.masses[i];
   }
-  std::sort(order.begin(), order.end());
-  out.token = draw(order);
+  return out;
+}
+
+SampledToken SampleWithJob(std::span<float> logits, const SamplingJob& job,
+                           std::span<const PenaltyEntry> penalties) {
+  const KeptDistribution d = SamplingDistribution(logits, job, penalties);
+  SampledToken out;
+  out.token = d.ids[0];
+  if (job.temperature == 0.0f) return out;
+  // The draw over kept ids in ascending order.
+  const uint64_t threshold = sampling::DrawThreshold(job.u, d.total);
+  uint64_t cum = 0;
+  for (size_t i = 0; i < d.ids.size(); ++i) {
+    cum += d.masses[i];
+    if (cum > threshold) {
+      out.token = d.ids[i];
+      return out;
+    }
+  }
+  out.token = Argmax(logits);  // unreachable: threshold < total
   return out;
 }
 
@@ -154,8 +164,12 @@ SamplingJob Sampler::NextJob() {
   job.presence_penalty = params_.presence_penalty;
   job.frequency_penalty = params_.frequency_penalty;
   // 53-bit uniform from the request's own stream; greedy draws nothing.
-  if (!params_.greedy()) job.u = static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0);
+  if (!params_.greedy()) job.u = NextUniform();
   return job;
+}
+
+double Sampler::NextUniform() {
+  return static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0);
 }
 
 SamplingJob Sampler::DeviceJob(std::span<const int32_t> prompt, std::span<const int32_t> generated,

@@ -57,6 +57,10 @@ class Sampler {
   SamplingJob DeviceJob(std::span<const int32_t> prompt, std::span<const int32_t> generated,
                         std::vector<PenaltyEntry>* penalties);
 
+  // A draw in [0, 1) from the request's stream (53 bits), for draws beyond one per token
+  // (speculative decoding's acceptance tests).
+  double NextUniform();
+
   const SamplingParams& params() const { return params_; }
 
  private:
@@ -73,8 +77,19 @@ class Sampler {
   size_t prompt_seen_ = 0, generated_seen_ = 0;
 };
 
-// Applies `penalties` to logits (in place) and samples them under `job` by the definition above.
-// Fills only `token`.
+// The distribution a job draws from (steps 1-5 of the definition, penalties applied to logits in
+// place): the kept ids in ascending order with their integer masses. Temperature 0: the argmax
+// alone (mass 1).
+struct KeptDistribution {
+  std::vector<int32_t> ids;
+  std::vector<uint64_t> masses;
+  uint64_t total = 0;
+};
+KeptDistribution SamplingDistribution(std::span<float> logits, const SamplingJob& job,
+                                      std::span<const PenaltyEntry> penalties);
+
+// Applies `penalties` to logits (in place) and samples them under `job` by the definition above
+// (step 6 over SamplingDistribution). Fills only `token`.
 SampledToken SampleWithJob(std::span<float> logits, const SamplingJob& job,
                            std::span<const PenaltyEntry> penalties);
 

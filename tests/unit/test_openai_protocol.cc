@@ -188,3 +188,31 @@ TEST_CASE("front-end options come from the one option table", "[openai]") {
 
 }  // namespace
 }  // namespace llm
+
+namespace llm {
+namespace {
+
+TEST_CASE("speculative_decoding opts a request out, and must be a boolean",
+          "[openai][speculative]") {
+  OpenAiRequest r;
+  std::string param;
+  REQUIRE(Parse(R"({"model": "m", "prompt": "x", "speculative_decoding": false})",
+                OpenAiEndpoint::kCompletions, &r, &param)
+              .ok());
+  REQUIRE(r.params.speculative_decoding.has_value());
+  CHECK_FALSE(*r.params.speculative_decoding);
+  OpenAiRequest unset;
+  REQUIRE(
+      Parse(R"({"model": "m", "prompt": "x"})", OpenAiEndpoint::kCompletions, &unset, &param).ok());
+  CHECK_FALSE(unset.params.speculative_decoding.has_value());
+  OpenAiRequest bad;
+  const Status st = Parse(
+      R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "speculative_decoding": "no"})",
+      OpenAiEndpoint::kChat, &bad, &param);
+  CHECK(st.code() == StatusCode::kInvalidArgument);
+  CHECK(param == "speculative_decoding");
+  CHECK(st.message().find("speculative_decoding") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace llm

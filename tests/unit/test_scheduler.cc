@@ -423,7 +423,10 @@ TEST_CASE("Scheduler with prefix caching shares full prompt blocks", "[scheduler
 // one of a few shared "system prompts" so blocks are shared between sequences.
 // `window` > 0 simulates a sliding-window model: blocks that left every future query's window
 // must go back to the pool (and only those).
-void RunRandomSimulation(bool prefix_caching, uint32_t seed, int window = 0) {
+// With `drafts`, every decoding sequence carries 0..4 random draft tokens each step, of which a
+// random number is accepted (speculative decoding): the rejected positions' blocks must come back
+// and the invariants above still hold.
+void RunRandomSimulation(bool prefix_caching, uint32_t seed, int window = 0, bool drafts = false) {
   SchedulerConfig cfg = Config(4, 6, 24);
   cfg.enable_prefix_caching = prefix_caching;
   cfg.sliding_window = window;
@@ -439,7 +442,7 @@ void RunRandomSimulation(bool prefix_caching, uint32_t seed, int window = 0) {
   std::vector<int64_t> live;
   int64_t next_id = 1;
   int finished = 0, removed_early = 0, preemptions = 0, resumed_after_preemption = 0;
-  int prefix_hits = 0, window_releases = 0;
+  int prefix_hits = 0, window_releases = 0, drafted = 0, accepted = 0;
   std::set<int64_t> ever_preempted;
 
   for (int step = 0; step < 2000; ++step) {
@@ -466,6 +469,17 @@ void RunRandomSimulation(bool prefix_caching, uint32_t seed, int window = 0) {
       ++removed_early;
     }
 
+    if (drafts) {
+      for (int64_t id : live) {
+        Sequence* s = sched.Find(id);
+        s->draft_ids.clear();
+        if (s->state != SequenceState::kRunning || s->num_tokens() - s->num_computed_tokens != 1) {
+          continue;
+        }
+        const int k = uni(0, 4);
+        for (int i = 0; i < k; ++i) s->draft_ids.push_back(uni(0, 49));
+      }
+    }
     std::set<int64_t> running_before;
     std::map<int64_t, int> computed_before;
     for (int64_t id : live) {
@@ -492,8 +506,13 @@ void RunRandomSimulation(bool prefix_caching, uint32_t seed, int window = 0) {
         REQUIRE(s.start % cfg.block_size == 0);
         if (s.start > 0) ++prefix_hits;
       }
-      REQUIRE(s.start + s.num_tokens <= s.seq->num_tokens());
-      REQUIRE(s.samples == (s.start + s.num_tokens == s.seq->num_tokens()));
+      REQUIRE(s.num_draft == static_cast<int>(s.seq->draft_ids.size()));
+      REQUIRE(s.start + s.num_tokens - s.num_draft <= s.seq->num_tokens());
+      REQUIRE(s.samples == (s.start + s.num_tokens - s.num_draft == s.seq->num_tokens()));
+      // Every draft could be accepted, and the token after them, within max_total_tokens.
+      REQUIRE(s.seq->num_tokens() + s.num_draft + (s.num_draft > 0 ? 1 : 0) <=
+              s.seq->max_total_tokens);
+      if (s.num_draft > 0) REQUIRE(s.num_tokens == s.num_draft + 1);
       REQUIRE(static_cast<int>(s.seq->block_table.size()) >=
               BlocksForTokens(s.start + s.num_tokens, cfg.block_size));
       sum += s.num_tokens;
@@ -526,7 +545,23 @@ void RunRandomSimulation(bool prefix_caching, uint32_t seed, int window = 0) {
 
     sched.OnStepDone(out);
     for (const ScheduledSeq& s : out.seqs) {
-      if (s.samples) s.seq->output_ids.push_back(uni(0, 49));
+      if (!s.samples) continue;
+      Sequence* seq = s.seq;
+      if (s.num_draft > 0) {
+        const int a = uni(0, s.num_draft);
+        drafted += s.num_draft;
+        accepted += a;
+        for (int i = 0; i < a; ++i) seq->output_ids.push_back(seq->draft_ids[i]);
+        seq->output_ids.push_back(uni(0, 49));
+        sched.CommitDrafts(seq, a);
+        REQUIRE(seq->draft_ids.empty());
+        // Blocks that held only rejected positions went back.
+        REQUIRE(static_cast<int>(seq->block_table.size()) ==
+                BlocksForTokens(seq->num_computed_tokens, cfg.block_size));
+      } else {
+        seq->output_ids.push_back(uni(0, 49));
+      }
+      REQUIRE(seq->num_tokens() <= seq->max_total_tokens);
     }
     // Finished sequences leave.
     for (const ScheduledSeq& s : out.seqs) {
@@ -607,6 +642,11 @@ void RunRandomSimulation(bool prefix_caching, uint32_t seed, int window = 0) {
     CHECK(resumed_after_preemption > 0);
   }
   if (prefix_caching) CHECK(prefix_hits > 10);
+  if (drafts) {
+    CHECK(drafted > 200);
+    CHECK(accepted > 50);
+    CHECK(accepted < drafted);
+  }
 
   for (int64_t id : live) REQUIRE(sched.Remove(id) != nullptr);
   CHECK(sched.num_running() == 0);
@@ -628,6 +668,198 @@ TEST_CASE("Scheduler randomized simulation keeps its invariants", "[scheduler]")
   SECTION("sliding window of 9 tokens, with prefix caching") {
     RunRandomSimulation(true, 99, 9);
   }
+}
+
+TEST_CASE("Scheduler randomized simulation with speculative drafts keeps its invariants",
+          "[scheduler][speculative]") {
+  SECTION("without prefix caching") {
+    RunRandomSimulation(false, 2024, 0, true);
+  }
+  SECTION("with prefix caching") {
+    RunRandomSimulation(true, 31337, 0, true);
+  }
+  SECTION("sliding window of 7 tokens, with prefix caching") {
+    RunRandomSimulation(true, 5150, 7, true);
+  }
+}
+
+// One step of a fake engine that verifies drafts: `accept` drafts of each drafted sequence are
+// accepted and token 99 follows them.
+SchedulerOutput SpecStep(Scheduler& sched, int accept) {
+  SchedulerOutput out = sched.Schedule();
+  sched.OnStepDone(out);
+  for (const ScheduledSeq& s : out.seqs) {
+    if (!s.samples) continue;
+    if (s.num_draft == 0) {
+      s.seq->output_ids.push_back(7);
+      continue;
+    }
+    const int a = std::min(accept, s.num_draft);
+    for (int i = 0; i < a; ++i) s.seq->output_ids.push_back(s.seq->draft_ids[i]);
+    s.seq->output_ids.push_back(99);
+    sched.CommitDrafts(s.seq, a);
+  }
+  return out;
+}
+
+TEST_CASE("Scheduler computes a decode's drafts with it and trims rejected blocks",
+          "[scheduler][speculative]") {
+  Scheduler sched(Config(4, 4, 64), 16);
+  sched.Add(MakeSeq(1, 6));
+  SpecStep(sched, 0);  // the prefill samples one token: 7 tokens, 6 computed
+  Sequence* s = sched.Find(1);
+  REQUIRE(s->num_tokens() == 7);
+  REQUIRE(s->num_computed_tokens == 6);
+  REQUIRE(sched.allocator().num_used() == 2);
+
+  s->draft_ids = {50, 51, 52, 53};
+  SchedulerOutput out = sched.Schedule();
+  REQUIRE(out.seqs.size() == 1);
+  const ScheduledSeq& d = out.seqs[0];
+  CHECK(d.start == 6);
+  CHECK(d.num_tokens == 5);  // the last sampled token and 4 drafts
+  CHECK(d.num_draft == 4);
+  CHECK(d.samples);
+  CHECK(out.num_tokens == 5);
+  CHECK(s->token_at(6) == 7);
+  CHECK(s->token_at(7) == 50);
+  CHECK(s->token_at(10) == 53);
+  CHECK(s->block_table.size() == 3);  // positions 0..10
+  sched.OnStepDone(out);
+  CHECK(s->num_computed_tokens == 7);  // drafts wait for CommitDrafts
+  s->output_ids.push_back(99);         // none accepted: the target's token follows
+  sched.CommitDrafts(s, 0);
+  CHECK(s->num_computed_tokens == 7);
+  CHECK(s->num_tokens() == 8);
+  CHECK(s->draft_ids.empty());
+  CHECK(s->block_table.size() == 2);  // the block of positions 8..10 held only rejected drafts
+  CHECK(sched.allocator().num_used() == 2);
+
+  s->draft_ids = {60, 61, 62, 63};
+  SpecStep(sched, 4);  // all accepted, then the bonus token
+  CHECK(s->num_computed_tokens == 12);
+  CHECK(s->num_tokens() == 13);
+  CHECK(s->output_ids == std::vector<int32_t>{7, 99, 60, 61, 62, 63, 99});
+  CHECK(s->block_table.size() == 3);
+  CHECK(sched.allocator().num_used() == 3);
+
+  REQUIRE(sched.Remove(1) != nullptr);
+  CHECK(sched.allocator().num_free() == 16);
+}
+
+TEST_CASE("Scheduler cuts drafts to the token budget and to max_tokens",
+          "[scheduler][speculative]") {
+  Scheduler sched(Config(4, 4, 3), 16);
+  sched.Add(MakeSeq(1, 2, 0, -1, /*max_new=*/4));
+  SpecStep(sched, 0);  // prefill + first token
+  Sequence* s = sched.Find(1);
+  s->draft_ids = {50, 51, 52, 53};
+  SchedulerOutput out = sched.Schedule();
+  REQUIRE(out.seqs.size() == 1);
+  CHECK(out.seqs[0].num_draft == 2);  // a budget of 3 tokens: the last token and 2 drafts
+  CHECK(s->draft_ids == std::vector<int32_t>{50, 51});
+  sched.OnStepDone(out);
+  s->output_ids.insert(s->output_ids.end(), {50, 51, 99});
+  sched.CommitDrafts(s, 2);
+  CHECK(s->num_tokens() == 6);  // prompt 2 + 4 generated: max_tokens reached
+  CHECK(s->num_tokens() == s->max_total_tokens);
+
+  // One token left under max_tokens: no room for a draft and the token after it.
+  sched.Add(MakeSeq(2, 2, 0, -1, /*max_new=*/2));
+  sched.Remove(1);
+  SpecStep(sched, 0);
+  Sequence* t = sched.Find(2);
+  REQUIRE(t->num_tokens() == 3);
+  t->draft_ids = {50, 51};
+  out = sched.Schedule();
+  REQUIRE(out.seqs.size() == 1);
+  CHECK(out.seqs[0].num_draft == 0);
+  CHECK(out.seqs[0].num_tokens == 1);
+  CHECK(t->draft_ids.empty());
+  sched.OnStepDone(out);
+  sched.Remove(2);
+  CHECK(sched.allocator().num_free() == 16);
+}
+
+TEST_CASE("Scheduler caches only blocks made wholly of accepted tokens",
+          "[scheduler][speculative]") {
+  SchedulerConfig cfg = Config(4, 4, 64);
+  cfg.enable_prefix_caching = true;
+  Scheduler sched(cfg, 16);
+  auto a = MakeSeq(1, 4);
+  const std::vector<int32_t> prompt = a->prompt_ids;
+  sched.Add(std::move(a));
+  SpecStep(sched, 0);  // prefill 4: block 0 cached; output [7]
+  Sequence* s = sched.Find(1);
+  s->draft_ids = {50, 51, 52, 53};
+  SpecStep(sched, 2);  // positions 4..8 computed; 50, 51 accepted, then 99
+  REQUIRE(s->output_ids == std::vector<int32_t>{7, 50, 51, 99});
+  REQUIRE(s->num_computed_tokens == 7);
+
+  // Block 1 (positions 4..7) holds 7, 50, 51 and the rejected 52: not cached.
+  auto b = MakeSeq(2, 9);
+  b->prompt_ids = prompt;
+  b->prompt_ids.insert(b->prompt_ids.end(), {7, 50, 51, 52, 1});
+  sched.Add(std::move(b));
+  SchedulerOutput out = sched.Schedule();
+  const ScheduledSeq* sb = FindIn(out, 2);
+  REQUIRE(sb != nullptr);
+  CHECK(sb->start == 4);  // only block 0 matched
+  sched.OnStepDone(out);
+  for (const ScheduledSeq& x : out.seqs) x.seq->output_ids.push_back(7);
+
+  // Once 99 is computed at position 7, block 1 is [7, 50, 51, 99]: cached.
+  auto c = MakeSeq(3, 9);
+  c->prompt_ids = prompt;
+  c->prompt_ids.insert(c->prompt_ids.end(), {7, 50, 51, 99, 1});
+  sched.Add(std::move(c));
+  out = sched.Schedule();
+  const ScheduledSeq* sc = FindIn(out, 3);
+  REQUIRE(sc != nullptr);
+  CHECK(sc->start == 8);
+  sched.OnStepDone(out);
+  for (int64_t id : {1, 2, 3}) REQUIRE(sched.Remove(id) != nullptr);
+  CHECK(sched.allocator().num_free() == 16);
+}
+
+TEST_CASE("Scheduler drops drafts rather than preempt for them", "[scheduler][speculative]") {
+  Scheduler sched(Config(4, 4, 64), 3);  // 12 token slots
+  sched.Add(MakeSeq(1, 3));
+  sched.Add(MakeSeq(2, 3));
+  SpecStep(sched, 0);  // both prefilled: one block each (positions 0..3), 3 computed; 1 free
+  sched.Find(1)->draft_ids = {50, 51, 52, 53};  // positions 3..7: takes the free block
+  sched.Find(2)->draft_ids = {60};              // positions 3..4: no block left for position 4
+  SchedulerOutput out = sched.Schedule();
+  CHECK(out.preempted.empty());  // without the drop, sequence 2 would preempt itself
+  REQUIRE(out.seqs.size() == 2);
+  CHECK(out.seqs[0].num_draft == 4);
+  CHECK(out.seqs[1].num_draft == 0);  // dropped: its last token fits its own block
+  CHECK(out.seqs[1].num_tokens == 1);
+  CHECK(sched.Find(2)->draft_ids.empty());
+  sched.OnStepDone(out);
+  sched.Find(1)->output_ids.insert(sched.Find(1)->output_ids.end(), {50, 99});
+  sched.CommitDrafts(sched.Find(1), 1);
+  CHECK(sched.Find(1)->num_computed_tokens == 5);
+  sched.Find(2)->output_ids.push_back(7);
+  for (int64_t id : {1, 2}) REQUIRE(sched.Remove(id) != nullptr);
+  CHECK(sched.allocator().num_free() == 3);
+}
+
+TEST_CASE("Scheduler forgets the drafts of a preempted sequence", "[scheduler][speculative]") {
+  Scheduler sched(Config(4, 4, 64), 2);  // 8 token slots
+  sched.Add(MakeSeq(1, 4));
+  sched.Add(MakeSeq(2, 4));
+  SpecStep(sched, 0);  // both prefilled: one full block each
+  SpecStep(sched, 0);  // sequence 1 needs a second block for position 4: sequence 2 goes
+  Sequence* preempted = sched.Find(2);
+  REQUIRE(preempted->state == SequenceState::kWaiting);
+  preempted->draft_ids = {60};  // drafts on a waiting sequence are never scheduled
+  SchedulerOutput out = sched.Schedule();
+  CHECK(preempted->draft_ids.empty());
+  for (const ScheduledSeq& s : out.seqs) CHECK(s.num_draft == 0);
+  sched.OnStepDone(out);
+  for (int64_t id : {1, 2}) REQUIRE(sched.Remove(id) != nullptr);
+  CHECK(sched.allocator().num_free() == 2);
 }
 
 TEST_CASE("Scheduler returns blocks that slid out of the window, and only those", "[scheduler]") {

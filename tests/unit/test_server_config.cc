@@ -366,3 +366,47 @@ TEST_CASE("Every shipped server config parses", "[server_config]") {
 
 }  // namespace
 }  // namespace llm
+
+namespace llm {
+namespace {
+
+TEST_CASE("speculative decoding options", "[server_config][speculative]") {
+  auto on = ParseServerConfig({"--model-dir", "/m", "--speculative-method", "ngram",
+                               "--num-speculative-tokens", "4", "--ngram-prompt-lookup-min", "2",
+                               "--ngram-prompt-lookup-max", "5"});
+  REQUIRE(on.ok());
+  CHECK(on->engine.speculative.method == "ngram");
+  CHECK(on->engine.speculative.num_speculative_tokens == 4);
+  CHECK(on->engine.speculative.ngram_prompt_lookup_min == 2);
+  CHECK(on->engine.speculative.ngram_prompt_lookup_max == 5);
+  CHECK_FALSE(ServerConfig().engine.speculative.enabled());  // off unless named
+
+  struct Bad {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {{"--speculative-method", "draft"}, "--speculative-method draft is not implemented"},
+           {{"--speculative-method", "mtp"}, "--speculative-method mtp is not implemented"},
+           {{"--speculative-method", "eagle"}, "must be one of none, ngram, draft, mtp"},
+           {{"--speculative-method", "ngram", "--num-speculative-tokens", "5"},
+            "--num-speculative-tokens"},
+           {{"--speculative-method", "ngram", "--num-speculative-tokens", "0"},
+            "--num-speculative-tokens"},
+           {{"--num-speculative-tokens", "2"}, "--speculative-method ngram"},
+           {{"--ngram-prompt-lookup-max", "3"}, "--speculative-method ngram"},
+           {{"--speculative-method", "ngram", "--ngram-prompt-lookup-min", "4",
+             "--ngram-prompt-lookup-max", "2"},
+            "1 <= min <= max"},
+       }) {
+    std::vector<std::string> args = {"--model-dir", "/m"};
+    args.insert(args.end(), b.args.begin(), b.args.end());
+    auto c = ParseServerConfig(args);
+    INFO(b.message);
+    REQUIRE_FALSE(c.ok());
+    CHECK(c.status().message().find(b.message) != std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace llm

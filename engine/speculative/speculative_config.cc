@@ -1,0 +1,28 @@
+#include "engine/speculative/speculative_config.h"
+
+namespace llm {
+
+Status CheckSpeculativeConfig(const SpeculativeConfig& c) {
+  if (c.method == "draft" || c.method == "mtp") {
+    return InvalidArgument("--speculative-method " + c.method +
+                           " is not implemented yet; the methods that run are none and ngram");
+  }
+  if (c.method != "none" && c.method != "ngram") {
+    return InvalidArgument("--speculative-method must be one of none, ngram, draft, mtp, got '" +
+                           c.method + "'");
+  }
+  if (c.num_speculative_tokens < 1 || c.num_speculative_tokens > kMaxSpeculativeTokens) {
+    return InvalidArgument("--num-speculative-tokens is " +
+                           std::to_string(c.num_speculative_tokens) + "; must be in [1, " +
+                           std::to_string(kMaxSpeculativeTokens) + "]");
+  }
+  if (c.ngram_prompt_lookup_min < 1 || c.ngram_prompt_lookup_max < c.ngram_prompt_lookup_min) {
+    return InvalidArgument(
+        "--ngram-prompt-lookup-min (" + std::to_string(c.ngram_prompt_lookup_min) +
+        ") and --ngram-prompt-lookup-max (" + std::to_string(c.ngram_prompt_lookup_max) +
+        ") must satisfy 1 <= min <= max");
+  }
+  return Status::Ok();
+}
+
+}  // namespace llm

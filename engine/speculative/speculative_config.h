@@ -1,0 +1,33 @@
+// Speculative decoding settings (issue 52): which method drafts tokens, how many a step verifies,
+// and the n-gram proposer's suffix lengths. Declared once here; the server's option table binds
+// these fields and EngineCore::Create checks them again (tools and tests build configs directly).
+#pragma once
+
+#include <string>
+
+#include "base/status.h"
+
+namespace llm {
+
+// The methods a user of vLLM or SGLang would name; only "none" and "ngram" run today, the others
+// are refused by name (CheckSpeculativeConfig) rather than accepted and ignored.
+inline constexpr const char* kSpeculativeMethodChoices[] = {"none", "ngram", "draft", "mtp"};
+// K's range, the multi-token decode kernels' documented range (issue 52).
+inline constexpr int kMaxSpeculativeTokens = 4;
+
+struct SpeculativeConfig {
+  std::string method = "none";     // one of kSpeculativeMethodChoices
+  int num_speculative_tokens = 3;  // K: drafts verified per sequence and step, 1..4
+  // n-gram (prompt lookup): the suffix of the context that must recur, in tokens (vLLM's
+  // prompt_lookup_min / prompt_lookup_max).
+  int ngram_prompt_lookup_min = 1;
+  int ngram_prompt_lookup_max = 4;
+
+  bool enabled() const { return method != "none"; }
+};
+
+// InvalidArgument naming the option: an unknown or not implemented method, K outside 1..4, n-gram
+// lengths outside 1 <= min <= max.
+Status CheckSpeculativeConfig(const SpeculativeConfig& config);
+
+}  // namespace llm
