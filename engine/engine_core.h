@@ -230,6 +230,8 @@ class EngineCore {
   std::shared_ptr<EngineMetrics> metrics_ = std::make_shared<EngineMetrics>();
   std::vector<float> logits_scratch_;
   std::optional<NgramProposer> proposer_;  // set when EngineConfig::speculative is ngram
+  // SpeculativeConfig::disable_by_batch_size exceeded at the last step's start: nobody drafts.
+  bool speculation_paused_ = false;
   std::optional<InFlight> inflight_;
   PrefixCacheStats last_prefix_stats_;
   int64_t last_preemptions_ = 0;

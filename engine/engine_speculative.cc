@@ -5,6 +5,8 @@
 #include <chrono>
 #include <optional>
 
+#include <spdlog/spdlog.h>
+
 #include "engine/engine_core.h"
 #include "engine/sampling/token_mask.h"
 #include "engine/speculative/rejection_sampler.h"
@@ -34,17 +36,26 @@ void CountGenerated(std::vector<PenaltyEntry>* entries, int32_t token) {
 }  // namespace
 
 bool EngineCore::Speculates(const RequestState& st) const {
-  return proposer_.has_value() && st.request.speculative_decoding;
+  return proposer_.has_value() && !speculation_paused_ && st.request.speculative_decoding;
 }
 
 void EngineCore::ProposeDrafts(StepRecord* record) {
   if (!proposer_) return;
   const auto t0 = std::chrono::steady_clock::now();
+  const int limit = config_.speculative.disable_by_batch_size;
+  const int load = scheduler_->num_running() + scheduler_->num_waiting();
+  const bool paused = limit > 0 && load > limit;
+  if (paused != speculation_paused_) {
+    spdlog::info("speculative decoding {}: {} requests running or waiting, limit {}",
+                 paused ? "paused" : "resumed", load, limit);
+    speculation_paused_ = paused;
+  }
   for (auto& [id, st] : requests_) {
-    if (st.held || !Speculates(st)) continue;
+    if (st.held) continue;
     Sequence* seq = scheduler_->Find(st.seq_id);
     if (seq == nullptr) continue;
     seq->draft_ids.clear();
+    if (!Speculates(st)) continue;
     // Only a decoding sequence whose tokens the host has all read drafts.
     if (seq->state != SequenceState::kRunning || seq->has_pending_token() ||
         seq->num_tokens() - seq->num_computed_tokens != 1) {

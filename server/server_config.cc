@@ -167,6 +167,11 @@ std::vector<ServerOption> Declarations() {
       O::Int("ngram_prompt_lookup_max", LLM_BIND(engine.speculative.ngram_prompt_lookup_max), 1,
              1024, G::kScheduler, "n-gram drafting: the longest context suffix tried")
           .Requires(NgramSpeculation, "--speculative-method ngram"),
+      O::Int("speculative_disable_by_batch_size",
+             LLM_BIND(engine.speculative.disable_by_batch_size), 0, 1 << 20, G::kScheduler,
+             "speculation pauses while more requests than this are running or waiting (their "
+             "steps overlap again); 0: never")
+          .Requires(Speculating, "--speculative-method ngram"),
       O::Int("structured_output_threads", LLM_BIND(engine.structured_output_threads), 0, 256,
              G::kScheduler,
              "threads (the engine's included) filling a step's structured-output token masks; "

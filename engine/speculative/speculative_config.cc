@@ -22,6 +22,9 @@ Status CheckSpeculativeConfig(const SpeculativeConfig& c) {
         ") and --ngram-prompt-lookup-max (" + std::to_string(c.ngram_prompt_lookup_max) +
         ") must satisfy 1 <= min <= max");
   }
+  if (c.disable_by_batch_size < 0) {
+    return InvalidArgument("--speculative-disable-by-batch-size must be >= 0 (0: never paused)");
+  }
   return Status::Ok();
 }
 

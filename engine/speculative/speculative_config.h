@@ -22,6 +22,11 @@ struct SpeculativeConfig {
   // prompt_lookup_min / prompt_lookup_max).
   int ngram_prompt_lookup_min = 1;
   int ngram_prompt_lookup_max = 4;
+  // Speculation pauses while more requests than this are running or waiting (vLLM's
+  // disable_by_batch_size): a large batch already reads the weights for many tokens per step,
+  // so verifying drafts costs more than it saves, and paused requests overlap steps again.
+  // 0: never paused.
+  int disable_by_batch_size = 32;
 
   bool enabled() const { return method != "none"; }
 };

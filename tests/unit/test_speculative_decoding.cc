@@ -154,7 +154,7 @@ std::vector<Family> Families() {
 }
 
 std::unique_ptr<EngineCore> MakeCore(const std::string& dir, const std::string& method, int k,
-                                     int num_blocks = 96) {
+                                     int num_blocks = 96, int disable_by_batch_size = 0) {
   EngineConfig cfg;
   cfg.model.model_dir = dir;
   cfg.model.block_size = 4;
@@ -164,6 +164,7 @@ std::unique_ptr<EngineCore> MakeCore(const std::string& dir, const std::string& 
   cfg.require_tokenizer = false;
   cfg.speculative.method = method;
   cfg.speculative.num_speculative_tokens = k;
+  cfg.speculative.disable_by_batch_size = disable_by_batch_size;
   auto core = EngineCore::Create(cfg);
   REQUIRE(core.ok());
   return std::move(core.value());
@@ -263,6 +264,38 @@ TEST_CASE("greedy decoding with n-gram drafts gives exactly the tokens without t
         }
       }
     }
+  }
+}
+
+// disable_by_batch_size: while more requests than the limit run or wait, no step drafts; once
+// enough have finished, drafting resumes; the tokens are those without speculation throughout.
+TEST_CASE("speculation pauses above disable_by_batch_size and resumes below it",
+          "[speculative][engine]") {
+  test::TempDir dir("spec_pause");
+  test::TinyDeepseekV2().Write(dir.path());
+  const std::vector<GenerationRequest> reqs = GreedyWorkload(5);
+  auto plain_core = MakeCore(dir.path().string(), "none", 3);
+  const RunResult plain = Run(*plain_core, reqs);
+  auto core = MakeCore(dir.path().string(), "ngram", 3, 96, /*disable_by_batch_size=*/2);
+  const int baseline = core->num_free_blocks();
+  std::map<std::string, std::shared_ptr<Sink>> sinks;
+  for (GenerationRequest r : reqs) {
+    REQUIRE(core->Validate(&r).ok());
+    sinks[r.request_id] = std::make_shared<Sink>();
+    core->Add(std::move(r), sinks[r.request_id]);
+  }
+  int drafts_while_busy = 0, drafts_after = 0;
+  for (int step = 0; core->HasWork() && step < 5000; ++step) {
+    const int load = core->num_running() + core->num_waiting();  // what the step's drafts see
+    const StepRecord rec = core->Step();
+    (load > 2 ? drafts_while_busy : drafts_after) += rec.num_drafts;
+  }
+  CHECK(drafts_while_busy == 0);
+  CHECK(drafts_after > 0);
+  CHECK(core->num_free_blocks() == baseline);
+  for (const auto& [id, sink] : plain.sinks) {
+    INFO(id);
+    CHECK(sinks.at(id)->tokens == sink->tokens);
   }
 }
 
