@@ -155,6 +155,12 @@ std::vector<ServerOption> Declarations() {
                 "e4m3 as stored; fp8: e4m3 with per-tensor scales (a bf16 checkpoint's quantized "
                 "at load), activations quantized per token; bf16: also dequantizes fp8 checkpoints")
           .OnlyOn("cuda", "the cpu models compute in fp32"),
+      O::Choice("moe_weight_dtype", LLM_BIND(engine.model.moe_weight_dtype), kMoeWeightDtypeChoices,
+                G::kCuda,
+                "routed experts stored as MXFP4 (gpt-oss); auto: kept as stored where the MXFP4 "
+                "kernels serve them, else dequantized to bf16; mxfp4: kept or the load fails; "
+                "bf16: dequantized")
+          .OnlyOn("cuda", "the cpu models compute in fp32"),
       O::Bool("dummy_weights", LLM_BIND(engine.model.dummy_weights), G::kCuda,
               "random weights on the GPU instead of the checkpoint (benchmarks)")
           .OnlyOn("cuda", kGpu),

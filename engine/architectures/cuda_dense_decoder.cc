@@ -220,6 +220,15 @@ StatusOr<AttentionSpec> CudaDenseDecoder::AttentionNeeds(const CudaLoadContext& 
       return Unimplemented(c.architecture_name + ": MoE layers that route differently");
     }
   }
+  if (moe_) {
+    const std::string& mx = options.moe_weight_dtype;
+    moe_->set_mxfp4(mx == "mxfp4"  ? CudaMoeLayer::Mxfp4::kKeep
+                    : mx == "bf16" ? CudaMoeLayer::Mxfp4::kDequantize
+                                   : CudaMoeLayer::Mxfp4::kAuto);
+  } else if (options.moe_weight_dtype == "mxfp4") {
+    return InvalidArgument("moe_weight_dtype mxfp4: " + c.architecture_name +
+                           " has no routed experts");
+  }
   ops_ = ctx.ops;
   fp8_ = ctx.weight_quant != WeightQuant::kBf16 || ctx.fp8_checkpoint;
   for (const DecoderLayerSpec& L : layers_spec_.layers) {

@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,24 @@ struct GptOssShape {
   int expert_inter = 256;
   float lm_head_std = 1.0f;
   uint32_t seed = 22;
+  // The experts as gpt-oss checkpoints store them: MXFP4 _blocks / _scales (random e2m1 codes,
+  // scales 2^-4 for gate_up and 2^-8 for down: about the bf16 experts' magnitudes) and
+  // quantization_config mxfp4; the biases stay bf16.
+  bool mxfp4 = false;
 };
+
+// Random MXFP4 blocks [E, rows, k / 32, 16] and scales [E, rows, k / 32] (scale byte `scale`).
+inline void AddRandomMxfp4(RandomCheckpoint& ck, const std::string& name, int64_t E, int64_t rows,
+                           int64_t k, uint8_t scale) {
+  const int64_t groups = k / 32;
+  TensorToWrite b{name + "_blocks", DType::kU8, {E, rows, groups, 16}, {}};
+  b.data.resize(static_cast<size_t>(E * rows * groups * 16));
+  for (auto& x : b.data) x = static_cast<std::byte>(ck.rng()() & 0xFF);
+  TensorToWrite s{name + "_scales", DType::kU8, {E, rows, groups}, {}};
+  s.data.assign(static_cast<size_t>(E * rows * groups), static_cast<std::byte>(scale));
+  ck.tensors().push_back(std::move(b));
+  ck.tensors().push_back(std::move(s));
+}
 
 // Mixtral: 8 experts top-2 (renormalized) under block_sparse_moe.{gate, experts.N.{w1,w3,w2}} on
 // every layer. Qwen3-MoE: 16 experts top-4 under mlp.{gate, experts.N.{gate,up,down}_proj},
@@ -76,6 +94,7 @@ inline std::string WriteRandomMoe(const std::string& name, RandomMoeArch arch,
                            {"beta_slow", 1.0},
                            {"original_max_position_embeddings", 4096},
                            {"truncate", false}};
+    if (o.mxfp4) cfg["quantization_config"] = {{"quant_method", "mxfp4"}};
   } else if (qwen3) {
     cfg["num_experts"] = experts;
     cfg["moe_intermediate_size"] = moe_inter;
@@ -111,9 +130,17 @@ inline std::string WriteRandomMoe(const std::string& name, RandomMoeArch arch,
       ck.Add(p + "mlp.router.weight", {experts, hidden}, 0, 1.0f);
       ck.Add(p + "mlp.router.bias", {experts}, 0, 1.0f);
       // Wide enough that the clamp at 7 bites sometimes.
-      ck.Add(p + "mlp.experts.gate_up_proj", {experts, hidden, 2 * inter}, 0, 0.3f);
+      if (o.mxfp4) {
+        AddRandomMxfp4(ck, p + "mlp.experts.gate_up_proj", experts, 2 * inter, hidden, 123);
+      } else {
+        ck.Add(p + "mlp.experts.gate_up_proj", {experts, hidden, 2 * inter}, 0, 0.3f);
+      }
       ck.Add(p + "mlp.experts.gate_up_proj_bias", {experts, 2 * inter}, 0, 0.5f);
-      ck.Add(p + "mlp.experts.down_proj", {experts, inter, hidden}, 0, 0.02f);
+      if (o.mxfp4) {
+        AddRandomMxfp4(ck, p + "mlp.experts.down_proj", experts, hidden, inter, 119);
+      } else {
+        ck.Add(p + "mlp.experts.down_proj", {experts, inter, hidden}, 0, 0.02f);
+      }
       ck.Add(p + "mlp.experts.down_proj_bias", {experts, hidden}, 0, 0.1f);
       continue;
     }
