@@ -56,6 +56,7 @@ struct Variant {
   gpu_test::GptOssShape shape;
   int block_size = 16;
   std::string moe_weight_dtype = "auto";  // ModelLoadOptions::moe_weight_dtype (CUDA)
+  int max_batched_tokens = 48;            // 48: chunked prefill beside decodes
 };
 
 // The issue's shape: GptOssConfig's defaults but for the sizes it names.
@@ -100,7 +101,8 @@ struct Sink : ResultSink {
 class Runner {
  public:
   Runner(const std::string& dir, const std::string& device, bool graphs, bool routing,
-         int block_size, const std::string& moe_weight_dtype = "auto") {
+         int block_size, const std::string& moe_weight_dtype = "auto",
+         int max_batched_tokens = 48) {
     EngineConfig cfg;
     cfg.model.moe_weight_dtype = moe_weight_dtype;
     cfg.model.model_dir = dir;
@@ -108,7 +110,7 @@ class Runner {
     cfg.model.block_size = block_size;
     cfg.model.num_kv_blocks = 4096 / block_size * 4;
     cfg.model.cuda_graph_max_batch = graphs ? 256 : 0;
-    cfg.scheduler.max_batched_tokens = 48;  // chunked prefill beside decodes
+    cfg.scheduler.max_batched_tokens = max_batched_tokens;
     cfg.require_tokenizer = false;
     auto core = EngineCore::Create(cfg);
     INFO(core.status().ToString());
@@ -329,13 +331,13 @@ void RunVariant(const Variant& v, std::vector<std::string>* table) {
   std::vector<Path> eager_path;
   std::string backend;
   {
-    Runner r(dir, "cuda", false, true, v.block_size, v.moe_weight_dtype);
+    Runner r(dir, "cuda", false, true, v.block_size, v.moe_weight_dtype, v.max_batched_tokens);
     backend = r.backend();
     eager_path = TeacherForced(r, prompts, cpu);
     eager = CheckAlongPath(v.name + " eager", prompts, cpu, eager_path, eager_path);
   }
   {
-    Runner r(dir, "cuda", true, false, v.block_size, v.moe_weight_dtype);
+    Runner r(dir, "cuda", true, false, v.block_size, v.moe_weight_dtype, v.max_batched_tokens);
     const auto graph_path = TeacherForced(r, prompts, cpu);
     CHECK(r.graph_steps() > 0);
     graphs = CheckAlongPath(v.name + " graphs", prompts, cpu, graph_path, eager_path);
@@ -413,6 +415,7 @@ TEST_CASE("GPU gpt-oss fidelity variants isolate the issue-51 shape's difference
   add("window32", [](auto& s) { s.window = 32; });
   add(
       "block32", [](auto&) {}, 32);
+  variants.push_back({"whole_prompts", IssueShape(), 16, "auto", 4096});  // one prefill step
   add("top4", [](auto& s) { s.top_k = 4; });
   add("inter256", [](auto& s) { s.expert_inter = 256; });
   add("hidden256", [](auto& s) { s.hidden = 256; });
