@@ -25,6 +25,7 @@ struct GptOssShape {
   int expert_inter = 256;
   float lm_head_std = 1.0f;
   uint32_t seed = 22;
+  int vocab = 600, max_position_embeddings = 2048;
   // The experts as gpt-oss checkpoints store them: MXFP4 _blocks / _scales (random e2m1 codes,
   // scales 2^-4 for gate_up and 2^-8 for down: about the bf16 experts' magnitudes) and
   // quantization_config mxfp4; the biases stay bf16.
@@ -64,7 +65,8 @@ inline std::string WriteRandomMoe(const std::string& name, RandomMoeArch arch,
   const RandomShape shape = oss ? RandomShape{.hidden = o.hidden,
                                               .head_dim = o.head_dim,
                                               .inter = inter,
-                                              .layers = o.layers}
+                                              .layers = o.layers,
+                                              .vocab = o.vocab}
                                 : RandomShape{.head_dim = 128, .inter = inter};
   RandomCheckpoint ck(name, qwen3 ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM", shape,
                       qwen3 ? 21
@@ -81,6 +83,7 @@ inline std::string WriteRandomMoe(const std::string& name, RandomMoeArch arch,
     cfg["num_local_experts"] = experts;
     cfg["attention_bias"] = true;
     cfg["sliding_window"] = o.window;
+    cfg["max_position_embeddings"] = o.max_position_embeddings;
     nlohmann::json types = nlohmann::json::array();
     for (int l = 0; l < o.layers; ++l) {
       types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");

@@ -1,8 +1,10 @@
 // gpt-oss fidelity on the GPU (issue 51, item 6): a random gpt-oss of the shape that diverged from
 // transformers on the server (hidden 128, 4 layers, 4 query / 2 KV heads, head_dim 64, 8 experts
-// top-2, expert intermediate 64, sliding window 16, YaRN, sinks, biases, untied embeddings), the
-// CPU decoder as the reference (it gives transformers' tokens for gpt-oss), and the CUDA model
-// teacher-forced along the CPU's greedy path: the GPU decodes greedily, and at each step where
+// top-2, expert intermediate 64, sliding window 16, YaRN, sinks, biases, untied embeddings, and
+// GptOssConfig's vocabulary of 201088 and max_position_embeddings 131072, which sizes the CUDA
+// graphs' block tables and so their split-KV decode), the CPU decoder as the reference (it gives
+// transformers' tokens for gpt-oss), and the CUDA model teacher-forced along the CPU's greedy
+// path: the GPU decodes greedily, and at each step where
 // its token differs from the CPU's it is restarted on the CPU's prefix up to and including the
 // CPU's token there (prefill, then decode on), so every one of the 64 steps is computed on the
 // CPU's history. Per step: the largest logit error and the relative L2 error against the CPU's
@@ -10,9 +12,9 @@
 // less than kLogitTie) or follow a routing difference at a router near-tie (the CPU's margin
 // below kRoutingTie, router-logit units) at a position up to the one the step reads; and along
 // the steps before any routing difference, the logits must stay within bf16's error.
-// Variants change one thing at a time (window 16 vs 128, block size, top-2 vs top-4, expert
-// intermediate, hidden, head_dim) and a summary table is printed per variant, so one run shows
-// which of them brings the error.
+// Variants change one thing at a time (window 16 vs 128, block size, whole prompts in one step,
+// top-2 vs top-4, expert intermediate, hidden, head_dim, layers, vocabulary, max positions) and a
+// summary table is printed per variant, so one run shows which of them brings the error.
 //
 //   build/cuda/tests/gpu_tests "[gpt_oss_fidelity]"
 #include <catch2/catch.hpp>
@@ -69,7 +71,9 @@ gpu_test::GptOssShape IssueShape() {
           .top_k = 2,
           .expert_inter = 64,
           .lm_head_std = 0.35f,
-          .seed = 51};
+          .seed = 51,
+          .vocab = 201088,
+          .max_position_embeddings = 131072};
 }
 
 std::vector<std::vector<int32_t>> Prompts() {
@@ -421,6 +425,8 @@ TEST_CASE("GPU gpt-oss fidelity variants isolate the issue-51 shape's difference
   add("hidden256", [](auto& s) { s.hidden = 256; });
   add("head_dim128", [](auto& s) { s.head_dim = 128; });
   add("layers3", [](auto& s) { s.layers = 3; });
+  add("vocab600", [](auto& s) { s.vocab = 600; });
+  add("maxpos2048", [](auto& s) { s.max_position_embeddings = 2048; });
   add("test_shape", [](auto& s) {
     s = gpu_test::GptOssShape{};
     s.lm_head_std = 0.35f;
