@@ -4,17 +4,17 @@
 // GptOssConfig's vocabulary of 201088 and max_position_embeddings 131072, which sizes the CUDA
 // graphs' block tables and so their split-KV decode), the CPU decoder as the reference (it gives
 // transformers' tokens for gpt-oss), and the CUDA model teacher-forced along the CPU's greedy
-// path: the GPU decodes greedily, and at each step where
-// its token differs from the CPU's it is restarted on the CPU's prefix up to and including the
-// CPU's token there (prefill, then decode on), so every one of the 64 steps is computed on the
-// CPU's history. Per step: the largest logit error and the relative L2 error against the CPU's
-// logits. Every divergence must be a logit near-tie (the CPU's top-1 leads the GPU's token by
-// less than kLogitTie) or follow a routing difference at a router near-tie (the CPU's margin
-// below kRoutingTie, router-logit units) at a position up to the one the step reads; and along
-// the steps before any routing difference, the logits must stay within bf16's error.
-// Variants change one thing at a time (window 16 vs 128, block size, whole prompts in one step,
-// top-2 vs top-4, expert intermediate, hidden, head_dim, layers, vocabulary, max positions) and a
-// summary table is printed per variant, so one run shows which of them brings the error.
+// path: the GPU decodes greedily, and at each step where its token differs from the CPU's it is
+// restarted on the CPU's prefix up to and including the CPU's token there (prefill, then decode
+// on), so every one of the 64 steps is computed on the CPU's history. Per step: the largest logit
+// error and the relative L2 error against the CPU's logits. Every divergence must be a logit
+// near-tie (the CPU's top-1 leads the GPU's token by less than kLogitTie) or follow a routing
+// difference at a router near-tie (the CPU's margin below kRoutingTie, router-logit units) at a
+// position up to the one the step reads; and along the steps before any routing difference, the
+// logits must stay within bf16's error. Variants change one thing at a time (window 16 vs 128,
+// block size, whole prompts in one step, top-2 vs top-4, expert intermediate, hidden, head_dim,
+// layers, vocabulary, max positions) and a summary table is printed per variant, so one run shows
+// which of them brings the error.
 //
 //   build/cuda/tests/gpu_tests "[gpt_oss_fidelity]"
 #include <catch2/catch.hpp>
