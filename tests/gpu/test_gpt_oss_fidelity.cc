@@ -113,7 +113,7 @@ class Runner {
     cfg.model.device = device;
     cfg.model.block_size = block_size;
     cfg.model.num_kv_blocks = 4096 / block_size * 4;
-    cfg.model.cuda_graph_max_batch = graphs ? 256 : 0;
+    cfg.model.cuda_graph_max_batch = graphs ? 8 : 0;  // bucket 8 holds the 6 prompts
     cfg.scheduler.max_batched_tokens = max_batched_tokens;
     cfg.require_tokenizer = false;
     auto core = EngineCore::Create(cfg);
