@@ -50,6 +50,8 @@ std::string ResolveDevice(const std::string& device) {
 StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
   LLM_RETURN_IF_ERROR(CheckChoice("device", options.device, kDeviceChoices));
   LLM_RETURN_IF_ERROR(CheckChoice("weight_dtype", options.weight_dtype, kWeightDtypeChoices));
+  LLM_RETURN_IF_ERROR(
+      CheckChoice("moe_weight_dtype", options.moe_weight_dtype, kMoeWeightDtypeChoices));
   LLM_RETURN_IF_ERROR(CheckChoice("mla_kernel", options.mla_kernel, kMlaKernelChoices));
   LLM_RETURN_IF_ERROR(CheckChoice("c8_prefill", options.c8_prefill, kC8PrefillChoices));
   if (options.block_size <= 0 || options.block_size > 1024) {
@@ -70,8 +72,13 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
 #endif
   [[maybe_unused]] const bool on_cuda = ResolveDevice(options.device) == "cuda";
   const bool fp8_weights = options.weight_dtype == "fp8";
+  const bool mxfp4_experts = options.moe_weight_dtype == "mxfp4";
   if (IsDeepseekModelDir(options.model_dir)) {  // MLA + MoE: its own config and model
     LLM_ASSIGN_OR_RETURN(DeepseekConfig config, LoadDeepseekConfig(options.model_dir));
+    if (mxfp4_experts) {
+      return InvalidArgument("moe_weight_dtype mxfp4: " + config.base.architecture_name +
+                             " has no MXFP4 experts (gpt-oss checkpoints have)");
+    }
 #ifdef LLM_HAVE_CUDA
     if (on_cuda) {
       if (options.dummy_weights) return CreateCudaDeepseekModel(config, nullptr, options);
@@ -109,6 +116,10 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
       return Unimplemented(config.architecture_name +
                            " is not implemented on device cuda (it runs on --device cpu)");
     }
+    if (mxfp4_experts && config.architecture != Architecture::kGptOss) {
+      return InvalidArgument("moe_weight_dtype mxfp4: " + config.architecture_name +
+                             " has no MXFP4 experts (gpt-oss checkpoints have)");
+    }
     if (options.dummy_weights) return CreateCudaDenseModel(config, nullptr, options);
     LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config));
     LLM_ASSIGN_OR_RETURN(auto model, CreateCudaDenseModel(config, weights.get(), options));
@@ -118,6 +129,10 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
 #endif
   if (options.dummy_weights) return InvalidArgument("dummy weights need the cuda device");
   if (fp8_weights) return InvalidArgument("fp8 weights need the cuda device");
+  if (mxfp4_experts) {
+    return InvalidArgument(
+        "moe_weight_dtype mxfp4 needs the cuda device (the cpu models compute in fp32)");
+  }
   LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config));
   LLM_ASSIGN_OR_RETURN(auto decoder, NewCpuDenseDecoder(config));
   LLM_ASSIGN_OR_RETURN(auto model, CpuModelRunner::Create(std::move(decoder), *weights, options));

@@ -44,6 +44,7 @@ std::string StartupTable(const llm::ServerConfig& sc, const llm::EngineCore& cor
                         (mo.dummy_weights ? " (dummy: random)" : " on disk") + ", device " +
                         mo.device;
   if (mo.weight_dtype != "auto") weights += ", --weight-dtype " + mo.weight_dtype;
+  if (mo.moe_weight_dtype != "auto") weights += ", --moe-weight-dtype " + mo.moe_weight_dtype;
   const llm::SpeculativeConfig& spec = sc.engine.speculative;
   const std::string speculative = spec.method == "ngram"
                                       ? "ngram, " + std::to_string(spec.num_speculative_tokens) +

@@ -195,6 +195,12 @@ std::vector<ServerOption> Declarations() {
                 "e4m3 as stored; fp8: e4m3 with per-tensor scales (a bf16 checkpoint's quantized "
                 "at load), activations quantized per token; bf16: also dequantizes fp8 checkpoints")
           .OnlyOn("cuda", "the cpu models compute in fp32"),
+      O::Choice("moe_weight_dtype", LLM_BIND(engine.model.moe_weight_dtype), kMoeWeightDtypeChoices,
+                G::kCuda,
+                "routed experts stored as MXFP4 (gpt-oss); mxfp4: kept as stored for the MXFP4 "
+                "kernels or the load fails; bf16 and (until those kernels have passed their GPU "
+                "tests) auto: dequantized")
+          .OnlyOn("cuda", "the cpu models compute in fp32"),
       O::Bool("dummy_weights", LLM_BIND(engine.model.dummy_weights), G::kCuda,
               "random weights on the GPU instead of the checkpoint (benchmarks)")
           .OnlyOn("cuda", kGpu),

@@ -220,6 +220,15 @@ StatusOr<AttentionSpec> CudaDenseDecoder::AttentionNeeds(const CudaLoadContext& 
       return Unimplemented(c.architecture_name + ": MoE layers that route differently");
     }
   }
+  if (moe_) {
+    // "auto" dequantizes for now: the MXFP4 GEMMs are opt-in until their GPU tests
+    // (tests/gpu "[mxfp4]", the MXFP4 gpt-oss fidelity case) have passed on hardware.
+    moe_->set_mxfp4(options.moe_weight_dtype == "mxfp4" ? CudaMoeLayer::Mxfp4::kKeep
+                                                        : CudaMoeLayer::Mxfp4::kDequantize);
+  } else if (options.moe_weight_dtype == "mxfp4") {
+    return InvalidArgument("moe_weight_dtype mxfp4: " + c.architecture_name +
+                           " has no routed experts");
+  }
   ops_ = ctx.ops;
   fp8_ = ctx.weight_quant != WeightQuant::kBf16 || ctx.fp8_checkpoint;
   for (const DecoderLayerSpec& L : layers_spec_.layers) {

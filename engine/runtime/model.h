@@ -136,6 +136,13 @@ struct ModelLoadOptions {
   // A pre-quantized fp8 checkpoint keeps its e4m3 bytes and scales under "auto" and "fp8"
   // (CudaLinear::LoadCheckpoint); "bf16" dequantizes it.
   std::string weight_dtype = "auto";
+  // Routed experts a checkpoint stores as MXFP4 (gpt-oss) on CUDA: "mxfp4" keeps its e2m1 values
+  // and e8m0 scales for the MXFP4 grouped GEMMs (a quarter of the bf16 bytes per step; the load
+  // fails naming what those do not serve), "bf16" dequantizes them at load, and so does "auto"
+  // until the MXFP4 GEMMs have passed their GPU tests (CudaMoeLayer::Mxfp4::kAuto, keeping them
+  // where served, is what auto will become).
+  // "mxfp4" fails the load of a model without MXFP4 experts, and on the cpu device.
+  std::string moe_weight_dtype = "auto";
   // fp8 weights only: cuBLASLt fast accumulation for the fp8 projections (CudaFp8Gemm::Init). On
   // by default, as in vLLM's and TensorRT-LLM's fp8 GEMMs: prompt steps are faster with it
   // (docs/KERNEL_SELECTION.md); its error is bounded by tests/gpu/test_fp8_weights.cc.
@@ -167,6 +174,7 @@ struct ModelLoadOptions {
 // The values of ModelLoadOptions' string choices; the server's option table offers these.
 inline constexpr const char* kDeviceChoices[] = {"cpu", "cuda", "auto"};
 inline constexpr const char* kWeightDtypeChoices[] = {"auto", "bf16", "fp8"};
+inline constexpr const char* kMoeWeightDtypeChoices[] = {"auto", "bf16", "mxfp4"};
 inline constexpr const char* kMlaKernelChoices[] = {"auto", "wgmma", "portable"};
 inline constexpr const char* kC8PrefillChoices[] = {"auto", "tiles", "fmha"};
 

@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -15,20 +16,62 @@ namespace llm::gpu_test {
 
 enum class RandomMoeArch { kMixtral, kQwen3Moe, kGptOss };
 
+// The knobs of the random gpt-oss model (WriteRandomMoe with kGptOss); the defaults are the
+// whole-model test's model (test_cuda_moe_archs.cc). Layers alternate sliding / full from layer 0
+// (GptOssConfig's rule for an absent layer_types); lm_head_std sets the logits' scale (std about
+// lm_head_std * sqrt(hidden)).
+struct GptOssShape {
+  int hidden = 256, layers = 3, head_dim = 64, window = 32, experts = 8, top_k = 4;
+  int expert_inter = 256;
+  float lm_head_std = 1.0f;
+  uint32_t seed = 22;
+  int vocab = 600, max_position_embeddings = 2048;
+  // The experts as gpt-oss checkpoints store them: MXFP4 _blocks / _scales (random e2m1 codes,
+  // scales 2^-4 for gate_up and 2^-8 for down: about the bf16 experts' magnitudes) and
+  // quantization_config mxfp4; the biases stay bf16.
+  bool mxfp4 = false;
+};
+
+// Random MXFP4 blocks [E, rows, k / 32, 16] and scales [E, rows, k / 32] (scale byte `scale`).
+inline void AddRandomMxfp4(RandomCheckpoint& ck, const std::string& name, int64_t E, int64_t rows,
+                           int64_t k, uint8_t scale) {
+  const int64_t groups = k / 32;
+  TensorToWrite b{name + "_blocks", DType::kU8, {E, rows, groups, 16}, {}};
+  b.data.resize(static_cast<size_t>(E * rows * groups * 16));
+  for (auto& x : b.data) x = static_cast<std::byte>(ck.rng()() & 0xFF);
+  TensorToWrite s{name + "_scales", DType::kU8, {E, rows, groups}, {}};
+  s.data.assign(static_cast<size_t>(E * rows * groups), static_cast<std::byte>(scale));
+  ck.tensors().push_back(std::move(b));
+  ck.tensors().push_back(std::move(s));
+}
+
 // Mixtral: 8 experts top-2 (renormalized) under block_sparse_moe.{gate, experts.N.{w1,w3,w2}} on
 // every layer. Qwen3-MoE: 16 experts top-4 under mlp.{gate, experts.N.{gate,up,down}_proj},
 // norm_topk_prob false (the weights stay the full softmax's), q/k norms, layer 1 a dense MLP
 // (mlp_only_layers). The router is peaky (std 1 over hidden 256: logits of std ~16), so the
 // expert at the top-k boundary carries a small weight and a bf16 flip there moves little.
-// Both head_dim 128. gpt-oss: head_dim 64, q/k/v/o biases, learned sink logits, layers 0 and 2
-// sliding over 32 keys, YaRN rope (its real scaling), 8 stacked experts top-4 with biases
-// (gate_up interleaved, input dimension first), a router bias, the clamped SwiGLU.
-inline std::string WriteRandomMoe(const std::string& name, RandomMoeArch arch) {
+// Both head_dim 128. gpt-oss (GptOssShape, by default): head_dim 64, q/k/v/o biases, learned sink
+// logits, layers 0 and 2 sliding over 32 keys, YaRN rope (its real scaling), 8 stacked experts
+// top-4 with biases (gate_up interleaved, input dimension first), a router bias, the clamped
+// SwiGLU.
+// `oss` shapes the gpt-oss model only.
+inline std::string WriteRandomMoe(const std::string& name, RandomMoeArch arch,
+                                  const GptOssShape& oss_shape = {}) {
   const bool qwen3 = arch == RandomMoeArch::kQwen3Moe, oss = arch == RandomMoeArch::kGptOss;
-  const int inter = oss ? 256 : 512, experts = qwen3 ? 16 : 8, top_k = qwen3 || oss ? 4 : 2;
+  const GptOssShape& o = oss_shape;
+  const int inter = oss ? o.expert_inter : 512;
+  const int experts = qwen3 ? 16 : oss ? o.experts : 8, top_k = qwen3 ? 4 : oss ? o.top_k : 2;
   const int moe_inter = qwen3 ? 128 : inter;
-  RandomCheckpoint ck(name, qwen3 ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM",
-                      RandomShape{.head_dim = oss ? 64 : 128, .inter = inter}, qwen3 ? 21 : 22);
+  const RandomShape shape = oss ? RandomShape{.hidden = o.hidden,
+                                              .head_dim = o.head_dim,
+                                              .inter = inter,
+                                              .layers = o.layers,
+                                              .vocab = o.vocab}
+                                : RandomShape{.head_dim = 128, .inter = inter};
+  RandomCheckpoint ck(name, qwen3 ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM", shape,
+                      qwen3 ? 21
+                      : oss ? o.seed
+                            : 22);
   nlohmann::json& cfg = ck.config();
   cfg["model_type"] = qwen3 ? "qwen3_moe" : "mixtral";
   cfg["rope_theta"] = 1000000.0;
@@ -39,8 +82,13 @@ inline std::string WriteRandomMoe(const std::string& name, RandomMoeArch arch) {
     cfg["model_type"] = "gpt_oss";
     cfg["num_local_experts"] = experts;
     cfg["attention_bias"] = true;
-    cfg["sliding_window"] = 32;
-    cfg["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention"};
+    cfg["sliding_window"] = o.window;
+    cfg["max_position_embeddings"] = o.max_position_embeddings;
+    nlohmann::json types = nlohmann::json::array();
+    for (int l = 0; l < o.layers; ++l) {
+      types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+    }
+    cfg["layer_types"] = types;
     cfg["swiglu_limit"] = 7.0;
     cfg["rope_theta"] = 150000.0;
     cfg["rope_scaling"] = {{"rope_type", "yarn"},
@@ -49,6 +97,7 @@ inline std::string WriteRandomMoe(const std::string& name, RandomMoeArch arch) {
                            {"beta_slow", 1.0},
                            {"original_max_position_embeddings", 4096},
                            {"truncate", false}};
+    if (o.mxfp4) cfg["quantization_config"] = {{"quant_method", "mxfp4"}};
   } else if (qwen3) {
     cfg["num_experts"] = experts;
     cfg["moe_intermediate_size"] = moe_inter;
@@ -84,9 +133,17 @@ inline std::string WriteRandomMoe(const std::string& name, RandomMoeArch arch) {
       ck.Add(p + "mlp.router.weight", {experts, hidden}, 0, 1.0f);
       ck.Add(p + "mlp.router.bias", {experts}, 0, 1.0f);
       // Wide enough that the clamp at 7 bites sometimes.
-      ck.Add(p + "mlp.experts.gate_up_proj", {experts, hidden, 2 * inter}, 0, 0.3f);
+      if (o.mxfp4) {
+        AddRandomMxfp4(ck, p + "mlp.experts.gate_up_proj", experts, 2 * inter, hidden, 123);
+      } else {
+        ck.Add(p + "mlp.experts.gate_up_proj", {experts, hidden, 2 * inter}, 0, 0.3f);
+      }
       ck.Add(p + "mlp.experts.gate_up_proj_bias", {experts, 2 * inter}, 0, 0.5f);
-      ck.Add(p + "mlp.experts.down_proj", {experts, inter, hidden}, 0, 0.02f);
+      if (o.mxfp4) {
+        AddRandomMxfp4(ck, p + "mlp.experts.down_proj", experts, hidden, inter, 119);
+      } else {
+        ck.Add(p + "mlp.experts.down_proj", {experts, inter, hidden}, 0, 0.02f);
+      }
       ck.Add(p + "mlp.experts.down_proj_bias", {experts, hidden}, 0, 0.1f);
       continue;
     }
@@ -107,8 +164,8 @@ inline std::string WriteRandomMoe(const std::string& name, RandomMoeArch arch) {
     }
   }
   ck.Add("model.norm.weight", {hidden}, 1.0f, 0.1f);
-  ck.Add("lm_head.weight", {s.vocab, hidden}, 0,
-         1.0f);  // wide: top-2 gaps well above bf16 rounding
+  // Wide by default: top-2 gaps well above bf16 rounding.
+  ck.Add("lm_head.weight", {s.vocab, hidden}, 0, oss ? o.lm_head_std : 1.0f);
   return ck.Write();
 }
 

@@ -127,6 +127,10 @@ Status CudaMoeLayer::Load(Bf16WeightLoader& loader, const WeightStore* weights,
   if (n.expert_bias && !n.stacked_experts) {
     return InvalidArgument("CUDA MoE layer: per-expert tensors with biases");
   }
+  if (mxfp4_ == Mxfp4::kKeep && !n.stacked_experts) {
+    return InvalidArgument("moe_weight_dtype mxfp4: " + p +
+                           " has per-expert tensors, not MXFP4 stacked experts");
+  }
   if (keep_fp8) {
     LLM_RETURN_IF_ERROR(w->gate_up.LoadCheckpoint(ops, *weights, loader, gu_names, gu_shapes,
                                                   gu_name, quant, static_cast<int>(E)));
@@ -134,15 +138,17 @@ Status CudaMoeLayer::Load(Bf16WeightLoader& loader, const WeightStore* weights,
                                                down_name, quant, static_cast<int>(E)));
   } else {
     if (n.stacked_experts) {
-      LLM_RETURN_IF_ERROR(LoadStacked(loader, weights, p, n, w));
+      LLM_RETURN_IF_ERROR(LoadStacked(loader, weights, p, n, quant, w));
     } else {
       LLM_RETURN_IF_ERROR(loader.Load(gu_names, gu_shapes, 0, wstd, w->gate_up.bf16_target()));
       LLM_RETURN_IF_ERROR(loader.Load(down_names, down_shapes, 0, wstd, w->down.bf16_target()));
     }
-    LLM_RETURN_IF_ERROR(w->gate_up.Quantize(ops, quant, static_cast<int>(2 * I), hidden_,
-                                            static_cast<int>(E), gu_name));
-    LLM_RETURN_IF_ERROR(
-        w->down.Quantize(ops, quant, hidden_, inter_, static_cast<int>(E), down_name));
+    if (!w->mxfp4) {
+      LLM_RETURN_IF_ERROR(w->gate_up.Quantize(ops, quant, static_cast<int>(2 * I), hidden_,
+                                              static_cast<int>(E), gu_name));
+      LLM_RETURN_IF_ERROR(
+          w->down.Quantize(ops, quant, hidden_, inter_, static_cast<int>(E), down_name));
+    }
   }
   if (shared_inter_ > 0) {
     LLM_RETURN_IF_ERROR(w->shared.Load(loader, ops, quant, p + n.shared + ".", hidden_,
@@ -223,11 +229,25 @@ std::vector<float> SplitInterleaved(const std::vector<float>& v, int64_t E, int6
 }  // namespace
 
 Status CudaMoeLayer::LoadStacked(Bf16WeightLoader& loader, const WeightStore* weights,
-                                 const std::string& p, const MoeTensorNames& n,
+                                 const std::string& p, const MoeTensorNames& n, WeightQuant quant,
                                  CudaMoeWeights* w) const {
   const int64_t h = hidden_, E = r_.num_experts, I = inter_;
   const std::string gu = p + n.experts + "." + n.expert.gate,
                     down = p + n.experts + "." + n.expert.down;
+  bool kept = false;
+  LLM_RETURN_IF_ERROR(LoadMxfp4(weights, gu, down, loader.dummy(), quant, w, &kept));
+  if (kept) {
+    if (!n.expert_bias) return Status::Ok();
+    if (loader.dummy()) {
+      LLM_RETURN_IF_ERROR(UploadF32(std::vector<float>(E * 2 * I, 0.0f), &w->gate_up_bias));
+      return UploadF32(std::vector<float>(E * h, 0.0f), &w->down_bias);
+    }
+    std::vector<float> b;
+    LLM_RETURN_IF_ERROR(weights->ReadF32(gu + "_bias", {E, 2 * I}, &b));
+    LLM_RETURN_IF_ERROR(UploadF32(SplitInterleaved(b, E, I, 1), &w->gate_up_bias));
+    LLM_RETURN_IF_ERROR(weights->ReadF32(down + "_bias", {E, h}, &b));
+    return UploadF32(b, &w->down_bias);
+  }
   if (loader.dummy()) {
     LLM_RETURN_IF_ERROR(loader.Load({gu}, {{E * 2 * I, h}}, 0, 0.02f, w->gate_up.bf16_target()));
     LLM_RETURN_IF_ERROR(loader.Load({down}, {{E * h, I}}, 0, 0.02f, w->down.bf16_target()));
@@ -249,6 +269,85 @@ Status CudaMoeLayer::LoadStacked(Bf16WeightLoader& loader, const WeightStore* we
     LLM_RETURN_IF_ERROR(weights->ReadF32(down + "_bias", {E, h}, &b));
     LLM_RETURN_IF_ERROR(UploadF32(b, &w->down_bias));
   }
+  return Status::Ok();
+}
+
+Status CudaMoeLayer::LoadMxfp4(const WeightStore* weights, const std::string& gate_up,
+                               const std::string& down, bool dummy, WeightQuant quant,
+                               CudaMoeWeights* w, bool* kept) const {
+  *kept = false;
+  if (mxfp4_ == Mxfp4::kDequantize) return Status::Ok();
+  const bool stored = dummy ? mxfp4_ == Mxfp4::kKeep
+                            : weights->Has(gate_up + "_blocks") && weights->Has(down + "_blocks");
+  const std::string what = "moe_weight_dtype mxfp4: ";
+  if (!stored) {
+    if (mxfp4_ == Mxfp4::kKeep) {
+      return InvalidArgument(what + gate_up + " is not stored as MXFP4 (no _blocks / _scales)");
+    }
+    return Status::Ok();
+  }
+  // What the MXFP4 grouped GEMMs do not serve: refused under kKeep, dequantized under kAuto.
+  auto unserved = [&](const std::string& why) -> Status {
+    if (mxfp4_ == Mxfp4::kKeep) return InvalidArgument(what + why);
+    spdlog::info("CUDA MoE layer: MXFP4 experts dequantized to bf16 ({})", why);
+    return Status::Ok();
+  };
+  if (quant != WeightQuant::kBf16) return unserved("the experts' GEMMs take fp8 weights");
+  if (shared_inter_ > 0) return unserved("shared experts beside MXFP4 experts");
+  if (!cuda::MoeMxfp4ShapeOk(true, inter_, hidden_) ||
+      !cuda::MoeMxfp4ShapeOk(false, hidden_, inter_)) {
+    return unserved("hidden " + std::to_string(hidden_) + ", intermediate " +
+                    std::to_string(inter_) + " (the MXFP4 GEMMs need multiples of 64)");
+  }
+  const int64_t E = r_.num_experts, H = hidden_, I = inter_;
+  struct Part {
+    const std::string& name;
+    int64_t rows, k;
+    bool split;
+    DeviceBuffer *values, *scales;
+  };
+  const Part parts[2] = {{gate_up, 2 * I, H, true, &w->mx_gate_up, &w->mx_gate_up_scales},
+                         {down, H, I, false, &w->mx_down, &w->mx_down_scales}};
+  std::vector<std::vector<uint8_t>> values(2), scales(2);
+  for (int i = 0; i < 2; ++i) {
+    const Part& pt = parts[i];
+    const int64_t groups = pt.k / 32;
+    if (dummy) {  // deterministic bytes; scales 2^-7 (weights of magnitude 0.004..0.05)
+      std::vector<uint8_t> b(static_cast<size_t>(E * pt.rows * groups * 16)),
+          sc(static_cast<size_t>(E * pt.rows * groups), 120);
+      for (size_t j = 0; j < b.size(); ++j) b[j] = static_cast<uint8_t>((j * 2654435761u) >> 13);
+      cuda::PackMoeMxfp4(b.data(), sc.data(), E, pt.rows, pt.k, pt.split, &values[i], &scales[i]);
+      continue;
+    }
+    LLM_ASSIGN_OR_RETURN(const TensorView* b,
+                         weights->GetWithShape(pt.name + "_blocks", {E, pt.rows, groups, 16}));
+    LLM_ASSIGN_OR_RETURN(const TensorView* sc,
+                         weights->GetWithShape(pt.name + "_scales", {E, pt.rows, groups}));
+    for (const TensorView* v : {b, sc}) {
+      if (v->dtype != DType::kU8) {
+        return InvalidArgument("MXFP4 tensor '" + v->name + "' has dtype " + DTypeName(v->dtype) +
+                               "; expected uint8");
+      }
+    }
+    const auto* sb = reinterpret_cast<const uint8_t*>(sc->data);
+    const size_t n = static_cast<size_t>(E * pt.rows * groups);
+    const auto bad = std::find_if_not(sb, sb + n, cuda::MoeMxfp4ScaleOk);
+    if (bad != sb + n) {
+      return unserved(pt.name + "_scales holds the exponent " + std::to_string(*bad) +
+                      " (the MXFP4 GEMMs widen 2..252 exactly)");
+    }
+    cuda::PackMoeMxfp4(reinterpret_cast<const uint8_t*>(b->data), sb, E, pt.rows, pt.k, pt.split,
+                       &values[i], &scales[i]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    for (auto [v, buf] :
+         {std::pair{&values[i], parts[i].values}, std::pair{&scales[i], parts[i].scales}}) {
+      LLM_RETURN_IF_ERROR(buf->Alloc(v->size()));
+      GPU_RETURN_IF_ERROR(cudaMemcpy(buf->ptr, v->data(), v->size(), cudaMemcpyHostToDevice));
+    }
+  }
+  w->mxfp4 = true;
+  *kept = true;
   return Status::Ok();
 }
 
@@ -283,7 +382,7 @@ Status CudaMoeLayer::Reserve(int rows, CudaMoeScratch* s) const {
 }
 
 bool CudaMoeLayer::TakesLargeBatchPath(int T, const CudaMoeWeights& w) const {
-  return !w.gate_up.fp8() && !w.down.fp8() &&
+  return !w.mxfp4 && !w.gate_up.fp8() && !w.down.fp8() &&
          static_cast<int64_t>(T) * r_.top_k >=
              static_cast<int64_t>(large_batch_slots_) * r_.num_experts;
 }
@@ -398,6 +497,24 @@ Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w,
   g.num_tiles = s->num_tiles.as<int32_t>();
   g.max_tiles = max_tiles;
   g.out = s->act.ptr;
+  if (w.mxfp4) {  // routed experts only (LoadMxfp4 keeps none beside shared experts)
+    g.w = w.mx_gate_up.ptr;
+    g.mx_scales = w.mx_gate_up_scales.as<uint8_t>();
+    g.mx_k_pad = cuda::MoeMxfp4KPad(hidden_);
+    cuda::LaunchMoeGemmMxfp4(g, stream);
+    g.x = s->act.ptr;
+    g.sorted_token = nullptr;
+    g.w = w.mx_down.ptr;
+    g.mx_scales = w.mx_down_scales.as<uint8_t>();
+    g.mx_k_pad = cuda::MoeMxfp4KPad(inter_);
+    g.silu_mul = false;
+    g.bias = w.down_bias.ptr ? w.down_bias.as<float>() : nullptr;
+    g.n_out = hidden_;
+    g.k = inter_;
+    g.out = s->y.ptr;
+    cuda::LaunchMoeGemmMxfp4(g, stream);
+    return Status::Ok();
+  }
   if (shared) {
     g.dense_x = x;
     g.dense_w = w.shared.gate_up.data();

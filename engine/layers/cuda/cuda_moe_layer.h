@@ -46,6 +46,11 @@ struct CudaMoeWeights {
   CudaLinear gate_up;   // E stacked [2 I, hidden] (gate rows, then up rows)
   CudaLinear down;      // E stacked [hidden, I]
   CudaGatedMlp shared;  // inter 0 without shared experts
+  // MXFP4 experts kept as stored (CudaMoeLayer::set_mxfp4): e2m1 values and e8m0 scales in the
+  // MXFP4 grouped GEMMs' layout (cuda::PackMoeMxfp4, gate rows then up rows); gate_up and down
+  // stay empty then.
+  DeviceBuffer mx_gate_up, mx_gate_up_scales, mx_down, mx_down_scales;
+  bool mxfp4 = false;
 };
 
 // One set of activations for up to `cap` tokens. A captured graph holds these pointers: reserve
@@ -92,6 +97,13 @@ class CudaMoeLayer {
               CudaMoeWeights* w, bool fp8_checkpoint = false) const;
   Status Reserve(int rows, CudaMoeScratch* s) const;
 
+  // Stacked experts stored as MXFP4 (gpt-oss, ModelLoadOptions::moe_weight_dtype), set before
+  // Load: kAuto keeps them for the MXFP4 grouped GEMMs where those serve the shapes and scales
+  // (else dequantizes, logged), kKeep keeps them or fails the load by name, kDequantize reads them
+  // as bf16. MXFP4 experts take the tiled path at every batch size (no large-batch path).
+  enum class Mxfp4 { kAuto, kKeep, kDequantize };
+  void set_mxfp4(Mxfp4 v) { mxfp4_ = v; }
+
   // Slots per expert (T * top_k / E) from which a batch takes the large-batch path; set before
   // Reserve (tests and benchmarks force either path: 0 always, INT_MAX never).
   static constexpr int kLargeBatchSlotsPerExpert = 64;
@@ -127,7 +139,11 @@ class CudaMoeLayer {
   // The stacked experts' weights and biases (MoeTensorNames::stacked_experts).
   Status LoadStacked(Bf16WeightLoader& loader, const WeightStore* weights,
                      const std::string& block_prefix, const MoeTensorNames& names,
-                     CudaMoeWeights* w) const;
+                     WeightQuant quant, CudaMoeWeights* w) const;
+  // The stacked experts' MXFP4 blocks and scales kept as stored (w->mxfp4), or, where the MXFP4
+  // GEMMs do not serve them under kAuto, nothing (*kept false: the caller dequantizes).
+  Status LoadMxfp4(const WeightStore* weights, const std::string& gate_up, const std::string& down,
+                   bool dummy, WeightQuant quant, CudaMoeWeights* w, bool* kept) const;
 
   // The expert GEMMs of the tiled (graph-safe) path, after the permutation.
   Status RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
@@ -145,6 +161,7 @@ class CudaMoeLayer {
   CpuMlp::Gate gate_;
   int large_batch_slots_ = kLargeBatchSlotsPerExpert;
   LargeBatchGemm large_batch_gemm_ = LargeBatchGemm::kAuto;
+  Mxfp4 mxfp4_ = Mxfp4::kAuto;
 };
 
 }  // namespace llm

@@ -6,7 +6,9 @@
 // be captured in a CUDA graph.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace llm::cuda {
 
@@ -104,6 +106,10 @@ struct MoeGemmArgs {
   float swiglu_limit = 0.0f;    // > 0: clamped SwiGLU (silu_mul only)
   float swiglu_alpha = 1.702f;
   int n_out = 0, k = 0;
+  // MXFP4 weights (LaunchMoeGemmMxfp4 only): w holds e2m1 values [E, (2) n_out, mx_k_pad / 2] and
+  // mx_scales the e8m0 bytes [E, (2) n_out, mx_k_pad / 32] (PackMoeMxfp4).
+  const uint8_t* mx_scales = nullptr;
+  int mx_k_pad = 0;
   const int32_t* tiles = nullptr;  // LaunchMoePermute's
   const int32_t* num_tiles = nullptr;
   int max_tiles = 0;
@@ -121,6 +127,46 @@ inline bool MoeGemmShapeOk(bool silu_mul, int n_out, int k) {
   return n_out % (silu_mul ? kMoeGemmN / 2 : kMoeGemmN) == 0 && k % kMoeGemmK == 0 && k > 0;
 }
 void LaunchMoeGemm(const MoeGemmArgs& a, void* stream);
+
+// The grouped GEMMs of LaunchMoeGemm on MXFP4 expert weights as gpt-oss checkpoints store them
+// (base/mxfp4.h): e2m1 values and one e8m0 scale per 32 values along k, widened to bf16 in
+// registers (exact), so a step reads a quarter of the bf16 weight bytes. Routed experts only (no
+// dense group), same tiles, gather, biases, gates and output as LaunchMoeGemm. The device layout
+// (PackMoeMxfp4): each weight row's k extent padded to a multiple of kMoeMxfp4KPad with zero
+// values (scale 127), rows in the grouped GEMM's order. Shapes: n_out a multiple of kMoeGemmN
+// (gate_up: kMoeGemmN / 2), k a multiple of 32; every scale byte within MoeMxfp4ScaleOk.
+constexpr int kMoeMxfp4KPad = 128;
+inline bool MoeMxfp4ShapeOk(bool silu_mul, int n_out, int k) {
+  return n_out % (silu_mul ? kMoeGemmN / 2 : kMoeGemmN) == 0 && k % 32 == 0 && k > 0;
+}
+// The scales the kernel widens exactly: 2^(s - 127) times every e2m1 value stays a normal bf16.
+inline bool MoeMxfp4ScaleOk(uint8_t s) {
+  return s >= 2 && s <= 252;
+}
+inline int MoeMxfp4KPad(int k) {
+  return (k + kMoeMxfp4KPad - 1) / kMoeMxfp4KPad * kMoeMxfp4KPad;
+}
+// Checkpoint blocks [E, rows, k / 32, 16] and scales [E, rows, k / 32] -> the kernel's values
+// [E, rows, MoeMxfp4KPad(k) / 2] and scales [E, rows, MoeMxfp4KPad(k) / 32]. split_interleaved:
+// rows 2 i (gate) and 2 i + 1 (up) of each expert become rows i and rows / 2 + i (gpt-oss's
+// gate_up_proj into the gate-then-up order of the silu_mul GEMM).
+inline void PackMoeMxfp4(const uint8_t* blocks, const uint8_t* scales, int64_t experts,
+                         int64_t rows, int64_t k, bool split_interleaved,
+                         std::vector<uint8_t>* values_out, std::vector<uint8_t>* scales_out) {
+  const int64_t groups = k / 32, kp = MoeMxfp4KPad(static_cast<int>(k));
+  values_out->assign(static_cast<size_t>(experts * rows * kp / 2), 0);
+  scales_out->assign(static_cast<size_t>(experts * rows * kp / 32), 127);
+  for (int64_t e = 0; e < experts; ++e) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t dst = split_interleaved ? (r % 2 == 0 ? r / 2 : rows / 2 + r / 2) : r;
+      const int64_t src_row = e * rows + r, dst_row = e * rows + dst;
+      std::copy_n(blocks + src_row * groups * 16, groups * 16,
+                  values_out->begin() + dst_row * kp / 2);
+      std::copy_n(scales + src_row * groups, groups, scales_out->begin() + dst_row * kp / 32);
+    }
+  }
+}
+void LaunchMoeGemmMxfp4(const MoeGemmArgs& a, void* stream);
 
 // out[t, :] = bf16(shared[t, :] + sum_k topk_w[t, k] * y[slot_of[t, k], :]) with fp32 sums in k
 // order (deterministic, no atomics). shared may be null; a slot at position >= num_slots

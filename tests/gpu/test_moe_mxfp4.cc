@@ -1,0 +1,255 @@
+// The MXFP4 grouped expert GEMMs (kernels/cuda/moe/moe_gemm_mxfp4.cu) against the host
+// dequantization of base/mxfp4.h: every e2m1 code at every scale the kernel accepts widened
+// exactly, and random gpt-oss-like experts (interleaved gate_up rows, biases, the clamped SwiGLU,
+// k not a multiple of the 128-wide stage) over random routings, gate_up and down, against an fp64
+// reference of the same dequantized weights.
+//
+//   build/cuda/tests/gpu_tests "[mxfp4]"
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "base/dtype.h"
+#include "base/mxfp4.h"
+#include "kernels/cuda/moe/moe_ops.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace llm {
+namespace {
+
+using cuda::Download;
+using cuda::Upload;
+
+#define CUDA_REQUIRE(x) REQUIRE((x) == cudaSuccess)
+
+// Device buffers freed at scope exit.
+struct DeviceAllocs {
+  std::vector<void*> p;
+  template <typename T>
+  T* Up(const std::vector<T>& h) {
+    T* d = Upload(h);
+    p.push_back(d);
+    return d;
+  }
+  ~DeviceAllocs() {
+    for (void* x : p) cudaFree(x);
+  }
+};
+
+// One 64-row down GEMM over k = 128 with identity activations: out[m, n] = W[n, m] for m < 16,
+// the widened weight itself. Rows n cover every (code, scale) pair: the 16 codes at row n's 16
+// first k, and a scale per row running over [2, 252] (MoeMxfp4ScaleOk's range) in steps.
+TEST_CASE("MXFP4 GEMM widens every e2m1 code at every accepted scale exactly",
+          "[gpu][moe][mxfp4]") {
+  const int N = cuda::kMoeGemmN, K = 128, M = 16, G = K / 32;
+  int checked = 0;
+  for (int s0 = 2; s0 <= 252; s0 += N) {
+    std::vector<uint8_t> blocks(static_cast<size_t>(N) * G * 16, 0), scales(N * G, 127);
+    for (int n = 0; n < N; ++n) {
+      for (int m = 0; m < M; m += 2) {
+        const uint8_t lo = static_cast<uint8_t>((m + n) & 15),
+                      hi = static_cast<uint8_t>((m + n + 1) & 15);
+        blocks[static_cast<size_t>(n) * G * 16 + m / 2] = static_cast<uint8_t>(lo | hi << 4);
+      }
+      scales[n * G] = static_cast<uint8_t>(std::min(252, s0 + n));
+    }
+    std::vector<float> w(static_cast<size_t>(N) * K);
+    DequantizeMxfp4(blocks.data(), scales.data(), static_cast<size_t>(N) * G, w.data());
+    std::vector<uint8_t> values, packed_scales;
+    cuda::PackMoeMxfp4(blocks.data(), scales.data(), 1, N, K, false, &values, &packed_scales);
+    std::vector<uint16_t> x(static_cast<size_t>(M) * K, 0);
+    for (int m = 0; m < M; ++m) x[static_cast<size_t>(m) * K + m] = F32ToBf16(1.0f);
+    DeviceAllocs d;
+    cuda::MoeGemmArgs a;
+    a.x = d.Up(x);
+    a.w = d.Up(values);
+    a.mx_scales = d.Up(packed_scales);
+    a.mx_k_pad = cuda::MoeMxfp4KPad(K);
+    a.n_out = N;
+    a.k = K;
+    a.tiles = d.Up(std::vector<int32_t>{0, 0, M});
+    a.num_tiles = d.Up(std::vector<int32_t>{1});
+    a.max_tiles = 1;
+    uint16_t* out = d.Up(std::vector<uint16_t>(static_cast<size_t>(M) * N, 0xffff));
+    a.out = out;
+    cuda::LaunchMoeGemmMxfp4(a, nullptr);
+    CUDA_REQUIRE(cudaDeviceSynchronize());
+    const std::vector<uint16_t> got = Download(out, static_cast<size_t>(M) * N);
+    for (int m = 0; m < M; ++m) {
+      for (int n = 0; n < N; ++n) {
+        const float want = w[static_cast<size_t>(n) * K + m];
+        INFO("row " << n << " k " << m << " scale " << static_cast<int>(scales[n * G]));
+        REQUIRE(Bf16ToF32(got[static_cast<size_t>(m) * N + n]) == want);  // -0 sums to +0
+        ++checked;
+      }
+    }
+  }
+  std::printf("mxfp4: %d widened weights exact\n", checked);
+  CHECK(checked > 0);
+}
+
+float ClampedSwiGlu(double g, double u, float limit, float alpha) {
+  const double gt = std::min(g, static_cast<double>(limit));
+  const double up = std::clamp(u, -static_cast<double>(limit), static_cast<double>(limit));
+  return static_cast<float>((up + 1.0) * gt / (1.0 + std::exp(-alpha * gt)));
+}
+
+// gpt-oss's expert GEMMs on random MXFP4 experts: E experts, hidden H (not a multiple of 128),
+// expert intermediate I, T tokens routed top-k by random ids through the permutation kernel.
+TEST_CASE("MXFP4 expert GEMMs match the dequantized experts (gate_up with SwiGLU, down)",
+          "[gpu][moe][mxfp4]") {
+  GPU_TEST_RNG(rng);
+  const int E = 8, H = 192, I = 128, top_k = 2;
+  const float limit = 7.0f, alpha = 1.702f;
+  std::uniform_int_distribution<int> byte(0, 255), scale(118, 124), expert(0, E - 1);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto random_mx = [&](int64_t rows, int64_t k, std::vector<uint8_t>* b, std::vector<uint8_t>* s) {
+    b->resize(static_cast<size_t>(E * rows * k / 2));
+    s->resize(static_cast<size_t>(E * rows * k / 32));
+    for (auto& x : *b) x = static_cast<uint8_t>(byte(rng));
+    for (auto& x : *s) x = static_cast<uint8_t>(scale(rng));
+  };
+  std::vector<uint8_t> gu_b, gu_s, dn_b, dn_s;
+  random_mx(2 * I, H, &gu_b, &gu_s);  // checkpoint rows: gate / up interleaved
+  random_mx(H, I, &dn_b, &dn_s);
+  std::vector<float> gu_w(static_cast<size_t>(E) * 2 * I * H), dn_w(static_cast<size_t>(E) * H * I);
+  DequantizeMxfp4(gu_b.data(), gu_s.data(), gu_s.size(), gu_w.data());
+  DequantizeMxfp4(dn_b.data(), dn_s.data(), dn_s.size(), dn_w.data());
+  std::vector<float> gu_bias(static_cast<size_t>(E) * 2 * I), dn_bias(static_cast<size_t>(E) * H);
+  for (float& x : gu_bias) x = 0.5f * nd(rng);  // device order: gate then up
+  for (float& x : dn_bias) x = 0.2f * nd(rng);
+  std::vector<uint8_t> gu_v, gu_ps, dn_v, dn_ps;
+  cuda::PackMoeMxfp4(gu_b.data(), gu_s.data(), E, 2 * I, H, true, &gu_v, &gu_ps);
+  cuda::PackMoeMxfp4(dn_b.data(), dn_s.data(), E, H, I, false, &dn_v, &dn_ps);
+  DeviceAllocs d;
+  const uint8_t* d_gu = d.Up(gu_v);
+  const uint8_t* d_gu_s = d.Up(gu_ps);
+  const uint8_t* d_dn = d.Up(dn_v);
+  const uint8_t* d_dn_s = d.Up(dn_ps);
+  const float* d_gu_bias = d.Up(gu_bias);
+  const float* d_dn_bias = d.Up(dn_bias);
+  double worst_gu = 0, worst_dn = 0;
+  for (const int T : {1, 5, 33, 130}) {
+    INFO("T " << T);
+    const int S = T * top_k;
+    std::vector<uint16_t> x(static_cast<size_t>(T) * H);
+    for (auto& v : x) v = F32ToBf16(nd(rng));
+    std::vector<int32_t> ids(S);
+    for (int t = 0; t < T; ++t) {  // distinct experts per token
+      for (int k = 0; k < top_k; ++k) {
+        int e;
+        do {
+          e = expert(rng);
+        } while (std::find(ids.begin() + t * top_k, ids.begin() + t * top_k + k, e) !=
+                 ids.begin() + t * top_k + k);
+        ids[t * top_k + k] = e;
+      }
+    }
+    const int max_tiles = cuda::MoeMaxTiles(S, E, 0);
+    cuda::MoePermuteArgs pa;
+    pa.topk_ids = d.Up(ids);
+    pa.num_slots = S;
+    pa.num_experts = E;
+    pa.top_k = top_k;
+    int32_t* sorted = d.Up(std::vector<int32_t>(S, -1));
+    int32_t* slot_of = d.Up(std::vector<int32_t>(S, -1));
+    int32_t* tiles = d.Up(std::vector<int32_t>(static_cast<size_t>(max_tiles) * 3 + 4, 0));
+    int32_t* num_tiles = d.Up(std::vector<int32_t>(4, 0));
+    pa.sorted_token = sorted;
+    pa.slot_of = slot_of;
+    pa.tiles = tiles;
+    pa.num_tiles = num_tiles;
+    cuda::LaunchMoePermute(pa, nullptr);
+    uint16_t* act = d.Up(std::vector<uint16_t>(static_cast<size_t>(S) * I, 0));
+    uint16_t* y = d.Up(std::vector<uint16_t>(static_cast<size_t>(S) * H, 0));
+    cuda::MoeGemmArgs g;
+    g.x = d.Up(x);
+    g.sorted_token = sorted;
+    g.w = d_gu;
+    g.mx_scales = d_gu_s;
+    g.mx_k_pad = cuda::MoeMxfp4KPad(H);
+    g.silu_mul = true;
+    g.bias = d_gu_bias;
+    g.swiglu_limit = limit;
+    g.swiglu_alpha = alpha;
+    g.n_out = I;
+    g.k = H;
+    g.tiles = tiles;
+    g.num_tiles = num_tiles;
+    g.max_tiles = max_tiles;
+    g.out = act;
+    cuda::LaunchMoeGemmMxfp4(g, nullptr);
+    g.x = act;
+    g.sorted_token = nullptr;
+    g.w = d_dn;
+    g.mx_scales = d_dn_s;
+    g.mx_k_pad = cuda::MoeMxfp4KPad(I);
+    g.silu_mul = false;
+    g.bias = d_dn_bias;
+    g.n_out = H;
+    g.k = I;
+    g.out = y;
+    cuda::LaunchMoeGemmMxfp4(g, nullptr);
+    CUDA_REQUIRE(cudaDeviceSynchronize());
+    const auto h_sorted = Download(sorted, S);
+    const auto h_slot = Download(slot_of, S);
+    const auto h_act = Download(act, static_cast<size_t>(S) * I);
+    const auto h_y = Download(y, static_cast<size_t>(S) * H);
+    for (int t = 0; t < T; ++t) {
+      for (int k = 0; k < top_k; ++k) {
+        const int slot = h_slot[t * top_k + k], e = ids[t * top_k + k];
+        REQUIRE(slot >= 0);
+        REQUIRE(slot < S);
+        REQUIRE(h_sorted[slot] == t);
+        // gate_up: checkpoint rows 2 j (gate) and 2 j + 1 (up).
+        std::vector<float> a_ref(I);
+        for (int j = 0; j < I; ++j) {
+          double gs = gu_bias[static_cast<size_t>(e) * 2 * I + j];
+          double us = gu_bias[static_cast<size_t>(e) * 2 * I + I + j];
+          const float* wg = gu_w.data() + (static_cast<size_t>(e) * 2 * I + 2 * j) * H;
+          const float* wu = wg + H;
+          for (int c = 0; c < H; ++c) {
+            const double xv = Bf16ToF32(x[static_cast<size_t>(t) * H + c]);
+            gs += xv * wg[c];
+            us += xv * wu[c];
+          }
+          a_ref[j] = ClampedSwiGlu(gs, us, limit, alpha);
+          const float got = Bf16ToF32(h_act[static_cast<size_t>(slot) * I + j]);
+          const double err = std::fabs(got - a_ref[j]);
+          worst_gu = std::max(worst_gu, err / (std::fabs(a_ref[j]) + 1e-2));
+          INFO("gate_up token " << t << " expert " << e << " j " << j << ": " << got << " vs "
+                                << a_ref[j]);
+          REQUIRE(err <= 8e-3 * std::fabs(a_ref[j]) + 1e-3);
+        }
+        // down over the GPU's own bf16 activations (the reference's rounding of them differs).
+        for (int n = 0; n < H; ++n) {
+          double ys = dn_bias[static_cast<size_t>(e) * H + n];
+          double mag = std::fabs(ys);
+          const float* w = dn_w.data() + (static_cast<size_t>(e) * H + n) * I;
+          for (int j = 0; j < I; ++j) {
+            const double av = Bf16ToF32(h_act[static_cast<size_t>(slot) * I + j]);
+            ys += av * w[j];
+            mag += std::fabs(av * w[j]);
+          }
+          const float got = Bf16ToF32(h_y[static_cast<size_t>(slot) * H + n]);
+          const double err = std::fabs(got - ys);
+          worst_dn = std::max(worst_dn, err / (mag + 1e-6));
+          INFO("down token " << t << " expert " << e << " n " << n << ": " << got << " vs " << ys);
+          REQUIRE(err <= 8e-3 * std::fabs(ys) + 1e-5 * mag + 1e-6);
+        }
+      }
+    }
+  }
+  std::printf("mxfp4: worst gate_up error %.2e (relative), down %.2e (of the sum of |terms|)\n",
+              worst_gu, worst_dn);
+}
+
+}  // namespace
+}  // namespace llm
