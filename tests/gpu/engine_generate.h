@@ -41,11 +41,13 @@ struct GenerateOptions {
   bool graph_warmup = true;  // ModelLoadOptions::cuda_graph_warmup
   bool overlap = true;       // EngineConfig::overlap_steps (a logits observer turns it off)
   std::string weight_dtype = "auto";
-  bool fp8_fast_accumulation = true;             // ModelLoadOptions::fp8_fast_accumulation
-  bool fp8_static_attention_output = true;       // ModelLoadOptions::fp8_static_attention_output
-  std::string kv_scales_file;                    // ModelLoadOptions::kv_scales_file
-  std::string mla_kernel = "auto";               // ModelLoadOptions::mla_kernel (DeepSeek)
-  std::string c8_prefill = "auto";               // ModelLoadOptions::c8_prefill
+  bool fp8_fast_accumulation = true;        // ModelLoadOptions::fp8_fast_accumulation
+  bool fp8_static_attention_output = true;  // ModelLoadOptions::fp8_static_attention_output
+  std::string kv_scales_file;               // ModelLoadOptions::kv_scales_file
+  std::string mla_kernel = "auto";          // ModelLoadOptions::mla_kernel (DeepSeek)
+  std::string c8_prefill = "auto";          // ModelLoadOptions::c8_prefill
+  std::string speculative_method = "none";  // EngineConfig::speculative
+  int num_speculative_tokens = 3;
   int steps = 64;                                // max_tokens of every request, or
   const std::vector<int>* max_tokens = nullptr;  // one per prompt
   const SamplingParams* sampling = nullptr;      // null: greedy; else seed + prompt index
@@ -59,6 +61,7 @@ struct GenerateResult {
   std::string backend;                       // the attention backend that served
   int64_t graph_steps = 0;                   // forward passes replayed from CUDA graphs
   int64_t overlapped_steps = 0;              // steps queued before the previous one was read
+  int64_t accepted_drafts = 0;               // speculative drafts accepted
 };
 
 struct CollectSink : ResultSink {
@@ -91,6 +94,8 @@ inline GenerateResult Generate(const std::string& dir,
   cfg.scheduler.max_batched_tokens = o.max_batched_tokens;
   cfg.require_tokenizer = false;
   cfg.overlap_steps = o.overlap;
+  cfg.speculative.method = o.speculative_method;
+  cfg.speculative.num_speculative_tokens = o.num_speculative_tokens;
   auto core = EngineCore::Create(cfg);
   INFO(core.status().ToString());
   REQUIRE(core.ok());
@@ -143,6 +148,7 @@ inline GenerateResult Generate(const std::string& dir,
   for (int guard = 0; (*core)->HasWork() && guard < 10000; ++guard) (*core)->Step();
   result.graph_steps = (*core)->model().graph_steps();
   result.overlapped_steps = (*core)->num_overlapped_steps();
+  result.accepted_drafts = static_cast<int64_t>((*core)->metrics()->spec_accepted_tokens.value());
   for (auto& s : sinks) {
     REQUIRE(s->done);
     result.tokens.push_back(s->ids);

@@ -143,6 +143,30 @@ TEST_CASE("GPU overlapped steps give the one-at-a-time tokens", "[gpu][model]") 
   fs::remove_all(dir);
 }
 
+// Speculative decoding on the CUDA runner: drafted rows come back as logits beside device-sampled
+// rows, several logit rows per sequence in one forward (the verify step), rejected positions'
+// blocks trimmed. Greedy tokens equal those without speculation up to near-ties. Random weights
+// fall into loops, which the n-gram proposer drafts from, so drafts are accepted.
+TEST_CASE("GPU greedy decoding with n-gram speculation gives the tokens without it",
+          "[gpu][model][speculative]") {
+  const std::string dir = WriteRandomModel("llama_speculative", false);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int> max_tokens;
+  RandomRequests(23, 8, 40, 24, 6, &prompts, &max_tokens);
+  for (int k : {1, 3}) {
+    INFO("K = " << k);
+    Gaps gaps;
+    const auto plain = gpu_test::Generate(dir, prompts, {.max_tokens = &max_tokens, .gaps = &gaps});
+    gpu_test::GenerateOptions o{.max_tokens = &max_tokens};
+    o.speculative_method = "ngram";
+    o.num_speculative_tokens = k;
+    const auto spec = gpu_test::Generate(dir, prompts, o);
+    CHECK(spec.accepted_drafts > 0);
+    CheckSameUpToTies("speculative vs plain", plain.tokens, gaps, spec.tokens, 0.75);
+  }
+  fs::remove_all(dir);
+}
+
 TEST_CASE("GPU decode steps replayed from CUDA graphs give the eager launches' tokens",
           "[gpu][model]") {
   const std::string dir = WriteRandomModel("llama_graphs", false);
