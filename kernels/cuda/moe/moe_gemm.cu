@@ -16,6 +16,7 @@
 
 #include "kernels/cuda/common/pdl_launch.cuh"
 #include "kernels/cuda/common/ptx_ops.cuh"
+#include "kernels/cuda/moe/moe_activation.cuh"
 #include "kernels/cuda/moe/moe_ops.h"
 
 namespace llm::cuda {
@@ -243,13 +244,7 @@ __global__ void __launch_bounds__(kThreads) MoeGemmKernel(const MoeGemmArgs a) {
         float gt = acc[0][2 * h + j] * row_scale(col + j),
               up = acc[1][2 * h + j] * row_scale(n_out + col + j);
         if (b) gt += b[col + j], up += b[n_out + col + j];
-        if (a.swiglu_limit > 0.f) {
-          gt = fminf(gt, a.swiglu_limit);
-          up = fminf(fmaxf(up, -a.swiglu_limit), a.swiglu_limit);
-          v[j] = (up + 1.0f) * (gt / (1.0f + expf(-a.swiglu_alpha * gt)));
-        } else {
-          v[j] = gt / (1.0f + expf(-gt)) * up;
-        }
+        v[j] = MoeGateUp(gt, up, a.swiglu_limit, a.swiglu_alpha);
       }
       *reinterpret_cast<__nv_bfloat162*>(out + orow + col) = __floats2bfloat162_rn(v[0], v[1]);
     } else {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/moe/moe_activation.cuh"
 #include "kernels/cuda/moe/moe_ops.h"
 
 namespace llm::cuda {
@@ -52,12 +53,7 @@ __global__ void GateActKernel(const __nv_bfloat16* gu, int n, const float* bias,
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       if (b) gv[i] += b[j + i], uv[i] += b[n + j + i];
-      if (limit > 0.f) {  // the tiled kernel's epilogue (moe_gemm.cu), term for term
-        const float gt = fminf(gv[i], limit), up = fminf(fmaxf(uv[i], -limit), limit);
-        v[i] = (up + 1.0f) * (gt / (1.0f + expf(-alpha * gt)));
-      } else {
-        v[i] = gv[i] / (1.0f + expf(-gv[i])) * uv[i];
-      }
+      v[i] = MoeGateUp(gv[i], uv[i], limit, alpha);  // as the tiled kernels' epilogue
     }
     *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(v[0], v[1]);
   }
