@@ -19,11 +19,6 @@ bool Finite(float x) {
   return std::isfinite(x);
 }
 
-// Only when the grammar's mask left nothing to choose from.
-Status GrammarRefused(int32_t token) {
-  return Internal("token " + std::to_string(token) + " is outside the request's grammar");
-}
-
 double Seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
@@ -799,6 +794,10 @@ void EngineCore::StreamCollected(const Collected& c) {
     tok.token = c.tokens[r];
     OnToken(rs, *seq, tok);  // may finish the request
   }
+}
+
+Status EngineCore::GrammarRefused(int32_t token) {
+  return Internal("token " + std::to_string(token) + " is outside the request's grammar");
 }
 
 void EngineCore::FailRows(const std::vector<int64_t>& seq_ids, const Status& error) {

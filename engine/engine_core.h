@@ -166,6 +166,9 @@ class EngineCore {
   // Streams a collected step's tokens, or fails its requests when reading it back failed.
   void StreamCollected(const Collected& c);
   void FailRows(const std::vector<int64_t>& seq_ids, const Status& error);
+  // The error of a request whose grammar refused its sampled token: only when the mask left
+  // nothing to choose from (EmitTokens, CollectInflight's rows, EmitDrafted).
+  static Status GrammarRefused(int32_t token);
   void Finish(RequestState& st, FinishReason reason, GenerationOutput out);
   void Fail(const std::string& request_id, const Status& error);
   StepRecord StepInner();

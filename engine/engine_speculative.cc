@@ -134,9 +134,7 @@ void EngineCore::EmitDrafted(const StepBatch& in, const StepStates& states, Step
         ComputeLogprobs(row_logits(static_cast<int>(j)), tok.token, params.logprobs, &tok);
       }
       if (rs.matcher && !rs.matcher->AcceptToken(tok.token)) {
-        // Only when the mask left nothing to choose from.
-        Fail(rs.request.request_id,
-             Internal("token " + std::to_string(tok.token) + " is outside the request's grammar"));
+        Fail(rs.request.request_id, GrammarRefused(tok.token));
         ended = true;
         break;
       }
