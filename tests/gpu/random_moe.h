@@ -30,6 +30,10 @@ struct GptOssShape {
   // scales 2^-4 for gate_up and 2^-8 for down: about the bf16 experts' magnitudes) and
   // quantization_config mxfp4; the biases stay bf16.
   bool mxfp4 = false;
+  // Scales of the attention block's output (o_proj weight and bias) and of the experts' output
+  // (down_proj weight and bias; bf16 experts only): 0 removes that block from the residual stream
+  // with every other weight unchanged (the same random draws), to tell which block brings an error.
+  float attn_out_scale = 1.0f, moe_out_scale = 1.0f;
 };
 
 // Random MXFP4 blocks [E, rows, k / 32, 16] and scales [E, rows, k / 32] (scale byte `scale`).
@@ -123,12 +127,12 @@ inline std::string WriteRandomMoe(const std::string& name, RandomMoeArch arch,
       ck.Add(p + "self_attn.q_norm.weight", {head_dim}, 1.0f, 0.1f);
       ck.Add(p + "self_attn.k_norm.weight", {head_dim}, 1.0f, 0.1f);
     }
-    ck.Add(p + "self_attn.o_proj.weight", {hidden, q}, 0, 0.05f);
+    ck.Add(p + "self_attn.o_proj.weight", {hidden, q}, 0, 0.05f * (oss ? o.attn_out_scale : 1.0f));
     if (oss) {
       ck.Add(p + "self_attn.q_proj.bias", {q}, 0, 0.1f);
       ck.Add(p + "self_attn.k_proj.bias", {kv}, 0, 0.1f);
       ck.Add(p + "self_attn.v_proj.bias", {kv}, 0, 0.1f);
-      ck.Add(p + "self_attn.o_proj.bias", {hidden}, 0, 0.1f);
+      ck.Add(p + "self_attn.o_proj.bias", {hidden}, 0, 0.1f * o.attn_out_scale);
       ck.Add(p + "self_attn.sinks", {s.heads}, 0, 1.0f);
       ck.Add(p + "mlp.router.weight", {experts, hidden}, 0, 1.0f);
       ck.Add(p + "mlp.router.bias", {experts}, 0, 1.0f);
@@ -142,9 +146,9 @@ inline std::string WriteRandomMoe(const std::string& name, RandomMoeArch arch,
       if (o.mxfp4) {
         AddRandomMxfp4(ck, p + "mlp.experts.down_proj", experts, hidden, inter, 119);
       } else {
-        ck.Add(p + "mlp.experts.down_proj", {experts, inter, hidden}, 0, 0.02f);
+        ck.Add(p + "mlp.experts.down_proj", {experts, inter, hidden}, 0, 0.02f * o.moe_out_scale);
       }
-      ck.Add(p + "mlp.experts.down_proj_bias", {experts, hidden}, 0, 0.1f);
+      ck.Add(p + "mlp.experts.down_proj_bias", {experts, hidden}, 0, 0.1f * o.moe_out_scale);
       continue;
     }
     if (qwen3 && l == 1) {  // mlp_only_layers

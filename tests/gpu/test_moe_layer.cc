@@ -446,70 +446,86 @@ TEST_CASE("MoE layer matches CpuMoe (bf16 and fp8 experts, batch 1..300, both GE
 TEST_CASE("MoE layer with gpt-oss's gate matches CpuMoe (biases, clamped SwiGLU)", "[gpu][moe]") {
   GPU_TEST_RNG(rng);
   Ops o;
-  const int E = 8, K = 4, H = 256, I = 128;
-  CpuMlp::Gate gate;
-  gate.activation = CpuMlp::Activation::kClampedSwiGlu;
-  const MoeRouting r = GptOssRouting(E, K);
-  REQUIRE(CudaMoeLayer::Check(r, H, I, 0, gate).ok());
-  std::normal_distribution<float> nd(0.f, 1.f);
-  auto randv = [&](size_t n, float sd) {
-    std::vector<float> v(n);
-    for (float& x : v) x = RoundBf16(sd * nd(rng));
-    return v;
+  struct Shape {
+    int K, H, I;
+    std::vector<int> batches;
   };
-  for (const WeightQuant quant : {WeightQuant::kBf16, WeightQuant::kFp8PerTensor}) {
-    INFO(WeightQuantName(quant));
-    CpuMoe cpu;
-    CudaMoeWeights gpu;
-    cpu.routing = r;
-    cpu.router = randv(static_cast<size_t>(E) * H, 0.1f);
-    cpu.router_bias = randv(E, 0.5f);
-    REQUIRE(gpu.router.Alloc(cpu.router.size() * 4).ok());
-    CUDA_REQUIRE(cudaMemcpy(gpu.router.ptr, cpu.router.data(), cpu.router.size() * 4,
-                            cudaMemcpyHostToDevice));
-    REQUIRE(gpu.logit_bias.Alloc(E * 4).ok());
-    CUDA_REQUIRE(
-        cudaMemcpy(gpu.logit_bias.ptr, cpu.router_bias.data(), E * 4, cudaMemcpyHostToDevice));
-    const std::vector<float> gu = randv(static_cast<size_t>(E) * 2 * I * H, 0.3f);  // split
-    const std::vector<float> dn = randv(static_cast<size_t>(E) * H * I, 0.03f);
-    const std::vector<float> gu_b = randv(static_cast<size_t>(E) * 2 * I, 0.5f);  // split
-    const std::vector<float> dn_b = randv(static_cast<size_t>(E) * H, 0.2f);
-    UploadLinear(o.ops, gu, quant, 2 * I, H, E, &gpu.gate_up);
-    UploadLinear(o.ops, dn, quant, H, I, E, &gpu.down);
-    REQUIRE(gpu.gate_up_bias.Alloc(gu_b.size() * 4).ok());
-    CUDA_REQUIRE(
-        cudaMemcpy(gpu.gate_up_bias.ptr, gu_b.data(), gu_b.size() * 4, cudaMemcpyHostToDevice));
-    REQUIRE(gpu.down_bias.Alloc(dn_b.size() * 4).ok());
-    CUDA_REQUIRE(
-        cudaMemcpy(gpu.down_bias.ptr, dn_b.data(), dn_b.size() * 4, cudaMemcpyHostToDevice));
-    const bool fp8 = quant != WeightQuant::kBf16;
-    const std::vector<float> gu_ref = fp8 ? Dequant(gpu.gate_up, E, 2 * I, H) : gu;
-    const std::vector<float> dn_ref = fp8 ? Dequant(gpu.down, E, H, I) : dn;
-    cpu.experts.assign(E, CpuMlp());
-    for (int e = 0; e < E; ++e) {
-      CpuMlp& x = cpu.experts[e];
-      x.hidden = H;
-      x.intermediate = I;
-      x.gate = gate;
-      x.w_gate_up.resize(static_cast<size_t>(2) * I * H);
-      x.b_gate_up.resize(2 * I);
-      for (int i = 0; i < 2 * I; ++i) {  // device row i -> interleaved row
-        const int dst = i < I ? 2 * i : 2 * (i - I) + 1;
-        std::copy_n(gu_ref.begin() + (static_cast<size_t>(e) * 2 * I + i) * H, H,
-                    x.w_gate_up.begin() + static_cast<size_t>(dst) * H);
-        x.b_gate_up[dst] = gu_b[e * 2 * I + i];
+  // Top-4 over hidden 256 / intermediate 128, and the top-2 shapes of issue 51's fidelity cases
+  // (hidden 128 or 256, intermediate 64 or 256) at every batch a decode step with a prefill chunk
+  // beside it produces.
+  std::vector<int> every;
+  for (int t = 1; t <= 70; ++t) every.push_back(t);
+  const std::vector<Shape> shapes = {{4, 256, 128, {1, 7, 64, 200}},
+                                     {2, 128, 64, every},
+                                     {2, 128, 256, every},
+                                     {2, 256, 64, every}};
+  for (const Shape& shape : shapes) {
+    const int E = 8, K = shape.K, H = shape.H, I = shape.I;
+    INFO("top-" << K << " hidden " << H << " intermediate " << I);
+    CpuMlp::Gate gate;
+    gate.activation = CpuMlp::Activation::kClampedSwiGlu;
+    const MoeRouting r = GptOssRouting(E, K);
+    REQUIRE(CudaMoeLayer::Check(r, H, I, 0, gate).ok());
+    std::normal_distribution<float> nd(0.f, 1.f);
+    auto randv = [&](size_t n, float sd) {
+      std::vector<float> v(n);
+      for (float& x : v) x = RoundBf16(sd * nd(rng));
+      return v;
+    };
+    for (const WeightQuant quant : {WeightQuant::kBf16, WeightQuant::kFp8PerTensor}) {
+      INFO(WeightQuantName(quant));
+      CpuMoe cpu;
+      CudaMoeWeights gpu;
+      cpu.routing = r;
+      cpu.router = randv(static_cast<size_t>(E) * H, 0.1f);
+      cpu.router_bias = randv(E, 0.5f);
+      REQUIRE(gpu.router.Alloc(cpu.router.size() * 4).ok());
+      CUDA_REQUIRE(cudaMemcpy(gpu.router.ptr, cpu.router.data(), cpu.router.size() * 4,
+                              cudaMemcpyHostToDevice));
+      REQUIRE(gpu.logit_bias.Alloc(E * 4).ok());
+      CUDA_REQUIRE(
+          cudaMemcpy(gpu.logit_bias.ptr, cpu.router_bias.data(), E * 4, cudaMemcpyHostToDevice));
+      const std::vector<float> gu = randv(static_cast<size_t>(E) * 2 * I * H, 0.3f);  // split
+      const std::vector<float> dn = randv(static_cast<size_t>(E) * H * I, 0.03f);
+      const std::vector<float> gu_b = randv(static_cast<size_t>(E) * 2 * I, 0.5f);  // split
+      const std::vector<float> dn_b = randv(static_cast<size_t>(E) * H, 0.2f);
+      UploadLinear(o.ops, gu, quant, 2 * I, H, E, &gpu.gate_up);
+      UploadLinear(o.ops, dn, quant, H, I, E, &gpu.down);
+      REQUIRE(gpu.gate_up_bias.Alloc(gu_b.size() * 4).ok());
+      CUDA_REQUIRE(
+          cudaMemcpy(gpu.gate_up_bias.ptr, gu_b.data(), gu_b.size() * 4, cudaMemcpyHostToDevice));
+      REQUIRE(gpu.down_bias.Alloc(dn_b.size() * 4).ok());
+      CUDA_REQUIRE(
+          cudaMemcpy(gpu.down_bias.ptr, dn_b.data(), dn_b.size() * 4, cudaMemcpyHostToDevice));
+      const bool fp8 = quant != WeightQuant::kBf16;
+      const std::vector<float> gu_ref = fp8 ? Dequant(gpu.gate_up, E, 2 * I, H) : gu;
+      const std::vector<float> dn_ref = fp8 ? Dequant(gpu.down, E, H, I) : dn;
+      cpu.experts.assign(E, CpuMlp());
+      for (int e = 0; e < E; ++e) {
+        CpuMlp& x = cpu.experts[e];
+        x.hidden = H;
+        x.intermediate = I;
+        x.gate = gate;
+        x.w_gate_up.resize(static_cast<size_t>(2) * I * H);
+        x.b_gate_up.resize(2 * I);
+        for (int i = 0; i < 2 * I; ++i) {  // device row i -> interleaved row
+          const int dst = i < I ? 2 * i : 2 * (i - I) + 1;
+          std::copy_n(gu_ref.begin() + (static_cast<size_t>(e) * 2 * I + i) * H, H,
+                      x.w_gate_up.begin() + static_cast<size_t>(dst) * H);
+          x.b_gate_up[dst] = gu_b[e * 2 * I + i];
+        }
+        x.w_down.assign(dn_ref.begin() + static_cast<size_t>(e) * H * I,
+                        dn_ref.begin() + static_cast<size_t>(e + 1) * H * I);
+        x.b_down.assign(dn_b.begin() + e * H, dn_b.begin() + (e + 1) * H);
       }
-      x.w_down.assign(dn_ref.begin() + static_cast<size_t>(e) * H * I,
-                      dn_ref.begin() + static_cast<size_t>(e + 1) * H * I);
-      x.b_down.assign(dn_b.begin() + e * H, dn_b.begin() + (e + 1) * H);
-    }
-    for (const int large_from : {INT_MAX, 0}) {  // the tiled and the large-batch paths
-      INFO("large batch from " << large_from << " slots per expert");
-      CudaMoeLayer layer(r, H, I, 0, gate);
-      layer.set_large_batch_slots_per_expert(large_from);
-      CudaMoeScratch s;
-      for (const int T : {1, 7, 64, 200}) {
-        CheckAgainstCpu(o, layer, gpu, cpu, H, T, 1e-3f, rng, &s);  // margins in logits units
+      for (const int large_from : {INT_MAX, 0}) {  // the tiled and the large-batch paths
+        INFO("large batch from " << large_from << " slots per expert");
+        CudaMoeLayer layer(r, H, I, 0, gate);
+        layer.set_large_batch_slots_per_expert(large_from);
+        CudaMoeScratch s;
+        for (const int T : shape.batches) {
+          CheckAgainstCpu(o, layer, gpu, cpu, H, T, 1e-3f, rng, &s);  // margins in logits units
+        }
       }
     }
   }
