@@ -223,5 +223,29 @@ TEST_CASE("real tokenizers match Hugging Face exactly", "[tokenizer][hf]") {
   }
 }
 
+// The byte-level BPE tokenizer trained for the speculative-decoding fixtures
+// (tools/hf_fixtures/train_code_model.py, HF tokenizers 0.23, GPT-2's ByteLevel pre-tokenizer
+// with its regex): the workload prompts encode to the ids HF's Tokenizer.encode gave
+// (reference.json) and decode back to their text.
+TEST_CASE("the trained code tokenizer gives HF's ids on the workload prompts", "[tokenizer]") {
+  const std::string root = LLM_SOURCE_DIR;
+  const Tokenizer& tok = Load(root + "/tests/fixtures/models/code_llama");
+  std::ifstream ref_in(root + "/tests/fixtures/models/code_llama/reference.json");
+  const json ref = json::parse(ref_in);
+  std::ifstream work(root + "/bench/workloads/code_edit.jsonl");
+  std::string line;
+  size_t i = 0;
+  for (; i < ref["prompts"].size() && std::getline(work, line); ++i) {
+    INFO("workload line " << i);
+    const std::string text = json::parse(line)["prompt"].get<std::string>();
+    const std::vector<int32_t> want = Ids(ref["prompts"][i]["prompt_ids"]);
+    CHECK(tok.Encode(text, false) == want);
+    CHECK(tok.Encode(text, true) == want);  // no post-processor: nothing added
+    CHECK(tok.Decode(want, false) == text);
+    CHECK(Stream(tok, want, false) == text);
+  }
+  CHECK(i == 4);
+}
+
 }  // namespace
 }  // namespace llm
