@@ -1,7 +1,5 @@
 #include "grammar/compiled_grammar.h"
 
-#include "grammar/token_walk.h"
-
 namespace llm::grammar {
 
 std::shared_ptr<const CompiledGrammar> CompiledGrammar::Create(
@@ -9,37 +7,39 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::Create(
   auto g = std::make_shared<CompiledGrammar>();
   g->grammar_ = std::move(grammar);
   g->vocab_ = vocab ? std::move(vocab) : Vocabulary::Create({}, {});
+  const auto& pos = g->grammar_->positions();
+  g->precomputed_.resize(pos.size());
+  if (g->vocab_->sorted().empty()) return g;  // raw bytes only: no masks
+  TokenCacheBuilder builder(*g->grammar_, *g->vocab_);
+  size_t done = 0;
+  for (uint32_t p = 0; p < pos.size() && done < kMaxPrecomputed; ++p) {
+    // Closure leaves stack tops only on positions that consume a byte.
+    if (pos[p].kind != Position::kByte && pos[p].kind != Position::kByteStar) continue;
+    g->precomputed_[p] = builder.Build(p);
+    ++done;
+  }
   return g;
 }
 
 const TokenCacheEntry& CompiledGrammar::CacheFor(uint32_t pos) const {
+  if (const TokenCacheEntry* e = precomputed_[pos].get()) return *e;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = cache_.find(pos);
-    if (it != cache_.end()) return *it->second;
+    auto it = lazy_.find(pos);
+    if (it != lazy_.end()) return *it->second;
   }
   // Computed outside the lock: two threads may both compute an entry; the first one stored wins.
-  auto entry = std::make_unique<TokenCacheEntry>();
-  entry->accepted.assign(vocab_->mask_words(), 0);
-  StackArena arena(grammar_.get());
-  uint32_t start = arena.InternState(arena.Isolated(pos));
-  const auto& ids = vocab_->sorted();
-  WalkTokens(
-      arena, *vocab_, start, ids.data(), ids.size(), /*isolated=*/true,
-      [&](int32_t id, TokenVerdict v) {
-        if (v == TokenVerdict::kAccepted) entry->accepted[id >> 5] |= 1u << (id & 31);
-        if (v == TokenVerdict::kUncertain) entry->uncertain.push_back(id);
-      },
-      vocab_->sorted_skip());
-  BuildSkipTables(*vocab_, entry->uncertain, entry->skip);
+  auto entry = TokenCacheBuilder(*grammar_, *vocab_).Build(pos);
   std::lock_guard<std::mutex> lock(mu_);
-  auto [it, inserted] = cache_.try_emplace(pos, std::move(entry));
+  auto [it, inserted] = lazy_.try_emplace(pos, std::move(entry));
   return *it->second;
 }
 
 size_t CompiledGrammar::cached_positions() const {
+  size_t n = 0;
+  for (const auto& e : precomputed_) n += e != nullptr;
   std::lock_guard<std::mutex> lock(mu_);
-  return cache_.size();
+  return n + lazy_.size();
 }
 
 }  // namespace llm::grammar

@@ -37,6 +37,7 @@ class StackArena {
   static constexpr uint32_t kDead = 0;
   uint32_t InternState(const State& s);
   const State& StateOf(uint32_t id) const { return states_[id]; }
+  size_t num_states() const { return states_.size(); }
   uint32_t Step(uint32_t id, uint8_t byte);
   // The root (or the isolated frame) has returned in this state.
   bool IsDone(uint32_t id) const { return done_[id]; }

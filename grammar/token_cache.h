@@ -1,0 +1,55 @@
+// The per-position token cache: for a stack top at position p, seen without what lies below it,
+// which tokens are accepted whatever the stack holds, which are rejected whatever it holds, and
+// which are uncertain (the frame returns mid-token, so the rest depends on the caller).
+//
+// Context expansion: when p's rule returns mid-token, the rest of the token must fit what can
+// follow that rule somewhere in the grammar (its return sites: the position after every call of
+// the rule, through tail calls). A token whose rest fits none of them is rejected at build time,
+// so only tokens that may really continue past the rule (such as `",` after a string body) stay
+// uncertain and are walked against the real stack when a mask is filled.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "grammar/grammar.h"
+#include "grammar/stack.h"
+#include "grammar/vocabulary.h"
+
+namespace llm::grammar {
+
+struct TokenCacheEntry {
+  std::vector<uint32_t> accepted;  // bitmask over token ids
+  std::vector<int32_t> uncertain;  // token ids in byte order
+  // Skip tables of the uncertain list for its walks (token_walk.h).
+  std::vector<uint32_t> skip[kSkipDepth];
+};
+
+// Builds entries for one grammar and vocabulary. Entries of different positions share one arena,
+// so the automaton's memoized transitions are computed once for all of them. Not thread-safe: one
+// builder per thread.
+class TokenCacheBuilder {
+ public:
+  TokenCacheBuilder(const Grammar& g, const Vocabulary& vocab);
+  std::unique_ptr<TokenCacheEntry> Build(uint32_t pos);
+
+  // Positions where control resumes after `rule` returns, over every call of it (tail calls pass
+  // their caller's return sites on); the root's return ends the output, so it adds none.
+  std::vector<uint32_t> ReturnSites(uint32_t rule) const;
+
+ private:
+  // The state of every return site of `rule`, each isolated (its own return is kDone).
+  uint32_t FollowState(uint32_t rule);
+  // tok[from..] may be the start of what follows the rule (or reaches past that too).
+  bool RestMayFollow(uint32_t follow, const std::string& tok, size_t from);
+
+  const Grammar& g_;
+  const Vocabulary& vocab_;
+  std::unique_ptr<StackArena> arena_;
+  std::vector<std::vector<uint32_t>> call_sites_;    // per rule: q + 1 for each non-tail call at q
+  std::vector<std::vector<uint32_t>> tail_callers_;  // per rule: rules that tail-call it
+  std::vector<uint32_t> follow_state_;               // per rule; kUnset until first needed
+};
+
+}  // namespace llm::grammar
