@@ -11,6 +11,9 @@ constexpr uint32_t kUnset = UINT32_MAX;
 // A shared arena keeps every state it met with 1 KiB of transitions each; past this many states a
 // builder starts a fresh one, which bounds its memory on large grammars.
 constexpr size_t kMaxArenaStates = 1 << 15;
+// Rules returning to more sites than this keep their tokens that fit some sites uncertain rather
+// than walking each token against every site.
+constexpr size_t kMaxSitesChecked = 16;
 }  // namespace
 
 TokenCacheBuilder::TokenCacheBuilder(const Grammar& g, const Vocabulary& vocab)
@@ -18,6 +21,7 @@ TokenCacheBuilder::TokenCacheBuilder(const Grammar& g, const Vocabulary& vocab)
   call_sites_.resize(g.num_rules());
   tail_callers_.resize(g.num_rules());
   follow_state_.assign(g.num_rules(), kUnset);
+  sites_.resize(g.num_rules());
   const auto& pos = g.positions();
   for (uint32_t q = 0; q < pos.size(); ++q) {
     if (pos[q].kind != Position::kRef) continue;
@@ -29,14 +33,16 @@ TokenCacheBuilder::TokenCacheBuilder(const Grammar& g, const Vocabulary& vocab)
   }
 }
 
-std::vector<uint32_t> TokenCacheBuilder::ReturnSites(uint32_t rule) const {
+std::vector<uint32_t> TokenCacheBuilder::ReturnSites(uint32_t rule, bool* may_end) const {
   std::vector<uint32_t> sites;
+  *may_end = false;
   std::vector<char> seen(g_.num_rules(), 0);
   std::vector<uint32_t> todo{rule};
   seen[rule] = 1;
   while (!todo.empty()) {
     uint32_t r = todo.back();
     todo.pop_back();
+    if (r == static_cast<uint32_t>(g_.root())) *may_end = true;
     sites.insert(sites.end(), call_sites_[r].begin(), call_sites_[r].end());
     for (uint32_t c : tail_callers_[r]) {
       if (!seen[c]) {
@@ -53,7 +59,8 @@ std::vector<uint32_t> TokenCacheBuilder::ReturnSites(uint32_t rule) const {
 uint32_t TokenCacheBuilder::FollowState(uint32_t rule) {
   if (follow_state_[rule] != kUnset) return follow_state_[rule];
   State all;
-  for (uint32_t q : ReturnSites(rule)) {
+  bool may_end = false;
+  for (uint32_t q : ReturnSites(rule, &may_end)) {
     State s = arena_->Isolated(q);
     all.insert(all.end(), s.begin(), s.end());
   }
@@ -73,10 +80,30 @@ bool TokenCacheBuilder::RestMayFollow(uint32_t follow, const std::string& tok, s
   return true;
 }
 
+const TokenCacheBuilder::Sites& TokenCacheBuilder::SitesOf(uint32_t rule) {
+  if (!sites_[rule]) {
+    auto s = std::make_unique<Sites>();
+    std::vector<uint32_t> sites = ReturnSites(rule, &s->may_end);
+    if (sites.size() <= kMaxSitesChecked) {
+      for (uint32_t q : sites) s->states.push_back(arena_->InternState(arena_->Isolated(q)));
+    }
+    sites_[rule] = std::move(s);
+  }
+  return *sites_[rule];
+}
+
+bool TokenCacheBuilder::RestFits(uint32_t site, const std::string& tok, size_t from) {
+  uint32_t s = site;
+  for (size_t d = from; d < tok.size() && s != StackArena::kDead; ++d)
+    s = arena_->Step(s, static_cast<uint8_t>(tok[d]));
+  return s != StackArena::kDead;
+}
+
 std::unique_ptr<TokenCacheEntry> TokenCacheBuilder::Build(uint32_t pos) {
   if (arena_->num_states() > kMaxArenaStates) {
     arena_ = std::make_unique<StackArena>(&g_);
     follow_state_.assign(g_.num_rules(), kUnset);
+    for (auto& s : sites_) s.reset();
   }
   auto entry = std::make_unique<TokenCacheEntry>();
   entry->accepted.assign(vocab_.mask_words(), 0);
@@ -91,18 +118,32 @@ std::unique_ptr<TokenCacheEntry> TokenCacheBuilder::Build(uint32_t pos) {
         if (v == TokenVerdict::kUncertain) uncertain.push_back(id);
       },
       vocab_.sorted_skip());
-  // Context expansion: an uncertain token stays so only if, at some byte where the rule has
-  // returned, the rest of it may follow the rule.
+  // Context expansion. An uncertain token's frame returned after some of its bytes (the path that
+  // did not return died); the real stack resumes at one of the rule's return sites.
   const uint32_t rule = g_.RuleOf(pos);
+  std::vector<char> fits;
   for (int32_t id : uncertain) {
     const std::string& tok = vocab_.token(id);
+    const Sites& sites = SitesOf(rule);
+    fits.assign(sites.states.size(), 0);
     uint32_t s = start;
     bool may = false;
-    for (size_t d = 0; d < tok.size() && s != StackArena::kDead && !may; ++d) {
-      if (arena.IsDone(s)) may = RestMayFollow(FollowState(rule), tok, d);
+    for (size_t d = 0; d < tok.size() && s != StackArena::kDead; ++d) {
+      if (arena.IsDone(s) && RestMayFollow(FollowState(rule), tok, d)) {
+        may = true;
+        for (size_t i = 0; i < fits.size(); ++i)
+          if (!fits[i]) fits[i] = RestFits(sites.states[i], tok, d);
+      }
       s = arena.Step(s, static_cast<uint8_t>(tok[d]));
     }
-    if (may) entry->uncertain.push_back(id);
+    if (!may) continue;  // no site takes the rest: rejected whatever the stack
+    bool all = !sites.may_end && !fits.empty() &&
+               std::all_of(fits.begin(), fits.end(), [](char f) { return f != 0; });
+    if (all) {
+      entry->accepted[id >> 5] |= 1u << (id & 31);
+    } else {
+      entry->uncertain.push_back(id);
+    }
   }
   BuildSkipTables(vocab_, entry->uncertain, entry->skip);
   return entry;

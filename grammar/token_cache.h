@@ -5,8 +5,10 @@
 // Context expansion: when p's rule returns mid-token, the rest of the token must fit what can
 // follow that rule somewhere in the grammar (its return sites: the position after every call of
 // the rule, through tail calls). A token whose rest fits none of them is rejected at build time,
-// so only tokens that may really continue past the rule (such as `",` after a string body) stay
-// uncertain and are walked against the real stack when a mask is filled.
+// and one whose rest fits every one of them (and the rule never ends the output) is accepted. Only
+// tokens that fit some return sites but not others (such as ` "` after whitespace, fine before a
+// key but not before a colon) stay uncertain and are walked against the real stack when a mask is
+// filled.
 #pragma once
 
 #include <cstdint>
@@ -35,14 +37,22 @@ class TokenCacheBuilder {
   std::unique_ptr<TokenCacheEntry> Build(uint32_t pos);
 
   // Positions where control resumes after `rule` returns, over every call of it (tail calls pass
-  // their caller's return sites on); the root's return ends the output, so it adds none.
-  std::vector<uint32_t> ReturnSites(uint32_t rule) const;
+  // their caller's return sites on). The root's return ends the output: it adds no site and sets
+  // *may_end.
+  std::vector<uint32_t> ReturnSites(uint32_t rule, bool* may_end) const;
 
  private:
   // The state of every return site of `rule`, each isolated (its own return is kDone).
   uint32_t FollowState(uint32_t rule);
   // tok[from..] may be the start of what follows the rule (or reaches past that too).
   bool RestMayFollow(uint32_t follow, const std::string& tok, size_t from);
+  // tok[from..] is consumed from the isolated state `site` whatever lies below it.
+  bool RestFits(uint32_t site, const std::string& tok, size_t from);
+  struct Sites {
+    std::vector<uint32_t> states;  // each return site's isolated state
+    bool may_end = false;
+  };
+  const Sites& SitesOf(uint32_t rule);
 
   const Grammar& g_;
   const Vocabulary& vocab_;
@@ -50,6 +60,7 @@ class TokenCacheBuilder {
   std::vector<std::vector<uint32_t>> call_sites_;    // per rule: q + 1 for each non-tail call at q
   std::vector<std::vector<uint32_t>> tail_callers_;  // per rule: rules that tail-call it
   std::vector<uint32_t> follow_state_;               // per rule; kUnset until first needed
+  std::vector<std::unique_ptr<Sites>> sites_;        // per rule; null until first needed
 };
 
 }  // namespace llm::grammar
