@@ -10,13 +10,29 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::Create(
   const auto& pos = g->grammar_->positions();
   g->precomputed_.resize(pos.size());
   if (g->vocab_->sorted().empty()) return g;  // raw bytes only: no masks
-  TokenCacheBuilder builder(*g->grammar_, *g->vocab_);
-  size_t done = 0;
-  for (uint32_t p = 0; p < pos.size() && done < kMaxPrecomputed; ++p) {
+  // Rules reachable from the root: a front end may define rules it never uses.
+  const Grammar& gr = *g->grammar_;
+  std::vector<char> used(gr.num_rules(), 0);
+  std::vector<uint32_t> todo{static_cast<uint32_t>(gr.root())};
+  used[gr.root()] = 1;
+  while (!todo.empty()) {
+    uint32_t r = todo.back();
+    todo.pop_back();
+    for (uint32_t start : gr.RuleStarts(r)) {
+      for (uint32_t p = start; pos[p].kind != Position::kEnd; ++p) {
+        if (pos[p].kind == Position::kRef && !used[pos[p].arg]) {
+          used[pos[p].arg] = 1;
+          todo.push_back(pos[p].arg);
+        }
+      }
+    }
+  }
+  TokenCacheBuilder builder(gr, *g->vocab_);
+  for (uint32_t p = 0; p < pos.size() && builder.tokens_walked() < kPrecomputeTokenBudget; ++p) {
     // Closure leaves stack tops only on positions that consume a byte.
     if (pos[p].kind != Position::kByte && pos[p].kind != Position::kByteStar) continue;
+    if (!used[gr.RuleOf(p)]) continue;
     g->precomputed_[p] = builder.Build(p);
-    ++done;
   }
   return g;
 }

@@ -22,9 +22,10 @@ class CompiledGrammar {
   // A null vocabulary is allowed: such a grammar only advances by raw bytes (AcceptString).
   static std::shared_ptr<const CompiledGrammar> Create(std::shared_ptr<const Grammar> grammar,
                                                        std::shared_ptr<const Vocabulary> vocab);
-  // Stack-top positions whose entries Create computes; a grammar with more computes the first
-  // this many (in position order) and the rest on first use.
-  static constexpr size_t kMaxPrecomputed = 4096;
+  // Create computes the entries of the stack-top positions of rules reachable from the root, in
+  // position order, until this many tokens were walked past their first byte (a bound on compile
+  // time for very large grammars); the rest are computed on first use.
+  static constexpr uint64_t kPrecomputeTokenBudget = 64'000'000;
 
   const Grammar& grammar() const { return *grammar_; }
   const Vocabulary& vocab() const { return *vocab_; }

@@ -35,7 +35,7 @@ void Matcher::FillNextTokenBitmask(uint32_t* mask) {
       continue;
     }
     const TokenCacheEntry& entry = grammar_->CacheFor(arena_.PosOf(top));
-    for (size_t w = 0; w < entry.accepted.size(); ++w) mask[w] |= entry.accepted[w];
+    entry.AddAccepted(mask);
     // Uncertain tokens need the real stack below this top.
     if (entry.uncertain.empty()) continue;
     uint32_t start = arena_.InternState(State{top});

@@ -114,6 +114,7 @@ std::unique_ptr<TokenCacheEntry> TokenCacheBuilder::Build(uint32_t pos) {
   WalkTokens(
       arena, vocab_, start, ids.data(), ids.size(), /*isolated=*/true,
       [&](int32_t id, TokenVerdict v) {
+        ++tokens_walked_;
         if (v == TokenVerdict::kAccepted) entry->accepted[id >> 5] |= 1u << (id & 31);
         if (v == TokenVerdict::kUncertain) uncertain.push_back(id);
       },
@@ -146,6 +147,16 @@ std::unique_ptr<TokenCacheEntry> TokenCacheBuilder::Build(uint32_t pos) {
     }
   }
   BuildSkipTables(vocab_, entry->uncertain, entry->skip);
+  size_t n = 0;
+  for (uint32_t w : entry->accepted) n += __builtin_popcount(w);
+  if (n < entry->accepted.size()) {
+    for (size_t w = 0; w < entry->accepted.size(); ++w) {
+      for (uint32_t bits = entry->accepted[w]; bits; bits &= bits - 1)
+        entry->accepted_ids.push_back(static_cast<int32_t>(w * 32 + __builtin_ctz(bits)));
+    }
+    entry->accepted.clear();
+    entry->accepted.shrink_to_fit();
+  }
   return entry;
 }
 

@@ -22,7 +22,15 @@
 namespace llm::grammar {
 
 struct TokenCacheEntry {
-  std::vector<uint32_t> accepted;  // bitmask over token ids
+  // The accepted tokens: a bitmask over token ids, or, when fewer tokens than the bitmask has
+  // words, their ids (most positions accept few tokens: one byte's continuations).
+  std::vector<uint32_t> accepted;
+  std::vector<int32_t> accepted_ids;
+  // ORs the accepted tokens into `mask`.
+  void AddAccepted(uint32_t* mask) const {
+    for (size_t w = 0; w < accepted.size(); ++w) mask[w] |= accepted[w];
+    for (int32_t id : accepted_ids) mask[id >> 5] |= 1u << (id & 31);
+  }
   std::vector<int32_t> uncertain;  // token ids in byte order
   // Skip tables of the uncertain list for its walks (token_walk.h).
   std::vector<uint32_t> skip[kSkipDepth];
@@ -35,6 +43,8 @@ class TokenCacheBuilder {
  public:
   TokenCacheBuilder(const Grammar& g, const Vocabulary& vocab);
   std::unique_ptr<TokenCacheEntry> Build(uint32_t pos);
+  // Tokens the walks of all Build calls so far reached past their first byte: the work done.
+  uint64_t tokens_walked() const { return tokens_walked_; }
 
   // Positions where control resumes after `rule` returns, over every call of it (tail calls pass
   // their caller's return sites on). The root's return ends the output: it adds no site and sets
@@ -56,6 +66,7 @@ class TokenCacheBuilder {
 
   const Grammar& g_;
   const Vocabulary& vocab_;
+  uint64_t tokens_walked_ = 0;
   std::unique_ptr<StackArena> arena_;
   std::vector<std::vector<uint32_t>> call_sites_;    // per rule: q + 1 for each non-tail call at q
   std::vector<std::vector<uint32_t>> tail_callers_;  // per rule: rules that tail-call it
