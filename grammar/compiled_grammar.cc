@@ -4,12 +4,18 @@ namespace llm::grammar {
 
 std::shared_ptr<const CompiledGrammar> CompiledGrammar::Create(
     std::shared_ptr<const Grammar> grammar, std::shared_ptr<const Vocabulary> vocab) {
+  return Create(std::move(grammar), std::move(vocab), kPrecomputeTokenBudget);
+}
+
+std::shared_ptr<const CompiledGrammar> CompiledGrammar::Create(
+    std::shared_ptr<const Grammar> grammar, std::shared_ptr<const Vocabulary> vocab,
+    uint64_t precompute_budget) {
   auto g = std::make_shared<CompiledGrammar>();
   g->grammar_ = std::move(grammar);
   g->vocab_ = vocab ? std::move(vocab) : Vocabulary::Create({}, {});
   const auto& pos = g->grammar_->positions();
   g->precomputed_.resize(pos.size());
-  if (g->vocab_->sorted().empty()) return g;  // raw bytes only: no masks
+  if (g->vocab_->sorted().empty() || precompute_budget == 0) return g;  // raw bytes only: no masks
   // Rules reachable from the root: a front end may define rules it never uses.
   const Grammar& gr = *g->grammar_;
   std::vector<char> used(gr.num_rules(), 0);
@@ -28,7 +34,7 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::Create(
     }
   }
   TokenCacheBuilder builder(gr, *g->vocab_);
-  for (uint32_t p = 0; p < pos.size() && builder.tokens_walked() < kPrecomputeTokenBudget; ++p) {
+  for (uint32_t p = 0; p < pos.size() && builder.tokens_walked() < precompute_budget; ++p) {
     // Closure leaves stack tops only on positions that consume a byte.
     if (pos[p].kind != Position::kByte && pos[p].kind != Position::kByteStar) continue;
     if (!used[gr.RuleOf(p)]) continue;

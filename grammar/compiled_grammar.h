@@ -22,6 +22,10 @@ class CompiledGrammar {
   // A null vocabulary is allowed: such a grammar only advances by raw bytes (AcceptString).
   static std::shared_ptr<const CompiledGrammar> Create(std::shared_ptr<const Grammar> grammar,
                                                        std::shared_ptr<const Vocabulary> vocab);
+  // precompute_budget: see kPrecomputeTokenBudget (0: every entry on first use).
+  static std::shared_ptr<const CompiledGrammar> Create(std::shared_ptr<const Grammar> grammar,
+                                                       std::shared_ptr<const Vocabulary> vocab,
+                                                       uint64_t precompute_budget);
   // Create computes the entries of the stack-top positions of rules reachable from the root, in
   // position order, until this many tokens were walked past their first byte (a bound on compile
   // time for very large grammars); the rest are computed on first use.
