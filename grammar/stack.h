@@ -22,6 +22,7 @@ class StackArena {
 
   uint32_t Node(uint32_t pos, uint32_t parent);
   uint32_t PosOf(uint32_t node) const { return nodes_[node].pos; }
+  uint32_t ParentOf(uint32_t node) const { return nodes_[node].parent; }
   size_t size() const { return nodes_.size(); }
 
   // The root rule's alternatives with nothing below them.

@@ -11,9 +11,12 @@ constexpr uint32_t kUnset = UINT32_MAX;
 // A shared arena keeps every state it met with 1 KiB of transitions each; past this many states a
 // builder starts a fresh one, which bounds its memory on large grammars.
 constexpr size_t kMaxArenaStates = 1 << 15;
-// Rules returning to more sites than this keep their tokens that fit some sites uncertain rather
-// than walking each token against every site.
-constexpr size_t kMaxSitesChecked = 16;
+// Rules returning to more sites than this keep their tokens that fit some sites uncertain without
+// per-site verdicts, rather than walking each token against every site.
+constexpr size_t kMaxSitesChecked = 256;
+// How many rule returns past the first a verdict follows through return sites before it leaves the
+// token to a walk against the real stack.
+constexpr int kSiteDepth = 2;
 }  // namespace
 
 TokenCacheBuilder::TokenCacheBuilder(const Grammar& g, const Vocabulary& vocab)
@@ -83,27 +86,59 @@ bool TokenCacheBuilder::RestMayFollow(uint32_t follow, const std::string& tok, s
 const TokenCacheBuilder::Sites& TokenCacheBuilder::SitesOf(uint32_t rule) {
   if (!sites_[rule]) {
     auto s = std::make_unique<Sites>();
-    std::vector<uint32_t> sites = ReturnSites(rule, &s->may_end);
-    if (sites.size() <= kMaxSitesChecked) {
-      for (uint32_t q : sites) s->states.push_back(arena_->InternState(arena_->Isolated(q)));
+    s->positions = ReturnSites(rule, &s->may_end);
+    if (s->positions.size() > kMaxSitesChecked) {
+      s->positions.clear();
+      s->over_limit = true;
     }
     sites_[rule] = std::move(s);
   }
   return *sites_[rule];
 }
 
-bool TokenCacheBuilder::RestFits(uint32_t site, const std::string& tok, size_t from) {
-  uint32_t s = site;
-  for (size_t d = from; d < tok.size() && s != StackArena::kDead; ++d)
+uint32_t TokenCacheBuilder::SiteState(uint32_t q) {
+  auto [it, inserted] = site_state_.try_emplace(q, 0);
+  if (inserted) it->second = arena_->InternState(arena_->Isolated(q));
+  return it->second;
+}
+
+uint8_t TokenCacheBuilder::RestAtSite(uint32_t q, const std::string& tok, size_t from, int depth) {
+  uint32_t s = SiteState(q);
+  uint8_t verdict = TokenCacheEntry::kReject;
+  for (size_t d = from; d < tok.size(); ++d) {
+    if (arena_->IsDone(s)) {
+      // The site's own rule returned before byte d: what follows is one of its return sites.
+      verdict = std::max(verdict, depth > 0 ? RestAtEverySite(g_.RuleOf(q), tok, d, depth - 1)
+                                            : uint8_t{TokenCacheEntry::kWalk});
+      if (verdict == TokenCacheEntry::kAccept) return verdict;
+    }
     s = arena_->Step(s, static_cast<uint8_t>(tok[d]));
-  return s != StackArena::kDead;
+    if (s == StackArena::kDead) return verdict;
+  }
+  return TokenCacheEntry::kAccept;
+}
+
+uint8_t TokenCacheBuilder::RestAtEverySite(uint32_t rule, const std::string& tok, size_t from,
+                                           int depth) {
+  const Sites& sites = SitesOf(rule);
+  if (sites.over_limit) return TokenCacheEntry::kWalk;
+  bool all_accept = !sites.may_end && !sites.positions.empty(), all_reject = true;
+  for (uint32_t q : sites.positions) {
+    uint8_t v = RestAtSite(q, tok, from, depth);
+    all_accept = all_accept && v == TokenCacheEntry::kAccept;
+    all_reject = all_reject && v == TokenCacheEntry::kReject;
+    if (!all_accept && !all_reject) return TokenCacheEntry::kWalk;
+  }
+  return all_accept   ? TokenCacheEntry::kAccept
+         : all_reject ? TokenCacheEntry::kReject
+                      : TokenCacheEntry::kWalk;
 }
 
 std::unique_ptr<TokenCacheEntry> TokenCacheBuilder::Build(uint32_t pos) {
   if (arena_->num_states() > kMaxArenaStates) {
     arena_ = std::make_unique<StackArena>(&g_);
     follow_state_.assign(g_.num_rules(), kUnset);
-    for (auto& s : sites_) s.reset();
+    site_state_.clear();
   }
   auto entry = std::make_unique<TokenCacheEntry>();
   entry->accepted.assign(vocab_.mask_words(), 0);
@@ -122,29 +157,48 @@ std::unique_ptr<TokenCacheEntry> TokenCacheBuilder::Build(uint32_t pos) {
   // Context expansion. An uncertain token's frame returned after some of its bytes (the path that
   // did not return died); the real stack resumes at one of the rule's return sites.
   const uint32_t rule = g_.RuleOf(pos);
-  std::vector<char> fits;
+  const Sites& sites = SitesOf(rule);
+  const size_t num_sites = sites.positions.size();
+  std::vector<uint8_t> row;
+  std::vector<uint8_t> rows;  // per uncertain token kept: its verdict at each site
   for (int32_t id : uncertain) {
     const std::string& tok = vocab_.token(id);
-    const Sites& sites = SitesOf(rule);
-    fits.assign(sites.states.size(), 0);
+    row.assign(num_sites, TokenCacheEntry::kReject);
     uint32_t s = start;
     bool may = false;
     for (size_t d = 0; d < tok.size() && s != StackArena::kDead; ++d) {
       if (arena.IsDone(s) && RestMayFollow(FollowState(rule), tok, d)) {
         may = true;
-        for (size_t i = 0; i < fits.size(); ++i)
-          if (!fits[i]) fits[i] = RestFits(sites.states[i], tok, d);
+        for (size_t i = 0; i < num_sites; ++i) {
+          if (row[i] != TokenCacheEntry::kAccept) {
+            uint8_t v = RestAtSite(sites.positions[i], tok, d, kSiteDepth);
+            if (v != TokenCacheEntry::kReject) row[i] = v;
+          }
+        }
       }
       s = arena.Step(s, static_cast<uint8_t>(tok[d]));
     }
     if (!may) continue;  // no site takes the rest: rejected whatever the stack
-    bool all = !sites.may_end && !fits.empty() &&
-               std::all_of(fits.begin(), fits.end(), [](char f) { return f != 0; });
-    if (all) {
+    auto all = [&](uint8_t v) {
+      return num_sites > 0 &&
+             std::all_of(row.begin(), row.end(), [v](uint8_t x) { return x == v; });
+    };
+    if (all(TokenCacheEntry::kReject)) continue;
+    if (!sites.may_end && all(TokenCacheEntry::kAccept)) {
       entry->accepted[id >> 5] |= 1u << (id & 31);
-    } else {
-      entry->uncertain.push_back(id);
+      continue;
     }
+    entry->uncertain.push_back(id);
+    rows.insert(rows.end(), row.begin(), row.end());
+  }
+  // Site-major, so a fill reads one site's verdicts in a row.
+  if (num_sites > 0 && !entry->uncertain.empty()) {
+    entry->sites = sites.positions;
+    const size_t n = entry->uncertain.size();
+    entry->site_verdicts.resize(num_sites * n);
+    for (size_t t = 0; t < n; ++t)
+      for (size_t i = 0; i < num_sites; ++i)
+        entry->site_verdicts[i * n + t] = rows[t * num_sites + i];
   }
   BuildSkipTables(vocab_, entry->uncertain, entry->skip);
   size_t n = 0;

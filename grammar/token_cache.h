@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "grammar/grammar.h"
@@ -32,6 +33,13 @@ struct TokenCacheEntry {
     for (int32_t id : accepted_ids) mask[id >> 5] |= 1u << (id & 31);
   }
   std::vector<int32_t> uncertain;  // token ids in byte order
+  // The rule's return sites (sorted positions) and, for each site, a verdict per uncertain token
+  // when the real stack resumes there: site_verdicts[site * uncertain.size() + i]. kWalk: the
+  // site's own rule returns within the token too, so the token is walked against the real stack.
+  // Empty when the rule has too many sites: every uncertain token is walked.
+  enum : uint8_t { kReject = 0, kAccept = 1, kWalk = 2 };
+  std::vector<uint32_t> sites;
+  std::vector<uint8_t> site_verdicts;
   // Skip tables of the uncertain list for its walks (token_walk.h).
   std::vector<uint32_t> skip[kSkipDepth];
 };
@@ -56,10 +64,15 @@ class TokenCacheBuilder {
   uint32_t FollowState(uint32_t rule);
   // tok[from..] may be the start of what follows the rule (or reaches past that too).
   bool RestMayFollow(uint32_t follow, const std::string& tok, size_t from);
-  // tok[from..] is consumed from the isolated state `site` whatever lies below it.
-  bool RestFits(uint32_t site, const std::string& tok, size_t from);
+  // tok[from..] once the real stack resumes at return site q: kAccept (consumed whatever lies
+  // below), kReject (it cannot be) or kWalk (it depends on what lies below). When q's rule
+  // returns within it, the verdict of every one of that rule's sites decides, `depth` more levels.
+  uint8_t RestAtSite(uint32_t q, const std::string& tok, size_t from, int depth);
+  uint8_t RestAtEverySite(uint32_t rule, const std::string& tok, size_t from, int depth);
+  uint32_t SiteState(uint32_t q);  // q isolated
   struct Sites {
-    std::vector<uint32_t> states;  // each return site's isolated state
+    std::vector<uint32_t> positions;  // ReturnSites; empty when over the limit
+    bool over_limit = false;
     bool may_end = false;
   };
   const Sites& SitesOf(uint32_t rule);
@@ -71,7 +84,8 @@ class TokenCacheBuilder {
   std::vector<std::vector<uint32_t>> call_sites_;    // per rule: q + 1 for each non-tail call at q
   std::vector<std::vector<uint32_t>> tail_callers_;  // per rule: rules that tail-call it
   std::vector<uint32_t> follow_state_;               // per rule; kUnset until first needed
-  std::vector<std::unique_ptr<Sites>> sites_;        // per rule; null until first needed
+  std::vector<std::unique_ptr<Sites>> sites_;
+  std::unordered_map<uint32_t, uint32_t> site_state_;  // per rule; null until first needed
 };
 
 }  // namespace llm::grammar
