@@ -120,6 +120,32 @@ str ::= "\"" [a-z]* "\"")"));
   CheckMaskMatchesAccept(m);
 }
 
+TEST_CASE("token cache: tokens that return past the site verdicts are walked on the real stack",
+          "[grammar][token_cache]") {
+  // From t's body, `a1` returns through u, v and w (each called non-tail) before "1" or "2"
+  // decides: deeper than the build-time site verdicts follow, so only the real stack can say.
+  auto g = Must(ParseGbnf(R"(root ::= "x" w "1" | "y" w "2"
+w ::= v [;]*
+v ::= u [:]*
+u ::= t [,]*
+t ::= [a-z]*)"));
+  auto vocab = Vocabulary::Create(
+      {"a1", "a2", "a", "1", "2", "x", "y", ";", ":", ",", "a,:;1", "a;2", "<eos>"}, {12});
+  auto cg = CompiledGrammar::Create(g, vocab);
+  for (const char* prefix : {"x", "y", "xb", "yb,", "xc:"}) {
+    INFO(prefix);
+    Matcher m(cg);
+    REQUIRE(m.AcceptString(prefix));
+    CheckMaskMatchesAccept(m);
+    std::vector<uint32_t> mask(vocab->mask_words());
+    m.FillNextTokenBitmask(mask.data());
+    if (std::string(prefix).find_first_of(",:") != std::string::npos) continue;
+    bool x = prefix[0] == 'x';
+    CHECK(Bit(mask, 0) == x);
+    CHECK(Bit(mask, 1) == !x);
+  }
+}
+
 TEST_CASE("token cache: masks equal brute force on real vocabularies",
           "[grammar][real][token_cache]") {
   struct Tok {
