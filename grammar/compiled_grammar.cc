@@ -1,5 +1,8 @@
 #include "grammar/compiled_grammar.h"
 
+#include <algorithm>
+#include <thread>
+
 namespace llm::grammar {
 
 std::shared_ptr<const CompiledGrammar> CompiledGrammar::Create(
@@ -33,13 +36,33 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::Create(
       }
     }
   }
-  TokenCacheBuilder builder(gr, *g->vocab_);
-  for (uint32_t p = 0; p < pos.size() && builder.tokens_walked() < precompute_budget; ++p) {
-    // Closure leaves stack tops only on positions that consume a byte.
-    if (pos[p].kind != Position::kByte && pos[p].kind != Position::kByteStar) continue;
-    if (!used[gr.RuleOf(p)]) continue;
-    g->precomputed_[p] = builder.Build(p);
+  // Closure leaves stack tops only on positions that consume a byte.
+  std::vector<uint32_t> tops;
+  for (uint32_t p = 0; p < pos.size(); ++p) {
+    if ((pos[p].kind == Position::kByte || pos[p].kind == Position::kByteStar) &&
+        used[gr.RuleOf(p)]) {
+      tops.push_back(p);
+    }
   }
+  // Entries are independent: a few threads, each with its own builder, share the positions and
+  // the budget. Neighbouring positions share automaton states, so each takes runs of them.
+  constexpr size_t kRun = 16;
+  const size_t threads =
+      std::clamp<size_t>(std::min<size_t>(std::thread::hardware_concurrency(), kMaxCompileThreads),
+                         1, (tops.size() + 4 * kRun - 1) / (4 * kRun));
+  auto work = [&](size_t t) {
+    TokenCacheBuilder builder(gr, *g->vocab_);
+    for (size_t i = t * kRun; i < tops.size(); i += threads * kRun) {
+      for (size_t j = i; j < std::min(tops.size(), i + kRun); ++j) {
+        if (builder.tokens_walked() >= precompute_budget / threads) return;
+        g->precomputed_[tops[j]] = builder.Build(tops[j]);
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (auto& th : pool) th.join();
   return g;
 }
 

@@ -26,10 +26,12 @@ class CompiledGrammar {
   static std::shared_ptr<const CompiledGrammar> Create(std::shared_ptr<const Grammar> grammar,
                                                        std::shared_ptr<const Vocabulary> vocab,
                                                        uint64_t precompute_budget);
-  // Create computes the entries of the stack-top positions of rules reachable from the root, in
-  // position order, until this many tokens were walked past their first byte (a bound on compile
+  // Create computes the entries of the stack-top positions of rules reachable from the root
+  // until this many tokens were walked past their first byte (a bound on compile
   // time for very large grammars); the rest are computed on first use.
-  static constexpr uint64_t kPrecomputeTokenBudget = 64'000'000;
+  static constexpr uint64_t kPrecomputeTokenBudget = 24'000'000;
+  // Threads Create uses for those entries (fewer on a machine with fewer cores).
+  static constexpr size_t kMaxCompileThreads = 4;
 
   const Grammar& grammar() const { return *grammar_; }
   const Vocabulary& vocab() const { return *vocab_; }
