@@ -64,8 +64,8 @@ void Matcher::FillNextTokenBitmask(uint32_t* mask) {
     uint32_t start = arena_.InternState(State{top});
     WalkTokens(
         arena_, vocab, start, walk, num_walk, /*isolated=*/false,
-        [&](int32_t id, TokenVerdict v) {
-          if (v == TokenVerdict::kAccepted) mask[id >> 5] |= 1u << (id & 31);
+        [&](size_t i, TokenVerdict v) {
+          if (v == TokenVerdict::kAccepted) mask[walk[i] >> 5] |= 1u << (walk[i] & 31);
         },
         skip);
   }

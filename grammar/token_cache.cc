@@ -72,7 +72,7 @@ uint32_t TokenCacheBuilder::FollowState(uint32_t rule) {
   return follow_state_[rule] = arena_->InternState(all);
 }
 
-bool TokenCacheBuilder::RestMayFollow(uint32_t follow, const std::string& tok, size_t from) {
+bool TokenCacheBuilder::RestMayFollow(uint32_t follow, std::string_view tok, size_t from) {
   uint32_t s = follow;
   for (size_t d = from; d < tok.size(); ++d) {
     // A return site's own rule returned: what comes next is beyond this view.
@@ -102,7 +102,7 @@ uint32_t TokenCacheBuilder::SiteState(uint32_t q) {
   return it->second;
 }
 
-uint8_t TokenCacheBuilder::RestAtSite(uint32_t q, const std::string& tok, size_t from, int depth) {
+uint8_t TokenCacheBuilder::RestAtSite(uint32_t q, std::string_view tok, size_t from, int depth) {
   uint32_t s = SiteState(q);
   uint8_t verdict = TokenCacheEntry::kReject;
   for (size_t d = from; d < tok.size(); ++d) {
@@ -118,7 +118,7 @@ uint8_t TokenCacheBuilder::RestAtSite(uint32_t q, const std::string& tok, size_t
   return TokenCacheEntry::kAccept;
 }
 
-uint8_t TokenCacheBuilder::RestAtEverySite(uint32_t rule, const std::string& tok, size_t from,
+uint8_t TokenCacheBuilder::RestAtEverySite(uint32_t rule, std::string_view tok, size_t from,
                                            int depth) {
   const Sites& sites = SitesOf(rule);
   if (sites.over_limit) return TokenCacheEntry::kWalk;
@@ -145,13 +145,13 @@ std::unique_ptr<TokenCacheEntry> TokenCacheBuilder::Build(uint32_t pos) {
   StackArena& arena = *arena_;
   const uint32_t start = arena.InternState(arena.Isolated(pos));
   const auto& ids = vocab_.sorted();
-  std::vector<int32_t> uncertain;
+  std::vector<uint32_t> uncertain;  // indices into ids
   WalkTokens(
       arena, vocab_, start, ids.data(), ids.size(), /*isolated=*/true,
-      [&](int32_t id, TokenVerdict v) {
+      [&](size_t i, TokenVerdict v) {
         ++tokens_walked_;
-        if (v == TokenVerdict::kAccepted) entry->accepted[id >> 5] |= 1u << (id & 31);
-        if (v == TokenVerdict::kUncertain) uncertain.push_back(id);
+        if (v == TokenVerdict::kAccepted) entry->accepted[ids[i] >> 5] |= 1u << (ids[i] & 31);
+        if (v == TokenVerdict::kUncertain) uncertain.push_back(static_cast<uint32_t>(i));
       },
       vocab_.sorted_skip());
   // Context expansion. An uncertain token's frame returned after some of its bytes (the path that
@@ -161,8 +161,9 @@ std::unique_ptr<TokenCacheEntry> TokenCacheBuilder::Build(uint32_t pos) {
   const size_t num_sites = sites.positions.size();
   std::vector<uint8_t> row;
   std::vector<uint8_t> rows;  // per uncertain token kept: its verdict at each site
-  for (int32_t id : uncertain) {
-    const std::string& tok = vocab_.token(id);
+  for (uint32_t index : uncertain) {
+    const int32_t id = ids[index];
+    const std::string_view tok = vocab_.sorted_token(index);
     row.assign(num_sites, TokenCacheEntry::kReject);
     uint32_t s = start;
     bool may = false;

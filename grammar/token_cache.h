@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -63,12 +64,12 @@ class TokenCacheBuilder {
   // The state of every return site of `rule`, each isolated (its own return is kDone).
   uint32_t FollowState(uint32_t rule);
   // tok[from..] may be the start of what follows the rule (or reaches past that too).
-  bool RestMayFollow(uint32_t follow, const std::string& tok, size_t from);
+  bool RestMayFollow(uint32_t follow, std::string_view tok, size_t from);
   // tok[from..] once the real stack resumes at return site q: kAccept (consumed whatever lies
   // below), kReject (it cannot be) or kWalk (it depends on what lies below). When q's rule
   // returns within it, the verdict of every one of that rule's sites decides, `depth` more levels.
-  uint8_t RestAtSite(uint32_t q, const std::string& tok, size_t from, int depth);
-  uint8_t RestAtEverySite(uint32_t rule, const std::string& tok, size_t from, int depth);
+  uint8_t RestAtSite(uint32_t q, std::string_view tok, size_t from, int depth);
+  uint8_t RestAtEverySite(uint32_t rule, std::string_view tok, size_t from, int depth);
   uint32_t SiteState(uint32_t q);  // q isolated
   struct Sites {
     std::vector<uint32_t> positions;  // ReturnSites; empty when over the limit

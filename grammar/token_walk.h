@@ -16,6 +16,7 @@ namespace llm::grammar {
 
 enum class TokenVerdict { kRejected, kAccepted, kUncertain };
 
+// on_verdict(i, verdict) is called for ids[i].
 // isolated: `start` came from StackArena::Isolated, and reaching kDone with bytes left makes the
 // token uncertain rather than rejected.
 //
@@ -52,7 +53,7 @@ void WalkTokens(StackArena& arena, const Vocabulary& vocab, uint32_t start, cons
     prev = tok;
     prev_i = i;
     if (dead_at != SIZE_MAX && lcp >= dead_at) {
-      on_verdict(ids[i], dead_verdict);
+      on_verdict(i, dead_verdict);
       continue;
     }
     dead_at = SIZE_MAX;
@@ -71,12 +72,12 @@ void WalkTokens(StackArena& arena, const Vocabulary& vocab, uint32_t start, cons
     if (dead_at != SIZE_MAX) {
       valid = dead_at;
       dead_verdict = returned[dead_at] ? TokenVerdict::kUncertain : TokenVerdict::kRejected;
-      on_verdict(ids[i], dead_verdict);
+      on_verdict(i, dead_verdict);
       if (skip && dead_at <= kSkipDepth && dead_verdict == TokenVerdict::kRejected)
         i = skip[dead_at - 1][i] - 1;
     } else {
       valid = tok.size();
-      on_verdict(ids[i], TokenVerdict::kAccepted);
+      on_verdict(i, TokenVerdict::kAccepted);
     }
   }
 }
