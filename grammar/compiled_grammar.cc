@@ -19,31 +19,41 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::Create(
   const auto& pos = g->grammar_->positions();
   g->precomputed_.resize(pos.size());
   if (g->vocab_->sorted().empty() || precompute_budget == 0) return g;  // raw bytes only: no masks
-  // Rules reachable from the root: a front end may define rules it never uses.
+  // Stack-top positions (those that consume a byte) in breadth-first order from the root's
+  // starts: only reachable ones (a front end may define rules it never uses), nearest first, so
+  // that a grammar past the budget has computed the ones a generation meets first.
   const Grammar& gr = *g->grammar_;
-  std::vector<char> used(gr.num_rules(), 0);
-  std::vector<uint32_t> todo{static_cast<uint32_t>(gr.root())};
-  used[gr.root()] = 1;
-  while (!todo.empty()) {
-    uint32_t r = todo.back();
-    todo.pop_back();
-    for (uint32_t start : gr.RuleStarts(r)) {
-      for (uint32_t p = start; pos[p].kind != Position::kEnd; ++p) {
-        if (pos[p].kind == Position::kRef && !used[pos[p].arg]) {
-          used[pos[p].arg] = 1;
-          todo.push_back(pos[p].arg);
-        }
-      }
+  std::vector<std::vector<uint32_t>> callers(gr.num_rules());  // positions that call each rule
+  for (uint32_t p = 0; p < pos.size(); ++p)
+    if (pos[p].kind == Position::kRef) callers[pos[p].arg].push_back(p);
+  std::vector<char> seen(pos.size(), 0);
+  std::vector<uint32_t> order;
+  auto visit = [&](uint32_t p) {
+    if (!seen[p]) {
+      seen[p] = 1;
+      order.push_back(p);
+    }
+  };
+  for (uint32_t start : gr.RuleStarts(gr.root())) visit(start);
+  for (size_t i = 0; i < order.size(); ++i) {
+    const uint32_t p = order[i];
+    switch (pos[p].kind) {
+      case Position::kByte:
+      case Position::kByteStar:
+        visit(p + 1);
+        break;
+      case Position::kRef:
+        for (uint32_t start : gr.RuleStarts(pos[p].arg)) visit(start);
+        visit(p + 1);
+        break;
+      case Position::kEnd:
+        for (uint32_t q : callers[gr.RuleOf(p)]) visit(q + 1);
+        break;
     }
   }
-  // Closure leaves stack tops only on positions that consume a byte.
   std::vector<uint32_t> tops;
-  for (uint32_t p = 0; p < pos.size(); ++p) {
-    if ((pos[p].kind == Position::kByte || pos[p].kind == Position::kByteStar) &&
-        used[gr.RuleOf(p)]) {
-      tops.push_back(p);
-    }
-  }
+  for (uint32_t p : order)
+    if (pos[p].kind == Position::kByte || pos[p].kind == Position::kByteStar) tops.push_back(p);
   // Entries are independent: a few threads, each with its own builder, share the positions and
   // the budget. Neighbouring positions share automaton states, so each takes runs of them.
   constexpr size_t kRun = 16;
