@@ -23,9 +23,24 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::Create(
   // starts: only reachable ones (a front end may define rules it never uses), nearest first, so
   // that a grammar past the budget has computed the ones a generation meets first.
   const Grammar& gr = *g->grammar_;
-  std::vector<std::vector<uint32_t>> callers(gr.num_rules());  // positions that call each rule
+  std::vector<char> used(gr.num_rules(), 0);  // rules reachable from the root
+  std::vector<uint32_t> todo{static_cast<uint32_t>(gr.root())};
+  used[gr.root()] = 1;
+  while (!todo.empty()) {
+    uint32_t r = todo.back();
+    todo.pop_back();
+    for (uint32_t start : gr.RuleStarts(r)) {
+      for (uint32_t p = start; pos[p].kind != Position::kEnd; ++p) {
+        if (pos[p].kind == Position::kRef && !used[pos[p].arg]) {
+          used[pos[p].arg] = 1;
+          todo.push_back(pos[p].arg);
+        }
+      }
+    }
+  }
+  std::vector<std::vector<uint32_t>> callers(gr.num_rules());  // reachable calls of each rule
   for (uint32_t p = 0; p < pos.size(); ++p)
-    if (pos[p].kind == Position::kRef) callers[pos[p].arg].push_back(p);
+    if (pos[p].kind == Position::kRef && used[gr.RuleOf(p)]) callers[pos[p].arg].push_back(p);
   std::vector<char> seen(pos.size(), 0);
   std::vector<uint32_t> order;
   auto visit = [&](uint32_t p) {
