@@ -146,6 +146,25 @@ t ::= [a-z]*)"));
   }
 }
 
+TEST_CASE("token cache: a rule that may end the output never accepts past its end for sure",
+          "[grammar][token_cache]") {
+  // item's only call site takes `]`, but after "a" item ends the output (a tail call from the
+  // root), where nothing may follow: `1]` depends on the stack.
+  auto g = Must(ParseGbnf(R"(root ::= "a" item | "[" item "]x"
+item ::= [0-9]*)"));
+  auto vocab = Vocabulary::Create({"1]", "1", "]", "x", "a", "[", "<eos>"}, {6});
+  auto cg = CompiledGrammar::Create(g, vocab);
+  for (const char* prefix : {"a", "[", "a1", "[1"}) {
+    INFO(prefix);
+    Matcher m(cg);
+    REQUIRE(m.AcceptString(prefix));
+    CheckMaskMatchesAccept(m);
+    std::vector<uint32_t> mask(vocab->mask_words());
+    m.FillNextTokenBitmask(mask.data());
+    CHECK(Bit(mask, 0) == (prefix[0] == '['));
+  }
+}
+
 TEST_CASE("token cache: masks equal brute force on real vocabularies",
           "[grammar][real][token_cache]") {
   struct Tok {
