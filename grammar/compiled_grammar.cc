@@ -1,6 +1,7 @@
 #include "grammar/compiled_grammar.h"
 
 #include <algorithm>
+#include <system_error>
 #include <thread>
 
 namespace llm::grammar {
@@ -85,7 +86,13 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::Create(
     }
   };
   std::vector<std::thread> pool;
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work, t);
+  for (size_t t = 1; t < threads; ++t) {
+    try {
+      pool.emplace_back(work, t);
+    } catch (const std::system_error&) {  // no thread to be had: this one does that share
+      work(t);
+    }
+  }
   work(0);
   for (auto& th : pool) th.join();
   return g;
