@@ -1,5 +1,6 @@
 #include "engine/grammar_cache.h"
 
+#include <exception>
 #include <nlohmann/json.hpp>
 
 #include "grammar/grammar.h"
@@ -69,34 +70,57 @@ size_t GrammarCache::size() const {
   return lru_.size();
 }
 
+size_t GrammarCache::compiles() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return compiles_;
+}
+
 StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> GrammarCache::Get(const Constraint& c) {
   const std::string key = KeyOf(c);
+  std::promise<Compiled> promise;
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = index_.find(key);
+  if (it != index_.end()) {
+    lru_.splice(lru_.begin(), lru_, it->second);
+    return it->second->second;
+  }
+  if (auto pending = compiling_.find(key); pending != compiling_.end()) {
+    std::shared_future<Compiled> compiled = pending->second;
+    lock.unlock();
+    return compiled.get();
+  }
+  compiling_.emplace(key, promise.get_future().share());
+  ++compiles_;
+  lock.unlock();
+  // Compiled outside the lock: one slow schema must not hold up other requests' lookups.
+  // Nothing may escape before the waiters are answered.
+  Compiled result = [&]() -> Compiled {
+    try {
+      auto g = Compile(c);
+      if (!g.ok()) {
+        return InvalidArgument(std::string(ConstraintKindName(c.kind)) +
+                               " constraint: " + g.error());
+      }
+      return std::shared_ptr<const grammar::CompiledGrammar>(
+          grammar::CompiledGrammar::Create(g.value(), vocab_));
+    } catch (const std::exception& e) {
+      return Internal(std::string(ConstraintKindName(c.kind)) + " constraint: " + e.what());
+    }
+  }();
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = index_.find(key);
-    if (it != index_.end()) {
-      lru_.splice(lru_.begin(), lru_, it->second);
-      return it->second->second;
+    std::lock_guard<std::mutex> relock(mu_);
+    compiling_.erase(key);
+    if (result.ok()) {  // errors are not kept: the next request compiles again
+      lru_.emplace_front(key, result.value());
+      index_[key] = lru_.begin();
+      if (lru_.size() > capacity_) {
+        index_.erase(lru_.back().first);
+        lru_.pop_back();
+      }
     }
   }
-  // Compiled outside the lock: one slow schema must not hold up other requests' lookups. Two
-  // threads compiling the same text at once both succeed; the first insert wins.
-  auto g = Compile(c);
-  if (!g.ok()) {
-    return InvalidArgument(std::string(ConstraintKindName(c.kind)) + " constraint: " + g.error());
-  }
-  std::shared_ptr<const grammar::CompiledGrammar> compiled =
-      grammar::CompiledGrammar::Create(g.value(), vocab_);
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = index_.find(key);
-  if (it != index_.end()) return it->second->second;
-  lru_.emplace_front(key, compiled);
-  index_[key] = lru_.begin();
-  if (lru_.size() > capacity_) {
-    index_.erase(lru_.back().first);
-    lru_.pop_back();
-  }
-  return compiled;
+  promise.set_value(result);
+  return result;
 }
 
 }  // namespace llm

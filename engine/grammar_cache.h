@@ -1,10 +1,13 @@
 // Compiled structured-output grammars, keyed by (constraint kind, text) and bound to the model's
 // vocabulary. Compiling a schema costs far more than a step, and clients repeat the same few
 // schemas, so the engine keeps the most recently used ones. Thread-safe: request handler threads
-// compile through it in EngineCore::Validate.
+// compile through it in EngineCore::Validate. A compile builds the grammar's token cache (hundreds
+// of milliseconds for a large schema), so requests that ask for a grammar being compiled wait for
+// that compile instead of repeating it.
 #pragma once
 
 #include <cstddef>
+#include <future>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -29,6 +32,8 @@ class GrammarCache {
 
   const grammar::Vocabulary& vocab() const { return *vocab_; }
   size_t size() const;
+  // Compiles run so far (cache misses that were not waiting on another request's compile).
+  size_t compiles() const;
 
  private:
   using Entry = std::pair<std::string, std::shared_ptr<const grammar::CompiledGrammar>>;
@@ -37,6 +42,9 @@ class GrammarCache {
   mutable std::mutex mu_;
   std::list<Entry> lru_;  // most recently used first
   std::unordered_map<std::string, std::list<Entry>::iterator> index_;
+  using Compiled = StatusOr<std::shared_ptr<const grammar::CompiledGrammar>>;
+  std::unordered_map<std::string, std::shared_future<Compiled>> compiling_;
+  size_t compiles_ = 0;
 };
 
 }  // namespace llm

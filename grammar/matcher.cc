@@ -35,16 +35,39 @@ void Matcher::FillNextTokenBitmask(uint32_t* mask) {
       continue;
     }
     const TokenCacheEntry& entry = grammar_->CacheFor(arena_.PosOf(top));
-    for (size_t w = 0; w < entry.accepted.size(); ++w) mask[w] |= entry.accepted[w];
-    // Uncertain tokens need the real stack below this top.
+    entry.AddAccepted(mask);
+    // Uncertain tokens need the real stack below this top: first the verdicts of the site where
+    // it resumes once the top's rule returns, then a walk of those that reach past that too.
     if (entry.uncertain.empty()) continue;
+    const size_t n = entry.uncertain.size();
+    const int32_t* walk = entry.uncertain.data();
+    size_t num_walk = n;
+    const std::vector<uint32_t>* skip = entry.skip;
+    const uint32_t parent = arena_.ParentOf(top);
+    if (!entry.sites.empty() && parent != StackArena::kDone) {
+      const uint32_t site = arena_.PosOf(parent) + 1;
+      auto it = std::lower_bound(entry.sites.begin(), entry.sites.end(), site);
+      if (it != entry.sites.end() && *it == site) {
+        const uint8_t* row = entry.site_verdicts.data() + (it - entry.sites.begin()) * n;
+        walk_.clear();
+        for (size_t i = 0; i < n; ++i) {
+          int32_t id = entry.uncertain[i];
+          if (row[i] == TokenCacheEntry::kAccept) mask[id >> 5] |= 1u << (id & 31);
+          if (row[i] == TokenCacheEntry::kWalk) walk_.push_back(id);
+        }
+        walk = walk_.data();
+        num_walk = walk_.size();
+        skip = nullptr;
+      }
+    }
+    if (num_walk == 0) continue;
     uint32_t start = arena_.InternState(State{top});
     WalkTokens(
-        arena_, vocab, start, entry.uncertain.data(), entry.uncertain.size(), /*isolated=*/false,
-        [&](int32_t id, TokenVerdict v) {
-          if (v == TokenVerdict::kAccepted) mask[id >> 5] |= 1u << (id & 31);
+        arena_, vocab, start, walk, num_walk, /*isolated=*/false,
+        [&](size_t i, TokenVerdict v) {
+          if (v == TokenVerdict::kAccepted) mask[walk[i] >> 5] |= 1u << (walk[i] & 31);
         },
-        entry.skip);
+        skip);
   }
   // Special tokens, in grammars that allow them: few, and most die on their first byte.
   if (grammar_->grammar().special_tokens()) {

@@ -50,6 +50,7 @@ class Matcher {
   // Masks of recently seen states: loops (string bodies, digits, whitespace) revisit the same
   // interned stacks, so their masks are copies. Bounded; cleared when full.
   std::unordered_map<uint32_t, std::vector<uint32_t>> memo_;
+  std::vector<int32_t> walk_;  // scratch: uncertain tokens a fill walks
   Stats stats_;
 };
 

@@ -6,8 +6,11 @@ namespace llm::grammar {
 
 namespace {
 constexpr uint64_t kEmpty = UINT64_MAX;  // no real key: kDone's position is never interned
+// The product's high half depends on every bit of the key (the position is its high half); folded
+// onto the low bits, which the mask keeps.
 inline size_t Slot(uint64_t key, size_t mask) {
-  return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> 20) & mask;
+  uint64_t h = key * 0x9E3779B97F4A7C15ull;
+  return static_cast<size_t>(h ^ (h >> 32)) & mask;
 }
 }  // namespace
 

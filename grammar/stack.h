@@ -22,6 +22,7 @@ class StackArena {
 
   uint32_t Node(uint32_t pos, uint32_t parent);
   uint32_t PosOf(uint32_t node) const { return nodes_[node].pos; }
+  uint32_t ParentOf(uint32_t node) const { return nodes_[node].parent; }
   size_t size() const { return nodes_.size(); }
 
   // The root rule's alternatives with nothing below them.
@@ -37,6 +38,7 @@ class StackArena {
   static constexpr uint32_t kDead = 0;
   uint32_t InternState(const State& s);
   const State& StateOf(uint32_t id) const { return states_[id]; }
+  size_t num_states() const { return states_.size(); }
   uint32_t Step(uint32_t id, uint8_t byte);
   // The root (or the isolated frame) has returned in this state.
   bool IsDone(uint32_t id) const { return done_[id]; }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "grammar/stack.h"
@@ -15,6 +16,7 @@ namespace llm::grammar {
 
 enum class TokenVerdict { kRejected, kAccepted, kUncertain };
 
+// on_verdict(i, verdict) is called for ids[i].
 // isolated: `start` came from StackArena::Isolated, and reaching kDone with bytes left makes the
 // token uncertain rather than rejected.
 //
@@ -25,22 +27,33 @@ template <typename OnVerdict>
 void WalkTokens(StackArena& arena, const Vocabulary& vocab, uint32_t start, const int32_t* ids,
                 size_t n, bool isolated, OnVerdict&& on_verdict,
                 const std::vector<uint32_t>* skip = nullptr) {
+  // The whole vocabulary in byte order reads its contiguous copy and shared-prefix lengths.
+  const bool whole = ids == vocab.sorted().data();
+  auto text = [&](size_t i) -> std::string_view {
+    return whole ? vocab.sorted_token(i) : std::string_view(vocab.token(ids[i]));
+  };
   std::vector<uint32_t> level(1, start);  // state id after each prefix length
   std::vector<char> returned(1, 0);       // a frame returned to kDone before this depth
   size_t valid = 0;                       // levels 0..valid hold the previous token's prefix
   size_t dead_at = SIZE_MAX;              // the previous token's prefix died at this depth
   TokenVerdict dead_verdict = TokenVerdict::kRejected;
-  const std::string* prev = nullptr;
+  std::string_view prev;
+  size_t prev_i = SIZE_MAX;
   for (size_t i = 0; i < n; ++i) {
-    const std::string& tok = vocab.token(ids[i]);
+    const std::string_view tok = text(i);
     size_t lcp = 0;
-    if (prev) {
-      size_t lim = std::min({prev->size(), tok.size(), valid});
-      while (lcp < lim && (*prev)[lcp] == tok[lcp]) ++lcp;
+    if (prev_i != SIZE_MAX) {
+      if (whole && prev_i + 1 == i) {
+        lcp = std::min<size_t>(vocab.sorted_lcp(i), valid);
+      } else {
+        size_t lim = std::min({prev.size(), tok.size(), valid});
+        while (lcp < lim && prev[lcp] == tok[lcp]) ++lcp;
+      }
     }
-    prev = &tok;
+    prev = tok;
+    prev_i = i;
     if (dead_at != SIZE_MAX && lcp >= dead_at) {
-      on_verdict(ids[i], dead_verdict);
+      on_verdict(i, dead_verdict);
       continue;
     }
     dead_at = SIZE_MAX;
@@ -59,12 +72,12 @@ void WalkTokens(StackArena& arena, const Vocabulary& vocab, uint32_t start, cons
     if (dead_at != SIZE_MAX) {
       valid = dead_at;
       dead_verdict = returned[dead_at] ? TokenVerdict::kUncertain : TokenVerdict::kRejected;
-      on_verdict(ids[i], dead_verdict);
+      on_verdict(i, dead_verdict);
       if (skip && dead_at <= kSkipDepth && dead_verdict == TokenVerdict::kRejected)
         i = skip[dead_at - 1][i] - 1;
     } else {
       valid = tok.size();
-      on_verdict(ids[i], TokenVerdict::kAccepted);
+      on_verdict(i, TokenVerdict::kAccepted);
     }
   }
 }

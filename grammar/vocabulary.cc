@@ -33,6 +33,18 @@ std::shared_ptr<const Vocabulary> Vocabulary::Create(std::vector<std::string> to
   std::sort(v->sorted_.begin(), v->sorted_.end(),
             [&](int32_t a, int32_t b) { return v->tokens_[a] < v->tokens_[b]; });
   BuildSkipTables(*v, v->sorted_, v->sorted_skip_);
+  v->sorted_offsets_.push_back(0);
+  for (size_t i = 0; i < v->sorted_.size(); ++i) {
+    const std::string& t = v->tokens_[v->sorted_[i]];
+    uint32_t lcp = 0;
+    if (i > 0) {
+      const std::string& prev = v->tokens_[v->sorted_[i - 1]];
+      while (lcp < prev.size() && lcp < t.size() && prev[lcp] == t[lcp]) ++lcp;
+    }
+    v->sorted_lcp_.push_back(lcp);
+    v->sorted_bytes_ += t;
+    v->sorted_offsets_.push_back(static_cast<uint32_t>(v->sorted_bytes_.size()));
+  }
   return v;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "grammar/result.h"
@@ -32,6 +33,13 @@ class Vocabulary {
   // Ids of ordinary tokens (non-empty, not special, not EOS) in byte order.
   const std::vector<int32_t>& sorted() const { return sorted_; }
   bool byte_level() const { return byte_level_; }
+  // sorted()'s tokens, their bytes contiguous in that order, and each one's shared prefix length
+  // with the token before it (0 for the first): a walk of the whole vocabulary reads them in
+  // sequence instead of chasing every token's string.
+  std::string_view sorted_token(size_t i) const {
+    return {sorted_bytes_.data() + sorted_offsets_[i], sorted_offsets_[i + 1] - sorted_offsets_[i]};
+  }
+  uint32_t sorted_lcp(size_t i) const { return sorted_lcp_[i]; }
   // Skip tables of sorted() (see BuildSkipTables).
   const std::vector<uint32_t>* sorted_skip() const { return sorted_skip_; }
   bool IsOrdinary(int32_t id) const { return ordinary_[id] == 1; }
@@ -46,6 +54,9 @@ class Vocabulary {
   std::vector<int32_t> special_ids_;
   std::vector<char> ordinary_;  // 1: ordinary, 2: special, 0: neither (EOS, empty)
   std::vector<uint32_t> sorted_skip_[3];
+  std::string sorted_bytes_;
+  std::vector<uint32_t> sorted_offsets_;
+  std::vector<uint32_t> sorted_lcp_;
   bool byte_level_ = false;
 };
 

@@ -5,16 +5,19 @@
 
 #include <cmath>
 #include <deque>
+#include <latch>
 #include <map>
 #include <memory>
 #include <optional>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "engine/engine_core.h"
+#include "engine/grammar_cache.h"
 #include "engine/sampling/sampler.h"
 #include "engine/sampling/token_mask.h"
 
@@ -366,6 +369,44 @@ TEST_CASE("a complete grammar ends the request even with ignore_eos and min_toke
   CHECK(sinks["c"]->text == "ok");
   CHECK(sinks["c"]->reason == FinishReason::kStop);
   CHECK(sinks["c"]->tokens.back() == 769);
+}
+
+TEST_CASE("requests that ask for a grammar being compiled wait for that compile", "[structured]") {
+  // A compile builds the grammar's token cache; eight requests for one new schema at once run it
+  // once and share its result, and a bad schema's error reaches every one of them.
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, static_cast<char>(b)));
+  for (const char* t : {"{\"", "\":", "\",", "name", "age", "12", "true", "  "})
+    tokens.push_back(t);
+  tokens.push_back("<eos>");
+  const int32_t eos = static_cast<int32_t>(tokens.size()) - 1;
+  GrammarCache cache(grammar::Vocabulary::Create(tokens, {eos}), 4);
+  for (const char* schema : {kSchema, R"({"type": "object", "patternProperties": {}})"}) {
+    INFO(schema);
+    const bool good = schema == kSchema;
+    const size_t before = cache.compiles();
+    std::latch start(8);
+    std::vector<std::shared_ptr<const grammar::CompiledGrammar>> got(8);
+    std::vector<bool> ok(8);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 8; ++i) {
+      threads.emplace_back([&, i] {
+        start.arrive_and_wait();
+        auto r = cache.Get(Constraint{Constraint::Kind::kJsonSchema, schema, {}});
+        ok[i] = r.ok();
+        if (r.ok()) got[i] = r.value();
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int i = 0; i < 8; ++i) {
+      CHECK(ok[i] == good);
+      CHECK(got[i] == got[0]);
+    }
+    // Racing threads may arrive after the compile ended: a good schema is then a cache hit, a bad
+    // one (errors are not kept) compiles again; either way not once per thread at once.
+    if (good) CHECK(cache.compiles() == before + 1);
+  }
+  CHECK(cache.size() == 1);
 }
 
 TEST_CASE("bad constraints are refused by name", "[structured]") {
