@@ -46,12 +46,14 @@ std::string StartupTable(const llm::ServerConfig& sc, const llm::EngineCore& cor
   if (mo.weight_dtype != "auto") weights += ", --weight-dtype " + mo.weight_dtype;
   if (mo.moe_weight_dtype != "auto") weights += ", --moe-weight-dtype " + mo.moe_weight_dtype;
   const llm::SpeculativeConfig& spec = sc.engine.speculative;
-  const std::string speculative = spec.method == "ngram"
-                                      ? "ngram, " + std::to_string(spec.num_speculative_tokens) +
-                                            " tokens, suffix " +
-                                            std::to_string(spec.ngram_prompt_lookup_min) + ".." +
-                                            std::to_string(spec.ngram_prompt_lookup_max)
-                                      : spec.method;
+  const std::string speculative =
+      spec.method == "ngram"
+          ? "ngram, " + std::to_string(spec.num_speculative_tokens) + " tokens, suffix " +
+                std::to_string(spec.ngram_prompt_lookup_min) + ".." +
+                std::to_string(spec.ngram_prompt_lookup_max)
+      : spec.method == "draft" ? "draft model " + spec.draft_model_dir + ", " +
+                                     std::to_string(spec.num_speculative_tokens) + " tokens"
+                               : spec.method;
   char buf[2048];
   std::snprintf(buf, sizeof(buf),
                 "\n  | model              | %s (%s)\n"
