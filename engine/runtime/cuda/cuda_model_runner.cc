@@ -10,6 +10,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "engine/loader/kv_cache_quant.h"
 #include "engine/runtime/cuda/cuda_logits_readback.h"
 #include "kernels/backend_registry.h"
 #include "kernels/cuda/common/cuda_check.h"
