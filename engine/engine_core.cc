@@ -66,7 +66,17 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& con
 
 StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& config,
                                                          std::unique_ptr<Model> model) {
+  return Create(config, std::move(model), nullptr);
+}
+
+StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& config,
+                                                         std::unique_ptr<Model> model,
+                                                         std::unique_ptr<Model> draft) {
   LLM_RETURN_IF_ERROR(CheckSpeculativeConfig(config.speculative));
+  if (draft && config.speculative.method != "draft") {
+    return InvalidArgument("a draft model is given but --speculative-method is " +
+                           config.speculative.method);
+  }
   std::unique_ptr<EngineCore> core(new EngineCore());
   core->config_ = config;
   const std::string tok_path = config.model.model_dir + "/tokenizer.json";
@@ -79,13 +89,14 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& con
   // both models' bytes per block (on a GPU, for both models' weights too), and the draft's cache
   // takes that count.
   const SpeculativeConfig& spec = config.speculative;
-  std::unique_ptr<Model> draft;
   std::unique_ptr<Tokenizer> draft_tokenizer;
   if (spec.method == "draft") {
     const std::string draft_tok = spec.draft_model_dir + "/tokenizer.json";
     if (std::filesystem::exists(draft_tok)) {
       LLM_ASSIGN_OR_RETURN(draft_tokenizer, Tokenizer::FromFile(draft_tok));
     }
+  }
+  if (spec.method == "draft" && !draft) {
     auto loaded = LoadModel(DraftModelLoadOptions(config.model, spec.draft_model_dir));
     if (!loaded.ok()) {
       return Status(loaded.status().code(),

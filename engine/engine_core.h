@@ -58,6 +58,11 @@ class EngineCore {
   // the tokenizer still comes from config.model.model_dir.
   static StatusOr<std::unique_ptr<EngineCore>> Create(const EngineConfig& config,
                                                       std::unique_ptr<Model> model);
+  // And, for --speculative-method draft, the draft model made by the caller (loaded with
+  // ModelLoadOptions::defer_kv_cache; null: loaded from the config's draft model directory).
+  static StatusOr<std::unique_ptr<EngineCore>> Create(const EngineConfig& config,
+                                                      std::unique_ptr<Model> model,
+                                                      std::unique_ptr<Model> draft);
   ~EngineCore();  // waits for a step still on the device
 
   // Checks a request against the model and limits; fills defaults (max_tokens). Thread-safe:

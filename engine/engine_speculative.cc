@@ -120,14 +120,34 @@ void EngineCore::RunDraftModel(const SchedulerOutput& sched, const StepStates& s
     proposing[i].job =
         work_state[i]->sampler->DeviceJob(seq.prompt_ids, seq.output_ids, &proposing[i].entries);
   }
-  const DraftModelProposer::Choose choose = [&](size_t i, int j, std::span<float> logits) {
+  // The entries of item i's j-th draft: the request's, with the earlier drafts generated.
+  auto entries_of = [&](size_t i, int j) {
     Proposing& p = proposing[i];
-    RequestState& rs = *work_state[i];
     std::vector<PenaltyEntry> entries = p.entries;
-    if (HasPenalties(rs.request.sampling)) {
+    if (HasPenalties(work_state[i]->request.sampling)) {
       for (int d = 0; d < j; ++d) CountGenerated(&entries, p.drafts[d]);
     }
-    const KeptDistribution dist = SamplingDistribution(logits, p.job, entries);
+    return entries;
+  };
+  // A greedy draft on a model that samples on the device is its argmax there: only the token
+  // crosses PCIe. A sampled one needs its distribution (q) on the host.
+  const DraftModelProposer::DeviceJob device_job = [&](size_t i, int j, SamplingJob* job,
+                                                       std::vector<PenaltyEntry>* penalties) {
+    if (!work_state[i]->request.sampling.greedy()) return false;
+    *job = proposing[i].job;
+    const std::vector<PenaltyEntry> entries = entries_of(i, j);
+    penalties->insert(penalties->end(), entries.begin(), entries.end());
+    return true;
+  };
+  const DraftModelProposer::Choose choose = [&](size_t i, int j, int32_t device_token,
+                                                std::span<float> logits) {
+    Proposing& p = proposing[i];
+    RequestState& rs = *work_state[i];
+    if (device_token >= 0) {
+      p.drafts.push_back(device_token);
+      return device_token;
+    }
+    const KeptDistribution dist = SamplingDistribution(logits, p.job, entries_of(i, j));
     int32_t token = dist.ids[0];  // temperature 0: the argmax alone
     if (!rs.request.sampling.greedy()) {
       TokenProbs q = ToTokenProbs(dist);
@@ -137,7 +157,7 @@ void EngineCore::RunDraftModel(const SchedulerOutput& sched, const StepStates& s
     p.drafts.push_back(token);
     return token;
   };
-  const Status st = draft_model_->Run(work, scheduler_->allocator(), choose);
+  const Status st = draft_model_->Run(work, scheduler_->allocator(), device_job, choose);
   if (!st.ok()) {
     // Nothing advanced: the scheduled drafts stay the placeholders, each a one-hot proposal that
     // the verification handles exactly; the draft model retries its catch-up next step.

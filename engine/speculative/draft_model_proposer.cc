@@ -106,16 +106,35 @@ ForwardBatch EmptyBatch() {
 }  // namespace
 
 Status DraftModelProposer::Run(std::span<const DraftWork> work, const BlockAllocator& allocator,
-                               const Choose& choose) {
+                               const DeviceJob& device_job, const Choose& choose) {
   if (work.empty()) return Status::Ok();
   const int vocab = draft_->config().vocab_size;
+  const bool on_device = draft_->samples_on_device();
   std::vector<std::vector<int32_t>> proposals(work.size());
-  auto pick = [&](const std::vector<size_t>& items) {
+  // The logit rows of `items` (one each, in order), with their device jobs.
+  auto add_jobs = [&](const std::vector<size_t>& items, ForwardBatch* b) {
+    if (!on_device) return;
+    b->penalty_indptr.push_back(0);
+    for (size_t i : items) {
+      SamplingJob job{};
+      const bool drawn = device_job(i, static_cast<int>(proposals[i].size()), &job, &b->penalties);
+      b->device_sampled.push_back(drawn ? 1 : 0);
+      b->sampling_jobs.push_back(drawn ? job : SamplingJob{});
+      b->penalty_indptr.push_back(static_cast<int32_t>(b->penalties.size()));
+    }
+  };
+  auto forward_and_pick = [&](const std::vector<size_t>& items, ForwardBatch* b) -> Status {
+    add_jobs(items, b);
+    b->attn.num_tokens = static_cast<int>(b->token_ids.size());
+    LLM_RETURN_IF_ERROR(draft_->ForwardSampled(*b, &logits_, &tokens_));
     for (size_t r = 0; r < items.size(); ++r) {
       const size_t i = items[r];
-      const std::span<float> row(logits_.data() + r * vocab, vocab);
-      proposals[i].push_back(choose(i, static_cast<int>(proposals[i].size()), row));
+      const int32_t drawn = r < tokens_.size() ? tokens_[r] : -1;
+      const std::span<float> row =
+          drawn >= 0 ? std::span<float>() : std::span<float>(logits_.data() + r * vocab, vocab);
+      proposals[i].push_back(choose(i, static_cast<int>(proposals[i].size()), drawn, row));
     }
+    return Status::Ok();
   };
 
   // The tokens each sequence's draft K/V lacks, in one prefill-like forward; the last row of a
@@ -138,9 +157,7 @@ Status DraftModelProposer::Run(std::span<const DraftWork> work, const BlockAlloc
       rows_of.push_back(i);
     }
   }
-  b.attn.num_tokens = static_cast<int>(b.token_ids.size());
-  LLM_RETURN_IF_ERROR(draft_->Forward(b, &logits_));
-  pick(rows_of);
+  LLM_RETURN_IF_ERROR(forward_and_pick(rows_of, &b));
 
   // The other drafts: one token per proposing sequence and forward, the previous draft at the
   // position after it (its K/V lands in a block Schedule reserved for the drafts).
@@ -157,9 +174,7 @@ Status DraftModelProposer::Run(std::span<const DraftWork> work, const BlockAlloc
       items.push_back(i);
     }
     if (items.empty()) break;
-    s.attn.num_tokens = static_cast<int>(s.token_ids.size());
-    LLM_RETURN_IF_ERROR(draft_->Forward(s, &logits_));
-    pick(items);
+    LLM_RETURN_IF_ERROR(forward_and_pick(items, &s));
   }
 
   for (size_t i = 0; i < work.size(); ++i) {

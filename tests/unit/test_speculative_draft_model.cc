@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "device_sampling_model.h"
 #include "engine/engine_core.h"
 #include "speculative_harness.h"
 #include "tiny_checkpoint.h"
@@ -264,6 +265,74 @@ TEST_CASE("sampled decoding with a draft model keeps the token distribution",
   const double h = 2.0 / (9.0 * df);
   const double critical = df * std::pow(1 - h + z * std::sqrt(h), 3);
   CHECK(chi2 < critical);
+}
+
+// Target and draft as models that sample on the device (as the CUDA runner does): greedy drafts
+// are drawn "on the device" from a job (only the token comes back), the target overlaps steps for
+// the requests that opted out, whose pending tokens the draft model must not read, and catches
+// up on their tokens never. With the target as its own draft every draft is accepted, and every
+// token is the one without speculation.
+TEST_CASE("a draft model beside device sampling and overlapped steps",
+          "[speculative][draft_model][engine]") {
+  test::TempDir dir("spec_draft_device");
+  test::TinyLlama("llama", 14).Write(dir.path());
+  const std::string d = dir.path().string();
+  auto make = [&](const std::string& method) {
+    EngineConfig cfg;
+    cfg.model.model_dir = d;
+    cfg.model.block_size = 4;
+    cfg.model.num_kv_blocks = 128;
+    cfg.scheduler.max_num_seqs = 8;
+    cfg.scheduler.max_batched_tokens = 32;
+    cfg.require_tokenizer = false;
+    cfg.speculative.method = method;
+    cfg.speculative.num_speculative_tokens = 3;
+    std::unique_ptr<Model> draft;
+    if (method == "draft") {
+      cfg.speculative.draft_model_dir = d;
+      auto loaded = LoadModel(DraftModelLoadOptions(cfg.model, d));
+      REQUIRE(loaded.ok());
+      draft = std::make_unique<test::DeviceSamplingModel>(std::move(loaded).value());
+    }
+    auto target = LoadModel(cfg.model);
+    REQUIRE(target.ok());
+    auto core = EngineCore::Create(
+        cfg, std::make_unique<test::DeviceSamplingModel>(std::move(target).value(), true),
+        std::move(draft));
+    INFO(core.status().ToString());
+    REQUIRE(core.ok());
+    return std::move(core.value());
+  };
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 8; ++i) {
+    GenerationRequest r;
+    r.request_id = "d" + std::to_string(i);
+    r.prompt_ids = {3, 9, 27, 17, 51, 25, 11};
+    r.prompt_ids.push_back(i + 2);
+    r.stopping.ignore_eos = true;
+    if (i % 2 == 0) {  // greedy, speculating, short
+      r.sampling.temperature = 0.0f;
+      r.stopping.max_tokens = 10 + i;
+      if (i == 2) r.sampling.repetition_penalty = 1.3f;  // drafts' penalties on the device
+    } else {  // seeded sampling, opted out, long: overlaps once the others are done
+      r.sampling.temperature = 0.9f;
+      r.sampling.seed = 50 + i;
+      r.speculative_decoding = false;
+      r.stopping.max_tokens = 40;
+    }
+    reqs.push_back(std::move(r));
+  }
+  auto plain_core = make("none");
+  const RunResult plain = Run(*plain_core, reqs);
+  auto spec_core = make("draft");
+  const RunResult spec = Run(*spec_core, reqs);
+  CHECK(spec.drafts > 0);
+  CHECK(spec.accepted == spec.draft_tokens);
+  CHECK(spec_core->num_overlapped_steps() > 0);
+  for (const auto& [id, sink] : plain.sinks) {
+    INFO(id);
+    CHECK(spec.sinks.at(id)->tokens == sink->tokens);
+  }
 }
 
 // The embedded tiny model (a real tokenizer.json, 770 ids) as the target; drafts written beside it.
