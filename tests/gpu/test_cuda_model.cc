@@ -196,6 +196,22 @@ TEST_CASE("GPU greedy decoding with a draft model gives the tokens without it",
       CheckSameUpToTies("draft-model speculative vs plain", plain.tokens, gaps, spec.tokens, 0.75);
     }
   }
+  // Sampled requests: their drafts are drawn on the host from the draft model's returned logits
+  // (kept as q), beside the device-drawn verification rows; with the target as its draft most
+  // are accepted, and every request gets its max_tokens.
+  SamplingParams sampling;
+  sampling.temperature = 0.8f;
+  sampling.top_k = 40;
+  sampling.seed = 5;
+  gpu_test::GenerateOptions o{.max_tokens = &max_tokens, .sampling = &sampling};
+  o.speculative_method = "draft";
+  o.speculative_model = dir;
+  const auto sampled = gpu_test::Generate(dir, prompts, o);
+  CHECK(sampled.accepted_drafts >= 0.5 * sampled.draft_tokens);
+  CHECK(sampled.draft_tokens > 0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    CHECK(sampled.tokens[i].size() == static_cast<size_t>(max_tokens[i]));
+  }
   fs::remove_all(dir);
   fs::remove_all(other);
 }
