@@ -89,12 +89,14 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& con
   // both models' bytes per block (on a GPU, for both models' weights too), and the draft's cache
   // takes that count.
   const SpeculativeConfig& spec = config.speculative;
-  std::unique_ptr<Tokenizer> draft_tokenizer;
   if (spec.method == "draft") {
+    std::unique_ptr<Tokenizer> draft_tokenizer;
     const std::string draft_tok = spec.draft_model_dir + "/tokenizer.json";
     if (std::filesystem::exists(draft_tok)) {
       LLM_ASSIGN_OR_RETURN(draft_tokenizer, Tokenizer::FromFile(draft_tok));
     }
+    LLM_RETURN_IF_ERROR(
+        CheckDraftTokenizer(core->tokenizer_.get(), draft_tokenizer.get(), spec.draft_model_dir));
   }
   if (spec.method == "draft" && !draft) {
     auto loaded = LoadModel(DraftModelLoadOptions(config.model, spec.draft_model_dir));
@@ -124,8 +126,7 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& con
   sc.sliding_window = AllLayersWindow(mc);
   const int num_blocks = core->model_->num_kv_blocks();
   if (draft) {
-    LLM_RETURN_IF_ERROR(CheckDraftModelFits(mc, draft->config(), core->tokenizer_.get(),
-                                            draft_tokenizer.get(), spec.draft_model_dir));
+    LLM_RETURN_IF_ERROR(CheckDraftVocabulary(mc, draft->config(), spec.draft_model_dir));
     const int draft_window = AllLayersWindow(draft->config());
     sc.sliding_window =
         sc.sliding_window > 0 && draft_window > 0 ? std::max(sc.sliding_window, draft_window) : 0;

@@ -20,15 +20,18 @@ ModelLoadOptions DraftModelLoadOptions(const ModelLoadOptions& target, const std
   return o;
 }
 
-Status CheckDraftModelFits(const ModelConfig& target, const ModelConfig& draft,
-                           const Tokenizer* target_tokenizer, const Tokenizer* draft_tokenizer,
+Status CheckDraftVocabulary(const ModelConfig& target, const ModelConfig& draft,
+                            const std::string& draft_dir) {
+  if (draft.vocab_size == target.vocab_size) return Status::Ok();
+  return InvalidArgument("the draft model " + draft_dir + " has vocab_size " +
+                         std::to_string(draft.vocab_size) + ", the target " +
+                         std::to_string(target.vocab_size) +
+                         "; a draft model must share the target's vocabulary");
+}
+
+Status CheckDraftTokenizer(const Tokenizer* target_tokenizer, const Tokenizer* draft_tokenizer,
                            const std::string& draft_dir) {
   const std::string which = "the draft model " + draft_dir;
-  if (draft.vocab_size != target.vocab_size) {
-    return InvalidArgument(which + " has vocab_size " + std::to_string(draft.vocab_size) +
-                           ", the target " + std::to_string(target.vocab_size) +
-                           "; a draft model must share the target's vocabulary");
-  }
   if ((target_tokenizer == nullptr) != (draft_tokenizer == nullptr)) {
     return InvalidArgument(which +
                            (draft_tokenizer ? " has a tokenizer.json and the target has none"

@@ -37,11 +37,14 @@ namespace llm {
 // target's block count).
 ModelLoadOptions DraftModelLoadOptions(const ModelLoadOptions& target, const std::string& dir);
 
-// InvalidArgument unless the draft model can propose for the target: the same vocab_size, and
-// the same tokenizer (both without tokenizer.json, or the same token string at every id).
-Status CheckDraftModelFits(const ModelConfig& target, const ModelConfig& draft,
-                           const Tokenizer* target_tokenizer, const Tokenizer* draft_tokenizer,
+// InvalidArgument unless the draft model's tokenizer is the target's: both without
+// tokenizer.json (null), or the same token string at every id. Checked before either model loads.
+Status CheckDraftTokenizer(const Tokenizer* target_tokenizer, const Tokenizer* draft_tokenizer,
                            const std::string& draft_dir);
+// InvalidArgument unless the draft model's vocab_size is the target's (its logit rows propose the
+// target's token ids).
+Status CheckDraftVocabulary(const ModelConfig& target, const ModelConfig& draft,
+                            const std::string& draft_dir);
 
 // One sequence's draft-model work in a step.
 struct DraftWork {
