@@ -73,6 +73,31 @@ void CheckSameTokens(const RunResult& plain, const RunResult& spec) {
   }
 }
 
+// The draft model's proposals past draft_kv_len count as its K/V where the target accepted them:
+// up to the first position whose token differs, never past the target's computed length.
+TEST_CASE("AdvanceDraftKv keeps the accepted proposals only", "[speculative][draft_model]") {
+  Sequence seq;
+  seq.prompt_ids = {1, 2, 3};
+  seq.output_ids = {4, 5, 6, 9};  // 5 and 6 were the accepted drafts, 9 the target's token
+  seq.num_computed_tokens = 6;
+  seq.draft_kv_len = 4;            // the draft model saw 1 2 3 4
+  seq.draft_kv_ahead = {5, 6, 7};  // and wrote its proposals 5 6 7 at positions 4 5 6
+  AdvanceDraftKv(&seq);
+  CHECK(seq.draft_kv_len == 6);  // 7 at position 6 was rejected (the token there is 9)
+  CHECK(seq.draft_kv_ahead.empty());
+
+  seq.draft_kv_len = 4;
+  seq.draft_kv_ahead = {5, 8, 6};  // the second proposal was rejected
+  AdvanceDraftKv(&seq);
+  CHECK(seq.draft_kv_len == 5);
+
+  seq.draft_kv_len = 4;
+  seq.num_computed_tokens = 5;  // position 5's block is not the target's yet
+  seq.draft_kv_ahead = {5, 6};
+  AdvanceDraftKv(&seq);
+  CHECK(seq.draft_kv_len == 5);
+}
+
 TEST_CASE("greedy decoding with a draft model gives exactly the tokens without it",
           "[speculative][draft_model][engine]") {
   test::TempDir drafts("spec_draft_models");
