@@ -130,15 +130,22 @@ void EngineCore::RunDraftModel(const SchedulerOutput& sched, const StepStates& s
     return entries;
   };
   // A greedy draft on a model that samples on the device is its argmax there: only the token
-  // crosses PCIe. A sampled one needs its distribution (q) on the host.
+  // crosses PCIe. A sampled one needs its distribution (q) on the host, a constrained one its
+  // grammar's mask.
   const DraftModelProposer::DeviceJob device_job = [&](size_t i, int j, SamplingJob* job,
                                                        std::vector<PenaltyEntry>* penalties) {
-    if (!work_state[i]->request.sampling.greedy()) return false;
+    if (!work_state[i]->request.sampling.greedy() || work_state[i]->matcher) return false;
     *job = proposing[i].job;
     const std::vector<PenaltyEntry> entries = entries_of(i, j);
     penalties->insert(penalties->end(), entries.begin(), entries.end());
     return true;
   };
+  // A grammar masks each draft's row with its state after the drafts before it, as the
+  // verification masks the target's rows: the matcher takes the drafts tentatively and gives
+  // them back once the drafting is done. Once it ends (or refuses a draft), later rows stay
+  // unmasked; the verification rejects what the grammar does not allow.
+  std::vector<int> tentative(work.size(), 0);
+  std::vector<uint8_t> in_grammar(work.size(), 1);
   const DraftModelProposer::Choose choose = [&](size_t i, int j, int32_t device_token,
                                                 std::span<float> logits) {
     Proposing& p = proposing[i];
@@ -146,6 +153,16 @@ void EngineCore::RunDraftModel(const SchedulerOutput& sched, const StepStates& s
     if (device_token >= 0) {
       p.drafts.push_back(device_token);
       return device_token;
+    }
+    if (rs.matcher) {
+      while (in_grammar[i] && tentative[i] < j) {
+        in_grammar[i] = rs.matcher->AcceptToken(p.drafts[tentative[i]]) ? 1 : 0;
+        tentative[i] += in_grammar[i];
+      }
+      if (in_grammar[i] && !rs.matcher->IsTerminated()) {
+        rs.matcher->FillNextTokenBitmask(rs.mask.data());
+        ApplyTokenMask(logits, rs.mask.data(), rs.matcher->compiled().vocab().size());
+      }
     }
     const KeptDistribution dist = SamplingDistribution(logits, p.job, entries_of(i, j));
     int32_t token = dist.ids[0];  // temperature 0: the argmax alone
@@ -158,6 +175,9 @@ void EngineCore::RunDraftModel(const SchedulerOutput& sched, const StepStates& s
     return token;
   };
   const Status st = draft_model_->Run(work, scheduler_->allocator(), device_job, choose);
+  for (size_t i = 0; i < work.size(); ++i) {
+    if (tentative[i] > 0) work_state[i]->matcher->Rollback(tentative[i]);
+  }
   if (!st.ok()) {
     // Nothing advanced: the scheduled drafts stay the placeholders, each a one-hot proposal that
     // the verification handles exactly; the draft model retries its catch-up next step.
