@@ -23,6 +23,15 @@ double Seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
+// The window when every layer of the model attends to a sliding window, else 0.
+int AllLayersWindow(const ModelConfig& mc) {
+  if (!mc.sliding_window.has_value()) return 0;
+  for (int l = 0; l < mc.num_layers; ++l) {
+    if (mc.WindowLeft(l) < 0) return 0;
+  }
+  return *mc.sliding_window;
+}
+
 std::string Outcome(const GenerationOutput& out) {
   if (!out.error.ok()) {
     std::string code = StatusCodeName(out.error.code());
@@ -57,7 +66,17 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& con
 
 StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& config,
                                                          std::unique_ptr<Model> model) {
+  return Create(config, std::move(model), nullptr);
+}
+
+StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& config,
+                                                         std::unique_ptr<Model> model,
+                                                         std::unique_ptr<Model> draft) {
   LLM_RETURN_IF_ERROR(CheckSpeculativeConfig(config.speculative));
+  if (draft && config.speculative.method != "draft") {
+    return InvalidArgument("a draft model is given but --speculative-method is " +
+                           config.speculative.method);
+  }
   std::unique_ptr<EngineCore> core(new EngineCore());
   core->config_ = config;
   const std::string tok_path = config.model.model_dir + "/tokenizer.json";
@@ -66,10 +85,33 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& con
   } else if (config.require_tokenizer && config.model.model_dir.rfind("synthetic", 0) != 0) {
     return NotFound("no tokenizer.json in " + config.model.model_dir);
   }
+  // A draft model loads first, without its KV cache: the target's block count then accounts for
+  // both models' bytes per block (on a GPU, for both models' weights too), and the draft's cache
+  // takes that count.
+  const SpeculativeConfig& spec = config.speculative;
+  if (spec.method == "draft") {
+    std::unique_ptr<Tokenizer> draft_tokenizer;
+    const std::string draft_tok = spec.draft_model_dir + "/tokenizer.json";
+    if (std::filesystem::exists(draft_tok)) {
+      LLM_ASSIGN_OR_RETURN(draft_tokenizer, Tokenizer::FromFile(draft_tok));
+    }
+    LLM_RETURN_IF_ERROR(
+        CheckDraftTokenizer(core->tokenizer_.get(), draft_tokenizer.get(), spec.draft_model_dir));
+  }
+  if (spec.method == "draft" && !draft) {
+    auto loaded = LoadModel(DraftModelLoadOptions(config.model, spec.draft_model_dir));
+    if (!loaded.ok()) {
+      return Status(loaded.status().code(),
+                    "draft model " + spec.draft_model_dir + ": " + loaded.status().message());
+    }
+    draft = std::move(loaded).value();
+  }
   if (model) {
     core->model_ = std::move(model);
   } else {
-    LLM_ASSIGN_OR_RETURN(core->model_, LoadModel(config.model));
+    ModelLoadOptions target = config.model;
+    if (draft) target.extra_kv_bytes_per_block = draft->kv_bytes_per_block();
+    LLM_ASSIGN_OR_RETURN(core->model_, LoadModel(target));
   }
   const ModelConfig& mc = core->model_->config();
   if (core->tokenizer_ && core->tokenizer_->vocab_size() > mc.vocab_size) {
@@ -79,11 +121,23 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& con
   }
   SchedulerConfig sc = config.scheduler;
   sc.block_size = config.model.block_size;
-  // Blocks that slid out of the window are freed only when no layer attends further back.
-  bool all_windowed = mc.sliding_window.has_value();
-  for (int l = 0; l < mc.num_layers && all_windowed; ++l) all_windowed = mc.WindowLeft(l) >= 0;
-  if (all_windowed) sc.sliding_window = *mc.sliding_window;
+  // Blocks that slid out of the window are freed only when no layer (of either model) attends
+  // further back.
+  sc.sliding_window = AllLayersWindow(mc);
   const int num_blocks = core->model_->num_kv_blocks();
+  if (draft) {
+    LLM_RETURN_IF_ERROR(CheckDraftVocabulary(mc, draft->config(), spec.draft_model_dir));
+    const int draft_window = AllLayersWindow(draft->config());
+    sc.sliding_window =
+        sc.sliding_window > 0 && draft_window > 0 ? std::max(sc.sliding_window, draft_window) : 0;
+    sc.draft_model_kv = true;
+    LLM_RETURN_IF_ERROR(draft->AllocateKvCache(num_blocks));
+    spdlog::info("draft model {}: {} layers, KV {} bytes per block beside the target's {}",
+                 spec.draft_model_dir, draft->config().num_layers, draft->kv_bytes_per_block(),
+                 core->model_->kv_bytes_per_block());
+    core->draft_model_ =
+        std::make_unique<DraftModelProposer>(std::move(draft), config.model.block_size);
+  }
   core->scheduler_ = std::make_unique<Scheduler>(sc, num_blocks);
 
   // A sequence must fit in the whole KV pool, or it could never be scheduled.
@@ -91,7 +145,6 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& con
   len = std::min(len, mc.max_position_embeddings);
   len = std::min(len, num_blocks * sc.block_size);
   core->max_model_len_ = len;
-  const SpeculativeConfig& spec = config.speculative;
   if (spec.method == "ngram") {
     LLM_ASSIGN_OR_RETURN(core->proposer_, NgramProposer::Create({spec.ngram_prompt_lookup_min,
                                                                  spec.ngram_prompt_lookup_max,
@@ -486,7 +539,7 @@ StepRecord EngineCore::Step() {
     metrics_->step_sample.Observe(record.sample_s);
     if (record.mask_s >= 0) metrics_->step_mask.Observe(record.mask_s);
   }
-  if (proposer_) metrics_->step_draft.Observe(record.draft_s);
+  if (proposer_ || draft_model_) metrics_->step_draft.Observe(record.draft_s);
   if (record.num_drafts > 0) {
     metrics_->step_verify.Observe(record.verify_s);
     metrics_->spec_drafts.Inc(record.num_drafts);
@@ -519,10 +572,12 @@ StepRecord EngineCore::StepInner() {
 
   const StepStates states = GatherStates(sched);
   NoteScheduled(sched, states, &record);
+  const double proposing_s = record.draft_s;
+  RunDraftModel(sched, states, &record);
   StepBatch in = BuildInputs(sched, states);
   const bool overlap = CanOverlap(in, states);
   const auto t2 = Clock::now();
-  record.prepare_s = Seconds(t2 - t1);
+  record.prepare_s = Seconds(t2 - t1) - (record.draft_s - proposing_s);  // the draft model apart
 
   // This step goes to the device first; the host then reads the previous step's tokens while
   // this one runs (overlap), or waits for this one too (a step that needs the host's sampling).

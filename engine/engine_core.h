@@ -18,7 +18,9 @@
 #include "engine/metrics.h"
 #include "engine/request.h"
 #include "engine/runtime/model.h"
+#include "engine/speculative/draft_model_proposer.h"
 #include "engine/speculative/ngram_proposer.h"
+#include "engine/speculative/rejection_sampler.h"
 #include "engine/step_batch.h"
 #include "engine/stop_matcher.h"
 #include "grammar/matcher.h"
@@ -56,6 +58,11 @@ class EngineCore {
   // the tokenizer still comes from config.model.model_dir.
   static StatusOr<std::unique_ptr<EngineCore>> Create(const EngineConfig& config,
                                                       std::unique_ptr<Model> model);
+  // And, for --speculative-method draft, the draft model made by the caller (loaded with
+  // ModelLoadOptions::defer_kv_cache; null: loaded from the config's draft model directory).
+  static StatusOr<std::unique_ptr<EngineCore>> Create(const EngineConfig& config,
+                                                      std::unique_ptr<Model> model,
+                                                      std::unique_ptr<Model> draft);
   ~EngineCore();  // waits for a step still on the device
 
   // Checks a request against the model and limits; fills defaults (max_tokens). Thread-safe:
@@ -90,6 +97,8 @@ class EngineCore {
 
   const ModelConfig& model_config() const { return model_->config(); }
   const Model& model() const { return *model_; }
+  // The draft model of --speculative-method draft, else null.
+  const Model* draft_model() const { return draft_model_ ? &draft_model_->model() : nullptr; }
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   const EngineConfig& config() const { return config_; }
   // Null when structured outputs are unavailable for this model.
@@ -127,6 +136,9 @@ class EngineCore {
     int choice = 0;
     std::unique_ptr<Sequence> held;
     std::chrono::steady_clock::time_point last_token_time;
+    // Draft-model speculation of a sampled request: the distribution each of this step's drafts
+    // was drawn from (the verification's q); empty for greedy and n-gram drafts (one-hot).
+    std::vector<TokenProbs> draft_q;
   };
 
   EngineCore() = default;
@@ -203,8 +215,14 @@ class EngineCore {
   // method is on and the request did not opt out. A grammar's mask is applied per draft position
   // (the matcher takes the drafts tentatively and rolls them back).
   bool Speculates(const RequestState& st) const;
-  // Before Schedule: the drafts of every decoding sequence that speculates (Sequence::draft_ids).
+  // Before Schedule: the drafts of every decoding sequence that speculates (Sequence::draft_ids):
+  // the n-gram proposer's, or, for the draft model, K placeholders that RunDraftModel fills once
+  // Schedule has reserved their blocks (and kept those that fit).
   void ProposeDrafts(StepRecord* record);
+  // After Schedule, before the target's inputs are built: the draft model's step
+  // (DraftModelProposer): it consumes the tokens it has not seen of every scheduled prompt chunk
+  // and speculating sequence and proposes the drafts Schedule kept.
+  void RunDraftModel(const SchedulerOutput& sched, const StepStates& states, StepRecord* record);
   // After a synchronous forward: verifies each drafted sequence's rows (in.drafted) on the host,
   // streams the accepted tokens and the target's next one through OnToken, one at a time (a
   // finish drops the rest), and tells the scheduler how many were accepted.
@@ -232,7 +250,8 @@ class EngineCore {
   std::function<void()> dequeue_observer_;
   std::shared_ptr<EngineMetrics> metrics_ = std::make_shared<EngineMetrics>();
   std::vector<float> logits_scratch_;
-  std::optional<NgramProposer> proposer_;  // set when EngineConfig::speculative is ngram
+  std::optional<NgramProposer> proposer_;            // set when EngineConfig::speculative is ngram
+  std::unique_ptr<DraftModelProposer> draft_model_;  // set when it is draft
   // SpeculativeConfig::disable_by_batch_size exceeded at the last step's start: nobody drafts.
   bool speculation_paused_ = false;
   std::optional<InFlight> inflight_;

@@ -1,12 +1,14 @@
-// EngineCore's speculative-decoding steps (issue 52): drafts before the schedule, verification
-// after the forward. The acceptance rule is engine/speculative/rejection_sampler.h; the scheduler
-// computes the drafts with the sequence's last token (ScheduledSeq::num_draft) and trims the
-// rejected positions' blocks (Scheduler::CommitDrafts).
+// EngineCore's speculative-decoding steps (issue 52): drafts before the schedule (the draft
+// model's right after it, once their blocks are reserved), verification after the forward. The
+// acceptance rule is engine/speculative/rejection_sampler.h; the scheduler computes the drafts with
+// the sequence's last token (ScheduledSeq::num_draft) and trims the rejected positions' blocks
+// (Scheduler::CommitDrafts).
 #include <chrono>
 #include <optional>
 
 #include <spdlog/spdlog.h>
 
+#include "base/check.h"
 #include "engine/engine_core.h"
 #include "engine/sampling/token_mask.h"
 #include "engine/speculative/rejection_sampler.h"
@@ -36,11 +38,12 @@ void CountGenerated(std::vector<PenaltyEntry>* entries, int32_t token) {
 }  // namespace
 
 bool EngineCore::Speculates(const RequestState& st) const {
-  return proposer_.has_value() && !speculation_paused_ && st.request.speculative_decoding;
+  return (proposer_.has_value() || draft_model_ != nullptr) && !speculation_paused_ &&
+         st.request.speculative_decoding;
 }
 
 void EngineCore::ProposeDrafts(StepRecord* record) {
-  if (!proposer_) return;
+  if (!proposer_ && !draft_model_) return;
   const auto t0 = std::chrono::steady_clock::now();
   const int limit = config_.speculative.disable_by_batch_size;
   const int load = scheduler_->num_running() + scheduler_->num_waiting();
@@ -55,15 +58,133 @@ void EngineCore::ProposeDrafts(StepRecord* record) {
     Sequence* seq = scheduler_->Find(st.seq_id);
     if (seq == nullptr) continue;
     seq->draft_ids.clear();
+    // The draft model's proposals the target accepted are K/V it already has.
+    if (draft_model_) AdvanceDraftKv(seq);
     if (!Speculates(st)) continue;
     // Only a decoding sequence whose tokens the host has all read drafts.
     if (seq->state != SequenceState::kRunning || seq->has_pending_token() ||
         seq->num_tokens() - seq->num_computed_tokens != 1) {
       continue;
     }
-    seq->draft_ids = proposer_->Propose(seq->AllTokens());
+    if (proposer_) {
+      seq->draft_ids = proposer_->Propose(seq->AllTokens());
+    } else if (seq->num_tokens() - seq->draft_kv_len <= scheduler_->config().max_batched_tokens) {
+      // Placeholders (any valid id) for Schedule to count: RunDraftModel writes the proposals
+      // once their blocks are reserved. A draft model far behind (speculation paused for long)
+      // catches up in budget-sized chunks first, proposing nothing meanwhile.
+      seq->draft_ids.assign(config_.speculative.num_speculative_tokens, 0);
+    }
   }
   record->draft_s = SecondsSince(t0);
+}
+
+void EngineCore::RunDraftModel(const SchedulerOutput& sched, const StepStates& states,
+                               StepRecord* record) {
+  if (!draft_model_) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int cap = scheduler_->config().max_batched_tokens;
+  std::vector<DraftWork> work;
+  std::vector<RequestState*> work_state;
+  for (size_t k = 0; k < sched.seqs.size(); ++k) {
+    const ScheduledSeq& s = sched.seqs[k];
+    Sequence* seq = s.seq;
+    RequestState& rs = *states[k];
+    const int computed = s.start + s.num_tokens - s.num_draft;  // the target's, after this step
+    const bool chunk = s.start < static_cast<int>(seq->prompt_ids.size()) || computed - s.start > 1;
+    // Prompt (and recomputed) chunks are mirrored for every request, so their blocks can enter
+    // the prefix cache with both models' K/V; a plain decode of a request that does not
+    // speculate (opted out, or speculation paused) is left for the draft model to catch up on
+    // when the request speculates again. A pending token (overlapped steps) is not known yet.
+    if (s.num_draft == 0 && !chunk && !Speculates(rs)) continue;
+    int end = std::min(computed, seq->num_tokens() - (seq->has_pending_token() ? 1 : 0));
+    if (s.num_draft == 0) end = std::min(end, seq->draft_kv_len + cap);
+    if (seq->draft_kv_len >= end) continue;
+    work.push_back({seq, end, s.num_draft});
+    work_state.push_back(&rs);
+  }
+  // Each proposing sequence's drafts are drawn from the draft model's distribution processed as
+  // the request's sampling processes the target's (bias, penalties with the earlier drafts
+  // counted, temperature, top-k/p, min-p): greedy takes its top token; sampled draws from the
+  // request's own stream and keeps the distribution as the verification's q.
+  struct Proposing {
+    SamplingJob job;
+    std::vector<PenaltyEntry> entries;
+    std::vector<int32_t> drafts;
+  };
+  std::vector<Proposing> proposing(work.size());
+  for (size_t i = 0; i < work.size(); ++i) {
+    work_state[i]->draft_q.clear();
+    if (work[i].num_propose == 0) continue;
+    const Sequence& seq = *work[i].seq;
+    // DeviceJob gives the job and its penalty entries (its draw, if any, goes unused).
+    proposing[i].job =
+        work_state[i]->sampler->DeviceJob(seq.prompt_ids, seq.output_ids, &proposing[i].entries);
+  }
+  // The entries of item i's j-th draft: the request's, with the earlier drafts generated.
+  auto entries_of = [&](size_t i, int j) {
+    Proposing& p = proposing[i];
+    std::vector<PenaltyEntry> entries = p.entries;
+    if (HasPenalties(work_state[i]->request.sampling)) {
+      for (int d = 0; d < j; ++d) CountGenerated(&entries, p.drafts[d]);
+    }
+    return entries;
+  };
+  // A greedy draft on a model that samples on the device is its argmax there: only the token
+  // crosses PCIe. A sampled one needs its distribution (q) on the host, a constrained one its
+  // grammar's mask.
+  const DraftModelProposer::DeviceJob device_job = [&](size_t i, int j, SamplingJob* job,
+                                                       std::vector<PenaltyEntry>* penalties) {
+    if (!work_state[i]->request.sampling.greedy() || work_state[i]->matcher) return false;
+    *job = proposing[i].job;
+    const std::vector<PenaltyEntry> entries = entries_of(i, j);
+    penalties->insert(penalties->end(), entries.begin(), entries.end());
+    return true;
+  };
+  // A grammar masks each draft's row with its state after the drafts before it, as the
+  // verification masks the target's rows: the matcher takes the drafts tentatively and gives
+  // them back once the drafting is done. Once it ends (or refuses a draft), later rows stay
+  // unmasked; the verification rejects what the grammar does not allow.
+  std::vector<int> tentative(work.size(), 0);
+  std::vector<uint8_t> in_grammar(work.size(), 1);
+  const DraftModelProposer::Choose choose = [&](size_t i, int j, int32_t device_token,
+                                                std::span<float> logits) {
+    Proposing& p = proposing[i];
+    RequestState& rs = *work_state[i];
+    if (device_token >= 0) {
+      p.drafts.push_back(device_token);
+      return device_token;
+    }
+    if (rs.matcher) {
+      while (in_grammar[i] && tentative[i] < j) {
+        in_grammar[i] = rs.matcher->AcceptToken(p.drafts[tentative[i]]) ? 1 : 0;
+        tentative[i] += in_grammar[i];
+      }
+      if (in_grammar[i] && !rs.matcher->IsTerminated()) {
+        rs.matcher->FillNextTokenBitmask(rs.mask.data());
+        ApplyTokenMask(logits, rs.mask.data(), rs.matcher->compiled().vocab().size());
+      }
+    }
+    const KeptDistribution dist = SamplingDistribution(logits, p.job, entries_of(i, j));
+    int32_t token = dist.ids[0];  // temperature 0: the argmax alone
+    if (!rs.request.sampling.greedy()) {
+      TokenProbs q = ToTokenProbs(dist);
+      token = SampleFrom(q, rs.sampler->NextUniform());
+      rs.draft_q.push_back(std::move(q));
+    }
+    p.drafts.push_back(token);
+    return token;
+  };
+  const Status st = draft_model_->Run(work, scheduler_->allocator(), device_job, choose);
+  for (size_t i = 0; i < work.size(); ++i) {
+    if (tentative[i] > 0) work_state[i]->matcher->Rollback(tentative[i]);
+  }
+  if (!st.ok()) {
+    // Nothing advanced: the scheduled drafts stay the placeholders, each a one-hot proposal that
+    // the verification handles exactly; the draft model retries its catch-up next step.
+    spdlog::error("draft model forward failed: {}", st.ToString());
+    for (RequestState* rs : work_state) rs->draft_q.clear();
+  }
+  record->draft_s += SecondsSince(t0);
 }
 
 void EngineCore::EmitDrafted(const StepBatch& in, const StepStates& states, StepRecord* record) {
@@ -116,11 +237,19 @@ void EngineCore::EmitDrafted(const StepBatch& in, const StepStates& states, Step
       }
       return *rows[j];
     };
+    // The draft model's sampled drafts come with the distribution each was drawn from; n-gram
+    // and greedy drafts are one-hot (an empty function).
+    std::function<TokenProbs(int)> draft_probs;
+    if (!rs.draft_q.empty()) {
+      LLM_CHECK_EQ(rs.draft_q.size(), draft.size());
+      draft_probs = [&](int j) { return rs.draft_q[j]; };
+    }
     const VerifyResult v = params.greedy()
                                ? VerifyGreedy(draft, [&](int j) { return target(j).ids[0]; })
                                : VerifySampled(
-                                     draft, [&](int j) { return ToTokenProbs(target(j)); }, nullptr,
-                                     [&] { return rs.sampler->NextUniform(); });
+                                     draft, [&](int j) { return ToTokenProbs(target(j)); },
+                                     draft_probs, [&] { return rs.sampler->NextUniform(); });
+    rs.draft_q.clear();
     if (rs.matcher) rs.matcher->Rollback(tentative);
     record->num_drafts++;
     record->num_draft_tokens += d.num_draft;

@@ -42,9 +42,10 @@ int Scheduler::DraftsToSchedule(Sequence* seq, int pending, int budget) const {
 
 void Scheduler::ReleaseOutOfWindow(Sequence* seq) {
   if (config_.sliding_window <= 0) return;
-  // The next query sits at position num_computed_tokens and sees [p - W + 1, p]; later ones
-  // see less of the past, so every block ending at or before p - W + 1 is dead for good.
-  const int first_needed = seq->num_computed_tokens - (config_.sliding_window - 1);
+  // The next query sits at position p = num_computed_tokens (a draft model's at draft_kv_len:
+  // the lower one counts) and sees [p - W + 1, p]; later ones see less of the past, so every
+  // block ending at or before p - W + 1 is dead for good.
+  const int first_needed = KvComplete(*seq) - (config_.sliding_window - 1);
   const int dead = std::min(std::max(first_needed, 0) / config_.block_size,
                             static_cast<int>(seq->block_table.size()));
   if (dead <= seq->num_released_blocks) return;
@@ -64,13 +65,21 @@ void Scheduler::MatchPrefix(Sequence* seq) {
   const int matched =
       prefix_cache_->Match(tokens, seq->num_tokens() - 1, &seq->block_table, &seq->block_keys);
   seq->num_computed_tokens = matched;
+  // Cached blocks hold the draft model's K/V too (PublishFullBlocks waits for both models).
+  seq->draft_kv_len = matched;
+  seq->draft_kv_ahead.clear();
   if (seq->num_preemptions == 0) seq->num_cached_tokens = matched;
+}
+
+int Scheduler::KvComplete(const Sequence& seq) const {
+  return config_.draft_model_kv ? std::min(seq.num_computed_tokens, seq.draft_kv_len)
+                                : seq.num_computed_tokens;
 }
 
 void Scheduler::PublishFullBlocks(Sequence* seq) {
   if (!prefix_cache_) return;
   const int bs = config_.block_size;
-  const int full = seq->num_computed_tokens / bs;
+  const int full = KvComplete(*seq) / bs;
   if (static_cast<int>(seq->block_keys.size()) >= full) return;
   const std::vector<int32_t> tokens = seq->AllTokens();
   while (static_cast<int>(seq->block_keys.size()) < full) {
@@ -117,6 +126,8 @@ void Scheduler::Preempt(Sequence* seq) {
   ReleaseBlocks(seq);
   seq->draft_ids.clear();
   seq->num_computed_tokens = 0;
+  seq->draft_kv_len = 0;
+  seq->draft_kv_ahead.clear();
   seq->num_preemptions++;
   num_preemptions_total_++;
   seq->state = SequenceState::kWaiting;
@@ -176,6 +187,7 @@ SchedulerOutput Scheduler::Schedule() {
     if (!Reserve(seq, seq->num_computed_tokens + n)) {
       ReleaseBlocks(seq);  // give back the prefix hits too; retried next step
       seq->num_computed_tokens = 0;
+      seq->draft_kv_len = 0;
       break;  // FCFS: no overtaking
     }
     waiting_.pop_front();

@@ -27,6 +27,10 @@ struct SchedulerConfig {
   // > 0 when every layer attends only to the last `sliding_window` positions (Mistral): blocks
   // wholly before the next query's window go back to the pool as a sequence advances.
   int sliding_window = 0;
+  // A draft model keeps its K/V in the same blocks (Sequence::draft_kv_len): a block enters the
+  // prefix cache, or slides out of the window, only once both models are past it, so a cached
+  // block holds both models' K/V and the draft model never loses a block it still needs.
+  bool draft_model_kv = false;
 };
 
 struct ScheduledSeq {
@@ -89,6 +93,8 @@ class Scheduler {
   // pending token) and its max_total_tokens; none unless it is decoding with nothing pending.
   int DraftsToSchedule(Sequence* seq, int pending, int budget) const;
   void PublishFullBlocks(Sequence* seq);
+  // Tokens whose K/V every model sharing the blocks has computed.
+  int KvComplete(const Sequence& seq) const;
   // Sliding window: returns the blocks that slid out of every future query's window.
   void ReleaseOutOfWindow(Sequence* seq);
 

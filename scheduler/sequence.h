@@ -23,6 +23,13 @@ struct Sequence {
   // Schedule. A decoding sequence computes its last token and these in one step (Schedule keeps
   // what fits, ScheduledSeq::num_draft); Scheduler::CommitDrafts ends their life.
   std::vector<int32_t> draft_ids;
+  // Draft-model speculation (SchedulerConfig::draft_model_kv): a second model keeps its own K/V
+  // in this sequence's blocks. Positions [0, draft_kv_len) of its cache hold this sequence's
+  // tokens; draft_kv_ahead are the proposals it also wrote at the positions right after them,
+  // valid where the sequence's tokens turn out to be the same (accepted drafts). The engine
+  // advances both; the scheduler resets them where blocks are freed or taken from the cache.
+  int draft_kv_len = 0;
+  std::vector<int32_t> draft_kv_ahead;
 
   SequenceState state = SequenceState::kWaiting;
   // Tokens whose K/V are in the cache. After a preemption it drops to 0 and prompt + output are

@@ -46,12 +46,24 @@ std::string StartupTable(const llm::ServerConfig& sc, const llm::EngineCore& cor
   if (mo.weight_dtype != "auto") weights += ", --weight-dtype " + mo.weight_dtype;
   if (mo.moe_weight_dtype != "auto") weights += ", --moe-weight-dtype " + mo.moe_weight_dtype;
   const llm::SpeculativeConfig& spec = sc.engine.speculative;
-  const std::string speculative = spec.method == "ngram"
-                                      ? "ngram, " + std::to_string(spec.num_speculative_tokens) +
-                                            " tokens, suffix " +
-                                            std::to_string(spec.ngram_prompt_lookup_min) + ".." +
-                                            std::to_string(spec.ngram_prompt_lookup_max)
-                                      : spec.method;
+  // The draft model's K/V shares the target's blocks: its own bytes beside the target's.
+  std::string draft;
+  if (const llm::Model* d = core.draft_model()) {
+    char b[256];
+    std::snprintf(b, sizeof(b), ", %d layers, its KV %.1f MiB (%s, %s) in the same blocks",
+                  d->config().num_layers,
+                  static_cast<double>(d->kv_bytes_per_block()) * core.num_blocks() / (1 << 20),
+                  d->kv_cache_dtype_name().c_str(), d->attention_backend_name().c_str());
+    draft = b;
+  }
+  const std::string speculative =
+      spec.method == "ngram"
+          ? "ngram, " + std::to_string(spec.num_speculative_tokens) + " tokens, suffix " +
+                std::to_string(spec.ngram_prompt_lookup_min) + ".." +
+                std::to_string(spec.ngram_prompt_lookup_max)
+      : spec.method == "draft" ? "draft model " + spec.draft_model_dir + ", " +
+                                     std::to_string(spec.num_speculative_tokens) + " tokens" + draft
+                               : spec.method;
   char buf[2048];
   std::snprintf(buf, sizeof(buf),
                 "\n  | model              | %s (%s)\n"

@@ -38,10 +38,15 @@ bool NgramSpeculation(const ServerConfig& c) {
   return c.engine.speculative.method == "ngram";
 }
 
+bool DraftModelSpeculation(const ServerConfig& c) {
+  return c.engine.speculative.method == "draft";
+}
+
 Status ImplementedSpeculativeMethod(const std::string& v) {
-  if (v == "draft" || v == "mtp") {
-    return InvalidArgument("--speculative-method " + v +
-                           " is not implemented yet; the methods that run are none and ngram");
+  if (v == "mtp") {
+    return InvalidArgument(
+        "--speculative-method mtp is not implemented yet; the methods that run are none, ngram "
+        "and draft");
   }
   return Status::Ok();
 }
@@ -155,12 +160,17 @@ std::vector<ServerOption> Declarations() {
       O::Choice("speculative_method", LLM_BIND(engine.speculative.method),
                 kSpeculativeMethodChoices, G::kScheduler,
                 "speculative decoding: ngram drafts tokens from the request's own prompt and "
-                "output (prompt lookup) and verifies them in one step; draft and mtp are not "
-                "implemented yet")
+                "output (prompt lookup), draft from a smaller model (--speculative-model); the "
+                "target verifies them in one step; mtp is not implemented yet")
           .Check(ImplementedSpeculativeMethod),
+      O::String("speculative_model", LLM_BIND(engine.speculative.draft_model_dir), G::kScheduler,
+                "draft model directory for --speculative-method draft: a smaller checkpoint "
+                "with the target's vocabulary and tokenizer, on the same device, its KV cache in "
+                "the target's blocks")
+          .Requires(DraftModelSpeculation, "--speculative-method draft"),
       O::Int("num_speculative_tokens", LLM_BIND(engine.speculative.num_speculative_tokens), 1,
              kMaxSpeculativeTokens, G::kScheduler, "draft tokens verified per sequence and step")
-          .Requires(Speculating, "--speculative-method ngram"),
+          .Requires(Speculating, "--speculative-method ngram or draft"),
       O::Int("ngram_prompt_lookup_min", LLM_BIND(engine.speculative.ngram_prompt_lookup_min), 1,
              1024, G::kScheduler, "n-gram drafting: the shortest context suffix that must recur")
           .Requires(NgramSpeculation, "--speculative-method ngram"),
@@ -171,7 +181,7 @@ std::vector<ServerOption> Declarations() {
              LLM_BIND(engine.speculative.disable_by_batch_size), 0, 1 << 20, G::kScheduler,
              "speculation pauses while more requests than this are running or waiting (their "
              "steps overlap again); 0: never")
-          .Requires(Speculating, "--speculative-method ngram"),
+          .Requires(Speculating, "--speculative-method ngram or draft"),
       O::Int("structured_output_threads", LLM_BIND(engine.structured_output_threads), 0, 256,
              G::kScheduler,
              "threads (the engine's included) filling a step's structured-output token masks; "

@@ -87,7 +87,14 @@ class Model {
     return Unimplemented("this model cannot overlap steps");
   }
   virtual std::string attention_backend_name() const = 0;
-  virtual int num_kv_blocks() const = 0;
+  virtual int num_kv_blocks() const = 0;  // 0 until a deferred cache is allocated
+  // A model loaded with ModelLoadOptions::defer_kv_cache has no KV cache until this call, which
+  // allocates `num_blocks` blocks (a draft model: the target's block count, so both caches are
+  // indexed by the same block ids). FailedPrecondition when the model has a cache already.
+  virtual Status AllocateKvCache(int num_blocks) {
+    (void)num_blocks;
+    return Unimplemented("this model cannot allocate its KV cache after loading");
+  }
   virtual size_t kv_bytes_per_block() const = 0;  // all layers, K and V
   // Element type (and 8-bit scaling) of the KV cache, for logs and GetModelInfo.
   virtual std::string kv_cache_dtype_name() const { return "float32"; }
@@ -107,6 +114,14 @@ struct ModelLoadOptions {
   int block_size = 64;
   int num_kv_blocks = 0;  // 0: derive from kv_cache_bytes
   size_t kv_cache_bytes = 256ull << 20;
+  // Bytes per block that another model keeps under the same block ids (a draft model's KV in
+  // the target's blocks): a block count derived from the memory budget divides it by
+  // kv_bytes_per_block() + this, so that both caches fit.
+  size_t extra_kv_bytes_per_block = 0;
+  // No KV cache at load: the caller allocates it with Model::AllocateKvCache once it knows the
+  // block count (a draft model, whose count is its target's). The CUDA runner refuses it with
+  // a static 8-bit cache (its scales are bound with the cache, from the weights).
+  bool defer_kv_cache = false;
   std::string attention_backend;  // forced backend name, empty for automatic
   // KV cache element type and scales (engine/loader/kv_cache_quant.h): "auto" (fp32 on CPU),
   // "int8", "fp8_e4m3" (static scales, per_head or per_channel), "fp8_e4m3_dynamic".

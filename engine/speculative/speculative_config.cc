@@ -3,11 +3,12 @@
 namespace llm {
 
 Status CheckSpeculativeConfig(const SpeculativeConfig& c) {
-  if (c.method == "draft" || c.method == "mtp") {
-    return InvalidArgument("--speculative-method " + c.method +
-                           " is not implemented yet; the methods that run are none and ngram");
+  if (c.method == "mtp") {
+    return InvalidArgument(
+        "--speculative-method mtp is not implemented yet; the methods that run are none, ngram "
+        "and draft");
   }
-  if (c.method != "none" && c.method != "ngram") {
+  if (c.method != "none" && c.method != "ngram" && c.method != "draft") {
     return InvalidArgument("--speculative-method must be one of none, ngram, draft, mtp, got '" +
                            c.method + "'");
   }
@@ -21,6 +22,16 @@ Status CheckSpeculativeConfig(const SpeculativeConfig& c) {
         "--ngram-prompt-lookup-min (" + std::to_string(c.ngram_prompt_lookup_min) +
         ") and --ngram-prompt-lookup-max (" + std::to_string(c.ngram_prompt_lookup_max) +
         ") must satisfy 1 <= min <= max");
+  }
+  if (c.method == "draft" && c.draft_model_dir.empty()) {
+    return InvalidArgument(
+        "--speculative-method draft needs the draft model's directory (--speculative-model DIR)");
+  }
+  if (c.method != "draft" && !c.draft_model_dir.empty()) {
+    return InvalidArgument(
+        "--speculative-model is read only by --speculative-method draft (the "
+        "method is " +
+        c.method + ")");
   }
   if (c.disable_by_batch_size < 0) {
     return InvalidArgument("--speculative-disable-by-batch-size must be >= 0 (0: never paused)");

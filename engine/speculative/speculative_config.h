@@ -9,8 +9,8 @@
 
 namespace llm {
 
-// The methods a user of vLLM or SGLang would name; only "none" and "ngram" run today, the others
-// are refused by name (CheckSpeculativeConfig) rather than accepted and ignored.
+// The methods a user of vLLM or SGLang would name; "mtp" does not run yet and is refused by name
+// (CheckSpeculativeConfig) rather than accepted and ignored.
 inline constexpr const char* kSpeculativeMethodChoices[] = {"none", "ngram", "draft", "mtp"};
 // K's range, the multi-token decode kernels' documented range (issue 52).
 inline constexpr int kMaxSpeculativeTokens = 4;
@@ -22,6 +22,9 @@ struct SpeculativeConfig {
   // prompt_lookup_min / prompt_lookup_max).
   int ngram_prompt_lookup_min = 1;
   int ngram_prompt_lookup_max = 4;
+  // draft: the draft model's Hugging Face directory (vLLM's --speculative-model): a smaller
+  // checkpoint with the target's vocabulary and tokenizer, of any architecture the loader runs.
+  std::string draft_model_dir;
   // Speculation pauses while more requests than this are running or waiting (vLLM's
   // disable_by_batch_size): a large batch already reads the weights for many tokens per step,
   // so verifying drafts costs more than it saves, and paused requests overlap steps again.
@@ -32,7 +35,8 @@ struct SpeculativeConfig {
 };
 
 // InvalidArgument naming the option: an unknown or not implemented method, K outside 1..4, n-gram
-// lengths outside 1 <= min <= max.
+// lengths outside 1 <= min <= max, a draft method without a draft model directory or a draft
+// model directory without the draft method.
 Status CheckSpeculativeConfig(const SpeculativeConfig& config);
 
 }  // namespace llm

@@ -48,6 +48,7 @@ struct GenerateOptions {
   std::string c8_prefill = "auto";          // ModelLoadOptions::c8_prefill
   std::string speculative_method = "none";  // EngineConfig::speculative
   int num_speculative_tokens = 3;
+  std::string speculative_model;                 // the draft model's directory (method "draft")
   int steps = 64;                                // max_tokens of every request, or
   const std::vector<int>* max_tokens = nullptr;  // one per prompt
   const SamplingParams* sampling = nullptr;      // null: greedy; else seed + prompt index
@@ -62,6 +63,7 @@ struct GenerateResult {
   int64_t graph_steps = 0;                   // forward passes replayed from CUDA graphs
   int64_t overlapped_steps = 0;              // steps queued before the previous one was read
   int64_t accepted_drafts = 0;               // speculative drafts accepted
+  int64_t draft_tokens = 0;                  // speculative drafts verified
 };
 
 struct CollectSink : ResultSink {
@@ -96,6 +98,7 @@ inline GenerateResult Generate(const std::string& dir,
   cfg.overlap_steps = o.overlap;
   cfg.speculative.method = o.speculative_method;
   cfg.speculative.num_speculative_tokens = o.num_speculative_tokens;
+  cfg.speculative.draft_model_dir = o.speculative_model;
   auto core = EngineCore::Create(cfg);
   INFO(core.status().ToString());
   REQUIRE(core.ok());
@@ -149,6 +152,7 @@ inline GenerateResult Generate(const std::string& dir,
   result.graph_steps = (*core)->model().graph_steps();
   result.overlapped_steps = (*core)->num_overlapped_steps();
   result.accepted_drafts = static_cast<int64_t>((*core)->metrics()->spec_accepted_tokens.value());
+  result.draft_tokens = static_cast<int64_t>((*core)->metrics()->spec_draft_tokens.value());
   for (auto& s : sinks) {
     REQUIRE(s->done);
     result.tokens.push_back(s->ids);

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
-"""Speculative decoding (n-gram) served end to end: greedy completions are the same with and
-without it (and with a request that opts out), the opt-out field is type-checked, the methods
-that do not run yet are refused at start-up, and tools/loadgen.py reports the acceptance read
-from /metrics. Fixtures and options: conftest.py.
+"""Speculative decoding (n-gram and draft model) served end to end: greedy completions are the
+same with and without it (and with a request that opts out), the model as its own draft has every
+draft accepted, the opt-out field is type-checked, the methods that do not run yet and incomplete
+options are refused at start-up, and tools/loadgen.py reports the acceptance read from /metrics.
+Fixtures and options: conftest.py.
 
     /usr/bin/python3 -m pytest -q tests/python/test_speculative_serve.py --server-bin \\
         build/cpu/server/llm-server --model build/cpu/models/tiny-llama \\
@@ -60,6 +61,23 @@ def test_greedy_output_is_unchanged(server):
     spec.wait_idle()
 
 
+def test_draft_model_greedy_output_is_unchanged(server, option):
+    # The served model as its own draft model: every greedy draft is the target's token.
+    flags = ["--speculative-method", "draft", "--speculative-model", option("model"),
+             "--num-speculative-tokens", "3"]
+    spec, plain = server(flags, name="draft"), server(name="plain")
+    for p in [[5, 6, 7, 8] * 6, list(range(100, 130))]:
+        want = completion(plain.http_base, p)
+        assert completion(spec.http_base, p) == want
+        assert completion(spec.http_base, p, speculative_decoding=False) == want
+    m = spec.metrics()
+    assert m["llm_spec_decode_num_drafts_total"] > 0
+    assert m["llm_spec_decode_num_accepted_tokens_total"] == \
+        m["llm_spec_decode_num_draft_tokens_total"]
+    assert m["llm_engine_step_draft_seconds_count"] > 0
+    spec.wait_idle()
+
+
 def test_grpc_opt_out(server, pb):
     s = server(SPEC_FLAGS)
     stub = s.stub()
@@ -95,7 +113,8 @@ def test_opt_out_field_is_type_checked(server):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--speculative-method", "draft"], "--speculative-method draft is not implemented yet"),
+    (["--speculative-method", "draft"], "needs the draft model's directory"),
+    (["--speculative-model", "/nonexistent"], "--speculative-method draft"),
     (["--speculative-method", "mtp"], "--speculative-method mtp is not implemented yet"),
     (["--speculative-method", "ngram", "--num-speculative-tokens", "5"],
      "--num-speculative-tokens"),

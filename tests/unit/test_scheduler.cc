@@ -885,3 +885,62 @@ TEST_CASE("Scheduler returns blocks that slid out of the window, and only those"
 
 }  // namespace
 }  // namespace llm
+
+namespace llm {
+namespace {
+
+// A draft model's K/V in the same blocks (SchedulerConfig::draft_model_kv): a full block enters
+// the prefix cache only once both models are past it; a prefix hit gives the draft model the
+// matched length, a preemption takes it back to 0.
+TEST_CASE("Scheduler caches a block only once the draft model is past it too",
+          "[scheduler][speculative]") {
+  SchedulerConfig cfg = Config(4, 4, 64);
+  cfg.enable_prefix_caching = true;
+  cfg.draft_model_kv = true;
+  Scheduler sched(cfg, 16);
+  auto a = MakeSeq(1, 9);
+  const std::vector<int32_t> prompt = a->prompt_ids;
+  sched.Add(std::move(a));
+  Sequence* s = sched.Find(1);
+  SchedulerOutput out = sched.Schedule();  // the whole prompt: blocks 0 and 1 full
+  REQUIRE(out.seqs.size() == 1);
+  s->draft_kv_len = 4;  // the draft model has only block 0
+  sched.OnStepDone(out);
+  CHECK(s->block_keys.size() == 1);
+  s->output_ids.push_back(7);
+
+  auto b = MakeSeq(2, 9);
+  b->prompt_ids = prompt;
+  sched.Add(std::move(b));
+  out = sched.Schedule();  // b matches block 0 only; s decodes
+  const ScheduledSeq* sb = FindIn(out, 2);
+  REQUIRE(sb != nullptr);
+  CHECK(sb->start == 4);
+  CHECK(sched.Find(2)->draft_kv_len == 4);  // the cached block holds the draft's K/V
+  s->draft_kv_len = 10;                     // the draft model caught up
+  sched.OnStepDone(out);
+  CHECK(s->block_keys.size() == 2);
+
+  for (int64_t id : {1, 2}) REQUIRE(sched.Remove(id) != nullptr);
+  CHECK(sched.allocator().num_free() == 16);
+
+  // Preempted: the draft model's K/V went with the blocks.
+  SchedulerConfig small = Config(4, 4, 64);
+  small.draft_model_kv = true;
+  Scheduler tight(small, 2);  // 8 token slots
+  tight.Add(MakeSeq(1, 4));
+  tight.Add(MakeSeq(2, 4));
+  Step(tight);  // both prefilled: one full block each
+  Sequence* victim = tight.Find(2);
+  victim->draft_kv_len = 4;
+  victim->draft_kv_ahead = {5, 6};
+  Step(tight);  // sequence 1 needs a second block for position 4: sequence 2 goes
+  REQUIRE(victim->state == SequenceState::kWaiting);
+  CHECK(victim->draft_kv_len == 0);
+  CHECK(victim->draft_kv_ahead.empty());
+  for (int64_t id : {1, 2}) REQUIRE(tight.Remove(id) != nullptr);
+  CHECK(tight.allocator().num_free() == 2);
+}
+
+}  // namespace
+}  // namespace llm

@@ -381,13 +381,21 @@ TEST_CASE("speculative decoding options", "[server_config][speculative]") {
   CHECK(on->engine.speculative.ngram_prompt_lookup_min == 2);
   CHECK(on->engine.speculative.ngram_prompt_lookup_max == 5);
   CHECK_FALSE(ServerConfig().engine.speculative.enabled());  // off unless named
+  auto draft = ParseServerConfig(
+      {"--model-dir", "/m", "--speculative-method", "draft", "--speculative-model", "/d"});
+  REQUIRE(draft.ok());
+  CHECK(draft->engine.speculative.method == "draft");
+  CHECK(draft->engine.speculative.draft_model_dir == "/d");
 
   struct Bad {
     std::vector<std::string> args;
     std::string message;
   };
   for (const Bad& b : std::vector<Bad>{
-           {{"--speculative-method", "draft"}, "--speculative-method draft is not implemented"},
+           {{"--speculative-method", "draft"}, "needs the draft model's directory"},
+           {{"--speculative-model", "/d"}, "--speculative-method draft"},
+           {{"--speculative-method", "ngram", "--speculative-model", "/d"},
+            "--speculative-method draft"},
            {{"--speculative-method", "mtp"}, "--speculative-method mtp is not implemented"},
            {{"--speculative-method", "eagle"}, "must be one of none, ngram, draft, mtp"},
            {{"--speculative-method", "ngram", "--num-speculative-tokens", "5"},

@@ -68,14 +68,24 @@ Status CpuModelRunner::Init(const WeightStore& w, const ModelLoadOptions& option
   for (float& x : final_norm_) x += settings_.norm_weight_offset;
   LLM_RETURN_IF_ERROR(arch_->LoadLayers(w));
 
-  const size_t per_block = kv_bytes_per_block();
   block_size_ = options.block_size;
-  num_blocks_ = options.num_kv_blocks > 0 ? options.num_kv_blocks
-                                          : static_cast<int>(options.kv_cache_bytes / per_block);
-  if (num_blocks_ < 1) {
+  if (options.defer_kv_cache) return Status::Ok();  // AllocateKvCache, with the caller's count
+  // The blocks hold this model's K/V and whatever another model keeps under the same ids.
+  const size_t per_block = kv_bytes_per_block() + options.extra_kv_bytes_per_block;
+  const int num_blocks = options.num_kv_blocks > 0
+                             ? options.num_kv_blocks
+                             : static_cast<int>(options.kv_cache_bytes / per_block);
+  if (num_blocks < 1) {
     return ResourceExhausted("KV cache budget of " + std::to_string(options.kv_cache_bytes) +
                              " bytes holds no block of " + std::to_string(per_block) + " bytes");
   }
+  return AllocateKvCache(num_blocks);
+}
+
+Status CpuModelRunner::AllocateKvCache(int num_blocks) {
+  if (num_blocks_ > 0) return FailedPrecondition("the KV cache is allocated already");
+  if (num_blocks < 1) return InvalidArgument("a KV cache needs at least one block");
+  num_blocks_ = num_blocks;
   LLM_RETURN_IF_ERROR(AllocateCache());
   if (const std::string s = arch_->CacheSummary(spec_); !s.empty()) spdlog::info("{}", s);
   return Status::Ok();

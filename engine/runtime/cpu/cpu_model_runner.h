@@ -98,6 +98,7 @@ class CpuModelRunner final : public Model {
   Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override;
   std::string attention_backend_name() const override { return attention_->name(); }
   int num_kv_blocks() const override { return num_blocks_; }
+  Status AllocateKvCache(int num_blocks) override;
   size_t kv_bytes_per_block() const override {
     return attention_->BlockBytes() * config().num_layers;
   }

@@ -10,6 +10,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "engine/loader/kv_cache_quant.h"
 #include "engine/runtime/cuda/cuda_logits_readback.h"
 #include "kernels/backend_registry.h"
 #include "kernels/cuda/common/cuda_check.h"
@@ -67,6 +68,7 @@ class CudaModelRunner final : public Model {
   std::string attention_backend_name() const override { return dec_->attention().name(); }
   std::string kv_cache_dtype_name() const override { return dec_->kv_cache_dtype_name(); }
   int num_kv_blocks() const override { return num_blocks_; }
+  Status AllocateKvCache(int num_blocks) override;
   int64_t graph_steps() const override { return graph_steps_; }
   size_t kv_bytes_per_block() const override {
     return dec_->attention().BlockBytes() * config().num_layers;
@@ -111,8 +113,16 @@ class CudaModelRunner final : public Model {
   // Queues the whole forward, sampling and readback of a batch; returns its readback slot. With
   // masks_deferred, only the forward: the sampling waits in deferred_ for SupplyMasks (-1).
   StatusOr<int> Enqueue(const ForwardBatch& batch);
+  // The KV pool of `num_blocks` blocks bound to the definition (ctx as at load), the load's
+  // summary line, and the warm-up graphs (which need the cache).
+  Status BuildKvPool(const CudaLoadContext& ctx, int num_blocks);
 
   std::unique_ptr<CudaDecoder> dec_;
+  // ModelLoadOptions::defer_kv_cache: the options and the load's description, kept for
+  // AllocateKvCache.
+  ModelLoadOptions deferred_options_;
+  std::string load_summary_;
+  KvCacheLayout kv_layout_;  // of the attention spec, for the pool
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   DeviceBuffer blas_workspace_;  // fixed, so cuBLAS needs no allocation inside a capture
@@ -189,6 +199,12 @@ Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& optio
   Bf16WeightLoader loader(options.dummy_weights ? nullptr : w, stream_);
   ctx.loader = &loader;
   LLM_ASSIGN_OR_RETURN(const AttentionSpec spec, dec_->AttentionNeeds(ctx));
+  if (options.defer_kv_cache && KvCacheType{spec.kv_dtype, spec.kv_quant}.is_static()) {
+    return InvalidArgument(
+        "a model whose KV cache is allocated later (a draft model) takes no static 8-bit KV "
+        "cache (its scales are bound with the cache); use kv_cache_dtype auto or "
+        "fp8_e4m3_dynamic");
+  }
   LLM_ASSIGN_OR_RETURN(AttentionBackends backends, SelectAttention(spec, options, stream_));
   const KvCacheLayout layout = KvCacheLayout::Of(spec);
   if (layout.block_bytes() != backends.decode->BlockBytes()) {
@@ -197,6 +213,7 @@ Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& optio
                     std::to_string(layout.block_bytes()) + " of the spec's KV cache layout");
   }
   LLM_RETURN_IF_ERROR(dec_->UseAttention(std::move(backends)));
+  kv_layout_ = layout;
   settings_ = dec_->settings();
 
   // Embedding, final norm and LM head stay bf16 whatever the projections' quantization.
@@ -215,26 +232,6 @@ Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& optio
   }
   LLM_RETURN_IF_ERROR(readback_.Reserve());  // fed-back tokens: a fixed address for the graphs
 
-  // KV pool: an explicit block count, or a fraction of the memory left after the weights.
-  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  const size_t per_block = kv_bytes_per_block();
-  if (options.num_kv_blocks > 0) {
-    num_blocks_ = options.num_kv_blocks;
-  } else {
-    size_t free_bytes = 0, total = 0;
-    GPU_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total));
-    const double budget = static_cast<double>(free_bytes) * options.gpu_memory_fraction;
-    num_blocks_ = static_cast<int>(budget / per_block);
-  }
-  if (num_blocks_ < 1) return ResourceExhausted("no GPU memory left for a single KV block");
-  std::vector<KvCacheLayer> views;
-  for (int l = 0; l < c.num_layers; ++l) {
-    kv_cache_.push_back(std::make_unique<DeviceBuffer>());
-    LLM_RETURN_IF_ERROR(kv_cache_.back()->Alloc(layout.block_bytes() * num_blocks_));
-    views.push_back(layout.Carve(kv_cache_.back()->ptr, num_blocks_));
-  }
-  LLM_RETURN_IF_ERROR(dec_->BindCache(ctx, views));
-
   const char* why_not = options.cuda_graph_max_batch <= 0 ? " (none: disabled)"
                         : !dec_->attention().supports_graphs()
                             ? " (none: the attention backend cannot be captured)"
@@ -243,14 +240,58 @@ Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& optio
   spdlog::info("cuda model: decode steps of up to {} sequences run in CUDA graphs{}",
                graph_max_batch_, why_not);
   const std::string extra = dec_->Summary();
-  spdlog::info("cuda model: {} {} layers{} on sm_{}, {} {} weights, KV {} x {} blocks ({:.1f} GiB)",
-               dec_->name(), c.num_layers, extra.empty() ? "" : " (" + extra + ")", ctx.device_arch,
-               loader.dummy() ? "DUMMY (random)" : "checkpoint",
-               ctx.fp8_checkpoint ? "fp8-e4m3 as stored (" + w->quantization().quant_method + ")"
-                                  : std::string(WeightQuantName(ctx.weight_quant)),
+  load_summary_ =
+      std::string(dec_->name()) + " " + std::to_string(c.num_layers) + " layers" +
+      (extra.empty() ? "" : " (" + extra + ")") + " on sm_" + std::to_string(ctx.device_arch) +
+      ", " + (loader.dummy() ? "DUMMY (random)" : "checkpoint") + " " +
+      (ctx.fp8_checkpoint ? "fp8-e4m3 as stored (" + w->quantization().quant_method + ")"
+                          : std::string(WeightQuantName(ctx.weight_quant))) +
+      " weights";
+  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  if (options.defer_kv_cache) {  // AllocateKvCache binds a cache without the weights
+    deferred_options_ = options;
+    return Status::Ok();
+  }
+  // KV pool: an explicit block count, or a fraction of the memory left after the weights (shared
+  // with whatever another model keeps under the same block ids).
+  int num_blocks = options.num_kv_blocks;
+  if (num_blocks <= 0) {
+    const size_t per_block = kv_bytes_per_block() + options.extra_kv_bytes_per_block;
+    size_t free_bytes = 0, total = 0;
+    GPU_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total));
+    const double budget = static_cast<double>(free_bytes) * options.gpu_memory_fraction;
+    num_blocks = static_cast<int>(budget / per_block);
+  }
+  if (num_blocks < 1) return ResourceExhausted("no GPU memory left for a single KV block");
+  return BuildKvPool(ctx, num_blocks);
+}
+
+Status CudaModelRunner::AllocateKvCache(int num_blocks) {
+  if (num_blocks_ > 0) return FailedPrecondition("the KV cache is allocated already");
+  if (num_blocks < 1) return InvalidArgument("a KV cache needs at least one block");
+  // The definition binds a non-static cache from the options alone (Init refused a static one).
+  CudaLoadContext ctx;
+  ctx.options = &deferred_options_;
+  ctx.ops = &ops_;
+  return BuildKvPool(ctx, num_blocks);
+}
+
+Status CudaModelRunner::BuildKvPool(const CudaLoadContext& ctx, int num_blocks) {
+  const KvCacheLayout& layout = kv_layout_;
+  num_blocks_ = num_blocks;
+  std::vector<KvCacheLayer> views;
+  for (int l = 0; l < config().num_layers; ++l) {
+    kv_cache_.push_back(std::make_unique<DeviceBuffer>());
+    LLM_RETURN_IF_ERROR(kv_cache_.back()->Alloc(layout.block_bytes() * num_blocks_));
+    views.push_back(layout.Carve(kv_cache_.back()->ptr, num_blocks_));
+  }
+  LLM_RETURN_IF_ERROR(dec_->BindCache(ctx, views));
+  spdlog::info("cuda model: {}, KV {} x {} blocks ({:.1f} GiB)", load_summary_,
                dec_->kv_cache_dtype_name(), num_blocks_,
-               static_cast<double>(per_block) * num_blocks_ / (1ull << 30));
-  if (graph_max_batch_ > 0 && options.cuda_graph_warmup) LLM_RETURN_IF_ERROR(CaptureAllGraphs());
+               static_cast<double>(kv_bytes_per_block()) * num_blocks_ / (1ull << 30));
+  if (graph_max_batch_ > 0 && ctx.options->cuda_graph_warmup) {
+    LLM_RETURN_IF_ERROR(CaptureAllGraphs());
+  }
   return Status::Ok();
 }
 
