@@ -41,7 +41,7 @@ std::vector<BackendInfo> KernelCatalog() {
                           .kind = AttentionKind::kMha,
                           .kv_dtypes = {DType::kI8, DType::kFp8E4M3},
                           .kv_quants = k8BitQuants,
-                          .features = kFeatureCausal | kFeatureSlidingWindow,
+                          .features = kFeatureCausal | kFeatureSlidingWindow | kFeatureSinks,
                           .priority = 0});
   c.push_back(BackendInfo{.name = "cpu_mla",
                           .device = DeviceKind::kCpu,

@@ -71,7 +71,9 @@ const Row kTable[] = {
     {kCpu, 0, kMha, DType::kF32, kNoQ, kWin | kFeatureSoftCap, 256, "cpu_reference", ""},
     {kCpu, 0, kMha, DType::kF32, kNoQ, kWin | kFeatureSinks, 64, "cpu_reference", ""},
     {kCpu, 0, kMha, DType::kI8, kHead, kCausal, 128, "cpu_c8", ""},
-    {kCpu, 0, kMha, DType::kI8, kHead, kWin | kFeatureSinks, 64, "", "sinks"},
+    {kCpu, 0, kMha, DType::kI8, kHead, kWin | kFeatureSinks, 64, "cpu_c8", ""},
+    {kCpu, 0, kMha, DType::kFp8E4M3, kTok, kCausal | kFeatureSinks, 64, "cpu_c8", ""},
+    {kCpu, 0, kMha, DType::kI8, kHead, kWin | kFeatureSoftCap, 256, "", "softcap"},
     {kCpu, 0, kMha, DType::kFp8E4M3, kTok, kWin, 128, "cpu_c8", ""},
     {kCpu, 0, kMla, DType::kF32, kNoQ, kCausal, 576, "cpu_mla", ""},
     {kCpu, 0, kMla, DType::kFp8E4M3, kNoQ, kCausal, 576, "cpu_mla", ""},
@@ -182,7 +184,8 @@ TEST_CASE("A family described but not compiled in is named as such", "[selection
   std::vector<BackendInfo> catalog = KernelCatalog();
   for (BackendInfo& b : catalog) b.archs.clear();  // any arch; factories stay unset
   const BackendRegistry reg(std::move(catalog));
-  const AttentionSpec spec = SpecOf(kTable[12]);  // CUDA bf16 + sliding window
+  AttentionSpec spec = SpecOf(kTable[FirstCudaRow()]);  // CUDA bf16 + sliding window
+  spec.features = kWin;
   auto created = reg.Create(spec, "", nullptr);
   REQUIRE_FALSE(created.ok());
   CHECK(created.status().message().find("cuda_fmha: not built into this binary "
