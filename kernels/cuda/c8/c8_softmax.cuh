@@ -37,6 +37,13 @@ __device__ __forceinline__ bool LazyMaxUpdate(const float (&mx)[N], float (&m_ru
   return true;
 }
 
+// Whether a query at position pos sees key j: j in [pos - window, pos] (TileArgs::window, INT_MAX
+// without a sliding window). One unsigned compare covers both ends: j > pos wraps pos - j to at
+// least 2^31, past any window.
+__device__ __forceinline__ bool KeyVisible(int pos, int j, int window) {
+  return static_cast<unsigned>(pos - j) <= static_cast<unsigned>(window);
+}
+
 // -m * scale_log2 for exp2(s * scale_log2 - m * scale_log2); a query with no visible key so far
 // keeps m = -inf and its probabilities must come out 0, not NaN.
 __device__ __forceinline__ float NegMaxLog2(float m_run, float scale_log2) {
