@@ -230,7 +230,7 @@ struct ColMath {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int j = col0 + g + 8 * (e >> 1);
-          if (j >= kv_end || !KeyVisible(row_pos[2 * nt + (e & 1)], j, window)) {
+          if (j >= kv_end || !C8KeyVisible(row_pos[2 * nt + (e & 1)], j, window)) {
             s[nt][e] = -INFINITY;
           }
         }

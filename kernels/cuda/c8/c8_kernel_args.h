@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/c8/c8_attention.h"
+#include "kernels/cuda/c8/c8_window.h"
 
 namespace llm::cuda::detail {
 
@@ -84,10 +85,10 @@ struct DequantArgs {
   int scale_mode;
 };
 
-constexpr int kNoWindow = 0x7fffffff;  // TileArgs::window without a sliding window
-constexpr int kPartialRows = 128;      // rows of the largest (prefill) tile
-constexpr int kDecodeRows = 16;        // decode tile: query tokens x GQA group <= 16
-constexpr int kMaxSplits = 64;         // KV chunks of one query tile (the fused merge's weights)
+constexpr int kNoWindow = kC8NoWindow;  // TileArgs::window without a sliding window
+constexpr int kPartialRows = 128;       // rows of the largest (prefill) tile
+constexpr int kDecodeRows = 16;         // decode tile: query tokens x GQA group <= 16
+constexpr int kMaxSplits = 64;          // KV chunks of one query tile (the fused merge's weights)
 // KV tokens per shared-memory stage of the tile kernel (32 KB of K and V either way); the planner
 // prices CTAs in these tiles.
 constexpr int kKvTile16 = 64;                         // bf16 cache

@@ -178,7 +178,7 @@ struct RowMath {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int j = col0 + n * 8 + 2 * t + (e & 1);
-          if (j >= kv_end || !KeyVisible(row_pos[e >> 1], j, window)) s[n][e] = -INFINITY;
+          if (j >= kv_end || !C8KeyVisible(row_pos[e >> 1], j, window)) s[n][e] = -INFINITY;
         }
       }
     }

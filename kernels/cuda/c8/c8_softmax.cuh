@@ -3,6 +3,7 @@
 
 #include <cfloat>
 
+#include "kernels/cuda/c8/c8_window.h"
 #include "kernels/cuda/common/ptx_ops.cuh"
 
 namespace llm::cuda::detail {
@@ -35,13 +36,6 @@ __device__ __forceinline__ bool LazyMaxUpdate(const float (&mx)[N], float (&m_ru
     l_run[i] *= alpha[i];
   }
   return true;
-}
-
-// Whether a query at position pos sees key j: j in [pos - window, pos] (TileArgs::window, INT_MAX
-// without a sliding window). One unsigned compare covers both ends: j > pos wraps pos - j to at
-// least 2^31, past any window.
-__device__ __forceinline__ bool KeyVisible(int pos, int j, int window) {
-  return static_cast<unsigned>(pos - j) <= static_cast<unsigned>(window);
 }
 
 // -m * scale_log2 for exp2(s * scale_log2 - m * scale_log2); a query with no visible key so far

@@ -227,17 +227,11 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32, ROW_WARPS == 1 && N
   // window the loop starts at the block holding the first query's window start (the planner's
   // chunks do not know the layer's window): the blocks before it may be freed (-1). A split
   // chunk wholly left of it is left empty (no tiles; its partial has lse -inf).
-  const int first_row_pos = item.q_pos0;
-  item.kv_start = min(max(item.kv_start, (first_row_pos - args.window) & ~bs_mask), item.kv_end);
-  // Tiles starting in [unmasked_lo, unmasked_lo + unmasked_span] need no mask: they end inside
-  // the chunk and at or left of the first row's diagonal, and start at or right of the last row's
-  // window start (the rightmost). One unsigned compare per tile; an empty range masks every tile.
-  int unmasked_lo = max(item.q_pos0 + item.q_len - 1 - args.window, 0);
-  int unmasked_span = min(item.kv_end, first_row_pos + 1) - kTile - unmasked_lo;
-  if (unmasked_span < 0) {
-    unmasked_lo = -1;  // tile_base >= 0 never equals it
-    unmasked_span = 0;
-  }
+  item.kv_start = C8WindowedKvStart(item.kv_start, item.kv_end, item.q_pos0, args.window, bs_mask);
+  // Tiles crossing the chunk end, the first query's diagonal or the last query's window start
+  // are masked per key (c8_window.h).
+  const C8UnmaskedTiles unmasked =
+      C8UnmaskedTileStarts(item.q_pos0, item.q_len, item.kv_end, args.window, kTile);
 
   const int num_tiles = (item.kv_end - item.kv_start + kTile - 1) / kTile;
   constexpr int kRowsPerThread = Cfg::kRowsPerThread;
@@ -323,8 +317,7 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32, ROW_WARPS == 1 && N
     const int tile_base = item.kv_start + tile * kTile;
     // Masking is only needed where the tile crosses the chunk end, the causal diagonal or a
     // window's left edge.
-    const bool need_mask =
-        static_cast<unsigned>(tile_base - unmasked_lo) > static_cast<unsigned>(unmasked_span);
+    const bool need_mask = C8TileNeedsMask(tile_base, unmasked);
 
     constexpr int kStepsPerWarp = kTile / 16 / TOK_WARPS;
     auto step = [&](auto mask_tag, int n0) {
