@@ -163,6 +163,13 @@ __device__ void MergeChunks(const TileArgs& args, const C8MergeItem& mi, int kvh
   }
 }
 
+// An unsplit tile's output row with a sink (natural-log logit): acc / (l + e^sink) =
+// (acc / l) / (1 + 2^(sink log2 - lse)), lse the row's log2 sum over its keys. A split tile's merge
+// adds the sink instead (MergeChunks).
+__device__ __forceinline__ float SinkFactor(float sink, float lse) {
+  return 1.f / (1.f + ptx::Exp2Ftz(sink * kLog2e - lse));
+}
+
 // int8 K keeps its +1152 offset in the scores unless per-token scales multiply them
 // (Bytes2ToF16x2): a row's raw scores are q.k + 1152 sum(q), with q as the MMA saw it (fp16, the
 // per-channel K scale folded in). The softmax ignores that constant but a sink logit, compared
@@ -351,9 +358,9 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32, ROW_WARPS == 1 && N
   auto emit4 = [&](int r, int d0, float4 v, float lse) {
     const int tok = r / group, head = kvh * group + r % group;
     float o[4] = {v.x, v.y, v.z, v.w};
-    if (args.sink_logits != nullptr && item.partial < 0) {
-      // acc / (l + e^sink) = (acc / l) / (1 + 2^(sink_log2 - lse)); a split tile's merge adds it.
-      const float f = 1.f / (1.f + ptx::Exp2Ftz(args.sink_logits[head] * kLog2e - lse));
+    // The decode layout folds the sink into its warp-merge factors instead (fewer registers).
+    if (TOK_WARPS == 1 && args.sink_logits != nullptr && item.partial < 0) {
+      const float f = SinkFactor(args.sink_logits[head], lse);
 #pragma unroll
       for (int i = 0; i < 4; ++i) o[i] *= f;
     }
@@ -430,15 +437,18 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32, ROW_WARPS == 1 && N
         f[w] = ptx::Exp2Ftz(ms[w * 16 + r] - m_use);
         l += ls[w * 16 + r] * f[w];
       }
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-#pragma unroll
-      for (int w = 0; w < Cfg::kWarps; ++w) fs[w * 16 + r] = f[w] * inv;
+      float inv = l > 0.f ? 1.f / l : 0.f;
       float lse = l > 0.f ? m_use + __log2f(l) : -INFINITY;
       if constexpr (kOffsetScores) {
         if (args.sink_logits != nullptr) {
           lse -= Int8ScoreOffsetLog2<D>(args, item, kvh, group, r, scale_log2);
         }
       }
+      if (args.sink_logits != nullptr && item.partial < 0) {
+        inv *= SinkFactor(args.sink_logits[kvh * group + r % group], lse);
+      }
+#pragma unroll
+      for (int w = 0; w < Cfg::kWarps; ++w) fs[w * 16 + r] = f[w] * inv;
       ms[r] = lse;  // row lse; warp 0's m is consumed
     }
     __syncthreads();
