@@ -227,6 +227,17 @@ TEST_CASE("GPU C8 and FMHA backends serve sliding windows and plain GQA like the
   const auto cpu8 = Generate(mistral, "cpu", kv, Prompts(), {.gaps = &gaps8});
   CheckSameUpToTies("mistral window 8, fp8 cache", cpu8, gaps8,
                     Generate(mistral, "cuda", kv, Prompts()), 0.0);
+  // n-gram speculation on the fp8 cache: verify steps attend several query rows per sequence
+  // under the window, and rejected drafts' blocks are trimmed beside the freed ones.
+  Gaps plain_gaps;
+  const auto plain8 = gpu_test::Generate(mistral, Prompts(), {.kv_dtype = kv, .gaps = &plain_gaps});
+  gpu_test::GenerateOptions so{.kv_dtype = kv};
+  so.speculative_method = "ngram";
+  so.num_speculative_tokens = 3;
+  const auto spec8 = gpu_test::Generate(mistral, Prompts(), so);
+  INFO(spec8.accepted_drafts << " drafts accepted");
+  CheckSameUpToTies("mistral window 8, fp8 cache, speculative vs plain", plain8.tokens, plain_gaps,
+                    spec8.tokens, 0.5);
   fs::remove_all(mistral);
 
   // The plain Llama through cuda_fmha forced by the attention_backend override.
