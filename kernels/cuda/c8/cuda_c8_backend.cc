@@ -85,6 +85,9 @@ class CudaC8Backend final : public AttentionBackend {
     return attn_.UploadGraph(batch, BuildC8Plan(attn_.shape(), batch, config), bucket, stream_);
   }
   void Run(const AttentionParams& p) override {
+    // Not in this family's catalog row, so selection never gives them to it.
+    LLM_CHECK(p.logit_softcap == 0.0f && p.alibi_slopes == nullptr)
+        << "cuda_c8 implements neither the logit soft-cap nor ALiBi";
     C8Attention::LayerArgs a;
     a.q = p.q;
     a.k_new = p.k_new;
