@@ -30,7 +30,7 @@ import hf_model_writer as hw  # noqa: E402
 
 RANDOM_SPEC = hw.ModelSpec(arch="llama", dtype="f32", hidden=128, intermediate=256, heads=8,
                            kv_heads=2, layers=4, vocab=512, max_pos=1024, seed=3)
-# The same shape with every layer windowed: the engine frees the blocks that slide out.
+# The same shape with every layer windowed (16 keys: the prompts and steps run far past it).
 MISTRAL_SPEC = hw.ModelSpec(arch="mistral", dtype="f32", hidden=128, intermediate=256, heads=8,
                             kv_heads=2, layers=4, vocab=512, max_pos=1024, seed=3,
                             sliding_window=16)
