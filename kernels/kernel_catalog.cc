@@ -41,7 +41,7 @@ std::vector<BackendInfo> KernelCatalog() {
                           .kind = AttentionKind::kMha,
                           .kv_dtypes = {DType::kI8, DType::kFp8E4M3},
                           .kv_quants = k8BitQuants,
-                          .features = kFeatureCausal | kFeatureSlidingWindow,
+                          .features = kFeatureCausal | kFeatureSlidingWindow | kFeatureSinks,
                           .priority = 0});
   c.push_back(BackendInfo{.name = "cpu_mla",
                           .device = DeviceKind::kCpu,
@@ -50,8 +50,9 @@ std::vector<BackendInfo> KernelCatalog() {
                           .features = kFeatureCausal,
                           .priority = 0});
 
-  // ---- CUDA. C8 is the fastest for what it covers (plain causal GQA, 16- and 8-bit caches), so
-  // it outranks FMHA, which serves the masks and score modifiers C8 lacks.
+  // ---- CUDA. C8 is the fastest for what it covers (causal GQA with sliding windows and sink
+  // logits, 16- and 8-bit caches), so it outranks FMHA, which serves the score modifiers C8 lacks
+  // (ALiBi, soft-cap), fp16 caches and head_dim 256.
   c.push_back(BackendInfo{.name = "cuda_c8",
                           .device = DeviceKind::kCuda,
                           .min_arch = 80,
@@ -60,7 +61,7 @@ std::vector<BackendInfo> KernelCatalog() {
                           .kv_quants = kAllQuants,
                           .head_dims = {64, 128},
                           .min_block_size = 16,
-                          .features = kFeatureCausal,
+                          .features = kFeatureCausal | kFeatureSlidingWindow | kFeatureSinks,
                           .priority = 10,
                           .kernel_options = {"c8_prefill"},
                           .archs = cuda_archs,

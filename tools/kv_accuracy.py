@@ -4,8 +4,10 @@
   /usr/bin/python3 tools/kv_accuracy.py --bin-dir build/cpu/tools \\
       --tiny-model build/cpu/models/tiny-llama --workdir /tmp/kv_accuracy [--steps 256] [--check]
 
-For each model (a random Llama written by tests/python/hf_model_writer.py, and the embedded tiny
-model when --tiny-model is given):
+For each model (a random Llama and a random Mistral with a 16-key sliding window on every layer,
+written by tests/python/hf_model_writer.py; the gpt-oss fixture tests/fixtures/models/gpt_oss_mxfp4,
+saved by transformers: learned sink logits, sliding and full layers alternating, window 16; and
+the embedded tiny model when --tiny-model is given):
   1. llm-calibrate-kv on CALIBRATION prompts (disjoint from the evaluation prompts), once per
      granularity; the per_head file must equal the per_channel file reduced by each head's max.
   2. llm-kv-accuracy on EVALUATION prompts: the fp32 cache decodes greedily for --steps steps;
@@ -28,6 +30,12 @@ import hf_model_writer as hw  # noqa: E402
 
 RANDOM_SPEC = hw.ModelSpec(arch="llama", dtype="f32", hidden=128, intermediate=256, heads=8,
                            kv_heads=2, layers=4, vocab=512, max_pos=1024, seed=3)
+# The same shape with every layer windowed (16 keys: the prompts and steps run far past it).
+MISTRAL_SPEC = hw.ModelSpec(arch="mistral", dtype="f32", hidden=128, intermediate=256, heads=8,
+                            kv_heads=2, layers=4, vocab=512, max_pos=1024, seed=3,
+                            sliding_window=16)
+GPT_OSS_FIXTURE = os.path.join(HERE, "..", "tests", "fixtures", "models", "gpt_oss_mxfp4")
+GPT_OSS_VOCAB = 512
 
 # Calibration and evaluation text for the tiny model (its tokenizer encodes them).
 CALIB_TEXT = [
@@ -75,6 +83,21 @@ BOUNDS = {
         "fp8_e4m3:per_head": (0.94, 0.055, 0.12),
         "fp8_e4m3:per_channel": (0.94, 0.055, 0.11),
         "fp8_e4m3_dynamic": (0.94, 0.050, 0.10),
+    },
+    # Windows (every layer; blocks freed as they slide out) and sinks with alternating layers.
+    "random-mistral-w16": {
+        "int8:per_head": (0.96, 0.020, 0.04),
+        "int8:per_channel": (0.97, 0.018, 0.20),
+        "fp8_e4m3:per_head": (0.92, 0.055, 0.10),
+        "fp8_e4m3:per_channel": (0.93, 0.055, 0.20),
+        "fp8_e4m3_dynamic": (0.93, 0.045, 0.08),
+    },
+    "gpt-oss-fixture": {
+        "int8:per_head": (0.96, 0.020, 0.43),
+        "int8:per_channel": (0.96, 0.019, 0.85),
+        "fp8_e4m3:per_head": (0.92, 0.065, 1.2),
+        "fp8_e4m3:per_channel": (0.91, 0.070, 1.45),
+        "fp8_e4m3_dynamic": (0.93, 0.062, 1.56),
     },
 }
 # The fp32 cache against itself (a different batch composition): only fp32 rounding.
@@ -242,7 +265,11 @@ def main():
     t0 = time.time()
 
     models = [("random-llama", hw.write_model(os.path.join(a.workdir, "random-llama"), RANDOM_SPEC),
-               RANDOM_SPEC.vocab)]
+               RANDOM_SPEC.vocab),
+              ("random-mistral-w16",
+               hw.write_model(os.path.join(a.workdir, "random-mistral-w16"), MISTRAL_SPEC),
+               MISTRAL_SPEC.vocab),
+              ("gpt-oss-fixture", GPT_OSS_FIXTURE, GPT_OSS_VOCAB)]
     if a.tiny_model:
         models.append(("tiny-llama", a.tiny_model, None))
     tables, failures = [], []

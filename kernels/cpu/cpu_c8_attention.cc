@@ -122,7 +122,8 @@ void CpuAppendKvQuant(const QuantKvCacheView& c, const AttentionBatch& batch, co
 // dequantized inputs the two agree to the last bit. Each sequence's K and V rows of one KV head
 // are dequantized once into scratch and shared by that head's query rows and query heads.
 void CpuPagedAttentionQuant(const QuantKvCacheView& c, const AttentionBatch& batch, const float* q,
-                            float softmax_scale, float* out, int window_left) {
+                            float softmax_scale, float* out, int window_left,
+                            const float* sink_logits) {
   CheckView(c);
   const PagedAttentionShape& s = c.shape;
   const int d = s.head_dim;
@@ -131,11 +132,13 @@ void CpuPagedAttentionQuant(const QuantKvCacheView& c, const AttentionBatch& bat
   const auto* v_cache = static_cast<const uint8_t*>(c.v);
   std::vector<float> scores, kf, vf;
   std::vector<float> acc(d);
+  const std::vector<float> zero_row(d, 0.0f);  // the sink column's value vector
+  const int sink_cols = sink_logits != nullptr ? 1 : 0;
   for (int seq = 0; seq < batch.num_seqs; ++seq) {
     const int q_begin = batch.q_indptr[seq], q_end = batch.q_indptr[seq + 1];
     const int kv_len = batch.kv_lens[seq];
     const int32_t* pages = batch.page_indices.data() + batch.page_indptr[seq];
-    scores.resize(kv_len);
+    scores.resize(static_cast<size_t>(kv_len) + 1);  // + the sink column
     kf.resize(static_cast<size_t>(kv_len) * d);
     vf.resize(static_cast<size_t>(kv_len) * d);
     // The first row's window starts leftmost; nothing before it is read.
@@ -159,10 +162,14 @@ void CpuPagedAttentionQuant(const QuantKvCacheView& c, const AttentionBatch& bat
             for (int i = 0; i < d; ++i) dot += qv[i] * kr[i];
             scores[j - first] = dot * softmax_scale;
           }
+          const int n = pos + 1 - first;
+          if (sink_logits != nullptr) scores[n] = sink_logits[h];
           SoftmaxWeightedSum(
-              scores.data(), pos + 1 - first,
-              [&](int j) { return vf.data() + static_cast<size_t>(first + j) * d; }, d, acc.data(),
-              out + (static_cast<size_t>(t) * s.num_q_heads + h) * d);
+              scores.data(), n + sink_cols,
+              [&](int j) {
+                return j < n ? vf.data() + static_cast<size_t>(first + j) * d : zero_row.data();
+              },
+              d, acc.data(), out + (static_cast<size_t>(t) * s.num_q_heads + h) * d);
         }
       }
     }
@@ -202,20 +209,21 @@ class CpuC8Backend final : public CpuAttentionBackend {
   void Run(const AttentionParams& p) override {
     const AttentionBatch& batch = this->batch();
     // Not in this family's catalog row, so selection never gives them to it.
-    LLM_CHECK(p.logit_softcap == 0.0f && p.sink_logits == nullptr && p.alibi_slopes == nullptr)
-        << "cpu_c8 implements neither the logit soft-cap, sink logits nor ALiBi";
+    LLM_CHECK(p.logit_softcap == 0.0f && p.alibi_slopes == nullptr)
+        << "cpu_c8 implements neither the logit soft-cap nor ALiBi";
     const QuantKvCacheView view = MakeQuantKvCacheView(spec_, p.cache);
     CpuAppendKvQuant(view, batch, static_cast<const float*>(p.k_new),
                      static_cast<const float*>(p.v_new));
     CpuPagedAttentionQuant(view, batch, static_cast<const float*>(p.q), p.softmax_scale,
-                           static_cast<float*>(p.out), p.window_left);
+                           static_cast<float*>(p.out), p.window_left, p.sink_logits);
   }
 
  private:
   AttentionSpec spec_;
 };
 
-// Capabilities (including kFeatureSlidingWindow) are this family's row in KernelCatalog().
+// Capabilities (including kFeatureSlidingWindow and kFeatureSinks) are this family's row in
+// KernelCatalog().
 const BackendRegistrar kRegistrar("cpu_c8", BackendFactoryOf<CpuC8Backend>());
 
 }  // namespace

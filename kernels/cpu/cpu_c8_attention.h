@@ -47,11 +47,13 @@ void CpuAppendKvQuant(const QuantKvCacheView& cache, const AttentionBatch& batch
                       const float* k_new, const float* v_new);
 
 // Causal attention of every query row over its sequence's 8-bit paged cache (already appended),
-// dequantizing each element as q * scale; window_left as in CpuPagedAttention (positions left of
-// every row's window are neither read nor dequantized).
+// dequantizing each element as q * scale; window_left and sink_logits ([num_q_heads] or null) as
+// in CpuPagedAttention (positions left of every row's window are neither read nor dequantized;
+// a sink is one more softmax column with a zero value vector).
 // q, out: [num_tokens, num_q_heads, head_dim].
 void CpuPagedAttentionQuant(const QuantKvCacheView& cache, const AttentionBatch& batch,
-                            const float* q, float softmax_scale, float* out, int window_left = -1);
+                            const float* q, float softmax_scale, float* out, int window_left = -1,
+                            const float* sink_logits = nullptr);
 
 // Dequantizes blocks [0, num_blocks) to fp32 caches of the same layout (test oracle helper).
 // Dynamic mode reads the block scales, so every slot read must have been written.

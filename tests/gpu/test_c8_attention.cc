@@ -1,7 +1,8 @@
 // C8 attention on the GPU against the CPU reference, on fresh random inputs: odd lengths,
 // shuffled block tables, batches mixing prefill chunks and decodes with 1..4 query tokens, GQA
 // ratios 1/4/8, head dims 64/128, block sizes 16/64, bf16/int8/fp8 caches with per-head,
-// per-channel and per-token scales, with and without split-KV.
+// per-channel and per-token scales, with and without split-KV; sliding windows (with the blocks
+// left of every window freed, -1 in the block table, or kept) and learned sink logits.
 //
 // The append is checked bit for bit against base/quant.h; attention is checked against
 // CpuPagedAttention run on the dequantized cache (the C8 reference semantics).
@@ -38,6 +39,12 @@ struct Case {
   // copy of the cache. RunCase then demands that the step used it exactly when its prefill rows
   // are contiguous (the path's condition; FmhaPrefillBatch orders them so).
   bool prefill_fmha = false;
+  // The layer's sliding window (-1: none) and whether the batch frees the blocks wholly left of
+  // each sequence's first window (-1 in the block table, as the scheduler does for a model whose
+  // every layer is windowed); sinks: random per-head sink logits.
+  int window_left = -1;
+  bool free_blocks = true;
+  bool sinks = false;
 };
 
 std::string Name(const Case& c) {
@@ -48,7 +55,11 @@ std::string Name(const Case& c) {
          " d=" + std::to_string(c.d) + " bs=" + std::to_string(c.bs) +
          (c.force_split ? " split" : "") +
          (c.stages > 0 ? " stages=" + std::to_string(c.stages) : std::string()) +
-         (c.prefill_fmha ? " prefill_fmha" : "");
+         (c.prefill_fmha ? " prefill_fmha" : "") +
+         (c.window_left >= 0
+              ? " window_left=" + std::to_string(c.window_left) + (c.free_blocks ? " freed" : "")
+              : std::string()) +
+         (c.sinks ? " sinks" : "");
 }
 
 float RoundBf16(float x) {
@@ -75,6 +86,7 @@ struct GraphCtx {
   size_t cap = 0;  // bytes of each buffer below
   void *dq = nullptr, *dk = nullptr, *dv = nullptr, *dout = nullptr, *dkc = nullptr, *dvc = nullptr;
   float *dks = nullptr, *dvs = nullptr;
+  float* dsinks = nullptr;  // [num_q_heads] (a captured launch keeps the pointer)
   cudaGraphExec_t exec = nullptr;
   int replays = 0;
 };
@@ -151,6 +163,24 @@ void RunCase(const Case& c, std::mt19937& rng, GraphCtx* g = nullptr) {
       }
     }
   }
+  // The batch the kernels get: blocks wholly left of a sequence's first window freed (-1). The
+  // reference reads b, whose blocks it never reads there either.
+  AttentionBatch run_b = b;
+  int freed = 0;
+  if (c.window_left >= 0 && c.free_blocks) {
+    for (int s = 0; s < b.num_seqs; ++s) {
+      const int first_pos = b.kv_lens[s] - (b.q_indptr[s + 1] - b.q_indptr[s]);
+      const int lo = std::max(0, first_pos - c.window_left);
+      for (int blk = 0; blk < lo / bs; ++blk) run_b.page_indices[b.page_indptr[s] + blk] = -1;
+      freed += lo / bs;
+    }
+  }
+  std::vector<float> sinks;
+  float* dsinks = nullptr;
+  if (c.sinks) {
+    std::uniform_real_distribution<float> sd(-1.0f, 4.0f);
+    for (int h = 0; h < hq; ++h) sinks.push_back(sd(rng));
+  }
   // New tokens: q, k, v as bf16.
   const int T = b.num_tokens;
   std::vector<uint16_t> q16(static_cast<size_t>(T) * hq * D), k16(static_cast<size_t>(T) * hkv * D),
@@ -160,6 +190,8 @@ void RunCase(const Case& c, std::mt19937& rng, GraphCtx* g = nullptr) {
   for (auto& x : v16) x = F32ToBf16(nd(rng));
 
   // Device buffers.
+  const size_t guard = static_cast<size_t>(hkv) * bs * D * esize;  // one block
+  const size_t scale_guard = static_cast<size_t>(hkv) * bs * 4;    // its per-token scales
   void *dq, *dk, *dv, *dout, *dkc, *dvc;
   float *dks = nullptr, *dvs = nullptr;
   if (g != nullptr) {
@@ -171,8 +203,14 @@ void RunCase(const Case& c, std::mt19937& rng, GraphCtx* g = nullptr) {
     CUDA_REQUIRE(cudaMalloc(&dk, k16.size() * 2));
     CUDA_REQUIRE(cudaMalloc(&dv, v16.size() * 2));
     CUDA_REQUIRE(cudaMalloc(&dout, q16.size() * 2));
-    CUDA_REQUIRE(cudaMalloc(&dkc, kc.size()));
-    CUDA_REQUIRE(cudaMalloc(&dvc, vc.size()));
+    // One NaN block (bf16 and e4m3 0xff) before each cache: where block -1 would be. A read of a
+    // freed block multiplies its NaN V by a zero probability: NaN in the output.
+    CUDA_REQUIRE(cudaMalloc(&dkc, kc.size() + guard));
+    CUDA_REQUIRE(cudaMalloc(&dvc, vc.size() + guard));
+    CUDA_REQUIRE(cudaMemset(dkc, 0xff, guard));
+    CUDA_REQUIRE(cudaMemset(dvc, 0xff, guard));
+    dkc = static_cast<uint8_t*>(dkc) + guard;
+    dvc = static_cast<uint8_t*>(dvc) + guard;
   }
   CUDA_REQUIRE(cudaMemcpy(dq, q16.data(), q16.size() * 2, cudaMemcpyHostToDevice));
   CUDA_REQUIRE(cudaMemcpy(dk, k16.data(), k16.size() * 2, cudaMemcpyHostToDevice));
@@ -182,12 +220,28 @@ void RunCase(const Case& c, std::mt19937& rng, GraphCtx* g = nullptr) {
   CUDA_REQUIRE(cudaMemset(dout, 0xff, q16.size() * 2));  // poison: NaN bf16
   if (!k_scale.empty()) {
     if (g == nullptr) {
-      CUDA_REQUIRE(cudaMalloc(&dks, k_scale.size() * 4));
-      CUDA_REQUIRE(cudaMalloc(&dvs, v_scale.size() * 4));
+      void *ks_base, *vs_base;
+      CUDA_REQUIRE(cudaMalloc(&ks_base, k_scale.size() * 4 + scale_guard));
+      CUDA_REQUIRE(cudaMalloc(&vs_base, v_scale.size() * 4 + scale_guard));
+      CUDA_REQUIRE(cudaMemset(ks_base, 0xff, scale_guard));  // NaN scales
+      CUDA_REQUIRE(cudaMemset(vs_base, 0xff, scale_guard));
+      dks = reinterpret_cast<float*>(static_cast<uint8_t*>(ks_base) + scale_guard);
+      dvs = reinterpret_cast<float*>(static_cast<uint8_t*>(vs_base) + scale_guard);
     }
     CUDA_REQUIRE(cudaMemcpy(dks, k_scale.data(), k_scale.size() * 4, cudaMemcpyHostToDevice));
     CUDA_REQUIRE(cudaMemcpy(dvs, v_scale.data(), v_scale.size() * 4, cudaMemcpyHostToDevice));
   }
+
+  if (!sinks.empty()) {
+    if (g != nullptr) {
+      REQUIRE(g->dsinks != nullptr);
+      dsinks = g->dsinks;
+    } else {
+      CUDA_REQUIRE(cudaMalloc(&dsinks, sinks.size() * 4));
+    }
+    CUDA_REQUIRE(cudaMemcpy(dsinks, sinks.data(), sinks.size() * 4, cudaMemcpyHostToDevice));
+  }
+  INFO(freed << " blocks freed");
 
   C8Shape shape{hq, hkv, D, bs, c.cache, c.scale};
   C8Attention own_attn(shape);
@@ -201,15 +255,15 @@ void RunCase(const Case& c, std::mt19937& rng, GraphCtx* g = nullptr) {
   pc.force_split = c.force_split;
   pc.min_chunk_tokens = 64;
   if (g) pc.max_decode_items = attn.GraphItemCapacity(g->bucket);
-  const C8Plan plan = BuildC8Plan(shape, b, pc);
+  const C8Plan plan = BuildC8Plan(shape, run_b, pc);
   if (c.force_split) CHECK(plan.num_partials > 0);
   if (g) {
     CHECK(static_cast<int>(plan.decode_items.size()) <= pc.max_decode_items);
-    const Status up = attn.UploadGraph(b, plan, g->bucket, g->stream);
+    const Status up = attn.UploadGraph(run_b, plan, g->bucket, g->stream);
     INFO(up.ToString());
     REQUIRE(up.ok());
   } else {
-    REQUIRE(attn.Upload(b, plan, nullptr).ok());
+    REQUIRE(attn.Upload(run_b, plan, nullptr).ok());
   }
   if (c.prefill_fmha) {
     // Prefill sequences (more query tokens than a decode tile) own one contiguous run of rows.
@@ -233,6 +287,8 @@ void RunCase(const Case& c, std::mt19937& rng, GraphCtx* g = nullptr) {
   la.k_scale = dks;
   la.v_scale = dvs;
   la.softmax_scale = 1.0f / std::sqrt(static_cast<float>(D));
+  la.window_left = c.window_left;
+  la.sink_logits = dsinks;
   if (g == nullptr) {
     const Status st = attn.Run(la, nullptr);
     INFO(st.ToString());
@@ -310,7 +366,7 @@ void RunCase(const Case& c, std::mt19937& rng, GraphCtx* g = nullptr) {
   std::vector<float> qf(q16.size()), ref(q16.size());
   for (size_t i = 0; i < qf.size(); ++i) qf[i] = Bf16ToF32(q16[i]);
   CpuPagedAttention({hq, hkv, D, bs}, b, qf.data(), kf.data(), vf.data(), la.softmax_scale,
-                    ref.data());
+                    ref.data(), c.window_left, 0.0f, sinks.empty() ? nullptr : sinks.data());
   std::vector<uint16_t> out16(q16.size());
   CUDA_REQUIRE(cudaMemcpy(out16.data(), dout, out16.size() * 2, cudaMemcpyDeviceToHost));
   double err2 = 0, ref2 = 0, max_err = 0;
@@ -376,14 +432,15 @@ void RunCase(const Case& c, std::mt19937& rng, GraphCtx* g = nullptr) {
   }
 
   if (g != nullptr) return;
+  if (dsinks) cudaFree(dsinks);
   cudaFree(dq);
   cudaFree(dk);
   cudaFree(dv);
   cudaFree(dout);
-  cudaFree(dkc);
-  cudaFree(dvc);
-  if (dks) cudaFree(dks);
-  if (dvs) cudaFree(dvs);
+  cudaFree(static_cast<uint8_t*>(dkc) - guard);
+  cudaFree(static_cast<uint8_t*>(dvc) - guard);
+  if (dks) cudaFree(reinterpret_cast<uint8_t*>(dks) - scale_guard);
+  if (dvs) cudaFree(reinterpret_cast<uint8_t*>(dvs) - scale_guard);
 }
 
 std::vector<std::pair<int, int>> MixedBatch(std::mt19937& rng) {
@@ -534,6 +591,142 @@ TEST_CASE("C8 attention in CUDA graphs: one capture per bucket replays different
     for (void* p : {g.dq, g.dk, g.dv, g.dout, g.dkc, g.dvc}) cudaFree(p);
     cudaFree(g.dks);
     cudaFree(g.dvs);
+    cudaStreamDestroy(g.stream);
+  }
+}
+
+// ---- Sliding windows and sink logits (gpt-oss, Mistral, Qwen2's window layers).
+
+constexpr int kWindows[] = {0, 5, 37, 127, 300};  // the diagonal alone .. wider than most contexts
+
+const std::pair<CacheType, ScaleMode> kWindowModes[] = {
+    {CacheType::kBf16, ScaleMode::kNone},       {CacheType::kInt8, ScaleMode::kPerHead},
+    {CacheType::kInt8, ScaleMode::kPerChannel}, {CacheType::kInt8, ScaleMode::kPerToken},
+    {CacheType::kFp8E4M3, ScaleMode::kPerHead}, {CacheType::kFp8E4M3, ScaleMode::kPerChannel},
+    {CacheType::kFp8E4M3, ScaleMode::kPerToken}};
+
+TEST_CASE("C8 attention with sliding windows and sink logits matches the CPU reference",
+          "[gpu][c8][c8_window]") {
+  GPU_TEST_RNG(rng);
+  const std::pair<int, int> heads[] = {{16, 4}, {64, 8}};  // GQA 4; gpt-oss-20b's 64 / 8
+  int n = 0;
+  for (auto [cache, scale] : kWindowModes) {
+    for (auto [hq, hkv] : heads) {
+      for (int d : {64, 128}) {
+        for (int bs : {16, 64}) {
+          for (bool split : {false, true}) {
+            Case c{hq, hkv, d, bs, cache, scale, split, MixedBatch(rng)};
+            // Every window with and without sinks, freed and kept blocks, across the modes.
+            c.window_left = n % 6 == 5 ? -1 : kWindows[n % 5];
+            c.sinks = n % 3 != 1;
+            c.free_blocks = n % 4 != 3;
+            ++n;
+            RunCase(c, rng);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Long decodes: many KV tiles per CTA through every ring depth, and (split) chunks wholly left of
+// the window, whose partials are empty (lse -inf) in the merge that adds the sink.
+TEST_CASE("C8 attention: windows and sinks through every decode ring and long split decodes",
+          "[gpu][c8][c8_window]") {
+  GPU_TEST_RNG(rng);
+  const std::pair<CacheType, ScaleMode> modes[] = {{CacheType::kBf16, ScaleMode::kNone},
+                                                   {CacheType::kInt8, ScaleMode::kPerHead},
+                                                   {CacheType::kFp8E4M3, ScaleMode::kPerToken}};
+  for (auto [cache, scale] : modes) {
+    for (int stages = 2; stages <= kC8MaxDecodeStages; ++stages) {
+      for (bool split : {false, true}) {
+        for (int window : {127, 1000}) {
+          Case c{64, 8, 64, 16, cache, scale, split, {{1, 3001}, {4, 1999}, {2, 130}}, stages};
+          c.window_left = window;
+          c.sinks = true;
+          RunCase(c, rng);
+        }
+      }
+    }
+    // The planner's own split of one long sequence (no forced chunking).
+    Case c{32, 8, 128, 64, cache, scale, false, {{1, 4099}}};
+    c.window_left = 127;
+    c.sinks = true;
+    RunCase(c, rng);
+  }
+}
+
+TEST_CASE("C8 attention: prefill through the wgmma FMHA kernel honors windows and sinks",
+          "[gpu][c8][c8_window]") {
+  if (!FmhaWgmmaAvailable()) {
+    SUCCEED("no compute capability 9.0 device or no sm_90a in this build: nothing to run");
+    return;
+  }
+  GPU_TEST_RNG(rng);
+  int n = 0;
+  for (auto [cache, scale] : kWindowModes) {
+    if (cache == CacheType::kBf16) continue;  // the copy is of 8-bit caches only
+    for (auto [hq, hkv] : {std::pair{32, 4}, std::pair{64, 8}}) {
+      for (int d : {64, 128}) {
+        for (int bs : {16, 64}) {
+          Case c{hq, hkv, d, bs, cache, scale, false, FmhaPrefillBatch(rng, hq / hkv)};
+          c.prefill_fmha = true;
+          c.window_left = kWindows[n % 5];
+          c.sinks = n % 2 == 0;
+          c.free_blocks = n % 3 != 2;
+          ++n;
+          RunCase(c, rng);
+        }
+      }
+    }
+    // The C8 prefill tiles (c8_prefill tiles) on the same batches.
+    Case c{64, 8, 64, 16, cache, scale, false, FmhaPrefillBatch(rng, 8)};
+    c.window_left = 127;
+    c.sinks = true;
+    RunCase(c, rng);
+  }
+}
+
+TEST_CASE("C8 attention in CUDA graphs with windows and sinks: one capture per bucket",
+          "[gpu][c8][c8_window]") {
+  GPU_TEST_RNG(rng);
+  const std::pair<CacheType, ScaleMode> modes[] = {{CacheType::kBf16, ScaleMode::kNone},
+                                                   {CacheType::kInt8, ScaleMode::kPerChannel},
+                                                   {CacheType::kFp8E4M3, ScaleMode::kPerToken}};
+  constexpr int kMaxSeqs = 16, kMaxKv = 3000, kBs = 16, kHq = 64, kHkv = 8, kD = 64;
+  for (auto [cache, scale] : modes) {
+    C8Attention attn({kHq, kHkv, kD, kBs, cache, scale});
+    REQUIRE(attn.ReserveGraph(kMaxSeqs, kMaxSeqs * (kMaxKv / kBs + 1)).ok());
+    GraphCtx g;
+    g.attn = &attn;
+    CUDA_REQUIRE(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking));
+    g.cap = static_cast<size_t>(kMaxSeqs * (kMaxKv / kBs + 1) + 8) * kHkv * kBs * kD * 2;
+    for (void** p : {&g.dq, &g.dk, &g.dv, &g.dout, &g.dkc, &g.dvc}) {
+      CUDA_REQUIRE(cudaMalloc(p, g.cap));
+    }
+    CUDA_REQUIRE(cudaMalloc(&g.dks, g.cap));
+    CUDA_REQUIRE(cudaMalloc(&g.dvs, g.cap));
+    CUDA_REQUIRE(cudaMalloc(&g.dsinks, kHq * sizeof(float)));
+    std::uniform_int_distribution<int> kv(1, kMaxKv);
+    for (int bucket : {1, 8, 16}) {
+      g.bucket = bucket;
+      g.exec = nullptr;
+      g.replays = 0;
+      for (int n : {bucket, std::max(1, bucket - 3), std::max(1, bucket / 2 + 1)}) {
+        std::vector<std::pair<int, int>> seqs;
+        for (int i = 0; i < n; ++i) seqs.push_back({1, kv(rng)});
+        Case c{kHq, kHkv, kD, kBs, cache, scale, false, seqs};
+        c.window_left = 127;  // one layer: the captured launch keeps its window
+        c.sinks = true;
+        RunCase(c, rng, &g);
+      }
+      CHECK(g.replays == 3);
+      cudaGraphExecDestroy(g.exec);
+    }
+    for (void* p : {g.dq, g.dk, g.dv, g.dout, g.dkc, g.dvc}) cudaFree(p);
+    cudaFree(g.dks);
+    cudaFree(g.dvs);
+    cudaFree(g.dsinks);
     cudaStreamDestroy(g.stream);
   }
 }

@@ -256,16 +256,37 @@ TEST_CASE("GPU decode steps replayed from CUDA graphs give the eager launches' t
   fs::remove_all(dir);
 }
 
-TEST_CASE("GPU FMHA backend serves sliding windows and plain GQA like the CPU backend",
-          "[gpu][model][fmha_model]") {
-  // A window of 8 keys: cuda_c8 has no windows, so selection must pick cuda_fmha; prompts of 37
-  // and 90 tokens and 64 decode steps run far past the window.
+TEST_CASE("GPU C8 and FMHA backends serve sliding windows and plain GQA like the CPU backend",
+          "[gpu][model][fmha_model][c8_window]") {
+  // A window of 8 keys (selection picks cuda_c8; cuda_fmha forced): prompts of 37 and 90 tokens
+  // and 64 decode steps run far past the window, and the scheduler frees the blocks that slide
+  // out of it (-1 in the block table), which neither kernel may read.
   const std::string mistral = WriteRandomModel("mistral_w8", false, 8);
   Gaps gaps;
   const auto cpu = Generate(mistral, "cpu", "auto", Prompts(), {.gaps = &gaps});
-  const auto gpu = gpu_test::Generate(mistral, Prompts(), {});
-  CHECK(gpu.backend == "cuda_fmha");
-  CheckSameUpToTies("mistral window 8 (cuda_fmha)", cpu, gaps, gpu.tokens, 0.5);
+  const auto selected = gpu_test::Generate(mistral, Prompts(), {});
+  CHECK(selected.backend == "cuda_c8");
+  CheckSameUpToTies("mistral window 8 (cuda_c8)", cpu, gaps, selected.tokens, 0.5);
+  const auto fmha = gpu_test::Generate(mistral, Prompts(), {.force_backend = "cuda_fmha"});
+  CHECK(fmha.backend == "cuda_fmha");
+  CheckSameUpToTies("mistral window 8 (cuda_fmha)", cpu, gaps, fmha.tokens, 0.5);
+  // The 8-bit cache tracks the CPU's 8-bit cache (cpu_c8) under the window too.
+  const char* kv = "fp8_e4m3_dynamic";
+  Gaps gaps8;
+  const auto cpu8 = Generate(mistral, "cpu", kv, Prompts(), {.gaps = &gaps8});
+  CheckSameUpToTies("mistral window 8, fp8 cache", cpu8, gaps8,
+                    Generate(mistral, "cuda", kv, Prompts()), 0.0);
+  // n-gram speculation on the fp8 cache: verify steps attend several query rows per sequence
+  // under the window, and rejected drafts' blocks are trimmed beside the freed ones.
+  Gaps plain_gaps;
+  const auto plain8 = gpu_test::Generate(mistral, Prompts(), {.kv_dtype = kv, .gaps = &plain_gaps});
+  gpu_test::GenerateOptions so{.kv_dtype = kv};
+  so.speculative_method = "ngram";
+  so.num_speculative_tokens = 3;
+  const auto spec8 = gpu_test::Generate(mistral, Prompts(), so);
+  INFO(spec8.accepted_drafts << " drafts accepted");
+  CheckSameUpToTies("mistral window 8, fp8 cache, speculative vs plain", plain8.tokens, plain_gaps,
+                    spec8.tokens, 0.5);
   fs::remove_all(mistral);
 
   // The plain Llama through cuda_fmha forced by the attention_backend override.

@@ -192,21 +192,71 @@ TEST_CASE("GPU Mixtral and Qwen3-MoE fp8 weights track the bf16 weights", "[gpu]
   }
 }
 
-// gpt-oss: sink logits, q/k/v/o biases, sliding / full layers and YaRN reach the FMHA kernel
-// (cuda_c8 serves neither sinks nor windows, so selection picks cuda_fmha); router bias, softmax
-// of the top-4 logits, the clamped SwiGLU and the expert biases in the MoE layer.
+// gpt-oss: sink logits, q/k/v/o biases, sliding / full layers and YaRN reach the attention
+// kernels (cuda_c8, the selection's choice, and cuda_fmha forced); router bias, softmax of the
+// top-4 logits, the clamped SwiGLU and the expert biases in the MoE layer.
 TEST_CASE("GPU gpt-oss matches the CPU decoder over 64 greedy steps", "[gpu][model][archs][moe]") {
   const std::string dir = gpu_test::WriteRandomMoe("gpt_oss_d64", RandomMoeArch::kGptOss);
   const Reference ref = CpuReference(dir);
-  gpu_test::Routing routing;
-  const auto eager =
-      gpu_test::Generate(dir, MoePrompts(), {.cuda_graph_max_batch = 0, .routing = &routing});
-  CHECK(eager.backend == "cuda_fmha");
-  CheckExplained("gpt-oss eager", MoePrompts(), ref, eager.tokens, routing, kRoutingTieLogits,
-                 {.early = 0.06f, .late = 0.06f});
-  const auto graphs = gpu_test::Generate(dir, MoePrompts(), {});
-  CHECK(graphs.graph_steps >= 40);
-  CheckGraphsMatchEager("gpt-oss graphs", eager.tokens, graphs.tokens);
+  const auto selected = gpu_test::Generate(dir, MoePrompts(), {.steps = 1});
+  CHECK(selected.backend == "cuda_c8");
+  for (const std::string backend : {"cuda_c8", "cuda_fmha"}) {
+    const std::string what = "gpt-oss " + backend;
+    INFO(what);
+    gpu_test::Routing routing;
+    const auto eager = gpu_test::Generate(
+        dir, MoePrompts(),
+        {.force_backend = backend, .cuda_graph_max_batch = 0, .routing = &routing});
+    CHECK(eager.backend == backend);
+    CheckExplained(what + " eager", MoePrompts(), ref, eager.tokens, routing, kRoutingTieLogits,
+                   {.early = 0.06f, .late = 0.06f});
+    const auto graphs = gpu_test::Generate(dir, MoePrompts(), {.force_backend = backend});
+    CHECK(graphs.graph_steps >= 40);
+    CheckGraphsMatchEager(what + " graphs", eager.tokens, graphs.tokens);
+  }
+  fs::remove_all(dir);
+}
+
+// gpt-oss with an 8-bit KV cache (issue 51, item 2): cuda_c8 attends the sinks and the sliding
+// layers (window 32; the 37- and 90-token prompts cross it) over an fp8 cache with per-token
+// scales. Each prompt's first-step logits move from the 16-bit cache's by what the same fp8 cache
+// costs on the CPU (cpu_c8 against the fp32 cache: the same quantization of nearly the same K/V),
+// plus bf16's noise; a sink or a window ignored would move them by far more. Then the 8-bit cache
+// decodes 64 greedy steps, in CUDA graphs, through the FMHA prefill (sm_90a) or the C8 prefill
+// tiles.
+TEST_CASE("GPU gpt-oss with an fp8 KV cache tracks the 16-bit cache",
+          "[gpu][archs][moe][c8][gpt_oss_kv8]") {
+  const std::string dir = gpu_test::WriteRandomMoe("gpt_oss_kv8", RandomMoeArch::kGptOss);
+  const std::string kv8 = "fp8_e4m3_dynamic";
+  gpu_test::Logits gpu16, gpu8, cpu32, cpu8;
+  const auto b16 = gpu_test::Generate(dir, MoePrompts(), {.steps = 4, .logits = &gpu16});
+  CHECK(b16.backend == "cuda_c8");
+  const auto b8 =
+      gpu_test::Generate(dir, MoePrompts(), {.kv_dtype = kv8, .steps = 4, .logits = &gpu8});
+  CHECK(b8.backend == "cuda_c8");
+  gpu_test::Generate(dir, MoePrompts(), {.device = "cpu", .steps = 1, .logits = &cpu32});
+  gpu_test::Generate(dir, MoePrompts(),
+                     {.device = "cpu", .kv_dtype = kv8, .steps = 1, .logits = &cpu8});
+  for (size_t i = 0; i < MoePrompts().size(); ++i) {
+    const double gpu = gpu_test::FirstStepDistance(gpu16, gpu8, i);
+    const double cpu = gpu_test::FirstStepDistance(cpu32, cpu8, i);
+    const double across = gpu_test::FirstStepDistance(cpu8, gpu8, i);
+    const double bf16_noise = gpu_test::FirstStepDistance(cpu32, gpu16, i);
+    INFO("prompt " << i << " (" << MoePrompts()[i].size() << " tokens): relative L2 of the "
+                   << "first-step logits, fp8 vs 16-bit cache: GPU " << gpu << ", CPU " << cpu
+                   << "; GPU vs CPU: fp8 caches " << across << ", 16-bit / fp32 " << bf16_noise);
+    CHECK(gpu < 2.0 * cpu + 0.02);
+    CHECK(across < bf16_noise + 2.0 * cpu + 0.02);
+  }
+  for (const std::string prefill : {"auto", "tiles"}) {
+    INFO("c8_prefill " << prefill);
+    gpu_test::GenerateOptions o{.kv_dtype = kv8};
+    o.c8_prefill = prefill;
+    const auto run = gpu_test::Generate(dir, MoePrompts(), o);
+    CHECK(run.backend == "cuda_c8");
+    CHECK(run.graph_steps >= 40);
+    for (const auto& t : run.tokens) CHECK(t.size() == 64);
+  }
   fs::remove_all(dir);
 }
 

@@ -71,24 +71,31 @@ const Row kTable[] = {
     {kCpu, 0, kMha, DType::kF32, kNoQ, kWin | kFeatureSoftCap, 256, "cpu_reference", ""},
     {kCpu, 0, kMha, DType::kF32, kNoQ, kWin | kFeatureSinks, 64, "cpu_reference", ""},
     {kCpu, 0, kMha, DType::kI8, kHead, kCausal, 128, "cpu_c8", ""},
-    {kCpu, 0, kMha, DType::kI8, kHead, kWin | kFeatureSinks, 64, "", "sinks"},
+    {kCpu, 0, kMha, DType::kI8, kHead, kWin | kFeatureSinks, 64, "cpu_c8", ""},
+    {kCpu, 0, kMha, DType::kFp8E4M3, kTok, kCausal | kFeatureSinks, 64, "cpu_c8", ""},
+    {kCpu, 0, kMha, DType::kI8, kHead, kWin | kFeatureSoftCap, 256, "", "softcap"},
     {kCpu, 0, kMha, DType::kFp8E4M3, kTok, kWin, 128, "cpu_c8", ""},
     {kCpu, 0, kMla, DType::kF32, kNoQ, kCausal, 576, "cpu_mla", ""},
     {kCpu, 0, kMla, DType::kFp8E4M3, kNoQ, kCausal, 576, "cpu_mla", ""},
     {kCpu, 0, kMha, DType::kBF16, kNoQ, kCausal, 128, "", "bfloat16"},
     {kCpu, 0, kMha, DType::kF32, kNoQ, kCausal | kFeatureAlibi, 128, "cpu_reference", ""},
     {kCpu, 0, kMha, DType::kI8, kHead, kCausal | kFeatureAlibi, 128, "", "alibi"},
-    // CUDA: C8 wins plain causal attention; FMHA serves what C8 lacks.
+    // CUDA: C8 wins causal attention, with windows and sinks (gpt-oss, Mistral) on every cache;
+    // FMHA serves what C8 lacks.
     {kCuda, 90, kMha, DType::kBF16, kNoQ, kCausal, 128, "cuda_c8", ""},
     {kCuda, 80, kMha, DType::kBF16, kNoQ, kCausal, 64, "cuda_c8", ""},
     {kCuda, 120, kMha, DType::kI8, kChan, kCausal, 128, "cuda_c8", ""},
     {kCuda, 90, kMha, DType::kFp8E4M3, kTok, kCausal, 128, "cuda_c8", ""},
-    {kCuda, 90, kMha, DType::kBF16, kNoQ, kWin, 128, "cuda_fmha", ""},
+    {kCuda, 90, kMha, DType::kBF16, kNoQ, kWin, 128, "cuda_c8", ""},
     {kCuda, 90, kMha, DType::kF16, kNoQ, kCausal, 128, "cuda_fmha", ""},
     {kCuda, 90, kMha, DType::kBF16, kNoQ, kCausal | kFeatureSoftCap, 128, "cuda_fmha", ""},
     {kCuda, 90, kMha, DType::kBF16, kNoQ, kCausal | kFeatureAlibi, 64, "cuda_fmha", ""},
-    {kCuda, 90, kMha, DType::kBF16, kNoQ, kWin | kFeatureSinks, 128, "cuda_fmha", ""},
-    {kCuda, 90, kMha, DType::kI8, kHead, kWin, 128, "", "sliding_window"},
+    {kCuda, 90, kMha, DType::kBF16, kNoQ, kWin | kFeatureSinks, 64, "cuda_c8", ""},
+    {kCuda, 90, kMha, DType::kI8, kHead, kWin, 128, "cuda_c8", ""},
+    {kCuda, 90, kMha, DType::kFp8E4M3, kTok, kWin | kFeatureSinks, 64, "cuda_c8", ""},
+    {kCuda, 80, kMha, DType::kFp8E4M3, kHead, kCausal | kFeatureSinks, 128, "cuda_c8", ""},
+    {kCuda, 90, kMha, DType::kF16, kNoQ, kWin | kFeatureSinks, 64, "cuda_fmha", ""},
+    {kCuda, 90, kMha, DType::kI8, kHead, kWin | kFeatureSoftCap, 128, "", "softcap"},
     // Head dim 256 (Gemma): C8 has none, FMHA serves it; 8-bit caches there have no kernel.
     {kCuda, 90, kMha, DType::kBF16, kNoQ, kCausal, 256, "cuda_fmha", ""},
     {kCuda, 90, kMha, DType::kBF16, kNoQ, kWin | kFeatureSoftCap, 256, "cuda_fmha", ""},
@@ -182,7 +189,8 @@ TEST_CASE("A family described but not compiled in is named as such", "[selection
   std::vector<BackendInfo> catalog = KernelCatalog();
   for (BackendInfo& b : catalog) b.archs.clear();  // any arch; factories stay unset
   const BackendRegistry reg(std::move(catalog));
-  const AttentionSpec spec = SpecOf(kTable[12]);  // CUDA bf16 + sliding window
+  AttentionSpec spec = SpecOf(kTable[FirstCudaRow()]);  // CUDA bf16 + sliding window
+  spec.features = kWin;
   auto created = reg.Create(spec, "", nullptr);
   REQUIRE_FALSE(created.ok());
   CHECK(created.status().message().find("cuda_fmha: not built into this binary "

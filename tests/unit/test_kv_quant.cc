@@ -441,6 +441,69 @@ TEST_CASE("CPU C8 attention equals the fp32 reference on the dequantized cache",
   CHECK(quant_err < (mode.dtype == DType::kI8 ? 0.02 : 0.08));
 }
 
+// gpt-oss's learned sinks and the windowed models' sliding windows: the C8 backend (as the model
+// runner calls it) gives the bits of the fp32 reference on the dequantized cache, and both the
+// sink and the window change the result (so the comparison could fail).
+TEST_CASE("CPU C8 attention with sink logits and windows equals the fp32 reference", "[kv_quant]") {
+  const Mode mode = GENERATE(from_range(kModes));
+  const C8Case c = GENERATE(from_range(kCases));
+  const int window_left = GENERATE(-1, 0, 5, 16);
+  INFO(ModeName(mode) << " block " << c.block_size << " heads " << c.num_q_heads << "/"
+                      << c.num_kv_heads << " window_left " << window_left);
+  const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  std::vector<float> sinks(c.num_q_heads);
+  std::mt19937 rng(c.seed + 7);
+  std::uniform_real_distribution<float> sink_dist(-2.0f, 3.0f);
+  for (float& x : sinks) x = sink_dist(rng);
+
+  AttentionSpec spec;
+  spec.kv_dtype = mode.dtype;
+  spec.kv_quant = mode.quant;
+  spec.num_q_heads = c.num_q_heads;
+  spec.num_kv_heads = c.num_kv_heads;
+  spec.head_dim = c.head_dim;
+  spec.block_size = c.block_size;
+  spec.features = kFeatureCausal | kFeatureSlidingWindow | kFeatureSinks;
+  auto backend = BackendRegistry::Global().Create(spec, "", nullptr);
+  REQUIRE(backend.ok());
+  REQUIRE((*backend)->name() == "cpu_c8");
+
+  C8Setup s = BuildC8(c, mode);
+  REQUIRE((*backend)->Plan(s.batch).ok());
+  std::vector<float> out(s.q.size(), std::numeric_limits<float>::quiet_NaN());
+  const QuantKvCacheView view = s.View();
+  AttentionParams p;
+  p.q = s.q.data();
+  p.k_new = s.k_new.data();
+  p.v_new = s.v_new.data();
+  p.out = out.data();
+  p.cache.k = view.k;
+  p.cache.v = view.v;
+  p.cache.k_scale = view.k_scale;
+  p.cache.v_scale = view.v_scale;
+  p.cache.k_block_scales = view.k_block_scales;
+  p.cache.v_block_scales = view.v_block_scales;
+  p.softmax_scale = softmax_scale;
+  p.window_left = window_left;
+  p.sink_logits = sinks.data();
+  (*backend)->Run(p);
+
+  const size_t elems = s.k_cache.size();
+  std::vector<float> kf(elems), vf(elems), ref(s.q.size()), no_sink(s.q.size());
+  CpuDequantizeKvCache(view, s.num_blocks, kf.data(), vf.data());
+  CpuPagedAttention(s.shape, s.batch, s.q.data(), kf.data(), vf.data(), softmax_scale, ref.data(),
+                    window_left, 0.0f, sinks.data());
+  CHECK(out == ref);
+  CpuPagedAttentionQuant(view, s.batch, s.q.data(), softmax_scale, no_sink.data(), window_left);
+  CHECK(no_sink != out);
+  if (window_left >= 0) {
+    std::vector<float> unwindowed(s.q.size());
+    CpuPagedAttentionQuant(view, s.batch, s.q.data(), softmax_scale, unwindowed.data(), -1,
+                           sinks.data());
+    CHECK(unwindowed != out);
+  }
+}
+
 TEST_CASE("CPU C8: a NaN input element is stored as int8 0 / fp8 NaN", "[kv_quant]") {
   for (const Mode& mode : kModes) {
     C8Setup s = BuildC8({4, 8, 2, 1, {{3, 3}}, 7}, mode);

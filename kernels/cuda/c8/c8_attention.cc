@@ -399,6 +399,8 @@ Status C8Attention::Attend(const LayerArgs& args, void* stream) {
   ta.log2_block_size = lbs;
   ta.scale_mode = static_cast<int>(shape_.scale);
   ta.scale_log2 = args.softmax_scale * 1.4426950408889634f;
+  ta.window = args.window_left >= 0 ? args.window_left : detail::kNoWindow;
+  ta.sink_logits = args.sink_logits;
   ta.decode_stages = a.decode_stages;
   ta.decode_rows = a.decode_rows;
   auto launch = [&](const C8WorkItem* items, int n, bool prefill) {
@@ -557,6 +559,10 @@ Status C8Attention::AttendPrefillFmha(const LayerArgs& args, void* stream) {
   p.k = k16;
   p.v = v16;
   p.softmax_scale = args.softmax_scale;
+  // The layer's window and sinks; the copy holds zeros for freed blocks, which only keys left of
+  // every window occupy.
+  if (args.window_left >= 0) p.mask = FmhaMask{FmhaMaskType::kWindow, args.window_left, 0, 0};
+  p.sink_logits = args.sink_logits;
   FmhaLaunchOptions opt;
   opt.num_splits = a.fmha_splits;
   opt.workspace = fmha_workspace_;

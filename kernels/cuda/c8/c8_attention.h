@@ -1,7 +1,8 @@
 // C8 append attention on CUDA: paged KV cache in bf16, int8 or fp8-e4m3 with per-head,
 // per-channel or per-token (dynamic) scales; GQA groups packed into the query tile; prefill,
 // append and decode (1..N query tokens per sequence, causal) in one launch; split-KV with a
-// merge step. Plain C++ header: no CUDA types, so host code and tests include it freely.
+// merge step; sliding windows and learned sink logits (LayerArgs). Plain C++ header: no CUDA types,
+// so host code and tests include it freely.
 //
 // Plan/run split: C8Planner::Plan builds the work list on the host once per step and uploads it;
 // C8Attention::Run only consumes the uploaded plan, so decode steps can be graph-captured.
@@ -48,7 +49,8 @@ struct alignas(16) C8WorkItem {
   int32_t partial;    // -1: write the output directly; else index of this chunk's partial slot
   int32_t merge;      // with a partial: index of the C8MergeItem that combines it (else -1)
   int32_t page_base;  // the sequence's first entry in the block table (page_indptr[seq])
-  int32_t q_pos0;     // causal position of the tile's first query token (sees keys [0, q_pos0])
+  int32_t q_pos0;     // causal position of the tile's first query token (sees keys [0, q_pos0],
+                      // or its window of them: the kernel starts kv_start at that window)
 };
 
 // Combines the partial results of one split query tile. The tile kernel's CTA that finishes a
@@ -135,6 +137,12 @@ class C8Attention {
     float* k_scale = nullptr;  // see ScaleMode; written by append only for kPerToken
     float* v_scale = nullptr;
     float softmax_scale = 1.0f;
+    // The layer's sliding window (a query at position p sees keys [p - window_left, p]; -1: the
+    // whole prefix) and learned per-head sink logits ([num_q_heads] fp32 on the device, or null),
+    // as AttentionParams defines them. Blocks wholly left of the first query's window may be -1
+    // in the block table (freed): no kernel reads them.
+    int window_left = -1;
+    const float* sink_logits = nullptr;
     // With rope.qkv set: the rotary is fused into the append, which writes rope.q (attended
     // instead of q) and reads no k_new / v_new.
     FusedRope rope;

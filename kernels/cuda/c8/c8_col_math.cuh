@@ -90,9 +90,11 @@ struct ColMath {
   }
 
   // One 16-token step at tile row n0 (KV position col0); ks / vs: the tile's per-token scales.
+  // kMask: keys at or past kv_end, right of a row's position or left of its window
+  // (TileArgs::window) are masked.
   template <bool kMask>
   __device__ void Step(const uint8_t* k_tile, const uint8_t* v_tile, const float* ks,
-                       const float* vs, int n0, int col0, int kv_end, int lane) {
+                       const float* vs, int n0, int col0, int kv_end, int window, int lane) {
     const int g = lane / 4;
     // The +1152 int8 offset shifts a query's scores by a constant, unless per-token scales
     // multiply the tokens.
@@ -109,7 +111,7 @@ struct ColMath {
       }
     }
     uint32_t pb[NT][2];
-    Softmax<kMask>(s, pb, col0, kv_end, g, vs + n0);
+    Softmax<kMask>(s, pb, col0, kv_end, window, g, vs + n0);
     PV(pb, v_tile, n0, lane);
   }
 
@@ -220,15 +222,17 @@ struct ColMath {
   // SlotRow(2 nt + (e & 1)). vs: the step's per-token V scales (kPerToken), folded into P after
   // l is summed. Returns P^T as mma B fragments.
   template <bool kMask>
-  __device__ void Softmax(float (&s)[NT][4], uint32_t (&pb)[NT][2], int col0, int kv_end, int g,
-                          const float* vs) {
+  __device__ void Softmax(float (&s)[NT][4], uint32_t (&pb)[NT][2], int col0, int kv_end,
+                          int window, int g, const float* vs) {
     if constexpr (kMask) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int j = col0 + g + 8 * (e >> 1);
-          if (j >= kv_end || j > row_pos[2 * nt + (e & 1)]) s[nt][e] = -INFINITY;
+          if (j >= kv_end || !C8KeyVisible(row_pos[2 * nt + (e & 1)], j, window)) {
+            s[nt][e] = -INFINITY;
+          }
         }
       }
     }

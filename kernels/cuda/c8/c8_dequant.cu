@@ -42,6 +42,13 @@ __global__ void __launch_bounds__(256) DequantKvKernel(const DequantArgs a) {
     const int j = j0 + t;
     if (j >= len) continue;
     const int page = pages[j >> a.log2_block_size], off = j & bs_mask;
+    auto* dst = static_cast<__nv_bfloat16*>(is_v ? a.v_out : a.k_out) +
+                ((static_cast<size_t>(k0) + j) * hkv + h) * D + c * 16;
+    if (page < 0) {  // freed, left of every window (the mask hides it): zeros, never NaN
+      reinterpret_cast<uint4*>(dst)[0] = make_uint4(0, 0, 0, 0);
+      reinterpret_cast<uint4*>(dst)[1] = make_uint4(0, 0, 0, 0);
+      continue;
+    }
     const size_t row = ((static_cast<size_t>(page) * hkv + h) << a.log2_block_size) + off;
     const uint8_t* cache = static_cast<const uint8_t*>(is_v ? a.v_cache : a.k_cache);
     const uint4 raw = *reinterpret_cast<const uint4*>(cache + row * D + c * 16);
@@ -71,8 +78,6 @@ __global__ void __launch_bounds__(256) DequantKvKernel(const DequantArgs a) {
       const __nv_bfloat162 pair = __floats2bfloat162_rn(x0, x1);
       o[i] = *reinterpret_cast<const uint32_t*>(&pair);
     }
-    auto* dst = static_cast<__nv_bfloat16*>(is_v ? a.v_out : a.k_out) +
-                ((static_cast<size_t>(k0) + j) * hkv + h) * D + c * 16;
     reinterpret_cast<uint4*>(dst)[0] = out[0];
     reinterpret_cast<uint4*>(dst)[1] = out[1];
   }

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/c8/c8_attention.h"
+#include "kernels/cuda/c8/c8_window.h"
 
 namespace llm::cuda::detail {
 
@@ -31,8 +32,14 @@ struct TileArgs {
   int num_q_heads;
   int num_kv_heads;
   int log2_block_size;
-  int scale_mode;     // ScaleMode
-  float scale_log2;   // softmax_scale * log2(e)
+  int scale_mode;    // ScaleMode
+  float scale_log2;  // softmax_scale * log2(e)
+  // Sliding window: a query at position p sees keys [p - window, p]; kNoWindow (INT_MAX) when the
+  // layer has none, so the masks need no branch on it.
+  int window;
+  // [num_q_heads] learned sink logits (natural-log units: one more softmax column with a zero
+  // value vector, AttentionParams::sink_logits), or null.
+  const float* sink_logits;
   int decode_stages;  // decode cp.async ring depth (C8Plan::decode_stages; 0: the cache's default)
   int decode_rows;    // most query rows of a decode tile (C8Plan::decode_rows; 0: up to 16)
 };
@@ -78,9 +85,10 @@ struct DequantArgs {
   int scale_mode;
 };
 
-constexpr int kPartialRows = 128;  // rows of the largest (prefill) tile
-constexpr int kDecodeRows = 16;    // decode tile: query tokens x GQA group <= 16
-constexpr int kMaxSplits = 64;     // KV chunks of one query tile (the fused merge's weights)
+constexpr int kNoWindow = kC8NoWindow;  // TileArgs::window without a sliding window
+constexpr int kPartialRows = 128;       // rows of the largest (prefill) tile
+constexpr int kDecodeRows = 16;         // decode tile: query tokens x GQA group <= 16
+constexpr int kMaxSplits = 64;          // KV chunks of one query tile (the fused merge's weights)
 // KV tokens per shared-memory stage of the tile kernel (32 KB of K and V either way); the planner
 // prices CTAs in these tiles.
 constexpr int kKvTile16 = 64;                         // bf16 cache

@@ -73,9 +73,11 @@ struct RowMath {
   }
 
   // One 16-token step at tile row n0 (KV position col0); ks / vs: the tile's per-token scales.
+  // kMask: keys at or past kv_end, right of a row's position or left of its window
+  // (TileArgs::window) are masked.
   template <bool kMask>
   __device__ void Step(const uint8_t* k_tile, const uint8_t* v_tile, const float* ks,
-                       const float* vs, int n0, int col0, int kv_end, int lane) {
+                       const float* vs, int n0, int col0, int kv_end, int window, int lane) {
     const int t = lane % 4;
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
     // The +1152 int8 offset shifts a row's scores by a constant, unless per-token scales
@@ -89,7 +91,7 @@ struct RowMath {
       }
     }
     uint32_t pa[4];
-    Softmax<kMask>(s, pa, col0, kv_end, t, vs + n0);
+    Softmax<kMask>(s, pa, col0, kv_end, window, t, vs + n0);
     PV(pa, v_tile, n0, lane);
     if constexpr (F::kVOffset) ptx::MmaF16(psum, pa, 0x3c003c00u, 0x3c003c00u);  // B = ones
   }
@@ -168,15 +170,15 @@ struct RowMath {
   // col0 + n * 8 + 2t + (e & 1). vs: the step's per-token V scales (kPerToken), folded into P
   // after l is summed. Returns P as an mma A fragment.
   template <bool kMask>
-  __device__ void Softmax(float (&s)[2][4], uint32_t (&pa)[4], int col0, int kv_end, int t,
-                          const float* vs) {
+  __device__ void Softmax(float (&s)[2][4], uint32_t (&pa)[4], int col0, int kv_end, int window,
+                          int t, const float* vs) {
     if constexpr (kMask) {
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int j = col0 + n * 8 + 2 * t + (e & 1);
-          if (j >= kv_end || j > row_pos[e >> 1]) s[n][e] = -INFINITY;
+          if (j >= kv_end || !C8KeyVisible(row_pos[e >> 1], j, window)) s[n][e] = -INFINITY;
         }
       }
     }

@@ -3,6 +3,7 @@
 
 #include <cfloat>
 
+#include "kernels/cuda/c8/c8_window.h"
 #include "kernels/cuda/common/ptx_ops.cuh"
 
 namespace llm::cuda::detail {

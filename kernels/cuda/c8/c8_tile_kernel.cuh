@@ -19,6 +19,12 @@
 // folds into the softmax scale; per-channel K scale folds into q; V scales (per head / channel)
 // multiply the output; per-token (dynamic) scales multiply score columns (K) and probabilities
 // (V), in a separate instantiation.
+// Sliding windows and sink logits (gpt-oss, Mistral, Qwen2): a CTA starts its KV loop at the block
+// holding its first query's window start (blocks left of it may be freed, -1 in the table) and
+// masks per key only in tiles that cross a window's left edge, as at the causal diagonal; a sink
+// adds one term to the softmax denominator, once per query row: in the epilogue of an unsplit
+// tile, or in the merge of a split one (a partial's lse covers its keys only). Neither adds work
+// to a layer without them beyond a compare per tile.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -104,6 +110,8 @@ __device__ __forceinline__ void RingSync() {
   }
 }
 
+constexpr float kLog2e = 1.4426950408889634f;
+
 // Combines the chunks of one split query tile for one KV head (rows: its query rows), run by the
 // CTA that finished the tile's last chunk. Partials come from other CTAs: loads bypass L1.
 template <int D, int kThreads, int kRows>
@@ -122,8 +130,14 @@ __device__ void MergeChunks(const TileArgs& args, const C8MergeItem& mi, int kvh
       wr[p] = __ldcg(args.partial_lse + prow(p, r));
       m = fmaxf(m, wr[p]);
     }
+    // The sink logit (log2 domain) is one more term of the denominator, with a zero value.
+    float sink = -INFINITY;
+    if (args.sink_logits != nullptr) {
+      sink = args.sink_logits[kvh * group + r % group] * kLog2e;
+      m = fmaxf(m, sink);
+    }
     const float m_use = m == -INFINITY ? 0.f : m;
-    float sum = 0.f;
+    float sum = args.sink_logits != nullptr ? ptx::Exp2Ftz(sink - m_use) : 0.f;
     for (int p = 0; p < n; ++p) {
       wr[p] = ptx::Exp2Ftz(wr[p] - m_use);
       sum += wr[p];
@@ -147,6 +161,34 @@ __device__ void MergeChunks(const TileArgs& args, const C8MergeItem& mi, int kvh
     const int tok = r / group, head = kvh * group + r % group;
     StoreOut4(args, (static_cast<size_t>(mi.q_start + tok) * args.num_q_heads + head) * D + d0, o);
   }
+}
+
+// An unsplit tile's output row with a sink (natural-log logit): acc / (l + e^sink) =
+// (acc / l) / (1 + 2^(sink log2 - lse)), lse the row's log2 sum over its keys. A split tile's merge
+// adds the sink instead (MergeChunks).
+__device__ __forceinline__ float SinkFactor(float sink, float lse) {
+  return 1.f / (1.f + ptx::Exp2Ftz(sink * kLog2e - lse));
+}
+
+// int8 K keeps its +1152 offset in the scores unless per-token scales multiply them
+// (Bytes2ToF16x2): a row's raw scores are q.k + 1152 sum(q), with q as the MMA saw it (fp16, the
+// per-channel K scale folded in). The softmax ignores that constant but a sink logit, compared
+// with absolute scores, does not: this is the offset of tile row r in the log2 domain of its lse.
+template <int D>
+__device__ float Int8ScoreOffsetLog2(const TileArgs& args, const C8WorkItem& item, int kvh,
+                                     int group, int r, float scale_log2) {
+  const int tok = r / group, head = kvh * group + r % group;
+  if (tok >= item.q_len) return 0.f;  // padding row
+  const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(args.q) +
+                           (static_cast<size_t>(item.q_start + tok) * args.num_q_heads + head) * D;
+  const bool per_channel = args.scale_mode == static_cast<int>(ScaleMode::kPerChannel);
+  float sum = 0.f;
+  for (int d = 0; d < D; ++d) {
+    float x = __bfloat162float(q[d]);
+    if (per_channel) x *= args.k_scale[kvh * D + d];
+    sum += __half2float(__float2half_rn(x));
+  }
+  return 1152.f * sum * scale_log2;
 }
 
 // The math of a layout: the decode layout (one row group) puts KV tokens in the MMA's M and its
@@ -188,8 +230,15 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32, ROW_WARPS == 1 && N
   const int bs_mask = (1 << lbs) - 1;
   const size_t page_stride = static_cast<size_t>(args.num_kv_heads) << lbs;  // rows per page
 
-  // Causal: the query token at sequence position p sees keys [0, p].
-  const int first_row_pos = item.q_pos0;
+  // Causal: the query token at sequence position p sees keys [0, p], or [p - window, p]. With a
+  // window the loop starts at the block holding the first query's window start (the planner's
+  // chunks do not know the layer's window): the blocks before it may be freed (-1). A split
+  // chunk wholly left of it is left empty (no tiles; its partial has lse -inf).
+  item.kv_start = C8WindowedKvStart(item.kv_start, item.kv_end, item.q_pos0, args.window, bs_mask);
+  // Tiles crossing the chunk end, the first query's diagonal or the last query's window start
+  // are masked per key (c8_window.h).
+  const C8UnmaskedTiles unmasked =
+      C8UnmaskedTileStarts(item.q_pos0, item.q_len, item.kv_end, args.window, kTile);
 
   const int num_tiles = (item.kv_end - item.kv_start + kTile - 1) / kTile;
   constexpr int kRowsPerThread = Cfg::kRowsPerThread;
@@ -273,13 +322,14 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32, ROW_WARPS == 1 && N
     const float* ks = tok_scale + (stage * 2 + 0) * kTile;
     const float* vs = tok_scale + (stage * 2 + 1) * kTile;
     const int tile_base = item.kv_start + tile * kTile;
-    // Masking is only needed where the tile crosses the chunk end or the causal diagonal.
-    const bool need_mask = tile_base + kTile > item.kv_end || tile_base + kTile - 1 > first_row_pos;
+    // Masking is only needed where the tile crosses the chunk end, the causal diagonal or a
+    // window's left edge.
+    const bool need_mask = C8TileNeedsMask(tile_base, unmasked);
 
     constexpr int kStepsPerWarp = kTile / 16 / TOK_WARPS;
     auto step = [&](auto mask_tag, int n0) {
       math.template Step<decltype(mask_tag)::value>(k_tile, v_tile, ks, vs, n0, tile_base + n0,
-                                                    item.kv_end, lane);
+                                                    item.kv_end, args.window, lane);
     };
     if (need_mask) {
 #pragma unroll
@@ -299,12 +349,21 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32, ROW_WARPS == 1 && N
 
   math.Finish();
 
+  // The lse of a row whose scores carry int8 K's offset is shifted by it; only a sink needs the
+  // absolute value (the merge of split chunks sees the same shift in all of them).
+  constexpr bool kOffsetScores = std::is_same_v<C, Int8Cache> && !kPerToken;
   // Rows of this tile that hold a query (tokens x group); the rest are padding.
   const int valid_rows = min(item.q_len * group, Cfg::kRows);
   // Writes normalized output elements d0..d0+3 of tile row r, and the row's lse (log2) with d0 0.
   auto emit4 = [&](int r, int d0, float4 v, float lse) {
     const int tok = r / group, head = kvh * group + r % group;
     float o[4] = {v.x, v.y, v.z, v.w};
+    // The decode layout folds the sink into its warp-merge factors instead (fewer registers).
+    if (TOK_WARPS == 1 && args.sink_logits != nullptr && item.partial < 0) {
+      const float f = SinkFactor(args.sink_logits[head], lse);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[i] *= f;
+    }
     if (args.scale_mode == static_cast<int>(ScaleMode::kPerHead)) {
       const float vsc = args.v_scale[kvh];
 #pragma unroll
@@ -339,7 +398,13 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32, ROW_WARPS == 1 && N
 #pragma unroll
     for (int i = 0; i < Math::kSlots; ++i) inv[i] = math.l_run[i] > 0.f ? 1.f / math.l_run[i] : 0.f;
     math.ForEachRowStat(lane, [&](int row, int i) {
-      lse_s[row0 + row] = math.l_run[i] > 0.f ? math.m_log2[i] + __log2f(math.l_run[i]) : -INFINITY;
+      float lse = math.l_run[i] > 0.f ? math.m_log2[i] + __log2f(math.l_run[i]) : -INFINITY;
+      if constexpr (kOffsetScores) {
+        if (args.sink_logits != nullptr) {
+          lse -= Int8ScoreOffsetLog2<D>(args, item, kvh, group, row0 + row, scale_log2);
+        }
+      }
+      lse_s[row0 + row] = lse;
     });
     math.ForEachOut(lane,
                     [&](int row, int d, float v, int i) { os[(row0 + row) * D + d] = v * inv[i]; });
@@ -372,10 +437,19 @@ __global__ void __launch_bounds__(ROW_WARPS* TOK_WARPS * 32, ROW_WARPS == 1 && N
         f[w] = ptx::Exp2Ftz(ms[w * 16 + r] - m_use);
         l += ls[w * 16 + r] * f[w];
       }
-      const float inv = l > 0.f ? 1.f / l : 0.f;
+      float inv = l > 0.f ? 1.f / l : 0.f;
+      float lse = l > 0.f ? m_use + __log2f(l) : -INFINITY;
+      if constexpr (kOffsetScores) {
+        if (args.sink_logits != nullptr) {
+          lse -= Int8ScoreOffsetLog2<D>(args, item, kvh, group, r, scale_log2);
+        }
+      }
+      if (args.sink_logits != nullptr && item.partial < 0) {
+        inv *= SinkFactor(args.sink_logits[kvh * group + r % group], lse);
+      }
 #pragma unroll
       for (int w = 0; w < Cfg::kWarps; ++w) fs[w * 16 + r] = f[w] * inv;
-      ms[r] = l > 0.f ? m_use + __log2f(l) : -INFINITY;  // row lse; warp 0's m is consumed
+      ms[r] = lse;  // row lse; warp 0's m is consumed
     }
     __syncthreads();
     for (int idx = tid; idx < valid_rows * (D / 4); idx += Cfg::kThreads) {

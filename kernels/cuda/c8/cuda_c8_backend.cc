@@ -1,9 +1,10 @@
 // Registers the CUDA C8 attention kernel as the "cuda_c8" backend: MHA/GQA, bf16 / int8 / fp8
 // caches with per-head, per-channel or per-token scales, head dims 64 and 128, power-of-two
-// blocks of at least 16 tokens, causal. Plan uploads the step's plan; Run appends (with the
-// rotary fused in when given the raw projection) and attends on the backend's stream (the
-// model's compute stream). Configure applies c8_prefill: prefill chunks over an 8-bit cache on
-// the C8 prefill tiles, or through the sm_90a wgmma FMHA kernel over a bf16 copy of their cache.
+// blocks of at least 16 tokens, causal with sliding windows and learned sink logits. Plan uploads
+// the step's plan; Run appends (with the rotary fused in when given the raw projection) and attends
+// on the backend's stream (the model's compute stream). Configure applies c8_prefill: prefill
+// chunks over an 8-bit cache on the C8 prefill tiles, or through the sm_90a wgmma FMHA kernel over
+// a bf16 copy of their cache.
 #include <memory>
 
 #include "kernels/backend_registry.h"
@@ -84,6 +85,9 @@ class CudaC8Backend final : public AttentionBackend {
     return attn_.UploadGraph(batch, BuildC8Plan(attn_.shape(), batch, config), bucket, stream_);
   }
   void Run(const AttentionParams& p) override {
+    // Not in this family's catalog row, so selection never gives them to it.
+    LLM_CHECK(p.logit_softcap == 0.0f && p.alibi_slopes == nullptr)
+        << "cuda_c8 implements neither the logit soft-cap nor ALiBi";
     C8Attention::LayerArgs a;
     a.q = p.q;
     a.k_new = p.k_new;
@@ -97,6 +101,8 @@ class CudaC8Backend final : public AttentionBackend {
     a.k_scale = dynamic ? p.cache.k_block_scales : const_cast<float*>(p.cache.k_scale);
     a.v_scale = dynamic ? p.cache.v_block_scales : const_cast<float*>(p.cache.v_scale);
     a.softmax_scale = p.softmax_scale;
+    a.window_left = p.window_left;
+    a.sink_logits = p.sink_logits;
     a.rope = p.rope;
     const Status st = attn_.Run(a, stream_);
     LLM_CHECK(st.ok()) << st.ToString();
