@@ -17,8 +17,20 @@
 #include <vector>
 
 #include "engine/engine_core.h"
+#include "kernels/backend_registry.h"
 
 namespace llm::gpu_test {
+
+// Whether the kernel catalog offers cuda_c8 for sliding windows and sink logits. The C8 kernels
+// implement both; the catalog row lists them once `gpu_tests "[c8_window]"` (which runs the
+// kernels directly) has passed on a GPU (kernels/kernel_catalog.cc). Until then selection gives
+// windowed and sink models cuda_fmha, and an 8-bit cache with them is refused.
+inline bool CudaC8ServesWindows() {
+  for (const BackendInfo& b : KernelCatalog()) {
+    if (b.name == "cuda_c8") return (b.features & kFeatureSlidingWindow) != 0;
+  }
+  return false;
+}
 
 // Per request and step: top-1 minus top-2 logit, relative to the step's max |logit|.
 using Gaps = std::map<std::string, std::vector<float>>;

@@ -198,9 +198,11 @@ TEST_CASE("GPU Mixtral and Qwen3-MoE fp8 weights track the bf16 weights", "[gpu]
 TEST_CASE("GPU gpt-oss matches the CPU decoder over 64 greedy steps", "[gpu][model][archs][moe]") {
   const std::string dir = gpu_test::WriteRandomMoe("gpt_oss_d64", RandomMoeArch::kGptOss);
   const Reference ref = CpuReference(dir);
+  const bool c8 = gpu_test::CudaC8ServesWindows();
   const auto selected = gpu_test::Generate(dir, MoePrompts(), {.steps = 1});
-  CHECK(selected.backend == "cuda_c8");
+  CHECK(selected.backend == (c8 ? "cuda_c8" : "cuda_fmha"));
   for (const std::string backend : {"cuda_c8", "cuda_fmha"}) {
+    if (backend == "cuda_c8" && !c8) continue;
     const std::string what = "gpt-oss " + backend;
     INFO(what);
     gpu_test::Routing routing;
@@ -226,6 +228,10 @@ TEST_CASE("GPU gpt-oss matches the CPU decoder over 64 greedy steps", "[gpu][mod
 // tiles.
 TEST_CASE("GPU gpt-oss with an fp8 KV cache tracks the 16-bit cache",
           "[gpu][archs][moe][c8][gpt_oss_kv8]") {
+  if (!gpu_test::CudaC8ServesWindows()) {
+    WARN("cuda_c8 does not serve sinks and windows yet (kernel_catalog.cc): skipped");
+    return;
+  }
   const std::string dir = gpu_test::WriteRandomMoe("gpt_oss_kv8", RandomMoeArch::kGptOss);
   const std::string kv8 = "fp8_e4m3_dynamic";
   gpu_test::Logits gpu16, gpu8, cpu32, cpu8;
