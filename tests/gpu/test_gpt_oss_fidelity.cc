@@ -466,22 +466,26 @@ TEST_CASE("GPU gpt-oss fidelity variants isolate the issue-51 shape's difference
   PrintTable(table);
 }
 
+// The one-token prompt 3 and the 4-layer issue model's first 8 greedy tokens after it on the CPU
+// (the path along which the unexplained divergence, step 4, appears).
+std::vector<int32_t> Prompt3Path() {
+  std::vector<int32_t> path = Prompts()[3];
+  const std::string dir =
+      gpu_test::WriteRandomMoe("oss_probe4", gpu_test::RandomMoeArch::kGptOss, IssueShape());
+  Runner r(dir, "cpu", false, true, 16);
+  const auto p = r.Round({Prompts()[3]}, {8});
+  path.insert(path.end(), p[0].tokens.begin(), p[0].tokens.end());
+  fs::remove_all(dir);
+  return path;
+}
+
 // Probe of the unexplained divergence (prompt 3, one token, step 4): the 4-layer CPU path's tokens
 // fed as prompts of growing length to models truncated to 1..4 layers (the random writer draws the
 // layers first, so the first L layers are the same weights), CPU against GPU: the prefill logits
 // at the last prompt position, and the next decode step's where both chose the same token.
 TEST_CASE("GPU gpt-oss probe: prefill and decode errors per truncated depth",
           "[gpu][model][moe][gpt_oss_probe][!mayfail]") {
-  const auto prompts = Prompts();
-  std::vector<int32_t> path = prompts[3];
-  {
-    const std::string dir =
-        gpu_test::WriteRandomMoe("oss_probe4", gpu_test::RandomMoeArch::kGptOss, IssueShape());
-    Runner r(dir, "cpu", false, true, 16);
-    const auto p = r.Round({prompts[3]}, {8});
-    path.insert(path.end(), p[0].tokens.begin(), p[0].tokens.end());
-    fs::remove_all(dir);
-  }
+  const std::vector<int32_t> path = Prompt3Path();
   for (const int layers : {1, 2, 3, 4}) {
     gpu_test::GptOssShape shape = IssueShape();
     shape.layers = layers;
@@ -515,16 +519,7 @@ TEST_CASE("GPU gpt-oss probe: prefill and decode errors per truncated depth",
 // error per token id (which tokens bring the error, and whether it follows the id's size).
 TEST_CASE("GPU gpt-oss probe: one-token prompts across the vocabulary",
           "[gpu][model][moe][gpt_oss_probe2][!mayfail]") {
-  const auto prompts = Prompts();
-  std::vector<int32_t> path = prompts[3];
-  {
-    const std::string dir =
-        gpu_test::WriteRandomMoe("oss_probe4", gpu_test::RandomMoeArch::kGptOss, IssueShape());
-    Runner r(dir, "cpu", false, true, 16);
-    const auto p = r.Round({prompts[3]}, {8});
-    path.insert(path.end(), p[0].tokens.begin(), p[0].tokens.end());
-    fs::remove_all(dir);
-  }
+  const std::vector<int32_t> path = Prompt3Path();
   std::printf("gpt_oss_probe2 path:");
   for (int32_t t : path) std::printf(" %d", t);
   std::printf("\n");
@@ -557,16 +552,7 @@ TEST_CASE("GPU gpt-oss probe: one-token prompts across the vocabulary",
 // 4-layer path's first five tokens and on its fifth token alone: which block brings the error.
 TEST_CASE("GPU gpt-oss probe: attention or experts",
           "[gpu][model][moe][gpt_oss_probe2][!mayfail]") {
-  const auto prompts = Prompts();
-  std::vector<int32_t> path = prompts[3];
-  {
-    const std::string dir =
-        gpu_test::WriteRandomMoe("oss_probe4", gpu_test::RandomMoeArch::kGptOss, IssueShape());
-    Runner r(dir, "cpu", false, true, 16);
-    const auto p = r.Round({prompts[3]}, {8});
-    path.insert(path.end(), p[0].tokens.begin(), p[0].tokens.end());
-    fs::remove_all(dir);
-  }
+  const std::vector<int32_t> path = Prompt3Path();
   struct Case {
     const char* name;
     float attn, moe;
