@@ -345,6 +345,9 @@ void EngineCore::AddOne(GenerationRequest request, std::shared_ptr<ResultSink> s
     st.matcher = std::make_unique<grammar::Matcher>(request.grammar);
     st.mask.resize(request.grammar->vocab().mask_words());
   }
+  if (config_.speculative.enabled() && config_.speculative.adaptive_draft_length) {
+    st.draft_length.emplace(config_.speculative.num_speculative_tokens);
+  }
   st.sink = std::move(sink);
   st.group = group;
   st.choice = choice;

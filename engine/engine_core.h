@@ -18,6 +18,7 @@
 #include "engine/metrics.h"
 #include "engine/request.h"
 #include "engine/runtime/model.h"
+#include "engine/speculative/adaptive_draft_length.h"
 #include "engine/speculative/draft_model_proposer.h"
 #include "engine/speculative/ngram_proposer.h"
 #include "engine/speculative/rejection_sampler.h"
@@ -139,6 +140,8 @@ class EngineCore {
     // Draft-model speculation of a sampled request: the distribution each of this step's drafts
     // was drawn from (the verification's q); empty for greedy and n-gram drafts (one-hot).
     std::vector<TokenProbs> draft_q;
+    // --speculative-adaptive-k: this request's draft length from its acceptance so far.
+    std::optional<AdaptiveDraftLength> draft_length;
   };
 
   EngineCore() = default;

@@ -66,13 +66,16 @@ void EngineCore::ProposeDrafts(StepRecord* record) {
         seq->num_tokens() - seq->num_computed_tokens != 1) {
       continue;
     }
+    const int k =
+        st.draft_length ? st.draft_length->Next() : config_.speculative.num_speculative_tokens;
     if (proposer_) {
       seq->draft_ids = proposer_->Propose(seq->AllTokens());
+      if (static_cast<int>(seq->draft_ids.size()) > k) seq->draft_ids.resize(k);
     } else if (seq->num_tokens() - seq->draft_kv_len <= scheduler_->config().max_batched_tokens) {
       // Placeholders (any valid id) for Schedule to count: RunDraftModel writes the proposals
       // once their blocks are reserved. A draft model far behind (speculation paused for long)
       // catches up in budget-sized chunks first, proposing nothing meanwhile.
-      seq->draft_ids.assign(config_.speculative.num_speculative_tokens, 0);
+      seq->draft_ids.assign(k, 0);
     }
   }
   record->draft_s = SecondsSince(t0);
@@ -251,6 +254,7 @@ void EngineCore::EmitDrafted(const StepBatch& in, const StepStates& states, Step
                                      draft_probs, [&] { return rs.sampler->NextUniform(); });
     rs.draft_q.clear();
     if (rs.matcher) rs.matcher->Rollback(tentative);
+    if (rs.draft_length) rs.draft_length->Observe(d.num_draft, v.num_accepted);
     record->num_drafts++;
     record->num_draft_tokens += d.num_draft;
     record->num_accepted_tokens += v.num_accepted;

@@ -177,6 +177,12 @@ std::vector<ServerOption> Declarations() {
       O::Int("ngram_prompt_lookup_max", LLM_BIND(engine.speculative.ngram_prompt_lookup_max), 1,
              1024, G::kScheduler, "n-gram drafting: the longest context suffix tried")
           .Requires(NgramSpeculation, "--speculative-method ngram"),
+      O::Bool("speculative_adaptive_k", LLM_BIND(engine.speculative.adaptive_draft_length),
+              G::kScheduler,
+              "each request drafts as many tokens as its own acceptance makes worth verifying "
+              "(1 to --num-speculative-tokens: a draft position is proposed while its estimated "
+              "acceptance probability is at least 0.3); off: always --num-speculative-tokens")
+          .Requires(Speculating, "--speculative-method ngram or draft"),
       O::Int("speculative_disable_by_batch_size",
              LLM_BIND(engine.speculative.disable_by_batch_size), 0, 1 << 20, G::kScheduler,
              "speculation pauses while more requests than this are running or waiting (their "

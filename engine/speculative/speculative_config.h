@@ -30,6 +30,9 @@ struct SpeculativeConfig {
   // so verifying drafts costs more than it saves, and paused requests overlap steps again.
   // 0: never paused.
   int disable_by_batch_size = 32;
+  // Each request drafts as many tokens as its own acceptance makes worth verifying, 1..K
+  // (engine/speculative/adaptive_draft_length.h); false: always K.
+  bool adaptive_draft_length = false;
 
   bool enabled() const { return method != "none"; }
 };

@@ -157,11 +157,12 @@ inline std::vector<Family> Families() {
 
 // An engine over the checkpoint in `dir` (block size 4, a small token budget so that prompts are
 // chunked beside verify steps) with speculation `method`; a draft model from `draft_dir` for the
-// draft method.
+// draft method; `adaptive`: --speculative-adaptive-k.
 inline std::unique_ptr<EngineCore> MakeCore(const std::string& dir, const std::string& method,
                                             int k, int num_blocks = 96,
                                             int disable_by_batch_size = 0,
-                                            const std::string& draft_dir = "") {
+                                            const std::string& draft_dir = "",
+                                            bool adaptive = false) {
   EngineConfig cfg;
   cfg.model.model_dir = dir;
   cfg.model.block_size = 4;
@@ -173,6 +174,7 @@ inline std::unique_ptr<EngineCore> MakeCore(const std::string& dir, const std::s
   cfg.speculative.num_speculative_tokens = k;
   cfg.speculative.disable_by_batch_size = disable_by_batch_size;
   cfg.speculative.draft_model_dir = draft_dir;
+  cfg.speculative.adaptive_draft_length = adaptive;
   auto core = EngineCore::Create(cfg);
   INFO(core.status().ToString());
   REQUIRE(core.ok());
