@@ -528,7 +528,7 @@ TEST_CASE("A sink logit far below every score changes nothing and a high one dra
 }
 
 TEST_CASE(
-    "Models needing soft-cap or sinks get cpu_reference; an 8-bit cache gets cpu_c8 for "
+    "Models needing soft-cap or sinks get cpu_reference, and an 8-bit cache gets cpu_c8 for "
     "sinks and fails naming the soft-cap",
     "[cpu_attention]") {
   for (uint32_t feature :
