@@ -31,34 +31,9 @@ using namespace spec_test;
 // A smaller Llama than the families' targets (one layer, hidden 16, one KV head) over the same
 // 64-token vocabulary.
 test::TinyCheckpoint SmallDraftLlama(int vocab = 64) {
-  const int h = 16, heads = 2, kv_heads = 1, d = 8, inter = 24;
-  test::TinyCheckpoint c;
-  c.config = {{"architectures", {"LlamaForCausalLM"}},
-              {"model_type", "llama"},
-              {"hidden_size", h},
-              {"intermediate_size", inter},
-              {"num_hidden_layers", 1},
-              {"num_attention_heads", heads},
-              {"num_key_value_heads", kv_heads},
-              {"head_dim", d},
-              {"vocab_size", vocab},
-              {"max_position_embeddings", 256},
-              {"rms_norm_eps", 1e-5},
-              {"hidden_act", "silu"},
-              {"tie_word_embeddings", false},
-              {"bos_token_id", 0},
-              {"eos_token_id", 1}};
-  uint32_t s = 4000;
-  c.AddF32("model.embed_tokens.weight", {vocab, h}, 0, 1.0f, ++s);
-  const std::string p = "model.layers.0.";
-  c.AddLayerNorms(p, h, &s);
-  c.AddF32(p + "self_attn.q_proj.weight", {heads * d, h}, 0, 0.3f, ++s);
-  c.AddF32(p + "self_attn.k_proj.weight", {kv_heads * d, h}, 0, 0.3f, ++s);
-  c.AddF32(p + "self_attn.v_proj.weight", {kv_heads * d, h}, 0, 0.3f, ++s);
-  c.AddF32(p + "self_attn.o_proj.weight", {h, heads * d}, 0, 0.3f, ++s);
-  c.AddGatedMlp(p, h, inter, &s);
-  c.AddFinalNormAndHead(h, vocab, &s);
-  return c;
+  return test::TinyLlama(
+      "llama", 4,
+      {.h = 16, .heads = 2, .kv_heads = 1, .d = 8, .inter = 24, .layers = 1, .vocab = vocab});
 }
 
 void CheckSameTokens(const RunResult& plain, const RunResult& spec) {

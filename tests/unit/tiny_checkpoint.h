@@ -69,9 +69,16 @@ struct TinyCheckpoint {
   }
 };
 
+// The sizes of a TinyLlama (its defaults: the families' tiny targets).
+struct TinyLlamaShape {
+  int h = 32, heads = 4, kv_heads = 2, d = 8, inter = 48, layers = 2, vocab = 64;
+};
+
 // Llama-family decoder: arch "llama", "qwen2" (q/k/v biases) or "mistral".
-inline TinyCheckpoint TinyLlama(const std::string& arch, uint32_t seed = 1) {
-  const int h = 32, heads = 4, kv_heads = 2, d = 8, inter = 48, layers = 2, vocab = 64;
+inline TinyCheckpoint TinyLlama(const std::string& arch, uint32_t seed = 1,
+                                const TinyLlamaShape& shape = {}) {
+  const int h = shape.h, heads = shape.heads, kv_heads = shape.kv_heads, d = shape.d;
+  const int inter = shape.inter, layers = shape.layers, vocab = shape.vocab;
   TinyCheckpoint c;
   const std::string name = arch == "qwen2"     ? "Qwen2ForCausalLM"
                            : arch == "mistral" ? "MistralForCausalLM"
