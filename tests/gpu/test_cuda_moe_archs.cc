@@ -137,6 +137,23 @@ TEST_CASE("Random Mixtral, Qwen3-MoE and gpt-oss checkpoints run on the CPU deco
   }
 }
 
+// The checkpoint in `dir` through `backend` (forced), eagerly with its routing recorded against
+// the CPU reference (CheckExplained), then from the decode graphs, which must give the eager
+// tokens (the MoE layers run inside them).
+void CheckBackend(const std::string& what, const std::string& dir, const Reference& ref,
+                  const std::string& backend, float routing_tie, TieGaps tie_gaps = {}) {
+  INFO(what);
+  gpu_test::Routing routing;
+  const auto eager = gpu_test::Generate(
+      dir, MoePrompts(),
+      {.force_backend = backend, .cuda_graph_max_batch = 0, .routing = &routing});
+  CHECK(eager.backend == backend);
+  CheckExplained(what + " eager", MoePrompts(), ref, eager.tokens, routing, routing_tie, tie_gaps);
+  const auto graphs = gpu_test::Generate(dir, MoePrompts(), {.force_backend = backend});
+  CHECK(graphs.graph_steps >= 40);
+  CheckGraphsMatchEager(what + " graphs", eager.tokens, graphs.tokens);
+}
+
 TEST_CASE("GPU Mixtral and Qwen3-MoE match the CPU decoder over 64 greedy steps",
           "[gpu][model][archs][moe]") {
   for (const auto arch : {RandomMoeArch::kMixtral, RandomMoeArch::kQwen3Moe}) {
@@ -144,17 +161,7 @@ TEST_CASE("GPU Mixtral and Qwen3-MoE match the CPU decoder over 64 greedy steps"
     const std::string dir = gpu_test::WriteRandomMoe(name + "_d128", arch);
     const Reference ref = CpuReference(dir);
     for (const std::string backend : {"cuda_c8", "cuda_fmha"}) {
-      const std::string what = name + " " + backend;
-      INFO(what);
-      gpu_test::Routing routing;
-      const auto eager = gpu_test::Generate(
-          dir, MoePrompts(),
-          {.force_backend = backend, .cuda_graph_max_batch = 0, .routing = &routing});
-      CHECK(eager.backend == backend);
-      CheckExplained(what + " eager", MoePrompts(), ref, eager.tokens, routing, kRoutingTieProb);
-      const auto graphs = gpu_test::Generate(dir, MoePrompts(), {.force_backend = backend});
-      CHECK(graphs.graph_steps >= 40);  // the MoE layers run inside the decode graphs
-      CheckGraphsMatchEager(what + " graphs", eager.tokens, graphs.tokens);
+      CheckBackend(name + " " + backend, dir, ref, backend, kRoutingTieProb);
     }
     fs::remove_all(dir);
   }
@@ -203,18 +210,8 @@ TEST_CASE("GPU gpt-oss matches the CPU decoder over 64 greedy steps", "[gpu][mod
   CHECK(selected.backend == (c8 ? "cuda_c8" : "cuda_fmha"));
   for (const std::string backend : {"cuda_c8", "cuda_fmha"}) {
     if (backend == "cuda_c8" && !c8) continue;
-    const std::string what = "gpt-oss " + backend;
-    INFO(what);
-    gpu_test::Routing routing;
-    const auto eager = gpu_test::Generate(
-        dir, MoePrompts(),
-        {.force_backend = backend, .cuda_graph_max_batch = 0, .routing = &routing});
-    CHECK(eager.backend == backend);
-    CheckExplained(what + " eager", MoePrompts(), ref, eager.tokens, routing, kRoutingTieLogits,
-                   {.early = 0.06f, .late = 0.06f});
-    const auto graphs = gpu_test::Generate(dir, MoePrompts(), {.force_backend = backend});
-    CHECK(graphs.graph_steps >= 40);
-    CheckGraphsMatchEager(what + " graphs", eager.tokens, graphs.tokens);
+    CheckBackend("gpt-oss " + backend, dir, ref, backend, kRoutingTieLogits,
+                 {.early = 0.06f, .late = 0.06f});
   }
   fs::remove_all(dir);
 }
