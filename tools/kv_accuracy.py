@@ -14,6 +14,11 @@ the embedded tiny model when --tiny-model is given):
      each mode runs teacher-forced on those tokens (logit error, top-1 agreement) and free-running
      (greedy agreement of the whole continuation).
 Prints a Markdown table. --check asserts the bounds in BOUNDS (exit 1 on a violation).
+
+--device cuda measures the same modes on the GPU (bin-dir then holds a CUDA build's tools)
+against the bf16 cache, on random Llama and Mistral models with the head_dim that cuda_c8
+serves (64), plus any --model NAME=DIR:VOCAB given (e.g. a gpt-oss saved by transformers with
+head_dim 64: sink logits and windows). Calibration runs on the CPU, as in serving.
 """
 import argparse
 import json
@@ -34,6 +39,12 @@ RANDOM_SPEC = hw.ModelSpec(arch="llama", dtype="f32", hidden=128, intermediate=2
 MISTRAL_SPEC = hw.ModelSpec(arch="mistral", dtype="f32", hidden=128, intermediate=256, heads=8,
                             kv_heads=2, layers=4, vocab=512, max_pos=1024, seed=3,
                             sliding_window=16)
+# The GPU shapes: cuda_c8 serves head_dim 64 and 128.
+CUDA_RANDOM_SPEC = hw.ModelSpec(arch="llama", dtype="f32", hidden=256, intermediate=512, heads=4,
+                                kv_heads=2, layers=4, vocab=512, max_pos=1024, seed=3)
+CUDA_MISTRAL_SPEC = hw.ModelSpec(arch="mistral", dtype="f32", hidden=256, intermediate=512,
+                                 heads=4, kv_heads=2, layers=4, vocab=512, max_pos=1024, seed=3,
+                                 sliding_window=16)
 GPT_OSS_FIXTURE = os.path.join(HERE, "..", "tests", "fixtures", "models", "gpt_oss_mxfp4")
 GPT_OSS_VOCAB = 512
 
@@ -163,14 +174,14 @@ def evaluate(args, name, model_dir, vocab_or_none):
     metrics = os.path.join(args.workdir, f"{name}-metrics.json")
     out, secs = run([os.path.join(args.bin_dir, "llm-kv-accuracy"), "--model", model_dir,
                      "--prompts", evalp, "--out", metrics, "--steps", str(args.steps),
-                     "--modes", ",".join(modes)])
+                     "--modes", ",".join(modes), "--device", args.device])
     print(out.strip())
     print(f"({secs:.1f} s)")
     results = {r["mode"]: r for r in json.load(open(metrics))["results"]}
     return results
 
 
-def markdown(name, results):
+def markdown(name, results, device):
     lines = [f"**{name}**", "",
              "| KV cache | logit err max | logit err mean of step max | logit err mean | "
              "top-1 agreement (teacher-forced) | greedy agreement (free-running) | "
@@ -178,7 +189,8 @@ def markdown(name, results):
              "|---|---|---|---|---|---|---|"]
     for mode in ["auto"] + MODES:
         r = results[mode]
-        label = "fp32 (auto), other batch" if mode == "auto" else mode
+        reference = "bf16" if device == "cuda" else "fp32"
+        label = f"{reference} (auto), other batch" if mode == "auto" else mode
         lines.append(
             f"| {label} | {r['logit_err_max']:.2e} | {r['logit_err_max_mean']:.2e} | "
             f"{r['logit_err_mean']:.2e} | {100 * r['top1_agreement']:.2f}% | "
@@ -259,24 +271,39 @@ def main():
     ap.add_argument("--steps", type=int, default=256)
     ap.add_argument("--calib-new-tokens", type=int, default=128,
                     help="greedy tokens decoded after each calibration prompt")
-    ap.add_argument("--check", action="store_true", help="assert BOUNDS")
+    ap.add_argument("--check", action="store_true", help="assert BOUNDS (the CPU's)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--model", action="append", default=[], metavar="NAME=DIR:VOCAB",
+                    help="one more model directory, its prompts random ids below VOCAB")
     a = ap.parse_args()
+    if a.check and a.device != "cpu":
+        ap.error("--check: the bounds are the CPU's (fp32 reference)")
     os.makedirs(a.workdir, exist_ok=True)
     t0 = time.time()
 
-    models = [("random-llama", hw.write_model(os.path.join(a.workdir, "random-llama"), RANDOM_SPEC),
-               RANDOM_SPEC.vocab),
-              ("random-mistral-w16",
-               hw.write_model(os.path.join(a.workdir, "random-mistral-w16"), MISTRAL_SPEC),
-               MISTRAL_SPEC.vocab),
-              ("gpt-oss-fixture", GPT_OSS_FIXTURE, GPT_OSS_VOCAB)]
+    if a.device == "cuda":
+        models = [(name, hw.write_model(os.path.join(a.workdir, name), spec), spec.vocab)
+                  for name, spec in (("random-llama-d64", CUDA_RANDOM_SPEC),
+                                     ("random-mistral-w16-d64", CUDA_MISTRAL_SPEC))]
+    else:
+        models = [("random-llama",
+                   hw.write_model(os.path.join(a.workdir, "random-llama"), RANDOM_SPEC),
+                   RANDOM_SPEC.vocab),
+                  ("random-mistral-w16",
+                   hw.write_model(os.path.join(a.workdir, "random-mistral-w16"), MISTRAL_SPEC),
+                   MISTRAL_SPEC.vocab),
+                  ("gpt-oss-fixture", GPT_OSS_FIXTURE, GPT_OSS_VOCAB)]
+    for m in a.model:
+        name, rest = m.split("=", 1)
+        model_dir, vocab = rest.rsplit(":", 1)
+        models.append((name, model_dir, int(vocab)))
     if a.tiny_model:
         models.append(("tiny-llama", a.tiny_model, None))
     tables, failures = [], []
     for name, model_dir, vocab in models:
         print(f"== {name} ({model_dir})")
         results = evaluate(a, name, model_dir, vocab)
-        tables.append(markdown(name, results))
+        tables.append(markdown(name, results, a.device))
         if a.check:
             failures += check(name, results, a.steps)
             if name == "random-llama":
