@@ -15,7 +15,6 @@
 #include "kernels/backend_registry.h"
 #include "kernels/cuda/c8/c8_attention.h"
 #include "kernels/cuda/common/cuda_check.h"
-#include "kernels/cuda/ops/bias_ops.h"
 #include "kernels/cuda/ops/elementwise_ops.h"
 #include "kernels/fmha/fmha_launcher.h"
 
@@ -231,14 +230,6 @@ StatusOr<AttentionSpec> CudaDenseDecoder::AttentionNeeds(const CudaLoadContext& 
   }
   ops_ = ctx.ops;
   fp8_ = ctx.weight_quant != WeightQuant::kBf16 || ctx.fp8_checkpoint;
-  for (const DecoderLayerSpec& L : layers_spec_.layers) {
-    // An fp8 o_proj may leave its row scales to the norm after it; the bias would come first.
-    if (fp8_ && L.o_bias) {
-      return Unimplemented(c.architecture_name +
-                           ": the o_proj bias with fp8 weights is not implemented on the cuda "
-                           "device; use weight_dtype bf16");
-    }
-  }
   LLM_ASSIGN_OR_RETURN(kv_, ParseKvCacheType(options.kv_cache_dtype, options.kv_scale_granularity));
   if (kv_.dtype == DType::kF32) kv_.dtype = DType::kBF16;  // "auto": the 16-bit cache on GPUs
   spec_ = MhaAttentionSpec(c, kv_, options.block_size, DeviceKind::kCuda, ctx.device_arch,
@@ -430,7 +421,9 @@ StatusOr<CudaLayersOut> CudaDenseDecoder::RunLayers(const CudaStep& step) {
   const int H = c.hidden_size, Q = c.q_size(), I = c.intermediate_size;
   // With fp8 weights every projection's input is produced as e4m3 rows by the kernel before it
   // (norm, SiluMul, or a row quantization of the attention output), and its raw output is scaled
-  // back by the kernel after it (rotary, norm, SiluMul): no separate quantization pass.
+  // back by the kernel after it (rotary, norm, SiluMul): no separate quantization pass. The same
+  // kernel adds the projection's bias after the scale (q/k/v: the rotary; o: the norm), so a
+  // bias costs no pass either.
   cuda::RmsNormArgs norm;
   norm.residual = step.residual;
   norm.num_rows = T;
@@ -504,15 +497,17 @@ StatusOr<CudaLayersOut> CudaDenseDecoder::RunLayers(const CudaStep& step) {
     }
     LLM_RETURN_IF_ERROR(Project(s, l, kO, s.attn.ptr, T, s.tmp.ptr,
                                 static_out ? lc.out_scale.as<float>() : nullptr));
-    if (L.bo.ptr) cuda::LaunchAddBiasRows(s.tmp.ptr, L.bo.ptr, T, H, stream);  // bf16 weights
+    // o_proj's bias joins in the norm, after the row scales (bf16 and fp8 weights alike).
     norm.delta = s.tmp.ptr;
     norm.delta_scale = static_out ? nullptr : RowScales(s, l, kO);
+    norm.delta_bias = L.bo.ptr;
     norm.delta_norm = L.attn_out_norm.ptr;
     norm.weight = L.ffn_in_norm.ptr;
     norm.out_fp8 = Fp8In(s, l, kGateUp);  // empty for a MoE layer: its GEMMs take bf16 rows
     norm.out_f32 = L.moe ? s.moe.x_f32.as<float>() : nullptr;  // the router's fp32 input
     cuda::LaunchAddRmsNorm(norm, stream);
     norm.out_f32 = nullptr;
+    norm.delta_bias = nullptr;  // the MLP's output, next, has none
     if (L.moe) {
       const CudaMoeLayer::Trace trace{routing_trace_, l, step.batch->positions.data()};
       LLM_RETURN_IF_ERROR(moe_->Run(*ops_, L.experts, step.xn, T, &s.moe, s.tmp.ptr, trace));

@@ -1,7 +1,8 @@
 // The Llama element-wise kernels (kernels/cuda/ops/elementwise_ops.h) against a host computation of
 // the same definition, on shapes that take the vectorized paths (multiples of 8) and the scalar
-// fallbacks (odd widths), with and without the residual delta and the row gather, and with bf16 or
-// fp8 (e4m3 rows with one scale each, the input of an fp8 GEMM) outputs and row-scaled inputs.
+// fallbacks (odd widths), with and without the residual delta (and its projection's bias) and the
+// row gather, and with bf16 or fp8 (e4m3 rows with one scale each, the input of an fp8 GEMM)
+// outputs and row-scaled inputs.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime.h>
@@ -85,19 +86,24 @@ TEST_CASE("Llama ops: add + RMSNorm and SiluMul match the host definition", "[gp
   GPU_TEST_RNG(rng);
   for (int hidden : {256, 4096, 4100, 8192, 8200}) {
     for (int T : {1, 3, 17}) {
-      for (int variant = 0; variant < 6; ++variant) {
-        // delta: none, bf16, or an fp8 GEMM's raw output with row scales; output bf16 or fp8.
-        const bool with_delta = variant % 3 != 0, scaled_delta = variant % 3 == 2;
-        const bool fp8 = variant >= 3;
+      for (int variant = 0; variant < 10; ++variant) {
+        // delta: none, bf16, bf16 + bias, an fp8 GEMM's raw output with row scales, the same +
+        // bias (added after the scale); output bf16 or fp8.
+        const int kind = variant % 5;
+        const bool with_delta = kind != 0, scaled_delta = kind >= 3;
+        const bool biased = kind == 2 || kind == 4;
+        const bool fp8 = variant >= 5;
         for (bool gather : {false, true}) {
           INFO("hidden " << hidden << " T " << T << " delta " << with_delta << " scaled "
-                         << scaled_delta << " fp8 " << fp8 << " gather " << gather);
+                         << scaled_delta << " bias " << biased << " fp8 " << fp8 << " gather "
+                         << gather);
           std::normal_distribution<float> nd(0.f, 2.f);
           std::vector<float> res(static_cast<size_t>(T) * hidden);
           for (auto& x : res) x = nd(rng);
           const auto delta = RandomBf16(res.size(), rng);
           const auto delta_scale = RandomRowScales(T, rng);
           const auto weight = RandomBf16(hidden, rng, 1.f);
+          const auto bias = RandomBf16(hidden, rng);
           std::vector<int32_t> rows;
           for (int t = T - 1; t >= 0; t -= 2) rows.push_back(t);  // reversed, every other row
           const int R = gather ? static_cast<int>(rows.size()) : T;
@@ -105,6 +111,7 @@ TEST_CASE("Llama ops: add + RMSNorm and SiluMul match the host definition", "[gp
           uint16_t* d_delta = Upload(delta);
           float* d_ds = Upload(delta_scale);
           uint16_t* d_w = Upload(weight);
+          uint16_t* d_bias = Upload(bias);
           int32_t* d_rows = Upload(rows);
           void* d_out = nullptr;
           float* d_scales = nullptr;
@@ -114,6 +121,7 @@ TEST_CASE("Llama ops: add + RMSNorm and SiluMul match the host definition", "[gp
           a.residual = d_res;
           a.delta = with_delta ? d_delta : nullptr;
           a.delta_scale = scaled_delta ? d_ds : nullptr;
+          a.delta_bias = biased ? d_bias : nullptr;
           a.weight = d_w;
           a.rows = gather ? d_rows : nullptr;
           a.num_rows = R;
@@ -135,7 +143,8 @@ TEST_CASE("Llama ops: add + RMSNorm and SiluMul match the host definition", "[gp
               float& x = want_res[static_cast<size_t>(t) * hidden + i];
               if (with_delta) {
                 const float d = Bf16ToF32(delta[static_cast<size_t>(t) * hidden + i]);
-                x += scaled_delta ? d * delta_scale[t] : d;
+                const float b = biased ? Bf16ToF32(bias[i]) : 0.f;
+                x += (scaled_delta ? d * delta_scale[t] : d) + b;
               }
               ss += static_cast<double>(x) * x;
             }
@@ -147,7 +156,7 @@ TEST_CASE("Llama ops: add + RMSNorm and SiluMul match the host definition", "[gp
           }
           const auto got_res = Download(d_res, res.size());
           if (!scaled_delta) {
-            CHECK(got_res == want_res);  // fp32 adds: exact
+            CHECK(got_res == want_res);  // fp32 adds (d + b, then x): exact
           } else {                       // the device may fuse delta * scale + x into one rounding
             int bad = 0;
             for (size_t i = 0; i < got_res.size(); ++i) {
@@ -161,9 +170,10 @@ TEST_CASE("Llama ops: add + RMSNorm and SiluMul match the host definition", "[gp
           } else {
             CheckBf16Close(Download(static_cast<uint16_t*>(d_out), want_out.size()), want_out);
           }
-          for (void* p : {static_cast<void*>(d_res), static_cast<void*>(d_delta),
-                          static_cast<void*>(d_ds), static_cast<void*>(d_w),
-                          static_cast<void*>(d_rows), d_out, static_cast<void*>(d_scales)}) {
+          for (void* p :
+               {static_cast<void*>(d_res), static_cast<void*>(d_delta), static_cast<void*>(d_ds),
+                static_cast<void*>(d_w), static_cast<void*>(d_bias), static_cast<void*>(d_rows),
+                d_out, static_cast<void*>(d_scales)}) {
             cudaFree(p);
           }
         }

@@ -51,9 +51,11 @@ __global__ void AddRmsNormKernel(const RmsNormArgs a) {
   const auto* delta = static_cast<const __nv_bfloat16*>(a.delta);
   const auto* weight = static_cast<const __nv_bfloat16*>(a.weight);
   const auto* dnorm = static_cast<const __nv_bfloat16*>(a.delta_norm);
+  const auto* dbias = static_cast<const __nv_bfloat16*>(a.delta_bias);
   const float ds = RowScale(a.delta_scale, t), off = a.weight_offset;
-  auto delta_at = [&](int i) {
-    return __bfloat162float(delta[static_cast<size_t>(t) * hidden + i]) * ds;
+  auto delta_at = [&](int i) {  // the projection's output: row scale, then bias
+    const float d = __bfloat162float(delta[static_cast<size_t>(t) * hidden + i]) * ds;
+    return dbias ? d + __bfloat162float(dbias[i]) : d;
   };
   float dinv = 1.f;
   if (delta && dnorm) {
@@ -186,13 +188,27 @@ __global__ void AddRmsNormVecKernel(const RmsNormArgs a) {
       if (delta) LoadBf16x8(delta + static_cast<size_t>(t) * hidden + i, d[c]);
     }
   }
+  // The delta as its projection's output: the row scale, then the bias (zero past hidden). The
+  // bias is read here, not before the dependency wait with the norm weights, to keep its
+  // registers free; it is one [H] row every CTA shares, so it comes from L2.
+  const auto* dbias = static_cast<const __nv_bfloat16*>(a.delta_bias);
+  if (delta) {
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const int i = (c * blockDim.x + threadIdx.x) * 8;
+      float b[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      if (dbias && i < hidden) LoadBf16x8(dbias + i, b);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) d[c][j] = i < hidden ? d[c][j] * ds + b[j] : 0.f;
+    }
+  }
   float dinv = 1.f;  // the delta's own norm first (delta_norm), over its scaled row
   if (delta && dnorm) {
     float dss = 0.f;
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) dss += (d[c][j] * ds) * (d[c][j] * ds);  // zero past hidden
+      for (int j = 0; j < 8; ++j) dss += d[c][j] * d[c][j];  // zero past hidden
     }
     dinv = rsqrtf(BlockSum(dss) / hidden + a.eps);
   }
@@ -204,7 +220,7 @@ __global__ void AddRmsNormVecKernel(const RmsNormArgs a) {
     if (delta) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        v[c][j] += dnorm ? d[c][j] * ds * dinv * wd[c][j] : d[c][j] * ds;
+        v[c][j] += dnorm ? d[c][j] * dinv * wd[c][j] : d[c][j];
       }
       *reinterpret_cast<float4*>(x + i) = make_float4(v[c][0], v[c][1], v[c][2], v[c][3]);
       *reinterpret_cast<float4*>(x + i + 4) = make_float4(v[c][4], v[c][5], v[c][6], v[c][7]);
@@ -505,7 +521,7 @@ void LaunchAddRmsNorm(const RmsNormArgs& a, void* stream) {
   const bool fp8 = a.out_fp8.enabled();
   const bool out_aligned = fp8 ? Aligned8(a.out_fp8.q) : Aligned16(a.out);
   if (a.hidden % 8 == 0 && a.hidden <= 8 * 4 * 256 && Aligned16(a.residual) && Aligned16(a.delta) &&
-      Aligned16(a.delta_norm) && Aligned16(a.weight) && out_aligned) {
+      Aligned16(a.delta_bias) && Aligned16(a.delta_norm) && Aligned16(a.weight) && out_aligned) {
     // Threads so that each holds at most 4 chunks of 8 (hidden 4096: 128 threads x 4).
     const int chunks = a.hidden / 8;
     const int threads = std::min(256, std::max(32, (chunks + 3) / 4 + 31) / 32 * 32);

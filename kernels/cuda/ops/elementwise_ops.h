@@ -22,6 +22,9 @@ struct RmsNormArgs {
   const void* delta = nullptr;         // bf16 [T, H] or null
   const float* delta_scale = nullptr;  // [T]: delta row t is delta[t] * delta_scale[t] (the raw
                                        // output of an fp8 GEMM, fp8_quant.h Fp8Rows), or null
+  // bf16 [H] or null: the bias of the projection that wrote delta (gpt-oss's o_proj), added to
+  // every delta row after its row scale (y = raw * scale + bias) and before delta_norm.
+  const void* delta_bias = nullptr;
   // bf16 [H] or null: delta is first RMS-normalized over its own row and scaled by
   // (weight_offset + delta_norm) before it joins the residual (Gemma's post-attention and
   // post-feedforward norms on the branch outputs).
@@ -35,7 +38,8 @@ struct RmsNormArgs {
   Fp8Rows out_fp8;           // e4m3 [R, H] with row scales (the next fp8 GEMM's input)
   float* out_f32 = nullptr;  // also the normed rows in fp32 [R, H] (an MoE router's input), or null
 };
-// residual (+)= delta (or its norm); out = rmsnorm(residual) * (weight_offset + weight), per row.
+// residual (+)= delta * delta_scale + delta_bias (or its norm); out = rmsnorm(residual) *
+// (weight_offset + weight), per row.
 void LaunchAddRmsNorm(const RmsNormArgs& a, void* stream);
 // The bf16 form: residual[T, H] (+)= delta (may be null); out = bf16(rmsnorm(residual) * weight).
 void LaunchAddRmsNorm(float* residual, const void* delta, const void* weight, const int32_t* rows,
