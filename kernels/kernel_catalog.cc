@@ -50,11 +50,9 @@ std::vector<BackendInfo> KernelCatalog() {
                           .features = kFeatureCausal,
                           .priority = 0});
 
-  // ---- CUDA. C8 is the fastest for what it covers (plain causal GQA, 16- and 8-bit caches), so
-  // it outranks FMHA, which serves the masks and score modifiers C8 lacks. The C8 kernels also
-  // implement sliding windows and sink logits (c8_window.h, TileArgs::window / sink_logits); they
-  // join this row once `gpu_tests "[c8_window]"` has passed on a GPU (issue 51): until then FMHA
-  // serves windows and sinks on 16-bit caches, and 8-bit caches with them are refused.
+  // ---- CUDA. C8 is the fastest for what it covers (causal GQA with sliding windows and sink
+  // logits, 16- and 8-bit caches), so it outranks FMHA, which serves the masks and score
+  // modifiers C8 lacks (ALiBi, soft-capping, head_dim 256).
   c.push_back(BackendInfo{.name = "cuda_c8",
                           .device = DeviceKind::kCuda,
                           .min_arch = 80,
@@ -63,7 +61,7 @@ std::vector<BackendInfo> KernelCatalog() {
                           .kv_quants = kAllQuants,
                           .head_dims = {64, 128},
                           .min_block_size = 16,
-                          .features = kFeatureCausal,
+                          .features = kFeatureCausal | kFeatureSlidingWindow | kFeatureSinks,
                           .priority = 10,
                           .kernel_options = {"c8_prefill"},
                           .archs = cuda_archs,

@@ -251,15 +251,18 @@ TEST_CASE("fp8 projection bias: the raw GEMM, then row scale and bias in the nor
 // fp8 weights (weight_dtype fp8) against the same model's bf16 weights, greedy over `steps`:
 // while the two runs agree their contexts are the same, so each step's logits must be within
 // the fp8 bound (test_fp8_weights.cc: e4m3 weights and activations over 3 layers x 4 projections
-// compound to ~10% relative L2 of the logits, 0.2 for the median first step; 0.5 for any step,
-// where an fp8 rounding may flip an MoE routing near-tie and move the logits by a whole expert).
+// compound to ~10% relative L2 of the logits, 0.2 for the median first step and for the median
+// step; `step_bound` for any step, where an fp8 rounding may flip an MoE routing near-tie and move
+// the logits by a whole expert: 0.5 for a dense model; gpt-oss's random top-2-of-8 layers flip
+// more often and further, its own bf16 run reaching 0.52 against fp32 at such steps
+// (docs/log/gpt_oss_gpu_fidelity.md), so one step may reach the logits' own size there).
 // The first divergence must be a near-tie of the bf16 logits: the bf16 margin between the two
 // tokens within 4x the rms of the fp8 logits' error at that step (the fp8 run chose its token
 // because its errors on the two differ by at least that margin; unbiased errors of that rms
 // exceed 4 rms apart rarely). A bias dropped or applied at the wrong scale moves every step's
-// logits by O(1) and fails the step bound.
+// logits by O(1) and fails the median bounds.
 void CheckFp8TracksBf16(const std::string& what, const std::string& dir,
-                        gpu_test::GenerateOptions o) {
+                        gpu_test::GenerateOptions o, double step_bound) {
   const auto prompts = gpu_test::RandomPrompts(23);
   gpu_test::Logits bf16_logits, fp8_logits;
   o.logits = &bf16_logits;
@@ -270,7 +273,7 @@ void CheckFp8TracksBf16(const std::string& what, const std::string& dir,
   const auto fp8 = gpu_test::Generate(dir, prompts, o);
   CHECK(fp8.graph_steps > 0);  // fp8 GEMMs and the bias in the norm inside decode graphs
   CHECK(fp8.backend == bf16.backend);
-  std::vector<double> first_step;
+  std::vector<double> first_step, every_step;
   int identical = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     const std::string req = std::to_string(i);
@@ -293,9 +296,10 @@ void CheckFp8TracksBf16(const std::string& what, const std::string& dir,
       }
       const double rel = std::sqrt(err2 / ref2);
       if (s == 0) first_step.push_back(rel);
+      every_step.push_back(rel);
       INFO(what << " prompt " << i << " step " << s << ": fp8 vs bf16 weights, relative L2 error "
                 << "of the logits " << rel);
-      CHECK(rel < 0.5);
+      CHECK(rel < step_bound);
       if (s != k) continue;
       // The divergence: bf16's margin between its token and the fp8 run's.
       const double margin = static_cast<double>(l16[a[k]]) - l16[b[k]];
@@ -308,12 +312,17 @@ void CheckFp8TracksBf16(const std::string& what, const std::string& dir,
   }
   std::sort(first_step.begin(), first_step.end());
   const double median = first_step[first_step.size() / 2];
+  std::sort(every_step.begin(), every_step.end());
+  const double median_all = every_step[every_step.size() / 2];
   std::printf(
-      "%s: %d of %zu prompts identical over %d greedy steps; median first-step relative "
-      "L2 of the logits %.4f\n",
-      what.c_str(), identical, prompts.size(), o.steps, median);
-  INFO(what << ": median relative L2 error of the first step's logits " << median);
+      "%s: %d of %zu prompts identical over %d greedy steps; relative L2 of the logits: median "
+      "first step %.4f, median of %zu steps %.4f, max %.4f\n",
+      what.c_str(), identical, prompts.size(), o.steps, median, every_step.size(), median_all,
+      every_step.back());
+  INFO(what << ": median relative L2 error of the first step's logits " << median
+            << ", of every step's " << median_all);
   CHECK(median < 0.2);
+  CHECK(median_all < 0.2);
 }
 
 // gpt-oss (q/k/v and o biases, sinks, sliding layers, stacked experts with biases): fp8 weights
@@ -322,7 +331,7 @@ TEST_CASE("GPU gpt-oss fp8 weights with q/k/v/o biases track the bf16 weights",
           "[gpu][archs][moe][fp8][fp8_bias]") {
   const std::string dir =
       gpu_test::WriteRandomMoe("gpt_oss_fp8_bias", gpu_test::RandomMoeArch::kGptOss);
-  CheckFp8TracksBf16("gpt-oss", dir, {.steps = 32});
+  CheckFp8TracksBf16("gpt-oss", dir, {.steps = 32}, /*step_bound=*/1.5);
   std::filesystem::remove_all(dir);
 }
 
@@ -333,7 +342,7 @@ TEST_CASE("GPU Qwen2 fp8 weights with q/k/v biases track the bf16 weights",
   const std::string dir = gpu_test::WriteRandomLlama("qwen2_fp8_bias", /*qwen2=*/true);
   for (const std::string backend : {"cuda_c8", "cuda_fmha"}) {
     gpu_test::GenerateOptions o{.force_backend = backend, .steps = 32};
-    CheckFp8TracksBf16("qwen2 " + backend, dir, o);
+    CheckFp8TracksBf16("qwen2 " + backend, dir, o, /*step_bound=*/0.5);
   }
   std::filesystem::remove_all(dir);
 }
