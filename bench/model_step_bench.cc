@@ -6,6 +6,7 @@
 //   build/cuda/bench/model_step_bench --model configs/models/llama3-8b [--kv int8]
 //       [--batches 1,64,256] [--ctx 1500] [--steps 30] [--prefill 8192] [--profile B]
 //       [--backend cuda_fmha] [--prefill-backend auto|none|NAME] [--weights bf16|fp8]
+//       [--moe-weights auto|bf16|mxfp4] (the server's moe_weight_dtype)
 //       [--prefill-seqs S] [--prefill-decode N] [--prefill-steps K] [--profile-prefill 1]
 //       [--fp8-fast-accum 0|1]   (default 1, the server's default)
 //       [--fp8-static-attn-out 0|1]   (default 1, the server's fp8_static_attention_output)
@@ -68,6 +69,7 @@ struct Args {
   std::string backend;  // forced attention backend (e.g. cuda_fmha); empty: the selection's
   std::string prefill_backend = "auto";  // ModelLoadOptions::prefill_attention_backend
   std::string weights = "auto";          // ModelLoadOptions::weight_dtype (bf16 | fp8)
+  std::string moe_weights = "auto";      // ModelLoadOptions::moe_weight_dtype (bf16 | mxfp4)
   bool fast_accum = true;                // ModelLoadOptions::fp8_fast_accumulation
   bool static_attn_out = true;           // ModelLoadOptions::fp8_static_attention_output
   std::string c8_prefill = "auto";       // ModelLoadOptions::c8_prefill
@@ -187,6 +189,8 @@ int main(int argc, char** argv) {
       args.static_attn_out = std::stoi(v) != 0;
     } else if (k == "--weights") {
       args.weights = v;
+    } else if (k == "--moe-weights") {
+      args.moe_weights = v;
     } else if (k == "--prefill-backend") {
       args.prefill_backend = v;
     } else if (k == "--profile") {
@@ -241,6 +245,7 @@ int main(int argc, char** argv) {
     o.attention_backend = args.backend;
     o.prefill_attention_backend = args.prefill_backend;
     o.weight_dtype = args.weights;
+    o.moe_weight_dtype = args.moe_weights;
     o.fp8_fast_accumulation = args.fast_accum;
     o.fp8_static_attention_output = args.static_attn_out;
     o.c8_prefill = args.c8_prefill;
@@ -268,7 +273,9 @@ int main(int argc, char** argv) {
     // them as a real one does, or not: the count says which).
     const llm::MoeSettings& moe = c.moe;
     const double dense_mlp = 2.0 * 3.0 * c.hidden_size * c.intermediate_size;
-    const double expert_bytes = 2.0 * 3.0 * c.hidden_size * moe.intermediate;
+    // MXFP4 experts as stored: 4-bit values and one e8m0 scale per 32 (4.25 bits a weight).
+    const double expert_bytes =
+        (args.moe_weights == "mxfp4" ? 4.25 / 8.0 : 2.0) * 3.0 * c.hidden_size * moe.intermediate;
     auto step_weight_bytes = [&](DecodeState& st, double* touched_per_layer) {
       *touched_per_layer = 0;
       if (moe.num_experts == 0) return weight_bytes;
