@@ -214,8 +214,9 @@ std::vector<ServerOption> Declarations() {
       O::Choice("moe_weight_dtype", LLM_BIND(engine.model.moe_weight_dtype), kMoeWeightDtypeChoices,
                 G::kCuda,
                 "routed experts stored as MXFP4 (gpt-oss); mxfp4: kept as stored for the MXFP4 "
-                "kernels or the load fails; bf16 and (until those kernels have passed their GPU "
-                "tests) auto: dequantized")
+                "kernels (with weight_dtype fp8 too, which then quantizes the other projections) "
+                "or the load fails; bf16 and (until those kernels outrun bf16 experts) auto: "
+                "dequantized")
           .OnlyOn("cuda", "the cpu models compute in fp32"),
       O::Bool("dummy_weights", LLM_BIND(engine.model.dummy_weights), G::kCuda,
               "random weights on the GPU instead of the checkpoint (benchmarks)")

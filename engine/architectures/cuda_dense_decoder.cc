@@ -220,8 +220,8 @@ StatusOr<AttentionSpec> CudaDenseDecoder::AttentionNeeds(const CudaLoadContext& 
     }
   }
   if (moe_) {
-    // "auto" dequantizes for now: the MXFP4 GEMMs are opt-in until their GPU tests
-    // (tests/gpu "[mxfp4]", the MXFP4 gpt-oss fidelity case) have passed on hardware.
+    // "auto" dequantizes for now: the MXFP4 GEMMs pass their GPU tests (tests/gpu "[mxfp4]") but
+    // are opt-in until they outrun the bf16 experts (docs/BENCHMARKS.md).
     moe_->set_mxfp4(options.moe_weight_dtype == "mxfp4" ? CudaMoeLayer::Mxfp4::kKeep
                                                         : CudaMoeLayer::Mxfp4::kDequantize);
   } else if (options.moe_weight_dtype == "mxfp4") {

@@ -292,7 +292,11 @@ Status CudaMoeLayer::LoadMxfp4(const WeightStore* weights, const std::string& ga
     spdlog::info("CUDA MoE layer: MXFP4 experts dequantized to bf16 ({})", why);
     return Status::Ok();
   };
-  if (quant != WeightQuant::kBf16) return unserved("the experts' GEMMs take fp8 weights");
+  // weight_dtype fp8 quantizes the experts only where they are not kept as stored: an explicit
+  // mxfp4 is the experts' own choice, and fp8 then applies to the other projections.
+  if (quant != WeightQuant::kBf16 && mxfp4_ != Mxfp4::kKeep) {
+    return unserved("weight_dtype fp8 quantizes the experts (moe_weight_dtype mxfp4 keeps them)");
+  }
   if (shared_inter_ > 0) return unserved("shared experts beside MXFP4 experts");
   if (!cuda::MoeMxfp4ShapeOk(true, inter_, hidden_) ||
       !cuda::MoeMxfp4ShapeOk(false, hidden_, inter_)) {
