@@ -212,7 +212,8 @@ TEST_CASE("GPU speculative verify steps replayed from CUDA graphs give the plain
 
 // Draft-model speculation on the CUDA runner: the draft model is a second CUDA model whose KV cache
 // lives in the target's blocks (allocated after the target's pool, with its block count); its
-// catch-up chunks run eagerly and its one-token proposal steps through its own decode graphs. With
+// prompt chunks run eagerly, its one-token proposal steps and its catch-up steps of one or two
+// tokens per sequence through its own graphs (DraftModelLoadOptions: up to two rows). With
 // another random model (a Qwen2 of the same vocabulary) as the draft, greedy tokens equal those
 // without speculation up to near-ties; with the target as its own draft, the drafts are the
 // target's tokens up to bf16 rounding of other batch shapes, so nearly every one is accepted (a
