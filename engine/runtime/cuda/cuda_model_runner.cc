@@ -294,7 +294,9 @@ Status CudaModelRunner::BuildKvPool(const CudaLoadContext& ctx, int num_blocks) 
   if (graph_max_batch_ > 0 && ctx.options->cuda_graph_warmup) {
     LLM_RETURN_IF_ERROR(CaptureAllGraphs(1));
     // The verify steps of the configured K (other row counts: on first use).
-    if (graph_max_q_ > 1) LLM_RETURN_IF_ERROR(CaptureAllGraphs(graph_max_q_));
+    if (graph_max_batch_ > 0 && graph_max_q_ > 1) {
+      LLM_RETURN_IF_ERROR(CaptureAllGraphs(graph_max_q_));
+    }
   }
   return Status::Ok();
 }
