@@ -12,9 +12,11 @@
 //       [--fp8-static-attn-out 0|1]   (default 1, the server's fp8_static_attention_output)
 //       [--c8-prefill auto|tiles|fmha] (the server's c8_prefill)
 //       [--query-tokens 1,2,3,4,5]
-// --query-tokens Q,...: also time eager steps in which every sequence brings Q tokens (the last
+// --query-tokens Q,...: also time steps in which every sequence brings Q tokens (the last
 //   sampled one and Q - 1 speculative drafts) with a logit row at each, a verify step of
-//   speculative decoding, beside the one-token step; rows "verify q=Q" (tok/s counts B x Q).
+//   speculative decoding, beside the one-token step, eagerly and replayed from the graphs of Q
+//   rows per sequence (ModelLoadOptions::cuda_graph_max_query_rows = the largest Q; stderr says
+//   how many timed steps replayed a graph); rows "verify q=Q" (tok/s counts B x Q).
 // --prefill-seqs S: the prefill chunk is S fresh sequences of prefill / S tokens each (the
 //   serving workload's chunks: 8 x 1024 is what 8,192-token steps of 1,000-token prompts hold).
 // --prefill-decode N: N decode rows at context --ctx join the prefill chunk, which keeps the same
@@ -242,6 +244,7 @@ int main(int argc, char** argv) {
     o.block_size = bs;
     o.num_kv_blocks = pool;
     o.cuda_graph_max_batch = graphs ? 256 : 0;
+    o.cuda_graph_max_query_rows = max_q;
     o.attention_backend = args.backend;
     o.prefill_attention_backend = args.prefill_backend;
     o.weight_dtype = args.weights;
@@ -335,9 +338,11 @@ int main(int argc, char** argv) {
       std::printf("| %d x %d | %s | %.3f | %.3f | %.0f | %.2f | %.2f | %s |\n", B, args.ctx,
                   graphs ? "graph" : "eager", mean, Percentile(ms, 0.5), B * 1000.0 / mean, gb,
                   gb / mean, joules.c_str());
-      for (int q : graphs ? std::vector<int>{} : args.query_tokens) {
+      for (int q : args.query_tokens) {
         std::vector<double> vms;
+        int64_t graph_steps0 = 0;
         for (int step = 0; step < args.steps + 3; ++step) {
+          if (step == 3) graph_steps0 = model.graph_steps();
           const llm::ForwardBatch fb = DecodeBatch(st, c.vocab_size, bs, rng, q);
           const auto t0 = Clock::now();
           const llm::Status s = model.ForwardSampled(fb, &logits, &tokens);
@@ -348,10 +353,14 @@ int main(int argc, char** argv) {
           const double dt = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
           if (step >= 3) vms.push_back(dt);
         }
+        if (graphs) {
+          std::fprintf(stderr, "batch %d, verify q=%d: %lld of %d timed steps from graphs\n", B, q,
+                       static_cast<long long>(model.graph_steps() - graph_steps0), args.steps);
+        }
         const double vmean = std::accumulate(vms.begin(), vms.end(), 0.0) / vms.size();
-        std::printf("| %d x %d | verify q=%d | %.3f | %.3f | %.0f | %.2f | %.2f | - | - |\n", B,
-                    args.ctx, q, vmean, Percentile(vms, 0.5), B * q * 1000.0 / vmean, gb,
-                    gb / vmean);
+        std::printf("| %d x %d | verify q=%d %s | %.3f | %.3f | %.0f | %.2f | %.2f | - | - |\n", B,
+                    args.ctx, q, graphs ? "graph" : "eager", vmean, Percentile(vms, 0.5),
+                    B * q * 1000.0 / vmean, gb, gb / vmean);
       }
     }
     if (!graphs && args.prefill > 0) {

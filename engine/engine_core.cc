@@ -98,8 +98,11 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& con
     LLM_RETURN_IF_ERROR(
         CheckDraftTokenizer(core->tokenizer_.get(), draft_tokenizer.get(), spec.draft_model_dir));
   }
+  // Verify steps (1 + K query rows per sequence) replay CUDA graphs like one-token decode steps.
+  ModelLoadOptions target = config.model;
+  target.cuda_graph_max_query_rows = SpeculativeQueryRows(spec);
   if (spec.method == "draft" && !draft) {
-    auto loaded = LoadModel(DraftModelLoadOptions(config.model, spec.draft_model_dir));
+    auto loaded = LoadModel(DraftModelLoadOptions(target, spec.draft_model_dir));
     if (!loaded.ok()) {
       return Status(loaded.status().code(),
                     "draft model " + spec.draft_model_dir + ": " + loaded.status().message());
@@ -109,7 +112,6 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& con
   if (model) {
     core->model_ = std::move(model);
   } else {
-    ModelLoadOptions target = config.model;
     if (draft) target.extra_kv_bytes_per_block = draft->kv_bytes_per_block();
     LLM_ASSIGN_OR_RETURN(core->model_, LoadModel(target));
   }

@@ -71,6 +71,19 @@ struct AttentionBatch {
   std::vector<int32_t> slot_mapping;  // [num_tokens] block * block_size + offset of each new token
 };
 
+// The shape a CUDA graph of a decode-shaped step is captured for: `seqs` sequences (the padded
+// batch) of `q` query rows each (1 for a decode step, 1 + K for a speculative verify step).
+struct GraphShape {
+  int seqs = 0;
+  int q = 1;
+  int rows() const { return seqs * q; }
+  bool operator<(const GraphShape& o) const { return seqs != o.seqs ? seqs < o.seqs : q < o.q; }
+  bool operator==(const GraphShape& o) const { return seqs == o.seqs && q == o.q; }
+};
+
+// Whether every sequence of `batch` has exactly q query rows (and num_tokens = num_seqs * q).
+bool UniformQueryRows(const AttentionBatch& batch, int q);
+
 // Whether `batch` is well formed over a cache of num_blocks blocks of block_size tokens: index
 // arrays of the right sizes, q_indptr and page_indptr non-decreasing from 0, each sequence's
 // pages covering its kv_len, 0 <= q_len <= kv_len, page ids and slots inside the cache (or page
@@ -205,16 +218,18 @@ class AttentionBackend {
   virtual MlaAttentionBackend* mla() { return nullptr; }
 
   // ---- Decode steps in CUDA graphs (GPU backends that support it) ----
-  // ReserveGraphs fixes a second device area for decode-only steps (one query token per sequence)
-  // of up to max_seqs sequences and max_pages block-table entries in all. PlanGraph plans such a
-  // step padded to `bucket` rows (rows past num_tokens are padding: no append, output unwritten);
-  // the Runs after it launch the same grids with the same pointers for every step of that bucket,
-  // reading the step's counts from device memory, so a model may capture them once and replay.
+  // ReserveGraphs fixes a second device area for decode-shaped steps (every sequence has the same
+  // 1..max_q query rows: one-token decode steps, speculative verify steps) of up to max_seqs
+  // sequences and max_pages block-table entries in all. PlanGraph plans such a step padded to
+  // shape.seqs sequences of shape.q rows each (rows past num_tokens are padding: no append,
+  // output unwritten); the Runs after it launch the same grids with the same pointers for every
+  // step of that shape, reading the step's counts from device memory, so a model may capture
+  // them once and replay.
   virtual bool supports_graphs() const { return false; }
-  virtual Status ReserveGraphs(int max_seqs, int max_pages) {
+  virtual Status ReserveGraphs(int max_seqs, int max_pages, int max_q) {
     return Unimplemented(name() + " cannot run in CUDA graphs");
   }
-  virtual Status PlanGraph(const AttentionBatch& batch, int bucket) {
+  virtual Status PlanGraph(const AttentionBatch& batch, GraphShape shape) {
     return Unimplemented(name() + " cannot run in CUDA graphs");
   }
 };

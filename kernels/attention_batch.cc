@@ -1,5 +1,6 @@
-// CheckAttentionBatch: the structural invariants every backend's planner relies on; the default
-// Configure of the MLA backends without kernel choices; the KV cache layout runners allocate.
+// CheckAttentionBatch and UniformQueryRows: the structural invariants every backend's planner
+// relies on; the default Configure of the MLA backends without kernel choices; the KV cache layout
+// runners allocate.
 #include <string>
 
 #include "kernels/attention_backend.h"
@@ -16,6 +17,17 @@ std::string Seq(int s) {
 }
 
 }  // namespace
+
+bool UniformQueryRows(const AttentionBatch& b, int q) {
+  if (q < 1 || b.num_tokens != b.num_seqs * q ||
+      b.q_indptr.size() != static_cast<size_t>(b.num_seqs) + 1) {
+    return false;
+  }
+  for (int s = 0; s <= b.num_seqs; ++s) {
+    if (b.q_indptr[s] != s * q) return false;
+  }
+  return true;
+}
 
 Status CheckAttentionBatch(const AttentionBatch& b, int block_size, int num_blocks) {
   if (block_size < 1 || num_blocks < 0) return Bad("bad cache geometry");

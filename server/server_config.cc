@@ -169,7 +169,9 @@ std::vector<ServerOption> Declarations() {
                 "the target's blocks")
           .Requires(DraftModelSpeculation, "--speculative-method draft"),
       O::Int("num_speculative_tokens", LLM_BIND(engine.speculative.num_speculative_tokens), 1,
-             kMaxSpeculativeTokens, G::kScheduler, "draft tokens verified per sequence and step")
+             kMaxSpeculativeTokens, G::kScheduler,
+             "draft tokens verified per sequence and step (on CUDA the verify steps of 1 + K rows "
+             "replay graphs)")
           .Requires(Speculating, "--speculative-method ngram or draft"),
       O::Int("ngram_prompt_lookup_min", LLM_BIND(engine.speculative.ngram_prompt_lookup_min), 1,
              1024, G::kScheduler, "n-gram drafting: the shortest context suffix that must recur")
@@ -222,10 +224,12 @@ std::vector<ServerOption> Declarations() {
               "random weights on the GPU instead of the checkpoint (benchmarks)")
           .OnlyOn("cuda", kGpu),
       O::Int("cuda_graph_max_batch", LLM_BIND(engine.model.cuda_graph_max_batch), 0, 4096, G::kCuda,
-             "decode steps of up to this many sequences replay CUDA graphs; 0: off")
+             "decode and speculative verify steps of up to this many sequences replay CUDA "
+             "graphs; 0: off")
           .OnlyOn("cuda", kGpu),
       O::Bool("cuda_graph_warmup", LLM_BIND(engine.model.cuda_graph_warmup), G::kCuda,
-              "capture every decode graph at start-up instead of on first use")
+              "capture every decode graph (and the verify graphs of 1 + K rows) at start-up "
+              "instead of on first use")
           .OnlyOn("cuda", kGpu),
       // Kernel experiments: docs/KERNEL_SELECTION.md says what each one chooses.
       O::String("attention_backend", LLM_BIND(engine.model.attention_backend), G::kKernel,

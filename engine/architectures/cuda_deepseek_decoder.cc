@@ -84,10 +84,12 @@ class CudaDeepseekDecoder final : public CudaDecoder {
   bool keeps_checkpoint_fp8() const override { return true; }
   Status Reserve(int set, int rows) override;
   Status Plan(const ForwardBatch& batch) override;
-  Status PlanGraph(const ForwardBatch& batch, int bucket) override {
-    SetDecodeRows(bucket);
+  // Every row of a graph step is a decode row (cuda_mla's graph form plans all q rows of each
+  // sequence, K = 4's five included: MlaDecode::GraphPlanConfig).
+  Status PlanGraph(const ForwardBatch& batch, GraphShape shape) override {
+    SetDecodeRows(shape.rows());
     any_prefill_ = false;
-    return mla_->PlanGraph(batch.attn, bucket);
+    return mla_->PlanGraph(batch.attn, shape);
   }
   StatusOr<CudaLayersOut> RunLayers(const CudaStep& step) override;
   std::string Summary() const override { return std::to_string(num_moe_layers()) + " MoE"; }

@@ -92,9 +92,11 @@ class CudaDenseDecoder final : public CudaDecoder {
     return scratch_[set].Reserve(config_, rows, fp8_, ops_->stream);
   }
   Status Plan(const ForwardBatch& batch) override;
-  Status PlanGraph(const ForwardBatch& batch, int bucket) override {
+  // Graph steps (one-token decode steps and verify steps of up to 1 + K rows per sequence) all
+  // attend through the decode backend, whatever their rows.
+  Status PlanGraph(const ForwardBatch& batch, GraphShape shape) override {
     step_attention_ = attention_.decode.get();
-    return step_attention_->PlanGraph(batch.attn, bucket);
+    return step_attention_->PlanGraph(batch.attn, shape);
   }
   StatusOr<CudaLayersOut> RunLayers(const CudaStep& step) override;
   std::string Summary() const override {

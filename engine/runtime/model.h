@@ -135,8 +135,15 @@ struct ModelLoadOptions {
   // model.safetensors (benchmarking models too large to ship). CUDA only.
   bool dummy_weights = false;
   // Decode-only steps of up to this many sequences replay a CUDA graph captured per padded batch
-  // size (1, 2, 4, then multiples of 8) when the attention backend supports it; 0 disables.
+  // size (1, 2, 4, then multiples of 8; engine/runtime/graph_step_plan.h) when the attention
+  // backend supports it; 0 disables.
   int cuda_graph_max_batch = 256;
+  // Decode-shaped steps whose sequences have up to this many query rows each also replay graphs,
+  // one per (padded batch size, rows): speculative verify steps (1 + K rows; EngineCore sets it
+  // from SpeculativeConfig, a draft model gets 2 for its catch-up steps). Graphs of more than one
+  // row are captured on first use, except those of this many rows, which the warm-up captures
+  // too. 1: one-token decode steps only.
+  int cuda_graph_max_query_rows = 1;
   // Capture every one of those graphs while loading (vLLM and TensorRT-LLM do it at start-up), so
   // no request pays for a bucket's first eager step, its fp8 GEMM tuning and its capture;
   // false: each is captured on its first decode step.

@@ -14,6 +14,10 @@ ModelLoadOptions DraftModelLoadOptions(const ModelLoadOptions& target, const std
   o.dummy_weights = target.dummy_weights;
   o.cuda_graph_max_batch = target.cuda_graph_max_batch;
   o.cuda_graph_warmup = target.cuda_graph_warmup;
+  // Its one-token proposal steps replay decode graphs; its catch-up steps consume one token per
+  // sequence (a draft rejected) or two (every draft accepted: the last draft, whose K/V it never
+  // wrote, and the target's token), so with speculation they replay graphs of up to two rows.
+  o.cuda_graph_max_query_rows = std::min(target.cuda_graph_max_query_rows, 2);
   o.weight_dtype = target.weight_dtype;
   o.fp8_fast_accumulation = target.fp8_fast_accumulation;
   o.defer_kv_cache = true;

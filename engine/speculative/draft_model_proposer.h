@@ -32,7 +32,8 @@
 namespace llm {
 
 // The load options of a draft model beside a target loaded with `target`: the same device, block
-// size, CUDA graph settings, weight dtype and dummy weights; the automatic kernel choice and the
+// size, CUDA graph settings (graphs of up to two query rows per sequence where the target's
+// verify steps have more), weight dtype and dummy weights; the automatic kernel choice and the
 // 16-bit KV cache (fp32 on the cpu), no scales; its KV cache deferred (allocated with the
 // target's block count).
 ModelLoadOptions DraftModelLoadOptions(const ModelLoadOptions& target, const std::string& dir);

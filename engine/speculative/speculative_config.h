@@ -37,6 +37,12 @@ struct SpeculativeConfig {
   bool enabled() const { return method != "none"; }
 };
 
+// Query rows per sequence of a verify step: 1 + K with speculation, else 1 (a one-token decode
+// step); the target model's ModelLoadOptions::cuda_graph_max_query_rows.
+inline int SpeculativeQueryRows(const SpeculativeConfig& config) {
+  return config.enabled() ? 1 + config.num_speculative_tokens : 1;
+}
+
 // InvalidArgument naming the option: an unknown or not implemented method, K outside 1..4, n-gram
 // lengths outside 1 <= min <= max, a draft method without a draft model directory or a draft
 // model directory without the draft method.

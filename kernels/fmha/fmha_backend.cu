@@ -100,15 +100,19 @@ class FmhaBackend final : public AttentionBackend {
     return Status::Ok();
   }
 
-  // Graph area: fixed buffers for decode steps of up to max_seqs sequences, the block table
-  // [max_seqs, max_pages / max_seqs] (padding sequences have no query rows and no keys).
+  // Graph area: fixed buffers for decode-shaped steps of up to max_seqs sequences of up to max_q
+  // query rows each, the block table [max_seqs, max_pages / max_seqs] (padding sequences have no
+  // query rows and no keys).
   bool supports_graphs() const override { return true; }
-  Status ReserveGraphs(int max_seqs, int max_pages) override {
+  Status ReserveGraphs(int max_seqs, int max_pages, int max_q) override {
     if (graph_.d_ints != nullptr) {
       return FailedPrecondition("the FMHA graph area is reserved once: graphs point into it");
     }
+    if (max_seqs <= 0 || max_q <= 0) {
+      return InvalidArgument("fmha graph area needs max_seqs and max_q > 0");
+    }
     const int per_seq = std::max(1, max_pages / std::max(1, max_seqs));
-    const size_t bytes = Area::Ints(max_seqs, per_seq, max_seqs) * sizeof(int32_t);
+    const size_t bytes = Area::Ints(max_seqs, per_seq, max_seqs * max_q) * sizeof(int32_t);
     void* d = nullptr;
     void* h = nullptr;
     if (gpu::Malloc(&d, bytes) != gpu::kSuccess) return ResourceExhausted("fmha graph area");
@@ -116,22 +120,27 @@ class FmhaBackend final : public AttentionBackend {
     if (gpu::MallocHost(&h, bytes) != gpu::kSuccess) return ResourceExhausted("fmha graph staging");
     graph_.h_ints = static_cast<int32_t*>(h);
     graph_max_seqs_ = max_seqs;
+    graph_max_q_ = max_q;
     graph_pages_per_seq_ = per_seq;
-    // One workspace for every bucket: the largest any bucket's split choice needs.
+    // One workspace for every shape: the largest any shape's split choice needs.
     size_t ws = 0;
-    for (int bucket = 1; bucket <= max_seqs; ++bucket) {
-      const FmhaParams p = GraphParams(bucket);
-      const int splits = FmhaAutoSplits(p);
-      if (splits > 1) ws = std::max(ws, FmhaWorkspaceBytes(p, splits));
+    for (int q = 1; q <= max_q; ++q) {
+      for (int bucket = 1; bucket <= max_seqs; ++bucket) {
+        const FmhaParams p = GraphParams(GraphShape{bucket, q});
+        const int splits = FmhaAutoSplits(p);
+        if (splits > 1) ws = std::max(ws, FmhaWorkspaceBytes(p, splits));
+      }
     }
     return GrowWorkspace(&graph_.workspace, &graph_.workspace_bytes, ws);
   }
-  Status PlanGraph(const AttentionBatch& b, int bucket) override {
+  Status PlanGraph(const AttentionBatch& b, GraphShape shape) override {
     const int n = b.num_seqs;
     if (graph_max_seqs_ == 0) return FailedPrecondition("PlanGraph before ReserveGraphs");
-    if (n > bucket || bucket > graph_max_seqs_ || b.num_tokens != n) {
-      return InvalidArgument("fmha graph plan: " + std::to_string(n) + " sequences, bucket " +
-                             std::to_string(bucket));
+    if (n > shape.seqs || shape.seqs > graph_max_seqs_ || shape.q > graph_max_q_ ||
+        !UniformQueryRows(b, shape.q)) {
+      return InvalidArgument("fmha graph plan: " + std::to_string(n) + " sequences of " +
+                             std::to_string(b.num_tokens) + " rows, shape " +
+                             std::to_string(shape.seqs) + " x " + std::to_string(shape.q));
     }
     for (int s = 0; s < n; ++s) {
       if (b.page_indptr[s + 1] - b.page_indptr[s] > graph_pages_per_seq_) {
@@ -139,10 +148,10 @@ class FmhaBackend final : public AttentionBackend {
       }
     }
     // The whole fixed layout (GraphParams' offsets), padded to the largest bucket.
-    LLM_RETURN_IF_ERROR(Stage(graph_, b, graph_max_seqs_, graph_pages_per_seq_, bucket));
-    graph_.params = GraphParams(bucket);
-    graph_.num_tokens = bucket;
-    graph_.splits = FmhaAutoSplits(graph_.params);  // a function of the bucket alone
+    LLM_RETURN_IF_ERROR(Stage(graph_, b, graph_max_seqs_, graph_pages_per_seq_, shape.rows()));
+    graph_.params = GraphParams(shape);
+    graph_.num_tokens = shape.rows();
+    graph_.splits = FmhaAutoSplits(graph_.params);  // a function of the shape alone
     active_ = &graph_;
     return Status::Ok();
   }
@@ -236,12 +245,12 @@ class FmhaBackend final : public AttentionBackend {
     return Status::Ok();
   }
 
-  // The graph area's params for a bucket: one query row per sequence, the full table stride.
-  FmhaParams GraphParams(int bucket) const {
+  // The graph area's params for a shape: q query rows per sequence, the full table stride.
+  FmhaParams GraphParams(GraphShape shape) const {
     const size_t off_seqlen = graph_max_seqs_ + 1, off_table = off_seqlen + graph_max_seqs_;
     FmhaParams p = base_;
-    p.batch = bucket;
-    p.max_seqlen_q = 1;
+    p.batch = shape.seqs;
+    p.max_seqlen_q = shape.q;
     p.seqstart_q = graph_.d_ints;
     p.seqlen_k = graph_.d_ints + off_seqlen;
     p.block_table = graph_.d_ints + off_table;
@@ -286,7 +295,7 @@ class FmhaBackend final : public AttentionBackend {
   size_t capacity_ = 0;        // of the eager area's buffers
   void* workspace_ = nullptr;  // the eager area's split-KV workspace
   size_t workspace_bytes_ = 0;
-  int graph_max_seqs_ = 0, graph_pages_per_seq_ = 0;
+  int graph_max_seqs_ = 0, graph_max_q_ = 0, graph_pages_per_seq_ = 0;
 };
 
 // Capabilities are this family's row in KernelCatalog() (cuda_fmha or hip_fmha).

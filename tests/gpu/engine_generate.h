@@ -76,6 +76,7 @@ struct GenerateResult {
   int64_t overlapped_steps = 0;              // steps queued before the previous one was read
   int64_t accepted_drafts = 0;               // speculative drafts accepted
   int64_t draft_tokens = 0;                  // speculative drafts verified
+  int64_t steps = 0;                         // engine steps until every request finished
 };
 
 struct CollectSink : ResultSink {
@@ -160,7 +161,10 @@ inline GenerateResult Generate(const std::string& dir,
     sinks.push_back(std::make_shared<CollectSink>());
     (*core)->Add(std::move(r), sinks.back());
   }
-  for (int guard = 0; (*core)->HasWork() && guard < 10000; ++guard) (*core)->Step();
+  for (int guard = 0; (*core)->HasWork() && guard < 10000; ++guard) {
+    (*core)->Step();
+    ++result.steps;
+  }
   result.graph_steps = (*core)->model().graph_steps();
   result.overlapped_steps = (*core)->num_overlapped_steps();
   result.accepted_drafts = static_cast<int64_t>((*core)->metrics()->spec_accepted_tokens.value());

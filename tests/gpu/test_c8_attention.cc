@@ -83,6 +83,7 @@ struct GraphCtx {
   C8Attention* attn = nullptr;
   cudaStream_t stream = nullptr;
   int bucket = 0;
+  int q = 1;       // query rows per sequence of the bucket's steps (> 1: verify steps)
   size_t cap = 0;  // bytes of each buffer below
   void *dq = nullptr, *dk = nullptr, *dv = nullptr, *dout = nullptr, *dkc = nullptr, *dvc = nullptr;
   float *dks = nullptr, *dvs = nullptr;
@@ -92,7 +93,8 @@ struct GraphCtx {
 };
 
 void RunCase(const Case& c, std::mt19937& rng, GraphCtx* g = nullptr) {
-  INFO(Name(c) << (g ? " graph bucket " + std::to_string(g->bucket) : std::string()));
+  INFO(Name(c) << (g ? " graph bucket " + std::to_string(g->bucket) + " x " + std::to_string(g->q)
+                     : std::string()));
   const int D = c.d, bs = c.bs, hkv = c.hkv, hq = c.hq;
   const bool eight = c.cache != CacheType::kBf16;
   const int esize = eight ? 1 : 2;
@@ -254,12 +256,16 @@ void RunCase(const Case& c, std::mt19937& rng, GraphCtx* g = nullptr) {
   }
   pc.force_split = c.force_split;
   pc.min_chunk_tokens = 64;
-  if (g) pc.max_decode_items = attn.GraphItemCapacity(g->bucket);
+  if (g) {
+    pc.max_decode_items = attn.GraphItemCapacity(GraphShape{g->bucket, g->q});
+    pc.decode_query_len = g->q;  // every row on decode tiles, as the backend's PlanGraph
+  }
   const C8Plan plan = BuildC8Plan(shape, run_b, pc);
   if (c.force_split) CHECK(plan.num_partials > 0);
   if (g) {
     CHECK(static_cast<int>(plan.decode_items.size()) <= pc.max_decode_items);
-    const Status up = attn.UploadGraph(run_b, plan, g->bucket, g->stream);
+    CHECK(plan.prefill_items.empty());
+    const Status up = attn.UploadGraph(run_b, plan, GraphShape{g->bucket, g->q}, g->stream);
     INFO(up.ToString());
     REQUIRE(up.ok());
   } else {
@@ -592,6 +598,53 @@ TEST_CASE("C8 attention in CUDA graphs: one capture per bucket replays different
     cudaFree(g.dks);
     cudaFree(g.dvs);
     cudaStreamDestroy(g.stream);
+  }
+}
+
+// Verify steps (issue 52): q = 2..5 query rows per sequence from one capture per (bucket, q),
+// against the CPU reference. GQA 4 (32 / 8 heads) puts 4 rows of a sequence in one decode tile, so
+// 5 take two; GQA 8 (16 / 2) puts 2, so 3..5 take two or three (C8PlanConfig::decode_query_len).
+TEST_CASE("C8 attention in CUDA graphs: verify steps of 2 to 5 rows per sequence",
+          "[gpu][c8][speculative_graph]") {
+  GPU_TEST_RNG(rng);
+  const std::pair<CacheType, ScaleMode> modes[] = {{CacheType::kBf16, ScaleMode::kNone},
+                                                   {CacheType::kInt8, ScaleMode::kPerHead},
+                                                   {CacheType::kFp8E4M3, ScaleMode::kPerToken}};
+  constexpr int kMaxSeqs = 8, kMaxKv = 2000, kBs = 16, kMaxQ = 5;
+  for (auto [hq, hkv] : {std::pair{32, 8}, {16, 2}}) {
+    for (auto [cache, scale] : modes) {
+      C8Attention attn({hq, hkv, 128, kBs, cache, scale});
+      REQUIRE(attn.ReserveGraph(kMaxSeqs, kMaxSeqs * (kMaxKv / kBs + 1), kMaxQ).ok());
+      GraphCtx g;
+      g.attn = &attn;
+      CUDA_REQUIRE(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking));
+      g.cap = static_cast<size_t>(kMaxSeqs * (kMaxKv / kBs + 1) + 8) * 8 * kBs * 128 * 2;
+      for (void** p : {&g.dq, &g.dk, &g.dv, &g.dout, &g.dkc, &g.dvc}) {
+        CUDA_REQUIRE(cudaMalloc(p, g.cap));
+      }
+      CUDA_REQUIRE(cudaMalloc(&g.dks, g.cap));
+      CUDA_REQUIRE(cudaMalloc(&g.dvs, g.cap));
+      std::uniform_int_distribution<int> kv(kMaxQ, kMaxKv);
+      for (int q = 2; q <= kMaxQ; ++q) {
+        for (int bucket : {1, 8}) {
+          g.bucket = bucket;
+          g.q = q;
+          g.exec = nullptr;
+          g.replays = 0;
+          for (int n : {bucket, std::max(1, bucket - 3)}) {
+            std::vector<std::pair<int, int>> seqs;
+            for (int i = 0; i < n; ++i) seqs.push_back({q, kv(rng)});
+            RunCase({hq, hkv, 128, kBs, cache, scale, false, seqs}, rng, &g);
+          }
+          CHECK(g.replays == 2);
+          cudaGraphExecDestroy(g.exec);
+        }
+      }
+      for (void* p : {g.dq, g.dk, g.dv, g.dout, g.dkc, g.dvc}) cudaFree(p);
+      cudaFree(g.dks);
+      cudaFree(g.dvs);
+      cudaStreamDestroy(g.stream);
+    }
   }
 }
 

@@ -21,6 +21,7 @@ struct PlanCase {
   AttentionBatch batch;
   C8Shape shape;
   C8PlanConfig config;
+  int decode_tiles = 0;  // what a graph bucket's grid must hold at least (max_decode_items)
 };
 
 PlanCase RandomCase(std::mt19937& rng) {
@@ -63,91 +64,145 @@ int SeqOfRow(const AttentionBatch& b, int row) {
   return static_cast<int>(it - b.q_indptr.begin()) - 1;
 }
 
+// Every query row of c's batch covered once by `plan`, its items consistent with the batch, its
+// split tiles contiguous and merged once, a graph bucket's item bound kept.
+void CheckPlan(const PlanCase& c, const C8Plan& plan) {
+  const AttentionBatch& b = c.batch;
+  const int group = c.shape.num_q_heads / c.shape.num_kv_heads;
+  INFO("seqs " << b.num_seqs << " group " << group << " bs " << c.shape.block_size
+               << " force_split " << c.config.force_split << " max_decode_items "
+               << c.config.max_decode_items);
+
+  std::vector<int> covered(b.num_tokens, 0);
+  std::vector<int> merge_seen(plan.merges.size(), 0);
+  std::vector<int> partial_seen(plan.num_partials, 0);
+  for (int kind = 0; kind < 2; ++kind) {
+    const auto& items = kind == 0 ? plan.decode_items : plan.prefill_items;
+    const int rows_cap = kind == 0 ? detail::kDecodeRows : detail::kPartialRows;
+    for (const C8WorkItem& it : items) {
+      REQUIRE(it.q_len > 0);
+      const int s = SeqOfRow(b, it.q_start);
+      REQUIRE(s >= 0);
+      REQUIRE(s < b.num_seqs);
+      const int seq_q_begin = b.q_indptr[s], seq_q_len = b.q_indptr[s + 1] - seq_q_begin;
+      REQUIRE(it.q_start + it.q_len <= b.q_indptr[s + 1]);  // one sequence per tile
+      CHECK(it.q_len * group <= rows_cap);
+      CHECK(it.page_base == b.page_indptr[s]);
+      CHECK(it.q_pos0 == b.kv_lens[s] - seq_q_len + (it.q_start - seq_q_begin));
+      const int causal_end = it.q_pos0 + it.q_len;  // the tile's last query sees keys < this
+      REQUIRE(0 <= it.kv_start);
+      REQUIRE(it.kv_start < it.kv_end);
+      CHECK(it.kv_end <= causal_end);
+      CHECK(it.kv_start % 64 == 0);  // page-aligned tiles: the kernel's copy mapping needs it
+      if (it.partial < 0) {
+        CHECK(it.merge == -1);
+        CHECK(it.kv_start == 0);
+        CHECK(it.kv_end == causal_end);
+        for (int r = it.q_start; r < it.q_start + it.q_len; ++r) ++covered[r];
+        continue;
+      }
+      REQUIRE(it.merge >= 0);
+      REQUIRE(it.merge < static_cast<int>(plan.merges.size()));
+      const C8MergeItem& m = plan.merges[it.merge];
+      CHECK(m.q_start == it.q_start);
+      CHECK(m.q_len == it.q_len);
+      REQUIRE(it.partial >= m.first_partial);
+      REQUIRE(it.partial < m.first_partial + m.num_partials);
+      ++partial_seen[it.partial];
+      ++merge_seen[it.merge];
+    }
+  }
+  // Each split tile: chunk i of n is partial first_partial + i, contiguous, ending at the
+  // causal end; at most kMaxSplits chunks (the merging CTA's weight array).
+  std::vector<std::vector<const C8WorkItem*>> chunks(plan.merges.size());
+  for (const auto* items : {&plan.decode_items, &plan.prefill_items}) {
+    for (const C8WorkItem& it : *items) {
+      if (it.merge >= 0) chunks[it.merge].push_back(&it);
+    }
+  }
+  for (size_t mi = 0; mi < plan.merges.size(); ++mi) {
+    const C8MergeItem& m = plan.merges[mi];
+    INFO("merge " << mi);
+    CHECK(m.num_partials >= 2);
+    CHECK(m.num_partials <= detail::kMaxSplits);
+    REQUIRE(merge_seen[mi] == m.num_partials);
+    std::sort(chunks[mi].begin(), chunks[mi].end(),
+              [](const C8WorkItem* x, const C8WorkItem* y) { return x->partial < y->partial; });
+    int expect_start = 0;
+    for (int i = 0; i < m.num_partials; ++i) {
+      CHECK(chunks[mi][i]->partial == m.first_partial + i);
+      CHECK(chunks[mi][i]->kv_start == expect_start);
+      expect_start = chunks[mi][i]->kv_end;
+    }
+    CHECK(expect_start == chunks[mi][0]->q_pos0 + m.q_len);
+    for (int r = m.q_start; r < m.q_start + m.q_len; ++r) ++covered[r];
+  }
+  for (int p = 0; p < plan.num_partials; ++p) CHECK(partial_seen[p] == 1);
+  for (int r = 0; r < b.num_tokens; ++r) {
+    INFO("row " << r);
+    CHECK(covered[r] == 1);
+  }
+  if (c.config.max_decode_items > 0) {
+    CHECK(static_cast<int>(plan.decode_items.size()) <=
+          std::max(c.config.max_decode_items, std::max(c.decode_tiles, b.num_seqs)));
+  }
+}
+
 TEST_CASE("C8 plan: random batches cover every query row once with consistent items",
           "[host][c8]") {
   GPU_TEST_RNG(rng);
   for (int iter = 0; iter < 300; ++iter) {
+    INFO("iter " << iter);
     const PlanCase c = RandomCase(rng);
-    const AttentionBatch& b = c.batch;
-    const C8Plan plan = BuildC8Plan(c.shape, b, c.config);
-    const int group = c.shape.num_q_heads / c.shape.num_kv_heads;
-    INFO("iter " << iter << " seqs " << b.num_seqs << " group " << group << " bs "
-                 << c.shape.block_size << " force_split " << c.config.force_split
-                 << " max_decode_items " << c.config.max_decode_items);
+    CheckPlan(c, BuildC8Plan(c.shape, c.batch, c.config));
+  }
+}
 
-    std::vector<int> covered(b.num_tokens, 0);
-    std::vector<int> merge_seen(plan.merges.size(), 0);
-    std::vector<int> partial_seen(plan.num_partials, 0);
-    for (int kind = 0; kind < 2; ++kind) {
-      const auto& items = kind == 0 ? plan.decode_items : plan.prefill_items;
-      const int rows_cap = kind == 0 ? detail::kDecodeRows : detail::kPartialRows;
-      for (const C8WorkItem& it : items) {
-        REQUIRE(it.q_len > 0);
-        const int s = SeqOfRow(b, it.q_start);
-        REQUIRE(s >= 0);
-        REQUIRE(s < b.num_seqs);
-        const int seq_q_begin = b.q_indptr[s], seq_q_len = b.q_indptr[s + 1] - seq_q_begin;
-        REQUIRE(it.q_start + it.q_len <= b.q_indptr[s + 1]);  // one sequence per tile
-        CHECK(it.q_len * group <= rows_cap);
-        CHECK(it.page_base == b.page_indptr[s]);
-        CHECK(it.q_pos0 == b.kv_lens[s] - seq_q_len + (it.q_start - seq_q_begin));
-        const int causal_end = it.q_pos0 + it.q_len;  // the tile's last query sees keys < this
-        REQUIRE(0 <= it.kv_start);
-        REQUIRE(it.kv_start < it.kv_end);
-        CHECK(it.kv_end <= causal_end);
-        CHECK(it.kv_start % 64 == 0);  // page-aligned tiles: the kernel's copy mapping needs it
-        if (it.partial < 0) {
-          CHECK(it.merge == -1);
-          CHECK(it.kv_start == 0);
-          CHECK(it.kv_end == causal_end);
-          for (int r = it.q_start; r < it.q_start + it.q_len; ++r) ++covered[r];
-          continue;
-        }
-        REQUIRE(it.merge >= 0);
-        REQUIRE(it.merge < static_cast<int>(plan.merges.size()));
-        const C8MergeItem& m = plan.merges[it.merge];
-        CHECK(m.q_start == it.q_start);
-        CHECK(m.q_len == it.q_len);
-        REQUIRE(it.partial >= m.first_partial);
-        REQUIRE(it.partial < m.first_partial + m.num_partials);
-        ++partial_seen[it.partial];
-        ++merge_seen[it.merge];
-      }
+// A graph step of q = 1..5 rows per sequence (1 + K, C8PlanConfig::decode_query_len = q): every
+// row on decode tiles, several per sequence where q x GQA group exceeds one tile's 16 rows, within
+// the bucket's item bound; the same batch planned eagerly puts such sequences on prefill tiles.
+TEST_CASE("C8 plan: graph verify steps put every row on decode tiles", "[host][c8]") {
+  GPU_TEST_RNG(rng);
+  for (int iter = 0; iter < 300; ++iter) {
+    PlanCase c;
+    const int groups[] = {1, 2, 4, 8};
+    const int group = groups[rng() % 4];
+    const int q = 1 + static_cast<int>(rng() % 5);
+    c.shape.num_kv_heads = 1 + static_cast<int>(rng() % 8);
+    c.shape.num_q_heads = c.shape.num_kv_heads * group;
+    c.shape.block_size = (rng() % 2) ? 16 : 64;
+    c.config.num_sms = 132;
+    c.config.ctas_per_sm = 1 + static_cast<int>(rng() % 3);
+    c.config.force_split = rng() % 5 == 0;
+    c.config.decode_query_len = q;
+    const int tile_tokens = 16 / group;
+    AttentionBatch& b = c.batch;
+    b.num_seqs = 1 + static_cast<int>(rng() % 40);
+    b.q_indptr = {0};
+    b.page_indptr = {0};
+    for (int s = 0; s < b.num_seqs; ++s) {
+      const int kv_len = q + static_cast<int>(rng() % (rng() % 4 == 0 ? 20000 : 700));
+      b.q_indptr.push_back(b.q_indptr.back() + q);
+      b.kv_lens.push_back(kv_len);
+      const int pages = (kv_len + c.shape.block_size - 1) / c.shape.block_size;
+      for (int p = 0; p < pages; ++p)
+        b.page_indices.push_back(static_cast<int32_t>(rng() % 100000));
+      b.page_indptr.push_back(static_cast<int32_t>(b.page_indices.size()));
     }
-    // Each split tile: chunk i of n is partial first_partial + i, contiguous, ending at the
-    // causal end; at most kMaxSplits chunks (the merging CTA's weight array).
-    std::vector<std::vector<const C8WorkItem*>> chunks(plan.merges.size());
-    for (const auto* items : {&plan.decode_items, &plan.prefill_items}) {
-      for (const C8WorkItem& it : *items) {
-        if (it.merge >= 0) chunks[it.merge].push_back(&it);
-      }
+    b.num_tokens = b.q_indptr.back();
+    c.decode_tiles = b.num_seqs * ((q + tile_tokens - 1) / tile_tokens);
+    if (!c.config.force_split) {
+      c.config.max_decode_items = c.decode_tiles + static_cast<int>(rng() % 200);
     }
-    for (size_t mi = 0; mi < plan.merges.size(); ++mi) {
-      const C8MergeItem& m = plan.merges[mi];
-      INFO("merge " << mi);
-      CHECK(m.num_partials >= 2);
-      CHECK(m.num_partials <= detail::kMaxSplits);
-      REQUIRE(merge_seen[mi] == m.num_partials);
-      std::sort(chunks[mi].begin(), chunks[mi].end(),
-                [](const C8WorkItem* x, const C8WorkItem* y) { return x->partial < y->partial; });
-      int expect_start = 0;
-      for (int i = 0; i < m.num_partials; ++i) {
-        CHECK(chunks[mi][i]->partial == m.first_partial + i);
-        CHECK(chunks[mi][i]->kv_start == expect_start);
-        expect_start = chunks[mi][i]->kv_end;
-      }
-      CHECK(expect_start == chunks[mi][0]->q_pos0 + m.q_len);
-      for (int r = m.q_start; r < m.q_start + m.q_len; ++r) ++covered[r];
-    }
-    for (int p = 0; p < plan.num_partials; ++p) CHECK(partial_seen[p] == 1);
-    for (int r = 0; r < b.num_tokens; ++r) {
-      INFO("row " << r);
-      CHECK(covered[r] == 1);
-    }
-    if (c.config.max_decode_items > 0) {
-      CHECK(static_cast<int>(plan.decode_items.size()) <=
-            std::max(c.config.max_decode_items, b.num_seqs));
-    }
+    INFO("iter " << iter << " q " << q << " group " << group);
+    const C8Plan plan = BuildC8Plan(c.shape, b, c.config);
+    CHECK(plan.prefill_items.empty());
+    CHECK(plan.decode_rows == std::min(q, tile_tokens) * group);
+    CheckPlan(c, plan);
+    C8PlanConfig eager = c.config;
+    eager.decode_query_len = 0;
+    eager.max_decode_items = 0;
+    CHECK(BuildC8Plan(c.shape, b, eager).prefill_items.empty() == (q <= tile_tokens));
   }
 }
 

@@ -167,9 +167,53 @@ TEST_CASE("GPU greedy decoding with n-gram speculation gives the tokens without 
   fs::remove_all(dir);
 }
 
+// Verify steps replayed from CUDA graphs (graphs of 1 + K query rows per sequence, captured at
+// start-up for the configured K; engine/runtime/graph_step_plan.h): greedy speculative tokens
+// equal those without speculation up to near-ties at K = 1, 3 and 4 (5 rows per sequence, past
+// the dense decoder's eager decode limit of 4), as do those of eager verify steps, and every step
+// after the prompts is a graph step but the first of each shape the warm-up did not capture.
+TEST_CASE("GPU speculative verify steps replayed from CUDA graphs give the plain tokens",
+          "[gpu][model][speculative_graph]") {
+  const std::string dir = WriteRandomModel("llama_speculative_graphs", false);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int> max_tokens;
+  RandomRequests(23, 8, 40, 24, 6, &prompts, &max_tokens);
+  for (const std::string backend : {"cuda_c8", "cuda_fmha"}) {
+    Gaps gaps;
+    // Every prompt in the first step (at most 8 x 40 tokens), so that the steps after it are
+    // decode and verify steps only.
+    const auto plain = gpu_test::Generate(dir, prompts,
+                                          {.force_backend = backend,
+                                           .max_batched_tokens = 512,
+                                           .max_tokens = &max_tokens,
+                                           .gaps = &gaps});
+    for (int k : {1, 3, 4}) {
+      INFO(backend << ", K = " << k);
+      gpu_test::GenerateOptions o{
+          .force_backend = backend, .max_batched_tokens = 512, .max_tokens = &max_tokens};
+      o.speculative_method = "ngram";
+      o.num_speculative_tokens = k;
+      const auto graphs = gpu_test::Generate(dir, prompts, o);
+      o.cuda_graph_max_batch = 0;
+      const auto eager = gpu_test::Generate(dir, prompts, o);
+      CHECK(graphs.accepted_drafts > 0);
+      CHECK(eager.graph_steps == 0);
+      // Eager steps: the prompts' (one, maybe two with the first decodes), and the first step of
+      // each (bucket 1 / 2 / 4 / 8, 2..K rows) shape the warm-up did not capture (at most 12);
+      // verify steps falling back to eager would leave only the steps without drafts.
+      INFO(graphs.graph_steps << " graph steps of " << graphs.steps);
+      CHECK(graphs.graph_steps >= graphs.steps - 15);
+      CheckSameUpToTies("speculative graphs vs plain", plain.tokens, gaps, graphs.tokens, 0.75);
+      CheckSameUpToTies("speculative eager vs plain", plain.tokens, gaps, eager.tokens, 0.75);
+    }
+  }
+  fs::remove_all(dir);
+}
+
 // Draft-model speculation on the CUDA runner: the draft model is a second CUDA model whose KV cache
 // lives in the target's blocks (allocated after the target's pool, with its block count); its
-// catch-up chunks run eagerly and its one-token proposal steps through its own decode graphs. With
+// prompt chunks run eagerly, its one-token proposal steps and its catch-up steps of one or two
+// tokens per sequence through its own graphs (DraftModelLoadOptions: up to two rows). With
 // another random model (a Qwen2 of the same vocabulary) as the draft, greedy tokens equal those
 // without speculation up to near-ties; with the target as its own draft, the drafts are the
 // target's tokens up to bf16 rounding of other batch shapes, so nearly every one is accepted (a

@@ -40,27 +40,29 @@ std::vector<uint16_t> RandomBf16(size_t n, std::mt19937& rng) {
   return v;
 }
 
-// One bucket's graph against eager launches over several steps; returns the replays done.
+// One bucket's graph of q query rows per sequence (q > 1: a speculative verify step) against
+// eager launches of the same plans over several steps; returns the replays done.
 int RunBucket(MlaCacheType cache_type, int heads, int bucket, int max_kv, bool force_split,
-              std::mt19937& rng) {
+              std::mt19937& rng, int q = 1) {
   constexpr int kBs = 64;
   const bool fp8 = cache_type == MlaCacheType::kFp8E4M3;
   const float cache_scale = fp8 ? 4.0f / kFp8E4M3Max : 1.0f;
   const size_t esize = fp8 ? 1 : 2;
   const int max_pages = bucket * ((max_kv + kBs - 1) / kBs);
+  const int rows = bucket * q;  // the graph's query rows
   const int num_blocks = max_pages + 4;
   const size_t cache_bytes = static_cast<size_t>(num_blocks) * kBs * kL * esize;
   MlaDecode graph({heads, kBs, cache_type}), eager({heads, kBs, cache_type});
-  REQUIRE(graph.ReserveGraph(bucket, max_pages).ok());
+  REQUIRE(graph.ReserveGraph(bucket, max_pages, q).ok());
   cudaStream_t stream = nullptr;
   CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   // Fixed buffers: the captured launches hold their pointers.
   Buffers g, e;
   for (Buffers* b : {&g, &e}) {
-    CUDA_REQUIRE(cudaMalloc(&b->q_latent, static_cast<size_t>(bucket) * heads * kC * 2));
-    CUDA_REQUIRE(cudaMalloc(&b->q_pe, static_cast<size_t>(bucket) * heads * kR * 2));
-    CUDA_REQUIRE(cudaMalloc(&b->latent, static_cast<size_t>(bucket) * kL * 2));
-    CUDA_REQUIRE(cudaMalloc(&b->out, static_cast<size_t>(bucket) * heads * kC * 2));
+    CUDA_REQUIRE(cudaMalloc(&b->q_latent, static_cast<size_t>(rows) * heads * kC * 2));
+    CUDA_REQUIRE(cudaMalloc(&b->q_pe, static_cast<size_t>(rows) * heads * kR * 2));
+    CUDA_REQUIRE(cudaMalloc(&b->latent, static_cast<size_t>(rows) * kL * 2));
+    CUDA_REQUIRE(cudaMalloc(&b->out, static_cast<size_t>(rows) * heads * kC * 2));
     CUDA_REQUIRE(cudaMalloc(&b->cache, cache_bytes));
   }
   auto args = [&](const Buffers& b) {
@@ -76,23 +78,23 @@ int RunBucket(MlaCacheType cache_type, int heads, int bucket, int max_kv, bool f
   };
   cudaGraphExec_t exec = nullptr;
   int replays = 0;
-  std::uniform_int_distribution<int> kv_len(1, max_kv);
+  std::uniform_int_distribution<int> kv_len(q, max_kv);
   // Full, then fewer sequences (padding rows), then one: long and short contexts each time.
   for (int n : {bucket, std::max(1, bucket - 3), std::max(1, bucket / 2 + 1), 1}) {
     std::vector<std::pair<int, int>> seqs;
-    for (int i = 0; i < n; ++i) seqs.push_back({1, kv_len(rng)});
+    for (int i = 0; i < n; ++i) seqs.push_back({q, kv_len(rng)});
     int used_blocks = 0;
     const AttentionBatch batch = ShuffledPagedBatch(seqs, kBs, 2, rng, &used_blocks);
     REQUIRE(used_blocks <= num_blocks);
-    MlaPlanConfig config = graph.GraphPlanConfig(bucket);
+    MlaPlanConfig config = graph.GraphPlanConfig(GraphShape{bucket, q});
     config.force_split = force_split;
     const MlaPlan plan = BuildMlaPlan(graph.shape(), batch, config);
-    INFO("heads " << heads << " bucket " << bucket << " seqs " << n << " partials "
+    INFO("heads " << heads << " bucket " << bucket << " q " << q << " seqs " << n << " partials "
                   << plan.num_partials << (fp8 ? " fp8" : " bf16"));
     // Inputs of every bucket row (padding rows too), and a cache of finite old values.
-    const auto q_latent = RandomBf16(static_cast<size_t>(bucket) * heads * kC, rng);
-    const auto q_pe = RandomBf16(static_cast<size_t>(bucket) * heads * kR, rng);
-    const auto latent = RandomBf16(static_cast<size_t>(bucket) * kL, rng);
+    const auto q_latent = RandomBf16(static_cast<size_t>(rows) * heads * kC, rng);
+    const auto q_pe = RandomBf16(static_cast<size_t>(rows) * heads * kR, rng);
+    const auto latent = RandomBf16(static_cast<size_t>(rows) * kL, rng);
     std::vector<uint8_t> cache(cache_bytes);
     if (fp8) {
       std::normal_distribution<float> nd(0.f, 1.f);
@@ -107,13 +109,13 @@ int RunBucket(MlaCacheType cache_type, int heads, int bucket, int max_kv, bool f
       CUDA_REQUIRE(cudaMemcpy(b->q_pe, q_pe.data(), q_pe.size() * 2, cudaMemcpyHostToDevice));
       CUDA_REQUIRE(cudaMemcpy(b->latent, latent.data(), latent.size() * 2, cudaMemcpyHostToDevice));
       CUDA_REQUIRE(cudaMemcpy(b->cache, cache.data(), cache_bytes, cudaMemcpyHostToDevice));
-      CUDA_REQUIRE(cudaMemset(b->out, 0, static_cast<size_t>(bucket) * heads * kC * 2));
+      CUDA_REQUIRE(cudaMemset(b->out, 0, static_cast<size_t>(rows) * heads * kC * 2));
     }
     // Eager: the same plan, exact grids.
     REQUIRE(eager.Upload(batch, plan, stream).ok());
     REQUIRE(eager.Run(args(e), stream).ok());
     // Graph: the step uploaded into the fixed area, then the bucket's one capture replayed.
-    REQUIRE(graph.UploadGraph(batch, plan, bucket, stream).ok());
+    REQUIRE(graph.UploadGraph(batch, plan, GraphShape{bucket, q}, stream).ok());
     if (exec == nullptr) {
       cudaGraph_t captured = nullptr;
       CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -126,7 +128,7 @@ int RunBucket(MlaCacheType cache_type, int heads, int bucket, int max_kv, bool f
     CUDA_REQUIRE(cudaGraphLaunch(exec, stream));
     ++replays;
     CUDA_REQUIRE(cudaStreamSynchronize(stream));
-    const size_t out_n = static_cast<size_t>(n) * heads * kC;  // the real rows
+    const size_t out_n = static_cast<size_t>(n) * q * heads * kC;  // the real rows
     const auto out_e = Download(static_cast<const uint16_t*>(e.out), out_n);
     const auto out_g = Download(static_cast<const uint16_t*>(g.out), out_n);
     size_t diff = 0;
@@ -160,6 +162,23 @@ TEST_CASE("MLA decode in CUDA graphs: one capture per bucket replays other steps
   }
   // Forced splits into 128-token chunks: merges in every step, within the bucket's grid.
   CHECK(RunBucket(MlaCacheType::kBf16, 16, 4, 900, true, rng) == 4);
+}
+
+// Verify steps (issue 52): q = 2..5 query rows per sequence in the graph form, 5 (K = 4) past
+// kMlaMaxDecodeQueryLen (MlaPlanConfig::max_decode_query_len); 16 heads put up to 4 tokens in one
+// 64-row item (5 rows: a 4-token and a 1-token item), 128 heads two 64-row items per token.
+TEST_CASE("MLA decode in CUDA graphs: verify steps of 2 to 5 rows per sequence",
+          "[gpu][mla][mla_graph][speculative_graph]") {
+  GPU_TEST_RNG(rng);
+  for (MlaCacheType cache : {MlaCacheType::kBf16, MlaCacheType::kFp8E4M3}) {
+    for (int q = 2; q <= 5; ++q) {
+      for (auto [bucket, max_kv] : {std::pair{1, 5000}, {4, 3000}, {24, 800}}) {
+        CHECK(RunBucket(cache, 16, bucket, max_kv, false, rng, q) == 4);
+      }
+      CHECK(RunBucket(cache, 128, 8, 2000, false, rng, q) == 4);
+      CHECK(RunBucket(cache, 16, 4, 900, true, rng, q) == 4);  // forced splits: merges
+    }
+  }
 }
 
 TEST_CASE("MLA graph upload refuses steps its bucket cannot hold", "[gpu][mla][mla_graph]") {

@@ -12,6 +12,7 @@
 
 #include "engine/loader/kv_cache_quant.h"
 #include "engine/runtime/cuda/cuda_logits_readback.h"
+#include "engine/runtime/graph_step_plan.h"
 #include "kernels/backend_registry.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_info.h"
@@ -44,7 +45,7 @@ class CudaModelRunner final : public Model {
  public:
   explicit CudaModelRunner(std::unique_ptr<CudaDecoder> decoder) : dec_(std::move(decoder)) {}
   ~CudaModelRunner() override {
-    for (auto& [bucket, exec] : graphs_) cudaGraphExecDestroy(exec);
+    for (auto& [shape, exec] : graphs_) cudaGraphExecDestroy(exec);
     dec_.reset();  // its buffers and backends before the stream
     if (blas_) cublasDestroy(blas_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -97,19 +98,17 @@ class CudaModelRunner final : public Model {
   Status UploadInputs(const ForwardBatch& batch, Scratch& s);
   // Embedding and every layer for `rows` rows of set `set` (the part a decode graph captures).
   StatusOr<CudaLayersOut> LaunchLayers(const ForwardBatch& batch, int set, int rows);
-  // Decode-only step of at most graph_max_batch_ sequences: the padded row count of its graph,
-  // else 0 (eager).
-  int GraphBucket(const ForwardBatch& batch) const;
-  // The padded row count of a decode step of n <= graph_max_batch_ sequences.
-  int BucketFor(int n) const;
-  // Runs one throw-away decode step per bucket, which captures its graph (ModelLoadOptions::
-  // cuda_graph_warmup). Block 0's first slot is the only KV any of them writes or reads.
-  Status CaptureAllGraphs();
-  // Plans, uploads and runs the layers of a bucket's step through its graph (captured on first
-  // use, after one eager run of the same step).
-  StatusOr<CudaLayersOut> RunGraph(const ForwardBatch& batch, int bucket);
-  // Records LaunchLayers for `bucket` into graphs_ (nothing runs).
-  Status Capture(const ForwardBatch& batch, int bucket);
+  // The graph a step replays (PlanGraphStep under this runner's limits); shape.seqs 0: eager.
+  GraphStepPlan PlanGraph(const ForwardBatch& batch) const;
+  // Runs one throw-away step per bucket of q query rows per sequence, which captures its graph
+  // (ModelLoadOptions::cuda_graph_warmup: q = 1 and q = graph_max_q_). The first q slots of the
+  // pool are the only KV any of them writes or reads.
+  Status CaptureAllGraphs(int q);
+  // Plans, uploads and runs the layers of a step of `shape` (every sequence shape.q rows) through
+  // its graph (captured on first use, after one eager run of the same step).
+  StatusOr<CudaLayersOut> RunGraph(const ForwardBatch& batch, GraphShape shape);
+  // Records LaunchLayers for `shape` into graphs_ (nothing runs).
+  Status Capture(const ForwardBatch& batch, GraphShape shape);
   // Queues the whole forward, sampling and readback of a batch; returns its readback slot. With
   // masks_deferred, only the forward: the sampling waits in deferred_ for SupplyMasks (-1).
   StatusOr<int> Enqueue(const ForwardBatch& batch);
@@ -136,11 +135,12 @@ class CudaModelRunner final : public Model {
   std::vector<std::unique_ptr<DeviceBuffer>> kv_cache_;  // per layer, in the spec's layout
   Scratch sets_[2];                                      // eager, graph
   int graph_max_batch_ = 0;                              // 0: no graphs
-  bool tracing_ = false;                                 // set_routing_trace: eager steps only
+  int graph_max_q_ = 1;   // query rows per sequence a graph may have (cuda_graph_max_query_rows)
+  bool tracing_ = false;  // set_routing_trace: eager steps only
   int graph_pages_per_seq_ = 0;  // block-table entries a graph step's sequence may have
   bool graphs_reserved_ = false;
   int64_t graph_steps_ = 0;
-  std::map<int, cudaGraphExec_t> graphs_;  // bucket -> instantiated decode graph
+  std::map<GraphShape, cudaGraphExec_t> graphs_;  // instantiated graphs by shape
   // The sampling part (rows, jobs, penalties) of a forward launched with deferred masks.
   std::optional<ForwardBatch> deferred_;
   CudaLayersOut graph_out_;  // where the graph set's last layer leaves its output
@@ -227,6 +227,7 @@ Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& optio
   if (options.cuda_graph_max_batch > 0 && dec_->graph_safe() &&
       dec_->attention().supports_graphs()) {
     graph_max_batch_ = options.cuda_graph_max_batch;
+    graph_max_q_ = std::max(1, options.cuda_graph_max_query_rows);
     graph_pages_per_seq_ =
         (c.max_position_embeddings + options.block_size - 1) / options.block_size;
   }
@@ -237,8 +238,9 @@ Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& optio
                             ? " (none: the attention backend cannot be captured)"
                         : !dec_->graph_safe() ? " (none: the layers synchronize with the host)"
                                               : "";
-  spdlog::info("cuda model: decode steps of up to {} sequences run in CUDA graphs{}",
-               graph_max_batch_, why_not);
+  spdlog::info(
+      "cuda model: decode steps of up to {} sequences and {} query rows each run in CUDA graphs{}",
+      graph_max_batch_, graph_max_q_, why_not);
   const std::string extra = dec_->Summary();
   load_summary_ =
       std::string(dec_->name()) + " " + std::to_string(c.num_layers) + " layers" +
@@ -290,7 +292,11 @@ Status CudaModelRunner::BuildKvPool(const CudaLoadContext& ctx, int num_blocks) 
                dec_->kv_cache_dtype_name(), num_blocks_,
                static_cast<double>(kv_bytes_per_block()) * num_blocks_ / (1ull << 30));
   if (graph_max_batch_ > 0 && ctx.options->cuda_graph_warmup) {
-    LLM_RETURN_IF_ERROR(CaptureAllGraphs());
+    LLM_RETURN_IF_ERROR(CaptureAllGraphs(1));
+    // The verify steps of the configured K (other row counts: on first use).
+    if (graph_max_batch_ > 0 && graph_max_q_ > 1) {
+      LLM_RETURN_IF_ERROR(CaptureAllGraphs(graph_max_q_));
+    }
   }
   return Status::Ok();
 }
@@ -338,99 +344,99 @@ StatusOr<CudaLayersOut> CudaModelRunner::LaunchLayers(const ForwardBatch& batch,
   return dec_->RunLayers(step);
 }
 
-int CudaModelRunner::GraphBucket(const ForwardBatch& batch) const {
-  const AttentionBatch& a = batch.attn;
-  if (graph_max_batch_ == 0 || tracing_ || a.num_seqs == 0 || a.num_tokens != a.num_seqs ||
-      a.num_seqs > graph_max_batch_) {
-    return 0;
-  }
-  for (int i = 0; i < a.num_seqs; ++i) {
-    if (a.q_indptr[i + 1] - a.q_indptr[i] != 1) return 0;
-    if (a.page_indptr[i + 1] - a.page_indptr[i] > graph_pages_per_seq_) return 0;
-  }
-  return BucketFor(a.num_seqs);
+GraphStepPlan CudaModelRunner::PlanGraph(const ForwardBatch& batch) const {
+  if (graph_max_batch_ == 0 || tracing_) return {};
+  return PlanGraphStep(batch.attn, {graph_max_batch_, graph_max_q_, graph_pages_per_seq_});
 }
 
-int CudaModelRunner::BucketFor(int n) const {
-  // 1, 2, 4, then multiples of 8 (as vLLM): at most 7 padding rows past 8.
-  const int bucket = n <= 4 ? (n <= 1 ? 1 : n <= 2 ? 2 : 4) : (n + 7) / 8 * 8;
-  return std::min(bucket, std::max(graph_max_batch_, n));
-}
-
-Status CudaModelRunner::CaptureAllGraphs() {
+Status CudaModelRunner::CaptureAllGraphs(int q) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<float> logits;
   std::vector<int32_t> tokens;
   int captured = 0;
   for (int n = graph_max_batch_; n >= 1; --n) {
-    const int bucket = BucketFor(n);
-    if (bucket != n || graphs_.count(bucket)) continue;
-    // `bucket` sequences of one token at position 0, all in block 0: row 0 appends the one K/V
-    // entry every row then attends to (so the cache holds finite values); the others append none.
+    const int bucket = GraphSeqBucket(n, graph_max_batch_);
+    if (bucket != n || graphs_.count(GraphShape{bucket, q})) continue;
+    // `bucket` sequences of q tokens at positions 0..q-1, all in the first blocks: sequence 0's
+    // rows append the q K/V entries every row then attends to (so the cache holds finite
+    // values); the others append none.
+    const int pages = (q + block_size_ - 1) / block_size_;
     ForwardBatch fb;
     AttentionBatch& a = fb.attn;
     a.num_seqs = bucket;
-    a.num_tokens = bucket;
+    a.num_tokens = bucket * q;
     for (int i = 0; i <= bucket; ++i) {
-      a.q_indptr.push_back(i);
-      a.page_indptr.push_back(i);
+      a.q_indptr.push_back(i * q);
+      a.page_indptr.push_back(i * pages);
     }
-    a.kv_lens.assign(bucket, 1);
-    a.page_indices.assign(bucket, 0);
-    a.slot_mapping.assign(bucket, -1);
-    a.slot_mapping[0] = 0;
-    fb.token_ids.assign(bucket, 0);
-    fb.positions.assign(bucket, 0);
-    for (int i = 0; i < bucket; ++i) fb.logit_rows.push_back(i);
+    a.kv_lens.assign(bucket, q);
+    for (int i = 0; i < bucket; ++i) {
+      for (int p = 0; p < pages; ++p) a.page_indices.push_back(p);
+    }
+    a.slot_mapping.assign(a.num_tokens, -1);
+    for (int t = 0; t < q; ++t) a.slot_mapping[t] = t;
+    fb.token_ids.assign(a.num_tokens, 0);
+    for (int i = 0; i < bucket; ++i) {
+      for (int t = 0; t < q; ++t) fb.positions.push_back(t);
+    }
+    // One logit row per sequence: the LM head runs outside the graph, and a logits buffer for
+    // every row of the largest verify graph would stay allocated.
+    for (int i = 0; i < bucket; ++i) fb.logit_rows.push_back((i + 1) * q - 1);
     fb.device_sampled.assign(bucket, 1);
     fb.sampling_jobs.assign(bucket, SamplingJob{});
     fb.penalty_indptr.assign(bucket + 1, 0);
     LLM_RETURN_IF_ERROR(ForwardSampled(fb, &logits, &tokens));
-    if (graph_max_batch_ == 0) break;  // a capture failed: decode steps run eagerly (logged)
+    if (graph_max_batch_ == 0 || graph_max_q_ < q) break;  // a capture failed (logged)
     ++captured;
   }
   feed_rows_ = 0;  // nothing of these steps may be fed back
-  spdlog::info("cuda model: captured {} decode graphs at start-up in {:.2f} s", captured,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  spdlog::info(
+      "cuda model: captured {} graphs of {} query rows per sequence at start-up in {:.2f} s",
+      captured, q, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return Status::Ok();
 }
 
-StatusOr<CudaLayersOut> CudaModelRunner::RunGraph(const ForwardBatch& batch, int bucket) {
+StatusOr<CudaLayersOut> CudaModelRunner::RunGraph(const ForwardBatch& batch, GraphShape shape) {
   if (!graphs_reserved_) {
     const int cap = (graph_max_batch_ + 7) / 8 * 8;
-    LLM_RETURN_IF_ERROR(Reserve(1, cap));
-    LLM_RETURN_IF_ERROR(dec_->attention().ReserveGraphs(cap, cap * graph_pages_per_seq_));
+    LLM_RETURN_IF_ERROR(Reserve(1, cap * graph_max_q_));
+    LLM_RETURN_IF_ERROR(
+        dec_->attention().ReserveGraphs(cap, cap * graph_pages_per_seq_, graph_max_q_));
     graphs_reserved_ = true;
   }
-  LLM_RETURN_IF_ERROR(dec_->PlanGraph(batch, bucket));
+  LLM_RETURN_IF_ERROR(dec_->PlanGraph(batch, shape));
   // Padding rows: token 0 at position 0 (their results are never read).
   LLM_RETURN_IF_ERROR(UploadInputs(batch, sets_[1]));
-  auto it = graphs_.find(bucket);
+  auto it = graphs_.find(shape);
   if (it != graphs_.end()) {
     GPU_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream_));
     ++graph_steps_;
     return graph_out_;
   }
-  // First step of this bucket: run it eagerly (its results are this step's), then capture the
+  // First step of this shape: run it eagerly (its results are this step's), then capture the
   // same launches for the next ones. Capture records without executing.
-  LLM_ASSIGN_OR_RETURN(CudaLayersOut out, LaunchLayers(batch, 1, bucket));
-  graph_out_ = out;  // the graph set's pointers: the same for every bucket
-  const Status captured = Capture(batch, bucket);
+  LLM_ASSIGN_OR_RETURN(CudaLayersOut out, LaunchLayers(batch, 1, shape.rows()));
+  graph_out_ = out;  // the graph set's pointers: the same for every shape
+  const Status captured = Capture(batch, shape);
   if (!captured.ok()) {
     // The step itself already ran: a capture failure costs speed, never a request.
     spdlog::warn(
-        "cuda model: capturing the decode graph for {} rows failed ({}); decode steps run "
+        "cuda model: capturing the graph for {} sequences of {} rows failed ({}); {} steps run "
         "eagerly from now on",
-        bucket, captured.ToString());
-    graph_max_batch_ = 0;
+        shape.seqs, shape.q, captured.ToString(), shape.q > 1 ? "verify" : "decode");
+    if (shape.q > 1) {
+      graph_max_q_ = 1;
+    } else {
+      graph_max_batch_ = 0;
+    }
     (void)cudaGetLastError();  // capture errors are not sticky; clear the last one
   }
   return out;
 }
 
-Status CudaModelRunner::Capture(const ForwardBatch& batch, int bucket) {
+Status CudaModelRunner::Capture(const ForwardBatch& batch, GraphShape shape) {
   GPU_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-  const Status launched = LaunchLayers(batch, 1, bucket).status();
+  const Status launched = LaunchLayers(batch, 1, shape.rows()).status();
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
   if (!launched.ok() || ended != cudaSuccess) {
@@ -442,9 +448,9 @@ Status CudaModelRunner::Capture(const ForwardBatch& batch, int bucket) {
   const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   GPU_RETURN_IF_ERROR(inst);
-  graphs_[bucket] = exec;
-  spdlog::info("cuda model: captured the decode graph for {} rows ({} graphs)", bucket,
-               graphs_.size());
+  graphs_[shape] = exec;
+  spdlog::info("cuda model: captured the graph for {} sequences of {} rows ({} graphs)", shape.seqs,
+               shape.q, graphs_.size());
   return Status::Ok();
 }
 
@@ -464,12 +470,20 @@ StatusOr<int> CudaModelRunner::Enqueue(const ForwardBatch& batch) {
                                     : "token id out of range");
     }
   }
-  const int bucket = GraphBucket(batch);
-  const int set = bucket > 0 ? 1 : 0;
-  const int rows = bucket > 0 ? bucket : T;  // rows the layers computed
+  const GraphStepPlan graph = PlanGraph(batch);
+  const bool graphed = graph.shape.seqs > 0;
+  const int set = graphed ? 1 : 0;
+  const int rows = graphed ? graph.shape.rows() : T;  // rows the layers computed
   CudaLayersOut out;
-  if (bucket > 0) {
-    LLM_ASSIGN_OR_RETURN(out, RunGraph(batch, bucket));
+  if (graphed) {
+    // Sequences with fewer rows than the graph's get pad rows; only the logit rows' order
+    // (their gather below) differs from `batch`, whose sampling fields are the same.
+    if (graph.padded) {
+      const ForwardBatch padded = PadQueryRows(batch, graph.shape.q);
+      LLM_ASSIGN_OR_RETURN(out, RunGraph(padded, graph.shape));
+    } else {
+      LLM_ASSIGN_OR_RETURN(out, RunGraph(batch, graph.shape));
+    }
   } else {
     LLM_RETURN_IF_ERROR(Reserve(0, std::max(T, 16)));
     LLM_RETURN_IF_ERROR(UploadInputs(batch, sets_[0]));

@@ -2,9 +2,10 @@
 // compute stream, cuBLAS / cuBLASLt (CudaLinearOps), the input staging (token ids, positions,
 // logit rows), the embedding, final norm and LM head, the attention backends the registry picks
 // for the definition's AttentionSpec, the KV pool (sized and allocated), the CUDA graphs of
-// decode steps (one per padded batch size), overlapped steps (Launch / Collect with fed-back
-// tokens), device sampling and the logits readback. An architecture is a CudaDecoder: its layer
-// weights, what its attention needs, and the launches of its layers, written against
+// decode-shaped steps (one per padded batch size and query rows per sequence: one-token decode
+// steps and speculative verify steps; graph_step_plan.h), overlapped steps (Launch / Collect with
+// fed-back tokens), device sampling and the logits readback. An architecture is a CudaDecoder: its
+// layer weights, what its attention needs, and the launches of its layers, written against
 // CudaLinear (cuda_linear.h) and the kernels in kernels/cuda. Built only with the CUDA backend.
 //
 // Definitions: cuda_dense_decoder.h (every per-head K/V architecture of decoder_spec.h: Llama,
@@ -44,7 +45,7 @@ struct CudaLoadContext {
 // fixed set that decode graphs capture).
 struct CudaStep {
   int set = 0;                          // 0 eager, 1 graph (a definition keeps one scratch per set)
-  int rows = 0;                         // rows to compute: the batch's tokens, or a graph bucket
+  int rows = 0;                         // rows to compute: the batch's tokens, or a graph's rows
   const ForwardBatch* batch = nullptr;  // the step (a captured step's first instance)
   const int32_t* positions = nullptr;   // device [rows]
   float* residual = nullptr;            // fp32 [rows, hidden]: the embedding, layers add into it
@@ -96,9 +97,10 @@ class CudaDecoder {
   virtual Status Reserve(int set, int rows) = 0;
   // Host-side planning of an eager step (attention plans, uploads the layers need).
   virtual Status Plan(const ForwardBatch& batch) = 0;
-  // A decode-only step padded to `bucket` rows, in graph form (AttentionBackend::PlanGraph).
-  virtual Status PlanGraph(const ForwardBatch& batch, int bucket) {
-    return attention().PlanGraph(batch.attn, bucket);
+  // A decode-shaped step padded to `shape` (shape.rows() rows), in graph form
+  // (AttentionBackend::PlanGraph).
+  virtual Status PlanGraph(const ForwardBatch& batch, GraphShape shape) {
+    return attention().PlanGraph(batch.attn, shape);
   }
   // Every layer over step.rows rows (the residual holds the embedding).
   virtual StatusOr<CudaLayersOut> RunLayers(const CudaStep& step) = 0;

@@ -34,7 +34,10 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
     const int q0 = batch.q_indptr[s], q_len = batch.q_indptr[s + 1] - q0;
     const int kv_len = batch.kv_lens[s];
     if (q_len == 0) continue;
-    const bool prefill = q_len > plan.decode_tile_tokens;
+    const int decode_max = plan.decode_tile_tokens > 0
+                               ? std::max(plan.decode_tile_tokens, config.decode_query_len)
+                               : 0;
+    const bool prefill = q_len > decode_max;
     const int tile_tokens = prefill ? plan.prefill_tile_tokens : plan.decode_tile_tokens;
     for (int t0 = 0; t0 < q_len; t0 += tile_tokens) {
       const int len = std::min(tile_tokens, q_len - t0);
@@ -262,66 +265,80 @@ Status C8Attention::EnsureCounters(Area* a, int merges, void* stream) {
   return Status::Ok();
 }
 
-int C8Attention::GraphItemCapacity(int bucket) const {
-  // Splitting helps only while the decode CTAs do not fill the GPU's resident slots, so a plan
-  // never needs more than about two slots' worth of items, or one per sequence.
-  const int per_head = (graph_slots_ + shape_.num_kv_heads - 1) / shape_.num_kv_heads;
-  return std::max(bucket, 2 * per_head);
+int C8Attention::DecodeTilesPerSeq(int q) const {
+  const int group = shape_.num_q_heads / std::max(1, shape_.num_kv_heads);
+  const int tile_tokens = std::max(1, detail::kDecodeRows / std::max(1, group));
+  return (q + tile_tokens - 1) / tile_tokens;
 }
 
-Status C8Attention::ReserveGraph(int max_seqs, int max_pages) {
+int C8Attention::GraphItemCapacity(GraphShape shape) const {
+  // Splitting helps only while the decode CTAs do not fill the GPU's resident slots, so a plan
+  // never needs more than about two slots' worth of items, or one per tile.
+  const int per_head = (graph_slots_ + shape_.num_kv_heads - 1) / shape_.num_kv_heads;
+  return std::max(shape.seqs * DecodeTilesPerSeq(shape.q), 2 * per_head);
+}
+
+Status C8Attention::ReserveGraph(int max_seqs, int max_pages, int max_q) {
   Area& a = graph_;
   bool covered = false;
-  LLM_RETURN_IF_ERROR(graph_cap_.CheckReserve(max_seqs, max_pages, a.ints, "C8", &covered));
+  LLM_RETURN_IF_ERROR(graph_cap_.CheckReserve(max_seqs, max_pages, max_q, a.ints, "C8", &covered));
   if (covered) return Status::Ok();
+  if (max_seqs <= 0 || max_q <= 0) {
+    return InvalidArgument("C8 graph area needs max_seqs and max_q > 0");
+  }
   // The most CTAs per SM any ring plan may count on.
   const C8PlanConfig pc = plan_config();
   graph_slots_ = pc.num_sms * std::max({pc.ctas_per_sm, pc.ring_ctas_per_sm[2],
                                         pc.ring_ctas_per_sm[3], pc.ring_ctas_per_sm[4]});
-  const int S = max_seqs, items = GraphItemCapacity(S);
+  const int S = max_seqs, items = GraphItemCapacity(GraphShape{S, max_q});
+  const int tiles = S * DecodeTilesPerSeq(max_q);  // one merge at most per tile
   IntLayout layout;
   a.off_counts = layout.Take(4);  // [decode items]
-  a.off_slots = layout.Take(S);
+  a.off_slots = layout.Take(static_cast<size_t>(S) * max_q);
   a.off_decode = layout.Take(static_cast<size_t>(items) * sizeof(C8WorkItem) / 4);
   a.off_prefill = layout.Take(0);
-  a.off_merge = layout.Take(static_cast<size_t>(S) * sizeof(C8MergeItem) / 4);
+  a.off_merge = layout.Take(static_cast<size_t>(tiles) * sizeof(C8MergeItem) / 4);
   a.off_pages = layout.Take(max_pages);  // last: a step copies only the entries it uses
   a.num_partials = items;                // every item at most one partial slot
   LLM_RETURN_IF_ERROR(a.ints.Grow(layout.bytes()));
   const size_t rows = static_cast<size_t>(items) * shape_.num_kv_heads * detail::kPartialRows;
   LLM_RETURN_IF_ERROR(
       GrowDeviceBuffer(&a.d_partial, &a.d_partial_cap, rows * (shape_.head_dim + 1) * 4));
-  LLM_RETURN_IF_ERROR(EnsureCounters(&a, S, nullptr));
+  LLM_RETURN_IF_ERROR(EnsureCounters(&a, tiles, nullptr));
   a.device_counts = true;
-  graph_cap_ = {S, max_pages};
+  graph_cap_ = {S, max_pages, max_q};
   return Status::Ok();
 }
 
-Status C8Attention::UploadGraph(const AttentionBatch& batch, const C8Plan& plan, int bucket,
+Status C8Attention::UploadGraph(const AttentionBatch& batch, const C8Plan& plan, GraphShape shape,
                                 void* stream) {
   Area& a = graph_;
-  const int n = batch.num_seqs;
-  LLM_RETURN_IF_ERROR(graph_cap_.CheckStep(batch, bucket, "C8"));
+  LLM_RETURN_IF_ERROR(graph_cap_.CheckStep(batch, shape, "C8"));
+  const int tiles = shape.seqs * DecodeTilesPerSeq(shape.q);
   if (!plan.prefill_items.empty() ||
-      static_cast<int>(plan.decode_items.size()) > GraphItemCapacity(bucket) ||
-      static_cast<int>(plan.merges.size()) > bucket || plan.num_partials > a.num_partials) {
-    return InvalidArgument("graph upload: the plan does not fit the bucket's capacities");
+      static_cast<int>(plan.decode_items.size()) > GraphItemCapacity(shape) ||
+      static_cast<int>(plan.merges.size()) > tiles || plan.num_partials > a.num_partials) {
+    return InvalidArgument("graph upload: the plan does not fit the graph shape's capacities");
   }
   const size_t bytes = (a.off_pages + batch.page_indices.size()) * 4;
   LLM_ASSIGN_OR_RETURN(auto h, a.ints.Stage(bytes));
   h[a.off_counts] = static_cast<int32_t>(plan.decode_items.size());
   std::memcpy(h + a.off_pages, batch.page_indices.data(), batch.page_indices.size() * 4);
-  std::memcpy(h + a.off_slots, batch.slot_mapping.data(), n * 4);
-  std::fill(h + a.off_slots + n, h + a.off_slots + bucket, -1);  // padding rows: no append
+  const int tokens = batch.num_tokens;
+  std::memcpy(h + a.off_slots, batch.slot_mapping.data(), tokens * 4);
+  std::fill(h + a.off_slots + tokens, h + a.off_slots + shape.rows(), -1);  // padding: no append
   std::memcpy(h + a.off_decode, plan.decode_items.data(),
               plan.decode_items.size() * sizeof(C8WorkItem));
   std::memcpy(h + a.off_merge, plan.merges.data(), plan.merges.size() * sizeof(C8MergeItem));
   LLM_RETURN_IF_ERROR(a.ints.Send(bytes, stream));
-  a.num_tokens = bucket;
+  a.num_tokens = shape.rows();
   a.decode_stages = plan.decode_stages;  // a captured launch keeps its ring: either is correct
-  // Every graph step has one query token per sequence: a captured launch fits every replay.
-  a.decode_rows = shape_.num_q_heads / shape_.num_kv_heads;
-  a.num_decode = GraphItemCapacity(bucket);
+  // Every step of a shape has q query tokens per sequence, in tiles of at most the decode tile's
+  // tokens: a captured launch's row count fits every replay.
+  const int group = shape_.num_q_heads / shape_.num_kv_heads;
+  const int tile_tokens = std::max(1, detail::kDecodeRows / std::max(1, group));
+  a.decode_rows = std::min(shape.q, tile_tokens) * group;
+  a.num_decode = GraphItemCapacity(shape);
   a.num_prefill = 0;
   a.fmha = false;
   active_ = &graph_;

@@ -70,6 +70,9 @@ struct C8PlanConfig {
   int min_chunk_tokens = 128;  // never split KV finer than this
   int max_splits = 64;
   int max_decode_items = 0;  // > 0: never plan more decode items (a graph bucket's grid)
+  // > 0: sequences of up to this many query rows take decode tiles, several per sequence where
+  // rows x GQA group exceed one tile (a graph step's verify rows); 0: only those that fit one.
+  int decode_query_len = 0;
   bool force_split = false;  // tests: split every tile into min_chunk_tokens chunks
   // Resident decode CTAs per SM for each ring depth (index: stages 2..4; 0 where that ring does
   // not fit the device). All zero: the cache type's default ring at ctas_per_sm.
@@ -99,10 +102,11 @@ C8Plan BuildC8Plan(const C8Shape& shape, const AttentionBatch& batch, const C8Pl
 // Device-side state for one C8 attention instance: uploaded plan, batch arrays, workspace.
 //
 // Two upload areas. Upload (any batch) packs the step tightly and the launches use its exact
-// counts. UploadGraph (decode steps: one query token per sequence) writes a fixed layout reserved
-// once by ReserveGraph; the launches after it cover a capacity set by the step's bucket and read
-// the real counts from device memory, and every pointer they pass is fixed. The launches of one
-// bucket can then be captured in a CUDA graph once and replayed after each UploadGraph for it.
+// counts. UploadGraph (decode-shaped steps: the same 1..max_q query tokens per sequence) writes a
+// fixed layout reserved once by ReserveGraph; the launches after it cover a capacity set by the
+// step's GraphShape and read the real counts from device memory, and every pointer they pass is
+// fixed. The launches of one shape can then be captured in a CUDA graph once and replayed after
+// each UploadGraph for it.
 class C8Attention {
  public:
   explicit C8Attention(const C8Shape& shape);
@@ -113,13 +117,23 @@ class C8Attention {
   // Uploads the batch's CSR arrays and the plan (async on `stream`, a cudaStream_t).
   Status Upload(const AttentionBatch& batch, const C8Plan& plan, void* stream);
 
-  // Graph area for decode steps of up to max_seqs sequences and max_pages block-table entries.
-  Status ReserveGraph(int max_seqs, int max_pages);
-  // Decode items a bucket's grid covers: the plan for it must stay within (max_decode_items).
-  int GraphItemCapacity(int bucket) const;
-  // Uploads a decode step (num_seqs <= bucket <= max_seqs, one token each) into the graph area;
-  // rows [num_tokens, bucket) are padding (their K/V is not appended, their output not written).
-  Status UploadGraph(const AttentionBatch& batch, const C8Plan& plan, int bucket, void* stream);
+  // Graph area for decode-shaped steps of up to max_seqs sequences of up to max_q query tokens
+  // each, and max_pages block-table entries.
+  Status ReserveGraph(int max_seqs, int max_pages, int max_q = 1);
+  // Decode tiles one sequence of q query tokens takes (rows x GQA group split into tiles).
+  int DecodeTilesPerSeq(int q) const;
+  // Decode items a shape's grid covers: the plan for it must stay within (max_decode_items, with
+  // decode_query_len = shape.q so that every row takes a decode tile).
+  int GraphItemCapacity(GraphShape shape) const;
+  int GraphItemCapacity(int bucket) const { return GraphItemCapacity(GraphShape{bucket, 1}); }
+  // Uploads a decode-shaped step (num_seqs <= shape.seqs <= max_seqs, shape.q tokens each) into
+  // the graph area; rows [num_tokens, shape.rows()) are padding (their K/V is not appended,
+  // their output not written).
+  Status UploadGraph(const AttentionBatch& batch, const C8Plan& plan, GraphShape shape,
+                     void* stream);
+  Status UploadGraph(const AttentionBatch& batch, const C8Plan& plan, int bucket, void* stream) {
+    return UploadGraph(batch, plan, GraphShape{bucket, 1}, stream);
+  }
 
   struct LayerArgs {
     const void* q = nullptr;      // bf16 [num_tokens, num_q_heads, head_dim]

@@ -76,13 +76,14 @@ class CudaC8Backend final : public AttentionBackend {
            (attn_.prefill_fmha() ? "the wgmma FMHA kernel over a bf16 copy of the 8-bit cache"
                                  : "the C8 prefill tiles");
   }
-  Status ReserveGraphs(int max_seqs, int max_pages) override {
-    return attn_.ReserveGraph(max_seqs, max_pages);
+  Status ReserveGraphs(int max_seqs, int max_pages, int max_q) override {
+    return attn_.ReserveGraph(max_seqs, max_pages, max_q);
   }
-  Status PlanGraph(const AttentionBatch& batch, int bucket) override {
+  Status PlanGraph(const AttentionBatch& batch, GraphShape shape) override {
     C8PlanConfig config = config_;
-    config.max_decode_items = attn_.GraphItemCapacity(bucket);
-    return attn_.UploadGraph(batch, BuildC8Plan(attn_.shape(), batch, config), bucket, stream_);
+    config.max_decode_items = attn_.GraphItemCapacity(shape);
+    config.decode_query_len = shape.q;  // every row on decode tiles: the graph has no others
+    return attn_.UploadGraph(batch, BuildC8Plan(attn_.shape(), batch, config), shape, stream_);
   }
   void Run(const AttentionParams& p) override {
     // Not in this family's catalog row, so selection never gives them to it.

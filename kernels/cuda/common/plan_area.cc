@@ -28,23 +28,26 @@ Status PlanArea::Send(size_t bytes, void* stream) {
   return staging_.Queued(stream);
 }
 
-Status GraphCapacity::CheckReserve(int seqs, int pages, const PlanArea& area, std::string_view name,
-                                   bool* covered) const {
-  *covered = seqs <= max_seqs && pages <= max_pages;
+Status GraphCapacity::CheckReserve(int seqs, int pages, int q, const PlanArea& area,
+                                   std::string_view name, bool* covered) const {
+  *covered = seqs <= max_seqs && pages <= max_pages && q <= max_q;
   if (*covered || area.device() == nullptr) return Status::Ok();
   return FailedPrecondition("the " + std::string(name) +
                             " graph area is reserved once: captured graphs point into it");
 }
 
-Status GraphCapacity::CheckStep(const AttentionBatch& batch, int bucket,
+Status GraphCapacity::CheckStep(const AttentionBatch& batch, GraphShape shape,
                                 std::string_view name) const {
   const std::string who(name);
   if (max_seqs == 0) return FailedPrecondition(who + " UploadGraph before ReserveGraph");
   const int n = batch.num_seqs;
-  if (n > bucket || bucket > max_seqs || batch.num_tokens != n) {
+  if (n > shape.seqs || shape.seqs > max_seqs || shape.q < 1 || shape.q > max_q ||
+      !UniformQueryRows(batch, shape.q)) {
     return InvalidArgument(who + " graph upload: " + std::to_string(n) + " sequences, " +
-                           std::to_string(batch.num_tokens) + " tokens, bucket " +
-                           std::to_string(bucket) + ", capacity " + std::to_string(max_seqs));
+                           std::to_string(batch.num_tokens) + " tokens, shape " +
+                           std::to_string(shape.seqs) + " x " + std::to_string(shape.q) +
+                           " rows, capacity " + std::to_string(max_seqs) + " x " +
+                           std::to_string(max_q));
   }
   if (static_cast<int>(batch.page_indices.size()) > max_pages) {
     return InvalidArgument(who + " graph upload: " + std::to_string(batch.page_indices.size()) +

@@ -54,18 +54,19 @@ class PlanArea {
   void* staged_ = nullptr;  // the buffer the last Stage returned
 };
 
-// A graph area's capacity: sequences per step and block-table entries, fixed by its one
-// reservation. `name` ("C8", "MLA") starts the error messages.
+// A graph area's capacity: sequences per step, query rows per sequence and block-table entries,
+// fixed by its one reservation. `name` ("C8", "MLA") starts the error messages.
 struct GraphCapacity {
-  int max_seqs = 0, max_pages = 0;
+  int max_seqs = 0, max_pages = 0, max_q = 0;
 
-  // Before reserving `area` for (seqs, pages): *covered when the present reservation already
+  // Before reserving `area` for (seqs, pages, q): *covered when the present reservation already
   // holds them; FailedPrecondition when a smaller one was made (captured graphs point into it).
-  Status CheckReserve(int seqs, int pages, const PlanArea& area, std::string_view name,
+  Status CheckReserve(int seqs, int pages, int q, const PlanArea& area, std::string_view name,
                       bool* covered) const;
-  // A graph step of batch.num_seqs one-token sequences padded to `bucket`: refused before the
-  // reservation, or when it exceeds the bucket, the reservation or its block table.
-  Status CheckStep(const AttentionBatch& batch, int bucket, std::string_view name) const;
+  // A graph step of batch.num_seqs sequences of shape.q query rows each, padded to shape.seqs:
+  // refused before the reservation, or when it is not of that shape or exceeds the reservation
+  // or its block table.
+  Status CheckStep(const AttentionBatch& batch, GraphShape shape, std::string_view name) const;
 };
 
 }  // namespace llm::cuda

@@ -87,14 +87,13 @@ class CudaMlaBackend final : public MlaAttentionBackend {
   // Decode steps in CUDA graphs: MlaDecode's graph form (mla_decode.h). The split-KV choice is
   // still made on the host for every step, only bounded by the bucket's grid.
   bool supports_graphs() const override { return true; }
-  Status ReserveGraphs(int max_seqs, int max_pages) override {
-    return attn_->ReserveGraph(max_seqs, max_pages);
+  Status ReserveGraphs(int max_seqs, int max_pages, int max_q) override {
+    return attn_->ReserveGraph(max_seqs, max_pages, max_q);
   }
-  Status PlanGraph(const AttentionBatch& batch, int bucket) override {
+  Status PlanGraph(const AttentionBatch& batch, GraphShape shape) override {
     prefill_.PlanNone();
-    return attn_->UploadGraph(batch,
-                              BuildMlaPlan(attn_->shape(), batch, attn_->GraphPlanConfig(bucket)),
-                              bucket, stream_);
+    return attn_->UploadGraph(
+        batch, BuildMlaPlan(attn_->shape(), batch, attn_->GraphPlanConfig(shape)), shape, stream_);
   }
   void Run(const AttentionParams&) override {
     LLM_CHECK(false) << "cuda_mla is an MLA backend: call RunMla";

@@ -27,7 +27,7 @@ MlaPlan BuildMlaPlan(const MlaDecodeShape& shape, const AttentionBatch& batch,
   std::vector<Tile> tiles;
   for (int s = 0; s < batch.num_seqs; ++s) {
     const int q0 = batch.q_indptr[s], q_len = batch.q_indptr[s + 1] - q0;
-    if (q_len < 1 || q_len > kMlaMaxDecodeQueryLen) continue;  // prefill rows: the caller's
+    if (q_len < 1 || q_len > config.max_decode_query_len) continue;  // prefill: the caller's
     const int kv_len = batch.kv_lens[s];
     for (int t0 = 0; t0 < q_len; t0 += tokens_per_item) {
       const int nt = std::min(tokens_per_item, q_len - t0);
@@ -245,25 +245,29 @@ Status MlaDecode::Upload(const AttentionBatch& batch, const MlaPlan& plan, void*
 }
 
 namespace {
-// Work items per query token of each row variant in a decode step of one token per sequence
-// (BuildMlaPlan's head split for that case).
-void TilesPerToken(int num_heads, int max_item_rows, int out[kMlaNumRowVariants]) {
+// Work items of each row variant for one sequence of q query tokens (BuildMlaPlan's split of its
+// rows into items: heads first, then tokens).
+void TilesPerSeq(int num_heads, int max_item_rows, int q, int out[kMlaNumRowVariants]) {
   const int max_rows = std::clamp(max_item_rows, kMlaVariantRows[0], kMlaMaxRows);
   const int heads_per_item = std::min(num_heads, max_rows);
+  const int tokens_per_item = std::max(1, max_rows / std::max(1, heads_per_item));
   for (int v = 0; v < kMlaNumRowVariants; ++v) out[v] = 0;
-  for (int h0 = 0; h0 < num_heads; h0 += heads_per_item) {
-    const int rows = std::min(heads_per_item, num_heads - h0);
-    int v = 0;
-    while (kMlaVariantRows[v] < rows) ++v;
-    ++out[v];
+  for (int t0 = 0; t0 < q; t0 += tokens_per_item) {
+    const int nt = std::min(tokens_per_item, q - t0);
+    for (int h0 = 0; h0 < num_heads; h0 += heads_per_item) {
+      const int rows = nt * std::min(heads_per_item, num_heads - h0);
+      int v = 0;
+      while (kMlaVariantRows[v] < rows) ++v;
+      ++out[v];
+    }
   }
 }
 }  // namespace
 
-int MlaDecode::GraphItemCapacity(int bucket, int variant) const {
-  int per_token[kMlaNumRowVariants];
-  TilesPerToken(shape_.num_heads, graph_config_.max_item_rows, per_token);
-  const int tiles = bucket * per_token[variant];
+int MlaDecode::GraphItemCapacity(GraphShape shape, int variant) const {
+  int per_seq[kMlaNumRowVariants];
+  TilesPerSeq(shape_.num_heads, graph_config_.max_item_rows, shape.q, per_seq);
+  const int tiles = shape.seqs * per_seq[variant];
   if (tiles == 0) return 0;
   // Splitting pays only while the items do not fill the GPU's resident CTA slots, so a plan
   // rarely wants more than two slots' worth (the planner is held to it), or one per tile.
@@ -272,28 +276,30 @@ int MlaDecode::GraphItemCapacity(int bucket, int variant) const {
   return std::max(tiles, 2 * slots);
 }
 
-int MlaDecode::GraphMergeCapacity(int bucket) const {
-  int per_token[kMlaNumRowVariants];
-  TilesPerToken(shape_.num_heads, graph_config_.max_item_rows, per_token);
-  return bucket * (per_token[0] + per_token[1] + per_token[2]);
+int MlaDecode::GraphMergeCapacity(GraphShape shape) const {
+  int per_seq[kMlaNumRowVariants];
+  TilesPerSeq(shape_.num_heads, graph_config_.max_item_rows, shape.q, per_seq);
+  return shape.seqs * (per_seq[0] + per_seq[1] + per_seq[2]);
 }
 
-MlaPlanConfig MlaDecode::GraphPlanConfig(int bucket) const {
+MlaPlanConfig MlaDecode::GraphPlanConfig(GraphShape shape) const {
   MlaPlanConfig c = graph_config_;
+  c.max_decode_query_len = std::max(shape.q, kMlaMaxDecodeQueryLen);
   for (int v = 0; v < kMlaNumRowVariants; ++v) {
-    // A variant the bucket never plans keeps a bound of one (zero would mean none).
-    c.max_items[v] = std::max(1, GraphItemCapacity(bucket, v));
+    // A variant the shape never plans keeps a bound of one (zero would mean none).
+    c.max_items[v] = std::max(1, GraphItemCapacity(shape, v));
   }
   return c;
 }
 
-Status MlaDecode::ReserveGraph(int max_seqs, int max_pages) {
+Status MlaDecode::ReserveGraph(int max_seqs, int max_pages, int max_q) {
   Area& a = graph_;
   bool covered = false;
-  LLM_RETURN_IF_ERROR(graph_cap_.CheckReserve(max_seqs, max_pages, a.ints, "MLA", &covered));
+  LLM_RETURN_IF_ERROR(graph_cap_.CheckReserve(max_seqs, max_pages, max_q, a.ints, "MLA", &covered));
   if (covered) return Status::Ok();
-  if (shape_.num_heads <= 0 || shape_.block_size <= 0 || max_seqs <= 0 || max_pages < 0) {
-    return InvalidArgument("MLA graph area needs num_heads, block_size and max_seqs > 0");
+  if (shape_.num_heads <= 0 || shape_.block_size <= 0 || max_seqs <= 0 || max_pages < 0 ||
+      max_q <= 0) {
+    return InvalidArgument("MLA graph area needs num_heads, block_size, max_seqs and max_q > 0");
   }
   LLM_RETURN_IF_ERROR(CheckKernelChoice(shape_));
   graph_config_ = plan_config();
@@ -303,14 +309,18 @@ Status MlaDecode::ReserveGraph(int max_seqs, int max_pages) {
   a.off_q_indptr = layout.Take(S + 1);
   a.off_kv_lens = layout.Take(S);
   a.off_page_indptr = layout.Take(S + 1);
-  a.off_slots = layout.Take(S);
-  int partials = 0;
+  a.off_slots = layout.Take(static_cast<size_t>(S) * max_q);
+  // Each variant's items and the merges: the most any shape of up to max_q rows plans (a larger
+  // q moves a sequence's rows into larger items, so no one q bounds every variant).
+  int partials = 0, merges = 0;
   for (int v = 0; v < kMlaNumRowVariants; ++v) {
-    const int cap = GraphItemCapacity(S, v);
+    int cap = 0;
+    for (int q = 1; q <= max_q; ++q) cap = std::max(cap, GraphItemCapacity(GraphShape{S, q}, v));
     a.off_items[v] = layout.Take(static_cast<size_t>(cap) * sizeof(MlaWorkItem) / 4);
     partials += cap;  // every item at most one partial slot
   }
-  a.off_merge = layout.Take(static_cast<size_t>(GraphMergeCapacity(S)) * sizeof(MlaMergeItem) / 4);
+  for (int q = 1; q <= max_q; ++q) merges = std::max(merges, GraphMergeCapacity(GraphShape{S, q}));
+  a.off_merge = layout.Take(static_cast<size_t>(merges) * sizeof(MlaMergeItem) / 4);
   a.off_pages = layout.Take(max_pages);  // last: a step copies only the entries it uses
   a.num_partials = partials;
   a.device_counts = true;
@@ -318,33 +328,26 @@ Status MlaDecode::ReserveGraph(int max_seqs, int max_pages) {
   const size_t rows = static_cast<size_t>(partials) * kMlaMaxRows;
   LLM_RETURN_IF_ERROR(
       GrowDeviceBuffer(&a.d_partial, &a.d_partial_cap, rows * (kMlaLatentDim + 1) * 4));
-  graph_cap_ = {S, max_pages};
+  graph_cap_ = {S, max_pages, max_q};
   return Status::Ok();
 }
 
-Status MlaDecode::UploadGraph(const AttentionBatch& batch, const MlaPlan& plan, int bucket,
+Status MlaDecode::UploadGraph(const AttentionBatch& batch, const MlaPlan& plan, GraphShape shape,
                               void* stream) {
   Area& a = graph_;
   const int n = batch.num_seqs;
-  LLM_RETURN_IF_ERROR(graph_cap_.CheckStep(batch, bucket, "MLA"));
-  for (int i = 0; i <= n; ++i) {
-    if (batch.q_indptr[i] != i) {
-      return InvalidArgument("MLA graph upload: every sequence must have one query token");
-    }
-  }
-  int partials = 0;
+  LLM_RETURN_IF_ERROR(graph_cap_.CheckStep(batch, shape, "MLA"));
   for (int v = 0; v < kMlaNumRowVariants; ++v) {
-    const int cap = GraphItemCapacity(bucket, v);
+    const int cap = GraphItemCapacity(shape, v);
     if (static_cast<int>(plan.items[v].size()) > cap) {
       return InvalidArgument("MLA graph upload: " + std::to_string(plan.items[v].size()) + " " +
-                             std::to_string(kMlaVariantRows[v]) + "-row items, the bucket's grid " +
+                             std::to_string(kMlaVariantRows[v]) + "-row items, the shape's grid " +
                              std::to_string(cap));
     }
-    partials += GraphItemCapacity(graph_cap_.max_seqs, v);
   }
-  if (static_cast<int>(plan.merges.size()) > GraphMergeCapacity(bucket) ||
-      plan.num_partials > partials) {
-    return InvalidArgument("MLA graph upload: the plan's merges do not fit the bucket");
+  if (static_cast<int>(plan.merges.size()) > GraphMergeCapacity(shape) ||
+      plan.num_partials > a.num_partials) {
+    return InvalidArgument("MLA graph upload: the plan's merges do not fit the shape");
   }
   const size_t bytes = (a.off_pages + batch.page_indices.size()) * 4;
   LLM_ASSIGN_OR_RETURN(auto h, a.ints.Stage(bytes));
@@ -355,8 +358,9 @@ Status MlaDecode::UploadGraph(const AttentionBatch& batch, const MlaPlan& plan, 
   std::memcpy(h + a.off_q_indptr, batch.q_indptr.data(), (n + 1) * 4);
   std::memcpy(h + a.off_kv_lens, batch.kv_lens.data(), n * 4);
   std::memcpy(h + a.off_page_indptr, batch.page_indptr.data(), (n + 1) * 4);
-  std::memcpy(h + a.off_slots, batch.slot_mapping.data(), n * 4);
-  std::fill(h + a.off_slots + n, h + a.off_slots + bucket, -1);  // padding rows: no append
+  const int tokens = batch.num_tokens;
+  std::memcpy(h + a.off_slots, batch.slot_mapping.data(), tokens * 4);
+  std::fill(h + a.off_slots + tokens, h + a.off_slots + shape.rows(), -1);  // padding: no append
   for (int v = 0; v < kMlaNumRowVariants; ++v) {
     if (!plan.items[v].empty()) {
       std::memcpy(h + a.off_items[v], plan.items[v].data(),
@@ -370,17 +374,17 @@ Status MlaDecode::UploadGraph(const AttentionBatch& batch, const MlaPlan& plan, 
     std::memcpy(h + a.off_pages, batch.page_indices.data(), batch.page_indices.size() * 4);
   }
   LLM_RETURN_IF_ERROR(a.ints.Send(bytes, stream));
-  // Grids of the bucket: the same launches for every step of it, whatever its plan.
-  a.num_tokens = bucket;
+  // Grids of the shape: the same launches for every step of it, whatever its plan.
+  a.num_tokens = shape.rows();
   int rows = kMlaVariantRows[0];
   for (int v = 0; v < kMlaNumRowVariants; ++v) {
-    a.num_items[v] = GraphItemCapacity(bucket, v);
+    a.num_items[v] = GraphItemCapacity(shape, v);
     if (a.num_items[v] > 0) rows = kMlaVariantRows[v];
   }
   a.merge_rows = rows;
   // The merge CTAs stride over the items: one resident wave of 128-thread CTAs (16 per SM).
   a.num_merges =
-      std::min(GraphMergeCapacity(bucket), std::max(1, graph_config_.num_sms * 16 / rows));
+      std::min(GraphMergeCapacity(shape), std::max(1, graph_config_.num_sms * 16 / rows));
   active_ = &graph_;
   return Status::Ok();
 }

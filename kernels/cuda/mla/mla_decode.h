@@ -1,6 +1,7 @@
 // MLA (DeepSeek multi-head latent attention) decode on CUDA: the absorbed form over a paged latent
 // cache [num_blocks, block_size, 576] (512 latent + 64 rope) in bf16 or fp8 e4m3 with one per-layer
-// scale; 16..128 query heads and 1..kMlaMaxDecodeQueryLen query tokens per sequence (causal);
+// scale; 16..128 query heads and 1..kMlaMaxDecodeQueryLen query tokens per sequence (causal; a
+// graph step's MlaPlanConfig::max_decode_query_len raises that bound);
 // split-KV with a merge kernel. Plain C++ header: no CUDA types.
 //
 // Plan/run split (like C8): BuildMlaPlan makes the work list on the host once per step,
@@ -112,6 +113,10 @@ struct MlaPlanConfig {
   // > 0: never plan more work items of row variant v than max_items[v] (a graph bucket's grid;
   // MlaDecode::GraphItemCapacity). Zeros: no bound.
   int max_items[kMlaNumRowVariants] = {0, 0, 0};
+  // Sequences of 1..this many query rows are decode sequences (planned here); a graph step of
+  // q > kMlaMaxDecodeQueryLen rows per sequence (a verify step of K = 4) raises it to q, since
+  // every row of it is attended here. The kernels take any q whose items fit kMlaMaxRows.
+  int max_decode_query_len = kMlaMaxDecodeQueryLen;
 };
 
 struct MlaPlan {
@@ -120,7 +125,7 @@ struct MlaPlan {
   int num_partials = 0;  // partial slots, each [kMlaMaxRows, 512] fp32 + [kMlaMaxRows] lse
 };
 
-// Work for the decode sequences of `batch` (1..kMlaMaxDecodeQueryLen query rows); the rows of
+// Work for the decode sequences of `batch` (1..config.max_decode_query_len query rows); the rows of
 // other sequences get no work. Heads of one token fill a CTA first (max_item_rows at most), then
 // tokens: 16 heads x 4 tokens or 32 x 2 share one 64-row CTA, 128 heads take two CTAs per token
 // (four of 32 rows over an fp8 cache on Hopper). KV is split
@@ -139,22 +144,32 @@ class MlaDecode {
   // Uploads the batch's CSR arrays and the plan (async on `stream`, a cudaStream_t).
   Status Upload(const AttentionBatch& batch, const MlaPlan& plan, void* stream);
 
-  // Graph form, for decode steps of one query token per sequence. ReserveGraph fixes a second
-  // device area once for up to max_seqs sequences and max_pages block-table entries (captured
-  // graphs hold its pointers: a second, larger reservation is refused). UploadGraph copies a step
-  // (num_seqs <= bucket <= max_seqs) and its plan into that area from pinned memory; the Runs
-  // after it launch grids of the bucket's capacities (GraphItemCapacity, GraphMergeCapacity) with
-  // fixed pointers, and the kernels read the step's item and merge counts from the area, so
-  // surplus CTAs exit at once. Rows [num_seqs, bucket) are padding: no append, no output.
-  Status ReserveGraph(int max_seqs, int max_pages);
-  // Work items of row variant v a bucket's grid covers (0: the variant never occurs); the plan of
+  // Graph form, for decode-shaped steps (the same 1..max_q query tokens per sequence).
+  // ReserveGraph fixes a second device area once for up to max_seqs sequences, max_q query rows
+  // each and max_pages block-table entries (captured graphs hold its pointers: a second, larger
+  // reservation is refused). UploadGraph copies a step (num_seqs <= shape.seqs <= max_seqs, q =
+  // shape.q) and its plan into that area from pinned memory; the Runs after it launch grids of
+  // the shape's capacities (GraphItemCapacity, GraphMergeCapacity) with fixed pointers, and the
+  // kernels read the step's item and merge counts from the area, so surplus CTAs exit at once.
+  // Rows [num_tokens, shape.rows()) are padding: no append, no output.
+  Status ReserveGraph(int max_seqs, int max_pages, int max_q = 1);
+  // Work items of row variant v a shape's grid covers (0: the variant never occurs); the plan of
   // a graph step must stay within them (MlaPlanConfig::max_items, set by GraphPlanConfig).
-  int GraphItemCapacity(int bucket, int variant) const;
-  // Merge items a bucket's merge launch covers: at most one per (token, head group).
-  int GraphMergeCapacity(int bucket) const;
-  // plan_config() with the bucket's item capacities (valid after ReserveGraph).
-  MlaPlanConfig GraphPlanConfig(int bucket) const;
-  Status UploadGraph(const AttentionBatch& batch, const MlaPlan& plan, int bucket, void* stream);
+  int GraphItemCapacity(GraphShape shape, int variant) const;
+  int GraphItemCapacity(int bucket, int variant) const {
+    return GraphItemCapacity(GraphShape{bucket, 1}, variant);
+  }
+  // Merge items a shape's merge launch covers: at most one per (token group, head group).
+  int GraphMergeCapacity(GraphShape shape) const;
+  int GraphMergeCapacity(int bucket) const { return GraphMergeCapacity(GraphShape{bucket, 1}); }
+  // plan_config() with the shape's item capacities and query rows (valid after ReserveGraph).
+  MlaPlanConfig GraphPlanConfig(GraphShape shape) const;
+  MlaPlanConfig GraphPlanConfig(int bucket) const { return GraphPlanConfig(GraphShape{bucket, 1}); }
+  Status UploadGraph(const AttentionBatch& batch, const MlaPlan& plan, GraphShape shape,
+                     void* stream);
+  Status UploadGraph(const AttentionBatch& batch, const MlaPlan& plan, int bucket, void* stream) {
+    return UploadGraph(batch, plan, GraphShape{bucket, 1}, stream);
+  }
 
   struct LayerArgs {
     const void* q_latent = nullptr;    // bf16 [num_tokens, H, 512] (decode rows read)
