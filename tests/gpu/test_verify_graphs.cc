@@ -27,8 +27,8 @@
 namespace llm {
 namespace {
 
-constexpr int kBlockSize = 16;
-constexpr int kBlocksPerSeq = 8;  // 128 positions: the prompt and every step below
+constexpr int kBlockSize = 64;    // cuda_mla's pages are multiples of 64 tokens
+constexpr int kBlocksPerSeq = 2;  // 128 positions: the prompt and every step below
 constexpr int kMaxRows = 5;       // 1 + K at K = 4
 constexpr int kVocab = 600;
 
