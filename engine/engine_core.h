@@ -20,6 +20,7 @@
 #include "engine/runtime/model.h"
 #include "engine/speculative/adaptive_draft_length.h"
 #include "engine/speculative/draft_model_proposer.h"
+#include "engine/speculative/mtp_proposer.h"
 #include "engine/speculative/ngram_proposer.h"
 #include "engine/speculative/rejection_sampler.h"
 #include "engine/step_batch.h"
@@ -100,6 +101,8 @@ class EngineCore {
   const Model& model() const { return *model_; }
   // The draft model of --speculative-method draft, else null.
   const Model* draft_model() const { return draft_model_ ? &draft_model_->model() : nullptr; }
+  // The MTP layer of --speculative-method mtp, else null.
+  const Model* mtp_model() const { return mtp_ ? &mtp_->model() : nullptr; }
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   const EngineConfig& config() const { return config_; }
   // Null when structured outputs are unavailable for this model.
@@ -226,6 +229,16 @@ class EngineCore {
   // (DraftModelProposer): it consumes the tokens it has not seen of every scheduled prompt chunk
   // and speculating sequence and proposes the drafts Schedule kept.
   void RunDraftModel(const SchedulerOutput& sched, const StepStates& states, StepRecord* record);
+  // The MTP layer's work of this step (MtpProposer::Run): the rows its K/V lacks of every
+  // scheduled sequence with kept hidden states, and the proposals of those Schedule kept drafts
+  // for.
+  std::vector<DraftWork> MtpWork(const SchedulerOutput& sched, const StepStates& states) const;
+  // MTP: the target returns the hidden states of every row of the requests that may speculate
+  // (ForwardBatch::hidden_rows); after the step's tokens are emitted, those of the positions the
+  // target now holds are kept for the next step's MTP run.
+  void RequestHiddenRows(const StepStates& states, StepBatch* in) const;
+  void KeepHiddenStates(const SchedulerOutput& sched, const StepStates& states,
+                        const StepBatch& in);
   // After a synchronous forward: verifies each drafted sequence's rows (in.drafted) on the host,
   // streams the accepted tokens and the target's next one through OnToken, one at a time (a
   // finish drops the rest), and tells the scheduler how many were accepted.
@@ -255,6 +268,7 @@ class EngineCore {
   std::vector<float> logits_scratch_;
   std::optional<NgramProposer> proposer_;            // set when EngineConfig::speculative is ngram
   std::unique_ptr<DraftModelProposer> draft_model_;  // set when it is draft
+  std::unique_ptr<MtpProposer> mtp_;                 // set when it is mtp
   // SpeculativeConfig::disable_by_batch_size exceeded at the last step's start: nobody drafts.
   bool speculation_paused_ = false;
   std::optional<InFlight> inflight_;

@@ -1,0 +1,305 @@
+// MTP speculation (--speculative-method mtp) through EngineCore on a tiny DeepSeek-V3 checkpoint
+// with its multi-token-prediction layer (CPU): greedy output is exactly the output without
+// speculation, through prompt chunks, paused speculation, opted-out requests, preemption, aborts
+// and prefix-cache hits; sampled requests keep their distribution; an MTP layer built to predict
+// what the target will predict next has (almost) every draft accepted, which holds only if it
+// reads the right token and position; checkpoints without an MTP layer are refused by name.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/engine_core.h"
+#include "speculative_harness.h"
+#include "tiny_checkpoint.h"
+
+namespace llm {
+namespace {
+
+using namespace spec_test;
+
+constexpr int kHidden = 32, kVocab = 64, kExperts = 8, kMoeInter = 8;
+
+// The MoE block of DeepSeek layer `p` (a "model.layers.N." prefix) as TinyDeepseekV3 writes it.
+void AddMoe(test::TinyCheckpoint* c, const std::string& p, uint32_t* s) {
+  c->AddF32(p + "mlp.gate.weight", {kExperts, kHidden}, 0, 1.0f, ++*s);
+  c->AddF32(p + "mlp.gate.e_score_correction_bias", {kExperts}, 0, 0.1f, ++*s);
+  auto mlp = [&](const std::string& x) {
+    c->AddF32(x + "gate_proj.weight", {kMoeInter, kHidden}, 0, 0.3f, ++*s);
+    c->AddF32(x + "up_proj.weight", {kMoeInter, kHidden}, 0, 0.3f, ++*s);
+    c->AddF32(x + "down_proj.weight", {kHidden, kMoeInter}, 0, 0.3f, ++*s);
+  };
+  for (int e = 0; e < kExperts; ++e) mlp(p + "mlp.experts." + std::to_string(e) + ".");
+  mlp(p + "mlp.shared_experts.");
+}
+
+// TinyDeepseekV3 (two layers) with one MTP layer, model.layers.2: enorm, hnorm, eh_proj, an MLA
+// + MoE decoder layer, shared_head.norm; its own embed_tokens and shared_head.head when `own`.
+test::TinyCheckpoint TinyDeepseekV3Mtp(bool own_embedding_and_head, uint32_t seed = 5) {
+  test::TinyCheckpoint c = TinyDeepseekV3();
+  c.config["num_nextn_predict_layers"] = 1;
+  const std::string p = "model.layers.2.";
+  const std::string a = p + "self_attn.";
+  uint32_t s = seed * 1000 + 500;
+  c.AddF32(p + "enorm.weight", {kHidden}, 1, 0.1f, ++s);
+  c.AddF32(p + "hnorm.weight", {kHidden}, 1, 0.1f, ++s);
+  c.AddF32(p + "eh_proj.weight", {kHidden, 2 * kHidden}, 0, 0.3f, ++s);
+  c.AddLayerNorms(p, kHidden, &s);
+  c.AddF32(a + "q_proj.weight", {2 * 16, kHidden}, 0, 0.3f, ++s);
+  c.AddF32(a + "kv_a_proj_with_mqa.weight", {16 + 8, kHidden}, 0, 0.3f, ++s);
+  c.AddF32(a + "kv_a_layernorm.weight", {16}, 1, 0.1f, ++s);
+  c.AddF32(a + "kv_b_proj.weight", {2 * 16, 16}, 0, 0.3f, ++s);
+  c.AddF32(a + "o_proj.weight", {kHidden, 2 * 8}, 0, 0.3f, ++s);
+  AddMoe(&c, p, &s);
+  c.AddF32(p + "shared_head.norm.weight", {kHidden}, 1, 0.1f, ++s);
+  if (own_embedding_and_head) {
+    c.AddF32(p + "embed_tokens.weight", {kVocab, kHidden}, 0, 1.0f, ++s);
+    c.AddF32(p + "shared_head.head.weight", {kVocab, kHidden}, 0, 1.0f, ++s);
+  }
+  return c;
+}
+
+void SetF32(test::TinyCheckpoint* c, const std::string& name, const std::vector<float>& v) {
+  TensorToWrite* t = c->Find(name);
+  REQUIRE(t != nullptr);
+  REQUIRE(t->data.size() == v.size() * 4);
+  std::memcpy(t->data.data(), v.data(), t->data.size());
+}
+
+void Zero(test::TinyCheckpoint* c, const std::string& name) {
+  SetF32(c, name, std::vector<float>(c->F32(name).size(), 0.0f));
+}
+
+void CheckSameTokens(const RunResult& plain, const RunResult& spec) {
+  for (const auto& [id, sink] : plain.sinks) {
+    INFO(id);
+    const Sink& s = *spec.sinks.at(id);
+    if (s.reason == FinishReason::kAborted || sink->reason == FinishReason::kAborted) continue;
+    CHECK(s.tokens == sink->tokens);
+    CHECK(s.reason == sink->reason);
+    REQUIRE(s.logprobs.size() == sink->logprobs.size());
+    for (size_t i = 0; i < s.logprobs.size(); ++i) {
+      CHECK(s.logprobs[i] == Approx(sink->logprobs[i]).margin(1e-4));
+    }
+  }
+}
+
+TEST_CASE("greedy decoding with the MTP layer gives exactly the tokens without it",
+          "[speculative][mtp][engine]") {
+  for (bool own : {false, true}) {
+    test::TempDir dir("spec_mtp_exact");
+    TinyDeepseekV3Mtp(own).Write(dir.path());
+    const std::string d = dir.path().string();
+    for (int k : {1, 3}) {
+      for (int pause : {0, 3}) {  // 3: speculation pauses while more requests run or wait
+        INFO("own embedding and head " << own << ", K = " << k << ", pause above " << pause);
+        const std::vector<GenerationRequest> reqs = GreedyWorkload(17 + k);
+        auto plain_core = MakeCore(d, "none", k);
+        const RunResult plain = Run(*plain_core, reqs);
+        auto spec_core = MakeCore(d, "mtp", k, 96, pause);
+        REQUIRE(spec_core->mtp_model() != nullptr);
+        CHECK(spec_core->mtp_model()->config().num_layers == 1);
+        const RunResult spec = Run(*spec_core, reqs);
+        CHECK(spec.drafts > 0);
+        CHECK(spec.draft_tokens <= spec.drafts * k);
+        CheckSameTokens(plain, spec);
+      }
+    }
+  }
+}
+
+// A small KV pool (preemption by recompute), aborts, and prompts sharing a prefix (prefix-cache
+// hits, which give back their last matched block for the MTP layer): every block comes back and
+// the tokens are those without speculation.
+TEST_CASE("MTP speculation under preemption, aborts and prefix-cache hits",
+          "[speculative][mtp][engine]") {
+  test::TempDir dir("spec_mtp_preempt");
+  TinyDeepseekV3Mtp(false).Write(dir.path());
+  const std::string d = dir.path().string();
+  std::vector<GenerationRequest> reqs = GreedyWorkload(99);
+  for (GenerationRequest& r : reqs) r.stopping.max_tokens = 40;
+  for (int i = 0; i < 3; ++i) {  // behind one 12-token prefix (three full blocks of 4)
+    GenerationRequest r;
+    r.request_id = "shared" + std::to_string(i);
+    r.prompt_ids = {5, 9, 14, 5, 9, 14, 22, 5, 9, 14, 22, 30, static_cast<int32_t>(40 + i)};
+    r.sampling.temperature = 0.0f;
+    r.stopping.max_tokens = 24;
+    r.stopping.ignore_eos = true;
+    reqs.push_back(std::move(r));
+  }
+  auto plain_core = MakeCore(d, "none", 3, 20);
+  const RunResult plain = Run(*plain_core, reqs, {{3, "r0"}, {9, "r2"}});
+  auto core = MakeCore(d, "mtp", 3, 20);
+  const RunResult res = Run(*core, reqs, {{3, "r0"}, {9, "r2"}});
+  CHECK(res.drafts > 0);
+  CHECK(res.sinks.at("r0")->reason == FinishReason::kAborted);
+  CHECK(core->metrics()->preemptions.value() > 0);
+  CHECK(core->metrics()->prefix_hits.value() > 0);
+  CheckSameTokens(plain, res);
+}
+
+// An MTP layer that predicts what the target predicts next: the target's layers add nothing
+// (o_proj and every down projection zero), so its next token is a function of the current one
+// through the final norm and LM head; the MTP layer's eh_proj passes enorm(embedding) through
+// ([I 0]), its own block adds nothing, and shared_head.norm is the model's norm over the shared
+// LM head. Its row at position i then predicts from t_{i+1} what the target predicts at i + 1,
+// so drafts are accepted, chained ones too, only when the row reads the token after its
+// position. The acceptance metrics count them.
+TEST_CASE("an MTP layer that copies the target has its drafts accepted",
+          "[speculative][mtp][engine]") {
+  test::TinyCheckpoint c = TinyDeepseekV3Mtp(false);
+  for (int l = 0; l < 3; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    Zero(&c, p + "self_attn.o_proj.weight");
+    if (l == 0) {
+      Zero(&c, p + "mlp.down_proj.weight");
+      continue;
+    }
+    for (int e = 0; e < kExperts; ++e) {
+      Zero(&c, p + "mlp.experts." + std::to_string(e) + ".down_proj.weight");
+    }
+    Zero(&c, p + "mlp.shared_experts.down_proj.weight");
+  }
+  std::vector<float> eh(static_cast<size_t>(kHidden) * 2 * kHidden, 0.0f);
+  for (int i = 0; i < kHidden; ++i) eh[static_cast<size_t>(i) * 2 * kHidden + i] = 1.0f;
+  SetF32(&c, "model.layers.2.eh_proj.weight", eh);
+  SetF32(&c, "model.layers.2.enorm.weight", std::vector<float>(kHidden, 1.0f));
+  SetF32(&c, "model.layers.2.shared_head.norm.weight", c.F32("model.norm.weight"));
+  test::TempDir dir("spec_mtp_copy");
+  c.Write(dir.path());
+  const std::string d = dir.path().string();
+  for (int k : {1, 4}) {
+    INFO("K = " << k);
+    const std::vector<GenerationRequest> reqs = GreedyWorkload(23 + k);
+    auto plain_core = MakeCore(d, "none", k);
+    const RunResult plain = Run(*plain_core, reqs);
+    auto core = MakeCore(d, "mtp", k);
+    const RunResult res = Run(*core, reqs);
+    INFO("accepted " << res.accepted << " of " << res.draft_tokens);
+    CHECK(res.drafts > 10);
+    CHECK(res.accepted >= 0.9 * res.draft_tokens);
+    CHECK(core->metrics()->spec_accepted_tokens.value() == res.accepted);
+    CHECK(core->metrics()->spec_draft_tokens.value() == res.draft_tokens);
+    CheckSameTokens(plain, res);
+  }
+}
+
+// Sampled requests end to end: the distribution of the second generated token (over many seeds)
+// with MTP drafts is the one without speculation. The MTP layer's q differs from the target's p
+// (random weights, both pulled towards the same four tokens by the logit bias), so drafts are
+// accepted and rejected.
+TEST_CASE("sampled decoding with the MTP layer keeps the token distribution",
+          "[speculative][mtp][engine]") {
+  test::TempDir dir("spec_mtp_sampled");
+  TinyDeepseekV3Mtp(true).Write(dir.path());
+  const std::string d = dir.path().string();
+  const std::vector<int32_t> prompt = {2, 10, 11, 12, 2, 10, 11, 12};
+  auto histogram = [&](const std::string& method, uint64_t seed0, RunResult* out) {
+    auto core = MakeCore(d, method, 2, 400);
+    std::vector<GenerationRequest> reqs;
+    for (int i = 0; i < 1500; ++i) {
+      GenerationRequest r;
+      r.request_id = "s" + std::to_string(i);
+      r.prompt_ids = prompt;
+      r.sampling.top_k = 8;
+      r.sampling.seed = seed0 + static_cast<uint64_t>(i);
+      r.sampling.temperature = 1.5f;
+      r.sampling.logit_bias = {{2, 8.0f}, {10, 8.0f}, {11, 8.0f}, {12, 8.0f}};
+      r.stopping.max_tokens = 3;  // room for one draft after the first token
+      r.stopping.ignore_eos = true;
+      reqs.push_back(std::move(r));
+    }
+    *out = Run(*core, reqs);
+    std::map<int32_t, int> second;
+    for (const auto& [id, sink] : out->sinks) {
+      REQUIRE(sink->tokens.size() == 3);
+      second[sink->tokens[1]]++;
+    }
+    return second;
+  };
+  RunResult plain_run, spec_run;
+  const std::map<int32_t, int> plain = histogram("none", 1, &plain_run);
+  const std::map<int32_t, int> spec = histogram("mtp", 100000, &spec_run);
+  CHECK(spec_run.accepted > 100);
+  CHECK(spec_run.accepted < spec_run.draft_tokens - 100);  // rejections too
+  std::map<int32_t, std::pair<int, int>> pooled;
+  std::map<int32_t, std::pair<int, int>> cells;
+  for (const auto& [t, n] : plain) cells[t].first += n;
+  for (const auto& [t, n] : spec) cells[t].second += n;
+  for (const auto& [t, ab] : cells) {
+    auto& cell = pooled[ab.first + ab.second >= 10 ? t : -1];
+    cell.first += ab.first;
+    cell.second += ab.second;
+  }
+  double chi2 = 0;
+  for (const auto& [t, ab] : pooled) {
+    const double e = (ab.first + ab.second) / 2.0;  // equal sample sizes
+    chi2 += (ab.first - e) * (ab.first - e) / e + (ab.second - e) * (ab.second - e) / e;
+  }
+  const int df = static_cast<int>(pooled.size()) - 1;
+  INFO("chi2 " << chi2 << " over " << df << " degrees of freedom; accepted " << spec_run.accepted
+               << " of " << spec_run.draft_tokens);
+  REQUIRE(df >= 2);
+  const double z = 3.090;  // p = 0.001, by the Wilson-Hilferty approximation
+  const double h = 2.0 / (9.0 * df);
+  CHECK(chi2 < df * std::pow(1 - h + z * std::sqrt(h), 3));
+}
+
+TEST_CASE("--speculative-method mtp is refused without an MTP layer", "[speculative][mtp]") {
+  auto refusal = [](const test::TinyCheckpoint& c) {
+    test::TempDir dir("spec_mtp_refused");
+    c.Write(dir.path());
+    EngineConfig cfg;
+    cfg.model.model_dir = dir.path().string();
+    cfg.model.block_size = 4;
+    cfg.model.num_kv_blocks = 32;
+    cfg.require_tokenizer = false;
+    cfg.speculative.method = "mtp";
+    auto core = EngineCore::Create(cfg);
+    REQUIRE_FALSE(core.ok());
+    return core.status().message();
+  };
+  CHECK_THAT(refusal(test::TinyLlama("llama")), Catch::Contains("needs a DeepSeek-V3 checkpoint") &&
+                                                    Catch::Contains("not a DeepSeek"));
+  CHECK_THAT(refusal(TinyDeepseekV3()), Catch::Contains("no multi-token-prediction layer") &&
+                                            Catch::Contains("num_nextn_predict_layers is 0"));
+  test::TinyCheckpoint no_weights = TinyDeepseekV3();
+  no_weights.config["num_nextn_predict_layers"] = 1;
+  CHECK_THAT(refusal(no_weights), Catch::Contains("model.layers.2.eh_proj.weight is missing"));
+  test::TinyCheckpoint two = TinyDeepseekV3Mtp(false);
+  two.config["num_nextn_predict_layers"] = 2;
+  CHECK_THAT(refusal(two), Catch::Contains("num_nextn_predict_layers 2 > 1"));
+  test::TinyCheckpoint partial = TinyDeepseekV3Mtp(false);
+  partial.Remove("model.layers.2.hnorm.weight");
+  CHECK_THAT(refusal(partial), Catch::Contains("model.layers.2.hnorm.weight"));
+  test::TinyCheckpoint extra = TinyDeepseekV3Mtp(false);  // a tensor nobody reads
+  extra.AddF32("model.layers.2.unknown.weight", {4}, 0, 1.0f, 1);
+  CHECK_THAT(refusal(extra), Catch::Contains("model.layers.2.unknown.weight"));
+}
+
+// The MTP layer's KV lives in the target's blocks: a memory budget is split by both networks'
+// bytes per block.
+TEST_CASE("the KV budget counts the MTP layer's bytes per block", "[speculative][mtp]") {
+  test::TempDir dir("spec_mtp_budget");
+  TinyDeepseekV3Mtp(false).Write(dir.path());
+  EngineConfig cfg;
+  cfg.model.model_dir = dir.path().string();
+  cfg.model.block_size = 4;
+  cfg.model.kv_cache_bytes = 1 << 20;
+  cfg.require_tokenizer = false;
+  auto plain = EngineCore::Create(cfg);
+  REQUIRE(plain.ok());
+  cfg.speculative.method = "mtp";
+  auto mtp = EngineCore::Create(cfg);
+  REQUIRE(mtp.ok());
+  const size_t target = (*plain)->model().kv_bytes_per_block();
+  const size_t layer = (*mtp)->mtp_model()->kv_bytes_per_block();
+  CHECK(layer * 2 == target);  // one latent layer beside two
+  CHECK((*mtp)->mtp_model()->num_kv_blocks() == (*mtp)->model().num_kv_blocks());
+  CHECK((*mtp)->model().num_kv_blocks() == static_cast<int>((1 << 20) / (target + layer)));
+}
+
+}  // namespace
+}  // namespace llm
