@@ -647,7 +647,7 @@ StepRecord EngineCore::StepInner() {
   } else {
     EmitTokens(in, states, device_tokens);
     EmitDrafted(in, states, &record);
-    KeepHiddenStates(sched, states, in);
+    KeepHiddenStates(sched, in);
   }
   record.sample_s = Seconds(Clock::now() - t3);
   return record;

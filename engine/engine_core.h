@@ -237,8 +237,7 @@ class EngineCore {
   // (ForwardBatch::hidden_rows); after the step's tokens are emitted, those of the positions the
   // target now holds are kept for the next step's MTP run.
   void RequestHiddenRows(const StepStates& states, StepBatch* in) const;
-  void KeepHiddenStates(const SchedulerOutput& sched, const StepStates& states,
-                        const StepBatch& in);
+  void KeepHiddenStates(const SchedulerOutput& sched, const StepBatch& in);
   // After a synchronous forward: verifies each drafted sequence's rows (in.drafted) on the host,
   // streams the accepted tokens and the target's next one through OnToken, one at a time (a
   // finish drops the rest), and tells the scheduler how many were accepted.

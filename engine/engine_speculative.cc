@@ -240,10 +240,8 @@ void EngineCore::RequestHiddenRows(const StepStates& states, StepBatch* in) cons
   }
 }
 
-void EngineCore::KeepHiddenStates(const SchedulerOutput& sched, const StepStates& states,
-                                  const StepBatch& in) {
-  (void)states;  // a request that ended in the emission is gone: only ids are read
-  if (!mtp_) return;
+void EngineCore::KeepHiddenStates(const SchedulerOutput& sched, const StepBatch& in) {
+  if (!mtp_) return;  // a request that ended in the emission is gone: only ids are read
   const int H = model_->config().hidden_size;
   const std::span<const float> hidden = model_->hidden_states();
   for (size_t k = 0; k < in.step_seq.size(); ++k) {
