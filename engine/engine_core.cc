@@ -110,8 +110,9 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& con
   // checkpoint, its KV cache in the target's blocks.
   std::unique_ptr<Model> mtp;
   if (spec.method == "mtp") {
-    if (model)
+    if (model) {
       return InvalidArgument("--speculative-method mtp loads the target from its directory");
+    }
     LLM_ASSIGN_OR_RETURN(mtp,
                          LoadMtpModel(DraftModelLoadOptions(config.model, config.model.model_dir)));
   }

@@ -457,6 +457,10 @@ StatusOr<int> CudaModelRunner::Enqueue(const ForwardBatch& batch) {
   if (batch.attn.num_tokens != T || batch.positions.size() != static_cast<size_t>(T)) {
     return InvalidArgument("the batch's token ids, positions and attention rows differ in count");
   }
+  if (!batch.hidden_rows.empty() || !batch.input_hidden.empty()) {
+    // Model::returns_hidden_states is false here: the MTP proposer runs on the cpu device only.
+    return InvalidArgument("the cuda runner neither returns nor reads hidden states");
+  }
   for (int32_t id : batch.token_ids) {
     if (id >= V || (id < 0 && -(id + 1) >= feed_rows_)) {
       return InvalidArgument(id < 0 ? "fed-back token row " + std::to_string(-(id + 1)) +
