@@ -6,6 +6,7 @@
 #include "engine/runtime/model.h"
 #include "engine/runtime/synthetic_model.h"
 #ifdef LLM_HAVE_CUDA
+#include "engine/architectures/cuda_deepseek_mtp.h"
 #include "engine/runtime/cuda/cuda_model_runner.h"
 #endif
 
@@ -169,10 +170,15 @@ StatusOr<std::unique_ptr<Model>> LoadMtpModel(const ModelLoadOptions& options) {
                            " > 1 is not implemented (the first MTP layer chains; DeepSeek-V3 "
                            "ships one)");
   }
-  if (ResolveDevice(options.device) != "cpu") {
+#ifndef LLM_HAVE_CUDA
+  if (options.device == "cuda") {
+    return Unavailable("device 'cuda' requested but this build has no CUDA backend");
+  }
+#endif
+  if (options.dummy_weights) {
     return InvalidArgument(
-        "--speculative-method mtp runs on --device cpu only: the cuda runner does not return "
-        "the target's hidden states yet");
+        "--speculative-method mtp reads the MTP layer from the checkpoint "
+        "(no dummy weights)");
   }
   LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(dir, config.base));
   const std::string eh_proj =
@@ -182,11 +188,21 @@ StatusOr<std::unique_ptr<Model>> LoadMtpModel(const ModelLoadOptions& options) {
                            " has no MTP layer weights (" + eh_proj +
                            " is missing; some conversions drop them)");
   }
-  LLM_ASSIGN_OR_RETURN(
-      auto model, CpuModelRunner::Create(NewCpuDeepseekMtp(config, *weights), *weights, options));
+  std::unique_ptr<Model> model;
+#ifdef LLM_HAVE_CUDA
+  if (ResolveDevice(options.device) == "cuda") {
+    LLM_ASSIGN_OR_RETURN(
+        model, CreateCudaModel(NewCudaDeepseekMtp(config, weights.get()), weights.get(), options));
+  }
+#endif
+  if (!model) {
+    if (options.weight_dtype == "fp8") return InvalidArgument("fp8 weights need the cuda device");
+    LLM_ASSIGN_OR_RETURN(
+        model, CpuModelRunner::Create(NewCpuDeepseekMtp(config, *weights), *weights, options));
+  }
   LLM_RETURN_IF_ERROR(
       weights->CheckAllConsumed(arch + " MTP layer", NotFirstMtpLayerTensor, &config));
-  return std::unique_ptr<Model>(std::move(model));
+  return model;
 }
 
 }  // namespace llm

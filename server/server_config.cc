@@ -153,7 +153,7 @@ std::vector<ServerOption> Declarations() {
                 "speculative decoding: ngram drafts tokens from the request's own prompt and "
                 "output (prompt lookup), draft from a smaller model (--speculative-model), mtp "
                 "from the checkpoint's multi-token-prediction layer (DeepSeek-V3 with "
-                "num_nextn_predict_layers >= 1 and its model.layers.N weights; --device cpu); "
+                "num_nextn_predict_layers >= 1 and its model.layers.N weights); "
                 "the target verifies them in one step"),
       O::String("speculative_model", LLM_BIND(engine.speculative.draft_model_dir), G::kScheduler,
                 "draft model directory for --speculative-method draft: a smaller checkpoint "

@@ -216,10 +216,10 @@ std::string ResolveDevice(const std::string& device);
 // Loads config + weights and selects the attention backend (logging the selection table).
 StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options);
 // The multi-token-prediction layer of the checkpoint in options.model_dir as a Model of its own
-// (--speculative-method mtp): DeepSeek-V3's first MTP layer on the cpu device, which reads
-// ForwardBatch::input_hidden. InvalidArgument naming what is missing for another architecture,
-// a config without num_nextn_predict_layers, a checkpoint without the layer's weights, or
-// another device.
+// (--speculative-method mtp): DeepSeek-V3's first MTP layer on the cpu or cuda runner, which
+// reads ForwardBatch::input_hidden. InvalidArgument naming what is missing for another
+// architecture, a config without num_nextn_predict_layers (or more than one), or a checkpoint
+// without the layer's weights.
 StatusOr<std::unique_ptr<Model>> LoadMtpModel(const ModelLoadOptions& options);
 
 }  // namespace llm

@@ -10,7 +10,7 @@
 namespace llm {
 
 // The methods a user of vLLM or SGLang would name. "mtp": the checkpoint's own multi-token-
-// prediction layer (DeepSeek-V3, num_nextn_predict_layers >= 1; cpu device), refused by name at
+// prediction layer (DeepSeek-V3, num_nextn_predict_layers >= 1), refused by name at
 // load where there is none (LoadMtpModel).
 inline constexpr const char* kSpeculativeMethodChoices[] = {"none", "ngram", "draft", "mtp"};
 // K's range, the multi-token decode kernels' documented range (issue 52).
