@@ -87,6 +87,11 @@ class EngineCore {
   // Test hook: sees each sampled sequence's logits before sampling.
   using LogitsObserver = std::function<void(const std::string& request_id, std::span<const float>)>;
   void set_logits_observer(LogitsObserver f) { logits_observer_ = std::move(f); }
+  // Test hook: each proposal of a draft model or MTP layer, with the position of its first draft
+  // (the sequence's token count) and the drafts.
+  using ProposalObserver = std::function<void(const std::string& request_id, int position,
+                                              std::span<const int32_t> drafts)>;
+  void set_proposal_observer(ProposalObserver f) { proposal_observer_ = std::move(f); }
   // Test hook: every MoE routing decision of every forward (Model::set_routing_trace), with the
   // request whose token it routed; MoeRoutingDecision::position keys it within the request (a
   // position recomputed after a preemption is reported again). Steps do not overlap while it is
@@ -260,6 +265,7 @@ class EngineCore {
   std::map<int64_t, std::string> seq_to_request_;
   std::map<std::string, std::vector<std::string>> groups_;  // n > 1: request id -> choice ids
   LogitsObserver logits_observer_;
+  ProposalObserver proposal_observer_;
   RoutingObserver routing_observer_;
   std::vector<MoeRoutingDecision> routing_trace_;  // the model appends while the observer is set
   std::function<void()> dequeue_observer_;

@@ -205,6 +205,13 @@ void EngineCore::RunDraftModel(const SchedulerOutput& sched, const StepStates& s
     // the verification handles exactly; the draft model retries its catch-up next step.
     spdlog::error("{} forward failed: {}", mtp_ ? "MTP layer" : "draft model", st.ToString());
     for (RequestState* rs : work_state) rs->draft_q.clear();
+  } else if (proposal_observer_) {
+    for (size_t i = 0; i < work.size(); ++i) {
+      if (work[i].num_propose == 0) continue;
+      const Sequence& seq = *work[i].seq;
+      proposal_observer_(work_state[i]->request.request_id, seq.num_tokens(),
+                         std::span<const int32_t>(seq.draft_ids.data(), work[i].num_propose));
+    }
   }
   record->draft_s += SecondsSince(t0);
 }

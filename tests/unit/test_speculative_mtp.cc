@@ -10,7 +10,9 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <random>
 #include <regex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -141,6 +143,76 @@ TEST_CASE("MTP speculation under preemption, aborts and prefix-cache hits",
   CHECK(core->metrics()->preemptions.value() > 0);
   CHECK(core->metrics()->prefix_hits.value() > 0);
   CheckSameTokens(plain, res);
+}
+
+// The MTP layer's K/V through the step flow: its proposals are a function of the sequence's
+// tokens alone, so a run with a small KV pool (preemption by recompute), small prompt chunks,
+// prefix-cache hits and aborts must propose at every (request, position) it shares with a run
+// without any of them exactly what that run proposed. A catch-up that skipped or repeated a
+// position, K/V left from a preempted life, a prefix hit whose last block kept another
+// sequence's MTP rows, or a row reading the wrong hidden state would change some proposals.
+TEST_CASE("MTP proposals do not depend on preemption, chunking or prefix hits",
+          "[speculative][mtp][engine]") {
+  test::TempDir dir("spec_mtp_proposals");
+  TinyDeepseekV3Mtp(true).Write(dir.path());
+  const std::string d = dir.path().string();
+  std::mt19937 rng(7);
+  std::vector<GenerationRequest> reqs;
+  const std::vector<int32_t> prefix = {5, 9, 14, 5, 9, 14, 22, 5, 9, 14, 22, 30};
+  for (int i = 0; i < 16; ++i) {
+    GenerationRequest r;
+    r.request_id = "p" + std::to_string(i);
+    if (i % 3 == 0) r.prompt_ids = prefix;  // prefix-cache hits
+    const int len = 1 + static_cast<int>(rng() % 20);
+    for (int t = 0; t < len; ++t) r.prompt_ids.push_back(2 + static_cast<int32_t>(rng() % 60));
+    r.sampling.temperature = 0.0f;
+    r.stopping.max_tokens = 8 + static_cast<int>(rng() % 30);
+    r.stopping.ignore_eos = true;
+    reqs.push_back(std::move(r));
+  }
+  using Key = std::pair<std::string, int>;
+  auto record = [](EngineCore& core, std::map<Key, std::vector<int32_t>>* out) {
+    core.set_proposal_observer([out](const std::string& id, int pos, std::span<const int32_t> d) {
+      (*out)[{id, pos}] = std::vector<int32_t>(d.begin(), d.end());
+    });
+  };
+  EngineConfig cfg;
+  cfg.model.model_dir = d;
+  cfg.model.block_size = 4;
+  cfg.model.num_kv_blocks = 400;
+  cfg.scheduler.max_num_seqs = 16;
+  cfg.scheduler.max_batched_tokens = 2048;
+  cfg.scheduler.enable_prefix_caching = false;
+  cfg.require_tokenizer = false;
+  cfg.speculative.method = "mtp";
+  cfg.speculative.num_speculative_tokens = 3;
+  cfg.speculative.disable_by_batch_size = 0;
+  auto roomy = EngineCore::Create(cfg);
+  REQUIRE(roomy.ok());
+  std::map<Key, std::vector<int32_t>> want, got;
+  record(**roomy, &want);
+  Run(**roomy, reqs);
+  cfg.model.num_kv_blocks = 24;
+  cfg.scheduler.max_num_seqs = 6;
+  cfg.scheduler.max_batched_tokens = 10;
+  cfg.scheduler.enable_prefix_caching = true;
+  auto tight = EngineCore::Create(cfg);
+  REQUIRE(tight.ok());
+  record(**tight, &got);
+  Run(**tight, reqs, {{15, "p4"}, {30, "p7"}});
+  CHECK((*tight)->metrics()->preemptions.value() > 0);
+  CHECK((*tight)->metrics()->prefix_hits.value() > 0);
+  int shared = 0;
+  for (const auto& [key, drafts] : got) {
+    auto it = want.find(key);
+    if (it == want.end()) continue;
+    INFO(key.first << " at position " << key.second);
+    const size_t n = std::min(drafts.size(), it->second.size());
+    CHECK(std::equal(drafts.begin(), drafts.begin() + n, it->second.begin()));
+    ++shared;
+  }
+  INFO(shared << " shared proposals of " << got.size());
+  CHECK(shared > 50);
 }
 
 // An MTP layer that predicts what the target predicts next: the target's layers add nothing
@@ -315,7 +387,7 @@ TEST_CASE("MTP drafts under the grammar's mask", "[speculative][mtp][engine]") {
   }
 }
 
-TEST_CASE("--speculative-method mtp is refused without an MTP layer", "[speculative][mtp]") {
+TEST_CASE("speculative method mtp is refused without an MTP layer", "[speculative][mtp]") {
   auto refusal = [](const test::TinyCheckpoint& c) {
     test::TempDir dir("spec_mtp_refused");
     c.Write(dir.path());
