@@ -1,7 +1,8 @@
 // MTP speculation (--speculative-method mtp) through EngineCore on a tiny DeepSeek-V3 checkpoint
 // with its multi-token-prediction layer (CPU): greedy output is exactly the output without
 // speculation, through prompt chunks, paused speculation, opted-out requests, preemption, aborts
-// and prefix-cache hits; sampled requests keep their distribution; an MTP layer built to predict
+// and prefix-cache hits, and constrained requests; its proposals do not depend on preemption,
+// chunking or prefix hits; sampled requests keep their distribution; an MTP layer built to predict
 // what the target will predict next has (almost) every draft accepted, which holds only if it
 // reads the right token and position; checkpoints without an MTP layer are refused by name.
 #include <catch2/catch.hpp>
