@@ -599,7 +599,7 @@ StepRecord EngineCore::StepInner() {
   const StepStates states = GatherStates(sched);
   NoteScheduled(sched, states, &record);
   const double proposing_s = record.draft_s;
-  RunDraftModel(sched, states, &record);
+  RunProposerNetwork(sched, states, &record);
   StepBatch in = BuildInputs(sched, states);
   RequestHiddenRows(states, &in);
   const bool overlap = CanOverlap(in, states);

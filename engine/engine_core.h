@@ -227,13 +227,16 @@ class EngineCore {
   // (the matcher takes the drafts tentatively and rolls them back).
   bool Speculates(const RequestState& st) const;
   // Before Schedule: the drafts of every decoding sequence that speculates (Sequence::draft_ids):
-  // the n-gram proposer's, or, for the draft model, K placeholders that RunDraftModel fills once
-  // Schedule has reserved their blocks (and kept those that fit).
+  // the n-gram proposer's, or, for a proposer network (the draft model, the MTP layer), K
+  // placeholders that RunProposerNetwork fills once Schedule has reserved their blocks (and kept
+  // those that fit).
   void ProposeDrafts(StepRecord* record);
-  // After Schedule, before the target's inputs are built: the draft model's step
-  // (DraftModelProposer): it consumes the tokens it has not seen of every scheduled prompt chunk
-  // and speculating sequence and proposes the drafts Schedule kept.
-  void RunDraftModel(const SchedulerOutput& sched, const StepStates& states, StepRecord* record);
+  // After Schedule, before the target's inputs are built: the proposer network's step. The draft
+  // model (DraftModelProposer) consumes the tokens it has not seen of every scheduled prompt chunk
+  // and speculating sequence, the MTP layer (MtpProposer) the kept hidden states (MtpWork); both
+  // propose the drafts Schedule kept, processed and drawn as the request samples.
+  void RunProposerNetwork(const SchedulerOutput& sched, const StepStates& states,
+                          StepRecord* record);
   // The MTP layer's work of this step (MtpProposer::Run): the rows its K/V lacks of every
   // scheduled sequence with kept hidden states, and the proposals of those Schedule kept drafts
   // for.

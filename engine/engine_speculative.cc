@@ -75,13 +75,13 @@ void EngineCore::ProposeDrafts(StepRecord* record) {
     } else if (mtp_) {
       // The MTP layer proposes once it can read the target's hidden states up to the position
       // before the last token (its row there reads the last token): placeholders as for a draft
-      // model, written by RunDraftModel.
+      // model, written by RunProposerNetwork.
       if (seq->draft_kv_len < seq->num_computed_tokens &&
           mtp_->KeptEnd(*seq) >= seq->num_computed_tokens) {
         seq->draft_ids.assign(k, 0);
       }
     } else if (seq->num_tokens() - seq->draft_kv_len <= scheduler_->config().max_batched_tokens) {
-      // Placeholders (any valid id) for Schedule to count: RunDraftModel writes the proposals
+      // Placeholders (any valid id) for Schedule to count: RunProposerNetwork writes the proposals
       // once their blocks are reserved. A draft model far behind (speculation paused for long)
       // catches up in budget-sized chunks first, proposing nothing meanwhile.
       seq->draft_ids.assign(k, 0);
@@ -90,8 +90,8 @@ void EngineCore::ProposeDrafts(StepRecord* record) {
   record->draft_s = SecondsSince(t0);
 }
 
-void EngineCore::RunDraftModel(const SchedulerOutput& sched, const StepStates& states,
-                               StepRecord* record) {
+void EngineCore::RunProposerNetwork(const SchedulerOutput& sched, const StepStates& states,
+                                    StepRecord* record) {
   if (!draft_model_ && !mtp_) return;
   const auto t0 = std::chrono::steady_clock::now();
   const int cap = scheduler_->config().max_batched_tokens;
