@@ -109,10 +109,21 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& con
     }
     draft = std::move(loaded).value();
   }
+  // The MTP layer is a proposer network like a draft model: loaded first from the target's own
+  // checkpoint, its KV cache in the target's blocks.
+  std::unique_ptr<Model> mtp;
+  if (spec.method == "mtp") {
+    if (model) {
+      return InvalidArgument("--speculative-method mtp loads the target from its directory");
+    }
+    LLM_ASSIGN_OR_RETURN(mtp,
+                         LoadMtpModel(DraftModelLoadOptions(config.model, config.model.model_dir)));
+  }
   if (model) {
     core->model_ = std::move(model);
   } else {
     if (draft) target.extra_kv_bytes_per_block = draft->kv_bytes_per_block();
+    if (mtp) target.extra_kv_bytes_per_block = mtp->kv_bytes_per_block();
     LLM_ASSIGN_OR_RETURN(core->model_, LoadModel(target));
   }
   const ModelConfig& mc = core->model_->config();
@@ -139,6 +150,18 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& con
                  core->model_->kv_bytes_per_block());
     core->draft_model_ =
         std::make_unique<DraftModelProposer>(std::move(draft), config.model.block_size);
+  }
+  if (mtp) {
+    if (!core->model_->returns_hidden_states()) {
+      return InvalidArgument("--speculative-method mtp: the " + config.model.device +
+                             " runner does not return the target's hidden states");
+    }
+    sc.draft_model_kv = true;
+    sc.recompute_last_cached_block = true;
+    LLM_RETURN_IF_ERROR(mtp->AllocateKvCache(num_blocks));
+    spdlog::info("MTP layer: KV {} bytes per block beside the target's {}",
+                 mtp->kv_bytes_per_block(), core->model_->kv_bytes_per_block());
+    core->mtp_ = std::make_unique<MtpProposer>(std::move(mtp), config.model.block_size);
   }
   core->scheduler_ = std::make_unique<Scheduler>(sc, num_blocks);
 
@@ -544,7 +567,7 @@ StepRecord EngineCore::Step() {
     metrics_->step_sample.Observe(record.sample_s);
     if (record.mask_s >= 0) metrics_->step_mask.Observe(record.mask_s);
   }
-  if (proposer_ || draft_model_) metrics_->step_draft.Observe(record.draft_s);
+  if (proposer_ || draft_model_ || mtp_) metrics_->step_draft.Observe(record.draft_s);
   if (record.num_drafts > 0) {
     metrics_->step_verify.Observe(record.verify_s);
     metrics_->spec_drafts.Inc(record.num_drafts);
@@ -578,8 +601,9 @@ StepRecord EngineCore::StepInner() {
   const StepStates states = GatherStates(sched);
   NoteScheduled(sched, states, &record);
   const double proposing_s = record.draft_s;
-  RunDraftModel(sched, states, &record);
+  RunProposerNetwork(sched, states, &record);
   StepBatch in = BuildInputs(sched, states);
+  RequestHiddenRows(states, &in);
   const bool overlap = CanOverlap(in, states);
   const auto t2 = Clock::now();
   record.prepare_s = Seconds(t2 - t1) - (record.draft_s - proposing_s);  // the draft model apart
@@ -626,6 +650,7 @@ StepRecord EngineCore::StepInner() {
   } else {
     EmitTokens(in, states, device_tokens);
     EmitDrafted(in, states, &record);
+    KeepHiddenStates(sched, in);
   }
   record.sample_s = Seconds(Clock::now() - t3);
   return record;
@@ -721,7 +746,8 @@ void EngineCore::FillRowMask(RequestState& rs, uint32_t* dst, int mask_words) {
 
 bool EngineCore::CanOverlap(const StepBatch& in, const StepStates& states) const {
   if (!config_.overlap_steps || !model_->samples_on_device() || !model_->supports_overlap() ||
-      logits_observer_ || routing_observer_ || !in.drafted.empty()) {
+      logits_observer_ || routing_observer_ || !in.drafted.empty() ||
+      !in.forward.hidden_rows.empty()) {  // the hidden states are kept after the emission
     return false;
   }
   for (size_t k : in.row_step) {

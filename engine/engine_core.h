@@ -20,6 +20,7 @@
 #include "engine/runtime/model.h"
 #include "engine/speculative/adaptive_draft_length.h"
 #include "engine/speculative/draft_model_proposer.h"
+#include "engine/speculative/mtp_proposer.h"
 #include "engine/speculative/ngram_proposer.h"
 #include "engine/speculative/rejection_sampler.h"
 #include "engine/step_batch.h"
@@ -86,6 +87,11 @@ class EngineCore {
   // Test hook: sees each sampled sequence's logits before sampling.
   using LogitsObserver = std::function<void(const std::string& request_id, std::span<const float>)>;
   void set_logits_observer(LogitsObserver f) { logits_observer_ = std::move(f); }
+  // Test hook: each proposal of a draft model or MTP layer, with the position of its first draft
+  // (the sequence's token count) and the drafts.
+  using ProposalObserver = std::function<void(const std::string& request_id, int position,
+                                              std::span<const int32_t> drafts)>;
+  void set_proposal_observer(ProposalObserver f) { proposal_observer_ = std::move(f); }
   // Test hook: every MoE routing decision of every forward (Model::set_routing_trace), with the
   // request whose token it routed; MoeRoutingDecision::position keys it within the request (a
   // position recomputed after a preemption is reported again). Steps do not overlap while it is
@@ -100,6 +106,8 @@ class EngineCore {
   const Model& model() const { return *model_; }
   // The draft model of --speculative-method draft, else null.
   const Model* draft_model() const { return draft_model_ ? &draft_model_->model() : nullptr; }
+  // The MTP layer of --speculative-method mtp, else null.
+  const Model* mtp_model() const { return mtp_ ? &mtp_->model() : nullptr; }
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   const EngineConfig& config() const { return config_; }
   // Null when structured outputs are unavailable for this model.
@@ -219,13 +227,25 @@ class EngineCore {
   // (the matcher takes the drafts tentatively and rolls them back).
   bool Speculates(const RequestState& st) const;
   // Before Schedule: the drafts of every decoding sequence that speculates (Sequence::draft_ids):
-  // the n-gram proposer's, or, for the draft model, K placeholders that RunDraftModel fills once
-  // Schedule has reserved their blocks (and kept those that fit).
+  // the n-gram proposer's, or, for a proposer network (the draft model, the MTP layer), K
+  // placeholders that RunProposerNetwork fills once Schedule has reserved their blocks (and kept
+  // those that fit).
   void ProposeDrafts(StepRecord* record);
-  // After Schedule, before the target's inputs are built: the draft model's step
-  // (DraftModelProposer): it consumes the tokens it has not seen of every scheduled prompt chunk
-  // and speculating sequence and proposes the drafts Schedule kept.
-  void RunDraftModel(const SchedulerOutput& sched, const StepStates& states, StepRecord* record);
+  // After Schedule, before the target's inputs are built: the proposer network's step. The draft
+  // model (DraftModelProposer) consumes the tokens it has not seen of every scheduled prompt chunk
+  // and speculating sequence, the MTP layer (MtpProposer) the kept hidden states (MtpWork); both
+  // propose the drafts Schedule kept, processed and drawn as the request samples.
+  void RunProposerNetwork(const SchedulerOutput& sched, const StepStates& states,
+                          StepRecord* record);
+  // The MTP layer's work of this step (MtpProposer::Run): the rows its K/V lacks of every
+  // scheduled sequence with kept hidden states, and the proposals of those Schedule kept drafts
+  // for.
+  std::vector<DraftWork> MtpWork(const SchedulerOutput& sched, const StepStates& states) const;
+  // MTP: the target returns the hidden states of every row of the requests that may speculate
+  // (ForwardBatch::hidden_rows); after the step's tokens are emitted, those of the positions the
+  // target now holds are kept for the next step's MTP run.
+  void RequestHiddenRows(const StepStates& states, StepBatch* in) const;
+  void KeepHiddenStates(const SchedulerOutput& sched, const StepBatch& in);
   // After a synchronous forward: verifies each drafted sequence's rows (in.drafted) on the host,
   // streams the accepted tokens and the target's next one through OnToken, one at a time (a
   // finish drops the rest), and tells the scheduler how many were accepted.
@@ -248,6 +268,7 @@ class EngineCore {
   std::map<int64_t, std::string> seq_to_request_;
   std::map<std::string, std::vector<std::string>> groups_;  // n > 1: request id -> choice ids
   LogitsObserver logits_observer_;
+  ProposalObserver proposal_observer_;
   RoutingObserver routing_observer_;
   std::vector<MoeRoutingDecision> routing_trace_;  // the model appends while the observer is set
   std::function<void()> dequeue_observer_;
@@ -255,6 +276,7 @@ class EngineCore {
   std::vector<float> logits_scratch_;
   std::optional<NgramProposer> proposer_;            // set when EngineConfig::speculative is ngram
   std::unique_ptr<DraftModelProposer> draft_model_;  // set when it is draft
+  std::unique_ptr<MtpProposer> mtp_;                 // set when it is mtp
   // SpeculativeConfig::disable_by_batch_size exceeded at the last step's start: nobody drafts.
   bool speculation_paused_ = false;
   std::optional<InFlight> inflight_;

@@ -3,6 +3,7 @@
 // acceptance rule is engine/speculative/rejection_sampler.h; the scheduler computes the drafts with
 // the sequence's last token (ScheduledSeq::num_draft) and trims the rejected positions' blocks
 // (Scheduler::CommitDrafts).
+#include <algorithm>
 #include <chrono>
 #include <optional>
 
@@ -38,12 +39,12 @@ void CountGenerated(std::vector<PenaltyEntry>* entries, int32_t token) {
 }  // namespace
 
 bool EngineCore::Speculates(const RequestState& st) const {
-  return (proposer_.has_value() || draft_model_ != nullptr) && !speculation_paused_ &&
-         st.request.speculative_decoding;
+  return (proposer_.has_value() || draft_model_ != nullptr || mtp_ != nullptr) &&
+         !speculation_paused_ && st.request.speculative_decoding;
 }
 
 void EngineCore::ProposeDrafts(StepRecord* record) {
-  if (!proposer_ && !draft_model_) return;
+  if (!proposer_ && !draft_model_ && !mtp_) return;
   const auto t0 = std::chrono::steady_clock::now();
   const int limit = config_.speculative.disable_by_batch_size;
   const int load = scheduler_->num_running() + scheduler_->num_waiting();
@@ -71,8 +72,16 @@ void EngineCore::ProposeDrafts(StepRecord* record) {
     if (proposer_) {
       seq->draft_ids = proposer_->Propose(seq->AllTokens());
       if (static_cast<int>(seq->draft_ids.size()) > k) seq->draft_ids.resize(k);
+    } else if (mtp_) {
+      // The MTP layer proposes once it can read the target's hidden states up to the position
+      // before the last token (its row there reads the last token): placeholders as for a draft
+      // model, written by RunProposerNetwork.
+      if (seq->draft_kv_len < seq->num_computed_tokens &&
+          mtp_->KeptEnd(*seq) >= seq->num_computed_tokens) {
+        seq->draft_ids.assign(k, 0);
+      }
     } else if (seq->num_tokens() - seq->draft_kv_len <= scheduler_->config().max_batched_tokens) {
-      // Placeholders (any valid id) for Schedule to count: RunDraftModel writes the proposals
+      // Placeholders (any valid id) for Schedule to count: RunProposerNetwork writes the proposals
       // once their blocks are reserved. A draft model far behind (speculation paused for long)
       // catches up in budget-sized chunks first, proposing nothing meanwhile.
       seq->draft_ids.assign(k, 0);
@@ -81,14 +90,23 @@ void EngineCore::ProposeDrafts(StepRecord* record) {
   record->draft_s = SecondsSince(t0);
 }
 
-void EngineCore::RunDraftModel(const SchedulerOutput& sched, const StepStates& states,
-                               StepRecord* record) {
-  if (!draft_model_) return;
+void EngineCore::RunProposerNetwork(const SchedulerOutput& sched, const StepStates& states,
+                                    StepRecord* record) {
+  if (!draft_model_ && !mtp_) return;
   const auto t0 = std::chrono::steady_clock::now();
   const int cap = scheduler_->config().max_batched_tokens;
   std::vector<DraftWork> work;
   std::vector<RequestState*> work_state;
-  for (size_t k = 0; k < sched.seqs.size(); ++k) {
+  if (mtp_) {
+    mtp_->ForgetIf([this](int64_t id) { return scheduler_->Find(id) == nullptr; });
+    work = MtpWork(sched, states);
+    for (const DraftWork& w : work) {
+      const auto at = std::find_if(sched.seqs.begin(), sched.seqs.end(),
+                                   [&](const ScheduledSeq& s) { return s.seq == w.seq; });
+      work_state.push_back(states[at - sched.seqs.begin()]);
+    }
+  }
+  for (size_t k = 0; k < sched.seqs.size() && draft_model_; ++k) {
     const ScheduledSeq& s = sched.seqs[k];
     Sequence* seq = s.seq;
     RequestState& rs = *states[k];
@@ -177,17 +195,73 @@ void EngineCore::RunDraftModel(const SchedulerOutput& sched, const StepStates& s
     p.drafts.push_back(token);
     return token;
   };
-  const Status st = draft_model_->Run(work, scheduler_->allocator(), device_job, choose);
+  const Status st = mtp_ ? mtp_->Run(work, scheduler_->allocator(), device_job, choose)
+                         : draft_model_->Run(work, scheduler_->allocator(), device_job, choose);
   for (size_t i = 0; i < work.size(); ++i) {
     if (tentative[i] > 0) work_state[i]->matcher->Rollback(tentative[i]);
   }
   if (!st.ok()) {
     // Nothing advanced: the scheduled drafts stay the placeholders, each a one-hot proposal that
     // the verification handles exactly; the draft model retries its catch-up next step.
-    spdlog::error("draft model forward failed: {}", st.ToString());
+    spdlog::error("{} forward failed: {}", mtp_ ? "MTP layer" : "draft model", st.ToString());
     for (RequestState* rs : work_state) rs->draft_q.clear();
+  } else if (proposal_observer_) {
+    for (size_t i = 0; i < work.size(); ++i) {
+      if (work[i].num_propose == 0) continue;
+      const Sequence& seq = *work[i].seq;
+      proposal_observer_(work_state[i]->request.request_id, seq.num_tokens(),
+                         std::span<const int32_t>(seq.draft_ids.data(), work[i].num_propose));
+    }
   }
   record->draft_s += SecondsSince(t0);
+}
+
+std::vector<DraftWork> EngineCore::MtpWork(const SchedulerOutput& sched,
+                                           const StepStates& states) const {
+  std::vector<DraftWork> work;
+  for (size_t k = 0; k < sched.seqs.size(); ++k) {
+    const ScheduledSeq& s = sched.seqs[k];
+    Sequence* seq = s.seq;
+    if (!states[k]->request.speculative_decoding) continue;  // keeps no hidden states
+    // A row reads the token after its position, so the known tokens end the rows too.
+    const int known = seq->num_tokens() - (seq->has_pending_token() ? 1 : 0);
+    const int end = std::min(mtp_->KeptEnd(*seq), known - 1);
+    if (end <= seq->draft_kv_len) continue;
+    // ProposeDrafts set the drafts only where the rows reach the last token; otherwise they stay
+    // placeholders, one-hot drafts the verification handles exactly.
+    const int propose = end == seq->num_tokens() - 1 ? s.num_draft : 0;
+    work.push_back({seq, end, propose});
+  }
+  return work;
+}
+
+void EngineCore::RequestHiddenRows(const StepStates& states, StepBatch* in) const {
+  if (!mtp_) return;
+  ForwardBatch& b = in->forward;
+  in->hidden_first_row.assign(in->step_seq.size(), -1);
+  for (size_t k = 0; k < in->step_seq.size(); ++k) {
+    if (!states[k]->request.speculative_decoding) continue;
+    in->hidden_first_row[k] = static_cast<int32_t>(b.hidden_rows.size());
+    for (int32_t r = b.attn.q_indptr[k]; r < b.attn.q_indptr[k + 1]; ++r)
+      b.hidden_rows.push_back(r);
+  }
+}
+
+void EngineCore::KeepHiddenStates(const SchedulerOutput& sched, const StepBatch& in) {
+  if (!mtp_) return;  // a request that ended in the emission is gone: only ids are read
+  const int H = model_->config().hidden_size;
+  const std::span<const float> hidden = model_->hidden_states();
+  for (size_t k = 0; k < in.step_seq.size(); ++k) {
+    if (in.hidden_first_row[k] < 0) continue;
+    const Sequence* seq = scheduler_->Find(in.step_seq[k]);
+    if (seq == nullptr) continue;
+    // The positions the target now holds: rejected drafts' rows are not the sequence's.
+    const int begin = sched.seqs[k].start;
+    const int end = std::min(begin + sched.seqs[k].num_tokens, seq->num_computed_tokens);
+    if (end <= begin) continue;
+    const size_t first = static_cast<size_t>(in.hidden_first_row[k]) * H;
+    mtp_->KeepHidden(*seq, begin, hidden.subspan(first, static_cast<size_t>(end - begin) * H));
+  }
 }
 
 void EngineCore::EmitDrafted(const StepBatch& in, const StepStates& states, StepRecord* record) {

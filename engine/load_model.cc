@@ -1,10 +1,12 @@
 // Model factory: picks the implementation for a model directory.
 #include "engine/architectures/cpu_deepseek_decoder.h"
+#include "engine/architectures/cpu_deepseek_mtp.h"
 #include "engine/architectures/cpu_dense_decoder.h"
 #include "engine/runtime/cpu/cpu_model_runner.h"
 #include "engine/runtime/model.h"
 #include "engine/runtime/synthetic_model.h"
 #ifdef LLM_HAVE_CUDA
+#include "engine/architectures/cuda_deepseek_mtp.h"
 #include "engine/runtime/cuda/cuda_model_runner.h"
 #endif
 
@@ -19,6 +21,13 @@ bool IsMtpLayerTensor(const std::string& name, const void* ctx) {
     if (name.rfind("model.layers." + std::to_string(l) + ".", 0) == 0) return true;
   }
   return false;
+}
+
+// Every tensor but the first MTP layer's: the target's, which an MTP model does not read (the
+// embedding and LM head it shares are read, so consumed, when the layer has none of its own).
+bool NotFirstMtpLayerTensor(const std::string& name, const void* ctx) {
+  const auto& d = *static_cast<const DeepseekConfig*>(ctx);
+  return name.rfind("model.layers." + std::to_string(DeepseekMtpLayer(d)) + ".", 0) != 0;
 }
 
 StatusOr<std::unique_ptr<WeightStore>> OpenWeights(const std::string& model_dir,
@@ -138,6 +147,62 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
   LLM_ASSIGN_OR_RETURN(auto model, CpuModelRunner::Create(std::move(decoder), *weights, options));
   LLM_RETURN_IF_ERROR(weights->CheckAllConsumed(config.architecture_name));
   return std::unique_ptr<Model>(std::move(model));
+}
+
+StatusOr<std::unique_ptr<Model>> LoadMtpModel(const ModelLoadOptions& options) {
+  const std::string& dir = options.model_dir;
+  if (dir.rfind("synthetic", 0) == 0 || !IsDeepseekModelDir(dir)) {
+    return InvalidArgument(
+        "--speculative-method mtp needs a DeepSeek-V3 checkpoint with its multi-token-prediction "
+        "layer (num_nextn_predict_layers >= 1); " +
+        dir + " is not a DeepSeek checkpoint");
+  }
+  LLM_ASSIGN_OR_RETURN(DeepseekConfig config, LoadDeepseekConfig(dir));
+  const std::string& arch = config.base.architecture_name;
+  if (config.num_nextn_predict_layers < 1) {
+    return InvalidArgument("--speculative-method mtp: " + arch + " in " + dir +
+                           " has no multi-token-prediction layer (num_nextn_predict_layers is " +
+                           std::to_string(config.num_nextn_predict_layers) + ")");
+  }
+  if (config.num_nextn_predict_layers > 1) {
+    return InvalidArgument("--speculative-method mtp: num_nextn_predict_layers " +
+                           std::to_string(config.num_nextn_predict_layers) +
+                           " > 1 is not implemented (the first MTP layer chains; DeepSeek-V3 "
+                           "ships one)");
+  }
+#ifndef LLM_HAVE_CUDA
+  if (options.device == "cuda") {
+    return Unavailable("device 'cuda' requested but this build has no CUDA backend");
+  }
+#endif
+  if (options.dummy_weights) {
+    return InvalidArgument(
+        "--speculative-method mtp reads the MTP layer from the checkpoint "
+        "(no dummy weights)");
+  }
+  LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(dir, config.base));
+  const std::string eh_proj =
+      "model.layers." + std::to_string(DeepseekMtpLayer(config)) + ".eh_proj.weight";
+  if (!weights->Has(eh_proj)) {
+    return InvalidArgument("--speculative-method mtp: the checkpoint in " + dir +
+                           " has no MTP layer weights (" + eh_proj +
+                           " is missing; some conversions drop them)");
+  }
+  std::unique_ptr<Model> model;
+#ifdef LLM_HAVE_CUDA
+  if (ResolveDevice(options.device) == "cuda") {
+    LLM_ASSIGN_OR_RETURN(
+        model, CreateCudaModel(NewCudaDeepseekMtp(config, weights.get()), weights.get(), options));
+  }
+#endif
+  if (!model) {
+    if (options.weight_dtype == "fp8") return InvalidArgument("fp8 weights need the cuda device");
+    LLM_ASSIGN_OR_RETURN(
+        model, CpuModelRunner::Create(NewCpuDeepseekMtp(config, *weights), *weights, options));
+  }
+  LLM_RETURN_IF_ERROR(
+      weights->CheckAllConsumed(arch + " MTP layer", NotFirstMtpLayerTensor, &config));
+  return model;
 }
 
 }  // namespace llm

@@ -37,6 +37,9 @@ struct StepBatch {
     int32_t mask_row;  // SamplingJob::mask_row
   };
   std::vector<MaskRow> mask_rows;
+  // MTP (EngineCore::RequestHiddenRows): per step_seq entry, its first row in
+  // forward.hidden_rows (its rows in batch order), or -1 when its hidden states are not wanted.
+  std::vector<int32_t> hidden_first_row;
 };
 
 // The device-sampling job of a sequence's logit row (`step_index`: the sequence's index in

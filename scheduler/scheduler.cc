@@ -62,8 +62,14 @@ void Scheduler::MatchPrefix(Sequence* seq) {
   if (!prefix_cache_ || seq->num_computed_tokens != 0 || !seq->block_table.empty()) return;
   const std::vector<int32_t> tokens = seq->AllTokens();
   // At least one token must be computed to produce logits.
-  const int matched =
+  int matched =
       prefix_cache_->Match(tokens, seq->num_tokens() - 1, &seq->block_table, &seq->block_keys);
+  if (config_.recompute_last_cached_block && matched > 0) {
+    allocator_.Release({seq->block_table.back()});
+    seq->block_table.pop_back();
+    seq->block_keys.pop_back();
+    matched -= config_.block_size;
+  }
   seq->num_computed_tokens = matched;
   // Cached blocks hold the draft model's K/V too (PublishFullBlocks waits for both models).
   seq->draft_kv_len = matched;

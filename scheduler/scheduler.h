@@ -31,6 +31,12 @@ struct SchedulerConfig {
   // prefix cache, or slides out of the window, only once both models are past it, so a cached
   // block holds both models' K/V and the draft model never loses a block it still needs.
   bool draft_model_kv = false;
+  // The proposer reads the target's hidden states (an MTP layer): a prefix-cache hit gives back
+  // its last matched block, whose tokens the target computes again (as vLLM does for EAGLE and
+  // MTP). The proposer's K/V at a block's last position depends on the token after the block,
+  // which only the blocks before the last matched one are sure to share, and the recomputed
+  // positions give the hidden states the proposer reads next.
+  bool recompute_last_cached_block = false;
 };
 
 struct ScheduledSeq {

@@ -42,15 +42,6 @@ bool DraftModelSpeculation(const ServerConfig& c) {
   return c.engine.speculative.method == "draft";
 }
 
-Status ImplementedSpeculativeMethod(const std::string& v) {
-  if (v == "mtp") {
-    return InvalidArgument(
-        "--speculative-method mtp is not implemented yet; the methods that run are none, ngram "
-        "and draft");
-  }
-  return Status::Ok();
-}
-
 bool Fp8Weights(const ServerConfig& c) {
   return c.engine.model.weight_dtype == "fp8";
 }
@@ -160,9 +151,10 @@ std::vector<ServerOption> Declarations() {
       O::Choice("speculative_method", LLM_BIND(engine.speculative.method),
                 kSpeculativeMethodChoices, G::kScheduler,
                 "speculative decoding: ngram drafts tokens from the request's own prompt and "
-                "output (prompt lookup), draft from a smaller model (--speculative-model); the "
-                "target verifies them in one step; mtp is not implemented yet")
-          .Check(ImplementedSpeculativeMethod),
+                "output (prompt lookup), draft from a smaller model (--speculative-model), mtp "
+                "from the checkpoint's multi-token-prediction layer (DeepSeek-V3 with "
+                "num_nextn_predict_layers >= 1 and its model.layers.N weights); "
+                "the target verifies them in one step"),
       O::String("speculative_model", LLM_BIND(engine.speculative.draft_model_dir), G::kScheduler,
                 "draft model directory for --speculative-method draft: a smaller checkpoint "
                 "with the target's vocabulary and tokenizer, on the same device, its KV cache in "
@@ -172,7 +164,7 @@ std::vector<ServerOption> Declarations() {
              kMaxSpeculativeTokens, G::kScheduler,
              "draft tokens verified per sequence and step (on CUDA the verify steps of 1 + K rows "
              "replay graphs)")
-          .Requires(Speculating, "--speculative-method ngram or draft"),
+          .Requires(Speculating, "--speculative-method ngram, draft or mtp"),
       O::Int("ngram_prompt_lookup_min", LLM_BIND(engine.speculative.ngram_prompt_lookup_min), 1,
              1024, G::kScheduler, "n-gram drafting: the shortest context suffix that must recur")
           .Requires(NgramSpeculation, "--speculative-method ngram"),
@@ -184,12 +176,12 @@ std::vector<ServerOption> Declarations() {
               "each request drafts as many tokens as its own acceptance makes worth verifying "
               "(1 to --num-speculative-tokens: a draft position is proposed while its estimated "
               "acceptance probability is at least 0.3); off: always --num-speculative-tokens")
-          .Requires(Speculating, "--speculative-method ngram or draft"),
+          .Requires(Speculating, "--speculative-method ngram, draft or mtp"),
       O::Int("speculative_disable_by_batch_size",
              LLM_BIND(engine.speculative.disable_by_batch_size), 0, 1 << 20, G::kScheduler,
              "speculation pauses while more requests than this are running or waiting (their "
              "steps overlap again); 0: never")
-          .Requires(Speculating, "--speculative-method ngram or draft"),
+          .Requires(Speculating, "--speculative-method ngram, draft or mtp"),
       O::Int("structured_output_threads", LLM_BIND(engine.structured_output_threads), 0, 256,
              G::kScheduler,
              "threads (the engine's included) filling a step's structured-output token masks; "

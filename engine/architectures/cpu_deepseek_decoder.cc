@@ -60,8 +60,12 @@ struct DeepseekLayerWeights {
 
 class CpuDeepseekDecoder final : public CpuArchitecture {
  public:
-  explicit CpuDeepseekDecoder(const DeepseekConfig& config)
-      : config_(config), inv_freq_(config.RopeInvFreq()), rope_mscale_(config.RopeMscale()) {}
+  CpuDeepseekDecoder(const DeepseekConfig& config, int first_layer, int num_layers)
+      : config_(config),
+        first_layer_(first_layer),
+        num_layers_(num_layers),
+        inv_freq_(config.RopeInvFreq()),
+        rope_mscale_(config.RopeMscale()) {}
 
   const ModelConfig& config() const override { return config_.base; }
   CpuModelSettings settings() const override {
@@ -85,6 +89,10 @@ class CpuDeepseekDecoder final : public CpuArchitecture {
                         const AttentionBatch& batch, int seq, const float* q, float* attn) const;
 
   DeepseekConfig config_;
+  // The checkpoint layers [first_layer_, first_layer_ + num_layers_) this definition computes
+  // (the model's, or an MTP layer's decoder layer), with caches step.kv[0 .. num_layers_).
+  int first_layer_ = 0;
+  int num_layers_ = 0;
   std::vector<float> inv_freq_;  // [qk_rope / 2]
   float rope_mscale_ = 1.0f;
   std::vector<DeepseekLayerWeights> layers_;
@@ -124,12 +132,13 @@ Status CpuDeepseekDecoder::LoadLayers(const WeightStore& w) {
     moe_names.selection_bias = "e_score_correction_bias";
   }
 
-  layers_.resize(c.num_layers);
+  layers_.resize(num_layers_);
   std::vector<float> tmp;
-  for (int i = 0; i < c.num_layers; ++i) {
+  for (int l = 0; l < num_layers_; ++l) {
+    const int i = first_layer_ + l;  // the checkpoint's layer index
     const std::string p = "model.layers." + std::to_string(i) + ".";
     const std::string a = p + "self_attn.";
-    DeepseekLayerWeights& L = layers_[i];
+    DeepseekLayerWeights& L = layers_[l];
     LLM_RETURN_IF_ERROR(w.ReadF32(p + "input_layernorm.weight", {h}, &L.attn_norm));
     LLM_RETURN_IF_ERROR(w.ReadF32(p + "post_attention_layernorm.weight", {h}, &L.mlp_norm));
     if (d.q_lora_rank > 0) {
@@ -272,7 +281,7 @@ Status CpuDeepseekDecoder::RunLayers(const CpuStep& step) const {
   }
   const float scale = d.SoftmaxScale();
 
-  for (int l = 0; l < c.num_layers; ++l) {
+  for (int l = 0; l < num_layers_; ++l) {
     const DeepseekLayerWeights& L = layers_[l];
     RmsNorm(x, L.attn_norm.data(), T, Hd, c.rms_norm_eps, xn.data());
     Linear(xn.data(), L.w_a.data(), T, A, Hd, a.data());
@@ -345,7 +354,12 @@ Status CpuDeepseekDecoder::RunLayers(const CpuStep& step) const {
 }  // namespace
 
 std::unique_ptr<CpuArchitecture> NewCpuDeepseekDecoder(const DeepseekConfig& config) {
-  return std::make_unique<CpuDeepseekDecoder>(config);
+  return std::make_unique<CpuDeepseekDecoder>(config, 0, config.base.num_layers);
+}
+
+std::unique_ptr<CpuArchitecture> NewCpuDeepseekLayers(const DeepseekConfig& config, int first_layer,
+                                                      int num_layers) {
+  return std::make_unique<CpuDeepseekDecoder>(config, first_layer, num_layers);
 }
 
 }  // namespace llm

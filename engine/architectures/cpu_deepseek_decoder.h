@@ -30,5 +30,9 @@
 namespace llm {
 
 std::unique_ptr<CpuArchitecture> NewCpuDeepseekDecoder(const DeepseekConfig& config);
+// The decoder layers [first_layer, first_layer + num_layers) of the checkpoint alone, their
+// caches step.kv[0 .. num_layers): what an MTP layer (cpu_deepseek_mtp.h) runs as its block.
+std::unique_ptr<CpuArchitecture> NewCpuDeepseekLayers(const DeepseekConfig& config, int first_layer,
+                                                      int num_layers);
 
 }  // namespace llm

@@ -62,8 +62,10 @@ StatusOr<DType> GpuCacheDType(const DeepseekConfig& config, const ModelLoadOptio
 
 class CudaDeepseekDecoder final : public CudaDecoder {
  public:
-  explicit CudaDeepseekDecoder(const DeepseekConfig& config)
+  CudaDeepseekDecoder(const DeepseekConfig& config, int first_layer, int num_layers)
       : d_(config),
+        first_layer_(first_layer),
+        num_layers_(num_layers),
         moe_(config.Routing(), config.base.hidden_size, config.moe_intermediate_size,
              config.moe_intermediate_size * config.n_shared_experts) {}
   const ModelConfig& config() const override { return d_.base; }
@@ -116,6 +118,10 @@ class CudaDeepseekDecoder final : public CudaDecoder {
   }
 
   DeepseekConfig d_;
+  // The checkpoint layers [first_layer_, first_layer_ + num_layers_) this definition computes
+  // (the model's, or an MTP layer's decoder layer), with caches layers[0 .. num_layers_).
+  int first_layer_ = 0;
+  int num_layers_ = 0;
   const CudaLinearOps* ops_ = nullptr;
   AttentionBackends backends_;          // the registry's choice (no separate prefill family)
   MlaAttentionBackend* mla_ = nullptr;  // backends_.decode's MLA interface
@@ -199,7 +205,7 @@ Status CudaDeepseekDecoder::Load(const CudaLoadContext& ctx) {
         "cuda deepseek: the projections, the dense MLP and the experts keep the checkpoint's fp8; "
         "kv_b_proj is dequantized to bf16 (the MLA absorbs it into its bf16 products)");
   }
-  for (int l = 0; l < c.num_layers; ++l) {
+  for (int l = first_layer_; l < first_layer_ + num_layers_; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const std::string a = p + "self_attn.";
     auto L = std::make_unique<Layer>();
@@ -332,7 +338,7 @@ StatusOr<CudaLayersOut> CudaDeepseekDecoder::RunLayers(const CudaStep& step) {
   const cuda::Fp8Rows fp8 = s.fp8();
   auto* xn = step.xn;
   const float softmax_scale = d_.SoftmaxScale();
-  for (int l = 0; l < c.num_layers; ++l) {
+  for (int l = 0; l < num_layers_; ++l) {
     const Layer& L = *layers_[l];
     cuda::LaunchAddRmsNorm(step.residual, l == 0 ? nullptr : s.tmp.ptr, L.attn_norm.ptr, nullptr, T,
                            Hd, c.rms_norm_eps, xn, stream);
@@ -438,7 +444,12 @@ StatusOr<CudaLayersOut> CudaDeepseekDecoder::RunLayers(const CudaStep& step) {
 }  // namespace
 
 std::unique_ptr<CudaDecoder> NewCudaDeepseekDecoder(const DeepseekConfig& config) {
-  return std::make_unique<CudaDeepseekDecoder>(config);
+  return std::make_unique<CudaDeepseekDecoder>(config, 0, config.base.num_layers);
+}
+
+std::unique_ptr<CudaDecoder> NewCudaDeepseekLayers(const DeepseekConfig& config, int first_layer,
+                                                   int num_layers) {
+  return std::make_unique<CudaDeepseekDecoder>(config, first_layer, num_layers);
 }
 
 StatusOr<std::unique_ptr<Model>> CreateCudaDeepseekModel(const DeepseekConfig& config,

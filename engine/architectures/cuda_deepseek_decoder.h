@@ -31,5 +31,10 @@
 namespace llm {
 
 std::unique_ptr<CudaDecoder> NewCudaDeepseekDecoder(const DeepseekConfig& config);
+// The decoder layers [first_layer, first_layer + num_layers) of the checkpoint alone, their
+// caches the runner's layers 0 .. num_layers: what an MTP layer (cuda_deepseek_mtp.h) runs as
+// its block.
+std::unique_ptr<CudaDecoder> NewCudaDeepseekLayers(const DeepseekConfig& config, int first_layer,
+                                                   int num_layers);
 
 }  // namespace llm

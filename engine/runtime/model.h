@@ -21,6 +21,15 @@ struct ForwardBatch {
   std::vector<int32_t> positions;   // [num_tokens]
   AttentionBatch attn;              // block tables and slots for the same tokens
   std::vector<int32_t> logit_rows;  // rows of the batch whose logits are wanted
+  // Hidden states (Model::returns_hidden_states): the rows whose last hidden state the forward
+  // keeps for Model::hidden_states(), after the final norm (what the LM head reads; DeepSeek's
+  // MTP layer reads the target's so) or, with hidden_before_final_norm, before it (what an MTP
+  // layer hands to its own next step).
+  std::vector<int32_t> hidden_rows;
+  bool hidden_before_final_norm = false;
+  // A network that reads a hidden state beside each token (an MTP layer): [num_tokens, hidden]
+  // row-major, one row per token; empty for every other model.
+  std::vector<float> input_hidden;
   // Device sampling (only filled for a model whose samples_on_device() is true): per logit row,
   // 1 if the row wants a token, not logits, drawn from sampling_jobs[r] with the penalty entries
   // penalties[penalty_indptr[r] .. penalty_indptr[r + 1]) (kernels/cuda/sampling/sampling.h). Rows
@@ -62,6 +71,11 @@ class Model {
   }
   // Whether ForwardSampled samples device_sampled rows (the engine builds jobs only then).
   virtual bool samples_on_device() const { return false; }
+  // Whether a forward keeps the hidden states of ForwardBatch::hidden_rows; hidden_states() is
+  // then [hidden_rows.size(), hidden_size] of the last Forward / ForwardSampled, valid until the
+  // next one. False (the default): hidden_rows must be empty.
+  virtual bool returns_hidden_states() const { return false; }
+  virtual std::span<const float> hidden_states() const { return {}; }
 
   // Overlapped steps, for models that sample on the device. Launch queues a forward whose logit
   // rows are all device_sampled and returns without waiting for it; Collect waits for the oldest
@@ -209,5 +223,11 @@ std::string ResolveDevice(const std::string& device);
 
 // Loads config + weights and selects the attention backend (logging the selection table).
 StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options);
+// The multi-token-prediction layer of the checkpoint in options.model_dir as a Model of its own
+// (--speculative-method mtp): DeepSeek-V3's first MTP layer on the cpu or cuda runner, which
+// reads ForwardBatch::input_hidden. InvalidArgument naming what is missing for another
+// architecture, a config without num_nextn_predict_layers (or more than one), or a checkpoint
+// without the layer's weights.
+StatusOr<std::unique_ptr<Model>> LoadMtpModel(const ModelLoadOptions& options);
 
 }  // namespace llm

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "base/check.h"
+#include "engine/speculative/proposer_batch.h"
 
 namespace llm {
 
@@ -77,41 +78,6 @@ DraftModelProposer::DraftModelProposer(std::unique_ptr<Model> draft, int block_s
   LLM_CHECK(draft_->num_kv_blocks() > 0) << "the draft model has no KV cache";
 }
 
-namespace {
-
-// Appends one sequence's rows at positions [from, to) with their tokens to a draft batch over
-// the sequence's block table.
-void AppendRows(const Sequence& seq, int from, int to, std::span<const int32_t> tokens,
-                int block_size, const BlockAllocator& allocator, ForwardBatch* b) {
-  AttentionBatch& a = b->attn;
-  for (int p = from; p < to; ++p) {
-    const int32_t block = seq.block_table[p / block_size];
-    // A shared (prefix-cached) block is immutable; the scheduler publishes blocks only behind
-    // draft_kv_len, so the draft model never writes one.
-    LLM_CHECK(block >= 0 && allocator.ref_count(block) == 1)
-        << "draft model write into block " << block << " of sequence " << seq.id;
-    b->token_ids.push_back(tokens[p - from]);
-    b->positions.push_back(p);
-    a.slot_mapping.push_back(block * block_size + p % block_size);
-  }
-  a.kv_lens.push_back(to);
-  a.q_indptr.push_back(static_cast<int32_t>(b->token_ids.size()));
-  const int pages = BlocksForTokens(to, block_size);
-  a.page_indices.insert(a.page_indices.end(), seq.block_table.begin(),
-                        seq.block_table.begin() + pages);
-  a.page_indptr.push_back(static_cast<int32_t>(a.page_indices.size()));
-  ++a.num_seqs;
-}
-
-ForwardBatch EmptyBatch() {
-  ForwardBatch b;
-  b.attn.q_indptr.push_back(0);
-  b.attn.page_indptr.push_back(0);
-  return b;
-}
-
-}  // namespace
-
 Status DraftModelProposer::Run(std::span<const DraftWork> work, const BlockAllocator& allocator,
                                const DeviceJob& device_job, const Choose& choose) {
   if (work.empty()) return Status::Ok();
@@ -146,7 +112,7 @@ Status DraftModelProposer::Run(std::span<const DraftWork> work, const BlockAlloc
 
   // The tokens each sequence's draft K/V lacks, in one prefill-like forward; the last row of a
   // proposing sequence gives its first draft.
-  ForwardBatch b = EmptyBatch();
+  ForwardBatch b = EmptyProposerBatch();
   std::vector<size_t> rows_of;  // the item of each logit row
   for (size_t i = 0; i < work.size(); ++i) {
     const DraftWork& w = work[i];
@@ -158,7 +124,7 @@ Status DraftModelProposer::Run(std::span<const DraftWork> work, const BlockAlloc
         << "sequence " << seq.id << " proposes before its last token";
     std::vector<int32_t> tokens;
     for (int p = from; p < w.end; ++p) tokens.push_back(seq.token_at(p));
-    AppendRows(seq, from, w.end, tokens, block_size_, allocator, &b);
+    AppendProposerRows(seq, from, w.end, tokens, block_size_, allocator, &b);
     if (w.num_propose > 0) {
       b.logit_rows.push_back(static_cast<int32_t>(b.token_ids.size()) - 1);
       rows_of.push_back(i);
@@ -169,14 +135,15 @@ Status DraftModelProposer::Run(std::span<const DraftWork> work, const BlockAlloc
   // The other drafts: one token per proposing sequence and forward, the previous draft at the
   // position after it (its K/V lands in a block Schedule reserved for the drafts).
   for (int j = 1;; ++j) {
-    ForwardBatch s = EmptyBatch();
+    ForwardBatch s = EmptyProposerBatch();
     std::vector<size_t> items;
     for (size_t i = 0; i < work.size(); ++i) {
       const DraftWork& w = work[i];
       if (w.num_propose <= j) continue;
       const int p = w.end + j - 1;
       const int32_t token = proposals[i][j - 1];
-      AppendRows(*w.seq, p, p + 1, std::span<const int32_t>(&token, 1), block_size_, allocator, &s);
+      AppendProposerRows(*w.seq, p, p + 1, std::span<const int32_t>(&token, 1), block_size_,
+                         allocator, &s);
       s.logit_rows.push_back(static_cast<int32_t>(s.token_ids.size()) - 1);
       items.push_back(i);
     }

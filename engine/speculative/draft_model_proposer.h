@@ -25,6 +25,7 @@
 
 #include "base/status.h"
 #include "engine/runtime/model.h"
+#include "engine/speculative/proposer_batch.h"
 #include "kvcache/block_allocator.h"
 #include "scheduler/sequence.h"
 #include "text/tokenizer/tokenizer.h"
@@ -68,15 +69,8 @@ class DraftModelProposer {
   // `draft` has its KV cache (num_kv_blocks() > 0) in blocks of `block_size` tokens.
   DraftModelProposer(std::unique_ptr<Model> draft, int block_size);
 
-  // On a draft model that samples on the device: whether item `item`'s j-th draft is drawn there
-  // (only its token comes back), with *job and its penalty entries (appended to *penalties);
-  // false: its logits come back.
-  using DeviceJob = std::function<bool(size_t item, int j, SamplingJob* job,
-                                       std::vector<PenaltyEntry>* penalties)>;
-  // A proposal: item `item`'s j-th draft token: `device_token` when the device drew it (>= 0,
-  // `logits` empty), else chosen from the draft model's logits of that row (processed in place).
-  using Choose =
-      std::function<int32_t(size_t item, int j, int32_t device_token, std::span<float> logits)>;
+  using DeviceJob = ProposerDeviceJob;  // proposer_batch.h
+  using Choose = ProposerChoose;
 
   // Runs `work` (each sequence at most once). On success, each item's sequence has draft_kv_len
   // = end, draft_kv_ahead = its first num_propose - 1 proposals, and draft_ids[0..num_propose) =

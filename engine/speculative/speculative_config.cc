@@ -3,12 +3,7 @@
 namespace llm {
 
 Status CheckSpeculativeConfig(const SpeculativeConfig& c) {
-  if (c.method == "mtp") {
-    return InvalidArgument(
-        "--speculative-method mtp is not implemented yet; the methods that run are none, ngram "
-        "and draft");
-  }
-  if (c.method != "none" && c.method != "ngram" && c.method != "draft") {
+  if (c.method != "none" && c.method != "ngram" && c.method != "draft" && c.method != "mtp") {
     return InvalidArgument("--speculative-method must be one of none, ngram, draft, mtp, got '" +
                            c.method + "'");
   }

@@ -9,8 +9,9 @@
 
 namespace llm {
 
-// The methods a user of vLLM or SGLang would name; "mtp" does not run yet and is refused by name
-// (CheckSpeculativeConfig) rather than accepted and ignored.
+// The methods a user of vLLM or SGLang would name. "mtp": the checkpoint's own multi-token-
+// prediction layer (DeepSeek-V3, num_nextn_predict_layers >= 1), refused by name at
+// load where there is none (LoadMtpModel).
 inline constexpr const char* kSpeculativeMethodChoices[] = {"none", "ngram", "draft", "mtp"};
 // K's range, the multi-token decode kernels' documented range (issue 52).
 inline constexpr int kMaxSpeculativeTokens = 4;
@@ -43,7 +44,7 @@ inline int SpeculativeQueryRows(const SpeculativeConfig& config) {
   return config.enabled() ? 1 + config.num_speculative_tokens : 1;
 }
 
-// InvalidArgument naming the option: an unknown or not implemented method, K outside 1..4, n-gram
+// InvalidArgument naming the option: an unknown method, K outside 1..4, n-gram
 // lengths outside 1 <= min <= max, a draft method without a draft model directory or a draft
 // model directory without the draft method.
 Status CheckSpeculativeConfig(const SpeculativeConfig& config);

@@ -560,5 +560,166 @@ TEST_CASE("GPU DeepSeek decode steps replayed from CUDA graphs give the eager to
   }
 }
 
+// DeepSeek-V3 with a multi-token-prediction layer: WriteRandomDeepseek's last layer becomes the
+// MTP layer's decoder layer (num_hidden_layers kLayers - 1, num_nextn_predict_layers 1), with its
+// enorm, hnorm, eh_proj and shared_head.norm; embedding and head are the model's.
+std::string WriteRandomDeepseekMtp(const std::string& name, bool dense_only) {
+  const std::string dir = WriteRandomDeepseek(name, true, nullptr, dense_only);
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
+  cfg["num_hidden_layers"] = kLayers - 1;
+  cfg["num_nextn_predict_layers"] = 1;
+  std::ofstream(dir + "/config.json") << cfg.dump();
+  std::vector<TensorToWrite> ts;
+  {
+    auto file = SafetensorsFile::Open(dir + "/model.safetensors");
+    REQUIRE(file.ok());
+    for (const auto& [n, t] : (*file)->tensors()) {
+      ts.push_back({n, t.dtype, t.shape, std::vector<std::byte>(t.data, t.data + t.nbytes)});
+    }
+  }
+  std::mt19937 rng(77);
+  const std::string p = "model.layers." + std::to_string(kLayers - 1) + ".";
+  const int64_t hidden = cfg["hidden_size"].get<int64_t>();
+  for (const char* n : {"enorm", "hnorm", "shared_head.norm"}) {
+    ts.push_back(RandomBf16Tensor(p + n + ".weight", {hidden}, 1, 0.1f, rng));
+  }
+  ts.push_back(RandomBf16Tensor(p + "eh_proj.weight", {hidden, 2 * hidden}, 0, 0.06f, rng));
+  REQUIRE(WriteSafetensors(dir + "/model.safetensors", ts).ok());
+  return dir;
+}
+
+// One sequence's rows at positions [from, from + tokens) in block 0 (block size 64).
+ForwardBatch MtpRows(const std::vector<int32_t>& tokens, int from) {
+  ForwardBatch b;
+  AttentionBatch& a = b.attn;
+  b.token_ids = tokens;
+  for (int p = from; p < from + static_cast<int>(tokens.size()); ++p) {
+    b.positions.push_back(p);
+    a.slot_mapping.push_back(p);
+  }
+  a.num_seqs = 1;
+  a.num_tokens = static_cast<int>(tokens.size());
+  a.q_indptr = {0, a.num_tokens};
+  a.kv_lens = {from + a.num_tokens};
+  a.page_indices = {0};
+  a.page_indptr = {0, 1};
+  return b;
+}
+
+// The MTP layer on each device: the target over a prompt returns its hidden states (after the
+// final norm), the MTP rows at positions 0 .. n-2 read the next token and those states, then a
+// chained row at n-1 reads a token and the last row's output before the layer's final norm.
+// [n, vocab] logits.
+std::vector<float> MtpLogits(const std::string& dir, const std::string& device,
+                             const std::vector<int32_t>& prompt) {
+  ModelLoadOptions o;
+  o.model_dir = dir;
+  o.device = device;
+  o.block_size = 64;
+  o.num_kv_blocks = 4;
+  o.cuda_graph_max_batch = 0;
+  auto target = LoadModel(o);
+  REQUIRE(target.ok());
+  o.defer_kv_cache = true;
+  auto mtp = LoadMtpModel(o);
+  INFO(mtp.status().ToString());
+  REQUIRE(mtp.ok());
+  REQUIRE((*mtp)->AllocateKvCache(4).ok());
+  const int n = static_cast<int>(prompt.size());
+  const size_t H = (*target)->config().hidden_size;
+  ForwardBatch t = MtpRows(prompt, 0);
+  t.logit_rows = {n - 1};
+  for (int r = 0; r < n; ++r) t.hidden_rows.push_back(r);
+  std::vector<float> logits;
+  REQUIRE((*target)->Forward(t, &logits).ok());
+  REQUIRE((*target)->hidden_states().size() == n * H);
+  ForwardBatch m = MtpRows(std::vector<int32_t>(prompt.begin() + 1, prompt.end()), 0);
+  m.input_hidden.assign((*target)->hidden_states().begin(),
+                        (*target)->hidden_states().begin() + (n - 1) * H);
+  for (int r = 0; r < n - 1; ++r) m.logit_rows.push_back(r);
+  m.hidden_rows = {n - 2};
+  m.hidden_before_final_norm = true;
+  std::vector<float> rows;
+  REQUIRE((*mtp)->Forward(m, &rows).ok());
+  ForwardBatch c = MtpRows({prompt[0]}, n - 1);
+  c.input_hidden.assign((*mtp)->hidden_states().begin(), (*mtp)->hidden_states().end());
+  c.logit_rows = {0};
+  std::vector<float> chained;
+  REQUIRE((*mtp)->Forward(c, &chained).ok());
+  rows.insert(rows.end(), chained.begin(), chained.end());
+  return rows;
+}
+
+// The CUDA MTP layer (cuda_deepseek_mtp) against the CPU one (cpu_deepseek_mtp, itself checked
+// against mtp_reference.json): bf16 weights in both, bf16 activations on the GPU, so each row's
+// logits agree to a few percent of the row's largest |logit|; a row whose MoE routing flipped at
+// a near-tie may differ more, so 90% of the rows must.
+TEST_CASE("GPU DeepSeek MTP layer matches the CPU MTP layer", "[gpu][deepseek][mtp]") {
+  for (bool dense : {true, false}) {
+    INFO((dense ? "dense MTP layer" : "MoE MTP layer"));
+    const std::string dir = WriteRandomDeepseekMtp(dense ? "mtp_dense" : "mtp_moe", dense);
+    std::mt19937 rng(11);
+    std::vector<int32_t> prompt(40);
+    for (auto& t : prompt) t = static_cast<int32_t>(rng() % kVocab);
+    const std::vector<float> cpu = MtpLogits(dir, "cpu", prompt);
+    const std::vector<float> gpu = MtpLogits(dir, "cuda", prompt);
+    REQUIRE(cpu.size() == gpu.size());
+    const size_t rows = cpu.size() / kVocab;
+    int within = 0;
+    double worst = 0;
+    for (size_t r = 0; r < rows; ++r) {
+      double scale = 0, err = 0;
+      for (int v = 0; v < kVocab; ++v)
+        scale = std::max(scale, std::abs(double(cpu[r * kVocab + v])));
+      for (int v = 0; v < kVocab; ++v) {
+        err = std::max(err, std::abs(double(gpu[r * kVocab + v]) - cpu[r * kVocab + v]));
+      }
+      worst = std::max(worst, err / scale);
+      within += err < 0.05 * scale;
+    }
+    std::printf("MTP %s: %d of %zu rows within 5%% of max |logit|, worst %.3g\n",
+                dense ? "dense" : "moe", within, rows, worst);
+    CHECK(within >= 0.9 * static_cast<double>(rows));
+    if (dense) CHECK(within == static_cast<int>(rows));
+    fs::remove_all(dir);
+  }
+}
+
+// --speculative-method mtp on the GPU: greedy tokens equal those without speculation up to
+// near-ties (verify steps run other batch shapes; dense layers, so no router near-ties), and the
+// layer drafts (its random weights make acceptance low, which costs nothing but speed).
+TEST_CASE("GPU greedy decoding with the MTP layer gives the tokens without it",
+          "[gpu][deepseek][mtp]") {
+  const std::string dir = WriteRandomDeepseekMtp("mtp_spec", true);
+  const auto prompts = Prompts();
+  Gaps gaps;
+  gpu_test::GenerateOptions o{.block_size = 64, .num_kv_blocks = 64, .steps = 32};
+  o.gaps = &gaps;
+  const auto plain = gpu_test::Generate(dir, prompts, o);
+  o.gaps = nullptr;
+  o.speculative_method = "mtp";
+  for (int k : {1, 3}) {
+    INFO("K = " << k);
+    o.num_speculative_tokens = k;
+    const auto spec = gpu_test::Generate(dir, prompts, o);
+    std::printf("MTP K=%d: %lld of %lld drafts accepted\n", k,
+                static_cast<long long>(spec.accepted_drafts),
+                static_cast<long long>(spec.draft_tokens));
+    CHECK(spec.draft_tokens > 0);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const auto& ref = plain.tokens[i];
+      const auto& got = spec.tokens[i];
+      REQUIRE(got.size() == ref.size());
+      size_t j = 0;
+      while (j < ref.size() && got[j] == ref[j]) ++j;
+      if (j == ref.size()) continue;
+      const float gap = gaps.at(std::to_string(i)).at(j);
+      INFO("prompt " << i << ": first divergence at step " << j << ", top-2 gap " << gap);
+      CHECK(gap < kTieGap);
+    }
+  }
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace llm

@@ -11,6 +11,8 @@ to fit the tiny-llama tokenizer.json copied in), serves it, and checks:
     the server) return exactly llm-dump's greedy tokens for the same prompt ids, streamed as
     chunks followed by one complete message with finish reason LENGTH;
   * SIGTERM stops the server with exit code 0.
+And a tiny DeepSeek-V3 with a multi-token-prediction layer served with --speculative-method mtp:
+greedy streams equal llm-dump's tokens, and the MTP layer's drafts are counted.
 """
 import json
 import os
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import threading
 
+import numpy as np
 import pytest
 
 import hf_deepseek_writer as dw
@@ -86,6 +89,56 @@ def test_deepseek_serve(server, option, workdir, grpc, pb):
         assert ids == expected[key], f"{key}: served tokens differ from llm-dump's"
         assert msgs[-1].complete.finish_reason == pb.FINISH_REASON_LENGTH, key
     assert sorted(results) == sorted(prompts)
+    assert s.terminate() == 0
+
+
+def write_mtp_model(out_dir, tokenizer_json):
+    """A tiny DeepSeek-V3 with one multi-token-prediction layer: the writer's layer 2 becomes the
+    MTP layer's decoder layer (num_hidden_layers 2, num_nextn_predict_layers 1), with its enorm,
+    hnorm, eh_proj and shared_head.norm (embedding and head shared with the model)."""
+    spec = dw.v3_spec(seed=30, vocab=770, bos=768, eos=769, layers=3)
+    weights = dw.make_weights(spec)
+    rng = np.random.default_rng(52)
+    h, p = spec.hidden, "model.layers.2."
+    for n in ("enorm", "hnorm", "shared_head.norm"):
+        weights[p + n + ".weight"] = (1 + 0.1 * rng.standard_normal(h)).astype(np.float32)
+    weights[p + "eh_proj.weight"] = (rng.standard_normal((h, 2 * h)) / np.sqrt(2 * h)).astype(
+        np.float32)
+    config = dw.make_config(spec)
+    config.update(num_hidden_layers=2, num_nextn_predict_layers=1)
+    os.makedirs(out_dir, exist_ok=True)
+    dw.hw.write_safetensors(os.path.join(out_dir, "model.safetensors"),
+                            {k: (v, "F32") for k, v in weights.items()}, {"format": "pt"})
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    with open(tokenizer_json, "rb") as src, open(os.path.join(out_dir, "tokenizer.json"), "wb") as dst:
+        dst.write(src.read())
+    return out_dir
+
+
+def test_deepseek_mtp_serve(server, option, workdir, pb):
+    """--speculative-method mtp end to end: greedy streams are llm-dump's tokens (no
+    speculation), the MTP layer drafts and the acceptance metrics count its drafts."""
+    model_dir = write_mtp_model(os.path.join(workdir, "tiny-deepseek-v3-mtp"), option("tokenizer"))
+    s = server(["--block-size", BLOCK_SIZE, "--num-kv-blocks", NUM_KV_BLOCKS,
+                "--speculative-method", "mtp", "--num-speculative-tokens", 3,
+                "--shutdown-grace-s", 1], model=model_dir, name="deepseek-mtp")
+    stub = s.stub()
+    prompts = [[5, 17, 300, 42, 7, 699, 123, 1, 64, 250, 9, 33], [9, 8, 7, 6, 5, 4, 3, 2] * 3]
+    expected = run_dump(option("dump_bin"), model_dir, prompts, str(workdir))
+    for i, prompt in enumerate(prompts):
+        req = pb.GenerateRequest(request_id=f"mtp-{i}")
+        req.token_ids.ids.extend(prompt)
+        req.sampling.temperature = 0.0
+        req.stopping.max_tokens = MAX_TOKENS
+        req.stopping.ignore_eos = True
+        msgs = list(stub.Generate(req, timeout=HANG_S))
+        ids = [t for m in msgs[:-1] for t in m.chunk.token_ids] + list(msgs[-1].complete.token_ids)
+        assert ids == expected[i], f"prompt {i}: served tokens differ from llm-dump's"
+    m = s.metrics()
+    assert m["llm_spec_decode_num_drafts_total"] > 0
+    assert m["llm_spec_decode_num_accepted_tokens_total"] <= \
+        m["llm_spec_decode_num_draft_tokens_total"]
     assert s.terminate() == 0
 
 

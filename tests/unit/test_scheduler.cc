@@ -418,6 +418,39 @@ TEST_CASE("Scheduler with prefix caching shares full prompt blocks", "[scheduler
   CHECK(sched.allocator().num_free() == sched.allocator().num_blocks());
 }
 
+// A proposer that reads the target's hidden states (MTP): a prefix hit gives back its last
+// matched block, whose positions the target computes again.
+TEST_CASE("Scheduler recomputes the last cached block for a hidden-state proposer", "[scheduler]") {
+  SchedulerConfig cfg = Config(4, 8, 256);
+  cfg.enable_prefix_caching = true;
+  cfg.draft_model_kv = true;
+  cfg.recompute_last_cached_block = true;
+  Scheduler sched(cfg, 16);
+  auto a = MakeSeq(1, 14);
+  auto b = MakeSeq(2, 14);
+  for (int i = 0; i < 12; ++i) b->prompt_ids[i] = a->prompt_ids[i];  // 3 full blocks in common
+  sched.Add(std::move(a));
+  Step(sched);
+  sched.Find(1)->draft_kv_len = 14;  // the proposer's K/V covers the prompt: blocks publish
+  Step(sched);
+  sched.Add(std::move(b));
+  const SchedulerOutput out = Step(sched);
+  const ScheduledSeq* sb = FindIn(out, 2);
+  REQUIRE(sb != nullptr);
+  CHECK(sb->start == 8);  // two of the three matched blocks
+  CHECK(sb->num_tokens == 6);
+  Sequence* sa = sched.Find(1);
+  Sequence* sbq = sched.Find(2);
+  CHECK(sbq->draft_kv_len == 8);
+  CHECK(sbq->block_keys.size() == 2);
+  CHECK(sbq->block_table[1] == sa->block_table[1]);
+  CHECK(sbq->block_table[2] != sa->block_table[2]);  // its own copy of the third block
+  CHECK(sched.allocator().ref_count(sa->block_table[2]) == 1);
+  sched.Remove(1);
+  sched.Remove(2);
+  CHECK(sched.allocator().num_free() == sched.allocator().num_blocks());
+}
+
 // Drives ~2000 steps of random arrivals, cancellations and completions on a small pool and
 // checks the scheduler's invariants after every step. With prefix caching, prompts start with
 // one of a few shared "system prompts" so blocks are shared between sequences.

@@ -396,7 +396,6 @@ TEST_CASE("speculative decoding options", "[server_config][speculative]") {
            {{"--speculative-model", "/d"}, "--speculative-method draft"},
            {{"--speculative-method", "ngram", "--speculative-model", "/d"},
             "--speculative-method draft"},
-           {{"--speculative-method", "mtp"}, "--speculative-method mtp is not implemented"},
            {{"--speculative-method", "eagle"}, "must be one of none, ngram, draft, mtp"},
            {{"--speculative-method", "ngram", "--num-speculative-tokens", "5"},
             "--num-speculative-tokens"},

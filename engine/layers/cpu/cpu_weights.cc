@@ -20,18 +20,19 @@ Status ReadStacked(const WeightStore& w, const std::string& prefix,
 }
 
 Status ReadEmbeddingAndHead(const WeightStore& w, const ModelConfig& c, std::vector<float>* embed,
-                            std::vector<float>* lm_head) {
+                            std::vector<float>* lm_head, const std::string& embed_name,
+                            const std::string& head_name) {
   const int64_t v = c.vocab_size, h = c.hidden_size;
-  LLM_RETURN_IF_ERROR(w.ReadF32("model.embed_tokens.weight", {v, h}, embed));
+  LLM_RETURN_IF_ERROR(w.ReadF32(embed_name, {v, h}, embed));
   lm_head->clear();
-  if (!c.tie_word_embeddings) return w.ReadF32("lm_head.weight", {v, h}, lm_head);
-  if (!w.Has("lm_head.weight")) return Status::Ok();
+  if (!c.tie_word_embeddings) return w.ReadF32(head_name, {v, h}, lm_head);
+  if (!w.Has(head_name)) return Status::Ok();
   // A tied checkpoint may still store the head; HF then ties it (drops it). Accept only a copy.
   std::vector<float> head;
-  LLM_RETURN_IF_ERROR(w.ReadF32("lm_head.weight", {v, h}, &head));
+  LLM_RETURN_IF_ERROR(w.ReadF32(head_name, {v, h}, &head));
   if (head != *embed) {
-    return InvalidArgument(
-        "tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight");
+    return InvalidArgument("tie_word_embeddings is true but " + head_name + " differs from " +
+                           embed_name);
   }
   return Status::Ok();
 }

@@ -25,9 +25,12 @@ Status ReadStacked(const WeightStore& w, const std::string& prefix,
                    std::span<const StackedPart> parts, int64_t cols, bool bias,
                    std::vector<float>* out, std::vector<float>* b);
 
-// model.embed_tokens.weight into *embed; lm_head.weight into *lm_head unless the embeddings are
-// tied (then *lm_head stays empty, and a stored lm_head.weight must be an exact copy).
+// The embedding (`embed_name`) into *embed; the LM head (`head_name`) into *lm_head unless the
+// embeddings are tied (then *lm_head stays empty, and a stored head must be an exact copy). An
+// MTP layer names its own tensors (shared_head.head) or the model's.
 Status ReadEmbeddingAndHead(const WeightStore& w, const ModelConfig& c, std::vector<float>* embed,
-                            std::vector<float>* lm_head);
+                            std::vector<float>* lm_head,
+                            const std::string& embed_name = "model.embed_tokens.weight",
+                            const std::string& head_name = "lm_head.weight");
 
 }  // namespace llm

@@ -63,7 +63,8 @@ Status CpuModelRunner::Init(const WeightStore& w, const ModelLoadOptions& option
   }
 
   settings_ = arch_->settings();
-  LLM_RETURN_IF_ERROR(ReadEmbeddingAndHead(w, c, &embed_, &lm_head_));
+  LLM_RETURN_IF_ERROR(
+      ReadEmbeddingAndHead(w, c, &embed_, &lm_head_, settings_.embed_tokens, settings_.lm_head));
   LLM_RETURN_IF_ERROR(w.ReadF32(settings_.final_norm, {c.hidden_size}, &final_norm_));
   for (float& x : final_norm_) x += settings_.norm_weight_offset;
   LLM_RETURN_IF_ERROR(arch_->LoadLayers(w));
@@ -155,6 +156,16 @@ Status CpuModelRunner::Forward(const ForwardBatch& batch, std::vector<float>* lo
       for (int i = 0; i < H; ++i) xt[i] *= settings_.embed_scale;
     }
   }
+  if (arch_->reads_input_hidden() ? batch.input_hidden.size() != static_cast<size_t>(T) * H
+                                  : !batch.input_hidden.empty()) {
+    return InvalidArgument("input_hidden has " + std::to_string(batch.input_hidden.size()) +
+                           " values for " + std::to_string(T) + " tokens of hidden size " +
+                           std::to_string(H) +
+                           (arch_->reads_input_hidden() ? "" : "; this model reads none"));
+  }
+  for (int32_t r : batch.hidden_rows) {
+    if (r < 0 || r >= T) return InvalidArgument("hidden row out of range");
+  }
   LLM_RETURN_IF_ERROR(CheckAttentionBatch(batch.attn, block_size_, num_blocks_));
   LLM_RETURN_IF_ERROR(attention_->Plan(batch.attn));
 
@@ -170,6 +181,16 @@ Status CpuModelRunner::Forward(const ForwardBatch& batch, std::vector<float>* lo
   step.kv_observer = kv_observer_ ? &kv_observer_ : nullptr;
   LLM_RETURN_IF_ERROR(arch_->RunLayers(step));
 
+  hidden_.resize(batch.hidden_rows.size() * H);
+  for (size_t r = 0; r < batch.hidden_rows.size(); ++r) {
+    const float* xr = x.data() + static_cast<size_t>(batch.hidden_rows[r]) * H;
+    float* out = hidden_.data() + r * H;
+    if (batch.hidden_before_final_norm) {
+      std::copy_n(xr, H, out);
+    } else {
+      cpu::RmsNorm(xr, final_norm_.data(), 1, H, settings_.norm_eps, out);
+    }
+  }
   // Final norm and LM head only for the rows that sample.
   cpu::FinalLogits(x.data(), batch.logit_rows, final_norm_.data(),
                    (c.tie_word_embeddings ? embed_ : lm_head_).data(), H, c.vocab_size,

@@ -37,6 +37,9 @@ struct CpuModelSettings {
   float norm_weight_offset = 0.0f;               // the final norm scales by (offset + w) (1)
   float norm_eps = 1e-6f;                        // the final norm's epsilon
   float final_logit_softcap = 0.0f;  // logits -> cap * tanh(logits / cap); 0: none (Gemma 2)
+  // The embedding and LM head tensors (an MTP layer may have its own, or share the model's).
+  std::string embed_tokens = "model.embed_tokens.weight";
+  std::string lm_head = "lm_head.weight";
 };
 
 // Sees every layer's new K (after RoPE, as the cache stores it) and V, [num_tokens, num_kv_heads,
@@ -79,6 +82,9 @@ class CpuArchitecture {
   virtual Status RunLayers(const CpuStep& step) const = 0;
   // Whether the layers route tokens to experts (what set_routing_trace answers).
   virtual bool routes_experts() const = 0;
+  // Whether the layers read ForwardBatch::input_hidden beside the tokens (an MTP layer): the
+  // runner then requires one hidden row per token, and refuses one otherwise.
+  virtual bool reads_input_hidden() const { return false; }
   // A line describing the KV cache of `spec` for the load log, or empty.
   virtual std::string CacheSummary(const AttentionSpec& spec) const {
     (void)spec;
@@ -102,6 +108,8 @@ class CpuModelRunner final : public Model {
   size_t kv_bytes_per_block() const override {
     return attention_->BlockBytes() * config().num_layers;
   }
+  bool returns_hidden_states() const override { return true; }
+  std::span<const float> hidden_states() const override { return hidden_; }
   // Records every MoE routing decision with its margin (moe_router.h); false without MoE layers.
   bool set_routing_trace(std::vector<MoeRoutingDecision>* trace) override;
   // Calibration's view of every layer's new K and V (KvObserver); an empty function removes it.
@@ -122,6 +130,7 @@ class CpuModelRunner final : public Model {
   std::vector<float> embed_;            // [vocab, hidden]
   std::vector<float> lm_head_;          // [vocab, hidden]; empty when tied to embed_
   std::vector<float> final_norm_;       // [hidden], offset added
+  std::vector<float> hidden_;           // [hidden_rows, hidden] of the last forward
 
   int block_size_ = 0;
   int num_blocks_ = 0;

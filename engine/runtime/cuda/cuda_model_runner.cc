@@ -74,6 +74,12 @@ class CudaModelRunner final : public Model {
   size_t kv_bytes_per_block() const override {
     return dec_->attention().BlockBytes() * config().num_layers;
   }
+  // Hidden states come back through the host (a D2H copy of the rows asked for after the final
+  // norm, which runs outside the decode graphs; in ForwardSampled only: a launched forward
+  // refuses them) from the residual stream in fp32 or, after the final norm, from its bf16
+  // output. A step that reads input_hidden (an MTP layer) runs eagerly.
+  bool returns_hidden_states() const override { return true; }
+  std::span<const float> hidden_states() const override { return hidden_; }
   // A captured step would replay without recording: steps run eagerly while a trace is set.
   bool set_routing_trace(std::vector<MoeRoutingDecision>* trace) override {
     tracing_ = trace != nullptr;
@@ -97,7 +103,10 @@ class CudaModelRunner final : public Model {
   // the copy wait for the stream, i.e. for the previous step, which overlapped steps must not.
   Status UploadInputs(const ForwardBatch& batch, Scratch& s);
   // Embedding and every layer for `rows` rows of set `set` (the part a decode graph captures).
-  StatusOr<CudaLayersOut> LaunchLayers(const ForwardBatch& batch, int set, int rows);
+  StatusOr<CudaLayersOut> LaunchLayers(const ForwardBatch& batch, int set, int rows,
+                                       const float* input_hidden = nullptr);
+  // After the final norm of an eager step: the rows of batch.hidden_rows into hidden_.
+  Status ReadHidden(const ForwardBatch& batch, const Scratch& s);
   // The graph a step replays (PlanGraphStep under this runner's limits); shape.seqs 0: eager.
   GraphStepPlan PlanGraph(const ForwardBatch& batch) const;
   // Runs one throw-away step per bucket of q query rows per sequence, which captures its graph
@@ -152,6 +161,9 @@ class CudaModelRunner final : public Model {
   // sampled on the device), which the next forward may feed back; 0 otherwise.
   int feed_rows_ = 0;
   std::vector<float> collect_logits_;  // unused logits output of Collect
+  DeviceBuffer input_hidden_;          // fp32 [T, hidden]: ForwardBatch::input_hidden
+  std::vector<float> hidden_;          // [hidden_rows, hidden] of the last forward
+  std::vector<uint16_t> hidden_bf16_;  // staging of normed (bf16) hidden rows
 };
 
 Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& options) {
@@ -218,10 +230,10 @@ Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& optio
 
   // Embedding, final norm and LM head stay bf16 whatever the projections' quantization.
   const int64_t h = c.hidden_size, vocab = c.vocab_size;
-  LLM_RETURN_IF_ERROR(loader.Load({"model.embed_tokens.weight"}, {{vocab, h}}, 0, 1.0f, &embed_));
-  LLM_RETURN_IF_ERROR(loader.Load({"model.norm.weight"}, {{h}}, 1.0f, 0.1f, &final_norm_));
+  LLM_RETURN_IF_ERROR(loader.Load({settings_.embed_tokens}, {{vocab, h}}, 0, 1.0f, &embed_));
+  LLM_RETURN_IF_ERROR(loader.Load({settings_.final_norm}, {{h}}, 1.0f, 0.1f, &final_norm_));
   if (!c.tie_word_embeddings) {
-    LLM_RETURN_IF_ERROR(loader.Load({"lm_head.weight"}, {{vocab, h}}, 0, 0.02f, &lm_head_));
+    LLM_RETURN_IF_ERROR(loader.Load({settings_.lm_head}, {{vocab, h}}, 0, 0.02f, &lm_head_));
   }
   LLM_RETURN_IF_ERROR(dec_->Load(ctx));
   if (options.cuda_graph_max_batch > 0 && dec_->graph_safe() &&
@@ -329,8 +341,8 @@ Status CudaModelRunner::UploadInputs(const ForwardBatch& batch, Scratch& s) {
   return input_staging_.Queued(stream_);
 }
 
-StatusOr<CudaLayersOut> CudaModelRunner::LaunchLayers(const ForwardBatch& batch, int set,
-                                                      int rows) {
+StatusOr<CudaLayersOut> CudaModelRunner::LaunchLayers(const ForwardBatch& batch, int set, int rows,
+                                                      const float* input_hidden) {
   Scratch& s = sets_[set];
   cuda::LaunchEmbedding(embed_.ptr, s.ids(), rows, config().hidden_size, s.residual.as<float>(),
                         stream_, readback_.device_tokens(), settings_.embed_scale);
@@ -341,12 +353,46 @@ StatusOr<CudaLayersOut> CudaModelRunner::LaunchLayers(const ForwardBatch& batch,
   step.positions = s.positions();
   step.residual = s.residual.as<float>();
   step.xn = s.xn.ptr;
+  step.input_hidden = input_hidden;
   return dec_->RunLayers(step);
 }
 
+Status CudaModelRunner::ReadHidden(const ForwardBatch& batch, const Scratch& s) {
+  const size_t H = config().hidden_size;
+  const size_t n = batch.hidden_rows.size();
+  hidden_.resize(n * H);
+  if (!batch.hidden_before_final_norm) hidden_bf16_.resize(n * H);
+  // One copy per run of consecutive rows (a sequence's rows are consecutive). A copy into
+  // pageable memory returns once it is done, after the stream's earlier work.
+  for (size_t i = 0; i < n;) {
+    size_t j = i + 1;
+    while (j < n && batch.hidden_rows[j] == batch.hidden_rows[j - 1] + 1) ++j;
+    const size_t row = batch.hidden_rows[i], count = j - i;
+    if (batch.hidden_before_final_norm) {
+      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(hidden_.data() + i * H, s.residual.as<float>() + row * H,
+                                          count * H * 4, cudaMemcpyDeviceToHost, stream_));
+    } else {
+      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(hidden_bf16_.data() + i * H,
+                                          static_cast<const uint16_t*>(s.xn.ptr) + row * H,
+                                          count * H * 2, cudaMemcpyDeviceToHost, stream_));
+    }
+    i = j;
+  }
+  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  if (!batch.hidden_before_final_norm) {
+    ConvertToF32(DType::kBF16, hidden_bf16_.data(), hidden_.data(), n * H);
+  }
+  return Status::Ok();
+}
+
 GraphStepPlan CudaModelRunner::PlanGraph(const ForwardBatch& batch) const {
-  if (graph_max_batch_ == 0 || tracing_) return {};
-  return PlanGraphStep(batch.attn, {graph_max_batch_, graph_max_q_, graph_pages_per_seq_});
+  // A step that reads input_hidden (an MTP layer) runs eagerly.
+  if (graph_max_batch_ == 0 || tracing_ || !batch.input_hidden.empty()) return {};
+  const GraphStepPlan plan =
+      PlanGraphStep(batch.attn, {graph_max_batch_, graph_max_q_, graph_pages_per_seq_});
+  // ReadHidden names the batch's rows: pad rows in front of a sequence's would move them.
+  if (plan.padded && !batch.hidden_rows.empty()) return {};
+  return plan;
 }
 
 Status CudaModelRunner::CaptureAllGraphs(int q) {
@@ -463,6 +509,16 @@ StatusOr<int> CudaModelRunner::Enqueue(const ForwardBatch& batch) {
   if (batch.attn.num_tokens != T || batch.positions.size() != static_cast<size_t>(T)) {
     return InvalidArgument("the batch's token ids, positions and attention rows differ in count");
   }
+  if (dec_->reads_input_hidden() ? batch.input_hidden.size() != static_cast<size_t>(T) * H
+                                 : !batch.input_hidden.empty()) {
+    return InvalidArgument("input_hidden has " + std::to_string(batch.input_hidden.size()) +
+                           " values for " + std::to_string(T) + " tokens of hidden size " +
+                           std::to_string(H) +
+                           (dec_->reads_input_hidden() ? "" : "; this model reads none"));
+  }
+  for (int32_t r : batch.hidden_rows) {
+    if (r < 0 || r >= T) return InvalidArgument("hidden row out of range");
+  }
   for (int32_t id : batch.token_ids) {
     if (id >= V || (id < 0 && -(id + 1) >= feed_rows_)) {
       return InvalidArgument(id < 0 ? "fed-back token row " + std::to_string(-(id + 1)) +
@@ -488,12 +544,21 @@ StatusOr<int> CudaModelRunner::Enqueue(const ForwardBatch& batch) {
     LLM_RETURN_IF_ERROR(Reserve(0, std::max(T, 16)));
     LLM_RETURN_IF_ERROR(UploadInputs(batch, sets_[0]));
     LLM_RETURN_IF_ERROR(dec_->Plan(batch));
-    LLM_ASSIGN_OR_RETURN(out, LaunchLayers(batch, 0, T));
+    const float* input_hidden = nullptr;
+    if (!batch.input_hidden.empty()) {
+      const size_t bytes = batch.input_hidden.size() * 4;
+      if (input_hidden_.bytes < bytes) LLM_RETURN_IF_ERROR(input_hidden_.Alloc(bytes));
+      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(input_hidden_.ptr, batch.input_hidden.data(), bytes,
+                                          cudaMemcpyHostToDevice, stream_));
+      input_hidden = input_hidden_.as<float>();
+    }
+    LLM_ASSIGN_OR_RETURN(out, LaunchLayers(batch, 0, T, input_hidden));
   }
   Scratch& s = sets_[set];
   LLM_RETURN_IF_ERROR(last_.Alloc(std::max<size_t>(static_cast<size_t>(R) * H * 2, 64)));
   LLM_RETURN_IF_ERROR(logits_.Alloc(std::max<size_t>(static_cast<size_t>(R) * V * 4, 64)));
-  if (R > 0) {
+  hidden_.clear();
+  if (R > 0 || !batch.hidden_rows.empty()) {
     // Final residual add for all rows, then the norm of the sampled rows only.
     cuda::RmsNormArgs fin;
     fin.residual = s.residual.as<float>();
@@ -507,7 +572,15 @@ StatusOr<int> CudaModelRunner::Enqueue(const ForwardBatch& batch) {
     fin.eps = c.rms_norm_eps;
     fin.out = s.xn.ptr;
     cuda::LaunchAddRmsNorm(fin, stream_);
-    cuda::RmsNormArgs last = fin;  // the sampled rows only, gathered
+    if (!batch.hidden_rows.empty()) LLM_RETURN_IF_ERROR(ReadHidden(batch, s));
+  }
+  if (R > 0) {
+    cuda::RmsNormArgs last;  // the sampled rows only, gathered
+    last.residual = s.residual.as<float>();
+    last.weight = final_norm_.ptr;
+    last.weight_offset = settings_.norm_weight_offset;
+    last.hidden = H;
+    last.eps = c.rms_norm_eps;
     last.delta = nullptr;
     last.delta_scale = nullptr;
     last.delta_norm = nullptr;
@@ -556,6 +629,9 @@ Status CudaModelRunner::Launch(const ForwardBatch& batch) {
     if (batch.device_sampled.size() != batch.logit_rows.size() || !batch.device_sampled[r]) {
       return InvalidArgument("a launched forward must sample every logit row on the device");
     }
+  }
+  if (!batch.hidden_rows.empty()) {
+    return InvalidArgument("a launched forward returns no hidden states (ForwardSampled does)");
   }
   if (deferred_) return FailedPrecondition("the launched forward still waits for its masks");
   LLM_ASSIGN_OR_RETURN(int slot, Enqueue(batch));

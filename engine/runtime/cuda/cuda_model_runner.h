@@ -50,6 +50,8 @@ struct CudaStep {
   const int32_t* positions = nullptr;   // device [rows]
   float* residual = nullptr;            // fp32 [rows, hidden]: the embedding, layers add into it
   void* xn = nullptr;                   // bf16 [rows, hidden] scratch (norm outputs)
+  // fp32 [rows, hidden] on the device: ForwardBatch::input_hidden (an MTP layer), else null.
+  const float* input_hidden = nullptr;
 };
 
 // The last layer's output, not yet in the residual: the runner's final norm adds it.
@@ -65,6 +67,10 @@ struct CudaModelSettings {
   float embed_scale = 1.0f;          // the embedding rows times this (sqrt(hidden))
   float norm_weight_offset = 0.0f;   // the final norm scales by (offset + w) (1)
   float final_logit_softcap = 0.0f;  // logits -> cap * tanh(logits / cap); 0: none (Gemma 2)
+  // The embedding, final norm and LM head tensors (an MTP layer names its own or the model's).
+  std::string embed_tokens = "model.embed_tokens.weight";
+  std::string final_norm = "model.norm.weight";
+  std::string lm_head = "lm_head.weight";
 };
 
 // An architecture on the runner.
@@ -109,6 +115,9 @@ class CudaDecoder {
   // Whether Load honours CudaLoadContext::fp8_checkpoint; otherwise the loader dequantizes a
   // pre-quantized checkpoint's weights to bf16 (then weight_quant).
   virtual bool keeps_checkpoint_fp8() const { return false; }
+  // Whether the layers read CudaStep::input_hidden (an MTP layer): the runner then requires
+  // ForwardBatch::input_hidden, one row per token, and runs such steps eagerly.
+  virtual bool reads_input_hidden() const { return false; }
   virtual bool set_routing_trace(std::vector<MoeRoutingDecision>* trace) {
     (void)trace;
     return false;

@@ -1,0 +1,37 @@
+// The forward batch of a proposer network whose K/V lives in the target's blocks (the draft
+// model, an MTP layer): rows of a sequence at consecutive positions, written and attended through
+// the sequence's own block table.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "engine/runtime/model.h"
+#include "kvcache/block_allocator.h"
+#include "scheduler/sequence.h"
+
+namespace llm {
+
+// How the engine turns a proposer network's rows into drafts. On a network that samples on the
+// device: whether item `item`'s j-th draft is drawn there (only its token comes back), with *job
+// and its penalty entries (appended to *penalties); false: its logits come back.
+using ProposerDeviceJob =
+    std::function<bool(size_t item, int j, SamplingJob* job, std::vector<PenaltyEntry>* penalties)>;
+// Item `item`'s j-th draft: `device_token` when the device drew it (>= 0, `logits` empty), else
+// chosen from the network's logits of that row (processed in place).
+using ProposerChoose =
+    std::function<int32_t(size_t item, int j, int32_t device_token, std::span<float> logits)>;
+
+// An empty batch (q_indptr and page_indptr start at 0).
+ForwardBatch EmptyProposerBatch();
+
+// Appends one sequence's rows at positions [from, to) with their tokens (tokens[p - from]) as one
+// attention sequence of kv length `to`. Every written slot must be in a block the sequence owns
+// alone (CHECKed: a prefix-cached block is immutable, and the scheduler publishes blocks only
+// behind Sequence::draft_kv_len).
+void AppendProposerRows(const Sequence& seq, int from, int to, std::span<const int32_t> tokens,
+                        int block_size, const BlockAllocator& allocator, ForwardBatch* b);
+
+}  // namespace llm
