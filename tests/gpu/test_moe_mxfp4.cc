@@ -323,13 +323,13 @@ TEST_CASE("MXFP4 expert GEMMs match the dequantized experts (gate_up with SwiGLU
 
 // Experts of exactly R rows for R from 1 (decode) to 200 (several 64-row tiles, the last one
 // partly filled), beside experts of (R + 1) / 2 rows, one row and none, through every tile size:
-// every n8 block count, idle n8 blocks of a tile, and tiles cut from one expert. H 960 and I 800
-// give k extents of 8 and 7 stages (the pipelines wrap), k tails inside a stage, and weight rows
-// (1600 gate_up, 960 down) that leave a CTA of 128 rows half empty. Odd R use the clamped SwiGLU,
-// even R plain SiLU.
+// every n8 block count, idle n8 blocks of a tile, and tiles cut from one expert. H 1216 and I 800
+// give k extents of 10 and 7 stages (the 8- and 4-stage pipelines wrap), k tails inside a stage,
+// and weight rows (1600 gate_up, 1216 down) that leave a CTA of 128 rows half empty. Odd R use the
+// clamped SwiGLU, even R plain SiLU.
 TEST_CASE("MXFP4 expert GEMMs at 1 to 200 rows per expert, every tile size", "[gpu][moe][mxfp4]") {
   GPU_TEST_RNG(rng);
-  const int E = 4, H = 960, I = 800;
+  const int E = 4, H = 1216, I = 800;
   DeviceAllocs d;
   const RandomMxfp4Experts m = MakeRandomExperts(E, H, I, 116, 122, rng, &d);
   std::normal_distribution<float> nd(0.f, 1.f);

@@ -269,8 +269,8 @@ void Launch(const MoeGemmArgs& a, cudaStream_t stream) {
 template <bool kSiluMul>
 bool LaunchFor(const MoeGemmArgs& a, cudaStream_t s) {
   switch (a.tile_rows) {
-    case 16:  // decode: 64 weight rows per CTA (enough CTAs at batch 1), 6 stages in flight
-      Launch<kSiluMul, 2, 1, 6>(a, s);
+    case 16:  // decode: 64 weight rows per CTA (enough CTAs at batch 1), 8 stages: 7 in flight
+      Launch<kSiluMul, 2, 1, 8>(a, s);
       return true;
     case 32:
       Launch<kSiluMul, 4, 2, 4>(a, s);
