@@ -190,9 +190,12 @@ void CheckRouting(const RandomMxfp4Experts& m, const std::vector<uint16_t>& x,
         const double ref = GateAct(gs, us, limit, alpha);
         const size_t i = static_cast<size_t>(t * top_k + k) * I + j;
         a_ref[i] = ref;
-        // bf16 rounding of the result, and fp32 sums (order differs) through the gate's slopes.
+        // bf16 rounding of the result, and the fp32 sums' rounding (about 2^-24 per term, in
+        // another order; 3e-5 of the sum of |terms| leaves room for a k of a few thousand) through
+        // the gate's slopes. A wrong fragment, scale group or row misses by a sizable fraction
+        // of the terms.
         a_tol[i] = 8e-3 * std::fabs(ref) + 1e-3 +
-                   1e-5 * (gm * (std::fabs(us) + 1.0) + um * (std::fabs(gs) + 1.0));
+                   3e-5 * (gm * (std::fabs(us) + 1.0) + um * (std::fabs(gs) + 1.0));
       }
     }
   }
@@ -281,7 +284,7 @@ void CheckRouting(const RandomMxfp4Experts& m, const std::vector<uint16_t>& x,
           const double err = std::fabs(got - ys);
           worst->dn = std::max(worst->dn, err / (mag + 1e-6));
           INFO("down token " << t << " expert " << e << " n " << n << ": " << got << " vs " << ys);
-          REQUIRE(err <= 8e-3 * std::fabs(ys) + 1e-5 * mag + 1e-6);
+          REQUIRE(err <= 8e-3 * std::fabs(ys) + 3e-5 * mag + 1e-6);
         }
       }
     }
