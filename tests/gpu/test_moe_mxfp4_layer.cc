@@ -1,7 +1,11 @@
-// The MoE layer with MXFP4 experts against the same layer with bf16 experts, timed in a CUDA
-// graph beside the floor (the bytes of the touched experts over the copy rate measured in the same
-// run). Hidden from plain runs:
+// The MoE layer with MXFP4 experts (CudaMoeLayer::Mxfp4::kKeep, dummy weights): a batch whose
+// tiles are 16, 32 or 64 rows (MoeMxfp4TileRows), captured in a CUDA graph, gives every token the
+// output that token gets alone (batch 1: 16-row tiles of one row), which checks that the layer
+// cuts the tiles and runs the GEMMs at the same size (the GEMMs themselves are checked against
+// the CPU in test_moe_mxfp4.cc); and the benchmark of gpt-oss-20b's layer against bf16 experts
+// and its floor (the bytes of the touched experts over the copy rate measured in the same run).
 //
+//   build/cuda/tests/gpu_tests "[mxfp4]"
 //   build/cuda/tests/gpu_tests "[.bench][moe_mxfp4]"
 #include <catch2/catch.hpp>
 
@@ -9,9 +13,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,7 +33,7 @@ using cuda::Download;
 
 #define CUDA_REQUIRE(x) REQUIRE((x) == cudaSuccess)
 
-// A stream and a cuBLAS handle (the router's GEMM), bf16 weights only.
+// A stream and a cuBLAS handle (the router's GEMM), bf16 and MXFP4 weights only.
 struct BenchOps {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
@@ -49,6 +55,96 @@ struct BenchOps {
     cudaStreamDestroy(stream);
   }
 };
+
+// gpt-oss's layer options (router bias, stacked experts with biases, clamped SwiGLU).
+MoeTensorNames GptOssNames() {
+  MoeTensorNames names;
+  names.router = "router";
+  names.router_bias = true;
+  names.stacked_experts = true;
+  names.expert = {"gate_up_proj", "", "down_proj"};
+  names.expert_bias = true;
+  return names;
+}
+
+TEST_CASE("MoE layer with MXFP4 experts: a graphed batch gives each token its batch-1 output",
+          "[gpu][moe][mxfp4]") {
+  BenchOps o;
+  const int E = 8, K = 4, H = 256, I = 192;
+  MoeRouting r;
+  r.num_experts = E;
+  r.top_k = K;
+  r.scoring = MoeRouting::Scoring::kSoftmaxOfTopK;
+  CpuMlp::Gate gate;
+  gate.activation = CpuMlp::Activation::kClampedSwiGlu;
+  gate.swiglu_limit = 7.0f;
+  REQUIRE(CudaMoeLayer::Check(r, H, I, 0, gate).ok());
+  CudaMoeLayer layer(r, H, I, 0, gate);
+  layer.set_mxfp4(CudaMoeLayer::Mxfp4::kKeep);
+  CudaMoeWeights w;
+  Bf16WeightLoader loader(nullptr, o.stream);
+  REQUIRE(layer
+              .Load(loader, nullptr, o.ops, WeightQuant::kBf16, "model.layers.0.mlp.",
+                    GptOssNames(), &w)
+              .ok());
+  REQUIRE(w.mxfp4);
+  std::set<int> tile_sizes;
+  for (const int T : {1, 8, 40, 100}) {  // tiles of 16, 16, 32, 64 rows
+    INFO("T " << T);
+    tile_sizes.insert(cuda::MoeMxfp4TileRows(T, K, E));
+    std::mt19937 rng(T);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<uint16_t> xb(static_cast<size_t>(T) * H);
+    std::vector<float> x(xb.size());
+    for (size_t i = 0; i < xb.size(); ++i) {
+      xb[i] = F32ToBf16(nd(rng));
+      x[i] = Bf16ToF32(xb[i]);
+    }
+    CudaMoeScratch s;
+    REQUIRE(layer.Reserve(T, &s).ok());
+    DeviceBuffer d_x, d_out;
+    REQUIRE(d_x.Alloc(xb.size() * 2).ok());
+    REQUIRE(d_out.Alloc(xb.size() * 2).ok());
+    CUDA_REQUIRE(cudaMemcpy(d_x.ptr, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_REQUIRE(cudaMemcpy(s.x_f32.ptr, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_REQUIRE(cudaMemset(d_out.ptr, 0xff, xb.size() * 2));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_REQUIRE(cudaStreamBeginCapture(o.stream, cudaStreamCaptureModeThreadLocal));
+    REQUIRE(layer.Run(o.ops, w, d_x.ptr, T, &s, d_out.ptr, {}).ok());
+    CUDA_REQUIRE(cudaStreamEndCapture(o.stream, &graph));
+    CUDA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_REQUIRE(cudaGraphLaunch(exec, o.stream));
+    CUDA_REQUIRE(cudaStreamSynchronize(o.stream));
+    const std::vector<uint16_t> batch = Download(d_out.as<uint16_t>(), xb.size());
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    CudaMoeScratch one;
+    REQUIRE(layer.Reserve(1, &one).ok());
+    DeviceBuffer d_out1;
+    REQUIRE(d_out1.Alloc(H * 2).ok());
+    double rms = 0;
+    for (uint16_t v : batch) rms += static_cast<double>(Bf16ToF32(v)) * Bf16ToF32(v);
+    rms = std::sqrt(rms / batch.size());
+    REQUIRE(rms > 0);  // NaN fails too
+    for (int t = 0; t < T; ++t) {
+      CUDA_REQUIRE(cudaMemcpy(one.x_f32.ptr, x.data() + static_cast<size_t>(t) * H, H * 4,
+                              cudaMemcpyHostToDevice));
+      REQUIRE(layer
+                  .Run(o.ops, w, d_x.as<uint16_t>() + static_cast<size_t>(t) * H, 1, &one,
+                       d_out1.ptr, {})
+                  .ok());
+      const std::vector<uint16_t> alone = Download(d_out1.as<uint16_t>(), H);
+      for (int n = 0; n < H; ++n) {
+        const float a = Bf16ToF32(alone[n]), b = Bf16ToF32(batch[static_cast<size_t>(t) * H + n]);
+        INFO("token " << t << " n " << n << ": batch " << b << " alone " << a);
+        // The same products summed in the same k order: equal up to the mma's internal rounding.
+        REQUIRE(std::fabs(a - b) <= 1e-2 * std::fabs(a) + 1e-3 * rms);
+      }
+    }
+  }
+  CHECK(tile_sizes == std::set<int>{16, 32, 64});
+}
 
 // The device-to-device copy rate of this GPU now (bytes read plus bytes written per second, the
 // best of five 1 GiB copies): the floor of the benchmarks that measure it in their own run.
@@ -95,12 +191,7 @@ TEST_CASE("MoE layer benchmark: gpt-oss-20b shapes, MXFP4 against bf16 experts",
   CpuMlp::Gate gate;
   gate.activation = CpuMlp::Activation::kClampedSwiGlu;
   gate.swiglu_limit = 7.0f;
-  MoeTensorNames names;
-  names.router = "router";
-  names.router_bias = true;
-  names.stacked_experts = true;
-  names.expert = {"gate_up_proj", "", "down_proj"};
-  names.expert_bias = true;
+  const MoeTensorNames names = GptOssNames();
   REQUIRE(CudaMoeLayer::Check(r, H, I, 0, gate).ok());
   const double copy_rate = MeasureCopyRate(o.stream);
   std::printf("copy rate %.2f TB/s (read + write)\n", copy_rate / 1e12);
