@@ -359,6 +359,7 @@ Status CudaMoeLayer::Reserve(int rows, CudaMoeScratch* s) const {
   if (rows <= s->cap) return Status::Ok();
   const size_t T = rows, H = hidden_, E = r_.num_experts, K = r_.top_k, I = inter_;
   const size_t S = T * K, SI = shared_inter_;
+  // 16-row tiles: the most tiles any tile size makes (the MXFP4 GEMMs' 32 and 64 make fewer).
   const int max_tiles =
       cuda::MoeMaxTiles(static_cast<int>(S), static_cast<int>(E), SI > 0 ? rows : 0);
   LLM_RETURN_IF_ERROR(s->x_f32.Alloc(T * H * 4));
@@ -480,7 +481,7 @@ Status CudaMoeLayer::RunLargeBatch(const CudaLinearOps& ops, const CudaMoeWeight
 }
 
 Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x,
-                              int T, CudaMoeScratch* s, int max_tiles) const {
+                              int T, CudaMoeScratch* s, int max_tiles, int tile_rows) const {
   cudaStream_t stream = ops.stream;
   const bool shared = w.shared.inter > 0;
   cuda::MoeGemmArgs g;
@@ -505,7 +506,11 @@ Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w,
     g.w = w.mx_gate_up.ptr;
     g.mx_scales = w.mx_gate_up_scales.as<uint8_t>();
     g.mx_k_pad = cuda::MoeMxfp4KPad(hidden_);
-    cuda::LaunchMoeGemmMxfp4(g, stream);
+    g.tile_rows = tile_rows;
+    if (!cuda::LaunchMoeGemmMxfp4(g, stream)) {
+      return Internal("CUDA MoE layer: no MXFP4 GEMM for tiles of " + std::to_string(tile_rows) +
+                      " rows");
+    }
     g.x = s->act.ptr;
     g.sorted_token = nullptr;
     g.w = w.mx_down.ptr;
@@ -516,7 +521,10 @@ Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w,
     g.n_out = hidden_;
     g.k = inter_;
     g.out = s->y.ptr;
-    cuda::LaunchMoeGemmMxfp4(g, stream);
+    if (!cuda::LaunchMoeGemmMxfp4(g, stream)) {
+      return Internal("CUDA MoE layer: no MXFP4 GEMM for tiles of " + std::to_string(tile_rows) +
+                      " rows");
+    }
     return Status::Ok();
   }
   if (shared) {
@@ -562,7 +570,10 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
     return Internal("CUDA MoE layer: shared experts of another size or dtype than the layer's");
   }
   const int dense_rows = shared ? T : 0;  // the shared experts: a dense group of every token
-  const int max_tiles = cuda::MoeMaxTiles(S, E, dense_rows);
+  // MXFP4 experts: tiles as large as the batch's rows per expert call for (decided from T alone,
+  // so a captured graph replays the same choice); the bf16 / fp8 GEMMs take 16-row tiles.
+  const int tile_rows = w.mxfp4 ? cuda::MoeMxfp4TileRows(T, K, E) : cuda::kMoeTileRows;
+  const int max_tiles = cuda::MoeMaxTiles(S, E, dense_rows, tile_rows);
   cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
   GPU_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &cs));
   const bool capturing = cs != cudaStreamCaptureStatusNone;
@@ -593,6 +604,7 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
   pa.num_experts = E;
   pa.top_k = K;
   pa.dense_rows = dense_rows;
+  pa.tile_rows = tile_rows;
   pa.sorted_token = s->sorted_token.as<int32_t>();
   pa.slot_of = s->slot_of.as<int32_t>();
   pa.tiles = s->tiles.as<int32_t>();
@@ -602,7 +614,7 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
   if (large) {
     LLM_RETURN_IF_ERROR(RunLargeBatch(ops, w, x, T, s));
   } else {
-    LLM_RETURN_IF_ERROR(RunTiled(ops, w, x, T, s, max_tiles));
+    LLM_RETURN_IF_ERROR(RunTiled(ops, w, x, T, s, max_tiles, tile_rows));
   }
   cuda::LaunchMoeCombine(s->y.ptr, pa.slot_of, ra.topk_w, shared ? s->shared_out.ptr : nullptr, T,
                          K, hidden_, out, stream);

@@ -7,7 +7,7 @@
 //
 //   logits [T, E]      = x_f32 @ router^T                      (cuBLAS, fp32 pedantic)
 //   ids, w [T, k]      = MoeRouter's rule                       (one warp per token)
-//   slots by expert    = stable counting sort, tiles of kMoeTileRows rows per expert
+//   slots by expert    = stable counting sort, tiles of kMoeTileRows rows per expert (MXFP4: 16-64)
 //   act [S, I]         = silu(x[tok] Wg_e^T) * (x[tok] Wu_e^T)  (grouped GEMM, fused epilogue)
 //                        gpt-oss: (+ expert biases) clamped SwiGLU, CpuMlp::Gate
 //   y [S, hidden]      = act Wd_e^T (+ expert bias)             (grouped GEMM)
@@ -100,7 +100,8 @@ class CudaMoeLayer {
   // Stacked experts stored as MXFP4 (gpt-oss, ModelLoadOptions::moe_weight_dtype), set before
   // Load: kAuto keeps them for the MXFP4 grouped GEMMs where those serve the shapes and scales
   // (else dequantizes, logged), kKeep keeps them or fails the load by name, kDequantize reads them
-  // as bf16. MXFP4 experts take the tiled path at every batch size (no large-batch path).
+  // as bf16. MXFP4 experts take the tiled path at every batch size (no large-batch path), with
+  // tiles of cuda::MoeMxfp4TileRows(T, top_k, E) rows.
   enum class Mxfp4 { kAuto, kKeep, kDequantize };
   void set_mxfp4(Mxfp4 v) { mxfp4_ = v; }
 
@@ -147,7 +148,7 @@ class CudaMoeLayer {
 
   // The expert GEMMs of the tiled (graph-safe) path, after the permutation.
   Status RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
-                  CudaMoeScratch* s, int max_tiles) const;
+                  CudaMoeScratch* s, int max_tiles, int tile_rows) const;
   // The expert GEMMs, activation and biases of the large-batch path, after the permutation.
   Status RunLargeBatch(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
                        CudaMoeScratch* s) const;

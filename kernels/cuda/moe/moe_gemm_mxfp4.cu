@@ -1,14 +1,22 @@
 // The MoE layer's grouped expert GEMMs on MXFP4 weights as gpt-oss checkpoints store them
 // (kernels/cuda/moe/moe_ops.h, LaunchMoeGemmMxfp4): e2m1 values two per byte and one e8m0 scale
-// per 32 values along k, widened to bf16 in registers (exact: a 2-bit-mantissa value times a
-// power of two, by integer moves into the bf16 exponent), then the tensor cores (mma.sync
-// m16n8k16, bf16 in, fp32 accumulate). The tiling is the bf16 / fp8 kernel's (moe_gemm.cu): one
-// CTA per (M tile of one expert, 64 weight rows), the tile list read from device memory, a
-// 4-stage cp.async pipeline; a stage is one 128-wide k slice: 64 bytes of values and 4 scale
-// bytes per weight row, so a weight row is read in 64-byte runs (a quarter of the bf16 bytes).
-// The k order inside each 64-wide half is permuted as in the fp8 kernel, for A and B alike:
-// thread column c, k16 step st take physical k 16 c + 4 st + 0..3 as the mma's k 2c, 2c+1, 2c+8,
-// 2c+9, so a thread's 16 values of a row are 8 consecutive bytes under one scale.
+// per 32 values along k, widened to bf16 in registers (exact: a lookup of the scaled magnitudes
+// by prmt, mxfp4_widen.h), then the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate).
+//
+// The operands are swapped against the bf16 kernel (moe_gemm.cu): the weights are the mma's M
+// side (16 weight rows per m16 tile) and the tile's tokens its N side (8 per n8 block), so a
+// decode tile of one or a few tokens fills an n8 block instead of wasting 15 of 16 M rows, and
+// each widened weight fragment serves every n8 block of the tile (64 tokens in the largest
+// configuration): the widening is paid once per weight and tile, not once per 16 tokens. One CTA
+// (4 warps) per (tile of one expert, 64 or 128 weight rows); each warp owns 1 or 2 m16 tiles over
+// the whole k extent; a multi-stage cp.async pipeline of 128-wide k slices carries the weight
+// bytes (64 per row), their 4 scale bytes and the tile's activations (256 bytes per token).
+//
+// k order: in a 128-wide slice, thread column c (lane % 4) owns physical k 32 c .. 32 c + 31 of
+// its rows (16 bytes: one scale group) and, at k16 step st, gives physical k 32 c + 4 st + {0, 1}
+// as the mma's k (2c, 2c+1) and + {2, 3} as (2c+8, 2c+9), for the weights (A) and the
+// activations (B) alike; the sum over k is unchanged. The activations of a token row are stored
+// permuted (Mxfp4ActUnit) so that the 16-byte fragment loads are conflict-free.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -18,148 +26,174 @@
 #include "kernels/cuda/common/ptx_ops.cuh"
 #include "kernels/cuda/moe/moe_activation.cuh"
 #include "kernels/cuda/moe/moe_ops.h"
+#include "kernels/cuda/moe/mxfp4_widen.h"
 
 namespace llm::cuda {
 namespace {
 
-constexpr int kThreads = 128;  // 4 warps, each 16 weight rows (two n8 blocks)
-constexpr int kBM = kMoeTileRows;
-constexpr int kBN = kMoeGemmN;
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
 constexpr int kBK = kMoeMxfp4KPad;  // 128 k per stage
-constexpr int kStages = 4;
-constexpr int kARow = kBK * 2 + 16;  // bf16 row of the stage, padded: conflict-free 16-byte loads
-constexpr int kA = kBM * kARow;
-constexpr int kBRow = kBK / 2;  // e2m1 bytes of a weight row per stage
-constexpr int kB = kBN * kBRow;
-constexpr int kS = kBN * (kBK / 32);  // e8m0 bytes per stage
-constexpr int kStageBytes = kA + kB + kS;
-constexpr int kSmemBytes = kStages * kStageBytes;
-static_assert(kA % 16 == 0 && kB % 16 == 0 && kStageBytes % 16 == 0, "16-byte copies");
-static_assert(kBM * kBK * 2 / 16 == 2 * kThreads && kB / 16 == 2 * kThreads, "two copies each");
+constexpr int kWRow = kBK / 2;      // e2m1 bytes of a weight row per stage
+constexpr int kSRow = kBK / 32;     // e8m0 bytes of a weight row per stage
+constexpr int kXRow = kBK * 2;      // bf16 bytes of a token row per stage
 
-// Two e2m1 values (the low nibble first) of one byte as bf16x2 (the low nibble in the low half),
-// times 2^(s - 127) for the group's e8m0 byte s; exp_add = (s - 1) << 7 in both halves. A nibble
-// sem (s sign, e exponent, m mantissa) is 2^(e - 1) (1 + m / 2), or m / 2 for e = 0: with em =
-// (e m), the bf16 bits (em << 6) + ((s - 1) << 7) hold exponent e + s - 1 and mantissa m, which is
-// the scaled value for e >= 1; em = 1 (0.5) drops the mantissa bit, em = 0 is zero. Needs
-// 2 <= s <= 252 (MoeMxfp4ScaleOk: the results stay normal bf16).
-__device__ __forceinline__ uint32_t E2m1x2ToBf16x2(uint32_t byte, uint32_t exp_add) {
-  const uint32_t p = (byte & 0xFu) | ((byte & 0xF0u) << 12);
-  const uint32_t em = p & 0x00070007u;
-  uint32_t b = (em << 6) + exp_add - (__vcmpeq2(em, 0x00010001u) & 0x00400040u);
-  b &= ~__vcmpeq2(em, 0u);
-  return b | ((p & 0x00080008u) << 12);
-}
+// kNB n8 blocks of tokens per tile (tile rows 8 kNB), kMT m16 weight tiles per warp.
+template <int kNB, int kMT, int kStagesT>
+struct Cfg {
+  static constexpr int kStages = kStagesT;
+  static constexpr int kTok = 8 * kNB;
+  static constexpr int kRows = 16 * kMT * kWarps;  // weight rows per CTA
+  static constexpr int kW = kRows * kWRow, kS = kRows * kSRow, kX = kTok * kXRow;
+  static constexpr int kStageBytes = kW + kS + kX;
+  static constexpr int kSmem = kStages * kStageBytes;
+  static constexpr int kWCopies = kW / 16 / kThreads, kXCopies = kX / 16 / kThreads;
+  static_assert(kWCopies * 16 * kThreads == kW && kXCopies * 16 * kThreads == kX, "copies");
+  static_assert(kW % 16 == 0 && kS % 16 == 0 && kRows <= kThreads, "stage layout");
+};
 
-template <bool kSiluMul>
+template <bool kSiluMul, int kNB, int kMT, int kStages>
 __global__ void __launch_bounds__(kThreads) MoeGemmMxfp4Kernel(const MoeGemmArgs a) {
+  using C = Cfg<kNB, kMT, kStages>;
   ptx::GridDependencySync();  // launched with LaunchPdl
   const int tile = blockIdx.y;
   if (tile >= *a.num_tiles) return;
-  extern __shared__ __align__(128) uint8_t smem[];
-  auto stage_a = [&](int s) { return smem + s * kStageBytes; };
-  auto stage_b = [&](int s) { return smem + s * kStageBytes + kA; };
-  auto stage_s = [&](int s) { return smem + s * kStageBytes + kA + kB; };
   const int expert = a.tiles[3 * tile], row0 = a.tiles[3 * tile + 1];
-  const int rows = min(kBM, a.tiles[3 * tile + 2] - row0);
+  if (expert < 0) return;  // routed experts only (no dense group)
+  const int rows = min(C::kTok, a.tiles[3 * tile + 2] - row0);
   const int n_out = a.n_out;
-  if (static_cast<int>(blockIdx.x) * (kSiluMul ? kBN / 2 : kBN) >= n_out) return;
+  const int wrows = kSiluMul ? 2 * n_out : n_out;  // weight rows per expert, a multiple of 64
+  const int bx = static_cast<int>(blockIdx.x);
+  const int cta_row0 = bx * C::kRows;
+  if (cta_row0 >= wrows) return;
+  extern __shared__ __align__(128) uint8_t smem[];
+  auto stage_w = [&](int s) { return smem + s * C::kStageBytes; };
+  auto stage_s = [&](int s) { return smem + s * C::kStageBytes + C::kW; };
+  auto stage_x = [&](int s) { return smem + s * C::kStageBytes + C::kW + C::kS; };
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int K = a.k, KP = a.mx_k_pad, KT = KP / kBK;
-  const int wrows_per_expert = kSiluMul ? 2 * n_out : n_out;
-  const int bx = static_cast<int>(blockIdx.x);
-  // Weight row of tile row r: down, n0 + r; gate_up, warp r/16's 8 gate rows then its 8 up rows.
+  // Weight row (within the expert) of CTA row r. gate_up: every m16 tile holds 8 gate rows,
+  // then the 8 up rows of the same outputs, so a thread's accumulators pair gate and up.
   auto weight_row = [&](int r) -> int {
-    if (!kSiluMul) return bx * kBN + r;
-    const int j = bx * (kBN / 2) + (r / 16) * 8 + (r % 8);
-    return (r % 16) < 8 ? j : n_out + j;
+    const int gr = cta_row0 + r;
+    if constexpr (!kSiluMul) {
+      return gr;
+    } else {
+      const int j = (gr / 16) * 8 + (gr % 8);
+      return (gr % 16) < 8 ? j : n_out + j;
+    }
   };
-  const size_t expert_row0 = static_cast<size_t>(expert) * wrows_per_expert;
+  const size_t expert_row0 = static_cast<size_t>(expert) * wrows;
   const auto* wbase = static_cast<const uint8_t*>(a.w) + expert_row0 * (KP / 2);
   const uint8_t* sbase = a.mx_scales + expert_row0 * (KP / 32);
 
-  // This thread's copies per stage: two 16-byte A chunks, two 16-byte B chunks, and for threads
-  // < 64 the 4 scale bytes of weight row tid.
-  const uint8_t* a_src[2];
-  int a_dst[2], a_k[2];
-  bool a_valid[2];
+  // This thread's 16-byte copies per stage: weights (row idx / 4, quarter idx % 4), activations
+  // (token idx / 16, unit idx % 16), and for tid < kRows the 4 scale bytes of weight row tid.
+  // Rows past the expert's (wrows not a multiple of kRows) and tokens past the tile's are
+  // zero-filled.
+  const uint8_t* w_src[C::kWCopies];
+  int w_dst[C::kWCopies];
+  bool w_valid[C::kWCopies];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int idx = tid + kThreads * i, r = idx / (kBK / 8), c = idx % (kBK / 8);
-    a_valid[i] = r < rows;
-    const int src_row = a_valid[i] ? (a.sorted_token ? a.sorted_token[row0 + r] : row0 + r) : 0;
-    a_k[i] = c * 8;
-    a_src[i] = static_cast<const uint8_t*>(a.x) + (static_cast<size_t>(src_row) * K + a_k[i]) * 2;
-    a_dst[i] = r * kARow + c * 16;
+  for (int i = 0; i < C::kWCopies; ++i) {
+    const int idx = tid + kThreads * i, r = idx / 4, q = idx % 4;
+    w_valid[i] = cta_row0 + r < wrows;
+    w_src[i] = wbase + (w_valid[i] ? static_cast<size_t>(weight_row(r)) * (KP / 2) + q * 16 : 0);
+    w_dst[i] = r * kWRow + q * 16;
   }
-  const uint8_t* b_src[2];
-  int b_dst[2];
+  const bool s_valid = tid < C::kRows && cta_row0 + tid < wrows;
+  const uint8_t* s_src = sbase + (s_valid ? static_cast<size_t>(weight_row(tid)) * (KP / 32) : 0);
+  // Activations: the same unit q = tid % 16 of tokens tid / 16 + 8 i (one parity), so only the
+  // source rows differ between the copies (-1: past the tile's tokens).
+  int x_row[C::kXCopies];
+  const int x_q = tid % 16, x_k = x_q * 8;
+  const int x_dst = (tid / 16) * kXRow + Mxfp4ActUnit(tid / 16, x_q) * 16;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int idx = tid + kThreads * i, r = idx / (kBRow / 16), c = idx % (kBRow / 16);
-    b_src[i] = wbase + static_cast<size_t>(weight_row(r)) * (KP / 2) + c * 16;
-    b_dst[i] = r * kBRow + c * 16;
+  for (int i = 0; i < C::kXCopies; ++i) {
+    const int t = tid / 16 + (kThreads / 16) * i;
+    x_row[i] = t < rows ? (a.sorted_token ? a.sorted_token[row0 + t] : row0 + t) : -1;
   }
-  const uint8_t* s_src =
-      tid < kBN ? sbase + static_cast<size_t>(weight_row(tid)) * (KP / 32) : sbase;
+  static_assert((kThreads / 16) % 2 == 0, "every copy of a thread has the same token parity");
+  const auto* xbase = static_cast<const uint8_t*>(a.x);
   auto load_stage = [&](int stage, int kt) {
     const int k0 = kt * kBK;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const bool in_k = k0 + a_k[i] < K;  // k past K: zeros (the weights' padding is zero too)
-      ptx::CpAsync16(stage_a(stage) + a_dst[i], a_src[i] + (in_k ? k0 * 2 : 0), a_valid[i] && in_k);
-      ptx::CpAsync16(stage_b(stage) + b_dst[i], b_src[i] + kt * kBRow, true);
+    for (int i = 0; i < C::kWCopies; ++i) {
+      ptx::CpAsync16(stage_w(stage) + w_dst[i], w_src[i] + (w_valid[i] ? kt * kWRow : 0),
+                     w_valid[i]);
     }
-    if (tid < kBN) ptx::CpAsync4(stage_s(stage) + tid * 4, s_src + kt * 4, true);
+    if (tid < C::kRows) {
+      ptx::CpAsync4(stage_s(stage) + tid * kSRow, s_src + (s_valid ? kt * kSRow : 0), s_valid);
+    }
+    // k past K: zeros (the weights' padding is zero too, but the row may end there).
+    const bool in_k = k0 + x_k < K;
+#pragma unroll
+    for (int i = 0; i < C::kXCopies; ++i) {
+      const bool ok = x_row[i] >= 0 && in_k;
+      const uint8_t* src = xbase + (ok ? (static_cast<size_t>(x_row[i]) * K + k0 + x_k) * 2 : 0);
+      ptx::CpAsync16(stage_x(stage) + x_dst + i * (kThreads / 16) * kXRow, src, ok);
+    }
   };
 
-  float acc[2][4] = {};
+  const int g = lane / 4, c = lane % 4;
+  const int nb_used = (rows + 7) / 8;  // n8 blocks holding tokens (warp-uniform)
+  const bool warp_active = cta_row0 + warp * 16 * kMT < wrows;
+  float acc[kMT][kNB][4] = {};
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < KT) load_stage(s, s);
     ptx::CpAsyncCommit();
   }
-  const int g = lane / 4, c = lane % 4;
   for (int kt = 0; kt < KT; ++kt) {
     ptx::CpAsyncWait<kStages - 2>();
     __syncthreads();
     const int stage = kt % kStages;
-    const uint8_t* as = stage_a(stage);
-    const uint8_t* bs = stage_b(stage);
-    const uint8_t* ss = stage_s(stage);
+    if (warp_active) {
+      const uint8_t* ws = stage_w(stage);
+      const uint8_t* ss = stage_s(stage);
+      const uint8_t* xs = stage_x(stage);
+      // Rows g and g + 8 of each m16 tile: 16 bytes (32 values, one scale group) at physical
+      // k 32 c .. 32 c + 31, and the group's scale as lookup tables.
+      uint32_t wv[kMT][2][4];
+      Mxfp4Lut lut[kMT][2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      // A rows g and g + 8, physical k [64 h + 16 c, + 16); B rows of the two n8 blocks, the same
-      // k: 8 bytes of values under the scale of group 2 h + c / 2.
-      uint4 a_lo[2], a_hi[2];
-      const uint8_t* ap = as + g * kARow + h * 128 + c * 32;
-      a_lo[0] = *reinterpret_cast<const uint4*>(ap);
-      a_lo[1] = *reinterpret_cast<const uint4*>(ap + 16);
-      a_hi[0] = *reinterpret_cast<const uint4*>(ap + 8 * kARow);
-      a_hi[1] = *reinterpret_cast<const uint4*>(ap + 8 * kARow + 16);
-      uint2 b[2];
-      uint32_t exp_add[2];
+      for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-      for (int nb = 0; nb < 2; ++nb) {
-        const int n = warp * 16 + nb * 8 + g;
-        b[nb] = *reinterpret_cast<const uint2*>(bs + n * kBRow + h * 32 + c * 8);
-        const uint32_t s = ss[n * 4 + 2 * h + c / 2];
-        exp_add[nb] = ((s - 1u) << 7) * 0x00010001u;
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = (warp * kMT + mt) * 16 + g + 8 * hh;
+          const uint4 v = *reinterpret_cast<const uint4*>(ws + r * kWRow + c * 16);
+          wv[mt][hh][0] = v.x, wv[mt][hh][1] = v.y, wv[mt][hh][2] = v.z, wv[mt][hh][3] = v.w;
+          lut[mt][hh] = Mxfp4MakeLut(ss[r * kSRow + c]);
+        }
       }
-      const uint32_t* lo = reinterpret_cast<const uint32_t*>(a_lo);  // 8 words: k pairs
-      const uint32_t* hi = reinterpret_cast<const uint32_t*>(a_hi);
 #pragma unroll
-      for (int st = 0; st < 4; ++st) {
-        const uint32_t af[4] = {lo[2 * st], hi[2 * st], lo[2 * st + 1], hi[2 * st + 1]};
+      for (int u = 0; u < 4; ++u) {
+        // Unit u of the thread's quarter: physical k 32 c + 8 u .. + 7 of token 8 nb + g (the
+        // tokens of an n8 block share g's parity).
+        uint4 xv[kNB];
+        const int xoff = g * kXRow + Mxfp4ActUnit(g, 4 * c + u) * 16;
 #pragma unroll
-        for (int nb = 0; nb < 2; ++nb) {
-          // Values 4 st .. 4 st + 3 of the thread's 16: bytes 2 st (the mma's k 2c, 2c+1) and
-          // 2 st + 1 (k 2c+8, 2c+9).
-          const uint32_t word = st < 2 ? b[nb].x : b[nb].y;
-          const int sh = (st % 2) * 16;
-          const uint32_t w_lo = E2m1x2ToBf16x2((word >> sh) & 0xFFu, exp_add[nb]);
-          const uint32_t w_hi = E2m1x2ToBf16x2((word >> (sh + 8)) & 0xFFu, exp_add[nb]);
-          ptx::MmaBf16(acc[nb], af, w_lo, w_hi);
+        for (int nb = 0; nb < kNB; ++nb) {
+          if (nb < nb_used) xv[nb] = *reinterpret_cast<const uint4*>(xs + nb * 8 * kXRow + xoff);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          // Step st = 2 u + h: weight values 4 st .. 4 st + 3 (nibbles 4 h .. of word u),
+          // activation words 2 h (the mma's k 2c, 2c+1) and 2 h + 1 (k 2c+8, 2c+9).
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            uint32_t af[4];  // rows g, g + 8 at k (2c, 2c+1); rows g, g + 8 at k (2c+8, 2c+9)
+            Mxfp4Widen4(wv[mt][0][u], h, lut[mt][0], &af[0], &af[2]);
+            Mxfp4Widen4(wv[mt][1][u], h, lut[mt][1], &af[1], &af[3]);
+#pragma unroll
+            for (int nb = 0; nb < kNB; ++nb) {
+              if (nb < nb_used) {
+                const uint32_t b0 = h == 0 ? xv[nb].x : xv[nb].z;
+                const uint32_t b1 = h == 0 ? xv[nb].y : xv[nb].w;
+                ptx::MmaBf16(acc[mt][nb], af, b0, b1);
+              }
+            }
+          }
         }
       }
     }
@@ -168,53 +202,94 @@ __global__ void __launch_bounds__(kThreads) MoeGemmMxfp4Kernel(const MoeGemmArgs
     ptx::CpAsyncCommit();
   }
   ptx::CpAsyncWait<0>();
+  __syncthreads();  // every warp is done with the stages: the output tile reuses them
 
-  // Accumulator (m16n8): c[0..1] row lane / 4, columns 2 (lane % 4) + {0, 1}; c[2..3] row + 8.
-  auto* out = static_cast<__nv_bfloat16*>(a.out);
-  const float* bias = a.bias;
-  const int c2 = c * 2;
+  // Accumulator (m16n8): c[0..1] weight row g, tokens 2c, 2c+1 of the n8 block; c[2..3] row
+  // g + 8. The tile's outputs go through shared memory ([token][column], padded rows) so the
+  // stores to out are 16-byte runs along a token's row.
+  constexpr int kCols = kSiluMul ? C::kRows / 2 : C::kRows;  // output columns per CTA
+  constexpr int kORow = kCols + 8;                           // bf16 per staged row
+  static_assert(C::kTok * kORow * 2 <= C::kSmem, "output tile fits the stages");
+  auto* ot = reinterpret_cast<__nv_bfloat16*>(smem);
+  const float* bias = a.bias ? a.bias + expert_row0 : nullptr;  // [E][wrows]
+  if (warp_active) {
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int m = g + 8 * hh;
-    if (m >= rows) continue;
-    const size_t orow = static_cast<size_t>(row0 + m) * n_out;
-    if constexpr (kSiluMul) {
-      const int col = bx * (kBN / 2) + warp * 8 + c2;
-      const float* b = bias ? bias + static_cast<size_t>(expert) * 2 * n_out : nullptr;
-      float v[2];
+    for (int mt = 0; mt < kMT; ++mt) {
+      const int tl = warp * kMT + mt;  // the CTA's m16 tile
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        float gt = acc[0][2 * hh + j], up = acc[1][2 * hh + j];
-        if (b) gt += b[col + j], up += b[n_out + col + j];
-        v[j] = MoeGateUp(gt, up, a.swiglu_limit, a.swiglu_alpha);
-      }
-      *reinterpret_cast<__nv_bfloat162*>(out + orow + col) = __floats2bfloat162_rn(v[0], v[1]);
-    } else {
+      for (int nb = 0; nb < kNB; ++nb) {
+        if (nb >= nb_used) continue;
 #pragma unroll
-      for (int nb = 0; nb < 2; ++nb) {
-        const int col = bx * kBN + warp * 16 + nb * 8 + c2;
-        const float* b = bias ? bias + static_cast<size_t>(expert) * n_out + col : nullptr;
-        *reinterpret_cast<__nv_bfloat162*>(out + orow + col) = __floats2bfloat162_rn(
-            acc[nb][2 * hh] + (b ? b[0] : 0.f), acc[nb][2 * hh + 1] + (b ? b[1] : 0.f));
+        for (int j = 0; j < 2; ++j) {
+          const int t = nb * 8 + 2 * c + j;
+          if constexpr (kSiluMul) {
+            const int col = tl * 8 + g, jg = bx * kCols + col;
+            float gt = acc[mt][nb][j], up = acc[mt][nb][2 + j];
+            if (bias) gt += bias[jg], up += bias[n_out + jg];
+            ot[t * kORow + col] =
+                __float2bfloat16_rn(MoeGateUp(gt, up, a.swiglu_limit, a.swiglu_alpha));
+          } else {
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+              const int col = tl * 16 + g + 8 * hh;
+              ot[t * kORow + col] = __float2bfloat16_rn(acc[mt][nb][2 * hh + j] +
+                                                        (bias ? bias[cta_row0 + col] : 0.f));
+            }
+          }
+        }
       }
     }
   }
+  __syncthreads();
+  // The CTA's valid columns: whole 64-row weight groups, so a multiple of 32 outputs.
+  const int cols = min(kCols, (wrows - cta_row0) / (kSiluMul ? 2 : 1));
+  const int chunks = cols / 8;
+  auto* out = static_cast<__nv_bfloat16*>(a.out);
+  for (int i = tid; i < rows * chunks; i += kThreads) {
+    const int t = i / chunks, ch = i % chunks;
+    *reinterpret_cast<uint4*>(out + static_cast<size_t>(row0 + t) * n_out + bx * kCols + ch * 8) =
+        *reinterpret_cast<const uint4*>(ot + t * kORow + ch * 8);
+  }
+}
+
+template <bool kSiluMul, int kNB, int kMT, int kStages>
+void Launch(const MoeGemmArgs& a, cudaStream_t stream) {
+  using C = Cfg<kNB, kMT, kStages>;
+  const int wrows = (kSiluMul ? 2 : 1) * a.n_out;
+  const dim3 grid((wrows + C::kRows - 1) / C::kRows, a.max_tiles);
+  auto* kernel = MoeGemmMxfp4Kernel<kSiluMul, kNB, kMT, kStages>;
+  // Above 48 KB of dynamic shared memory a kernel must opt in, once (thread-safe static init).
+  [[maybe_unused]] static const bool opted_in =
+      C::kSmem <= 48 * 1024 ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem) ==
+          cudaSuccess;
+  (void)LaunchPdl(kernel, grid, dim3(kThreads), C::kSmem, stream, a);
 }
 
 template <bool kSiluMul>
-void Launch(const MoeGemmArgs& a, cudaStream_t stream) {
-  const dim3 grid(a.n_out / (kSiluMul ? kBN / 2 : kBN), a.max_tiles);
-  auto* kernel = MoeGemmMxfp4Kernel<kSiluMul>;
-  static_assert(kSmemBytes <= 48 * 1024, "no opt-in needed");
-  (void)LaunchPdl(kernel, grid, dim3(kThreads), kSmemBytes, stream, a);
+bool LaunchFor(const MoeGemmArgs& a, cudaStream_t s) {
+  switch (a.tile_rows) {
+    case 16:  // decode: 64 weight rows per CTA (enough CTAs at batch 1), 8 stages: 7 in flight
+      Launch<kSiluMul, 2, 1, 8>(a, s);
+      return true;
+    case 32:
+      Launch<kSiluMul, 4, 2, 4>(a, s);
+      return true;
+    case 64:
+      Launch<kSiluMul, 8, 2, 4>(a, s);
+      return true;
+    default:
+      return false;
+  }
 }
 
 }  // namespace
 
-void LaunchMoeGemmMxfp4(const MoeGemmArgs& a, void* stream) {
-  if (a.max_tiles == 0) return;
+bool LaunchMoeGemmMxfp4(const MoeGemmArgs& a, void* stream) {
+  if (!MoeMxfp4TileRowsOk(a.tile_rows)) return false;
+  if (a.max_tiles == 0) return true;
   auto s = static_cast<cudaStream_t>(stream);
-  a.silu_mul ? Launch<true>(a, s) : Launch<false>(a, s);
+  return a.silu_mul ? LaunchFor<true>(a, s) : LaunchFor<false>(a, s);
 }
 
 }  // namespace llm::cuda

@@ -41,27 +41,30 @@ constexpr int kMoeRouteMaxGroups = 32;
 constexpr int kMoeRouteMaxTopK = 32;
 void LaunchMoeRoute(const MoeRouteArgs& a, void* stream);
 
-// Rows of one M tile of the grouped GEMMs: an expert's slots are cut into tiles of this many rows.
+// Rows of one M tile of the grouped GEMMs: an expert's slots are cut into tiles of this many rows
+// (LaunchMoeGemm's; the MXFP4 GEMMs also take 32 and 64: MoeMxfp4TileRows).
 constexpr int kMoeTileRows = 16;
 // Upper bound on the tiles of `slots` slots over `experts` experts plus `dense_rows` rows of the
-// dense group (shared experts) (the grid the GEMMs launch; tiles past the real count exit at once).
-inline int MoeMaxTiles(int slots, int experts, int dense_rows) {
-  return slots / kMoeTileRows + (slots < experts ? slots : experts) +
-         (dense_rows + kMoeTileRows - 1) / kMoeTileRows;
+// dense group (shared experts) cut into tiles of tile_rows rows (the grid the GEMMs launch; tiles
+// past the real count exit at once). Largest at the smallest tile_rows.
+inline int MoeMaxTiles(int slots, int experts, int dense_rows, int tile_rows = kMoeTileRows) {
+  return slots / tile_rows + (slots < experts ? slots : experts) +
+         (dense_rows + tile_rows - 1) / tile_rows;
 }
 
 // Counting sort of the S = T * top_k slots by expert (one CTA), stable: within an expert, slots in
 // (token, k) order, as CpuMoe. Writes
 //   sorted_token [S]  token of each expert-ordered slot
 //   slot_of      [S]  expert-ordered position of slot (t, k)
-//   tiles        [MoeMaxTiles(S, E, D)][3]  each M tile's expert, first row, and its expert's
-//                row end; then the dense group's tiles (expert -1, rows of [0, D))
+//   tiles        [MoeMaxTiles(S, E, D, tile_rows)][3]  each M tile's expert, first row, and its
+//                expert's row end; then the dense group's tiles (expert -1, rows of [0, D))
 //   num_tiles    [1]
 // An id outside [0, E) is counted for no expert (its slot gets position S, the combine skips it).
 struct MoePermuteArgs {
   const int32_t* topk_ids = nullptr;  // [S]
   int num_slots = 0, num_experts = 0, top_k = 0;
   int dense_rows = 0;  // D: rows of the dense group (the shared experts: every token), or 0
+  int tile_rows = kMoeTileRows;  // rows per M tile: 16 (LaunchMoeGemm), or MoeMxfp4TileRows
   int32_t* sorted_token = nullptr;
   int32_t* slot_of = nullptr;
   int32_t* tiles = nullptr;  // [max_tiles][3]: expert, row begin, row end (exclusive)
@@ -107,9 +110,11 @@ struct MoeGemmArgs {
   float swiglu_alpha = 1.702f;
   int n_out = 0, k = 0;
   // MXFP4 weights (LaunchMoeGemmMxfp4 only): w holds e2m1 values [E, (2) n_out, mx_k_pad / 2] and
-  // mx_scales the e8m0 bytes [E, (2) n_out, mx_k_pad / 32] (PackMoeMxfp4).
+  // mx_scales the e8m0 bytes [E, (2) n_out, mx_k_pad / 32] (PackMoeMxfp4); tile_rows is the
+  // permutation's (MoePermuteArgs::tile_rows: 16, 32 or 64).
   const uint8_t* mx_scales = nullptr;
   int mx_k_pad = 0;
+  int tile_rows = kMoeTileRows;
   const int32_t* tiles = nullptr;  // LaunchMoePermute's
   const int32_t* num_tiles = nullptr;
   int max_tiles = 0;
@@ -131,10 +136,13 @@ void LaunchMoeGemm(const MoeGemmArgs& a, void* stream);
 // The grouped GEMMs of LaunchMoeGemm on MXFP4 expert weights as gpt-oss checkpoints store them
 // (base/mxfp4.h): e2m1 values and one e8m0 scale per 32 values along k, widened to bf16 in
 // registers (exact), so a step reads a quarter of the bf16 weight bytes. Routed experts only (no
-// dense group), same tiles, gather, biases, gates and output as LaunchMoeGemm. The device layout
-// (PackMoeMxfp4): each weight row's k extent padded to a multiple of kMoeMxfp4KPad with zero
-// values (scale 127), rows in the grouped GEMM's order. Shapes: n_out a multiple of kMoeGemmN
-// (gate_up: kMoeGemmN / 2), k a multiple of 32; every scale byte within MoeMxfp4ScaleOk.
+// dense group), same gather, biases, gates and output as LaunchMoeGemm; the tiles of 16, 32 or 64
+// rows (a.tile_rows, the permutation's: MoeMxfp4TileRows), each expert's weights streamed once
+// per tile and widened once per tile whatever its rows. The device layout (PackMoeMxfp4): each
+// weight row's k extent padded to a multiple of kMoeMxfp4KPad with zero values (scale 127), rows
+// in the grouped GEMM's order. Shapes: n_out a multiple of kMoeGemmN (gate_up: kMoeGemmN / 2), k
+// a multiple of 32; every scale byte within MoeMxfp4ScaleOk. False (nothing launched) for a
+// tile_rows it has no kernel for.
 constexpr int kMoeMxfp4KPad = 128;
 inline bool MoeMxfp4ShapeOk(bool silu_mul, int n_out, int k) {
   return n_out % (silu_mul ? kMoeGemmN / 2 : kMoeGemmN) == 0 && k % 32 == 0 && k > 0;
@@ -166,7 +174,20 @@ inline void PackMoeMxfp4(const uint8_t* blocks, const uint8_t* scales, int64_t e
     }
   }
 }
-void LaunchMoeGemmMxfp4(const MoeGemmArgs& a, void* stream);
+// The tile rows the MXFP4 GEMMs run (and the permutation cuts) for `tokens` tokens routed top_k
+// over `experts` experts, decided on the host before a capture: 16 while no expert can hold more
+// than 16 rows or they average at most 12 (decode: one n8 block of tokens, or two, per widened
+// weight fragment), else 32 or 64 so that an expert's weights are streamed and widened once for
+// (nearly) all its rows. More rows per tile cost only shared memory and idle n8 blocks (skipped).
+inline int MoeMxfp4TileRows(int64_t tokens, int top_k, int experts) {
+  const int64_t avg = tokens * top_k / (experts > 0 ? experts : 1);
+  if (tokens <= 16 || avg <= 12) return 16;
+  return avg <= 24 ? 32 : 64;
+}
+inline bool MoeMxfp4TileRowsOk(int tile_rows) {
+  return tile_rows == 16 || tile_rows == 32 || tile_rows == 64;
+}
+[[nodiscard]] bool LaunchMoeGemmMxfp4(const MoeGemmArgs& a, void* stream);
 
 // out[t, :] = bf16(shared[t, :] + sum_k topk_w[t, k] * y[slot_of[t, k], :]) with fp32 sums in k
 // order (deterministic, no atomics). shared may be null; a slot at position >= num_slots

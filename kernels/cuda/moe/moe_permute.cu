@@ -74,7 +74,8 @@ __global__ void __launch_bounds__(kPermuteThreads) MoePermuteKernel(const MoePer
   if (e < E) {
     for (int w = 0; w < kPermuteWarps; ++w) count += s_base[w][e];
   }
-  const int ntiles = (count + kMoeTileRows - 1) / kMoeTileRows;
+  const int tr = a.tile_rows;
+  const int ntiles = (count + tr - 1) / tr;
   int total_slots, total_tiles;
   const int offset = BlockExclusiveScan(count, s_warp, &total_slots);
   const int first_tile = BlockExclusiveScan(ntiles, s_warp, &total_tiles);
@@ -92,16 +93,16 @@ __global__ void __launch_bounds__(kPermuteThreads) MoePermuteKernel(const MoePer
     for (int j = 0; j < ntiles; ++j) {
       int32_t* tile = a.tiles + 3 * (first_tile + j);
       tile[0] = e;
-      tile[1] = offset + j * kMoeTileRows;
+      tile[1] = offset + j * tr;
       tile[2] = offset + count;
     }
   }
   // The dense group's tiles after the experts'.
-  const int dense_tiles = (a.dense_rows + kMoeTileRows - 1) / kMoeTileRows;
+  const int dense_tiles = (a.dense_rows + tr - 1) / tr;
   for (int j = threadIdx.x; j < dense_tiles; j += kPermuteThreads) {
     int32_t* tile = a.tiles + 3 * (total_tiles + j);
     tile[0] = -1;
-    tile[1] = j * kMoeTileRows;
+    tile[1] = j * tr;
     tile[2] = a.dense_rows;
   }
   if (threadIdx.x == 0) *a.num_tiles = total_tiles + dense_tiles;
