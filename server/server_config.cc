@@ -209,8 +209,8 @@ std::vector<ServerOption> Declarations() {
                 G::kCuda,
                 "routed experts stored as MXFP4 (gpt-oss); mxfp4: kept as stored for the MXFP4 "
                 "kernels (with weight_dtype fp8 too, which then quantizes the other projections) "
-                "or the load fails; bf16 and (until those kernels outrun bf16 experts) auto: "
-                "dequantized")
+                "or the load fails; auto: kept where those kernels serve them, else dequantized "
+                "(logged); bf16: dequantized")
           .OnlyOn("cuda", "the cpu models compute in fp32"),
       O::Bool("dummy_weights", LLM_BIND(engine.model.dummy_weights), G::kCuda,
               "random weights on the GPU instead of the checkpoint (benchmarks)")

@@ -222,10 +222,12 @@ StatusOr<AttentionSpec> CudaDenseDecoder::AttentionNeeds(const CudaLoadContext& 
     }
   }
   if (moe_) {
-    // "auto" dequantizes for now: the MXFP4 GEMMs pass their GPU tests (tests/gpu "[mxfp4]") but
-    // are opt-in until they outrun the bf16 experts (docs/BENCHMARKS.md).
-    moe_->set_mxfp4(options.moe_weight_dtype == "mxfp4" ? CudaMoeLayer::Mxfp4::kKeep
-                                                        : CudaMoeLayer::Mxfp4::kDequantize);
+    // "auto" keeps a checkpoint's MXFP4 experts where the MXFP4 GEMMs serve them: they pass their
+    // GPU tests (tests/gpu "[mxfp4]") and outrun the bf16 experts (docs/BENCHMARKS.md).
+    const std::string& m = options.moe_weight_dtype;
+    moe_->set_mxfp4(m == "mxfp4"  ? CudaMoeLayer::Mxfp4::kKeep
+                    : m == "bf16" ? CudaMoeLayer::Mxfp4::kDequantize
+                                  : CudaMoeLayer::Mxfp4::kAuto);
   } else if (options.moe_weight_dtype == "mxfp4") {
     return InvalidArgument("moe_weight_dtype mxfp4: " + c.architecture_name +
                            " has no routed experts");

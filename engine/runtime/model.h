@@ -175,9 +175,8 @@ struct ModelLoadOptions {
   // Routed experts a checkpoint stores as MXFP4 (gpt-oss) on CUDA: "mxfp4" keeps its e2m1 values
   // and e8m0 scales for the MXFP4 grouped GEMMs (a quarter of the bf16 bytes per step; the load
   // fails naming what those do not serve; beside weight_dtype "fp8", which then quantizes the
-  // other projections), "bf16" dequantizes them at load, and so does "auto" until the MXFP4 GEMMs
-  // outrun the bf16 experts (CudaMoeLayer::Mxfp4::kAuto, keeping them where served, is what auto
-  // will become).
+  // other projections), "bf16" dequantizes them at load, and "auto" keeps them where the MXFP4
+  // GEMMs serve them and dequantizes them (logged) where not (CudaMoeLayer::Mxfp4::kAuto).
   // "mxfp4" fails the load of a model without MXFP4 experts, and on the cpu device.
   std::string moe_weight_dtype = "auto";
   // fp8 weights only: cuBLASLt fast accumulation for the fp8 projections (CudaFp8Gemm::Init). On
