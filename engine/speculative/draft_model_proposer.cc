@@ -84,29 +84,12 @@ Status DraftModelProposer::Run(std::span<const DraftWork> work, const BlockAlloc
   const int vocab = draft_->config().vocab_size;
   const bool on_device = draft_->samples_on_device();
   std::vector<std::vector<int32_t>> proposals(work.size());
-  // The logit rows of `items` (one each, in order), with their device jobs.
-  auto add_jobs = [&](const std::vector<size_t>& items, ForwardBatch* b) {
-    if (!on_device) return;
-    b->penalty_indptr.push_back(0);
-    for (size_t i : items) {
-      SamplingJob job{};
-      const bool drawn = device_job(i, static_cast<int>(proposals[i].size()), &job, &b->penalties);
-      b->device_sampled.push_back(drawn ? 1 : 0);
-      b->sampling_jobs.push_back(drawn ? job : SamplingJob{});
-      b->penalty_indptr.push_back(static_cast<int32_t>(b->penalties.size()));
-    }
-  };
+  // A forward whose logit rows are one per item of `items`, in order: each item's next draft.
   auto forward_and_pick = [&](const std::vector<size_t>& items, ForwardBatch* b) -> Status {
-    add_jobs(items, b);
+    AppendProposerJobs(items, proposals, on_device, device_job, b);
     b->attn.num_tokens = static_cast<int>(b->token_ids.size());
     LLM_RETURN_IF_ERROR(draft_->ForwardSampled(*b, &logits_, &tokens_));
-    for (size_t r = 0; r < items.size(); ++r) {
-      const size_t i = items[r];
-      const int32_t drawn = r < tokens_.size() ? tokens_[r] : -1;
-      const std::span<float> row =
-          drawn >= 0 ? std::span<float>() : std::span<float>(logits_.data() + r * vocab, vocab);
-      proposals[i].push_back(choose(i, static_cast<int>(proposals[i].size()), drawn, row));
-    }
+    PickProposals(items, tokens_, logits_, vocab, choose, &proposals);
     return Status::Ok();
   };
 

@@ -44,34 +44,19 @@ Status MtpProposer::Run(std::span<const DraftWork> work, const BlockAllocator& a
   const bool on_device = mtp_->samples_on_device();
   std::vector<std::vector<int32_t>> proposals(work.size());
   std::vector<std::vector<float>> chained(work.size());  // the last proposing row's output
-  auto add_jobs = [&](const std::vector<size_t>& items, ForwardBatch* b) {
-    if (!on_device) return;
-    b->penalty_indptr.push_back(0);
-    for (size_t i : items) {
-      SamplingJob job{};
-      const bool drawn = device_job(i, static_cast<int>(proposals[i].size()), &job, &b->penalties);
-      b->device_sampled.push_back(drawn ? 1 : 0);
-      b->sampling_jobs.push_back(drawn ? job : SamplingJob{});
-      b->penalty_indptr.push_back(static_cast<int32_t>(b->penalties.size()));
-    }
-  };
   // Forwards `b`, whose logit rows (and hidden rows) are one per item of `items`, and picks each
   // item's next draft; keeps each row's output before the final norm for the next link.
   auto forward_and_pick = [&](const std::vector<size_t>& items, ForwardBatch* b) -> Status {
-    add_jobs(items, b);
+    AppendProposerJobs(items, proposals, on_device, device_job, b);
     b->attn.num_tokens = static_cast<int>(b->token_ids.size());
     b->hidden_rows = b->logit_rows;
     b->hidden_before_final_norm = true;
     LLM_RETURN_IF_ERROR(mtp_->ForwardSampled(*b, &logits_, &tokens_));
     const std::span<const float> out = mtp_->hidden_states();
     for (size_t r = 0; r < items.size(); ++r) {
-      const size_t i = items[r];
-      chained[i].assign(out.begin() + r * H, out.begin() + (r + 1) * H);
-      const int32_t drawn = r < tokens_.size() ? tokens_[r] : -1;
-      const std::span<float> row =
-          drawn >= 0 ? std::span<float>() : std::span<float>(logits_.data() + r * vocab, vocab);
-      proposals[i].push_back(choose(i, static_cast<int>(proposals[i].size()), drawn, row));
+      chained[items[r]].assign(out.begin() + r * H, out.begin() + (r + 1) * H);
     }
+    PickProposals(items, tokens_, logits_, vocab, choose, &proposals);
     return Status::Ok();
   };
 

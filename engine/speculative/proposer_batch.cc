@@ -31,4 +31,30 @@ void AppendProposerRows(const Sequence& seq, int from, int to, std::span<const i
   ++a.num_seqs;
 }
 
+void AppendProposerJobs(const std::vector<size_t>& items,
+                        const std::vector<std::vector<int32_t>>& proposals, bool on_device,
+                        const ProposerDeviceJob& device_job, ForwardBatch* b) {
+  if (!on_device) return;
+  b->penalty_indptr.push_back(0);
+  for (size_t i : items) {
+    SamplingJob job{};
+    const bool drawn = device_job(i, static_cast<int>(proposals[i].size()), &job, &b->penalties);
+    b->device_sampled.push_back(drawn ? 1 : 0);
+    b->sampling_jobs.push_back(drawn ? job : SamplingJob{});
+    b->penalty_indptr.push_back(static_cast<int32_t>(b->penalties.size()));
+  }
+}
+
+void PickProposals(const std::vector<size_t>& items, std::span<const int32_t> tokens,
+                   std::span<float> logits, int vocab, const ProposerChoose& choose,
+                   std::vector<std::vector<int32_t>>* proposals) {
+  for (size_t r = 0; r < items.size(); ++r) {
+    const size_t i = items[r];
+    const int32_t drawn = r < tokens.size() ? tokens[r] : -1;
+    const std::span<float> row =
+        drawn >= 0 ? std::span<float>() : logits.subspan(r * static_cast<size_t>(vocab), vocab);
+    (*proposals)[i].push_back(choose(i, static_cast<int>((*proposals)[i].size()), drawn, row));
+  }
+}
+
 }  // namespace llm

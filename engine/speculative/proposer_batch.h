@@ -34,4 +34,17 @@ ForwardBatch EmptyProposerBatch();
 void AppendProposerRows(const Sequence& seq, int from, int to, std::span<const int32_t> tokens,
                         int block_size, const BlockAllocator& allocator, ForwardBatch* b);
 
+// The device sampling jobs of a forward whose logit rows are one per item of `items`, in order:
+// item i's next draft is its (*proposals)[i].size()-th. Nothing on a network that samples on the
+// host (on_device false).
+void AppendProposerJobs(const std::vector<size_t>& items,
+                        const std::vector<std::vector<int32_t>>& proposals, bool on_device,
+                        const ProposerDeviceJob& device_job, ForwardBatch* b);
+
+// After that forward: each item's next draft (the device's token where it drew one, `tokens[r]`
+// >= 0, else `choose` over logit row r of `vocab` values), appended to (*proposals)[item].
+void PickProposals(const std::vector<size_t>& items, std::span<const int32_t> tokens,
+                   std::span<float> logits, int vocab, const ProposerChoose& choose,
+                   std::vector<std::vector<int32_t>>* proposals);
+
 }  // namespace llm
