@@ -7,6 +7,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <memory>
@@ -246,6 +247,63 @@ inline RunResult Run(EngineCore& core, const std::vector<GenerationRequest>& req
     }
   }
   return res;
+}
+
+// The sampled-distribution tests' requests: 1,500 of `prompt`, 3 tokens each (room for one draft
+// after the first), top 8 at temperature 1.5 with `bias` on the prompt's tokens {2, 10, 11, 12}
+// (so that drafts are likely), seeds seed0, seed0 + 1, ...
+inline std::vector<GenerationRequest> SampledWorkload(const std::vector<int32_t>& prompt,
+                                                      float bias, uint64_t seed0) {
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 1500; ++i) {
+    GenerationRequest r;
+    r.request_id = "s" + std::to_string(i);
+    r.prompt_ids = prompt;
+    r.sampling.top_k = 8;
+    r.sampling.seed = seed0 + static_cast<uint64_t>(i);
+    r.sampling.temperature = 1.5f;
+    r.sampling.logit_bias = {{2, bias}, {10, bias}, {11, bias}, {12, bias}};
+    r.stopping.max_tokens = 3;
+    r.stopping.ignore_eos = true;
+    reqs.push_back(std::move(r));
+  }
+  return reqs;
+}
+
+// How often each token came second in a run of SampledWorkload.
+inline std::map<int32_t, int> SecondTokens(const RunResult& res) {
+  std::map<int32_t, int> second;
+  for (const auto& [id, sink] : res.sinks) {
+    REQUIRE(sink->tokens.size() == 3);
+    second[sink->tokens[1]]++;
+  }
+  return second;
+}
+
+// Chi-square test of homogeneity of two equal-sized samples over the tokens seen at least 10 times
+// in all, the rest pooled: fails above the p = 0.001 critical value (Wilson-Hilferty).
+inline void CheckSameDistribution(const std::map<int32_t, int>& plain,
+                                  const std::map<int32_t, int>& spec, const std::string& context) {
+  std::map<int32_t, std::pair<int, int>> cells;
+  for (const auto& [t, c] : plain) cells[t].first += c;
+  for (const auto& [t, c] : spec) cells[t].second += c;
+  std::map<int32_t, std::pair<int, int>> pooled;
+  for (const auto& [t, ab] : cells) {
+    auto& cell = pooled[ab.first + ab.second >= 10 ? t : -1];
+    cell.first += ab.first;
+    cell.second += ab.second;
+  }
+  double chi2 = 0;
+  for (const auto& [t, ab] : pooled) {
+    const double e = (ab.first + ab.second) / 2.0;  // equal sample sizes
+    chi2 += (ab.first - e) * (ab.first - e) / e + (ab.second - e) * (ab.second - e) / e;
+  }
+  const int df = static_cast<int>(pooled.size()) - 1;
+  INFO("chi2 " << chi2 << " over " << df << " degrees of freedom; " << context);
+  REQUIRE(df >= 2);
+  const double z = 3.090;
+  const double h = 2.0 / (9.0 * df);
+  CHECK(chi2 < df * std::pow(1 - h + z * std::sqrt(h), 3));
 }
 
 }  // namespace llm::spec_test

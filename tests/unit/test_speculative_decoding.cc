@@ -299,55 +299,15 @@ TEST_CASE("sampled decoding with n-gram drafts keeps the token distribution",
   const std::vector<int32_t> prompt = {2, 10, 11, 12, 2, 10, 11, 12};
   auto histogram = [&](const std::string& method, uint64_t seed0, int* accepted) {
     auto core = MakeCore(dir.path().string(), method, 2, 400);
-    std::vector<GenerationRequest> reqs;
-    for (int i = 0; i < 1500; ++i) {
-      GenerationRequest r;
-      r.request_id = "s" + std::to_string(i);
-      r.prompt_ids = prompt;
-      r.sampling.top_k = 8;
-      r.sampling.seed = seed0 + static_cast<uint64_t>(i);
-      r.sampling.temperature = 1.5f;
-      r.sampling.logit_bias = {{2, 12.0f}, {10, 12.0f}, {11, 12.0f}, {12, 12.0f}};
-      r.stopping.max_tokens = 3;  // room for one draft after the first token
-      r.stopping.ignore_eos = true;
-      reqs.push_back(std::move(r));
-    }
-    const RunResult res = Run(*core, reqs);
+    const RunResult res = Run(*core, SampledWorkload(prompt, 12.0f, seed0));
     *accepted = res.accepted;
-    std::map<int32_t, int> second;
-    for (const auto& [id, sink] : res.sinks) {
-      REQUIRE(sink->tokens.size() == 3);
-      second[sink->tokens[1]]++;
-    }
-    return second;
+    return SecondTokens(res);
   };
   int accepted_plain = 0, accepted_spec = 0;
   const std::map<int32_t, int> plain = histogram("none", 1, &accepted_plain);
   const std::map<int32_t, int> spec = histogram("ngram", 100000, &accepted_spec);
   CHECK(accepted_spec > 100);
-  // Chi-square test of homogeneity over the tokens seen at least 10 times in all, the rest pooled.
-  std::map<int32_t, std::pair<int, int>> cells;
-  for (const auto& [t, c] : plain) cells[t].first += c;
-  for (const auto& [t, c] : spec) cells[t].second += c;
-  std::map<int32_t, std::pair<int, int>> pooled;
-  for (const auto& [t, ab] : cells) {
-    auto& cell = pooled[ab.first + ab.second >= 10 ? t : -1];
-    cell.first += ab.first;
-    cell.second += ab.second;
-  }
-  double chi2 = 0;
-  for (const auto& [t, ab] : pooled) {
-    const double e = (ab.first + ab.second) / 2.0;  // equal sample sizes
-    chi2 += (ab.first - e) * (ab.first - e) / e + (ab.second - e) * (ab.second - e) / e;
-  }
-  const int df = static_cast<int>(pooled.size()) - 1;
-  INFO("chi2 " << chi2 << " over " << df << " degrees of freedom");
-  REQUIRE(df >= 2);
-  // The p = 0.001 critical value, by the Wilson-Hilferty approximation.
-  const double z = 3.090;
-  const double h = 2.0 / (9.0 * df);
-  const double critical = df * std::pow(1 - h + z * std::sqrt(h), 3);
-  CHECK(chi2 < critical);
+  CheckSameDistribution(plain, spec, "n-gram drafts");
 }
 
 }  // namespace
