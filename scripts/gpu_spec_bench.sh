@@ -43,6 +43,21 @@ for cfg in $CONFIGS; do
     --dataset "$WORKLOAD" --concurrency 1 --temperature 0 --no-progress \
     --fail-on-errors --output-json "$OUT/edit_$tag.json" "${metrics[@]}" \
     > "$OUT/edit_$tag.txt" 2>&1 || { echo "$cfg: edit workload failed"; tail -5 "$OUT/edit_$tag.txt"; }
+  # Where a batch-1 step's time went (engine step-phase histograms, the edit workload alone).
+  [ -n "$mport" ] && python3 - "$mport" <<'PY' > "$OUT/phases_$tag.txt"
+import sys, urllib.request
+m = {}
+for line in urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics").read().decode().splitlines():
+    if line and not line.startswith("#"):
+        k, v = line.rsplit(" ", 1)
+        m[k] = float(v)
+print(f"graph steps {int(m.get('llm_engine_graph_steps_total', 0))}, "
+      f"overlapped {int(m.get('llm_engine_overlapped_steps_total', 0))}")
+for p in ("schedule", "prepare", "forward", "sample", "draft", "verify"):
+    n = m.get(f"llm_engine_step_{p}_seconds_count", 0)
+    s = m.get(f"llm_engine_step_{p}_seconds_sum", 0)
+    print(f"step {p:9s} mean {1e3 * s / max(n, 1):8.4f} ms over {int(n)} steps")
+PY
   timeout 300 "${PYTHON:-python3}" tools/loadgen.py --target 127.0.0.1:$port --proto-python "$PROTO" \
     --input-len 128 --output-len 256 --num-requests $((2 * HIGH)) --concurrency "$HIGH" \
     --temperature 0 --no-progress --fail-on-errors --output-json "$OUT/high_$tag.json" \
@@ -78,3 +93,4 @@ for cfg in configs:
           f"{'-' if mean is None else f'{mean:.2f}'} | "
           f"{h['throughput']['output_token_throughput']:.0f} | {h['latency_ms']['tpot']['p50']:.3f} |")
 PY
+for cfg in $CONFIGS; do echo "phases, edit workload, $cfg:"; cat "$OUT/phases_${cfg/:/_}.txt" 2>/dev/null; done
