@@ -1,7 +1,8 @@
 """transformers' MoE routing, observed and forced (tools/hf_fixtures/gpu_fidelity.py).
 
 RouteHooks wraps the router module of every MoE block of a transformers model (`mlp.gate`, or
-gpt-oss's `mlp.router`, whose class name ends in TopKRouter / TopkRouter). In transformers 5.x
+gpt-oss's `mlp.router`, whose class name ends in TopKRouter / TopkRouter; a layer without one,
+a dense layer, is not an MoE layer). In transformers 5.x
 these return (router_logits, top-k weights, top-k indices) and the block hands the last two to
 its experts:
   GptOssTopKRouter    logits = x W^T + b; top-k of the logits; weights softmax(top-k logits)
@@ -159,14 +160,15 @@ class RouteHooks:
         if self.rule is None:
             return
         for i, layer in enumerate(model.model.layers):
-            mlp = getattr(layer, "mlp", None)
-            gate = getattr(mlp, "gate", None)
-            if gate is None:
-                gate = getattr(mlp, "router", None)
-            if gate is not None and type(gate).__name__.lower().endswith("topkrouter"):
+            # The MoE block: `mlp` in transformers 5 (Mixtral's was block_sparse_moe in 4.x).
+            gates = [getattr(getattr(layer, b, None), g, None)
+                     for b in ("mlp", "block_sparse_moe") for g in ("gate", "router")]
+            gates = [g for g in gates if g is not None and
+                     type(g).__name__.lower().endswith("topkrouter")]
+            if gates:
                 self.blocks.append(i)
-                self.gates[i] = gate
-                gate.forward = self._wrap(i, gate, gate.forward)
+                self.gates[i] = gates[0]
+                gates[0].forward = self._wrap(i, gates[0], gates[0].forward)
         if not self.blocks:
             self.broken = (f"{self.config.model_type}: no router module (mlp.gate / mlp.router "
                            "of a *TopKRouter class) in any layer")
