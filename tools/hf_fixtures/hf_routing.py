@@ -209,6 +209,9 @@ class RouteHooks:
             raise Unsupported(f"the router returned {type(out).__name__}, not (router_logits, "
                               "weights, indices) or (weights, indices)")
         w, idx = out[-2], out[-1]
+        if idx.is_floating_point() or not w.is_floating_point():
+            raise Unsupported(f"the router's last two outputs are {w.dtype} and {idx.dtype}, not "
+                              "(weights, expert indices)")
         k = idx.shape[-1]
         idx2 = idx.reshape(-1, k).long()
         T = idx2.shape[0]
