@@ -314,6 +314,19 @@ def test_a_router_the_rule_does_not_describe_is_refused():
         forward(m, torch.randn(5, H))
     assert not hooks.active() and "weight rule" in hooks.broken
 
+    class ReversedTopKRouter(MixtralTopKRouter):  # Mixtral's weights, but the k smallest logits
+        def forward(self, x):
+            logits = F.linear(x, self.weight)
+            idx = torch.topk(-logits, self.top_k, dim=-1)[1]
+            p = torch.softmax(logits, dim=-1).gather(1, idx)
+            return logits, p / p.sum(dim=-1, keepdim=True), idx
+
+    m = model_of(cfg("mixtral", num_experts_per_tok=2), [Block(ReversedTopKRouter(2))])
+    hooks = RouteHooks(m)
+    with torch.no_grad():
+        forward(m, torch.randn(5, H))
+    assert not hooks.active() and "selection rule" in hooks.broken
+
     class Gate(nn.Module):  # a router of another form: a bare linear layer
         def __init__(self):
             super().__init__()
