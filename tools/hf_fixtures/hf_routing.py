@@ -189,7 +189,7 @@ class RouteHooks:
         E = w.shape[0]
         b = getattr(gate, "bias", None)
         b = b if isinstance(b, torch.Tensor) else None
-        if first is not None and first.numel() == T * E:
+        if isinstance(first, torch.Tensor) and first.numel() == T * E:
             f = first.reshape(T, E).float()
             if not _is_distribution(f):
                 return f
@@ -209,9 +209,11 @@ class RouteHooks:
             raise Unsupported(f"the router returned {type(out).__name__}, not (router_logits, "
                               "weights, indices) or (weights, indices)")
         w, idx = out[-2], out[-1]
-        if idx.is_floating_point() or not w.is_floating_point():
-            raise Unsupported(f"the router's last two outputs are {w.dtype} and {idx.dtype}, not "
-                              "(weights, expert indices)")
+        if not (isinstance(w, torch.Tensor) and isinstance(idx, torch.Tensor)) or \
+                idx.is_floating_point() or not w.is_floating_point():
+                raise Unsupported(f"the router's last two outputs are {type(w).__name__} / "
+                              f"{getattr(w, 'dtype', None)} and {type(idx).__name__} / "
+                              f"{getattr(idx, 'dtype', None)}, not (weights, expert indices)")
         k = idx.shape[-1]
         idx2 = idx.reshape(-1, k).long()
         T = idx2.shape[0]
@@ -236,7 +238,8 @@ class RouteHooks:
         theirs = np.sort(idx2.detach().cpu().numpy(), axis=1)
         # Only where transformers chose in fp32 (a bf16 model's selection may round its scores
         # first; only its logits are used, for tie).
-        fp32 = w.dtype == torch.float32 and (len(out) == 2 or out[0].dtype == torch.float32)
+        fp32 = w.dtype == torch.float32 and (
+            len(out) == 2 or getattr(out[0], "dtype", None) == torch.float32)
         bad = (sets != theirs).any(axis=1) & (margin > self.SELECT_CHECK_MARGIN) & fp32
         if bad.any():
             t = int(np.argmax(bad))
