@@ -209,9 +209,9 @@ class RouteHooks:
             raise Unsupported(f"the router returned {type(out).__name__}, not (router_logits, "
                               "weights, indices) or (weights, indices)")
         w, idx = out[-2], out[-1]
-        if not (isinstance(w, torch.Tensor) and isinstance(idx, torch.Tensor)) or \
-                idx.is_floating_point() or not w.is_floating_point():
-                raise Unsupported(f"the router's last two outputs are {type(w).__name__} / "
+        tensors = isinstance(w, torch.Tensor) and isinstance(idx, torch.Tensor)
+        if not tensors or idx.is_floating_point() or not w.is_floating_point():
+            raise Unsupported(f"the router's last two outputs are {type(w).__name__} / "
                               f"{getattr(w, 'dtype', None)} and {type(idx).__name__} / "
                               f"{getattr(idx, 'dtype', None)}, not (weights, expert indices)")
         k = idx.shape[-1]
