@@ -2,29 +2,37 @@
 machine, which has transformers; shapes the GPU kernels serve, so nothing here is committed).
 
 For each architecture: a tiny transformers model with kernel-sized heads (head_dim 128; MLA with
-the 512 + 64 latent), weights from tools/hf_fixtures/weights.py's generator, saved with
-save_pretrained; llm-dump runs it greedily on the GPU (bf16 weights and cache); transformers' fp32
-eager model then scores the server's whole path in one forward. At every step the gap
-`transformers' top-1 logit - transformers' logit of the server's token` must stay below 0.5: a
-larger gap is a wrong token, not a bf16 near-tie.
+the 512 + 64 latent; gpt_oss_issue at issue 51's shape), weights from
+tools/hf_fixtures/weights.py's generator, saved with save_pretrained; llm-dump runs it greedily on
+the GPU (bf16 weights and cache); transformers' fp32 eager model then scores the server's whole
+path in one forward. At every step the gap is `transformers' top-1 logit - transformers' logit of
+the server's token`.
 
-MoE models whose blocks route through `route_tokens_to_experts` (DeepSeek-V2 / V3) are also
-checked routing by routing (tools/hf_fixtures/hf_routing.py; llm-dump --routing-out gives the
-server's expert sets). A bf16 model's router logits differ from fp32 ones, so at a router
-near-tie it may take another expert set, after which the whole step's logits move by whole logits
-in a random tiny model: the literal gap then says nothing about the arithmetic. For these models:
-  forced  transformers' fp32 model with the server's expert set at every (token, layer): every
-          step's gap must stay below --max-gap (the arithmetic, routing held equal);
-  routing every first routing difference (no difference at an earlier layer of this or an earlier
-          position) must sit at a transformers decision margin (router-logit units) no larger
-          than `tie`: the largest router-logit difference between transformers' own bf16 and
-          fp32 models, both forced to the server's routing (what bf16 moves a router logit by);
-  peer    transformers' own bf16 model decoding greedily, scored by the fp32 model along its own
-          path: the literal gap a bf16 implementation of the reference reaches (reported).
-The literal (free) gap is reported beside them.
+Every divergence (transformers' fp32 top-1 is not the server's token) must be explained
+(tools/hf_fixtures/fidelity_rule.py), else the script exits 1 naming the family, prompt, step,
+gap and the nearest routing margin:
+  near-tie the gap is below --max-gap (0.5): a bf16 near-tie, not a wrong token;
+  routing  (MoE families) a first routing difference (the server's expert set is not
+           transformers' fp32 one, with no difference at an earlier layer of this or an earlier
+           position) at or before the step's position, whose transformers decision margin
+           (router-logit units, tools/hf_fixtures/hf_routing.py) is at most `tie`: the largest
+           router-logit difference between transformers' own bf16 and fp32 models, both forced to
+           the server's routing, on the same prompt and path (what bf16 moves a router logit by).
+A bf16 model's router logits differ from fp32 ones, so at a router near-tie it may take another
+expert set, after which the whole step's logits move by whole logits in a random tiny model: the
+literal gap then says nothing about the arithmetic. Reported beside the rule for MoE families
+(tools/hf_fixtures/hf_routing.py hooks every family's router: gpt-oss, Mixtral, Qwen3-MoE,
+DeepSeek-V2 / V3):
+  forced   transformers' fp32 model with the server's expert set at every (token, layer): the
+           gap with the routing held equal (the arithmetic), per divergence and its worst step;
+  hf bf16  transformers' own bf16 model decoding greedily, scored by the fp32 model along its own
+           path: the literal gap a bf16 implementation of the reference reaches; and per
+           divergence whether transformers' bf16 model, along the server's path, takes the
+           server's token too.
 
     python3 tools/hf_fixtures/gpu_fidelity.py --dump "DIR/.devpack/run llm-dump" [--only a,b]
-        [--max-gap 0.5] [--kv-cache-dtype auto]
+        [--moe] [--max-gap 0.5] [--kv-cache-dtype auto] [--json-out F]
+--moe runs every MoE family (MOE_ARCHS); --only picks entries of GPU_ARCHS; neither runs all.
 """
 
 import argparse
@@ -35,12 +43,14 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 import torch
 import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fidelity_rule as R  # noqa: E402
 import weights as W  # noqa: E402
 from hf_routing import RouteHooks  # noqa: E402
 from make_fixtures import ARCHS, SEED, YARN_ROPE, LLAMA3_ROPE, scale_for  # noqa: E402
@@ -119,6 +129,19 @@ GPU_ARCHS = {
                      layer_types=["sliding_attention", "full_attention"],
                      max_position_embeddings=131072, tie_word_embeddings=False,
                      rope_parameters=copy.deepcopy(ARCHS["gpt_oss"][3]["rope_parameters"]))),
+    # Issue 51's case (tests/gpu/test_gpt_oss_fidelity.cc's IssueShape): hidden 128, 4 layers, 4
+    # query / 2 KV heads, head_dim 64, 8 experts top-2, expert intermediate 64, window 16, YaRN
+    # rope_theta 150000, untied embeddings, GptOssConfig's vocabulary and positions. The CUDA MoE
+    # layer serves it (MoeGemmShapeOk: gate_up n_out 64 % 32, down n_out 128 % 64, k 128 and 64
+    # % 64).
+    "gpt_oss_issue": ("GptOssConfig", "GptOssForCausalLM",
+                      dict(hidden_size=128, intermediate_size=64, num_hidden_layers=4,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                           vocab_size=201088, num_local_experts=8, num_experts_per_tok=2,
+                           sliding_window=16,
+                           layer_types=["sliding_attention", "full_attention"] * 2,
+                           max_position_embeddings=131072, tie_word_embeddings=False,
+                           rope_parameters=copy.deepcopy(ARCHS["gpt_oss"][3]["rope_parameters"]))),
     "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM",
                     dict(hidden_size=512, intermediate_size=1024, moe_intermediate_size=256,
                          num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=16,
@@ -183,11 +206,17 @@ def greedy(model, prompt, steps):
 
 
 def routing_check(hf, hooks, hf16, hooks16, prompt, path, server_rows):
-    """The routing comparison of one request (see the module docstring)."""
-    L = len(prompt) + len(path) - 1
+    """One request's routing analysis (module docstring): None where the hooks gave up, else
+    the free and forced fp32 steps, tie, the count of routing differences and the first ones."""
+    L = len(prompt) + len(path) - 1  # positions the server computed (the last token is not fed)
     srv = {}
     for pos, layer, experts in server_rows:
-        srv[(pos, layer)] = sorted(experts)
+        if pos < L:
+            srv[(pos, layer)] = sorted(experts)
+    layers = sorted({l for (_, l) in srv})
+    if layers != sorted(hooks.blocks):
+        raise RuntimeError(f"the server routes at layers {layers}, transformers at "
+                           f"{sorted(hooks.blocks)}")
     force = {}
     for layer in hooks.blocks:
         sets = [srv.get((p, layer)) for p in range(L)]
@@ -198,34 +227,34 @@ def routing_check(hf, hooks, hf16, hooks16, prompt, path, server_rows):
     free = teacher_forced_gaps(hf, prompt, path)
     if not hooks.active():
         return None
-    chosen = {l: hooks.records[l][1] for l in hooks.blocks}
-    margin = {l: hooks.margins(l, hf) for l in hooks.blocks}
+    hf_sets = {(p, l): hooks.chosen_sets[l][p].tolist() for l in hooks.blocks for p in range(L)}
+    margins = {(p, l): float(hooks.margins(l)[p]) for l in hooks.blocks for p in range(L)}
     # Forced runs, fp32 and bf16: the arithmetic under the server's routing, and bf16's router
     # logit error.
     hooks.force = force
-    forced = teacher_forced_gaps(hf, prompt, path)
+    try:
+        forced = teacher_forced_gaps(hf, prompt, path)
+    finally:
+        hooks.force = None
     l32 = {l: hooks.records[l][0] for l in hooks.blocks}
-    hooks.force = None
     hooks16.force = force
-    teacher_forced_gaps(hf16, prompt, path)
-    hooks16.force = None
+    try:
+        teacher_forced_gaps(hf16, prompt, path)
+    finally:
+        hooks16.force = None
     if not (hooks.active() and hooks16.active()):
         return None
     tie = max(float((hooks16.records[l][0] - l32[l]).abs().max()) for l in hooks.blocks)
-    diffs = sorted((p, l) for l in hooks.blocks for p in range(L)
-                   if sorted(int(e) for e in chosen[l][p]) != srv[(p, l)])
-    primary = [(p, l) for (p, l) in diffs
-               if not any(p2 <= p and l2 < l for (p2, l2) in diffs)]
-    return {"free": free, "forced": forced, "tie": tie, "diffs": len(diffs),
-            "primary": [{"position": p, "layer": l, "margin": float(margin[l][p]),
-                         "hf": sorted(int(e) for e in chosen[l][p]), "server": srv[(p, l)]}
-                        for (p, l) in primary]}
+    return {"free": free, "forced": forced, "tie": tie,
+            "diffs": sum(srv[k] != hf_sets[k] for k in srv),
+            "first": R.first_routing_differences(srv, hf_sets, margins)}
 
 
 def run(arch, dump, max_gap, kv_dtype, work, prompt_lens=(7, 33, 150, 400), device="cuda"):
     model_dir = os.path.join(work, arch)
     hf = build(arch, model_dir)
     hooks = RouteHooks(hf)
+    moe = hooks.rule is not None or hooks.broken is not None  # a family with routed experts
     rng = np.random.default_rng(11)
     prompts = [[1] + [int(x) for x in rng.integers(3, 32000, n)] for n in prompt_lens]
     req = {"max_new_tokens": STEPS, "requests": [{"prompt_ids": p} for p in prompts]}
@@ -237,66 +266,105 @@ def run(arch, dump, max_gap, kv_dtype, work, prompt_lens=(7, 33, 150, 400), devi
                                "--device", device, "--logits-top-k", "1", "--block-size", "64",
                                "--num-blocks", "64", "--max-batched-tokens", "512",
                                "--kv-cache-dtype", kv_dtype]
-    if hooks.active():
+    if moe:
         cmd += ["--routing-out", rop]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if p.returncode != 0:
         return {"arch": arch, "status": "load/run failed", "detail": p.stderr.strip()[-400:]}
     with open(op) as f:
         out = json.load(f)
-    routing = None
-    if hooks.active():
+    routing, hf16, hooks16 = None, None, None
+    if moe:
         with open(rop) as f:
             routing = json.load(f)["requests"]
         dev = "cuda" if torch.cuda.is_available() else "cpu"
         hf16 = getattr(transformers, GPU_ARCHS[arch][1]).from_pretrained(
             model_dir, dtype=torch.bfloat16, attn_implementation="eager").to(dev).eval()
         hooks16 = RouteHooks(hf16)
-    worst, worst_forced, diverged, rows = 0.0, 0.0, 0, []
-    tie, n_diffs, primary, peer = 0.0, 0, [], 0.0
+    res = {"arch": arch, "steps": 0, "max_gap": 0.0, "rows": []}
+    ties, firsts, n_diffs, worst_forced, peer = [], [], 0, 0.0, 0.0
     for i, (prompt, r) in enumerate(zip(prompts, out["requests"])):
         path = r["output_ids"]
+        res["steps"] += len(path)
         rc = None
-        if routing is not None and hooks.active() and hooks16.active():
+        if moe and hooks.active() and hooks16.active():
             rc = routing_check(hf, hooks, hf16, hooks16, prompt, path, routing[i]["routing"])
         if rc is not None:
-            free, forced = rc["free"], rc["forced"]
-            tie = max(tie, rc["tie"])
+            free, forced, tie, first = rc["free"], rc["forced"], rc["tie"], rc["first"]
+            ties.append(tie)
             n_diffs += rc["diffs"]
-            primary += [dict(x, prompt_len=len(prompt)) for x in rc["primary"]]
+            firsts += [dict(x, prompt_len=len(prompt), tie=tie) for x in first]
             worst_forced = max([worst_forced] + [g for g, _, _ in forced])
             own = greedy(hf16, prompt, len(path))
             peer = max([peer] + [g for g, _, _ in teacher_forced_gaps(hf, prompt, own)])
         else:
             free = teacher_forced_gaps(hf, prompt, path)
-        for k, (gap, top, rank) in enumerate(free):
-            if top != path[k]:
-                diverged += 1
-                rows.append({"prompt_len": len(prompt), "step": k, "server": path[k],
-                             "hf_top": top, "gap": gap, "rank": rank})
-            worst = max(worst, gap)
-    res = {"arch": arch, "steps": sum(len(r["output_ids"]) for r in out["requests"]),
-           "divergences": diverged, "max_gap": worst,
-           "worst": sorted(rows, key=lambda r: -r["gap"])[:5]}
-    if routing is None or not hooks.active() or not hooks16.active():
-        res["status"] = "ok" if worst <= max_gap else "FAIL"
-        if hooks.broken or (routing is not None and hooks16.broken):
-            res["detail"] = "routing hooks off: " + str(hooks.broken or hooks16.broken)
+            forced, tie, first = None, None, []
+        steps = [{"server": path[k], "hf_top": top, "gap": gap,
+                  "forced": None if forced is None else forced[k][0]}
+                 for k, (gap, top, _) in enumerate(free)]
+        rows = R.classify_steps(steps, len(prompt), first, tie, max_gap)
+        if rows and hf16 is not None:
+            # Information only: does transformers' own bf16 model, along the same path, take the
+            # server's token where its fp32 model does not?
+            low = teacher_forced_gaps(hf16, prompt, path)
+            for row in rows:
+                row["hf_bf16_top"] = low[row["step"]][1]
+        res["rows"] += [dict(x, prompt_len=len(prompt), tie=tie) for x in rows]
+        res["max_gap"] = max([res["max_gap"]] + [g for g, _, _ in free])
+    res.update(R.tally(res["rows"]))
+    res["status"] = "ok" if res[R.UNEXPLAINED] == 0 else "FAIL"
+    if moe and not (hooks.active() and hooks16 is not None and hooks16.active()):
+        res["status"] = "FAIL"
+        res["detail"] = "routing hooks off: " + str(hooks.broken or hooks16.broken)
         return res
-    worst_margin = max([x["margin"] for x in primary], default=0.0)
-    res.update({"forced_max_gap": worst_forced, "routing_diffs": n_diffs,
-                "primary_diffs": len(primary), "primary_max_margin": worst_margin, "tie": tie,
-                "hf_bf16_max_gap": peer,
-                "primary": sorted(primary, key=lambda x: -x["margin"])[:8]})
-    ok = worst <= max_gap or (worst_forced <= max_gap and worst_margin <= tie)
-    res["status"] = "ok" if ok else "FAIL"
+    if moe:
+        res.update({"forced_max_gap": worst_forced, "routing_diffs": n_diffs,
+                    "first_diffs": len(firsts),
+                    "first_max_margin": max([x["margin"] for x in firsts], default=0.0),
+                    "first_beyond_tie": [x for x in firsts if x["margin"] > x["tie"]],
+                    "tie": max(ties, default=0.0), "hf_bf16_max_gap": peer})
     return res
+
+
+MOE_ARCHS = ["mixtral", "qwen3_moe", "gpt_oss", "gpt_oss_issue", "deepseek_v2", "deepseek_v3"]
+
+
+def print_report(results):
+    nan = float("nan")
+    print(f"{'arch':14s} {'status':7s} {'steps':>5s} {'diverged':>8s} {'near-tie':>8s} "
+          f"{'routing':>7s} {'unexpl.':>7s} {'max gap':>7s} {'forced':>7s} {'route diffs':>11s} "
+          f"{'first':>5s} {'max margin':>10s} {'tie':>7s} {'hf bf16':>7s}")
+    for r in results:
+        print(f"{r['arch']:14s} {r['status']:7s} {r.get('steps', 0):5d} "
+              f"{r.get('divergences', 0):8d} {r.get(R.NEAR_TIE, 0):8d} {r.get(R.ROUTING, 0):7d} "
+              f"{r.get(R.UNEXPLAINED, 0):7d} {r.get('max_gap', nan):7.3f} "
+              f"{r.get('forced_max_gap', nan):7.3f} {r.get('routing_diffs', 0):11d} "
+              f"{r.get('first_diffs', 0):5d} {r.get('first_max_margin', nan):10.4f} "
+              f"{r.get('tie', nan):7.4f} {r.get('hf_bf16_max_gap', nan):7.3f}")
+    for r in results:
+        if r.get("detail"):
+            print(f"{r['arch']}: {r['status']}: {r['detail']}")
+        for row in r.get("rows", []):
+            line = R.describe(r["arch"], row["prompt_len"], row, row["tie"])
+            if "hf_bf16_top" in row:
+                same = row["hf_bf16_top"] == row["server"]
+                line += f"; transformers' bf16 model {'also takes' if same else 'does not take'} " \
+                        "the server's token here"
+            print(("UNEXPLAINED " if row["cause"] == R.UNEXPLAINED else "  ") + line)
+        for x in r.get("first_beyond_tie", []):
+            print(f"  {r['arch']}: note: a first routing difference beyond tie (no divergence "
+                  f"follows from it unless listed above): prompt of {x['prompt_len']} tokens, "
+                  f"position {x['position']}, layer {x['layer']}, margin {x['margin']:.4g} > tie "
+                  f"{x['tie']:.4g}, transformers {x['hf']} vs server {x['server']}")
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dump", required=True)
-    ap.add_argument("--only", default="")
+    ap.add_argument("--only", default="", help="comma-separated entries of GPU_ARCHS")
+    ap.add_argument("--moe", action="store_true",
+                    help="every MoE family (" + ", ".join(MOE_ARCHS) + "), besides --only's")
     ap.add_argument("--max-gap", type=float, default=0.5)
     ap.add_argument("--kv-cache-dtype", default="auto")
     ap.add_argument("--json-out")
@@ -304,33 +372,29 @@ def main():
                     help="prompt lengths after the BOS token")
     ap.add_argument("--device", default="cuda", help="the server's device (cpu: the oracle)")
     a = ap.parse_args()
-    archs = [x for x in a.only.split(",") if x] or list(GPU_ARCHS)
+    archs = [x for x in a.only.split(",") if x]
+    if a.moe:
+        archs += [x for x in MOE_ARCHS if x not in archs]
+    archs = archs or list(GPU_ARCHS)
+    unknown = [x for x in archs if x not in GPU_ARCHS]
+    if unknown:
+        ap.error(f"unknown entries {unknown}; known: {', '.join(GPU_ARCHS)}")
     results = []
+    lens = [int(x) for x in a.prompt_lens.split(",")]
     with tempfile.TemporaryDirectory() as work:
         for arch in archs:
+            t0 = time.time()
             try:
-                lens = [int(x) for x in a.prompt_lens.split(",")]
                 results.append(run(arch, a.dump, a.max_gap, a.kv_cache_dtype, work, lens,
                                    a.device))
             except Exception as e:  # one architecture's failure must not hide the others
                 results.append({"arch": arch, "status": "error", "detail": repr(e)[-400:]})
+            results[-1]["seconds"] = time.time() - t0
+            print(f"{arch}: {results[-1]['status']} ({results[-1]['seconds']:.0f} s)", flush=True)
     if a.json_out:
         with open(a.json_out, "w") as f:
             json.dump(results, f, indent=1)
-    print(f"{'arch':14s} {'status':18s} {'steps':>6s} {'diverged':>9s} {'max gap':>8s} "
-          f"{'forced':>7s} {'route diffs':>11s} {'primary':>8s} {'max margin':>10s} "
-          f"{'tie':>7s} {'hf bf16':>8s}")
-    nan = float("nan")
-    for r in results:
-        print(f"{r['arch']:14s} {r['status']:18s} {r.get('steps', 0):6d} "
-              f"{r.get('divergences', 0):9d} {r.get('max_gap', nan):8.3f} "
-              f"{r.get('forced_max_gap', nan):7.3f} {r.get('routing_diffs', 0):11d} "
-              f"{r.get('primary_diffs', 0):8d} {r.get('primary_max_margin', nan):10.4f} "
-              f"{r.get('tie', nan):7.4f} {r.get('hf_bf16_max_gap', nan):8.3f}")
-        if r["status"] != "ok" or r.get("primary"):
-            print("   ", r.get("detail") or r.get("worst"))
-            if r.get("primary"):
-                print("    primary routing differences:", r["primary"])
+    print_report(results)
     return 0 if all(r["status"] == "ok" for r in results) else 1
 
 
