@@ -649,7 +649,7 @@ StepRecord EngineCore::StepInner() {
     HoldPlaceholders(std::move(in.row_seq));
   } else {
     EmitTokens(in, states, device_tokens);
-    EmitDrafted(in, states, &record);
+    EmitDrafted(in, states, device_tokens, &record);
     KeepHiddenStates(sched, in);
   }
   record.sample_s = Seconds(Clock::now() - t3);
@@ -692,10 +692,24 @@ StepBatch EngineCore::BuildInputs(const SchedulerOutput& sched, const StepStates
   const int vocab = model_->config().vocab_size;
   std::vector<StepBatch::MaskRow> mask_rows;
   const DeviceJobFn device_job = [this, &states, vocab, &mask_rows](size_t k, const Sequence& seq,
-                                                                    SamplingJob* job,
+                                                                    int draft_row, SamplingJob* job,
                                                                     ForwardBatch* batch) {
     RequestState& rs = *states[k];
     if (rs.request.sampling.logprobs != 0 || logits_observer_) return false;
+    if (draft_row >= 0) {
+      // A drafted sequence's rows are drawn on the device where the drafts are one-hot (n-gram,
+      // greedy drafts: no q to weigh against) and unconstrained (a grammar masks each row by its
+      // state after the drafts before it, on the host): each row is its own draw from the
+      // target after the earlier drafts, penalties counting them as generated.
+      if (rs.matcher || !rs.draft_q.empty()) return false;
+      std::vector<PenaltyEntry> entries;
+      *job = rs.sampler->DeviceJob(seq.prompt_ids, seq.output_ids, &entries);
+      if (HasPenalties(rs.request.sampling)) {
+        for (int d = 0; d < draft_row; ++d) CountGenerated(&entries, seq.draft_ids[d]);
+      }
+      batch->penalties.insert(batch->penalties.end(), entries.begin(), entries.end());
+      return true;
+    }
     *job = rs.sampler->DeviceJob(seq.prompt_ids, seq.output_ids, &batch->penalties);
     if (rs.matcher) {  // the mask rides with the job, filled by FillMasks
       batch->mask_words = (vocab + 31) / 32;

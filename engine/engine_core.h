@@ -249,7 +249,8 @@ class EngineCore {
   // After a synchronous forward: verifies each drafted sequence's rows (in.drafted) on the host,
   // streams the accepted tokens and the target's next one through OnToken, one at a time (a
   // finish drops the rest), and tells the scheduler how many were accepted.
-  void EmitDrafted(const StepBatch& in, const StepStates& states, StepRecord* record);
+  void EmitDrafted(const StepBatch& in, const StepStates& states,
+                   const std::vector<int32_t>& device_tokens, StepRecord* record);
   // Hands the forward's routing_trace_ to the observer; `entries` are the batch's sequences.
   void ReportRouting(const AttentionBatch& batch, const std::vector<StepRecord::Entry>& entries);
 

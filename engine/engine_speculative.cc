@@ -21,21 +21,6 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-bool HasPenalties(const SamplingParams& p) {
-  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
-}
-
-// Counts one more generated `token` in a row's penalty entries (as Sampler::UpdatePenalties
-// would after the token were appended).
-void CountGenerated(std::vector<PenaltyEntry>* entries, int32_t token) {
-  for (PenaltyEntry& e : *entries) {
-    if (e.token != token) continue;
-    e.generated_count = e.generated_count < 0 ? 1 : e.generated_count + 1;
-    return;
-  }
-  entries->push_back({token, 1, 0.0f});
-}
-
 }  // namespace
 
 bool EngineCore::Speculates(const RequestState& st) const {
@@ -264,7 +249,8 @@ void EngineCore::KeepHiddenStates(const SchedulerOutput& sched, const StepBatch&
   }
 }
 
-void EngineCore::EmitDrafted(const StepBatch& in, const StepStates& states, StepRecord* record) {
+void EngineCore::EmitDrafted(const StepBatch& in, const StepStates& states,
+                             const std::vector<int32_t>& device_tokens, StepRecord* record) {
   if (in.drafted.empty()) return;
   const auto t0 = std::chrono::steady_clock::now();
   const int vocab = model_->config().vocab_size;
@@ -321,7 +307,13 @@ void EngineCore::EmitDrafted(const StepBatch& in, const StepStates& states, Step
       LLM_CHECK_EQ(rs.draft_q.size(), draft.size());
       draft_probs = [&](int j) { return rs.draft_q[j]; };
     }
-    const VerifyResult v = params.greedy()
+    const auto device_token = [&](int j) {
+      const int32_t t = device_tokens.at(static_cast<size_t>(d.first_row + j));
+      LLM_CHECK(t >= 0) << "no device token for draft row " << j;
+      return t;
+    };
+    const VerifyResult v = d.on_device ? VerifyByTargetDraws(draft, device_token)
+                           : params.greedy()
                                ? VerifyGreedy(draft, [&](int j) { return target(j).ids[0]; })
                                : VerifySampled(
                                      draft, [&](int j) { return ToTokenProbs(target(j)); },

@@ -34,7 +34,8 @@ StepBatch BuildStepBatch(const SchedulerOutput& sched, const BlockAllocator& all
     attn.page_indptr.push_back(static_cast<int32_t>(attn.page_indices.size()));
     if (!s.samples) continue;
     if (s.num_draft > 0) {
-      out.drafted.push_back({k, seq.id, static_cast<int32_t>(draft_rows.size()), s.num_draft});
+      out.drafted.push_back(
+          {k, seq.id, static_cast<int32_t>(draft_rows.size()), s.num_draft, false});
       const int32_t end = static_cast<int32_t>(batch.token_ids.size());
       for (int32_t r = end - 1 - s.num_draft; r < end; ++r) draft_rows.push_back(r);
       continue;
@@ -44,19 +45,26 @@ StepBatch BuildStepBatch(const SchedulerOutput& sched, const BlockAllocator& all
     batch.logit_rows.push_back(static_cast<int32_t>(batch.token_ids.size()) - 1);
     if (device_sampling) {
       SamplingJob job{};
-      const bool on_device = device_job(k, seq, &job, &batch);
+      const bool on_device = device_job(k, seq, -1, &job, &batch);
       batch.device_sampled.push_back(on_device ? 1 : 0);
       batch.sampling_jobs.push_back(on_device ? job : SamplingJob{});
       batch.penalty_indptr.push_back(static_cast<int32_t>(batch.penalties.size()));
     }
   }
   const int32_t plain_rows = static_cast<int32_t>(batch.logit_rows.size());
-  for (StepBatch::DraftRows& d : out.drafted) d.first_row += plain_rows;
-  for (int32_t r : draft_rows) {
-    batch.logit_rows.push_back(r);
-    if (device_sampling) {  // logits back to the host
-      batch.device_sampled.push_back(0);
-      batch.sampling_jobs.push_back(SamplingJob{});
+  for (StepBatch::DraftRows& d : out.drafted) {
+    d.first_row += plain_rows;
+    const Sequence& seq = *sched.seqs[d.step].seq;
+    for (int j = 0; j <= d.num_draft; ++j) {
+      batch.logit_rows.push_back(draft_rows[d.first_row - plain_rows + j]);
+      if (!device_sampling) continue;
+      SamplingJob job{};
+      if (j == 0)
+        d.on_device = device_job(d.step, seq, 0, &job, &batch);
+      else if (d.on_device)
+        LLM_CHECK(device_job(d.step, seq, j, &job, &batch)) << "draft row " << j;
+      batch.device_sampled.push_back(d.on_device ? 1 : 0);  // else logits back to the host
+      batch.sampling_jobs.push_back(d.on_device ? job : SamplingJob{});
       batch.penalty_indptr.push_back(static_cast<int32_t>(batch.penalties.size()));
     }
   }

@@ -21,13 +21,16 @@ struct StepBatch {
   std::vector<size_t> row_step;   // each such row's index in step_seq (and in sched.seqs)
   // Speculative decoding: a sequence that computes drafts (ScheduledSeq::num_draft > 0) has
   // 1 + num_draft consecutive logit rows, the distributions after its last token and after each
-  // draft. They come after every row of row_seq, are not device-sampled (the host verifies them)
-  // and are not in row_seq.
+  // draft. They come after every row of row_seq and are not in row_seq. Either all of them are
+  // device-sampled (each row drawn from the target's distribution after the drafts before it:
+  // the host compares the tokens with the drafts) or none (their logits come back and the host
+  // verifies the drafts against them).
   struct DraftRows {
     size_t step = 0;  // index in step_seq
     int64_t seq = 0;
     int32_t first_row = 0;  // logit row of the position before the first draft
     int num_draft = 0;
+    bool on_device = false;
   };
   std::vector<DraftRows> drafted;
   // Constrained device-sampled rows: their masks (rows of forward.token_masks) are filled once
@@ -43,12 +46,15 @@ struct StepBatch {
 };
 
 // The device-sampling job of a sequence's logit row (`step_index`: the sequence's index in
-// sched.seqs): appends the row's penalty entries to *penalties and returns true with *job filled
-// when the row is drawn on the device; false when its logits must come back to the host
+// sched.seqs): appends the row's penalty entries to batch->penalties and returns true with *job
+// filled when the row is drawn on the device; false when its logits must come back to the host
 // (logprobs, a logits observer). A constrained row appends room for its token mask to the batch
-// (ForwardBatch::token_masks, mask_words words) and points job->mask_row at it.
-using DeviceJobFn = std::function<bool(size_t step_index, const Sequence& seq, SamplingJob* job,
-                                       ForwardBatch* batch)>;
+// (ForwardBatch::token_masks, mask_words words) and points job->mask_row at it. `draft_row`: -1
+// for a sequence's one logit row; for a drafted sequence, j in [0, num_draft] for its row after
+// the first j drafts (asked in order; the sequence's rows go to the device only if row 0 does, and
+// then every later row must too).
+using DeviceJobFn = std::function<bool(size_t step_index, const Sequence& seq, int draft_row,
+                                       SamplingJob* job, ForwardBatch* batch)>;
 
 // Builds the step's inputs. With `device_sampling` false, no jobs are built and device_job is not
 // called. Every written slot must be in a block this sequence owns alone (CHECKed: a shared,

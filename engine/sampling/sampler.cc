@@ -207,4 +207,17 @@ SampledToken Sampler::Sample(std::span<float> logits, std::span<const int32_t> p
   return out;
 }
 
+bool HasPenalties(const SamplingParams& p) {
+  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+}
+
+void CountGenerated(std::vector<PenaltyEntry>* entries, int32_t token) {
+  for (PenaltyEntry& e : *entries) {
+    if (e.token != token) continue;
+    e.generated_count = e.generated_count < 0 ? 1 : e.generated_count + 1;
+    return;
+  }
+  entries->push_back({token, 1, 0.0f});
+}
+
 }  // namespace llm

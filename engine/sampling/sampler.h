@@ -93,6 +93,14 @@ KeptDistribution SamplingDistribution(std::span<float> logits, const SamplingJob
 SampledToken SampleWithJob(std::span<float> logits, const SamplingJob& job,
                            std::span<const PenaltyEntry> penalties);
 
+// Whether the request's penalties depend on the tokens generated so far (repetition, presence or
+// frequency penalty).
+bool HasPenalties(const SamplingParams& params);
+// Counts one more generated `token` in a row's penalty entries, as Sampler::DeviceJob would give
+// them had the token been appended to the generated ids (speculative decoding: the entries of the
+// row after a draft).
+void CountGenerated(std::vector<PenaltyEntry>* entries, int32_t token);
+
 // Adds each (token, bias) to logits[token] (tokens outside the vocabulary are skipped: Validate
 // refuses them).
 void ApplyLogitBias(std::span<float> logits, std::span<const std::pair<int32_t, float>> bias);

@@ -102,4 +102,9 @@ VerifyResult VerifySampled(std::span<const int32_t> draft,
   return r;
 }
 
+VerifyResult VerifyByTargetDraws(std::span<const int32_t> draft,
+                                 const std::function<int32_t(int)>& target_draw) {
+  return VerifyGreedy(draft, target_draw);  // the same comparison; the rows drew the tokens
+}
+
 }  // namespace llm

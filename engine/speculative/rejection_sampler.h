@@ -48,6 +48,14 @@ struct VerifyResult {
 VerifyResult VerifyGreedy(std::span<const int32_t> draft,
                           const std::function<int32_t(int)>& target_argmax);
 
+// One-hot drafts (n-gram, greedy drafts) verified from the target's own draws: target_draw(j) is
+// a token drawn from p_j (its argmax when greedy), asked in order. Accepting while the draw equals
+// the draft is VerifySampled's rule for a one-hot q: draft x is accepted with probability p(x),
+// and the draw that differs is distributed as p without x, normalised (max(p - q, 0) normalised);
+// all accepted, the last draw is the bonus token.
+VerifyResult VerifyByTargetDraws(std::span<const int32_t> draft,
+                                 const std::function<int32_t(int)>& target_draw);
+
 // Sampled verification: target(j) is the target's processed distribution p_j after draft[0..j)
 // (j = 0 .. draft.size(), asked in order, each at most once); draft_probs(j) the distribution
 // draft[j] was drawn from (an empty function: one-hot, the n-gram case); uniform() a draw in

@@ -44,6 +44,7 @@ class DeviceSamplingModel final : public Model {
     for (size_t r = 0; r < b.logit_rows.size(); ++r) {
       if (b.device_sampled.empty() || !b.device_sampled[r]) {
         all_device = false;
+        ++host_rows;
         continue;
       }
       std::span<float> row(logits->data() + r * v, v);
@@ -88,6 +89,7 @@ class DeviceSamplingModel final : public Model {
   size_t kv_bytes_per_block() const override { return inner_->kv_bytes_per_block(); }
   int masked_rows = 0;
   int deferred_launches = 0;
+  int host_rows = 0;  // logit rows returned to the host (not device-sampled)
 
  private:
   Status Run(const ForwardBatch& b) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "device_sampling_model.h"
 #include "engine/engine_core.h"
 #include "speculative_harness.h"
 #include "tiny_checkpoint.h"
@@ -84,7 +85,7 @@ TEST_CASE("speculation pauses above disable_by_batch_size and resumes below it",
 
 // A model that samples on the device and overlaps steps (the synthetic one, whose token is a hash
 // of the fed-back id and the position; a vocabulary of 5 makes drafts match by chance): drafted
-// rows come back as logits while the other rows of the step are sampled on the device, requests
+// rows are drawn on the device beside the step's other rows, requests
 // that opt out still overlap once no speculating request is in the batch, and every token is the
 // one of a run without speculation.
 TEST_CASE("speculation beside device sampling and overlapped steps changes no token",
@@ -308,6 +309,62 @@ TEST_CASE("sampled decoding with n-gram drafts keeps the token distribution",
   const std::map<int32_t, int> spec = histogram("ngram", 100000, &accepted_spec);
   CHECK(accepted_spec > 100);
   CheckSameDistribution(plain, spec, "n-gram drafts");
+}
+
+// On a model that samples on the device, a drafted sequence's rows are drawn there too (one-hot
+// n-gram drafts, no logprobs, no grammar): no logit row comes back to the host, greedy output is
+// the output without speculation (penalties counting the earlier drafts included), and sampled
+// output keeps its distribution (each row its own draw, accepted while it equals the draft).
+TEST_CASE("drafted rows drawn on the device keep greedy tokens and the sampled distribution",
+          "[speculative][engine]") {
+  test::TempDir dir("spec_device_rows");
+  test::TinyLlama("llama", 4).Write(dir.path());
+  test::DeviceSamplingModel* device = nullptr;
+  auto make = [&](const std::string& method) {
+    EngineConfig cfg;
+    cfg.model.model_dir = dir.path().string();
+    cfg.model.block_size = 4;
+    cfg.model.num_kv_blocks = 400;
+    cfg.scheduler.max_num_seqs = 8;
+    cfg.scheduler.max_batched_tokens = 24;
+    cfg.require_tokenizer = false;
+    cfg.speculative.method = method;
+    cfg.speculative.num_speculative_tokens = 3;
+    cfg.speculative.disable_by_batch_size = 0;
+    auto inner = LoadModel(cfg.model);
+    REQUIRE(inner.ok());
+    auto model = std::make_unique<test::DeviceSamplingModel>(std::move(inner).value(), true);
+    device = model.get();
+    auto core = EngineCore::Create(cfg, std::move(model));
+    INFO(core.status().ToString());
+    REQUIRE(core.ok());
+    return std::move(core.value());
+  };
+  SECTION("greedy") {
+    std::vector<GenerationRequest> reqs = GreedyWorkload(7);
+    for (GenerationRequest& r : reqs) r.sampling.logprobs = 0;  // logprobs rows come back
+    auto plain_core = make("none");
+    const RunResult plain = Run(*plain_core, reqs);
+    auto spec_core = make("ngram");
+    const RunResult spec = Run(*spec_core, reqs);
+    CHECK(spec.accepted > 0);
+    CHECK(device->host_rows == 0);
+    for (const auto& [id, sink] : plain.sinks) {
+      INFO(id);
+      CHECK(spec.sinks.at(id)->tokens == sink->tokens);
+    }
+  }
+  SECTION("sampled") {
+    const std::vector<int32_t> prompt = {2, 10, 11, 12, 2, 10, 11, 12};
+    auto plain_core = make("none");
+    const std::map<int32_t, int> plain =
+        SecondTokens(Run(*plain_core, SampledWorkload(prompt, 12.0f, 1)));
+    auto spec_core = make("ngram");
+    const RunResult res = Run(*spec_core, SampledWorkload(prompt, 12.0f, 100000));
+    CHECK(res.accepted > 100);
+    CHECK(device->host_rows == 0);
+    CheckSameDistribution(plain, SecondTokens(res), "n-gram drafts drawn on the device");
+  }
 }
 
 }  // namespace
