@@ -370,6 +370,15 @@ Status CudaMoeLayer::Reserve(int rows, CudaMoeScratch* s) const {
   LLM_RETURN_IF_ERROR(s->slot_of.Alloc(S * 4));
   LLM_RETURN_IF_ERROR(s->tiles.Alloc(static_cast<size_t>(max_tiles) * 3 * 4 + 16));
   LLM_RETURN_IF_ERROR(s->num_tiles.Alloc(16));
+  // The fused routing's partial sums and ticket (small batches; the ticket starts at zero and
+  // every launch leaves it there).
+  const int fused_rows = std::min(rows, cuda::kMoeRouteFusedMaxTokens);
+  LLM_RETURN_IF_ERROR(s->route_partials.Alloc(
+      static_cast<size_t>(cuda::MoeRouteFusedPartials(fused_rows, r_.num_experts, hidden_)) * 4));
+  if (s->route_ticket.ptr == nullptr) {
+    LLM_RETURN_IF_ERROR(s->route_ticket.Alloc(16));
+    GPU_RETURN_IF_ERROR(cudaMemset(s->route_ticket.ptr, 0, 16));
+  }
   LLM_RETURN_IF_ERROR(s->act.Alloc(S * I * 2));
   LLM_RETURN_IF_ERROR(s->y.Alloc(S * H * 2));
   if (SI > 0) {
@@ -384,6 +393,10 @@ Status CudaMoeLayer::Reserve(int rows, CudaMoeScratch* s) const {
     s->large_cap = rows;
   }
   return Status::Ok();
+}
+
+bool CudaMoeLayer::UsesFusedRoute(int T) const {
+  return T <= fused_route_max_tokens_ && cuda::MoeRouteFusedOk(T, hidden_);
 }
 
 bool CudaMoeLayer::TakesLargeBatchPath(int T, const CudaMoeWeights& w) const {
@@ -582,13 +595,6 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
   }
   const bool large = !capturing && T <= s->large_cap && TakesLargeBatchPath(T, w);
 
-  // Router: fp32 input, fp32 weight, no TF32 (a flipped group-limited choice costs a whole
-  // expert set).
-  const float one = 1.0f, zero = 0.0f;
-  BLAS_RETURN_IF_ERROR(cublasGemmEx(ops.blas, CUBLAS_OP_T, CUBLAS_OP_N, E, T, hidden_, &one,
-                                    w.router.ptr, CUDA_R_32F, hidden_, s->x_f32.ptr, CUDA_R_32F,
-                                    hidden_, &zero, s->logits.ptr, CUDA_R_32F, E,
-                                    CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
   cuda::MoeRouteArgs ra = MoeRouteArgsOf(r_);
   ra.logits = s->logits.as<float>();
   ra.bias = w.router_bias.ptr ? w.router_bias.as<float>() : nullptr;
@@ -596,7 +602,6 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
   ra.num_tokens = T;
   ra.topk_ids = s->topk_ids.as<int32_t>();
   ra.topk_w = s->topk_w.as<float>();
-  cuda::LaunchMoeRoute(ra, stream);
 
   cuda::MoePermuteArgs pa;
   pa.topk_ids = ra.topk_ids;
@@ -610,7 +615,30 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
   pa.tiles = s->tiles.as<int32_t>();
   pa.num_tiles = s->num_tiles.as<int32_t>();
   pa.expert_offsets = large ? s->offsets.as<int32_t>() : nullptr;
-  cuda::LaunchMoePermute(pa, stream);
+  if (UsesFusedRoute(T)) {  // router GEMM, routing and permutation in one launch
+    cuda::MoeRouteFusedArgs fa;
+    fa.x = s->x_f32.as<float>();
+    fa.router = w.router.as<float>();
+    fa.hidden = hidden_;
+    fa.logits = s->logits.as<float>();
+    fa.partials = s->route_partials.as<float>();
+    fa.ticket = s->route_ticket.as<uint32_t>();
+    fa.route = ra;
+    fa.permute = pa;
+    if (!cuda::LaunchMoeRouteFused(fa, stream)) {
+      return Internal("CUDA MoE layer: no fused routing for " + std::to_string(T) + " tokens");
+    }
+  } else {
+    // Router: fp32 input, fp32 weight, no TF32 (a flipped group-limited choice costs a whole
+    // expert set).
+    const float one = 1.0f, zero = 0.0f;
+    BLAS_RETURN_IF_ERROR(cublasGemmEx(ops.blas, CUBLAS_OP_T, CUBLAS_OP_N, E, T, hidden_, &one,
+                                      w.router.ptr, CUDA_R_32F, hidden_, s->x_f32.ptr, CUDA_R_32F,
+                                      hidden_, &zero, s->logits.ptr, CUDA_R_32F, E,
+                                      CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+    cuda::LaunchMoeRoute(ra, stream);
+    cuda::LaunchMoePermute(pa, stream);
+  }
   if (large) {
     LLM_RETURN_IF_ERROR(RunLargeBatch(ops, w, x, T, s));
   } else {

@@ -8,6 +8,8 @@
 //   logits [T, E]      = x_f32 @ router^T                      (cuBLAS, fp32 pedantic)
 //   ids, w [T, k]      = MoeRouter's rule                       (one warp per token)
 //   slots by expert    = stable counting sort, tiles of kMoeTileRows rows per expert (MXFP4: 16-64)
+//                        (up to kMoeRouteFusedMaxTokens tokens: these three in one launch,
+//                        LaunchMoeRouteFused, its own fp32 GEMM over the router's rows)
 //   act [S, I]         = silu(x[tok] Wg_e^T) * (x[tok] Wu_e^T)  (grouped GEMM, fused epilogue)
 //                        gpt-oss: (+ expert biases) clamped SwiGLU, CpuMlp::Gate
 //   y [S, hidden]      = act Wd_e^T (+ expert bias)             (grouped GEMM)
@@ -58,6 +60,8 @@ struct CudaMoeWeights {
 struct CudaMoeScratch {
   DeviceBuffer x_f32;  // fp32 [cap, hidden]: the router's input (the caller's norm writes it)
   DeviceBuffer logits, topk_ids, topk_w, sorted_token, slot_of, tiles, num_tiles, act, y;
+  // The fused small-batch routing's partial logits and its ticket (zero between launches).
+  DeviceBuffer route_partials, route_ticket;
   DeviceBuffer shared_act, shared_out;  // the shared experts' [cap, shared I], [cap, hidden]
   int cap = 0;
   // The large-batch path's (CudaMoeLayer::Run): gate_up outputs [rows, 2 I] bf16, the experts'
@@ -119,6 +123,12 @@ class CudaMoeLayer {
   void set_large_batch_gemm(LargeBatchGemm v) { large_batch_gemm_ = v; }
   // Whether Run takes the large-batch path for T rows of weights `w` (outside a capture).
   bool TakesLargeBatchPath(int T, const CudaMoeWeights& w) const;
+  // Batches of at most this many tokens route through cuda::LaunchMoeRouteFused (the router GEMM,
+  // routing and permutation in one launch; at most kMoeRouteFusedMaxTokens), larger ones through
+  // cuBLAS's GEMM, LaunchMoeRoute and LaunchMoePermute; set before a capture (tests and benchmarks
+  // force either: 0 never fuses).
+  void set_fused_route_max_tokens(int v) { fused_route_max_tokens_ = v; }
+  bool UsesFusedRoute(int T) const;
 
   struct Trace {
     std::vector<MoeRoutingDecision>* out = nullptr;  // null: no trace
@@ -162,6 +172,7 @@ class CudaMoeLayer {
   CpuMlp::Gate gate_;
   int large_batch_slots_ = kLargeBatchSlotsPerExpert;
   LargeBatchGemm large_batch_gemm_ = LargeBatchGemm::kAuto;
+  int fused_route_max_tokens_ = cuda::kMoeRouteFusedMaxTokens;
   Mxfp4 mxfp4_ = Mxfp4::kAuto;
 };
 

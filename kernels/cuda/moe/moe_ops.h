@@ -73,6 +73,38 @@ struct MoePermuteArgs {
 };
 void LaunchMoePermute(const MoePermuteArgs& a, void* stream);
 
+// The router GEMM, LaunchMoeRoute and LaunchMoePermute as one launch, for decode steps of at most
+// kMoeRouteFusedMaxTokens tokens (moe_route_fused.cu has the design): logits[t, e] =
+// x[t] . router[e] in fp32 (fixed summation order: the same bits on every run), written to
+// `logits`, then route.* and permute.* exactly as those two launchers write them (route.logits and
+// permute.topk_ids are taken from `logits` and route.topk_ids). `ticket` is one device word,
+// zero before the first launch; every launch leaves it zero again, so the kernel may be captured
+// in a CUDA graph and replayed. `partials` holds MoeRouteFusedPartials(T, E, hidden) floats.
+// False (nothing launched) where MoeRouteFusedOk(T, hidden) does not hold.
+constexpr int kMoeRouteFusedMaxTokens = 16;
+constexpr int kMoeRouteFusedCols = 256;  // router columns (k) per CTA
+inline int MoeRouteFusedSplits(int hidden) {
+  return (hidden + kMoeRouteFusedCols - 1) / kMoeRouteFusedCols;
+}
+inline int64_t MoeRouteFusedPartials(int tokens, int experts, int hidden) {
+  return int64_t{MoeRouteFusedSplits(hidden)} * tokens * experts;
+}
+// Whether the fused kernel serves T tokens of `hidden` (float4 loads of the rows).
+inline bool MoeRouteFusedOk(int tokens, int hidden) {
+  return tokens >= 1 && tokens <= kMoeRouteFusedMaxTokens && hidden > 0 && hidden % 4 == 0;
+}
+struct MoeRouteFusedArgs {
+  const float* x = nullptr;       // fp32 [T, hidden] (T = route.num_tokens)
+  const float* router = nullptr;  // fp32 [E, hidden]
+  int hidden = 0;
+  float* logits = nullptr;    // fp32 [T, E], out
+  float* partials = nullptr;  // fp32 [MoeRouteFusedSplits(hidden), T, E], scratch
+  uint32_t* ticket = nullptr;
+  MoeRouteArgs route;      // num_tokens, the rule, bias, logit_bias, topk_ids, topk_w
+  MoePermuteArgs permute;  // num_slots = T * top_k, the rest as LaunchMoePermute's
+};
+[[nodiscard]] bool LaunchMoeRouteFused(const MoeRouteFusedArgs& a, void* stream);
+
 // One grouped GEMM over the tiles of LaunchMoePermute, weights bf16 or fp8 e4m3, streamed from
 // global memory once per tile. fp8 scales (MoeGemmScales, device fp32): per expert, per weight row
 // (a checkpoint's per-channel or differing per-tensor scales), or per 128x128 block (DeepSeek-V3's
