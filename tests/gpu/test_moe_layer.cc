@@ -409,6 +409,45 @@ TEST_CASE("MoE layer matches CpuMoe (bf16 and fp8 experts, batch 1..300, both GE
   }
 }
 
+// Small batches have the down GEMM combine (the last tile of each column block sums its columns
+// for every token): the same bits as LaunchMoeCombine, with shared experts (the dense group's
+// tiles take tickets too) and without, bf16 and fp8 experts, and both GEMM paths' routing.
+TEST_CASE("MoE layer: the down GEMM's combine gives LaunchMoeCombine's bits", "[gpu][moe]") {
+  GPU_TEST_RNG(rng);
+  Ops o;
+  for (const WeightQuant quant : {WeightQuant::kBf16, WeightQuant::kFp8PerTensor}) {
+    for (const bool v3 : {false, true}) {
+      INFO(WeightQuantName(quant) << (v3 ? " v3 routing" : " v2 routing"));
+      TestMoe m;
+      m.routing = v3 ? V3Routing(16, 4) : V2Routing(16, 4);
+      MakeMoe(o.ops, quant, rng, &m);
+      for (const bool shared : {true, false}) {
+        INFO((shared ? "shared experts" : "no shared experts"));
+        CudaMoeWeights& w = m.gpu;
+        const int SI = w.shared.inter;
+        if (!shared) w.shared.inter = 0;  // the same routed experts alone
+        CudaMoeLayer fused(m.routing, m.hidden, m.inter, shared ? m.shared_inter : 0);
+        CudaMoeLayer separate = fused;
+        separate.set_fused_combine_max_tokens(0);
+        for (const int T : {1, 5, 16, 17}) {
+          INFO("batch " << T);
+          CHECK(fused.UsesFusedCombine(T, w) == (T <= cuda::kMoeFusedCombineMaxTokens));
+          CHECK(!separate.UsesFusedCombine(T, w));
+          std::normal_distribution<float> nd(0.f, 1.f);
+          std::vector<float> x(static_cast<size_t>(T) * m.hidden);
+          for (float& v : x) v = RoundBf16(nd(rng));
+          CudaMoeScratch s1, s2;
+          const std::vector<float> a = RunGpu(o, fused, w, m.hidden, x, T, &s1);
+          const std::vector<float> b = RunGpu(o, separate, w, m.hidden, x, T, &s2);
+          REQUIRE(a == b);
+          CHECK(std::any_of(a.begin(), a.end(), [](float v) { return v != 0.f; }));
+        }
+        w.shared.inter = SI;
+      }
+    }
+  }
+}
+
 // gpt-oss's block: router bias, softmax of the top-4 logits, stacked experts with biases, the
 // clamped SwiGLU (limit 7; gate_up values spread wide enough that the clamp bites), no shared
 // experts. The CPU oracle holds gate / up interleaved (row 2 i gate, 2 i + 1 up), as the
@@ -639,8 +678,9 @@ TEST_CASE("MoE layer keeps a checkpoint's fp8 experts and matches CpuMoe on them
   }
 }
 
-// Both routings: the fused kernel at batch 1, 7 and 16 (its ticket must be back at zero after
-// every launch, or the next replay would route nothing), and cuBLAS + the routing kernels at 7.
+// Both routings: the fused kernel at batch 1, 7 and 16 (its ticket, and the down GEMM's combine
+// tickets, must be back at zero after every launch, or the next replay would route or combine
+// nothing), and cuBLAS + the routing kernels at 7.
 TEST_CASE("MoE layer in a CUDA graph replays like eager runs", "[gpu][moe]") {
   GPU_TEST_RNG(rng);
   Ops o;
@@ -679,7 +719,12 @@ TEST_CASE("MoE layer in a CUDA graph replays like eager runs", "[gpu][moe]") {
       CUDA_REQUIRE(cudaStreamSynchronize(o.stream));
       return Download(d_out.as<uint16_t>(), static_cast<size_t>(T) * H);
     };
-    auto ticket = [&] { return Download(s.route_ticket.as<uint32_t>(), 1)[0]; };
+    auto tickets_zero = [&] {  // the routing's and the down GEMM's combine's
+      std::vector<uint32_t> t =
+          Download(s.combine_tickets.as<uint32_t>(), s.combine_tickets.bytes / 4);
+      t.push_back(Download(s.route_ticket.as<uint32_t>(), 1)[0]);
+      return std::all_of(t.begin(), t.end(), [](uint32_t v) { return v == 0; });
+    };
     std::vector<float> x;
     set_input(&x);
     REQUIRE(layer.Run(o.ops, m.gpu, d_x.ptr, T, &s, d_out.ptr, {}).ok());  // warm-up
@@ -701,10 +746,10 @@ TEST_CASE("MoE layer in a CUDA graph replays like eager runs", "[gpu][moe]") {
       CUDA_REQUIRE(cudaGraphLaunch(exec, o.stream));
       if (round % 2 == 1) CUDA_REQUIRE(cudaGraphLaunch(exec, o.stream));  // back to back
       const std::vector<uint16_t> replayed = output();
-      CHECK(ticket() == 0);
+      CHECK(tickets_zero());
       REQUIRE(layer.Run(o.ops, m.gpu, d_x.ptr, T, &s, d_out.ptr, {}).ok());
       const std::vector<uint16_t> eager = output();
-      CHECK(ticket() == 0);
+      CHECK(tickets_zero());
       REQUIRE(replayed == eager);
       std::vector<float> ref(x.size());
       m.cpu.Forward(x.data(), T, {}, ref.data());

@@ -379,6 +379,11 @@ Status CudaMoeLayer::Reserve(int rows, CudaMoeScratch* s) const {
     LLM_RETURN_IF_ERROR(s->route_ticket.Alloc(16));
     GPU_RETURN_IF_ERROR(cudaMemset(s->route_ticket.ptr, 0, 16));
   }
+  if (s->combine_tickets.ptr == nullptr) {  // the down GEMM's combine (small batches)
+    const size_t bytes = static_cast<size_t>(cuda::MoeCombineTickets(hidden_)) * 4;
+    LLM_RETURN_IF_ERROR(s->combine_tickets.Alloc(bytes));
+    GPU_RETURN_IF_ERROR(cudaMemset(s->combine_tickets.ptr, 0, bytes));
+  }
   LLM_RETURN_IF_ERROR(s->act.Alloc(S * I * 2));
   LLM_RETURN_IF_ERROR(s->y.Alloc(S * H * 2));
   if (SI > 0) {
@@ -393,6 +398,11 @@ Status CudaMoeLayer::Reserve(int rows, CudaMoeScratch* s) const {
     s->large_cap = rows;
   }
   return Status::Ok();
+}
+
+bool CudaMoeLayer::UsesFusedCombine(int T, const CudaMoeWeights& w) const {
+  return T <= std::min(fused_combine_max_tokens_, cuda::kMoeFusedCombineMaxTokens) &&
+         !TakesLargeBatchPath(T, w);
 }
 
 bool CudaMoeLayer::UsesFusedRoute(int T) const {
@@ -494,7 +504,8 @@ Status CudaMoeLayer::RunLargeBatch(const CudaLinearOps& ops, const CudaMoeWeight
 }
 
 Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x,
-                              int T, CudaMoeScratch* s, int max_tiles, int tile_rows) const {
+                              int T, CudaMoeScratch* s, int max_tiles, int tile_rows,
+                              void* combine_out) const {
   cudaStream_t stream = ops.stream;
   const bool shared = w.shared.inter > 0;
   cuda::MoeGemmArgs g;
@@ -515,6 +526,17 @@ Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w,
   g.num_tiles = s->num_tiles.as<int32_t>();
   g.max_tiles = max_tiles;
   g.out = s->act.ptr;
+  // The down GEMM's combine (combine_out set: a small batch), from the second GEMM on.
+  cuda::MoeGemmArgs::Combine combine;
+  if (combine_out != nullptr) {
+    combine.slot_of = s->slot_of.as<int32_t>();
+    combine.topk_w = s->topk_w.as<float>();
+    combine.shared = shared ? s->shared_out.ptr : nullptr;
+    combine.num_tokens = T;
+    combine.top_k = r_.top_k;
+    combine.tickets = s->combine_tickets.as<uint32_t>();
+    combine.out = combine_out;
+  }
   if (w.mxfp4) {  // routed experts only (LoadMxfp4 keeps none beside shared experts)
     g.w = w.mx_gate_up.ptr;
     g.mx_scales = w.mx_gate_up_scales.as<uint8_t>();
@@ -534,6 +556,7 @@ Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w,
     g.n_out = hidden_;
     g.k = inter_;
     g.out = s->y.ptr;
+    g.combine = combine;
     if (!cuda::LaunchMoeGemmMxfp4(g, stream)) {
       return Internal("CUDA MoE layer: no MXFP4 GEMM for tiles of " + std::to_string(tile_rows) +
                       " rows");
@@ -567,6 +590,7 @@ Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w,
     g.dense_k = shared_inter_;
     g.dense_out = s->shared_out.ptr;
   }
+  g.combine = combine;
   cuda::LaunchMoeGemm(g, stream);
   return Status::Ok();
 }
@@ -639,13 +663,17 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
     cuda::LaunchMoeRoute(ra, stream);
     cuda::LaunchMoePermute(pa, stream);
   }
+  // Small batches: the down GEMM's last tile per column block combines (no launch of its own).
+  const bool combined = !large && UsesFusedCombine(T, w);
   if (large) {
     LLM_RETURN_IF_ERROR(RunLargeBatch(ops, w, x, T, s));
   } else {
-    LLM_RETURN_IF_ERROR(RunTiled(ops, w, x, T, s, max_tiles, tile_rows));
+    LLM_RETURN_IF_ERROR(RunTiled(ops, w, x, T, s, max_tiles, tile_rows, combined ? out : nullptr));
   }
-  cuda::LaunchMoeCombine(s->y.ptr, pa.slot_of, ra.topk_w, shared ? s->shared_out.ptr : nullptr, T,
-                         K, hidden_, out, stream);
+  if (!combined) {
+    cuda::LaunchMoeCombine(s->y.ptr, pa.slot_of, ra.topk_w, shared ? s->shared_out.ptr : nullptr, T,
+                           K, hidden_, out, stream);
+  }
 
   if (trace.out != nullptr) {
     std::vector<int32_t> ids(S);

@@ -157,7 +157,28 @@ struct MoeGemmArgs {
   MoeGemmScales dense_w_scale;  // fp8 only (expert_stride unused); blocks iff w_scale has them
   int dense_n_out = 0, dense_k = 0;
   void* dense_out = nullptr;  // bf16 [D, dense_n_out]
+  // The down GEMM (silu_mul false) may finish LaunchMoeCombine itself, for small batches: with
+  // combine.out set, the CTAs of each column block draw a ticket (combine.tickets, one per
+  // block, zero before the launch and left zero) after their stores, and the last of the block's
+  // tiles writes out[t, its columns] for every token from `out` (y) and combine.shared with
+  // LaunchMoeCombine's arithmetic (the same bits). One launch fewer; the sum stays in k order.
+  struct Combine {
+    const int32_t* slot_of = nullptr;  // [T * top_k]
+    const float* topk_w = nullptr;     // [T * top_k]
+    const void* shared = nullptr;      // bf16 [T, n_out] (the dense group's dense_out) or null
+    int num_tokens = 0, top_k = 0;
+    uint32_t* tickets = nullptr;  // [MoeCombineTickets(n_out)]
+    void* out = nullptr;          // bf16 [T, n_out]; null: no combine here
+  } combine;
 };
+// Column blocks of the down GEMMs (LaunchMoeGemm's 64 columns, the MXFP4 GEMMs' 32 or more):
+// the tickets MoeGemmArgs::combine needs for n_out outputs.
+inline int MoeCombineTickets(int n_out) {
+  return (n_out + 31) / 32;
+}
+// Batches of at most this many tokens have the down GEMM combine (MoeGemmArgs::combine): one CTA
+// per column block sums every token's top-k rows of those columns.
+constexpr int kMoeFusedCombineMaxTokens = 16;
 constexpr int kMoeGemmK = 64;
 constexpr int kMoeGemmN = 64;  // outputs per CTA (silu_mul: 32 outputs from 64 weight rows)
 inline bool MoeGemmShapeOk(bool silu_mul, int n_out, int k) {

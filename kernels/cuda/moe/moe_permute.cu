@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/common/pdl_launch.cuh"
 #include "kernels/cuda/common/ptx_ops.cuh"
+#include "kernels/cuda/moe/moe_combine.cuh"
 #include "kernels/cuda/moe/moe_ops.h"
 #include "kernels/cuda/moe/moe_permute.cuh"
 
@@ -25,35 +26,7 @@ __global__ void MoeCombineKernel(const __nv_bfloat16* y, const int32_t* slot_of,
   ptx::GridDependencySync();  // launched with LaunchPdl
   const int t = blockIdx.x;
   for (int i = threadIdx.x * 8; i < hidden; i += blockDim.x * 8) {
-    float acc[8] = {};
-    for (int k = 0; k < top_k; ++k) {
-      const int s = slot_of[t * top_k + k];
-      if (s >= num_slots) continue;
-      const float wt = topk_w[t * top_k + k];
-      const uint4 u = *reinterpret_cast<const uint4*>(y + static_cast<size_t>(s) * hidden + i);
-      const auto* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = __bfloat1622float2(h[j]);
-        acc[2 * j] += wt * f.x;
-        acc[2 * j + 1] += wt * f.y;
-      }
-    }
-    if (shared) {
-      const uint4 u = *reinterpret_cast<const uint4*>(shared + static_cast<size_t>(t) * hidden + i);
-      const auto* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = __bfloat1622float2(h[j]);
-        acc[2 * j] += f.x;
-        acc[2 * j + 1] += f.y;
-      }
-    }
-    uint4 o;
-    auto* oh = reinterpret_cast<__nv_bfloat162*>(&o);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) oh[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
-    *reinterpret_cast<uint4*>(out + static_cast<size_t>(t) * hidden + i) = o;
+    moe_combine::CombineChunk(y, slot_of, topk_w, shared, num_slots, top_k, hidden, t, i, out);
   }
 }
 
