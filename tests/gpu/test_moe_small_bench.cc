@@ -1,10 +1,11 @@
 // One MoE layer of Qwen3-30B-A3B, DeepSeek-V2-Lite and gpt-oss-20b (MXFP4 experts) at decode
-// batches of 1, 2, 4 and 8 tokens in a CUDA graph, routed by the fused small-batch kernel
-// (LaunchMoeRouteFused) and by the unfused path (cuBLAS's router GEMM, LaunchMoeRoute,
-// LaunchMoePermute), beside the layer's floor: the bytes it touches (the fp32 router and logit
-// bias, the weights and biases of the experts the batch selects, the shared experts) over the
-// copy rate measured in the same run. Dummy weights; four layers run in turn so that the L2 does
-// not hold the next layer's experts.
+// batches of 1, 2, 4 and 8 tokens in a CUDA graph, three ways: unfused (cuBLAS's router GEMM,
+// LaunchMoeRoute, LaunchMoePermute, the GEMMs, LaunchMoeCombine), the fused small-batch routing
+// (LaunchMoeRouteFused), and that plus the down GEMM's combine (MoeGemmArgs::combine: the
+// layer's default at these batches), beside the layer's floor: the bytes it touches (the fp32
+// router and logit bias, the weights and biases of the experts the batch selects, the shared
+// experts) over the copy rate measured in the same run. Dummy weights; four layers run in turn so
+// that the L2 does not hold the next layer's experts.
 //
 //   build/cuda/tests/gpu_tests "[.bench][moe_small]"
 #include <catch2/catch.hpp>
@@ -30,7 +31,7 @@ namespace {
 
 #define CUDA_REQUIRE(x) REQUIRE((x) == cudaSuccess)
 
-TEST_CASE("MoE layer benchmark: decode batches, fused routing against cuBLAS + route + permute",
+TEST_CASE("MoE layer benchmark: decode batches, fused routing and combine against unfused",
           "[.bench][moe_small]") {
   gpu_test::BenchOps o;
   constexpr int kLayers = 4;
@@ -41,7 +42,7 @@ TEST_CASE("MoE layer benchmark: decode batches, fused routing against cuBLAS + r
   };
   const double copy_rate = gpu_test::MeasureCopyRate(o.stream);
   std::printf("copy rate %.2f TB/s (read + write)\n", copy_rate / 1e12);
-  std::printf("%-16s %5s %-8s %10s %10s %8s %10s\n", "layer", "batch", "routing", "us/layer",
+  std::printf("%-16s %5s %-14s %10s %10s %8s %10s\n", "layer", "batch", "fused", "us/layer",
               "floor us", "x floor", "x unfused");
   for (const Shape sh : {Shape{"qwen3-30b-a3b", 128, 8, 2048, 768, 0, false},
                          Shape{"deepseek-v2-lite", 64, 6, 2048, 1408, 2 * 1408, false},
@@ -90,9 +91,11 @@ TEST_CASE("MoE layer benchmark: decode batches, fused routing against cuBLAS + r
       }
       CUDA_REQUIRE(cudaMemcpy(d_x.ptr, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
       double unfused_us = 0;
-      for (const bool fused : {false, true}) {
-        layer.set_fused_route_max_tokens(fused ? cuda::kMoeRouteFusedMaxTokens : 0);
-        REQUIRE(layer.UsesFusedRoute(T) == fused);
+      for (const int mode : {0, 1, 2}) {  // unfused; fused routing; and the GEMM's combine
+        layer.set_fused_route_max_tokens(mode >= 1 ? cuda::kMoeRouteFusedMaxTokens : 0);
+        layer.set_fused_combine_max_tokens(mode == 2 ? cuda::kMoeFusedCombineMaxTokens : 0);
+        REQUIRE(layer.UsesFusedRoute(T) == (mode >= 1));
+        REQUIRE(layer.UsesFusedCombine(T, w[0]) == (mode == 2));
         std::vector<CudaMoeScratch> s(kLayers);
         for (int l = 0; l < kLayers; ++l) {
           REQUIRE(layer.Reserve(T, &s[l]).ok());
@@ -124,9 +127,10 @@ TEST_CASE("MoE layer benchmark: decode batches, fused routing against cuBLAS + r
         }
         touched /= kLayers;
         const double floor_us = (touched * expert_bytes + fixed_bytes) / copy_rate * 1e6;
-        if (!fused) unfused_us = us;
-        std::printf("%-16s %5d %-8s %10.1f %10.1f %8.2f %10.2f\n", sh.name, T,
-                    fused ? "fused" : "unfused", us, floor_us, us / floor_us, us / unfused_us);
+        if (mode == 0) unfused_us = us;
+        const char* names[] = {"unfused", "route", "route+combine"};
+        std::printf("%-16s %5d %-14s %10.1f %10.1f %8.2f %10.2f\n", sh.name, T, names[mode], us,
+                    floor_us, us / floor_us, us / unfused_us);
         cudaGraphExecDestroy(exec);
         cudaGraphDestroy(graph);
       }
