@@ -431,8 +431,8 @@ TEST_CASE("MoE layer: the down GEMM's combine gives LaunchMoeCombine's bits", "[
         separate.set_fused_combine_max_tokens(0);
         for (const int T : {1, 5, 16, 17}) {
           INFO("batch " << T);
-          CHECK(fused.UsesFusedCombine(T, w) == (T <= cuda::kMoeFusedCombineMaxTokens));
-          CHECK(!separate.UsesFusedCombine(T, w));
+          CHECK(fused.UsesFusedCombine(T) == (T <= cuda::kMoeFusedCombineMaxTokens));
+          CHECK(!separate.UsesFusedCombine(T));
           std::normal_distribution<float> nd(0.f, 1.f);
           std::vector<float> x(static_cast<size_t>(T) * m.hidden);
           for (float& v : x) v = RoundBf16(nd(rng));

@@ -93,7 +93,7 @@ TEST_CASE("MoE layer with MXFP4 experts: a graphed batch gives each token its ba
     {  // the down GEMM's combine (small batches) against LaunchMoeCombine: the same bits
       CudaMoeLayer separate = layer;
       separate.set_fused_combine_max_tokens(0);
-      CHECK(layer.UsesFusedCombine(T, w) == (T <= cuda::kMoeFusedCombineMaxTokens));
+      CHECK(layer.UsesFusedCombine(T) == (T <= cuda::kMoeFusedCombineMaxTokens));
       REQUIRE(separate.Run(o.ops, w, d_x.ptr, T, &s, d_out.ptr, {}).ok());
       CUDA_REQUIRE(cudaStreamSynchronize(o.stream));
       REQUIRE(Download(d_out.as<uint16_t>(), xb.size()) == batch);

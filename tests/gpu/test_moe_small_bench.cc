@@ -95,7 +95,7 @@ TEST_CASE("MoE layer benchmark: decode batches, fused routing and combine agains
         layer.set_fused_route_max_tokens(mode >= 1 ? cuda::kMoeRouteFusedMaxTokens : 0);
         layer.set_fused_combine_max_tokens(mode == 2 ? cuda::kMoeFusedCombineMaxTokens : 0);
         REQUIRE(layer.UsesFusedRoute(T) == (mode >= 1));
-        REQUIRE(layer.UsesFusedCombine(T, w[0]) == (mode == 2));
+        REQUIRE(layer.UsesFusedCombine(T) == (mode == 2));
         std::vector<CudaMoeScratch> s(kLayers);
         for (int l = 0; l < kLayers; ++l) {
           REQUIRE(layer.Reserve(T, &s[l]).ok());

@@ -400,9 +400,8 @@ Status CudaMoeLayer::Reserve(int rows, CudaMoeScratch* s) const {
   return Status::Ok();
 }
 
-bool CudaMoeLayer::UsesFusedCombine(int T, const CudaMoeWeights& w) const {
-  return T <= std::min(fused_combine_max_tokens_, cuda::kMoeFusedCombineMaxTokens) &&
-         !TakesLargeBatchPath(T, w);
+bool CudaMoeLayer::UsesFusedCombine(int T) const {
+  return T <= std::min(fused_combine_max_tokens_, cuda::kMoeFusedCombineMaxTokens);
 }
 
 bool CudaMoeLayer::UsesFusedRoute(int T) const {
@@ -664,7 +663,7 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
     cuda::LaunchMoePermute(pa, stream);
   }
   // Small batches: the down GEMM's last tile per column block combines (no launch of its own).
-  const bool combined = !large && UsesFusedCombine(T, w);
+  const bool combined = !large && UsesFusedCombine(T);
   if (large) {
     LLM_RETURN_IF_ERROR(RunLargeBatch(ops, w, x, T, s));
   } else {

@@ -132,11 +132,11 @@ class CudaMoeLayer {
   // force either: 0 never fuses).
   void set_fused_route_max_tokens(int v) { fused_route_max_tokens_ = v; }
   bool UsesFusedRoute(int T) const;
-  // Batches of at most this many tokens on the tiled path have the down GEMM do the weighted
-  // combine (cuda::MoeGemmArgs::combine: the same bits as LaunchMoeCombine, one launch fewer; at
-  // most kMoeFusedCombineMaxTokens); set before a capture (0: never).
+  // Batches of at most this many tokens on the tiled path (not the large-batch one) have the down
+  // GEMM do the weighted combine (cuda::MoeGemmArgs::combine: the same bits as LaunchMoeCombine,
+  // one launch fewer; at most kMoeFusedCombineMaxTokens); set before a capture (0: never).
   void set_fused_combine_max_tokens(int v) { fused_combine_max_tokens_ = v; }
-  bool UsesFusedCombine(int T, const CudaMoeWeights& w) const;
+  bool UsesFusedCombine(int T) const;
 
   struct Trace {
     std::vector<MoeRoutingDecision>* out = nullptr;  // null: no trace
