@@ -411,7 +411,8 @@ TEST_CASE("MoE layer matches CpuMoe (bf16 and fp8 experts, batch 1..300, both GE
 
 // Small batches have the down GEMM combine (the last tile of each column block sums its columns
 // for every token): the same bits as LaunchMoeCombine, with shared experts (the dense group's
-// tiles take tickets too) and without, bf16 and fp8 experts, and both GEMM paths' routing.
+// tiles take tickets too) and without, bf16 and fp8 experts; batch 17 (both combine apart) is
+// the control.
 TEST_CASE("MoE layer: the down GEMM's combine gives LaunchMoeCombine's bits", "[gpu][moe]") {
   GPU_TEST_RNG(rng);
   Ops o;
@@ -686,6 +687,7 @@ TEST_CASE("MoE layer in a CUDA graph replays like eager runs", "[gpu][moe]") {
   Ops o;
   TestMoe m;
   m.routing = V3Routing(16, 4);
+  m.hidden = 1024;  // the fused routing's grid: 4 column slices, so 4 CTAs draw tickets
   MakeMoe(o.ops, WeightQuant::kBf16, rng, &m);
   const int H = m.hidden;
   struct Case {
