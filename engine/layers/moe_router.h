@@ -1,6 +1,7 @@
 // The MoE gate of one token on the CPU, for every routed-MoE architecture (the CPU models' one
-// router; the CUDA MoE layer's routing kernel, kernels/cuda/moe/moe_route.cu, follows it, one warp
-// per token), and the margin of its decision for the routing trace (Model::set_routing_trace).
+// router; the CUDA MoE layer's routing, kernels/cuda/moe/moe_route.cuh, follows it, one warp per
+// token, in the routing kernel and in the fused small-batch routing), and the margin of its
+// decision for the routing trace (Model::set_routing_trace).
 //
 // Selection, for one token's router logits [E = num_experts] (computed in fp32):
 //   scores  = softmax(logits) or sigmoid(logits), or the logits themselves (kSoftmaxOfTopK)

@@ -1,7 +1,9 @@
 // The device-only MoE layer (engine/layers/cuda/cuda_moe_layer.h) against the CPU oracle: the
 // routing kernel against MoeRouter (random logits, exact ties, group limits), the whole layer
-// against CpuMoe with bf16 and fp8 expert weights at batch 1, 7, 64 and 300, and the layer captured
-// in a CUDA graph and replayed on new inputs against eager runs.
+// against CpuMoe with bf16 and fp8 expert weights at batch 1, 7, 16 (the fused small-batch routing)
+// and 17, 64, 300 (the unfused one), and the layer captured in a CUDA graph and replayed on new
+// inputs against eager runs, with either routing. (The fused routing kernel on its own:
+// test_moe_route_fused.cc.)
 //
 //   build/.../tests/gpu_tests "[moe]"
 #include <catch2/catch.hpp>
@@ -30,6 +32,7 @@
 #include "engine/loader/safetensors.h"
 #include "kernels/cuda/moe/moe_ops.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/moe_routings.h"
 #include "tests/gpu/random_fp8_llama.h"
 
 namespace llm {
@@ -44,47 +47,10 @@ float RoundBf16(float x) {
   return Bf16ToF32(F32ToBf16(x));
 }
 
-MoeRouting V2Routing(int E, int K) {  // softmax, group max, no normalization
-  MoeRouting r;
-  r.num_experts = E;
-  r.top_k = K;
-  r.groups = MoeRouting::Groups::kGroupLimited;
-  r.n_group = 4;
-  r.topk_group = 2;
-  r.scaling = 1.5f;
-  return r;
-}
-
-MoeRouting V3Routing(int E, int K) {  // sigmoid + bias, sum of top two, normalized, scaled
-  MoeRouting r;
-  r.num_experts = E;
-  r.top_k = K;
-  r.scoring = MoeRouting::Scoring::kSigmoid;
-  r.groups = MoeRouting::Groups::kGroupSumTop2;
-  r.n_group = 4;
-  r.topk_group = 2;
-  r.weigh_unbiased = true;
-  r.normalize = true;
-  r.norm_eps = 1e-20f;
-  r.scaling = 2.5f;
-  return r;
-}
-
-MoeRouting GptOssRouting(int E, int K) {  // top-k of the logits, softmax over the selected
-  MoeRouting r;
-  r.num_experts = E;
-  r.top_k = K;
-  r.scoring = MoeRouting::Scoring::kSoftmaxOfTopK;
-  return r;
-}
-
-MoeRouting GreedyRouting(int E, int K) {  // Mixtral / Qwen3-MoE
-  MoeRouting r;
-  r.num_experts = E;
-  r.top_k = K;
-  r.normalize = true;
-  return r;
-}
+using gpu_test::GptOssRouting;
+using gpu_test::GreedyRouting;
+using gpu_test::V2Routing;
+using gpu_test::V3Routing;
 
 // GPU routing of logits [T, E] (+ bias) -> ids, weights.
 void GpuRoute(const MoeRouting& r, const std::vector<float>& logits, const std::vector<float>& bias,
@@ -403,7 +369,9 @@ void CheckAgainstCpu(const Ops& o, const CudaMoeLayer& layer, const CudaMoeWeigh
 
 // Both expert-GEMM paths: the 16-row tiles (forced with INT_MAX slots per expert) and the
 // large-batch path through cuBLAS's grouped GEMM (forced with 0; by default from 64 slots per
-// expert, here batch 300: 1,200 slots over 16 experts).
+// expert, here batch 300: 1,200 slots over 16 experts). Batches up to kMoeRouteFusedMaxTokens
+// route through the fused kernel (with either GEMM path: it writes the large path's expert
+// offsets too), larger ones through cuBLAS's router GEMM and the routing and permutation kernels.
 TEST_CASE("MoE layer matches CpuMoe (bf16 and fp8 experts, batch 1..300, both GEMM paths)",
           "[gpu][moe]") {
   GPU_TEST_RNG(rng);
@@ -427,13 +395,55 @@ TEST_CASE("MoE layer matches CpuMoe (bf16 and fp8 experts, batch 1..300, both GE
                                                   : CudaMoeLayer::LargeBatchGemm::kAuto);
         REQUIRE(CudaMoeLayer::Check(m.routing, m.hidden, m.inter, m.shared_inter).ok());
         CudaMoeScratch s;
-        for (const int T : {1, 7, 64, 300}) {
+        static_assert(cuda::kMoeRouteFusedMaxTokens == 16, "the batches below straddle it");
+        for (const int T : {1, 7, 16, 17, 64, 300}) {
+          CHECK(layer.UsesFusedRoute(T) == (T <= cuda::kMoeRouteFusedMaxTokens));
           // fp8 experts always take the tiles; bf16 ones the large-batch path where it is due.
           CHECK(layer.TakesLargeBatchPath(T, m.gpu) ==
                 (quant == WeightQuant::kBf16 &&
                  int64_t{T} * m.routing.top_k >= int64_t{large_from} * 16));
           CheckAgainstCpu(o, layer, m.gpu, m.cpu, m.hidden, T, 1e-4f, rng, &s);
         }
+      }
+    }
+  }
+}
+
+// Small batches have the down GEMM combine (the last tile of each column block sums its columns
+// for every token): the same bits as LaunchMoeCombine, with shared experts (the dense group's
+// tiles take tickets too) and without, bf16 and fp8 experts; batch 17 (both combine apart) is
+// the control.
+TEST_CASE("MoE layer: the down GEMM's combine gives LaunchMoeCombine's bits", "[gpu][moe]") {
+  GPU_TEST_RNG(rng);
+  Ops o;
+  for (const WeightQuant quant : {WeightQuant::kBf16, WeightQuant::kFp8PerTensor}) {
+    for (const bool v3 : {false, true}) {
+      INFO(WeightQuantName(quant) << (v3 ? " v3 routing" : " v2 routing"));
+      TestMoe m;
+      m.routing = v3 ? V3Routing(16, 4) : V2Routing(16, 4);
+      MakeMoe(o.ops, quant, rng, &m);
+      for (const bool shared : {true, false}) {
+        INFO((shared ? "shared experts" : "no shared experts"));
+        CudaMoeWeights& w = m.gpu;
+        const int SI = w.shared.inter;
+        if (!shared) w.shared.inter = 0;  // the same routed experts alone
+        CudaMoeLayer fused(m.routing, m.hidden, m.inter, shared ? m.shared_inter : 0);
+        CudaMoeLayer separate = fused;
+        separate.set_fused_combine_max_tokens(0);
+        for (const int T : {1, 5, 16, 17}) {
+          INFO("batch " << T);
+          CHECK(fused.UsesFusedCombine(T) == (T <= cuda::kMoeFusedCombineMaxTokens));
+          CHECK(!separate.UsesFusedCombine(T));
+          std::normal_distribution<float> nd(0.f, 1.f);
+          std::vector<float> x(static_cast<size_t>(T) * m.hidden);
+          for (float& v : x) v = RoundBf16(nd(rng));
+          CudaMoeScratch s1, s2;
+          const std::vector<float> a = RunGpu(o, fused, w, m.hidden, x, T, &s1);
+          const std::vector<float> b = RunGpu(o, separate, w, m.hidden, x, T, &s2);
+          REQUIRE(a == b);
+          CHECK(std::any_of(a.begin(), a.end(), [](float v) { return v != 0.f; }));
+        }
+        w.shared.inter = SI;
       }
     }
   }
@@ -669,68 +679,93 @@ TEST_CASE("MoE layer keeps a checkpoint's fp8 experts and matches CpuMoe on them
   }
 }
 
+// Both routings: the fused kernel at batch 1, 7 and 16 (its ticket, and the down GEMM's combine
+// tickets, must be back at zero after every launch, or the next replay would route or combine
+// nothing), and cuBLAS + the routing kernels at 7.
 TEST_CASE("MoE layer in a CUDA graph replays like eager runs", "[gpu][moe]") {
   GPU_TEST_RNG(rng);
   Ops o;
   TestMoe m;
   m.routing = V3Routing(16, 4);
+  m.hidden = 1024;  // the fused routing's grid: 4 column slices, so 4 CTAs draw tickets
   MakeMoe(o.ops, WeightQuant::kBf16, rng, &m);
-  const CudaMoeLayer layer(m.routing, m.hidden, m.inter, m.shared_inter);
-  REQUIRE(layer.graph_safe());
-  const int T = 7, H = m.hidden;
-  CudaMoeScratch s;
-  REQUIRE(layer.Reserve(T, &s).ok());
-  DeviceBuffer d_x, d_out;
-  REQUIRE(d_x.Alloc(static_cast<size_t>(T) * H * 2).ok());
-  REQUIRE(d_out.Alloc(static_cast<size_t>(T) * H * 2).ok());
-  std::normal_distribution<float> nd(0.f, 1.f);
-  auto set_input = [&](std::vector<float>* x) {
-    x->resize(static_cast<size_t>(T) * H);
-    std::vector<uint16_t> xb(x->size());
-    for (size_t i = 0; i < x->size(); ++i) xb[i] = F32ToBf16((*x)[i] = RoundBf16(nd(rng)));
-    CUDA_REQUIRE(
-        cudaMemcpyAsync(d_x.ptr, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice, o.stream));
-    CUDA_REQUIRE(
-        cudaMemcpyAsync(s.x_f32.ptr, x->data(), x->size() * 4, cudaMemcpyHostToDevice, o.stream));
-    CUDA_REQUIRE(cudaStreamSynchronize(o.stream));
+  const int H = m.hidden;
+  struct Case {
+    int T;
+    bool fused;
   };
-  auto output = [&] {
-    CUDA_REQUIRE(cudaStreamSynchronize(o.stream));
-    return Download(d_out.as<uint16_t>(), static_cast<size_t>(T) * H);
-  };
-  std::vector<float> x;
-  set_input(&x);
-  REQUIRE(layer.Run(o.ops, m.gpu, d_x.ptr, T, &s, d_out.ptr, {}).ok());  // warm-up
-  cudaGraph_t graph;
-  CUDA_REQUIRE(cudaStreamBeginCapture(o.stream, cudaStreamCaptureModeThreadLocal));
-  REQUIRE(layer.Run(o.ops, m.gpu, d_x.ptr, T, &s, d_out.ptr, {}).ok());
-  // A trace inside a capture is refused, not silently skipped.
-  std::vector<MoeRoutingDecision> trace;
-  std::vector<int32_t> pos(T, 0);
-  const Status traced = layer.Run(o.ops, m.gpu, d_x.ptr, T, &s, d_out.ptr, {&trace, 0, pos.data()});
-  CUDA_REQUIRE(cudaStreamEndCapture(o.stream, &graph));
-  REQUIRE(!traced.ok());
-  cudaGraphExec_t exec;
-  CUDA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0));
-  for (int round = 0; round < 3; ++round) {
+  for (const Case c : {Case{1, true}, Case{7, true}, Case{16, true}, Case{7, false}}) {
+    const int T = c.T;
+    INFO("batch " << T << (c.fused ? ", fused routing" : ", unfused routing"));
+    CudaMoeLayer layer(m.routing, m.hidden, m.inter, m.shared_inter);
+    if (!c.fused) layer.set_fused_route_max_tokens(0);
+    REQUIRE(layer.UsesFusedRoute(T) == c.fused);
+    REQUIRE(layer.graph_safe());
+    CudaMoeScratch s;
+    REQUIRE(layer.Reserve(T, &s).ok());
+    DeviceBuffer d_x, d_out;
+    REQUIRE(d_x.Alloc(static_cast<size_t>(T) * H * 2).ok());
+    REQUIRE(d_out.Alloc(static_cast<size_t>(T) * H * 2).ok());
+    std::normal_distribution<float> nd(0.f, 1.f);
+    auto set_input = [&](std::vector<float>* x) {
+      x->resize(static_cast<size_t>(T) * H);
+      std::vector<uint16_t> xb(x->size());
+      for (size_t i = 0; i < x->size(); ++i) xb[i] = F32ToBf16((*x)[i] = RoundBf16(nd(rng)));
+      CUDA_REQUIRE(
+          cudaMemcpyAsync(d_x.ptr, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice, o.stream));
+      CUDA_REQUIRE(
+          cudaMemcpyAsync(s.x_f32.ptr, x->data(), x->size() * 4, cudaMemcpyHostToDevice, o.stream));
+      CUDA_REQUIRE(cudaStreamSynchronize(o.stream));
+    };
+    auto output = [&] {
+      CUDA_REQUIRE(cudaStreamSynchronize(o.stream));
+      return Download(d_out.as<uint16_t>(), static_cast<size_t>(T) * H);
+    };
+    auto tickets_zero = [&] {  // the routing's and the down GEMM's combine's
+      std::vector<uint32_t> t =
+          Download(s.combine_tickets.as<uint32_t>(), s.combine_tickets.bytes / 4);
+      t.push_back(Download(s.route_ticket.as<uint32_t>(), 1)[0]);
+      return std::all_of(t.begin(), t.end(), [](uint32_t v) { return v == 0; });
+    };
+    std::vector<float> x;
     set_input(&x);
-    CUDA_REQUIRE(cudaGraphLaunch(exec, o.stream));
-    const std::vector<uint16_t> replayed = output();
+    REQUIRE(layer.Run(o.ops, m.gpu, d_x.ptr, T, &s, d_out.ptr, {}).ok());  // warm-up
+    cudaGraph_t graph;
+    CUDA_REQUIRE(cudaStreamBeginCapture(o.stream, cudaStreamCaptureModeThreadLocal));
     REQUIRE(layer.Run(o.ops, m.gpu, d_x.ptr, T, &s, d_out.ptr, {}).ok());
-    const std::vector<uint16_t> eager = output();
-    REQUIRE(replayed == eager);
-    std::vector<float> ref(x.size());
-    m.cpu.Forward(x.data(), T, {}, ref.data());
-    double d2 = 0, r2 = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      const double d = Bf16ToF32(eager[i]) - ref[i];
-      d2 += d * d;
-      r2 += static_cast<double>(ref[i]) * ref[i];
+    // A trace inside a capture is refused, not silently skipped.
+    std::vector<MoeRoutingDecision> trace;
+    std::vector<int32_t> pos(T, 0);
+    const Status traced =
+        layer.Run(o.ops, m.gpu, d_x.ptr, T, &s, d_out.ptr, {&trace, 0, pos.data()});
+    CUDA_REQUIRE(cudaStreamEndCapture(o.stream, &graph));
+    REQUIRE(!traced.ok());
+    cudaGraphExec_t exec;
+    CUDA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0));
+    for (int round = 0; round < 4; ++round) {
+      INFO("round " << round);
+      set_input(&x);
+      CUDA_REQUIRE(cudaGraphLaunch(exec, o.stream));
+      if (round % 2 == 1) CUDA_REQUIRE(cudaGraphLaunch(exec, o.stream));  // back to back
+      const std::vector<uint16_t> replayed = output();
+      CHECK(tickets_zero());
+      REQUIRE(layer.Run(o.ops, m.gpu, d_x.ptr, T, &s, d_out.ptr, {}).ok());
+      const std::vector<uint16_t> eager = output();
+      CHECK(tickets_zero());
+      REQUIRE(replayed == eager);
+      std::vector<float> ref(x.size());
+      m.cpu.Forward(x.data(), T, {}, ref.data());
+      double d2 = 0, r2 = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        const double d = Bf16ToF32(eager[i]) - ref[i];
+        d2 += d * d;
+        r2 += static_cast<double>(ref[i]) * ref[i];
+      }
+      CHECK(std::sqrt(d2) <= 0.02 * std::sqrt(r2));  // and the inputs changed the output
     }
-    CHECK(std::sqrt(d2) <= 0.02 * std::sqrt(r2));  // and the inputs changed the output
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "engine/layers/cuda/cuda_moe_layer.h"
 #include "kernels/cuda/moe/moe_ops.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/moe_bench_util.h"
 
 namespace llm {
 namespace {
@@ -33,39 +34,9 @@ using cuda::Download;
 
 #define CUDA_REQUIRE(x) REQUIRE((x) == cudaSuccess)
 
-// A stream and a cuBLAS handle (the router's GEMM), bf16 and MXFP4 weights only.
-struct BenchOps {
-  cudaStream_t stream = nullptr;
-  cublasHandle_t blas = nullptr;
-  void* ws = nullptr;
-  CudaLinearOps ops;
-  BenchOps() {
-    CUDA_REQUIRE(cudaStreamCreate(&stream));
-    REQUIRE(cublasCreate(&blas) == CUBLAS_STATUS_SUCCESS);
-    const size_t ws_bytes = 32ull << 20;
-    CUDA_REQUIRE(cudaMalloc(&ws, ws_bytes));
-    REQUIRE(cublasSetStream(blas, stream) == CUBLAS_STATUS_SUCCESS);
-    REQUIRE(cublasSetWorkspace(blas, ws, ws_bytes) == CUBLAS_STATUS_SUCCESS);
-    ops.stream = stream;
-    ops.blas = blas;
-  }
-  ~BenchOps() {
-    cublasDestroy(blas);
-    cudaFree(ws);
-    cudaStreamDestroy(stream);
-  }
-};
-
-// gpt-oss's layer options (router bias, stacked experts with biases, clamped SwiGLU).
-MoeTensorNames GptOssNames() {
-  MoeTensorNames names;
-  names.router = "router";
-  names.router_bias = true;
-  names.stacked_experts = true;
-  names.expert = {"gate_up_proj", "", "down_proj"};
-  names.expert_bias = true;
-  return names;
-}
+using gpu_test::BenchOps;
+using gpu_test::GptOssNames;
+using gpu_test::MeasureCopyRate;
 
 TEST_CASE("MoE layer with MXFP4 experts: a graphed batch gives each token its batch-1 output",
           "[gpu][moe][mxfp4]") {
@@ -119,8 +90,21 @@ TEST_CASE("MoE layer with MXFP4 experts: a graphed batch gives each token its ba
     const std::vector<uint16_t> batch = Download(d_out.as<uint16_t>(), xb.size());
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
+    {  // the down GEMM's combine (small batches) against LaunchMoeCombine: the same bits
+      CudaMoeLayer separate = layer;
+      separate.set_fused_combine_max_tokens(0);
+      CHECK(layer.UsesFusedCombine(T) == (T <= cuda::kMoeFusedCombineMaxTokens));
+      REQUIRE(separate.Run(o.ops, w, d_x.ptr, T, &s, d_out.ptr, {}).ok());
+      CUDA_REQUIRE(cudaStreamSynchronize(o.stream));
+      REQUIRE(Download(d_out.as<uint16_t>(), xb.size()) == batch);
+    }
+    // Each token alone through the routing the batch took: the fused kernel's logits (batches
+    // up to kMoeRouteFusedMaxTokens) are not cuBLAS's bits, and a near-tie could go either way.
+    CudaMoeLayer alone = layer;
+    if (!layer.UsesFusedRoute(T)) alone.set_fused_route_max_tokens(0);
+    REQUIRE(alone.UsesFusedRoute(1) == layer.UsesFusedRoute(T));
     CudaMoeScratch one;
-    REQUIRE(layer.Reserve(1, &one).ok());
+    REQUIRE(alone.Reserve(1, &one).ok());
     DeviceBuffer d_out1;
     REQUIRE(d_out1.Alloc(H * 2).ok());
     double rms = 0;
@@ -130,7 +114,7 @@ TEST_CASE("MoE layer with MXFP4 experts: a graphed batch gives each token its ba
     for (int t = 0; t < T; ++t) {
       CUDA_REQUIRE(cudaMemcpy(one.x_f32.ptr, x.data() + static_cast<size_t>(t) * H, H * 4,
                               cudaMemcpyHostToDevice));
-      REQUIRE(layer
+      REQUIRE(alone
                   .Run(o.ops, w, d_x.as<uint16_t>() + static_cast<size_t>(t) * H, 1, &one,
                        d_out1.ptr, {})
                   .ok());
@@ -144,32 +128,6 @@ TEST_CASE("MoE layer with MXFP4 experts: a graphed batch gives each token its ba
     }
   }
   CHECK(tile_sizes == std::set<int>{16, 32, 64});
-}
-
-// The device-to-device copy rate of this GPU now (bytes read plus bytes written per second, the
-// best of five 1 GiB copies): the floor of the benchmarks that measure it in their own run.
-double MeasureCopyRate(cudaStream_t stream) {
-  const size_t bytes = 1ull << 30;
-  DeviceBuffer src, dst;
-  REQUIRE(src.Alloc(bytes).ok());
-  REQUIRE(dst.Alloc(bytes).ok());
-  CUDA_REQUIRE(cudaMemsetAsync(src.ptr, 1, bytes, stream));
-  cudaEvent_t e0, e1;
-  CUDA_REQUIRE(cudaEventCreate(&e0));
-  CUDA_REQUIRE(cudaEventCreate(&e1));
-  float best_ms = 1e30f;
-  for (int i = 0; i < 7; ++i) {
-    CUDA_REQUIRE(cudaEventRecord(e0, stream));
-    CUDA_REQUIRE(cudaMemcpyAsync(dst.ptr, src.ptr, bytes, cudaMemcpyDeviceToDevice, stream));
-    CUDA_REQUIRE(cudaEventRecord(e1, stream));
-    CUDA_REQUIRE(cudaEventSynchronize(e1));
-    float ms = 0;
-    CUDA_REQUIRE(cudaEventElapsedTime(&ms, e0, e1));
-    if (i >= 2) best_ms = std::min(best_ms, ms);  // the first two warm up
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  return 2.0 * bytes / (best_ms * 1e-3);
 }
 
 // gpt-oss-20b's MoE layer (32 experts, top-4, hidden 2880, expert intermediate 2880, router and
@@ -250,23 +208,7 @@ TEST_CASE("MoE layer benchmark: gpt-oss-20b shapes, MXFP4 against bf16 experts",
       run_all();
       CUDA_REQUIRE(cudaStreamEndCapture(o.stream, &graph));
       CUDA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0));
-      for (int i = 0; i < 10; ++i) CUDA_REQUIRE(cudaGraphLaunch(exec, o.stream));
-      cudaEvent_t e0, e1;
-      CUDA_REQUIRE(cudaEventCreate(&e0));
-      CUDA_REQUIRE(cudaEventCreate(&e1));
-      std::vector<float> per_layer;
-      constexpr int kReplays = 20;
-      for (int rep = 0; rep < 7; ++rep) {
-        CUDA_REQUIRE(cudaEventRecord(e0, o.stream));
-        for (int i = 0; i < kReplays; ++i) CUDA_REQUIRE(cudaGraphLaunch(exec, o.stream));
-        CUDA_REQUIRE(cudaEventRecord(e1, o.stream));
-        CUDA_REQUIRE(cudaEventSynchronize(e1));
-        float ms = 0;
-        CUDA_REQUIRE(cudaEventElapsedTime(&ms, e0, e1));
-        per_layer.push_back(ms * 1000.f / (kReplays * kLayers));
-      }
-      std::sort(per_layer.begin(), per_layer.end());
-      const double us = per_layer[per_layer.size() / 2];
+      const double us = gpu_test::MedianGraphUs(exec, o.stream) / kLayers;
       double touched = 0;  // experts per layer, from the routing the graph computed
       for (int l = 0; l < kLayers; ++l) {
         const std::vector<int32_t> ids = Download(s[l].topk_ids.as<int32_t>(), T * K);
@@ -282,8 +224,6 @@ TEST_CASE("MoE layer benchmark: gpt-oss-20b shapes, MXFP4 against bf16 experts",
       std::printf("%-6s %-5d %5d %10.1f %10.1f %8.2f %10.2f\n", mx ? "mxfp4" : "bf16", T,
                   mx ? cuda::MoeMxfp4TileRows(T, K, E) : cuda::kMoeTileRows, us, floor_us,
                   us / floor_us, mx ? us / bf16_us[bi] : 1.0);
-      cudaEventDestroy(e0);
-      cudaEventDestroy(e1);
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
     }

@@ -370,6 +370,20 @@ Status CudaMoeLayer::Reserve(int rows, CudaMoeScratch* s) const {
   LLM_RETURN_IF_ERROR(s->slot_of.Alloc(S * 4));
   LLM_RETURN_IF_ERROR(s->tiles.Alloc(static_cast<size_t>(max_tiles) * 3 * 4 + 16));
   LLM_RETURN_IF_ERROR(s->num_tiles.Alloc(16));
+  // The fused routing's partial sums and ticket (small batches; the ticket starts at zero and
+  // every launch leaves it there).
+  const int fused_rows = std::min(rows, cuda::kMoeRouteFusedMaxTokens);
+  LLM_RETURN_IF_ERROR(s->route_partials.Alloc(
+      static_cast<size_t>(cuda::MoeRouteFusedPartials(fused_rows, r_.num_experts, hidden_)) * 4));
+  if (s->route_ticket.ptr == nullptr) {
+    LLM_RETURN_IF_ERROR(s->route_ticket.Alloc(16));
+    GPU_RETURN_IF_ERROR(cudaMemset(s->route_ticket.ptr, 0, 16));
+  }
+  if (s->combine_tickets.ptr == nullptr) {  // the down GEMM's combine (small batches)
+    const size_t bytes = static_cast<size_t>(cuda::MoeCombineTickets(hidden_)) * 4;
+    LLM_RETURN_IF_ERROR(s->combine_tickets.Alloc(bytes));
+    GPU_RETURN_IF_ERROR(cudaMemset(s->combine_tickets.ptr, 0, bytes));
+  }
   LLM_RETURN_IF_ERROR(s->act.Alloc(S * I * 2));
   LLM_RETURN_IF_ERROR(s->y.Alloc(S * H * 2));
   if (SI > 0) {
@@ -384,6 +398,14 @@ Status CudaMoeLayer::Reserve(int rows, CudaMoeScratch* s) const {
     s->large_cap = rows;
   }
   return Status::Ok();
+}
+
+bool CudaMoeLayer::UsesFusedCombine(int T) const {
+  return T <= std::min(fused_combine_max_tokens_, cuda::kMoeFusedCombineMaxTokens);
+}
+
+bool CudaMoeLayer::UsesFusedRoute(int T) const {
+  return T <= fused_route_max_tokens_ && cuda::MoeRouteFusedOk(T, hidden_);
 }
 
 bool CudaMoeLayer::TakesLargeBatchPath(int T, const CudaMoeWeights& w) const {
@@ -481,7 +503,8 @@ Status CudaMoeLayer::RunLargeBatch(const CudaLinearOps& ops, const CudaMoeWeight
 }
 
 Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x,
-                              int T, CudaMoeScratch* s, int max_tiles, int tile_rows) const {
+                              int T, CudaMoeScratch* s, int max_tiles, int tile_rows,
+                              void* combine_out) const {
   cudaStream_t stream = ops.stream;
   const bool shared = w.shared.inter > 0;
   cuda::MoeGemmArgs g;
@@ -502,6 +525,17 @@ Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w,
   g.num_tiles = s->num_tiles.as<int32_t>();
   g.max_tiles = max_tiles;
   g.out = s->act.ptr;
+  // The down GEMM's combine (combine_out set: a small batch), from the second GEMM on.
+  cuda::MoeGemmArgs::Combine combine;
+  if (combine_out != nullptr) {
+    combine.slot_of = s->slot_of.as<int32_t>();
+    combine.topk_w = s->topk_w.as<float>();
+    combine.shared = shared ? s->shared_out.ptr : nullptr;
+    combine.num_tokens = T;
+    combine.top_k = r_.top_k;
+    combine.tickets = s->combine_tickets.as<uint32_t>();
+    combine.out = combine_out;
+  }
   if (w.mxfp4) {  // routed experts only (LoadMxfp4 keeps none beside shared experts)
     g.w = w.mx_gate_up.ptr;
     g.mx_scales = w.mx_gate_up_scales.as<uint8_t>();
@@ -521,6 +555,7 @@ Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w,
     g.n_out = hidden_;
     g.k = inter_;
     g.out = s->y.ptr;
+    g.combine = combine;
     if (!cuda::LaunchMoeGemmMxfp4(g, stream)) {
       return Internal("CUDA MoE layer: no MXFP4 GEMM for tiles of " + std::to_string(tile_rows) +
                       " rows");
@@ -554,6 +589,7 @@ Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w,
     g.dense_k = shared_inter_;
     g.dense_out = s->shared_out.ptr;
   }
+  g.combine = combine;
   cuda::LaunchMoeGemm(g, stream);
   return Status::Ok();
 }
@@ -582,13 +618,6 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
   }
   const bool large = !capturing && T <= s->large_cap && TakesLargeBatchPath(T, w);
 
-  // Router: fp32 input, fp32 weight, no TF32 (a flipped group-limited choice costs a whole
-  // expert set).
-  const float one = 1.0f, zero = 0.0f;
-  BLAS_RETURN_IF_ERROR(cublasGemmEx(ops.blas, CUBLAS_OP_T, CUBLAS_OP_N, E, T, hidden_, &one,
-                                    w.router.ptr, CUDA_R_32F, hidden_, s->x_f32.ptr, CUDA_R_32F,
-                                    hidden_, &zero, s->logits.ptr, CUDA_R_32F, E,
-                                    CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
   cuda::MoeRouteArgs ra = MoeRouteArgsOf(r_);
   ra.logits = s->logits.as<float>();
   ra.bias = w.router_bias.ptr ? w.router_bias.as<float>() : nullptr;
@@ -596,7 +625,6 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
   ra.num_tokens = T;
   ra.topk_ids = s->topk_ids.as<int32_t>();
   ra.topk_w = s->topk_w.as<float>();
-  cuda::LaunchMoeRoute(ra, stream);
 
   cuda::MoePermuteArgs pa;
   pa.topk_ids = ra.topk_ids;
@@ -610,14 +638,41 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
   pa.tiles = s->tiles.as<int32_t>();
   pa.num_tiles = s->num_tiles.as<int32_t>();
   pa.expert_offsets = large ? s->offsets.as<int32_t>() : nullptr;
-  cuda::LaunchMoePermute(pa, stream);
+  if (UsesFusedRoute(T)) {  // router GEMM, routing and permutation in one launch
+    cuda::MoeRouteFusedArgs fa;
+    fa.x = s->x_f32.as<float>();
+    fa.router = w.router.as<float>();
+    fa.hidden = hidden_;
+    fa.logits = s->logits.as<float>();
+    fa.partials = s->route_partials.as<float>();
+    fa.ticket = s->route_ticket.as<uint32_t>();
+    fa.route = ra;
+    fa.permute = pa;
+    if (!cuda::LaunchMoeRouteFused(fa, stream)) {
+      return Internal("CUDA MoE layer: no fused routing for " + std::to_string(T) + " tokens");
+    }
+  } else {
+    // Router: fp32 input, fp32 weight, no TF32 (a flipped group-limited choice costs a whole
+    // expert set).
+    const float one = 1.0f, zero = 0.0f;
+    BLAS_RETURN_IF_ERROR(cublasGemmEx(ops.blas, CUBLAS_OP_T, CUBLAS_OP_N, E, T, hidden_, &one,
+                                      w.router.ptr, CUDA_R_32F, hidden_, s->x_f32.ptr, CUDA_R_32F,
+                                      hidden_, &zero, s->logits.ptr, CUDA_R_32F, E,
+                                      CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+    cuda::LaunchMoeRoute(ra, stream);
+    cuda::LaunchMoePermute(pa, stream);
+  }
+  // Small batches: the down GEMM's last tile per column block combines (no launch of its own).
+  const bool combined = !large && UsesFusedCombine(T);
   if (large) {
     LLM_RETURN_IF_ERROR(RunLargeBatch(ops, w, x, T, s));
   } else {
-    LLM_RETURN_IF_ERROR(RunTiled(ops, w, x, T, s, max_tiles, tile_rows));
+    LLM_RETURN_IF_ERROR(RunTiled(ops, w, x, T, s, max_tiles, tile_rows, combined ? out : nullptr));
   }
-  cuda::LaunchMoeCombine(s->y.ptr, pa.slot_of, ra.topk_w, shared ? s->shared_out.ptr : nullptr, T,
-                         K, hidden_, out, stream);
+  if (!combined) {
+    cuda::LaunchMoeCombine(s->y.ptr, pa.slot_of, ra.topk_w, shared ? s->shared_out.ptr : nullptr, T,
+                           K, hidden_, out, stream);
+  }
 
   if (trace.out != nullptr) {
     std::vector<int32_t> ids(S);

@@ -8,10 +8,14 @@
 //   logits [T, E]      = x_f32 @ router^T                      (cuBLAS, fp32 pedantic)
 //   ids, w [T, k]      = MoeRouter's rule                       (one warp per token)
 //   slots by expert    = stable counting sort, tiles of kMoeTileRows rows per expert (MXFP4: 16-64)
+//                        (up to kMoeRouteFusedMaxTokens tokens: these three in one launch,
+//                        LaunchMoeRouteFused, its own fp32 GEMM over the router's rows)
 //   act [S, I]         = silu(x[tok] Wg_e^T) * (x[tok] Wu_e^T)  (grouped GEMM, fused epilogue)
 //                        gpt-oss: (+ expert biases) clamped SwiGLU, CpuMlp::Gate
 //   y [S, hidden]      = act Wd_e^T (+ expert bias)             (grouped GEMM)
-//   out [T, hidden]    = shared(x) + sum_k w[t, k] y[slot(t, k)] (fixed order, no atomics)
+//   out [T, hidden]    = shared(x) + sum_k w[t, k] y[slot(t, k)] (fixed order, no atomics;
+//                        up to kMoeFusedCombineMaxTokens tokens: done by the down GEMM's last
+//                        tile of each column block)
 // The shared experts are one more group of both grouped GEMMs (every token, weight 1): no
 // launches of their own, and with fp8 weights their activations stay bf16 as the experts'.
 //
@@ -58,6 +62,9 @@ struct CudaMoeWeights {
 struct CudaMoeScratch {
   DeviceBuffer x_f32;  // fp32 [cap, hidden]: the router's input (the caller's norm writes it)
   DeviceBuffer logits, topk_ids, topk_w, sorted_token, slot_of, tiles, num_tiles, act, y;
+  // The fused small-batch routing's partial logits and its ticket, the down GEMM's combine
+  // tickets (MoeGemmArgs::combine); the tickets are zero between launches.
+  DeviceBuffer route_partials, route_ticket, combine_tickets;
   DeviceBuffer shared_act, shared_out;  // the shared experts' [cap, shared I], [cap, hidden]
   int cap = 0;
   // The large-batch path's (CudaMoeLayer::Run): gate_up outputs [rows, 2 I] bf16, the experts'
@@ -119,6 +126,17 @@ class CudaMoeLayer {
   void set_large_batch_gemm(LargeBatchGemm v) { large_batch_gemm_ = v; }
   // Whether Run takes the large-batch path for T rows of weights `w` (outside a capture).
   bool TakesLargeBatchPath(int T, const CudaMoeWeights& w) const;
+  // Batches of at most this many tokens route through cuda::LaunchMoeRouteFused (the router GEMM,
+  // routing and permutation in one launch; at most kMoeRouteFusedMaxTokens), larger ones through
+  // cuBLAS's GEMM, LaunchMoeRoute and LaunchMoePermute; set before a capture (tests and benchmarks
+  // force either: 0 never fuses).
+  void set_fused_route_max_tokens(int v) { fused_route_max_tokens_ = v; }
+  bool UsesFusedRoute(int T) const;
+  // Batches of at most this many tokens on the tiled path (not the large-batch one) have the down
+  // GEMM do the weighted combine (cuda::MoeGemmArgs::combine: the same bits as LaunchMoeCombine,
+  // one launch fewer; at most kMoeFusedCombineMaxTokens); set before a capture (0: never).
+  void set_fused_combine_max_tokens(int v) { fused_combine_max_tokens_ = v; }
+  bool UsesFusedCombine(int T) const;
 
   struct Trace {
     std::vector<MoeRoutingDecision>* out = nullptr;  // null: no trace
@@ -146,9 +164,10 @@ class CudaMoeLayer {
   Status LoadMxfp4(const WeightStore* weights, const std::string& gate_up, const std::string& down,
                    bool dummy, WeightQuant quant, CudaMoeWeights* w, bool* kept) const;
 
-  // The expert GEMMs of the tiled (graph-safe) path, after the permutation.
+  // The expert GEMMs of the tiled (graph-safe) path, after the permutation; with combine_out,
+  // the down GEMM also writes the combined output there.
   Status RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
-                  CudaMoeScratch* s, int max_tiles, int tile_rows) const;
+                  CudaMoeScratch* s, int max_tiles, int tile_rows, void* combine_out) const;
   // The expert GEMMs, activation and biases of the large-batch path, after the permutation.
   Status RunLargeBatch(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
                        CudaMoeScratch* s) const;
@@ -162,6 +181,8 @@ class CudaMoeLayer {
   CpuMlp::Gate gate_;
   int large_batch_slots_ = kLargeBatchSlotsPerExpert;
   LargeBatchGemm large_batch_gemm_ = LargeBatchGemm::kAuto;
+  int fused_route_max_tokens_ = cuda::kMoeRouteFusedMaxTokens;
+  int fused_combine_max_tokens_ = cuda::kMoeFusedCombineMaxTokens;
   Mxfp4 mxfp4_ = Mxfp4::kAuto;
 };
 

@@ -17,6 +17,7 @@
 #include "kernels/cuda/common/pdl_launch.cuh"
 #include "kernels/cuda/common/ptx_ops.cuh"
 #include "kernels/cuda/moe/moe_activation.cuh"
+#include "kernels/cuda/moe/moe_combine.cuh"
 #include "kernels/cuda/moe/moe_ops.h"
 
 namespace llm::cuda {
@@ -256,6 +257,12 @@ __global__ void __launch_bounds__(kThreads) MoeGemmKernel(const MoeGemmArgs a) {
             __floats2bfloat162_rn(acc[nb][2 * h] * row_scale(col) + (b ? b[0] : 0.f),
                                   acc[nb][2 * h + 1] * row_scale(col + 1) + (b ? b[1] : 0.f));
       }
+    }
+  }
+  if constexpr (!kSiluMul) {
+    if (a.combine.out != nullptr) {  // the down GEMM of a small batch finishes the combine
+      moe_combine::CombineAfterTile(a.combine, static_cast<const __nv_bfloat16*>(a.out), a.n_out,
+                                    bx, bx * kBN, kBN, *a.num_tiles);
     }
   }
 }

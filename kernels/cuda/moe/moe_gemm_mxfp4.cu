@@ -25,6 +25,7 @@
 #include "kernels/cuda/common/pdl_launch.cuh"
 #include "kernels/cuda/common/ptx_ops.cuh"
 #include "kernels/cuda/moe/moe_activation.cuh"
+#include "kernels/cuda/moe/moe_combine.cuh"
 #include "kernels/cuda/moe/moe_ops.h"
 #include "kernels/cuda/moe/mxfp4_widen.h"
 
@@ -249,6 +250,13 @@ __global__ void __launch_bounds__(kThreads) MoeGemmMxfp4Kernel(const MoeGemmArgs
     const int t = i / chunks, ch = i % chunks;
     *reinterpret_cast<uint4*>(out + static_cast<size_t>(row0 + t) * n_out + bx * kCols + ch * 8) =
         *reinterpret_cast<const uint4*>(ot + t * kORow + ch * 8);
+  }
+  if constexpr (!kSiluMul) {
+    // The down GEMM of a small batch finishes the combine. Every tile takes a ticket: no dense
+    // group here (expert -1 tiles returned above), as CudaMoeLayer keeps none beside MXFP4.
+    if (a.combine.out != nullptr) {
+      moe_combine::CombineAfterTile(a.combine, out, n_out, bx, bx * kCols, cols, *a.num_tiles);
+    }
   }
 }
 

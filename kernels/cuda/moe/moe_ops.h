@@ -73,6 +73,38 @@ struct MoePermuteArgs {
 };
 void LaunchMoePermute(const MoePermuteArgs& a, void* stream);
 
+// The router GEMM, LaunchMoeRoute and LaunchMoePermute as one launch, for decode steps of at most
+// kMoeRouteFusedMaxTokens tokens (moe_route_fused.cu has the design): logits[t, e] =
+// x[t] . router[e] in fp32 (fixed summation order: the same bits on every run), written to
+// `logits`, then route.* and permute.* exactly as those two launchers write them (route.logits and
+// permute.topk_ids are taken from `logits` and route.topk_ids). `ticket` is one device word,
+// zero before the first launch; every launch leaves it zero again, so the kernel may be captured
+// in a CUDA graph and replayed. `partials` holds MoeRouteFusedPartials(T, E, hidden) floats.
+// False (nothing launched) where MoeRouteFusedOk(T, hidden) does not hold.
+constexpr int kMoeRouteFusedMaxTokens = 16;
+constexpr int kMoeRouteFusedCols = 256;  // router columns (k) per CTA
+inline int MoeRouteFusedSplits(int hidden) {
+  return (hidden + kMoeRouteFusedCols - 1) / kMoeRouteFusedCols;
+}
+inline int64_t MoeRouteFusedPartials(int tokens, int experts, int hidden) {
+  return int64_t{MoeRouteFusedSplits(hidden)} * tokens * experts;
+}
+// Whether the fused kernel serves T tokens of `hidden` (float4 loads of the rows).
+inline bool MoeRouteFusedOk(int tokens, int hidden) {
+  return tokens >= 1 && tokens <= kMoeRouteFusedMaxTokens && hidden > 0 && hidden % 4 == 0;
+}
+struct MoeRouteFusedArgs {
+  const float* x = nullptr;       // fp32 [T, hidden] (T = route.num_tokens)
+  const float* router = nullptr;  // fp32 [E, hidden]
+  int hidden = 0;
+  float* logits = nullptr;    // fp32 [T, E], out
+  float* partials = nullptr;  // fp32 [MoeRouteFusedSplits(hidden), T, E], scratch
+  uint32_t* ticket = nullptr;
+  MoeRouteArgs route;      // num_tokens, the rule, bias, logit_bias, topk_ids, topk_w
+  MoePermuteArgs permute;  // num_slots = T * top_k, the rest as LaunchMoePermute's
+};
+[[nodiscard]] bool LaunchMoeRouteFused(const MoeRouteFusedArgs& a, void* stream);
+
 // One grouped GEMM over the tiles of LaunchMoePermute, weights bf16 or fp8 e4m3, streamed from
 // global memory once per tile. fp8 scales (MoeGemmScales, device fp32): per expert, per weight row
 // (a checkpoint's per-channel or differing per-tensor scales), or per 128x128 block (DeepSeek-V3's
@@ -125,7 +157,28 @@ struct MoeGemmArgs {
   MoeGemmScales dense_w_scale;  // fp8 only (expert_stride unused); blocks iff w_scale has them
   int dense_n_out = 0, dense_k = 0;
   void* dense_out = nullptr;  // bf16 [D, dense_n_out]
+  // The down GEMM (silu_mul false) may finish LaunchMoeCombine itself, for small batches: with
+  // combine.out set, the CTAs of each column block draw a ticket (combine.tickets, one per
+  // block, zero before the launch and left zero) after their stores, and the last of the block's
+  // tiles writes out[t, its columns] for every token from `out` (y) and combine.shared with
+  // LaunchMoeCombine's arithmetic (the same bits). One launch fewer; the sum stays in k order.
+  struct Combine {
+    const int32_t* slot_of = nullptr;  // [T * top_k]
+    const float* topk_w = nullptr;     // [T * top_k]
+    const void* shared = nullptr;      // bf16 [T, n_out] (the dense group's dense_out) or null
+    int num_tokens = 0, top_k = 0;
+    uint32_t* tickets = nullptr;  // [MoeCombineTickets(n_out)]
+    void* out = nullptr;          // bf16 [T, n_out]; null: no combine here
+  } combine;
 };
+// Column blocks of the down GEMMs (LaunchMoeGemm's 64 columns, the MXFP4 GEMMs' 32 or more):
+// the tickets MoeGemmArgs::combine needs for n_out outputs.
+inline int MoeCombineTickets(int n_out) {
+  return (n_out + 31) / 32;
+}
+// Batches of at most this many tokens have the down GEMM combine (MoeGemmArgs::combine): one CTA
+// per column block sums every token's top-k rows of those columns.
+constexpr int kMoeFusedCombineMaxTokens = 16;
 constexpr int kMoeGemmK = 64;
 constexpr int kMoeGemmN = 64;  // outputs per CTA (silu_mul: 32 outputs from 64 weight rows)
 inline bool MoeGemmShapeOk(bool silu_mul, int n_out, int k) {
