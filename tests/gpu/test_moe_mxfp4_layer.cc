@@ -24,12 +24,14 @@
 #include "base/dtype.h"
 #include "engine/layers/cuda/cuda_moe_layer.h"
 #include "kernels/cuda/moe/moe_ops.h"
+#include "tests/gpu/copy_rate.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace llm {
 namespace {
 
 using cuda::Download;
+using gpu_test::MeasureCopyRate;
 
 #define CUDA_REQUIRE(x) REQUIRE((x) == cudaSuccess)
 
@@ -144,32 +146,6 @@ TEST_CASE("MoE layer with MXFP4 experts: a graphed batch gives each token its ba
     }
   }
   CHECK(tile_sizes == std::set<int>{16, 32, 64});
-}
-
-// The device-to-device copy rate of this GPU now (bytes read plus bytes written per second, the
-// best of five 1 GiB copies): the floor of the benchmarks that measure it in their own run.
-double MeasureCopyRate(cudaStream_t stream) {
-  const size_t bytes = 1ull << 30;
-  DeviceBuffer src, dst;
-  REQUIRE(src.Alloc(bytes).ok());
-  REQUIRE(dst.Alloc(bytes).ok());
-  CUDA_REQUIRE(cudaMemsetAsync(src.ptr, 1, bytes, stream));
-  cudaEvent_t e0, e1;
-  CUDA_REQUIRE(cudaEventCreate(&e0));
-  CUDA_REQUIRE(cudaEventCreate(&e1));
-  float best_ms = 1e30f;
-  for (int i = 0; i < 7; ++i) {
-    CUDA_REQUIRE(cudaEventRecord(e0, stream));
-    CUDA_REQUIRE(cudaMemcpyAsync(dst.ptr, src.ptr, bytes, cudaMemcpyDeviceToDevice, stream));
-    CUDA_REQUIRE(cudaEventRecord(e1, stream));
-    CUDA_REQUIRE(cudaEventSynchronize(e1));
-    float ms = 0;
-    CUDA_REQUIRE(cudaEventElapsedTime(&ms, e0, e1));
-    if (i >= 2) best_ms = std::min(best_ms, ms);  // the first two warm up
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  return 2.0 * bytes / (best_ms * 1e-3);
 }
 
 // gpt-oss-20b's MoE layer (32 experts, top-4, hidden 2880, expert intermediate 2880, router and
