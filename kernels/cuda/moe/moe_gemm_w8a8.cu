@@ -379,7 +379,11 @@ bool MoeW8a8Available() {
 }
 
 bool LaunchMoeGemmW8a8(const MoeGemmArgs& a, void* stream) {
-  if (!MoeMxfp4TileRowsOk(a.tile_rows) || !MoeW8a8Available()) return false;
+  if (!MoeMxfp4TileRowsOk(a.tile_rows) || !MoeW8a8Available() ||
+      !MoeW8a8ShapeOk(a.silu_mul, a.n_out, a.k) ||
+      (a.dense_w != nullptr && !MoeW8a8ShapeOk(a.silu_mul, a.dense_n_out, a.dense_k))) {
+    return false;
+  }
   const bool block = a.w_scale.block_ld > 0;
   // Block-scaled weights take per-128-group activation scales, the others per-token ones; the
   // dense group has the same forms.

@@ -206,8 +206,9 @@ inline bool MoeMxfp4TileRowsOk(int tile_rows) {
 // scale per token, applied to the whole sum. Tiles of 16, 32 or 64 rows (a.tile_rows, the
 // permutation's: MoeMxfp4TileRows chooses for both kernels). Shapes: MoeW8a8ShapeOk for both
 // groups. False (nothing launched) where the device's binary has no e4m3 mma
-// (MoeW8a8Available), for a tile_rows it has no kernel for, or for activation scales whose
-// form does not match the weights' (block weights: x_scale_ld > 0; else 0).
+// (MoeW8a8Available), for a tile_rows it has no kernel for, for shapes outside MoeW8a8ShapeOk,
+// or for activation scales whose form does not match the weights' (block weights:
+// x_scale_ld > 0; else 0).
 constexpr int kMoeW8a8K = 128;
 inline bool MoeW8a8ShapeOk(bool silu_mul, int n_out, int k) {
   return n_out % (silu_mul ? kMoeGemmN / 2 : kMoeGemmN) == 0 && k % kMoeW8a8K == 0 && k > 0;
