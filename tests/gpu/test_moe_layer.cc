@@ -1,7 +1,8 @@
 // The device-only MoE layer (engine/layers/cuda/cuda_moe_layer.h) against the CPU oracle: the
 // routing kernel against MoeRouter (random logits, exact ties, group limits), the whole layer
-// against CpuMoe with bf16 and fp8 expert weights at batch 1, 7, 64 and 300, and the layer captured
-// in a CUDA graph and replayed on new inputs against eager runs.
+// against CpuMoe with bf16 and fp8 expert weights at batch 1, 7, 64 and 300 (fp8 experts also with
+// fp8 activations: the W8A8 GEMMs, whose exact arithmetic test_moe_w8a8.cc checks), and the layer
+// captured in a CUDA graph and replayed on new inputs against eager runs.
 //
 //   build/.../tests/gpu_tests "[moe]"
 #include <catch2/catch.hpp>
