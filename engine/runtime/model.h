@@ -183,7 +183,8 @@ struct ModelLoadOptions {
   // them to e4m3 (per token and 128-wide k group beside 128x128 block-scaled weights, as
   // DeepSeek-V3; per token beside per-row or per-tensor scales) for the W8A8 grouped GEMMs on the
   // e4m3 tensor cores, and the load fails naming what those do not serve (experts not fp8,
-  // shapes not multiples of 128, a device or build without sm_89+ e4m3 mma); "auto" does so
+  // shapes not multiples of 128, a device or build without sm_89+ e4m3 mma; a checkpoint's
+  // static input_scale, where it has one, replaces the per-token scales); "auto" does so
   // where they serve a layer and keeps bf16 activations (logged) where not; "bf16" keeps bf16
   // activations (the W8A16 GEMMs: each weight widened to bf16). "fp8" fails the load of a model
   // without routed experts, and on the cpu device.

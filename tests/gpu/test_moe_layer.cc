@@ -715,6 +715,19 @@ TEST_CASE("MoE layer keeps a checkpoint's fp8 experts and matches CpuMoe on them
         CheckAgainstCpu(o, layer8, gpu8, cpu, H, T, 1e-4f, rng, &s8, kFp8ActBound,
                         kFp8ActMeanBound);
       }
+      // ModelOpt's static input_scale (0.05 on every projection) quantized every GEMM input of
+      // the last run (300 tokens, 1200 slots); the other formats' scales are dynamic.
+      const int T = 300, S = T * K;
+      const std::vector<float> xs = Download(s8.xq_scale.as<float>(), T);
+      const std::vector<float> as = Download(s8.actq_scale.as<float>(), S);
+      const std::vector<float> sas = Download(s8.shared_actq_scale.as<float>(), T);
+      const bool static_scales = f == Fp8Format::kModelOpt;
+      CHECK((xs == std::vector<float>(T, 0.05f)) == static_scales);
+      CHECK((as == std::vector<float>(S, 0.05f)) == static_scales);
+      CHECK((sas == std::vector<float>(T, 0.05f)) == static_scales);
+      if (static_scales) {
+        CHECK(Download(s8.shared_xq_scale.as<float>(), T) == std::vector<float>(T, 0.05f));
+      }
     }
     fs::remove_all(dir);
   }

@@ -497,7 +497,7 @@ TEST_CASE("W8A8 expert GEMMs: the device's binary and the refused operands", "[g
 
 // Random experts of every scale form with the dense group (its intermediate unlike the routed
 // experts', so the grid covers both and one group's extra CTAs exit), top-2 over 8 experts.
-TEST_CASE("W8A8 expert GEMMs match the host reference (tensor, row, block scales; dense group)",
+TEST_CASE("W8A8 expert GEMMs match the host reference (tensor, row, block scales, dense group)",
           "[gpu][moe][fp8]") {
   GPU_TEST_RNG(rng);
   const int E = 8, H = 512, I = 256, SI = 384, top_k = 2;

@@ -167,12 +167,12 @@ Status CudaMoeLayer::Load(Bf16WeightLoader& loader, const WeightStore* weights,
     }
   }
   LLM_RETURN_IF_ERROR(ChooseActivations(p, w));
-  if (keep_fp8 &&
+  if (keep_fp8 && !w->w8a8 &&
       (w->gate_up.input() == Fp8Input::kStatic || w->down.input() == Fp8Input::kStatic)) {
     spdlog::info(
-        "CUDA MoE layer, {}: the experts' activations are {}; the checkpoint's static "
-        "input_scale is not applied",
-        p, w->w8a8 ? "quantized with dynamic scales" : "bf16 (fp8 weights only)");
+        "CUDA MoE layer, {}: the experts' activations stay bf16 (fp8 weights only); the "
+        "checkpoint's static input_scale is not applied",
+        p);
   }
   return Status::Ok();
 }
@@ -419,6 +419,8 @@ Status CudaMoeLayer::Reserve(int rows, CudaMoeScratch* s) const {
     LLM_RETURN_IF_ERROR(s->actq.Alloc(S * I));
     LLM_RETURN_IF_ERROR(s->actq_scale.Alloc(S * groups(I) * 4));
     if (SI > 0) {
+      LLM_RETURN_IF_ERROR(s->shared_xq.Alloc(T * H));
+      LLM_RETURN_IF_ERROR(s->shared_xq_scale.Alloc(T * groups(H) * 4));
       LLM_RETURN_IF_ERROR(s->shared_actq.Alloc(T * SI));
       LLM_RETURN_IF_ERROR(s->shared_actq_scale.Alloc(T * groups(SI) * 4));
     }
@@ -608,13 +610,18 @@ Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w,
 namespace {
 
 // x (bf16 [rows, cols]) into e4m3 q and its scales as the W8A8 GEMM beside `lin` reads them:
-// per token and 128-wide group ([cols / 128][rows]) for 128x128 block weights, else per token.
-// Sets the GEMM's scale operand and its leading dimension.
+// per token and 128-wide group ([cols / 128][rows]) for 128x128 block weights; else with the
+// checkpoint's static input_scale where `lin` has one (every row's scale that one), else per
+// token. Sets the GEMM's scale operand and its leading dimension.
 void QuantizeW8a8Input(const CudaLinear& lin, const void* x, int rows, int cols, void* q,
                        float* scale, const float** scale_out, int* scale_ld, cudaStream_t stream) {
   if (lin.quant() == WeightQuant::kFp8Block) {
     cuda::LaunchQuantizeBlocks128Fp8(x, rows, cols, q, scale, rows, stream);
     *scale_ld = rows;
+  } else if (lin.static_input_scale() != nullptr) {
+    cuda::LaunchQuantizeRowsStaticFp8(x, rows, cols, lin.static_input_scale(),
+                                      cuda::Fp8Rows{q, scale}, stream);
+    *scale_ld = 0;
   } else {
     cuda::LaunchQuantizeRowsFp8(x, rows, cols, cuda::Fp8Rows{q, scale}, stream);
     *scale_ld = 0;
@@ -652,9 +659,18 @@ Status CudaMoeLayer::RunTiledW8a8(const CudaLinearOps& ops, const CudaMoeWeights
   g.max_tiles = max_tiles;
   g.out = s->act.ptr;
   if (shared) {
-    g.dense_x = s->xq.ptr;
-    g.dense_x_scale = g.x_scale;
-    g.dense_x_scale_ld = g.x_scale_ld;
+    // The shared experts' x: the routed experts' unless either has its own static input scale.
+    if (w.gate_up.static_input_scale() != nullptr ||
+        w.shared.gate_up.static_input_scale() != nullptr) {
+      QuantizeW8a8Input(w.shared.gate_up, x, T, hidden_, s->shared_xq.ptr,
+                        s->shared_xq_scale.as<float>(), &g.dense_x_scale, &g.dense_x_scale_ld,
+                        stream);
+      g.dense_x = s->shared_xq.ptr;
+    } else {
+      g.dense_x = s->xq.ptr;
+      g.dense_x_scale = g.x_scale;
+      g.dense_x_scale_ld = g.x_scale_ld;
+    }
     g.dense_w = w.shared.gate_up.data();
     g.dense_w_scale = MoeGemmScalesOf(w.shared.gate_up, 2 * shared_inter_, hidden_);
     g.dense_n_out = shared_inter_;

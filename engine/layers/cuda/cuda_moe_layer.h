@@ -73,8 +73,10 @@ struct CudaMoeScratch {
   int large_cap = 0;
   // The W8A8 path's e4m3 inputs and their fp32 scales (per token, or per token and 128-wide k
   // group: sized for the latter): x [cap, hidden], act [cap top_k, I], shared_act [cap, shared
-  // I]. Reserved only where the layer may run fp8 activations.
-  DeviceBuffer xq, xq_scale, actq, actq_scale, shared_actq, shared_actq_scale;
+  // I]; the shared experts' own x where either side quantizes x with a static input scale.
+  // Reserved only where the layer may run fp8 activations.
+  DeviceBuffer xq, xq_scale, actq, actq_scale, shared_xq, shared_xq_scale, shared_actq,
+      shared_actq_scale;
 };
 
 // The routing kernel's arguments for `routing` (pointers and the token count left to the caller).
@@ -98,9 +100,11 @@ class CudaMoeLayer {
   // (layer prefix + names.block), quantized to `quant` (routed experts: one fp8 scale each).
   // fp8_checkpoint: per-expert tensors stored in e4m3 keep their bytes and scales
   // (CudaLinear::LoadCheckpoint over all experts stacked: per-expert, per-row or 128x128 block
-  // scales, which the grouped GEMMs apply); their activations stay bf16 (or, with fp8
-  // activations, are quantized with dynamic scales at run time), so a static input_scale is not
-  // used (logged). Stacked experts (gpt-oss) are read on the host through ReadExpertMatrix
+  // scales, which the grouped GEMMs apply); their activations stay bf16, so a static input_scale
+  // is not used (logged), or, with fp8 activations, are quantized with the static input_scale
+  // where the checkpoint has one (per-tensor / per-row weights: the largest of the stacked
+  // experts', as CudaLinear::LoadCheckpoint keeps it), else per token or 128-wide group.
+  // Stacked experts (gpt-oss) are read on the host through ReadExpertMatrix
   // (bf16 / fp32 or MXFP4, dequantized), their interleaved gate / up rows split into the GEMM's
   // gate-then-up layout; dummy weights fill that layout directly (biases 0).
   Status Load(Bf16WeightLoader& loader, const WeightStore* weights, const CudaLinearOps& ops,
