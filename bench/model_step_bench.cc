@@ -7,6 +7,7 @@
 //       [--batches 1,64,256] [--ctx 1500] [--steps 30] [--prefill 8192] [--profile B]
 //       [--backend cuda_fmha] [--prefill-backend auto|none|NAME] [--weights bf16|fp8]
 //       [--moe-weights auto|bf16|mxfp4] (the server's moe_weight_dtype)
+//       [--moe-activations bf16|fp8|auto] (the server's moe_activation_dtype)
 //       [--prefill-seqs S] [--prefill-decode N] [--prefill-steps K] [--profile-prefill 1]
 //       [--fp8-fast-accum 0|1]   (default 1, the server's default)
 //       [--fp8-static-attn-out 0|1]   (default 1, the server's fp8_static_attention_output)
@@ -72,6 +73,7 @@ struct Args {
   std::string prefill_backend = "auto";  // ModelLoadOptions::prefill_attention_backend
   std::string weights = "auto";          // ModelLoadOptions::weight_dtype (bf16 | fp8)
   std::string moe_weights = "auto";      // ModelLoadOptions::moe_weight_dtype (bf16 | mxfp4)
+  std::string moe_activations = "bf16";  // ModelLoadOptions::moe_activation_dtype (fp8 | auto)
   bool fast_accum = true;                // ModelLoadOptions::fp8_fast_accumulation
   bool static_attn_out = true;           // ModelLoadOptions::fp8_static_attention_output
   std::string c8_prefill = "auto";       // ModelLoadOptions::c8_prefill
@@ -193,6 +195,8 @@ int main(int argc, char** argv) {
       args.weights = v;
     } else if (k == "--moe-weights") {
       args.moe_weights = v;
+    } else if (k == "--moe-activations") {
+      args.moe_activations = v;
     } else if (k == "--prefill-backend") {
       args.prefill_backend = v;
     } else if (k == "--profile") {
@@ -249,6 +253,7 @@ int main(int argc, char** argv) {
     o.prefill_attention_backend = args.prefill_backend;
     o.weight_dtype = args.weights;
     o.moe_weight_dtype = args.moe_weights;
+    o.moe_activation_dtype = args.moe_activations;
     o.fp8_fast_accumulation = args.fast_accum;
     o.fp8_static_attention_output = args.static_attn_out;
     o.c8_prefill = args.c8_prefill;

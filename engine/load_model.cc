@@ -61,6 +61,8 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
   LLM_RETURN_IF_ERROR(CheckChoice("weight_dtype", options.weight_dtype, kWeightDtypeChoices));
   LLM_RETURN_IF_ERROR(
       CheckChoice("moe_weight_dtype", options.moe_weight_dtype, kMoeWeightDtypeChoices));
+  LLM_RETURN_IF_ERROR(CheckChoice("moe_activation_dtype", options.moe_activation_dtype,
+                                  kMoeActivationDtypeChoices));
   LLM_RETURN_IF_ERROR(CheckChoice("mla_kernel", options.mla_kernel, kMlaKernelChoices));
   LLM_RETURN_IF_ERROR(CheckChoice("c8_prefill", options.c8_prefill, kC8PrefillChoices));
   if (options.block_size <= 0 || options.block_size > 1024) {
@@ -82,6 +84,7 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
   [[maybe_unused]] const bool on_cuda = ResolveDevice(options.device) == "cuda";
   const bool fp8_weights = options.weight_dtype == "fp8";
   const bool mxfp4_experts = options.moe_weight_dtype == "mxfp4";
+  const bool fp8_moe_activations = options.moe_activation_dtype == "fp8";
   if (IsDeepseekModelDir(options.model_dir)) {  // MLA + MoE: its own config and model
     LLM_ASSIGN_OR_RETURN(DeepseekConfig config, LoadDeepseekConfig(options.model_dir));
     if (mxfp4_experts) {
@@ -100,6 +103,10 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
 #endif
     if (options.dummy_weights) return InvalidArgument("dummy weights need the cuda device");
     if (fp8_weights) return InvalidArgument("fp8 weights need the cuda device");
+    if (fp8_moe_activations) {
+      return InvalidArgument(
+          "moe_activation_dtype fp8 needs the cuda device (the cpu models compute in fp32)");
+    }
     LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config.base));
     LLM_ASSIGN_OR_RETURN(auto model,
                          CpuModelRunner::Create(NewCpuDeepseekDecoder(config), *weights, options));
@@ -141,6 +148,10 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
   if (mxfp4_experts) {
     return InvalidArgument(
         "moe_weight_dtype mxfp4 needs the cuda device (the cpu models compute in fp32)");
+  }
+  if (fp8_moe_activations) {
+    return InvalidArgument(
+        "moe_activation_dtype fp8 needs the cuda device (the cpu models compute in fp32)");
   }
   LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config));
   LLM_ASSIGN_OR_RETURN(auto decoder, NewCpuDenseDecoder(config));

@@ -45,6 +45,9 @@ std::string StartupTable(const llm::ServerConfig& sc, const llm::EngineCore& cor
                         mo.device;
   if (mo.weight_dtype != "auto") weights += ", --weight-dtype " + mo.weight_dtype;
   if (mo.moe_weight_dtype != "auto") weights += ", --moe-weight-dtype " + mo.moe_weight_dtype;
+  if (mo.moe_activation_dtype != "bf16") {
+    weights += ", --moe-activation-dtype " + mo.moe_activation_dtype;
+  }
   const llm::SpeculativeConfig& spec = sc.engine.speculative;
   // The draft model's K/V shares the target's blocks: its own bytes beside the target's.
   std::string draft;

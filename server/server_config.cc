@@ -212,6 +212,13 @@ std::vector<ServerOption> Declarations() {
                 "or the load fails; auto: kept where those kernels serve them, else dequantized "
                 "(logged); bf16: dequantized")
           .OnlyOn("cuda", "the cpu models compute in fp32"),
+      O::Choice("moe_activation_dtype", LLM_BIND(engine.model.moe_activation_dtype),
+                kMoeActivationDtypeChoices, G::kCuda,
+                "activations of fp8 routed experts; fp8: e4m3 per token (per 128-wide group "
+                "beside 128x128 block-scaled weights) through the W8A8 expert GEMMs on the e4m3 "
+                "tensor cores (sm_89+), or the load fails; auto: fp8 where those serve a layer, "
+                "else bf16 (logged); bf16: the W8A16 expert GEMMs")
+          .OnlyOn("cuda", "the cpu models compute in fp32"),
       O::Bool("dummy_weights", LLM_BIND(engine.model.dummy_weights), G::kCuda,
               "random weights on the GPU instead of the checkpoint (benchmarks)")
           .OnlyOn("cuda", kGpu),

@@ -146,6 +146,10 @@ StatusOr<AttentionSpec> CudaDeepseekDecoder::AttentionNeeds(const CudaLoadContex
   if (d_.n_routed_experts > 0) {
     LLM_RETURN_IF_ERROR(CudaMoeLayer::Check(moe_.routing(), c.hidden_size, d_.moe_intermediate_size,
                                             d_.moe_intermediate_size * d_.n_shared_experts));
+    moe_.set_activation_dtype(MoeActivationDtypeOf(options.moe_activation_dtype));
+  } else if (options.moe_activation_dtype == "fp8") {
+    return InvalidArgument("moe_activation_dtype fp8: " + c.architecture_name +
+                           " has no routed experts");
   }
   if (d_.topk_method == DeepseekConfig::TopkMethod::kNoauxTc) {
     moe_names_.selection_bias = "e_score_correction_bias";

@@ -232,6 +232,12 @@ StatusOr<AttentionSpec> CudaDenseDecoder::AttentionNeeds(const CudaLoadContext& 
     return InvalidArgument("moe_weight_dtype mxfp4: " + c.architecture_name +
                            " has no routed experts");
   }
+  if (moe_) {
+    moe_->set_activation_dtype(MoeActivationDtypeOf(options.moe_activation_dtype));
+  } else if (options.moe_activation_dtype == "fp8") {
+    return InvalidArgument("moe_activation_dtype fp8: " + c.architecture_name +
+                           " has no routed experts");
+  }
   ops_ = ctx.ops;
   fp8_ = ctx.weight_quant != WeightQuant::kBf16 || ctx.fp8_checkpoint;
   LLM_ASSIGN_OR_RETURN(kv_, ParseKvCacheType(options.kv_cache_dtype, options.kv_scale_granularity));

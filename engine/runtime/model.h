@@ -179,6 +179,16 @@ struct ModelLoadOptions {
   // GEMMs serve them and dequantizes them (logged) where not (CudaMoeLayer::Mxfp4::kAuto).
   // "mxfp4" fails the load of a model without MXFP4 experts, and on the cpu device.
   std::string moe_weight_dtype = "auto";
+  // Activations of fp8 routed experts on CUDA (CudaMoeLayer::ActivationDtype): "fp8" quantizes
+  // them to e4m3 (per token and 128-wide k group beside 128x128 block-scaled weights, as
+  // DeepSeek-V3; per token beside per-row or per-tensor scales) for the W8A8 grouped GEMMs on the
+  // e4m3 tensor cores, and the load fails naming what those do not serve (experts not fp8,
+  // shapes not multiples of 128, a device or build without sm_89+ e4m3 mma; a checkpoint's
+  // static input_scale, where it has one, replaces the per-token scales); "auto" does so
+  // where they serve a layer and keeps bf16 activations (logged) where not; "bf16" keeps bf16
+  // activations (the W8A16 GEMMs: each weight widened to bf16). "fp8" fails the load of a model
+  // without routed experts, and on the cpu device.
+  std::string moe_activation_dtype = "bf16";
   // fp8 weights only: cuBLASLt fast accumulation for the fp8 projections (CudaFp8Gemm::Init). On
   // by default, as in vLLM's and TensorRT-LLM's fp8 GEMMs: prompt steps are faster with it
   // (docs/KERNEL_SELECTION.md); its error is bounded by tests/gpu/test_fp8_weights.cc.
@@ -211,6 +221,7 @@ struct ModelLoadOptions {
 inline constexpr const char* kDeviceChoices[] = {"cpu", "cuda", "auto"};
 inline constexpr const char* kWeightDtypeChoices[] = {"auto", "bf16", "fp8"};
 inline constexpr const char* kMoeWeightDtypeChoices[] = {"auto", "bf16", "mxfp4"};
+inline constexpr const char* kMoeActivationDtypeChoices[] = {"auto", "bf16", "fp8"};
 inline constexpr const char* kMlaKernelChoices[] = {"auto", "wgmma", "portable"};
 inline constexpr const char* kC8PrefillChoices[] = {"auto", "tiles", "fmha"};
 

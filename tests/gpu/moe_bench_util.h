@@ -14,6 +14,7 @@
 #include "engine/layers/cpu/cpu_moe.h"
 #include "engine/layers/cuda/cuda_linear.h"
 #include "engine/layers/cuda/cuda_weights.h"
+#include "tests/gpu/copy_rate.h"
 
 namespace llm::gpu_test {
 
@@ -49,33 +50,6 @@ inline MoeTensorNames GptOssNames() {
   names.expert = {"gate_up_proj", "", "down_proj"};
   names.expert_bias = true;
   return names;
-}
-
-// The device-to-device copy rate of this GPU now (bytes read plus bytes written per second, the
-// best of five 1 GiB copies): the floor of the benchmarks that measure it in their own run.
-inline double MeasureCopyRate(cudaStream_t stream) {
-  const size_t bytes = 1ull << 30;
-  DeviceBuffer src, dst;
-  REQUIRE(src.Alloc(bytes).ok());
-  REQUIRE(dst.Alloc(bytes).ok());
-  REQUIRE(cudaMemsetAsync(src.ptr, 1, bytes, stream) == cudaSuccess);
-  cudaEvent_t e0, e1;
-  REQUIRE(cudaEventCreate(&e0) == cudaSuccess);
-  REQUIRE(cudaEventCreate(&e1) == cudaSuccess);
-  float best_ms = 1e30f;
-  for (int i = 0; i < 7; ++i) {
-    REQUIRE(cudaEventRecord(e0, stream) == cudaSuccess);
-    REQUIRE(cudaMemcpyAsync(dst.ptr, src.ptr, bytes, cudaMemcpyDeviceToDevice, stream) ==
-            cudaSuccess);
-    REQUIRE(cudaEventRecord(e1, stream) == cudaSuccess);
-    REQUIRE(cudaEventSynchronize(e1) == cudaSuccess);
-    float ms = 0;
-    REQUIRE(cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess);
-    if (i >= 2) best_ms = std::min(best_ms, ms);  // the first two warm up
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  return 2.0 * bytes / (best_ms * 1e-3);
 }
 
 // The median over 7 timings of `replays` back-to-back launches of `exec` (after 10 warm-up

@@ -24,6 +24,7 @@
 #include "base/dtype.h"
 #include "engine/layers/cuda/cuda_moe_layer.h"
 #include "kernels/cuda/moe/moe_ops.h"
+#include "tests/gpu/copy_rate.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/moe_bench_util.h"
 

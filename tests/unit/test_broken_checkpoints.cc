@@ -197,6 +197,32 @@ TEST_CASE("unsupported quantization is refused before any tensor is read", "[bro
   CHECK_THAT(st.message(), Catch::Contains("quantization method gptq is not supported"));
 }
 
+// moe_activation_dtype: a value outside its choices, and fp8 activations on the cpu device (dense
+// and DeepSeek models alike), are refused naming the option.
+TEST_CASE("moe_activation_dtype is refused where it cannot apply", "[broken_checkpoint][fp8]") {
+  for (const bool deepseek : {false, true}) {
+    TempDir tmp(deepseek ? "moe_act_ds" : "moe_act_llama");
+    TinyCheckpoint ck = deepseek ? test::TinyDeepseekV2() : test::TinyLlama("llama");
+    ck.Write(tmp.path());
+    ModelLoadOptions o;
+    o.model_dir = tmp.path().string();
+    o.device = "cpu";
+    o.block_size = 16;
+    o.num_kv_blocks = 4;
+    o.moe_activation_dtype = "int8";
+    auto m = LoadModel(o);
+    REQUIRE(!m.ok());
+    CHECK_THAT(m.status().message(), Catch::Contains("moe_activation_dtype"));
+    o.moe_activation_dtype = "fp8";
+    m = LoadModel(o);
+    REQUIRE(!m.ok());
+    CHECK_THAT(m.status().message(),
+               Catch::Contains("moe_activation_dtype fp8 needs the cuda device"));
+    o.moe_activation_dtype = "auto";  // nothing to quantize on the cpu: loads
+    CHECK(LoadModel(o).ok());
+  }
+}
+
 TEST_CASE("checkpoint extras that are consumed or ignored by design still load",
           "[broken_checkpoint]") {
   TempDir tmp("ckpt_ok");

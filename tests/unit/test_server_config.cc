@@ -194,6 +194,7 @@ TEST_CASE("ServerConfig refuses explicit options that cannot apply", "[server_co
       {{"--weight-dtype", "fp8"}, "--weight-dtype does not apply to device cpu"},
       {{"--weight-dtype", "auto"}, "--weight-dtype does not apply to device cpu"},
       {{"--moe-weight-dtype", "mxfp4"}, "--moe-weight-dtype does not apply to device cpu"},
+      {{"--moe-activation-dtype", "fp8"}, "--moe-activation-dtype does not apply to device cpu"},
       {{"--cuda-graph-max-batch", "8"}, "--cuda-graph-max-batch"},
       {{"--cuda-graph-warmup", "true"}, "--cuda-graph-warmup"},
       {{"--gpu-memory-percent", "50"}, "--gpu-memory-percent"},

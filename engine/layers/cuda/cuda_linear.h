@@ -76,6 +76,10 @@ class CudaLinear {
   // Matrices with a per-tensor scale each (Quantize's groups; 1 for a checkpoint's weights).
   int groups() const { return groups_; }
   Fp8Input input() const { return input_; }
+  // Fp8Input::kStatic: the checkpoint's input_scale (device, one float); else null.
+  const float* static_input_scale() const {
+    return input_ == Fp8Input::kStatic ? in_scale_.as<float>() : nullptr;
+  }
   // The input may be e4m3 rows with dynamic row scales written by its producer (RunFp8).
   bool takes_fp8_rows() const { return fp8() && input_ == Fp8Input::kDynamicRows; }
   // RunFp8's output still lacks the input's row scales (per-tensor weights: the consumer applies

@@ -10,6 +10,7 @@
 #include "engine/layers/cuda/cuda_weights.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/moe/moe_ops.h"
+#include "kernels/cuda/ops/fp8_quant.h"
 
 namespace llm {
 
@@ -165,7 +166,8 @@ Status CudaMoeLayer::Load(Bf16WeightLoader& loader, const WeightStore* weights,
                              WeightQuantName(shared.quant()) + " (the grouped GEMM runs both)");
     }
   }
-  if (keep_fp8 &&
+  LLM_RETURN_IF_ERROR(ChooseActivations(p, w));
+  if (keep_fp8 && !w->w8a8 &&
       (w->gate_up.input() == Fp8Input::kStatic || w->down.input() == Fp8Input::kStatic)) {
     spdlog::info(
         "CUDA MoE layer, {}: the experts' activations stay bf16 (fp8 weights only); the "
@@ -173,6 +175,39 @@ Status CudaMoeLayer::Load(Bf16WeightLoader& loader, const WeightStore* weights,
         p);
   }
   return Status::Ok();
+}
+
+Status CudaMoeLayer::ChooseActivations(const std::string& where, CudaMoeWeights* w) const {
+  w->w8a8 = false;
+  if (activation_dtype_ != ActivationDtype::kBf16) {
+    const std::string why = W8a8Unserved(*w);
+    if (why.empty()) {
+      w->w8a8 = true;
+    } else if (activation_dtype_ == ActivationDtype::kFp8) {
+      return InvalidArgument("moe_activation_dtype fp8, " + where + ": " + why);
+    } else {
+      spdlog::info("CUDA MoE layer, {}: the experts' activations stay bf16 ({})", where, why);
+    }
+  }
+  return Status::Ok();
+}
+
+std::string CudaMoeLayer::W8a8Unserved(const CudaMoeWeights& w) const {
+  if (w.mxfp4 || !w.gate_up.fp8() || !w.down.fp8()) {
+    return "the routed experts' weights are not fp8";
+  }
+  if (!cuda::MoeW8a8ShapeOk(true, inter_, hidden_) ||
+      !cuda::MoeW8a8ShapeOk(false, hidden_, inter_) ||
+      (shared_inter_ > 0 && (!cuda::MoeW8a8ShapeOk(true, shared_inter_, hidden_) ||
+                             !cuda::MoeW8a8ShapeOk(false, hidden_, shared_inter_)))) {
+    return "hidden " + std::to_string(hidden_) + ", intermediate " + std::to_string(inter_) +
+           ", shared " + std::to_string(shared_inter_) + ": the W8A8 GEMMs need multiples of 128";
+  }
+  if (!cuda::MoeW8a8Available()) {
+    return "this device runs no e4m3 tensor-core binary of the W8A8 GEMMs (compute capability "
+           "8.9 or later, built for it)";
+  }
+  return "";
 }
 
 cuda::MoeGemmScales MoeGemmScalesOf(const CudaLinear& lin, int rows_per_expert, int k) {
@@ -390,6 +425,20 @@ Status CudaMoeLayer::Reserve(int rows, CudaMoeScratch* s) const {
     LLM_RETURN_IF_ERROR(s->shared_act.Alloc(T * SI * 2));
     LLM_RETURN_IF_ERROR(s->shared_out.Alloc(T * H * 2));
   }
+  if (activation_dtype_ != ActivationDtype::kBf16) {
+    // Scales per token and 128-wide group (the larger form), at least one per row.
+    auto groups = [](size_t k) { return std::max<size_t>(1, (k + 127) / 128); };
+    LLM_RETURN_IF_ERROR(s->xq.Alloc(T * H));
+    LLM_RETURN_IF_ERROR(s->xq_scale.Alloc(T * groups(H) * 4));
+    LLM_RETURN_IF_ERROR(s->actq.Alloc(S * I));
+    LLM_RETURN_IF_ERROR(s->actq_scale.Alloc(S * groups(I) * 4));
+    if (SI > 0) {
+      LLM_RETURN_IF_ERROR(s->shared_xq.Alloc(T * H));
+      LLM_RETURN_IF_ERROR(s->shared_xq_scale.Alloc(T * groups(H) * 4));
+      LLM_RETURN_IF_ERROR(s->shared_actq.Alloc(T * SI));
+      LLM_RETURN_IF_ERROR(s->shared_actq_scale.Alloc(T * groups(SI) * 4));
+    }
+  }
   s->cap = rows;
   if (S >= static_cast<size_t>(large_batch_slots_) * E) {
     LLM_RETURN_IF_ERROR(s->gu.Alloc(std::max(S * 2 * I, T * 2 * SI) * 2));
@@ -594,6 +643,110 @@ Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w,
   return Status::Ok();
 }
 
+namespace {
+
+// x (bf16 [rows, cols]) into e4m3 q and its scales as the W8A8 GEMM beside `lin` reads them:
+// per token and 128-wide group ([cols / 128][rows]) for 128x128 block weights; else with the
+// checkpoint's static input_scale where `lin` has one (every row's scale that one), else per
+// token. Sets the GEMM's scale operand and its leading dimension.
+void QuantizeW8a8Input(const CudaLinear& lin, const void* x, int rows, int cols, void* q,
+                       float* scale, const float** scale_out, int* scale_ld, cudaStream_t stream) {
+  if (lin.quant() == WeightQuant::kFp8Block) {
+    cuda::LaunchQuantizeBlocks128Fp8(x, rows, cols, q, scale, rows, stream);
+    *scale_ld = rows;
+  } else if (lin.static_input_scale() != nullptr) {
+    cuda::LaunchQuantizeRowsStaticFp8(x, rows, cols, lin.static_input_scale(),
+                                      cuda::Fp8Rows{q, scale}, stream);
+    *scale_ld = 0;
+  } else {
+    cuda::LaunchQuantizeRowsFp8(x, rows, cols, cuda::Fp8Rows{q, scale}, stream);
+    *scale_ld = 0;
+  }
+  *scale_out = scale;
+}
+
+}  // namespace
+
+Status CudaMoeLayer::RunTiledW8a8(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x,
+                                  int T, CudaMoeScratch* s, int max_tiles, int tile_rows) const {
+  cudaStream_t stream = ops.stream;
+  const bool shared = w.shared.inter > 0;
+  const int S = T * r_.top_k;
+  cuda::MoeGemmArgs g;
+  // x once per token (the GEMM gathers its rows), which the shared experts read too.
+  QuantizeW8a8Input(w.gate_up, x, T, hidden_, s->xq.ptr, s->xq_scale.as<float>(), &g.x_scale,
+                    &g.x_scale_ld, stream);
+  g.x = s->xq.ptr;
+  g.sorted_token = s->sorted_token.as<int32_t>();
+  g.w = w.gate_up.data();
+  g.w_scale = MoeGemmScalesOf(w.gate_up, 2 * inter_, hidden_);
+  g.fp8 = true;
+  g.silu_mul = true;
+  g.bias = w.gate_up_bias.ptr ? w.gate_up_bias.as<float>() : nullptr;
+  if (gate_.activation == CpuMlp::Activation::kClampedSwiGlu) {
+    g.swiglu_limit = gate_.swiglu_limit;
+    g.swiglu_alpha = gate_.swiglu_alpha;
+  }
+  g.n_out = inter_;
+  g.k = hidden_;
+  g.tile_rows = tile_rows;
+  g.tiles = s->tiles.as<int32_t>();
+  g.num_tiles = s->num_tiles.as<int32_t>();
+  g.max_tiles = max_tiles;
+  g.out = s->act.ptr;
+  if (shared) {
+    // The shared experts' x: the routed experts' unless either has its own static input scale.
+    if (w.gate_up.static_input_scale() != nullptr ||
+        w.shared.gate_up.static_input_scale() != nullptr) {
+      QuantizeW8a8Input(w.shared.gate_up, x, T, hidden_, s->shared_xq.ptr,
+                        s->shared_xq_scale.as<float>(), &g.dense_x_scale, &g.dense_x_scale_ld,
+                        stream);
+      g.dense_x = s->shared_xq.ptr;
+    } else {
+      g.dense_x = s->xq.ptr;
+      g.dense_x_scale = g.x_scale;
+      g.dense_x_scale_ld = g.x_scale_ld;
+    }
+    g.dense_w = w.shared.gate_up.data();
+    g.dense_w_scale = MoeGemmScalesOf(w.shared.gate_up, 2 * shared_inter_, hidden_);
+    g.dense_n_out = shared_inter_;
+    g.dense_k = hidden_;
+    g.dense_out = s->shared_act.ptr;
+  }
+  if (!cuda::LaunchMoeGemmW8a8(g, stream)) {
+    return Internal("CUDA MoE layer: the W8A8 gate_up GEMM refused its operands");
+  }
+  // The activations: one row per slot (S), and the shared experts' (T).
+  cuda::MoeGemmArgs d = g;
+  QuantizeW8a8Input(w.down, s->act.ptr, S, inter_, s->actq.ptr, s->actq_scale.as<float>(),
+                    &d.x_scale, &d.x_scale_ld, stream);
+  d.x = s->actq.ptr;
+  d.sorted_token = nullptr;
+  d.w = w.down.data();
+  d.w_scale = MoeGemmScalesOf(w.down, hidden_, inter_);
+  d.silu_mul = false;
+  d.bias = w.down_bias.ptr ? w.down_bias.as<float>() : nullptr;
+  d.swiglu_limit = 0.0f;
+  d.n_out = hidden_;
+  d.k = inter_;
+  d.out = s->y.ptr;
+  if (shared) {
+    QuantizeW8a8Input(w.shared.down, s->shared_act.ptr, T, shared_inter_, s->shared_actq.ptr,
+                      s->shared_actq_scale.as<float>(), &d.dense_x_scale, &d.dense_x_scale_ld,
+                      stream);
+    d.dense_x = s->shared_actq.ptr;
+    d.dense_w = w.shared.down.data();
+    d.dense_w_scale = MoeGemmScalesOf(w.shared.down, hidden_, shared_inter_);
+    d.dense_n_out = hidden_;
+    d.dense_k = shared_inter_;
+    d.dense_out = s->shared_out.ptr;
+  }
+  if (!cuda::LaunchMoeGemmW8a8(d, stream)) {
+    return Internal("CUDA MoE layer: the W8A8 down GEMM refused its operands");
+  }
+  return Status::Ok();
+}
+
 Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
                          CudaMoeScratch* s, void* out, const Trace& trace) const {
   if (T == 0) return Status::Ok();
@@ -606,9 +759,10 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
     return Internal("CUDA MoE layer: shared experts of another size or dtype than the layer's");
   }
   const int dense_rows = shared ? T : 0;  // the shared experts: a dense group of every token
-  // MXFP4 experts: tiles as large as the batch's rows per expert call for (decided from T alone,
-  // so a captured graph replays the same choice); the bf16 / fp8 GEMMs take 16-row tiles.
-  const int tile_rows = w.mxfp4 ? cuda::MoeMxfp4TileRows(T, K, E) : cuda::kMoeTileRows;
+  // MXFP4 and W8A8 experts: tiles as large as the batch's rows per expert call for (decided from
+  // T alone, so a captured graph replays the same choice); the bf16 / W8A16 GEMMs take 16-row
+  // tiles.
+  const int tile_rows = w.mxfp4 || w.w8a8 ? cuda::MoeMxfp4TileRows(T, K, E) : cuda::kMoeTileRows;
   const int max_tiles = cuda::MoeMaxTiles(S, E, dense_rows, tile_rows);
   cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
   GPU_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &cs));
@@ -662,10 +816,16 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
     cuda::LaunchMoeRoute(ra, stream);
     cuda::LaunchMoePermute(pa, stream);
   }
-  // Small batches: the down GEMM's last tile per column block combines (no launch of its own).
-  const bool combined = !large && UsesFusedCombine(T);
+  // Small batches: the down GEMM's last tile per column block combines (no launch of its own;
+  // the W8A8 GEMMs have no combine epilogue).
+  const bool combined = !large && !w.w8a8 && UsesFusedCombine(T);
   if (large) {
     LLM_RETURN_IF_ERROR(RunLargeBatch(ops, w, x, T, s));
+  } else if (w.w8a8) {
+    if (s->xq.ptr == nullptr) {
+      return Internal("CUDA MoE layer: fp8 activations without their scratch (Reserve)");
+    }
+    LLM_RETURN_IF_ERROR(RunTiledW8a8(ops, w, x, T, s, max_tiles, tile_rows));
   } else {
     LLM_RETURN_IF_ERROR(RunTiled(ops, w, x, T, s, max_tiles, tile_rows, combined ? out : nullptr));
   }

@@ -18,6 +18,9 @@
 //                        tile of each column block)
 // The shared experts are one more group of both grouped GEMMs (every token, weight 1): no
 // launches of their own, and with fp8 weights their activations stay bf16 as the experts'.
+// With fp8 activations (set_activation_dtype), x, act and the shared experts' act are quantized
+// to e4m3 before each GEMM (kernels/cuda/ops/fp8_quant.h) and the W8A8 grouped GEMMs run on the
+// e4m3 tensor cores, with tiles of cuda::MoeMxfp4TileRows rows as the MXFP4 experts'.
 //
 // Large batches (prefill chunks: at least large_batch_slots_per_expert slots per expert on
 // average, bf16 experts, not capturing) take a second path: the 16-row tiles above stream every
@@ -55,6 +58,9 @@ struct CudaMoeWeights {
   // stay empty then.
   DeviceBuffer mx_gate_up, mx_gate_up_scales, mx_down, mx_down_scales;
   bool mxfp4 = false;
+  // fp8 experts run with fp8 activations (CudaMoeLayer::set_activation_dtype): the W8A8 grouped
+  // GEMMs (cuda::LaunchMoeGemmW8a8) instead of the bf16-activation ones.
+  bool w8a8 = false;
 };
 
 // One set of activations for up to `cap` tokens. A captured graph holds these pointers: reserve
@@ -72,6 +78,12 @@ struct CudaMoeScratch {
   // the path; large_cap is then cap.
   DeviceBuffer gu, offsets, ptrs;
   int large_cap = 0;
+  // The W8A8 path's e4m3 inputs and their fp32 scales (per token, or per token and 128-wide k
+  // group: sized for the latter): x [cap, hidden], act [cap top_k, I], shared_act [cap, shared
+  // I]; the shared experts' own x where either side quantizes x with a static input scale.
+  // Reserved only where the layer may run fp8 activations.
+  DeviceBuffer xq, xq_scale, actq, actq_scale, shared_xq, shared_xq_scale, shared_actq,
+      shared_actq_scale;
 };
 
 // The routing kernel's arguments for `routing` (pointers and the token count left to the caller).
@@ -96,7 +108,10 @@ class CudaMoeLayer {
   // fp8_checkpoint: per-expert tensors stored in e4m3 keep their bytes and scales
   // (CudaLinear::LoadCheckpoint over all experts stacked: per-expert, per-row or 128x128 block
   // scales, which the grouped GEMMs apply); their activations stay bf16, so a static input_scale
-  // is not used (logged). Stacked experts (gpt-oss) are read on the host through ReadExpertMatrix
+  // is not used (logged), or, with fp8 activations, are quantized with the static input_scale
+  // where the checkpoint has one (per-tensor / per-row weights: the largest of the stacked
+  // experts', as CudaLinear::LoadCheckpoint keeps it), else per token or 128-wide group.
+  // Stacked experts (gpt-oss) are read on the host through ReadExpertMatrix
   // (bf16 / fp32 or MXFP4, dequantized), their interleaved gate / up rows split into the GEMM's
   // gate-then-up layout; dummy weights fill that layout directly (biases 0).
   Status Load(Bf16WeightLoader& loader, const WeightStore* weights, const CudaLinearOps& ops,
@@ -111,6 +126,19 @@ class CudaMoeLayer {
   // tiles of cuda::MoeMxfp4TileRows(T, top_k, E) rows.
   enum class Mxfp4 { kAuto, kKeep, kDequantize };
   void set_mxfp4(Mxfp4 v) { mxfp4_ = v; }
+
+  // The activations of fp8 experts (ModelLoadOptions::moe_activation_dtype), set before Load and
+  // Reserve: kFp8 quantizes them to e4m3 for the W8A8 grouped GEMMs (per token and 128-wide k
+  // group beside 128x128 block-scaled weights, per token beside per-row or per-tensor scales) or
+  // fails the load naming what those do not serve (experts not fp8, shapes, a device without
+  // e4m3 tensor cores); kAuto does so where they serve the layer (else bf16 activations, logged);
+  // kBf16 keeps the W8A16 GEMMs (each weight widened to bf16).
+  enum class ActivationDtype { kBf16, kFp8, kAuto };
+  void set_activation_dtype(ActivationDtype v) { activation_dtype_ = v; }
+  // Sets w->w8a8 for the loaded experts `w` under the activation dtype (Load's last step; tests
+  // that fill CudaMoeWeights themselves call it): the InvalidArgument of kFp8 names `where` and
+  // what the W8A8 GEMMs do not serve.
+  Status ChooseActivations(const std::string& where, CudaMoeWeights* w) const;
 
   // Slots per expert (T * top_k / E) from which a batch takes the large-batch path; set before
   // Reserve (tests and benchmarks force either path: 0 always, INT_MAX never).
@@ -164,6 +192,12 @@ class CudaMoeLayer {
   Status LoadMxfp4(const WeightStore* weights, const std::string& gate_up, const std::string& down,
                    bool dummy, WeightQuant quant, CudaMoeWeights* w, bool* kept) const;
 
+  // Why the W8A8 GEMMs do not serve the loaded experts `w`, or "" where they do.
+  std::string W8a8Unserved(const CudaMoeWeights& w) const;
+  // The tiled path's expert GEMMs on fp8 activations (w.w8a8): quantizes x, the routed and the
+  // shared activations, and runs the W8A8 GEMMs (the combine stays a launch of its own).
+  Status RunTiledW8a8(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
+                      CudaMoeScratch* s, int max_tiles, int tile_rows) const;
   // The expert GEMMs of the tiled (graph-safe) path, after the permutation; with combine_out,
   // the down GEMM also writes the combined output there.
   Status RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
@@ -184,6 +218,15 @@ class CudaMoeLayer {
   int fused_route_max_tokens_ = cuda::kMoeRouteFusedMaxTokens;
   int fused_combine_max_tokens_ = cuda::kMoeFusedCombineMaxTokens;
   Mxfp4 mxfp4_ = Mxfp4::kAuto;
+  ActivationDtype activation_dtype_ = ActivationDtype::kBf16;
 };
+
+// "bf16", "fp8" or "auto" (ModelLoadOptions::moe_activation_dtype, checked at load) as the
+// layer's ActivationDtype.
+inline CudaMoeLayer::ActivationDtype MoeActivationDtypeOf(const std::string& v) {
+  return v == "fp8"    ? CudaMoeLayer::ActivationDtype::kFp8
+         : v == "auto" ? CudaMoeLayer::ActivationDtype::kAuto
+                       : CudaMoeLayer::ActivationDtype::kBf16;
+}
 
 }  // namespace llm

@@ -170,6 +170,14 @@ struct MoeGemmArgs {
     uint32_t* tickets = nullptr;  // [MoeCombineTickets(n_out)]
     void* out = nullptr;          // bf16 [T, n_out]; null: no combine here
   } combine;
+  // fp8 activations (LaunchMoeGemmW8a8 only): x and dense_x are e4m3 and these their fp32
+  // scales (x ~ q * scale): one per row of x ([rows]) with x_scale_ld 0, or one per row and
+  // 128-wide k group ([k / 128][x_scale_ld], LaunchQuantizeBlocks128Fp8's layout) with
+  // x_scale_ld > 0. Rows are x's (the gather picks row sorted_token[s] of both).
+  const float* x_scale = nullptr;
+  int x_scale_ld = 0;
+  const float* dense_x_scale = nullptr;
+  int dense_x_scale_ld = 0;
 };
 // Column blocks of the down GEMMs (LaunchMoeGemm's 64 columns, the MXFP4 GEMMs' 32 or more):
 // the tickets MoeGemmArgs::combine needs for n_out outputs.
@@ -227,9 +235,9 @@ inline void PackMoeMxfp4(const uint8_t* blocks, const uint8_t* scales, int64_t e
     }
   }
 }
-// The tile rows the MXFP4 GEMMs run (and the permutation cuts) for `tokens` tokens routed top_k
-// over `experts` experts, decided on the host before a capture: 16 while no expert can hold more
-// than 16 rows or they average at most 12 (decode: one n8 block of tokens, or two, per widened
+// The tile rows the MXFP4 and W8A8 GEMMs run (and the permutation cuts) for `tokens` tokens routed
+// top_k over `experts` experts, decided on the host before a capture: 16 while no expert can hold
+// more than 16 rows or they average at most 12 (decode: one n8 block of tokens, or two, per widened
 // weight fragment), else 32 or 64 so that an expert's weights are streamed and widened once for
 // (nearly) all its rows. More rows per tile cost only shared memory and idle n8 blocks (skipped).
 inline int MoeMxfp4TileRows(int64_t tokens, int top_k, int experts) {
@@ -241,6 +249,25 @@ inline bool MoeMxfp4TileRowsOk(int tile_rows) {
   return tile_rows == 16 || tile_rows == 32 || tile_rows == 64;
 }
 [[nodiscard]] bool LaunchMoeGemmMxfp4(const MoeGemmArgs& a, void* stream);
+
+// The grouped GEMMs of LaunchMoeGemm on fp8 e4m3 weights and fp8 e4m3 activations (W8A8)
+// through the e4m3 tensor cores (sm_89 on): the same tiles (routed experts and the dense group),
+// gather, biases, gates and bf16 output, with the weights' scales (MoeGemmScales) and the
+// activations' (MoeGemmArgs::x_scale) applied in fp32: with 128x128 weight blocks the
+// activations carry one scale per token and 128-wide k group (DeepSeek-V3's recipe) and each
+// 128-wide k slice's fp32 sum is scaled by both; with per-row or per-tensor weight scales one
+// scale per token, applied to the whole sum. Tiles of 16, 32 or 64 rows (a.tile_rows, the
+// permutation's: MoeMxfp4TileRows chooses for both kernels). Shapes: MoeW8a8ShapeOk for both
+// groups. False (nothing launched) where the device's binary has no e4m3 mma
+// (MoeW8a8Available), for a tile_rows it has no kernel for, for shapes outside MoeW8a8ShapeOk,
+// or for activation scales whose form does not match the weights' (block weights:
+// x_scale_ld > 0; else 0).
+constexpr int kMoeW8a8K = 128;
+inline bool MoeW8a8ShapeOk(bool silu_mul, int n_out, int k) {
+  return n_out % (silu_mul ? kMoeGemmN / 2 : kMoeGemmN) == 0 && k % kMoeW8a8K == 0 && k > 0;
+}
+bool MoeW8a8Available();
+[[nodiscard]] bool LaunchMoeGemmW8a8(const MoeGemmArgs& a, void* stream);
 
 // out[t, :] = bf16(shared[t, :] + sum_k topk_w[t, k] * y[slot_of[t, k], :]) with fp32 sums in k
 // order (deterministic, no atomics). shared may be null; a slot at position >= num_slots
