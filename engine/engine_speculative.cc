@@ -146,6 +146,11 @@ void EngineCore::RunProposerNetwork(const SchedulerOutput& sched, const StepStat
     penalties->insert(penalties->end(), entries.begin(), entries.end());
     return true;
   };
+  // Without penalties a job does not read the earlier drafts, so the draft model may ask for it
+  // while it still draws them on the device.
+  const DraftModelProposer::JobsIndependent independent = [&](size_t i) {
+    return !HasPenalties(work_state[i]->request.sampling);
+  };
   // A grammar masks each draft's row with its state after the drafts before it, as the
   // verification masks the target's rows: the matcher takes the drafts tentatively and gives
   // them back once the drafting is done. Once it ends (or refuses a draft), later rows stay
@@ -180,8 +185,9 @@ void EngineCore::RunProposerNetwork(const SchedulerOutput& sched, const StepStat
     p.drafts.push_back(token);
     return token;
   };
-  const Status st = mtp_ ? mtp_->Run(work, scheduler_->allocator(), device_job, choose)
-                         : draft_model_->Run(work, scheduler_->allocator(), device_job, choose);
+  const Status st =
+      mtp_ ? mtp_->Run(work, scheduler_->allocator(), device_job, choose)
+           : draft_model_->Run(work, scheduler_->allocator(), device_job, independent, choose);
   for (size_t i = 0; i < work.size(); ++i) {
     if (tentative[i] > 0) work_state[i]->matcher->Rollback(tentative[i]);
   }

@@ -1,6 +1,8 @@
 #include "engine/speculative/draft_model_proposer.h"
 
 #include <algorithm>
+#include <deque>
+#include <string>
 
 #include "base/check.h"
 #include "engine/speculative/proposer_batch.h"
@@ -73,65 +75,159 @@ void AdvanceDraftKv(Sequence* seq) {
   seq->draft_kv_ahead.clear();
 }
 
+namespace {
+
+// The draft model's forwards of one Run, in order. A forward whose every row is drawn on the
+// device, on a model that overlaps steps, is launched and collected only once the next one is
+// queued behind it (which may read its tokens as fed-back ids), so the device never waits for the
+// host between them; any other forward runs synchronously. Each forward's drafts are picked in
+// issue order, so `choose` sees an item's drafts in order.
+class ProposalChain {
+ public:
+  ProposalChain(Model& model, const ProposerChoose& choose,
+                std::vector<std::vector<int32_t>>* proposals, std::vector<float>* logits,
+                std::vector<int32_t>* tokens)
+      : model_(model),
+        vocab_(model.config().vocab_size),
+        choose_(choose),
+        proposals_(proposals),
+        logits_(logits),
+        tokens_(tokens) {}
+
+  // Whether a launched forward is not collected yet (its drafts not picked).
+  bool launched() const { return !launched_.empty(); }
+
+  // Issues `b`, whose logit rows are one per item of `items`; its token ids may feed back the
+  // previous forward's rows only if that one was launched and `b` is drawn on the device.
+  Status Issue(const std::vector<size_t>& items, ForwardBatch* b) {
+    b->attn.num_tokens = static_cast<int>(b->token_ids.size());
+    if (model_.supports_overlap() && AllRowsDrawn(*b)) {
+      LLM_RETURN_IF_ERROR(model_.Launch(*b));
+      launched_.push_back(items);
+      // The previous forward, collected while this one runs.
+      return launched_.size() > 1 ? CollectOldest() : Status::Ok();
+    }
+    LLM_RETURN_IF_ERROR(CollectAll());
+    LLM_RETURN_IF_ERROR(model_.ForwardSampled(*b, logits_, tokens_));
+    PickProposals(items, *tokens_, *logits_, vocab_, choose_, proposals_);
+    return Status::Ok();
+  }
+
+  // Collects every launched forward and picks its drafts.
+  Status CollectAll() {
+    while (!launched_.empty()) LLM_RETURN_IF_ERROR(CollectOldest());
+    return Status::Ok();
+  }
+
+  // After a failure: collects what is still launched, its tokens unused, so that nothing of this
+  // Run still runs on the device when the next forward is issued.
+  void Abandon() {
+    std::vector<int32_t> unused;
+    for (; !launched_.empty(); launched_.pop_front()) (void)model_.Collect(&unused);
+  }
+
+ private:
+  Status CollectOldest() {
+    const std::vector<size_t> items = std::move(launched_.front());
+    launched_.pop_front();  // collected or failed: no longer on the device
+    LLM_RETURN_IF_ERROR(model_.Collect(tokens_));
+    if (tokens_->size() != items.size() ||
+        std::any_of(tokens_->begin(), tokens_->end(), [](int32_t t) { return t < 0; })) {
+      return Internal("a launched draft forward returned " + std::to_string(tokens_->size()) +
+                      " tokens for " + std::to_string(items.size()) + " device-drawn rows");
+    }
+    PickProposals(items, *tokens_, {}, vocab_, choose_, proposals_);
+    return Status::Ok();
+  }
+
+  Model& model_;
+  const int vocab_;
+  const ProposerChoose& choose_;
+  std::vector<std::vector<int32_t>>* proposals_;
+  std::vector<float>* logits_;
+  std::vector<int32_t>* tokens_;
+  std::deque<std::vector<size_t>> launched_;  // the items of each launched forward, oldest first
+};
+
+}  // namespace
+
 DraftModelProposer::DraftModelProposer(std::unique_ptr<Model> draft, int block_size)
     : draft_(std::move(draft)), block_size_(block_size) {
   LLM_CHECK(draft_->num_kv_blocks() > 0) << "the draft model has no KV cache";
 }
 
 Status DraftModelProposer::Run(std::span<const DraftWork> work, const BlockAllocator& allocator,
-                               const DeviceJob& device_job, const Choose& choose) {
+                               const DeviceJob& device_job, const JobsIndependent& independent,
+                               const Choose& choose) {
   if (work.empty()) return Status::Ok();
-  const int vocab = draft_->config().vocab_size;
   const bool on_device = draft_->samples_on_device();
   std::vector<std::vector<int32_t>> proposals(work.size());
-  // A forward whose logit rows are one per item of `items`, in order: each item's next draft.
-  auto forward_and_pick = [&](const std::vector<size_t>& items, ForwardBatch* b) -> Status {
-    AppendProposerJobs(items, proposals, on_device, device_job, b);
-    b->attn.num_tokens = static_cast<int>(b->token_ids.size());
-    LLM_RETURN_IF_ERROR(draft_->ForwardSampled(*b, &logits_, &tokens_));
-    PickProposals(items, tokens_, logits_, vocab, choose, &proposals);
-    return Status::Ok();
-  };
-
-  // The tokens each sequence's draft K/V lacks, in one prefill-like forward; the last row of a
-  // proposing sequence gives its first draft.
-  ForwardBatch b = EmptyProposerBatch();
-  std::vector<size_t> rows_of;  // the item of each logit row
-  for (size_t i = 0; i < work.size(); ++i) {
-    const DraftWork& w = work[i];
-    const Sequence& seq = *w.seq;
-    const int from = seq.draft_kv_len;
-    LLM_CHECK(from < w.end && w.end <= seq.num_tokens())
-        << "draft work [" << from << ", " << w.end << ") of sequence " << seq.id;
-    LLM_CHECK(w.num_propose == 0 || w.end == seq.num_tokens())
-        << "sequence " << seq.id << " proposes before its last token";
-    std::vector<int32_t> tokens;
-    for (int p = from; p < w.end; ++p) tokens.push_back(seq.token_at(p));
-    AppendProposerRows(seq, from, w.end, tokens, block_size_, allocator, &b);
-    if (w.num_propose > 0) {
-      b.logit_rows.push_back(static_cast<int32_t>(b.token_ids.size()) - 1);
-      rows_of.push_back(i);
-    }
-  }
-  LLM_RETURN_IF_ERROR(forward_and_pick(rows_of, &b));
-
-  // The other drafts: one token per proposing sequence and forward, the previous draft at the
-  // position after it (its K/V lands in a block Schedule reserved for the drafts).
-  for (int j = 1;; ++j) {
-    ForwardBatch s = EmptyProposerBatch();
-    std::vector<size_t> items;
+  ProposalChain chain(*draft_, choose, &proposals, &logits_, &tokens_);
+  const Status st = [&]() -> Status {
+    // The tokens each sequence's draft K/V lacks, in one prefill-like forward; the last row of a
+    // proposing sequence gives its first draft.
+    ForwardBatch b = EmptyProposerBatch();
+    std::vector<size_t> items;  // the item of each logit row of the last forward issued
     for (size_t i = 0; i < work.size(); ++i) {
       const DraftWork& w = work[i];
-      if (w.num_propose <= j) continue;
-      const int p = w.end + j - 1;
-      const int32_t token = proposals[i][j - 1];
-      AppendProposerRows(*w.seq, p, p + 1, std::span<const int32_t>(&token, 1), block_size_,
-                         allocator, &s);
-      s.logit_rows.push_back(static_cast<int32_t>(s.token_ids.size()) - 1);
-      items.push_back(i);
+      const Sequence& seq = *w.seq;
+      const int from = seq.draft_kv_len;
+      LLM_CHECK(from < w.end && w.end <= seq.num_tokens())
+          << "draft work [" << from << ", " << w.end << ") of sequence " << seq.id;
+      LLM_CHECK(w.num_propose == 0 || w.end == seq.num_tokens())
+          << "sequence " << seq.id << " proposes before its last token";
+      std::vector<int32_t> tokens;
+      for (int p = from; p < w.end; ++p) tokens.push_back(seq.token_at(p));
+      AppendProposerRows(seq, from, w.end, tokens, block_size_, allocator, &b);
+      if (w.num_propose > 0) {
+        b.logit_rows.push_back(static_cast<int32_t>(b.token_ids.size()) - 1);
+        items.push_back(i);
+      }
     }
-    if (items.empty()) break;
-    LLM_RETURN_IF_ERROR(forward_and_pick(items, &s));
+    AppendProposerJobs(items, 0, on_device, device_job, &b);
+    LLM_RETURN_IF_ERROR(chain.Issue(items, &b));
+
+    // The other drafts: one token per proposing sequence and forward, the previous draft at the
+    // position after it (its K/V lands in a block Schedule reserved for the drafts).
+    for (int j = 1;; ++j) {
+      std::vector<size_t> next;  // a subset of `items`, also in work order
+      for (size_t i : items) {
+        if (work[i].num_propose > j) next.push_back(i);
+      }
+      if (next.empty()) break;
+      // Forward j is queued behind a launched forward j - 1, whose drafts it reads on the device,
+      // when its jobs are known without them and it is drawn on the device; otherwise the host
+      // collects forward j - 1 first (before the jobs, where they count its drafts).
+      if (!std::all_of(next.begin(), next.end(), [&](size_t i) { return independent(i); })) {
+        LLM_RETURN_IF_ERROR(chain.CollectAll());
+      }
+      ForwardBatch s = EmptyProposerBatch();
+      AppendProposerJobs(next, j, on_device, device_job, &s);
+      for (size_t i : next) {
+        const DraftWork& w = work[i];
+        const int p = w.end + j - 1;
+        const int32_t unknown = 0;  // the previous draft, set below
+        AppendProposerRows(*w.seq, p, p + 1, std::span<const int32_t>(&unknown, 1), block_size_,
+                           allocator, &s);
+        s.logit_rows.push_back(static_cast<int32_t>(s.token_ids.size()) - 1);
+      }
+      const bool fed_back = chain.launched() && AllRowsDrawn(s);
+      if (!fed_back) LLM_RETURN_IF_ERROR(chain.CollectAll());
+      // Row k (item next[k]) reads the previous draft: on the device, the token forward j - 1
+      // drew at the item's logit row r there; else the host's.
+      for (size_t k = 0, r = 0; k < next.size(); ++k) {
+        const size_t i = next[k];
+        while (items[r] != i) ++r;
+        s.token_ids[k] = fed_back ? -static_cast<int32_t>(r + 1) : proposals[i][j - 1];
+      }
+      LLM_RETURN_IF_ERROR(chain.Issue(next, &s));
+      items = std::move(next);
+    }
+    return chain.CollectAll();
+  }();
+  if (!st.ok()) {
+    chain.Abandon();
+    return st;
   }
 
   for (size_t i = 0; i < work.size(); ++i) {

@@ -14,6 +14,15 @@
 // gives each proposing sequence its first draft, then one-token forwards, batched over the
 // proposing sequences, for the rest. Rejected drafts leave stale K/V past draft_kv_len, which is
 // never read and is overwritten when those positions are computed again.
+//
+// On a draft model that overlaps steps (Model::supports_overlap, the CUDA runner) a forward whose
+// every row is drawn on the device is launched, and the next one-token forward is queued behind
+// it with the drafts it draws as fed-back ids (read on the device): the host picks forward j's
+// drafts while forward j + 1 runs, so the device runs the proposal steps back to back. The
+// decision is per forward, for its whole batch: a forward is queued so only when every item's
+// job for that draft is known without the earlier drafts' values (ProposerJobsIndependent: no
+// penalties counting them) and every row is drawn on the device (greedy, unconstrained drafts);
+// otherwise the host collects the previous forward first and passes its tokens.
 #pragma once
 
 #include <cstdint>
@@ -70,13 +79,17 @@ class DraftModelProposer {
   DraftModelProposer(std::unique_ptr<Model> draft, int block_size);
 
   using DeviceJob = ProposerDeviceJob;  // proposer_batch.h
+  using JobsIndependent = ProposerJobsIndependent;
   using Choose = ProposerChoose;
 
-  // Runs `work` (each sequence at most once). On success, each item's sequence has draft_kv_len
-  // = end, draft_kv_ahead = its first num_propose - 1 proposals, and draft_ids[0..num_propose) =
-  // its proposals. On an error, no sequence is changed.
+  // Runs `work` (each sequence at most once). `choose` is called for each item's drafts in order
+  // (draft j after draft j - 1), `device_job` for draft j after `choose` for draft j - 1 unless
+  // `independent` says the item's jobs do not read its drafts. On success, each item's sequence
+  // has draft_kv_len = end, draft_kv_ahead = its first num_propose - 1 proposals, and
+  // draft_ids[0..num_propose) = its proposals. On an error, no sequence is changed and no
+  // launched forward is left uncollected.
   Status Run(std::span<const DraftWork> work, const BlockAllocator& allocator,
-             const DeviceJob& device_job, const Choose& choose);
+             const DeviceJob& device_job, const JobsIndependent& independent, const Choose& choose);
 
   const Model& model() const { return *draft_; }
 

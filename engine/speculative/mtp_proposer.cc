@@ -45,9 +45,9 @@ Status MtpProposer::Run(std::span<const DraftWork> work, const BlockAllocator& a
   std::vector<std::vector<int32_t>> proposals(work.size());
   std::vector<std::vector<float>> chained(work.size());  // the last proposing row's output
   // Forwards `b`, whose logit rows (and hidden rows) are one per item of `items`, and picks each
-  // item's next draft; keeps each row's output before the final norm for the next link.
-  auto forward_and_pick = [&](const std::vector<size_t>& items, ForwardBatch* b) -> Status {
-    AppendProposerJobs(items, proposals, on_device, device_job, b);
+  // item's next draft (its j-th); keeps each row's output before the final norm for the next link.
+  auto forward_and_pick = [&](const std::vector<size_t>& items, int j, ForwardBatch* b) -> Status {
+    AppendProposerJobs(items, j, on_device, device_job, b);
     b->attn.num_tokens = static_cast<int>(b->token_ids.size());
     b->hidden_rows = b->logit_rows;
     b->hidden_before_final_norm = true;
@@ -84,7 +84,7 @@ Status MtpProposer::Run(std::span<const DraftWork> work, const BlockAllocator& a
       rows_of.push_back(i);
     }
   }
-  LLM_RETURN_IF_ERROR(forward_and_pick(rows_of, &b));
+  LLM_RETURN_IF_ERROR(forward_and_pick(rows_of, 0, &b));
 
   // The chain: the row after the last one reads the previous draft and that row's output (its
   // K/V lands in a block Schedule reserved for the drafts, past draft_kv_len: never kept).
@@ -103,7 +103,7 @@ Status MtpProposer::Run(std::span<const DraftWork> work, const BlockAllocator& a
       items.push_back(i);
     }
     if (items.empty()) break;
-    LLM_RETURN_IF_ERROR(forward_and_pick(items, &s));
+    LLM_RETURN_IF_ERROR(forward_and_pick(items, j, &s));
   }
 
   for (size_t i = 0; i < work.size(); ++i) {

@@ -31,18 +31,25 @@ void AppendProposerRows(const Sequence& seq, int from, int to, std::span<const i
   ++a.num_seqs;
 }
 
-void AppendProposerJobs(const std::vector<size_t>& items,
-                        const std::vector<std::vector<int32_t>>& proposals, bool on_device,
+void AppendProposerJobs(const std::vector<size_t>& items, int j, bool on_device,
                         const ProposerDeviceJob& device_job, ForwardBatch* b) {
   if (!on_device) return;
   b->penalty_indptr.push_back(0);
   for (size_t i : items) {
     SamplingJob job{};
-    const bool drawn = device_job(i, static_cast<int>(proposals[i].size()), &job, &b->penalties);
+    const bool drawn = device_job(i, j, &job, &b->penalties);
     b->device_sampled.push_back(drawn ? 1 : 0);
     b->sampling_jobs.push_back(drawn ? job : SamplingJob{});
     b->penalty_indptr.push_back(static_cast<int32_t>(b->penalties.size()));
   }
+}
+
+bool AllRowsDrawn(const ForwardBatch& b) {
+  if (b.logit_rows.empty() || b.device_sampled.size() != b.logit_rows.size()) return false;
+  for (uint8_t d : b.device_sampled) {
+    if (!d) return false;
+  }
+  return true;
 }
 
 void PickProposals(const std::vector<size_t>& items, std::span<const int32_t> tokens,

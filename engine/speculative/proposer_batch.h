@@ -23,6 +23,10 @@ using ProposerDeviceJob =
 // chosen from the network's logits of that row (processed in place).
 using ProposerChoose =
     std::function<int32_t(size_t item, int j, int32_t device_token, std::span<float> logits)>;
+// Whether item `item`'s device jobs never read its earlier drafts' values (no penalty entries
+// count them): its j-th job may then be asked for before drafts 0..j-1 are chosen, while the
+// forward that draws draft j - 1 still runs.
+using ProposerJobsIndependent = std::function<bool(size_t item)>;
 
 // An empty batch (q_indptr and page_indptr start at 0).
 ForwardBatch EmptyProposerBatch();
@@ -35,11 +39,13 @@ void AppendProposerRows(const Sequence& seq, int from, int to, std::span<const i
                         int block_size, const BlockAllocator& allocator, ForwardBatch* b);
 
 // The device sampling jobs of a forward whose logit rows are one per item of `items`, in order:
-// item i's next draft is its (*proposals)[i].size()-th. Nothing on a network that samples on the
-// host (on_device false).
-void AppendProposerJobs(const std::vector<size_t>& items,
-                        const std::vector<std::vector<int32_t>>& proposals, bool on_device,
+// each item's j-th draft. Nothing on a network that samples on the host (on_device false).
+void AppendProposerJobs(const std::vector<size_t>& items, int j, bool on_device,
                         const ProposerDeviceJob& device_job, ForwardBatch* b);
+
+// Whether a forward's every logit row is drawn on the device (false without logit rows): the
+// rows a launched forward may have (Model::Launch) and the next forward may feed back.
+bool AllRowsDrawn(const ForwardBatch& b);
 
 // After that forward: each item's next draft (the device's token where it drew one, `tokens[r]`
 // >= 0, else `choose` over logit row r of `vocab` values), appended to (*proposals)[item].

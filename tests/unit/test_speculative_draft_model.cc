@@ -230,42 +230,60 @@ TEST_CASE("sampled decoding with a draft model keeps the token distribution",
                             std::to_string(spec_run.draft_tokens));
 }
 
-// Target and draft as models that sample on the device (as the CUDA runner does): greedy drafts
-// are drawn "on the device" from a job (only the token comes back), the target overlaps steps for
-// the requests that opted out, whose pending tokens the draft model must not read, and catches
-// up on their tokens never. With the target as its own draft every draft is accepted, and every
-// token is the one without speculation.
-TEST_CASE("a draft model beside device sampling and overlapped steps",
-          "[speculative][draft_model][engine]") {
-  test::TempDir dir("spec_draft_device");
-  test::TinyLlama("llama", 14).Write(dir.path());
-  const std::string d = dir.path().string();
-  auto make = [&](const std::string& method) {
-    EngineConfig cfg;
-    cfg.model.model_dir = d;
-    cfg.model.block_size = 4;
-    cfg.model.num_kv_blocks = 128;
-    cfg.scheduler.max_num_seqs = 8;
-    cfg.scheduler.max_batched_tokens = 32;
-    cfg.require_tokenizer = false;
-    cfg.speculative.method = method;
-    cfg.speculative.num_speculative_tokens = 3;
-    std::unique_ptr<Model> draft;
-    if (method == "draft") {
-      cfg.speculative.draft_model_dir = d;
-      auto loaded = LoadModel(DraftModelLoadOptions(cfg.model, d));
-      REQUIRE(loaded.ok());
-      draft = std::make_unique<test::DeviceSamplingModel>(std::move(loaded).value());
-    }
-    auto target = LoadModel(cfg.model);
-    REQUIRE(target.ok());
-    auto core = EngineCore::Create(
-        cfg, std::make_unique<test::DeviceSamplingModel>(std::move(target).value(), true),
-        std::move(draft));
-    INFO(core.status().ToString());
-    REQUIRE(core.ok());
-    return std::move(core.value());
-  };
+// Target and draft as models that sample on the device (as the CUDA runner does), the target
+// overlapping steps, over the tiny Llama in `dir` (block size 4); speculation `method`, the target
+// itself as the draft model. With draft_overlap the draft model overlaps steps too (its proposal
+// forwards queued behind each other); fail_launch / fail_collect inject a failure into the draft
+// model's calls.
+struct DeviceCoreOptions {
+  int num_blocks = 128;
+  bool draft_overlap = false;
+  int fail_launch = -1, fail_collect = -1;
+};
+
+std::unique_ptr<EngineCore> MakeDeviceSamplingCore(const std::string& dir,
+                                                   const std::string& method,
+                                                   const DeviceCoreOptions& o = {}) {
+  EngineConfig cfg;
+  cfg.model.model_dir = dir;
+  cfg.model.block_size = 4;
+  cfg.model.num_kv_blocks = o.num_blocks;
+  cfg.scheduler.max_num_seqs = 8;
+  cfg.scheduler.max_batched_tokens = 32;
+  cfg.require_tokenizer = false;
+  cfg.speculative.method = method;
+  cfg.speculative.num_speculative_tokens = 3;
+  std::unique_ptr<Model> draft;
+  if (method == "draft") {
+    cfg.speculative.draft_model_dir = dir;
+    auto loaded = LoadModel(DraftModelLoadOptions(cfg.model, dir));
+    REQUIRE(loaded.ok());
+    auto d =
+        std::make_unique<test::DeviceSamplingModel>(std::move(loaded).value(), o.draft_overlap);
+    d->fail_launch = o.fail_launch;
+    d->fail_collect = o.fail_collect;
+    draft = std::move(d);
+  }
+  auto target = LoadModel(cfg.model);
+  REQUIRE(target.ok());
+  auto core = EngineCore::Create(
+      cfg, std::make_unique<test::DeviceSamplingModel>(std::move(target).value(), true),
+      std::move(draft));
+  INFO(core.status().ToString());
+  REQUIRE(core.ok());
+  return std::move(core.value());
+}
+
+const test::DeviceSamplingModel& DeviceDraft(const EngineCore& core) {
+  const auto* d = dynamic_cast<const test::DeviceSamplingModel*>(core.draft_model());
+  REQUIRE(d != nullptr);
+  return *d;
+}
+
+// Four greedy speculating requests of different lengths (so their drafts run out at different
+// proposal steps), the third with a repetition penalty where `penalty`, between four seeded
+// sampled ones that opted out and run longer (the target overlaps them once the others are done).
+std::vector<GenerationRequest> DeviceWorkload(bool penalty) {
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 8; ++i) {
     GenerationRequest r;
@@ -276,8 +294,8 @@ TEST_CASE("a draft model beside device sampling and overlapped steps",
     if (i % 2 == 0) {  // greedy, speculating, short
       r.sampling.temperature = 0.0f;
       r.stopping.max_tokens = 10 + i;
-      if (i == 2) r.sampling.repetition_penalty = 1.3f;  // drafts' penalties on the device
-    } else {  // seeded sampling, opted out, long: overlaps once the others are done
+      if (i == 2 && penalty) r.sampling.repetition_penalty = 1.3f;
+    } else {
       r.sampling.temperature = 0.9f;
       r.sampling.seed = 50 + i;
       r.speculative_decoding = false;
@@ -285,16 +303,124 @@ TEST_CASE("a draft model beside device sampling and overlapped steps",
     }
     reqs.push_back(std::move(r));
   }
-  auto plain_core = make("none");
+  return reqs;
+}
+
+// Greedy drafts are drawn "on the device" from a job (only the token comes back), the target
+// overlaps steps for the requests that opted out, whose pending tokens the draft model must not
+// read, and catches up on their tokens never. With the target as its own draft every draft is
+// accepted, and every token is the one without speculation.
+TEST_CASE("a draft model beside device sampling and overlapped steps",
+          "[speculative][draft_model][engine]") {
+  test::TempDir dir("spec_draft_device");
+  test::TinyLlama("llama", 14).Write(dir.path());
+  const std::string d = dir.path().string();
+  const std::vector<GenerationRequest> reqs = DeviceWorkload(/*penalty=*/true);
+  auto plain_core = MakeDeviceSamplingCore(d, "none");
   const RunResult plain = Run(*plain_core, reqs);
-  auto spec_core = make("draft");
+  auto spec_core = MakeDeviceSamplingCore(d, "draft");
   const RunResult spec = Run(*spec_core, reqs);
   CHECK(spec.drafts > 0);
   CHECK(spec.accepted == spec.draft_tokens);
   CHECK(spec_core->num_overlapped_steps() > 0);
+  CHECK(DeviceDraft(*spec_core).launches == 0);
   for (const auto& [id, sink] : plain.sinks) {
     INFO(id);
     CHECK(spec.sinks.at(id)->tokens == sink->tokens);
+  }
+}
+
+// A draft model that overlaps steps queues each proposal forward behind the previous one, whose
+// drafts it reads on the device as fed-back ids (Launch j + 1, then Collect j): no proposal row
+// waits for the host. The greedy tokens are those without speculation and those of the
+// synchronous chain; with the target as its draft, every draft is accepted, which a fed-back id
+// naming another sequence's row (after a shorter sequence stopped proposing) would break.
+TEST_CASE("the draft model's proposal forwards run without a host round trip between them",
+          "[speculative][draft_model][engine]") {
+  test::TempDir dir("spec_draft_pipelined");
+  test::TinyLlama("llama", 14).Write(dir.path());
+  const std::string d = dir.path().string();
+  const std::vector<GenerationRequest> reqs = DeviceWorkload(/*penalty=*/false);
+  auto plain_core = MakeDeviceSamplingCore(d, "none");
+  const RunResult plain = Run(*plain_core, reqs);
+  auto sync_core = MakeDeviceSamplingCore(d, "draft");
+  const RunResult sync = Run(*sync_core, reqs);
+  auto core = MakeDeviceSamplingCore(d, "draft", {.draft_overlap = true});
+  const RunResult piped = Run(*core, reqs);
+  CHECK(piped.drafts > 0);
+  CHECK(piped.accepted == piped.draft_tokens);
+  CheckSameTokens(plain, piped);
+  CheckSameTokens(sync, piped);
+  const test::DeviceSamplingModel& draft = DeviceDraft(*core);
+  CHECK(draft.launches > 0);
+  CHECK(draft.sync_drawn_rows == 0);  // every proposal row came back through Collect
+  CHECK(draft.max_outstanding == 2);  // forward j + 1 launched before forward j was collected
+  CHECK(draft.fed_back_ids > 0);
+  CHECK(draft.moved_fed_back_ids > 0);  // a proposal step with fewer sequences than the last
+  CHECK(draft.outstanding() == 0);
+  CHECK(DeviceDraft(*sync_core).sync_drawn_rows > 0);
+}
+
+// A penalty counts the earlier drafts, whose values its job needs on the host: each proposal
+// forward of a batch with such a request waits for the previous one's tokens (none is fed back),
+// and the tokens stay those without speculation, alone and beside requests without penalties.
+TEST_CASE("a draft model's proposals with penalties wait for the host's tokens",
+          "[speculative][draft_model][engine]") {
+  test::TempDir dir("spec_draft_penalty");
+  test::TinyLlama("llama", 14).Write(dir.path());
+  const std::string d = dir.path().string();
+  const std::vector<GenerationRequest> mixed = DeviceWorkload(/*penalty=*/true);
+  const std::vector<GenerationRequest> alone = {mixed[2]};
+  REQUIRE(alone[0].sampling.repetition_penalty != 1.0f);
+  for (const auto& reqs : {alone, mixed}) {
+    INFO(reqs.size() << " requests");
+    auto plain_core = MakeDeviceSamplingCore(d, "none");
+    const RunResult plain = Run(*plain_core, reqs);
+    auto core = MakeDeviceSamplingCore(d, "draft", {.draft_overlap = true});
+    const RunResult piped = Run(*core, reqs);
+    CHECK(piped.drafts > 0);
+    CHECK(piped.accepted == piped.draft_tokens);
+    CheckSameTokens(plain, piped);
+    const test::DeviceSamplingModel& draft = DeviceDraft(*core);
+    CHECK(draft.launches > 0);
+    if (reqs.size() == 1) {
+      CHECK(draft.fed_back_ids == 0);
+      CHECK(draft.max_outstanding == 1);
+    }
+    CHECK(draft.outstanding() == 0);
+  }
+}
+
+// The queued proposal forwards under preemption (a small KV pool), aborts, and a draft forward
+// that fails to launch while the one before it runs, then one that fails to collect while the next
+// runs: each failed Run leaves no forward launched and no sequence changed (its placeholders are
+// verified exactly), every block comes back, and the tokens are those without speculation.
+TEST_CASE("queued draft forwards under preemption, aborts and failures",
+          "[speculative][draft_model][engine]") {
+  test::TempDir dir("spec_draft_pipelined_preempt");
+  test::TinyLlama("llama", 13).Write(dir.path());
+  const std::string d = dir.path().string();
+  std::vector<GenerationRequest> reqs = DeviceWorkload(/*penalty=*/false);
+  for (GenerationRequest& r : reqs) r.stopping.max_tokens = 40;
+  const std::map<int, std::string> aborts = {{4, "d0"}, {11, "d3"}};
+  auto plain_core = MakeDeviceSamplingCore(d, "none", {.num_blocks = 24});
+  const RunResult plain = Run(*plain_core, reqs, aborts);
+  auto core = MakeDeviceSamplingCore(
+      d, "draft", {.num_blocks = 24, .draft_overlap = true, .fail_launch = 1, .fail_collect = 4});
+  const RunResult res = Run(*core, reqs, aborts);
+  CHECK(res.drafts > 0);
+  CHECK(res.sinks.at("d0")->reason == FinishReason::kAborted);
+  CHECK(core->metrics()->preemptions.value() > 0);
+  const test::DeviceSamplingModel& draft = DeviceDraft(*core);
+  CHECK(draft.launches > draft.fail_launch);
+  CHECK(draft.collects > draft.fail_collect);
+  CHECK(draft.max_outstanding == 2);
+  CHECK(draft.outstanding() == 0);
+  for (const auto& [id, want] : plain.sinks) {
+    INFO(id);
+    const Sink& got = *res.sinks.at(id);
+    if (got.reason == FinishReason::kAborted || want->reason == FinishReason::kAborted) continue;
+    CHECK(got.tokens == want->tokens);
   }
 }
 
