@@ -3,7 +3,7 @@
 # per configuration, the code-editing workload (bench/workloads/code_edit.jsonl: prompts that
 # hold most of what the model writes) greedy at concurrency 1 (batch-1 TPOT), then random prompts
 # at SPEC_HIGH_CONC (default 256; speculation pauses above --speculative-disable-by-batch-size,
-# so it must cost nothing there). Configurations: SPEC_CONFIGS, space-separated, each "none",
+# so it must cost nothing there; SPEC_HIGH_REQUESTS requests, default twice the concurrency). Configurations: SPEC_CONFIGS, space-separated, each "none",
 # "ngram:K" or "draft:K" (draft: the fixture's code_llama_draft). Reports and server logs under
 # $OUT; a table last.
 # Pack first: ../shared/gpu/pack.sh .devpack build/cuda/server/llm-server; cp -r build/cpu/python
@@ -59,7 +59,7 @@ for p in ("schedule", "prepare", "forward", "sample", "draft", "verify"):
     print(f"step {p:9s} mean {1e3 * s / max(n, 1):8.4f} ms over {int(n)} steps")
 PY
   timeout 300 "${PYTHON:-python3}" tools/loadgen.py --target 127.0.0.1:$port --proto-python "$PROTO" \
-    --input-len 128 --output-len 256 --num-requests $((2 * HIGH)) --concurrency "$HIGH" \
+    --input-len 128 --output-len 256 --num-requests "${SPEC_HIGH_REQUESTS:-$((2 * HIGH))}" --concurrency "$HIGH" \
     --temperature 0 --no-progress --fail-on-errors --output-json "$OUT/high_$tag.json" \
     "${metrics[@]}" > "$OUT/high_$tag.txt" 2>&1 ||
     { echo "$cfg: high-concurrency run failed"; tail -5 "$OUT/high_$tag.txt"; }
