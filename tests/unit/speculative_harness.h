@@ -15,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "device_sampling_model.h"
 #include "engine/engine_core.h"
+#include "engine/speculative/draft_model_proposer.h"
 #include "tiny_checkpoint.h"
 
 namespace llm::spec_test {
@@ -156,23 +158,31 @@ inline std::vector<Family> Families() {
   };
 }
 
-// An engine over the checkpoint in `dir` (block size 4, a small token budget so that prompts are
-// chunked beside verify steps) with speculation `method`; a draft model from `draft_dir` for the
-// draft method; `adaptive`: --speculative-adaptive-k.
-inline std::unique_ptr<EngineCore> MakeCore(const std::string& dir, const std::string& method,
-                                            int k, int num_blocks = 96,
-                                            int disable_by_batch_size = 0,
-                                            const std::string& draft_dir = "",
-                                            bool adaptive = false) {
+// The engine settings the speculative tests share: the checkpoint in `dir`, blocks of 4 tokens,
+// 8 sequences, a small token budget (so that prompts are chunked beside verify steps), no
+// tokenizer, speculation `method` with K = k.
+inline EngineConfig SpeculativeTestConfig(const std::string& dir, const std::string& method, int k,
+                                          int num_blocks, int max_batched_tokens) {
   EngineConfig cfg;
   cfg.model.model_dir = dir;
   cfg.model.block_size = 4;
   cfg.model.num_kv_blocks = num_blocks;
   cfg.scheduler.max_num_seqs = 8;
-  cfg.scheduler.max_batched_tokens = 24;  // chunked prompts beside verify steps
+  cfg.scheduler.max_batched_tokens = max_batched_tokens;
   cfg.require_tokenizer = false;
   cfg.speculative.method = method;
   cfg.speculative.num_speculative_tokens = k;
+  return cfg;
+}
+
+// An engine over the checkpoint in `dir` (a token budget of 24) with speculation `method`; a
+// draft model from `draft_dir` for the draft method; `adaptive`: --speculative-adaptive-k.
+inline std::unique_ptr<EngineCore> MakeCore(const std::string& dir, const std::string& method,
+                                            int k, int num_blocks = 96,
+                                            int disable_by_batch_size = 0,
+                                            const std::string& draft_dir = "",
+                                            bool adaptive = false) {
+  EngineConfig cfg = SpeculativeTestConfig(dir, method, k, num_blocks, 24);
   cfg.speculative.disable_by_batch_size = disable_by_batch_size;
   cfg.speculative.draft_model_dir = draft_dir;
   cfg.speculative.adaptive_draft_length = adaptive;
@@ -180,6 +190,57 @@ inline std::unique_ptr<EngineCore> MakeCore(const std::string& dir, const std::s
   INFO(core.status().ToString());
   REQUIRE(core.ok());
   return std::move(core.value());
+}
+
+// Target and draft as models that sample on the device (as the CUDA runner does), the target
+// overlapping steps, over the tiny Llama in `dir` (block size 4); speculation `method`, the target
+// itself as the draft model. With draft_overlap the draft model overlaps steps too (its proposal
+// forwards queued behind each other); fail_launch / fail_collect inject a failure into the draft
+// model's calls.
+struct DeviceCoreOptions {
+  int num_blocks = 128;
+  int disable_by_batch_size = 32;
+  bool draft_overlap = false;
+  int fail_launch = -1, fail_collect = -1;
+};
+
+inline std::unique_ptr<EngineCore> MakeDeviceSamplingCore(const std::string& dir,
+                                                          const std::string& method,
+                                                          const DeviceCoreOptions& o = {}) {
+  EngineConfig cfg = SpeculativeTestConfig(dir, method, 3, o.num_blocks, 32);
+  cfg.speculative.disable_by_batch_size = o.disable_by_batch_size;
+  std::unique_ptr<Model> draft;
+  if (method == "draft") {
+    cfg.speculative.draft_model_dir = dir;
+    auto loaded = LoadModel(DraftModelLoadOptions(cfg.model, dir));
+    REQUIRE(loaded.ok());
+    auto d =
+        std::make_unique<test::DeviceSamplingModel>(std::move(loaded).value(), o.draft_overlap);
+    d->fail_launch = o.fail_launch;
+    d->fail_collect = o.fail_collect;
+    draft = std::move(d);
+  }
+  auto target = LoadModel(cfg.model);
+  REQUIRE(target.ok());
+  auto core = EngineCore::Create(
+      cfg, std::make_unique<test::DeviceSamplingModel>(std::move(target).value(), true),
+      std::move(draft));
+  INFO(core.status().ToString());
+  REQUIRE(core.ok());
+  return std::move(core.value());
+}
+
+inline const test::DeviceSamplingModel& DeviceDraft(const EngineCore& core) {
+  const auto* d = dynamic_cast<const test::DeviceSamplingModel*>(core.draft_model());
+  REQUIRE(d != nullptr);
+  return *d;
+}
+
+// The target of an engine made by MakeDeviceSamplingCore.
+inline const test::DeviceSamplingModel& DeviceTarget(const EngineCore& core) {
+  const auto* t = dynamic_cast<const test::DeviceSamplingModel*>(&core.model());
+  REQUIRE(t != nullptr);
+  return *t;
 }
 
 // Prompts that repeat themselves, so that the n-gram proposer finds drafts.

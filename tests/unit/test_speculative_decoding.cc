@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "device_sampling_model.h"
 #include "engine/engine_core.h"
 #include "speculative_harness.h"
 #include "tiny_checkpoint.h"
@@ -319,26 +318,11 @@ TEST_CASE("drafted rows drawn on the device keep greedy tokens and the sampled d
           "[speculative][engine]") {
   test::TempDir dir("spec_device_rows");
   test::TinyLlama("llama", 4).Write(dir.path());
-  test::DeviceSamplingModel* device = nullptr;
+  DeviceCoreOptions o;
+  o.num_blocks = 400;
+  o.disable_by_batch_size = 0;  // SampledWorkload queues 1,500 requests
   auto make = [&](const std::string& method) {
-    EngineConfig cfg;
-    cfg.model.model_dir = dir.path().string();
-    cfg.model.block_size = 4;
-    cfg.model.num_kv_blocks = 400;
-    cfg.scheduler.max_num_seqs = 8;
-    cfg.scheduler.max_batched_tokens = 24;
-    cfg.require_tokenizer = false;
-    cfg.speculative.method = method;
-    cfg.speculative.num_speculative_tokens = 3;
-    cfg.speculative.disable_by_batch_size = 0;
-    auto inner = LoadModel(cfg.model);
-    REQUIRE(inner.ok());
-    auto model = std::make_unique<test::DeviceSamplingModel>(std::move(inner).value(), true);
-    device = model.get();
-    auto core = EngineCore::Create(cfg, std::move(model));
-    INFO(core.status().ToString());
-    REQUIRE(core.ok());
-    return std::move(core.value());
+    return MakeDeviceSamplingCore(dir.path().string(), method, o);
   };
   SECTION("greedy") {
     std::vector<GenerationRequest> reqs = GreedyWorkload(7);
@@ -348,7 +332,7 @@ TEST_CASE("drafted rows drawn on the device keep greedy tokens and the sampled d
     auto spec_core = make("ngram");
     const RunResult spec = Run(*spec_core, reqs);
     CHECK(spec.accepted > 0);
-    CHECK(device->host_rows == 0);
+    CHECK(DeviceTarget(*spec_core).host_rows == 0);
     for (const auto& [id, sink] : plain.sinks) {
       INFO(id);
       CHECK(spec.sinks.at(id)->tokens == sink->tokens);
@@ -362,7 +346,7 @@ TEST_CASE("drafted rows drawn on the device keep greedy tokens and the sampled d
     auto spec_core = make("ngram");
     const RunResult res = Run(*spec_core, SampledWorkload(prompt, 12.0f, 100000));
     CHECK(res.accepted > 100);
-    CHECK(device->host_rows == 0);
+    CHECK(DeviceTarget(*spec_core).host_rows == 0);
     CheckSameDistribution(plain, SecondTokens(res), "n-gram drafts drawn on the device");
   }
 }

@@ -230,56 +230,6 @@ TEST_CASE("sampled decoding with a draft model keeps the token distribution",
                             std::to_string(spec_run.draft_tokens));
 }
 
-// Target and draft as models that sample on the device (as the CUDA runner does), the target
-// overlapping steps, over the tiny Llama in `dir` (block size 4); speculation `method`, the target
-// itself as the draft model. With draft_overlap the draft model overlaps steps too (its proposal
-// forwards queued behind each other); fail_launch / fail_collect inject a failure into the draft
-// model's calls.
-struct DeviceCoreOptions {
-  int num_blocks = 128;
-  bool draft_overlap = false;
-  int fail_launch = -1, fail_collect = -1;
-};
-
-std::unique_ptr<EngineCore> MakeDeviceSamplingCore(const std::string& dir,
-                                                   const std::string& method,
-                                                   const DeviceCoreOptions& o = {}) {
-  EngineConfig cfg;
-  cfg.model.model_dir = dir;
-  cfg.model.block_size = 4;
-  cfg.model.num_kv_blocks = o.num_blocks;
-  cfg.scheduler.max_num_seqs = 8;
-  cfg.scheduler.max_batched_tokens = 32;
-  cfg.require_tokenizer = false;
-  cfg.speculative.method = method;
-  cfg.speculative.num_speculative_tokens = 3;
-  std::unique_ptr<Model> draft;
-  if (method == "draft") {
-    cfg.speculative.draft_model_dir = dir;
-    auto loaded = LoadModel(DraftModelLoadOptions(cfg.model, dir));
-    REQUIRE(loaded.ok());
-    auto d =
-        std::make_unique<test::DeviceSamplingModel>(std::move(loaded).value(), o.draft_overlap);
-    d->fail_launch = o.fail_launch;
-    d->fail_collect = o.fail_collect;
-    draft = std::move(d);
-  }
-  auto target = LoadModel(cfg.model);
-  REQUIRE(target.ok());
-  auto core = EngineCore::Create(
-      cfg, std::make_unique<test::DeviceSamplingModel>(std::move(target).value(), true),
-      std::move(draft));
-  INFO(core.status().ToString());
-  REQUIRE(core.ok());
-  return std::move(core.value());
-}
-
-const test::DeviceSamplingModel& DeviceDraft(const EngineCore& core) {
-  const auto* d = dynamic_cast<const test::DeviceSamplingModel*>(core.draft_model());
-  REQUIRE(d != nullptr);
-  return *d;
-}
-
 // Four greedy speculating requests of different lengths (so their drafts run out at different
 // proposal steps), the third with a repetition penalty where `penalty`, between four seeded
 // sampled ones that opted out and run longer (the target overlaps them once the others are done).
