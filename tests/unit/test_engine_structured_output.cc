@@ -299,19 +299,19 @@ TEST_CASE("requests that ask for a grammar being compiled wait for that compile"
     const size_t before = cache.compiles();
     std::latch start(8);
     std::vector<std::shared_ptr<const grammar::CompiledGrammar>> got(8);
-    std::vector<bool> ok(8);
+    std::vector<uint8_t> ok(8);  // not vector<bool>: its bits share words the threads write
     std::vector<std::thread> threads;
     for (int i = 0; i < 8; ++i) {
       threads.emplace_back([&, i] {
         start.arrive_and_wait();
         auto r = cache.Get(Constraint{Constraint::Kind::kJsonSchema, schema, {}});
-        ok[i] = r.ok();
+        ok[i] = r.ok() ? 1 : 0;
         if (r.ok()) got[i] = r.value();
       });
     }
     for (auto& t : threads) t.join();
     for (int i = 0; i < 8; ++i) {
-      CHECK(ok[i] == good);
+      CHECK((ok[i] != 0) == good);
       CHECK(got[i] == got[0]);
     }
     // Racing threads may arrive after the compile ended: a good schema is then a cache hit, a bad
