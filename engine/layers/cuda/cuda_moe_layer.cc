@@ -551,17 +551,12 @@ Status CudaMoeLayer::RunLargeBatch(const CudaLinearOps& ops, const CudaMoeWeight
   return Status::Ok();
 }
 
-Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x,
-                              int T, CudaMoeScratch* s, int max_tiles, int tile_rows,
-                              void* combine_out) const {
-  cudaStream_t stream = ops.stream;
-  const bool shared = w.shared.inter > 0;
+cuda::MoeGemmArgs CudaMoeLayer::GateUpArgs(const CudaMoeWeights& w, CudaMoeScratch* s,
+                                           int max_tiles) const {
   cuda::MoeGemmArgs g;
-  g.x = x;
   g.sorted_token = s->sorted_token.as<int32_t>();
   g.w = w.gate_up.data();
   g.w_scale = MoeGemmScalesOf(w.gate_up, 2 * inter_, hidden_);
-  g.fp8 = w.gate_up.fp8();
   g.silu_mul = true;
   g.bias = w.gate_up_bias.ptr ? w.gate_up_bias.as<float>() : nullptr;
   if (gate_.activation == CpuMlp::Activation::kClampedSwiGlu) {
@@ -574,6 +569,17 @@ Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w,
   g.num_tiles = s->num_tiles.as<int32_t>();
   g.max_tiles = max_tiles;
   g.out = s->act.ptr;
+  return g;
+}
+
+Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x,
+                              int T, CudaMoeScratch* s, int max_tiles, int tile_rows,
+                              void* combine_out) const {
+  cudaStream_t stream = ops.stream;
+  const bool shared = w.shared.inter > 0;
+  cuda::MoeGemmArgs g = GateUpArgs(w, s, max_tiles);
+  g.x = x;
+  g.fp8 = w.gate_up.fp8();
   // The down GEMM's combine (combine_out set: a small batch), from the second GEMM on.
   cuda::MoeGemmArgs::Combine combine;
   if (combine_out != nullptr) {
@@ -672,28 +678,13 @@ Status CudaMoeLayer::RunTiledW8a8(const CudaLinearOps& ops, const CudaMoeWeights
   cudaStream_t stream = ops.stream;
   const bool shared = w.shared.inter > 0;
   const int S = T * r_.top_k;
-  cuda::MoeGemmArgs g;
+  cuda::MoeGemmArgs g = GateUpArgs(w, s, max_tiles);
   // x once per token (the GEMM gathers its rows), which the shared experts read too.
   QuantizeW8a8Input(w.gate_up, x, T, hidden_, s->xq.ptr, s->xq_scale.as<float>(), &g.x_scale,
                     &g.x_scale_ld, stream);
   g.x = s->xq.ptr;
-  g.sorted_token = s->sorted_token.as<int32_t>();
-  g.w = w.gate_up.data();
-  g.w_scale = MoeGemmScalesOf(w.gate_up, 2 * inter_, hidden_);
   g.fp8 = true;
-  g.silu_mul = true;
-  g.bias = w.gate_up_bias.ptr ? w.gate_up_bias.as<float>() : nullptr;
-  if (gate_.activation == CpuMlp::Activation::kClampedSwiGlu) {
-    g.swiglu_limit = gate_.swiglu_limit;
-    g.swiglu_alpha = gate_.swiglu_alpha;
-  }
-  g.n_out = inter_;
-  g.k = hidden_;
   g.tile_rows = tile_rows;
-  g.tiles = s->tiles.as<int32_t>();
-  g.num_tiles = s->num_tiles.as<int32_t>();
-  g.max_tiles = max_tiles;
-  g.out = s->act.ptr;
   if (shared) {
     // The shared experts' x: the routed experts' unless either has its own static input scale.
     if (w.gate_up.static_input_scale() != nullptr ||

@@ -192,6 +192,9 @@ class CudaMoeLayer {
   Status LoadMxfp4(const WeightStore* weights, const std::string& gate_up, const std::string& down,
                    bool dummy, WeightQuant quant, CudaMoeWeights* w, bool* kept) const;
 
+  // The routed experts' gate_up GEMM over the permutation's tiles (weights, scales, biases, the
+  // gate, tiles, output), shared by RunTiled and RunTiledW8a8; the caller sets x and the dtype.
+  cuda::MoeGemmArgs GateUpArgs(const CudaMoeWeights& w, CudaMoeScratch* s, int max_tiles) const;
   // Why the W8A8 GEMMs do not serve the loaded experts `w`, or "" where they do.
   std::string W8a8Unserved(const CudaMoeWeights& w) const;
   // The tiled path's expert GEMMs on fp8 activations (w.w8a8): quantizes x, the routed and the
