@@ -101,6 +101,7 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& con
   // Verify steps (1 + K query rows per sequence) replay CUDA graphs like one-token decode steps.
   ModelLoadOptions target = config.model;
   target.cuda_graph_max_query_rows = SpeculativeQueryRows(spec);
+  target.max_step_rows = config.scheduler.max_batched_tokens;
   if (spec.method == "draft" && !draft) {
     auto loaded = LoadModel(DraftModelLoadOptions(target, spec.draft_model_dir));
     if (!loaded.ok()) {
@@ -116,8 +117,9 @@ StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& con
     if (model) {
       return InvalidArgument("--speculative-method mtp loads the target from its directory");
     }
-    LLM_ASSIGN_OR_RETURN(mtp,
-                         LoadMtpModel(DraftModelLoadOptions(config.model, config.model.model_dir)));
+    ModelLoadOptions base = config.model;  // the MTP layer's graphs are one-row ones
+    base.max_step_rows = target.max_step_rows;
+    LLM_ASSIGN_OR_RETURN(mtp, LoadMtpModel(DraftModelLoadOptions(base, config.model.model_dir)));
   }
   if (model) {
     core->model_ = std::move(model);

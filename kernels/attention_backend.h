@@ -285,8 +285,9 @@ class MlaAttentionBackend : public AttentionBackend {
   // The default has no kernel choice and refuses an mla_kernel other than "auto" (an MLA family
   // whose catalog row lists the option without implementing it).
   Status Configure(const AttentionOptions& options) override;
-  // Appends this step's latents, then attends the decode sequences. Valid after Plan.
-  virtual void RunMla(const MlaParams& params) = 0;
+  // Appends this step's latents, then attends the decode sequences. Valid after Plan. An error
+  // (a failed launch) fails the step, not the process.
+  virtual Status RunMla(const MlaParams& params) = 0;
   // Attends the prefill rows of the step last planned (MlaPrefillParams), after RunMla of the
   // same layer; nothing when the step has none. The default has no prefill path.
   virtual Status RunMlaPrefill(const MlaPrefillParams& params) {

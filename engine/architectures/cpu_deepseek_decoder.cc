@@ -323,7 +323,7 @@ Status CpuDeepseekDecoder::RunLayers(const CpuStep& step) const {
     p.cache = step.kv[l].k;
     p.cache_scale = L.cache_scale;
     p.softmax_scale = scale;
-    step.mla->RunMla(p);  // appends every row's latent, attends the decode rows
+    LLM_RETURN_IF_ERROR(step.mla->RunMla(p));  // appends every row's latent, attends decode rows
     for (int32_t t : decode_rows) {
       for (int h = 0; h < H; ++h) {
         const float* w_uv = L.w_kv_b.data() + (static_cast<size_t>(h) * NV + N) * C;  // [V, C]

@@ -402,7 +402,7 @@ StatusOr<CudaLayersOut> CudaDeepseekDecoder::RunLayers(const CudaStep& step) {
     mp.cache = L.cache;
     mp.cache_scale = L.cache_scale;
     mp.softmax_scale = softmax_scale;
-    mla_->RunMla(mp);  // appends every row's latent, attends the decode rows
+    LLM_RETURN_IF_ERROR(mla_->RunMla(mp));  // appends every row's latent, attends the decode rows
     if (nd > 0) {
       // attn[t, h] [V] = W_UV_h [V, C] @ out_latent[t, h] [C].
       LLM_RETURN_IF_ERROR(Batched(

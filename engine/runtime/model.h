@@ -145,6 +145,11 @@ struct ModelLoadOptions {
   // "cpu", "cuda", or "auto" (cuda when this build has it and a device is present).
   std::string device = "cpu";
   double gpu_memory_fraction = 0.85;  // of the memory free after weights, for the KV pool
+  // The most rows one eager step brings (EngineCore: the scheduler's max_batched_tokens). The
+  // CUDA runner reserves its step scratch for them before the KV pool takes its fraction of the
+  // free memory, so that a full prefill chunk cannot fail on memory the pool took. 0: the
+  // scratch grows on first use.
+  int max_step_rows = 0;
   // Fill the config's tensors with deterministic random values on the device instead of reading
   // model.safetensors (benchmarking models too large to ship). CUDA only.
   bool dummy_weights = false;

@@ -23,6 +23,7 @@ ModelLoadOptions DraftModelLoadOptions(const ModelLoadOptions& target, const std
   o.cuda_graph_max_query_rows = std::min(target.cuda_graph_max_query_rows, 2);
   o.weight_dtype = target.weight_dtype;
   o.fp8_fast_accumulation = target.fp8_fast_accumulation;
+  o.max_step_rows = target.max_step_rows;  // its catch-up steps bring the target's prompts
   o.defer_kv_cache = true;
   return o;
 }

@@ -116,11 +116,11 @@ class CpuMlaBackend final : public MlaAttentionBackend {
   void Run(const AttentionParams&) override {
     LLM_CHECK(false) << "cpu_mla is an MLA backend: call RunMla";
   }
-  void RunMla(const MlaParams& p) override {
+  Status RunMla(const MlaParams& p) override {
     LLM_CHECK(batch_ != nullptr) << "RunMla before Plan";
     CpuMlaAppendLatent(shape_, *batch_, static_cast<const float*>(p.latent_new), dtype_,
                        p.cache_scale, p.cache);
-    if (decode_seqs_.empty()) return;
+    if (decode_seqs_.empty()) return Status::Ok();
     MlaDecodeParams d;
     d.shape = shape_;
     d.cache_dtype = dtype_;
@@ -131,6 +131,7 @@ class CpuMlaBackend final : public MlaAttentionBackend {
     d.softmax_scale = p.softmax_scale;
     d.out_latent = static_cast<float*>(p.out_latent);
     CpuMlaDecode(d, *batch_, decode_seqs_);
+    return Status::Ok();
   }
 
  private:

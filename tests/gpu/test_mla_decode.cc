@@ -216,7 +216,7 @@ int RunCaseOnce(const MlaCase& c, std::mt19937& rng) {
     p.cache = d_cache.p;
     p.cache_scale = cache_scale;
     p.softmax_scale = c.softmax_scale;
-    mla->RunMla(p);
+    REQUIRE(mla->RunMla(p).ok());
     CUDA_REQUIRE(cudaDeviceSynchronize());
   }
   CUDA_REQUIRE(cudaGetLastError());

@@ -34,7 +34,7 @@ class MlaStandIn final : public MlaAttentionBackend {
   size_t BlockBytes() const override { return 64; }
   Status Plan(const AttentionBatch&) override { return Status::Ok(); }
   void Run(const AttentionParams&) override {}
-  void RunMla(const MlaParams&) override {}
+  Status RunMla(const MlaParams&) override { return Status::Ok(); }
 };
 
 // The catalog as a binary with every family built would see it; `bytes` gives a family's block

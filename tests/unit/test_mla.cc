@@ -405,7 +405,7 @@ TEST_CASE("cpu_mla backend: selection, block bytes, decode rows only", "[mla]") 
   p.out_latent = out.data();
   p.cache = cache.data();
   p.softmax_scale = 0.2f;
-  mla->RunMla(p);
+  REQUIRE(mla->RunMla(p).ok());
   for (int q = 0; q < 3; ++q) {
     std::vector<float> g(s.dense[q].size());
     CpuMlaGatherLatents(shape, s.batch, q, DType::kF32, 1.0f, cache.data(), g.data());

@@ -31,7 +31,7 @@ struct DeviceBuffer {
     if (n <= bytes) return Status::Ok();
     if (ptr) GPU_RETURN_IF_ERROR(cudaFree(ptr));
     ptr = nullptr;
-    GPU_RETURN_IF_ERROR(cudaMalloc(&ptr, n));
+    LLM_RETURN_IF_ERROR(cuda::DeviceMalloc(&ptr, n));
     bytes = n;
     return Status::Ok();
   }

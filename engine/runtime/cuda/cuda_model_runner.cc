@@ -261,6 +261,8 @@ Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& optio
       (ctx.fp8_checkpoint ? "fp8-e4m3 as stored (" + w->quantization().quant_method + ")"
                           : std::string(WeightQuantName(ctx.weight_quant))) +
       " weights";
+  // The eager steps' scratch first, so that the KV pool is sized from what is left after it.
+  if (options.max_step_rows > 0) LLM_RETURN_IF_ERROR(Reserve(0, options.max_step_rows));
   GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   if (options.defer_kv_cache) {  // AllocateKvCache binds a cache without the weights
     deferred_options_ = options;

@@ -24,6 +24,19 @@
 
 namespace llm::cuda {
 
+// cudaMalloc that leaves no pending error behind when it fails: a failed allocation also sets the
+// thread's last error, which the next launch check (cudaGetLastError) would report as its own,
+// failing steps that have nothing to do with the allocation.
+inline Status DeviceMalloc(void** ptr, size_t bytes) {
+  const cudaError_t e = cudaMalloc(ptr, bytes);
+  if (e == cudaSuccess) return Status::Ok();
+  (void)cudaGetLastError();
+  *ptr = nullptr;
+  const std::string what =
+      "cudaMalloc of " + std::to_string(bytes) + " bytes: " + cudaGetErrorString(e);
+  return e == cudaErrorMemoryAllocation ? ResourceExhausted(what) : Internal(what);
+}
+
 // Grows a device (or pinned host) buffer to at least `bytes`, doubling to amortize; contents are
 // not kept. The plan uploads of the CUDA attention backends reuse their buffers across steps.
 inline Status GrowDeviceBuffer(void** ptr, size_t* cap, size_t bytes) {
@@ -32,7 +45,7 @@ inline Status GrowDeviceBuffer(void** ptr, size_t* cap, size_t bytes) {
   if (*ptr) GPU_RETURN_IF_ERROR(cudaFree(*ptr));
   *ptr = nullptr;
   *cap = 0;
-  GPU_RETURN_IF_ERROR(cudaMalloc(ptr, n));
+  LLM_RETURN_IF_ERROR(DeviceMalloc(ptr, n));
   *cap = n;
   return Status::Ok();
 }

@@ -98,7 +98,7 @@ class CudaMlaBackend final : public MlaAttentionBackend {
   void Run(const AttentionParams&) override {
     LLM_CHECK(false) << "cuda_mla is an MLA backend: call RunMla";
   }
-  void RunMla(const MlaParams& p) override {
+  Status RunMla(const MlaParams& p) override {
     MlaDecode::LayerArgs a;
     a.q_latent = p.q_latent;
     a.q_pe = p.q_pe;
@@ -107,8 +107,7 @@ class CudaMlaBackend final : public MlaAttentionBackend {
     a.cache = p.cache;
     a.cache_scale = p.cache_scale;
     a.softmax_scale = p.softmax_scale;
-    const Status st = attn_->Run(a, stream_);
-    LLM_CHECK(st.ok()) << st.ToString();
+    return attn_->Run(a, stream_);
   }
   Status RunMlaPrefill(const MlaPrefillParams& p) override { return prefill_.Run(p, stream_); }
 
