@@ -1,11 +1,13 @@
 // One MoE layer of Qwen3-30B-A3B, DeepSeek-V2-Lite and gpt-oss-20b (MXFP4 experts) at decode
-// batches of 1, 2, 4 and 8 tokens in a CUDA graph, three ways: unfused (cuBLAS's router GEMM,
-// LaunchMoeRoute, LaunchMoePermute, the GEMMs, LaunchMoeCombine), the fused small-batch routing
-// (LaunchMoeRouteFused), and that plus the down GEMM's combine (MoeGemmArgs::combine: the
-// layer's default at these batches), beside the layer's floor: the bytes it touches (the fp32
-// router and logit bias, the weights and biases of the experts the batch selects, the shared
-// experts) over the copy rate measured in the same run. Dummy weights; four layers run in turn so
-// that the L2 does not hold the next layer's experts.
+// batches of 1, 2, 4, 8 and 16 tokens in a CUDA graph, four ways: unfused (cuBLAS's router GEMM,
+// LaunchMoeRoute, LaunchMoePermute, the tiled GEMMs, LaunchMoeCombine), the fused small-batch
+// routing (LaunchMoeRouteFused), that plus the down GEMM's combine (MoeGemmArgs::combine), all
+// with the tiled GEMMs, and the same with the expert GEMMs as GEMVs (LaunchMoeGemv: the layer's
+// default at these batches), beside the layer's floor: the bytes it touches (the fp32 router and
+// logit bias, the weights and biases of the experts the batch selects, the shared experts) over
+// the copy rate measured in the same run. "x tiled" is the GEMV row's time over the tiled
+// route+combine row's. Dummy weights; four layers run in turn so that the L2 does not hold the
+// next layer's experts.
 //
 //   build/cuda/tests/gpu_tests "[.bench][moe_small]"
 #include <catch2/catch.hpp>
@@ -31,7 +33,7 @@ namespace {
 
 #define CUDA_REQUIRE(x) REQUIRE((x) == cudaSuccess)
 
-TEST_CASE("MoE layer benchmark: decode batches, fused routing and combine against unfused",
+TEST_CASE("MoE layer benchmark: decode batches, fused routing and combine, GEMVs against tiles",
           "[.bench][moe_small]") {
   gpu_test::BenchOps o;
   constexpr int kLayers = 4;
@@ -42,8 +44,8 @@ TEST_CASE("MoE layer benchmark: decode batches, fused routing and combine agains
   };
   const double copy_rate = gpu_test::MeasureCopyRate(o.stream);
   std::printf("copy rate %.2f TB/s (read + write)\n", copy_rate / 1e12);
-  std::printf("%-16s %5s %-14s %10s %10s %8s %10s\n", "layer", "batch", "fused", "us/layer",
-              "floor us", "x floor", "x unfused");
+  std::printf("%-16s %5s %-20s %10s %10s %8s %10s %8s\n", "layer", "batch", "fused", "us/layer",
+              "floor us", "x floor", "x unfused", "x tiled");
   for (const Shape sh : {Shape{"qwen3-30b-a3b", 128, 8, 2048, 768, 0, false},
                          Shape{"deepseek-v2-lite", 64, 6, 2048, 1408, 2 * 1408, false},
                          Shape{"gpt-oss-20b", 32, 4, 2880, 2880, 0, true}}) {
@@ -77,7 +79,7 @@ TEST_CASE("MoE layer benchmark: decode batches, fused routing and combine agains
                                            : 3.0 * sh.I * sh.H * 2;
     const double fixed_bytes =
         3.0 * sh.SI * sh.H * 2 + 4.0 * sh.E * sh.H + (sh.gpt_oss ? 4.0 * sh.E : 0.0);
-    for (const int T : {1, 2, 4, 8}) {
+    for (const int T : {1, 2, 4, 8, 16}) {
       DeviceBuffer d_x, d_out;
       REQUIRE(d_x.Alloc(static_cast<size_t>(T) * sh.H * 2).ok());
       REQUIRE(d_out.Alloc(static_cast<size_t>(T) * sh.H * 2 * kLayers).ok());
@@ -90,12 +92,17 @@ TEST_CASE("MoE layer benchmark: decode batches, fused routing and combine agains
         x[i] = Bf16ToF32(xb[i]);  // the router reads the same values in fp32
       }
       CUDA_REQUIRE(cudaMemcpy(d_x.ptr, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
-      double unfused_us = 0;
-      for (const int mode : {0, 1, 2}) {  // unfused; fused routing; and the GEMM's combine
+      double unfused_us = 0, tiled_us = 0;
+      // unfused; fused routing; and the GEMM's combine (tiled GEMMs); all that with the GEMVs
+      for (const int mode : {0, 1, 2, 3}) {
         layer.set_fused_route_max_tokens(mode >= 1 ? cuda::kMoeRouteFusedMaxTokens : 0);
-        layer.set_fused_combine_max_tokens(mode == 2 ? cuda::kMoeFusedCombineMaxTokens : 0);
+        layer.set_fused_combine_max_tokens(mode >= 2 ? cuda::kMoeFusedCombineMaxTokens : 0);
+        layer.set_gemv_max_tokens(mode == 3 ? cuda::kMoeGemvMaxTokens : 0);
         REQUIRE(layer.UsesFusedRoute(T) == (mode >= 1));
-        REQUIRE(layer.UsesFusedCombine(T) == (mode == 2));
+        REQUIRE(layer.UsesFusedCombine(T) == (mode >= 2));
+        const bool gemv = layer.UsesGemv(T, w[0]);
+        REQUIRE(gemv == (mode == 3 && cuda::MoeGemvBatchOk(T, sh.K, sh.E)));
+        if (mode == 3 && !gemv) continue;  // the tiled row above is the layer's choice
         std::vector<CudaMoeScratch> s(kLayers);
         for (int l = 0; l < kLayers; ++l) {
           REQUIRE(layer.Reserve(T, &s[l]).ok());
@@ -128,9 +135,12 @@ TEST_CASE("MoE layer benchmark: decode batches, fused routing and combine agains
         touched /= kLayers;
         const double floor_us = (touched * expert_bytes + fixed_bytes) / copy_rate * 1e6;
         if (mode == 0) unfused_us = us;
-        const char* names[] = {"unfused", "route", "route+combine"};
-        std::printf("%-16s %5d %-14s %10.1f %10.1f %8.2f %10.2f\n", sh.name, T, names[mode], us,
-                    floor_us, us / floor_us, us / unfused_us);
+        if (mode == 2) tiled_us = us;
+        const char* names[] = {"unfused", "route", "route+combine", "route+combine+gemv"};
+        char vs_tiled[16] = "-";
+        if (mode == 3) std::snprintf(vs_tiled, sizeof(vs_tiled), "%.2f", us / tiled_us);
+        std::printf("%-16s %5d %-20s %10.1f %10.1f %8.2f %10.2f %8s\n", sh.name, T, names[mode], us,
+                    floor_us, us / floor_us, us / unfused_us, vs_tiled);
         cudaGraphExecDestroy(exec);
         cudaGraphDestroy(graph);
       }
