@@ -386,10 +386,11 @@ TEST_CASE("MXFP4 expert GEMMs at 1 to 200 rows per expert, every tile size", "[g
 // The GEMV path (LaunchMoeGemv) on the same experts and reference: 1 to 16 rows per expert (the
 // decode batches MoeGemvBatchOk admits) beside experts of half as many rows, one and none, with
 // gather, biases and the clamped SwiGLU (odd R) or SiLU (even R), and its down GEMM's combine;
-// gemv_max_rows at the true bound (one pass over a tile's rows) and at 1 (a pass per row: each
-// pass reads the weights again, the result must not change); also 33 rows cut into 16-row tiles.
-// H 1216 and I 800: k of 38 and 25 scale groups (a lane's last unrolled loads past the row),
-// n_out 800 and 1216 (not multiples of 64: CTAs of 8 columns, combine blocks of 32).
+// gemv_max_rows at the true bound and at 1 (passes of 8 tokens, one n8 block: a 16-row tile in
+// two passes, each reading the weights again; the result must not change); also 33 rows cut into
+// 16-row tiles. H 1216 and I 800: k of 10 and 7 slices of 128, the last partly padding (lanes
+// past k load nothing), n_out 800 and 1216 (not multiples of 64: CTAs of 8 columns, combine
+// blocks of 32).
 TEST_CASE("MXFP4 GEMV at 1 to 16 rows per expert, with the combine", "[gpu][moe][mxfp4]") {
   GPU_TEST_RNG(rng);
   const int E = 4, H = 1216, I = 800;

@@ -258,9 +258,11 @@ inline bool MoeMxfp4TileRowsOk(int tile_rows) {
 // experts only, PackMoeMxfp4's layout, widened exactly as mxfp4_widen.h does), the same tiles,
 // gather, biases, gates (clamped SwiGLU included), bf16 outputs and fused combine
 // (MoeGemmArgs::combine, the same bits as LaunchMoeCombine). A warp per output column of a tile
-// streams its weight row(s) straight from global memory in 16-byte loads and loops over the
-// tile's rows inside, so each weight is read once per step however many rows its expert holds,
-// and small CTAs fill every SM where the tiled kernels' 64-row CTAs leave a ragged wave.
+// (bf16: fp32 FMAs and a warp reduction; moe_gemv.cu) or per 8 columns (MXFP4: widened in
+// registers, products on the tensor cores; moe_gemv_mxfp4.cu) streams its weight rows straight
+// from global memory in 16-byte loads and loops over the tile's rows inside, so each weight is
+// read once per step however many rows its expert holds, and small CTAs fill every SM where the
+// tiled kernels' 64-row CTAs leave a ragged wave.
 // Shapes (MoeGemvShapeOk, for the dense group too): n_out a multiple of kMoeGemvColumnBlock (the
 // combine's column blocks), k a multiple of 8 (bf16: 16-byte rows) or 32 (MXFP4: one scale
 // group per load). False (nothing launched) for fp8 weights or activations, shapes outside
