@@ -1,6 +1,6 @@
-// The bf16 GEMV path of the grouped expert GEMMs (kernels/cuda/moe/moe_gemv.cu, LaunchMoeGemv)
-// against an fp64 host reference of the same bf16 weights: random routings of 1 to 16 tokens
-// (and experts of up to 33 rows: several tiles, passes over a tile's rows), gather, biases,
+// The bf16 and fp8 GEMV paths of the grouped expert GEMMs (kernels/cuda/moe/moe_gemv.cu,
+// LaunchMoeGemv) against an fp64 host reference of the same weights: random routings of 1 to 16
+// tokens (and experts of up to 33 rows: several tiles, passes over a tile's rows), gather, biases,
 // the clamped SwiGLU and SiLU, the shared experts' dense group, shapes the tiled GEMMs refuse
 // (k not a multiple of 64, n_out not of 64), and the down GEMV's combine against
 // LaunchMoeCombine's bits; then the same launches captured in a CUDA graph and replayed under
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "base/quant.h"
 #include "kernels/cuda/moe/moe_ops.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -51,22 +52,62 @@ double GateAct(double g, double u, float limit, float alpha) {
   return (up + 1.0) * gt / (1.0 + std::exp(-alpha * gt));
 }
 
-// Random bf16 weights (host values exact in bf16) and their device copies.
-struct Bf16Mat {
+// The weight forms of the GEMV with bf16 activations: bf16, or e4m3 with one scale per expert
+// (a checkpoint's per-tensor scales), per weight row, or per 128x128 block (MoeGemmScales).
+enum class Form { kBf16, kFp8Expert, kFp8Row, kFp8Block };
+const char* FormName(Form f) {
+  return f == Form::kBf16        ? "bf16"
+         : f == Form::kFp8Expert ? "fp8 per expert"
+         : f == Form::kFp8Row    ? "fp8 per row"
+                                 : "fp8 128x128 blocks";
+}
+
+// `groups` random matrices [rows, k] (the experts, or the dense group) in form f: h the values
+// the kernel multiplies (bf16, or e4m3 code times its scale), d the device copy, sc its scales.
+struct WMat {
   std::vector<float> h;
-  const uint16_t* d = nullptr;
+  const void* d = nullptr;
+  cuda::MoeGemmScales sc;
 };
 template <typename Rng>
-Bf16Mat RandomBf16(size_t n, float sd, Rng& rng, DeviceAllocs* d) {
+WMat RandomWeights(Form f, int groups, int rows, int k, float sd, Rng& rng, DeviceAllocs* d) {
   std::normal_distribution<float> nd(0.f, 1.f);
-  Bf16Mat m;
+  WMat m;
+  const size_t n = static_cast<size_t>(groups) * rows * k;
   m.h.resize(n);
-  std::vector<uint16_t> b(n);
-  for (size_t i = 0; i < n; ++i) {
-    b[i] = F32ToBf16(sd * nd(rng));
-    m.h[i] = Bf16ToF32(b[i]);
+  if (f == Form::kBf16) {
+    std::vector<uint16_t> b(n);
+    for (size_t i = 0; i < n; ++i) {
+      b[i] = F32ToBf16(sd * nd(rng));
+      m.h[i] = Bf16ToF32(b[i]);
+    }
+    m.d = d->Up(b);
+    return m;
   }
-  m.d = d->Up(b);
+  // Codes of values about 16 (e4m3's normal range), scales about sd / 16 and each different.
+  std::vector<uint8_t> q(n);
+  for (uint8_t& b : q) b = FloatToFp8E4M3(16.f * nd(rng));
+  std::uniform_real_distribution<float> spread(0.5f, 2.0f);
+  const int bl = (k + 127) / 128, rb = (rows + 127) / 128;
+  const size_t per_group = f == Form::kFp8Expert ? 1 : f == Form::kFp8Row ? rows : rb * bl;
+  std::vector<float> sc(groups * per_group);
+  for (float& v : sc) v = sd / 16.f * spread(rng);
+  m.sc.expert_stride = static_cast<int>(per_group);
+  m.sc.row_stride = f == Form::kFp8Row ? 1 : 0;
+  m.sc.block_ld = f == Form::kFp8Block ? bl : 0;
+  for (int g = 0; g < groups; ++g) {
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < k; ++c) {
+        const size_t i = (static_cast<size_t>(g) * rows + r) * k + c;
+        const float s = f == Form::kFp8Expert ? sc[g]
+                        : f == Form::kFp8Row  ? sc[static_cast<size_t>(g) * rows + r]
+                                              : sc[g * per_group + (r / 128) * bl + c / 128];
+        m.h[i] = Fp8E4M3ToFloat(q[i]) * s;
+      }
+    }
+  }
+  m.d = d->Up(q);
+  m.sc.scale = d->Up(sc);
   return m;
 }
 
@@ -74,17 +115,20 @@ Bf16Mat RandomBf16(size_t n, float sd, Rng& rng, DeviceAllocs* d) {
 // shared experts' dense group [2 SI, H], [H, SI] (no biases, as CudaMoeLayer keeps them).
 struct Experts {
   int E, H, I, SI;
-  Bf16Mat gu, dn, sgu, sdn;
+  Form form;
+  WMat gu, dn, sgu, sdn;
   std::vector<float> gu_bias, dn_bias;
   const float *d_gu_bias = nullptr, *d_dn_bias = nullptr;
 };
 template <typename Rng>
-Experts MakeExperts(int E, int H, int I, int SI, Rng& rng, DeviceAllocs* d) {
-  Experts x{E, H, I, SI, {}, {}, {}, {}, {}, {}};
-  x.gu = RandomBf16(static_cast<size_t>(E) * 2 * I * H, 1.5f / std::sqrt(float(H)), rng, d);
-  x.dn = RandomBf16(static_cast<size_t>(E) * H * I, 1.0f / std::sqrt(float(I)), rng, d);
-  x.sgu = RandomBf16(static_cast<size_t>(2) * SI * H, 1.5f / std::sqrt(float(H)), rng, d);
-  x.sdn = RandomBf16(static_cast<size_t>(H) * SI, 1.0f / std::sqrt(float(SI)), rng, d);
+Experts MakeExperts(int E, int H, int I, int SI, Rng& rng, DeviceAllocs* d,
+                    Form form = Form::kBf16) {
+  Experts x{E, H, I, SI, form, {}, {}, {}, {}, {}, {}};
+  const float sh = 1.5f / std::sqrt(float(H));
+  x.gu = RandomWeights(form, E, 2 * I, H, sh, rng, d);
+  x.dn = RandomWeights(form, E, H, I, 1.0f / std::sqrt(float(I)), rng, d);
+  x.sgu = RandomWeights(form, 1, 2 * SI, H, sh, rng, d);
+  x.sdn = RandomWeights(form, 1, H, SI, 1.0f / std::sqrt(float(SI)), rng, d);
   std::normal_distribution<float> nd(0.f, 1.f);
   x.gu_bias.resize(static_cast<size_t>(E) * 2 * I);
   x.dn_bias.resize(static_cast<size_t>(E) * H);
@@ -146,6 +190,8 @@ void Launch(const Experts& m, const Step& s, float limit, int gemv_rows, cudaStr
   g.x = s.x;
   g.sorted_token = s.sorted;
   g.w = m.gu.d;
+  g.fp8 = m.form != Form::kBf16;
+  g.w_scale = m.gu.sc;
   g.silu_mul = true;
   g.bias = m.d_gu_bias;
   g.swiglu_limit = limit;
@@ -157,6 +203,7 @@ void Launch(const Experts& m, const Step& s, float limit, int gemv_rows, cudaStr
   g.out = s.act;
   g.dense_x = s.x;
   g.dense_w = m.sgu.d;
+  g.dense_w_scale = m.sgu.sc;
   g.dense_n_out = m.SI;
   g.dense_k = m.H;
   g.dense_out = s.sact;
@@ -165,6 +212,7 @@ void Launch(const Experts& m, const Step& s, float limit, int gemv_rows, cudaStr
   g.x = s.act;
   g.sorted_token = nullptr;
   g.w = m.dn.d;
+  g.w_scale = m.dn.sc;
   g.silu_mul = false;
   g.bias = m.d_dn_bias;
   g.swiglu_limit = 0.f;
@@ -173,6 +221,7 @@ void Launch(const Experts& m, const Step& s, float limit, int gemv_rows, cudaStr
   g.out = s.y;
   g.dense_x = s.sact;
   g.dense_w = m.sdn.d;
+  g.dense_w_scale = m.sdn.sc;
   g.dense_n_out = m.H;
   g.dense_k = m.SI;
   g.dense_out = s.sout;
@@ -313,10 +362,10 @@ TEST_CASE("bf16 GEMV matches the reference (gather, biases, gates, dense group, 
   };
   for (const Shape sh : {Shape{8, 2, 224, 96, 160}, Shape{16, 4, 1248, 416, 832}}) {
     INFO("E " << sh.E << " top-" << sh.K << " H " << sh.H << " I " << sh.I << " SI " << sh.SI);
-    REQUIRE(cuda::MoeGemvShapeOk(false, sh.I, sh.H));
-    REQUIRE(cuda::MoeGemvShapeOk(false, sh.H, sh.I));
-    REQUIRE(cuda::MoeGemvShapeOk(false, sh.SI, sh.H));
-    REQUIRE(cuda::MoeGemvShapeOk(false, sh.H, sh.SI));
+    REQUIRE(cuda::MoeGemvShapeOk(cuda::MoeGemvWeights::kBf16, sh.I, sh.H));
+    REQUIRE(cuda::MoeGemvShapeOk(cuda::MoeGemvWeights::kBf16, sh.H, sh.I));
+    REQUIRE(cuda::MoeGemvShapeOk(cuda::MoeGemvWeights::kBf16, sh.SI, sh.H));
+    REQUIRE(cuda::MoeGemvShapeOk(cuda::MoeGemvWeights::kBf16, sh.H, sh.SI));
     DeviceAllocs d;
     const Experts m = MakeExperts(sh.E, sh.H, sh.I, sh.SI, rng, &d);
     for (const int T : {1, 2, 3, 8, 16}) {
@@ -363,6 +412,38 @@ TEST_CASE("bf16 GEMV over experts of up to 33 rows (several tiles per expert)",
     Launch(m, s, 7.0f, std::min(T, 16), nullptr);
     CUDA_REQUIRE(cudaDeviceSynchronize());
     CheckStep(m, s, x, ids, 7.0f);
+  }
+}
+
+// fp8 e4m3 weights (W8A16, the GEMV's FMA path) with each scale form, routed experts and the dense
+// group: hidden 1248 and intermediate 416 (k of 10 and 4 128-wide blocks, the last partial;
+// weight rows 832 / 1248 / 1664: row blocks cut inside a gate or up half).
+TEST_CASE("fp8 GEMV matches the reference (per expert, per row, 128x128 block scales)",
+          "[gpu][moe][gemv][fp8]") {
+  GPU_TEST_RNG(rng);
+  const int E = 16, K = 4, H = 1248, I = 416, SI = 832;
+  REQUIRE(cuda::MoeGemvShapeOk(cuda::MoeGemvWeights::kFp8, I, H));
+  REQUIRE(cuda::MoeGemvShapeOk(cuda::MoeGemvWeights::kFp8, H, I));
+  REQUIRE(cuda::MoeGemvShapeOk(cuda::MoeGemvWeights::kFp8, SI, H));
+  REQUIRE(cuda::MoeGemvShapeOk(cuda::MoeGemvWeights::kFp8, H, SI));
+  for (const Form f : {Form::kFp8Expert, Form::kFp8Row, Form::kFp8Block}) {
+    INFO(FormName(f));
+    DeviceAllocs d;
+    const Experts m = MakeExperts(E, H, I, SI, rng, &d, f);
+    for (const int T : {1, 3, 16}) {
+      const float limit = T % 2 ? 7.0f : 0.0f;
+      INFO("T " << T);
+      DeviceAllocs ds;
+      const Step s = MakeStep(m, T, K, &ds);
+      std::vector<int32_t> ids;
+      std::vector<float> w;
+      RandomRouting(E, T, K, rng, &ids, &w);
+      UploadRouting(s, ids, w);
+      const std::vector<float> x = UploadX(s, H, rng);
+      Launch(m, s, limit, T, nullptr);
+      CUDA_REQUIRE(cudaDeviceSynchronize());
+      CheckStep(m, s, x, ids, limit);
+    }
   }
 }
 

@@ -382,8 +382,8 @@ void CheckAgainstCpu(const Ops& o, const CudaMoeLayer& layer, const CudaMoeWeigh
   CHECK(sum <= mean_bound * std::max(1, T - skipped));
 }
 
-// Both expert-GEMM paths: the 16-row tiles (forced with INT_MAX slots per expert; bf16 batches of
-// at most 16 tokens take the GEMVs there, cuda::LaunchMoeGemv, unless variant 4 turns them off)
+// Both expert-GEMM paths: the 16-row tiles (forced with INT_MAX slots per expert; batches of at
+// most 16 tokens take the GEMVs there, cuda::LaunchMoeGemv, unless variant 4 turns them off)
 // and the large-batch path through cuBLAS's grouped GEMM (forced with 0; by default from 64 slots
 // per expert, here batch 300: 1,200 slots over 16 experts). Batches up to kMoeRouteFusedMaxTokens
 // route through the fused kernel (with either GEMM path: it writes the large path's expert
@@ -420,9 +420,8 @@ TEST_CASE("MoE layer matches CpuMoe (bf16 and fp8 experts, batch 1..300, both GE
           CHECK(layer.TakesLargeBatchPath(T, m.gpu) ==
                 (quant == WeightQuant::kBf16 &&
                  int64_t{T} * m.routing.top_k >= int64_t{large_from} * 16));
-          // The GEMVs: bf16 experts, at most 4 slots per expert (T 16: 64 slots over 16).
-          CHECK(layer.UsesGemv(T, m.gpu) ==
-                (quant == WeightQuant::kBf16 && variant != 4 && T <= 16));
+          // The GEMVs (bf16 and fp8 experts): at most 4 slots per expert (T 16: 64 over 16).
+          CHECK(layer.UsesGemv(T, m.gpu) == (variant != 4 && T <= 16));
           CheckAgainstCpu(o, layer, m.gpu, m.cpu, m.hidden, T, 1e-4f, rng, &s);
         }
       }
@@ -432,8 +431,8 @@ TEST_CASE("MoE layer matches CpuMoe (bf16 and fp8 experts, batch 1..300, both GE
 
 // Small batches have the down GEMM combine (the last tile of each column block sums its columns
 // for every token): the same bits as LaunchMoeCombine, with shared experts (the dense group's
-// tiles take tickets too) and without, bf16 and fp8 experts, bf16 through the GEMVs (their
-// combine) and the tiled GEMMs; batch 17 (both combine apart) is the control.
+// tiles take tickets too) and without, bf16 and fp8 experts, through the GEMVs (their combine)
+// and the tiled GEMMs; batch 17 (both combine apart) is the control.
 TEST_CASE("MoE layer: the down GEMM's combine gives LaunchMoeCombine's bits", "[gpu][moe]") {
   GPU_TEST_RNG(rng);
   Ops o;
@@ -463,7 +462,7 @@ TEST_CASE("MoE layer: the down GEMM's combine gives LaunchMoeCombine's bits", "[
             CudaMoeScratch s1, s2;
             const std::vector<float> a = RunGpu(o, fused, w, m.hidden, x, T, &s1);
             const std::vector<float> b = RunGpu(o, separate, w, m.hidden, x, T, &s2);
-            CHECK(fused.UsesGemv(T, w) == (gemv && quant == WeightQuant::kBf16 && T <= 16));
+            CHECK(fused.UsesGemv(T, w) == (gemv && T <= 16));
             REQUIRE(a == b);
             CHECK(std::any_of(a.begin(), a.end(), [](float v) { return v != 0.f; }));
           }
@@ -719,7 +718,16 @@ TEST_CASE("MoE layer keeps a checkpoint's fp8 experts and matches CpuMoe on them
       read_mlp(p + "experts." + std::to_string(e) + ".", I, &cpu.experts[e]);
     read_mlp(p + "shared_experts.", SI, &cpu.shared);
     CudaMoeScratch s;
+    // T 1 and 7 through the fp8 GEMVs (each format's scales, the shared experts' dense group),
+    // then through the tiled GEMMs; 64 and 300 tiled.
+    CHECK(layer.UsesGemv(7, gpu));
+    CHECK(!layer.UsesGemv(64, gpu));
     for (const int T : {1, 7, 64, 300}) CheckAgainstCpu(o, layer, gpu, cpu, H, T, 1e-4f, rng, &s);
+    {
+      CudaMoeLayer tiled = layer;
+      tiled.set_gemv_max_tokens(0);
+      for (const int T : {1, 7}) CheckAgainstCpu(o, tiled, gpu, cpu, H, T, 1e-4f, rng, &s);
+    }
     // The same experts with fp8 activations (W8A8): per token and 128-wide group beside the
     // blocks, per token beside per-row scales; tiles of 16 (T 1, 7), 32 (T 64) and 64 rows.
     {

@@ -394,8 +394,8 @@ TEST_CASE("MXFP4 expert GEMMs at 1 to 200 rows per expert, every tile size", "[g
 TEST_CASE("MXFP4 GEMV at 1 to 16 rows per expert, with the combine", "[gpu][moe][mxfp4]") {
   GPU_TEST_RNG(rng);
   const int E = 4, H = 1216, I = 800;
-  REQUIRE(cuda::MoeGemvShapeOk(true, I, H));
-  REQUIRE(cuda::MoeGemvShapeOk(true, H, I));
+  REQUIRE(cuda::MoeGemvShapeOk(cuda::MoeGemvWeights::kMxfp4, I, H));
+  REQUIRE(cuda::MoeGemvShapeOk(cuda::MoeGemvWeights::kMxfp4, H, I));
   DeviceAllocs d;
   const RandomMxfp4Experts m = MakeRandomExperts(E, H, I, 116, 122, rng, &d);
   std::normal_distribution<float> nd(0.f, 1.f);

@@ -41,7 +41,7 @@ TEST_CASE("MoE down GEMM combine: a ticket for every column block", "[moe]") {
     CHECK(MoeCombineTickets(n_out) >= (n_out + kMoeGemmN - 1) / kMoeGemmN);
     CHECK(MoeCombineTickets(n_out) >= (n_out + 31) / 32);
     // The GEMVs' blocks: kMoeGemvColumnBlock columns, n_out a multiple of it (MoeGemvShapeOk).
-    if (MoeGemvShapeOk(false, n_out, 64)) {
+    if (MoeGemvShapeOk(MoeGemvWeights::kBf16, n_out, 64)) {
       CHECK(MoeCombineTickets(n_out) >= n_out / kMoeGemvColumnBlock);
     }
   }
@@ -59,11 +59,12 @@ TEST_CASE("MoE GEMV: the batches and shapes it serves", "[moe]") {
   for (const Model m : {Model{128, 8, 2048, 768, 0, false}, Model{64, 6, 2048, 1408, 2816, false},
                         Model{32, 4, 2880, 2880, 0, true}}) {
     INFO("experts " << m.E << " top-" << m.K);
-    CHECK(MoeGemvShapeOk(m.mx, m.I, m.H));  // gate_up
-    CHECK(MoeGemvShapeOk(m.mx, m.H, m.I));  // down
+    CHECK(MoeGemvShapeOk(m.mx ? MoeGemvWeights::kMxfp4 : MoeGemvWeights::kBf16, m.I,
+                         m.H));  // gate_up
+    CHECK(MoeGemvShapeOk(m.mx ? MoeGemvWeights::kMxfp4 : MoeGemvWeights::kBf16, m.H, m.I));  // down
     if (m.SI > 0) {
-      CHECK(MoeGemvShapeOk(false, m.SI, m.H));
-      CHECK(MoeGemvShapeOk(false, m.H, m.SI));
+      CHECK(MoeGemvShapeOk(MoeGemvWeights::kBf16, m.SI, m.H));
+      CHECK(MoeGemvShapeOk(MoeGemvWeights::kBf16, m.H, m.SI));
     }
     for (int t = 1; t <= kMoeGemvMaxTokens; ++t) {
       CHECK(MoeGemvBatchOk(t, m.K, m.E) == (t * m.K <= kMoeGemvMaxRowsPerExpert * m.E));
@@ -76,11 +77,15 @@ TEST_CASE("MoE GEMV: the batches and shapes it serves", "[moe]") {
   CHECK(!MoeGemvBatchOk(1, 8, 0));
   // No expert of a GEMV batch holds more rows than one permutation tile.
   CHECK(kMoeGemvMaxTokens <= kMoeTileRows);
-  CHECK(!MoeGemvShapeOk(false, 2048, 2044));       // bf16 rows of 16-byte loads
-  CHECK(!MoeGemvShapeOk(true, 2048, 2880 + 16));   // MXFP4: whole scale groups
-  CHECK(!MoeGemvShapeOk(false, 2048 + 16, 2048));  // combine column blocks
-  CHECK(!MoeGemvShapeOk(false, 0, 2048));
-  CHECK(MoeGemvShapeOk(false, 96, 8));
+  CHECK(!MoeGemvShapeOk(MoeGemvWeights::kBf16, 2048, 2044));        // bf16 rows of 16-byte loads
+  CHECK(!MoeGemvShapeOk(MoeGemvWeights::kMxfp4, 2048, 2880 + 16));  // MXFP4: whole scale groups
+  CHECK(!MoeGemvShapeOk(MoeGemvWeights::kBf16, 2048 + 16, 2048));   // combine column blocks
+  CHECK(!MoeGemvShapeOk(MoeGemvWeights::kBf16, 0, 2048));
+  CHECK(MoeGemvShapeOk(MoeGemvWeights::kBf16, 96, 8));
+  CHECK(!MoeGemvShapeOk(MoeGemvWeights::kFp8, 96, 8));  // e4m3: 16 values per load
+  CHECK(MoeGemvShapeOk(MoeGemvWeights::kFp8, 96, 16));
+  CHECK(MoeGemvShapeOk(MoeGemvWeights::kFp8, 7168, 2048));  // DeepSeek-V3's experts
+  CHECK(MoeGemvShapeOk(MoeGemvWeights::kFp8, 2048, 7168));
 }
 
 }  // namespace

@@ -454,17 +454,20 @@ bool CudaMoeLayer::UsesFusedCombine(int T) const {
 }
 
 bool CudaMoeLayer::UsesGemv(int T, const CudaMoeWeights& w) const {
+  using cuda::MoeGemvShapeOk;
+  using cuda::MoeGemvWeights;
   if (T > gemv_max_tokens_ || !cuda::MoeGemvBatchOk(T, r_.top_k, r_.num_experts)) return false;
-  if (w.w8a8 || w.gate_up.fp8() || w.down.fp8()) return false;
-  if (w.mxfp4) {  // routed experts only (LoadMxfp4 keeps none beside shared experts)
-    return cuda::MoeGemvShapeOk(true, inter_, hidden_) &&
-           cuda::MoeGemvShapeOk(true, hidden_, inter_);
+  if (w.w8a8) return false;  // fp8 activations: the W8A8 GEMMs
+  if (w.mxfp4) {             // routed experts only (LoadMxfp4 keeps none beside shared experts)
+    return MoeGemvShapeOk(MoeGemvWeights::kMxfp4, inter_, hidden_) &&
+           MoeGemvShapeOk(MoeGemvWeights::kMxfp4, hidden_, inter_);
   }
-  const bool shared_ok =
-      w.shared.inter == 0 || (cuda::MoeGemvShapeOk(false, shared_inter_, hidden_) &&
-                              cuda::MoeGemvShapeOk(false, hidden_, shared_inter_));
-  return shared_ok && cuda::MoeGemvShapeOk(false, inter_, hidden_) &&
-         cuda::MoeGemvShapeOk(false, hidden_, inter_);
+  // Each GEMM's form (the shared experts have their routed GEMM's: Run checks SameKernelForm).
+  const MoeGemvWeights gu = w.gate_up.fp8() ? MoeGemvWeights::kFp8 : MoeGemvWeights::kBf16;
+  const MoeGemvWeights dn = w.down.fp8() ? MoeGemvWeights::kFp8 : MoeGemvWeights::kBf16;
+  const bool shared_ok = w.shared.inter == 0 || (MoeGemvShapeOk(gu, shared_inter_, hidden_) &&
+                                                 MoeGemvShapeOk(dn, hidden_, shared_inter_));
+  return shared_ok && MoeGemvShapeOk(gu, inter_, hidden_) && MoeGemvShapeOk(dn, hidden_, inter_);
 }
 
 bool CudaMoeLayer::UsesFusedRoute(int T) const {

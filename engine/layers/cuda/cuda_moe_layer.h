@@ -21,9 +21,10 @@
 // With fp8 activations (set_activation_dtype), x, act and the shared experts' act are quantized
 // to e4m3 before each GEMM (kernels/cuda/ops/fp8_quant.h) and the W8A8 grouped GEMMs run on the
 // e4m3 tensor cores, with tiles of cuda::MoeMxfp4TileRows rows as the MXFP4 experts'.
-// Decode batches (cuda::MoeGemvBatchOk: a few rows per expert) of bf16 or MXFP4 experts run both
-// grouped GEMMs as GEMVs over the same tiles (cuda::LaunchMoeGemv: small CTAs that stream each
-// expert's weights once at the copy rate; UsesGemv, set_gemv_max_tokens).
+// Decode batches (cuda::MoeGemvBatchOk: a few rows per expert) of bf16, fp8 or MXFP4 experts
+// with bf16 activations run both grouped GEMMs as GEMVs over the same tiles (cuda::LaunchMoeGemv:
+// small CTAs that stream each expert's weights once at the copy rate; UsesGemv,
+// set_gemv_max_tokens).
 //
 // Large batches (prefill chunks: at least large_batch_slots_per_expert slots per expert on
 // average, bf16 experts, not capturing) take a second path: the 16-row tiles above stream every
@@ -169,9 +170,9 @@ class CudaMoeLayer {
   void set_fused_combine_max_tokens(int v) { fused_combine_max_tokens_ = v; }
   bool UsesFusedCombine(int T) const;
   // Batches of at most this many tokens on the tiled path run the expert GEMMs as GEMVs
-  // (cuda::LaunchMoeGemv: bf16 and MXFP4 experts, the shared experts' dense group included)
-  // where cuda::MoeGemvBatchOk and the shapes allow; fp8 experts and fp8 activations keep the
-  // tiled GEMMs. Set before a capture (tests and benchmarks compare both: 0 never).
+  // (cuda::LaunchMoeGemv: bf16, fp8 and MXFP4 experts, the shared experts' dense group included)
+  // where cuda::MoeGemvBatchOk and the shapes allow; fp8 activations (W8A8) keep the tiled GEMMs.
+  // Set before a capture (tests and benchmarks compare both: 0 never).
   void set_gemv_max_tokens(int v) { gemv_max_tokens_ = v; }
   bool UsesGemv(int T, const CudaMoeWeights& w) const;
 
