@@ -598,7 +598,7 @@ Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w,
   g.x = x;
   g.fp8 = w.gate_up.fp8();
   g.gemv_max_rows = T;  // an expert holds each token at most once; the dense group's T rows
-  // The bf16 GEMMs (MXFP4 below: its own launcher) as GEMVs or tiles.
+  // The bf16 / fp8 GEMMs (MXFP4 below: its own tiled launcher) as GEMVs or tiles.
   auto launch = [&](const cuda::MoeGemmArgs& a, const char* which) -> Status {
     if (!gemv) {
       cuda::LaunchMoeGemm(a, stream);
