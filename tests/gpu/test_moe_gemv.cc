@@ -351,6 +351,69 @@ void UploadRouting(const Step& s, const std::vector<int32_t>& ids, const std::ve
   CUDA_REQUIRE(cudaMemcpy(s.topk_w, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
 }
 
+// What LaunchMoeGemv refuses (false, nothing launched: the checks run before any device call, so
+// this case runs without a GPU too): fp8 activations, shapes outside MoeGemvShapeOk for either
+// group, an MXFP4 dense group or padding not of PackMoeMxfp4's form, fp8 weights without scales,
+// a gate_up GEMM asked to combine, a combine beside a dense group of another width. An empty grid
+// (max_tiles 0) of served operands launches nothing and succeeds.
+TEST_CASE("MoE GEMV refuses the operands it does not serve", "[moe][gemv][host]") {
+  cuda::MoeGemmArgs ok;
+  ok.n_out = 64;
+  ok.k = 96;
+  ok.max_tiles = 0;
+  CHECK(cuda::LaunchMoeGemv(ok, nullptr));
+  auto refused = [](const cuda::MoeGemmArgs& a) { return !cuda::LaunchMoeGemv(a, nullptr); };
+  cuda::MoeGemmArgs a = ok;
+  a.n_out = 48;  // not a combine block
+  CHECK(refused(a));
+  a = ok;
+  a.k = 100;  // bf16 rows of 16-byte loads
+  CHECK(refused(a));
+  a = ok;
+  a.fp8 = true;  // e4m3 weights need their scales
+  CHECK(refused(a));
+  const float scale = 1.0f;
+  a.w_scale.scale = &scale;
+  CHECK(cuda::LaunchMoeGemv(a, nullptr));
+  a.k = 104;  // 16 values per load
+  CHECK(refused(a));
+  a = ok;
+  float xs = 1.0f;
+  a.x_scale = &xs;  // fp8 activations: the W8A8 GEMMs
+  CHECK(refused(a));
+  a = ok;
+  const uint8_t mx = 127;
+  a.mx_scales = &mx;
+  a.k = 96;
+  a.mx_k_pad = 128;
+  CHECK(cuda::LaunchMoeGemv(a, nullptr));
+  a.mx_k_pad = 96;  // not PackMoeMxfp4's padding
+  CHECK(refused(a));
+  a.mx_k_pad = 128;
+  a.k = 80;  // whole scale groups
+  CHECK(refused(a));
+  a.k = 96;
+  a.dense_w = &scale;  // no MXFP4 dense group
+  a.dense_n_out = 64;
+  a.dense_k = 96;
+  CHECK(refused(a));
+  a = ok;
+  a.silu_mul = true;
+  uint16_t out = 0;
+  a.combine.out = &out;  // only the down GEMM combines
+  CHECK(refused(a));
+  a.silu_mul = false;
+  CHECK(cuda::LaunchMoeGemv(a, nullptr));
+  a.dense_w = &scale;
+  a.dense_n_out = 32;  // the shared output must be the combine's width
+  a.dense_k = 96;
+  CHECK(refused(a));
+  a.combine.out = nullptr;
+  CHECK(cuda::LaunchMoeGemv(a, nullptr));
+  a.dense_k = 12;  // the dense group's shapes too
+  CHECK(refused(a));
+}
+
 // Shapes: hidden 224 (28 16-byte chunks per row: fewer than a warp's lanes) and 1248 (156: a
 // lane's last unrolled loads past the row), intermediate 96 and 416, shared 160 and 832; none
 // a multiple of 64 in k, most not in n_out.
