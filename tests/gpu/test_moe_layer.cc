@@ -384,9 +384,10 @@ void CheckAgainstCpu(const Ops& o, const CudaMoeLayer& layer, const CudaMoeWeigh
   CHECK(sum <= mean_bound * std::max(1, T - skipped));
 }
 
-// Both expert-GEMM paths: the 16-row tiles (forced with INT_MAX slots per expert) and the
-// large-batch path through cuBLAS's grouped GEMM (forced with 0; by default from 64 slots per
-// expert, here batch 300: 1,200 slots over 16 experts). Batches up to kMoeRouteFusedMaxTokens
+// Both expert-GEMM paths: the 16-row tiles (forced with INT_MAX slots per expert; batches of at
+// most 16 tokens take the GEMVs there, cuda::LaunchMoeGemv, unless variant 4 turns them off)
+// and the large-batch path through cuBLAS's grouped GEMM (forced with 0; by default from 64 slots
+// per expert, here batch 300: 1,200 slots over 16 experts). Batches up to kMoeRouteFusedMaxTokens
 // route through the fused kernel (with either GEMM path: it writes the large path's expert
 // offsets too), larger ones through cuBLAS's router GEMM and the routing and permutation kernels.
 TEST_CASE("MoE layer matches CpuMoe (bf16 and fp8 experts, batch 1..300, both GEMM paths)",
@@ -395,9 +396,10 @@ TEST_CASE("MoE layer matches CpuMoe (bf16 and fp8 experts, batch 1..300, both GE
   Ops o;
   for (const WeightQuant quant : {WeightQuant::kBf16, WeightQuant::kFp8PerTensor}) {
     for (const bool v3 : {false, true}) {
-      for (const int variant : {0, 1, 2, 3}) {
-        // tiles; large-batch path (grouped GEMM, then per-expert GEMMs); the default threshold
-        const int large_from = variant == 0   ? INT_MAX
+      for (const int variant : {0, 1, 2, 3, 4}) {
+        // tiles (and GEMVs); large-batch path (grouped GEMM, then per-expert GEMMs); the default
+        // threshold; tiles without the GEMVs
+        const int large_from = variant == 0 || variant == 4 ? INT_MAX
                                : variant == 3 ? CudaMoeLayer::kLargeBatchSlotsPerExpert
                                               : 0;
         INFO(WeightQuantName(quant) << (v3 ? " v3 routing" : " v2 routing") << ", large batch from "
@@ -407,6 +409,7 @@ TEST_CASE("MoE layer matches CpuMoe (bf16 and fp8 experts, batch 1..300, both GE
         MakeMoe(o.ops, quant, rng, &m);
         CudaMoeLayer layer(m.routing, m.hidden, m.inter, m.shared_inter);
         layer.set_large_batch_slots_per_expert(large_from);
+        if (variant == 4) layer.set_gemv_max_tokens(0);
         layer.set_large_batch_gemm(variant == 1   ? CudaMoeLayer::LargeBatchGemm::kGrouped
                                    : variant == 2 ? CudaMoeLayer::LargeBatchGemm::kPerExpert
                                                   : CudaMoeLayer::LargeBatchGemm::kAuto);
@@ -419,6 +422,8 @@ TEST_CASE("MoE layer matches CpuMoe (bf16 and fp8 experts, batch 1..300, both GE
           CHECK(layer.TakesLargeBatchPath(T, m.gpu) ==
                 (quant == WeightQuant::kBf16 &&
                  int64_t{T} * m.routing.top_k >= int64_t{large_from} * 16));
+          // The GEMVs (bf16 and fp8 experts): at most 4 slots per expert (T 16: 64 over 16).
+          CHECK(layer.UsesGemv(T, m.gpu) == (variant != 4 && T <= 16));
           CheckAgainstCpu(o, layer, m.gpu, m.cpu, m.hidden, T, 1e-4f, rng, &s);
         }
       }
@@ -428,8 +433,8 @@ TEST_CASE("MoE layer matches CpuMoe (bf16 and fp8 experts, batch 1..300, both GE
 
 // Small batches have the down GEMM combine (the last tile of each column block sums its columns
 // for every token): the same bits as LaunchMoeCombine, with shared experts (the dense group's
-// tiles take tickets too) and without, bf16 and fp8 experts; batch 17 (both combine apart) is
-// the control.
+// tiles take tickets too) and without, bf16 and fp8 experts, through the GEMVs (their combine)
+// and the tiled GEMMs; batch 17 (both combine apart) is the control.
 TEST_CASE("MoE layer: the down GEMM's combine gives LaunchMoeCombine's bits", "[gpu][moe]") {
   GPU_TEST_RNG(rng);
   Ops o;
@@ -440,27 +445,31 @@ TEST_CASE("MoE layer: the down GEMM's combine gives LaunchMoeCombine's bits", "[
       m.routing = v3 ? V3Routing(16, 4) : V2Routing(16, 4);
       MakeMoe(o.ops, quant, rng, &m);
       for (const bool shared : {true, false}) {
-        INFO((shared ? "shared experts" : "no shared experts"));
-        CudaMoeWeights& w = m.gpu;
-        const int SI = w.shared.inter;
-        if (!shared) w.shared.inter = 0;  // the same routed experts alone
-        CudaMoeLayer fused(m.routing, m.hidden, m.inter, shared ? m.shared_inter : 0);
-        CudaMoeLayer separate = fused;
-        separate.set_fused_combine_max_tokens(0);
-        for (const int T : {1, 5, 16, 17}) {
-          INFO("batch " << T);
-          CHECK(fused.UsesFusedCombine(T) == (T <= cuda::kMoeFusedCombineMaxTokens));
-          CHECK(!separate.UsesFusedCombine(T));
-          std::normal_distribution<float> nd(0.f, 1.f);
-          std::vector<float> x(static_cast<size_t>(T) * m.hidden);
-          for (float& v : x) v = RoundBf16(nd(rng));
-          CudaMoeScratch s1, s2;
-          const std::vector<float> a = RunGpu(o, fused, w, m.hidden, x, T, &s1);
-          const std::vector<float> b = RunGpu(o, separate, w, m.hidden, x, T, &s2);
-          REQUIRE(a == b);
-          CHECK(std::any_of(a.begin(), a.end(), [](float v) { return v != 0.f; }));
+        for (const bool gemv : {true, false}) {
+          INFO((shared ? "shared experts" : "no shared experts") << (gemv ? ", GEMVs" : ", tiles"));
+          CudaMoeWeights& w = m.gpu;
+          const int SI = w.shared.inter;
+          if (!shared) w.shared.inter = 0;  // the same routed experts alone
+          CudaMoeLayer fused(m.routing, m.hidden, m.inter, shared ? m.shared_inter : 0);
+          if (!gemv) fused.set_gemv_max_tokens(0);
+          CudaMoeLayer separate = fused;
+          separate.set_fused_combine_max_tokens(0);
+          for (const int T : {1, 5, 16, 17}) {
+            INFO("batch " << T);
+            CHECK(fused.UsesFusedCombine(T) == (T <= cuda::kMoeFusedCombineMaxTokens));
+            CHECK(!separate.UsesFusedCombine(T));
+            std::normal_distribution<float> nd(0.f, 1.f);
+            std::vector<float> x(static_cast<size_t>(T) * m.hidden);
+            for (float& v : x) v = RoundBf16(nd(rng));
+            CudaMoeScratch s1, s2;
+            const std::vector<float> a = RunGpu(o, fused, w, m.hidden, x, T, &s1);
+            const std::vector<float> b = RunGpu(o, separate, w, m.hidden, x, T, &s2);
+            CHECK(fused.UsesGemv(T, w) == (gemv && T <= 16));
+            REQUIRE(a == b);
+            CHECK(std::any_of(a.begin(), a.end(), [](float v) { return v != 0.f; }));
+          }
+          w.shared.inter = SI;
         }
-        w.shared.inter = SI;
       }
     }
   }
@@ -600,10 +609,13 @@ TEST_CASE("MoE layer with gpt-oss's gate matches CpuMoe (biases, clamped SwiGLU)
                         dn_ref.begin() + static_cast<size_t>(e + 1) * H * I);
         x.b_down.assign(dn_b.begin() + e * H, dn_b.begin() + (e + 1) * H);
       }
-      for (const int large_from : {INT_MAX, 0}) {  // the tiled and the large-batch paths
-        INFO("large batch from " << large_from << " slots per expert");
+      // the tiled path (GEMVs up to 16 tokens), the tiled GEMMs alone, the large-batch path
+      for (const int variant : {0, 1, 2}) {
+        const int large_from = variant == 2 ? 0 : INT_MAX;
+        INFO("large batch from " << large_from << " slots per expert, variant " << variant);
         CudaMoeLayer layer(r, H, I, 0, gate);
         layer.set_large_batch_slots_per_expert(large_from);
+        if (variant == 1) layer.set_gemv_max_tokens(0);
         CudaMoeScratch s;
         for (const int T : shape.batches) {
           CheckAgainstCpu(o, layer, gpu, cpu, H, T, 1e-3f, rng, &s);  // margins in logits units
@@ -708,7 +720,16 @@ TEST_CASE("MoE layer keeps a checkpoint's fp8 experts and matches CpuMoe on them
       read_mlp(p + "experts." + std::to_string(e) + ".", I, &cpu.experts[e]);
     read_mlp(p + "shared_experts.", SI, &cpu.shared);
     CudaMoeScratch s;
+    // T 1 and 7 through the fp8 GEMVs (each format's scales, the shared experts' dense group),
+    // then through the tiled GEMMs; 64 and 300 tiled.
+    CHECK(layer.UsesGemv(7, gpu));
+    CHECK(!layer.UsesGemv(64, gpu));
     for (const int T : {1, 7, 64, 300}) CheckAgainstCpu(o, layer, gpu, cpu, H, T, 1e-4f, rng, &s);
+    {
+      CudaMoeLayer tiled = layer;
+      tiled.set_gemv_max_tokens(0);
+      for (const int T : {1, 7}) CheckAgainstCpu(o, tiled, gpu, cpu, H, T, 1e-4f, rng, &s);
+    }
     // The same experts with fp8 activations (W8A8): per token and 128-wide group beside the
     // blocks, per token beside per-row scales; tiles of 16 (T 1, 7), 32 (T 64) and 64 rows.
     {
@@ -794,13 +815,16 @@ TEST_CASE("MoE layer in a CUDA graph replays like eager runs", "[gpu][moe]") {
     int T;
     bool fused;
     bool w8a8;
+    bool gemv = true;  // bf16 experts: the GEMVs (cuda::LaunchMoeGemv), else the tiled GEMMs
   };
-  for (const Case c : {Case{1, true, false}, Case{7, true, false}, Case{16, true, false},
-                       Case{7, false, false}, Case{7, true, true}, Case{16, false, true}}) {
+  for (const Case c :
+       {Case{1, true, false}, Case{7, true, false}, Case{16, true, false}, Case{7, false, false},
+        Case{7, true, true}, Case{16, false, true}, Case{7, true, false, false}}) {
     const int T = c.T;
     const bool w8a8 = c.w8a8;
     INFO("batch " << T << (c.fused ? ", fused routing" : ", unfused routing")
-                  << (w8a8 ? ", fp8 experts, fp8 activations" : ", bf16 experts"));
+                  << (w8a8 ? ", fp8 experts, fp8 activations" : ", bf16 experts")
+                  << (c.gemv ? "" : ", tiled GEMMs"));
     TestMoe m;
     m.routing = V3Routing(16, 4);
     m.hidden = 1024;  // the fused routing's grid: 4 column slices, so 4 CTAs draw tickets
@@ -808,9 +832,11 @@ TEST_CASE("MoE layer in a CUDA graph replays like eager runs", "[gpu][moe]") {
     const int H = m.hidden;
     CudaMoeLayer layer(m.routing, m.hidden, m.inter, m.shared_inter);
     if (!c.fused) layer.set_fused_route_max_tokens(0);
+    if (!c.gemv) layer.set_gemv_max_tokens(0);
     if (w8a8) layer.set_activation_dtype(CudaMoeLayer::ActivationDtype::kFp8);
     REQUIRE(layer.ChooseActivations("test", &m.gpu).ok());
     REQUIRE(m.gpu.w8a8 == w8a8);
+    REQUIRE(layer.UsesGemv(T, m.gpu) == (c.gemv && !w8a8));
     REQUIRE(layer.UsesFusedRoute(T) == c.fused);
     REQUIRE(layer.graph_safe());
     CudaMoeScratch s;

@@ -164,10 +164,13 @@ struct Worst {
 
 // Tokens x [T, H] routed to ids [T, top_k] (distinct per token) through the permutation and both
 // MXFP4 GEMMs with tiles of each size in tile_rows_list; every slot's activation and output
-// against the fp64 reference (the down reference over the GPU's own bf16 activations).
+// against the fp64 reference (the down reference over the GPU's own bf16 activations). With
+// gemv_rows >= 0 the GEMMs are LaunchMoeGemv's (MoeGemmArgs::gemv_max_rows = gemv_rows), and its
+// down GEMM also combines (random weights): the same bits as LaunchMoeCombine over its y, the
+// tickets left zero.
 void CheckRouting(const RandomMxfp4Experts& m, const std::vector<uint16_t>& x,
                   const std::vector<int32_t>& ids, int T, int top_k, float limit, float alpha,
-                  const std::vector<int>& tile_rows_list, Worst* worst) {
+                  const std::vector<int>& tile_rows_list, Worst* worst, int gemv_rows = -1) {
   const int E = m.E, H = m.H, I = m.I, S = T * top_k;
   // gate_up reference per slot (t, k), and the magnitudes of its sums for the error bound.
   std::vector<double> a_ref(static_cast<size_t>(S) * I), a_tol(static_cast<size_t>(S) * I);
@@ -239,7 +242,9 @@ void CheckRouting(const RandomMxfp4Experts& m, const std::vector<uint16_t>& x,
     g.max_tiles = max_tiles;
     g.tile_rows = tile_rows;
     g.out = act;
-    REQUIRE(cuda::LaunchMoeGemmMxfp4(g, nullptr));
+    const bool gemv = gemv_rows >= 0;
+    g.gemv_max_rows = gemv ? gemv_rows : 0;
+    REQUIRE((gemv ? cuda::LaunchMoeGemv(g, nullptr) : cuda::LaunchMoeGemmMxfp4(g, nullptr)));
     g.x = act;
     g.sorted_token = nullptr;
     g.w = m.dn;
@@ -250,8 +255,34 @@ void CheckRouting(const RandomMxfp4Experts& m, const std::vector<uint16_t>& x,
     g.n_out = H;
     g.k = I;
     g.out = y;
-    REQUIRE(cuda::LaunchMoeGemmMxfp4(g, nullptr));
+    std::vector<float> topk_w(S);
+    std::uniform_real_distribution<float> uw(0.1f, 1.0f);
+    std::mt19937 wrng(static_cast<uint32_t>(S * 31 + tile_rows));
+    for (float& v : topk_w) v = uw(wrng);
+    uint16_t* combined = d.Up(std::vector<uint16_t>(static_cast<size_t>(T) * H, 0x7fc0));
+    uint16_t* combined_ref = d.Up(std::vector<uint16_t>(static_cast<size_t>(T) * H, 0x7fc0));
+    uint32_t* tickets = d.Up(std::vector<uint32_t>(cuda::MoeCombineTickets(H), 0));
+    if (gemv) {
+      g.combine.slot_of = slot_of;
+      g.combine.topk_w = d.Up(topk_w);
+      g.combine.num_tokens = T;
+      g.combine.top_k = top_k;
+      g.combine.tickets = tickets;
+      g.combine.out = combined;
+      REQUIRE(cuda::LaunchMoeGemv(g, nullptr));
+      cuda::LaunchMoeCombine(y, slot_of, g.combine.topk_w, nullptr, T, top_k, H, combined_ref,
+                             nullptr);
+    } else {
+      REQUIRE(cuda::LaunchMoeGemmMxfp4(g, nullptr));
+    }
     CUDA_REQUIRE(cudaDeviceSynchronize());
+    if (gemv) {
+      const auto got = Download(combined, static_cast<size_t>(T) * H);
+      const auto want = Download(combined_ref, static_cast<size_t>(T) * H);
+      REQUIRE(got == want);
+      const auto left = Download(tickets, cuda::MoeCombineTickets(H));
+      CHECK(std::all_of(left.begin(), left.end(), [](uint32_t v) { return v == 0; }));
+    }
     const auto h_sorted = Download(sorted, S);
     const auto h_slot = Download(slot_of, S);
     const auto h_act = Download(act, static_cast<size_t>(S) * I);
@@ -350,6 +381,61 @@ TEST_CASE("MXFP4 expert GEMMs at 1 to 200 rows per expert, every tile size", "[g
   }
   std::printf("mxfp4 rows sweep: worst gate_up error %.2e (relative), down %.2e\n", worst.gu,
               worst.dn);
+}
+
+// The GEMV path (LaunchMoeGemv) on the same experts and reference: 1 to 16 rows per expert (the
+// decode batches MoeGemvBatchOk admits) beside experts of half as many rows, one and none, with
+// gather, biases and the clamped SwiGLU (odd R) or SiLU (even R), and its down GEMM's combine;
+// gemv_max_rows at the true bound and at 1 (passes of 8 tokens, one n8 block: a 16-row tile in
+// two passes, each reading the weights again; the result must not change); also 33 rows cut into
+// 16-row tiles. H 1216 and I 800: k of 10 and 7 slices of 128, the last partly padding (lanes
+// past k load nothing), n_out 800 and 1216 (not multiples of 64: CTAs of 8 columns, combine
+// blocks of 32).
+TEST_CASE("MXFP4 GEMV at 1 to 16 rows per expert, with the combine", "[gpu][moe][mxfp4]") {
+  GPU_TEST_RNG(rng);
+  const int E = 4, H = 1216, I = 800;
+  REQUIRE(cuda::MoeGemvShapeOk(cuda::MoeGemvWeights::kMxfp4, I, H));
+  REQUIRE(cuda::MoeGemvShapeOk(cuda::MoeGemvWeights::kMxfp4, H, I));
+  DeviceAllocs d;
+  const RandomMxfp4Experts m = MakeRandomExperts(E, H, I, 116, 122, rng, &d);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  Worst worst;
+  for (const int R : {1, 2, 3, 4, 5, 8, 16, 33}) {
+    for (const int bound : {R, 1}) {
+      INFO("rows per expert " << R << ", gemv_max_rows " << bound);
+      std::vector<int32_t> ids;
+      const int counts[4] = {R, (R + 1) / 2, 0, 1};
+      for (int e = 0; e < E; ++e) ids.insert(ids.end(), counts[e], e);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      const int T = static_cast<int>(ids.size());  // top-1: one slot per token
+      std::vector<uint16_t> x(static_cast<size_t>(T) * H);
+      for (auto& v : x) v = F32ToBf16(nd(rng));
+      CheckRouting(m, x, ids, T, 1, R % 2 ? 7.0f : 0.0f, 1.702f, {16}, &worst, bound);
+    }
+  }
+  // gpt-oss's routing shape: 8 experts top-4 over 1 to 16 tokens, distinct per token.
+  const RandomMxfp4Experts m2 = MakeRandomExperts(8, 192, 128, 118, 124, rng, &d);
+  std::uniform_int_distribution<int> expert(0, 7);
+  for (const int T : {1, 2, 5, 8}) {
+    INFO("top-4 of 8, T " << T);
+    const int top_k = 4;
+    REQUIRE(cuda::MoeGemvBatchOk(T, top_k, 8));
+    std::vector<uint16_t> x(static_cast<size_t>(T) * 192);
+    for (auto& v : x) v = F32ToBf16(nd(rng));
+    std::vector<int32_t> ids(T * top_k);
+    for (int t = 0; t < T; ++t) {
+      for (int k = 0; k < top_k; ++k) {
+        int e;
+        do {
+          e = expert(rng);
+        } while (std::find(ids.begin() + t * top_k, ids.begin() + t * top_k + k, e) !=
+                 ids.begin() + t * top_k + k);
+        ids[t * top_k + k] = e;
+      }
+    }
+    CheckRouting(m2, x, ids, T, top_k, 7.0f, 1.702f, {16}, &worst, T);
+  }
+  std::printf("mxfp4 GEMV: worst gate_up error %.2e (relative), down %.2e\n", worst.gu, worst.dn);
 }
 
 }  // namespace

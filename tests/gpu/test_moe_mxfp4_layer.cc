@@ -101,9 +101,14 @@ TEST_CASE("MoE layer with MXFP4 experts: a graphed batch gives each token its ba
     }
     // Each token alone through the routing the batch took: the fused kernel's logits (batches
     // up to kMoeRouteFusedMaxTokens) are not cuBLAS's bits, and a near-tie could go either way.
+    // Likewise the expert GEMMs: the GEMVs (batches up to 8 here: 32 slots over 8 experts) or
+    // the tiled GEMMs for both, so that only the tile sizes differ.
     CudaMoeLayer alone = layer;
     if (!layer.UsesFusedRoute(T)) alone.set_fused_route_max_tokens(0);
     REQUIRE(alone.UsesFusedRoute(1) == layer.UsesFusedRoute(T));
+    CHECK(layer.UsesGemv(T, w) == (T <= 8));
+    if (!layer.UsesGemv(T, w)) alone.set_gemv_max_tokens(0);
+    REQUIRE(alone.UsesGemv(1, w) == layer.UsesGemv(T, w));
     CudaMoeScratch one;
     REQUIRE(alone.Reserve(1, &one).ok());
     DeviceBuffer d_out1;

@@ -453,6 +453,23 @@ bool CudaMoeLayer::UsesFusedCombine(int T) const {
   return T <= std::min(fused_combine_max_tokens_, cuda::kMoeFusedCombineMaxTokens);
 }
 
+bool CudaMoeLayer::UsesGemv(int T, const CudaMoeWeights& w) const {
+  using cuda::MoeGemvShapeOk;
+  using cuda::MoeGemvWeights;
+  if (T > gemv_max_tokens_ || !cuda::MoeGemvBatchOk(T, r_.top_k, r_.num_experts)) return false;
+  if (w.w8a8) return false;  // fp8 activations: the W8A8 GEMMs
+  if (w.mxfp4) {             // routed experts only (LoadMxfp4 keeps none beside shared experts)
+    return MoeGemvShapeOk(MoeGemvWeights::kMxfp4, inter_, hidden_) &&
+           MoeGemvShapeOk(MoeGemvWeights::kMxfp4, hidden_, inter_);
+  }
+  // Each GEMM's form (the shared experts have their routed GEMM's: Run checks SameKernelForm).
+  const MoeGemvWeights gu = w.gate_up.fp8() ? MoeGemvWeights::kFp8 : MoeGemvWeights::kBf16;
+  const MoeGemvWeights dn = w.down.fp8() ? MoeGemvWeights::kFp8 : MoeGemvWeights::kBf16;
+  const bool shared_ok = w.shared.inter == 0 || (MoeGemvShapeOk(gu, shared_inter_, hidden_) &&
+                                                 MoeGemvShapeOk(dn, hidden_, shared_inter_));
+  return shared_ok && MoeGemvShapeOk(gu, inter_, hidden_) && MoeGemvShapeOk(dn, hidden_, inter_);
+}
+
 bool CudaMoeLayer::UsesFusedRoute(int T) const {
   return T <= fused_route_max_tokens_ && cuda::MoeRouteFusedOk(T, hidden_);
 }
@@ -574,12 +591,24 @@ cuda::MoeGemmArgs CudaMoeLayer::GateUpArgs(const CudaMoeWeights& w, CudaMoeScrat
 
 Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x,
                               int T, CudaMoeScratch* s, int max_tiles, int tile_rows,
-                              void* combine_out) const {
+                              void* combine_out, bool gemv) const {
   cudaStream_t stream = ops.stream;
   const bool shared = w.shared.inter > 0;
   cuda::MoeGemmArgs g = GateUpArgs(w, s, max_tiles);
   g.x = x;
   g.fp8 = w.gate_up.fp8();
+  g.gemv_max_rows = T;  // an expert holds each token at most once; the dense group's T rows
+  // The bf16 / fp8 GEMMs (MXFP4 below: its own tiled launcher) as GEMVs or tiles.
+  auto launch = [&](const cuda::MoeGemmArgs& a, const char* which) -> Status {
+    if (!gemv) {
+      cuda::LaunchMoeGemm(a, stream);
+      return Status::Ok();
+    }
+    if (!cuda::LaunchMoeGemv(a, stream)) {
+      return Internal(std::string("CUDA MoE layer: the GEMV refused the ") + which + " GEMM");
+    }
+    return Status::Ok();
+  };
   // The down GEMM's combine (combine_out set: a small batch), from the second GEMM on.
   cuda::MoeGemmArgs::Combine combine;
   if (combine_out != nullptr) {
@@ -596,10 +625,14 @@ Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w,
     g.mx_scales = w.mx_gate_up_scales.as<uint8_t>();
     g.mx_k_pad = cuda::MoeMxfp4KPad(hidden_);
     g.tile_rows = tile_rows;
-    if (!cuda::LaunchMoeGemmMxfp4(g, stream)) {
-      return Internal("CUDA MoE layer: no MXFP4 GEMM for tiles of " + std::to_string(tile_rows) +
-                      " rows");
-    }
+    auto launch_mx = [&](const cuda::MoeGemmArgs& a) -> Status {
+      if (gemv ? !cuda::LaunchMoeGemv(a, stream) : !cuda::LaunchMoeGemmMxfp4(a, stream)) {
+        return Internal(std::string("CUDA MoE layer: no MXFP4 ") + (gemv ? "GEMV" : "GEMM") +
+                        " for tiles of " + std::to_string(tile_rows) + " rows");
+      }
+      return Status::Ok();
+    };
+    LLM_RETURN_IF_ERROR(launch_mx(g));
     g.x = s->act.ptr;
     g.sorted_token = nullptr;
     g.w = w.mx_down.ptr;
@@ -611,11 +644,7 @@ Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w,
     g.k = inter_;
     g.out = s->y.ptr;
     g.combine = combine;
-    if (!cuda::LaunchMoeGemmMxfp4(g, stream)) {
-      return Internal("CUDA MoE layer: no MXFP4 GEMM for tiles of " + std::to_string(tile_rows) +
-                      " rows");
-    }
-    return Status::Ok();
+    return launch_mx(g);
   }
   if (shared) {
     g.dense_x = x;
@@ -625,7 +654,7 @@ Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w,
     g.dense_k = hidden_;
     g.dense_out = s->shared_act.ptr;
   }
-  cuda::LaunchMoeGemm(g, stream);
+  LLM_RETURN_IF_ERROR(launch(g, "gate_up"));
   g.x = s->act.ptr;
   g.sorted_token = nullptr;
   g.w = w.down.data();
@@ -645,8 +674,7 @@ Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w,
     g.dense_out = s->shared_out.ptr;
   }
   g.combine = combine;
-  cuda::LaunchMoeGemm(g, stream);
-  return Status::Ok();
+  return launch(g, "down");
 }
 
 namespace {
@@ -818,7 +846,8 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
     }
     LLM_RETURN_IF_ERROR(RunTiledW8a8(ops, w, x, T, s, max_tiles, tile_rows));
   } else {
-    LLM_RETURN_IF_ERROR(RunTiled(ops, w, x, T, s, max_tiles, tile_rows, combined ? out : nullptr));
+    LLM_RETURN_IF_ERROR(
+        RunTiled(ops, w, x, T, s, max_tiles, tile_rows, combined ? out : nullptr, UsesGemv(T, w)));
   }
   if (!combined) {
     cuda::LaunchMoeCombine(s->y.ptr, pa.slot_of, ra.topk_w, shared ? s->shared_out.ptr : nullptr, T,

@@ -21,6 +21,10 @@
 // With fp8 activations (set_activation_dtype), x, act and the shared experts' act are quantized
 // to e4m3 before each GEMM (kernels/cuda/ops/fp8_quant.h) and the W8A8 grouped GEMMs run on the
 // e4m3 tensor cores, with tiles of cuda::MoeMxfp4TileRows rows as the MXFP4 experts'.
+// Decode batches (cuda::MoeGemvBatchOk: a few rows per expert) of bf16, fp8 or MXFP4 experts
+// with bf16 activations run both grouped GEMMs as GEMVs over the same tiles (cuda::LaunchMoeGemv:
+// small CTAs that stream each expert's weights once at the copy rate; UsesGemv,
+// set_gemv_max_tokens).
 //
 // Large batches (prefill chunks: at least large_batch_slots_per_expert slots per expert on
 // average, bf16 experts, not capturing) take a second path: the 16-row tiles above stream every
@@ -165,6 +169,12 @@ class CudaMoeLayer {
   // one launch fewer; at most kMoeFusedCombineMaxTokens); set before a capture (0: never).
   void set_fused_combine_max_tokens(int v) { fused_combine_max_tokens_ = v; }
   bool UsesFusedCombine(int T) const;
+  // Batches of at most this many tokens on the tiled path run the expert GEMMs as GEMVs
+  // (cuda::LaunchMoeGemv: bf16, fp8 and MXFP4 experts, the shared experts' dense group included)
+  // where cuda::MoeGemvBatchOk and the shapes allow; fp8 activations (W8A8) keep the tiled GEMMs.
+  // Set before a capture (tests and benchmarks compare both: 0 never).
+  void set_gemv_max_tokens(int v) { gemv_max_tokens_ = v; }
+  bool UsesGemv(int T, const CudaMoeWeights& w) const;
 
   struct Trace {
     std::vector<MoeRoutingDecision>* out = nullptr;  // null: no trace
@@ -203,8 +213,10 @@ class CudaMoeLayer {
                       CudaMoeScratch* s, int max_tiles, int tile_rows) const;
   // The expert GEMMs of the tiled (graph-safe) path, after the permutation; with combine_out,
   // the down GEMM also writes the combined output there.
+  // With gemv, through cuda::LaunchMoeGemv (UsesGemv) instead of the tiled GEMMs.
   Status RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
-                  CudaMoeScratch* s, int max_tiles, int tile_rows, void* combine_out) const;
+                  CudaMoeScratch* s, int max_tiles, int tile_rows, void* combine_out,
+                  bool gemv) const;
   // The expert GEMMs, activation and biases of the large-batch path, after the permutation.
   Status RunLargeBatch(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
                        CudaMoeScratch* s) const;
@@ -220,6 +232,7 @@ class CudaMoeLayer {
   LargeBatchGemm large_batch_gemm_ = LargeBatchGemm::kAuto;
   int fused_route_max_tokens_ = cuda::kMoeRouteFusedMaxTokens;
   int fused_combine_max_tokens_ = cuda::kMoeFusedCombineMaxTokens;
+  int gemv_max_tokens_ = cuda::kMoeGemvMaxTokens;
   Mxfp4 mxfp4_ = Mxfp4::kAuto;
   ActivationDtype activation_dtype_ = ActivationDtype::kBf16;
 };

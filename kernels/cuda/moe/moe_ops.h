@@ -178,6 +178,9 @@ struct MoeGemmArgs {
   int x_scale_ld = 0;
   const float* dense_x_scale = nullptr;
   int dense_x_scale_ld = 0;
+  // LaunchMoeGemv only: no tile holds more rows than this (the batch's tokens: an expert holds a
+  // token at most once), or 0 (unknown). Sizes the GEMV's rows per pass; any tile stays correct.
+  int gemv_max_rows = 0;
 };
 // Column blocks of the down GEMMs (LaunchMoeGemm's 64 columns, the MXFP4 GEMMs' 32 or more):
 // the tickets MoeGemmArgs::combine needs for n_out outputs.
@@ -249,6 +252,40 @@ inline bool MoeMxfp4TileRowsOk(int tile_rows) {
   return tile_rows == 16 || tile_rows == 32 || tile_rows == 64;
 }
 [[nodiscard]] bool LaunchMoeGemmMxfp4(const MoeGemmArgs& a, void* stream);
+
+// The grouped GEMMs of LaunchMoeGemm / LaunchMoeGemmMxfp4 as GEMVs for decode batches: bf16 or
+// fp8 e4m3 weights with MoeGemmScales (routed experts and the dense group; moe_gemv.cu), or MXFP4
+// weights (routed experts only, PackMoeMxfp4's layout, widened exactly as mxfp4_widen.h does;
+// moe_gemv_mxfp4.cu); bf16 activations; the same tiles, gather, biases, gates (clamped SwiGLU
+// included), bf16 outputs and fused combine (MoeGemmArgs::combine, the same bits as
+// LaunchMoeCombine). A warp per output column of a tile (bf16 / fp8: fp32 FMAs and a warp
+// reduction) or per 8 columns (MXFP4: products on the tensor cores) streams its weight rows
+// straight from global memory in 16-byte loads and loops over the tile's rows inside, so each
+// weight is read once per step however many rows its expert holds, and small CTAs fill every SM
+// where the tiled kernels' 64-row CTAs leave a ragged wave. Shapes (MoeGemvShapeOk, for the dense
+// group too): n_out a multiple of kMoeGemvColumnBlock (the combine's column blocks), k a multiple
+// of one 16-byte load's values (bf16 8, e4m3 16) or of 32 (MXFP4: one scale group per load).
+// False (nothing launched) for fp8 activations, shapes outside MoeGemvShapeOk, an MXFP4 dense
+// group, fp8 weights without scales, or a combine whose dense group is not n_out wide.
+constexpr int kMoeGemvColumnBlock = 32;  // columns per combine ticket (MoeCombineTickets)
+enum class MoeGemvWeights { kBf16, kFp8, kMxfp4 };
+inline bool MoeGemvShapeOk(MoeGemvWeights w, int n_out, int k) {
+  const int k_unit = w == MoeGemvWeights::kBf16 ? 8 : w == MoeGemvWeights::kFp8 ? 16 : 32;
+  return n_out > 0 && n_out % kMoeGemvColumnBlock == 0 && k > 0 && k % k_unit == 0;
+}
+// Whether a batch of `tokens` tokens routed top_k over `experts` experts takes the GEMVs, decided
+// on the host before a capture: at most kMoeGemvMaxTokens tokens (no expert holds more rows than
+// one 16-row tile) averaging at most kMoeGemvMaxRowsPerExpert rows per expert. The bf16 / fp8
+// GEMV does one fp32 FMA (and an activation widening) per weight and row on the CUDA cores,
+// the tiled kernels one mma per 16 rows: past a few rows per expert the GEMV stops being bound by
+// the weight stream and the tiled kernels' tensor cores win.
+constexpr int kMoeGemvMaxTokens = kMoeTileRows;
+constexpr int kMoeGemvMaxRowsPerExpert = 4;
+inline bool MoeGemvBatchOk(int64_t tokens, int top_k, int experts) {
+  return tokens >= 1 && tokens <= kMoeGemvMaxTokens && experts > 0 &&
+         tokens * top_k <= int64_t{kMoeGemvMaxRowsPerExpert} * experts;
+}
+[[nodiscard]] bool LaunchMoeGemv(const MoeGemmArgs& a, void* stream);
 
 // The grouped GEMMs of LaunchMoeGemm on fp8 e4m3 weights and fp8 e4m3 activations (W8A8)
 // through the e4m3 tensor cores (sm_89 on): the same tiles (routed experts and the dense group),

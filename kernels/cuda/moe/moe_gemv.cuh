@@ -1,0 +1,42 @@
+// What the two GEMV kernels of the MoE layer share (LaunchMoeGemv, kernels/cuda/moe/moe_ops.h):
+// the weight loads and the column blocks of the fused combine (internal; CUDA translation units).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/moe/moe_combine.cuh"
+#include "kernels/cuda/moe/moe_ops.h"
+
+namespace llm::cuda::moe_gemv {
+
+// Output columns per CTA: a combine block (kMoeGemvColumnBlock) is whole CTAs of every tile.
+constexpr int kCtaCols = 8;
+constexpr int kCtasPerBlock = kMoeGemvColumnBlock / kCtaCols;
+static_assert(kMoeGemvColumnBlock % kCtaCols == 0, "a combine block is whole CTAs");
+
+// 16 weight bytes, read once per step: not kept in L1 (the token rows are).
+__device__ __forceinline__ uint4 LoadStream16(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// The end of a down GEMV's CTA (columns [bx * kCtaCols, + kCtaCols) of y written for its tile):
+// the kCtasPerBlock CTAs of every tile in the column block draw its ticket, and the last one
+// combines the block's columns for every token (moe_combine.cuh: LaunchMoeCombine's bits).
+// Every thread of the CTA calls it.
+__device__ __forceinline__ void CombineAfterCta(const MoeGemmArgs& a, int bx) {
+  const int block = bx / kCtasPerBlock;
+  moe_combine::CombineAfterTile(a.combine, static_cast<const __nv_bfloat16*>(a.out), a.n_out, block,
+                                block * kMoeGemvColumnBlock, kMoeGemvColumnBlock,
+                                *a.num_tiles * kCtasPerBlock);
+}
+
+// The MXFP4 GEMVs (moe_gemv_mxfp4.cu), for LaunchMoeGemv once it has checked the operands.
+void LaunchMxfp4(const MoeGemmArgs& a, cudaStream_t stream);
+
+}  // namespace llm::cuda::moe_gemv
