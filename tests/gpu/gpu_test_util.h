@@ -51,6 +51,20 @@ std::vector<T> Download(const T* d, size_t n) {
   return h;
 }
 
+// Device copies (Upload) freed at scope exit.
+struct DeviceAllocs {
+  std::vector<void*> p;
+  template <typename T>
+  T* Up(const std::vector<T>& h) {
+    T* d = Upload(h);
+    p.push_back(d);
+    return d;
+  }
+  ~DeviceAllocs() {
+    for (void* x : p) cudaFree(x);
+  }
+};
+
 // A batch of sequences (q_len, kv_len), q_len <= kv_len, over block size bs: each sequence's
 // blocks drawn in order from a shuffled pool of the blocks needed plus `spare` (*num_blocks in
 // all), slots for its last q_len positions.

@@ -27,23 +27,11 @@
 namespace llm {
 namespace {
 
+using cuda::DeviceAllocs;
 using cuda::Download;
 using cuda::Upload;
 
 #define CUDA_REQUIRE(x) REQUIRE((x) == cudaSuccess)
-
-struct DeviceAllocs {
-  std::vector<void*> p;
-  template <typename T>
-  T* Up(const std::vector<T>& h) {
-    T* d = Upload(h);
-    p.push_back(d);
-    return d;
-  }
-  ~DeviceAllocs() {
-    for (void* x : p) cudaFree(x);
-  }
-};
 
 double GateAct(double g, double u, float limit, float alpha) {
   if (limit <= 0.f) return g / (1.0 + std::exp(-g)) * u;

@@ -26,24 +26,11 @@
 namespace llm {
 namespace {
 
+using cuda::DeviceAllocs;
 using cuda::Download;
 using cuda::Upload;
 
 #define CUDA_REQUIRE(x) REQUIRE((x) == cudaSuccess)
-
-// Device buffers freed at scope exit.
-struct DeviceAllocs {
-  std::vector<void*> p;
-  template <typename T>
-  T* Up(const std::vector<T>& h) {
-    T* d = Upload(h);
-    p.push_back(d);
-    return d;
-  }
-  ~DeviceAllocs() {
-    for (void* x : p) cudaFree(x);
-  }
-};
 
 // One 64-row down GEMM over k = 128 with identity activations: out[m, n] = W[n, m] for m < 16,
 // the widened weight itself. Rows n cover every (code, scale) pair: the 16 codes at row n's 16

@@ -28,24 +28,11 @@
 namespace llm {
 namespace {
 
+using cuda::DeviceAllocs;
 using cuda::Download;
 using cuda::Upload;
 
 #define CUDA_REQUIRE(x) REQUIRE((x) == cudaSuccess)
-
-// Device buffers freed at scope exit.
-struct DeviceAllocs {
-  std::vector<void*> p;
-  template <typename T>
-  T* Up(const std::vector<T>& h) {
-    T* d = Upload(h);
-    p.push_back(d);
-    return d;
-  }
-  ~DeviceAllocs() {
-    for (void* x : p) cudaFree(x);
-  }
-};
 
 enum class Scales { kTensor, kRow, kBlock };
 const char* ScalesName(Scales s) {
