@@ -1,13 +1,16 @@
 // The tensor-parallel plan (engine/loader/tensor_parallel_plan.h) on its own: rank-local shapes
 // of a Llama-3-8B-sized and a DeepSeek-V3-sized configuration, KV heads split or replicated, the
-// vocabulary padded, every refusal's message; the sharded weights' cuts.
+// vocabulary padded, every refusal's message; the sharded weights' cuts; and the in-process
+// communicator's collectives (same bits on every rank, rank order).
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "engine/loader/sharded_weights.h"
 #include "engine/loader/tensor_parallel_plan.h"
+#include "engine/runtime/cpu/in_process_communicator.h"
 
 namespace llm {
 namespace {
@@ -235,6 +238,63 @@ TEST_CASE("TP sharded weights: row and column and first-rank and vocabulary cuts
           std::vector<float>{1});  // ignored by the loaders, carried whole
     CHECK((*w)->CheckAllConsumed("test").ok());
   }
+}
+
+TEST_CASE("In-process communicator: rank-order sums and gathers with the same bits on every rank",
+          "[tensor_parallel]") {
+  for (int n : {1, 2, 4, 8}) {
+    INFO("size " << n);
+    InProcessCommunicatorGroup group(n);
+    // Values whose fp32 sum depends on the order: 1e8 and 1 cancel differently by position.
+    std::vector<std::vector<float>> bufs(n), gathered(n);
+    std::vector<std::vector<uint16_t>> halves(n);
+    std::vector<Status> status(n);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      bufs[r] = {r % 2 == 0 ? 1e8f : 1.0f, static_cast<float>(r), -0.5f * r};
+      halves[r] = {F32ToBf16(0.1f * (r + 1)), F32ToBf16(-1.5f)};
+      gathered[r].assign(2 * n, 0.0f);
+    }
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        Communicator* c = group.rank(r);
+        Status st = c->AllReduceSum(bufs[r].data(), bufs[r].size(), DType::kF32, nullptr);
+        if (st.ok()) st = c->AllReduceSum(halves[r].data(), 2, DType::kBF16, nullptr);
+        const float mine[2] = {static_cast<float>(r), static_cast<float>(10 * r)};
+        if (st.ok()) st = c->AllGather(mine, gathered[r].data(), 2, DType::kF32, nullptr);
+        status[r] = st;
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    float expect0 = 0.0f, expect1 = 0.0f, expect2 = 0.0f, half0 = 0.0f;
+    for (int r = 0; r < n; ++r) {  // rank order
+      expect0 += r % 2 == 0 ? 1e8f : 1.0f;
+      expect1 += static_cast<float>(r);
+      expect2 += -0.5f * r;
+      half0 += Bf16ToF32(F32ToBf16(0.1f * (r + 1)));
+    }
+    for (int r = 0; r < n; ++r) {
+      INFO("rank " << r);
+      REQUIRE(status[r].ok());
+      CHECK(bufs[r] == std::vector<float>{expect0, expect1, expect2});
+      CHECK(halves[r][0] == F32ToBf16(half0));
+      CHECK(Bf16ToF32(halves[r][1]) == -1.5f * n);
+      for (int k = 0; k < n; ++k) {
+        CHECK(gathered[r][2 * k] == static_cast<float>(k));
+        CHECK(gathered[r][2 * k + 1] == static_cast<float>(10 * k));
+      }
+    }
+  }
+}
+
+TEST_CASE("In-process communicator: other dtypes and a stream are refused", "[tensor_parallel]") {
+  InProcessCommunicatorGroup group(1);
+  int8_t x = 0;
+  CHECK(group.rank(0)->AllReduceSum(&x, 1, DType::kI8, nullptr).message() ==
+        "collectives take float32 or bfloat16 buffers, not " + std::string(DTypeName(DType::kI8)));
+  float f = 0.0f;
+  CHECK(group.rank(0)->AllReduceSum(&f, 1, DType::kF32, &f).message() ==
+        "the in-process communicator takes no stream");
 }
 
 }  // namespace
