@@ -2,6 +2,8 @@
 #include "engine/architectures/cpu_deepseek_decoder.h"
 #include "engine/architectures/cpu_deepseek_mtp.h"
 #include "engine/architectures/cpu_dense_decoder.h"
+#include "engine/loader/sharded_weights.h"
+#include "engine/loader/tensor_parallel_plan.h"
 #include "engine/runtime/cpu/cpu_model_runner.h"
 #include "engine/runtime/model.h"
 #include "engine/runtime/synthetic_model.h"
@@ -156,6 +158,52 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
   LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config));
   LLM_ASSIGN_OR_RETURN(auto decoder, NewCpuDenseDecoder(config));
   LLM_ASSIGN_OR_RETURN(auto model, CpuModelRunner::Create(std::move(decoder), *weights, options));
+  LLM_RETURN_IF_ERROR(weights->CheckAllConsumed(config.architecture_name));
+  return std::unique_ptr<Model>(std::move(model));
+}
+
+StatusOr<std::unique_ptr<Model>> LoadTensorParallelRank(const ModelLoadOptions& options,
+                                                        Communicator* comm) {
+  const TensorParallelOptions tp{.size = comm->size(), .rank = comm->rank()};
+  const std::string prefix = "tensor_parallel_size " + std::to_string(tp.size) + ": ";
+  LLM_RETURN_IF_ERROR(CheckChoice("device", options.device, kDeviceChoices));
+  if (options.model_dir.rfind("synthetic", 0) == 0) {
+    return InvalidArgument(prefix + "a synthetic model has no weights to split");
+  }
+  if (ResolveDevice(options.device) != "cpu") {
+    return Unimplemented(prefix + "device " + ResolveDevice(options.device) +
+                         " has no tensor-parallel runner yet (the cpu device has)");
+  }
+  const std::pair<const char*, bool> refused[] = {
+      {"kv_cache_dtype (a rank keeps an fp32 cache)", options.kv_cache_dtype != "auto"},
+      {"dummy_weights", options.dummy_weights},
+      {"weight_dtype fp8", options.weight_dtype == "fp8"},
+      {"moe_weight_dtype mxfp4", options.moe_weight_dtype == "mxfp4"},
+      {"moe_activation_dtype fp8", options.moe_activation_dtype == "fp8"}};
+  for (const auto& [what, set] : refused) {
+    if (set) return Unimplemented(prefix + what + " is not supported with tensor parallelism");
+  }
+  // Size 1: the whole model's runner, no collectives.
+  const auto rank = [&](const TensorParallelPlan& plan) {
+    return plan.size > 1 ? CpuTensorParallelRank{&plan, comm} : CpuTensorParallelRank{};
+  };
+  if (IsDeepseekModelDir(options.model_dir)) {
+    LLM_ASSIGN_OR_RETURN(DeepseekConfig config, LoadDeepseekConfig(options.model_dir));
+    LLM_ASSIGN_OR_RETURN(const TensorParallelPlan plan, MakeTensorParallelPlan(config, tp));
+    LLM_ASSIGN_OR_RETURN(auto full, OpenWeights(options.model_dir, config.base));
+    LLM_ASSIGN_OR_RETURN(auto weights, ShardWeights(*full, plan));
+    LLM_ASSIGN_OR_RETURN(auto model, CpuModelRunner::Create(NewCpuDeepseekDecoder(*plan.deepseek),
+                                                            *weights, options, rank(plan)));
+    LLM_RETURN_IF_ERROR(weights->CheckAllConsumed(config.base.architecture_name));
+    return std::unique_ptr<Model>(std::move(model));
+  }
+  LLM_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
+  LLM_ASSIGN_OR_RETURN(const TensorParallelPlan plan, MakeTensorParallelPlan(config, tp));
+  LLM_ASSIGN_OR_RETURN(auto full, OpenWeights(options.model_dir, config));
+  LLM_ASSIGN_OR_RETURN(auto weights, ShardWeights(*full, plan));
+  LLM_ASSIGN_OR_RETURN(auto decoder, NewCpuDenseDecoder(plan.local));
+  LLM_ASSIGN_OR_RETURN(auto model,
+                       CpuModelRunner::Create(std::move(decoder), *weights, options, rank(plan)));
   LLM_RETURN_IF_ERROR(weights->CheckAllConsumed(config.architecture_name));
   return std::unique_ptr<Model>(std::move(model));
 }

@@ -233,6 +233,14 @@ std::string ResolveDevice(const std::string& device);
 
 // Loads config + weights and selects the attention backend (logging the selection table).
 StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options);
+class Communicator;
+// Rank comm->rank() of the model in options.model_dir split comm->size() ways
+// (engine/loader/tensor_parallel_plan.h), on the cpu device, for the thread that runs that rank:
+// every rank's Forward must be called with the same batch (they meet in collectives). Refused
+// (the status names it): the plan's refusals, a device other than cpu, a synthetic model, a
+// kv_cache_dtype other than auto (fp32). Size 1 is LoadModel's model.
+StatusOr<std::unique_ptr<Model>> LoadTensorParallelRank(const ModelLoadOptions& options,
+                                                        Communicator* comm);
 // The multi-token-prediction layer of the checkpoint in options.model_dir as a Model of its own
 // (--speculative-method mtp): DeepSeek-V3's first MTP layer on the cpu or cuda runner, which
 // reads ForwardBatch::input_hidden. InvalidArgument naming what is missing for another
