@@ -174,8 +174,10 @@ StatusOr<std::unique_ptr<Model>> LoadTensorParallelRank(const ModelLoadOptions& 
     return Unimplemented(prefix + "device " + ResolveDevice(options.device) +
                          " has no tensor-parallel runner yet (the cpu device has)");
   }
-  const std::pair<const char*, bool> refused[] = {
-      {"kv_cache_dtype (a rank keeps an fp32 cache)", options.kv_cache_dtype != "auto"},
+  const std::pair<std::string, bool> refused[] = {
+      {"kv_cache_dtype " + options.kv_cache_dtype + " (a rank keeps an fp32 KV cache)",
+       options.kv_cache_dtype != "auto" && options.kv_cache_dtype != "float32" &&
+           options.kv_cache_dtype != "fp32"},
       {"dummy_weights", options.dummy_weights},
       {"weight_dtype fp8", options.weight_dtype == "fp8"},
       {"moe_weight_dtype mxfp4", options.moe_weight_dtype == "mxfp4"},

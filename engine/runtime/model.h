@@ -238,7 +238,7 @@ class Communicator;
 // (engine/loader/tensor_parallel_plan.h), on the cpu device, for the thread that runs that rank:
 // every rank's Forward must be called with the same batch (they meet in collectives). Refused
 // (the status names it): the plan's refusals, a device other than cpu, a synthetic model, a
-// kv_cache_dtype other than auto (fp32). Size 1 is LoadModel's model.
+// kv_cache_dtype other than auto, float32 or fp32. Size 1 is LoadModel's model.
 StatusOr<std::unique_ptr<Model>> LoadTensorParallelRank(const ModelLoadOptions& options,
                                                         Communicator* comm);
 // The multi-token-prediction layer of the checkpoint in options.model_dir as a Model of its own

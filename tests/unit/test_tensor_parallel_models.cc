@@ -364,6 +364,29 @@ TEST_CASE("TP DeepSeek: V2-Lite-like and V3-like MLA + MoE match at 1 2 4 and 8 
   CheckSplits(dir.path().string(), 8, {1, 2, 4, 8});
 }
 
+TEST_CASE("TP: a rank refuses the options it does not run by name", "[tensor_parallel]") {
+  test::TempDir dir("tp_refusals");
+  test::TinyLlama("llama", 14, EightHeads(2)).Write(dir.path());
+  InProcessCommunicatorGroup group(2);
+  auto message = [&](const ModelLoadOptions& o) {
+    auto m = LoadTensorParallelRank(o, group.rank(1));
+    return m.ok() ? std::string("ok") : m.status().message();
+  };
+  ModelLoadOptions o = Options(dir.path().string());
+  o.device = "cuda";
+  CHECK(message(o) ==
+        "tensor_parallel_size 2: device cuda has no tensor-parallel runner yet (the cpu device "
+        "has)");
+  o = Options(dir.path().string());
+  o.kv_cache_dtype = "int8";
+  CHECK(message(o) ==
+        "tensor_parallel_size 2: kv_cache_dtype int8 (a rank keeps an fp32 KV cache) is not "
+        "supported with tensor parallelism");
+  o = Options("synthetic:vocab=40");
+  CHECK(message(o) == "tensor_parallel_size 2: a synthetic model has no weights to split");
+  CHECK(message(Options(dir.path().string())) == "ok");
+}
+
 // Rank comm->rank()'s dense model, cut by the plan with `rule` in place of the rule of its key.
 StatusOr<std::unique_ptr<Model>> LoadWithRule(const std::string& dir, Communicator* comm,
                                               const TensorRule& rule) {
