@@ -29,4 +29,13 @@ class Communicator {
   virtual Status AllGather(const void* in, void* out, size_t count, DType dtype, void* stream) = 0;
 };
 
+// The communicators of every rank of one group, created together; each lives as long as the group.
+class CommunicatorGroup {
+ public:
+  virtual ~CommunicatorGroup() = default;
+  virtual int size() const = 0;
+  // Rank r's communicator, for the thread that runs rank r.
+  virtual Communicator* rank(int r) = 0;
+};
+
 }  // namespace llm

@@ -25,6 +25,8 @@
 #include "engine/loader/tensor_parallel_plan.h"
 #include "engine/runtime/cpu/cpu_model_runner.h"
 #include "engine/runtime/cpu/in_process_communicator.h"
+#include "engine/runtime/tensor_parallel_model.h"
+#include "tests/gpu/engine_generate.h"  // device-neutral: drives the CPU model here
 #include "tiny_checkpoint.h"
 
 namespace llm {
@@ -385,6 +387,57 @@ TEST_CASE("TP: a rank refuses the options it does not run by name", "[tensor_par
   o = Options("synthetic:vocab=40");
   CHECK(message(o) == "tensor_parallel_size 2: a synthetic model has no weights to split");
   CHECK(message(Options(dir.path().string())) == "ok");
+}
+
+TEST_CASE("TP: LoadModel with tensor_parallel_size runs the ranks behind one Model",
+          "[tensor_parallel]") {
+  const bool deepseek = GENERATE(false, true);
+  INFO((deepseek ? "DeepSeek-V3-like" : "Llama GQA"));
+  test::TempDir dir("tp_split_model");
+  (deepseek ? TinyDeepseekMoe(true) : test::TinyLlama("llama", 15, EightHeads(2)))
+      .Write(dir.path());
+  const std::string d = dir.path().string();
+  const Trace whole = RunWhole(d);
+  ModelLoadOptions o = Options(d);
+  o.tensor_parallel_size = 4;
+  auto model = LoadModel(o);
+  INFO((model.ok() ? std::string() : model.status().message()));
+  REQUIRE(model.ok());
+  auto* split = dynamic_cast<TensorParallelModel*>(model->get());
+  REQUIRE(split != nullptr);
+  CHECK(split->size() == 4);
+  CHECK((*model)->config().num_q_heads == 8);  // the model's, not a rank's
+  CHECK((*model)->config().vocab_size == 61);
+  double worst = 0.0;
+  const bool matches = Matches(Drive(**model), whole, &worst);
+  INFO("max error / logit scale " << worst);
+  CHECK(matches);
+
+  o.tensor_parallel_size = 3;
+  auto refused = LoadModel(o);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().message() == "tensor_parallel_size must be 1, 2, 4 or 8, got 3");
+}
+
+TEST_CASE("TP: the engine generates the same greedy tokens split 2 and 8 ways",
+          "[tensor_parallel]") {
+  test::TempDir dir("tp_engine");
+  TinyDeepseekMoe(false).Write(dir.path());
+  // Prompts longer than the token budget: chunked prefill beside decode steps.
+  const std::vector<std::vector<int32_t>> prompts = {{3, 9, 27, 17, 51, 2, 40, 11, 5, 33, 8},
+                                                     {7, 1, 60}};
+  gpu_test::GenerateOptions o{
+      .device = "cpu", .block_size = 4, .num_kv_blocks = 32, .max_batched_tokens = 8, .steps = 6};
+  const auto whole = gpu_test::Generate(dir.path().string(), prompts, o);
+  REQUIRE(whole.tokens.size() == 2);
+  CHECK(whole.tokens[0].size() == 6);
+  CHECK(whole.tokens[1].size() == 6);
+  for (int n : {2, 8}) {
+    INFO("tensor_parallel_size " << n);
+    o.tensor_parallel_size = n;
+    const auto split = gpu_test::Generate(dir.path().string(), prompts, o);
+    CHECK(split.tokens == whole.tokens);
+  }
 }
 
 // Rank comm->rank()'s dense model, cut by the plan with `rule` in place of the rule of its key.

@@ -13,13 +13,12 @@
 
 namespace llm {
 
-class InProcessCommunicatorGroup {
+class InProcessCommunicatorGroup final : public CommunicatorGroup {
  public:
-  explicit InProcessCommunicatorGroup(int size);
-  ~InProcessCommunicatorGroup();
-  int size() const { return static_cast<int>(ranks_.size()); }
-  // Rank r's communicator, for the thread that runs rank r; lives as long as the group.
-  Communicator* rank(int r) { return ranks_[r].get(); }
+  explicit InProcessCommunicatorGroup(int size);  // size >= 1
+  ~InProcessCommunicatorGroup() override;
+  int size() const override { return static_cast<int>(ranks_.size()); }
+  Communicator* rank(int r) override { return ranks_[r].get(); }
 
  private:
   friend class InProcessCommunicator;

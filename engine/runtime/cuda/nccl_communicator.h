@@ -16,18 +16,18 @@
 
 namespace llm {
 
-class NcclCommunicatorGroup {
+class NcclCommunicatorGroup final : public CommunicatorGroup {
  public:
   // Rank r on device devices[r]; Unavailable naming NCCL's error when it cannot initialize
   // (one device listed twice, a device that does not exist, no peer access it can use).
   static StatusOr<std::unique_ptr<NcclCommunicatorGroup>> Create(const std::vector<int>& devices);
-  ~NcclCommunicatorGroup();
+  ~NcclCommunicatorGroup() override;
   NcclCommunicatorGroup(const NcclCommunicatorGroup&) = delete;
   NcclCommunicatorGroup& operator=(const NcclCommunicatorGroup&) = delete;
 
-  int size() const { return static_cast<int>(ranks_.size()); }
-  // Rank r's communicator, for the thread that drives devices[r]; lives as long as the group.
-  Communicator* rank(int r) { return ranks_[r].get(); }
+  int size() const override { return static_cast<int>(ranks_.size()); }
+  // Rank r's communicator, for the thread that drives devices[r].
+  Communicator* rank(int r) override { return ranks_[r].get(); }
 
  private:
   NcclCommunicatorGroup() = default;
