@@ -232,6 +232,10 @@ Status CpuModelRunner::Logits(const float* x, const std::vector<int32_t>& logit_
                      logits);
     return Status::Ok();
   }
+  if (logit_rows.empty()) {  // every rank has the same rows: none gathers
+    logits->clear();
+    return Status::Ok();
+  }
   std::vector<float> slice;  // [rows, head_rows_]
   cpu::FinalLogits(x, logit_rows, final_norm_.data(), head, H, static_cast<int>(head_rows_),
                    settings_.norm_eps, &slice);

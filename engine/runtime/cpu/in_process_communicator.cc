@@ -26,7 +26,7 @@ class InProcessCommunicator final : public Communicator {
     }
     group_->barrier_.arrive_and_wait();  // every rank has read every buffer
     if (dtype == DType::kF32) {
-      std::memcpy(buf, sum_.data(), count * sizeof(float));
+      if (count > 0) std::memcpy(buf, sum_.data(), count * sizeof(float));  // buf may be null
     } else {
       uint16_t* out = static_cast<uint16_t*>(buf);
       for (size_t i = 0; i < count; ++i) out[i] = F32ToBf16(sum_[i]);
@@ -38,7 +38,7 @@ class InProcessCommunicator final : public Communicator {
     LLM_RETURN_IF_ERROR(Check(dtype, stream));
     Publish(in);
     const size_t bytes = count * DTypeSize(dtype);
-    for (int r = 0; r < size(); ++r) {
+    for (int r = 0; r < size() && bytes > 0; ++r) {  // an empty buffer may be null
       std::memcpy(static_cast<std::byte*>(out) + r * bytes, group_->slots_[r], bytes);
     }
     group_->barrier_.arrive_and_wait();
