@@ -1,10 +1,16 @@
 // Model factory: picks the implementation for a model directory.
+#include <algorithm>
+
 #include "engine/architectures/cpu_deepseek_decoder.h"
 #include "engine/architectures/cpu_deepseek_mtp.h"
 #include "engine/architectures/cpu_dense_decoder.h"
+#include "engine/loader/sharded_weights.h"
+#include "engine/loader/tensor_parallel_plan.h"
 #include "engine/runtime/cpu/cpu_model_runner.h"
+#include "engine/runtime/cpu/in_process_communicator.h"
 #include "engine/runtime/model.h"
 #include "engine/runtime/synthetic_model.h"
+#include "engine/runtime/tensor_parallel_model.h"
 #ifdef LLM_HAVE_CUDA
 #include "engine/architectures/cuda_deepseek_mtp.h"
 #include "engine/runtime/cuda/cuda_model_runner.h"
@@ -28,6 +34,22 @@ bool IsMtpLayerTensor(const std::string& name, const void* ctx) {
 bool NotFirstMtpLayerTensor(const std::string& name, const void* ctx) {
   const auto& d = *static_cast<const DeepseekConfig*>(ctx);
   return name.rfind("model.layers." + std::to_string(DeepseekMtpLayer(d)) + ".", 0) != 0;
+}
+
+// The model split options.tensor_parallel_size ways: its ranks, one thread each, behind one Model.
+StatusOr<std::unique_ptr<Model>> LoadSplitModel(const ModelLoadOptions& options) {
+  const int n = options.tensor_parallel_size;
+  if (std::find(std::begin(kTensorParallelSizes), std::end(kTensorParallelSizes), n) ==
+      std::end(kTensorParallelSizes)) {
+    return InvalidArgument("tensor_parallel_size must be 1, 2, 4 or 8, got " + std::to_string(n));
+  }
+  auto group = std::make_unique<InProcessCommunicatorGroup>(n);
+  std::vector<std::unique_ptr<Model>> ranks;
+  for (int r = 0; r < n; ++r) {
+    LLM_ASSIGN_OR_RETURN(auto rank, LoadTensorParallelRank(options, group->rank(r)));
+    ranks.push_back(std::move(rank));
+  }
+  return std::unique_ptr<Model>(new TensorParallelModel(std::move(group), std::move(ranks)));
 }
 
 StatusOr<std::unique_ptr<WeightStore>> OpenWeights(const std::string& model_dir,
@@ -68,6 +90,7 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
   if (options.block_size <= 0 || options.block_size > 1024) {
     return InvalidArgument("block_size must be in [1, 1024]");
   }
+  if (options.tensor_parallel_size != 1) return LoadSplitModel(options);
   if (options.model_dir.rfind("synthetic", 0) == 0) {
     // The synthetic model computes on the host; "auto" means the cpu for it.
     if (options.device == "cuda") return InvalidArgument("synthetic models run on device cpu only");
@@ -156,6 +179,54 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
   LLM_ASSIGN_OR_RETURN(auto weights, OpenWeights(options.model_dir, config));
   LLM_ASSIGN_OR_RETURN(auto decoder, NewCpuDenseDecoder(config));
   LLM_ASSIGN_OR_RETURN(auto model, CpuModelRunner::Create(std::move(decoder), *weights, options));
+  LLM_RETURN_IF_ERROR(weights->CheckAllConsumed(config.architecture_name));
+  return std::unique_ptr<Model>(std::move(model));
+}
+
+StatusOr<std::unique_ptr<Model>> LoadTensorParallelRank(const ModelLoadOptions& options,
+                                                        Communicator* comm) {
+  const TensorParallelOptions tp{.size = comm->size(), .rank = comm->rank()};
+  const std::string prefix = "tensor_parallel_size " + std::to_string(tp.size) + ": ";
+  LLM_RETURN_IF_ERROR(CheckChoice("device", options.device, kDeviceChoices));
+  if (options.model_dir.rfind("synthetic", 0) == 0) {
+    return InvalidArgument(prefix + "a synthetic model has no weights to split");
+  }
+  if (ResolveDevice(options.device) != "cpu") {
+    return Unimplemented(prefix + "device " + ResolveDevice(options.device) +
+                         " has no tensor-parallel runner yet (the cpu device has)");
+  }
+  const std::pair<std::string, bool> refused[] = {
+      {"kv_cache_dtype " + options.kv_cache_dtype + " (a rank keeps an fp32 KV cache)",
+       options.kv_cache_dtype != "auto" && options.kv_cache_dtype != "float32" &&
+           options.kv_cache_dtype != "fp32"},
+      {"dummy_weights", options.dummy_weights},
+      {"weight_dtype fp8", options.weight_dtype == "fp8"},
+      {"moe_weight_dtype mxfp4", options.moe_weight_dtype == "mxfp4"},
+      {"moe_activation_dtype fp8", options.moe_activation_dtype == "fp8"}};
+  for (const auto& [what, set] : refused) {
+    if (set) return Unimplemented(prefix + what + " is not supported with tensor parallelism");
+  }
+  // Size 1: the whole model's runner, no collectives.
+  const auto rank = [&](const TensorParallelPlan& plan) {
+    return plan.size > 1 ? CpuTensorParallelRank{&plan, comm} : CpuTensorParallelRank{};
+  };
+  if (IsDeepseekModelDir(options.model_dir)) {
+    LLM_ASSIGN_OR_RETURN(DeepseekConfig config, LoadDeepseekConfig(options.model_dir));
+    LLM_ASSIGN_OR_RETURN(const TensorParallelPlan plan, MakeTensorParallelPlan(config, tp));
+    LLM_ASSIGN_OR_RETURN(auto full, OpenWeights(options.model_dir, config.base));
+    LLM_ASSIGN_OR_RETURN(auto weights, ShardWeights(*full, plan));
+    LLM_ASSIGN_OR_RETURN(auto model, CpuModelRunner::Create(NewCpuDeepseekDecoder(*plan.deepseek),
+                                                            *weights, options, rank(plan)));
+    LLM_RETURN_IF_ERROR(weights->CheckAllConsumed(config.base.architecture_name));
+    return std::unique_ptr<Model>(std::move(model));
+  }
+  LLM_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
+  LLM_ASSIGN_OR_RETURN(const TensorParallelPlan plan, MakeTensorParallelPlan(config, tp));
+  LLM_ASSIGN_OR_RETURN(auto full, OpenWeights(options.model_dir, config));
+  LLM_ASSIGN_OR_RETURN(auto weights, ShardWeights(*full, plan));
+  LLM_ASSIGN_OR_RETURN(auto decoder, NewCpuDenseDecoder(plan.local));
+  LLM_ASSIGN_OR_RETURN(auto model,
+                       CpuModelRunner::Create(std::move(decoder), *weights, options, rank(plan)));
   LLM_RETURN_IF_ERROR(weights->CheckAllConsumed(config.architecture_name));
   return std::unique_ptr<Model>(std::move(model));
 }

@@ -6,6 +6,7 @@
 
 #include "build_info.h"  // generated: LLM_VERSION, LLM_GIT_COMMIT
 #include "engine/loader/kv_cache_quant.h"
+#include "engine/loader/tensor_parallel_plan.h"
 
 namespace llm {
 namespace {
@@ -50,6 +51,13 @@ Status HostPort(const std::string& v) {
   if (v.find(':') == std::string::npos)
     return InvalidArgument("must be host:port, got '" + v + "'");
   return Status::Ok();
+}
+
+Status TensorParallelSize(const std::string& v) {
+  for (int n : kTensorParallelSizes) {
+    if (v == std::to_string(n)) return Status::Ok();
+  }
+  return InvalidArgument("must be 1, 2, 4 or 8, got '" + v + "'");
 }
 
 Status HostPortOrOff(const std::string& v) {
@@ -116,6 +124,10 @@ std::vector<ServerOption> Declarations() {
           .Alias("model"),
       O::Choice("device", LLM_BIND(engine.model.device), kDeviceChoices, G::kModel,
                 "where the model runs; auto: cuda when this build has it and a GPU is present"),
+      O::Int("tensor_parallel_size", LLM_BIND(engine.model.tensor_parallel_size), 1, 8, G::kModel,
+             "ranks the model is split across (1, 2, 4 or 8), a thread each, each with its own "
+             "KV cache budget; other than 1: the cpu device only so far (cuda refuses it at load)")
+          .Check(TensorParallelSize),
       O::Int("max_model_len", LLM_BIND(engine.max_model_len), 0, 1 << 24, G::kModel,
              "context length; 0: the model's, capped by the KV cache"),
       // KV cache.

@@ -336,6 +336,7 @@ Status CpuDeepseekDecoder::RunLayers(const CpuStep& step) const {
       PrefillAttention(L, *step.spec, step.kv[l].k, batch.attn, s, q.data(), attn.data());
 
     Linear(attn.data(), L.wo.data(), T, Hd, H * V, tmp.data());
+    LLM_RETURN_IF_ERROR(step.AllReduceSum(tmp.data(), x_size));  // a rank's heads: a partial sum
     for (size_t i = 0; i < x_size; ++i) x[i] += tmp[i];
 
     RmsNorm(x, L.mlp_norm.data(), T, Hd, c.rms_norm_eps, xn.data());
@@ -345,6 +346,7 @@ Status CpuDeepseekDecoder::RunLayers(const CpuStep& step) const {
     } else {
       L.dense.Forward(xn.data(), T, tmp.data());
     }
+    LLM_RETURN_IF_ERROR(step.AllReduceSum(tmp.data(), x_size));
     for (size_t i = 0; i < x_size; ++i) x[i] += tmp[i];
   }
 

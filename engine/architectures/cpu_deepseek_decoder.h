@@ -20,6 +20,12 @@
 // scalar `model.layers.N.self_attn.kv_scale` when present, else config `mla_cache_scale` (1.0).
 // Other kv_cache_dtype values (int8, fp8_e4m3_dynamic) and kv_scales_file are rejected with
 // InvalidArgument; kv_scale_granularity does not apply (one scalar per layer).
+//
+// A tensor-parallel rank is this definition on the plan's rank-local configuration
+// (tensor_parallel_plan.h): its query heads (q_proj / q_b_proj, kv_b_proj and o_proj by head),
+// the whole latent (q_a_proj and kv_a_proj_with_mqa are replicated: every rank caches the same
+// latents), its slice of every expert and of the shared and dense MLPs; o_proj's and the
+// feed-forward block's outputs are summed over the ranks (CpuStep::AllReduceSum).
 #pragma once
 
 #include <memory>

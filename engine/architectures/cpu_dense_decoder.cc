@@ -189,6 +189,7 @@ Status CpuDenseDecoder::RunLayers(const CpuStep& step) const {
     p.sink_logits = L.sinks.empty() ? nullptr : L.sinks.data();
     step.attention->Run(p);
     Linear(attn.data(), L.wo.data(), L.bo.empty() ? nullptr : L.bo.data(), T, H, Q, tmp.data());
+    LLM_RETURN_IF_ERROR(step.AllReduceSum(tmp.data(), x_size));  // a rank's heads: a partial sum
     add_residual(L.attn_out_norm, tmp);
 
     RmsNorm(x, L.ffn_in_norm.data(), T, H, eps, xn.data());
@@ -200,6 +201,7 @@ Status CpuDenseDecoder::RunLayers(const CpuStep& step) const {
         L.moe.Forward(xn.data(), T, {step.routing_trace, l, batch.positions.data()}, tmp.data());
         break;
     }
+    LLM_RETURN_IF_ERROR(step.AllReduceSum(tmp.data(), x_size));
     add_residual(L.ffn_out_norm, tmp);
   }
 

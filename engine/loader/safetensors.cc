@@ -211,6 +211,37 @@ StatusOr<std::unique_ptr<WeightStore>> WeightStore::Open(const std::string& mode
   return store;
 }
 
+StatusOr<std::unique_ptr<WeightStore>> WeightStore::FromTensors(
+    std::vector<TensorToWrite> tensors) {
+  auto store = std::make_unique<WeightStore>();
+  for (TensorToWrite& t : tensors) {
+    auto view = std::make_unique<TensorView>();
+    view->name = t.name;
+    view->dtype = t.dtype;
+    view->shape = t.shape;
+    view->file = "(memory)";
+    if (static_cast<size_t>(view->numel()) * DTypeSize(t.dtype) != t.data.size()) {
+      return DataLoss("in-memory tensor '" + t.name + "' has " + std::to_string(t.data.size()) +
+                      " bytes for " + DTypeName(t.dtype) + " " + view->ShapeString());
+    }
+    store->owned_data_.push_back(std::move(t.data));
+    view->data = store->owned_data_.back().data();
+    view->nbytes = store->owned_data_.back().size();
+    if (!store->index_.emplace(view->name, view.get()).second) {
+      return DataLoss("in-memory tensor '" + view->name + "' given twice");
+    }
+    store->owned_views_.push_back(std::move(view));
+  }
+  return store;
+}
+
+std::vector<std::string> WeightStore::TensorNames() const {
+  std::vector<std::string> names;
+  names.reserve(index_.size());
+  for (const auto& [name, view] : index_) names.push_back(name);
+  return names;
+}
+
 StatusOr<const TensorView*> WeightStore::Get(const std::string& name) const {
   auto it = index_.find(name);
   if (it == index_.end()) return NotFound("missing tensor '" + name + "'");

@@ -62,12 +62,18 @@ struct Fp8Weight {
   float input_scale = 0.f;
 };
 
+struct TensorToWrite;
+
 // All weights of a model directory: `model.safetensors`, or the shards named by
 // `model.safetensors.index.json`. Every tensor handed out is recorded, so that a loader can
 // refuse a checkpoint with tensors it did not read (CheckAllConsumed).
 class WeightStore {
  public:
   static StatusOr<std::unique_ptr<WeightStore>> Open(const std::string& model_dir);
+  // A store over tensors held in memory (one tensor-parallel rank's slices of a checkpoint,
+  // sharded_weights.h); DataLoss naming a tensor given twice or whose bytes disagree with its
+  // dtype and shape.
+  static StatusOr<std::unique_ptr<WeightStore>> FromTensors(std::vector<TensorToWrite> tensors);
 
   // Pre-quantized checkpoints: ReadF32 dequantizes fp8 weights with their scale tensors.
   void set_quantization(const WeightQuantization& q) { quantization_ = q; }
@@ -92,6 +98,8 @@ class WeightStore {
   StatusOr<Fp8Weight> ReadFp8(const std::string& name, const std::vector<int64_t>& shape) const;
   // The stored dtype of a tensor (NotFound naming it). Does not mark it consumed.
   StatusOr<DType> StoredDType(const std::string& name) const;
+  // Every tensor's name, sorted. Does not mark them consumed.
+  std::vector<std::string> TensorNames() const;
 
   // Fails naming the tensors that no Get/ReadF32 touched, except those on the ignore list
   // (IgnoredTensor) and those `also_ignore` accepts.
@@ -104,6 +112,9 @@ class WeightStore {
   Status DequantFp8(const TensorView& v, std::vector<float>* out) const;
 
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  // FromTensors: the tensors' bytes and their views (the index points at them).
+  std::vector<std::vector<std::byte>> owned_data_;
+  std::vector<std::unique_ptr<TensorView>> owned_views_;
   std::map<std::string, const TensorView*> index_;
   WeightQuantization quantization_;
   mutable std::set<std::string> consumed_;

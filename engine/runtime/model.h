@@ -144,6 +144,12 @@ struct ModelLoadOptions {
   std::string kv_scales_file;  // llm-calibrate-kv output; empty: scales from the checkpoint
   // "cpu", "cuda", or "auto" (cuda when this build has it and a device is present).
   std::string device = "cpu";
+  // Ranks the model is split across (engine/loader/tensor_parallel_plan.h): 1, 2, 4 or 8. Above 1,
+  // LoadModel returns a TensorParallelModel over that many ranks, each in its own thread with the
+  // in-process communicator; only the cpu device has ranks so far (others are refused by name).
+  // Each rank sizes its own KV cache from num_kv_blocks / kv_cache_bytes (a rank's blocks hold
+  // its heads' share, so a budget holds more of them).
+  int tensor_parallel_size = 1;
   double gpu_memory_fraction = 0.85;  // of the memory free after weights, for the KV pool
   // The most rows one eager step brings (EngineCore: the scheduler's max_batched_tokens). The
   // CUDA runner reserves its step scratch for them before the KV pool takes its fraction of the
@@ -238,6 +244,15 @@ std::string ResolveDevice(const std::string& device);
 
 // Loads config + weights and selects the attention backend (logging the selection table).
 StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options);
+class Communicator;
+// Rank comm->rank() of the model in options.model_dir split comm->size() ways
+// (engine/loader/tensor_parallel_plan.h), on the cpu device, for the thread that runs that rank:
+// every rank's Forward must be called with the same batch (they meet in collectives). Refused
+// (the status names it): the plan's refusals, a device other than cpu, a synthetic model, a
+// kv_cache_dtype other than auto, float32 or fp32. Size 1 is LoadModel's model. Ignores
+// options.tensor_parallel_size (the group is comm's).
+StatusOr<std::unique_ptr<Model>> LoadTensorParallelRank(const ModelLoadOptions& options,
+                                                        Communicator* comm);
 // The multi-token-prediction layer of the checkpoint in options.model_dir as a Model of its own
 // (--speculative-method mtp): DeepSeek-V3's first MTP layer on the cpu or cuda runner, which
 // reads ForwardBatch::input_hidden. InvalidArgument naming what is missing for another

@@ -66,7 +66,8 @@ struct GenerateOptions {
   const SamplingParams* sampling = nullptr;      // null: greedy; else seed + prompt index
   Gaps* gaps = nullptr;
   Logits* logits = nullptr;
-  Routing* routing = nullptr;  // MoE models only (another model records none: the test fails)
+  Routing* routing = nullptr;    // MoE models only (another model records none: the test fails)
+  int tensor_parallel_size = 1;  // ModelLoadOptions::tensor_parallel_size
 };
 
 struct GenerateResult {
@@ -106,6 +107,7 @@ inline GenerateResult Generate(const std::string& dir,
   cfg.model.kv_scales_file = o.kv_scales_file;
   cfg.model.mla_kernel = o.mla_kernel;
   cfg.model.c8_prefill = o.c8_prefill;
+  cfg.model.tensor_parallel_size = o.tensor_parallel_size;
   cfg.scheduler.max_batched_tokens = o.max_batched_tokens;
   cfg.require_tokenizer = false;
   cfg.overlap_steps = o.overlap;

@@ -63,6 +63,10 @@ TEST_CASE("ServerConfig defaults", "[server_config]") {
   CHECK(defaults.engine.default_max_tokens <= defaults.engine.max_tokens_limit);
   CHECK(defaults.engine.scheduler.max_batched_tokens == 512);
   CHECK(defaults.engine.model.kv_cache_bytes == 256u << 20);
+  CHECK(defaults.engine.model.tensor_parallel_size == 1);
+  auto split = ParseServerConfig({"--model-dir", "/m", "--tensor-parallel-size", "4"});
+  REQUIRE(split.ok());
+  CHECK(split->engine.model.tensor_parallel_size == 4);
 }
 
 TEST_CASE("ServerConfig options are unique and well formed", "[server_config]") {
@@ -152,6 +156,8 @@ TEST_CASE("ServerConfig rejects bad values naming the flag", "[server_config]") 
       {{"--mla-kernel", "fast"}, "--mla-kernel must be one of auto, wgmma, portable, got 'fast'"},
       {{"--c8-prefill", "tensor"}, "--c8-prefill must be one of auto, tiles, fmha, got 'tensor'"},
       {{"--device", "tpu"}, "--device must be one of cpu, cuda, auto, got 'tpu'"},
+      {{"--tensor-parallel-size", "3"}, "--tensor-parallel-size must be 1, 2, 4 or 8, got '3'"},
+      {{"--tensor-parallel-size", "16"}, "--tensor-parallel-size"},
       {{"--kv-cache-dtype", "int4"}, "--kv-cache-dtype"},
       {{"--enable-prefix-caching", "yes"}, "--enable-prefix-caching must be true or false"},
       {{"--max-tokens-limit", "100", "--default-max-tokens", "200"}, "--default-max-tokens"},

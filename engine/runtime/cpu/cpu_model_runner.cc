@@ -14,14 +14,30 @@ namespace llm {
 
 StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
     std::unique_ptr<CpuArchitecture> arch, const WeightStore& weights,
-    const ModelLoadOptions& options) {
+    const ModelLoadOptions& options, CpuTensorParallelRank tp) {
   std::unique_ptr<CpuModelRunner> m(new CpuModelRunner(std::move(arch)));
-  LLM_RETURN_IF_ERROR(m->Init(weights, options));
+  LLM_RETURN_IF_ERROR(m->Init(weights, options, tp));
   return m;
 }
 
-Status CpuModelRunner::Init(const WeightStore& w, const ModelLoadOptions& options) {
-  const ModelConfig& c = config();
+Status CpuModelRunner::Init(const WeightStore& w, const ModelLoadOptions& options,
+                            const CpuTensorParallelRank& tp) {
+  if ((tp.plan == nullptr) != (tp.comm == nullptr)) {
+    return InvalidArgument("a tensor-parallel rank needs both its plan and its communicator");
+  }
+  config_ = tp.plan != nullptr ? tp.plan->model : arch_->config();
+  comm_ = tp.comm;
+  if (tp.plan != nullptr &&
+      (tp.comm->size() != tp.plan->size || tp.comm->rank() != tp.plan->rank)) {
+    return InvalidArgument("communicator rank " + std::to_string(tp.comm->rank()) + " of " +
+                           std::to_string(tp.comm->size()) + " disagrees with the plan's rank " +
+                           std::to_string(tp.plan->rank) + " of " + std::to_string(tp.plan->size));
+  }
+  // The architecture's configuration: the rank's on a tensor-parallel rank.
+  const ModelConfig& c = arch_->config();
+  head_rows_ = c.vocab_size;
+  vocab_begin_ = tp.plan != nullptr ? tp.plan->vocab_begin : 0;
+  vocab_rows_ = tp.plan != nullptr ? tp.plan->vocab_rows : c.vocab_size;
   // The CUDA runner's kernel choices: the CPU attends every step through one backend, so another
   // value than the default is refused, not ignored.
   const std::pair<const char*, const std::string*> cuda_choices[] = {
@@ -150,8 +166,11 @@ Status CpuModelRunner::Forward(const ForwardBatch& batch, std::vector<float>* lo
   for (int t = 0; t < T; ++t) {
     const int32_t id = batch.token_ids[t];
     if (id < 0 || id >= c.vocab_size) return InvalidArgument("token id out of range");
+    // A tensor-parallel rank holds some rows of the table: zeros for the others, summed below.
+    const int64_t row = id - vocab_begin_;
+    if (row < 0 || row >= vocab_rows_) continue;
     float* xt = x.data() + static_cast<size_t>(t) * H;
-    std::copy_n(embed_.data() + static_cast<size_t>(id) * H, H, xt);
+    std::copy_n(embed_.data() + static_cast<size_t>(row) * H, H, xt);
     if (settings_.embed_scale != 1.0f) {
       for (int i = 0; i < H; ++i) xt[i] *= settings_.embed_scale;
     }
@@ -168,6 +187,9 @@ Status CpuModelRunner::Forward(const ForwardBatch& batch, std::vector<float>* lo
   }
   LLM_RETURN_IF_ERROR(CheckAttentionBatch(batch.attn, block_size_, num_blocks_));
   LLM_RETURN_IF_ERROR(attention_->Plan(batch.attn));
+  if (comm_ != nullptr) {  // every rank's embedding rows, zeros elsewhere
+    LLM_RETURN_IF_ERROR(comm_->AllReduceSum(x.data(), x.size(), DType::kF32, nullptr));
+  }
 
   CpuStep step;
   step.batch = &batch;
@@ -179,6 +201,7 @@ Status CpuModelRunner::Forward(const ForwardBatch& batch, std::vector<float>* lo
   step.mla = mla_;
   step.routing_trace = routing_trace_;
   step.kv_observer = kv_observer_ ? &kv_observer_ : nullptr;
+  step.comm = comm_;
   LLM_RETURN_IF_ERROR(arch_->RunLayers(step));
 
   hidden_.resize(batch.hidden_rows.size() * H);
@@ -191,12 +214,44 @@ Status CpuModelRunner::Forward(const ForwardBatch& batch, std::vector<float>* lo
       cpu::RmsNorm(xr, final_norm_.data(), 1, H, settings_.norm_eps, out);
     }
   }
-  // Final norm and LM head only for the rows that sample.
-  cpu::FinalLogits(x.data(), batch.logit_rows, final_norm_.data(),
-                   (c.tie_word_embeddings ? embed_ : lm_head_).data(), H, c.vocab_size,
-                   settings_.norm_eps, logits);
+  LLM_RETURN_IF_ERROR(Logits(x.data(), batch.logit_rows, logits));
   if (const float cap = settings_.final_logit_softcap; cap > 0.0f) {
     for (float& v : *logits) v = cap * std::tanh(v / cap);
+  }
+  return Status::Ok();
+}
+
+Status CpuModelRunner::Logits(const float* x, const std::vector<int32_t>& logit_rows,
+                              std::vector<float>* logits) {
+  const ModelConfig& c = config();
+  const int H = c.hidden_size;
+  const float* head = (c.tie_word_embeddings ? embed_ : lm_head_).data();
+  // Final norm and LM head only for the rows that sample.
+  if (comm_ == nullptr) {
+    cpu::FinalLogits(x, logit_rows, final_norm_.data(), head, H, c.vocab_size, settings_.norm_eps,
+                     logits);
+    return Status::Ok();
+  }
+  if (logit_rows.empty()) {  // every rank has the same rows: none gathers
+    logits->clear();
+    return Status::Ok();
+  }
+  std::vector<float> slice;  // [rows, head_rows_]
+  cpu::FinalLogits(x, logit_rows, final_norm_.data(), head, H, static_cast<int>(head_rows_),
+                   settings_.norm_eps, &slice);
+  const size_t rows = logit_rows.size(), n = rows * head_rows_;
+  std::vector<float> all(n * comm_->size());  // [ranks, rows, head_rows_]
+  LLM_RETURN_IF_ERROR(comm_->AllGather(slice.data(), all.data(), n, DType::kF32, nullptr));
+  logits->resize(rows * c.vocab_size);
+  for (size_t r = 0; r < rows; ++r) {
+    for (int k = 0; k < comm_->size(); ++k) {
+      // Rank k's rows begin at k * head_rows_; the last ranks' end with padding.
+      const int64_t begin = k * head_rows_;
+      const int64_t count = std::min<int64_t>(head_rows_, c.vocab_size - begin);
+      if (count <= 0) break;
+      std::copy_n(all.begin() + k * n + r * head_rows_, count,
+                  logits->begin() + r * c.vocab_size + begin);
+    }
   }
   return Status::Ok();
 }

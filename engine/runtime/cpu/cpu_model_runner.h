@@ -24,6 +24,8 @@
 #include <vector>
 
 #include "engine/loader/safetensors.h"
+#include "engine/loader/tensor_parallel_plan.h"
+#include "engine/runtime/communicator.h"
 #include "engine/runtime/model.h"
 #include "kernels/attention_backend.h"
 
@@ -63,6 +65,22 @@ struct CpuStep {
   MlaAttentionBackend* mla = nullptr;
   std::vector<MoeRoutingDecision>* routing_trace = nullptr;  // null: record nothing
   const KvObserver* kv_observer = nullptr;                   // null: none (per-head K/V only)
+  // A tensor-parallel rank's group (tensor_parallel_plan.h); null for the whole model.
+  Communicator* comm = nullptr;
+
+  // x[n] summed over the ranks in place (the output of a row-split projection, before the
+  // residual add); nothing without a group.
+  Status AllReduceSum(float* x, size_t n) const {
+    return comm == nullptr ? Status::Ok() : comm->AllReduceSum(x, n, DType::kF32, nullptr);
+  }
+};
+
+// One rank of a tensor-parallel model: the plan its architecture and weights were cut by (the
+// runner takes the model's configuration and its vocabulary slice from it) and its group. Both
+// null: the whole model.
+struct CpuTensorParallelRank {
+  const TensorParallelPlan* plan = nullptr;
+  Communicator* comm = nullptr;
 };
 
 // An architecture on the runner.
@@ -95,12 +113,15 @@ class CpuArchitecture {
 class CpuModelRunner final : public Model {
  public:
   // Selects the attention backend, loads the embedding, final norm, LM head and the layers, and
-  // allocates the KV cache.
+  // allocates the KV cache. A tensor-parallel rank: `arch` is built on tp.plan->local and
+  // `weights` are the rank's (sharded_weights.h).
   static StatusOr<std::unique_ptr<CpuModelRunner>> Create(std::unique_ptr<CpuArchitecture> arch,
                                                           const WeightStore& weights,
-                                                          const ModelLoadOptions& options);
+                                                          const ModelLoadOptions& options,
+                                                          CpuTensorParallelRank tp = {});
 
-  const ModelConfig& config() const override { return arch_->config(); }
+  // The model's configuration (a tensor-parallel rank's architecture has the rank-local one).
+  const ModelConfig& config() const override { return config_; }
   Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override;
   std::string attention_backend_name() const override { return attention_->name(); }
   int num_kv_blocks() const override { return num_blocks_; }
@@ -118,17 +139,26 @@ class CpuModelRunner final : public Model {
 
  private:
   explicit CpuModelRunner(std::unique_ptr<CpuArchitecture> arch) : arch_(std::move(arch)) {}
-  Status Init(const WeightStore& weights, const ModelLoadOptions& options);
+  Status Init(const WeightStore& weights, const ModelLoadOptions& options,
+              const CpuTensorParallelRank& tp);
+  // The LM head of the rows in logit_rows of x (after the final norm) into *logits
+  // [rows, vocab]: the rank's slice gathered from every rank, padding dropped, with a group.
+  Status Logits(const float* x, const std::vector<int32_t>& logit_rows, std::vector<float>* logits);
   // The KV cache of every layer for num_blocks_ blocks in the layout of spec_ and its views.
   Status AllocateCache();
 
   std::unique_ptr<CpuArchitecture> arch_;
+  ModelConfig config_;  // the model's
   CpuModelSettings settings_;
+  // The vocabulary rows [vocab_begin_, vocab_begin_ + vocab_rows_) that embed_ and lm_head_ hold
+  // (all of it but on a tensor-parallel rank, whose tables have head_rows_ rows, zero padded).
+  int64_t vocab_begin_ = 0, vocab_rows_ = 0, head_rows_ = 0;
+  Communicator* comm_ = nullptr;  // a tensor-parallel rank's group, or null
   AttentionSpec spec_;
   std::unique_ptr<AttentionBackend> attention_;
   MlaAttentionBackend* mla_ = nullptr;  // attention_, typed, for AttentionKind::kMla
-  std::vector<float> embed_;            // [vocab, hidden]
-  std::vector<float> lm_head_;          // [vocab, hidden]; empty when tied to embed_
+  std::vector<float> embed_;            // [head_rows_, hidden]
+  std::vector<float> lm_head_;          // [head_rows_, hidden]; empty when tied to embed_
   std::vector<float> final_norm_;       // [hidden], offset added
   std::vector<float> hidden_;           // [hidden_rows, hidden] of the last forward
 

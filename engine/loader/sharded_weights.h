@@ -1,0 +1,23 @@
+// One tensor-parallel rank's weights: the checkpoint's tensors cut by the plan
+// (tensor_parallel_plan.h) into an in-memory WeightStore of fp32 tensors under their checkpoint
+// names and rank-local shapes, so that a decoder built on the plan's rank-local configuration
+// reads them with its ordinary code.
+#pragma once
+
+#include <memory>
+
+#include "base/status.h"
+#include "engine/loader/safetensors.h"
+#include "engine/loader/tensor_parallel_plan.h"
+
+namespace llm {
+
+// Every tensor of `full` (all marked consumed there) cut for plan.rank, except those the plan
+// drops; those the loaders ignore by design (IgnoredTensor: rotary tables, KV-cache scales) are
+// carried whole, in their dtype (DeepSeek's per-layer kv_scale is one scalar; a rank refuses the
+// 8-bit per-head K/V caches whose scales would need a cut). A tensor without a rule fails, naming
+// it. Check the result's CheckAllConsumed after loading, not full's.
+StatusOr<std::unique_ptr<WeightStore>> ShardWeights(const WeightStore& full,
+                                                    const TensorParallelPlan& plan);
+
+}  // namespace llm

@@ -1,0 +1,67 @@
+#include "engine/runtime/tensor_parallel_model.h"
+
+namespace llm {
+
+TensorParallelModel::TensorParallelModel(std::unique_ptr<CommunicatorGroup> group,
+                                         std::vector<std::unique_ptr<Model>> ranks)
+    : group_(std::move(group)),
+      ranks_(std::move(ranks)),
+      logits_(ranks_.size()),
+      status_(ranks_.size()) {
+  LLM_CHECK(!ranks_.empty() && static_cast<int>(ranks_.size()) == group_->size());
+  for (int r = 1; r < size(); ++r) threads_.emplace_back([this, r] { RankThread(r); });
+}
+
+TensorParallelModel::~TensorParallelModel() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  start_.notify_all();
+  for (std::thread& t : threads_) t.join();
+}
+
+void TensorParallelModel::RankThread(int r) {
+  uint64_t seen = 0;
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    start_.wait(lock, [&] { return stop_ || generation_ != seen; });
+    if (stop_) return;
+    seen = generation_;
+    const std::function<Status(int)>* job = job_;
+    lock.unlock();
+    Status st = (*job)(r);
+    lock.lock();
+    status_[r] = std::move(st);
+    if (--pending_ == 0) done_.notify_one();
+  }
+}
+
+Status TensorParallelModel::RunOnEveryRank(const std::function<Status(int)>& job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job_ = &job;
+    pending_ = size() - 1;
+    ++generation_;
+  }
+  start_.notify_all();
+  status_[0] = job(0);
+  std::unique_lock<std::mutex> lock(mu_);
+  done_.wait(lock, [&] { return pending_ == 0; });
+  for (const Status& st : status_) {
+    if (!st.ok()) return st;
+  }
+  return Status::Ok();
+}
+
+Status TensorParallelModel::Forward(const ForwardBatch& batch, std::vector<float>* logits) {
+  return RunOnEveryRank(
+      [&](int r) { return ranks_[r]->Forward(batch, r == 0 ? logits : &logits_[r]); });
+}
+
+Status TensorParallelModel::AllocateKvCache(int num_blocks) {
+  for (auto& rank : ranks_) LLM_RETURN_IF_ERROR(rank->AllocateKvCache(num_blocks));
+  return Status::Ok();
+}
+
+}  // namespace llm

@@ -1,0 +1,70 @@
+// One Model over the N rank models of a tensor-parallel group (LoadTensorParallelRank): what the
+// engine thread sees when the model is split. Each Forward hands the step's batch, by pointer, to
+// N - 1 rank threads that this model owns, runs rank 0 on the calling thread (the engine thread),
+// and returns when every rank has finished; the ranks meet in their communicators' collectives,
+// and rank 0's logits (gathered from every rank) are the model's. Everything but the forward is
+// rank 0's: its configuration, KV cache geometry (per rank: each rank holds its heads' share of
+// every block), hidden states and routing trace (every rank routes the same way).
+//
+// Every rank gets the same batch, so a batch one rank refuses, every rank refuses before its
+// first collective. A rank that failed inside the layers while the others wait in a collective
+// would leave them waiting: the rank models fail only on their inputs.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "engine/runtime/communicator.h"
+#include "engine/runtime/model.h"
+
+namespace llm {
+
+class TensorParallelModel final : public Model {
+ public:
+  // ranks[r]: rank r's model, built with group->rank(r).
+  TensorParallelModel(std::unique_ptr<CommunicatorGroup> group,
+                      std::vector<std::unique_ptr<Model>> ranks);
+  ~TensorParallelModel() override;
+
+  int size() const { return static_cast<int>(ranks_.size()); }
+  Model& rank(int r) { return *ranks_[r]; }
+
+  const ModelConfig& config() const override { return ranks_[0]->config(); }
+  Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override;
+  bool returns_hidden_states() const override { return ranks_[0]->returns_hidden_states(); }
+  std::span<const float> hidden_states() const override { return ranks_[0]->hidden_states(); }
+  std::string attention_backend_name() const override {
+    return ranks_[0]->attention_backend_name();
+  }
+  int num_kv_blocks() const override { return ranks_[0]->num_kv_blocks(); }
+  Status AllocateKvCache(int num_blocks) override;
+  size_t kv_bytes_per_block() const override { return ranks_[0]->kv_bytes_per_block(); }
+  std::string kv_cache_dtype_name() const override { return ranks_[0]->kv_cache_dtype_name(); }
+  bool set_routing_trace(std::vector<MoeRoutingDecision>* trace) override {
+    return ranks_[0]->set_routing_trace(trace);
+  }
+
+ private:
+  // Runs job(r) for every rank r, rank 0 here, the others on their threads; the first failure.
+  Status RunOnEveryRank(const std::function<Status(int)>& job);
+  void RankThread(int r);
+
+  std::unique_ptr<CommunicatorGroup> group_;  // outlives the ranks, which hold its communicators
+  std::vector<std::unique_ptr<Model>> ranks_;
+  std::vector<std::vector<float>> logits_;  // [ranks]: ranks 1.. write theirs here
+
+  std::mutex mu_;
+  std::condition_variable start_, done_;
+  const std::function<Status(int)>* job_ = nullptr;  // the job of generation_
+  uint64_t generation_ = 0;
+  int pending_ = 0;             // rank threads still running generation_'s job
+  std::vector<Status> status_;  // [ranks]
+  bool stop_ = false;
+  std::vector<std::thread> threads_;  // ranks 1..
+};
+
+}  // namespace llm
