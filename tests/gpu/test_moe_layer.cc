@@ -409,7 +409,7 @@ TEST_CASE("MoE layer matches CpuMoe (bf16 and fp8 experts, batch 1..300, both GE
         MakeMoe(o.ops, quant, rng, &m);
         CudaMoeLayer layer(m.routing, m.hidden, m.inter, m.shared_inter);
         layer.set_large_batch_slots_per_expert(large_from);
-        if (variant == 4) layer.set_gemv_max_tokens(0);
+        layer.set_gemv_max_tokens(variant == 4 ? 0 : cuda::kMoeGemvMaxTokens);
         layer.set_large_batch_gemm(variant == 1   ? CudaMoeLayer::LargeBatchGemm::kGrouped
                                    : variant == 2 ? CudaMoeLayer::LargeBatchGemm::kPerExpert
                                                   : CudaMoeLayer::LargeBatchGemm::kAuto);
@@ -451,7 +451,7 @@ TEST_CASE("MoE layer: the down GEMM's combine gives LaunchMoeCombine's bits", "[
           const int SI = w.shared.inter;
           if (!shared) w.shared.inter = 0;  // the same routed experts alone
           CudaMoeLayer fused(m.routing, m.hidden, m.inter, shared ? m.shared_inter : 0);
-          if (!gemv) fused.set_gemv_max_tokens(0);
+          fused.set_gemv_max_tokens(gemv ? cuda::kMoeGemvMaxTokens : 0);
           CudaMoeLayer separate = fused;
           separate.set_fused_combine_max_tokens(0);
           for (const int T : {1, 5, 16, 17}) {
@@ -615,7 +615,7 @@ TEST_CASE("MoE layer with gpt-oss's gate matches CpuMoe (biases, clamped SwiGLU)
         INFO("large batch from " << large_from << " slots per expert, variant " << variant);
         CudaMoeLayer layer(r, H, I, 0, gate);
         layer.set_large_batch_slots_per_expert(large_from);
-        if (variant == 1) layer.set_gemv_max_tokens(0);
+        layer.set_gemv_max_tokens(variant == 1 ? 0 : cuda::kMoeGemvMaxTokens);
         CudaMoeScratch s;
         for (const int T : shape.batches) {
           CheckAgainstCpu(o, layer, gpu, cpu, H, T, 1e-3f, rng, &s);  // margins in logits units
@@ -681,6 +681,7 @@ TEST_CASE("MoE layer keeps a checkpoint's fp8 experts and matches CpuMoe on them
     MoeTensorNames names;
     names.selection_bias = "e_score_correction_bias";
     CudaMoeLayer layer(routing, H, I, SI);
+    layer.set_gemv_max_tokens(cuda::kMoeGemvMaxTokens);  // batch 7 too
     Bf16WeightLoader loader(&ws, o.stream);
     CudaMoeWeights gpu;
     REQUIRE(layer
@@ -832,7 +833,7 @@ TEST_CASE("MoE layer in a CUDA graph replays like eager runs", "[gpu][moe]") {
     const int H = m.hidden;
     CudaMoeLayer layer(m.routing, m.hidden, m.inter, m.shared_inter);
     if (!c.fused) layer.set_fused_route_max_tokens(0);
-    if (!c.gemv) layer.set_gemv_max_tokens(0);
+    layer.set_gemv_max_tokens(c.gemv ? cuda::kMoeGemvMaxTokens : 0);
     if (w8a8) layer.set_activation_dtype(CudaMoeLayer::ActivationDtype::kFp8);
     REQUIRE(layer.ChooseActivations("test", &m.gpu).ok());
     REQUIRE(m.gpu.w8a8 == w8a8);

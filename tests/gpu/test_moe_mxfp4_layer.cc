@@ -52,6 +52,7 @@ TEST_CASE("MoE layer with MXFP4 experts: a graphed batch gives each token its ba
   gate.swiglu_limit = 7.0f;
   REQUIRE(CudaMoeLayer::Check(r, H, I, 0, gate).ok());
   CudaMoeLayer layer(r, H, I, 0, gate);
+  layer.set_gemv_max_tokens(cuda::kMoeGemvMaxTokens);  // the GEMVs up to batch 8 here
   layer.set_mxfp4(CudaMoeLayer::Mxfp4::kKeep);
   CudaMoeWeights w;
   Bf16WeightLoader loader(nullptr, o.stream);

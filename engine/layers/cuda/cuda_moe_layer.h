@@ -21,10 +21,10 @@
 // With fp8 activations (set_activation_dtype), x, act and the shared experts' act are quantized
 // to e4m3 before each GEMM (kernels/cuda/ops/fp8_quant.h) and the W8A8 grouped GEMMs run on the
 // e4m3 tensor cores, with tiles of cuda::MoeMxfp4TileRows rows as the MXFP4 experts'.
-// Decode batches (cuda::MoeGemvBatchOk: a few rows per expert) of bf16, fp8 or MXFP4 experts
-// with bf16 activations run both grouped GEMMs as GEMVs over the same tiles (cuda::LaunchMoeGemv:
-// small CTAs that stream each expert's weights once at the copy rate; UsesGemv,
-// set_gemv_max_tokens).
+// Batch-1 decode steps (set_gemv_max_tokens; cuda::MoeGemvBatchOk) of bf16, fp8 or MXFP4
+// experts with bf16 activations run both grouped GEMMs as GEMVs over the same tiles
+// (cuda::LaunchMoeGemv: small CTAs that stream each expert's weights once at the copy rate;
+// UsesGemv, set_gemv_max_tokens).
 //
 // Large batches (prefill chunks: at least large_batch_slots_per_expert slots per expert on
 // average, bf16 experts, not capturing) take a second path: the 16-row tiles above stream every
@@ -172,7 +172,11 @@ class CudaMoeLayer {
   // Batches of at most this many tokens on the tiled path run the expert GEMMs as GEMVs
   // (cuda::LaunchMoeGemv: bf16, fp8 and MXFP4 experts, the shared experts' dense group included)
   // where cuda::MoeGemvBatchOk and the shapes allow; fp8 activations (W8A8) keep the tiled GEMMs.
-  // Set before a capture (tests and benchmarks compare both: 0 never).
+  // Set before a capture (tests and benchmarks compare both: 0 never). The GEMVs serve up to
+  // cuda::kMoeGemvMaxTokens tokens, but against the tiled GEMMs they win only at one token
+  // (docs/BENCHMARKS.md, the small-batch MoE layer rows): from two tokens on, the CUDA cores' FMA
+  // per weight and row costs more than the tiles lose to their ragged last wave.
+  static constexpr int kDefaultGemvMaxTokens = 1;
   void set_gemv_max_tokens(int v) { gemv_max_tokens_ = v; }
   bool UsesGemv(int T, const CudaMoeWeights& w) const;
 
@@ -232,7 +236,7 @@ class CudaMoeLayer {
   LargeBatchGemm large_batch_gemm_ = LargeBatchGemm::kAuto;
   int fused_route_max_tokens_ = cuda::kMoeRouteFusedMaxTokens;
   int fused_combine_max_tokens_ = cuda::kMoeFusedCombineMaxTokens;
-  int gemv_max_tokens_ = cuda::kMoeGemvMaxTokens;
+  int gemv_max_tokens_ = kDefaultGemvMaxTokens;
   Mxfp4 mxfp4_ = Mxfp4::kAuto;
   ActivationDtype activation_dtype_ = ActivationDtype::kBf16;
 };
