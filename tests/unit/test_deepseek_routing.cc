@@ -156,8 +156,7 @@ TEST_CASE("DeepSeek router: group_limited_greedy exact group tie", "[routing]") 
 // A tiny random DeepSeek-V3 (fp32 safetensors) in `dir` whose MoE routers are zero, so that every
 // token's selection scores are 0.5 + kGroupTieBias at both MoE layers (1 and 2).
 void WriteZeroRouterDeepseek(const fs::path& dir) {
-  const int hidden = 32, heads = 2, kv_lora = 16, rope = 8, nope = 8, vdim = 8, layers = 3;
-  const int inter = 32, moe_inter = 8, experts = 8, vocab = 64;
+  const int layers = 3, moe_inter = 8, experts = 8;
   // TinyDeepseekV2's dimensions (hidden 32, 2 heads, MLA 16 + rope 8, vocab 64), as a V3 with
   // noaux_tc routing over 8 experts in 4 groups after one dense layer.
   test::TinyCheckpoint c;
@@ -181,48 +180,13 @@ void WriteZeroRouterDeepseek(const fs::path& dir) {
                    {"rope_scaling", nullptr},
                    {"attention_bias", false},
                    {"torch_dtype", "float32"}});
-  // The tensors below are shaped from these.
-  REQUIRE(c.config["hidden_size"] == hidden);
-  REQUIRE(c.config["intermediate_size"] == inter);
-  REQUIRE(c.config["num_attention_heads"] == heads);
-  REQUIRE(c.config["kv_lora_rank"] == kv_lora);
-  REQUIRE(c.config["qk_rope_head_dim"] == rope);
-  REQUIRE(c.config["qk_nope_head_dim"] == nope);
-  REQUIRE(c.config["v_head_dim"] == vdim);
-  REQUIRE(c.config["vocab_size"] == vocab);
-  uint32_t seed = 11000;
-  auto add = [&](const std::string& n, std::vector<int64_t> shape, float mean, float std) {
-    c.AddF32(n, std::move(shape), mean, std, ++seed);
-  };
-  auto mlp = [&](const std::string& p, int n) {
-    add(p + "gate_proj.weight", {n, hidden}, 0, 0.2f);
-    add(p + "up_proj.weight", {n, hidden}, 0, 0.2f);
-    add(p + "down_proj.weight", {hidden, n}, 0, 0.2f);
-  };
-  add("model.embed_tokens.weight", {vocab, hidden}, 0, 1.0f);
-  for (int l = 0; l < layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    const std::string a = p + "self_attn.";
-    add(p + "input_layernorm.weight", {hidden}, 1, 0.1f);
-    add(p + "post_attention_layernorm.weight", {hidden}, 1, 0.1f);
-    add(a + "q_proj.weight", {heads * (nope + rope), hidden}, 0, 0.2f);
-    add(a + "kv_a_proj_with_mqa.weight", {kv_lora + rope, hidden}, 0, 0.2f);
-    add(a + "kv_a_layernorm.weight", {kv_lora}, 1, 0.1f);
-    add(a + "kv_b_proj.weight", {heads * (nope + vdim), kv_lora}, 0, 0.2f);
-    add(a + "o_proj.weight", {hidden, heads * vdim}, 0, 0.2f);
-    if (l == 0) {
-      mlp(p + "mlp.", inter);
-      continue;
-    }
-    add(p + "mlp.gate.weight", {experts, hidden}, 0, 0.0f);  // router logits exactly 0
-    const std::string bias = p + "mlp.gate.e_score_correction_bias";
-    add(bias, {experts}, 0, 0.0f);
+  test::AddTinyDeepseekMoeTensors(
+      &c, {.std = 0.2f, .router_std = 0.0f, .router_bias_std = 0.0f, .seed = 11000});
+  for (int l = 1; l < layers; ++l) {  // router logits exactly 0, the tie bias at both MoE layers
+    const std::string bias =
+        "model.layers." + std::to_string(l) + ".mlp.gate.e_score_correction_bias";
     std::memcpy(c.Find(bias)->data.data(), kGroupTieBias.data(), experts * 4);
-    for (int e = 0; e < experts; ++e) mlp(p + "mlp.experts." + std::to_string(e) + ".", moe_inter);
-    mlp(p + "mlp.shared_experts.", moe_inter);
   }
-  add("model.norm.weight", {hidden}, 1, 0.1f);
-  add("lm_head.weight", {vocab, hidden}, 0, 1.0f);
   c.Write(dir);
 }
 

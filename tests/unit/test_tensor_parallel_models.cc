@@ -281,8 +281,8 @@ TEST_CASE("TP: every family's HF fixture matches at 2 and 4 ranks and 8 is refus
 // routing (softmax, greedy, two shared experts) or V3's (q LoRA, sigmoid scores with a selection
 // bias, 4 groups of which 2 are kept, one shared expert, scaled).
 test::TinyCheckpoint TinyDeepseekMoe(bool v3) {
-  const int hidden = 32, heads = 8, kv_lora = 16, rope = 8, nope = 8, vdim = 8, layers = 3;
-  const int inter = 32, moe_inter = 16, experts = 8, q_lora = 24, vocab = 61;
+  // TinyDeepseekV2's MLA dimensions with 8 heads, 3 layers (one dense), 8 experts.
+  const int heads = 8, layers = 3, moe_inter = 16, experts = 8, q_lora = 24, vocab = 61;
   const int shared = v3 ? 1 : 2;
   test::TinyCheckpoint c;
   c.config = test::TinyDeepseekV2().config;
@@ -311,49 +311,10 @@ test::TinyCheckpoint TinyDeepseekMoe(bool v3) {
                      {"topk_group", 2},
                      {"norm_topk_prob", true}});
   }
-  REQUIRE(c.config["hidden_size"] == hidden);
-  REQUIRE(c.config["intermediate_size"] == inter);
-  REQUIRE(c.config["kv_lora_rank"] == kv_lora);
-  REQUIRE(c.config["qk_rope_head_dim"] == rope);
-  REQUIRE(c.config["qk_nope_head_dim"] == nope);
-  REQUIRE(c.config["v_head_dim"] == vdim);
-  uint32_t seed = v3 ? 31000 : 32000;
-  auto add = [&](const std::string& n, std::vector<int64_t> shape, float mean, float std) {
-    c.AddF32(n, std::move(shape), mean, std, ++seed);
-  };
-  auto mlp = [&](const std::string& p, int n) {
-    add(p + "gate_proj.weight", {n, hidden}, 0, 0.3f);
-    add(p + "up_proj.weight", {n, hidden}, 0, 0.3f);
-    add(p + "down_proj.weight", {hidden, n}, 0, 0.3f);
-  };
-  add("model.embed_tokens.weight", {vocab, hidden}, 0, 1.0f);
-  for (int l = 0; l < layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    const std::string a = p + "self_attn.";
-    add(p + "input_layernorm.weight", {hidden}, 1, 0.1f);
-    add(p + "post_attention_layernorm.weight", {hidden}, 1, 0.1f);
-    if (v3) {
-      add(a + "q_a_proj.weight", {q_lora, hidden}, 0, 0.3f);
-      add(a + "q_a_layernorm.weight", {q_lora}, 1, 0.1f);
-      add(a + "q_b_proj.weight", {heads * (nope + rope), q_lora}, 0, 0.3f);
-    } else {
-      add(a + "q_proj.weight", {heads * (nope + rope), hidden}, 0, 0.3f);
-    }
-    add(a + "kv_a_proj_with_mqa.weight", {kv_lora + rope, hidden}, 0, 0.3f);
-    add(a + "kv_a_layernorm.weight", {kv_lora}, 1, 0.1f);
-    add(a + "kv_b_proj.weight", {heads * (nope + vdim), kv_lora}, 0, 0.3f);
-    add(a + "o_proj.weight", {hidden, heads * vdim}, 0, 0.3f);
-    if (l == 0) {
-      mlp(p + "mlp.", inter);
-      continue;
-    }
-    add(p + "mlp.gate.weight", {experts, hidden}, 0, 0.5f);
-    if (v3) add(p + "mlp.gate.e_score_correction_bias", {experts}, 0, 0.1f);
-    for (int e = 0; e < experts; ++e) mlp(p + "mlp.experts." + std::to_string(e) + ".", moe_inter);
-    mlp(p + "mlp.shared_experts.", moe_inter * shared);
-  }
-  add("model.norm.weight", {hidden}, 1, 0.1f);
-  add("lm_head.weight", {vocab, hidden}, 0, 1.0f);
+  test::AddTinyDeepseekMoeTensors(&c, {.std = 0.3f,
+                                       .router_std = 0.5f,
+                                       .router_bias_std = v3 ? 0.1f : -1.0f,
+                                       .seed = v3 ? 31000u : 32000u});
   return c;
 }
 

@@ -160,6 +160,71 @@ inline TinyCheckpoint TinyDeepseekV2(uint32_t seed = 3) {
   return c;
 }
 
+// How AddTinyDeepseekMoeTensors draws a checkpoint's tensors: weights N(0, std) (norms 1 +
+// N(0, 0.1)), routers N(0, router_std), V3's e_score_correction_bias N(0, router_bias_std) when
+// that is at least 0 (else none), seeds seed + 1, seed + 2, ... in tensor order.
+struct TinyDeepseekMoeInit {
+  float std = 0.3f;
+  float router_std = 0.5f;
+  float router_bias_std = -1.0f;
+  uint32_t seed = 0;
+};
+
+// The tensors of a tiny DeepSeek V2 / V3 MoE checkpoint shaped from c->config: MLA attention
+// (q_proj, or q_a / q_b when q_lora_rank is set), first_k_dense_replace dense layers of
+// intermediate_size, then MoE layers of n_routed_experts experts and n_shared_experts shared
+// experts of moe_intermediate_size each, untied embeddings.
+inline void AddTinyDeepseekMoeTensors(TinyCheckpoint* c, const TinyDeepseekMoeInit& init) {
+  const nlohmann::json& j = c->config;
+  const int hidden = j["hidden_size"], heads = j["num_attention_heads"];
+  const int kv_lora = j["kv_lora_rank"], rope = j["qk_rope_head_dim"];
+  const int nope = j["qk_nope_head_dim"], vdim = j["v_head_dim"];
+  const int q_lora = j["q_lora_rank"].is_null() ? 0 : j["q_lora_rank"].get<int>();
+  const int layers = j["num_hidden_layers"], dense = j["first_k_dense_replace"];
+  const int inter = j["intermediate_size"], moe_inter = j["moe_intermediate_size"];
+  const int experts = j["n_routed_experts"], shared = j["n_shared_experts"];
+  const int vocab = j["vocab_size"];
+  uint32_t seed = init.seed;
+  auto add = [&](const std::string& n, std::vector<int64_t> shape, float mean, float std) {
+    c->AddF32(n, std::move(shape), mean, std, ++seed);
+  };
+  auto mlp = [&](const std::string& p, int n) {
+    add(p + "gate_proj.weight", {n, hidden}, 0, init.std);
+    add(p + "up_proj.weight", {n, hidden}, 0, init.std);
+    add(p + "down_proj.weight", {hidden, n}, 0, init.std);
+  };
+  add("model.embed_tokens.weight", {vocab, hidden}, 0, 1.0f);
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const std::string a = p + "self_attn.";
+    add(p + "input_layernorm.weight", {hidden}, 1, 0.1f);
+    add(p + "post_attention_layernorm.weight", {hidden}, 1, 0.1f);
+    if (q_lora > 0) {
+      add(a + "q_a_proj.weight", {q_lora, hidden}, 0, init.std);
+      add(a + "q_a_layernorm.weight", {q_lora}, 1, 0.1f);
+      add(a + "q_b_proj.weight", {heads * (nope + rope), q_lora}, 0, init.std);
+    } else {
+      add(a + "q_proj.weight", {heads * (nope + rope), hidden}, 0, init.std);
+    }
+    add(a + "kv_a_proj_with_mqa.weight", {kv_lora + rope, hidden}, 0, init.std);
+    add(a + "kv_a_layernorm.weight", {kv_lora}, 1, 0.1f);
+    add(a + "kv_b_proj.weight", {heads * (nope + vdim), kv_lora}, 0, init.std);
+    add(a + "o_proj.weight", {hidden, heads * vdim}, 0, init.std);
+    if (l < dense) {
+      mlp(p + "mlp.", inter);
+      continue;
+    }
+    add(p + "mlp.gate.weight", {experts, hidden}, 0, init.router_std);
+    if (init.router_bias_std >= 0) {
+      add(p + "mlp.gate.e_score_correction_bias", {experts}, 0, init.router_bias_std);
+    }
+    for (int e = 0; e < experts; ++e) mlp(p + "mlp.experts." + std::to_string(e) + ".", moe_inter);
+    mlp(p + "mlp.shared_experts.", moe_inter * shared);
+  }
+  add("model.norm.weight", {hidden}, 1, 0.1f);
+  add("lm_head.weight", {vocab, hidden}, 0, 1.0f);
+}
+
 class TempDir {
  public:
   explicit TempDir(const std::string& tag) {
