@@ -20,19 +20,30 @@ StatusOr<NgramProposer> NgramProposer::Create(const NgramProposerConfig& config)
 
 std::vector<int32_t> NgramProposer::Propose(std::span<const int32_t> context) const {
   const int len = static_cast<int>(context.size());
-  // Longest first: the first length with a match wins; within it, the earliest start.
-  for (int n = std::min(config_.max_n, len - 1); n >= config_.min_n; --n) {
-    const std::span<const int32_t> suffix = context.subspan(len - n);
-    // Occurrences start at s with s + n <= len - 1, so at least one token follows them and the
-    // suffix does not match itself.
-    for (int s = 0; s + n < len; ++s) {
-      if (!std::equal(suffix.begin(), suffix.end(), context.begin() + s)) continue;
-      const int from = s + n;
-      const int count = std::min(config_.k, len - from);
-      return std::vector<int32_t>(context.begin() + from, context.begin() + from + count);
+  const int max_n = std::min(config_.max_n, len - 1);
+  if (max_n < config_.min_n) return {};
+  // One pass over the ends e of earlier occurrences (the token after one is context[e], so
+  // e <= len - 1): how many of the tokens before e equal the context's last ones, up to max_n.
+  // The earliest end that reaches a length gives that length's earliest start (e - n), and the
+  // longest length reached wins, as in the rule above. Most ends differ at their first token, so
+  // a step costs about one comparison per context token rather than one per token and length.
+  const int32_t* c = context.data();
+  const int32_t last = c[len - 1];
+  int best_n = 0, from = 0;
+  for (int e = config_.min_n; e < len; ++e) {
+    if (c[e - 1] != last) continue;
+    const int most = std::min(max_n, e);
+    int n = 1;
+    while (n < most && c[e - 1 - n] == c[len - 1 - n]) ++n;
+    if (n > best_n) {
+      best_n = n;
+      from = e;
+      if (n == max_n) break;  // no later end can do better or start earlier
     }
   }
-  return {};
+  if (best_n < config_.min_n) return {};
+  const int count = std::min(config_.k, len - from);
+  return std::vector<int32_t>(context.begin() + from, context.begin() + from + count);
 }
 
 }  // namespace llm

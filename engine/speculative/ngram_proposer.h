@@ -26,7 +26,7 @@ class NgramProposer {
   // The draft after `context`: the up to k tokens that followed the earlier occurrence of the
   // longest matching suffix (the earliest occurrence among equally long ones, as vLLM picks);
   // fewer where the context ends first; empty when no suffix of min_n tokens or more recurs.
-  // Scans the context once per suffix length: O(len * max_n).
+  // One scan of the context: O(len) comparisons where most positions differ from the last token.
   std::vector<int32_t> Propose(std::span<const int32_t> context) const;
 
   const NgramProposerConfig& config() const { return config_; }
