@@ -197,8 +197,9 @@ class AttentionBackend {
   // Host-side work for a step, done once before the layers run (block tables, split-KV list).
   // The layer calls only consume the plan, so a GPU step can be captured in a graph.
   virtual Status Plan(const AttentionBatch& batch) = 0;
-  // Appends this step's K/V into the cache, then attends. Valid after Plan for the same step.
-  virtual void Run(const AttentionParams& params) = 0;
+  // Appends this step's K/V into the cache, then attends. Valid after Plan for the same step. An
+  // error (a failed launch) fails the step, not the process.
+  virtual Status Run(const AttentionParams& params) = 0;
   // Whether Run takes the raw projection and does the rotary itself (AttentionParams::rope).
   virtual bool supports_fused_rope() const { return false; }
   // Whether Run can write its output as e4m3 with a caller-given scale (AttentionParams::out_fp8),

@@ -187,7 +187,7 @@ Status CpuDenseDecoder::RunLayers(const CpuStep& step) const {
     p.window_left = S.window_left;
     p.logit_softcap = S.logit_softcap;
     p.sink_logits = L.sinks.empty() ? nullptr : L.sinks.data();
-    step.attention->Run(p);
+    LLM_RETURN_IF_ERROR(step.attention->Run(p));
     Linear(attn.data(), L.wo.data(), L.bo.empty() ? nullptr : L.bo.data(), T, H, Q, tmp.data());
     LLM_RETURN_IF_ERROR(step.AllReduceSum(tmp.data(), x_size));  // a rank's heads: a partial sum
     add_residual(L.attn_out_norm, tmp);

@@ -501,7 +501,7 @@ StatusOr<CudaLayersOut> CudaDenseDecoder::RunLayers(const CudaStep& step) {
       p.out_fp8 = s.xq.ptr;
       p.out_fp8_inv_scale = lc.out_inv;
     }
-    step_attention_->Run(p);
+    LLM_RETURN_IF_ERROR(step_attention_->Run(p));
     if (!static_out && Fp8In(s, l, kO).enabled()) {
       cuda::LaunchQuantizeRowsFp8(s.attn.ptr, T, Q, Fp8In(s, l, kO), stream);
     }

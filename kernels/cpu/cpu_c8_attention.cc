@@ -206,7 +206,7 @@ class CpuC8Backend final : public CpuAttentionBackend {
     if (spec_.kv_quant == KvQuant::kDynamicPerToken) bytes += 2 * slots * sizeof(float);
     return bytes;
   }
-  void Run(const AttentionParams& p) override {
+  Status Run(const AttentionParams& p) override {
     const AttentionBatch& batch = this->batch();
     // Not in this family's catalog row, so selection never gives them to it.
     LLM_CHECK(p.logit_softcap == 0.0f && p.alibi_slopes == nullptr)
@@ -216,6 +216,7 @@ class CpuC8Backend final : public CpuAttentionBackend {
                      static_cast<const float*>(p.v_new));
     CpuPagedAttentionQuant(view, batch, static_cast<const float*>(p.q), p.softmax_scale,
                            static_cast<float*>(p.out), p.window_left, p.sink_logits);
+    return Status::Ok();
   }
 
  private:

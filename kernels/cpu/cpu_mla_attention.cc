@@ -113,8 +113,9 @@ class CpuMlaBackend final : public MlaAttentionBackend {
     decode_seqs_ = MlaDecodeSeqs(batch);
     return Status::Ok();
   }
-  void Run(const AttentionParams&) override {
+  Status Run(const AttentionParams&) override {
     LLM_CHECK(false) << "cpu_mla is an MLA backend: call RunMla";
+    return Status::Ok();
   }
   Status RunMla(const MlaParams& p) override {
     LLM_CHECK(batch_ != nullptr) << "RunMla before Plan";

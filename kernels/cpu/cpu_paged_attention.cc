@@ -77,7 +77,7 @@ class CpuReferenceBackend final : public CpuAttentionBackend {
   size_t BlockBytes() const override {
     return 2ull * shape_.num_kv_heads * shape_.block_size * shape_.head_dim * sizeof(float);
   }
-  void Run(const AttentionParams& p) override {
+  Status Run(const AttentionParams& p) override {
     const AttentionBatch& batch = this->batch();
     auto* k_cache = static_cast<float*>(p.cache.k);
     auto* v_cache = static_cast<float*>(p.cache.v);
@@ -86,6 +86,7 @@ class CpuReferenceBackend final : public CpuAttentionBackend {
     CpuPagedAttention(shape_, batch, static_cast<const float*>(p.q), k_cache, v_cache,
                       p.softmax_scale, static_cast<float*>(p.out), p.window_left, p.logit_softcap,
                       p.sink_logits, p.alibi_slopes);
+    return Status::Ok();
   }
 
  private:

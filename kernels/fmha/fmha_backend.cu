@@ -156,9 +156,9 @@ class FmhaBackend final : public AttentionBackend {
     return Status::Ok();
   }
 
-  void Run(const AttentionParams& params) override {
+  Status Run(const AttentionParams& params) override {
     const Area& a = *active_;
-    if (a.num_tokens == 0) return;
+    if (a.num_tokens == 0) return Status::Ok();
     const auto stream = static_cast<gpu::Stream>(stream_);
     const int vecs_per_head = spec_.head_dim * 2 / 16;
     AppendKvKernel<<<a.num_tokens, 128, 0, stream>>>(
@@ -185,7 +185,8 @@ class FmhaBackend final : public AttentionBackend {
     opt.workspace = a.workspace;
     opt.workspace_bytes = a.workspace_bytes;
     const Status st = FmhaForward(p, opt, stream_);
-    LLM_CHECK(st.ok()) << name() << ": " << st.ToString();
+    if (!st.ok()) return Status(st.code(), name() + ": " + st.message());
+    return Status::Ok();
   }
 
  private:

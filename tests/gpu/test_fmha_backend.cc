@@ -118,7 +118,7 @@ TEST_CASE("cuda_fmha backend applies ALiBi slopes from AttentionParams like the 
     p.logit_softcap = cap;
     p.sink_logits = m.sinks ? dsinks : nullptr;
     p.alibi_slopes = m.alibi ? dslopes : nullptr;
-    backend.Run(p);
+    REQUIRE(backend.Run(p).ok());
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     const std::vector<uint16_t> got = Download(dout, T * hq * d);
 

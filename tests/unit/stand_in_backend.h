@@ -17,7 +17,7 @@ class StandInBackend : public AttentionBackend {
   std::string name() const override { return name_; }
   size_t BlockBytes() const override { return block_bytes_; }
   Status Plan(const AttentionBatch&) override { return Status::Ok(); }
-  void Run(const AttentionParams&) override {}
+  Status Run(const AttentionParams&) override { return Status::Ok(); }
 
  private:
   std::string name_;

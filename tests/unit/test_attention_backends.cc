@@ -33,7 +33,7 @@ class MlaStandIn final : public MlaAttentionBackend {
   std::string name() const override { return "cuda_mla"; }
   size_t BlockBytes() const override { return 64; }
   Status Plan(const AttentionBatch&) override { return Status::Ok(); }
-  void Run(const AttentionParams&) override {}
+  Status Run(const AttentionParams&) override { return Status::Ok(); }
   Status RunMla(const MlaParams&) override { return Status::Ok(); }
 };
 

@@ -391,7 +391,7 @@ TEST_CASE("cpu_reference backend Plan/Run equals the direct kernels", "[cpu_atte
   p.cache.k = s.k_cache.data();
   p.cache.v = s.v_cache.data();
   p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  (*backend)->Run(p);
+  REQUIRE((*backend)->Run(p).ok());
   CHECK(out == direct);
 }
 
@@ -439,7 +439,7 @@ TEST_CASE("CPU backends implement the sliding window and honor window_left", "[c
       }
       p.softmax_scale = 0.125f;
       p.window_left = window_left;
-      (*backend)->Run(p);
+      REQUIRE((*backend)->Run(p).ok());
       // The direct kernel on the cache the backend just appended to.
       if (kv == DType::kF32) {
         CpuPagedAttention(s.shape, s.batch, s.q.data(), s.k_cache.data(), s.v_cache.data(), 0.125f,
@@ -579,7 +579,7 @@ TEST_CASE("cpu_reference Run applies AttentionParams' soft-cap and sinks", "[cpu
   p.softmax_scale = 0.25f;
   p.logit_softcap = 3.0f;
   p.sink_logits = sinks.data();
-  (*backend)->Run(p);
+  REQUIRE((*backend)->Run(p).ok());
   const std::vector<double> ref = Reference(c, s, 0.25f, -1, 3.0, sinks.data());
   for (size_t i = 0; i < out.size(); ++i) {
     REQUIRE(std::abs(out[i] - ref[i]) <= 1e-5 * std::max(1.0, std::abs(ref[i])));

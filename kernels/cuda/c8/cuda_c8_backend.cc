@@ -85,7 +85,7 @@ class CudaC8Backend final : public AttentionBackend {
     config.decode_query_len = shape.q;  // every row on decode tiles: the graph has no others
     return attn_.UploadGraph(batch, BuildC8Plan(attn_.shape(), batch, config), shape, stream_);
   }
-  void Run(const AttentionParams& p) override {
+  Status Run(const AttentionParams& p) override {
     // Not in this family's catalog row, so selection never gives them to it.
     LLM_CHECK(p.logit_softcap == 0.0f && p.alibi_slopes == nullptr)
         << "cuda_c8 implements neither the logit soft-cap nor ALiBi";
@@ -105,8 +105,7 @@ class CudaC8Backend final : public AttentionBackend {
     a.window_left = p.window_left;
     a.sink_logits = p.sink_logits;
     a.rope = p.rope;
-    const Status st = attn_.Run(a, stream_);
-    LLM_CHECK(st.ok()) << st.ToString();
+    return attn_.Run(a, stream_);
   }
 
  private:

@@ -95,8 +95,9 @@ class CudaMlaBackend final : public MlaAttentionBackend {
     return attn_->UploadGraph(
         batch, BuildMlaPlan(attn_->shape(), batch, attn_->GraphPlanConfig(shape)), shape, stream_);
   }
-  void Run(const AttentionParams&) override {
+  Status Run(const AttentionParams&) override {
     LLM_CHECK(false) << "cuda_mla is an MLA backend: call RunMla";
+    return Status::Ok();
   }
   Status RunMla(const MlaParams& p) override {
     MlaDecode::LayerArgs a;
