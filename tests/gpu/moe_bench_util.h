@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <functional>
 #include <vector>
 
 #include "engine/layers/cpu/cpu_moe.h"
@@ -73,6 +74,23 @@ inline double MedianGraphUs(cudaGraphExec_t exec, cudaStream_t stream, int repla
   cudaEventDestroy(e1);
   std::sort(us.begin(), us.end());
   return us[us.size() / 2];
+}
+
+// `run` (stream work that can be captured) once eagerly, then captured in a graph and timed by
+// MedianGraphUs: the median microseconds per replay.
+inline double MedianCapturedUs(cudaStream_t stream, const std::function<void()>& run) {
+  run();
+  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+  run();
+  REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  const double us = MedianGraphUs(exec, stream);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return us;
 }
 
 }  // namespace llm::gpu_test

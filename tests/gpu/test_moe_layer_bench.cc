@@ -87,15 +87,7 @@ TEST_CASE("MoE layer benchmark: DeepSeek-V2-Lite shapes in a CUDA graph", "[.ben
                       .ok());
         }
       };
-      run_all();
-      CUDA_REQUIRE(cudaStreamSynchronize(o.stream));
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      CUDA_REQUIRE(cudaStreamBeginCapture(o.stream, cudaStreamCaptureModeThreadLocal));
-      run_all();
-      CUDA_REQUIRE(cudaStreamEndCapture(o.stream, &graph));
-      CUDA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0));
-      const double us_per_layer = gpu_test::MedianGraphUs(exec, o.stream) / kLayers;
+      const double us_per_layer = gpu_test::MedianCapturedUs(o.stream, run_all) / kLayers;
       // Touched experts per layer, from the routing the graph computed.
       double routed_bytes = 0;
       for (int l = 0; l < kLayers; ++l) {
@@ -111,8 +103,6 @@ TEST_CASE("MoE layer benchmark: DeepSeek-V2-Lite shapes in a CUDA graph", "[.ben
       std::printf("%-6s %-5d %10.1f %12.1f %12.1f %8.2f\n",
                   quant == WeightQuant::kBf16 ? "bf16" : "fp8", T, us_per_layer, floor_us, all_us,
                   us_per_layer / all_us);
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
     }
   }
 }

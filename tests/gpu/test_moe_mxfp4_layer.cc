@@ -207,15 +207,7 @@ TEST_CASE("MoE layer benchmark: gpt-oss-20b shapes, MXFP4 against bf16 experts",
                       .ok());
         }
       };
-      run_all();
-      CUDA_REQUIRE(cudaStreamSynchronize(o.stream));
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      CUDA_REQUIRE(cudaStreamBeginCapture(o.stream, cudaStreamCaptureModeThreadLocal));
-      run_all();
-      CUDA_REQUIRE(cudaStreamEndCapture(o.stream, &graph));
-      CUDA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0));
-      const double us = gpu_test::MedianGraphUs(exec, o.stream) / kLayers;
+      const double us = gpu_test::MedianCapturedUs(o.stream, run_all) / kLayers;
       double touched = 0;  // experts per layer, from the routing the graph computed
       for (int l = 0; l < kLayers; ++l) {
         const std::vector<int32_t> ids = Download(s[l].topk_ids.as<int32_t>(), T * K);
@@ -231,8 +223,6 @@ TEST_CASE("MoE layer benchmark: gpt-oss-20b shapes, MXFP4 against bf16 experts",
       std::printf("%-6s %-5d %5d %10.1f %10.1f %8.2f %10.2f\n", mx ? "mxfp4" : "bf16", T,
                   mx ? cuda::MoeMxfp4TileRows(T, K, E) : cuda::kMoeTileRows, us, floor_us,
                   us / floor_us, mx ? us / bf16_us[bi] : 1.0);
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
     }
   }
 }

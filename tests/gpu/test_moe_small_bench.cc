@@ -116,15 +116,7 @@ TEST_CASE("MoE layer benchmark: decode batches, fused routing and combine, GEMVs
                         .ok());
           }
         };
-        run_all();
-        CUDA_REQUIRE(cudaStreamSynchronize(o.stream));
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        CUDA_REQUIRE(cudaStreamBeginCapture(o.stream, cudaStreamCaptureModeThreadLocal));
-        run_all();
-        CUDA_REQUIRE(cudaStreamEndCapture(o.stream, &graph));
-        CUDA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0));
-        const double us = gpu_test::MedianGraphUs(exec, o.stream) / kLayers;
+        const double us = gpu_test::MedianCapturedUs(o.stream, run_all) / kLayers;
         double touched = 0;  // experts per layer, from the routing the graph computed
         for (int l = 0; l < kLayers; ++l) {
           const std::vector<int32_t> ids = cuda::Download(s[l].topk_ids.as<int32_t>(), T * sh.K);
@@ -141,8 +133,6 @@ TEST_CASE("MoE layer benchmark: decode batches, fused routing and combine, GEMVs
         if (mode == 3) std::snprintf(vs_tiled, sizeof(vs_tiled), "%.2f", us / tiled_us);
         std::printf("%-16s %5d %-20s %10.1f %10.1f %8.2f %10.2f %8s\n", sh.name, T, names[mode], us,
                     floor_us, us / floor_us, us / unfused_us, vs_tiled);
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
       }
     }
   }
@@ -318,23 +308,13 @@ TEST_CASE("MoE expert GEMMs benchmark: decode batches, GEMVs against tiles",
             launch();
           }
         };
-        run_all();
-        CUDA_REQUIRE(cudaStreamSynchronize(o.stream));
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        CUDA_REQUIRE(cudaStreamBeginCapture(o.stream, cudaStreamCaptureModeThreadLocal));
-        run_all();
-        CUDA_REQUIRE(cudaStreamEndCapture(o.stream, &graph));
-        CUDA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0));
-        const double us = gpu_test::MedianGraphUs(exec, o.stream) / kLayers;
+        const double us = gpu_test::MedianCapturedUs(o.stream, run_all) / kLayers;
         if (!gemv) tiled_us = us;
         char vs_tiled[16] = "-";
         if (gemv) std::snprintf(vs_tiled, sizeof(vs_tiled), "%.2f", us / tiled_us);
         std::printf("%-16s %5d %-6s %10.1f %8.2f %10.1f %8.2f %8s\n", sh.name, T,
                     gemv ? "gemv" : "tiled", us, bytes / us / 1e6, floor_us, us / floor_us,
                     vs_tiled);
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
       }
     }
   }
