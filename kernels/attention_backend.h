@@ -248,7 +248,9 @@ class AttentionBackend {
 // and the caller applies W_UV (and o_proj) afterwards. Rows of longer sequences (prefill chunks)
 // are neither read nor written by RunMla: the caller attends them itself (e.g. expanding the
 // cached latents to full heads). The latents of every row are appended, decode or not.
-constexpr int kMlaMaxDecodeQueryLen = 4;
+// Eight rows cover every speculative verify step (K <= 4 drafts plus the last token) eagerly as
+// in graphs; the expanded form would re-expand the whole context for each such step.
+constexpr int kMlaMaxDecodeQueryLen = 8;
 
 struct MlaParams {
   const void* q_latent = nullptr;    // [num_tokens, num_q_heads, kv_lora_rank] (decode rows)

@@ -1,6 +1,6 @@
 // MLA decode on the GPU (kernels/cuda/mla/mla_decode.h, backend "cuda_mla") against the CPU oracle
 // CpuMlaDecode, on fresh random inputs every run: odd KV lengths (1, 63, 65, 1000, 4097, ...),
-// shuffled block tables, batches mixing decodes of 1..4 query tokens with a prefill sequence (whose
+// shuffled block tables, batches mixing decodes of 1..8 query tokens with a prefill sequence (whose
 // rows must stay untouched), 16/32/64/128 query heads, bf16 and fp8-e4m3 caches, with split-KV
 // forced, disabled, and chosen by the planner.
 //
@@ -51,8 +51,9 @@ struct MlaCase {
   int heads;
   MlaCacheType cache;
   Split split;
-  std::vector<std::pair<int, int>> seqs;  // (q_len, kv_len); q_len > 4: prefill, left alone
-  float softmax_scale = 0.0721688f;       // 1 / sqrt(192), DeepSeek's q/k head dim
+  std::vector<std::pair<int, int>>
+      seqs;  // (q_len, kv_len); q_len > kMlaMaxDecodeQueryLen: prefill, left alone
+  float softmax_scale = 0.0721688f;  // 1 / sqrt(192), DeepSeek's q/k head dim
   Path path = Path::kDirect;
   int block_size = 64;
   MlaKernel kernel = MlaKernel::kAuto;
@@ -343,11 +344,12 @@ int RunCase(const MlaCase& c, std::mt19937& rng) {
   return partials;
 }
 
-// Decodes of 1..4 query tokens over odd lengths (first token of a prompt, block edges 63/64/65,
+// Decodes of 1..8 query tokens over odd lengths (first token of a prompt, block edges 63/64/65,
 // long tails), and a prefill chunk the decode kernel must leave alone; in random order.
 std::vector<std::pair<int, int>> MixedBatch(std::mt19937& rng) {
-  std::vector<std::pair<int, int>> seqs = {{1, 1},   {4, 4},   {2, 63},   {3, 65},  {1, 64},
-                                           {4, 129}, {1, 300}, {2, 1000}, {3, 517}, {9, 40}};
+  std::vector<std::pair<int, int>> seqs = {{1, 1},   {4, 4},   {2, 63},  {3, 65},
+                                           {1, 64},  {4, 129}, {1, 300}, {2, 1000},
+                                           {3, 517}, {9, 40},  {5, 90},  {8, 300}};
   std::uniform_int_distribution<int> kv(5, 700);
   std::uniform_int_distribution<int> ql(1, 4);
   const int q = ql(rng);

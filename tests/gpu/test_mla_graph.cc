@@ -164,14 +164,14 @@ TEST_CASE("MLA decode in CUDA graphs: one capture per bucket replays other steps
   CHECK(RunBucket(MlaCacheType::kBf16, 16, 4, 900, true, rng) == 4);
 }
 
-// Verify steps (issue 52): q = 2..5 query rows per sequence in the graph form, 5 (K = 4) past
+// Verify steps (issue 52): q = 2..5 query rows per sequence in the graph form, and 9, past
 // kMlaMaxDecodeQueryLen (MlaPlanConfig::max_decode_query_len); 16 heads put up to 4 tokens in one
 // 64-row item (5 rows: a 4-token and a 1-token item), 128 heads two 64-row items per token.
-TEST_CASE("MLA decode in CUDA graphs: verify steps of 2 to 5 rows per sequence",
+TEST_CASE("MLA decode in CUDA graphs: verify steps of 2 to 9 rows per sequence",
           "[gpu][mla][mla_graph][speculative_graph]") {
   GPU_TEST_RNG(rng);
   for (MlaCacheType cache : {MlaCacheType::kBf16, MlaCacheType::kFp8E4M3}) {
-    for (int q = 2; q <= 5; ++q) {
+    for (int q : {2, 3, 4, 5, kMlaMaxDecodeQueryLen + 1}) {
       for (auto [bucket, max_kv] : {std::pair{1, 5000}, {4, 3000}, {24, 800}}) {
         CHECK(RunBucket(cache, 16, bucket, max_kv, false, rng, q) == 4);
       }

@@ -389,10 +389,11 @@ TEST_CASE("cpu_mla backend: selection, block bytes, decode rows only", "[mla]") 
   auto* mla = dynamic_cast<MlaAttentionBackend*>(be.value().get());
   REQUIRE(mla != nullptr);
 
-  // A decode sequence, a 7-row prefill chunk and a 4-row one: RunMla appends all 12 latents and
+  // A decode sequence, a 9-row prefill chunk and a 4-row one: RunMla appends all 14 latents and
   // writes only the rows of sequences with <= kMlaMaxDecodeQueryLen rows.
+  static_assert(kMlaMaxDecodeQueryLen < 9);
   const MlaShape shape{4, 32, 16, 3};
-  MlaSetup s = Build(shape, {{10, 1}, {9, 7}, {6, 4}}, 5);
+  MlaSetup s = Build(shape, {{10, 1}, {11, 9}, {6, 4}}, 5);
   const int L = shape.latent_dim();
   std::vector<float> cache(static_cast<size_t>(s.num_blocks) * shape.block_size * L, 0.0f);
   FillHistory(s, [&](size_t row, const float* src) { std::copy_n(src, L, cache.data() + row); });
@@ -415,7 +416,7 @@ TEST_CASE("cpu_mla backend: selection, block bytes, decode rows only", "[mla]") 
   Reference(s, s.dense, 0.2f, &ref, &lse);
   const size_t row = static_cast<size_t>(shape.num_heads) * shape.kv_lora_rank;
   for (int t = 0; t < s.batch.num_tokens; ++t) {
-    const bool prefill = t >= 1 && t < 8;  // sequence 1's rows
+    const bool prefill = t >= 1 && t < 10;  // sequence 1's rows
     for (size_t i = 0; i < row; ++i) {
       if (prefill) {
         REQUIRE(out[t * row + i] == 12345.0f);

@@ -114,8 +114,8 @@ struct MlaPlanConfig {
   // MlaDecode::GraphItemCapacity). Zeros: no bound.
   int max_items[kMlaNumRowVariants] = {0, 0, 0};
   // Sequences of 1..this many query rows are decode sequences (planned here); a graph step of
-  // q > kMlaMaxDecodeQueryLen rows per sequence (a verify step of K = 4) raises it to q, since
-  // every row of it is attended here. The kernels take any q whose items fit kMlaMaxRows.
+  // q > kMlaMaxDecodeQueryLen rows per sequence raises it to q, since every row of it is
+  // attended here. The kernels take any q whose items fit kMlaMaxRows.
   int max_decode_query_len = kMlaMaxDecodeQueryLen;
 };
 
