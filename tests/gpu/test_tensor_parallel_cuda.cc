@@ -11,11 +11,11 @@
 // logits themselves), and the greedy tokens are equal (the random models' wide LM head keeps the
 // top-2 gaps far above that error). Every rank returns the same bits (the device-local all-reduce
 // sums in rank order on every rank). Cases: Llama with its KV heads split (N = 2) and replicated
-// (N = 4 > 2 KV heads, one and two query heads per rank), Qwen3 (q/k norms per head) and Gemma 2
-// (embedding scale, post-norms of the summed outputs, soft-caps); LoadModel's TensorParallelModel
-// (the rank threads' start hook) against the ranks run by hand; with NCCL, a rank of size 1 through
-// NcclCommunicator with its decode steps in CUDA graphs (the collectives captured) against the
-// whole model.
+// (N = 4 > 2 KV heads, one and two query heads per rank; a vocabulary that N does not divide),
+// Qwen3 (q/k norms per head) and Gemma 2 (embedding scale, post-norms of the summed outputs,
+// soft-caps); LoadModel's TensorParallelModel (the rank threads' start hook) against the ranks run
+// by hand; with NCCL, a rank of size 1 through NcclCommunicator with its decode steps in CUDA
+// graphs (the collectives captured) against the whole model.
 //
 //   build/cuda/tests/gpu_tests "[tensor_parallel_cuda]"
 #include <catch2/catch.hpp>
@@ -201,12 +201,13 @@ void CheckSplit(const std::string& dir, int size) {
 TEST_CASE("TP CUDA: Llama ranks on one GPU match the whole model (KV heads split, replicated)",
           "[gpu][tensor_parallel_cuda]") {
   // 4 query heads over 2 KV heads: N = 2 splits the KV heads, N = 4 replicates each over 2 ranks
-  // (one query head per rank); 8 query heads at N = 4: two per rank over one KV head.
+  // (one query head per rank); 8 query heads at N = 4: two per rank over one KV head, and a
+  // vocabulary of 602 (151 rows per rank, the last rank's padded with 2 zero rows).
   CheckSplit(gpu_test::WriteRandomDense("tp_llama", gpu_test::RandomArch::kLlama), 2);
   CheckSplit(gpu_test::WriteRandomDense("tp_llama", gpu_test::RandomArch::kLlama), 4);
-  CheckSplit(
-      gpu_test::WriteRandomDense("tp_llama_h8", gpu_test::RandomArch::kLlama, 64, 0, /*heads=*/8),
-      4);
+  CheckSplit(gpu_test::WriteRandomDense("tp_llama_h8", gpu_test::RandomArch::kLlama, 64, 0,
+                                        /*heads=*/8, /*vocab=*/602),
+             4);
 }
 
 TEST_CASE("TP CUDA: Qwen3 and Gemma 2 ranks on one GPU match the whole model",
@@ -227,9 +228,9 @@ TEST_CASE("TP CUDA: LoadModel's ranks behind one Model (device-local, eager) mat
   INFO((model.ok() ? std::string() : model.status().message()));
   REQUIRE(model.ok());
   CHECK(static_cast<size_t>((*model)->config().vocab_size) * 2 == whole.logits[0].size());
-  CHECK((*model)->graph_steps() == 0);
   const Trace split = Drive(**model, &whole.tokens);
   CheckAgainstWhole(split, whole);
+  CHECK((*model)->graph_steps() == 0);  // the device-local communicator: eager steps only
   // The same ranks driven by hand return the same bits as the model's rank threads.
   const std::vector<Trace> by_hand = RunRanks(dir, 2, whole.tokens);
   REQUIRE(by_hand[0].status.ok());

@@ -383,7 +383,7 @@ TEST_CASE("TP: LoadModel with tensor_parallel_size runs the ranks behind one Mod
   CHECK(refused.status().message() == "tensor_parallel_size must be 1, 2, 4 or 8, got 3");
 }
 
-TEST_CASE("TP: the rank threads run the start hook first; a failed start runs no rank",
+TEST_CASE("TP: the rank threads run the start hook first, and a failed start runs no rank",
           "[tensor_parallel]") {
   const bool fail = GENERATE(false, true);
   INFO((fail ? "rank 1's start fails" : "every start succeeds"));
