@@ -35,7 +35,9 @@
 #include "engine/runtime/cuda/device_local_communicator.h"
 #include "engine/runtime/model.h"
 #include "engine/runtime/tensor_parallel_model.h"
+#include "tests/gpu/random_deepseek.h"
 #include "tests/gpu/random_llama.h"
+#include "tests/gpu/random_moe.h"
 #ifdef LLM_HAVE_NCCL
 #include "engine/runtime/cuda/nccl_communicator.h"
 #endif
@@ -239,12 +241,26 @@ TEST_CASE("TP CUDA: LoadModel's ranks behind one Model (device-local, eager) mat
                       split.logits[step].size() * 4) == 0);
   }
 
-  // Refusals by name: no explicit pool on one device, more devices than present, MoE.
+  // Refusals by name: no explicit pool on one device, MoE and MLA models, more devices than
+  // present.
   o.num_kv_blocks = 0;
   auto no_pool = LoadModel(o);
   REQUIRE(!no_pool.ok());
   CHECK(no_pool.status().message() ==
         "tensor_parallel_size 2: tensor_parallel_one_device needs an explicit num_kv_blocks");
+  const auto refusal = [](const std::string& model_dir) {
+    ModelLoadOptions m = Options(model_dir);
+    m.tensor_parallel_size = 2;
+    m.tensor_parallel_one_device = true;
+    auto r = LoadModel(m);
+    return r.ok() ? std::string("ok") : r.status().message();
+  };
+  CHECK(refusal(gpu_test::WriteRandomMoe("tp_mixtral", gpu_test::RandomMoeArch::kMixtral)) ==
+        "tensor_parallel_size 2: the MoE layers of MixtralForCausalLM have no cuda "
+        "tensor-parallel rank yet (the cpu device has)");
+  CHECK(refusal(gpu_test::WriteRandomDeepseek("tp_deepseek", /*v3=*/true, nullptr)) ==
+        "tensor_parallel_size 2: DeepseekV3ForCausalLM (MLA) has no cuda tensor-parallel rank "
+        "yet (the cpu device has)");
   int devices = 0;
   REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
   if (devices < 8) {
