@@ -48,9 +48,9 @@ __global__ void SumRankSlotsKernel(Slots slots, int n, T* out, size_t count) {
 
 void LaunchSumRankSlots(const void* const* slots, int n, void* out, size_t count, bool bf16,
                         void* stream) {
-  if (count == 0 || n <= 0) return;
+  if (count == 0 || n <= 0 || n > kMaxRankSlots) return;  // the group's size is checked at creation
   Slots s{};
-  for (int r = 0; r < std::min(n, kMaxRankSlots); ++r) s.p[r] = slots[r];
+  for (int r = 0; r < n; ++r) s.p[r] = slots[r];
   const int blocks = static_cast<int>(std::min<size_t>((count + 255) / 256, 4096));
   auto st = static_cast<cudaStream_t>(stream);
   if (bf16) {
