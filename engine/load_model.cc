@@ -12,8 +12,14 @@
 #include "engine/runtime/synthetic_model.h"
 #include "engine/runtime/tensor_parallel_model.h"
 #ifdef LLM_HAVE_CUDA
+#include <cuda_runtime.h>
+
 #include "engine/architectures/cuda_deepseek_mtp.h"
 #include "engine/runtime/cuda/cuda_model_runner.h"
+#include "engine/runtime/cuda/device_local_communicator.h"
+#endif
+#ifdef LLM_HAVE_NCCL
+#include "engine/runtime/cuda/nccl_communicator.h"
 #endif
 
 namespace llm {
@@ -36,12 +42,73 @@ bool NotFirstMtpLayerTensor(const std::string& name, const void* ctx) {
   return name.rfind("model.layers." + std::to_string(DeepseekMtpLayer(d)) + ".", 0) != 0;
 }
 
+#ifdef LLM_HAVE_CUDA
+// The CUDA ranks: rank r on device r through NCCL, or every rank on device 0 through the
+// device-local communicator (ModelLoadOptions::tensor_parallel_one_device). Each rank is loaded
+// with its device current, and its thread keeps that device (TensorParallelModel's start hook).
+StatusOr<std::unique_ptr<Model>> LoadCudaSplitModel(const ModelLoadOptions& options) {
+  const int n = options.tensor_parallel_size;
+  const std::string prefix = "tensor_parallel_size " + std::to_string(n) + ": ";
+  std::unique_ptr<CommunicatorGroup> group;
+  std::vector<int> devices(n, 0);
+  if (options.tensor_parallel_one_device) {
+    // Every rank would size its pool from the memory the ranks before it left.
+    if (options.num_kv_blocks <= 0) {
+      return InvalidArgument(prefix + "tensor_parallel_one_device needs an explicit num_kv_blocks");
+    }
+    LLM_ASSIGN_OR_RETURN(group, DeviceLocalCommunicatorGroup::Create(n, 0));
+  } else {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+    if (count < n) {
+      return Unavailable(prefix + "needs " + std::to_string(n) +
+                         " CUDA devices (one per rank); this machine has " + std::to_string(count));
+    }
+    for (int r = 0; r < n; ++r) devices[r] = r;
+#ifdef LLM_HAVE_NCCL
+    LLM_ASSIGN_OR_RETURN(group, NcclCommunicatorGroup::Create(devices));
+#else
+    return Unavailable(prefix + "this build has no NCCL (the CUDA ranks' communicator)");
+#endif
+  }
+  const auto set_device = [devices](int r) -> Status {
+    const cudaError_t e = cudaSetDevice(devices[r]);
+    if (e == cudaSuccess) return Status::Ok();
+    return Internal("cudaSetDevice(" + std::to_string(devices[r]) + "): " + cudaGetErrorString(e));
+  };
+  std::vector<std::unique_ptr<Model>> ranks;
+  for (int r = 0; r < n; ++r) {
+    LLM_RETURN_IF_ERROR(set_device(r));
+    auto rank = LoadTensorParallelRank(options, group->rank(r));
+    if (!rank.ok()) {
+      (void)set_device(0);
+      return rank.status();
+    }
+    ranks.push_back(std::move(rank).value());
+  }
+  LLM_RETURN_IF_ERROR(set_device(0));
+  auto model =
+      std::make_unique<TensorParallelModel>(std::move(group), std::move(ranks), set_device);
+  LLM_RETURN_IF_ERROR(model->start_status());
+  return std::unique_ptr<Model>(std::move(model));
+}
+#endif
+
 // The model split options.tensor_parallel_size ways: its ranks, one thread each, behind one Model.
 StatusOr<std::unique_ptr<Model>> LoadSplitModel(const ModelLoadOptions& options) {
   const int n = options.tensor_parallel_size;
   if (std::find(std::begin(kTensorParallelSizes), std::end(kTensorParallelSizes), n) ==
       std::end(kTensorParallelSizes)) {
     return InvalidArgument("tensor_parallel_size must be 1, 2, 4 or 8, got " + std::to_string(n));
+  }
+  LLM_RETURN_IF_ERROR(CheckChoice("device", options.device, kDeviceChoices));
+#ifdef LLM_HAVE_CUDA
+  if (ResolveDevice(options.device) == "cuda" && options.model_dir.rfind("synthetic", 0) != 0) {
+    return LoadCudaSplitModel(options);
+  }
+#endif
+  if (options.tensor_parallel_one_device) {
+    return InvalidArgument("tensor_parallel_one_device: a choice of the cuda device");
   }
   auto group = std::make_unique<InProcessCommunicatorGroup>(n);
   std::vector<std::unique_ptr<Model>> ranks;
@@ -183,6 +250,45 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
   return std::unique_ptr<Model>(std::move(model));
 }
 
+#ifdef LLM_HAVE_CUDA
+// LoadTensorParallelRank on the cuda device (its refusals of options already made): the dense
+// definitions without MoE layers; the calling thread's device is the rank's.
+static StatusOr<std::unique_ptr<Model>> LoadCudaTensorParallelRank(const ModelLoadOptions& options,
+                                                                   Communicator* comm) {
+  const TensorParallelOptions tp{.size = comm->size(), .rank = comm->rank()};
+  const std::string prefix = "tensor_parallel_size " + std::to_string(tp.size) + ": ";
+  if (IsDeepseekModelDir(options.model_dir)) {
+    LLM_ASSIGN_OR_RETURN(DeepseekConfig config, LoadDeepseekConfig(options.model_dir));
+    return Unimplemented(prefix + config.base.architecture_name +
+                         " (MLA) has no cuda tensor-parallel rank yet (the cpu device has)");
+  }
+  LLM_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
+  const Architecture a = config.architecture;
+  if (a == Architecture::kMixtral || a == Architecture::kQwen3Moe || a == Architecture::kGptOss) {
+    return Unimplemented(prefix + "the MoE layers of " + config.architecture_name +
+                         " have no cuda tensor-parallel rank yet (the cpu device has)");
+  }
+  if (a != Architecture::kLlama && a != Architecture::kMistral && a != Architecture::kQwen2 &&
+      a != Architecture::kQwen3 && a != Architecture::kGemma2 && a != Architecture::kGemma3) {
+    return Unimplemented(prefix + config.architecture_name +
+                         " has no cuda tensor-parallel rank (it runs on --device cpu)");
+  }
+  LLM_ASSIGN_OR_RETURN(const TensorParallelPlan plan, MakeTensorParallelPlan(config, tp));
+  LLM_ASSIGN_OR_RETURN(auto full, OpenWeights(options.model_dir, config));
+  LLM_ASSIGN_OR_RETURN(auto weights, ShardWeights(*full, plan));
+  // A warm-up capture at load would run a step's collectives while the other ranks are not
+  // loaded yet: a rank's graphs are captured on first use, by every rank thread together.
+  ModelLoadOptions rank_options = options;
+  rank_options.cuda_graph_warmup = false;
+  const CudaTensorParallelRank rank =
+      plan.size > 1 ? CudaTensorParallelRank{&plan, comm} : CudaTensorParallelRank{};
+  LLM_ASSIGN_OR_RETURN(auto model,
+                       CreateCudaDenseModel(plan.local, weights.get(), rank_options, rank));
+  LLM_RETURN_IF_ERROR(weights->CheckAllConsumed(config.architecture_name));
+  return model;
+}
+#endif
+
 StatusOr<std::unique_ptr<Model>> LoadTensorParallelRank(const ModelLoadOptions& options,
                                                         Communicator* comm) {
   const TensorParallelOptions tp{.size = comm->size(), .rank = comm->rank()};
@@ -191,12 +297,17 @@ StatusOr<std::unique_ptr<Model>> LoadTensorParallelRank(const ModelLoadOptions& 
   if (options.model_dir.rfind("synthetic", 0) == 0) {
     return InvalidArgument(prefix + "a synthetic model has no weights to split");
   }
-  if (ResolveDevice(options.device) != "cpu") {
-    return Unimplemented(prefix + "device " + ResolveDevice(options.device) +
-                         " has no tensor-parallel runner yet (the cpu device has)");
+  const bool on_cuda = ResolveDevice(options.device) == "cuda";
+#ifndef LLM_HAVE_CUDA
+  if (on_cuda) {
+    return Unavailable(
+        "device 'cuda' requested but this build has no CUDA backend "
+        "(configure with the cuda preset)");
   }
+#endif
   const std::pair<std::string, bool> refused[] = {
-      {"kv_cache_dtype " + options.kv_cache_dtype + " (a rank keeps an fp32 KV cache)",
+      {"kv_cache_dtype " + options.kv_cache_dtype + " (a rank keeps " +
+           (on_cuda ? "a bf16" : "an fp32") + " KV cache)",
        options.kv_cache_dtype != "auto" && options.kv_cache_dtype != "float32" &&
            options.kv_cache_dtype != "fp32"},
       {"dummy_weights", options.dummy_weights},
@@ -206,6 +317,9 @@ StatusOr<std::unique_ptr<Model>> LoadTensorParallelRank(const ModelLoadOptions& 
   for (const auto& [what, set] : refused) {
     if (set) return Unimplemented(prefix + what + " is not supported with tensor parallelism");
   }
+#ifdef LLM_HAVE_CUDA
+  if (on_cuda) return LoadCudaTensorParallelRank(options, comm);
+#endif
   // Size 1: the whole model's runner, no collectives.
   const auto rank = [&](const TensorParallelPlan& plan) {
     return plan.size > 1 ? CpuTensorParallelRank{&plan, comm} : CpuTensorParallelRank{};

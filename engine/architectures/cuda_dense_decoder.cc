@@ -12,6 +12,7 @@
 #include "engine/layers/cuda/cuda_moe_layer.h"
 #include "engine/layers/mha_attention_spec.h"
 #include "engine/loader/kv_cache_quant.h"
+#include "engine/runtime/communicator.h"
 #include "kernels/backend_registry.h"
 #include "kernels/cuda/c8/c8_attention.h"
 #include "kernels/cuda/common/cuda_check.h"
@@ -86,6 +87,7 @@ class CudaDenseDecoder final : public CudaDecoder {
   }
   Status BindCache(const CudaLoadContext& ctx, const std::vector<KvCacheLayer>& layers) override;
   bool graph_safe() const override { return true; }
+  bool computes_tensor_parallel() const override { return true; }
   bool keeps_checkpoint_fp8() const override { return true; }
   Status Reserve(int set, int rows) override {
     if (moe_) LLM_RETURN_IF_ERROR(moe_->Reserve(rows, &scratch_[set].moe));
@@ -130,6 +132,13 @@ class CudaDenseDecoder final : public CudaDecoder {
   cuda::Fp8Rows Fp8In(const Scratch& s, int layer, Proj proj) const {
     return layers_[layer]->proj[proj].takes_fp8_rows() ? s.Fp8In(proj) : cuda::Fp8Rows{};
   }
+  // A tensor-parallel rank: the partial sums of a row-split projection's bf16 output y[T, hidden]
+  // summed over the ranks, in place, on the stream (nothing for the whole model).
+  Status AllReduce(void* y, int T) const {
+    if (comm_ == nullptr) return Status::Ok();
+    return comm_->AllReduceSum(y, static_cast<size_t>(T) * config_.hidden_size, DType::kBF16,
+                               ops_->stream);
+  }
   // The row scales that proj's output still needs (null where the GEMM applied them).
   const float* RowScales(const Scratch& s, int layer, Proj proj) const {
     return layers_[layer]->proj[proj].raw_output() ? Fp8In(s, layer, proj).scale : nullptr;
@@ -138,6 +147,7 @@ class CudaDenseDecoder final : public CudaDecoder {
   ModelConfig config_;
   DecoderSpec layers_spec_;  // the architecture's layers, as the CPU decoder computes them
   const CudaLinearOps* ops_ = nullptr;
+  Communicator* comm_ = nullptr;  // a tensor-parallel rank's group (CudaLoadContext::comm)
   bool fp8_ = false;  // weight_dtype "fp8" or a pre-quantized checkpoint's fp8 projections
   std::vector<std::unique_ptr<LayerWeights>> layers_;
   std::vector<std::unique_ptr<LayerCache>> cache_;
@@ -240,6 +250,25 @@ StatusOr<AttentionSpec> CudaDenseDecoder::AttentionNeeds(const CudaLoadContext& 
   }
   ops_ = ctx.ops;
   fp8_ = ctx.weight_quant != WeightQuant::kBf16 || ctx.fp8_checkpoint;
+  comm_ = ctx.comm;
+  if (comm_ != nullptr) {
+    // A rank all-reduces the bf16 outputs of o_proj and down_proj before they join the residual
+    // (inside the next norm); what would need more is refused by name: fp8 outputs carry per-rank
+    // row scales, an o_proj bias is added after the sum (the plan gives it to rank 0 only), and
+    // MoE layers are the next step.
+    const std::string prefix = "tensor_parallel_size " + std::to_string(comm_->size()) + ": ";
+    if (fp8_) return Unimplemented(prefix + "fp8 projections on a cuda rank are not implemented");
+    for (const DecoderLayerSpec& L : layers_spec_.layers) {
+      if (L.ffn == DecoderLayerSpec::Ffn::kMoe) {
+        return Unimplemented(prefix + "the MoE layers of " + c.architecture_name +
+                             " have no cuda tensor-parallel rank yet");
+      }
+      if (L.o_bias) {
+        return Unimplemented(prefix + "the o_proj bias of " + c.architecture_name +
+                             " has no cuda tensor-parallel rank yet");
+      }
+    }
+  }
   LLM_ASSIGN_OR_RETURN(kv_, ParseKvCacheType(options.kv_cache_dtype, options.kv_scale_granularity));
   if (kv_.dtype == DType::kF32) kv_.dtype = DType::kBF16;  // "auto": the 16-bit cache on GPUs
   spec_ = MhaAttentionSpec(c, kv_, options.block_size, DeviceKind::kCuda, ctx.device_arch,
@@ -507,6 +536,7 @@ StatusOr<CudaLayersOut> CudaDenseDecoder::RunLayers(const CudaStep& step) {
     }
     LLM_RETURN_IF_ERROR(Project(s, l, kO, s.attn.ptr, T, s.tmp.ptr,
                                 static_out ? lc.out_scale.as<float>() : nullptr));
+    LLM_RETURN_IF_ERROR(AllReduce(s.tmp.ptr, T));
     // o_proj's bias joins in the norm, after the row scales (bf16 and fp8 weights alike).
     norm.delta = s.tmp.ptr;
     norm.delta_scale = static_out ? nullptr : RowScales(s, l, kO);
@@ -534,6 +564,7 @@ StatusOr<CudaLayersOut> CudaDenseDecoder::RunLayers(const CudaStep& step) {
     sm.act_fp8 = Fp8In(s, l, kDown);
     cuda::LaunchSiluMul(sm, stream);
     LLM_RETURN_IF_ERROR(Project(s, l, kDown, s.act.ptr, T, s.tmp.ptr));
+    LLM_RETURN_IF_ERROR(AllReduce(s.tmp.ptr, T));
   }
   const void* last_norm = layers_.empty() ? nullptr : layers_.back()->ffn_out_norm.ptr;
   return CudaLayersOut{
@@ -548,11 +579,12 @@ std::unique_ptr<CudaDecoder> NewCudaDenseDecoder(const ModelConfig& config) {
 
 StatusOr<std::unique_ptr<Model>> CreateCudaDenseModel(const ModelConfig& config,
                                                       const WeightStore* weights,
-                                                      const ModelLoadOptions& options) {
+                                                      const ModelLoadOptions& options,
+                                                      CudaTensorParallelRank tp) {
   // Before the runner reads any weight: what the definition does not compute fails by name.
   LLM_ASSIGN_OR_RETURN(const DecoderSpec spec, MakeDecoderSpec(config));
   LLM_RETURN_IF_ERROR(CheckComputable(config, spec));
-  return CreateCudaModel(NewCudaDenseDecoder(config), weights, options);
+  return CreateCudaModel(NewCudaDenseDecoder(config), weights, options, tp);
 }
 
 }  // namespace llm

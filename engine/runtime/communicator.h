@@ -22,6 +22,9 @@ class Communicator {
   // No synchronization: what the rank was created as.
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // Whether the collectives may be enqueued inside a CUDA graph capture of `stream` (NCCL's are
+  // kernels on the stream). False: a caller that captures graphs runs its steps eagerly instead.
+  virtual bool capturable() const = 0;
   // buf[count] of dtype (kF32 or kBF16) becomes, in place on every rank, the sum over the ranks
   // of their buf: the same bits on every rank.
   virtual Status AllReduceSum(void* buf, size_t count, DType dtype, void* stream) = 0;

@@ -145,11 +145,17 @@ struct ModelLoadOptions {
   // "cpu", "cuda", or "auto" (cuda when this build has it and a device is present).
   std::string device = "cpu";
   // Ranks the model is split across (engine/loader/tensor_parallel_plan.h): 1, 2, 4 or 8. Above 1,
-  // LoadModel returns a TensorParallelModel over that many ranks, each in its own thread with the
-  // in-process communicator; only the cpu device has ranks so far (others are refused by name).
-  // Each rank sizes its own KV cache from num_kv_blocks / kv_cache_bytes (a rank's blocks hold
-  // its heads' share, so a budget holds more of them).
+  // LoadModel returns a TensorParallelModel over that many ranks, each in its own thread: on the
+  // cpu device with the in-process communicator; on the cuda device (the dense families without
+  // MoE layers; the others are refused by name) rank r on device r with NCCL, refused naming the
+  // device count where fewer than N devices are present. Each rank sizes its own KV cache from
+  // num_kv_blocks / kv_cache_bytes / gpu_memory_fraction (a rank's blocks hold its heads' share,
+  // so a budget holds more of them).
   int tensor_parallel_size = 1;
+  // Tests only (no server flag): the cuda ranks all on device 0, through the device-local
+  // communicator (engine/runtime/cuda/device_local_communicator.h; eager steps, no CUDA graphs),
+  // so that a split model is testable on one GPU. Needs num_kv_blocks.
+  bool tensor_parallel_one_device = false;
   double gpu_memory_fraction = 0.85;  // of the memory free after weights, for the KV pool
   // The most rows one eager step brings (EngineCore: the scheduler's max_batched_tokens). The
   // CUDA runner reserves its step scratch for them before the KV pool takes its fraction of the
@@ -246,11 +252,12 @@ std::string ResolveDevice(const std::string& device);
 StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options);
 class Communicator;
 // Rank comm->rank() of the model in options.model_dir split comm->size() ways
-// (engine/loader/tensor_parallel_plan.h), on the cpu device, for the thread that runs that rank:
-// every rank's Forward must be called with the same batch (they meet in collectives). Refused
-// (the status names it): the plan's refusals, a device other than cpu, a synthetic model, a
-// kv_cache_dtype other than auto, float32 or fp32. Size 1 is LoadModel's model. Ignores
-// options.tensor_parallel_size (the group is comm's).
+// (engine/loader/tensor_parallel_plan.h), on the cpu or cuda device, for the thread that runs that
+// rank (on cuda: with the rank's device current): every rank's Forward must be called with the
+// same batch (they meet in collectives). Refused (the status names it): the plan's refusals, a
+// synthetic model, a kv_cache_dtype other than auto, float32 or fp32; on cuda also DeepSeek (MLA)
+// and the MoE architectures (Mixtral, Qwen3-MoE, gpt-oss). Size 1 is LoadModel's model. Ignores
+// options.tensor_parallel_size (the group is comm's); a cuda rank captures no graph at load.
 StatusOr<std::unique_ptr<Model>> LoadTensorParallelRank(const ModelLoadOptions& options,
                                                         Communicator* comm);
 // The multi-token-prediction layer of the checkpoint in options.model_dir as a Model of its own

@@ -3,13 +3,19 @@
 namespace llm {
 
 TensorParallelModel::TensorParallelModel(std::unique_ptr<CommunicatorGroup> group,
-                                         std::vector<std::unique_ptr<Model>> ranks)
+                                         std::vector<std::unique_ptr<Model>> ranks,
+                                         std::function<Status(int)> on_rank_thread)
     : group_(std::move(group)),
+      on_rank_thread_(std::move(on_rank_thread)),
       ranks_(std::move(ranks)),
       logits_(ranks_.size()),
       status_(ranks_.size()) {
   LLM_CHECK(!ranks_.empty() && static_cast<int>(ranks_.size()) == group_->size());
+  pending_ = size() - 1;  // the threads' starts
   for (int r = 1; r < size(); ++r) threads_.emplace_back([this, r] { RankThread(r); });
+  std::unique_lock<std::mutex> lock(mu_);
+  done_.wait(lock, [&] { return pending_ == 0; });
+  for (int r = 1; r < size() && start_status_.ok(); ++r) start_status_ = status_[r];
 }
 
 TensorParallelModel::~TensorParallelModel() {
@@ -19,14 +25,23 @@ TensorParallelModel::~TensorParallelModel() {
   }
   start_.notify_all();
   for (std::thread& t : threads_) t.join();
+  if (on_rank_thread_) (void)on_rank_thread_(0);
+  ranks_[0].reset();
 }
 
 void TensorParallelModel::RankThread(int r) {
+  Status started = on_rank_thread_ ? on_rank_thread_(r) : Status::Ok();
   uint64_t seen = 0;
   std::unique_lock<std::mutex> lock(mu_);
+  status_[r] = std::move(started);
+  if (--pending_ == 0) done_.notify_one();
   for (;;) {
     start_.wait(lock, [&] { return stop_ || generation_ != seen; });
-    if (stop_) return;
+    if (stop_) {
+      lock.unlock();
+      ranks_[r].reset();  // on the rank's thread (its device)
+      return;
+    }
     seen = generation_;
     const std::function<Status(int)>* job = job_;
     lock.unlock();
@@ -38,6 +53,8 @@ void TensorParallelModel::RankThread(int r) {
 }
 
 Status TensorParallelModel::RunOnEveryRank(const std::function<Status(int)>& job) {
+  LLM_RETURN_IF_ERROR(start_status_);
+  if (on_rank_thread_) LLM_RETURN_IF_ERROR(on_rank_thread_(0));
   {
     std::lock_guard<std::mutex> lock(mu_);
     job_ = &job;
@@ -60,8 +77,7 @@ Status TensorParallelModel::Forward(const ForwardBatch& batch, std::vector<float
 }
 
 Status TensorParallelModel::AllocateKvCache(int num_blocks) {
-  for (auto& rank : ranks_) LLM_RETURN_IF_ERROR(rank->AllocateKvCache(num_blocks));
-  return Status::Ok();
+  return RunOnEveryRank([&](int r) { return ranks_[r]->AllocateKvCache(num_blocks); });
 }
 
 }  // namespace llm

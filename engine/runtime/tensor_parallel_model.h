@@ -6,6 +6,10 @@
 // rank 0's: its configuration, KV cache geometry (per rank: each rank holds its heads' share of
 // every block), hidden states and routing trace (every rank routes the same way).
 //
+// A rank's device state is its thread's: the optional start hook (`on_rank_thread(r)`, e.g.
+// cudaSetDevice for rank r's device) runs first on each rank thread, and on the calling thread
+// before rank 0's part of every call; each rank model is destroyed on its own thread too.
+//
 // Every rank gets the same batch, so a batch one rank refuses, every rank refuses before its
 // first collective. A rank that failed inside the layers while the others wait in a collective
 // would leave them waiting: the rank models fail only on their inputs.
@@ -25,12 +29,17 @@ namespace llm {
 
 class TensorParallelModel final : public Model {
  public:
-  // ranks[r]: rank r's model, built with group->rank(r).
+  // ranks[r]: rank r's model, built with group->rank(r). Returns once every rank thread has run
+  // on_rank_thread (start_status() says whether they all succeeded).
   TensorParallelModel(std::unique_ptr<CommunicatorGroup> group,
-                      std::vector<std::unique_ptr<Model>> ranks);
+                      std::vector<std::unique_ptr<Model>> ranks,
+                      std::function<Status(int)> on_rank_thread = {});
   ~TensorParallelModel() override;
 
   int size() const { return static_cast<int>(ranks_.size()); }
+  // The first failure of on_rank_thread on a rank thread; a model whose start failed runs no rank
+  // (every call returns this status).
+  const Status& start_status() const { return start_status_; }
   Model& rank(int r) { return *ranks_[r]; }
 
   const ModelConfig& config() const override { return ranks_[0]->config(); }
@@ -44,6 +53,7 @@ class TensorParallelModel final : public Model {
   Status AllocateKvCache(int num_blocks) override;
   size_t kv_bytes_per_block() const override { return ranks_[0]->kv_bytes_per_block(); }
   std::string kv_cache_dtype_name() const override { return ranks_[0]->kv_cache_dtype_name(); }
+  int64_t graph_steps() const override { return ranks_[0]->graph_steps(); }
   bool set_routing_trace(std::vector<MoeRoutingDecision>* trace) override {
     return ranks_[0]->set_routing_trace(trace);
   }
@@ -54,6 +64,8 @@ class TensorParallelModel final : public Model {
   void RankThread(int r);
 
   std::unique_ptr<CommunicatorGroup> group_;  // outlives the ranks, which hold its communicators
+  std::function<Status(int)> on_rank_thread_;
+  Status start_status_;
   std::vector<std::unique_ptr<Model>> ranks_;
   std::vector<std::vector<float>> logits_;  // [ranks]: ranks 1.. write theirs here
 
@@ -61,7 +73,7 @@ class TensorParallelModel final : public Model {
   std::condition_variable start_, done_;
   const std::function<Status(int)>* job_ = nullptr;  // the job of generation_
   uint64_t generation_ = 0;
-  int pending_ = 0;             // rank threads still running generation_'s job
+  int pending_ = 0;             // rank threads still running generation_'s job (or starting)
   std::vector<Status> status_;  // [ranks]
   bool stop_ = false;
   std::vector<std::thread> threads_;  // ranks 1..

@@ -101,16 +101,18 @@ enum class RandomArch { kLlama, kQwen2, kQwen3, kGemma2, kGemma3 };
 // scale, a small attention soft-cap so that it bends the scores, the final logit soft-cap, layers
 // 0 and 2 sliding over 8 keys) or Gemma 3 (the same layers without soft-caps, with q/k norms and
 // their own rope theta on the sliding layers); with `window` > 0 a Mistral whose every layer
-// attends to the last `window` positions. `heads` query heads over RandomShape's two KV heads.
+// attends to the last `window` positions. `heads` query heads over RandomShape's two KV heads;
+// `vocab` rows of embedding and LM head.
 inline std::string WriteRandomDense(const std::string& name, RandomArch arch, int head_dim = 64,
-                                    int window = 0, int heads = 4) {
+                                    int window = 0, int heads = 4, int vocab = 600) {
   const bool qwen2 = arch == RandomArch::kQwen2, qwen3 = arch == RandomArch::kQwen3;
   const bool gemma2 = arch == RandomArch::kGemma2, gemma3 = arch == RandomArch::kGemma3;
   const bool gemma = gemma2 || gemma3;
   const char* arch_name = qwen2   ? "Qwen2ForCausalLM"
                           : qwen3 ? "Qwen3ForCausalLM"
                                   : "LlamaForCausalLM";
-  RandomCheckpoint ck(name, arch_name, RandomShape{.heads = heads, .head_dim = head_dim},
+  RandomCheckpoint ck(name, arch_name,
+                      RandomShape{.heads = heads, .head_dim = head_dim, .vocab = vocab},
                       qwen2    ? 7
                       : qwen3  ? 5
                       : gemma2 ? 9

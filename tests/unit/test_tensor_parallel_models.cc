@@ -14,6 +14,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -336,10 +337,12 @@ TEST_CASE("TP: a rank refuses the options it does not run by name", "[tensor_par
     return m.ok() ? std::string("ok") : m.status().message();
   };
   ModelLoadOptions o = Options(dir.path().string());
+#ifndef LLM_HAVE_CUDA
   o.device = "cuda";
   CHECK(message(o) ==
-        "tensor_parallel_size 2: device cuda has no tensor-parallel runner yet (the cpu device "
-        "has)");
+        "device 'cuda' requested but this build has no CUDA backend (configure with the cuda "
+        "preset)");
+#endif
   o = Options(dir.path().string());
   o.kv_cache_dtype = "int8";
   CHECK(message(o) ==
@@ -378,6 +381,49 @@ TEST_CASE("TP: LoadModel with tensor_parallel_size runs the ranks behind one Mod
   auto refused = LoadModel(o);
   REQUIRE_FALSE(refused.ok());
   CHECK(refused.status().message() == "tensor_parallel_size must be 1, 2, 4 or 8, got 3");
+}
+
+TEST_CASE("TP: the rank threads run the start hook first, and a failed start runs no rank",
+          "[tensor_parallel]") {
+  const bool fail = GENERATE(false, true);
+  INFO((fail ? "rank 1's start fails" : "every start succeeds"));
+  test::TempDir dir("tp_start_hook");
+  test::TinyLlama("llama", 16, EightHeads(2)).Write(dir.path());
+  auto group = std::make_unique<InProcessCommunicatorGroup>(2);
+  std::vector<std::unique_ptr<Model>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    auto m = LoadTensorParallelRank(Options(dir.path().string()), group->rank(r));
+    REQUIRE(m.ok());
+    ranks.push_back(std::move(m).value());
+  }
+  std::mutex mu;
+  std::vector<std::pair<int, std::thread::id>> calls;  // (rank, thread) of every hook call
+  TensorParallelModel model(std::move(group), std::move(ranks), [&](int r) {
+    std::lock_guard<std::mutex> lock(mu);
+    calls.emplace_back(r, std::this_thread::get_id());
+    return fail && r == 1 ? Internal("no device for rank 1") : Status::Ok();
+  });
+  {
+    // The constructor returned once rank 1's thread had run its hook.
+    std::lock_guard<std::mutex> lock(mu);
+    REQUIRE(calls.size() == 1);
+    CHECK(calls[0].first == 1);
+    CHECK(calls[0].second != std::this_thread::get_id());
+  }
+  const Trace trace = Drive(model);
+  if (fail) {
+    CHECK(model.start_status().message() == "no device for rank 1");
+    CHECK(trace.status.message() == "no device for rank 1");
+    return;
+  }
+  REQUIRE(trace.status.ok());
+  std::lock_guard<std::mutex> lock(mu);
+  // Rank 0's hook on the calling thread before each forward; rank 1's once, on its thread.
+  CHECK(calls.size() == 1 + kDecodeSteps + 1);
+  for (size_t i = 1; i < calls.size(); ++i) {
+    CHECK(calls[i].first == 0);
+    CHECK(calls[i].second == std::this_thread::get_id());
+  }
 }
 
 TEST_CASE("TP: the engine generates the same greedy tokens split 2 and 8 ways",

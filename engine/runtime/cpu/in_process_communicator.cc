@@ -10,6 +10,7 @@ class InProcessCommunicator final : public Communicator {
   InProcessCommunicator(InProcessCommunicatorGroup* group, int rank) : group_(group), rank_(rank) {}
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
+  bool capturable() const override { return false; }  // host buffers, host barriers
 
   Status AllReduceSum(void* buf, size_t count, DType dtype, void* stream) override {
     LLM_RETURN_IF_ERROR(Check(dtype, stream));

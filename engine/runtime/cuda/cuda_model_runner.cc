@@ -11,6 +11,8 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/loader/kv_cache_quant.h"
+#include "engine/loader/tensor_parallel_plan.h"
+#include "engine/runtime/communicator.h"
 #include "engine/runtime/cuda/cuda_logits_readback.h"
 #include "engine/runtime/graph_step_plan.h"
 #include "kernels/backend_registry.h"
@@ -51,8 +53,10 @@ class CudaModelRunner final : public Model {
     if (stream_) cudaStreamDestroy(stream_);
   }
 
-  Status Init(const WeightStore* weights, const ModelLoadOptions& options);
-  const ModelConfig& config() const override { return dec_->config(); }
+  Status Init(const WeightStore* weights, const ModelLoadOptions& options,
+              const CudaTensorParallelRank& tp);
+  // The model's configuration: a tensor-parallel rank's definition has the rank-local one.
+  const ModelConfig& config() const override { return model_config_; }
   Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override {
     std::vector<int32_t> unused;
     ForwardBatch full = batch;
@@ -105,6 +109,9 @@ class CudaModelRunner final : public Model {
   // Embedding and every layer for `rows` rows of set `set` (the part a decode graph captures).
   StatusOr<CudaLayersOut> LaunchLayers(const ForwardBatch& batch, int set, int rows,
                                        const float* input_hidden = nullptr);
+  // A tensor-parallel rank's LM head: its vocabulary slice of the R rows in last_, gathered from
+  // every rank into logits_ [R, vocab] (the padding rows dropped).
+  Status GatherLogits(const void* head, int R);
   // After the final norm of an eager step: the rows of batch.hidden_rows into hidden_.
   Status ReadHidden(const ForwardBatch& batch, const Scratch& s);
   // The graph a step replays (PlanGraphStep under this runner's limits); shape.seqs 0: eager.
@@ -126,6 +133,13 @@ class CudaModelRunner final : public Model {
   Status BuildKvPool(const CudaLoadContext& ctx, int num_blocks);
 
   std::unique_ptr<CudaDecoder> dec_;
+  ModelConfig model_config_;  // the whole model's (TensorParallelPlan::model on a rank)
+  // A tensor-parallel rank's group (null: the whole model) and its vocabulary slice: the
+  // embedding's and LM head's rows [vocab_begin_, vocab_begin_ + vocab_rows_) of the model's,
+  // padded to the definition's vocab_size.
+  Communicator* comm_ = nullptr;
+  int vocab_begin_ = 0, vocab_rows_ = -1;
+  DeviceBuffer head_slice_, head_gathered_;  // fp32 [R, local vocab], [ranks, R, local vocab]
   // ModelLoadOptions::defer_kv_cache: the options and the load's description, kept for
   // AllocateKvCache.
   ModelLoadOptions deferred_options_;
@@ -166,7 +180,28 @@ class CudaModelRunner final : public Model {
   std::vector<uint16_t> hidden_bf16_;  // staging of normed (bf16) hidden rows
 };
 
-Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& options) {
+Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& options,
+                             const CudaTensorParallelRank& tp) {
+  if ((tp.plan == nullptr) != (tp.comm == nullptr)) {
+    return InvalidArgument("a tensor-parallel rank needs both its plan and its communicator");
+  }
+  if (tp.plan != nullptr) {
+    if (tp.comm->size() != tp.plan->size || tp.comm->rank() != tp.plan->rank) {
+      return InvalidArgument("communicator rank " + std::to_string(tp.comm->rank()) + " of " +
+                             std::to_string(tp.comm->size()) + " disagrees with the plan's rank " +
+                             std::to_string(tp.plan->rank) + " of " +
+                             std::to_string(tp.plan->size));
+    }
+    if (!dec_->computes_tensor_parallel()) {
+      return Unimplemented(std::string("tensor_parallel_size ") + std::to_string(tp.plan->size) +
+                           ": the cuda " + dec_->name() +
+                           " definition has no tensor-parallel rank");
+    }
+    comm_ = tp.comm;
+    vocab_begin_ = static_cast<int>(tp.plan->vocab_begin);
+    vocab_rows_ = static_cast<int>(tp.plan->vocab_rows);
+  }
+  model_config_ = tp.plan != nullptr ? tp.plan->model : dec_->config();
   const ModelConfig& c = config();
   GPU_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   BLAS_RETURN_IF_ERROR(cublasCreate(&blas_));
@@ -179,6 +214,7 @@ Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& optio
   ctx.options = &options;
   ctx.weights = w;
   ctx.ops = &ops_;
+  ctx.comm = comm_;
   // A pre-quantized checkpoint keeps its e4m3 projections (unless weight_dtype bf16 asks for the
   // dequantized model) where the definition can: no bf16 copy of them is ever made.
   ctx.fp8_checkpoint = w != nullptr && !options.dummy_weights && w->quantization().fp8() &&
@@ -228,16 +264,18 @@ Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& optio
   kv_layout_ = layout;
   settings_ = dec_->settings();
 
-  // Embedding, final norm and LM head stay bf16 whatever the projections' quantization.
-  const int64_t h = c.hidden_size, vocab = c.vocab_size;
+  // Embedding, final norm and LM head stay bf16 whatever the projections' quantization. A rank
+  // holds its vocabulary rows (the definition's vocab_size, padding included).
+  const int64_t h = c.hidden_size, vocab = dec_->config().vocab_size;
   LLM_RETURN_IF_ERROR(loader.Load({settings_.embed_tokens}, {{vocab, h}}, 0, 1.0f, &embed_));
   LLM_RETURN_IF_ERROR(loader.Load({settings_.final_norm}, {{h}}, 1.0f, 0.1f, &final_norm_));
   if (!c.tie_word_embeddings) {
     LLM_RETURN_IF_ERROR(loader.Load({settings_.lm_head}, {{vocab, h}}, 0, 0.02f, &lm_head_));
   }
   LLM_RETURN_IF_ERROR(dec_->Load(ctx));
+  const bool comm_captures = comm_ == nullptr || comm_->capturable();
   if (options.cuda_graph_max_batch > 0 && dec_->graph_safe() &&
-      dec_->attention().supports_graphs()) {
+      dec_->attention().supports_graphs() && comm_captures) {
     graph_max_batch_ = options.cuda_graph_max_batch;
     graph_max_q_ = std::max(1, options.cuda_graph_max_query_rows);
     graph_pages_per_seq_ =
@@ -245,11 +283,12 @@ Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& optio
   }
   LLM_RETURN_IF_ERROR(readback_.Reserve());  // fed-back tokens: a fixed address for the graphs
 
-  const char* why_not = options.cuda_graph_max_batch <= 0 ? " (none: disabled)"
-                        : !dec_->attention().supports_graphs()
-                            ? " (none: the attention backend cannot be captured)"
-                        : !dec_->graph_safe() ? " (none: the layers synchronize with the host)"
-                                              : "";
+  const char* why_not =
+      options.cuda_graph_max_batch <= 0      ? " (none: disabled)"
+      : !dec_->attention().supports_graphs() ? " (none: the attention backend cannot be captured)"
+      : !dec_->graph_safe()                  ? " (none: the layers synchronize with the host)"
+      : !comm_captures ? " (none: the tensor-parallel communicator cannot be captured)"
+                       : "";
   spdlog::info(
       "cuda model: decode steps of up to {} sequences and {} query rows each run in CUDA graphs{}",
       graph_max_batch_, graph_max_q_, why_not);
@@ -346,8 +385,14 @@ Status CudaModelRunner::UploadInputs(const ForwardBatch& batch, Scratch& s) {
 StatusOr<CudaLayersOut> CudaModelRunner::LaunchLayers(const ForwardBatch& batch, int set, int rows,
                                                       const float* input_hidden) {
   Scratch& s = sets_[set];
-  cuda::LaunchEmbedding(embed_.ptr, s.ids(), rows, config().hidden_size, s.residual.as<float>(),
-                        stream_, readback_.device_tokens(), settings_.embed_scale);
+  const int H = config().hidden_size;
+  cuda::LaunchEmbedding(embed_.ptr, s.ids(), rows, H, s.residual.as<float>(), stream_,
+                        readback_.device_tokens(), settings_.embed_scale, vocab_begin_,
+                        vocab_rows_);
+  if (comm_ != nullptr) {  // the rank's rows, zeros elsewhere: the sum is the embedding
+    LLM_RETURN_IF_ERROR(
+        comm_->AllReduceSum(s.residual.ptr, static_cast<size_t>(rows) * H, DType::kF32, stream_));
+  }
   CudaStep step;
   step.set = set;
   step.rows = rows;
@@ -357,6 +402,27 @@ StatusOr<CudaLayersOut> CudaModelRunner::LaunchLayers(const ForwardBatch& batch,
   step.xn = s.xn.ptr;
   step.input_hidden = input_hidden;
   return dec_->RunLayers(step);
+}
+
+Status CudaModelRunner::GatherLogits(const void* head, int R) {
+  const int n = comm_->size(), H = config().hidden_size, V = config().vocab_size;
+  const int Vr = dec_->config().vocab_size;  // rows per rank, padding included
+  const size_t slice = static_cast<size_t>(R) * Vr;
+  LLM_RETURN_IF_ERROR(head_slice_.Alloc(std::max<size_t>(slice * 4, 64)));
+  LLM_RETURN_IF_ERROR(head_gathered_.Alloc(std::max<size_t>(n * slice * 4, 64)));
+  LLM_RETURN_IF_ERROR(GemmBf16(blas_, last_.ptr, head, R, Vr, H, head_slice_.ptr, CUDA_R_32F));
+  LLM_RETURN_IF_ERROR(
+      comm_->AllGather(head_slice_.ptr, head_gathered_.ptr, slice, DType::kF32, stream_));
+  // Rank k's [R, Vr] block holds the columns [k Vr, k Vr + Vr) of every row.
+  for (int k = 0; k < n; ++k) {
+    const int cols = std::min(Vr, V - k * Vr);
+    if (cols <= 0) break;
+    GPU_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+        logits_.as<float>() + static_cast<size_t>(k) * Vr, static_cast<size_t>(V) * 4,
+        head_gathered_.as<float>() + k * slice, static_cast<size_t>(Vr) * 4,
+        static_cast<size_t>(cols) * 4, R, cudaMemcpyDeviceToDevice, stream_));
+  }
+  return Status::Ok();
 }
 
 Status CudaModelRunner::ReadHidden(const ForwardBatch& batch, const Scratch& s) {
@@ -591,7 +657,11 @@ StatusOr<int> CudaModelRunner::Enqueue(const ForwardBatch& batch) {
     last.out = last_.ptr;
     cuda::LaunchAddRmsNorm(last, stream_);
     const void* head = c.tie_word_embeddings ? embed_.ptr : lm_head_.ptr;
-    LLM_RETURN_IF_ERROR(GemmBf16(blas_, last_.ptr, head, R, V, H, logits_.ptr, CUDA_R_32F));
+    if (comm_ == nullptr) {
+      LLM_RETURN_IF_ERROR(GemmBf16(blas_, last_.ptr, head, R, V, H, logits_.ptr, CUDA_R_32F));
+    } else {
+      LLM_RETURN_IF_ERROR(GatherLogits(head, R));
+    }
     if (settings_.final_logit_softcap > 0.f) {  // before the readback and every sampler
       cuda::LaunchSoftCap(logits_.as<float>(), static_cast<int64_t>(R) * V,
                           settings_.final_logit_softcap, stream_);
@@ -671,13 +741,14 @@ bool CudaAvailable() {
 
 StatusOr<std::unique_ptr<Model>> CreateCudaModel(std::unique_ptr<CudaDecoder> decoder,
                                                  const WeightStore* weights,
-                                                 const ModelLoadOptions& options) {
+                                                 const ModelLoadOptions& options,
+                                                 CudaTensorParallelRank tp) {
   if (!CudaAvailable()) return Unavailable("device 'cuda' requested but no CUDA device is present");
   if (weights == nullptr && !options.dummy_weights) {
     return InvalidArgument("a CUDA model needs weights unless dummy_weights is set");
   }
   auto m = std::make_unique<CudaModelRunner>(std::move(decoder));
-  LLM_RETURN_IF_ERROR(m->Init(weights, options));
+  LLM_RETURN_IF_ERROR(m->Init(weights, options, tp));
   return std::unique_ptr<Model>(std::move(m));
 }
 

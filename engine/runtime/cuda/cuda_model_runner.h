@@ -28,6 +28,18 @@
 
 namespace llm {
 
+class Communicator;
+struct TensorParallelPlan;
+
+// One rank of a tensor-parallel model on the runner (engine/loader/tensor_parallel_plan.h): the
+// plan its definition and weights were cut by (the definition is built on plan->local, the
+// weights are ShardWeights') and its group's communicator. Both null: the whole model, on the
+// path the runner always had (no collective, no extra launch).
+struct CudaTensorParallelRank {
+  const TensorParallelPlan* plan = nullptr;
+  Communicator* comm = nullptr;
+};
+
 // What the runner lends a definition while it loads.
 struct CudaLoadContext {
   const ModelLoadOptions* options = nullptr;
@@ -39,6 +51,9 @@ struct CudaLoadContext {
   // (CudaLinear::LoadCheckpoint; weight_quant then applies to its unquantized projections).
   bool fp8_checkpoint = false;
   int device_arch = 0;  // e.g. 90
+  // A tensor-parallel rank's group (CudaTensorParallelRank), or null: the definition all-reduces
+  // the outputs of its row-split projections on the runner's stream.
+  Communicator* comm = nullptr;
 };
 
 // One step's activations that the runner owns, in the scratch set the step runs on (eager, or the
@@ -122,19 +137,29 @@ class CudaDecoder {
     (void)trace;
     return false;
   }
+  // Whether the definition computes a tensor-parallel rank (CudaLoadContext::comm); the runner
+  // refuses a rank of one that does not, naming it.
+  virtual bool computes_tensor_parallel() const { return false; }
 };
 
 // weights may be null when options.dummy_weights is set: tensors are then filled on the device
-// with deterministic random values (benchmarking models too large to ship).
+// with deterministic random values (benchmarking models too large to ship). A tensor-parallel
+// rank (tp set): the model's configuration is tp.plan->model, the embedding looks up the rank's
+// vocabulary rows (zeros elsewhere, all-reduced), the LM head's slices are all-gathered before
+// the soft-cap, sampling and readback, and the decode steps replay CUDA graphs only where the
+// communicator is capturable(). The calling thread's device is the rank's.
 StatusOr<std::unique_ptr<Model>> CreateCudaModel(std::unique_ptr<CudaDecoder> decoder,
                                                  const WeightStore* weights,
-                                                 const ModelLoadOptions& options);
+                                                 const ModelLoadOptions& options,
+                                                 CudaTensorParallelRank tp = {});
 
 // The dense family (cuda_dense_decoder.cc: every per-head K/V architecture) and DeepSeek V2 / V3
 // (cuda_deepseek_decoder.cc) on the runner.
+// A tensor-parallel rank of the dense family: config is tp.plan->local, weights the rank's.
 StatusOr<std::unique_ptr<Model>> CreateCudaDenseModel(const ModelConfig& config,
                                                       const WeightStore* weights,
-                                                      const ModelLoadOptions& options);
+                                                      const ModelLoadOptions& options,
+                                                      CudaTensorParallelRank tp = {});
 StatusOr<std::unique_ptr<Model>> CreateCudaDeepseekModel(const DeepseekConfig& config,
                                                          const WeightStore* weights,
                                                          const ModelLoadOptions& options);

@@ -19,6 +19,7 @@ class NcclCommunicator final : public Communicator {
   ~NcclCommunicator() override { ncclCommDestroy(comm_); }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  bool capturable() const override { return true; }
 
   Status AllReduceSum(void* buf, size_t count, DType dtype, void* stream) override {
     LLM_ASSIGN_OR_RETURN(const ncclDataType_t t, NcclType(dtype));

@@ -14,10 +14,17 @@ namespace llm::cuda {
 namespace {
 
 __global__ void EmbeddingKernel(const __nv_bfloat16* table, const int32_t* ids, const int32_t* feed,
-                                int hidden, float scale, float* residual) {
+                                int hidden, float scale, int vocab_begin, int vocab_rows,
+                                float* residual) {
   ptx::GridDependencySync();  // launched with LaunchPdl
   const int t = blockIdx.x;
-  const int32_t id = ids[t] >= 0 ? ids[t] : feed[-ids[t] - 1];
+  const int32_t id = (ids[t] >= 0 ? ids[t] : feed[-ids[t] - 1]) - vocab_begin;
+  if (vocab_rows >= 0 && (id < 0 || id >= vocab_rows)) {  // another rank's row
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+      residual[static_cast<size_t>(t) * hidden + i] = 0.f;
+    }
+    return;
+  }
   const __nv_bfloat16* row = table + static_cast<size_t>(id) * hidden;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
     residual[static_cast<size_t>(t) * hidden + i] = __bfloat162float(row[i]) * scale;
@@ -501,11 +508,12 @@ bool Aligned8(const void* p) {
 }  // namespace
 
 void LaunchEmbedding(const void* table, const int32_t* ids, int num_tokens, int hidden,
-                     float* residual, void* stream, const int32_t* feed, float scale) {
+                     float* residual, void* stream, const int32_t* feed, float scale,
+                     int vocab_begin, int vocab_rows) {
   if (num_tokens == 0) return;
   (void)LaunchPdl(EmbeddingKernel, dim3(num_tokens), dim3(256), 0,
                   static_cast<cudaStream_t>(stream), static_cast<const __nv_bfloat16*>(table), ids,
-                  feed, hidden, scale, residual);
+                  feed, hidden, scale, vocab_begin, vocab_rows, residual);
 }
 
 void LaunchSoftCap(float* x, int64_t n, float cap, void* stream) {

@@ -13,9 +13,12 @@ namespace llm::cuda {
 // out[t, :] = table[id, :] * scale (bf16 table [vocab, hidden]) -> fp32 residual [T, hidden],
 // with id = ids[t], or feed[-ids[t] - 1] for ids[t] < 0 (a token the previous step sampled on the
 // device; feed may be null when no id is negative). scale: Gemma's sqrt(hidden), else 1.
+// A tensor-parallel rank's vocabulary slice: table holds the rows [vocab_begin, vocab_begin +
+// vocab_rows) of the whole table, and a token outside them gets a zero row (the ranks' rows are
+// then summed); vocab_rows < 0: the whole table.
 void LaunchEmbedding(const void* table, const int32_t* ids, int num_tokens, int hidden,
                      float* residual, void* stream, const int32_t* feed = nullptr,
-                     float scale = 1.0f);
+                     float scale = 1.0f, int vocab_begin = 0, int vocab_rows = -1);
 
 struct RmsNormArgs {
   float* residual = nullptr;           // fp32 [T, H], updated in place when delta is set

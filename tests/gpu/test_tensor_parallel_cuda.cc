@@ -1,0 +1,309 @@
+// Tensor-parallel CUDA ranks of the dense decoder against the unsharded CUDA model, on ONE GPU:
+// N ranks (2 or 4) on device 0 through the device-local communicator
+// (engine/runtime/cuda/device_local_communicator.h), one thread per rank, over a prefill of two
+// sequences and kDecodeSteps one-token steps. Each step is teacher-forced with the unsharded
+// model's greedy tokens, so that every step's logits are compared on the same history.
+//
+// Tolerance: the whole model rounds each o_proj / down_proj output to bf16 once; a rank rounds its
+// partial sum to bf16 and the all-reduce rounds the sum again, so the logits differ by bf16
+// rounding carried through the layers: max |sharded - whole| <= 5e-2 x max |whole| per step (a
+// missing all-reduce, a wrong cut or a misplaced vocabulary slice is an error of the order of the
+// logits themselves), and the greedy tokens are equal (the random models' wide LM head keeps the
+// top-2 gaps far above that error). Every rank returns the same bits (the device-local all-reduce
+// sums in rank order on every rank). Cases: Llama with its KV heads split (N = 2) and replicated
+// (N = 4 > 2 KV heads, one and two query heads per rank; a vocabulary that N does not divide),
+// Qwen3 (q/k norms per head) and Gemma 2 (embedding scale, post-norms of the summed outputs,
+// soft-caps); LoadModel's TensorParallelModel (the rank threads' start hook) against the ranks run
+// by hand; with NCCL, a rank of size 1 through NcclCommunicator with its decode steps in CUDA
+// graphs (the collectives captured) against the whole model.
+//
+//   build/cuda/tests/gpu_tests "[tensor_parallel_cuda]"
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/loader/sharded_weights.h"
+#include "engine/loader/tensor_parallel_plan.h"
+#include "engine/runtime/cuda/cuda_model_runner.h"
+#include "engine/runtime/cuda/device_local_communicator.h"
+#include "engine/runtime/model.h"
+#include "engine/runtime/tensor_parallel_model.h"
+#include "tests/gpu/random_deepseek.h"
+#include "tests/gpu/random_llama.h"
+#include "tests/gpu/random_moe.h"
+#ifdef LLM_HAVE_NCCL
+#include "engine/runtime/cuda/nccl_communicator.h"
+#endif
+
+namespace llm {
+namespace {
+
+constexpr int kBlockSize = 16;
+constexpr int kBlocksPerSeq = 4;
+constexpr int kDecodeSteps = 16;
+constexpr double kRelTolerance = 5e-2;
+
+// Per step, the logits of each sequence's last row, and their greedy tokens.
+struct Trace {
+  Status status;
+  std::vector<std::vector<float>> logits;  // [steps][seqs * vocab]
+  std::vector<int32_t> tokens;             // [steps * seqs]
+};
+
+// One step: for every sequence its tokens [kv_len - q_len, kv_len), in its own blocks.
+ForwardBatch Step(const std::vector<std::vector<int32_t>>& history, const std::vector<int>& q_len) {
+  ForwardBatch b;
+  b.attn.q_indptr = {0};
+  b.attn.page_indptr = {0};
+  for (size_t s = 0; s < history.size(); ++s) {
+    const int kv_len = static_cast<int>(history[s].size());
+    for (int p = kv_len - q_len[s]; p < kv_len; ++p) {
+      b.token_ids.push_back(history[s][p]);
+      b.positions.push_back(p);
+      const int block = static_cast<int>(s) * kBlocksPerSeq + p / kBlockSize;
+      b.attn.slot_mapping.push_back(block * kBlockSize + p % kBlockSize);
+    }
+    b.attn.q_indptr.push_back(b.attn.q_indptr.back() + q_len[s]);
+    b.attn.kv_lens.push_back(kv_len);
+    const int pages = (kv_len + kBlockSize - 1) / kBlockSize;
+    for (int i = 0; i < pages; ++i) {
+      b.attn.page_indices.push_back(static_cast<int>(s) * kBlocksPerSeq + i);
+    }
+    b.attn.page_indptr.push_back(static_cast<int>(b.attn.page_indices.size()));
+    b.logit_rows.push_back(b.attn.q_indptr.back() - 1);
+  }
+  b.attn.num_seqs = static_cast<int>(history.size());
+  b.attn.num_tokens = static_cast<int>(b.token_ids.size());
+  return b;
+}
+
+// Prompts of 5 and 19 tokens prefilled together, then kDecodeSteps one-token steps; the history
+// grows by `forced` (the reference's tokens, [steps * seqs]) where given, else by the greedy ones.
+Trace Drive(Model& model, const std::vector<int32_t>* forced = nullptr) {
+  const int vocab = model.config().vocab_size;
+  std::vector<std::vector<int32_t>> history = {
+      {3, 9, 27, 17, 51}, {2, 40, 11, 5, 33, 8, 1, 60, 7, 90, 14, 21, 300, 77, 4, 18, 550, 6, 12}};
+  std::vector<int> q_len = {5, 19};
+  Trace trace;
+  for (int step = 0; step <= kDecodeSteps; ++step) {
+    std::vector<float> logits;
+    trace.status = model.Forward(Step(history, q_len), &logits);
+    if (!trace.status.ok()) return trace;
+    for (size_t s = 0; s < history.size(); ++s) {
+      const float* row = logits.data() + s * vocab;
+      const int32_t next = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+      trace.tokens.push_back(next);
+      history[s].push_back(forced != nullptr ? (*forced)[trace.tokens.size() - 1] : next);
+      q_len[s] = 1;
+    }
+    trace.logits.push_back(std::move(logits));
+  }
+  return trace;
+}
+
+ModelLoadOptions Options(const std::string& dir) {
+  ModelLoadOptions o;
+  o.model_dir = dir;
+  o.device = "cuda";
+  o.block_size = kBlockSize;
+  o.num_kv_blocks = 2 * kBlocksPerSeq;
+  o.max_step_rows = 64;
+  o.cuda_graph_max_batch = 4;  // the whole model's decode graphs: the two sequences' bucket
+  return o;
+}
+
+Trace RunWhole(const std::string& dir) {
+  auto model = LoadModel(Options(dir));
+  INFO((model.ok() ? std::string() : model.status().message()));
+  REQUIRE(model.ok());
+  return Drive(**model);
+}
+
+// The ranks of `size` on device 0, loaded one after the other, then driven together (one thread
+// each, rank r's device set in its thread), teacher-forced with `forced`.
+std::vector<Trace> RunRanks(const std::string& dir, int size, const std::vector<int32_t>& forced) {
+  auto group = DeviceLocalCommunicatorGroup::Create(size, 0);
+  REQUIRE(group.ok());
+  std::vector<std::unique_ptr<Model>> ranks;
+  for (int r = 0; r < size; ++r) {
+    auto m = LoadTensorParallelRank(Options(dir), (*group)->rank(r));
+    INFO((m.ok() ? std::string() : m.status().message()));
+    REQUIRE(m.ok());
+    ranks.push_back(std::move(m).value());
+  }
+  std::vector<Trace> traces(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      if (cudaSetDevice(0) != cudaSuccess) {
+        traces[r].status = Internal("cudaSetDevice");
+        return;
+      }
+      traces[r] = Drive(*ranks[r], &forced);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < size; ++r) ranks[r].reset();  // before the group, whose slots they use
+  return traces;
+}
+
+// The largest |a - whole| of one step over the largest |whole|.
+double RelativeError(const std::vector<float>& a, const std::vector<float>& whole) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < whole.size(); ++i) {
+    err = std::max(err, std::fabs(static_cast<double>(a[i]) - whole[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(whole[i])));
+  }
+  return err / scale;
+}
+
+// `sharded` against `whole`, step by step: tolerance and tokens; returns the largest error.
+double CheckAgainstWhole(const Trace& sharded, const Trace& whole) {
+  INFO((sharded.status.ok() ? std::string() : sharded.status.message()));
+  REQUIRE(sharded.status.ok());
+  REQUIRE(sharded.logits.size() == whole.logits.size());
+  double worst = 0;
+  for (size_t step = 0; step < whole.logits.size(); ++step) {
+    INFO("step " << step);
+    REQUIRE(sharded.logits[step].size() == whole.logits[step].size());
+    const double err = RelativeError(sharded.logits[step], whole.logits[step]);
+    CHECK(err <= kRelTolerance);
+    worst = std::max(worst, err);
+  }
+  CHECK(sharded.tokens == whole.tokens);
+  return worst;
+}
+
+void CheckSplit(const std::string& dir, int size) {
+  INFO("tensor_parallel_size " << size);
+  const Trace whole = RunWhole(dir);
+  REQUIRE(whole.status.ok());
+  const std::vector<Trace> ranks = RunRanks(dir, size, whole.tokens);
+  const double worst = CheckAgainstWhole(ranks[0], whole);
+  WARN(dir << " at " << size << " ranks: largest logit error " << worst << " of the logit scale");
+  for (int r = 1; r < size; ++r) {
+    INFO("rank " << r);
+    REQUIRE(ranks[r].status.ok());
+    REQUIRE(ranks[r].logits.size() == ranks[0].logits.size());
+    for (size_t step = 0; step < ranks[0].logits.size(); ++step) {
+      const auto& a = ranks[r].logits[step];
+      const auto& b = ranks[0].logits[step];
+      CHECK((a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0));
+    }
+  }
+}
+
+TEST_CASE("TP CUDA: Llama ranks on one GPU match the whole model (KV heads split, replicated)",
+          "[gpu][tensor_parallel_cuda]") {
+  // 4 query heads over 2 KV heads: N = 2 splits the KV heads, N = 4 replicates each over 2 ranks
+  // (one query head per rank); 8 query heads at N = 4: two per rank over one KV head, and a
+  // vocabulary of 602 (151 rows per rank, the last rank's padded with 2 zero rows).
+  CheckSplit(gpu_test::WriteRandomDense("tp_llama", gpu_test::RandomArch::kLlama), 2);
+  CheckSplit(gpu_test::WriteRandomDense("tp_llama", gpu_test::RandomArch::kLlama), 4);
+  CheckSplit(gpu_test::WriteRandomDense("tp_llama_h8", gpu_test::RandomArch::kLlama, 64, 0,
+                                        /*heads=*/8, /*vocab=*/602),
+             4);
+}
+
+TEST_CASE("TP CUDA: Qwen3 and Gemma 2 ranks on one GPU match the whole model",
+          "[gpu][tensor_parallel_cuda]") {
+  CheckSplit(gpu_test::WriteRandomDense("tp_qwen3", gpu_test::RandomArch::kQwen3), 2);
+  CheckSplit(gpu_test::WriteRandomDense("tp_gemma2", gpu_test::RandomArch::kGemma2), 2);
+}
+
+TEST_CASE("TP CUDA: LoadModel's ranks behind one Model (device-local, eager) match by hand",
+          "[gpu][tensor_parallel_cuda]") {
+  const std::string dir = gpu_test::WriteRandomDense("tp_llama", gpu_test::RandomArch::kLlama);
+  const Trace whole = RunWhole(dir);
+  REQUIRE(whole.status.ok());
+  ModelLoadOptions o = Options(dir);
+  o.tensor_parallel_size = 2;
+  o.tensor_parallel_one_device = true;
+  auto model = LoadModel(o);
+  INFO((model.ok() ? std::string() : model.status().message()));
+  REQUIRE(model.ok());
+  CHECK(static_cast<size_t>((*model)->config().vocab_size) * 2 == whole.logits[0].size());
+  const Trace split = Drive(**model, &whole.tokens);
+  CheckAgainstWhole(split, whole);
+  CHECK((*model)->graph_steps() == 0);  // the device-local communicator: eager steps only
+  // The same ranks driven by hand return the same bits as the model's rank threads.
+  const std::vector<Trace> by_hand = RunRanks(dir, 2, whole.tokens);
+  REQUIRE(by_hand[0].status.ok());
+  for (size_t step = 0; step < split.logits.size(); ++step) {
+    CHECK(std::memcmp(split.logits[step].data(), by_hand[0].logits[step].data(),
+                      split.logits[step].size() * 4) == 0);
+  }
+
+  // Refusals by name: no explicit pool on one device, MoE and MLA models, more devices than
+  // present.
+  o.num_kv_blocks = 0;
+  auto no_pool = LoadModel(o);
+  REQUIRE(!no_pool.ok());
+  CHECK(no_pool.status().message() ==
+        "tensor_parallel_size 2: tensor_parallel_one_device needs an explicit num_kv_blocks");
+  const auto refusal = [](const std::string& model_dir) {
+    ModelLoadOptions m = Options(model_dir);
+    m.tensor_parallel_size = 2;
+    m.tensor_parallel_one_device = true;
+    auto r = LoadModel(m);
+    return r.ok() ? std::string("ok") : r.status().message();
+  };
+  CHECK(refusal(gpu_test::WriteRandomMoe("tp_mixtral", gpu_test::RandomMoeArch::kMixtral)) ==
+        "tensor_parallel_size 2: the MoE layers of MixtralForCausalLM have no cuda "
+        "tensor-parallel rank yet (the cpu device has)");
+  CHECK(refusal(gpu_test::WriteRandomDeepseek("tp_deepseek", /*v3=*/true, nullptr)) ==
+        "tensor_parallel_size 2: DeepseekV3ForCausalLM (MLA) has no cuda tensor-parallel rank "
+        "yet (the cpu device has)");
+  int devices = 0;
+  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
+  if (devices < 8) {
+    ModelLoadOptions many = Options(dir);
+    many.tensor_parallel_size = 8;
+    auto refused = LoadModel(many);
+    REQUIRE(!refused.ok());
+    CHECK(refused.status().message() ==
+          "tensor_parallel_size 8: needs 8 CUDA devices (one per rank); this machine has " +
+              std::to_string(devices));
+  }
+}
+
+#ifdef LLM_HAVE_NCCL
+TEST_CASE("TP CUDA: a rank of size 1 through NCCL, decode steps in CUDA graphs, is the whole model",
+          "[gpu][tensor_parallel_cuda][nccl]") {
+  const std::string dir = gpu_test::WriteRandomDense("tp_llama", gpu_test::RandomArch::kLlama);
+  const Trace whole = RunWhole(dir);
+  REQUIRE(whole.status.ok());
+  auto group = NcclCommunicatorGroup::Create({0});
+  INFO((group.ok() ? std::string() : group.status().message()));
+  REQUIRE(group.ok());
+  auto config = LoadModelConfig(dir);
+  REQUIRE(config.ok());
+  auto plan = MakeTensorParallelPlan(*config, TensorParallelOptions{.size = 1, .rank = 0});
+  REQUIRE(plan.ok());
+  auto full = WeightStore::Open(dir);
+  REQUIRE(full.ok());
+  auto weights = ShardWeights(**full, *plan);
+  REQUIRE(weights.ok());
+  ModelLoadOptions o = Options(dir);
+  o.cuda_graph_warmup = false;  // captured on first use, with the rank's collectives
+  // The runner with the size-1 communicator: every collective runs (identity sum, one-slice
+  // gather), inside the captured decode graphs too.
+  auto model = CreateCudaDenseModel(plan->local, weights->get(), o,
+                                    CudaTensorParallelRank{&*plan, (*group)->rank(0)});
+  INFO((model.ok() ? std::string() : model.status().message()));
+  REQUIRE(model.ok());
+  const Trace rank = Drive(**model, &whole.tokens);
+  CHECK(CheckAgainstWhole(rank, whole) <= 1e-6);
+  CHECK((*model)->graph_steps() > 0);
+}
+#endif
+
+}  // namespace
+}  // namespace llm
