@@ -4,9 +4,11 @@
 // with decode sequences the prefill path must leave alone, shuffled block tables, bf16 and fp8
 // caches, 16 and 128 heads. Each input set runs on the default tiling (contexts up to ~1000
 // tokens: one chunk, one softmax per row) and on forced small tilings: keys in chunks of 64, 128
-// or 100 (not a multiple of the block size), query rows in blocks of 48, so rows whose visible
-// keys end inside a chunk, chunks a row cannot see and running maxima that move from chunk to
-// chunk all occur.
+// or 100 (not a multiple of the block size), query rows in blocks of 48 or 40, score tiles of 16,
+// 9 or 7 rows, so rows whose visible keys end inside a chunk, chunks a row cannot see, tiles
+// starting at rows that differ from chunk to chunk and running maxima that move from chunk to
+// chunk all occur. A last case reserves the default working memory first and attends contexts
+// past the default 2,048-key chunk in it without growing it.
 //
 // The reference takes the operands in the precision the expanded form defines them: the cached
 // latents as bf16 (fp8 bytes times the scale, rounded), k_nope and v = W_UK c, W_UV c rounded to
@@ -173,12 +175,11 @@ std::vector<double> Reference(const PrefillInputs& in, const std::vector<int>& h
   return out;
 }
 
-// Runs MlaPrefill over `in` with the shape's tiling overrides (0: the defaults); returns out
+// Runs MlaPrefill over `in` with the tiling overrides `t` (zeros: the defaults); returns out
 // [T, H, kV] bf16, poisoned (NaN) before the run. With `reserve`, Reserve runs first and the
 // working memory must not grow in Run.
-std::vector<uint16_t> RunGpu(const PrefillInputs& in, int kv_chunk, int q_block,
+std::vector<uint16_t> RunGpu(const PrefillInputs& in, const MlaPrefillTiling& t,
                              bool reserve = false) {
-  INFO("kv_chunk " << kv_chunk << ", q_block " << q_block << (reserve ? ", reserved" : ""));
   const AttentionBatch& b = in.batch;
   const size_t out_elems = static_cast<size_t>(b.num_tokens) * in.heads * kV;
   DeviceAllocs d;
@@ -186,7 +187,8 @@ std::vector<uint16_t> RunGpu(const PrefillInputs& in, int kv_chunk, int q_block,
   void* q = d.Up(in.q);
   void* w = d.Up(in.w);
   void* out = d.Up(std::vector<uint16_t>(out_elems, 0xffff));
-  MlaPrefillShape shape{in.heads, in.block_size, kL, kR, in.fp8, kv_chunk, q_block};
+  MlaPrefillShape shape{in.heads, in.block_size, kL,        kR,
+                        in.fp8,   t.kv_chunk,    t.q_block, t.score_rows};
   MlaPrefill prefill(shape);
   if (reserve) REQUIRE(prefill.Reserve(b.num_tokens, kN, kV).ok());
   REQUIRE(prefill.Plan(b, nullptr).ok());
@@ -282,20 +284,21 @@ int LongestPrefillKv(const PrefillInputs& in) {
   return kv;
 }
 
-// Runs the default tiling and each forced (kv_chunk, q_block) against the reference, and the
-// forced ones against the default's result.
-void RunTilings(const PrefillInputs& in, const std::vector<std::pair<int, int>>& tilings,
+// Runs the default tiling and each forced one against the reference, and the forced ones
+// against the default's result.
+void RunTilings(const PrefillInputs& in, const std::vector<MlaPrefillTiling>& tilings,
                 std::mt19937& rng) {
   INFO(Describe(in));
   const std::vector<double> ref = Reference(in, CheckedHeads(in.heads, rng));
-  const std::vector<uint16_t> one = RunGpu(in, 0, 0);
+  const std::vector<uint16_t> one = RunGpu(in, MlaPrefillTiling{});
   Compare(in, one, ref, "the reference (default tiling)");
   std::vector<double> one_d(one.size());
   for (size_t i = 0; i < one.size(); ++i) one_d[i] = Bf16ToF32(one[i]);
-  for (auto [kv_chunk, q_block] : tilings) {
-    INFO("forced kv_chunk " << kv_chunk << ", q_block " << q_block);
-    REQUIRE(LongestPrefillKv(in) > kv_chunk);
-    const std::vector<uint16_t> chunked = RunGpu(in, kv_chunk, q_block);
+  for (const MlaPrefillTiling& t : tilings) {
+    INFO("forced kv_chunk " << t.kv_chunk << ", q_block " << t.q_block << ", score_rows "
+                            << t.score_rows);
+    REQUIRE(LongestPrefillKv(in) > t.kv_chunk);
+    const std::vector<uint16_t> chunked = RunGpu(in, t);
     Compare(in, chunked, ref, "the reference");
     Compare(in, chunked, one_d, "the default tiling's result");
   }
@@ -317,7 +320,7 @@ TEST_CASE("MLA prefill in kv chunks matches the reference and the one-chunk resu
   for (bool fp8 : {false, true}) {
     for (int heads : {16, 128}) {
       const PrefillInputs in = MakeInputs(heads, fp8, MixedPrefillBatch(rng), rng);
-      RunTilings(in, {{64, 0}, {128, 0}, {100, 48}}, rng);
+      RunTilings(in, {{64, 0, 0}, {128, 0, 16}, {100, 48, 7}}, rng);
     }
   }
 }
@@ -331,7 +334,7 @@ TEST_CASE("MLA prefill chunks: peaked scores that keep growing along the context
     PrefillInputs in = MakeInputs(16, fp8, {{100, 700}, {64, 64}, {9, 333}, {2, 90}}, rng,
                                   /*kv_ramp=*/3.f, /*block_size=*/128);
     in.softmax_scale = 0.5f;
-    RunTilings(in, {{64, 0}, {96, 40}}, rng);
+    RunTilings(in, {{64, 0, 0}, {96, 40, 9}}, rng);
   }
 }
 
@@ -344,7 +347,7 @@ TEST_CASE("MLA prefill: reserved working memory covers long contexts without gro
     const PrefillInputs in = MakeInputs(128, fp8, {{24, 5000}, {7, 2049}, {40, 40}}, rng);
     INFO(Describe(in));
     const std::vector<double> ref = Reference(in, CheckedHeads(in.heads, rng));
-    Compare(in, RunGpu(in, 0, 0, /*reserve=*/true), ref, "the reference (reserved)");
+    Compare(in, RunGpu(in, MlaPrefillTiling{}, /*reserve=*/true), ref, "the reference (reserved)");
   }
 }
 
@@ -366,10 +369,11 @@ TEST_CASE("MLA prefill tiling is bounded by the byte budgets, not by the context
                        MlaPrefill::kAccumulatorBytes + (size_t{16} << 20));
     // Fewer rows need less; the forced tiling is taken as given.
     CHECK(MlaPrefillScratchBytes(shape, kN, kV, 16) < bytes);
-    const MlaPrefillShape forced{heads, 64, kL, kR, false, 64, 48};
+    const MlaPrefillShape forced{heads, 64, kL, kR, false, 64, 48, 7};
     const MlaPrefillTiling f = TileMlaPrefill(forced, kN, kV);
     CHECK(f.kv_chunk == 64);
     CHECK(f.q_block == 48);
+    CHECK(f.score_rows == 7);
   }
 }
 

@@ -26,12 +26,17 @@ struct Bounds {
 };
 
 // The most each buffer is asked for by a step of up to max_rows prefill rows, whatever its
-// contexts: a tile's scores are heads x rows x keys with keys <= kv_chunk, rows <= max_rows and
-// rows x keys within kScoreBytes / 6 per head unless the tile is a single row (ScoreTileRows).
+// contexts. Scores are heads x rows x keys per tile: a one-chunk sequence's tile has keys <=
+// kv_chunk, rows <= max_rows and rows x keys within kScoreBytes / 6 per head unless it is a
+// single row (ScoreTileRows); a chunked sequence's tile is score_rows (or fewer) x kv_chunk.
 Bounds BoundsOf(const MlaPrefillShape& s, int nope_dim, int v_dim, int max_rows) {
   const MlaPrefillTiling t = TileMlaPrefill(s, nope_dim, v_dim);
   const size_t H = s.num_heads, C = t.kv_chunk, R = std::max(max_rows, 1);
-  const size_t score_elems = std::max(H * C, std::min(MlaPrefill::kScoreBytes / 6, H * R * C));
+  const size_t one_chunk = std::max(H * C, std::min(MlaPrefill::kScoreBytes / 6, H * R * C));
+  const size_t chunked =
+      H * C *
+      std::min<size_t>({static_cast<size_t>(t.score_rows), static_cast<size_t>(t.q_block), R});
+  const size_t score_elems = std::max(one_chunk, chunked);
   const size_t rows = std::min<size_t>(t.q_block, R);
   return {C * s.latent_dim * 2, C * H * (nope_dim + v_dim) * 2, score_elems * 4,
           score_elems * 2,      rows * H * v_dim * 4,           rows * H * 4};
@@ -49,7 +54,7 @@ MlaPrefillTiling TileMlaPrefill(const MlaPrefillShape& s, int nope_dim, int v_di
   t.q_block = s.q_block > 0 ? s.q_block
                             : static_cast<int>(std::clamp<size_t>(
                                   MlaPrefill::kAccumulatorBytes / (H * v_dim * 4), 1, INT_MAX));
-  t.score_rows = ScoreTileRows(s.num_heads, t.kv_chunk, INT_MAX);
+  t.score_rows = s.score_rows > 0 ? s.score_rows : ScoreTileRows(s.num_heads, t.kv_chunk, INT_MAX);
   return t;
 }
 

@@ -32,17 +32,18 @@ struct MlaPrefillShape {
   int latent_dim = 0;  // kv_lora_rank + rope_dim (AttentionSpec::head_dim)
   int rope_dim = 0;
   bool fp8_cache = false;
-  // Overrides of MlaPrefillTiling's kv_chunk and q_block (0: from the byte budgets), so that
-  // tests reach many chunks and row blocks at small contexts.
+  // Overrides of MlaPrefillTiling's fields (0: from the byte budgets), so that tests reach many
+  // chunks, row blocks and score tiles at small contexts.
   int kv_chunk = 0;
   int q_block = 0;
+  int score_rows = 0;
 };
 
 // How one step's prefill is cut, from the shape and the head dims alone (never the context).
 struct MlaPrefillTiling {
   int kv_chunk = 0;    // keys gathered and expanded at once
   int q_block = 0;     // query rows with an fp32 accumulator at once (chunked sequences)
-  int score_rows = 0;  // query rows whose scores against a full chunk fit kScoreBytes
+  int score_rows = 0;  // query rows per score tile of a chunked sequence (within kScoreBytes)
 };
 MlaPrefillTiling TileMlaPrefill(const MlaPrefillShape& shape, int nope_dim, int v_dim);
 
