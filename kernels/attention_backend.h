@@ -296,6 +296,10 @@ class MlaAttentionBackend : public AttentionBackend {
   virtual Status RunMlaPrefill(const MlaPrefillParams& params) {
     return Unimplemented(name() + " cannot attend MLA prefill rows");
   }
+  // Allocates RunMlaPrefill's working memory for steps of up to max_rows prefill rows now (it is
+  // bounded whatever the context length), so that the KV pool is sized after it; RunMlaPrefill
+  // grows it on first use otherwise. The default (no prefill path) has nothing to reserve.
+  virtual Status ReserveMlaPrefill(int max_rows, int nope_dim, int v_dim) { return Status::Ok(); }
 };
 
 }  // namespace llm

@@ -292,6 +292,11 @@ Status CudaDeepseekDecoder::Reserve(int set, int rows) {
     LLM_RETURN_IF_ERROR(s.row_scales.Alloc(T * 4 * ((std::max({Hd, QA, H * V, I}) + 127) / 128)));
   }
   if (d_.n_routed_experts > 0) LLM_RETURN_IF_ERROR(moe_.Reserve(rows, &s.moe));
+  // The prefill attention's working memory (eager steps only: graphs replay decode steps), one
+  // area for every layer and bounded whatever the prompt length.
+  if (set == 0) {
+    LLM_RETURN_IF_ERROR(mla_->ReserveMlaPrefill(rows, d_.qk_nope_head_dim, d_.v_head_dim));
+  }
   // Padding rows of a graph bucket are computed too: keep them finite from the start.
   for (DeviceBuffer* b : {&s.a, &s.qa, &s.q, &s.latent, &s.q_pe, &s.q_latent, &s.out_latent,
                           &s.attn, &s.tmp, &s.gate_up, &s.act, &s.xq, &s.row_scales}) {

@@ -111,6 +111,9 @@ class CudaMlaBackend final : public MlaAttentionBackend {
     return attn_->Run(a, stream_);
   }
   Status RunMlaPrefill(const MlaPrefillParams& p) override { return prefill_.Run(p, stream_); }
+  Status ReserveMlaPrefill(int max_rows, int nope_dim, int v_dim) override {
+    return prefill_.Reserve(max_rows, nope_dim, v_dim);
+  }
 
  private:
   AttentionSpec spec_;

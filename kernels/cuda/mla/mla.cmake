@@ -9,6 +9,7 @@ if(LLM_HAVE_CUDA)
     ${CMAKE_CURRENT_LIST_DIR}/mla_decode_fp8_mma.cu
     ${CMAKE_CURRENT_LIST_DIR}/mla_merge_append.cu
     ${CMAKE_CURRENT_LIST_DIR}/mla_prefill.cc
+    ${CMAKE_CURRENT_LIST_DIR}/mla_prefill_softmax.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda_mla_backend.cc)
   # The expanded-form prefill (mla_prefill.cc) runs its GEMMs through cuBLAS.
   target_link_libraries(llm_cuda_kernels PUBLIC CUDA::cublas)

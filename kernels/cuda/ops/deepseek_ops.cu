@@ -63,10 +63,11 @@ __global__ void DeepseekRopeKernel(DeepseekRopeArgs a) {
 }
 
 __global__ void GatherLatentsKernel(const uint8_t* cache, bool fp8, float scale,
-                                    const int32_t* pages, int block_size, int width, bf16* out) {
-  const int j = blockIdx.x;
+                                    const int32_t* pages, int block_size, int width, int first,
+                                    bf16* out) {
+  const int j = first + static_cast<int>(blockIdx.x);
   const size_t slot = static_cast<size_t>(pages[j / block_size]) * block_size + j % block_size;
-  bf16* y = out + static_cast<size_t>(j) * width;
+  bf16* y = out + static_cast<size_t>(blockIdx.x) * width;
   if (fp8) {
     const __nv_fp8_e4m3* row = reinterpret_cast<const __nv_fp8_e4m3*>(cache) + slot * width;
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
@@ -113,10 +114,10 @@ void LaunchDeepseekRope(const DeepseekRopeArgs& a, void* stream) {
 }
 
 void LaunchGatherLatents(const void* cache, bool fp8, float scale, const int32_t* pages,
-                         int block_size, int width, int kv_len, void* out, void* stream) {
-  if (kv_len == 0) return;
-  GatherLatentsKernel<<<kv_len, 192, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const uint8_t*>(cache), fp8, scale, pages, block_size, width,
+                         int block_size, int width, int first, int count, void* out, void* stream) {
+  if (count == 0) return;
+  GatherLatentsKernel<<<count, 192, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const uint8_t*>(cache), fp8, scale, pages, block_size, width, first,
       static_cast<bf16*>(out));
 }
 

@@ -27,10 +27,11 @@ struct DeepseekRopeArgs {
 };
 void LaunchDeepseekRope(const DeepseekRopeArgs& a, void* stream);
 
-// out[j, :] = bf16(latent j of sequence seq) for j in [0, kv_len): gathers a paged latent cache
-// [num_blocks, block_size, width] (bf16, or fp8 e4m3 bytes times scale) into [kv_len, width].
+// out[j, :] = bf16(latent first + j of a sequence) for j in [0, count): gathers from a paged
+// latent cache [num_blocks, block_size, width] (bf16, or fp8 e4m3 bytes times scale) whose
+// sequence owns blocks `pages`, into [count, width].
 void LaunchGatherLatents(const void* cache, bool fp8, float scale, const int32_t* pages,
-                         int block_size, int width, int kv_len, void* out, void* stream);
+                         int block_size, int width, int first, int count, void* out, void* stream);
 
 // Causal softmax over materialized scores: s fp32 [heads, q_rows, kv_len] (unscaled); row i of
 // a head attends to [0, first_pos + i]. p = bf16(softmax(scale * s)), zeros past the causal edge.
