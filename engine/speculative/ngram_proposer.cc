@@ -18,8 +18,10 @@ StatusOr<NgramProposer> NgramProposer::Create(const NgramProposerConfig& config)
   return NgramProposer(config);
 }
 
-std::vector<int32_t> NgramProposer::Propose(std::span<const int32_t> context) const {
+std::vector<int32_t> NgramProposer::Propose(std::span<const int32_t> context,
+                                            int max_tokens) const {
   const int len = static_cast<int>(context.size());
+  if (max_tokens < 1) return {};
   const int max_n = std::min(config_.max_n, len - 1);
   if (max_n < config_.min_n) return {};
   // One pass over the ends e of earlier occurrences (the token after one is context[e], so
@@ -42,7 +44,7 @@ std::vector<int32_t> NgramProposer::Propose(std::span<const int32_t> context) co
     }
   }
   if (best_n < config_.min_n) return {};
-  const int count = std::min(config_.k, len - from);
+  const int count = std::min(max_tokens, len - from);
   return std::vector<int32_t>(context.begin() + from, context.begin() + from + count);
 }
 

@@ -27,7 +27,12 @@ class NgramProposer {
   // longest matching suffix (the earliest occurrence among equally long ones, as vLLM picks);
   // fewer where the context ends first; empty when no suffix of min_n tokens or more recurs.
   // One scan of the context: O(len) comparisons where most positions differ from the last token.
-  std::vector<int32_t> Propose(std::span<const int32_t> context) const;
+  std::vector<int32_t> Propose(std::span<const int32_t> context) const {
+    return Propose(context, config_.k);
+  }
+  // The same with up to max_tokens tokens instead of k (a late proposal asks for one more: its
+  // first token stands for the token still on the device).
+  std::vector<int32_t> Propose(std::span<const int32_t> context, int max_tokens) const;
 
   const NgramProposerConfig& config() const { return config_; }
 

@@ -53,6 +53,9 @@ TEST_CASE("n-gram drafts follow the longest earlier match of the context's suffi
   CHECK(Make(1, 4, 4).Propose(Tokens{7}).empty());
   // A repeated token: the match may overlap the suffix; k bounds the draft.
   CHECK(Make(1, 2, 3).Propose(Tokens{5, 5, 5, 5, 5}) == Tokens{5, 5, 5});
+  // max_tokens in place of k; none asked, none given.
+  CHECK(Make(2, 2, 1).Propose(Tokens{1, 2, 3, 4, 1, 2}, 3) == Tokens{3, 4, 1});
+  CHECK(Make(2, 2, 1).Propose(Tokens{1, 2, 3, 4, 1, 2}, 0).empty());
 }
 
 TEST_CASE("n-gram proposer matches the brute-force rule on random contexts", "[speculative]") {
@@ -67,9 +70,12 @@ TEST_CASE("n-gram proposer matches the brute-force rule on random contexts", "[s
     const int min_n = 1 + static_cast<int>(rng() % 3);
     const int max_n = min_n + static_cast<int>(rng() % 6);
     const int k = 1 + static_cast<int>(rng() % 5);
-    const Tokens got = Make(min_n, max_n, k).Propose(c);
+    const NgramProposer proposer = Make(min_n, max_n, k);
+    const Tokens got = proposer.Propose(c);
     INFO("trial " << trial);
     CHECK(got == BruteForce(c, min_n, max_n, k));
+    // A late proposal asks for k + 1 tokens of the same match.
+    CHECK(proposer.Propose(c, k + 1) == BruteForce(c, min_n, max_n, k + 1));
     proposed += got.empty() ? 0 : 1;
   }
   CHECK(proposed > 1000);  // the comparison is not all empty drafts
