@@ -9,7 +9,8 @@
 // is the engine's per-token work (detokenize, stop strings, metrics, streaming) alone.
 // --ngram K: n-gram speculation with K drafts (the synthetic model's tokens repeat, so drafts are
 // proposed and partly accepted): what a verify step costs the host (proposing, acceptance) beside
-// a plain step; steps with drafts do not overlap, so this time adds to every verify step's.
+// a plain step; steps with drafts do not overlap, so this time adds to every verify step's, while
+// steps without drafts overlap as without speculation ("overlapped steps").
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -80,6 +81,7 @@ int main(int argc, char** argv) {
   // Warm up until every sequence is decoding.
   for (int i = 0; i < 16; ++i) core.Step();
   std::vector<double> sched, prep, fwd, samp, draft, verify;
+  const int64_t overlapped_before = core.num_overlapped_steps();
   int64_t drafted = 0, accepted = 0, emitted = 0;
   for (int i = 0; i < a["--steps"]; ++i) {
     const llm::StepRecord r = core.Step();
@@ -114,6 +116,9 @@ int main(int argc, char** argv) {
   row("schedule + preparation", overhead);
   row("synthetic forward", fwd);
   row("sampling + streaming", samp);
+  std::printf("overlapped steps: %lld of %d\n",
+              static_cast<long long>(core.num_overlapped_steps() - overlapped_before),
+              a["--steps"]);
   if (a["--ngram"] > 0) {
     row("proposing drafts", draft);
     row("verifying drafts", verify);

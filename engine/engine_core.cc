@@ -846,8 +846,12 @@ void EngineCore::ReportRouting(const AttentionBatch& batch,
 
 bool EngineCore::Overlappable(const RequestState& st) const {
   const SamplingParams& p = st.request.sampling;
-  // A speculating request is never overlapped: its drafts come from tokens the host has read.
-  return !Speculates(st) && p.logprobs == 0 && p.repetition_penalty == 1.0f &&
+  // A speculating request overlaps its steps without drafts under n-gram speculation only, which
+  // proposes past a token still on the device (ProposeDrafts' late proposal); a step with drafts
+  // never overlaps (CanOverlap). The draft model and the MTP layer read tokens the host holds, and
+  // a constrained request's drafts wait for its grammar to take the pending token.
+  const bool spec_blocks = Speculates(st) && (!proposer_ || st.matcher);
+  return !spec_blocks && p.logprobs == 0 && p.repetition_penalty == 1.0f &&
          p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
 }
 

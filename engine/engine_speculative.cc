@@ -47,14 +47,27 @@ void EngineCore::ProposeDrafts(StepRecord* record) {
     // The draft model's proposals the target accepted are K/V it already has.
     if (draft_model_) AdvanceDraftKv(seq);
     if (!Speculates(st)) continue;
-    // Only a decoding sequence whose tokens the host has all read drafts.
-    if (seq->state != SequenceState::kRunning || seq->has_pending_token() ||
+    // Only a decoding sequence drafts: one whose last token is the only one to compute.
+    if (seq->state != SequenceState::kRunning ||
         seq->num_tokens() - seq->num_computed_tokens != 1) {
       continue;
     }
+    // A pending token (the last step overlapped) is still on the device: the draft model and the
+    // MTP layer read tokens the host holds, and wait for it (Overlappable keeps them apart).
+    if (seq->has_pending_token() && !proposer_) continue;
     const int k =
         st.draft_length ? st.draft_length->Next() : config_.speculative.num_speculative_tokens;
-    if (proposer_) {
+    if (proposer_ && seq->has_pending_token()) {
+      // A late proposal, so that a step without drafts may overlap the next one: reading the
+      // pending token first would put a host round trip before every launch. The lookup runs on
+      // the context up to the last known token; its continuation's first token stands for the
+      // pending one, and the tokens after it are the drafts behind the pending row (which the
+      // device feeds). A wrong guess costs only acceptance: the target's rows decide every token.
+      std::vector<int32_t> context = seq->AllTokens();
+      context.pop_back();
+      const std::vector<int32_t> next = proposer_->Propose(context, k + 1);
+      if (next.size() > 1) seq->draft_ids.assign(next.begin() + 1, next.end());
+    } else if (proposer_) {
       seq->draft_ids = proposer_->Propose(seq->AllTokens());
       if (static_cast<int>(seq->draft_ids.size()) > k) seq->draft_ids.resize(k);
     } else if (mtp_) {

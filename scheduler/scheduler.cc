@@ -34,7 +34,8 @@ void Scheduler::TrimBlocks(Sequence* seq, int keep) {
 }
 
 int Scheduler::DraftsToSchedule(Sequence* seq, int pending, int budget) const {
-  if (pending != 1 || seq->has_pending_token()) return 0;
+  // A pending token (an overlapped step's) may carry drafts: its row is fed on the device.
+  if (pending != 1) return 0;
   // Each accepted draft is a generated token: k drafts and the token after them must fit.
   const int room = seq->max_total_tokens - seq->num_tokens() - 1;
   return std::max(0, std::min({static_cast<int>(seq->draft_ids.size()), budget - 1, room}));

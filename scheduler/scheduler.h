@@ -96,7 +96,8 @@ class Scheduler {
   // Returns the blocks past the first `keep` (newest first).
   void TrimBlocks(Sequence* seq, int keep);
   // The drafts a running sequence computes this step: those that fit the budget (after its one
-  // pending token) and its max_total_tokens; none unless it is decoding with nothing pending.
+  // pending token, which may be an overlapped step's still on the device) and its
+  // max_total_tokens; none unless it decodes that one token.
   int DraftsToSchedule(Sequence* seq, int pending, int budget) const;
   void PublishFullBlocks(Sequence* seq);
   // Tokens whose K/V every model sharing the blocks has computed.

@@ -195,6 +195,36 @@ TEST_CASE("Scheduler skips a sequence whose pending token is its last one", "[sc
   CHECK(FindIn(out, 1) != nullptr);
 }
 
+// N-gram drafts proposed behind an overlapped step ride on its pending token: the step computes
+// the placeholder's position (fed on the device) and the drafts after it, within the sequence's
+// max_total_tokens; CommitDrafts then counts the accepted ones once the placeholder is a token.
+TEST_CASE("Scheduler computes drafts behind a pending token", "[scheduler][speculative]") {
+  Scheduler sched(Config(4, 8, 64), 64);
+  sched.Add(MakeSeq(1, 5, 0, -1, /*max_new=*/4));
+  SchedulerOutput out = sched.Schedule();  // the prefill samples
+  sched.OnStepDone(out);
+  Sequence* seq = sched.Find(1);
+  seq->output_ids.push_back(-1);  // in flight
+  seq->draft_ids = {8, 9, 10, 11};
+  out = sched.Schedule();
+  REQUIRE(FindIn(out, 1) != nullptr);
+  const ScheduledSeq& s = *FindIn(out, 1);
+  // Room for 4 new tokens: the pending one, 2 drafts and the token after them.
+  CHECK(s.num_draft == 2);
+  CHECK(s.num_tokens == 3);
+  CHECK(s.start == 5);
+  CHECK(seq->token_at(5) == -1);
+  CHECK(seq->token_at(6) == 8);
+  CHECK(seq->token_at(7) == 9);
+  sched.OnStepDone(out);
+  CHECK(seq->num_computed_tokens == 6);  // the pending position; drafts wait for verification
+  seq->output_ids.back() = 7;            // the pending token arrives
+  seq->output_ids.insert(seq->output_ids.end(), {8, 12});  // one draft accepted, then the target's
+  sched.CommitDrafts(seq, 1);
+  CHECK(seq->num_computed_tokens == 7);
+  CHECK(seq->draft_ids.empty());
+}
+
 TEST_CASE("Scheduler respects max_num_seqs", "[scheduler]") {
   const SchedulerConfig cfg = Config(16, 2, 256);
   Scheduler sched(cfg, 64);
