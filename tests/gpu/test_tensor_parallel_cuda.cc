@@ -1,5 +1,5 @@
-// Tensor-parallel CUDA ranks of the dense decoder against the unsharded CUDA model, on ONE GPU:
-// N ranks (2 or 4) on device 0 through the device-local communicator
+// Tensor-parallel CUDA ranks of the dense decoder against the unsharded CUDA model,
+// on ONE GPU: N ranks (2 or 4) on device 0 through the device-local communicator
 // (engine/runtime/cuda/device_local_communicator.h), one thread per rank, over a prefill of two
 // sequences and kDecodeSteps one-token steps. Each step is teacher-forced with the unsharded
 // model's greedy tokens, so that every step's logits are compared on the same history.
@@ -9,13 +9,18 @@
 // rounding carried through the layers: max |sharded - whole| <= 5e-2 x max |whole| per step (a
 // missing all-reduce, a wrong cut or a misplaced vocabulary slice is an error of the order of the
 // logits themselves), and the greedy tokens are equal (the random models' wide LM head keeps the
-// top-2 gaps far above that error). Every rank returns the same bits (the device-local all-reduce
+// top-2 gaps far above that error). The MoE routers read a residual that carries that rounding too;
+// the random routers are peaky, so the expert at the top-k boundary weighs little where it flips.
+// Every rank returns the same bits (the device-local all-reduce
 // sums in rank order on every rank). Cases: Llama with its KV heads split (N = 2) and replicated
 // (N = 4 > 2 KV heads, one and two query heads per rank; a vocabulary that N does not divide),
 // Qwen3 (q/k norms per head) and Gemma 2 (embedding scale, post-norms of the summed outputs,
-// soft-caps); LoadModel's TensorParallelModel (the rank threads' start hook) against the ranks run
-// by hand; with NCCL, a rank of size 1 through NcclCommunicator with its decode steps in CUDA
-// graphs (the collectives captured) against the whole model.
+// soft-caps); Mixtral, Qwen3-MoE and gpt-oss (every expert split, the router replicated, gpt-oss's
+// o_proj bias added after the all-reduce, its experts' down biases by rank 0); their refusals (an
+// MXFP4 checkpoint, expert slices the grouped GEMMs do not tile, a plan that leaves o_proj's bias
+// to rank 0, DeepSeek); LoadModel's TensorParallelModel (the rank threads' start hook) against the
+// ranks run by hand; with NCCL, a rank of size 1 through NcclCommunicator with its decode steps in
+// CUDA graphs (the collectives captured) against the whole model.
 //
 //   build/cuda/tests/gpu_tests "[tensor_parallel_cuda]"
 #include <catch2/catch.hpp>
@@ -218,6 +223,61 @@ TEST_CASE("TP CUDA: Qwen3 and Gemma 2 ranks on one GPU match the whole model",
   CheckSplit(gpu_test::WriteRandomDense("tp_gemma2", gpu_test::RandomArch::kGemma2), 2);
 }
 
+TEST_CASE("TP CUDA: Mixtral, Qwen3-MoE and gpt-oss ranks on one GPU match the whole model",
+          "[gpu][tensor_parallel_cuda]") {
+  // Every expert split in two, the router replicated: Mixtral's 512 -> 256, Qwen3-MoE's 128 -> 64
+  // (the grouped GEMMs' least; its dense layer 1 too), gpt-oss's stacked 256 -> 128 with its
+  // gate_up biases split, its down biases on rank 0 only, its sinks split and its o_proj bias
+  // replicated and added after the all-reduce.
+  CheckSplit(gpu_test::WriteRandomMoe("tp_mixtral", gpu_test::RandomMoeArch::kMixtral), 2);
+  CheckSplit(gpu_test::WriteRandomMoe("tp_qwen3_moe", gpu_test::RandomMoeArch::kQwen3Moe), 2);
+  CheckSplit(gpu_test::WriteRandomMoe("tp_gpt_oss", gpu_test::RandomMoeArch::kGptOss), 2);
+}
+
+TEST_CASE("TP CUDA: MoE and o_proj bias refusals on a cuda rank", "[gpu][tensor_parallel_cuda]") {
+  const auto refusal = [](const std::string& model_dir, int size) {
+    ModelLoadOptions m = Options(model_dir);
+    m.tensor_parallel_size = size;
+    m.tensor_parallel_one_device = true;
+    auto r = LoadModel(m);
+    return r.ok() ? std::string("ok") : r.status().message();
+  };
+  // gpt-oss's MXFP4 checkpoint: the plan splits float checkpoints only.
+  gpu_test::GptOssShape mx;
+  mx.mxfp4 = true;
+  CHECK(refusal(gpu_test::WriteRandomMoe("tp_gpt_oss_mxfp4", gpu_test::RandomMoeArch::kGptOss, mx),
+                2) ==
+        "tensor_parallel_size 2: the pre-quantized checkpoint (quantization_config mxfp4) is not "
+        "split; tensor parallelism reads float checkpoints only");
+  // Qwen3-MoE's experts of 128 at 4 ranks: slices of 32, which the grouped GEMMs do not tile.
+  CHECK_THAT(
+      refusal(gpu_test::WriteRandomMoe("tp_qwen3_moe", gpu_test::RandomMoeArch::kQwen3Moe), 4),
+      Catch::Contains("moe_intermediate 32: the grouped GEMMs need"));
+  CHECK(refusal(gpu_test::WriteRandomDeepseek("tp_deepseek", /*v3=*/true, nullptr), 2) ==
+        "tensor_parallel_size 2: DeepseekV3ForCausalLM (MLA) has no cuda tensor-parallel rank "
+        "yet (the cpu device has)");
+
+  // A rank built by hand on the plan as the CPU decoders take it (o_proj's bias on rank 0 only)
+  // would add the bias on one rank after the sum: refused by name.
+  const std::string dir = gpu_test::WriteRandomMoe("tp_gpt_oss", gpu_test::RandomMoeArch::kGptOss);
+  auto group = DeviceLocalCommunicatorGroup::Create(2, 0);
+  REQUIRE(group.ok());
+  auto config = LoadModelConfig(dir);
+  REQUIRE(config.ok());
+  auto plan = MakeTensorParallelPlan(*config, TensorParallelOptions{.size = 2, .rank = 0});
+  REQUIRE(plan.ok());
+  auto full = WeightStore::Open(dir);
+  REQUIRE(full.ok());
+  auto weights = ShardWeights(**full, *plan);
+  REQUIRE(weights.ok());
+  auto model = CreateCudaDenseModel(plan->local, weights->get(), Options(dir),
+                                    CudaTensorParallelRank{&*plan, (*group)->rank(0)});
+  REQUIRE(!model.ok());
+  CHECK(model.status().message() ==
+        "tensor_parallel_size 2: the cuda rank adds the o_proj bias after the all-reduce: its "
+        "plan must replicate it (ReplicateOProjBias)");
+}
+
 TEST_CASE("TP CUDA: LoadModel's ranks behind one Model (device-local, eager) match by hand",
           "[gpu][tensor_parallel_cuda]") {
   const std::string dir = gpu_test::WriteRandomDense("tp_llama", gpu_test::RandomArch::kLlama);
@@ -241,26 +301,12 @@ TEST_CASE("TP CUDA: LoadModel's ranks behind one Model (device-local, eager) mat
                       split.logits[step].size() * 4) == 0);
   }
 
-  // Refusals by name: no explicit pool on one device, MoE and MLA models, more devices than
-  // present.
+  // Refusals by name: no explicit pool on one device, more devices than present.
   o.num_kv_blocks = 0;
   auto no_pool = LoadModel(o);
   REQUIRE(!no_pool.ok());
   CHECK(no_pool.status().message() ==
         "tensor_parallel_size 2: tensor_parallel_one_device needs an explicit num_kv_blocks");
-  const auto refusal = [](const std::string& model_dir) {
-    ModelLoadOptions m = Options(model_dir);
-    m.tensor_parallel_size = 2;
-    m.tensor_parallel_one_device = true;
-    auto r = LoadModel(m);
-    return r.ok() ? std::string("ok") : r.status().message();
-  };
-  CHECK(refusal(gpu_test::WriteRandomMoe("tp_mixtral", gpu_test::RandomMoeArch::kMixtral)) ==
-        "tensor_parallel_size 2: the MoE layers of MixtralForCausalLM have no cuda "
-        "tensor-parallel rank yet (the cpu device has)");
-  CHECK(refusal(gpu_test::WriteRandomDeepseek("tp_deepseek", /*v3=*/true, nullptr)) ==
-        "tensor_parallel_size 2: DeepseekV3ForCausalLM (MLA) has no cuda tensor-parallel rank "
-        "yet (the cpu device has)");
   int devices = 0;
   REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
   if (devices < 8) {
