@@ -1,4 +1,4 @@
-// Tensor-parallel CUDA ranks of the dense decoder against the unsharded CUDA model,
+// Tensor-parallel CUDA ranks of the dense and DeepSeek decoders against the unsharded CUDA model,
 // on ONE GPU: N ranks (2 or 4) on device 0 through the device-local communicator
 // (engine/runtime/cuda/device_local_communicator.h), one thread per rank, over a prefill of two
 // sequences and kDecodeSteps one-token steps. Each step is teacher-forced with the unsharded
@@ -16,11 +16,12 @@
 // (N = 4 > 2 KV heads, one and two query heads per rank; a vocabulary that N does not divide),
 // Qwen3 (q/k norms per head) and Gemma 2 (embedding scale, post-norms of the summed outputs,
 // soft-caps); Mixtral, Qwen3-MoE and gpt-oss (every expert split, the router replicated, gpt-oss's
-// o_proj bias added after the all-reduce, its experts' down biases by rank 0); their refusals (an
-// MXFP4 checkpoint, expert slices the grouped GEMMs do not tile, a plan that leaves o_proj's bias
-// to rank 0, DeepSeek); LoadModel's TensorParallelModel (the rank threads' start hook) against the
-// ranks run by hand; with NCCL, a rank of size 1 through NcclCommunicator with its decode steps in
-// CUDA graphs (the collectives captured) against the whole model.
+// o_proj bias added after the all-reduce, its experts' down biases by rank 0), DeepSeek V2 / V3
+// (query heads split over the replicated latent, MoE as above); their refusals (an MXFP4
+// checkpoint, expert slices the grouped GEMMs do not tile, a plan that leaves o_proj's bias to
+// rank 0); LoadModel's TensorParallelModel (the rank threads' start hook) against the ranks run
+// by hand; with NCCL, a rank of size 1 through NcclCommunicator with its decode steps in CUDA
+// graphs (the collectives captured) against the whole model.
 //
 //   build/cuda/tests/gpu_tests "[tensor_parallel_cuda]"
 #include <catch2/catch.hpp>
@@ -234,6 +235,23 @@ TEST_CASE("TP CUDA: Mixtral, Qwen3-MoE and gpt-oss ranks on one GPU match the wh
   CheckSplit(gpu_test::WriteRandomMoe("tp_gpt_oss", gpu_test::RandomMoeArch::kGptOss), 2);
 }
 
+TEST_CASE("TP CUDA: DeepSeek V2 and V3 ranks on one GPU match the whole model",
+          "[gpu][tensor_parallel_cuda]") {
+  // 16 query heads, 8 per rank, over the whole latent (q_a_proj and kv_a_proj_with_mqa
+  // replicated, every rank caches the same latent); kv_b_proj and q_b_proj / q_proj cut by head,
+  // o_proj by its input columns; the dense layer's 256 and every expert's 128 (the shared one
+  // too) split in two, the router (V3: its correction bias) replicated. V2: q LoRA, grouped
+  // softmax routing; V3: q_proj, sigmoid + noaux_tc.
+  CheckSplit(gpu_test::WriteRandomDeepseek("tp_deepseek_v2", /*v3=*/false, nullptr,
+                                           /*dense_only=*/false, /*fp8_block=*/false,
+                                           /*moe_inter_size=*/128),
+             2);
+  CheckSplit(gpu_test::WriteRandomDeepseek("tp_deepseek_v3", /*v3=*/true, nullptr,
+                                           /*dense_only=*/false, /*fp8_block=*/false,
+                                           /*moe_inter_size=*/128),
+             2);
+}
+
 TEST_CASE("TP CUDA: MoE and o_proj bias refusals on a cuda rank", "[gpu][tensor_parallel_cuda]") {
   const auto refusal = [](const std::string& model_dir, int size) {
     ModelLoadOptions m = Options(model_dir);
@@ -249,13 +267,13 @@ TEST_CASE("TP CUDA: MoE and o_proj bias refusals on a cuda rank", "[gpu][tensor_
                 2) ==
         "tensor_parallel_size 2: the pre-quantized checkpoint (quantization_config mxfp4) is not "
         "split; tensor parallelism reads float checkpoints only");
-  // Qwen3-MoE's experts of 128 at 4 ranks: slices of 32, which the grouped GEMMs do not tile.
+  // Qwen3-MoE's experts of 128 at 4 ranks, DeepSeek's of 64 at 2: slices of 32, which the
+  // grouped GEMMs do not tile.
   CHECK_THAT(
       refusal(gpu_test::WriteRandomMoe("tp_qwen3_moe", gpu_test::RandomMoeArch::kQwen3Moe), 4),
       Catch::Contains("moe_intermediate 32: the grouped GEMMs need"));
-  CHECK(refusal(gpu_test::WriteRandomDeepseek("tp_deepseek", /*v3=*/true, nullptr), 2) ==
-        "tensor_parallel_size 2: DeepseekV3ForCausalLM (MLA) has no cuda tensor-parallel rank "
-        "yet (the cpu device has)");
+  CHECK_THAT(refusal(gpu_test::WriteRandomDeepseek("tp_deepseek", /*v3=*/true, nullptr), 2),
+             Catch::Contains("moe_intermediate 32: the grouped GEMMs need"));
 
   // A rank built by hand on the plan as the CPU decoders take it (o_proj's bias on rank 0 only)
   // would add the bias on one rank after the sum: refused by name.
