@@ -20,8 +20,8 @@
 // (query heads split over the replicated latent, MoE as above); their refusals (an MXFP4
 // checkpoint, expert slices the grouped GEMMs do not tile, a plan that leaves o_proj's bias to
 // rank 0); LoadModel's TensorParallelModel (the rank threads' start hook) against the ranks run
-// by hand; with NCCL, a rank of size 1 through NcclCommunicator with its decode steps in CUDA
-// graphs (the collectives captured) against the whole model.
+// by hand; with NCCL, a rank of size 1 (Llama, Mixtral, gpt-oss) through NcclCommunicator with
+// its decode steps in CUDA graphs (the collectives captured) against the whole model.
 //
 //   build/cuda/tests/gpu_tests "[tensor_parallel_cuda]"
 #include <catch2/catch.hpp>
@@ -339,9 +339,10 @@ TEST_CASE("TP CUDA: LoadModel's ranks behind one Model (device-local, eager) mat
 }
 
 #ifdef LLM_HAVE_NCCL
-TEST_CASE("TP CUDA: a rank of size 1 through NCCL, decode steps in CUDA graphs, is the whole model",
-          "[gpu][tensor_parallel_cuda][nccl]") {
-  const std::string dir = gpu_test::WriteRandomDense("tp_llama", gpu_test::RandomArch::kLlama);
+// A rank of size 1 through NCCL: every collective runs (identity sum, one-slice gather), inside
+// the captured decode graphs too; it must be the whole model.
+void CheckNcclSizeOne(const std::string& dir) {
+  INFO(dir);
   const Trace whole = RunWhole(dir);
   REQUIRE(whole.status.ok());
   auto group = NcclCommunicatorGroup::Create({0});
@@ -357,8 +358,6 @@ TEST_CASE("TP CUDA: a rank of size 1 through NCCL, decode steps in CUDA graphs, 
   REQUIRE(weights.ok());
   ModelLoadOptions o = Options(dir);
   o.cuda_graph_warmup = false;  // captured on first use, with the rank's collectives
-  // The runner with the size-1 communicator: every collective runs (identity sum, one-slice
-  // gather), inside the captured decode graphs too.
   auto model = CreateCudaDenseModel(plan->local, weights->get(), o,
                                     CudaTensorParallelRank{&*plan, (*group)->rank(0)});
   INFO((model.ok() ? std::string() : model.status().message()));
@@ -366,6 +365,14 @@ TEST_CASE("TP CUDA: a rank of size 1 through NCCL, decode steps in CUDA graphs, 
   const Trace rank = Drive(**model, &whole.tokens);
   CHECK(CheckAgainstWhole(rank, whole) <= 1e-6);
   CHECK((*model)->graph_steps() > 0);
+}
+
+TEST_CASE("TP CUDA: a rank of size 1 through NCCL, decode steps in CUDA graphs, is the whole model",
+          "[gpu][tensor_parallel_cuda][nccl]") {
+  CheckNcclSizeOne(gpu_test::WriteRandomDense("tp_llama", gpu_test::RandomArch::kLlama));
+  // The MoE layer's all-reduce captured too; gpt-oss's o_proj bias (rank 0's at size 1).
+  CheckNcclSizeOne(gpu_test::WriteRandomMoe("tp_mixtral", gpu_test::RandomMoeArch::kMixtral));
+  CheckNcclSizeOne(gpu_test::WriteRandomMoe("tp_gpt_oss", gpu_test::RandomMoeArch::kGptOss));
 }
 #endif
 
