@@ -14,6 +14,7 @@
 #ifdef LLM_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "engine/architectures/cuda_deepseek_decoder.h"
 #include "engine/architectures/cuda_deepseek_mtp.h"
 #include "engine/runtime/cuda/cuda_model_runner.h"
 #include "engine/runtime/cuda/device_local_communicator.h"
@@ -252,34 +253,40 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
 
 #ifdef LLM_HAVE_CUDA
 // LoadTensorParallelRank on the cuda device (its refusals of options already made): the dense
-// definitions without MoE layers; the calling thread's device is the rank's.
+// decoder's families, MoE layers included, and DeepSeek V2 / V3; the calling thread's device is
+// the rank's.
 static StatusOr<std::unique_ptr<Model>> LoadCudaTensorParallelRank(const ModelLoadOptions& options,
                                                                    Communicator* comm) {
   const TensorParallelOptions tp{.size = comm->size(), .rank = comm->rank()};
   const std::string prefix = "tensor_parallel_size " + std::to_string(tp.size) + ": ";
-  if (IsDeepseekModelDir(options.model_dir)) {
-    LLM_ASSIGN_OR_RETURN(DeepseekConfig config, LoadDeepseekConfig(options.model_dir));
-    return Unimplemented(prefix + config.base.architecture_name +
-                         " (MLA) has no cuda tensor-parallel rank yet (the cpu device has)");
-  }
-  LLM_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
-  const Architecture a = config.architecture;
-  if (a == Architecture::kMixtral || a == Architecture::kQwen3Moe || a == Architecture::kGptOss) {
-    return Unimplemented(prefix + "the MoE layers of " + config.architecture_name +
-                         " have no cuda tensor-parallel rank yet (the cpu device has)");
-  }
-  if (a != Architecture::kLlama && a != Architecture::kMistral && a != Architecture::kQwen2 &&
-      a != Architecture::kQwen3 && a != Architecture::kGemma2 && a != Architecture::kGemma3) {
-    return Unimplemented(prefix + config.architecture_name +
-                         " has no cuda tensor-parallel rank (it runs on --device cpu)");
-  }
-  LLM_ASSIGN_OR_RETURN(const TensorParallelPlan plan, MakeTensorParallelPlan(config, tp));
-  LLM_ASSIGN_OR_RETURN(auto full, OpenWeights(options.model_dir, config));
-  LLM_ASSIGN_OR_RETURN(auto weights, ShardWeights(*full, plan));
   // A warm-up capture at load would run a step's collectives while the other ranks are not
   // loaded yet: a rank's graphs are captured on first use, by every rank thread together.
   ModelLoadOptions rank_options = options;
   rank_options.cuda_graph_warmup = false;
+  if (IsDeepseekModelDir(options.model_dir)) {  // MLA: query heads split, the latent replicated
+    LLM_ASSIGN_OR_RETURN(DeepseekConfig config, LoadDeepseekConfig(options.model_dir));
+    LLM_ASSIGN_OR_RETURN(const TensorParallelPlan plan, MakeTensorParallelPlan(config, tp));
+    LLM_ASSIGN_OR_RETURN(auto full, OpenWeights(options.model_dir, config.base));
+    LLM_ASSIGN_OR_RETURN(auto weights, ShardWeights(*full, plan));
+    const CudaTensorParallelRank rank =
+        plan.size > 1 ? CudaTensorParallelRank{&plan, comm} : CudaTensorParallelRank{};
+    LLM_ASSIGN_OR_RETURN(auto model, CreateCudaModel(NewCudaDeepseekDecoder(*plan.deepseek),
+                                                     weights.get(), rank_options, rank));
+    LLM_RETURN_IF_ERROR(weights->CheckAllConsumed(config.base.architecture_name));
+    return model;
+  }
+  LLM_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
+  const Architecture a = config.architecture;
+  if (a != Architecture::kLlama && a != Architecture::kMistral && a != Architecture::kQwen2 &&
+      a != Architecture::kQwen3 && a != Architecture::kGemma2 && a != Architecture::kGemma3 &&
+      a != Architecture::kMixtral && a != Architecture::kQwen3Moe && a != Architecture::kGptOss) {
+    return Unimplemented(prefix + config.architecture_name +
+                         " has no cuda tensor-parallel rank (it runs on --device cpu)");
+  }
+  LLM_ASSIGN_OR_RETURN(TensorParallelPlan plan, MakeTensorParallelPlan(config, tp));
+  ReplicateOProjBias(&plan);  // the CUDA dense decoder adds it after the all-reduce
+  LLM_ASSIGN_OR_RETURN(auto full, OpenWeights(options.model_dir, config));
+  LLM_ASSIGN_OR_RETURN(auto weights, ShardWeights(*full, plan));
   const CudaTensorParallelRank rank =
       plan.size > 1 ? CudaTensorParallelRank{&plan, comm} : CudaTensorParallelRank{};
   LLM_ASSIGN_OR_RETURN(auto model,

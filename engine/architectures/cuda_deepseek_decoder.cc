@@ -10,6 +10,7 @@
 #include "base/dtype.h"
 #include "engine/layers/cuda/cuda_gated_mlp.h"
 #include "engine/layers/cuda/cuda_moe_layer.h"
+#include "engine/runtime/communicator.h"
 #include "kernels/cpu/cpu_mla_attention.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/ops/deepseek_ops.h"
@@ -84,6 +85,9 @@ class CudaDeepseekDecoder final : public CudaDecoder {
   // The projections, the dense MLP and the experts keep a checkpoint's fp8; kv_b_proj (the MLA
   // absorbs it in bf16) is dequantized by the loader.
   bool keeps_checkpoint_fp8() const override { return true; }
+  // A tensor-parallel rank (plan.deepseek): its query heads, every expert's slice, the latent
+  // replicated (AttentionNeeds).
+  bool computes_tensor_parallel() const override { return true; }
   Status Reserve(int set, int rows) override;
   Status Plan(const ForwardBatch& batch) override;
   // Every row of a graph step is a decode row (cuda_mla's graph form plans all q rows of each
@@ -107,6 +111,13 @@ class CudaDeepseekDecoder final : public CudaDecoder {
   Status Batched(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* a,
                  int lda, int64_t sa, const void* b, int ldb, int64_t sb, void* c,
                  cudaDataType c_type, int ldc, int64_t sc, int batch, float beta = 0.0f);
+  // A tensor-parallel rank: the partial sums of a row-split output y[T, hidden] (o_proj, the MLP
+  // or the MoE layer) summed over the ranks, in place, on the stream (nothing for the whole model).
+  Status AllReduce(void* y, int T) const {
+    if (comm_ == nullptr) return Status::Ok();
+    return comm_->AllReduceSum(y, static_cast<size_t>(T) * d_.base.hidden_size, DType::kBF16,
+                               ops_->stream);
+  }
   int num_moe_layers() const {
     return static_cast<int>(
         std::count_if(layers_.begin(), layers_.end(), [](const auto& L) { return L->moe; }));
@@ -123,6 +134,7 @@ class CudaDeepseekDecoder final : public CudaDecoder {
   int first_layer_ = 0;
   int num_layers_ = 0;
   const CudaLinearOps* ops_ = nullptr;
+  Communicator* comm_ = nullptr;        // a tensor-parallel rank's group (CudaLoadContext::comm)
   AttentionBackends backends_;          // the registry's choice (no separate prefill family)
   MlaAttentionBackend* mla_ = nullptr;  // backends_.decode's MLA interface
   DType cache_dtype_ = DType::kBF16;
@@ -143,6 +155,19 @@ StatusOr<AttentionSpec> CudaDeepseekDecoder::AttentionNeeds(const CudaLoadContex
   const ModelConfig& c = d_.base;
   const ModelLoadOptions& options = *ctx.options;
   ops_ = ctx.ops;
+  comm_ = ctx.comm;
+  if (comm_ != nullptr) {
+    // A rank (the plan's DeepseekConfig) computes its query heads over the whole latent: q_a_proj
+    // and kv_a_proj_with_mqa replicated, so every rank caches the same latent; q_b_proj (or
+    // q_proj) and kv_b_proj cut by head, o_proj by its input columns; the dense MLP and every
+    // expert (shared ones too) split in their intermediate dimension, the router replicated.
+    // The outputs of o_proj and of the MLP / MoE layer are all-reduced (bf16) before they join
+    // the residual. fp8 outputs would carry per-rank scales: refused by name.
+    if (ctx.weight_quant != WeightQuant::kBf16 || ctx.fp8_checkpoint) {
+      return Unimplemented("tensor_parallel_size " + std::to_string(comm_->size()) +
+                           ": fp8 projections on a cuda rank are not implemented");
+    }
+  }
   if (d_.n_routed_experts > 0) {
     LLM_RETURN_IF_ERROR(CudaMoeLayer::Check(moe_.routing(), c.hidden_size, d_.moe_intermediate_size,
                                             d_.moe_intermediate_size * d_.n_shared_experts));
@@ -430,6 +455,7 @@ StatusOr<CudaLayersOut> CudaDeepseekDecoder::RunLayers(const CudaStep& step) {
       LLM_RETURN_IF_ERROR(mla_->RunMlaPrefill(pp));  // the prefill rows of s.attn
     }
     LLM_RETURN_IF_ERROR(L.wo.Apply(*ops_, s.attn.ptr, T, s.tmp.ptr, fp8));
+    LLM_RETURN_IF_ERROR(AllReduce(s.tmp.ptr, T));
     cuda::RmsNormArgs na;
     na.residual = step.residual;
     na.delta = s.tmp.ptr;
@@ -446,6 +472,7 @@ StatusOr<CudaLayersOut> CudaDeepseekDecoder::RunLayers(const CudaStep& step) {
     } else {
       LLM_RETURN_IF_ERROR(L.dense.Run(*ops_, xn, T, s.tmp.ptr, s.gate_up.ptr, s.act.ptr, fp8));
     }
+    LLM_RETURN_IF_ERROR(AllReduce(s.tmp.ptr, T));
   }
   return CudaLayersOut{s.tmp.ptr, nullptr};
 }

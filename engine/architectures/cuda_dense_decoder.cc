@@ -12,6 +12,7 @@
 #include "engine/layers/cuda/cuda_moe_layer.h"
 #include "engine/layers/mha_attention_spec.h"
 #include "engine/loader/kv_cache_quant.h"
+#include "engine/loader/tensor_parallel_plan.h"
 #include "engine/runtime/communicator.h"
 #include "kernels/backend_registry.h"
 #include "kernels/cuda/c8/c8_attention.h"
@@ -252,21 +253,18 @@ StatusOr<AttentionSpec> CudaDenseDecoder::AttentionNeeds(const CudaLoadContext& 
   fp8_ = ctx.weight_quant != WeightQuant::kBf16 || ctx.fp8_checkpoint;
   comm_ = ctx.comm;
   if (comm_ != nullptr) {
-    // A rank all-reduces the bf16 outputs of o_proj and down_proj before they join the residual
+    // A rank all-reduces the bf16 outputs of o_proj, down_proj and the MoE layers (split inside
+    // every expert, router replicated: every rank routes alike) before they join the residual
     // (inside the next norm); what would need more is refused by name: fp8 outputs carry per-rank
-    // row scales, an o_proj bias is added after the sum (the plan gives it to rank 0 only), and
-    // MoE layers are the next step.
+    // row scales. o_proj's bias joins in that norm, after the sum, so every rank holds all of it
+    // (ReplicateOProjBias, checked by CreateCudaDenseModel); the experts' down biases are rank
+    // 0's (zeros elsewhere: the sum adds them once).
     const std::string prefix = "tensor_parallel_size " + std::to_string(comm_->size()) + ": ";
     if (fp8_) return Unimplemented(prefix + "fp8 projections on a cuda rank are not implemented");
-    for (const DecoderLayerSpec& L : layers_spec_.layers) {
-      if (L.ffn == DecoderLayerSpec::Ffn::kMoe) {
-        return Unimplemented(prefix + "the MoE layers of " + c.architecture_name +
-                             " have no cuda tensor-parallel rank yet");
-      }
-      if (L.o_bias) {
-        return Unimplemented(prefix + "the o_proj bias of " + c.architecture_name +
-                             " has no cuda tensor-parallel rank yet");
-      }
+    if (moe_ && options.moe_weight_dtype == "mxfp4") {
+      // A rank's experts are cut from bf16 / fp32 tensors (the plan refuses a pre-quantized
+      // checkpoint, gpt-oss's MXFP4 one included), so there are no MXFP4 blocks to keep.
+      return Unimplemented(prefix + "moe_weight_dtype mxfp4 on a cuda rank is not implemented");
     }
   }
   LLM_ASSIGN_OR_RETURN(kv_, ParseKvCacheType(options.kv_cache_dtype, options.kv_scale_granularity));
@@ -551,6 +549,7 @@ StatusOr<CudaLayersOut> CudaDenseDecoder::RunLayers(const CudaStep& step) {
     if (L.moe) {
       const CudaMoeLayer::Trace trace{routing_trace_, l, step.batch->positions.data()};
       LLM_RETURN_IF_ERROR(moe_->Run(*ops_, L.experts, step.xn, T, &s.moe, s.tmp.ptr, trace));
+      LLM_RETURN_IF_ERROR(AllReduce(s.tmp.ptr, T));
       continue;
     }
     LLM_RETURN_IF_ERROR(Project(s, l, kGateUp, step.xn, T, s.gate_up.ptr));
@@ -584,6 +583,20 @@ StatusOr<std::unique_ptr<Model>> CreateCudaDenseModel(const ModelConfig& config,
   // Before the runner reads any weight: what the definition does not compute fails by name.
   LLM_ASSIGN_OR_RETURN(const DecoderSpec spec, MakeDecoderSpec(config));
   LLM_RETURN_IF_ERROR(CheckComputable(config, spec));
+  const bool o_bias = std::any_of(spec.layers.begin(), spec.layers.end(),
+                                  [](const DecoderLayerSpec& L) { return L.o_bias; });
+  if (tp.plan != nullptr && tp.plan->size > 1 && o_bias) {
+    // The rank adds o_proj's bias inside the norm after the all-reduce, as the whole model does:
+    // every rank must hold all of it.
+    LLM_ASSIGN_OR_RETURN(const TensorShard bias,
+                         tp.plan->ShardOf("model.layers.0.self_attn.o_proj.bias",
+                                          {static_cast<int64_t>(config.hidden_size)}));
+    if (bias.split != TensorSplit::kReplicated) {
+      return InvalidArgument("tensor_parallel_size " + std::to_string(tp.plan->size) +
+                             ": the cuda rank adds the o_proj bias after the all-reduce: its "
+                             "plan must replicate it (ReplicateOProjBias)");
+    }
+  }
   return CreateCudaModel(NewCudaDenseDecoder(config), weights, options, tp);
 }
 

@@ -227,6 +227,12 @@ StatusOr<TensorShard> TensorParallelPlan::ShardOf(const std::string& name,
   }
 }
 
+void ReplicateOProjBias(TensorParallelPlan* plan) {
+  for (TensorRule& r : plan->rules) {
+    if (r.key == "o_proj.bias") r.split = TensorSplit::kReplicated;
+  }
+}
+
 bool TensorParallelPlan::Dropped(const std::string& name) const {
   const int layer = LayerOf(name);
   return layer >= dropped_layers_begin && layer < dropped_layers_end;

@@ -113,4 +113,9 @@ StatusOr<TensorParallelPlan> MakeTensorParallelPlan(const ModelConfig& config,
 StatusOr<TensorParallelPlan> MakeTensorParallelPlan(const DeepseekConfig& config,
                                                     const TensorParallelOptions& options);
 
+// The rules of a rank whose decoder adds o_proj's bias after the all-reduce, as the whole model
+// adds it (the CUDA dense decoder: inside the next norm, in fp32): the bias replicated on every
+// rank instead of rank 0's alone (the CPU decoders add it inside o_proj, before the sum).
+void ReplicateOProjBias(TensorParallelPlan* plan);
+
 }  // namespace llm

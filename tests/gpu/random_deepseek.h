@@ -29,14 +29,19 @@ inline constexpr int kRandomDeepseekLayers = 3;  // layer 0 dense, 1 and 2 MoE
 // fp8_block: every linear weight but the router's and the LM head's stored as DeepSeek-V3 does
 // (e4m3 with 128x128 block weight_scale_inv, quant_method fp8), experts of 128 rows (whole blocks
 // where gate and up are stacked); V3 only (V2's q_a_proj of 96 rows is not whole 128-row blocks
-// above kv_a_proj in the stacked projection).
+// above kv_a_proj in the stacked projection). moe_inter_size: the experts' intermediate size
+// (0: 128 with fp8_block, else 64).
 inline std::string WriteRandomDeepseek(const std::string& name, bool v3, const char* cache_dtype,
-                                       bool dense_only = false, bool fp8_block = false) {
+                                       bool dense_only = false, bool fp8_block = false,
+                                       int moe_inter_size = 0) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("llm_gpu_deepseek_" + name);
   fs::create_directories(dir);
   const int hidden = 256, heads = 16, kv_lora = 512, rope = 64, nope = 32, vdim = 32;
-  const int layers = kRandomDeepseekLayers, inter = 256, moe_inter = fp8_block ? 128 : 64,
+  const int layers = kRandomDeepseekLayers, inter = 256,
+            moe_inter = moe_inter_size > 0 ? moe_inter_size
+                        : fp8_block        ? 128
+                                           : 64,
             experts = 8, q_lora = v3 ? 0 : 96;
   nlohmann::json cfg = {{"architectures", {v3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM"}},
                         {"model_type", v3 ? "deepseek_v3" : "deepseek_v2"},

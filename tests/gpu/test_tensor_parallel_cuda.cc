@@ -1,5 +1,5 @@
-// Tensor-parallel CUDA ranks of the dense decoder against the unsharded CUDA model, on ONE GPU:
-// N ranks (2 or 4) on device 0 through the device-local communicator
+// Tensor-parallel CUDA ranks of the dense and DeepSeek decoders against the unsharded CUDA model,
+// on ONE GPU: N ranks (2 or 4) on device 0 through the device-local communicator
 // (engine/runtime/cuda/device_local_communicator.h), one thread per rank, over a prefill of two
 // sequences and kDecodeSteps one-token steps. Each step is teacher-forced with the unsharded
 // model's greedy tokens, so that every step's logits are compared on the same history.
@@ -9,13 +9,19 @@
 // rounding carried through the layers: max |sharded - whole| <= 5e-2 x max |whole| per step (a
 // missing all-reduce, a wrong cut or a misplaced vocabulary slice is an error of the order of the
 // logits themselves), and the greedy tokens are equal (the random models' wide LM head keeps the
-// top-2 gaps far above that error). Every rank returns the same bits (the device-local all-reduce
+// top-2 gaps far above that error). The MoE routers read a residual that carries that rounding too;
+// the random routers are peaky, so the expert at the top-k boundary weighs little where it flips.
+// Every rank returns the same bits (the device-local all-reduce
 // sums in rank order on every rank). Cases: Llama with its KV heads split (N = 2) and replicated
 // (N = 4 > 2 KV heads, one and two query heads per rank; a vocabulary that N does not divide),
 // Qwen3 (q/k norms per head) and Gemma 2 (embedding scale, post-norms of the summed outputs,
-// soft-caps); LoadModel's TensorParallelModel (the rank threads' start hook) against the ranks run
-// by hand; with NCCL, a rank of size 1 through NcclCommunicator with its decode steps in CUDA
-// graphs (the collectives captured) against the whole model.
+// soft-caps); Mixtral, Qwen3-MoE and gpt-oss (every expert split, the router replicated, gpt-oss's
+// o_proj bias added after the all-reduce, its experts' down biases by rank 0), DeepSeek V2 / V3
+// (query heads split over the replicated latent, MoE as above); their refusals (an MXFP4
+// checkpoint, expert slices the grouped GEMMs do not tile, a plan that leaves o_proj's bias to
+// rank 0); LoadModel's TensorParallelModel (the rank threads' start hook) against the ranks run
+// by hand; with NCCL, a rank of size 1 (Llama, Mixtral, gpt-oss) through NcclCommunicator with
+// its decode steps in CUDA graphs (the collectives captured) against the whole model.
 //
 //   build/cuda/tests/gpu_tests "[tensor_parallel_cuda]"
 #include <catch2/catch.hpp>
@@ -218,6 +224,78 @@ TEST_CASE("TP CUDA: Qwen3 and Gemma 2 ranks on one GPU match the whole model",
   CheckSplit(gpu_test::WriteRandomDense("tp_gemma2", gpu_test::RandomArch::kGemma2), 2);
 }
 
+TEST_CASE("TP CUDA: Mixtral, Qwen3-MoE and gpt-oss ranks on one GPU match the whole model",
+          "[gpu][tensor_parallel_cuda]") {
+  // Every expert split in two, the router replicated: Mixtral's 512 -> 256, Qwen3-MoE's 128 -> 64
+  // (the grouped GEMMs' least; its dense layer 1 too), gpt-oss's stacked 256 -> 128 with its
+  // gate_up biases split, its down biases on rank 0 only, its sinks split and its o_proj bias
+  // replicated and added after the all-reduce.
+  CheckSplit(gpu_test::WriteRandomMoe("tp_mixtral", gpu_test::RandomMoeArch::kMixtral), 2);
+  CheckSplit(gpu_test::WriteRandomMoe("tp_qwen3_moe", gpu_test::RandomMoeArch::kQwen3Moe), 2);
+  CheckSplit(gpu_test::WriteRandomMoe("tp_gpt_oss", gpu_test::RandomMoeArch::kGptOss), 2);
+}
+
+TEST_CASE("TP CUDA: DeepSeek V2 and V3 ranks on one GPU match the whole model",
+          "[gpu][tensor_parallel_cuda]") {
+  // 16 query heads, 8 per rank, over the whole latent (q_a_proj and kv_a_proj_with_mqa
+  // replicated, every rank caches the same latent); kv_b_proj and q_b_proj / q_proj cut by head,
+  // o_proj by its input columns; the dense layer's 256 and every expert's 128 (the shared one
+  // too) split in two, the router (V3: its correction bias) replicated. V2: q LoRA, grouped
+  // softmax routing; V3: q_proj, sigmoid + noaux_tc.
+  CheckSplit(gpu_test::WriteRandomDeepseek("tp_deepseek_v2", /*v3=*/false, nullptr,
+                                           /*dense_only=*/false, /*fp8_block=*/false,
+                                           /*moe_inter_size=*/128),
+             2);
+  CheckSplit(gpu_test::WriteRandomDeepseek("tp_deepseek_v3", /*v3=*/true, nullptr,
+                                           /*dense_only=*/false, /*fp8_block=*/false,
+                                           /*moe_inter_size=*/128),
+             2);
+}
+
+TEST_CASE("TP CUDA: MoE and o_proj bias refusals on a cuda rank", "[gpu][tensor_parallel_cuda]") {
+  const auto refusal = [](const std::string& model_dir, int size) {
+    ModelLoadOptions m = Options(model_dir);
+    m.tensor_parallel_size = size;
+    m.tensor_parallel_one_device = true;
+    auto r = LoadModel(m);
+    return r.ok() ? std::string("ok") : r.status().message();
+  };
+  // gpt-oss's MXFP4 checkpoint: the plan splits float checkpoints only.
+  gpu_test::GptOssShape mx;
+  mx.mxfp4 = true;
+  CHECK(refusal(gpu_test::WriteRandomMoe("tp_gpt_oss_mxfp4", gpu_test::RandomMoeArch::kGptOss, mx),
+                2) ==
+        "tensor_parallel_size 2: the pre-quantized checkpoint (quantization_config mxfp4) is not "
+        "split; tensor parallelism reads float checkpoints only");
+  // Qwen3-MoE's experts of 128 at 4 ranks, DeepSeek's of 64 at 2: slices of 32, which the
+  // grouped GEMMs do not tile.
+  CHECK_THAT(
+      refusal(gpu_test::WriteRandomMoe("tp_qwen3_moe", gpu_test::RandomMoeArch::kQwen3Moe), 4),
+      Catch::Contains("moe_intermediate 32: the grouped GEMMs need"));
+  CHECK_THAT(refusal(gpu_test::WriteRandomDeepseek("tp_deepseek", /*v3=*/true, nullptr), 2),
+             Catch::Contains("moe_intermediate 32: the grouped GEMMs need"));
+
+  // A rank built by hand on the plan as the CPU decoders take it (o_proj's bias on rank 0 only)
+  // would add the bias on one rank after the sum: refused by name.
+  const std::string dir = gpu_test::WriteRandomMoe("tp_gpt_oss", gpu_test::RandomMoeArch::kGptOss);
+  auto group = DeviceLocalCommunicatorGroup::Create(2, 0);
+  REQUIRE(group.ok());
+  auto config = LoadModelConfig(dir);
+  REQUIRE(config.ok());
+  auto plan = MakeTensorParallelPlan(*config, TensorParallelOptions{.size = 2, .rank = 0});
+  REQUIRE(plan.ok());
+  auto full = WeightStore::Open(dir);
+  REQUIRE(full.ok());
+  auto weights = ShardWeights(**full, *plan);
+  REQUIRE(weights.ok());
+  auto model = CreateCudaDenseModel(plan->local, weights->get(), Options(dir),
+                                    CudaTensorParallelRank{&*plan, (*group)->rank(0)});
+  REQUIRE(!model.ok());
+  CHECK(model.status().message() ==
+        "tensor_parallel_size 2: the cuda rank adds the o_proj bias after the all-reduce: its "
+        "plan must replicate it (ReplicateOProjBias)");
+}
+
 TEST_CASE("TP CUDA: LoadModel's ranks behind one Model (device-local, eager) match by hand",
           "[gpu][tensor_parallel_cuda]") {
   const std::string dir = gpu_test::WriteRandomDense("tp_llama", gpu_test::RandomArch::kLlama);
@@ -241,26 +319,12 @@ TEST_CASE("TP CUDA: LoadModel's ranks behind one Model (device-local, eager) mat
                       split.logits[step].size() * 4) == 0);
   }
 
-  // Refusals by name: no explicit pool on one device, MoE and MLA models, more devices than
-  // present.
+  // Refusals by name: no explicit pool on one device, more devices than present.
   o.num_kv_blocks = 0;
   auto no_pool = LoadModel(o);
   REQUIRE(!no_pool.ok());
   CHECK(no_pool.status().message() ==
         "tensor_parallel_size 2: tensor_parallel_one_device needs an explicit num_kv_blocks");
-  const auto refusal = [](const std::string& model_dir) {
-    ModelLoadOptions m = Options(model_dir);
-    m.tensor_parallel_size = 2;
-    m.tensor_parallel_one_device = true;
-    auto r = LoadModel(m);
-    return r.ok() ? std::string("ok") : r.status().message();
-  };
-  CHECK(refusal(gpu_test::WriteRandomMoe("tp_mixtral", gpu_test::RandomMoeArch::kMixtral)) ==
-        "tensor_parallel_size 2: the MoE layers of MixtralForCausalLM have no cuda "
-        "tensor-parallel rank yet (the cpu device has)");
-  CHECK(refusal(gpu_test::WriteRandomDeepseek("tp_deepseek", /*v3=*/true, nullptr)) ==
-        "tensor_parallel_size 2: DeepseekV3ForCausalLM (MLA) has no cuda tensor-parallel rank "
-        "yet (the cpu device has)");
   int devices = 0;
   REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
   if (devices < 8) {
@@ -275,9 +339,10 @@ TEST_CASE("TP CUDA: LoadModel's ranks behind one Model (device-local, eager) mat
 }
 
 #ifdef LLM_HAVE_NCCL
-TEST_CASE("TP CUDA: a rank of size 1 through NCCL, decode steps in CUDA graphs, is the whole model",
-          "[gpu][tensor_parallel_cuda][nccl]") {
-  const std::string dir = gpu_test::WriteRandomDense("tp_llama", gpu_test::RandomArch::kLlama);
+// A rank of size 1 through NCCL: every collective runs (identity sum, one-slice gather), inside
+// the captured decode graphs too; it must be the whole model.
+void CheckNcclSizeOne(const std::string& dir) {
+  INFO(dir);
   const Trace whole = RunWhole(dir);
   REQUIRE(whole.status.ok());
   auto group = NcclCommunicatorGroup::Create({0});
@@ -293,8 +358,6 @@ TEST_CASE("TP CUDA: a rank of size 1 through NCCL, decode steps in CUDA graphs, 
   REQUIRE(weights.ok());
   ModelLoadOptions o = Options(dir);
   o.cuda_graph_warmup = false;  // captured on first use, with the rank's collectives
-  // The runner with the size-1 communicator: every collective runs (identity sum, one-slice
-  // gather), inside the captured decode graphs too.
   auto model = CreateCudaDenseModel(plan->local, weights->get(), o,
                                     CudaTensorParallelRank{&*plan, (*group)->rank(0)});
   INFO((model.ok() ? std::string() : model.status().message()));
@@ -302,6 +365,14 @@ TEST_CASE("TP CUDA: a rank of size 1 through NCCL, decode steps in CUDA graphs, 
   const Trace rank = Drive(**model, &whole.tokens);
   CHECK(CheckAgainstWhole(rank, whole) <= 1e-6);
   CHECK((*model)->graph_steps() > 0);
+}
+
+TEST_CASE("TP CUDA: a rank of size 1 through NCCL, decode steps in CUDA graphs, is the whole model",
+          "[gpu][tensor_parallel_cuda][nccl]") {
+  CheckNcclSizeOne(gpu_test::WriteRandomDense("tp_llama", gpu_test::RandomArch::kLlama));
+  // The MoE layer's all-reduce captured too; gpt-oss's o_proj bias (rank 0's at size 1).
+  CheckNcclSizeOne(gpu_test::WriteRandomMoe("tp_mixtral", gpu_test::RandomMoeArch::kMixtral));
+  CheckNcclSizeOne(gpu_test::WriteRandomMoe("tp_gpt_oss", gpu_test::RandomMoeArch::kGptOss));
 }
 #endif
 

@@ -237,6 +237,15 @@ TEST_CASE("TP sharded weights: row and column and first-rank and vocabulary cuts
     CHECK(Read(**w, "model.layers.0.self_attn.rotary_emb.inv_freq", {1}) ==
           std::vector<float>{1});  // ignored by the loaders, carried whole
     CHECK((*w)->CheckAllConsumed("test").ok());
+    // The CUDA ranks add o_proj's bias after the all-reduce: every rank holds all of it, and
+    // nothing else changes.
+    ReplicateOProjBias(&*plan);
+    auto replicated = ShardWeights(**full, *plan);
+    REQUIRE(replicated.ok());
+    CHECK(Read(**replicated, "model.layers.0.self_attn.o_proj.bias", {2}) ==
+          std::vector<float>{7, 8});
+    CHECK(Read(**replicated, "model.layers.0.self_attn.o_proj.weight", {2, 1}) ==
+          (r == 0 ? std::vector<float>{1, 3} : std::vector<float>{2, 4}));
   }
 }
 
