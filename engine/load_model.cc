@@ -312,13 +312,14 @@ StatusOr<std::unique_ptr<Model>> LoadTensorParallelRank(const ModelLoadOptions& 
         "(configure with the cuda preset)");
   }
 #endif
+  // A cuda rank takes fp8 weights (each rank quantizes its shard) and the 8-bit KV caches (its
+  // KV heads, their scales cut with them); the cpu ranks compute in fp32 over an fp32 cache.
   const std::pair<std::string, bool> refused[] = {
-      {"kv_cache_dtype " + options.kv_cache_dtype + " (a rank keeps " +
-           (on_cuda ? "a bf16" : "an fp32") + " KV cache)",
-       options.kv_cache_dtype != "auto" && options.kv_cache_dtype != "float32" &&
+      {"kv_cache_dtype " + options.kv_cache_dtype + " (a cpu rank keeps an fp32 KV cache)",
+       !on_cuda && options.kv_cache_dtype != "auto" && options.kv_cache_dtype != "float32" &&
            options.kv_cache_dtype != "fp32"},
       {"dummy_weights", options.dummy_weights},
-      {"weight_dtype fp8", options.weight_dtype == "fp8"},
+      {"weight_dtype fp8 (on a cpu rank)", !on_cuda && options.weight_dtype == "fp8"},
       {"moe_weight_dtype mxfp4", options.moe_weight_dtype == "mxfp4"},
       {"moe_activation_dtype fp8", options.moe_activation_dtype == "fp8"}};
   for (const auto& [what, set] : refused) {

@@ -162,10 +162,14 @@ StatusOr<AttentionSpec> CudaDeepseekDecoder::AttentionNeeds(const CudaLoadContex
     // q_proj) and kv_b_proj cut by head, o_proj by its input columns; the dense MLP and every
     // expert (shared ones too) split in their intermediate dimension, the router replicated.
     // The outputs of o_proj and of the MLP / MoE layer are all-reduced (bf16) before they join
-    // the residual. fp8 outputs would carry per-rank scales: refused by name.
-    if (ctx.weight_quant != WeightQuant::kBf16 || ctx.fp8_checkpoint) {
+    // the residual. fp8 weights (weight_dtype fp8: each rank's shard with its own per-tensor
+    // scale) go through CudaLinear::Apply, whose bf16 output carries every scale, so the partial
+    // sums add as they are. A pre-quantized checkpoint's block scales are not cut with its
+    // weights (the plan refuses it first): refused by name.
+    if (ctx.fp8_checkpoint) {
       return Unimplemented("tensor_parallel_size " + std::to_string(comm_->size()) +
-                           ": fp8 projections on a cuda rank are not implemented");
+                           ": the fp8 projections of a pre-quantized checkpoint on a cuda rank "
+                           "are not implemented");
     }
   }
   if (d_.n_routed_experts > 0) {

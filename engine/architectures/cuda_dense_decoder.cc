@@ -18,6 +18,7 @@
 #include "kernels/cuda/c8/c8_attention.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/ops/elementwise_ops.h"
+#include "kernels/cuda/ops/fp8_quant.h"
 #include "kernels/fmha/fmha_launcher.h"
 
 namespace llm {
@@ -133,15 +134,23 @@ class CudaDenseDecoder final : public CudaDecoder {
   cuda::Fp8Rows Fp8In(const Scratch& s, int layer, Proj proj) const {
     return layers_[layer]->proj[proj].takes_fp8_rows() ? s.Fp8In(proj) : cuda::Fp8Rows{};
   }
-  // A tensor-parallel rank: the partial sums of a row-split projection's bf16 output y[T, hidden]
-  // summed over the ranks, in place, on the stream (nothing for the whole model).
-  Status AllReduce(void* y, int T) const {
+  // A tensor-parallel rank: the partial sums of a row-split projection's (o_proj, down_proj, a
+  // MoE layer) bf16 output y[T, hidden] summed over the ranks, in place, on the stream (nothing
+  // for the whole model). An fp8 projection whose raw output lacks its input's row scales gets
+  // them first: they are this rank's (the absmax of its slice of the input), so the partial sums
+  // are only summable once scaled. `scaled`: the GEMM applied a static input scale already.
+  Status AllReduce(Scratch& s, int layer, Proj proj, void* y, int T, bool scaled = false) const {
     if (comm_ == nullptr) return Status::Ok();
-    return comm_->AllReduceSum(y, static_cast<size_t>(T) * config_.hidden_size, DType::kBF16,
-                               ops_->stream);
+    const int H = config_.hidden_size;
+    if (!scaled && !layers_[layer]->moe && layers_[layer]->proj[proj].raw_output()) {
+      cuda::LaunchScaleRowsBf16(y, Fp8In(s, layer, proj).scale, T, H, ops_->stream);
+    }
+    return comm_->AllReduceSum(y, static_cast<size_t>(T) * H, DType::kBF16, ops_->stream);
   }
-  // The row scales that proj's output still needs (null where the GEMM applied them).
+  // The row scales that proj's output still needs (null where the GEMM applied them, and for a
+  // rank's row-split projections, which AllReduce scaled).
   const float* RowScales(const Scratch& s, int layer, Proj proj) const {
+    if (comm_ != nullptr && (proj == kO || proj == kDown)) return nullptr;
     return layers_[layer]->proj[proj].raw_output() ? Fp8In(s, layer, proj).scale : nullptr;
   }
 
@@ -255,12 +264,19 @@ StatusOr<AttentionSpec> CudaDenseDecoder::AttentionNeeds(const CudaLoadContext& 
   if (comm_ != nullptr) {
     // A rank all-reduces the bf16 outputs of o_proj, down_proj and the MoE layers (split inside
     // every expert, router replicated: every rank routes alike) before they join the residual
-    // (inside the next norm); what would need more is refused by name: fp8 outputs carry per-rank
-    // row scales. o_proj's bias joins in that norm, after the sum, so every rank holds all of it
-    // (ReplicateOProjBias, checked by CreateCudaDenseModel); the experts' down biases are rank
-    // 0's (zeros elsewhere: the sum adds them once).
+    // (inside the next norm). fp8 weights (weight_dtype fp8) are each rank's shard quantized with
+    // one scale per (stacked) shard; the raw outputs of o_proj / down_proj get this rank's input
+    // row scales before the sum (AllReduce). o_proj's bias joins in that norm, after the sum, so
+    // every rank holds all of it (ReplicateOProjBias, checked by CreateCudaDenseModel); the
+    // experts' down biases are rank 0's (zeros elsewhere: the sum adds them once).
     const std::string prefix = "tensor_parallel_size " + std::to_string(comm_->size()) + ": ";
-    if (fp8_) return Unimplemented(prefix + "fp8 projections on a cuda rank are not implemented");
+    if (ctx.fp8_checkpoint) {
+      // The plan refuses pre-quantized checkpoints before this (their 128x128 block scales are
+      // not cut with the weights).
+      return Unimplemented(prefix +
+                           "the fp8 projections of a pre-quantized checkpoint on a cuda rank are "
+                           "not implemented");
+    }
     if (moe_ && options.moe_weight_dtype == "mxfp4") {
       // A rank's experts are cut from bf16 / fp32 tensors (the plan refuses a pre-quantized
       // checkpoint, gpt-oss's MXFP4 one included), so there are no MXFP4 blocks to keep.
@@ -373,6 +389,15 @@ Status CudaDenseDecoder::BindCache(const CudaLoadContext& ctx,
       const float s = 4.0f / (kv_.dtype == DType::kI8 ? 127.0f : 448.0f);
       scales.k.assign(c.num_layers, std::vector<float>(n, s));
       scales.v = scales.k;
+    } else if (ctx.plan != nullptr && !options.kv_scales_file.empty()) {
+      // The calibration file holds every KV head (the whole model's): this rank's are cut from
+      // it. A checkpoint's scale tensors come already cut by the plan (its KV-head rules).
+      LLM_ASSIGN_OR_RETURN(
+          const KvCacheScales whole,
+          LoadKvCacheScales(ctx.plan->model, *ctx.weights, kv_, options.kv_scales_file));
+      LLM_ASSIGN_OR_RETURN(
+          scales, KvCacheScalesOfHeads(whole, ctx.plan->first_kv_head, c.num_kv_heads,
+                                       kv_.quant == KvQuant::kStaticPerHead ? 1 : c.head_dim));
     } else {
       LLM_ASSIGN_OR_RETURN(scales, LoadKvCacheScales(c, *ctx.weights, kv_, options.kv_scales_file));
     }
@@ -534,7 +559,7 @@ StatusOr<CudaLayersOut> CudaDenseDecoder::RunLayers(const CudaStep& step) {
     }
     LLM_RETURN_IF_ERROR(Project(s, l, kO, s.attn.ptr, T, s.tmp.ptr,
                                 static_out ? lc.out_scale.as<float>() : nullptr));
-    LLM_RETURN_IF_ERROR(AllReduce(s.tmp.ptr, T));
+    LLM_RETURN_IF_ERROR(AllReduce(s, l, kO, s.tmp.ptr, T, static_out));
     // o_proj's bias joins in the norm, after the row scales (bf16 and fp8 weights alike).
     norm.delta = s.tmp.ptr;
     norm.delta_scale = static_out ? nullptr : RowScales(s, l, kO);
@@ -549,7 +574,7 @@ StatusOr<CudaLayersOut> CudaDenseDecoder::RunLayers(const CudaStep& step) {
     if (L.moe) {
       const CudaMoeLayer::Trace trace{routing_trace_, l, step.batch->positions.data()};
       LLM_RETURN_IF_ERROR(moe_->Run(*ops_, L.experts, step.xn, T, &s.moe, s.tmp.ptr, trace));
-      LLM_RETURN_IF_ERROR(AllReduce(s.tmp.ptr, T));
+      LLM_RETURN_IF_ERROR(AllReduce(s, l, kDown, s.tmp.ptr, T));  // bf16, fully scaled
       continue;
     }
     LLM_RETURN_IF_ERROR(Project(s, l, kGateUp, step.xn, T, s.gate_up.ptr));
@@ -563,7 +588,7 @@ StatusOr<CudaLayersOut> CudaDenseDecoder::RunLayers(const CudaStep& step) {
     sm.act_fp8 = Fp8In(s, l, kDown);
     cuda::LaunchSiluMul(sm, stream);
     LLM_RETURN_IF_ERROR(Project(s, l, kDown, s.act.ptr, T, s.tmp.ptr));
-    LLM_RETURN_IF_ERROR(AllReduce(s.tmp.ptr, T));
+    LLM_RETURN_IF_ERROR(AllReduce(s, l, kDown, s.tmp.ptr, T));
   }
   const void* last_norm = layers_.empty() ? nullptr : layers_.back()->ffn_out_norm.ptr;
   return CudaLayersOut{

@@ -210,6 +210,29 @@ StatusOr<KvCacheScales> LoadKvCacheScales(const ModelConfig& config, const Weigh
   return ScalesFromCheckpoint(config, weights, type);
 }
 
+StatusOr<KvCacheScales> KvCacheScalesOfHeads(const KvCacheScales& whole, int first_kv_head,
+                                             int num_kv_heads, int per_head) {
+  const size_t begin = static_cast<size_t>(first_kv_head) * per_head;
+  const size_t count = static_cast<size_t>(num_kv_heads) * per_head;
+  KvCacheScales part;
+  part.source = whole.source + ", KV heads " + std::to_string(first_kv_head) + ".." +
+                std::to_string(first_kv_head + num_kv_heads - 1);
+  for (const auto* list : {&whole.k, &whole.v}) {
+    auto& out = list == &whole.k ? part.k : part.v;
+    for (size_t l = 0; l < list->size(); ++l) {
+      const std::vector<float>& x = (*list)[l];
+      if (first_kv_head < 0 || num_kv_heads <= 0 || per_head <= 0 || begin + count > x.size()) {
+        return InvalidArgument(
+            "KV cache scales of layer " + std::to_string(l) + " hold " + std::to_string(x.size()) +
+            " floats, not KV heads [" + std::to_string(first_kv_head) + ", " +
+            std::to_string(first_kv_head + num_kv_heads) + ") of " + std::to_string(per_head));
+      }
+      out.emplace_back(x.begin() + begin, x.begin() + begin + count);
+    }
+  }
+  return part;
+}
+
 Status WriteKvAbsmaxFile(const std::string& path, const KvAbsmax& a) {
   json layers = json::array();
   for (size_t l = 0; l < a.k.size(); ++l) {

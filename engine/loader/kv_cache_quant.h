@@ -64,6 +64,12 @@ struct KvCacheScales {
 StatusOr<KvCacheScales> LoadKvCacheScales(const ModelConfig& config, const WeightStore& weights,
                                           const KvCacheType& type, const std::string& scales_file);
 
+// A tensor-parallel rank's part of the whole model's scales: the KV heads [first_kv_head,
+// first_kv_head + num_kv_heads) of every layer, `per_head` floats each (1 per head, head_dim per
+// channel). InvalidArgument when a layer's list does not hold those heads.
+StatusOr<KvCacheScales> KvCacheScalesOfHeads(const KvCacheScales& whole, int first_kv_head,
+                                             int num_kv_heads, int per_head);
+
 // The calibration file contents (absmax, not scales).
 struct KvAbsmax {
   bool per_channel = false;

@@ -124,6 +124,18 @@ const std::vector<TensorRule>& TensorParallelRules() {
       {"k_proj.bias", S::kKvHeads, 0},
       {"v_proj.weight", S::kKvHeads, 0},
       {"v_proj.bias", S::kKvHeads, 0},
+      // A static 8-bit KV cache's scales (kv_cache_quant.h's names): [kv heads] per head,
+      // [kv heads * head_dim] or [kv heads, head_dim] per channel; each rank caches its KV heads.
+      {"self_attn.k_scale", S::kKvHeads, 0},
+      {"self_attn.v_scale", S::kKvHeads, 0},
+      {"attn.k_scale", S::kKvHeads, 0},
+      {"attn.v_scale", S::kKvHeads, 0},
+      {"self_attn.cache_k_scale", S::kKvHeads, 0},
+      {"self_attn.cache_v_scale", S::kKvHeads, 0},
+      {"attn.cache_k_scale", S::kKvHeads, 0},
+      {"attn.cache_v_scale", S::kKvHeads, 0},
+      {"k_proj.output_scale", S::kKvHeads, 0},
+      {"v_proj.output_scale", S::kKvHeads, 0},
       {"o_proj.weight", S::kRow, 1},
       {"o_proj.bias", S::kFirstRank, 0},
       {"self_attn.sinks", S::kColumn, 0},
@@ -133,6 +145,7 @@ const std::vector<TensorRule>& TensorParallelRules() {
       {"kv_a_proj_with_mqa.weight", S::kReplicated, 0},
       {"q_b_proj.weight", S::kColumn, 0},
       {"kv_b_proj.weight", S::kColumn, 0},
+      {"self_attn.kv_scale", S::kReplicated, 0},  // the fp8 latent cache's scale (every rank's)
       // Gated MLPs: dense, every expert, shared experts (Llama names; Mixtral's w1 / w3 / w2).
       {"gate_proj.weight", S::kColumn, 0},
       {"gate_proj.bias", S::kColumn, 0},

@@ -346,8 +346,13 @@ TEST_CASE("TP: a rank refuses the options it does not run by name", "[tensor_par
   o = Options(dir.path().string());
   o.kv_cache_dtype = "int8";
   CHECK(message(o) ==
-        "tensor_parallel_size 2: kv_cache_dtype int8 (a rank keeps an fp32 KV cache) is not "
+        "tensor_parallel_size 2: kv_cache_dtype int8 (a cpu rank keeps an fp32 KV cache) is not "
         "supported with tensor parallelism");
+  o = Options(dir.path().string());
+  o.weight_dtype = "fp8";
+  CHECK(message(o) ==
+        "tensor_parallel_size 2: weight_dtype fp8 (on a cpu rank) is not supported with tensor "
+        "parallelism");
   o = Options("synthetic:vocab=40");
   CHECK(message(o) == "tensor_parallel_size 2: a synthetic model has no weights to split");
   CHECK(message(Options(dir.path().string())) == "ok");

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/loader/kv_cache_quant.h"
 #include "engine/loader/sharded_weights.h"
 #include "engine/loader/tensor_parallel_plan.h"
 #include "engine/runtime/cpu/in_process_communicator.h"
@@ -71,6 +72,67 @@ TEST_CASE("TP plan: fewer KV heads than ranks replicate the group's KV head", "[
     CHECK(k->begin == (r / 4) * 128);
     CHECK(k->count == 128);
   }
+}
+
+TEST_CASE("TP plan: a static KV cache's scale tensors follow the rank's KV heads",
+          "[tensor_parallel]") {
+  for (int kv : {8, 2}) {  // split 4 ways, and fewer KV heads than ranks (replicated)
+    ModelConfig c = Llama3_8B();
+    c.num_kv_heads = kv;
+    for (int r = 0; r < 4; ++r) {
+      INFO("kv heads " << kv << ", rank " << r);
+      auto plan = MakeTensorParallelPlan(c, {.size = 4, .rank = r});
+      REQUIRE(plan.ok());
+      const int local = plan->local.num_kv_heads;
+      const std::string p = "model.layers.5.self_attn.";
+      for (const std::string name :
+           {p + "k_scale", p + "v_scale", p + "attn.k_scale", p + "attn.cache_v_scale",
+            p + "cache_k_scale", p + "k_proj.output_scale", p + "v_proj.output_scale"}) {
+        INFO(name);
+        auto head = plan->ShardOf(name, {kv});  // per head
+        REQUIRE(head.ok());
+        CHECK(head->split == TensorSplit::kKvHeads);
+        CHECK(head->begin == plan->first_kv_head);
+        CHECK(head->count == local);
+        auto channel = plan->ShardOf(name, {kv * 128});  // per channel, flat
+        REQUIRE(channel.ok());
+        CHECK(channel->begin == plan->first_kv_head * 128);
+        CHECK(channel->count == local * 128);
+        auto rows = plan->ShardOf(name, {kv, 128});  // per channel, [heads, head_dim]
+        REQUIRE(rows.ok());
+        CHECK(rows->dim == 0);
+        CHECK(rows->begin == plan->first_kv_head);
+      }
+    }
+  }
+}
+
+TEST_CASE("TP: a rank's KV cache scales are its KV heads' of the whole model's",
+          "[tensor_parallel]") {
+  KvCacheScales whole;
+  whole.source = "file";
+  for (int l = 0; l < 2; ++l) {
+    std::vector<float> k, v;
+    for (int i = 0; i < 4 * 3; ++i) {  // 4 KV heads of 3 channels
+      k.push_back(100.f * l + i);
+      v.push_back(-100.f * l - i);
+    }
+    whole.k.push_back(k);
+    whole.v.push_back(v);
+  }
+  auto part = KvCacheScalesOfHeads(whole, 2, 2, 3);  // heads 2 and 3, per channel
+  REQUIRE(part.ok());
+  REQUIRE(part->k.size() == 2);
+  REQUIRE(part->v.size() == 2);
+  CHECK(part->k[1] == std::vector<float>{106, 107, 108, 109, 110, 111});
+  CHECK(part->v[0] == std::vector<float>{-6, -7, -8, -9, -10, -11});
+  auto head = KvCacheScalesOfHeads(whole, 1, 1, 1);  // as per-head lists: entry 1
+  REQUIRE(head.ok());
+  CHECK(head->k[1] == std::vector<float>{101});
+  auto outside = KvCacheScalesOfHeads(whole, 3, 2, 3);
+  REQUIRE_FALSE(outside.ok());
+  CHECK(outside.status().message() ==
+        "KV cache scales of layer 0 hold 12 floats, not KV heads [3, 5) of 3");
 }
 
 TEST_CASE("TP plan: a vocabulary that does not divide is padded with zero rows",

@@ -215,6 +215,7 @@ Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& optio
   ctx.weights = w;
   ctx.ops = &ops_;
   ctx.comm = comm_;
+  ctx.plan = comm_ != nullptr ? tp.plan : nullptr;
   // A pre-quantized checkpoint keeps its e4m3 projections (unless weight_dtype bf16 asks for the
   // dequantized model) where the definition can: no bf16 copy of them is ever made.
   ctx.fp8_checkpoint = w != nullptr && !options.dummy_weights && w->quantization().fp8() &&

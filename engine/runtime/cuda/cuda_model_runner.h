@@ -54,6 +54,7 @@ struct CudaLoadContext {
   // A tensor-parallel rank's group (CudaTensorParallelRank), or null: the definition all-reduces
   // the outputs of its row-split projections on the runner's stream.
   Communicator* comm = nullptr;
+  const TensorParallelPlan* plan = nullptr;  // its plan (with comm), or null
 };
 
 // One step's activations that the runner owns, in the scratch set the step runs on (eager, or the
