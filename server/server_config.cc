@@ -126,8 +126,8 @@ std::vector<ServerOption> Declarations() {
                 "where the model runs; auto: cuda when this build has it and a GPU is present"),
       O::Int("tensor_parallel_size", LLM_BIND(engine.model.tensor_parallel_size), 1, 8, G::kModel,
              "ranks the model is split across (1, 2, 4 or 8), a thread each, each with its own "
-             "KV cache budget; on cuda rank r on GPU r through NCCL (bf16 weights: fp8 and "
-             "MXFP4 are refused at load)")
+             "KV cache budget; on cuda rank r on GPU r through NCCL (bf16 or weight_dtype fp8 "
+             "weights, 8-bit KV caches; pre-quantized checkpoints and MXFP4 are refused at load)")
           .Check(TensorParallelSize),
       O::Int("max_model_len", LLM_BIND(engine.max_model_len), 0, 1 << 24, G::kModel,
              "context length; 0: the model's, capped by the KV cache"),

@@ -142,15 +142,19 @@ class CudaDenseDecoder final : public CudaDecoder {
   Status AllReduce(Scratch& s, int layer, Proj proj, void* y, int T, bool scaled = false) const {
     if (comm_ == nullptr) return Status::Ok();
     const int H = config_.hidden_size;
-    if (!scaled && !layers_[layer]->moe && layers_[layer]->proj[proj].raw_output()) {
-      cuda::LaunchScaleRowsBf16(y, Fp8In(s, layer, proj).scale, T, H, ops_->stream);
-    }
+    const float* pending = scaled ? nullptr : UnappliedRowScales(s, layer, proj);
+    if (pending != nullptr) cuda::LaunchScaleRowsBf16(y, pending, T, H, ops_->stream);
     return comm_->AllReduceSum(y, static_cast<size_t>(T) * H, DType::kBF16, ops_->stream);
   }
   // The row scales that proj's output still needs (null where the GEMM applied them, and for a
-  // rank's row-split projections, which AllReduce scaled).
+  // rank's row-split projections, whose outputs AllReduce scaled).
   const float* RowScales(const Scratch& s, int layer, Proj proj) const {
     if (comm_ != nullptr && (proj == kO || proj == kDown)) return nullptr;
+    return UnappliedRowScales(s, layer, proj);
+  }
+  // The row scales that the GEMM left out of proj's output (null where it applied them; a MoE
+  // layer's down_proj is no projection of this layer: null).
+  const float* UnappliedRowScales(const Scratch& s, int layer, Proj proj) const {
     return layers_[layer]->proj[proj].raw_output() ? Fp8In(s, layer, proj).scale : nullptr;
   }
 
