@@ -31,7 +31,14 @@ StatusOr<std::unique_ptr<WeightStore>> ShardWeights(const WeightStore& full,
   for (const std::string& name : full.TensorNames()) {
     if (plan.Dropped(name)) continue;
     LLM_ASSIGN_OR_RETURN(const TensorView* view, full.Get(name));
-    if (IgnoredTensor(name)) {  // read (or not) as the unsharded load reads them: carried as is
+    // Tensors the loaders read only on request (rotary tables, KV-cache scales) are carried as
+    // they are, except a static KV cache's per-head or per-channel scales: the rank caches its
+    // KV heads, so their scales are cut by the plan's KV-head rules (a scalar has nothing to cut;
+    // the loader refuses it by name when asked for it).
+    const bool kv_scales = IgnoredTensor(name) && !view->shape.empty() &&
+                           plan.ShardOf(name, view->shape).ok() &&
+                           plan.ShardOf(name, view->shape)->split == TensorSplit::kKvHeads;
+    if (IgnoredTensor(name) && !kv_scales) {
       const auto* bytes = view->data;
       tensors.push_back({name, view->dtype, view->shape, {bytes, bytes + view->nbytes}});
       continue;

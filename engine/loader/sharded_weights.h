@@ -14,9 +14,10 @@ namespace llm {
 
 // Every tensor of `full` (all marked consumed there) cut for plan.rank, except those the plan
 // drops; those the loaders ignore by design (IgnoredTensor: rotary tables, KV-cache scales) are
-// carried whole, in their dtype (DeepSeek's per-layer kv_scale is one scalar; a rank refuses the
-// 8-bit per-head K/V caches whose scales would need a cut). A tensor without a rule fails, naming
-// it. Check the result's CheckAllConsumed after loading, not full's.
+// carried whole, in their dtype (DeepSeek's per-layer kv_scale is one scalar), except a static KV
+// cache's per-head / per-channel K and V scales, cut to the rank's KV heads (fp32) like k_proj.
+// A tensor without a rule fails, naming it. Check the result's CheckAllConsumed after loading,
+// not full's.
 StatusOr<std::unique_ptr<WeightStore>> ShardWeights(const WeightStore& full,
                                                     const TensorParallelPlan& plan);
 

@@ -311,6 +311,41 @@ TEST_CASE("TP sharded weights: row and column and first-rank and vocabulary cuts
   }
 }
 
+TEST_CASE("TP sharded weights: a static KV cache's scales are cut to the rank's KV heads",
+          "[tensor_parallel]") {
+  ModelConfig c = Llama3_8B();
+  c.num_q_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 2;
+  std::vector<TensorToWrite> t;
+  const std::string p = "model.layers.0.self_attn.";
+  t.push_back(F32Tensor(p + "k_scale", {2}, {0.5f, 0.25f}));                   // per head
+  t.push_back(F32Tensor(p + "v_scale", {2, 2}, {1, 2, 3, 4}));                 // per channel
+  t.push_back(F32Tensor(p + "k_proj.output_scale", {4}, {5, 6, 7, 8}));        // flat channels
+  t.push_back(F32Tensor("model.layers.1.self_attn.k_scale", {}, {0.125f}));    // a scalar
+  t.push_back(F32Tensor("model.layers.1.self_attn.kv_scale", {}, {0.0625f}));  // MLA's, a scalar
+  auto full = WeightStore::FromTensors(std::move(t));
+  REQUIRE(full.ok());
+  for (int size : {2, 4}) {  // KV heads split, then replicated (ranks 0-1 head 0, 2-3 head 1)
+    for (int r = 0; r < size; ++r) {
+      INFO("size " << size << ", rank " << r);
+      auto plan = MakeTensorParallelPlan(c, {.size = size, .rank = r});
+      REQUIRE(plan.ok());
+      auto w = ShardWeights(**full, *plan);
+      REQUIRE(w.ok());
+      const int h = plan->first_kv_head;
+      CHECK(Read(**w, p + "k_scale", {1}) == std::vector<float>{h == 0 ? 0.5f : 0.25f});
+      CHECK(Read(**w, p + "v_scale", {1, 2}) ==
+            (h == 0 ? std::vector<float>{1, 2} : std::vector<float>{3, 4}));
+      CHECK(Read(**w, p + "k_proj.output_scale", {2}) ==
+            (h == 0 ? std::vector<float>{5, 6} : std::vector<float>{7, 8}));
+      CHECK(Read(**w, "model.layers.1.self_attn.k_scale", {}) == std::vector<float>{0.125f});
+      CHECK(Read(**w, "model.layers.1.self_attn.kv_scale", {}) == std::vector<float>{0.0625f});
+      CHECK((*w)->CheckAllConsumed("test").ok());
+    }
+  }
+}
+
 TEST_CASE("In-process communicator: rank-order sums and gathers with the same bits on every rank",
           "[tensor_parallel]") {
   for (int n : {1, 2, 4, 8}) {
