@@ -261,11 +261,9 @@ StatusOr<AttentionSpec> CudaDenseDecoder::AttentionNeeds(const CudaLoadContext& 
     // 0's (zeros elsewhere: the sum adds them once).
     const std::string prefix = "tensor_parallel_size " + std::to_string(comm_->size()) + ": ";
     if (fp8_) return Unimplemented(prefix + "fp8 projections on a cuda rank are not implemented");
-    if (moe_ && options.moe_weight_dtype == "mxfp4") {
-      // A rank's experts are cut from bf16 / fp32 tensors (the plan refuses a pre-quantized
-      // checkpoint, gpt-oss's MXFP4 one included), so there are no MXFP4 blocks to keep.
-      return Unimplemented(prefix + "moe_weight_dtype mxfp4 on a cuda rank is not implemented");
-    }
+    // gpt-oss's MXFP4 experts arrive cut as stored (whole 32-value blocks of each rank's k, the
+    // plan's rules): the MoE layer keeps or dequantizes them as the whole model's does, its
+    // GEMMs padding the rank's k (intermediate / N for down_proj) to kMoeMxfp4KPad.
   }
   LLM_ASSIGN_OR_RETURN(kv_, ParseKvCacheType(options.kv_cache_dtype, options.kv_scale_granularity));
   if (kv_.dtype == DType::kF32) kv_.dtype = DType::kBF16;  // "auto": the 16-bit cache on GPUs

@@ -17,11 +17,13 @@
 // Qwen3 (q/k norms per head) and Gemma 2 (embedding scale, post-norms of the summed outputs,
 // soft-caps); Mixtral, Qwen3-MoE and gpt-oss (every expert split, the router replicated, gpt-oss's
 // o_proj bias added after the all-reduce, its experts' down biases by rank 0), DeepSeek V2 / V3
-// (query heads split over the replicated latent, MoE as above); their refusals (an MXFP4
-// checkpoint, expert slices the grouped GEMMs do not tile, a plan that leaves o_proj's bias to
-// rank 0); LoadModel's TensorParallelModel (the rank threads' start hook) against the ranks run
-// by hand; with NCCL, a rank of size 1 (Llama, Mixtral, gpt-oss) through NcclCommunicator with
-// its decode steps in CUDA graphs (the collectives captured) against the whole model.
+// (query heads split over the replicated latent, MoE as above); gpt-oss's MXFP4 experts cut as
+// stored (kept for the MXFP4 GEMMs, and dequantized); their refusals (MXFP4 expert slices that are
+// not whole 32-value blocks, expert slices the grouped GEMMs do not tile, a plan that leaves
+// o_proj's bias to rank 0); LoadModel's TensorParallelModel (the rank threads' start hook) against
+// the ranks run by hand; with NCCL, a rank of size 1 (Llama, Mixtral, gpt-oss) through
+// NcclCommunicator with its decode steps in CUDA graphs (the collectives captured) against the
+// whole model.
 //
 //   build/cuda/tests/gpu_tests "[tensor_parallel_cuda]"
 #include <catch2/catch.hpp>
@@ -114,9 +116,10 @@ Trace Drive(Model& model, const std::vector<int32_t>* forced = nullptr) {
   return trace;
 }
 
-ModelLoadOptions Options(const std::string& dir) {
+ModelLoadOptions Options(const std::string& dir, const std::string& moe_weight_dtype = "auto") {
   ModelLoadOptions o;
   o.model_dir = dir;
+  o.moe_weight_dtype = moe_weight_dtype;
   o.device = "cuda";
   o.block_size = kBlockSize;
   o.num_kv_blocks = 2 * kBlocksPerSeq;
@@ -125,8 +128,8 @@ ModelLoadOptions Options(const std::string& dir) {
   return o;
 }
 
-Trace RunWhole(const std::string& dir) {
-  auto model = LoadModel(Options(dir));
+Trace RunWhole(const std::string& dir, const std::string& moe_weight_dtype = "auto") {
+  auto model = LoadModel(Options(dir, moe_weight_dtype));
   INFO((model.ok() ? std::string() : model.status().message()));
   REQUIRE(model.ok());
   return Drive(**model);
@@ -134,12 +137,13 @@ Trace RunWhole(const std::string& dir) {
 
 // The ranks of `size` on device 0, loaded one after the other, then driven together (one thread
 // each, rank r's device set in its thread), teacher-forced with `forced`.
-std::vector<Trace> RunRanks(const std::string& dir, int size, const std::vector<int32_t>& forced) {
+std::vector<Trace> RunRanks(const std::string& dir, int size, const std::vector<int32_t>& forced,
+                            const std::string& moe_weight_dtype = "auto") {
   auto group = DeviceLocalCommunicatorGroup::Create(size, 0);
   REQUIRE(group.ok());
   std::vector<std::unique_ptr<Model>> ranks;
   for (int r = 0; r < size; ++r) {
-    auto m = LoadTensorParallelRank(Options(dir), (*group)->rank(r));
+    auto m = LoadTensorParallelRank(Options(dir, moe_weight_dtype), (*group)->rank(r));
     INFO((m.ok() ? std::string() : m.status().message()));
     REQUIRE(m.ok());
     ranks.push_back(std::move(m).value());
@@ -187,11 +191,12 @@ double CheckAgainstWhole(const Trace& sharded, const Trace& whole) {
   return worst;
 }
 
-void CheckSplit(const std::string& dir, int size) {
-  INFO("tensor_parallel_size " << size);
-  const Trace whole = RunWhole(dir);
+// The whole model and the ranks loaded with the same moe_weight_dtype.
+void CheckSplit(const std::string& dir, int size, const std::string& moe_weight_dtype = "auto") {
+  INFO("tensor_parallel_size " << size << ", moe_weight_dtype " << moe_weight_dtype);
+  const Trace whole = RunWhole(dir, moe_weight_dtype);
   REQUIRE(whole.status.ok());
-  const std::vector<Trace> ranks = RunRanks(dir, size, whole.tokens);
+  const std::vector<Trace> ranks = RunRanks(dir, size, whole.tokens, moe_weight_dtype);
   const double worst = CheckAgainstWhole(ranks[0], whole);
   WARN(dir << " at " << size << " ranks: largest logit error " << worst << " of the logit scale");
   for (int r = 1; r < size; ++r) {
@@ -235,6 +240,22 @@ TEST_CASE("TP CUDA: Mixtral, Qwen3-MoE and gpt-oss ranks on one GPU match the wh
   CheckSplit(gpu_test::WriteRandomMoe("tp_gpt_oss", gpu_test::RandomMoeArch::kGptOss), 2);
 }
 
+TEST_CASE("TP CUDA: gpt-oss's MXFP4 experts cut as stored match the whole model at 2 ranks",
+          "[gpu][tensor_parallel_cuda][mxfp4]") {
+  // Experts of 384 stored as MXFP4: each rank holds rows of gate_up_proj_blocks / _scales and 6
+  // of down_proj's 12 blocks of k. Kept as stored (moe_weight_dtype mxfp4: the MXFP4 GEMMs and
+  // GEMVs on the rank's k of 192, padded to 256 in the device layout, the kernels' predicates on
+  // the true 192) and dequantized to bf16 at load (moe_weight_dtype bf16), each against the whole
+  // model loaded the same way.
+  gpu_test::GptOssShape mx;
+  mx.mxfp4 = true;
+  mx.expert_inter = 384;
+  const std::string dir =
+      gpu_test::WriteRandomMoe("tp_gpt_oss_mxfp4", gpu_test::RandomMoeArch::kGptOss, mx);
+  CheckSplit(dir, 2, "mxfp4");
+  CheckSplit(dir, 2, "bf16");
+}
+
 TEST_CASE("TP CUDA: DeepSeek V2 and V3 ranks on one GPU match the whole model",
           "[gpu][tensor_parallel_cuda]") {
   // 16 query heads, 8 per rank, over the whole latent (q_a_proj and kv_a_proj_with_mqa
@@ -260,13 +281,15 @@ TEST_CASE("TP CUDA: MoE and o_proj bias refusals on a cuda rank", "[gpu][tensor_
     auto r = LoadModel(m);
     return r.ok() ? std::string("ok") : r.status().message();
   };
-  // gpt-oss's MXFP4 checkpoint: the plan splits float checkpoints only.
+  // gpt-oss's MXFP4 experts of 96 at 2 ranks: slices of 48 values, not whole 32-value blocks.
   gpu_test::GptOssShape mx;
   mx.mxfp4 = true;
-  CHECK(refusal(gpu_test::WriteRandomMoe("tp_gpt_oss_mxfp4", gpu_test::RandomMoeArch::kGptOss, mx),
-                2) ==
-        "tensor_parallel_size 2: the pre-quantized checkpoint (quantization_config mxfp4) is not "
-        "split; tensor parallelism reads float checkpoints only");
+  mx.expert_inter = 96;
+  CHECK(
+      refusal(gpu_test::WriteRandomMoe("tp_gpt_oss_mxfp4_96", gpu_test::RandomMoeArch::kGptOss, mx),
+              2) ==
+      "tensor_parallel_size 2: the MXFP4 experts' intermediate_size 96 splits into slices of 48, "
+      "not whole 32-value blocks (a multiple of 32 per rank)");
   // Qwen3-MoE's experts of 128 at 4 ranks, DeepSeek's of 64 at 2: slices of 32, which the
   // grouped GEMMs do not tile.
   CHECK_THAT(
