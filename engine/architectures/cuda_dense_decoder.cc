@@ -180,8 +180,12 @@ Status CheckComputable(const ModelConfig& c, const DecoderSpec& spec) {
       const MoeTensorNames& n = L.moe_names;
       if (n.expert_bias && !n.stacked_experts) return refuse("per-expert tensors with biases");
       if (!n.selection_bias.empty()) return refuse("a router selection bias");
+      // gpt-oss's MXFP4 experts (a rank's 1440 of 2880 included) need multiples of 32 only where
+      // kept as stored; the layer's Load checks the bf16 GEMMs' shapes where it dequantizes them.
+      const bool mxfp4 =
+          n.stacked_experts && c.quantization.method == WeightQuantization::Method::kMxfp4;
       LLM_RETURN_IF_ERROR(CudaMoeLayer::Check(L.routing, c.hidden_size, L.moe_intermediate,
-                                              L.shared_intermediate, L.gate));
+                                              L.shared_intermediate, L.gate, mxfp4));
     } else if (L.gate.activation != CpuMlp::Activation::kSilu &&
                L.gate.activation != CpuMlp::Activation::kGeluTanh) {
       return refuse("the MLP activation");

@@ -254,6 +254,20 @@ TEST_CASE("TP CUDA: gpt-oss's MXFP4 experts cut as stored match the whole model 
       gpu_test::WriteRandomMoe("tp_gpt_oss_mxfp4", gpu_test::RandomMoeArch::kGptOss, mx);
   CheckSplit(dir, 2, "mxfp4");
   CheckSplit(dir, 2, "bf16");
+  // Experts of 320: 160 per rank, 5 blocks of k (odd, as gpt-oss-20b's 1440 is 45), which the
+  // MXFP4 GEMMs serve (multiples of 32; k padded to 256) and the bf16 ones do not (refused).
+  mx.expert_inter = 320;
+  const std::string dir160 =
+      gpu_test::WriteRandomMoe("tp_gpt_oss_mxfp4_320", gpu_test::RandomMoeArch::kGptOss, mx);
+  CheckSplit(dir160, 2, "mxfp4");
+  CheckSplit(dir160, 2, "auto");  // auto keeps them too (the scales are in range)
+  auto group = DeviceLocalCommunicatorGroup::Create(2, 0);
+  REQUIRE(group.ok());
+  auto bf16 = LoadTensorParallelRank(Options(dir160, "bf16"), (*group)->rank(0));
+  REQUIRE_FALSE(bf16.ok());
+  CHECK_THAT(bf16.status().message(),
+             Catch::Contains("moe_intermediate 160: the grouped GEMMs need hidden % 64 == 0 and "
+                             "intermediate % 64 == 0"));
 }
 
 TEST_CASE("TP CUDA: DeepSeek V2 and V3 ranks on one GPU match the whole model",
