@@ -265,6 +265,10 @@ static StatusOr<std::unique_ptr<Model>> LoadCudaTensorParallelRank(const ModelLo
   rank_options.cuda_graph_warmup = false;
   if (IsDeepseekModelDir(options.model_dir)) {  // MLA: query heads split, the latent replicated
     LLM_ASSIGN_OR_RETURN(DeepseekConfig config, LoadDeepseekConfig(options.model_dir));
+    if (options.moe_weight_dtype == "mxfp4") {
+      return InvalidArgument("moe_weight_dtype mxfp4: " + config.base.architecture_name +
+                             " has no MXFP4 experts (gpt-oss checkpoints have)");
+    }
     LLM_ASSIGN_OR_RETURN(const TensorParallelPlan plan, MakeTensorParallelPlan(config, tp));
     LLM_ASSIGN_OR_RETURN(auto full, OpenWeights(options.model_dir, config.base));
     LLM_ASSIGN_OR_RETURN(auto weights, ShardWeights(*full, plan));
@@ -282,6 +286,10 @@ static StatusOr<std::unique_ptr<Model>> LoadCudaTensorParallelRank(const ModelLo
       a != Architecture::kMixtral && a != Architecture::kQwen3Moe && a != Architecture::kGptOss) {
     return Unimplemented(prefix + config.architecture_name +
                          " has no cuda tensor-parallel rank (it runs on --device cpu)");
+  }
+  if (options.moe_weight_dtype == "mxfp4" && a != Architecture::kGptOss) {
+    return InvalidArgument("moe_weight_dtype mxfp4: " + config.architecture_name +
+                           " has no MXFP4 experts (gpt-oss checkpoints have)");
   }
   LLM_ASSIGN_OR_RETURN(TensorParallelPlan plan, MakeTensorParallelPlan(config, tp));
   ReplicateOProjBias(&plan);  // the CUDA dense decoder adds it after the all-reduce
@@ -320,10 +328,13 @@ StatusOr<std::unique_ptr<Model>> LoadTensorParallelRank(const ModelLoadOptions& 
            options.kv_cache_dtype != "fp32"},
       {"dummy_weights", options.dummy_weights},
       {"weight_dtype fp8 (on a cpu rank)", !on_cuda && options.weight_dtype == "fp8"},
-      {"moe_weight_dtype mxfp4", options.moe_weight_dtype == "mxfp4"},
       {"moe_activation_dtype fp8", options.moe_activation_dtype == "fp8"}};
   for (const auto& [what, set] : refused) {
     if (set) return Unimplemented(prefix + what + " is not supported with tensor parallelism");
+  }
+  if (!on_cuda && options.moe_weight_dtype == "mxfp4") {  // as the unsharded load refuses it
+    return InvalidArgument(
+        "moe_weight_dtype mxfp4 needs the cuda device (the cpu models compute in fp32)");
   }
 #ifdef LLM_HAVE_CUDA
   if (on_cuda) return LoadCudaTensorParallelRank(options, comm);

@@ -193,8 +193,12 @@ Status CheckComputable(const ModelConfig& c, const DecoderSpec& spec) {
       const MoeTensorNames& n = L.moe_names;
       if (n.expert_bias && !n.stacked_experts) return refuse("per-expert tensors with biases");
       if (!n.selection_bias.empty()) return refuse("a router selection bias");
+      // gpt-oss's MXFP4 experts (a rank's 1440 of 2880 included) need multiples of 32 only where
+      // kept as stored; the layer's Load checks the bf16 GEMMs' shapes where it dequantizes them.
+      const bool mxfp4 =
+          n.stacked_experts && c.quantization.method == WeightQuantization::Method::kMxfp4;
       LLM_RETURN_IF_ERROR(CudaMoeLayer::Check(L.routing, c.hidden_size, L.moe_intermediate,
-                                              L.shared_intermediate, L.gate));
+                                              L.shared_intermediate, L.gate, mxfp4));
     } else if (L.gate.activation != CpuMlp::Activation::kSilu &&
                L.gate.activation != CpuMlp::Activation::kGeluTanh) {
       return refuse("the MLP activation");
@@ -281,11 +285,9 @@ StatusOr<AttentionSpec> CudaDenseDecoder::AttentionNeeds(const CudaLoadContext& 
                            "the fp8 projections of a pre-quantized checkpoint on a cuda rank are "
                            "not implemented");
     }
-    if (moe_ && options.moe_weight_dtype == "mxfp4") {
-      // A rank's experts are cut from bf16 / fp32 tensors (the plan refuses a pre-quantized
-      // checkpoint, gpt-oss's MXFP4 one included), so there are no MXFP4 blocks to keep.
-      return Unimplemented(prefix + "moe_weight_dtype mxfp4 on a cuda rank is not implemented");
-    }
+    // gpt-oss's MXFP4 experts arrive cut as stored (whole 32-value blocks of each rank's k, the
+    // plan's rules): the MoE layer keeps or dequantizes them as the whole model's does, its
+    // GEMMs padding the rank's k (intermediate / N for down_proj) to kMoeMxfp4KPad.
   }
   LLM_ASSIGN_OR_RETURN(kv_, ParseKvCacheType(options.kv_cache_dtype, options.kv_scale_granularity));
   if (kv_.dtype == DType::kF32) kv_.dtype = DType::kBF16;  // "auto": the 16-bit cache on GPUs

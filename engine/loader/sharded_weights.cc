@@ -8,13 +8,14 @@ namespace {
 
 // src [outer, n, inner] -> [outer, s.padded, inner] holding rows [s.begin, s.begin + s.count)
 // of the middle dimension (zeros past them).
-std::vector<float> Cut(const std::vector<float>& src, const std::vector<int64_t>& shape,
-                       const TensorShard& s) {
+template <typename T>
+std::vector<T> Cut(const std::vector<T>& src, const std::vector<int64_t>& shape,
+                   const TensorShard& s) {
   int64_t outer = 1, inner = 1;
   for (int i = 0; i < s.dim; ++i) outer *= shape[i];
   for (size_t i = s.dim + 1; i < shape.size(); ++i) inner *= shape[i];
   const int64_t n = shape[s.dim];
-  std::vector<float> out(static_cast<size_t>(outer * s.padded * inner), 0.0f);
+  std::vector<T> out(static_cast<size_t>(outer * s.padded * inner), T{});
   for (int64_t o = 0; o < outer; ++o) {
     std::copy_n(src.begin() + (o * n + s.begin) * inner, s.count * inner,
                 out.begin() + o * s.padded * inner);
@@ -45,6 +46,19 @@ StatusOr<std::unique_ptr<WeightStore>> ShardWeights(const WeightStore& full,
     }
     const std::vector<int64_t> shape = view->shape;
     LLM_ASSIGN_OR_RETURN(const TensorShard s, plan.ShardOf(name, shape));
+    if (view->dtype == DType::kU8) {  // MXFP4 blocks / scales: cut as stored, never widened
+      if (s.split == TensorSplit::kFirstRank || s.split == TensorSplit::kVocab) {
+        return InvalidArgument("tensor '" + name + "': a uint8 tensor is cut only by rows");
+      }
+      std::vector<std::byte> bytes(view->data, view->data + view->nbytes);
+      std::vector<int64_t> local_shape = shape;
+      if (s.split != TensorSplit::kReplicated) {
+        bytes = Cut(bytes, shape, s);
+        local_shape[s.dim] = s.padded;
+      }
+      tensors.push_back({name, DType::kU8, std::move(local_shape), std::move(bytes)});
+      continue;
+    }
     LLM_RETURN_IF_ERROR(full.ReadF32(name, shape, &data));
     std::vector<int64_t> local_shape = shape;
     switch (s.split) {
@@ -63,7 +77,9 @@ StatusOr<std::unique_ptr<WeightStore>> ShardWeights(const WeightStore& full,
     std::memcpy(t.data.data(), data.data(), t.data.size());
     tensors.push_back(std::move(t));
   }
-  return WeightStore::FromTensors(std::move(tensors));
+  LLM_ASSIGN_OR_RETURN(auto store, WeightStore::FromTensors(std::move(tensors)));
+  store->set_quantization(full.quantization());  // MXFP4 experts read as the unsharded load's
+  return store;
 }
 
 }  // namespace llm

@@ -1,7 +1,8 @@
 // One tensor-parallel rank's weights: the checkpoint's tensors cut by the plan
 // (tensor_parallel_plan.h) into an in-memory WeightStore of fp32 tensors under their checkpoint
 // names and rank-local shapes, so that a decoder built on the plan's rank-local configuration
-// reads them with its ordinary code.
+// reads them with its ordinary code. uint8 tensors (gpt-oss's MXFP4 *_blocks / *_scales) are cut
+// as stored bytes and stay uint8; the store keeps the checkpoint's quantization_config.
 #pragma once
 
 #include <memory>

@@ -25,10 +25,13 @@ Status CheckOptions(const ModelConfig& c, const TensorParallelOptions& o) {
                          "expert parallelism is not implemented; the MoE layers split every "
                          "expert's intermediate dimension across the ranks");
   }
-  if (c.quantization.quantized()) {
+  // gpt-oss's MXFP4 experts are cut as stored (whole 32-value blocks); fp8 weights would need
+  // their scales cut with them.
+  if (c.quantization.quantized() && c.quantization.method != WeightQuantization::Method::kMxfp4) {
     return Unimplemented(Prefix(o) + "the pre-quantized checkpoint (quantization_config " +
                          c.quantization.quant_method +
-                         ") is not split; tensor parallelism reads float checkpoints only");
+                         ") is not split; tensor parallelism reads float checkpoints and "
+                         "gpt-oss's MXFP4 experts only");
   }
   return Status::Ok();
 }
@@ -166,6 +169,13 @@ const std::vector<TensorRule>& TensorParallelRules() {
       {"experts.gate_up_proj_bias", S::kColumn, 1},
       {"experts.down_proj", S::kRow, 1},
       {"experts.down_proj_bias", S::kFirstRank, 0},
+      // ... stored as MXFP4: gate_up_proj_blocks [E, 2I, hidden / 32, 16] and _scales
+      // [E, 2I, hidden / 32] by their (interleaved) output rows, down_proj_blocks
+      // [E, hidden, I / 32, 16] and _scales [E, hidden, I / 32] by whole 32-value blocks of k.
+      {"experts.gate_up_proj_blocks", S::kColumn, 1},
+      {"experts.gate_up_proj_scales", S::kColumn, 1},
+      {"experts.down_proj_blocks", S::kRow, 2},
+      {"experts.down_proj_scales", S::kRow, 2},
   };
   return kRules;
 }
@@ -270,6 +280,14 @@ StatusOr<TensorParallelPlan> MakeTensorParallelPlan(const ModelConfig& c,
         c.architecture == Architecture::kQwen3Moe ? "moe_intermediate_size" : "intermediate_size";
     LLM_RETURN_IF_ERROR(CheckDivides(o, key, c.moe.intermediate));
     plan.local.moe.intermediate = c.moe.intermediate / o.size;
+    // MXFP4 experts are cut along down_proj's k in whole blocks of 32 values (one scale each).
+    if (c.quantization.method == WeightQuantization::Method::kMxfp4 &&
+        plan.local.moe.intermediate % 32 != 0) {
+      return InvalidArgument(Prefix(o) + "the MXFP4 experts' " + key + " " +
+                             std::to_string(c.moe.intermediate) + " splits into slices of " +
+                             std::to_string(plan.local.moe.intermediate) +
+                             ", not whole 32-value blocks (a multiple of 32 per rank)");
+    }
   }
   return plan;
 }

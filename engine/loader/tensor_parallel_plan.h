@@ -10,11 +10,13 @@
 //           q_proj, q_b_proj, kv_b_proj (DeepSeek: per head), gate_proj / up_proj / w1 / w3
 //           (dense MLP, every expert, the shared experts), their biases, gpt-oss's sinks, its
 //           stacked experts' gate_up_proj (dim 2 of [E, hidden, 2I]: the interleaved gate / up
-//           pairs stay together) and gate_up_proj_bias (dim 1)
+//           pairs stay together), gate_up_proj_bias (dim 1) and, stored as MXFP4,
+//           gate_up_proj_blocks / _scales (dim 1 of [E, 2I, hidden / 32, (16)])
 //   kv      k_proj, v_proj and their biases: N equal parts when num_key_value_heads >= N; else
 //           the one KV head the rank's query heads read (replicated over N / num_kv_heads ranks)
 //   row     input columns (dim 1) in N equal parts: o_proj, down_proj / w2, gpt-oss's stacked
-//           down_proj [E, I, hidden]; the rank's product is a partial sum
+//           down_proj [E, I, hidden], and its MXFP4 down_proj_blocks / _scales by whole 32-value
+//           blocks (dim 2 of [E, hidden, I / 32, (16)]); the rank's product is a partial sum
 //   first   the biases of row-split projections (o_proj.bias, down_proj.bias, gpt-oss's
 //           down_proj_bias): rank 0 holds them and the other ranks zeros, so the sum adds them once
 //   vocab   embed_tokens and lm_head rows [r * Vr, (r + 1) * Vr), Vr = ceil(vocab / N), padded
@@ -24,6 +26,11 @@
 //   replicated  every norm, the MoE routers (gate, router, e_score_correction_bias), DeepSeek's
 //           small down-projections q_a_proj and kv_a_proj_with_mqa: every rank computes (and
 //           caches) the same latent, and attends with its own query heads
+//
+// gpt-oss's MXFP4 checkpoints (quantization_config mxfp4) are cut as stored: the uint8 blocks
+// and e8m0 scales of a rank are the whole tensor's rows / blocks, so dequantizing the cut equals
+// cutting the dequantized tensor; the experts' intermediate / N must be a multiple of 32 (the
+// real gpt-oss's 2880 splits 2 ways, not 4 or 8). fp8 checkpoints are refused.
 //
 // MoE layers are tensor parallel inside every expert (each expert's intermediate / N, router
 // replicated), not expert parallel: every rank routes the same way, takes an equal share of
@@ -104,8 +111,9 @@ struct TensorParallelPlan {
 // The plan of rank options.rank: InvalidArgument naming the value for a size outside
 // kTensorParallelSizes, a rank outside [0, size), num_attention_heads not divisible by the size,
 // num_key_value_heads neither a multiple nor a divisor of it, an intermediate size not divisible
-// by it; Unimplemented for expert_parallel, a pre-quantized checkpoint (quantization_config) and
-// an architecture the rules do not cover.
+// by it, MXFP4 experts whose intermediate / N is not a multiple of 32; Unimplemented for
+// expert_parallel, an fp8 checkpoint (quantization_config) and an architecture the rules do not
+// cover.
 StatusOr<TensorParallelPlan> MakeTensorParallelPlan(const ModelConfig& config,
                                                     const TensorParallelOptions& options);
 // DeepSeek V2 / V3: the same checks on its MLA heads and expert sizes; plan.deepseek is the

@@ -218,6 +218,13 @@ void Compare(const PrefillInputs& in, const std::vector<uint16_t>& gpu,
              const std::vector<double>& ref, const char* against) {
   const AttentionBatch& b = in.batch;
   const size_t row = static_cast<size_t>(in.heads) * kV;
+  // The elementwise bound scales with the largest output: a peaked softmax puts nearly all of a
+  // row's weight on one value, whose bf16 probability (P is bf16 before P @ V, in the one-chunk
+  // path as before) is off by up to 2^-8 of it.
+  double ref_scale = 0;
+  for (double r : ref) {
+    if (!std::isnan(r)) ref_scale = std::max(ref_scale, std::fabs(r));
+  }
   double err2 = 0, ref2 = 0, max_err = 0;
   size_t bad = 0, non_finite = 0, touched = 0, compared = 0;
   for (int s = 0; s < b.num_seqs; ++s) {
@@ -238,12 +245,13 @@ void Compare(const PrefillInputs& in, const std::vector<uint16_t>& gpu,
         err2 += e * e;
         ref2 += ref[i] * ref[i];
         max_err = std::max(max_err, e);
-        bad += e > 2e-2 + 1e-2 * std::fabs(ref[i]);
+        bad += e > 2e-2 * ref_scale + 1e-2 * std::fabs(ref[i]);
       }
     }
   }
   const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
   INFO("against " << against << ": relative L2 error " << rel << ", max abs error " << max_err
+                  << " (largest |reference| " << ref_scale << ")"
                   << ", out of tolerance " << bad << " of " << compared << ", non-finite "
                   << non_finite << ", decode elements written " << touched);
   CHECK(compared > 0);

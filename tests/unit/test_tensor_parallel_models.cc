@@ -278,6 +278,24 @@ TEST_CASE("TP: every family's HF fixture matches at 2 and 4 ranks and 8 is refus
   CheckSplits(dir.path().string(), 4, {2, 4, 8});
 }
 
+// gpt-oss's MXFP4 checkpoint as transformers writes it (tests/fixtures/models/gpt_oss_mxfp4:
+// uint8 *_blocks / *_scales experts of intermediate 128, 4 query heads): the ranks cut the
+// blocks as stored (64 and 32 values of down_proj's k at 2 and 4 ranks) and dequantize their
+// cut at load as the whole model dequantizes all of it; 8 ranks are refused by the heads. On a
+// cpu rank, moe_weight_dtype mxfp4 is refused as the unsharded load refuses it.
+TEST_CASE("TP gpt-oss: the MXFP4 checkpoint matches at 2 and 4 ranks and 8 is refused",
+          "[tensor_parallel][mxfp4]") {
+  const std::string dir = std::string(LLM_SOURCE_DIR) + "/tests/fixtures/models/gpt_oss_mxfp4";
+  CheckSplits(dir, 4, {2, 4, 8});
+  InProcessCommunicatorGroup group(2);
+  ModelLoadOptions o = Options(dir);
+  o.moe_weight_dtype = "mxfp4";
+  auto m = LoadTensorParallelRank(o, group.rank(0));
+  REQUIRE_FALSE(m.ok());
+  CHECK(m.status().message() ==
+        "moe_weight_dtype mxfp4 needs the cuda device (the cpu models compute in fp32)");
+}
+
 // A DeepSeek of 8 MLA heads (kv_lora 16, rope 8) with MoE layers after one dense layer: V2-Lite's
 // routing (softmax, greedy, two shared experts) or V3's (q LoRA, sigmoid scores with a selection
 // bias, 4 groups of which 2 are kept, one shared expert, scaled).

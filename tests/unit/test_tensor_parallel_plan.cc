@@ -1,6 +1,7 @@
 // The tensor-parallel plan (engine/loader/tensor_parallel_plan.h) on its own: rank-local shapes
 // of a Llama-3-8B-sized and a DeepSeek-V3-sized configuration, KV heads split or replicated, the
-// vocabulary padded, every refusal's message; the sharded weights' cuts; and the in-process
+// vocabulary padded, every refusal's message; the sharded weights' cuts (gpt-oss's MXFP4 experts
+// as stored: dequantize(cut) == cut(dequantize)); and the in-process
 // communicator's collectives (same bits on every rank, rank order).
 #include <catch2/catch.hpp>
 
@@ -8,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "base/mxfp4.h"
+#include "engine/layers/cpu/cpu_moe.h"
 #include "engine/loader/kv_cache_quant.h"
 #include "engine/loader/sharded_weights.h"
 #include "engine/loader/tensor_parallel_plan.h"
@@ -189,7 +192,7 @@ TEST_CASE("TP plan: refusals name the value", "[tensor_parallel]") {
   c.quantization.quant_method = "fp8";
   CHECK(Message(MakeTensorParallelPlan(c, {.size = 2})) ==
         "tensor_parallel_size 2: the pre-quantized checkpoint (quantization_config fp8) is not "
-        "split; tensor parallelism reads float checkpoints only");
+        "split; tensor parallelism reads float checkpoints and gpt-oss's MXFP4 experts only");
   c = Llama3_8B();
   c.architecture = Architecture::kDeepseekV3;
   c.architecture_name = "DeepseekV3ForCausalLM";
@@ -341,6 +344,144 @@ TEST_CASE("TP sharded weights: a static KV cache's scales are cut to the rank's 
             (h == 0 ? std::vector<float>{5, 6} : std::vector<float>{7, 8}));
       CHECK(Read(**w, "model.layers.1.self_attn.k_scale", {}) == std::vector<float>{0.125f});
       CHECK(Read(**w, "model.layers.1.self_attn.kv_scale", {}) == std::vector<float>{0.0625f});
+      CHECK((*w)->CheckAllConsumed("test").ok());
+    }
+  }
+}
+
+// gpt-oss-20b's sizes (hidden 2880, experts of intermediate 2880, 64 query and 8 KV heads),
+// its checkpoint's MXFP4 experts.
+ModelConfig GptOss20B() {
+  ModelConfig c = Llama3_8B();
+  c.architecture = Architecture::kGptOss;
+  c.architecture_name = "GptOssForCausalLM";
+  c.hidden_size = 2880;
+  c.intermediate_size = 2880;
+  c.num_q_heads = 64;
+  c.num_kv_heads = 8;
+  c.head_dim = 64;
+  c.vocab_size = 201088;
+  c.moe.num_experts = 32;
+  c.moe.top_k = 4;
+  c.moe.intermediate = 2880;
+  c.quantization.method = WeightQuantization::Method::kMxfp4;
+  c.quantization.quant_method = "mxfp4";
+  return c;
+}
+
+TEST_CASE("TP plan: gpt-oss's MXFP4 experts split in whole 32-value blocks or are refused",
+          "[tensor_parallel][mxfp4]") {
+  auto plan = MakeTensorParallelPlan(GptOss20B(), {.size = 2, .rank = 1});
+  INFO(Message(plan));
+  REQUIRE(plan.ok());
+  CHECK(plan->local.moe.intermediate == 1440);  // 45 blocks of 32
+  const std::string p = "model.layers.3.mlp.experts.";
+  auto gate_up = plan->ShardOf(p + "gate_up_proj_blocks", {32, 5760, 90, 16});
+  REQUIRE(gate_up.ok());
+  CHECK((gate_up->dim == 1 && gate_up->begin == 2880 && gate_up->count == 2880));
+  auto gate_up_scales = plan->ShardOf(p + "gate_up_proj_scales", {32, 5760, 90});
+  REQUIRE(gate_up_scales.ok());
+  CHECK((gate_up_scales->dim == 1 && gate_up_scales->begin == 2880));
+  auto down = plan->ShardOf(p + "down_proj_blocks", {32, 2880, 90, 16});
+  REQUIRE(down.ok());
+  CHECK((down->split == TensorSplit::kRow && down->dim == 2 && down->begin == 45 &&
+         down->count == 45));
+  auto down_scales = plan->ShardOf(p + "down_proj_scales", {32, 2880, 90});
+  REQUIRE(down_scales.ok());
+  CHECK((down_scales->dim == 2 && down_scales->begin == 45 && down_scales->count == 45));
+  auto down_bias = plan->ShardOf(p + "down_proj_bias", {32, 2880});
+  REQUIRE(down_bias.ok());
+  CHECK((down_bias->split == TensorSplit::kFirstRank && down_bias->zeros));
+  // 2880 / 4 = 720 and / 8 = 360: not whole blocks.
+  CHECK(Message(MakeTensorParallelPlan(GptOss20B(), {.size = 4})) ==
+        "tensor_parallel_size 4: the MXFP4 experts' intermediate_size 2880 splits into slices of "
+        "720, not whole 32-value blocks (a multiple of 32 per rank)");
+  CHECK(Message(MakeTensorParallelPlan(GptOss20B(), {.size = 8})) ==
+        "tensor_parallel_size 8: the MXFP4 experts' intermediate_size 2880 splits into slices of "
+        "360, not whole 32-value blocks (a multiple of 32 per rank)");
+  // The same sizes in bf16 split 4 ways (no blocks to keep whole).
+  ModelConfig bf16 = GptOss20B();
+  bf16.quantization = {};
+  CHECK(Message(MakeTensorParallelPlan(bf16, {.size = 4})) == "ok");
+}
+
+TensorToWrite U8Tensor(const std::string& name, std::vector<int64_t> shape, uint32_t seed, int lo,
+                       int hi) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  TensorToWrite t{name, DType::kU8, std::move(shape), std::vector<std::byte>(n)};
+  uint32_t x = seed;
+  for (auto& b : t.data) {
+    x = x * 1664525u + 1013904223u;
+    b = static_cast<std::byte>(lo + (x >> 8) % (hi - lo + 1));
+  }
+  return t;
+}
+
+// The whole tensor's MXFP4 blocks dequantized: [E, rows, k].
+std::vector<float> Dequantized(const TensorToWrite& blocks, const TensorToWrite& scales) {
+  std::vector<float> out(blocks.data.size() * 2);
+  DequantizeMxfp4(reinterpret_cast<const uint8_t*>(blocks.data.data()),
+                  reinterpret_cast<const uint8_t*>(scales.data.data()), scales.data.size(),
+                  out.data());
+  return out;
+}
+
+TEST_CASE("TP sharded weights: MXFP4 blocks and scales cut as stored dequantize to the cut",
+          "[tensor_parallel][mxfp4]") {
+  // Experts of hidden 64 and intermediate 128: gate_up [E, 256, 2 blocks], down [E, 64, 4 blocks].
+  const int64_t E = 3, H = 64, I = 128;
+  ModelConfig c = GptOss20B();
+  c.hidden_size = H;
+  c.intermediate_size = c.moe.intermediate = I;
+  c.moe.num_experts = E;
+  c.num_q_heads = c.num_kv_heads = 4;
+  c.vocab_size = 8;
+  const std::string p = "model.layers.0.mlp.experts.";
+  // Every nibble, scales 2^-20 .. 2^20.
+  const TensorToWrite gu_b = U8Tensor(p + "gate_up_proj_blocks", {E, 2 * I, H / 32, 16}, 1, 0, 255);
+  const TensorToWrite gu_s = U8Tensor(p + "gate_up_proj_scales", {E, 2 * I, H / 32}, 2, 107, 147);
+  const TensorToWrite d_b = U8Tensor(p + "down_proj_blocks", {E, H, I / 32, 16}, 3, 0, 255);
+  const TensorToWrite d_s = U8Tensor(p + "down_proj_scales", {E, H, I / 32}, 4, 107, 147);
+  const std::vector<float> gate_up = Dequantized(gu_b, gu_s);  // [E, 2I, H]
+  const std::vector<float> down = Dequantized(d_b, d_s);       // [E, H, I]
+  auto full = WeightStore::FromTensors({gu_b, gu_s, d_b, d_s});
+  REQUIRE(full.ok());
+  (*full)->set_quantization(c.quantization);
+  for (int n : {2, 4}) {
+    const int64_t Ir = I / n;
+    for (int r = 0; r < n; ++r) {
+      INFO("rank " << r << " of " << n);
+      auto plan = MakeTensorParallelPlan(c, {.size = n, .rank = r});
+      INFO(Message(plan));
+      REQUIRE(plan.ok());
+      auto w = ShardWeights(**full, *plan);
+      INFO((w.ok() ? std::string() : w.status().message()));
+      REQUIRE(w.ok());
+      CHECK(*(*w)->StoredDType(p + "down_proj_blocks") == DType::kU8);
+      // The CPU loader's read of the rank's tensors ([E, out, in], dequantized).
+      std::vector<float> got_gu, got_down;
+      const Status st_gu = ReadExpertMatrix(**w, p + "gate_up_proj", E, H, 2 * Ir, &got_gu);
+      INFO(st_gu.message());
+      REQUIRE(st_gu.ok());
+      const Status st_down = ReadExpertMatrix(**w, p + "down_proj", E, Ir, H, &got_down);
+      INFO(st_down.message());
+      REQUIRE(st_down.ok());
+      // gate_up: rows [2 r Ir, 2 (r + 1) Ir) of each expert (interleaved gate / up pairs whole).
+      std::vector<float> want_gu, want_down;
+      for (int64_t e = 0; e < E; ++e) {
+        for (int64_t row = 2 * r * Ir; row < 2 * (r + 1) * Ir; ++row) {
+          const float* src = gate_up.data() + (e * 2 * I + row) * H;
+          want_gu.insert(want_gu.end(), src, src + H);
+        }
+        // down: columns [r Ir, (r + 1) Ir) of every row.
+        for (int64_t row = 0; row < H; ++row) {
+          const float* src = down.data() + (e * H + row) * I + r * Ir;
+          want_down.insert(want_down.end(), src, src + Ir);
+        }
+      }
+      CHECK(got_gu == want_gu);
+      CHECK(got_down == want_down);
       CHECK((*w)->CheckAllConsumed("test").ok());
     }
   }

@@ -44,7 +44,7 @@ cuda::MoeRouteArgs MoeRouteArgsOf(const MoeRouting& r) {
 }
 
 Status CudaMoeLayer::Check(const MoeRouting& r, int hidden, int inter, int shared_inter,
-                           const CpuMlp::Gate& gate) {
+                           const CpuMlp::Gate& gate, bool mxfp4_experts) {
   const std::string what = "CUDA MoE layer: ";
   if (gate.activation != CpuMlp::Activation::kSilu &&
       gate.activation != CpuMlp::Activation::kClampedSwiGlu) {
@@ -66,7 +66,11 @@ Status CudaMoeLayer::Check(const MoeRouting& r, int hidden, int inter, int share
                            " experts (n_group <= " + std::to_string(cuda::kMoeRouteMaxGroups) +
                            ", dividing the experts)");
   }
-  if (!cuda::MoeGemmShapeOk(true, inter, hidden) || !cuda::MoeGemmShapeOk(false, hidden, inter)) {
+  const bool mx_ok = mxfp4_experts && shared_inter == 0 &&
+                     cuda::MoeMxfp4ShapeOk(true, inter, hidden) &&
+                     cuda::MoeMxfp4ShapeOk(false, hidden, inter);
+  if (!mx_ok &&
+      (!cuda::MoeGemmShapeOk(true, inter, hidden) || !cuda::MoeGemmShapeOk(false, hidden, inter))) {
     return InvalidArgument(what + "hidden " + std::to_string(hidden) + ", moe_intermediate " +
                            std::to_string(inter) +
                            ": the grouped GEMMs need hidden % 64 == 0 and intermediate % 64 == 0");
@@ -81,7 +85,10 @@ Status CudaMoeLayer::Check(const MoeRouting& r, int hidden, int inter, int share
 Status CudaMoeLayer::Load(Bf16WeightLoader& loader, const WeightStore* weights,
                           const CudaLinearOps& ops, WeightQuant quant, const std::string& p,
                           const MoeTensorNames& n, CudaMoeWeights* w, bool fp8_checkpoint) const {
-  LLM_RETURN_IF_ERROR(Check(r_, hidden_, inter_, shared_inter_, gate_));
+  // Stacked experts the MXFP4 GEMMs may keep: LoadStacked checks the bf16 GEMMs' shapes where
+  // it dequantizes them instead.
+  const bool mxfp4_possible = n.stacked_experts && mxfp4_ != Mxfp4::kDequantize;
+  LLM_RETURN_IF_ERROR(Check(r_, hidden_, inter_, shared_inter_, gate_, mxfp4_possible));
   const int64_t h = hidden_, E = r_.num_experts, I = inter_;
   const float wstd = 0.02f;
   // The router in fp32: its bf16 values widened exactly (through the host, once at load).
@@ -283,6 +290,8 @@ Status CudaMoeLayer::LoadStacked(Bf16WeightLoader& loader, const WeightStore* we
     LLM_RETURN_IF_ERROR(weights->ReadF32(down + "_bias", {E, h}, &b));
     return UploadF32(b, &w->down_bias);
   }
+  // bf16 experts (dequantized, or stored so): the bf16 grouped GEMMs' shapes.
+  LLM_RETURN_IF_ERROR(Check(r_, hidden_, inter_, shared_inter_, gate_));
   if (loader.dummy()) {
     LLM_RETURN_IF_ERROR(loader.Load({gu}, {{E * 2 * I, h}}, 0, 0.02f, w->gate_up.bf16_target()));
     LLM_RETURN_IF_ERROR(loader.Load({down}, {{E * h, I}}, 0, 0.02f, w->down.bf16_target()));
@@ -336,7 +345,9 @@ Status CudaMoeLayer::LoadMxfp4(const WeightStore* weights, const std::string& ga
   if (!cuda::MoeMxfp4ShapeOk(true, inter_, hidden_) ||
       !cuda::MoeMxfp4ShapeOk(false, hidden_, inter_)) {
     return unserved("hidden " + std::to_string(hidden_) + ", intermediate " +
-                    std::to_string(inter_) + " (the MXFP4 GEMMs need multiples of 64)");
+                    std::to_string(inter_) +
+                    " (the MXFP4 GEMMs need hidden % 64 == 0 and "
+                    "intermediate % 32 == 0)");
   }
   const int64_t E = r_.num_experts, H = hidden_, I = inter_;
   struct Part {

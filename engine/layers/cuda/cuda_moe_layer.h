@@ -101,8 +101,11 @@ class CudaMoeLayer {
   // InvalidArgument naming what does not fit: more than 512 experts or 32 groups, top-k over 32,
   // shapes the grouped GEMMs do not tile (hidden, I and the shared experts' I multiples of 64),
   // groups that do not divide the experts, a gate other than SiLU or the clamped SwiGLU.
+  // mxfp4_experts (stacked experts stored as MXFP4 that Load may keep): I a multiple of 32 is
+  // enough, as the MXFP4 GEMMs need (gpt-oss's 2880 split 2 ways: 1440); Load refuses it by the
+  // bf16 GEMMs' rule where it dequantizes them instead.
   static Status Check(const MoeRouting& routing, int hidden, int inter, int shared_inter,
-                      const CpuMlp::Gate& gate = {});
+                      const CpuMlp::Gate& gate = {}, bool mxfp4_experts = false);
   CudaMoeLayer(const MoeRouting& routing, int hidden, int inter, int shared_inter,
                const CpuMlp::Gate& gate = {})
       : r_(routing), hidden_(hidden), inter_(inter), shared_inter_(shared_inter), gate_(gate) {}
