@@ -49,6 +49,7 @@
 #include "tests/gpu/random_deepseek.h"
 #include "tests/gpu/random_llama.h"
 #include "tests/gpu/random_moe.h"
+#include "tests/unit/tensor_parallel_trace.h"
 #ifdef LLM_HAVE_NCCL
 #include "engine/runtime/cuda/nccl_communicator.h"
 #endif
@@ -61,62 +62,20 @@ constexpr int kBlocksPerSeq = 4;
 constexpr int kDecodeSteps = 16;
 constexpr double kRelTolerance = 5e-2;
 
-// Per step, the logits of each sequence's last row, and their greedy tokens.
-struct Trace {
-  Status status;
-  std::vector<std::vector<float>> logits;  // [steps][seqs * vocab]
-  std::vector<int32_t> tokens;             // [steps * seqs]
-};
-
-// One step: for every sequence its tokens [kv_len - q_len, kv_len), in its own blocks.
-ForwardBatch Step(const std::vector<std::vector<int32_t>>& history, const std::vector<int>& q_len) {
-  ForwardBatch b;
-  b.attn.q_indptr = {0};
-  b.attn.page_indptr = {0};
-  for (size_t s = 0; s < history.size(); ++s) {
-    const int kv_len = static_cast<int>(history[s].size());
-    for (int p = kv_len - q_len[s]; p < kv_len; ++p) {
-      b.token_ids.push_back(history[s][p]);
-      b.positions.push_back(p);
-      const int block = static_cast<int>(s) * kBlocksPerSeq + p / kBlockSize;
-      b.attn.slot_mapping.push_back(block * kBlockSize + p % kBlockSize);
-    }
-    b.attn.q_indptr.push_back(b.attn.q_indptr.back() + q_len[s]);
-    b.attn.kv_lens.push_back(kv_len);
-    const int pages = (kv_len + kBlockSize - 1) / kBlockSize;
-    for (int i = 0; i < pages; ++i) {
-      b.attn.page_indices.push_back(static_cast<int>(s) * kBlocksPerSeq + i);
-    }
-    b.attn.page_indptr.push_back(static_cast<int>(b.attn.page_indices.size()));
-    b.logit_rows.push_back(b.attn.q_indptr.back() - 1);
-  }
-  b.attn.num_seqs = static_cast<int>(history.size());
-  b.attn.num_tokens = static_cast<int>(b.token_ids.size());
-  return b;
-}
+using tp_trace::RelativeError;
+using tp_trace::Trace;
 
 // Prompts of 5 and 19 tokens prefilled together, then kDecodeSteps one-token steps; the history
 // grows by `forced` (the reference's tokens, [steps * seqs]) where given, else by the greedy ones.
 Trace Drive(Model& model, const std::vector<int32_t>* forced = nullptr) {
-  const int vocab = model.config().vocab_size;
-  std::vector<std::vector<int32_t>> history = {
-      {3, 9, 27, 17, 51}, {2, 40, 11, 5, 33, 8, 1, 60, 7, 90, 14, 21, 300, 77, 4, 18, 550, 6, 12}};
-  std::vector<int> q_len = {5, 19};
-  Trace trace;
-  for (int step = 0; step <= kDecodeSteps; ++step) {
-    std::vector<float> logits;
-    trace.status = model.Forward(Step(history, q_len), &logits);
-    if (!trace.status.ok()) return trace;
-    for (size_t s = 0; s < history.size(); ++s) {
-      const float* row = logits.data() + s * vocab;
-      const int32_t next = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
-      trace.tokens.push_back(next);
-      history[s].push_back(forced != nullptr ? (*forced)[trace.tokens.size() - 1] : next);
-      q_len[s] = 1;
-    }
-    trace.logits.push_back(std::move(logits));
-  }
-  return trace;
+  return tp_trace::Drive(
+      model,
+      {kBlockSize,
+       kBlocksPerSeq,
+       kDecodeSteps,
+       {{3, 9, 27, 17, 51},
+        {2, 40, 11, 5, 33, 8, 1, 60, 7, 90, 14, 21, 300, 77, 4, 18, 550, 6, 12}}},
+      forced);
 }
 
 // The quantization options a case runs with, the whole model and the ranks alike.
@@ -176,16 +135,6 @@ std::vector<Trace> RunRanks(const std::string& dir, int size, const std::vector<
   for (std::thread& t : threads) t.join();
   for (int r = 0; r < size; ++r) ranks[r].reset();  // before the group, whose slots they use
   return traces;
-}
-
-// The largest |a - whole| of one step over the largest |whole|.
-double RelativeError(const std::vector<float>& a, const std::vector<float>& whole) {
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < whole.size(); ++i) {
-    err = std::max(err, std::fabs(static_cast<double>(a[i]) - whole[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(whole[i])));
-  }
-  return err / scale;
 }
 
 // `sharded` against `whole`, step by step: tolerance and (same_tokens) the greedy tokens;

@@ -28,6 +28,7 @@
 #include "engine/runtime/cpu/in_process_communicator.h"
 #include "engine/runtime/tensor_parallel_model.h"
 #include "tests/gpu/engine_generate.h"  // device-neutral: drives the CPU model here
+#include "tests/unit/tensor_parallel_trace.h"
 #include "tiny_checkpoint.h"
 
 namespace llm {
@@ -38,65 +39,15 @@ constexpr int kBlocksPerSeq = 8;
 constexpr int kDecodeSteps = 4;
 constexpr double kRelTolerance = 1e-4;
 
-// What one run of a model produced: per step, the logits of each sequence's last row, and the
-// greedy tokens fed back.
-struct Trace {
-  Status status;
-  std::vector<std::vector<float>> logits;  // [steps][seqs * vocab]
-  std::vector<int32_t> tokens;             // [steps * seqs]
-};
-
-// One step: for every sequence, its tokens [kv_len - q_len, kv_len) of history, in its own
-// blocks (sequence s owns blocks s * kBlocksPerSeq, ...).
-ForwardBatch Step(const std::vector<std::vector<int32_t>>& history, const std::vector<int>& q_len) {
-  ForwardBatch b;
-  b.attn.q_indptr = {0};
-  b.attn.page_indptr = {0};
-  for (size_t s = 0; s < history.size(); ++s) {
-    const int kv_len = static_cast<int>(history[s].size());
-    for (int p = kv_len - q_len[s]; p < kv_len; ++p) {
-      b.token_ids.push_back(history[s][p]);
-      b.positions.push_back(p);
-      const int block = static_cast<int>(s) * kBlocksPerSeq + p / kBlockSize;
-      b.attn.slot_mapping.push_back(block * kBlockSize + p % kBlockSize);
-    }
-    b.attn.q_indptr.push_back(b.attn.q_indptr.back() + q_len[s]);
-    b.attn.kv_lens.push_back(kv_len);
-    const int pages = (kv_len + kBlockSize - 1) / kBlockSize;
-    for (int i = 0; i < pages; ++i) {
-      b.attn.page_indices.push_back(static_cast<int>(s) * kBlocksPerSeq + i);
-    }
-    b.attn.page_indptr.push_back(static_cast<int>(b.attn.page_indices.size()));
-    b.logit_rows.push_back(b.attn.q_indptr.back() - 1);
-  }
-  b.attn.num_seqs = static_cast<int>(history.size());
-  b.attn.num_tokens = static_cast<int>(b.token_ids.size());
-  return b;
-}
+using tp_trace::RelativeError;
+using tp_trace::Trace;
 
 // Prompts of 5 and 9 tokens prefilled together, then kDecodeSteps one-token steps.
 Trace Drive(Model& model) {
-  const int vocab = model.config().vocab_size;
-  std::vector<std::vector<int32_t>> history = {{3, 9, 27, 17, 51}, {2, 40, 11, 5, 33, 8, 1, 60, 7}};
-  for (auto& h : history) {
-    for (int32_t& t : h) t %= vocab;
-  }
-  std::vector<int> q_len = {5, 9};
-  Trace trace;
-  for (int step = 0; step <= kDecodeSteps; ++step) {
-    std::vector<float> logits;
-    trace.status = model.Forward(Step(history, q_len), &logits);
-    if (!trace.status.ok()) return trace;
-    for (size_t s = 0; s < history.size(); ++s) {
-      const float* row = logits.data() + s * vocab;
-      const int32_t next = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
-      history[s].push_back(next);
-      trace.tokens.push_back(next);
-      q_len[s] = 1;
-    }
-    trace.logits.push_back(std::move(logits));
-  }
-  return trace;
+  return tp_trace::Drive(model, {kBlockSize,
+                                 kBlocksPerSeq,
+                                 kDecodeSteps,
+                                 {{3, 9, 27, 17, 51}, {2, 40, 11, 5, 33, 8, 1, 60, 7}}});
 }
 
 ModelLoadOptions Options(const std::string& dir) {
@@ -135,16 +86,6 @@ StatusOr<std::vector<Trace>> RunRanks(int size, const RankLoader& load) {
 StatusOr<std::vector<Trace>> RunSharded(const std::string& dir, int size) {
   return RunRanks(size,
                   [&](Communicator* comm) { return LoadTensorParallelRank(Options(dir), comm); });
-}
-
-// The largest |a - b| of one step over the largest |whole| logit.
-double RelativeError(const std::vector<float>& a, const std::vector<float>& whole) {
-  double err = 0.0, scale = 0.0;
-  for (size_t i = 0; i < whole.size(); ++i) {
-    err = std::max(err, std::abs(static_cast<double>(a[i]) - whole[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(whole[i])));
-  }
-  return err / scale;
 }
 
 // Whether `sharded` matches `whole` within the tolerance at every step, with the same tokens.
