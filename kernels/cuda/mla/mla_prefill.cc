@@ -169,9 +169,20 @@ Status MlaPrefill::Expand(const MlaPrefillParams& p, const Seq& sq, int k0, int 
   return Status::Ok();
 }
 
+Status MlaPrefill::Scores(const MlaPrefillParams& p, const uint16_t* q, int tq, int cols,
+                          const uint16_t* kvx, const uint16_t* lat) {
+  const int H = shape_.num_heads, N = p.nope_dim, R = shape_.rope_dim;
+  const int Lw = shape_.latent_dim, C = Lw - R, NV = N + p.v_dim;
+  const int64_t score_stride = static_cast<int64_t>(tq) * cols;
+  // scores[h] = q_nope_h . k_nope_h^T + q_pe_h . k_pe^T.
+  LLM_RETURN_IF_ERROR(Batched(true, false, cols, tq, N, kvx, H * NV, NV, q, p.q_stride, N + R,
+                              buf_[kScores], true, cols, score_stride, H));
+  return Batched(true, false, cols, tq, R, lat + C, Lw, 0, q + N, p.q_stride, N + R, buf_[kScores],
+                 true, cols, score_stride, H, 1.0f);
+}
+
 Status MlaPrefill::RunOneChunk(const MlaPrefillParams& p, const Seq& sq, void* stream) {
-  const int H = shape_.num_heads, N = p.nope_dim, R = shape_.rope_dim, V = p.v_dim;
-  const int Lw = shape_.latent_dim, C = Lw - R, NV = N + V;
+  const int H = shape_.num_heads, N = p.nope_dim, V = p.v_dim, NV = N + V;
   const int qb = sq.q_start, Tq = sq.q_len, kv_len = sq.kv_len;
   LLM_RETURN_IF_ERROR(Expand(p, sq, 0, kv_len, stream));
   const auto* kvx = static_cast<const uint16_t*>(buf_[kExpanded]);
@@ -187,11 +198,7 @@ Status MlaPrefill::RunOneChunk(const MlaPrefillParams& p, const Seq& sq, void* s
     LLM_RETURN_IF_ERROR(Grow(kProbs, static_cast<size_t>(H) * tq * kv * 2));
     const uint16_t* q = q_all + static_cast<size_t>(qb + i0) * p.q_stride;
     const int64_t score_stride = static_cast<int64_t>(tq) * kv;
-    // scores[h] [tq, kv] = q_nope_h . k_nope_h^T + q_pe_h . k_pe^T (k_pe shared: stride 0).
-    LLM_RETURN_IF_ERROR(Batched(true, false, kv, tq, N, kvx, H * NV, NV, q, p.q_stride, N + R,
-                                buf_[kScores], true, kv, score_stride, H));
-    LLM_RETURN_IF_ERROR(Batched(true, false, kv, tq, R, lat + C, Lw, 0, q + N, p.q_stride, N + R,
-                                buf_[kScores], true, kv, score_stride, H, 1.0f));
+    LLM_RETURN_IF_ERROR(Scores(p, q, tq, kv, kvx, lat));
     LaunchCausalSoftmax(static_cast<const float*>(buf_[kScores]), H, tq, kv, first_pos,
                         p.softmax_scale, buf_[kProbs], stream);
     // out[t, h, :] [tq, V] = p_h [tq, kv] @ v_h [kv, V].
@@ -204,8 +211,7 @@ Status MlaPrefill::RunOneChunk(const MlaPrefillParams& p, const Seq& sq, void* s
 
 Status MlaPrefill::RunChunked(const MlaPrefillParams& p, const Seq& sq, const MlaPrefillTiling& t,
                               void* stream) {
-  const int H = shape_.num_heads, N = p.nope_dim, R = shape_.rope_dim, V = p.v_dim;
-  const int Lw = shape_.latent_dim, C = Lw - R, NV = N + V;
+  const int H = shape_.num_heads, N = p.nope_dim, V = p.v_dim, NV = N + V;
   const int qb = sq.q_start, Tq = sq.q_len;
   const int ctx = sq.kv_len - Tq;  // position of the sequence's first query row
   const auto* kvx = static_cast<const uint16_t*>(buf_[kExpanded]);
@@ -238,11 +244,7 @@ Status MlaPrefill::RunChunked(const MlaPrefillParams& p, const Seq& sq, const Ml
         LLM_RETURN_IF_ERROR(Grow(kProbs, static_cast<size_t>(H) * tq * cols * 2));
         const uint16_t* q = q_all + static_cast<size_t>(qb + i0) * p.q_stride;
         const int64_t score_stride = static_cast<int64_t>(tq) * cols;
-        // scores[h] [tq, cols] against keys k0.. (as RunOneChunk).
-        LLM_RETURN_IF_ERROR(Batched(true, false, cols, tq, N, kvx, H * NV, NV, q, p.q_stride, N + R,
-                                    buf_[kScores], true, cols, score_stride, H));
-        LLM_RETURN_IF_ERROR(Batched(true, false, cols, tq, R, lat + C, Lw, 0, q + N, p.q_stride,
-                                    N + R, buf_[kScores], true, cols, score_stride, H, 1.0f));
+        LLM_RETURN_IF_ERROR(Scores(p, q, tq, cols, kvx, lat));  // against keys k0..
         mla::ChunkSoftmaxArgs a;
         a.scores = static_cast<const float*>(buf_[kScores]);
         a.probs = buf_[kProbs];

@@ -87,6 +87,11 @@ class MlaPrefill {
   // cuBLAS workspace, fixed as the runner's (same size: the same GEMM heuristics).
   static constexpr size_t kBlasWorkspaceBytes = 32ull << 20;
 
+  // scores[h] [tq, cols] (fp32, into kScores) of the tq query rows at q against the cols expanded
+  // keys kvx / latents lat: the nope part per head, then the k_pe every head shares (stride 0).
+  Status Scores(const MlaPrefillParams& p, const uint16_t* q, int tq, int cols, const uint16_t* kvx,
+                const uint16_t* lat);
+
   Status CreateBlas();
   Status Batched(bool ta, bool tb, int m, int n, int k, const void* a, int lda, int64_t sa,
                  const void* b, int ldb, int64_t sb, void* c, bool c_fp32, int ldc, int64_t sc,
