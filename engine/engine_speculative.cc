@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <span>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
@@ -63,9 +65,9 @@ void EngineCore::ProposeDrafts(StepRecord* record) {
       // the context up to the last known token; its continuation's first token stands for the
       // pending one, and the tokens after it are the drafts behind the pending row (which the
       // device feeds). A wrong guess costs only acceptance: the target's rows decide every token.
-      std::vector<int32_t> context = seq->AllTokens();
-      context.pop_back();
-      const std::vector<int32_t> next = proposer_->Propose(context, k + 1);
+      const std::vector<int32_t> all = seq->AllTokens();
+      const std::vector<int32_t> next =
+          proposer_->Propose(std::span<const int32_t>(all).first(all.size() - 1), k + 1);
       if (next.size() > 1) seq->draft_ids.assign(next.begin() + 1, next.end());
     } else if (proposer_) {
       seq->draft_ids = proposer_->Propose(seq->AllTokens());
