@@ -252,6 +252,16 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const ModelLoadOptions& options) {
 }
 
 #ifdef LLM_HAVE_CUDA
+// A cuda rank's cut of the checkpoint, or null with dummy_weights: the runner then draws each
+// tensor at the rank's own shapes (benchmarking split models too large to ship).
+static StatusOr<std::unique_ptr<WeightStore>> RankWeights(const ModelLoadOptions& options,
+                                                          const ModelConfig& config,
+                                                          const TensorParallelPlan& plan) {
+  if (options.dummy_weights) return std::unique_ptr<WeightStore>();
+  LLM_ASSIGN_OR_RETURN(auto full, OpenWeights(options.model_dir, config));
+  return ShardWeights(*full, plan);
+}
+
 // LoadTensorParallelRank on the cuda device (its refusals of options already made): the dense
 // decoder's families, MoE layers included, and DeepSeek V2 / V3; the calling thread's device is
 // the rank's.
@@ -270,13 +280,12 @@ static StatusOr<std::unique_ptr<Model>> LoadCudaTensorParallelRank(const ModelLo
                              " has no MXFP4 experts (gpt-oss checkpoints have)");
     }
     LLM_ASSIGN_OR_RETURN(const TensorParallelPlan plan, MakeTensorParallelPlan(config, tp));
-    LLM_ASSIGN_OR_RETURN(auto full, OpenWeights(options.model_dir, config.base));
-    LLM_ASSIGN_OR_RETURN(auto weights, ShardWeights(*full, plan));
+    LLM_ASSIGN_OR_RETURN(auto weights, RankWeights(options, config.base, plan));
     const CudaTensorParallelRank rank =
         plan.size > 1 ? CudaTensorParallelRank{&plan, comm} : CudaTensorParallelRank{};
     LLM_ASSIGN_OR_RETURN(auto model, CreateCudaModel(NewCudaDeepseekDecoder(*plan.deepseek),
                                                      weights.get(), rank_options, rank));
-    LLM_RETURN_IF_ERROR(weights->CheckAllConsumed(config.base.architecture_name));
+    if (weights) LLM_RETURN_IF_ERROR(weights->CheckAllConsumed(config.base.architecture_name));
     return model;
   }
   LLM_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
@@ -293,13 +302,12 @@ static StatusOr<std::unique_ptr<Model>> LoadCudaTensorParallelRank(const ModelLo
   }
   LLM_ASSIGN_OR_RETURN(TensorParallelPlan plan, MakeTensorParallelPlan(config, tp));
   ReplicateOProjBias(&plan);  // the CUDA dense decoder adds it after the all-reduce
-  LLM_ASSIGN_OR_RETURN(auto full, OpenWeights(options.model_dir, config));
-  LLM_ASSIGN_OR_RETURN(auto weights, ShardWeights(*full, plan));
+  LLM_ASSIGN_OR_RETURN(auto weights, RankWeights(options, config, plan));
   const CudaTensorParallelRank rank =
       plan.size > 1 ? CudaTensorParallelRank{&plan, comm} : CudaTensorParallelRank{};
   LLM_ASSIGN_OR_RETURN(auto model,
                        CreateCudaDenseModel(plan.local, weights.get(), rank_options, rank));
-  LLM_RETURN_IF_ERROR(weights->CheckAllConsumed(config.architecture_name));
+  if (weights) LLM_RETURN_IF_ERROR(weights->CheckAllConsumed(config.architecture_name));
   return model;
 }
 #endif
@@ -320,13 +328,14 @@ StatusOr<std::unique_ptr<Model>> LoadTensorParallelRank(const ModelLoadOptions& 
         "(configure with the cuda preset)");
   }
 #endif
-  // A cuda rank takes fp8 weights (each rank quantizes its shard) and the 8-bit KV caches (its
-  // KV heads, their scales cut with them); the cpu ranks compute in fp32 over an fp32 cache.
+  // A cuda rank takes fp8 weights (each rank quantizes its shard), the 8-bit KV caches (its KV
+  // heads, their scales cut with them) and dummy weights (drawn at its shapes); the cpu ranks
+  // compute in fp32 over an fp32 cache, from a checkpoint.
   const std::pair<std::string, bool> refused[] = {
       {"kv_cache_dtype " + options.kv_cache_dtype + " (a cpu rank keeps an fp32 KV cache)",
        !on_cuda && options.kv_cache_dtype != "auto" && options.kv_cache_dtype != "float32" &&
            options.kv_cache_dtype != "fp32"},
-      {"dummy_weights", options.dummy_weights},
+      {"dummy_weights (on a cpu rank)", !on_cuda && options.dummy_weights},
       {"weight_dtype fp8 (on a cpu rank)", !on_cuda && options.weight_dtype == "fp8"},
       {"moe_activation_dtype fp8", options.moe_activation_dtype == "fp8"}};
   for (const auto& [what, set] : refused) {
