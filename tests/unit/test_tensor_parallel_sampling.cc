@@ -3,7 +3,8 @@
 // "on the device" by the CUDA kernel's definition and overlaps steps as the CUDA runner does. The
 // engine drives the split model and the whole model with the same greedy, seeded-sampling and
 // penalised requests; the tokens must agree, every rank must have run the same sampling calls,
-// and no row may have come back to the host for sampling.
+// and no row may have come back to the host for sampling. Regex-constrained requests on the tiny
+// model check that deferred masks (SupplyMasks) reach every rank.
 #include <catch2/catch.hpp>
 
 #include <map>
@@ -85,37 +86,63 @@ std::vector<GenerationRequest> Requests() {
   return reqs;
 }
 
-RunResult Run(const std::string& dir, std::unique_ptr<Model> model, bool overlap) {
+EngineConfig Config(const std::string& dir, bool overlap) {
   EngineConfig cfg;
   cfg.model = Options(dir);
   cfg.scheduler.max_batched_tokens = 8;
   cfg.scheduler.max_num_seqs = 8;
   cfg.require_tokenizer = false;
   cfg.overlap_steps = overlap;
+  return cfg;
+}
+
+// Runs `reqs` (max_tokens each) together to the end; each must end once, without an error.
+RunResult Run(const EngineConfig& cfg, std::unique_ptr<Model> model,
+              const std::vector<GenerationRequest>& reqs, size_t max_tokens) {
   auto core = EngineCore::Create(cfg, std::move(model));
   INFO(core.status().ToString());
   REQUIRE(core.ok());
   std::map<std::string, std::shared_ptr<TokenSink>> sinks;
-  for (GenerationRequest r : Requests()) {
+  for (GenerationRequest r : reqs) {
     REQUIRE((*core)->Validate(&r).ok());
     auto sink = std::make_shared<TokenSink>();
     sinks[r.request_id] = sink;
     (*core)->Add(std::move(r), sink);
   }
   int steps = 0;
-  for (; (*core)->HasWork() && steps < 1000; ++steps) (*core)->Step();
-  REQUIRE(steps < 1000);
+  for (; (*core)->HasWork() && steps < 5000; ++steps) (*core)->Step();
+  REQUIRE(steps < 5000);
   RunResult res;
   for (const auto& [id, sink] : sinks) {
     INFO(id);
     CHECK(sink->done);
     CHECK_FALSE(sink->error);
-    CHECK(sink->tokens.size() == 10);
+    if (max_tokens > 0) CHECK(sink->tokens.size() == max_tokens);
     res.tokens[id] = sink->tokens;
   }
   res.overlapped_steps = (*core)->num_overlapped_steps();
   res.core = std::move(core).value();
   return res;
+}
+
+// n CPU ranks of the checkpoint in o.model_dir, each wrapped in DeviceSamplingModel (`dev`).
+std::unique_ptr<TensorParallelModel> Split(const ModelLoadOptions& o, int n, bool overlap,
+                                           std::vector<const DeviceSamplingModel*>* dev) {
+  auto group = std::make_unique<InProcessCommunicatorGroup>(n);
+  std::vector<std::unique_ptr<Model>> ranks;
+  for (int r = 0; r < n; ++r) {
+    auto m = LoadTensorParallelRank(o, group->rank(r));
+    INFO((m.ok() ? std::string() : m.status().message()));
+    REQUIRE(m.ok());
+    auto wrapped = std::make_unique<DeviceSamplingModel>(std::move(m).value(), overlap);
+    dev->push_back(wrapped.get());
+    ranks.push_back(std::move(wrapped));
+  }
+  auto split = std::make_unique<TensorParallelModel>(std::move(group), std::move(ranks));
+  REQUIRE(split->start_status().ok());
+  CHECK(split->samples_on_device());
+  CHECK(split->supports_overlap() == overlap);
+  return split;
 }
 
 TEST_CASE("TP: device sampling and overlapped steps through the ranks match the whole model",
@@ -133,7 +160,7 @@ TEST_CASE("TP: device sampling and overlapped steps through the ranks match the 
   REQUIRE(loaded.ok());
   auto whole_model = std::make_unique<DeviceSamplingModel>(std::move(loaded).value(), overlap);
   const DeviceSamplingModel* whole_dev = whole_model.get();
-  const RunResult whole = Run(d, std::move(whole_model), overlap);
+  const RunResult whole = Run(Config(d, overlap), std::move(whole_model), Requests(), 10);
   CHECK(whole_dev->host_rows == 0);
   CHECK(whole_dev->sync_drawn_rows > 0);
   CHECK((whole_dev->launches > 0) == overlap);
@@ -141,22 +168,9 @@ TEST_CASE("TP: device sampling and overlapped steps through the ranks match the 
 
   for (int n : {2, 4}) {
     INFO("tensor_parallel_size " << n);
-    auto group = std::make_unique<InProcessCommunicatorGroup>(n);
-    std::vector<std::unique_ptr<Model>> ranks;
     std::vector<const DeviceSamplingModel*> dev;
-    for (int r = 0; r < n; ++r) {
-      auto m = LoadTensorParallelRank(Options(d), group->rank(r));
-      INFO((m.ok() ? std::string() : m.status().message()));
-      REQUIRE(m.ok());
-      auto wrapped = std::make_unique<DeviceSamplingModel>(std::move(m).value(), overlap);
-      dev.push_back(wrapped.get());
-      ranks.push_back(std::move(wrapped));
-    }
-    auto split = std::make_unique<TensorParallelModel>(std::move(group), std::move(ranks));
-    REQUIRE(split->start_status().ok());
-    CHECK(split->samples_on_device());
-    CHECK(split->supports_overlap() == overlap);
-    const RunResult res = Run(d, std::move(split), overlap);
+    auto split = Split(Options(d), n, overlap, &dev);
+    const RunResult res = Run(Config(d, overlap), std::move(split), Requests(), 10);
     for (const auto& [id, tokens] : whole.tokens) {
       INFO(id);
       CHECK(res.tokens.at(id) == tokens);
@@ -171,6 +185,53 @@ TEST_CASE("TP: device sampling and overlapped steps through the ranks match the 
       CHECK(dev[r]->collects == whole_dev->collects);
       CHECK(dev[r]->fed_back_ids == whole_dev->fed_back_ids);
     }
+  }
+}
+
+// Constrained rows: in overlapped steps their masks are deferred (computed while the forward runs)
+// and handed to every rank by SupplyMasks. The tiny model (byte-level BPE, 8 heads) at 2 ranks.
+TEST_CASE("TP: constrained rows with deferred masks through the ranks match the whole model",
+          "[tensor_parallel]") {
+  EngineConfig cfg;
+  cfg.model.model_dir = LLM_TINY_MODEL_DIR;
+  cfg.model.device = "cpu";
+  cfg.model.num_kv_blocks = 64;
+  cfg.scheduler.max_num_seqs = 8;
+  cfg.overlap_steps = true;
+  std::vector<GenerationRequest> reqs;
+  const std::vector<std::string> patterns = {"[a-c]{3,9}", "(yes|no)-[0-9]{2,5}", "x[0-9a-f]{4}"};
+  for (size_t i = 0; i < patterns.size(); ++i) {
+    GenerationRequest r;
+    r.request_id = "re" + std::to_string(i);
+    r.prompt_ids = {1, 50, 200, 33, 7, static_cast<int32_t>(300 + i)};
+    r.sampling.temperature = i == 0 ? 0.0f : 1.0f;
+    r.sampling.seed = 40 + i;
+    r.stopping.max_tokens = 24;
+    r.constraint = {Constraint::Kind::kRegex, patterns[i], {}};
+    reqs.push_back(std::move(r));
+  }
+  auto loaded = LoadModel(cfg.model);
+  REQUIRE(loaded.ok());
+  auto whole_model = std::make_unique<DeviceSamplingModel>(std::move(loaded).value(), true);
+  const DeviceSamplingModel* whole_dev = whole_model.get();
+  const RunResult whole = Run(cfg, std::move(whole_model), reqs, 0);
+  CHECK(whole_dev->deferred_launches > 0);
+  CHECK(whole_dev->masked_rows > 0);
+  CHECK(whole_dev->host_rows == 0);
+
+  std::vector<const DeviceSamplingModel*> dev;
+  auto split = Split(cfg.model, 2, true, &dev);
+  const RunResult res = Run(cfg, std::move(split), reqs, 0);
+  for (const auto& [id, tokens] : whole.tokens) {
+    INFO(id);
+    CHECK_FALSE(tokens.empty());
+    CHECK(res.tokens.at(id) == tokens);
+  }
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK(dev[r]->deferred_launches == whole_dev->deferred_launches);
+    CHECK(dev[r]->masked_rows == whole_dev->masked_rows);
+    CHECK(dev[r]->host_rows == 0);
   }
 }
 
