@@ -1,5 +1,7 @@
 #include "engine/runtime/tensor_parallel_model.h"
 
+#include <string>
+
 namespace llm {
 
 TensorParallelModel::TensorParallelModel(std::unique_ptr<CommunicatorGroup> group,
@@ -9,6 +11,7 @@ TensorParallelModel::TensorParallelModel(std::unique_ptr<CommunicatorGroup> grou
       on_rank_thread_(std::move(on_rank_thread)),
       ranks_(std::move(ranks)),
       logits_(ranks_.size()),
+      tokens_(ranks_.size()),
       status_(ranks_.size()) {
   LLM_CHECK(!ranks_.empty() && static_cast<int>(ranks_.size()) == group_->size());
   pending_ = size() - 1;  // the threads' starts
@@ -74,6 +77,40 @@ Status TensorParallelModel::RunOnEveryRank(const std::function<Status(int)>& job
 Status TensorParallelModel::Forward(const ForwardBatch& batch, std::vector<float>* logits) {
   return RunOnEveryRank(
       [&](int r) { return ranks_[r]->Forward(batch, r == 0 ? logits : &logits_[r]); });
+}
+
+Status TensorParallelModel::CheckSameTokens(const std::vector<int32_t>& tokens) const {
+  for (int r = 1; r < size(); ++r) {
+    if (tokens_[r] != tokens) {
+      return Internal("tensor-parallel rank " + std::to_string(r) +
+                      " sampled other tokens than rank 0");
+    }
+  }
+  return Status::Ok();
+}
+
+Status TensorParallelModel::ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,
+                                           std::vector<int32_t>* tokens) {
+  LLM_RETURN_IF_ERROR(RunOnEveryRank([&](int r) {
+    return ranks_[r]->ForwardSampled(batch, r == 0 ? logits : &logits_[r],
+                                     r == 0 ? tokens : &tokens_[r]);
+  }));
+  return CheckSameTokens(*tokens);
+}
+
+Status TensorParallelModel::Launch(const ForwardBatch& batch) {
+  return RunOnEveryRank([&](int r) { return ranks_[r]->Launch(batch); });
+}
+
+Status TensorParallelModel::SupplyMasks(std::vector<uint32_t> token_masks) {
+  // Every rank reads the same masks at once: each takes a copy.
+  return RunOnEveryRank([&](int r) { return ranks_[r]->SupplyMasks(token_masks); });
+}
+
+Status TensorParallelModel::Collect(std::vector<int32_t>* tokens) {
+  LLM_RETURN_IF_ERROR(
+      RunOnEveryRank([&](int r) { return ranks_[r]->Collect(r == 0 ? tokens : &tokens_[r]); }));
+  return CheckSameTokens(*tokens);
 }
 
 Status TensorParallelModel::AllocateKvCache(int num_blocks) {

@@ -6,6 +6,17 @@
 // rank 0's: its configuration, KV cache geometry (per rank: each rank holds its heads' share of
 // every block), hidden states and routing trace (every rank routes the same way).
 //
+// Device sampling and overlapped steps (samples_on_device / supports_overlap: rank 0's) run on
+// every rank, not on rank 0 alone: each rank's LM head all-gathers the whole logits, so every
+// rank holds the same logit bytes, and a job carries its draw (SamplingJob::u), so every rank
+// samples the same tokens. That lets each rank resolve a fed-back id (-(r + 1)) from the tokens
+// it keeps on its own device, with no broadcast of rank 0's tokens, and it is cheaper than the
+// other ranks' plain Forward, which would copy their whole [rows, vocab] logits to the host: their
+// ForwardSampled copies back only the tokens of device-sampled rows. Rank 0's tokens (and logits
+// of the rows sampled on the host) are the model's; a rank whose tokens differ fails the step.
+// Launch / SupplyMasks return once every rank has queued its part (a CUDA rank returns before its
+// step ends; a CPU rank runs it there), Collect once every rank has its tokens.
+//
 // A rank's device state is its thread's: the optional start hook (`on_rank_thread(r)`, e.g.
 // cudaSetDevice for rank r's device) runs first on each rank thread, and on the calling thread
 // before rank 0's part of every call; each rank model is destroyed on its own thread too.
@@ -44,6 +55,13 @@ class TensorParallelModel final : public Model {
 
   const ModelConfig& config() const override { return ranks_[0]->config(); }
   Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override;
+  Status ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,
+                        std::vector<int32_t>* tokens) override;
+  bool samples_on_device() const override { return ranks_[0]->samples_on_device(); }
+  bool supports_overlap() const override { return ranks_[0]->supports_overlap(); }
+  Status Launch(const ForwardBatch& batch) override;
+  Status Collect(std::vector<int32_t>* tokens) override;
+  Status SupplyMasks(std::vector<uint32_t> token_masks) override;
   bool returns_hidden_states() const override { return ranks_[0]->returns_hidden_states(); }
   std::span<const float> hidden_states() const override { return ranks_[0]->hidden_states(); }
   std::string attention_backend_name() const override {
@@ -61,13 +79,16 @@ class TensorParallelModel final : public Model {
  private:
   // Runs job(r) for every rank r, rank 0 here, the others on their threads; the first failure.
   Status RunOnEveryRank(const std::function<Status(int)>& job);
+  // Internal unless every rank drew rank 0's tokens (`tokens`; the others' in tokens_).
+  Status CheckSameTokens(const std::vector<int32_t>& tokens) const;
   void RankThread(int r);
 
   std::unique_ptr<CommunicatorGroup> group_;  // outlives the ranks, which hold its communicators
   std::function<Status(int)> on_rank_thread_;
   Status start_status_;
   std::vector<std::unique_ptr<Model>> ranks_;
-  std::vector<std::vector<float>> logits_;  // [ranks]: ranks 1.. write theirs here
+  std::vector<std::vector<float>> logits_;    // [ranks]: ranks 1.. write theirs here
+  std::vector<std::vector<int32_t>> tokens_;  // [ranks]: ranks 1.. write their sampled tokens
 
   std::mutex mu_;
   std::condition_variable start_, done_;
