@@ -25,6 +25,17 @@ struct Trace {
   // Drafted steps right after an overlapped one: their drafts were proposed late.
   int late_drafts = 0, late_accepted = 0;
   int drafted_and_overlapped = 0;  // must stay 0: a step with drafts is synchronous
+
+  // Sums another request's step counts into these (the tokens are per request: not summed).
+  void AddCounts(const Trace& t) {
+    steps += t.steps;
+    overlapped += t.overlapped;
+    drafts += t.drafts;
+    accepted += t.accepted;
+    late_drafts += t.late_drafts;
+    late_accepted += t.late_accepted;
+    drafted_and_overlapped += t.drafted_and_overlapped;
+  }
 };
 
 Trace RunTraced(EngineCore& core, GenerationRequest r) {
@@ -105,11 +116,7 @@ TEST_CASE("n-gram drafts proposed behind an overlapped step are verified exactly
         const Trace spec = RunTraced(*spec_core, r);
         CHECK(spec.tokens == plain.tokens);
         CHECK(spec.drafted_and_overlapped == 0);
-        total.overlapped += spec.overlapped;
-        total.drafts += spec.drafts;
-        total.accepted += spec.accepted;
-        total.late_drafts += spec.late_drafts;
-        total.late_accepted += spec.late_accepted;
+        total.AddCounts(spec);
       }
     }
     CHECK(total.overlapped > 0);
@@ -144,9 +151,7 @@ TEST_CASE("n-gram drafts proposed behind an overlapped step are verified exactly
       const Trace spec = RunTraced(*spec_core, r);
       CHECK(spec.tokens == plain.tokens);
       CHECK(spec.drafted_and_overlapped == 0);
-      total.overlapped += spec.overlapped;
-      total.late_drafts += spec.late_drafts;
-      total.late_accepted += spec.late_accepted;
+      total.AddCounts(spec);
     }
     CHECK(total.overlapped > 0);
     CHECK(total.late_drafts > 0);
