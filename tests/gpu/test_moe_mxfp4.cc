@@ -157,7 +157,8 @@ struct Worst {
 // tickets left zero.
 void CheckRouting(const RandomMxfp4Experts& m, const std::vector<uint16_t>& x,
                   const std::vector<int32_t>& ids, int T, int top_k, float limit, float alpha,
-                  const std::vector<int>& tile_rows_list, Worst* worst, int gemv_rows = -1) {
+                  const std::vector<int>& tile_rows_list, Worst* worst, int gemv_rows = -1,
+                  int gemv_split_k = 0) {
   const int E = m.E, H = m.H, I = m.I, S = T * top_k;
   // gate_up reference per slot (t, k), and the magnitudes of its sums for the error bound.
   std::vector<double> a_ref(static_cast<size_t>(S) * I), a_tol(static_cast<size_t>(S) * I);
@@ -231,6 +232,7 @@ void CheckRouting(const RandomMxfp4Experts& m, const std::vector<uint16_t>& x,
     g.out = act;
     const bool gemv = gemv_rows >= 0;
     g.gemv_max_rows = gemv ? gemv_rows : 0;
+    g.gemv_split_k = gemv_split_k;
     REQUIRE((gemv ? cuda::LaunchMoeGemv(g, nullptr) : cuda::LaunchMoeGemmMxfp4(g, nullptr)));
     g.x = act;
     g.sorted_token = nullptr;
@@ -377,7 +379,7 @@ TEST_CASE("MXFP4 expert GEMMs at 1 to 200 rows per expert, every tile size", "[g
 // two passes, each reading the weights again; the result must not change); also 33 rows cut into
 // 16-row tiles. H 1216 and I 800: k of 10 and 7 slices of 128, the last partly padding (lanes
 // past k load nothing), n_out 800 and 1216 (not multiples of 64: CTAs of 8 columns, combine
-// blocks of 32).
+// blocks of 32). Each with k split over the default number of warps per CTA, over 1 and over 2.
 TEST_CASE("MXFP4 GEMV at 1 to 16 rows per expert, with the combine", "[gpu][moe][mxfp4]") {
   GPU_TEST_RNG(rng);
   const int E = 4, H = 1216, I = 800;
@@ -389,15 +391,17 @@ TEST_CASE("MXFP4 GEMV at 1 to 16 rows per expert, with the combine", "[gpu][moe]
   Worst worst;
   for (const int R : {1, 2, 3, 4, 5, 8, 16, 33}) {
     for (const int bound : {R, 1}) {
-      INFO("rows per expert " << R << ", gemv_max_rows " << bound);
-      std::vector<int32_t> ids;
-      const int counts[4] = {R, (R + 1) / 2, 0, 1};
-      for (int e = 0; e < E; ++e) ids.insert(ids.end(), counts[e], e);
-      std::shuffle(ids.begin(), ids.end(), rng);
-      const int T = static_cast<int>(ids.size());  // top-1: one slot per token
-      std::vector<uint16_t> x(static_cast<size_t>(T) * H);
-      for (auto& v : x) v = F32ToBf16(nd(rng));
-      CheckRouting(m, x, ids, T, 1, R % 2 ? 7.0f : 0.0f, 1.702f, {16}, &worst, bound);
+      for (const int split : {0, 1, 2}) {  // the default, then 1 and 2 warps splitting k
+        INFO("rows per expert " << R << ", gemv_max_rows " << bound << ", split_k " << split);
+        std::vector<int32_t> ids;
+        const int counts[4] = {R, (R + 1) / 2, 0, 1};
+        for (int e = 0; e < E; ++e) ids.insert(ids.end(), counts[e], e);
+        std::shuffle(ids.begin(), ids.end(), rng);
+        const int T = static_cast<int>(ids.size());  // top-1: one slot per token
+        std::vector<uint16_t> x(static_cast<size_t>(T) * H);
+        for (auto& v : x) v = F32ToBf16(nd(rng));
+        CheckRouting(m, x, ids, T, 1, R % 2 ? 7.0f : 0.0f, 1.702f, {16}, &worst, bound, split);
+      }
     }
   }
   // gpt-oss's routing shape: 8 experts top-4 over 1 to 16 tokens, distinct per token.

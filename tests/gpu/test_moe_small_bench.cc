@@ -245,7 +245,11 @@ TEST_CASE("MoE expert GEMMs benchmark: decode batches, GEMVs against tiles",
       cuda::LaunchMoePermute(pa, o.stream);
       CUDA_REQUIRE(cudaStreamSynchronize(o.stream));
       double tiled_us = 0;
-      for (const bool gemv : {false, true}) {
+      // Variant 0: tiled; 1: the GEMVs as the layer launches them; 2-4 (MXFP4 only): the GEMVs
+      // with 1, 2 and 4 warps splitting k.
+      for (int variant = 0; variant <= (sh.mx ? 4 : 1); ++variant) {
+        const bool gemv = variant > 0;
+        const int split_k = variant >= 2 ? 1 << (variant - 2) : 0;
         if (gemv && !cuda::MoeGemvBatchOk(T, K, E)) continue;
         auto run_all = [&] {
           for (int l = 0; l < kLayers; ++l) {
@@ -262,6 +266,7 @@ TEST_CASE("MoE expert GEMMs benchmark: decode batches, GEMVs against tiles",
             g.tile_rows = tile_rows;
             g.out = act.ptr;
             g.gemv_max_rows = T;
+            g.gemv_split_k = split_k;
             if (sh.mx) {
               g.mx_scales = gu_s[l].as<uint8_t>();
               g.mx_k_pad = kp_h;
@@ -312,9 +317,11 @@ TEST_CASE("MoE expert GEMMs benchmark: decode batches, GEMVs against tiles",
         if (!gemv) tiled_us = us;
         char vs_tiled[16] = "-";
         if (gemv) std::snprintf(vs_tiled, sizeof(vs_tiled), "%.2f", us / tiled_us);
-        std::printf("%-16s %5d %-6s %10.1f %8.2f %10.1f %8.2f %8s\n", sh.name, T,
-                    gemv ? "gemv" : "tiled", us, bytes / us / 1e6, floor_us, us / floor_us,
-                    vs_tiled);
+        char label[16];
+        std::snprintf(label, sizeof(label), "%s", !gemv ? "tiled" : "gemv");
+        if (split_k > 0) std::snprintf(label, sizeof(label), "gemv/%d", split_k);
+        std::printf("%-16s %5d %-6s %10.1f %8.2f %10.1f %8.2f %8s\n", sh.name, T, label, us,
+                    bytes / us / 1e6, floor_us, us / floor_us, vs_tiled);
       }
     }
   }

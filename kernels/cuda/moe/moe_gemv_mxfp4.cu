@@ -13,6 +13,13 @@
 // zero rows (down). Activations come through L1 as 16-byte loads (every warp of the SM reads the
 // same few token rows); up to 8 kNB tokens per pass over the weights (one pass for any tile of a
 // decode batch).
+//
+// A warp per 16 weight rows leaves a batch-1 grid of a few warps per SM, each with one window of
+// loads in flight at a time (issue, wait, widen, repeat): too few bytes in flight to stream at
+// the copy rate. So kSplit warps of a CTA share its rows, warp w taking the slices w, w + kSplit,
+// ...: kSplit times the loads in flight per column, and each warp's wait-then-widen rounds
+// shorter. Their fp32 partial sums meet in shared memory in warp order (the same bits on every
+// run) and warp 0 finishes the outputs.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -31,12 +38,14 @@ namespace {
 constexpr int kSlice = kMoeMxfp4KPad;  // 128 k: 64 value bytes and 4 scale bytes per row
 static_assert(kCtaCols == 8, "one m16 tile per warp: 8 columns");
 
-template <bool kSiluMul, int kNB>
-__global__ void __launch_bounds__(32) MoeGemvMxfp4Kernel(const MoeGemmArgs a) {
+template <bool kSiluMul, int kNB, int kSplit>
+__global__ void __launch_bounds__(32 * kSplit) MoeGemvMxfp4Kernel(const MoeGemmArgs a) {
   constexpr int kP = kSiluMul ? 2 : 1;       // weight rows per thread: gate and up, or one
   constexpr int kUnroll = kSiluMul ? 4 : 8;  // slices in flight: 8 16-byte loads per lane
   constexpr int kTok = 8 * kNB;              // tokens per pass
-  ptx::GridDependencySync();                 // launched with LaunchPdl
+  // Warps 1 .. kSplit - 1's accumulators, [warp][value][lane] (conflict-free).
+  __shared__ float partial[kSplit > 1 ? kSplit - 1 : 1][kNB * 4][32];
+  ptx::GridDependencySync();  // launched with LaunchPdl
   const int tile = blockIdx.y;
   if (tile >= *a.num_tiles) return;
   const int expert = a.tiles[3 * tile], row0 = a.tiles[3 * tile + 1];
@@ -44,7 +53,8 @@ __global__ void __launch_bounds__(32) MoeGemvMxfp4Kernel(const MoeGemmArgs a) {
   const int rows = a.tiles[3 * tile + 2] - row0;
   const int n_out = a.n_out, K = a.k, KP = a.mx_k_pad, KT = KP / kSlice;
   const int bx = static_cast<int>(blockIdx.x), col0 = bx * kCtaCols;
-  const int lane = threadIdx.x, g = lane / 4, c = lane % 4;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4, c = lane % 4;
   if (col0 < n_out) {  // n_out is a multiple of 32: every column of the CTA exists
     const int wrows = kP * n_out;
     // Row g of the m16 tile: gate (or down) row col0 + g; row g + 8: up row n_out + col0 + g.
@@ -71,12 +81,13 @@ __global__ void __launch_bounds__(32) MoeGemvMxfp4Kernel(const MoeGemmArgs a) {
                         : nullptr;
       }
       float acc[kNB][4] = {};
-      for (int kt0 = 0; kt0 < KT; kt0 += kUnroll) {
+      // This warp's slices: warp, warp + kSplit, ...; round kt0 covers kUnroll of them.
+      for (int kt0 = warp; kt0 < KT; kt0 += kUnroll * kSplit) {
         uint4 w[kUnroll][kP];
         uint32_t sc[kUnroll][kP];
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
-          const int kt = kt0 + u;
+          const int kt = kt0 + u * kSplit;
           // This thread's scale group of the slice: past K (the padding) it is zero and skipped.
           const bool in_k = kt < KT && kt * kSlice + 32 * c < K;
 #pragma unroll
@@ -87,7 +98,7 @@ __global__ void __launch_bounds__(32) MoeGemvMxfp4Kernel(const MoeGemmArgs a) {
         }
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
-          const int kt = kt0 + u;
+          const int kt = kt0 + u * kSplit;
           if (kt >= KT) break;  // warp-uniform
           const bool in_k = kt * kSlice + 32 * c < K;
           Mxfp4Lut lut[kP];
@@ -131,6 +142,29 @@ __global__ void __launch_bounds__(32) MoeGemvMxfp4Kernel(const MoeGemmArgs a) {
           }
         }
       }
+      if constexpr (kSplit > 1) {
+        // The warps' partial sums into warp 0's, in warp order.
+        if (warp > 0) {
+#pragma unroll
+          for (int nb = 0; nb < kNB; ++nb) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) partial[warp - 1][4 * nb + j][lane] = acc[nb][j];
+          }
+        }
+        __syncthreads();
+        if (warp == 0) {
+#pragma unroll
+          for (int w1 = 0; w1 < kSplit - 1; ++w1) {
+#pragma unroll
+            for (int nb = 0; nb < kNB; ++nb) {
+#pragma unroll
+              for (int j = 0; j < 4; ++j) acc[nb][j] += partial[w1][4 * nb + j][lane];
+            }
+          }
+        }
+        __syncthreads();  // partial free for the next pass
+      }
+      if (warp != 0) continue;
       // Accumulator (m16n8): c[0..1] weight row g at tokens 2c, 2c+1 of the n8 block; c[2..3]
       // row g + 8 (gate_up: the up row of the same column).
       const int col = col0 + g;
@@ -158,10 +192,23 @@ __global__ void __launch_bounds__(32) MoeGemvMxfp4Kernel(const MoeGemmArgs a) {
   }
 }
 
-template <bool kSiluMul, int kNB>
+template <bool kSiluMul, int kNB, int kSplit>
 void Launch(const MoeGemmArgs& a, cudaStream_t stream) {
   const dim3 grid(a.n_out / kCtaCols, a.max_tiles);
-  (void)LaunchPdl(MoeGemvMxfp4Kernel<kSiluMul, kNB>, grid, dim3(32), 0, stream, a);
+  (void)LaunchPdl(MoeGemvMxfp4Kernel<kSiluMul, kNB, kSplit>, grid, dim3(32 * kSplit), 0, stream, a);
+}
+
+template <bool kSiluMul, int kNB>
+void LaunchSplit(const MoeGemmArgs& a, cudaStream_t stream) {
+  const int split =
+      a.gemv_split_k > 0 ? a.gemv_split_k : MoeGemvMxfp4DefaultSplitK(a.gemv_max_rows);
+  if (split >= 4) {
+    Launch<kSiluMul, kNB, 4>(a, stream);
+  } else if (split >= 2) {
+    Launch<kSiluMul, kNB, 2>(a, stream);
+  } else {
+    Launch<kSiluMul, kNB, 1>(a, stream);
+  }
 }
 
 }  // namespace
@@ -170,9 +217,9 @@ void LaunchMxfp4(const MoeGemmArgs& a, cudaStream_t stream) {
   // 8 tokens per pass for the layer's decode batches up to 8 tokens, else 16.
   const bool one_block = a.gemv_max_rows > 0 && a.gemv_max_rows <= 8;
   if (a.silu_mul) {
-    one_block ? Launch<true, 1>(a, stream) : Launch<true, 2>(a, stream);
+    one_block ? LaunchSplit<true, 1>(a, stream) : LaunchSplit<true, 2>(a, stream);
   } else {
-    one_block ? Launch<false, 1>(a, stream) : Launch<false, 2>(a, stream);
+    one_block ? LaunchSplit<false, 1>(a, stream) : LaunchSplit<false, 2>(a, stream);
   }
 }
 

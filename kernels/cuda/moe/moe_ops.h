@@ -181,7 +181,16 @@ struct MoeGemmArgs {
   // LaunchMoeGemv only: no tile holds more rows than this (the batch's tokens: an expert holds a
   // token at most once), or 0 (unknown). Sizes the GEMV's rows per pass; any tile stays correct.
   int gemv_max_rows = 0;
+  // LaunchMoeGemv's MXFP4 form only: warps of a CTA that split k (1, 2 or 4), or 0 for
+  // MoeGemvMxfp4DefaultSplitK(gemv_max_rows). Benchmarks set it; the layer keeps the default.
+  int gemv_split_k = 0;
 };
+// The MXFP4 GEMVs' k split by default: at one or two tokens the grid is a few warps per SM, and
+// four warps per column share the weight stream; from four tokens on there are warps enough
+// and the split's reduction costs more than it gains ("[.bench][moe_small]").
+inline int MoeGemvMxfp4DefaultSplitK(int gemv_max_rows) {
+  return gemv_max_rows >= 1 && gemv_max_rows <= 2 ? 4 : 1;
+}
 // Column blocks of the down GEMMs (LaunchMoeGemm's 64 columns, the MXFP4 GEMMs' 32 or more):
 // the tickets MoeGemmArgs::combine needs for n_out outputs.
 inline int MoeCombineTickets(int n_out) {
