@@ -109,6 +109,9 @@ inline GenerateResult Generate(const std::string& dir,
   cfg.model.c8_prefill = o.c8_prefill;
   cfg.model.tensor_parallel_size = o.tensor_parallel_size;
   cfg.scheduler.max_batched_tokens = o.max_batched_tokens;
+  // A routing trace needs every position computed: a prefix-cache hit skips its positions' layers
+  // (contexts that extend each other, as the teacher-forced checks submit, share whole blocks).
+  if (o.routing != nullptr) cfg.scheduler.enable_prefix_caching = false;
   cfg.require_tokenizer = false;
   cfg.overlap_steps = o.overlap;
   cfg.speculative.method = o.speculative_method;

@@ -166,12 +166,37 @@ double CheckAgainstWhole(const Trace& sharded, const Trace& whole, double tolera
   return worst;
 }
 
+// The largest logit error of `model` against the same checkpoint's bf16 whole model (default
+// options) teacher-forced along model's tokens.
+double ErrorAgainstBf16(const std::string& dir, const Trace& model) {
+  auto bf16 = LoadModel(Options(dir));
+  REQUIRE(bf16.ok());
+  const Trace ref = Drive(**bf16, &model.tokens);
+  REQUIRE(ref.status.ok());
+  REQUIRE(ref.logits.size() == model.logits.size());
+  double worst = 0;
+  for (size_t step = 0; step < ref.logits.size(); ++step) {
+    worst = std::max(worst, RelativeError(model.logits[step], ref.logits[step]));
+  }
+  return worst;
+}
+
+// tolerance < 0: the fp8 bound, max(-tolerance, twice the whole fp8 model's own error against the
+// bf16 model). The sharded and the whole fp8 models are two e4m3 roundings of one bf16 model, so
+// their distance is at most about the sum of their distances from it; how far fp8 moves a random
+// model depends on the model (a top-k router turns rounding into other experts), so the bound is
+// measured on the same checkpoint and path rather than fixed.
 void CheckSplit(const std::string& dir, int size, const Quant& q = {},
                 double tolerance = kRelTolerance, bool same_tokens = true) {
   INFO("tensor_parallel_size " << size << ", weight_dtype " << q.weight_dtype << ", kv_cache_dtype "
                                << q.kv_cache_dtype << ", moe_weight_dtype " << q.moe_weight_dtype);
   const Trace whole = RunWhole(dir, q);
   REQUIRE(whole.status.ok());
+  if (tolerance < 0) {
+    const double fp8_error = ErrorAgainstBf16(dir, whole);
+    WARN(dir << ": the whole fp8 model's largest logit error against bf16 " << fp8_error);
+    tolerance = std::max(-tolerance, 2 * fp8_error);
+  }
   const std::vector<Trace> ranks = RunRanks(dir, size, whole.tokens, q);
   const double worst = CheckAgainstWhole(ranks[0], whole, tolerance, same_tokens);
   WARN(dir << " at " << size << " ranks: largest logit error " << worst << " of the logit scale");
@@ -232,16 +257,18 @@ TEST_CASE("TP CUDA: gpt-oss's MXFP4 experts cut as stored match the whole model 
   mx.expert_inter = 384;
   const std::string dir =
       gpu_test::WriteRandomMoe("tp_gpt_oss_mxfp4", gpu_test::RandomMoeArch::kGptOss, mx);
-  CheckSplit(dir, 2, {.moe_weight_dtype = "mxfp4"});
-  CheckSplit(dir, 2, {.moe_weight_dtype = "bf16"});
+  // gpt-oss's random router: the amplification of the bf16 case above (0.05-0.06 on an H100).
+  constexpr double kGptOssTolerance = 0.2;
+  CheckSplit(dir, 2, {.moe_weight_dtype = "mxfp4"}, kGptOssTolerance);
+  CheckSplit(dir, 2, {.moe_weight_dtype = "bf16"}, kGptOssTolerance);
   // Experts of 320: 160 per rank, 5 blocks of k (odd, as gpt-oss-20b's 1440 is 45), which the
   // MXFP4 GEMMs serve (multiples of 32; k padded to 256) and the bf16 ones do not (refused).
   mx.expert_inter = 320;
   const std::string dir160 =
       gpu_test::WriteRandomMoe("tp_gpt_oss_mxfp4_320", gpu_test::RandomMoeArch::kGptOss, mx);
-  CheckSplit(dir160, 2, {.moe_weight_dtype = "mxfp4"});
-  CheckSplit(dir160, 2,
-             {.moe_weight_dtype = "auto"});  // auto keeps them too (the scales are in range)
+  CheckSplit(dir160, 2, {.moe_weight_dtype = "mxfp4"}, kGptOssTolerance);
+  CheckSplit(dir160, 2, {.moe_weight_dtype = "auto"},
+             kGptOssTolerance);  // auto keeps them too (the scales are in range)
   auto group = DeviceLocalCommunicatorGroup::Create(2, 0);
   REQUIRE(group.ok());
   auto bf16 =
@@ -310,12 +337,15 @@ TEST_CASE("TP CUDA: int8 and dynamic fp8 KV caches on Llama ranks match the whol
 // quantized per row over the rank's slice, and their raw outputs get those row scales before the
 // all-reduce. The two models are two e4m3 roundings of the same bf16 model: ~3% rms per element
 // per projection, compounding over the layers like fp8 against bf16 weights (test_fp8_weights.cc
-// allows 0.2 relative L2), so the largest logit error is held to 0.25 of the logit scale and the
-// greedy tokens may differ where two logits lie closer than that. A missing row scale (1/448 of a
-// row's absmax) or a partial sum left unscaled is an error of the order of the logits or larger.
+// allows 0.2 relative L2), so the largest logit error is held to 0.25 of the logit scale, or to
+// twice the whole fp8 model's own error against its bf16 model where that is larger (DeepSeek-V3's
+// random sigmoid router moves whole experts under fp8 rounding: 0.49 at 2 ranks on an H100), and
+// the greedy tokens may differ where two logits lie closer than that. A missing row scale (1/448
+// of a row's absmax) or a partial sum left unscaled is an error of the order of the logits or
+// larger.
 TEST_CASE("TP CUDA: fp8 weights with 8-bit KV caches on Llama and DeepSeek ranks",
           "[gpu][tensor_parallel_cuda]") {
-  constexpr double kFp8Tolerance = 0.25;
+  constexpr double kFp8Tolerance = -0.25;  // CheckSplit's fp8 bound, at least 0.25
   const std::string dir = gpu_test::WriteRandomDense("tp_llama_fp8", gpu_test::RandomArch::kLlama);
   const std::string scales = WriteKvScales(dir);
   CheckSplit(dir, 2, {.weight_dtype = "fp8", .kv_cache_dtype = "int8", .kv_scales_file = scales},
