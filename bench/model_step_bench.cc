@@ -10,6 +10,7 @@
 //       [--moe-activations bf16|fp8|auto] (the server's moe_activation_dtype)
 //       [--prefill-seqs S] [--prefill-decode N] [--prefill-steps K] [--profile-prefill 1]
 //       [--fp8-fast-accum 0|1]   (default 1, the server's default)
+//       [--dense-gemv-max-rows N]   (default 4; 0: cuBLAS for every projection)
 //       [--fp8-static-attn-out 0|1]   (default 1, the server's fp8_static_attention_output)
 //       [--c8-prefill auto|tiles|fmha] (the server's c8_prefill)
 //       [--query-tokens 1,2,3,4,5]
@@ -75,6 +76,7 @@ struct Args {
   std::string moe_weights = "auto";      // ModelLoadOptions::moe_weight_dtype (bf16 | mxfp4)
   std::string moe_activations = "bf16";  // ModelLoadOptions::moe_activation_dtype (fp8 | auto)
   bool fast_accum = true;                // ModelLoadOptions::fp8_fast_accumulation
+  int dense_gemv_max_rows = 4;           // ModelLoadOptions::dense_gemv_max_rows
   bool static_attn_out = true;           // ModelLoadOptions::fp8_static_attention_output
   std::string c8_prefill = "auto";       // ModelLoadOptions::c8_prefill
   std::vector<int> query_tokens;         // verify steps of Q tokens per sequence
@@ -185,6 +187,8 @@ int main(int argc, char** argv) {
       args.prefill = std::stoi(v);
     } else if (k == "--backend") {
       args.backend = v;
+    } else if (k == "--dense-gemv-max-rows") {
+      args.dense_gemv_max_rows = std::stoi(v);
     } else if (k == "--fp8-fast-accum") {
       args.fast_accum = std::stoi(v) != 0;
     } else if (k == "--c8-prefill") {
@@ -255,6 +259,7 @@ int main(int argc, char** argv) {
     o.moe_weight_dtype = args.moe_weights;
     o.moe_activation_dtype = args.moe_activations;
     o.fp8_fast_accumulation = args.fast_accum;
+    o.dense_gemv_max_rows = args.dense_gemv_max_rows;
     o.fp8_static_attention_output = args.static_attn_out;
     o.c8_prefill = args.c8_prefill;
     auto m = llm::LoadModel(o);

@@ -179,6 +179,12 @@ struct ModelLoadOptions {
   // no request pays for a bucket's first eager step, its fp8 GEMM tuning and its capture;
   // false: each is captured on its first decode step.
   bool cuda_graph_warmup = true;
+  // Steps of up to this many rows (decode batches of 1 to 4, a batch-1 verify step of up to 3
+  // drafts) apply their bf16 projection weights through the small-batch GEMVs
+  // (kernels/cuda/ops/dense_gemv.h, at most kDenseGemvMaxRows) where those are faster than cuBLAS
+  // (one row; up to four on small weights: cuda::DenseGemvPreferred); 0: cuBLAS for every step
+  // (benchmarks compare the two). CUDA only.
+  int dense_gemv_max_rows = 4;
   // Attention family for steps with a prefill chunk (CUDA): "auto" (the registry's fitting family
   // of highest prefill_priority, cuda_fmha for a 16-bit cache), "none" (the decode backend), or a
   // backend name that shares the decode backend's cache layout. The cpu device takes auto / none.

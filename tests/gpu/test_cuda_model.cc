@@ -84,9 +84,16 @@ constexpr float kTieGap = 5e-3f;
 constexpr int kLateStep = 16;
 constexpr float kLateTieGap = 1e-2f;
 
+// Through an 8-bit cache a bf16-vs-fp32 difference that straddles a rounding boundary becomes a
+// whole e4m3 step (2^-4 of the value, against bf16's 2^-9): a few percent of the cached values
+// move by that much, and after a few dozen steps two correct runs part at gaps of a few percent
+// (4.0e-2 at step 30 on an H100 when the small-batch GEMVs changed the projections' bits). Past
+// kLateStep the 8-bit runs get this bound; a defect still parts early or at a clear margin.
+constexpr float kLateTieGap8Bit = 6e-2f;
+
 void CheckSameUpToTies(const std::string& what, const std::vector<std::vector<int32_t>>& ref,
                        const Gaps& ref_gaps, const std::vector<std::vector<int32_t>>& got,
-                       double min_identical_fraction) {
+                       double min_identical_fraction, float late_tie_gap = kLateTieGap) {
   int identical = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     const size_t n = ref[i].size();
@@ -100,7 +107,7 @@ void CheckSameUpToTies(const std::string& what, const std::vector<std::vector<in
     const float gap = ref_gaps.at(std::to_string(i)).at(k);
     INFO(what << " prompt " << i << ": first divergence at step " << k << ", reference top-2 gap "
               << gap << " of max |logit|");
-    CHECK(gap < (k >= kLateStep ? kLateTieGap : kTieGap));
+    CHECK(gap < (k >= kLateStep ? late_tie_gap : kTieGap));
   }
   INFO(what << ": " << identical << " of " << ref.size() << " sequences identical");
   CHECK(identical >= min_identical_fraction * static_cast<double>(ref.size()));
@@ -362,14 +369,14 @@ TEST_CASE("GPU 8-bit caches match the CPU C8 reference over 64 greedy steps", "[
     // 8-bit rounding turns bf16-vs-fp32 differences into whole quantization steps, so near-ties
     // come sooner and most sequences part, each at a near-tie; only the near-tie rule is
     // asserted.
-    CheckSameUpToTies(kv, cpu, gaps, gpu, 0.0);
+    CheckSameUpToTies(kv, cpu, gaps, gpu, 0.0, kLateTieGap8Bit);
     // On sm_90 the default (c8_prefill auto) attends the prompts through the wgmma FMHA
     // kernel over a bf16 copy of the cache; the C8 prefill tiles must track the CPU too.
     if (FmhaWgmmaAvailable()) {
       GenerateOptions o;
       o.c8_prefill = "tiles";
       CheckSameUpToTies(std::string(kv) + " prefill tiles", cpu, gaps,
-                        Generate(dir, "cuda", kv, Prompts(), o), 0.0);
+                        Generate(dir, "cuda", kv, Prompts(), o), 0.0, kLateTieGap8Bit);
     }
   }
   fs::remove_all(dir);

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
+
+#include "kernels/cuda/ops/dense_gemv.h"
 
 namespace llm {
 
@@ -178,6 +181,13 @@ Status CudaLinear::RunBf16(const CudaLinearOps& ops, const void* x, int rows, vo
                            cudaDataType out_type, int group) const {
   if (fp8()) return Internal("RunBf16 on an fp8 weight");
   const auto* w = w_.as<uint16_t>() + static_cast<size_t>(group) * n_ * k_;
+  const bool aligned =
+      reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  if (rows <= ops.dense_gemv_max_rows && cuda::DenseGemvPreferred(rows, n_, k_) && aligned &&
+      (out_type == CUDA_R_16BF || out_type == CUDA_R_32F) &&
+      cuda::LaunchDenseGemvBf16(x, w, rows, n_, k_, y, out_type == CUDA_R_32F, ops.stream)) {
+    return Status::Ok();
+  }
   return GemmBf16(ops.blas, x, w, rows, n_, k_, y, out_type);
 }
 

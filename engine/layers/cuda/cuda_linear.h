@@ -41,6 +41,9 @@ struct CudaLinearOps {
   CudaFp8Gemm* fp8 = nullptr;         // null without fp8 weights
   const float* unit_scale = nullptr;  // 1.0f: the activation scale when row scales come after
   float* amax = nullptr;              // one float of scratch for Quantize
+  // RunBf16 on at most this many rows takes the small-batch GEMVs (ModelLoadOptions::
+  // dense_gemv_max_rows); 0: cuBLAS always.
+  int dense_gemv_max_rows = 0;
 };
 
 // y[rows, n] = x[rows, k] W^T for one weight W [n, k], or for one of `groups` matrices stacked
@@ -102,7 +105,9 @@ class CudaLinear {
                const cuda::Fp8Rows& scratch, int group = 0) const;
   // Floats of scratch.scale that Apply needs for `rows` rows.
   size_t Fp8ScaleFloats(int rows) const;
-  // bf16 weights: cuBLAS with out_type y (fp32 for logits and routers).
+  // bf16 weights: cuBLAS with out_type y (fp32 for logits and routers), or the small-batch
+  // GEMVs (kernels/cuda/ops/dense_gemv.h) for rows <= ops.dense_gemv_max_rows where they are
+  // faster (cuda::DenseGemvPreferred) and x and the weight are 16-byte aligned.
   Status RunBf16(const CudaLinearOps& ops, const void* x, int rows, void* y,
                  cudaDataType out_type = CUDA_R_16BF, int group = 0) const;
   // fp8 weights, input already e4m3 (its producer wrote it). Per-tensor weights: the raw product

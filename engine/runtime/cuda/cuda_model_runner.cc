@@ -19,6 +19,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_info.h"
 #include "kernels/cuda/common/pinned_staging.h"
+#include "kernels/cuda/ops/dense_gemv.h"
 #include "kernels/cuda/ops/elementwise_ops.h"
 
 namespace llm {
@@ -210,6 +211,7 @@ Status CudaModelRunner::Init(const WeightStore* w, const ModelLoadOptions& optio
   BLAS_RETURN_IF_ERROR(cublasSetWorkspace(blas_, blas_workspace_.ptr, blas_workspace_.bytes));
   ops_.stream = stream_;
   ops_.blas = blas_;
+  ops_.dense_gemv_max_rows = std::min(options.dense_gemv_max_rows, cuda::kDenseGemvMaxRows);
   CudaLoadContext ctx;
   ctx.options = &options;
   ctx.weights = w;
