@@ -379,7 +379,7 @@ TEST_CASE("MXFP4 expert GEMMs at 1 to 200 rows per expert, every tile size", "[g
 // two passes, each reading the weights again; the result must not change); also 33 rows cut into
 // 16-row tiles. H 1216 and I 800: k of 10 and 7 slices of 128, the last partly padding (lanes
 // past k load nothing), n_out 800 and 1216 (not multiples of 64: CTAs of 8 columns, combine
-// blocks of 32). Each with k split over the default number of warps per CTA, over 1 and over 2.
+// blocks of 32). Each with k split over the default number of warps per CTA, over 1, 2 and 4.
 TEST_CASE("MXFP4 GEMV at 1 to 16 rows per expert, with the combine", "[gpu][moe][mxfp4]") {
   GPU_TEST_RNG(rng);
   const int E = 4, H = 1216, I = 800;
@@ -391,7 +391,7 @@ TEST_CASE("MXFP4 GEMV at 1 to 16 rows per expert, with the combine", "[gpu][moe]
   Worst worst;
   for (const int R : {1, 2, 3, 4, 5, 8, 16, 33}) {
     for (const int bound : {R, 1}) {
-      for (const int split : {0, 1, 2}) {  // the default, then 1 and 2 warps splitting k
+      for (const int split : {0, 1, 2, 4}) {  // the default, then 1, 2 and 4 warps splitting k
         INFO("rows per expert " << R << ", gemv_max_rows " << bound << ", split_k " << split);
         std::vector<int32_t> ids;
         const int counts[4] = {R, (R + 1) / 2, 0, 1};

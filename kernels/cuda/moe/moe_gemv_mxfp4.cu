@@ -40,9 +40,11 @@ static_assert(kCtaCols == 8, "one m16 tile per warp: 8 columns");
 
 template <bool kSiluMul, int kNB, int kSplit>
 __global__ void __launch_bounds__(32 * kSplit) MoeGemvMxfp4Kernel(const MoeGemmArgs a) {
-  constexpr int kP = kSiluMul ? 2 : 1;       // weight rows per thread: gate and up, or one
-  constexpr int kUnroll = kSiluMul ? 4 : 8;  // slices in flight: 8 16-byte loads per lane
-  constexpr int kTok = 8 * kNB;              // tokens per pass
+  constexpr int kP = kSiluMul ? 2 : 1;  // weight rows per thread: gate and up, or one
+  // Slices in flight: 8 16-byte loads per lane, 4 where four warps share a column (the CTA keeps
+  // 16 per lane and column in flight, and the shorter rounds cost fewer registers).
+  constexpr int kUnroll = (kSiluMul ? 4 : 8) / (kSplit >= 4 ? 2 : 1);
+  constexpr int kTok = 8 * kNB;  // tokens per pass
   // Warps 1 .. kSplit - 1's accumulators, [warp][value][lane] (conflict-free).
   __shared__ float partial[kSplit > 1 ? kSplit - 1 : 1][kNB * 4][32];
   ptx::GridDependencySync();  // launched with LaunchPdl
