@@ -5,7 +5,10 @@
 # at SPEC_HIGH_CONC (default 256; speculation pauses above --speculative-disable-by-batch-size,
 # so it must cost nothing there; SPEC_HIGH_REQUESTS requests, default twice the concurrency). Configurations: SPEC_CONFIGS, space-separated, each "none",
 # "ngram:K" or "draft:K" (draft: the fixture's code_llama_draft). Reports and server logs under
-# $OUT; a table last.
+# $OUT; a table last. SPEC_ROUNDS (default 1) repeats the configurations in turn, each on a fresh
+# server (one launch-bound server against the next drifts by up to a third): the edit workload every
+# round, the high-concurrency run in round 1 only (SPEC_HIGH_REQUESTS=0 skips it); the table gives
+# each round's ratios and their median.
 # Pack first: ../shared/gpu/pack.sh .devpack build/cuda/server/llm-server; cp -r build/cpu/python
 # .devpack/.
 set -uo pipefail
@@ -21,10 +24,14 @@ PROTO="${SPEC_PROTO:-.devpack/python}"
 target="${SPEC_TARGET:-tests/fixtures/models/code_llama}"
 draft="${SPEC_DRAFT:-tests/fixtures/models/code_llama_draft}"
 WORKLOAD="${SPEC_WORKLOAD:-bench/workloads/code_edit.jsonl}"
+ROUNDS="${SPEC_ROUNDS:-1}"
+HIGH_REQUESTS="${SPEC_HIGH_REQUESTS:-$((2 * HIGH))}"
+for round in $(seq 1 "$ROUNDS"); do
 for cfg in $CONFIGS; do
   method=${cfg%%:*}
   k=${cfg#*:}
   tag=${cfg/:/_}
+  [ "$ROUNDS" -gt 1 ] && tag="${tag}_r$round"
   args=()
   if [ "$method" = ngram ]; then
     args=(--speculative-method ngram --num-speculative-tokens "$k")
@@ -58,39 +65,57 @@ for p in ("schedule", "prepare", "forward", "sample", "draft", "verify"):
     s = m.get(f"llm_engine_step_{p}_seconds_sum", 0)
     print(f"step {p:9s} mean {1e3 * s / max(n, 1):8.4f} ms over {int(n)} steps")
 PY
-  timeout 300 "${PYTHON:-python3}" tools/loadgen.py --target 127.0.0.1:$port --proto-python "$PROTO" \
-    --input-len 128 --output-len 256 --num-requests "${SPEC_HIGH_REQUESTS:-$((2 * HIGH))}" --concurrency "$HIGH" \
-    --temperature 0 --no-progress --fail-on-errors --output-json "$OUT/high_$tag.json" \
-    "${metrics[@]}" > "$OUT/high_$tag.txt" 2>&1 ||
-    { echo "$cfg: high-concurrency run failed"; tail -5 "$OUT/high_$tag.txt"; }
+  if [ "$round" = 1 ] && [ "$HIGH_REQUESTS" -gt 0 ]; then
+    timeout 300 "${PYTHON:-python3}" tools/loadgen.py --target 127.0.0.1:$port --proto-python "$PROTO" \
+      --input-len 128 --output-len 256 --num-requests "$HIGH_REQUESTS" --concurrency "$HIGH" \
+      --temperature 0 --no-progress --fail-on-errors --output-json "$OUT/high_$tag.json" \
+      "${metrics[@]}" > "$OUT/high_$tag.txt" 2>&1 ||
+      { echo "$cfg: high-concurrency run failed"; tail -5 "$OUT/high_$tag.txt"; }
+  fi
   kill $pid 2>/dev/null
   wait $pid 2>/dev/null
 done
-python3 - "$OUT" $CONFIGS <<'PY'
-import json, sys
-out, configs = sys.argv[1], sys.argv[2:]
-print(f"| config | edit TPOT p50 ms | edit tok/s | acceptance | accepted per verify | "
-      f"c={'high'} tok/s | c=high TPOT p50 ms |")
-print("|---|---|---|---|---|---|---|")
-base = None
-for cfg in configs:
-    tag = cfg.replace(":", "_")
-    try:
-        e = json.load(open(f"{out}/edit_{tag}.json"))
-        h = json.load(open(f"{out}/high_{tag}.json"))
-    except OSError:
-        print(f"| {cfg} | failed | | | | | |")
-        continue
-    sd = e.get("speculative_decoding") or {}
-    rate = sd.get("acceptance_rate")
-    mean = sd.get("mean_accepted_tokens")
-    tpot = e["latency_ms"]["tpot"]["p50"]
-    if cfg == "none":
-        base = tpot
-    speed = f" ({base / tpot:.2f}x)" if base and cfg != "none" else ""
-    print(f"| {cfg} | {tpot:.3f}{speed} | {e['throughput']['output_token_throughput']:.0f} | "
-          f"{'-' if rate is None else f'{100 * rate:.1f}%'} | "
-          f"{'-' if mean is None else f'{mean:.2f}'} | "
-          f"{h['throughput']['output_token_throughput']:.0f} | {h['latency_ms']['tpot']['p50']:.3f} |")
+done
+python3 - "$OUT" "$ROUNDS" $CONFIGS <<'PY'
+import json, statistics, sys
+out, rounds, configs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+print(f"| round | config | edit TPOT p50 ms | edit tok/s | acceptance | accepted per verify | "
+      f"c=high tok/s | c=high TPOT p50 ms |")
+print("|---|---|---|---|---|---|---|---|")
+ratios = {}
+for r in range(1, rounds + 1):
+    base = None
+    for cfg in configs:
+        tag = cfg.replace(":", "_") + (f"_r{r}" if rounds > 1 else "")
+        try:
+            e = json.load(open(f"{out}/edit_{tag}.json"))
+        except OSError:
+            print(f"| {r} | {cfg} | failed | | | | | |")
+            continue
+        try:
+            h = json.load(open(f"{out}/high_{tag}.json"))
+            high = (f"{h['throughput']['output_token_throughput']:.0f} | "
+                    f"{h['latency_ms']['tpot']['p50']:.3f}")
+        except OSError:
+            high = "- | -"
+        sd = e.get("speculative_decoding") or {}
+        rate = sd.get("acceptance_rate")
+        mean = sd.get("mean_accepted_tokens")
+        tpot = e["latency_ms"]["tpot"]["p50"]
+        if cfg == "none":
+            base = tpot
+        speed = ""
+        if base and cfg != "none":
+            ratios.setdefault(cfg, []).append(base / tpot)
+            speed = f" ({base / tpot:.2f}x)"
+        print(f"| {r} | {cfg} | {tpot:.3f}{speed} | {e['throughput']['output_token_throughput']:.0f} | "
+              f"{'-' if rate is None else f'{100 * rate:.1f}%'} | "
+              f"{'-' if mean is None else f'{mean:.2f}'} | {high} |")
+for cfg, v in ratios.items():
+    print(f"{cfg}: batch-1 TPOT over none, median of {len(v)} round(s) {statistics.median(v):.2f}x "
+          f"(each: {', '.join(f'{x:.2f}' for x in v)})")
 PY
-for cfg in $CONFIGS; do echo "phases, edit workload, $cfg:"; cat "$OUT/phases_${cfg/:/_}.txt" 2>/dev/null; done
+for cfg in $CONFIGS; do
+  echo "phases, edit workload, $cfg:"
+  cat "$OUT"/phases_${cfg/:/_}*.txt 2>/dev/null
+done
