@@ -344,6 +344,21 @@ TEST_CASE("MXFP4 expert GEMMs match the dequantized experts (gate_up with SwiGLU
               worst.gu, worst.dn);
 }
 
+// Top-1 tokens over 4 experts holding R, (R + 1) / 2, 0 and 1 of them, shuffled: *ids, and the
+// tokens' random rows of H values, *x. Returns the token count.
+int SkewedTokens(int R, int H, std::mt19937& rng, std::vector<int32_t>* ids,
+                 std::vector<uint16_t>* x) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  ids->clear();
+  const int counts[4] = {R, (R + 1) / 2, 0, 1};
+  for (int e = 0; e < 4; ++e) ids->insert(ids->end(), counts[e], e);
+  std::shuffle(ids->begin(), ids->end(), rng);
+  const int T = static_cast<int>(ids->size());  // top-1: one slot per token
+  x->resize(static_cast<size_t>(T) * H);
+  for (auto& v : *x) v = F32ToBf16(nd(rng));
+  return T;
+}
+
 // Experts of exactly R rows for R from 1 (decode) to 200 (several 64-row tiles, the last one
 // partly filled), beside experts of (R + 1) / 2 rows, one row and none, through every tile size:
 // every n8 block count, idle n8 blocks of a tile, and tiles cut from one expert. H 1216 and I 800
@@ -355,17 +370,12 @@ TEST_CASE("MXFP4 expert GEMMs at 1 to 200 rows per expert, every tile size", "[g
   const int E = 4, H = 1216, I = 800;
   DeviceAllocs d;
   const RandomMxfp4Experts m = MakeRandomExperts(E, H, I, 116, 122, rng, &d);
-  std::normal_distribution<float> nd(0.f, 1.f);
   Worst worst;
   for (const int R : {1, 2, 3, 7, 8, 9, 16, 33, 64, 200}) {
     INFO("rows per expert " << R);
     std::vector<int32_t> ids;
-    const int counts[4] = {R, (R + 1) / 2, 0, 1};
-    for (int e = 0; e < E; ++e) ids.insert(ids.end(), counts[e], e);
-    std::shuffle(ids.begin(), ids.end(), rng);
-    const int T = static_cast<int>(ids.size());  // top-1: one slot per token
-    std::vector<uint16_t> x(static_cast<size_t>(T) * H);
-    for (auto& v : x) v = F32ToBf16(nd(rng));
+    std::vector<uint16_t> x;
+    const int T = SkewedTokens(R, H, rng, &ids, &x);
     CheckRouting(m, x, ids, T, 1, R % 2 ? 7.0f : 0.0f, 1.702f, {16, 32, 64}, &worst);
   }
   std::printf("mxfp4 rows sweep: worst gate_up error %.2e (relative), down %.2e\n", worst.gu,
@@ -394,12 +404,8 @@ TEST_CASE("MXFP4 GEMV at 1 to 16 rows per expert, with the combine", "[gpu][moe]
       for (const int split : {0, 1, 2, 4}) {  // the default, then 1, 2 and 4 warps splitting k
         INFO("rows per expert " << R << ", gemv_max_rows " << bound << ", split_k " << split);
         std::vector<int32_t> ids;
-        const int counts[4] = {R, (R + 1) / 2, 0, 1};
-        for (int e = 0; e < E; ++e) ids.insert(ids.end(), counts[e], e);
-        std::shuffle(ids.begin(), ids.end(), rng);
-        const int T = static_cast<int>(ids.size());  // top-1: one slot per token
-        std::vector<uint16_t> x(static_cast<size_t>(T) * H);
-        for (auto& v : x) v = F32ToBf16(nd(rng));
+        std::vector<uint16_t> x;
+        const int T = SkewedTokens(R, H, rng, &ids, &x);
         CheckRouting(m, x, ids, T, 1, R % 2 ? 7.0f : 0.0f, 1.702f, {16}, &worst, bound, split);
       }
     }
