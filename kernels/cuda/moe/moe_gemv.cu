@@ -33,10 +33,7 @@ constexpr int kWarps = moe_gemv::kCtaCols;  // a warp per output column
 constexpr int kThreads = 32 * kWarps;
 constexpr int kUnroll = 4;  // 16-byte weight loads in flight per lane and weight row
 
-// A bf16 pair (the first in the low half) as two floats (exact).
-__device__ __forceinline__ float2 Bf16x2ToFloat2(uint32_t u) {
-  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
-}
+using ptx::Bf16x2ToFloat2;
 
 // acc + w[0..7] . (the 8 bf16 of xv), in k order.
 __device__ __forceinline__ float Dot8(const float* w, const uint4& xv, float acc) {

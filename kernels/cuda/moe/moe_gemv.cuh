@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/common/gemv_loads.cuh"
 #include "kernels/cuda/moe/moe_combine.cuh"
 #include "kernels/cuda/moe/moe_ops.h"
 
@@ -16,14 +17,7 @@ constexpr int kCtaCols = 8;
 constexpr int kCtasPerBlock = kMoeGemvColumnBlock / kCtaCols;
 static_assert(kMoeGemvColumnBlock % kCtaCols == 0, "a combine block is whole CTAs");
 
-// 16 weight bytes, read once per step: not kept in L1 (the token rows are).
-__device__ __forceinline__ uint4 LoadStream16(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
+using ptx::LoadStream16;  // kernels/cuda/common/gemv_loads.cuh
 
 // The end of a down GEMV's CTA (columns [bx * kCtaCols, + kCtaCols) of y written for its tile):
 // the kCtasPerBlock CTAs of every tile in the column block draw its ticket, and the last one

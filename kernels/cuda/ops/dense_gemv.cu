@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/common/device_info.h"
+#include "kernels/cuda/common/gemv_loads.cuh"
 #include "kernels/cuda/common/pdl_launch.cuh"
 #include "kernels/cuda/common/ptx_ops.cuh"
 #include "kernels/cuda/ops/dense_gemv.h"
@@ -21,18 +22,8 @@ constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kUnroll = 4;  // 16-byte weight loads in flight per lane
 
-// 16 weight bytes, read once per step: not kept in L1 (x's rows are).
-__device__ __forceinline__ uint4 LoadStream16(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ float2 Bf16x2ToFloat2(uint32_t u) {
-  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
-}
+using ptx::Bf16x2ToFloat2;
+using ptx::LoadStream16;
 
 // acc + (8 bf16 of w) . (8 bf16 of x), in k order.
 __device__ __forceinline__ float Dot8(const uint4& w, const uint4& x, float acc) {
