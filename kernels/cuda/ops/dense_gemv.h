@@ -1,7 +1,7 @@
 // Small-batch products with a bf16 weight, y = x W^T for a few rows of x, streaming W once from
-// global memory (the decode steps of batch 1 to kDenseGemvMaxRows: every projection of the step
-// and the LM head). Plain C++ launcher header: pointers are device pointers, `stream` is a
-// cudaStream_t.
+// global memory (the decode steps of batch 1 to kDenseGemvMaxRows: the projections that
+// CudaLinear::RunBf16 applies; the LM head stays on cuBLAS). Plain C++ launcher header: pointers
+// are device pointers, `stream` is a cudaStream_t.
 //
 // cuBLAS serves these shapes with tiles made for many rows (a 64 x 8 tile and a split-k
 // reduction for 4,096 x 2,880 at one row), a second launch and a ramp for a few microseconds of
