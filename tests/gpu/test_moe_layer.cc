@@ -447,25 +447,31 @@ TEST_CASE("MoE layer: the down GEMM's combine gives LaunchMoeCombine's bits", "[
 
 // fp8 experts (one per-tensor scale per expert, CudaLinear::Quantize) with fp8 activations: the
 // W8A8 GEMMs with tiles of 16 (T 1, 7), 32 (T 64) and 64 rows (T 300: MoeMxfp4TileRows), the
-// shared experts as their dense group, against CpuMoe; and what the option refuses or leaves.
+// shared experts as their dense group, and the large-batch path's per-expert cuBLASLt GEMMs
+// (forced from one token: an expert of one row runs a 16-row GEMM into the slack; by default from
+// 64 slots per expert, T 300 here), against CpuMoe; and what the option refuses or leaves.
 TEST_CASE("MoE layer with fp8 activations (W8A8) matches CpuMoe, batch 1..300", "[gpu][moe][fp8]") {
   GPU_TEST_RNG(rng);
   Ops o;
   using A = CudaMoeLayer::ActivationDtype;
   for (const bool v3 : {false, true}) {
-    INFO((v3 ? "v3 routing" : "v2 routing"));
-    TestMoe m;
-    m.routing = v3 ? V3Routing(16, 4) : V2Routing(16, 4);
-    MakeMoe(o.ops, WeightQuant::kFp8PerTensor, rng, &m);
-    CudaMoeLayer layer(m.routing, m.hidden, m.inter, m.shared_inter);
-    layer.set_activation_dtype(v3 ? A::kFp8 : A::kAuto);
-    REQUIRE(layer.ChooseActivations("test", &m.gpu).ok());
-    REQUIRE(m.gpu.w8a8);
-    CudaMoeScratch s;
-    for (const int T : {1, 7, 64, 300}) {
-      CHECK(!layer.TakesLargeBatchPath(T, m.gpu));
-      CheckAgainstCpu(o, layer, m.gpu, m.cpu, m.hidden, T, 1e-4f, rng, &s, kFp8ActBound,
-                      kFp8ActMeanBound);
+    for (const int large_from : {INT_MAX, 0, CudaMoeLayer::kLargeBatchSlotsPerExpert}) {
+      INFO((v3 ? "v3 routing" : "v2 routing") << ", large batch from " << large_from);
+      TestMoe m;
+      m.routing = v3 ? V3Routing(16, 4) : V2Routing(16, 4);
+      MakeMoe(o.ops, WeightQuant::kFp8PerTensor, rng, &m);
+      CudaMoeLayer layer(m.routing, m.hidden, m.inter, m.shared_inter);
+      layer.set_activation_dtype(v3 ? A::kFp8 : A::kAuto);
+      layer.set_large_batch_slots_per_expert(large_from);
+      REQUIRE(layer.ChooseActivations("test", &m.gpu).ok());
+      REQUIRE(m.gpu.w8a8);
+      CHECK(CudaMoeLayer::LargeBatchFp8Serves(m.gpu));
+      CudaMoeScratch s;
+      for (const int T : {1, 7, 64, 300}) {
+        CHECK(layer.TakesLargeBatchPath(T, m.gpu) == (int64_t{T} * 4 >= int64_t{large_from} * 16));
+        CheckAgainstCpu(o, layer, m.gpu, m.cpu, m.hidden, T, 1e-4f, rng, &s, kFp8ActBound,
+                        kFp8ActMeanBound);
+      }
     }
   }
   // bf16 experts: fp8 refuses them by name, auto keeps bf16 activations.
@@ -706,6 +712,7 @@ TEST_CASE("MoE layer keeps a checkpoint's fp8 experts and matches CpuMoe on them
     {
       CudaMoeLayer layer8(routing, H, I, SI);
       layer8.set_activation_dtype(CudaMoeLayer::ActivationDtype::kFp8);
+      layer8.set_large_batch_slots_per_expert(INT_MAX);  // the tiles (the large path: below)
       Bf16WeightLoader loader8(&ws, o.stream);
       CudaMoeWeights gpu8;
       const Status st = layer8.Load(loader8, &ws, o.ops, WeightQuant::kBf16, p, names, &gpu8,
@@ -731,6 +738,23 @@ TEST_CASE("MoE layer keeps a checkpoint's fp8 experts and matches CpuMoe on them
       CHECK((sas == std::vector<float>(T, 0.05f)) == static_scales);
       if (static_scales) {
         CHECK(Download(s8.shared_xq_scale.as<float>(), T) == std::vector<float>(T, 0.05f));
+      }
+      // The large-batch path (forced from one token): per-expert cuBLASLt GEMMs with the rows'
+      // scales beside per-channel weights (kOuter), the ModelOpt shared down projection's one
+      // scale through its Apply; block scales keep the tiles.
+      layer8.set_large_batch_slots_per_expert(0);
+      CHECK(CudaMoeLayer::LargeBatchFp8Serves(gpu8) == (f != Fp8Format::kBlock128));
+      CudaMoeScratch sl;
+      for (const int T2 : {1, 64, 300}) {
+        INFO("fp8 activations, large-batch path, T " << T2);
+        CHECK(layer8.TakesLargeBatchPath(T2, gpu8) == (f != Fp8Format::kBlock128));
+        CheckAgainstCpu(o, layer8, gpu8, cpu, H, T2, 1e-4f, rng, &sl, kFp8ActBound,
+                        kFp8ActMeanBound);
+      }
+      // The last quantization was the shared down projection's input: T rows at its static
+      // scale under ModelOpt.
+      if (static_scales) {
+        CHECK(Download(sl.large_q_scale.as<float>(), T) == std::vector<float>(T, 0.05f));
       }
     }
     fs::remove_all(dir);

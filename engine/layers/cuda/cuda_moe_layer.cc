@@ -430,11 +430,16 @@ Status CudaMoeLayer::Reserve(int rows, CudaMoeScratch* s) const {
     LLM_RETURN_IF_ERROR(s->combine_tickets.Alloc(bytes));
     GPU_RETURN_IF_ERROR(cudaMemset(s->combine_tickets.ptr, 0, bytes));
   }
+  // The large-batch path: with fp8 activations its cuBLASLt GEMMs read and write rows past
+  // their operands' ends (kLargeFp8SlackRows).
+  const bool large = S >= static_cast<size_t>(large_batch_slots_) * E;
+  const size_t slack =
+      large && activation_dtype_ != ActivationDtype::kBf16 ? kLargeFp8SlackRows : 0;
   LLM_RETURN_IF_ERROR(s->act.Alloc(S * I * 2));
-  LLM_RETURN_IF_ERROR(s->y.Alloc(S * H * 2));
+  LLM_RETURN_IF_ERROR(s->y.Alloc((S + slack) * H * 2));
   if (SI > 0) {
     LLM_RETURN_IF_ERROR(s->shared_act.Alloc(T * SI * 2));
-    LLM_RETURN_IF_ERROR(s->shared_out.Alloc(T * H * 2));
+    LLM_RETURN_IF_ERROR(s->shared_out.Alloc((T + slack) * H * 2));
   }
   if (activation_dtype_ != ActivationDtype::kBf16) {
     // Scales per token and 128-wide group (the larger form), at least one per row.
@@ -451,10 +456,18 @@ Status CudaMoeLayer::Reserve(int rows, CudaMoeScratch* s) const {
     }
   }
   s->cap = rows;
-  if (S >= static_cast<size_t>(large_batch_slots_) * E) {
-    LLM_RETURN_IF_ERROR(s->gu.Alloc(std::max(S * 2 * I, T * 2 * SI) * 2));
+  if (large) {
+    LLM_RETURN_IF_ERROR(s->gu.Alloc(std::max((S + slack) * 2 * I, (T + slack) * 2 * SI) * 2));
     LLM_RETURN_IF_ERROR(s->offsets.Alloc((E + 1) * 4));
     LLM_RETURN_IF_ERROR(s->ptrs.Alloc(3 * E * sizeof(void*)));
+    if (slack > 0) {
+      LLM_RETURN_IF_ERROR(s->large_q.Alloc((S + slack) * std::max({H, I, SI})));
+      LLM_RETURN_IF_ERROR(s->large_q_scale.Alloc((S + slack) * 4));
+      const std::vector<float> ones(S + slack, 1.0f);
+      LLM_RETURN_IF_ERROR(s->large_ones.Alloc(ones.size() * 4));
+      GPU_RETURN_IF_ERROR(
+          cudaMemcpy(s->large_ones.ptr, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice));
+    }
     s->large_cap = rows;
   }
   return Status::Ok();
@@ -483,100 +496,6 @@ bool CudaMoeLayer::UsesGemv(int T, const CudaMoeWeights& w) const {
 
 bool CudaMoeLayer::UsesFusedRoute(int T) const {
   return T <= fused_route_max_tokens_ && cuda::MoeRouteFusedOk(T, hidden_);
-}
-
-bool CudaMoeLayer::TakesLargeBatchPath(int T, const CudaMoeWeights& w) const {
-  return !w.mxfp4 && !w.gate_up.fp8() && !w.down.fp8() &&
-         static_cast<int64_t>(T) * r_.top_k >=
-             static_cast<int64_t>(large_batch_slots_) * r_.num_experts;
-}
-
-Status CudaMoeLayer::GroupedGemm(const CudaLinearOps& ops, const std::vector<int32_t>& off,
-                                 const void* a, const void* w, int n, int k, void* c,
-                                 void* ptrs) const {
-  const int E = r_.num_experts;
-  auto* wb = const_cast<uint16_t*>(static_cast<const uint16_t*>(w));
-  auto* ab = const_cast<uint16_t*>(static_cast<const uint16_t*>(a));
-  auto* cb = static_cast<uint16_t*>(c);
-  std::vector<int> experts, m_rows;  // the experts with rows, and their row counts
-  for (int e = 0; e < E; ++e) {
-    if (off[e + 1] == off[e]) continue;
-    experts.push_back(e);
-    m_rows.push_back(off[e + 1] - off[e]);
-  }
-  const int P = static_cast<int>(experts.size());
-  if (P == 0) return Status::Ok();
-  const bool per_expert =
-      large_batch_gemm_ == LargeBatchGemm::kPerExpert ||
-      (large_batch_gemm_ == LargeBatchGemm::kAuto && off[E] >= kPerExpertGemmRows * P);
-  if (per_expert) {
-    for (int i = 0; i < P; ++i) {
-      const int e = experts[i];
-      LLM_RETURN_IF_ERROR(GemmBf16(ops.blas, ab + off[e] * size_t(k), wb + size_t(e) * n * k,
-                                   m_rows[i], n, k, cb + off[e] * size_t(n), CUDA_R_16BF));
-    }
-    return Status::Ok();
-  }
-  std::vector<void*> p(3 * P);  // A (weights), B (rows), C per problem, as cuBLAS reads them
-  for (int i = 0; i < P; ++i) {
-    const int e = experts[i];
-    p[i] = wb + size_t(e) * n * k;
-    p[P + i] = ab + off[e] * size_t(k);
-    p[2 * P + i] = cb + off[e] * size_t(n);
-  }
-  // Column-major view of the row-major product: C^T [n, rows] = W_e [n, k] (transposed from its
-  // row-major [n, k] storage) times A^T [k, rows].
-  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(ptrs, p.data(), p.size() * sizeof(void*),
-                                      cudaMemcpyHostToDevice, ops.stream));
-  void** d = static_cast<void**>(ptrs);
-  const std::vector<cublasOperation_t> ta(P, CUBLAS_OP_T), tb(P, CUBLAS_OP_N);
-  const std::vector<int> nn(P, n), kk(P, k), one_each(P, 1);
-  const std::vector<float> alpha(P, 1.0f), beta(P, 0.0f);
-  BLAS_RETURN_IF_ERROR(cublasGemmGroupedBatchedEx(
-      ops.blas, ta.data(), tb.data(), nn.data(), m_rows.data(), kk.data(), alpha.data(), d,
-      CUDA_R_16BF, kk.data(), d + P, CUDA_R_16BF, kk.data(), beta.data(), d + 2 * P, CUDA_R_16BF,
-      nn.data(), P, one_each.data(), CUBLAS_COMPUTE_32F));
-  return Status::Ok();
-}
-
-Status CudaMoeLayer::RunLargeBatch(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x,
-                                   int T, CudaMoeScratch* s) const {
-  cudaStream_t stream = ops.stream;
-  const int E = r_.num_experts;
-  std::vector<int32_t> off(E + 1);
-  GPU_RETURN_IF_ERROR(
-      cudaMemcpyAsync(off.data(), s->offsets.ptr, (E + 1) * 4, cudaMemcpyDeviceToHost, stream));
-  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  const int rows = off[E];
-  const float limit =
-      gate_.activation == CpuMlp::Activation::kClampedSwiGlu ? gate_.swiglu_limit : 0.0f;
-  const float alpha = gate_.swiglu_alpha;
-  const auto* offsets = s->offsets.as<int32_t>();
-  // The gathered rows live in y until the down GEMM overwrites it (stream order).
-  cuda::LaunchMoeGather(x, s->sorted_token.as<int32_t>(), rows, hidden_, s->y.ptr, stream);
-  LLM_RETURN_IF_ERROR(GroupedGemm(ops, off, s->y.ptr, w.gate_up.data(), 2 * inter_, hidden_,
-                                  s->gu.ptr, s->ptrs.ptr));
-  cuda::LaunchMoeGateAct(s->gu.ptr, rows, inter_,
-                         w.gate_up_bias.ptr ? w.gate_up_bias.as<float>() : nullptr, offsets, E,
-                         limit, alpha, s->act.ptr, stream);
-  const bool shared = w.shared.inter > 0;
-  if (shared) {  // gate_up [T, 2 SI] into gu, free again once the routed activation read it
-    LLM_RETURN_IF_ERROR(GemmBf16(ops.blas, x, w.shared.gate_up.data(), T, 2 * shared_inter_,
-                                 hidden_, s->gu.ptr, CUDA_R_16BF));
-    cuda::LaunchMoeGateAct(s->gu.ptr, T, shared_inter_, nullptr, nullptr, 0, limit, alpha,
-                           s->shared_act.ptr, stream);
-  }
-  // The same pointer arrays again: their copy runs after the first grouped GEMM (stream order).
-  LLM_RETURN_IF_ERROR(
-      GroupedGemm(ops, off, s->act.ptr, w.down.data(), hidden_, inter_, s->y.ptr, s->ptrs.ptr));
-  if (w.down_bias.ptr) {
-    cuda::LaunchMoeRowBias(s->y.ptr, rows, hidden_, w.down_bias.as<float>(), offsets, E, stream);
-  }
-  if (shared) {
-    LLM_RETURN_IF_ERROR(GemmBf16(ops.blas, s->shared_act.ptr, w.shared.down.data(), T, hidden_,
-                                 shared_inter_, s->shared_out.ptr, CUDA_R_16BF));
-  }
-  return Status::Ok();
 }
 
 cuda::MoeGemmArgs CudaMoeLayer::GateUpArgs(const CudaMoeWeights& w, CudaMoeScratch* s,

@@ -27,13 +27,15 @@
 // UsesGemv, set_gemv_max_tokens).
 //
 // Large batches (prefill chunks: at least large_batch_slots_per_expert slots per expert on
-// average, bf16 experts, not capturing) take a second path: the 16-row tiles above stream every
-// expert's weights once per 16 rows, which at thousands of rows is L2-bandwidth-bound, so there
-// the layer reads the experts' row counts back (one wait per layer), gathers the rows by expert
-// and runs cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx, one problem per expert; per-expert
-// GEMMs once experts have hundreds of rows) for gate_up and for down, with the gated activation and
-// the biases as separate element-wise kernels (moe_large_batch.cu) and the shared experts as two
-// plain GEMMs. Built only with the CUDA backend.
+// average, bf16 experts or fp8 ones with fp8 activations, not capturing) take a second path: the
+// 16-row tiles above stream every expert's weights once per 16 rows, which at thousands of rows is
+// L2-bandwidth-bound, so there the layer reads the experts' row counts back (one wait per layer),
+// gathers the rows by expert and runs cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx, one
+// problem per expert; per-expert GEMMs once experts have hundreds of rows) for gate_up and for
+// down, with the gated activation and the biases as separate element-wise kernels
+// (moe_large_batch.cu) and the shared experts as two plain GEMMs. fp8 experts with fp8 activations
+// quantize each GEMM's rows per token and run one cuBLASLt fp8 GEMM per expert
+// (LargeBatchFp8Serves). Built only with the CUDA backend.
 #pragma once
 
 #include <cstdint>
@@ -82,6 +84,10 @@ struct CudaMoeScratch {
   // the path; large_cap is then cap.
   DeviceBuffer gu, offsets, ptrs;
   int large_cap = 0;
+  // The large-batch path's e4m3 rows (fp8 activations): every GEMM's input in turn, [rows +
+  // CudaMoeLayer::kLargeFp8SlackRows, max(hidden, I, shared I)], their per-row scales, and as
+  // many floats of 1 (the row scales per-channel GEMMs multiply by before the rows' own).
+  DeviceBuffer large_q, large_q_scale, large_ones;
   // The W8A8 path's e4m3 inputs and their fp32 scales (per token, or per token and 128-wide k
   // group: sized for the latter): x [cap, hidden], act [cap top_k, I], shared_act [cap, shared
   // I]; the shared experts' own x where either side quantizes x with a static input scale.
@@ -159,8 +165,16 @@ class CudaMoeLayer {
   enum class LargeBatchGemm { kAuto, kGrouped, kPerExpert };
   static constexpr int kPerExpertGemmRows = 640;
   void set_large_batch_gemm(LargeBatchGemm v) { large_batch_gemm_ = v; }
-  // Whether Run takes the large-batch path for T rows of weights `w` (outside a capture).
+  // Whether Run takes the large-batch path for T rows of weights `w` (outside a capture): bf16
+  // experts, or fp8 experts with fp8 activations (LargeBatchFp8Serves).
   bool TakesLargeBatchPath(int T, const CudaMoeWeights& w) const;
+  // fp8 experts (per-tensor or per-channel scales, the shared experts' too) with fp8 activations
+  // (w.w8a8): their large batches run one cuBLASLt fp8 GEMM per expert (CudaFp8Gemm) on rows
+  // quantized per token. 128x128 block scales keep the W8A8 tiles.
+  static bool LargeBatchFp8Serves(const CudaMoeWeights& w);
+  // Rows past the end of the large-batch fp8 GEMMs' operands that they may read and write: an
+  // expert's GEMM runs on its row count rounded up (Fp8ExpertRows in cuda_moe_large_batch.cc).
+  static constexpr int kLargeFp8SlackRows = 128;
   // Batches of at most this many tokens route through cuda::LaunchMoeRouteFused (the router GEMM,
   // routing and permutation in one launch; at most kMoeRouteFusedMaxTokens), larger ones through
   // cuBLAS's GEMM, LaunchMoeRoute and LaunchMoePermute; set before a capture (tests and benchmarks
@@ -224,9 +238,19 @@ class CudaMoeLayer {
   Status RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
                   CudaMoeScratch* s, int max_tiles, int tile_rows, void* combine_out,
                   bool gemv) const;
-  // The expert GEMMs, activation and biases of the large-batch path, after the permutation.
+  // The expert GEMMs, activation and biases of the large-batch path, after the permutation
+  // (engine/layers/cuda/cuda_moe_large_batch.cc).
   Status RunLargeBatch(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
                        CudaMoeScratch* s) const;
+  // Its fp8 form (LargeBatchFp8Serves), once the experts' row offsets `off` are on the host.
+  Status RunLargeBatchFp8(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
+                          const std::vector<int32_t>& off, CudaMoeScratch* s) const;
+  // C rows [off[e], off[e + 1]) = e4m3 rows A [off[e], ...) times expert e of `lin` (E stacked
+  // [n, k]) with the weights' scales but not the rows' (the caller applies those), one cuBLASLt
+  // GEMM per expert with rows. `ones`: at least the rows plus kLargeFp8SlackRows floats of 1.
+  Status Fp8ExpertGemms(const CudaLinearOps& ops, const std::vector<int32_t>& off,
+                        const CudaLinear& lin, int n, int k, const void* a, const float* ones,
+                        void* c) const;
   // C rows [off[e], off[e + 1]) = A rows [off[e], ...) W_e^T for every expert with rows; W_e is
   // [n, k] at w + e * n * k; A [rows, k], C [rows, n], bf16. `ptrs` holds 3 E device pointers.
   Status GroupedGemm(const CudaLinearOps& ops, const std::vector<int32_t>& off, const void* a,

@@ -39,8 +39,9 @@ __device__ __forceinline__ int ExpertOf(const int32_t* offsets, int num_experts,
 
 __global__ void GateActKernel(const __nv_bfloat16* gu, int n, const float* bias,
                               const int32_t* offsets, int num_experts, float limit, float alpha,
-                              __nv_bfloat16* act) {
+                              const float* row_scale, __nv_bfloat16* act) {
   const int s = blockIdx.x;
+  const float rs = row_scale ? row_scale[s] : 1.0f;
   const __nv_bfloat16* g = gu + static_cast<size_t>(s) * 2 * n;
   const __nv_bfloat16* u = g + n;
   const float* b =
@@ -52,6 +53,7 @@ __global__ void GateActKernel(const __nv_bfloat16* gu, int n, const float* bias,
     float gv[2] = {gf.x, gf.y}, uv[2] = {uf.x, uf.y}, v[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
+      if (row_scale) gv[i] *= rs, uv[i] *= rs;
       if (b) gv[i] += b[j + i], uv[i] += b[n + j + i];
       v[i] = MoeGateUp(gv[i], uv[i], limit, alpha);  // as the tiled kernels' epilogue
     }
@@ -81,11 +83,11 @@ void LaunchMoeGather(const void* x, const int32_t* sorted_token, int rows, int h
 
 void LaunchMoeGateAct(const void* gu, int rows, int n, const float* bias,
                       const int32_t* expert_offsets, int num_experts, float swiglu_limit,
-                      float swiglu_alpha, void* act, void* stream) {
+                      float swiglu_alpha, void* act, void* stream, const float* row_scale) {
   if (rows == 0) return;
   GateActKernel<<<rows, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       static_cast<const __nv_bfloat16*>(gu), n, bias, expert_offsets, num_experts, swiglu_limit,
-      swiglu_alpha, static_cast<__nv_bfloat16*>(act));
+      swiglu_alpha, row_scale, static_cast<__nv_bfloat16*>(act));
 }
 
 void LaunchMoeRowBias(void* y, int rows, int n, const float* bias, const int32_t* expert_offsets,

@@ -184,12 +184,21 @@ struct MoeGemmArgs {
   // LaunchMoeGemv's MXFP4 form only: warps of a CTA that split k (1, 2 or 4), or 0 for
   // MoeGemvMxfp4DefaultSplitK(gemv_max_rows). Benchmarks set it; the layer keeps the default.
   int gemv_split_k = 0;
+  // LaunchMoeGemv's MXFP4 form only: slices of each warp's weight stream staged in shared memory
+  // (cp.async; up to 4, or 8), -1 for the register-staged form, or 0 for
+  // MoeGemvMxfp4DefaultStages. Benchmarks set it; the layer keeps the default.
+  int gemv_stages = 0;
 };
 // The MXFP4 GEMVs' k split by default: at one or two tokens the grid is a few warps per SM, and
 // four warps per column share the weight stream; from four tokens on there are warps enough
 // and the split's reduction costs more than it gains ("[.bench][moe_small]").
 inline int MoeGemvMxfp4DefaultSplitK(int gemv_max_rows) {
   return gemv_max_rows >= 1 && gemv_max_rows <= 2 ? 4 : 1;
+}
+// The MXFP4 GEMVs' staging by default (MoeGemmArgs::gemv_stages): registers until the staged
+// forms are measured against them ("[.bench][moe_small]").
+inline int MoeGemvMxfp4DefaultStages(bool /*silu_mul*/) {
+  return -1;
 }
 // Column blocks of the down GEMMs (LaunchMoeGemm's 64 columns, the MXFP4 GEMMs' 32 or more):
 // the tickets MoeGemmArgs::combine needs for n_out outputs.
@@ -323,19 +332,22 @@ void LaunchMoeCombine(const void* y, const int32_t* slot_of, const float* topk_w
                       void* stream);
 
 // The large-batch path of the MoE layer (CudaMoeLayer: prefill chunks), where the expert GEMMs
-// are cuBLAS's grouped GEMM over the expert-sorted rows and these kernels do the rest. Rows are
-// expert-ordered slots [0, rows); expert_offsets [E + 1] (device, LaunchMoePermute's) give each
-// row's expert where a bias needs it.
+// are cuBLAS's (grouped, or per expert) over the expert-sorted rows and these kernels do the rest.
+// Rows are expert-ordered slots [0, rows); expert_offsets [E + 1] (device, LaunchMoePermute's) give
+// each row's expert where a bias needs it.
 //   gather:   xg[s, :] = x[sorted_token[s], :]                            (bf16 [rows, hidden])
 //   gate act: act[s, j] = bf16(gate(g[s, j], u[s, n + j])) from gu [rows, 2 n] (gate, then up,
-//             as the GEMM's weight rows), + bias_e [2 n] (gate, then up) when bias is non-null;
-//             silu(g) * u, or gpt-oss's clamped SwiGLU when swiglu_limit > 0 (MoeGemmArgs)
+//             as the GEMM's weight rows), g and u first times row_scale[s] when row_scale is
+//             non-null (an fp8 GEMM's rows without their activation scales), + bias_e [2 n]
+//             (gate, then up) when bias is non-null; silu(g) * u, or gpt-oss's clamped SwiGLU
+//             when swiglu_limit > 0 (MoeGemmArgs)
 //   row bias: y[s, :] = bf16(y[s, :] + bias_e)                           (bias [E][n])
 void LaunchMoeGather(const void* x, const int32_t* sorted_token, int rows, int hidden, void* xg,
                      void* stream);
 void LaunchMoeGateAct(const void* gu, int rows, int n, const float* bias,
                       const int32_t* expert_offsets, int num_experts, float swiglu_limit,
-                      float swiglu_alpha, void* act, void* stream);
+                      float swiglu_alpha, void* act, void* stream,
+                      const float* row_scale = nullptr);
 void LaunchMoeRowBias(void* y, int rows, int n, const float* bias, const int32_t* expert_offsets,
                       int num_experts, void* stream);
 

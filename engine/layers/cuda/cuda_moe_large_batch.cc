@@ -1,0 +1,216 @@
+// The large-batch path of the MoE layer (engine/layers/cuda/cuda_moe_layer.h: prefill chunks,
+// outside CUDA graphs): the experts' row counts come back to the host once per layer, the rows are
+// gathered by expert, and each expert's GEMMs run as cuBLAS GEMMs (bf16: one grouped call or one
+// per expert; fp8 with fp8 activations: one cuBLASLt fp8 GEMM per expert on rows quantized per
+// token), with the gate, the row scales and the biases as element-wise kernels
+// (kernels/cuda/moe/moe_large_batch.cu).
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "engine/layers/cuda/cuda_fp8_gemm.h"
+#include "engine/layers/cuda/cuda_moe_layer.h"
+#include "engine/layers/cuda/cuda_weights.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/moe/moe_ops.h"
+#include "kernels/cuda/ops/fp8_quant.h"
+
+namespace llm {
+namespace {
+
+// The rows of one expert's fp8 GEMM: its row count rounded up to 16 (the fp8 GEMMs' row multiple)
+// and past 256 rows to 128, so that prefills meet a few dozen shapes, each chosen and cached once
+// by CudaFp8Gemm, rather than one per count. The rows past the count read the next experts' rows
+// (or the scratch's slack) and write rows that those experts' GEMMs overwrite later in stream
+// order (or slack): CudaMoeLayer::kLargeFp8SlackRows.
+int Fp8ExpertRows(int count) {
+  return count <= 256 ? (count + 15) / 16 * 16 : (count + 127) / 128 * 128;
+}
+static_assert(CudaMoeLayer::kLargeFp8SlackRows >= 127, "Fp8ExpertRows' largest overshoot");
+
+bool PerRowOrChannel(const CudaLinear& lin) {
+  return lin.quant() == WeightQuant::kFp8PerTensor || lin.quant() == WeightQuant::kFp8PerChannel;
+}
+
+// x (bf16 [rows, cols]) into e4m3 rows q with one scale per row: the checkpoint's static
+// input_scale where `lin` has one, else per row.
+void QuantizeRows(const CudaLinear& lin, const void* x, int rows, int cols, const cuda::Fp8Rows& q,
+                  cudaStream_t stream) {
+  if (lin.static_input_scale() != nullptr) {
+    cuda::LaunchQuantizeRowsStaticFp8(x, rows, cols, lin.static_input_scale(), q, stream);
+  } else {
+    cuda::LaunchQuantizeRowsFp8(x, rows, cols, q, stream);
+  }
+}
+
+}  // namespace
+
+bool CudaMoeLayer::LargeBatchFp8Serves(const CudaMoeWeights& w) {
+  return w.w8a8 && !w.mxfp4 && PerRowOrChannel(w.gate_up) && PerRowOrChannel(w.down) &&
+         (w.shared.inter == 0 ||
+          (PerRowOrChannel(w.shared.gate_up) && PerRowOrChannel(w.shared.down)));
+}
+
+bool CudaMoeLayer::TakesLargeBatchPath(int T, const CudaMoeWeights& w) const {
+  const bool bf16 = !w.mxfp4 && !w.gate_up.fp8() && !w.down.fp8();
+  return (bf16 || LargeBatchFp8Serves(w)) &&
+         static_cast<int64_t>(T) * r_.top_k >=
+             static_cast<int64_t>(large_batch_slots_) * r_.num_experts;
+}
+
+Status CudaMoeLayer::GroupedGemm(const CudaLinearOps& ops, const std::vector<int32_t>& off,
+                                 const void* a, const void* w, int n, int k, void* c,
+                                 void* ptrs) const {
+  const int E = r_.num_experts;
+  auto* wb = const_cast<uint16_t*>(static_cast<const uint16_t*>(w));
+  auto* ab = const_cast<uint16_t*>(static_cast<const uint16_t*>(a));
+  auto* cb = static_cast<uint16_t*>(c);
+  std::vector<int> experts, m_rows;  // the experts with rows, and their row counts
+  for (int e = 0; e < E; ++e) {
+    if (off[e + 1] == off[e]) continue;
+    experts.push_back(e);
+    m_rows.push_back(off[e + 1] - off[e]);
+  }
+  const int P = static_cast<int>(experts.size());
+  if (P == 0) return Status::Ok();
+  const bool per_expert =
+      large_batch_gemm_ == LargeBatchGemm::kPerExpert ||
+      (large_batch_gemm_ == LargeBatchGemm::kAuto && off[E] >= kPerExpertGemmRows * P);
+  if (per_expert) {
+    for (int i = 0; i < P; ++i) {
+      const int e = experts[i];
+      LLM_RETURN_IF_ERROR(GemmBf16(ops.blas, ab + off[e] * size_t(k), wb + size_t(e) * n * k,
+                                   m_rows[i], n, k, cb + off[e] * size_t(n), CUDA_R_16BF));
+    }
+    return Status::Ok();
+  }
+  std::vector<void*> p(3 * P);  // A (weights), B (rows), C per problem, as cuBLAS reads them
+  for (int i = 0; i < P; ++i) {
+    const int e = experts[i];
+    p[i] = wb + size_t(e) * n * k;
+    p[P + i] = ab + off[e] * size_t(k);
+    p[2 * P + i] = cb + off[e] * size_t(n);
+  }
+  // Column-major view of the row-major product: C^T [n, rows] = W_e [n, k] (transposed from its
+  // row-major [n, k] storage) times A^T [k, rows].
+  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(ptrs, p.data(), p.size() * sizeof(void*),
+                                      cudaMemcpyHostToDevice, ops.stream));
+  void** d = static_cast<void**>(ptrs);
+  const std::vector<cublasOperation_t> ta(P, CUBLAS_OP_T), tb(P, CUBLAS_OP_N);
+  const std::vector<int> nn(P, n), kk(P, k), one_each(P, 1);
+  const std::vector<float> alpha(P, 1.0f), beta(P, 0.0f);
+  BLAS_RETURN_IF_ERROR(cublasGemmGroupedBatchedEx(
+      ops.blas, ta.data(), tb.data(), nn.data(), m_rows.data(), kk.data(), alpha.data(), d,
+      CUDA_R_16BF, kk.data(), d + P, CUDA_R_16BF, kk.data(), beta.data(), d + 2 * P, CUDA_R_16BF,
+      nn.data(), P, one_each.data(), CUBLAS_COMPUTE_32F));
+  return Status::Ok();
+}
+
+Status CudaMoeLayer::RunLargeBatch(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x,
+                                   int T, CudaMoeScratch* s) const {
+  cudaStream_t stream = ops.stream;
+  const int E = r_.num_experts;
+  std::vector<int32_t> off(E + 1);
+  GPU_RETURN_IF_ERROR(
+      cudaMemcpyAsync(off.data(), s->offsets.ptr, (E + 1) * 4, cudaMemcpyDeviceToHost, stream));
+  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  if (w.w8a8) return RunLargeBatchFp8(ops, w, x, T, off, s);  // TakesLargeBatchPath allowed it
+  const int rows = off[E];
+  const float limit =
+      gate_.activation == CpuMlp::Activation::kClampedSwiGlu ? gate_.swiglu_limit : 0.0f;
+  const float alpha = gate_.swiglu_alpha;
+  const auto* offsets = s->offsets.as<int32_t>();
+  // The gathered rows live in y until the down GEMM overwrites it (stream order).
+  cuda::LaunchMoeGather(x, s->sorted_token.as<int32_t>(), rows, hidden_, s->y.ptr, stream);
+  LLM_RETURN_IF_ERROR(GroupedGemm(ops, off, s->y.ptr, w.gate_up.data(), 2 * inter_, hidden_,
+                                  s->gu.ptr, s->ptrs.ptr));
+  cuda::LaunchMoeGateAct(s->gu.ptr, rows, inter_,
+                         w.gate_up_bias.ptr ? w.gate_up_bias.as<float>() : nullptr, offsets, E,
+                         limit, alpha, s->act.ptr, stream);
+  const bool shared = w.shared.inter > 0;
+  if (shared) {  // gate_up [T, 2 SI] into gu, free again once the routed activation read it
+    LLM_RETURN_IF_ERROR(GemmBf16(ops.blas, x, w.shared.gate_up.data(), T, 2 * shared_inter_,
+                                 hidden_, s->gu.ptr, CUDA_R_16BF));
+    cuda::LaunchMoeGateAct(s->gu.ptr, T, shared_inter_, nullptr, nullptr, 0, limit, alpha,
+                           s->shared_act.ptr, stream);
+  }
+  // The same pointer arrays again: their copy runs after the first grouped GEMM (stream order).
+  LLM_RETURN_IF_ERROR(
+      GroupedGemm(ops, off, s->act.ptr, w.down.data(), hidden_, inter_, s->y.ptr, s->ptrs.ptr));
+  if (w.down_bias.ptr) {
+    cuda::LaunchMoeRowBias(s->y.ptr, rows, hidden_, w.down_bias.as<float>(), offsets, E, stream);
+  }
+  if (shared) {
+    LLM_RETURN_IF_ERROR(GemmBf16(ops.blas, s->shared_act.ptr, w.shared.down.data(), T, hidden_,
+                                 shared_inter_, s->shared_out.ptr, CUDA_R_16BF));
+  }
+  return Status::Ok();
+}
+
+Status CudaMoeLayer::Fp8ExpertGemms(const CudaLinearOps& ops, const std::vector<int32_t>& off,
+                                    const CudaLinear& lin, int n, int k, const void* a,
+                                    const float* ones, void* c) const {
+  if (ops.fp8 == nullptr) return Internal("CUDA MoE layer: fp8 experts without the fp8 GEMM");
+  const bool per_channel = lin.quant() == WeightQuant::kFp8PerChannel;
+  const auto* wb = static_cast<const uint8_t*>(lin.data());
+  const auto* ab = static_cast<const uint8_t*>(a);
+  auto* cb = static_cast<uint16_t*>(c);
+  for (int e = 0; e < r_.num_experts; ++e) {
+    const int count = off[e + 1] - off[e];
+    if (count == 0) continue;
+    // Per channel: the expert's [n] scales beside a vector of ones for the rows (kOuter: a row
+    // scale vector at row off[e] need not be aligned as cuBLASLt reads it); per tensor: one per
+    // expert where Quantize gave each its own ([E][kScaleSlot]), else one for all.
+    const float* w_scale = per_channel
+                               ? lin.scales() + static_cast<size_t>(e) * n
+                               : lin.scales() + (lin.groups() > 1 ? e * CudaLinear::kScaleSlot : 0);
+    LLM_RETURN_IF_ERROR(
+        ops.fp8->Run(ab + static_cast<size_t>(off[e]) * k, per_channel ? ones : ops.unit_scale,
+                     wb + static_cast<size_t>(e) * n * k, w_scale, Fp8ExpertRows(count), n, k,
+                     cb + static_cast<size_t>(off[e]) * n,
+                     per_channel ? Fp8Scaling::kOuter : Fp8Scaling::kTensor));
+  }
+  return Status::Ok();
+}
+
+Status CudaMoeLayer::RunLargeBatchFp8(const CudaLinearOps& ops, const CudaMoeWeights& w,
+                                      const void* x, int T, const std::vector<int32_t>& off,
+                                      CudaMoeScratch* s) const {
+  cudaStream_t stream = ops.stream;
+  const int E = r_.num_experts, rows = off[E];
+  if (s->large_q.ptr == nullptr) {
+    return Internal("CUDA MoE layer: fp8 large batches without their scratch (Reserve)");
+  }
+  const float limit =
+      gate_.activation == CpuMlp::Activation::kClampedSwiGlu ? gate_.swiglu_limit : 0.0f;
+  const float alpha = gate_.swiglu_alpha;
+  const auto* offsets = s->offsets.as<int32_t>();
+  // One set of e4m3 rows, each GEMM's input in turn (stream order): x gathered by expert, the
+  // shared experts' x, the routed activations, the shared activations.
+  const cuda::Fp8Rows q{s->large_q.ptr, s->large_q_scale.as<float>()};
+  cuda::LaunchMoeGather(x, s->sorted_token.as<int32_t>(), rows, hidden_, s->y.ptr, stream);
+  QuantizeRows(w.gate_up, s->y.ptr, rows, hidden_, q, stream);
+  const float* ones = s->large_ones.as<float>();
+  LLM_RETURN_IF_ERROR(
+      Fp8ExpertGemms(ops, off, w.gate_up, 2 * inter_, hidden_, q.q, ones, s->gu.ptr));
+  cuda::LaunchMoeGateAct(s->gu.ptr, rows, inter_,
+                         w.gate_up_bias.ptr ? w.gate_up_bias.as<float>() : nullptr, offsets, E,
+                         limit, alpha, s->act.ptr, stream, q.scale);
+  const bool shared = w.shared.inter > 0;
+  if (shared) {  // the shared experts' fp8 GEMMs as a projection's (their own quantization)
+    LLM_RETURN_IF_ERROR(w.shared.gate_up.Apply(ops, x, T, s->gu.ptr, q));
+    cuda::LaunchMoeGateAct(s->gu.ptr, T, shared_inter_, nullptr, nullptr, 0, limit, alpha,
+                           s->shared_act.ptr, stream);
+  }
+  QuantizeRows(w.down, s->act.ptr, rows, inter_, q, stream);
+  LLM_RETURN_IF_ERROR(Fp8ExpertGemms(ops, off, w.down, hidden_, inter_, q.q, ones, s->y.ptr));
+  cuda::LaunchScaleRowsBf16(s->y.ptr, q.scale, rows, hidden_, stream);
+  if (w.down_bias.ptr) {
+    cuda::LaunchMoeRowBias(s->y.ptr, rows, hidden_, w.down_bias.as<float>(), offsets, E, stream);
+  }
+  if (shared)
+    LLM_RETURN_IF_ERROR(w.shared.down.Apply(ops, s->shared_act.ptr, T, s->shared_out.ptr, q));
+  return Status::Ok();
+}
+
+}  // namespace llm
