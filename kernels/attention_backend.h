@@ -139,6 +139,13 @@ struct FusedRope {
   const int32_t* positions = nullptr;  // [num_tokens]
   const float* inv_freq = nullptr;     // [head_dim / 2], rope scaling already applied
   void* q = nullptr;                   // out: [num_tokens, num_q_heads, head_dim], then attended
+  // Per-head RMSNorm of q and of k before the rotary (Qwen3's q_norm / k_norm), both or neither,
+  // only for backends with supports_fused_qk_norm(): bf16 [head_dim] weights, x * rsqrt(mean(x^2)
+  // + norm_eps) * (norm_offset + w) in fp32, as the model's own q/k-norm rotary kernel computes.
+  const void* q_norm = nullptr;
+  const void* k_norm = nullptr;
+  float norm_eps = 0.0f;
+  float norm_offset = 0.0f;
 };
 
 // Inputs of one layer call. Pointers are in the backend's memory space and element type.
@@ -202,6 +209,8 @@ class AttentionBackend {
   virtual Status Run(const AttentionParams& params) = 0;
   // Whether Run takes the raw projection and does the rotary itself (AttentionParams::rope).
   virtual bool supports_fused_rope() const { return false; }
+  // Whether that fused rotary also takes the per-head q / k norms (FusedRope::q_norm).
+  virtual bool supports_fused_qk_norm() const { return false; }
   // Whether Run can write its output as e4m3 with a caller-given scale (AttentionParams::out_fp8),
   // for the step last planned (a backend may attend some steps through a kernel without it).
   virtual bool supports_fp8_out() const { return false; }

@@ -530,15 +530,22 @@ StatusOr<CudaLayersOut> CudaDenseDecoder::RunLayers(const CudaStep& step) {
     ra.head_dim = c.head_dim;
     AttentionParams p;
     p.out = s.attn.ptr;
-    // One launch for rotary + KV append where the backend fuses them; q/k norms come before the
-    // rotary, in LaunchBiasRope.
-    if (step_attention_->supports_fused_rope() && !S.qk_norm) {
+    // One launch for the q/k norms, the rotary and the KV append where the backend fuses them;
+    // else the norms and the rotary in LaunchBiasRope.
+    if (step_attention_->supports_fused_rope() &&
+        (!S.qk_norm || step_attention_->supports_fused_qk_norm())) {
       p.rope.qkv = ra.qkv;
       p.rope.bias = ra.bias;
       p.rope.qkv_scale = ra.qkv_scale;
       p.rope.positions = ra.positions;
       p.rope.inv_freq = ra.inv_freq;
       p.rope.q = s.q.ptr;
+      if (S.qk_norm) {
+        p.rope.q_norm = ra.q_norm;
+        p.rope.k_norm = ra.k_norm;
+        p.rope.norm_eps = ra.norm_eps;
+        p.rope.norm_offset = ra.norm_offset;
+      }
     } else {
       cuda::LaunchBiasRope(ra, stream);
       p.q = s.q.ptr;

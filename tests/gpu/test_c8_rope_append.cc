@@ -1,5 +1,6 @@
-// The C8 append with the rotary fused in (FusedRope) against the two launches it replaces: the
-// model's BiasRope kernel followed by the plain append. Both are checked against host definitions
+// The C8 append with the rotary (and the q / k norms) fused in (FusedRope) against the two
+// launches it replaces: the model's BiasRope kernel (its q/k-norm form) followed by the plain
+// append. Both are checked against host definitions
 // elsewhere (test_elementwise_ops.cc, test_c8_attention.cc); here the fused launch must store the
 // same bits: q, every cache byte, every dynamic scale, and the attention output. Fresh random
 // inputs: raw projections with and without bias and row scales, random positions, shuffled pages,
@@ -34,6 +35,7 @@ struct RopeCase {
   bool bias, row_scale;
   int graph_padding;    // > 0: a decode step in the graph area, bucket = sequences + padding
   int decode_seqs = 0;  // > 0 (eager): that many one-token decodes instead of the mixed batch
+  float qk_norm_offset = -1.f;  // >= 0: per-head q / k RMSNorm first, weights (offset + w)
 };
 
 void RunRopeCase(const RopeCase& c, std::mt19937& rng) {
@@ -41,7 +43,8 @@ void RunRopeCase(const RopeCase& c, std::mt19937& rng) {
   INFO(cache_name[static_cast<int>(c.cache)]
        << " scale " << static_cast<int>(c.scale) << " hq " << c.hq << " hkv " << c.hkv << " d "
        << c.d << " bs " << c.bs << " bias " << c.bias << " row scale " << c.row_scale << " padding "
-       << c.graph_padding << " decode seqs " << c.decode_seqs);
+       << c.graph_padding << " decode seqs " << c.decode_seqs << " qk norm offset "
+       << c.qk_norm_offset);
   const int D = c.d, hq = c.hq, hkv = c.hkv, bs = c.bs;
   std::normal_distribution<float> nd(0.f, 1.f);
   std::uniform_real_distribution<float> ud(0.5f, 2.0f);
@@ -97,6 +100,12 @@ void RunRopeCase(const RopeCase& c, std::mt19937& rng) {
   for (auto& p : pos) p = static_cast<int32_t>(rng() % 9000);
   std::vector<float> inv_freq(D / 2);
   for (int i = 0; i < D / 2; ++i) inv_freq[i] = std::pow(500000.f, -2.f * i / D);
+  const bool qk_norm = c.qk_norm_offset >= 0.f;
+  std::vector<uint16_t> q_norm(D), k_norm(D);
+  for (auto& x : q_norm) x = F32ToBf16(1.0f + 0.2f * nd(rng) - c.qk_norm_offset);
+  for (auto& x : k_norm) x = F32ToBf16(1.0f + 0.2f * nd(rng) - c.qk_norm_offset);
+  uint16_t* d_qn = Upload(q_norm);
+  uint16_t* d_kn = Upload(k_norm);
 
   uint16_t* d_qkv = Upload(qkv);
   uint16_t* d_bias = Upload(bias);
@@ -147,6 +156,12 @@ void RunRopeCase(const RopeCase& c, std::mt19937& rng) {
     r.qkv_scale = c.row_scale ? d_rs : nullptr;
     r.positions = d_pos;
     r.inv_freq = d_freq;
+    if (qk_norm) {
+      r.q_norm = d_qn;
+      r.k_norm = d_kn;
+      r.norm_eps = 1e-6f;
+      r.norm_offset = c.qk_norm_offset;
+    }
     if (fused) {
       r.q = d_q;
       la.rope = r;
@@ -157,6 +172,10 @@ void RunRopeCase(const RopeCase& c, std::mt19937& rng) {
       ra.qkv_scale = r.qkv_scale;
       ra.positions = r.positions;
       ra.inv_freq = r.inv_freq;
+      ra.q_norm = r.q_norm;
+      ra.k_norm = r.k_norm;
+      ra.norm_eps = r.norm_eps;
+      ra.norm_offset = r.norm_offset;
       ra.q = d_q;
       ra.k = d_k;
       ra.v = d_v;
@@ -190,7 +209,8 @@ void RunRopeCase(const RopeCase& c, std::mt19937& rng) {
   // The step did append: the cache changed (a check that could not pass with a no-op launch).
   CHECK(plain.cache != cache_img);
   for (void* p : {static_cast<void*>(d_qkv), static_cast<void*>(d_bias), static_cast<void*>(d_rs),
-                  static_cast<void*>(d_pos), static_cast<void*>(d_freq), d_k, d_v}) {
+                  static_cast<void*>(d_pos), static_cast<void*>(d_freq), d_k, d_v,
+                  static_cast<void*>(d_qn), static_cast<void*>(d_kn)}) {
     cudaFree(p);
   }
 }
@@ -212,6 +232,11 @@ TEST_CASE("C8 append with the rotary fused in stores what BiasRope + append stor
         // Decode-only steps: few sequences (split into chunks) and many (run whole).
         RunRopeCase({hq, hkv, d, bs, cache, scale, true, true, 0, 7}, rng);
         RunRopeCase({hq, hkv, d, bs, cache, scale, true, false, 0, 64}, rng);
+        // The q / k norms first (Qwen3: weights w; Gemma 3: 1 + w), against the model's q/k-norm
+        // rotary kernel: mixed, graph-area and decode-only steps.
+        RunRopeCase({hq, hkv, d, bs, cache, scale, false, true, 0, 0, 0.f}, rng);
+        RunRopeCase({hq, hkv, d, bs, cache, scale, true, true, 3, 0, 1.f}, rng);
+        RunRopeCase({hq, hkv, d, bs, cache, scale, false, false, 0, 7, 0.f}, rng);
       }
     }
   }

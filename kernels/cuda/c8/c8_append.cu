@@ -16,13 +16,15 @@ namespace llm::cuda::detail {
 namespace {
 
 // One CTA per token; D / 8 consecutive threads per head, each holding four (i, i + D/2) pairs.
-// kRope: the heads are the raw fused projection's (q, then k, then v; q and k rotated, q written
-// out), so the rotary and the append are one launch. Otherwise the heads are k_new's and v_new's.
+// kRope: the heads are the raw fused projection's (q, then k, then v; q and k normalized where
+// the q/k norms are given, then rotated, q written out), so the norms, the rotary and the append
+// are one launch. Otherwise the heads are k_new's and v_new's.
 // K and V are rounded to bf16 before quantizing: the cache holds what a separate rotary kernel's
 // bf16 output quantizes to.
 template <int D, bool kRope>
 __global__ void AppendKernel(const RopeAppendArgs a, int cache_type) {
   constexpr int kHalf = D / 2, kLanes = D / 8;
+  static_assert(32 % kLanes == 0, "a head's lanes inside one warp (the q/k norm's butterfly)");
   __shared__ float cs[D];  // cos, sin of this token's angles (kRope)
   const AppendArgs& c = a.cache;
   const int t = blockIdx.x, hkv = c.num_kv_heads;
@@ -53,12 +55,29 @@ __global__ void AppendKernel(const RopeAppendArgs a, int cache_type) {
       if constexpr (kRope) {
         rope::LoadPairs(row, static_cast<const __nv_bfloat16*>(a.rope.bias), h * D + i, kHalf, rs,
                         x1, x2);
-        if (h < hq + hkv) rope::Rotate(cs, i, kHalf, x1, x2);
       } else {
         const void* src = h < hkv ? c.k_new : c.v_new;
         const size_t r = (static_cast<size_t>(t) * hkv + h % hkv) * D;
         rope::LoadPairs(static_cast<const __nv_bfloat16*>(src) + r, nullptr, i, kHalf, 1.f, x1, x2);
       }
+    }
+    if constexpr (kRope) {
+      // q / k RMSNorm per head (both weights or neither): the head's kLanes lanes sum their
+      // squares by a butterfly inside the warp (every lane takes part; v heads and invalid lanes
+      // discard theirs), as the model's q/k-norm rotary kernel sums them.
+      if (a.rope.q_norm != nullptr) {
+        float ss = rope::SumSquares(x1, x2);
+#pragma unroll
+        for (int o = kLanes / 2; o > 0; o >>= 1) {
+          ss = __fadd_rn(ss, __shfl_xor_sync(0xffffffffu, ss, o));
+        }
+        if (valid && h < hq + hkv) {
+          const auto* w = static_cast<const __nv_bfloat16*>(h < hq ? a.rope.q_norm : a.rope.k_norm);
+          rope::NormPairs(w, i, kHalf, rsqrtf(ss / D + a.rope.norm_eps), a.rope.norm_offset, x1,
+                          x2);
+        }
+      }
+      if (valid && h < hq + hkv) rope::Rotate(cs, i, kHalf, x1, x2);
     }
     if (valid && h < hq) {
       auto* q = static_cast<__nv_bfloat16*>(a.rope.q) + (static_cast<size_t>(t) * hq + h) * D;

@@ -55,6 +55,7 @@ class CudaC8Backend final : public AttentionBackend {
   }
   bool supports_graphs() const override { return true; }
   bool supports_fused_rope() const override { return true; }
+  bool supports_fused_qk_norm() const override { return true; }
   bool supports_fp8_out() const override { return true; }
   Status Configure(const AttentionOptions& options) override {
     eight_bit_ = spec_.kv_quant != KvQuant::kNone;

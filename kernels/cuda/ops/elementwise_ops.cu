@@ -354,8 +354,7 @@ __global__ void QkNormRopeKernel(const RopeArgs a) {
       const int i = (lane + 32 * g) * 4;
       if (lane + 32 * g >= groups) break;
       rope::LoadPairs(qkv, bias, h * D + i, half, rs, x1[g], x2[g]);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) ss += x1[g][j] * x1[g][j] + x2[g][j] * x2[g][j];
+      ss = __fadd_rn(ss, rope::SumSquares(x1[g], x2[g]));
     }
     bool rotate;
     __nv_bfloat16* dst = RopeDestination(a, t, h, &rotate);
@@ -364,23 +363,16 @@ __global__ void QkNormRopeKernel(const RopeArgs a) {
                                                                         : nullptr);
     float inv = 1.f;
     if (w) {
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffff, ss, o);
+      // Lanes past the head's groups hold 0: for head_dim <= 256 the sum is the butterfly over
+      // the head's D / 8 lanes that the C8 append's fused norm takes (the same bits).
+      for (int o = 16; o > 0; o >>= 1) ss = __fadd_rn(ss, __shfl_xor_sync(0xffffffff, ss, o));
       inv = rsqrtf(ss / D + a.norm_eps);
     }
 #pragma unroll
     for (int g = 0; g < kQkNormGroups; ++g) {
       const int i = (lane + 32 * g) * 4;
       if (lane + 32 * g >= groups) break;
-      if (w) {
-        float w1[4], w2[4];
-        ptx::LoadBf16x4(w + i, w1);
-        ptx::LoadBf16x4(w + i + half, w2);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          x1[g][j] = x1[g][j] * inv * (a.norm_offset + w1[j]);
-          x2[g][j] = x2[g][j] * inv * (a.norm_offset + w2[j]);
-        }
-      }
+      if (w) rope::NormPairs(w, i, half, inv, a.norm_offset, x1[g], x2[g]);
       if (rotate) rope::Rotate(cs, i, half, x1[g], x2[g]);
       ptx::StoreBf16x4(dst + i, x1[g]);
       ptx::StoreBf16x4(dst + i + half, x2[g]);

@@ -1,7 +1,7 @@
 // Rotary embedding ("rotate_half" pairs (i, i + D/2)) over one row of a fused q/k/v projection,
-// four pairs per thread: shared by the model's BiasRope kernel (elementwise_ops.cu), the C8 append
-// with rotary fused in (c8_append.cu) and the C8 decode tiles that rotate and append themselves
-// (c8_tile_kernel.cuh), so all store the same bits. Same float math as the CPU oracle: angle =
+// four pairs per thread, and the per-head q/k RMSNorm before it: shared by the model's BiasRope
+// and q/k-norm rotary kernels (elementwise_ops.cu) and the C8 append with the rotary fused in
+// (c8_append.cu), so all store the same bits. Same float math as the CPU oracle: angle =
 // pos * inv_freq in fp32, cos/sin in fp32, and every product and sum rounded on its own (explicit
 // _rn operations: the compiler may not contract them into FMAs differently in different kernels).
 #pragma once
@@ -36,6 +36,30 @@ __device__ __forceinline__ void LoadPairs(const __nv_bfloat16* row, const __nv_b
   for (int j = 0; j < 4; ++j) {
     x1[j] = __fadd_rn(__fmul_rn(x1[j], rs), b1[j]);
     x2[j] = __fadd_rn(__fmul_rn(x2[j], rs), b2[j]);
+  }
+}
+
+// The sum of squares of pairs i..i+3 (one lane's share of a head's q/k RMSNorm), in a fixed order.
+__device__ __forceinline__ float SumSquares(const float (&x1)[4], const float (&x2)[4]) {
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    ss = __fadd_rn(ss, __fadd_rn(__fmul_rn(x1[j], x1[j]), __fmul_rn(x2[j], x2[j])));
+  }
+  return ss;
+}
+
+// Pairs i..i+3 of a head times inv (its rsqrt(mean(x^2) + eps)) times (offset + w) (w: bf16
+// [D], the q or k norm's weights): the q/k RMSNorm before the rotary.
+__device__ __forceinline__ void NormPairs(const __nv_bfloat16* w, int i, int half, float inv,
+                                          float offset, float (&x1)[4], float (&x2)[4]) {
+  float w1[4], w2[4];
+  ptx::LoadBf16x4(w + i, w1);
+  ptx::LoadBf16x4(w + i + half, w2);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    x1[j] = __fmul_rn(__fmul_rn(x1[j], inv), __fadd_rn(offset, w1[j]));
+    x2[j] = __fmul_rn(__fmul_rn(x2[j], inv), __fadd_rn(offset, w2[j]));
   }
 }
 
