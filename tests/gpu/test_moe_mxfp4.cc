@@ -16,7 +16,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <random>
-#include <utility>
 #include <vector>
 
 #include "base/dtype.h"
@@ -159,7 +158,7 @@ struct Worst {
 void CheckRouting(const RandomMxfp4Experts& m, const std::vector<uint16_t>& x,
                   const std::vector<int32_t>& ids, int T, int top_k, float limit, float alpha,
                   const std::vector<int>& tile_rows_list, Worst* worst, int gemv_rows = -1,
-                  int gemv_split_k = 0, int gemv_stages = 0) {
+                  int gemv_split_k = 0) {
   const int E = m.E, H = m.H, I = m.I, S = T * top_k;
   // gate_up reference per slot (t, k), and the magnitudes of its sums for the error bound.
   std::vector<double> a_ref(static_cast<size_t>(S) * I), a_tol(static_cast<size_t>(S) * I);
@@ -234,7 +233,6 @@ void CheckRouting(const RandomMxfp4Experts& m, const std::vector<uint16_t>& x,
     const bool gemv = gemv_rows >= 0;
     g.gemv_max_rows = gemv ? gemv_rows : 0;
     g.gemv_split_k = gemv_split_k;
-    g.gemv_stages = gemv_stages;
     REQUIRE((gemv ? cuda::LaunchMoeGemv(g, nullptr) : cuda::LaunchMoeGemmMxfp4(g, nullptr)));
     g.x = act;
     g.sorted_token = nullptr;
@@ -391,8 +389,7 @@ TEST_CASE("MXFP4 expert GEMMs at 1 to 200 rows per expert, every tile size", "[g
 // two passes, each reading the weights again; the result must not change); also 33 rows cut into
 // 16-row tiles. H 1216 and I 800: k of 10 and 7 slices of 128, the last partly padding (lanes
 // past k load nothing), n_out 800 and 1216 (not multiples of 64: CTAs of 8 columns, combine
-// blocks of 32). Each with the default k split and staging, and with k split over 1, 2 and 4 warps
-// staged through registers or shared memory.
+// blocks of 32). Each with k split over the default number of warps per CTA, over 1, 2 and 4.
 TEST_CASE("MXFP4 GEMV at 1 to 16 rows per expert, with the combine", "[gpu][moe][mxfp4]") {
   GPU_TEST_RNG(rng);
   const int E = 4, H = 1216, I = 800;
@@ -404,18 +401,12 @@ TEST_CASE("MXFP4 GEMV at 1 to 16 rows per expert, with the combine", "[gpu][moe]
   Worst worst;
   for (const int R : {1, 2, 3, 4, 5, 8, 16, 33}) {
     for (const int bound : {R, 1}) {
-      // The defaults, then 1, 2 and 4 warps splitting k, the weights staged in registers (-1)
-      // or through 4 or 8 shared-memory slices per warp.
-      const std::pair<int, int> forms[] = {{0, 0}, {1, -1}, {2, -1}, {4, -1}, {1, 4},
-                                           {2, 4}, {4, 4},  {1, 8},  {4, 8}};
-      for (const auto& [split, stages] : forms) {
-        INFO("rows per expert " << R << ", gemv_max_rows " << bound << ", split_k " << split
-                                << ", stages " << stages);
+      for (const int split : {0, 1, 2, 4}) {  // the default, then 1, 2 and 4 warps splitting k
+        INFO("rows per expert " << R << ", gemv_max_rows " << bound << ", split_k " << split);
         std::vector<int32_t> ids;
         std::vector<uint16_t> x;
         const int T = SkewedTokens(R, H, rng, &ids, &x);
-        CheckRouting(m, x, ids, T, 1, R % 2 ? 7.0f : 0.0f, 1.702f, {16}, &worst, bound, split,
-                     stages);
+        CheckRouting(m, x, ids, T, 1, R % 2 ? 7.0f : 0.0f, 1.702f, {16}, &worst, bound, split);
       }
     }
   }

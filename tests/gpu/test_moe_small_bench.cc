@@ -158,7 +158,7 @@ TEST_CASE("MoE expert GEMMs benchmark: decode batches, GEMVs against tiles",
   };
   const double copy_rate = gpu_test::MeasureCopyRate(o.stream);
   std::printf("copy rate %.2f TB/s (read + write)\n", copy_rate / 1e12);
-  std::printf("%-16s %5s %-11s %10s %8s %10s %8s %8s\n", "experts of", "batch", "gemms", "us/layer",
+  std::printf("%-16s %5s %-6s %10s %8s %10s %8s %8s\n", "experts of", "batch", "gemms", "us/layer",
               "TB/s", "floor us", "x floor", "x tiled");
   for (const Shape sh : {Shape{"qwen3-30b-a3b", 128, 8, 2048, 768, 0, false},
                          Shape{"deepseek-v2-lite", 64, 6, 2048, 1408, 2 * 1408, false},
@@ -245,15 +245,11 @@ TEST_CASE("MoE expert GEMMs benchmark: decode batches, GEMVs against tiles",
       cuda::LaunchMoePermute(pa, o.stream);
       CUDA_REQUIRE(cudaStreamSynchronize(o.stream));
       double tiled_us = 0;
-      // Variant 0: tiled; 1: the GEMVs as the layer launches them; then (MXFP4 only) the GEMVs
-      // with 1, 2 and 4 warps splitting k, each staged through registers (-1) and through 4 and
-      // 8 shared-memory slices per warp.
-      constexpr int kMxVariants = 2 + 3 * 3;
-      for (int variant = 0; variant < (sh.mx ? kMxVariants : 2); ++variant) {
+      // Variant 0: tiled; 1: the GEMVs as the layer launches them; 2-4 (MXFP4 only): the GEMVs
+      // with 1, 2 and 4 warps splitting k.
+      for (int variant = 0; variant <= (sh.mx ? 4 : 1); ++variant) {
         const bool gemv = variant > 0;
-        const int split_k = variant >= 2 ? 1 << ((variant - 2) % 3) : 0;
-        constexpr int kStages[3] = {-1, 4, 8};
-        const int stages = variant >= 2 ? kStages[(variant - 2) / 3] : 0;
+        const int split_k = variant >= 2 ? 1 << (variant - 2) : 0;
         if (gemv && !cuda::MoeGemvBatchOk(T, K, E)) continue;
         auto run_all = [&] {
           for (int l = 0; l < kLayers; ++l) {
@@ -271,7 +267,6 @@ TEST_CASE("MoE expert GEMMs benchmark: decode batches, GEMVs against tiles",
             g.out = act.ptr;
             g.gemv_max_rows = T;
             g.gemv_split_k = split_k;
-            g.gemv_stages = stages;
             if (sh.mx) {
               g.mx_scales = gu_s[l].as<uint8_t>();
               g.mx_k_pad = kp_h;
@@ -322,15 +317,10 @@ TEST_CASE("MoE expert GEMMs benchmark: decode batches, GEMVs against tiles",
         if (!gemv) tiled_us = us;
         char vs_tiled[16] = "-";
         if (gemv) std::snprintf(vs_tiled, sizeof(vs_tiled), "%.2f", us / tiled_us);
-        char label[24];
+        char label[16];
         std::snprintf(label, sizeof(label), "%s", !gemv ? "tiled" : "gemv");
-        if (split_k > 0) {
-          std::snprintf(label, sizeof(label), "gemv/%d/%s", split_k,
-                        stages < 0    ? "reg"
-                        : stages == 4 ? "s4"
-                                      : "s8");
-        }
-        std::printf("%-16s %5d %-11s %10.1f %8.2f %10.1f %8.2f %8s\n", sh.name, T, label, us,
+        if (split_k > 0) std::snprintf(label, sizeof(label), "gemv/%d", split_k);
+        std::printf("%-16s %5d %-6s %10.1f %8.2f %10.1f %8.2f %8s\n", sh.name, T, label, us,
                     bytes / us / 1e6, floor_us, us / floor_us, vs_tiled);
       }
     }

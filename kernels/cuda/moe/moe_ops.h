@@ -184,21 +184,12 @@ struct MoeGemmArgs {
   // LaunchMoeGemv's MXFP4 form only: warps of a CTA that split k (1, 2 or 4), or 0 for
   // MoeGemvMxfp4DefaultSplitK(gemv_max_rows). Benchmarks set it; the layer keeps the default.
   int gemv_split_k = 0;
-  // LaunchMoeGemv's MXFP4 form only: slices of each warp's weight stream staged in shared memory
-  // (cp.async; up to 4, or 8), -1 for the register-staged form, or 0 for
-  // MoeGemvMxfp4DefaultStages. Benchmarks set it; the layer keeps the default.
-  int gemv_stages = 0;
 };
 // The MXFP4 GEMVs' k split by default: at one or two tokens the grid is a few warps per SM, and
 // four warps per column share the weight stream; from four tokens on there are warps enough
 // and the split's reduction costs more than it gains ("[.bench][moe_small]").
 inline int MoeGemvMxfp4DefaultSplitK(int gemv_max_rows) {
   return gemv_max_rows >= 1 && gemv_max_rows <= 2 ? 4 : 1;
-}
-// The MXFP4 GEMVs' staging by default (MoeGemmArgs::gemv_stages): registers until the staged
-// forms are measured against them ("[.bench][moe_small]").
-inline int MoeGemvMxfp4DefaultStages(bool /*silu_mul*/) {
-  return -1;
 }
 // Column blocks of the down GEMMs (LaunchMoeGemm's 64 columns, the MXFP4 GEMMs' 32 or more):
 // the tickets MoeGemmArgs::combine needs for n_out outputs.
