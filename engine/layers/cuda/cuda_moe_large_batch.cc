@@ -32,17 +32,6 @@ bool PerRowOrChannel(const CudaLinear& lin) {
   return lin.quant() == WeightQuant::kFp8PerTensor || lin.quant() == WeightQuant::kFp8PerChannel;
 }
 
-// x (bf16 [rows, cols]) into e4m3 rows q with one scale per row: the checkpoint's static
-// input_scale where `lin` has one, else per row.
-void QuantizeRows(const CudaLinear& lin, const void* x, int rows, int cols, const cuda::Fp8Rows& q,
-                  cudaStream_t stream) {
-  if (lin.static_input_scale() != nullptr) {
-    cuda::LaunchQuantizeRowsStaticFp8(x, rows, cols, lin.static_input_scale(), q, stream);
-  } else {
-    cuda::LaunchQuantizeRowsFp8(x, rows, cols, q, stream);
-  }
-}
-
 }  // namespace
 
 bool CudaMoeLayer::LargeBatchFp8Serves(const CudaMoeWeights& w) {
@@ -189,7 +178,7 @@ Status CudaMoeLayer::RunLargeBatchFp8(const CudaLinearOps& ops, const CudaMoeWei
   // shared experts' x, the routed activations, the shared activations.
   const cuda::Fp8Rows q{s->large_q.ptr, s->large_q_scale.as<float>()};
   cuda::LaunchMoeGather(x, s->sorted_token.as<int32_t>(), rows, hidden_, s->y.ptr, stream);
-  QuantizeRows(w.gate_up, s->y.ptr, rows, hidden_, q, stream);
+  QuantizeFp8RowsFor(w.gate_up, s->y.ptr, rows, hidden_, q, stream);
   const float* ones = s->large_ones.as<float>();
   LLM_RETURN_IF_ERROR(
       Fp8ExpertGemms(ops, off, w.gate_up, 2 * inter_, hidden_, q.q, ones, s->gu.ptr));
@@ -202,7 +191,7 @@ Status CudaMoeLayer::RunLargeBatchFp8(const CudaLinearOps& ops, const CudaMoeWei
     cuda::LaunchMoeGateAct(s->gu.ptr, T, shared_inter_, nullptr, nullptr, 0, limit, alpha,
                            s->shared_act.ptr, stream);
   }
-  QuantizeRows(w.down, s->act.ptr, rows, inter_, q, stream);
+  QuantizeFp8RowsFor(w.down, s->act.ptr, rows, inter_, q, stream);
   LLM_RETURN_IF_ERROR(Fp8ExpertGemms(ops, off, w.down, hidden_, inter_, q.q, ones, s->y.ptr));
   cuda::LaunchScaleRowsBf16(s->y.ptr, q.scale, rows, hidden_, stream);
   if (w.down_bias.ptr) {

@@ -217,6 +217,15 @@ std::string CudaMoeLayer::W8a8Unserved(const CudaMoeWeights& w) const {
   return "";
 }
 
+void QuantizeFp8RowsFor(const CudaLinear& lin, const void* x, int rows, int cols,
+                        const cuda::Fp8Rows& q, cudaStream_t stream) {
+  if (lin.static_input_scale() != nullptr) {
+    cuda::LaunchQuantizeRowsStaticFp8(x, rows, cols, lin.static_input_scale(), q, stream);
+  } else {
+    cuda::LaunchQuantizeRowsFp8(x, rows, cols, q, stream);
+  }
+}
+
 cuda::MoeGemmScales MoeGemmScalesOf(const CudaLinear& lin, int rows_per_expert, int k) {
   cuda::MoeGemmScales s;
   s.scale = lin.scales();
@@ -618,12 +627,8 @@ void QuantizeW8a8Input(const CudaLinear& lin, const void* x, int rows, int cols,
   if (lin.quant() == WeightQuant::kFp8Block) {
     cuda::LaunchQuantizeBlocks128Fp8(x, rows, cols, q, scale, rows, stream);
     *scale_ld = rows;
-  } else if (lin.static_input_scale() != nullptr) {
-    cuda::LaunchQuantizeRowsStaticFp8(x, rows, cols, lin.static_input_scale(),
-                                      cuda::Fp8Rows{q, scale}, stream);
-    *scale_ld = 0;
   } else {
-    cuda::LaunchQuantizeRowsFp8(x, rows, cols, cuda::Fp8Rows{q, scale}, stream);
+    QuantizeFp8RowsFor(lin, x, rows, cols, cuda::Fp8Rows{q, scale}, stream);
     *scale_ld = 0;
   }
   *scale_out = scale;

@@ -101,6 +101,10 @@ cuda::MoeRouteArgs MoeRouteArgsOf(const MoeRouting& routing);
 // The grouped GEMMs' view of the fp8 scales of `lin`: experts of rows_per_expert rows and k
 // columns stacked (or one matrix: the shared experts).
 cuda::MoeGemmScales MoeGemmScalesOf(const CudaLinear& lin, int rows_per_expert, int k);
+// x (bf16 [rows, cols]) into e4m3 rows q with one scale per row: the checkpoint's static
+// input_scale where `lin` has one, else per row (the W8A8 paths' per-token form).
+void QuantizeFp8RowsFor(const CudaLinear& lin, const void* x, int rows, int cols,
+                        const cuda::Fp8Rows& q, cudaStream_t stream);
 
 class CudaMoeLayer {
  public:
