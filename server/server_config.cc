@@ -229,8 +229,9 @@ std::vector<ServerOption> Declarations() {
                 kMoeActivationDtypeChoices, G::kCuda,
                 "activations of fp8 routed experts; fp8: e4m3 per token (per 128-wide group "
                 "beside 128x128 block-scaled weights) through the W8A8 expert GEMMs on the e4m3 "
-                "tensor cores (sm_89+), or the load fails; auto: fp8 where those serve a layer, "
-                "else bf16 (logged); bf16: the W8A16 expert GEMMs")
+                "tensor cores (sm_89+), or the load fails; auto: fp8 for prompt-sized batches "
+                "(512 tokens and more) where those serve a layer, else bf16 (logged); bf16: the "
+                "W8A16 expert GEMMs")
           .OnlyOn("cuda", "the cpu models compute in fp32"),
       O::Bool("dummy_weights", LLM_BIND(engine.model.dummy_weights), G::kCuda,
               "random weights on the GPU instead of the checkpoint (benchmarks)")

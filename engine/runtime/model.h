@@ -208,7 +208,9 @@ struct ModelLoadOptions {
   // e4m3 tensor cores, and the load fails naming what those do not serve (experts not fp8,
   // shapes not multiples of 128, a device or build without sm_89+ e4m3 mma; a checkpoint's
   // static input_scale, where it has one, replaces the per-token scales); "auto" does so
-  // where they serve a layer and keeps bf16 activations (logged) where not; "bf16" keeps bf16
+  // where they serve a layer (else bf16 activations, logged) for batches of at least
+  // CudaMoeLayer::kAutoW8a8MinTokens tokens (prompt chunks), and keeps bf16 activations for
+  // decode-sized batches, where the W8A16 GEMMs are the faster form; "bf16" keeps bf16
   // activations (the W8A16 GEMMs: each weight widened to bf16). "fp8" fails the load of a model
   // without routed experts, and on the cpu device.
   std::string moe_activation_dtype = "bf16";

@@ -445,7 +445,8 @@ TEST_CASE("MoE layer: the down GEMM's combine gives LaunchMoeCombine's bits", "[
   }
 }
 
-// fp8 experts (one per-tensor scale per expert, CudaLinear::Quantize) with fp8 activations: the
+// fp8 experts (one per-tensor scale per expert, CudaLinear::Quantize) with fp8 activations
+// (moe_activation_dtype fp8: every batch; auto's choice per batch is the next test's): the
 // W8A8 GEMMs with tiles of 16 (T 1, 7), 32 (T 64) and 64 rows (T 300: MoeMxfp4TileRows), the
 // shared experts as their dense group, and the large-batch path's per-expert cuBLASLt GEMMs
 // (forced from one token: an expert of one row runs a 16-row GEMM into the slack; by default from
@@ -461,7 +462,7 @@ TEST_CASE("MoE layer with fp8 activations (W8A8) matches CpuMoe, batch 1..300", 
       m.routing = v3 ? V3Routing(16, 4) : V2Routing(16, 4);
       MakeMoe(o.ops, WeightQuant::kFp8PerTensor, rng, &m);
       CudaMoeLayer layer(m.routing, m.hidden, m.inter, m.shared_inter);
-      layer.set_activation_dtype(v3 ? A::kFp8 : A::kAuto);
+      layer.set_activation_dtype(A::kFp8);
       layer.set_large_batch_slots_per_expert(large_from);
       REQUIRE(layer.ChooseActivations("test", &m.gpu).ok());
       REQUIRE(m.gpu.w8a8);
@@ -503,6 +504,50 @@ TEST_CASE("MoE layer with fp8 activations (W8A8) matches CpuMoe, batch 1..300", 
     layer.set_activation_dtype(A::kAuto);
     CHECK(layer.ChooseActivations("layer 0", &m.gpu).ok());
     CHECK(!m.gpu.w8a8);
+  }
+}
+
+// moe_activation_dtype auto on fp8 experts: bf16 activations (the W8A16 tiles, the GEMVs at one
+// token) below CudaMoeLayer::kAutoW8a8MinTokens tokens, fp8 ones (the W8A8 tiles, the large-batch
+// path's cuBLASLt GEMMs) from there: the same bits as either form, at the default threshold and at
+// one moved down to where the tiles and the large-batch path (from 256 tokens here) both serve.
+TEST_CASE("MoE layer with auto activations takes fp8 ones from kAutoW8a8MinTokens tokens",
+          "[gpu][moe][fp8]") {
+  GPU_TEST_RNG(rng);
+  Ops o;
+  using A = CudaMoeLayer::ActivationDtype;
+  TestMoe m;
+  m.routing = V2Routing(16, 4);
+  MakeMoe(o.ops, WeightQuant::kFp8PerTensor, rng, &m);
+  CudaMoeLayer fp8(m.routing, m.hidden, m.inter, m.shared_inter);
+  fp8.set_activation_dtype(A::kFp8);
+  CudaMoeLayer automatic(m.routing, m.hidden, m.inter, m.shared_inter);
+  automatic.set_activation_dtype(A::kAuto);
+  REQUIRE(automatic.ChooseActivations("test", &m.gpu).ok());
+  REQUIRE(m.gpu.w8a8);
+  constexpr int kMin = CudaMoeLayer::kAutoW8a8MinTokens;
+  CHECK(!automatic.UsesW8a8(kMin - 1, m.gpu));
+  CHECK(automatic.UsesW8a8(kMin, m.gpu));
+  CHECK(fp8.UsesW8a8(1, m.gpu));
+  std::normal_distribution<float> nd(0.f, 1.f);
+  CudaMoeScratch s_auto, s_fp8, s_bf16;
+  for (const int min_tokens : {kMin, 8}) {
+    automatic.set_w8a8_min_tokens(min_tokens);
+    const std::vector<int> batches =
+        min_tokens == kMin ? std::vector<int>{1, kMin - 1, kMin} : std::vector<int>{1, 7, 8, 300};
+    for (const int T : batches) {
+      INFO("fp8 activations from " << min_tokens << " tokens, batch " << T);
+      std::vector<float> x(static_cast<size_t>(T) * m.hidden);
+      for (float& v : x) v = RoundBf16(nd(rng));
+      const std::vector<float> got = RunGpu(o, automatic, m.gpu, m.hidden, x, T, &s_auto);
+      const std::vector<float> with_fp8 = RunGpu(o, fp8, m.gpu, m.hidden, x, T, &s_fp8);
+      m.gpu.w8a8 = false;  // what a bf16 load leaves: the W8A16 GEMMs
+      const std::vector<float> with_bf16 = RunGpu(o, fp8, m.gpu, m.hidden, x, T, &s_bf16);
+      m.gpu.w8a8 = true;
+      CHECK(with_fp8 != with_bf16);
+      CHECK(automatic.TakesLargeBatchPath(T, m.gpu) == (T >= min_tokens && T * 4 >= 64 * 16));
+      CHECK(got == (T >= min_tokens ? with_fp8 : with_bf16));
+    }
   }
 }
 

@@ -42,7 +42,7 @@ bool CudaMoeLayer::LargeBatchFp8Serves(const CudaMoeWeights& w) {
 
 bool CudaMoeLayer::TakesLargeBatchPath(int T, const CudaMoeWeights& w) const {
   const bool bf16 = !w.mxfp4 && !w.gate_up.fp8() && !w.down.fp8();
-  return (bf16 || LargeBatchFp8Serves(w)) &&
+  return (bf16 || (LargeBatchFp8Serves(w) && UsesW8a8(T, w))) &&
          static_cast<int64_t>(T) * r_.top_k >=
              static_cast<int64_t>(large_batch_slots_) * r_.num_experts;
 }
@@ -103,7 +103,7 @@ Status CudaMoeLayer::RunLargeBatch(const CudaLinearOps& ops, const CudaMoeWeight
   GPU_RETURN_IF_ERROR(
       cudaMemcpyAsync(off.data(), s->offsets.ptr, (E + 1) * 4, cudaMemcpyDeviceToHost, stream));
   GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  if (w.w8a8) return RunLargeBatchFp8(ops, w, x, T, off, s);  // TakesLargeBatchPath allowed it
+  if (w.w8a8) return RunLargeBatchFp8(ops, w, x, T, off, s);  // TakesLargeBatchPath: UsesW8a8
   const int rows = off[E];
   const float limit =
       gate_.activation == CpuMlp::Activation::kClampedSwiGlu ? gate_.swiglu_limit : 0.0f;

@@ -490,8 +490,8 @@ bool CudaMoeLayer::UsesGemv(int T, const CudaMoeWeights& w) const {
   using cuda::MoeGemvShapeOk;
   using cuda::MoeGemvWeights;
   if (T > gemv_max_tokens_ || !cuda::MoeGemvBatchOk(T, r_.top_k, r_.num_experts)) return false;
-  if (w.w8a8) return false;  // fp8 activations: the W8A8 GEMMs
-  if (w.mxfp4) {             // routed experts only (LoadMxfp4 keeps none beside shared experts)
+  if (UsesW8a8(T, w)) return false;  // fp8 activations: the W8A8 GEMMs
+  if (w.mxfp4) {  // routed experts only (LoadMxfp4 keeps none beside shared experts)
     return MoeGemvShapeOk(MoeGemvWeights::kMxfp4, inter_, hidden_) &&
            MoeGemvShapeOk(MoeGemvWeights::kMxfp4, hidden_, inter_);
   }
@@ -716,7 +716,8 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
   // MXFP4 and W8A8 experts: tiles as large as the batch's rows per expert call for (decided from
   // T alone, so a captured graph replays the same choice); the bf16 / W8A16 GEMMs take 16-row
   // tiles.
-  const int tile_rows = w.mxfp4 || w.w8a8 ? cuda::MoeMxfp4TileRows(T, K, E) : cuda::kMoeTileRows;
+  const bool w8a8 = UsesW8a8(T, w);
+  const int tile_rows = w.mxfp4 || w8a8 ? cuda::MoeMxfp4TileRows(T, K, E) : cuda::kMoeTileRows;
   const int max_tiles = cuda::MoeMaxTiles(S, E, dense_rows, tile_rows);
   cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
   GPU_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &cs));
@@ -772,10 +773,10 @@ Status CudaMoeLayer::Run(const CudaLinearOps& ops, const CudaMoeWeights& w, cons
   }
   // Small batches: the down GEMM's last tile per column block combines (no launch of its own;
   // the W8A8 GEMMs have no combine epilogue).
-  const bool combined = !large && !w.w8a8 && UsesFusedCombine(T);
+  const bool combined = !large && !w8a8 && UsesFusedCombine(T);
   if (large) {
     LLM_RETURN_IF_ERROR(RunLargeBatch(ops, w, x, T, s));
-  } else if (w.w8a8) {
+  } else if (w8a8) {
     if (s->xq.ptr == nullptr) {
       return Internal("CUDA MoE layer: fp8 activations without their scratch (Reserve)");
     }

@@ -18,9 +18,9 @@
 //                        tile of each column block)
 // The shared experts are one more group of both grouped GEMMs (every token, weight 1): no
 // launches of their own, and with fp8 weights their activations stay bf16 as the experts'.
-// With fp8 activations (set_activation_dtype), x, act and the shared experts' act are quantized
-// to e4m3 before each GEMM (kernels/cuda/ops/fp8_quant.h) and the W8A8 grouped GEMMs run on the
-// e4m3 tensor cores, with tiles of cuda::MoeMxfp4TileRows rows as the MXFP4 experts'.
+// With fp8 activations (set_activation_dtype, UsesW8a8), x, act and the shared experts' act are
+// quantized to e4m3 before each GEMM (kernels/cuda/ops/fp8_quant.h) and the W8A8 grouped GEMMs run
+// on the e4m3 tensor cores, with tiles of cuda::MoeMxfp4TileRows rows as the MXFP4 experts'.
 // Batch-1 decode steps (set_gemv_max_tokens; cuda::MoeGemvBatchOk) of bf16, fp8 or MXFP4
 // experts with bf16 activations run both grouped GEMMs as GEMVs over the same tiles
 // (cuda::LaunchMoeGemv: small CTAs that stream each expert's weights once at the copy rate;
@@ -64,8 +64,9 @@ struct CudaMoeWeights {
   // stay empty then.
   DeviceBuffer mx_gate_up, mx_gate_up_scales, mx_down, mx_down_scales;
   bool mxfp4 = false;
-  // fp8 experts run with fp8 activations (CudaMoeLayer::set_activation_dtype): the W8A8 grouped
-  // GEMMs (cuda::LaunchMoeGemmW8a8) instead of the bf16-activation ones.
+  // fp8 experts may run with fp8 activations (CudaMoeLayer::set_activation_dtype): the W8A8
+  // grouped GEMMs (cuda::LaunchMoeGemmW8a8) instead of the bf16-activation ones, for the batches
+  // CudaMoeLayer::UsesW8a8 names.
   bool w8a8 = false;
 };
 
@@ -149,9 +150,23 @@ class CudaMoeLayer {
   // group beside 128x128 block-scaled weights, per token beside per-row or per-tensor scales) or
   // fails the load naming what those do not serve (experts not fp8, shapes, a device without
   // e4m3 tensor cores); kAuto does so where they serve the layer (else bf16 activations, logged);
-  // kBf16 keeps the W8A16 GEMMs (each weight widened to bf16).
+  // kBf16 keeps the W8A16 GEMMs (each weight widened to bf16). kAuto also picks per batch: the
+  // W8A8 GEMMs pay where a batch's products are many (prompt chunks: the large-batch path, and the
+  // tiles from kAutoW8a8MinTokens tokens), while decode-sized batches are bound by the weights'
+  // bytes, which both forms read once, and there the per-token quantize passes and the W8A8 tiles'
+  // lack of a fused combine and of GEMVs make W8A16 the faster form (docs/BENCHMARKS.md).
   enum class ActivationDtype { kBf16, kFp8, kAuto };
-  void set_activation_dtype(ActivationDtype v) { activation_dtype_ = v; }
+  static constexpr int kAutoW8a8MinTokens = 512;
+  void set_activation_dtype(ActivationDtype v) {
+    activation_dtype_ = v;
+    w8a8_min_tokens_ = v == ActivationDtype::kAuto ? kAutoW8a8MinTokens : 0;
+  }
+  // The batch size from which experts with w8a8 take fp8 activations (set_activation_dtype sets
+  // it; tests and benchmarks move it after).
+  void set_w8a8_min_tokens(int v) { w8a8_min_tokens_ = v; }
+  // Whether a batch of T tokens runs the experts `w` on fp8 activations: w.w8a8 and at least
+  // the minimum above (decided from T alone, so a captured graph replays the same choice).
+  bool UsesW8a8(int T, const CudaMoeWeights& w) const { return w.w8a8 && T >= w8a8_min_tokens_; }
   // Sets w->w8a8 for the loaded experts `w` under the activation dtype (Load's last step; tests
   // that fill CudaMoeWeights themselves call it): the InvalidArgument of kFp8 names `where` and
   // what the W8A8 GEMMs do not serve.
@@ -170,7 +185,7 @@ class CudaMoeLayer {
   static constexpr int kPerExpertGemmRows = 640;
   void set_large_batch_gemm(LargeBatchGemm v) { large_batch_gemm_ = v; }
   // Whether Run takes the large-batch path for T rows of weights `w` (outside a capture): bf16
-  // experts, or fp8 experts with fp8 activations (LargeBatchFp8Serves).
+  // experts, or fp8 experts with fp8 activations at T (LargeBatchFp8Serves, UsesW8a8).
   bool TakesLargeBatchPath(int T, const CudaMoeWeights& w) const;
   // fp8 experts (per-tensor or per-channel scales, the shared experts' too) with fp8 activations
   // (w.w8a8): their large batches run one cuBLASLt fp8 GEMM per expert (CudaFp8Gemm) on rows
@@ -270,6 +285,7 @@ class CudaMoeLayer {
   int gemv_max_tokens_ = kDefaultGemvMaxTokens;
   Mxfp4 mxfp4_ = Mxfp4::kAuto;
   ActivationDtype activation_dtype_ = ActivationDtype::kBf16;
+  int w8a8_min_tokens_ = 0;
 };
 
 // "bf16", "fp8" or "auto" (ModelLoadOptions::moe_activation_dtype, checked at load) as the
