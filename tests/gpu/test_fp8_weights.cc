@@ -122,7 +122,9 @@ TEST_CASE("fp8 weights: quantization and the cuBLASLt GEMM match the host defini
 }
 
 // Per-row activation quantization (the attention output before o_proj): every row's scale and
-// bytes exactly as quant.h defines them for that row alone, on the 16-byte path and the scalar one.
+// bytes exactly as quant.h defines them for that row alone, on the 16-byte path and the scalar one;
+// then the row scales applied back to the rows (LaunchScaleRowsBf16, an fp8 GEMM's output): every
+// value bf16(x * scale), on both paths too.
 TEST_CASE("fp8 weights: per-row activation quantization matches the host definition",
           "[gpu][fp8]") {
   GPU_TEST_RNG(rng);
@@ -159,6 +161,14 @@ TEST_CASE("fp8 weights: per-row activation quantization matches the host definit
       CHECK(bad_scales == 0);
       CHECK(bad_bytes == 0);
       CHECK(scales[std::min(1, rows - 1)] == (rows > 1 ? 1.f : scales[0]));
+      cuda::LaunchScaleRowsBf16(dx, ds, rows, cols, nullptr);
+      std::vector<uint16_t> y(x.size());
+      CUDA_REQUIRE(cudaMemcpy(y.data(), dx, y.size() * 2, cudaMemcpyDeviceToHost));
+      int bad_scaled = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        bad_scaled += y[i] != F32ToBf16(Bf16ToF32(x[i]) * scales[i / cols]);
+      }
+      CHECK(bad_scaled == 0);
       for (void* p : {dx, dq, static_cast<void*>(ds)}) cudaFree(p);
     }
   }
