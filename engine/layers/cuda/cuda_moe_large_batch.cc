@@ -2,8 +2,8 @@
 // outside CUDA graphs): the experts' row counts come back to the host once per layer, the rows are
 // gathered by expert, and each expert's GEMMs run as cuBLAS GEMMs (bf16: one grouped call or one
 // per expert; fp8 with fp8 activations: one cuBLASLt fp8 GEMM per expert on rows quantized per
-// token), with the gate, the row scales and the biases as element-wise kernels
-// (kernels/cuda/moe/moe_large_batch.cu).
+// token, or per token and 128-wide block beside 128x128 block scales), with the gate, the row
+// scales and the biases as element-wise kernels (kernels/cuda/moe/moe_large_batch.cu).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -18,26 +18,21 @@
 namespace llm {
 namespace {
 
-// The rows of one expert's fp8 GEMM: its row count rounded up to 16 (the fp8 GEMMs' row multiple)
-// and past 256 rows to 128, so that prefills meet a few dozen shapes, each chosen and cached once
-// by CudaFp8Gemm, rather than one per count. The rows past the count read the next experts' rows
-// (or the scratch's slack) and write rows that those experts' GEMMs overwrite later in stream
-// order (or slack): CudaMoeLayer::kLargeFp8SlackRows.
-int Fp8ExpertRows(int count) {
-  return count <= 256 ? (count + 15) / 16 * 16 : (count + 127) / 128 * 128;
-}
-static_assert(CudaMoeLayer::kLargeFp8SlackRows >= 127, "Fp8ExpertRows' largest overshoot");
+// The rows of one expert's fp8 GEMM (cuda::MoeFp8ExpertRows): the rows past the count read the
+// next experts' rows (or the scratch's slack) and write rows that those experts' GEMMs overwrite
+// later in stream order (or slack): CudaMoeLayer::kLargeFp8SlackRows.
+static_assert(CudaMoeLayer::kLargeFp8SlackRows >= 127, "MoeFp8ExpertRows' largest overshoot");
 
-bool PerRowOrChannel(const CudaLinear& lin) {
-  return lin.quant() == WeightQuant::kFp8PerTensor || lin.quant() == WeightQuant::kFp8PerChannel;
+bool Fp8Scaled(const CudaLinear& lin) {
+  return lin.quant() == WeightQuant::kFp8PerTensor || lin.quant() == WeightQuant::kFp8PerChannel ||
+         lin.quant() == WeightQuant::kFp8Block;
 }
 
 }  // namespace
 
 bool CudaMoeLayer::LargeBatchFp8Serves(const CudaMoeWeights& w) {
-  return w.w8a8 && !w.mxfp4 && PerRowOrChannel(w.gate_up) && PerRowOrChannel(w.down) &&
-         (w.shared.inter == 0 ||
-          (PerRowOrChannel(w.shared.gate_up) && PerRowOrChannel(w.shared.down)));
+  return w.w8a8 && !w.mxfp4 && Fp8Scaled(w.gate_up) && Fp8Scaled(w.down) &&
+         (w.shared.inter == 0 || (Fp8Scaled(w.shared.gate_up) && Fp8Scaled(w.shared.down)));
 }
 
 bool CudaMoeLayer::TakesLargeBatchPath(int T, const CudaMoeWeights& w) const {
@@ -138,15 +133,29 @@ Status CudaMoeLayer::RunLargeBatch(const CudaLinearOps& ops, const CudaMoeWeight
 
 Status CudaMoeLayer::Fp8ExpertGemms(const CudaLinearOps& ops, const std::vector<int32_t>& off,
                                     const CudaLinear& lin, int n, int k, const void* a,
-                                    const float* ones, void* c) const {
+                                    const float* a_scale, void* c) const {
   if (ops.fp8 == nullptr) return Internal("CUDA MoE layer: fp8 experts without the fp8 GEMM");
   const bool per_channel = lin.quant() == WeightQuant::kFp8PerChannel;
   const auto* wb = static_cast<const uint8_t*>(lin.data());
   const auto* ab = static_cast<const uint8_t*>(a);
   auto* cb = static_cast<uint16_t*>(c);
+  size_t block_rows = 0;  // block scales: the rows of the experts' GEMMs so far
   for (int e = 0; e < r_.num_experts; ++e) {
     const int count = off[e + 1] - off[e];
     if (count == 0) continue;
+    if (lin.quant() == WeightQuant::kFp8Block) {
+      // Both scales applied by the GEMM: the expert's 128x128 weight blocks (whole blocks of rows
+      // per expert, as MoeGemmScalesOf strides them) and its rows' 1x128 blocks, a matrix of
+      // their own (cuda::LaunchMoeQuantizeBlocks128ByExpert).
+      const int m = cuda::MoeFp8ExpertRows(count);
+      const float* w_scale = lin.scales() + static_cast<size_t>(e) * (n / 128) * Fp8BlockLd(k);
+      LLM_RETURN_IF_ERROR(ops.fp8->Run(ab + static_cast<size_t>(off[e]) * k,
+                                       a_scale + block_rows * ((k + 127) / 128),
+                                       wb + static_cast<size_t>(e) * n * k, w_scale, m, n, k,
+                                       cb + static_cast<size_t>(off[e]) * n, Fp8Scaling::kBlock));
+      block_rows += m;
+      continue;
+    }
     // Per channel: the expert's [n] scales beside a vector of ones for the rows (kOuter: a row
     // scale vector at row off[e] need not be aligned as cuBLASLt reads it); per tensor: one per
     // expert where Quantize gave each its own ([E][kScaleSlot]), else one for all.
@@ -154,9 +163,9 @@ Status CudaMoeLayer::Fp8ExpertGemms(const CudaLinearOps& ops, const std::vector<
                                ? lin.scales() + static_cast<size_t>(e) * n
                                : lin.scales() + (lin.groups() > 1 ? e * CudaLinear::kScaleSlot : 0);
     LLM_RETURN_IF_ERROR(
-        ops.fp8->Run(ab + static_cast<size_t>(off[e]) * k, per_channel ? ones : ops.unit_scale,
-                     wb + static_cast<size_t>(e) * n * k, w_scale, Fp8ExpertRows(count), n, k,
-                     cb + static_cast<size_t>(off[e]) * n,
+        ops.fp8->Run(ab + static_cast<size_t>(off[e]) * k, per_channel ? a_scale : ops.unit_scale,
+                     wb + static_cast<size_t>(e) * n * k, w_scale, cuda::MoeFp8ExpertRows(count), n,
+                     k, cb + static_cast<size_t>(off[e]) * n,
                      per_channel ? Fp8Scaling::kOuter : Fp8Scaling::kTensor));
   }
   return Status::Ok();
@@ -177,23 +186,39 @@ Status CudaMoeLayer::RunLargeBatchFp8(const CudaLinearOps& ops, const CudaMoeWei
   // One set of e4m3 rows, each GEMM's input in turn (stream order): x gathered by expert, the
   // shared experts' x, the routed activations, the shared activations.
   const cuda::Fp8Rows q{s->large_q.ptr, s->large_q_scale.as<float>()};
-  cuda::LaunchMoeGather(x, s->sorted_token.as<int32_t>(), rows, hidden_, s->y.ptr, stream);
-  QuantizeFp8RowsFor(w.gate_up, s->y.ptr, rows, hidden_, q, stream);
+  // Per-row or per-tensor weights: the rows quantized per token, whose scales the GEMMs leave to
+  // the kernels after them (kOuter multiplies by ones on the rows' side); 128x128 blocks: per token
+  // and 128-wide block, both scales inside the GEMM.
   const float* ones = s->large_ones.as<float>();
+  auto quantize = [&](const CudaLinear& lin, const void* in, int cols) -> const float* {
+    if (lin.quant() == WeightQuant::kFp8Block) {
+      cuda::LaunchMoeQuantizeBlocks128ByExpert(in, rows, cols, offsets, E, q.q, q.scale, stream);
+      return q.scale;
+    }
+    QuantizeFp8RowsFor(lin, in, rows, cols, q, stream);
+    return ones;
+  };
+  auto row_scales = [&](const CudaLinear& lin) {
+    return lin.quant() == WeightQuant::kFp8Block ? nullptr : q.scale;
+  };
+  cuda::LaunchMoeGather(x, s->sorted_token.as<int32_t>(), rows, hidden_, s->y.ptr, stream);
+  const float* a_scale = quantize(w.gate_up, s->y.ptr, hidden_);
   LLM_RETURN_IF_ERROR(
-      Fp8ExpertGemms(ops, off, w.gate_up, 2 * inter_, hidden_, q.q, ones, s->gu.ptr));
+      Fp8ExpertGemms(ops, off, w.gate_up, 2 * inter_, hidden_, q.q, a_scale, s->gu.ptr));
   cuda::LaunchMoeGateAct(s->gu.ptr, rows, inter_,
                          w.gate_up_bias.ptr ? w.gate_up_bias.as<float>() : nullptr, offsets, E,
-                         limit, alpha, s->act.ptr, stream, q.scale);
+                         limit, alpha, s->act.ptr, stream, row_scales(w.gate_up));
   const bool shared = w.shared.inter > 0;
   if (shared) {  // the shared experts' fp8 GEMMs as a projection's (their own quantization)
     LLM_RETURN_IF_ERROR(w.shared.gate_up.Apply(ops, x, T, s->gu.ptr, q));
     cuda::LaunchMoeGateAct(s->gu.ptr, T, shared_inter_, nullptr, nullptr, 0, limit, alpha,
                            s->shared_act.ptr, stream);
   }
-  QuantizeFp8RowsFor(w.down, s->act.ptr, rows, inter_, q, stream);
-  LLM_RETURN_IF_ERROR(Fp8ExpertGemms(ops, off, w.down, hidden_, inter_, q.q, ones, s->y.ptr));
-  cuda::LaunchScaleRowsBf16(s->y.ptr, q.scale, rows, hidden_, stream);
+  a_scale = quantize(w.down, s->act.ptr, inter_);
+  LLM_RETURN_IF_ERROR(Fp8ExpertGemms(ops, off, w.down, hidden_, inter_, q.q, a_scale, s->y.ptr));
+  if (row_scales(w.down) != nullptr) {
+    cuda::LaunchScaleRowsBf16(s->y.ptr, q.scale, rows, hidden_, stream);
+  }
   if (w.down_bias.ptr) {
     cuda::LaunchMoeRowBias(s->y.ptr, rows, hidden_, w.down_bias.as<float>(), offsets, E, stream);
   }

@@ -471,7 +471,11 @@ Status CudaMoeLayer::Reserve(int rows, CudaMoeScratch* s) const {
     LLM_RETURN_IF_ERROR(s->ptrs.Alloc(3 * E * sizeof(void*)));
     if (slack > 0) {
       LLM_RETURN_IF_ERROR(s->large_q.Alloc((S + slack) * std::max({H, I, SI})));
-      LLM_RETURN_IF_ERROR(s->large_q_scale.Alloc((S + slack) * 4));
+      // Room for 128x128 block-scaled experts' scales, one per row and 128-wide block, each
+      // expert's rows rounded up (cuda::LaunchMoeQuantizeBlocks128ByExpert); the layer does not
+      // know its weights' form here, and per-row scales need a blocks-th of it.
+      const size_t blocks = (std::max({H, I, SI}) + 127) / 128;
+      LLM_RETURN_IF_ERROR(s->large_q_scale.Alloc((S + slack + 128 * E) * blocks * 4));
       const std::vector<float> ones(S + slack, 1.0f);
       LLM_RETURN_IF_ERROR(s->large_ones.Alloc(ones.size() * 4));
       GPU_RETURN_IF_ERROR(

@@ -34,8 +34,9 @@
 // problem per expert; per-expert GEMMs once experts have hundreds of rows) for gate_up and for
 // down, with the gated activation and the biases as separate element-wise kernels
 // (moe_large_batch.cu) and the shared experts as two plain GEMMs. fp8 experts with fp8 activations
-// quantize each GEMM's rows per token and run one cuBLASLt fp8 GEMM per expert
-// (LargeBatchFp8Serves). Built only with the CUDA backend.
+// quantize each GEMM's rows per token (per token and 128-wide block beside 128x128 block-scaled
+// weights) and run one cuBLASLt fp8 GEMM per expert (LargeBatchFp8Serves). Built only with the
+// CUDA backend.
 #pragma once
 
 #include <cstdint>
@@ -86,8 +87,9 @@ struct CudaMoeScratch {
   DeviceBuffer gu, offsets, ptrs;
   int large_cap = 0;
   // The large-batch path's e4m3 rows (fp8 activations): every GEMM's input in turn, [rows +
-  // CudaMoeLayer::kLargeFp8SlackRows, max(hidden, I, shared I)], their per-row scales, and as
-  // many floats of 1 (the row scales per-channel GEMMs multiply by before the rows' own).
+  // CudaMoeLayer::kLargeFp8SlackRows, max(hidden, I, shared I)], their scales (per row, or per
+  // row and 128-wide block by expert), and as many floats of 1 (the row scales per-channel GEMMs
+  // multiply by before the rows' own).
   DeviceBuffer large_q, large_q_scale, large_ones;
   // The W8A8 path's e4m3 inputs and their fp32 scales (per token, or per token and 128-wide k
   // group: sized for the latter): x [cap, hidden], act [cap top_k, I], shared_act [cap, shared
@@ -187,9 +189,9 @@ class CudaMoeLayer {
   // Whether Run takes the large-batch path for T rows of weights `w` (outside a capture): bf16
   // experts, or fp8 experts with fp8 activations at T (LargeBatchFp8Serves, UsesW8a8).
   bool TakesLargeBatchPath(int T, const CudaMoeWeights& w) const;
-  // fp8 experts (per-tensor or per-channel scales, the shared experts' too) with fp8 activations
-  // (w.w8a8): their large batches run one cuBLASLt fp8 GEMM per expert (CudaFp8Gemm) on rows
-  // quantized per token. 128x128 block scales keep the W8A8 tiles.
+  // fp8 experts (per-tensor, per-channel or 128x128 block scales, the shared experts' too) with
+  // fp8 activations (w.w8a8): their large batches run one cuBLASLt fp8 GEMM per expert
+  // (CudaFp8Gemm) on rows quantized per token (beside blocks: per token and 128-wide block).
   static bool LargeBatchFp8Serves(const CudaMoeWeights& w);
   // Rows past the end of the large-batch fp8 GEMMs' operands that they may read and write: an
   // expert's GEMM runs on its row count rounded up (Fp8ExpertRows in cuda_moe_large_batch.cc).
@@ -265,10 +267,12 @@ class CudaMoeLayer {
   Status RunLargeBatchFp8(const CudaLinearOps& ops, const CudaMoeWeights& w, const void* x, int T,
                           const std::vector<int32_t>& off, CudaMoeScratch* s) const;
   // C rows [off[e], off[e + 1]) = e4m3 rows A [off[e], ...) times expert e of `lin` (E stacked
-  // [n, k]) with the weights' scales but not the rows' (the caller applies those), one cuBLASLt
-  // GEMM per expert with rows. `ones`: at least the rows plus kLargeFp8SlackRows floats of 1.
+  // [n, k]), one cuBLASLt GEMM per expert with rows. Per-row and per-tensor weights: with the
+  // weights' scales but not the rows' (the caller applies those); a_scale is then at least the
+  // rows plus kLargeFp8SlackRows floats of 1. 128x128 blocks: with both, a_scale the rows' as
+  // cuda::LaunchMoeQuantizeBlocks128ByExpert writes them.
   Status Fp8ExpertGemms(const CudaLinearOps& ops, const std::vector<int32_t>& off,
-                        const CudaLinear& lin, int n, int k, const void* a, const float* ones,
+                        const CudaLinear& lin, int n, int k, const void* a, const float* a_scale,
                         void* c) const;
   // C rows [off[e], off[e + 1]) = A rows [off[e], ...) W_e^T for every expert with rows; W_e is
   // [n, k] at w + e * n * k; A [rows, k], C [rows, n], bf16. `ptrs` holds 3 E device pointers.

@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/moe/moe_activation.cuh"
 #include "kernels/cuda/moe/moe_ops.h"
+#include "kernels/cuda/ops/fp8_rows.cuh"
 
 namespace llm::cuda {
 namespace {
@@ -35,6 +36,43 @@ __device__ __forceinline__ int ExpertOf(const int32_t* offsets, int num_experts,
     }
   }
   return lo;
+}
+
+// One warp per (row, 128-wide block): the block's absmax gives its scale (fp8_rows.cuh's rule, as
+// LaunchQuantizeBlocks128Fp8), written where the row's expert's GEMM reads it.
+__global__ void QuantizeBlocks128ByExpertKernel(const __nv_bfloat16* x, int cols,
+                                                const int32_t* offsets, int num_experts, uint8_t* q,
+                                                float* scales) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int b = blockIdx.y * (blockDim.x / 32) + warp;
+  const int row = blockIdx.x;
+  if (b * 128 >= cols) return;  // whole warp: no shuffle below is left half-done
+  const int e = ExpertOf(offsets, num_experts, row);
+  int before = 0;  // the rows of the experts' GEMMs before e's
+  for (int i = lane; i < e; i += 32) before += MoeFp8ExpertRows(offsets[i + 1] - offsets[i]);
+  for (int o = 16; o > 0; o >>= 1) before += __shfl_xor_sync(0xffffffff, before, o);
+  const int ld = MoeFp8ExpertRows(offsets[e + 1] - offsets[e]);
+  const __nv_bfloat16* xr = x + static_cast<size_t>(row) * cols;
+  float v[4];
+  float m = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int c = b * 128 + lane * 4 + j;
+    v[j] = c < cols ? __bfloat162float(xr[c]) : 0.f;
+    m = fmaxf(m, fabsf(v[j]));
+  }
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
+  const float s = detail::Fp8Scale(m);
+  if (lane == 0) {
+    const int blocks = (cols + 127) / 128;
+    scales[static_cast<size_t>(before) * blocks + static_cast<size_t>(b) * ld +
+           (row - offsets[e])] = s;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int c = b * 128 + lane * 4 + j;
+    if (c < cols) q[static_cast<size_t>(row) * cols + c] = detail::ToFp8(v[j], s);
+  }
 }
 
 __global__ void GateActKernel(const __nv_bfloat16* gu, int n, const float* bias,
@@ -88,6 +126,18 @@ void LaunchMoeGateAct(const void* gu, int rows, int n, const float* bias,
   GateActKernel<<<rows, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       static_cast<const __nv_bfloat16*>(gu), n, bias, expert_offsets, num_experts, swiglu_limit,
       swiglu_alpha, row_scale, static_cast<__nv_bfloat16*>(act));
+}
+
+void LaunchMoeQuantizeBlocks128ByExpert(const void* x, int rows, int cols,
+                                        const int32_t* expert_offsets, int num_experts, void* q,
+                                        float* scales, void* stream) {
+  if (rows == 0) return;
+  constexpr int kWarps = 4;
+  const int blocks = (cols + 127) / 128;
+  const dim3 grid(rows, (blocks + kWarps - 1) / kWarps);
+  QuantizeBlocks128ByExpertKernel<<<grid, kWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const __nv_bfloat16*>(x), cols, expert_offsets, num_experts,
+      static_cast<uint8_t*>(q), scales);
 }
 
 void LaunchMoeRowBias(void* y, int rows, int n, const float* bias, const int32_t* expert_offsets,

@@ -10,6 +10,12 @@
 #include <cstdint>
 #include <vector>
 
+#if defined(__CUDACC__)
+#define LLM_MOE_HD __host__ __device__ __forceinline__
+#else
+#define LLM_MOE_HD inline
+#endif
+
 namespace llm::cuda {
 
 // Routing of every token (one warp per token), exactly the rule of MoeRouter
@@ -341,5 +347,23 @@ void LaunchMoeGateAct(const void* gu, int rows, int n, const float* bias,
                       const float* row_scale = nullptr);
 void LaunchMoeRowBias(void* y, int rows, int n, const float* bias, const int32_t* expert_offsets,
                       int num_experts, void* stream);
+
+// The rows of one expert's fp8 GEMM in the large-batch path (the host's GEMM calls and the
+// kernel below alike): its row count rounded up to 16 (the fp8 GEMMs' row multiple) and past 256
+// rows to 128, so that prefills meet a few dozen shapes, each chosen and cached once, rather than
+// one per count.
+LLM_MOE_HD int MoeFp8ExpertRows(int count) {
+  return count <= 256 ? (count + 15) / 16 * 16 : (count + 127) / 128 * 128;
+}
+// x (bf16 [rows, cols], expert-ordered rows) into e4m3 q [rows, cols] with one scale per row and
+// 128-wide column block (the activation side of 128x128 block-scaled weights, as
+// LaunchQuantizeBlocks128Fp8), each expert's scales a matrix of its own as its GEMM reads them
+// (cuBLASLt's VEC128_32F: [blocks][MoeFp8ExpertRows(count)], rows fastest), the experts' matrices
+// back to back in expert order: expert e's at scales + blocks * sum over e' < e of
+// MoeFp8ExpertRows(count e'). The rounded-up rows past an expert's count get no scale (their
+// GEMM rows are overwritten or slack). scales holds blocks * (rows + 127 * experts) floats.
+void LaunchMoeQuantizeBlocks128ByExpert(const void* x, int rows, int cols,
+                                        const int32_t* expert_offsets, int num_experts, void* q,
+                                        float* scales, void* stream);
 
 }  // namespace llm::cuda
