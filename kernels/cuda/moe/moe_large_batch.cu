@@ -38,8 +38,8 @@ __device__ __forceinline__ int ExpertOf(const int32_t* offsets, int num_experts,
   return lo;
 }
 
-// One warp per (row, 128-wide block): the block's absmax gives its scale (fp8_rows.cuh's rule, as
-// LaunchQuantizeBlocks128Fp8), written where the row's expert's GEMM reads it.
+// One warp per (row, 128-wide block): the block's absmax gives its scale (fp8_rows.cuh's
+// QuantizeBlock128, as LaunchQuantizeBlocks128Fp8), written where the row's expert's GEMM reads it.
 __global__ void QuantizeBlocks128ByExpertKernel(const __nv_bfloat16* x, int cols,
                                                 const int32_t* offsets, int num_experts, uint8_t* q,
                                                 float* scales) {
@@ -52,26 +52,12 @@ __global__ void QuantizeBlocks128ByExpertKernel(const __nv_bfloat16* x, int cols
   for (int i = lane; i < e; i += 32) before += MoeFp8ExpertRows(offsets[i + 1] - offsets[i]);
   for (int o = 16; o > 0; o >>= 1) before += __shfl_xor_sync(0xffffffff, before, o);
   const int ld = MoeFp8ExpertRows(offsets[e + 1] - offsets[e]);
-  const __nv_bfloat16* xr = x + static_cast<size_t>(row) * cols;
-  float v[4];
-  float m = 0.f;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int c = b * 128 + lane * 4 + j;
-    v[j] = c < cols ? __bfloat162float(xr[c]) : 0.f;
-    m = fmaxf(m, fabsf(v[j]));
-  }
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
-  const float s = detail::Fp8Scale(m);
+  const size_t at = static_cast<size_t>(row) * cols;
+  const float s = detail::QuantizeBlock128(x + at, cols, b, lane, q + at);
   if (lane == 0) {
     const int blocks = (cols + 127) / 128;
     scales[static_cast<size_t>(before) * blocks + static_cast<size_t>(b) * ld +
            (row - offsets[e])] = s;
-  }
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int c = b * 128 + lane * 4 + j;
-    if (c < cols) q[static_cast<size_t>(row) * cols + c] = detail::ToFp8(v[j], s);
   }
 }
 

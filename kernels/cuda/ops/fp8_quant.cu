@@ -126,23 +126,8 @@ __global__ void QuantizeBlocks128Kernel(const __nv_bfloat16* x, int rows, int co
   const int b = blockIdx.y * (blockDim.x / 32) + warp;
   const size_t row = blockIdx.x;
   if (b * 128 >= cols) return;  // whole warp: no shuffle below is left half-done
-  const __nv_bfloat16* xr = x + row * cols;
-  float v[4];
-  float m = 0.f;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int c = b * 128 + lane * 4 + j;
-    v[j] = c < cols ? __bfloat162float(xr[c]) : 0.f;
-    m = fmaxf(m, fabsf(v[j]));
-  }
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
-  const float s = Fp8Scale(m);
+  const float s = detail::QuantizeBlock128(x + row * cols, cols, b, lane, q + row * cols);
   if (lane == 0) scales[static_cast<size_t>(b) * scale_ld + row] = s;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int c = b * 128 + lane * 4 + j;
-    if (c < cols) q[row * cols + c] = ToFp8(v[j], s);
-  }
   (void)rows;
 }
 

@@ -1,5 +1,6 @@
 // Device helpers for fp8 (e4m3) activations with one dequant scale per row (fp8_quant.h's
-// Fp8Rows), shared by the kernels that produce an fp8 GEMM's input (internal to kernels/cuda).
+// Fp8Rows) or per row and 128-wide block, shared by the kernels that produce an fp8 GEMM's input
+// (internal to kernels/cuda).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -19,6 +20,29 @@ __device__ __forceinline__ float Fp8Scale(float amax) {
 // base/quant.h QuantizeFp8(v, s): e4m3(v / s), nearest-even, saturating to +-448.
 __device__ __forceinline__ uint32_t ToFp8(float v, float s) {
   return __nv_cvt_float_to_fp8(v / s, __NV_SATFINITE, __NV_E4M3);
+}
+
+// One warp quantizes block b (columns [128 b, 128 b + 128), the last one partial) of row xr into
+// qr with one scale from the block's absmax, 4 columns a lane; returns the scale (every lane).
+// The whole warp must call it (shuffles).
+__device__ __forceinline__ float QuantizeBlock128(const __nv_bfloat16* xr, int cols, int b,
+                                                  int lane, uint8_t* qr) {
+  float v[4];
+  float m = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int c = b * 128 + lane * 4 + j;
+    v[j] = c < cols ? __bfloat162float(xr[c]) : 0.f;
+    m = fmaxf(m, fabsf(v[j]));
+  }
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
+  const float s = Fp8Scale(m);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int c = b * 128 + lane * 4 + j;
+    if (c < cols) qr[c] = static_cast<uint8_t>(ToFp8(v[j], s));
+  }
+  return s;
 }
 
 // 8 values -> 8 e4m3 bytes through one 8-byte store (p 8-byte aligned), exactly ToFp8(f[j], s).
