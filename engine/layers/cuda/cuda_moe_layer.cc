@@ -174,12 +174,18 @@ Status CudaMoeLayer::Load(Bf16WeightLoader& loader, const WeightStore* weights,
     }
   }
   LLM_RETURN_IF_ERROR(ChooseActivations(p, w));
-  if (keep_fp8 && !w->w8a8 &&
-      (w->gate_up.input() == Fp8Input::kStatic || w->down.input() == Fp8Input::kStatic)) {
+  const bool static_input =
+      w->gate_up.input() == Fp8Input::kStatic || w->down.input() == Fp8Input::kStatic;
+  if (keep_fp8 && !w->w8a8 && static_input) {
     spdlog::info(
         "CUDA MoE layer, {}: the experts' activations stay bf16 (fp8 weights only); the "
         "checkpoint's static input_scale is not applied",
         p);
+  } else if (keep_fp8 && w->w8a8 && static_input && w8a8_min_tokens_ > 0) {
+    spdlog::info(
+        "CUDA MoE layer, {}: batches below {} tokens keep bf16 activations "
+        "(moe_activation_dtype auto); the checkpoint's static input_scale applies from there",
+        p, w8a8_min_tokens_);
   }
   return Status::Ok();
 }

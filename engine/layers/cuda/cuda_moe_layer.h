@@ -194,7 +194,7 @@ class CudaMoeLayer {
   // (CudaFp8Gemm) on rows quantized per token (beside blocks: per token and 128-wide block).
   static bool LargeBatchFp8Serves(const CudaMoeWeights& w);
   // Rows past the end of the large-batch fp8 GEMMs' operands that they may read and write: an
-  // expert's GEMM runs on its row count rounded up (Fp8ExpertRows in cuda_moe_large_batch.cc).
+  // expert's GEMM runs on its row count rounded up (cuda::MoeFp8ExpertRows).
   static constexpr int kLargeFp8SlackRows = 128;
   // Batches of at most this many tokens route through cuda::LaunchMoeRouteFused (the router GEMM,
   // routing and permutation in one launch; at most kMoeRouteFusedMaxTokens), larger ones through
