@@ -220,6 +220,7 @@ void Launch(const Experts& m, const Step& s, float limit, int gemv_rows, cudaStr
   g.combine.top_k = s.top_k;
   g.combine.tickets = s.tickets;
   g.combine.out = s.out;
+  g.tiles_before_wait = true;  // as the layer: right after gate_up, which waited for the tiles
   REQUIRE(cuda::LaunchMoeGemv(g, stream));
   cuda::LaunchMoeCombine(s.y, s.slot_of, s.topk_w, s.sout, s.T, s.top_k, m.H, s.out_ref, stream);
 }

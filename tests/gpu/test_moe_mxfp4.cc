@@ -258,6 +258,7 @@ void CheckRouting(const RandomMxfp4Experts& m, const std::vector<uint16_t>& x,
       g.combine.top_k = top_k;
       g.combine.tickets = tickets;
       g.combine.out = combined;
+      g.tiles_before_wait = true;  // as the layer: the tiles were complete before gate_up
       REQUIRE(cuda::LaunchMoeGemv(g, nullptr));
       cuda::LaunchMoeCombine(y, slot_of, g.combine.topk_w, nullptr, T, top_k, H, combined_ref,
                              nullptr);

@@ -1,8 +1,9 @@
 // The fused small-batch MoE routing (kernels/cuda/moe/moe_ops.h, LaunchMoeRouteFused) on its own:
 // its logits against an fp64 dot product on the host, its routing against MoeRouter on those same
 // logits (ids equal, exact ties included; weights up to the float rounding of expf and of the
-// softmax sum), its permutation against LaunchMoePermute on the same ids, for every routing rule
-// of MoeRouteArgs, batches 1..kMoeRouteFusedMaxTokens, with and without a dense group (shared
+// softmax sum), its permutation (and expert offsets) against LaunchMoePermute on the same ids
+// (the fused kernel sorts up to 32 slots on one warp, more on its whole CTA), for every routing
+// rule of MoeRouteArgs, batches 1..kMoeRouteFusedMaxTokens, with and without a dense group (shared
 // experts), tiles of 16, 32 and 64 rows; and the same bits on every launch (its ticket back at
 // zero each time). The whole layer with this routing, eager and in CUDA graphs: test_moe_layer.cc.
 //
@@ -43,6 +44,7 @@ struct FusedBuffers {
           *num_tiles = nullptr;
   int32_t *ref_sorted = nullptr, *ref_slot_of = nullptr, *ref_tiles = nullptr,
           *ref_num_tiles = nullptr;
+  int32_t *offsets = nullptr, *ref_offsets = nullptr;  // [E + 1]
 
   FusedBuffers(int experts, int top_k, int hidden) : E(experts), K(top_k), H(hidden) {
     const int T = cuda::kMoeRouteFusedMaxTokens, S = T * K;
@@ -57,6 +59,7 @@ struct FusedBuffers {
     }
     for (int32_t** p : {&tiles, &ref_tiles}) *p = Upload(std::vector<int32_t>(3 * max_tiles));
     for (int32_t** p : {&num_tiles, &ref_num_tiles}) *p = Upload(std::vector<int32_t>(1));
+    for (int32_t** p : {&offsets, &ref_offsets}) *p = Upload(std::vector<int32_t>(E + 1));
   }
   ~FusedBuffers() {
     for (void* p :
@@ -66,7 +69,8 @@ struct FusedBuffers {
           static_cast<void*>(sorted), static_cast<void*>(slot_of), static_cast<void*>(tiles),
           static_cast<void*>(num_tiles), static_cast<void*>(ref_sorted),
           static_cast<void*>(ref_slot_of), static_cast<void*>(ref_tiles),
-          static_cast<void*>(ref_num_tiles)}) {
+          static_cast<void*>(ref_num_tiles), static_cast<void*>(offsets),
+          static_cast<void*>(ref_offsets)}) {
       if (p) cudaFree(p);
     }
   }
@@ -80,8 +84,11 @@ struct FusedBuffers {
     }
     for (int32_t* p : {tiles, ref_tiles}) CUDA_REQUIRE(cudaMemset(p, 0x7e, max_tiles * 12));
     for (int32_t* p : {num_tiles, ref_num_tiles}) CUDA_REQUIRE(cudaMemset(p, 0x7e, 4));
+    for (int32_t* p : {offsets, ref_offsets}) CUDA_REQUIRE(cudaMemset(p, 0x7e, (E + 1) * 4));
   }
-  cuda::MoePermuteArgs Permute(int T, int dense_rows, int tile_rows, bool ref) const {
+  // with_offsets: expert_offsets too (the large-batch path's; the layer's small batches skip it).
+  cuda::MoePermuteArgs Permute(int T, int dense_rows, int tile_rows, bool ref,
+                               bool with_offsets) const {
     cuda::MoePermuteArgs p;
     p.topk_ids = topk_ids;
     p.num_slots = T * K;
@@ -93,6 +100,7 @@ struct FusedBuffers {
     p.slot_of = ref ? ref_slot_of : slot_of;
     p.tiles = ref ? ref_tiles : tiles;
     p.num_tiles = ref ? ref_num_tiles : num_tiles;
+    if (with_offsets) p.expert_offsets = ref ? ref_offsets : offsets;
     return p;
   }
 };
@@ -219,7 +227,8 @@ TEST_CASE("Fused MoE routing: fp64 logits, MoeRouter's choice and LaunchMoePermu
             a.route.num_tokens = T;
             a.route.topk_ids = b.topk_ids;
             a.route.topk_w = b.topk_w;
-            a.permute = b.Permute(T, dense_rows, tile_rows, false);
+            const bool with_offsets = tile_rows == 32;
+            a.permute = b.Permute(T, dense_rows, tile_rows, false, with_offsets);
             REQUIRE(cuda::LaunchMoeRouteFused(a, nullptr));
             CUDA_REQUIRE(cudaDeviceSynchronize());
             REQUIRE(Download(b.ticket, 1)[0] == 0u);  // back at zero for the next launch
@@ -269,7 +278,8 @@ TEST_CASE("Fused MoE routing: fp64 logits, MoeRouter's choice and LaunchMoePermu
               }
             }
             // The permutation against LaunchMoePermute on the same ids.
-            cuda::LaunchMoePermute(b.Permute(T, dense_rows, tile_rows, true), nullptr);
+            cuda::LaunchMoePermute(b.Permute(T, dense_rows, tile_rows, true, with_offsets),
+                                   nullptr);
             CUDA_REQUIRE(cudaDeviceSynchronize());
             const int S = T * K;
             CHECK(Download(b.sorted, S) == Download(b.ref_sorted, S));
@@ -279,6 +289,7 @@ TEST_CASE("Fused MoE routing: fp64 logits, MoeRouter's choice and LaunchMoePermu
             REQUIRE(n >= 1);
             REQUIRE(n <= cuda::MoeMaxTiles(S, E, dense_rows, tile_rows));
             CHECK(Download(b.tiles, 3 * b.max_tiles) == Download(b.ref_tiles, 3 * b.max_tiles));
+            if (with_offsets) CHECK(Download(b.offsets, E + 1) == Download(b.ref_offsets, E + 1));
           }
         }
       }

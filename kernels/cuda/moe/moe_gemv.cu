@@ -65,11 +65,15 @@ __global__ void __launch_bounds__(kThreads) MoeGemvKernel(const MoeGemmArgs a) {
   constexpr bool kFp8 = kForm != WForm::kBf16, kBlock = kForm == WForm::kFp8Block;
   constexpr int kP = kSiluMul ? 2 : 1;    // weight rows per warp: gate and up, or one
   constexpr int kValues = kFp8 ? 16 : 8;  // per chunk
-  ptx::GridDependencySync();              // launched with LaunchPdl
+  // Launched with LaunchPdl. With a.tiles_before_wait the tile list is complete already (written
+  // before the kernel ahead of this one), so the tile and the first round of weights are read
+  // before the wait, while that kernel finishes; x only after it.
+  const bool early = a.tiles_before_wait;
+  if (!early) ptx::GridDependencySync();
   const int tile = blockIdx.y;
-  if (tile >= *a.num_tiles) return;
-  const int expert = a.tiles[3 * tile], row0 = a.tiles[3 * tile + 1];
-  const int rows = a.tiles[3 * tile + 2] - row0;
+  if (tile >= __ldcg(a.num_tiles)) return;
+  const int expert = __ldcg(a.tiles + 3 * tile), row0 = __ldcg(a.tiles + 3 * tile + 1);
+  const int rows = __ldcg(a.tiles + 3 * tile + 2) - row0;
   const bool dense = expert < 0;  // the shared experts' group
   const int n_out = dense ? a.dense_n_out : a.n_out;
   const int bx = static_cast<int>(blockIdx.x);
@@ -77,7 +81,9 @@ __global__ void __launch_bounds__(kThreads) MoeGemvKernel(const MoeGemmArgs a) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int col = bx * kWarps + warp;  // this warp's output column
   auto* out = static_cast<__nv_bfloat16*>(dense ? a.dense_out : a.out);
-  if (col < n_out) {
+  const bool live = col < n_out;  // warp-uniform; every warp of the CTA reaches the wait
+  const int wcol = live ? col : 0;
+  {
     const int K = dense ? a.dense_k : a.k, chunks = K / kValues;
     const int wrows = kP * n_out;
     // Weight rows of this warp: gate col and up n_out + col, or col (within the expert).
@@ -85,7 +91,7 @@ __global__ void __launch_bounds__(kThreads) MoeGemvKernel(const MoeGemmArgs a) {
     const auto* wbase = static_cast<const uint8_t*>(dense ? a.dense_w : a.w);
 #pragma unroll
     for (int p = 0; p < kP; ++p) {
-      const size_t r = (dense ? 0 : static_cast<size_t>(expert) * wrows) + col + p * n_out;
+      const size_t r = (dense ? 0 : static_cast<size_t>(expert) * wrows) + wcol + p * n_out;
       wrow[p] = reinterpret_cast<const uint4*>(wbase + r * K * (kFp8 ? 1 : 2));
     }
     // fp8: each weight row's scale (or its row of 128x128 block scales), MoeGemmScales' layout.
@@ -96,7 +102,7 @@ __global__ void __launch_bounds__(kThreads) MoeGemvKernel(const MoeGemmArgs a) {
       const float* base = sc.scale + (dense ? 0 : static_cast<size_t>(expert) * sc.expert_stride);
 #pragma unroll
       for (int p = 0; p < kP; ++p) {
-        const int r = col + p * n_out;
+        const int r = wcol + p * n_out;
         if constexpr (kBlock) {
           block_scale[p] = base + static_cast<size_t>(r / 128) * sc.block_ld;
         } else {
@@ -104,98 +110,106 @@ __global__ void __launch_bounds__(kThreads) MoeGemvKernel(const MoeGemmArgs a) {
         }
       }
     }
-    const auto* xbase = static_cast<const __nv_bfloat16*>(dense ? a.dense_x : a.x);
-    const int32_t* gather = dense ? nullptr : a.sorted_token;
-    const float* bias = dense || a.bias == nullptr
-                            ? nullptr
-                            : a.bias + static_cast<size_t>(expert) * wrows;  // [E][wrows]
-    for (int p0 = 0; p0 < rows; p0 += kR) {
-      const int nr = min(kR, rows - p0);
-      // The pass's token rows as 16-byte units (rows past nr repeat the last: never summed).
-      const uint4* xr[kR];
+    // The first round of weights (pass 0, c0 = lane): before the wait where it may come early.
+    uint4 w[kUnroll][kP];
+    auto load_round = [&](int c0) {
 #pragma unroll
-      for (int r = 0; r < kR; ++r) {
-        const int s = row0 + p0 + min(r, nr - 1);
-        const int t = gather ? gather[s] : s;
-        xr[r] = reinterpret_cast<const uint4*>(xbase + static_cast<size_t>(t) * K);
-      }
-      float acc[kP][kR] = {};
-      for (int c0 = lane; c0 < chunks; c0 += 32 * kUnroll) {
-        uint4 w[kUnroll][kP];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int c = c0 + 32 * u;
-#pragma unroll
-          for (int p = 0; p < kP; ++p) {
-            if (c < chunks) w[u][p] = LoadStream16(wrow[p] + c);
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int c = c0 + 32 * u;
-          if (c >= chunks) continue;
-          float wf[kP][kValues];
-          [[maybe_unused]] float bs[kP];
-#pragma unroll
-          for (int p = 0; p < kP; ++p) {
-            const uint32_t ww[4] = {w[u][p].x, w[u][p].y, w[u][p].z, w[u][p].w};
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              if constexpr (kFp8) {
-                uint32_t lo, hi;  // values 4 i, 4 i + 1 and 4 i + 2, 4 i + 3 (exact)
-                ptx::E4m3x4ToBf16x4(ww[i], &lo, &hi);
-                const float2 f0 = Bf16x2ToFloat2(lo), f1 = Bf16x2ToFloat2(hi);
-                wf[p][4 * i] = f0.x, wf[p][4 * i + 1] = f0.y;
-                wf[p][4 * i + 2] = f1.x, wf[p][4 * i + 3] = f1.y;
-              } else {
-                const float2 f = Bf16x2ToFloat2(ww[i]);
-                wf[p][2 * i] = f.x, wf[p][2 * i + 1] = f.y;
-              }
-            }
-            if constexpr (kBlock) bs[p] = __ldg(block_scale[p] + c * kValues / 128);
-          }
-#pragma unroll
-          for (int r = 0; r < kR; ++r) {
-            if (r < nr) {
-              if constexpr (kFp8) {
-                const uint4 x0 = __ldg(xr[r] + 2 * c), x1 = __ldg(xr[r] + 2 * c + 1);
-#pragma unroll
-                for (int p = 0; p < kP; ++p) {
-                  if constexpr (kBlock) {
-                    acc[p][r] = fmaf(Dot8(wf[p] + 8, x1, Dot8(wf[p], x0, 0.f)), bs[p], acc[p][r]);
-                  } else {
-                    acc[p][r] = Dot8(wf[p] + 8, x1, Dot8(wf[p], x0, acc[p][r]));
-                  }
-                }
-              } else {
-                const uint4 xv = __ldg(xr[r] + c);
-#pragma unroll
-                for (int p = 0; p < kP; ++p) acc[p][r] = Dot8(wf[p], xv, acc[p][r]);
-              }
-            }
-          }
-        }
-      }
-      // Every lane gets the sums; lane r % 32 stores row r.
-#pragma unroll
-      for (int r = 0; r < kR; ++r) {
-        if (r >= nr) break;  // warp-uniform
-        float v[kP];
+      for (int u = 0; u < kUnroll; ++u) {
+        const int c = c0 + 32 * u;
 #pragma unroll
         for (int p = 0; p < kP; ++p) {
-          v[p] = WarpSum(acc[p][r]);
-          if constexpr (kFp8 && !kBlock) v[p] *= row_scale[p];
+          if (c < chunks) w[u][p] = LoadStream16(wrow[p] + c);
         }
-        if (lane == r % 32) {
-          float y;
-          if constexpr (kSiluMul) {
-            float gt = v[0], up = v[1];
-            if (bias) gt += bias[col], up += bias[n_out + col];
-            y = MoeGateUp(gt, up, a.swiglu_limit, a.swiglu_alpha);
-          } else {
-            y = v[0] + (bias ? bias[col] : 0.f);
+      }
+    };
+    if (live) load_round(lane);
+    if (early) ptx::GridDependencySync();
+    if (live) {
+      const auto* xbase = static_cast<const __nv_bfloat16*>(dense ? a.dense_x : a.x);
+      const int32_t* gather = dense ? nullptr : a.sorted_token;
+      const float* bias = dense || a.bias == nullptr
+                              ? nullptr
+                              : a.bias + static_cast<size_t>(expert) * wrows;  // [E][wrows]
+      for (int p0 = 0; p0 < rows; p0 += kR) {
+        const int nr = min(kR, rows - p0);
+        // The pass's token rows as 16-byte units (rows past nr repeat the last: never summed).
+        const uint4* xr[kR];
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+          const int s = row0 + p0 + min(r, nr - 1);
+          const int t = gather ? gather[s] : s;
+          xr[r] = reinterpret_cast<const uint4*>(xbase + static_cast<size_t>(t) * K);
+        }
+        float acc[kP][kR] = {};
+        for (int c0 = lane; c0 < chunks; c0 += 32 * kUnroll) {
+          if (p0 > 0 || c0 > lane) load_round(c0);  // the first round is in w already
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u) {
+            const int c = c0 + 32 * u;
+            if (c >= chunks) continue;
+            float wf[kP][kValues];
+            [[maybe_unused]] float bs[kP];
+#pragma unroll
+            for (int p = 0; p < kP; ++p) {
+              const uint32_t ww[4] = {w[u][p].x, w[u][p].y, w[u][p].z, w[u][p].w};
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                if constexpr (kFp8) {
+                  uint32_t lo, hi;  // values 4 i, 4 i + 1 and 4 i + 2, 4 i + 3 (exact)
+                  ptx::E4m3x4ToBf16x4(ww[i], &lo, &hi);
+                  const float2 f0 = Bf16x2ToFloat2(lo), f1 = Bf16x2ToFloat2(hi);
+                  wf[p][4 * i] = f0.x, wf[p][4 * i + 1] = f0.y;
+                  wf[p][4 * i + 2] = f1.x, wf[p][4 * i + 3] = f1.y;
+                } else {
+                  const float2 f = Bf16x2ToFloat2(ww[i]);
+                  wf[p][2 * i] = f.x, wf[p][2 * i + 1] = f.y;
+                }
+              }
+              if constexpr (kBlock) bs[p] = __ldg(block_scale[p] + c * kValues / 128);
+            }
+#pragma unroll
+            for (int r = 0; r < kR; ++r) {
+              if (r < nr) {
+                if constexpr (kFp8) {
+                  const uint4 x0 = __ldg(xr[r] + 2 * c), x1 = __ldg(xr[r] + 2 * c + 1);
+#pragma unroll
+                  for (int p = 0; p < kP; ++p) {
+                    if constexpr (kBlock) {
+                      acc[p][r] = fmaf(Dot8(wf[p] + 8, x1, Dot8(wf[p], x0, 0.f)), bs[p], acc[p][r]);
+                    } else {
+                      acc[p][r] = Dot8(wf[p] + 8, x1, Dot8(wf[p], x0, acc[p][r]));
+                    }
+                  }
+                } else {
+                  const uint4 xv = __ldg(xr[r] + c);
+#pragma unroll
+                  for (int p = 0; p < kP; ++p) acc[p][r] = Dot8(wf[p], xv, acc[p][r]);
+                }
+              }
+            }
           }
-          out[static_cast<size_t>(row0 + p0 + r) * n_out + col] = __float2bfloat16_rn(y);
+        }
+        // Every lane gets the sums; lane r % 32 stores row r.
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+          if (r >= nr) break;  // warp-uniform
+          float v[kP];
+#pragma unroll
+          for (int p = 0; p < kP; ++p) {
+            v[p] = WarpSum(acc[p][r]);
+            if constexpr (kFp8 && !kBlock) v[p] *= row_scale[p];
+          }
+          if (lane == r % 32) {
+            float y;
+            if constexpr (kSiluMul) {
+              float gt = v[0], up = v[1];
+              if (bias) gt += bias[col], up += bias[n_out + col];
+              y = MoeGateUp(gt, up, a.swiglu_limit, a.swiglu_alpha);
+            } else {
+              y = v[0] + (bias ? bias[col] : 0.f);
+            }
+            out[static_cast<size_t>(row0 + p0 + r) * n_out + col] = __float2bfloat16_rn(y);
+          }
         }
       }
     }

@@ -47,17 +47,21 @@ __global__ void __launch_bounds__(32 * kSplit) MoeGemvMxfp4Kernel(const MoeGemmA
   constexpr int kTok = 8 * kNB;  // tokens per pass
   // Warps 1 .. kSplit - 1's accumulators, [warp][value][lane] (conflict-free).
   __shared__ float partial[kSplit > 1 ? kSplit - 1 : 1][kNB * 4][32];
-  ptx::GridDependencySync();  // launched with LaunchPdl
+  // Launched with LaunchPdl. With a.tiles_before_wait the tile list is complete already, so the
+  // tile and the first round of weights are read before the wait (moe_gemv.cu's rule).
+  const bool early = a.tiles_before_wait;
+  if (!early) ptx::GridDependencySync();
   const int tile = blockIdx.y;
-  if (tile >= *a.num_tiles) return;
-  const int expert = a.tiles[3 * tile], row0 = a.tiles[3 * tile + 1];
+  if (tile >= __ldcg(a.num_tiles)) return;
+  const int expert = __ldcg(a.tiles + 3 * tile), row0 = __ldcg(a.tiles + 3 * tile + 1);
   if (expert < 0) return;  // routed experts only (no dense group)
-  const int rows = a.tiles[3 * tile + 2] - row0;
+  const int rows = __ldcg(a.tiles + 3 * tile + 2) - row0;
   const int n_out = a.n_out, K = a.k, KP = a.mx_k_pad, KT = KP / kSlice;
   const int bx = static_cast<int>(blockIdx.x), col0 = bx * kCtaCols;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, c = lane % 4;
-  if (col0 < n_out) {  // n_out is a multiple of 32: every column of the CTA exists
+  if (col0 >= n_out) return;  // n_out is a multiple of 32: every column of the CTA exists
+  {
     const int wrows = kP * n_out;
     // Row g of the m16 tile: gate (or down) row col0 + g; row g + 8: up row n_out + col0 + g.
     const uint8_t* wrow[kP];
@@ -68,6 +72,31 @@ __global__ void __launch_bounds__(32 * kSplit) MoeGemvMxfp4Kernel(const MoeGemmA
       wrow[p] = static_cast<const uint8_t*>(a.w) + r * (KP / 2) + c * 16;
       srow[p] = a.mx_scales + r * (KP / 32) + c;
     }
+    // One round of this warp's slices kt0, kt0 + kSplit, ... (kUnroll of them) into (dw, ds).
+    // With four warps per column (the batch-1 form) the rounds are double-buffered: the next
+    // round's loads are issued before this round is widened, so a warp always has loads in
+    // flight (waiting on a whole round before widening it kept the GEMV far below the copy rate);
+    // the other forms would lose more to the registers (occupancy) than they gain. The first
+    // round (pass 0, kt0 = warp) comes before the wait where it may come early.
+    constexpr int kRound = kUnroll * kSplit;  // slices a round of the CTA covers
+    constexpr bool kDouble = kSplit >= 4;
+    uint4 w[kUnroll][kP], wn[kUnroll][kP];
+    uint32_t sc[kUnroll][kP], scn[kUnroll][kP];
+    auto load_round = [&](int kt0, uint4(&dw)[kUnroll][kP], uint32_t(&ds)[kUnroll][kP]) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int kt = kt0 + u * kSplit;
+        // This thread's scale group of the slice: past K (the padding) it is zero and skipped.
+        const bool in_k = kt < KT && kt * kSlice + 32 * c < K;
+#pragma unroll
+        for (int p = 0; p < kP; ++p) {
+          dw[u][p] = in_k ? LoadStream16(wrow[p] + kt * (kSlice / 2)) : make_uint4(0, 0, 0, 0);
+          ds[u][p] = in_k ? __ldg(srow[p] + kt * (kSlice / 32)) : 127u;
+        }
+      }
+    };
+    load_round(warp, w, sc);
+    if (early) ptx::GridDependencySync();
     const auto* xbase = static_cast<const __nv_bfloat16*>(a.x);
     const float* bias = a.bias ? a.bias + static_cast<size_t>(expert) * wrows : nullptr;
     auto* out = static_cast<__nv_bfloat16*>(a.out);
@@ -84,19 +113,15 @@ __global__ void __launch_bounds__(32 * kSplit) MoeGemvMxfp4Kernel(const MoeGemmA
       }
       float acc[kNB][4] = {};
       // This warp's slices: warp, warp + kSplit, ...; round kt0 covers kUnroll of them.
-      for (int kt0 = warp; kt0 < KT; kt0 += kUnroll * kSplit) {
-        uint4 w[kUnroll][kP];
-        uint32_t sc[kUnroll][kP];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int kt = kt0 + u * kSplit;
-          // This thread's scale group of the slice: past K (the padding) it is zero and skipped.
-          const bool in_k = kt < KT && kt * kSlice + 32 * c < K;
-#pragma unroll
-          for (int p = 0; p < kP; ++p) {
-            w[u][p] = in_k ? LoadStream16(wrow[p] + kt * (kSlice / 2)) : make_uint4(0, 0, 0, 0);
-            sc[u][p] = in_k ? __ldg(srow[p] + kt * (kSlice / 32)) : 127u;
-          }
+      for (int kt0 = warp; kt0 < KT; kt0 += kRound) {
+        // kDouble: the next round (this pass's next slices, else the next pass's first: the same
+        // weights) now. Else this round, unless it is the first, already in w.
+        int next = -1;
+        if constexpr (kDouble) {
+          next = kt0 + kRound < KT ? kt0 + kRound : (p0 + kTok < rows ? warp : -1);
+          if (next >= 0) load_round(next, wn, scn);
+        } else if (p0 > 0 || kt0 > warp) {
+          load_round(kt0, w, sc);
         }
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
@@ -141,6 +166,13 @@ __global__ void __launch_bounds__(32 * kSplit) MoeGemvMxfp4Kernel(const MoeGemmA
                 }
               }
             }
+          }
+        }
+        if (kDouble && next >= 0) {  // warp-uniform
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+            for (int p = 0; p < kP; ++p) w[u][p] = wn[u][p], sc[u][p] = scn[u][p];
           }
         }
       }

@@ -187,6 +187,11 @@ struct MoeGemmArgs {
   // LaunchMoeGemv only: no tile holds more rows than this (the batch's tokens: an expert holds a
   // token at most once), or 0 (unknown). Sizes the GEMV's rows per pass; any tile stays correct.
   int gemv_max_rows = 0;
+  // LaunchMoeGemv only: the tile list was complete before the kernel ahead of this one in the
+  // stream started (the down GEMM, launched right after gate_up, which waited for the routing),
+  // so each CTA reads its tile and issues its first weight loads before the PDL wait, under that
+  // kernel's tail. Never set where the kernel just before writes the tiles.
+  bool tiles_before_wait = false;
   // LaunchMoeGemv's MXFP4 form only: warps of a CTA that split k (1, 2 or 4), or 0 for
   // MoeGemvMxfp4DefaultSplitK(gemv_max_rows). Benchmarks set it; the layer keeps the default.
   int gemv_split_k = 0;

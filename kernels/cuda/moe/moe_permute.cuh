@@ -128,4 +128,64 @@ __device__ __forceinline__ void PermuteSlots(const MoePermuteArgs& a, Smem& sm) 
   }
 }
 
+// PermuteSlots' outputs, bit for bit, for at most 32 slots on one warp (every lane of it calls
+// it; a.topk_ids written before a __syncthreads or __syncwarp): lane i holds slot i, and each
+// lane finds its place by comparing its (expert, slot) with every other slot's, so a decode
+// step's few slots need none of the CTA's barriers and scans.
+__device__ __forceinline__ void PermuteSlotsWarp(const MoePermuteArgs& a, int lane) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const int S = a.num_slots, E = a.num_experts, tr = a.tile_rows;
+  const int e = lane < S ? a.topk_ids[lane] : -1;
+  const bool valid = e >= 0 && e < E;
+  int ids[32];  // every slot's expert, or E for one of no expert (sorts past every valid one)
+#pragma unroll
+  for (int j = 0; j < 32; ++j) ids[j] = __shfl_sync(kAll, valid ? e : E, j);
+  // pos: the valid slots ahead of this one in (expert, slot) order; count: its expert's slots;
+  // lead: whether it is its expert's first slot (the one that writes the expert's tiles).
+  int pos = 0, count = 0;
+  bool lead = true;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    if (j < S && ids[j] < E) {
+      pos += ids[j] < e || (ids[j] == e && j < lane);
+      count += ids[j] == e;
+      lead = lead && !(ids[j] == e && j < lane);
+    }
+  }
+  const int ntiles = valid && lead ? (count + tr - 1) / tr : 0;
+  int first_tile = 0, total_tiles = 0;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    const int n = __shfl_sync(kAll, ntiles, j);  // nonzero for the leads only
+    total_tiles += n;
+    first_tile += ids[j] < e ? n : 0;
+  }
+  if (lane < S) {
+    a.slot_of[lane] = valid ? pos : S;
+    if (valid) a.sorted_token[pos] = lane / a.top_k;
+  }
+  for (int j = 0; j < ntiles; ++j) {  // pos is the expert's first row here
+    int32_t* tile = a.tiles + 3 * (first_tile + j);
+    tile[0] = e;
+    tile[1] = pos + j * tr;
+    tile[2] = pos + count;
+  }
+  const int dense_tiles = (a.dense_rows + tr - 1) / tr;
+  for (int j = lane; j < dense_tiles; j += 32) {
+    int32_t* tile = a.tiles + 3 * (total_tiles + j);
+    tile[0] = -1;
+    tile[1] = j * tr;
+    tile[2] = a.dense_rows;
+  }
+  if (lane == 0) *a.num_tiles = total_tiles + dense_tiles;
+  if (a.expert_offsets != nullptr) {
+    for (int x = lane; x <= E; x += 32) {  // the valid slots of experts below x
+      int below = 0;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) below += j < S && ids[j] < x;
+      a.expert_offsets[x] = below;
+    }
+  }
+}
+
 }  // namespace llm::cuda::moe_permute
