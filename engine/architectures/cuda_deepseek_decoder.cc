@@ -389,40 +389,61 @@ StatusOr<CudaLayersOut> CudaDeepseekDecoder::RunLayers(const CudaStep& step) {
       LLM_RETURN_IF_ERROR(L.w_q_b.Apply(*ops_, s.qa.ptr, T, s.q.ptr, fp8));
       q = s.q.as<uint16_t>();
     }
-    // latent [T, C + R] = RMSNorm(c_kv) ++ rope(k_pe).
+    // latent [T, C + R] = RMSNorm(c_kv) ++ rope(k_pe), and q_pe [T, H, R] for the backend (out
+    // of place), in one launch; then q's own rope part in place for the prefill path, in that
+    // order: q_pe reads the unroped values.
     auto* latent = s.latent.as<uint16_t>();
-    cuda::LaunchRmsNormStrided(a + QA, A, L.kv_a_norm.ptr, T, C, kLatentNormEps, latent, Lw,
-                               stream);
     cuda::DeepseekRopeArgs ra;
     ra.positions = step.positions;
     ra.inv_freq = inv_freq_.as<float>();
     ra.mscale = rope_mscale_;
     ra.num_tokens = T;
     ra.rope_dim = Rd;
-    ra.in = a + QA + C;
-    ra.in_row = A;
-    ra.out = latent + C;
-    ra.out_row = Lw;
-    ra.num_heads = 1;
-    cuda::LaunchDeepseekRope(ra, stream);
-    // q_pe [T, H, R] for the backend (out of place), then q's own rope part in place for the
-    // prefill path, in that order: the first reads the unroped values.
-    ra.in = q + N;
-    ra.in_row = q_stride;
-    ra.in_head = QK;
-    ra.out = s.q_pe.ptr;
-    ra.out_row = static_cast<int64_t>(H) * Rd;
-    ra.out_head = Rd;
     ra.num_heads = H;
-    cuda::LaunchDeepseekRope(ra, stream);
+    cuda::MlaRopeNormArgs mr;
+    mr.kv = a + QA;
+    mr.kv_row = A;
+    mr.kv_norm = L.kv_a_norm.ptr;
+    mr.kv_rank = C;
+    mr.eps = kLatentNormEps;
+    mr.latent = latent;
+    mr.latent_row = Lw;
+    mr.q = q;
+    mr.q_row = q_stride;
+    mr.q_head = QK;
+    mr.q_nope = N;
+    mr.q_pe = s.q_pe.ptr;
+    mr.rope = ra;
+    cuda::LaunchMlaRopeNorm(mr, stream);
     if (any_prefill_) {
+      ra.in = q + N;
+      ra.in_row = q_stride;
+      ra.in_head = QK;
       ra.out = q + N;
       ra.out_row = q_stride;
       ra.out_head = QK;
       cuda::LaunchDeepseekRope(ra, stream);
     }
-    // Absorbed decode: q_latent[t, h] [C] = q_nope[t, h] [N] @ W_UK_h [N, C].
-    if (nd > 0) {
+    // Absorbed decode: q_latent[t, h] [C] = q_nope[t, h] [N] @ W_UK_h [N, C]. A few decode rows
+    // take the PDL kernels (cuda::LaunchMlaAbsorbQ / Out), more the batched GEMMs.
+    cuda::MlaAbsorbArgs ab;
+    ab.w_kv_b = L.w_kv_b.ptr;
+    ab.heads = H;
+    ab.nope = N;
+    ab.v_dim = V;
+    ab.rank = C;
+    ab.rows = nd;
+    ab.q = q + static_cast<size_t>(d0) * q_stride;
+    ab.q_row = q_stride;
+    ab.q_head = QK;
+    ab.q_latent = s.q_latent.as<uint16_t>() + static_cast<size_t>(d0) * H * C;
+    ab.out_latent = s.out_latent.as<uint16_t>() + static_cast<size_t>(d0) * H * C;
+    ab.attn = s.attn.as<uint16_t>() + static_cast<size_t>(d0) * H * V;
+    const bool absorb_kernels = cuda::MlaAbsorbOk(ab);
+    if (absorb_kernels) {
+      if (!cuda::LaunchMlaAbsorbQ(ab, stream))
+        return Internal("MLA absorb kernel refused its step");
+    } else if (nd > 0) {
       LLM_RETURN_IF_ERROR(Batched(
           CUBLAS_OP_N, CUBLAS_OP_N, C, nd, N, L.w_kv_b.ptr, C, static_cast<int64_t>(NV) * C,
           q + static_cast<size_t>(d0) * q_stride, q_stride, QK,
@@ -437,7 +458,11 @@ StatusOr<CudaLayersOut> CudaDeepseekDecoder::RunLayers(const CudaStep& step) {
     mp.cache_scale = L.cache_scale;
     mp.softmax_scale = softmax_scale;
     LLM_RETURN_IF_ERROR(mla_->RunMla(mp));  // appends every row's latent, attends the decode rows
-    if (nd > 0) {
+    if (absorb_kernels) {
+      if (!cuda::LaunchMlaAbsorbOut(ab, stream)) {
+        return Internal("MLA absorb kernel refused its step");
+      }
+    } else if (nd > 0) {
       // attn[t, h] [V] = W_UV_h [V, C] @ out_latent[t, h] [C].
       LLM_RETURN_IF_ERROR(Batched(
           CUBLAS_OP_T, CUBLAS_OP_N, V, nd, C, L.w_kv_b.as<uint16_t>() + static_cast<size_t>(N) * C,

@@ -2,6 +2,9 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/common/gemv_loads.cuh"
+#include "kernels/cuda/common/pdl_launch.cuh"
+#include "kernels/cuda/common/ptx_ops.cuh"
 #include "kernels/cuda/ops/deepseek_ops.h"
 
 namespace llm::cuda {
@@ -62,6 +65,170 @@ __global__ void DeepseekRopeKernel(DeepseekRopeArgs a) {
   y[i + half] = __float2bfloat16(x1 * c + x0 * s);
 }
 
+// One (token t, head h) pair of LaunchDeepseekRope, pair i: reads before the caller's barrier,
+// writes after (in and out may alias there). The same arithmetic as DeepseekRopeKernel.
+struct RopePair {
+  float x0, x1;
+};
+__device__ __forceinline__ RopePair LoadRopePair(const bf16* x, int i) {
+  return {__bfloat162float(x[2 * i]), __bfloat162float(x[2 * i + 1])};
+}
+__device__ __forceinline__ void StoreRopePair(const DeepseekRopeArgs& a, int t, int i, RopePair p,
+                                              bf16* y) {
+  const int half = a.rope_dim / 2;
+  const float angle = static_cast<float>(a.positions[t]) * a.inv_freq[i];
+  const float c = cosf(angle) * a.mscale, s = sinf(angle) * a.mscale;
+  y[i] = __float2bfloat16(p.x0 * c - p.x1 * s);
+  y[i + half] = __float2bfloat16(p.x1 * c + p.x0 * s);
+}
+
+// One CTA of kRopeNormThreads per token: the c_kv norm (RmsNormStridedKernel's loop and block
+// sum, so its bits), then every rope pair of k_pe and of the heads' q_pe. Launched with PDL: the
+// rows are the projection's output, read after the wait.
+constexpr int kRopeNormThreads = 256;  // RmsNormStrided's CTA: the same sum order
+__global__ void __launch_bounds__(kRopeNormThreads) MlaRopeNormKernel(const MlaRopeNormArgs a) {
+  ptx::GridDependencySync();
+  const int t = blockIdx.x, C = a.kv_rank, half = a.rope.rope_dim / 2;
+  const bf16* x = static_cast<const bf16*>(a.kv) + t * a.kv_row;
+  bf16* y = static_cast<bf16*>(a.latent) + t * a.latent_row;
+  const auto* w = static_cast<const bf16*>(a.kv_norm);
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) {
+    const float v = __bfloat162float(x[i]);
+    ss += v * v;
+  }
+  const float inv = rsqrtf(BlockSum(ss) / C + a.eps);
+  for (int i = threadIdx.x; i < C; i += blockDim.x) {
+    y[i] = __float2bfloat16(__bfloat162float(x[i]) * inv * __bfloat162float(w[i]));
+  }
+  // Pair j: k_pe's for j < half, then head (j - half) / half's q_pe. Out of place: no barrier.
+  const int pairs = (1 + a.rope.num_heads) * half;
+  const auto* q = static_cast<const bf16*>(a.q) + t * a.q_row + a.q_nope;
+  auto* q_pe = static_cast<bf16*>(a.q_pe) + static_cast<int64_t>(t) * a.rope.num_heads * 2 * half;
+  for (int j = threadIdx.x; j < pairs; j += blockDim.x) {
+    const int h = j / half - 1, i = j % half;
+    if (h < 0) {
+      StoreRopePair(a.rope, t, i, LoadRopePair(x + C, i), y + C);
+    } else {
+      StoreRopePair(a.rope, t, i, LoadRopePair(q + h * a.q_head, i), q_pe + h * 2 * half);
+    }
+  }
+}
+
+// 8 bf16 of a 16-byte load as floats.
+__device__ __forceinline__ void Bf16x8(const uint4& u, float (&f)[8]) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x = ptx::Bf16x2ToFloat2(w[i]);
+    f[2 * i] = x.x, f[2 * i + 1] = x.y;
+  }
+}
+
+// LaunchMlaAbsorbQ: CTA (head h, 256 columns of C); warp w takes W_UK_h's rows [w N / 8, + N / 8)
+// (each lane 8 columns: 16-byte loads, the first 8 rows issued before the wait, the next 8 in
+// flight while these are summed), every decode row at once; the 8 warps' partial sums meet in
+// shared memory in warp order.
+constexpr int kAbsorbWarps = 8;
+constexpr int kAbsorbCols = 256;
+template <int kR>
+__global__ void __launch_bounds__(32 * kAbsorbWarps) MlaAbsorbQKernel(const MlaAbsorbArgs a) {
+  __shared__ float red[kAbsorbWarps][kR][kAbsorbCols];
+  const int h = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int N = a.nope, C = a.rank, NV = a.nope + a.v_dim, per = N / kAbsorbWarps;
+  const int col = blockIdx.y * kAbsorbCols + 8 * lane;
+  const bf16* w = static_cast<const bf16*>(a.w_kv_b) +
+                  (static_cast<size_t>(h) * NV + static_cast<size_t>(warp) * per) * C + col;
+  uint4 wv[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) wv[i] = ptx::LoadStream16(w + static_cast<size_t>(i) * C);
+  ptx::GridDependencySync();  // q comes from the kernels before
+  const bf16* q = static_cast<const bf16*>(a.q) + h * a.q_head + warp * per;
+  float acc[kR][8] = {};
+  for (int i0 = 0; i0 < per; i0 += 8) {
+    uint4 next[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      next[i] = i0 + 8 < per ? ptx::LoadStream16(w + static_cast<size_t>(i0 + 8 + i) * C)
+                             : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      if (r >= a.rows) break;
+      float qv[8];
+      Bf16x8(__ldg(reinterpret_cast<const uint4*>(q + r * a.q_row + i0)), qv);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        float wf[8];
+        Bf16x8(wv[i], wf);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[r][j] = fmaf(wf[j], qv[i], acc[r][j]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) wv[i] = next[i];
+  }
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) red[warp][r][8 * lane + j] = acc[r][j];
+  }
+  __syncthreads();
+  auto* out = static_cast<bf16*>(a.q_latent);
+  for (int o = threadIdx.x; o < a.rows * kAbsorbCols; o += blockDim.x) {
+    const int r = o / kAbsorbCols, c = o % kAbsorbCols;
+    float sum = 0.f;
+#pragma unroll
+    for (int w8 = 0; w8 < kAbsorbWarps; ++w8) sum += red[w8][r][c];
+    out[(static_cast<size_t>(r) * a.heads + h) * C + blockIdx.y * kAbsorbCols + c] =
+        __float2bfloat16(sum);
+  }
+}
+
+// LaunchMlaAbsorbOut: a warp per (head, output row v): the row's C weights (16-byte loads, before
+// the wait) against each decode row's out_latent, summed by shuffles.
+template <int kR>
+__global__ void __launch_bounds__(32 * kAbsorbWarps) MlaAbsorbOutKernel(const MlaAbsorbArgs a) {
+  constexpr int kMaxChunks = 1024 / 8 / 32;  // MlaAbsorbOk: C <= 1024
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int V = a.v_dim, C = a.rank, NV = a.nope + a.v_dim, chunks = C / 256;
+  const int row = blockIdx.x * kAbsorbWarps + warp, h = row / V, v = row % V;
+  const bf16* w = static_cast<const bf16*>(a.w_kv_b) +
+                  (static_cast<size_t>(h) * NV + a.nope + v) * C + 8 * lane;
+  uint4 wv[kMaxChunks];
+#pragma unroll
+  for (int u = 0; u < kMaxChunks; ++u) {
+    wv[u] = u < chunks ? ptx::LoadStream16(w + 256 * u) : make_uint4(0, 0, 0, 0);
+  }
+  ptx::GridDependencySync();  // out_latent comes from the attention
+  float acc[kR] = {};
+#pragma unroll
+  for (int u = 0; u < kMaxChunks; ++u) {
+    if (u >= chunks) break;
+    float wf[8];
+    Bf16x8(wv[u], wf);
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      if (r >= a.rows) break;
+      const bf16* x = static_cast<const bf16*>(a.out_latent) +
+                      (static_cast<size_t>(r) * a.heads + h) * C + 256 * u + 8 * lane;
+      float xf[8];
+      Bf16x8(__ldg(reinterpret_cast<const uint4*>(x)), xf);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[r] = fmaf(wf[j], xf[j], acc[r]);
+    }
+  }
+  auto* out = static_cast<bf16*>(a.attn);
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    if (r >= a.rows) break;
+    float s = acc[r];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) out[(static_cast<size_t>(r) * a.heads + h) * V + v] = __float2bfloat16(s);
+  }
+}
+
 __global__ void GatherLatentsKernel(const uint8_t* cache, bool fp8, float scale,
                                     const int32_t* pages, int block_size, int width, int first,
                                     bf16* out) {
@@ -111,6 +278,40 @@ void LaunchDeepseekRope(const DeepseekRopeArgs& a, void* stream) {
   if (a.num_tokens == 0) return;
   DeepseekRopeKernel<<<a.num_tokens * a.num_heads, a.rope_dim / 2, 0,
                        static_cast<cudaStream_t>(stream)>>>(a);
+}
+
+void LaunchMlaRopeNorm(const MlaRopeNormArgs& a, void* stream) {
+  if (a.rope.num_tokens == 0) return;
+  (void)LaunchPdl(MlaRopeNormKernel, dim3(a.rope.num_tokens), dim3(kRopeNormThreads), 0,
+                  static_cast<cudaStream_t>(stream), a);
+}
+
+bool LaunchMlaAbsorbQ(const MlaAbsorbArgs& a, void* stream) {
+  if (!MlaAbsorbOk(a)) return false;
+  const dim3 grid(a.heads, a.rank / kAbsorbCols), block(32 * kAbsorbWarps);
+  auto s = static_cast<cudaStream_t>(stream);
+  if (a.rows == 1) {
+    (void)LaunchPdl(MlaAbsorbQKernel<1>, grid, block, 0, s, a);
+  } else if (a.rows == 2) {
+    (void)LaunchPdl(MlaAbsorbQKernel<2>, grid, block, 0, s, a);
+  } else {
+    (void)LaunchPdl(MlaAbsorbQKernel<kMlaAbsorbMaxRows>, grid, block, 0, s, a);
+  }
+  return true;
+}
+
+bool LaunchMlaAbsorbOut(const MlaAbsorbArgs& a, void* stream) {
+  if (!MlaAbsorbOk(a)) return false;
+  const dim3 grid(a.heads * a.v_dim / kAbsorbWarps), block(32 * kAbsorbWarps);
+  auto s = static_cast<cudaStream_t>(stream);
+  if (a.rows == 1) {
+    (void)LaunchPdl(MlaAbsorbOutKernel<1>, grid, block, 0, s, a);
+  } else if (a.rows == 2) {
+    (void)LaunchPdl(MlaAbsorbOutKernel<2>, grid, block, 0, s, a);
+  } else {
+    (void)LaunchPdl(MlaAbsorbOutKernel<kMlaAbsorbMaxRows>, grid, block, 0, s, a);
+  }
+  return true;
 }
 
 void LaunchGatherLatents(const void* cache, bool fp8, float scale, const int32_t* pages,
