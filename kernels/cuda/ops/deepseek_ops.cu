@@ -286,31 +286,29 @@ void LaunchMlaRopeNorm(const MlaRopeNormArgs& a, void* stream) {
                   static_cast<cudaStream_t>(stream), a);
 }
 
+namespace {
+// The instance of a kernel template for a.rows (1, 2, else kMlaAbsorbMaxRows rows a pass).
+using AbsorbKernel = void (*)(MlaAbsorbArgs);
+void LaunchAbsorb(const MlaAbsorbArgs& a, const AbsorbKernel (&by_rows)[3], dim3 grid,
+                  void* stream) {
+  (void)LaunchPdl(by_rows[a.rows <= 2 ? a.rows - 1 : 2], grid, dim3(32 * kAbsorbWarps), 0,
+                  static_cast<cudaStream_t>(stream), a);
+}
+}  // namespace
+
 bool LaunchMlaAbsorbQ(const MlaAbsorbArgs& a, void* stream) {
   if (!MlaAbsorbOk(a)) return false;
-  const dim3 grid(a.heads, a.rank / kAbsorbCols), block(32 * kAbsorbWarps);
-  auto s = static_cast<cudaStream_t>(stream);
-  if (a.rows == 1) {
-    (void)LaunchPdl(MlaAbsorbQKernel<1>, grid, block, 0, s, a);
-  } else if (a.rows == 2) {
-    (void)LaunchPdl(MlaAbsorbQKernel<2>, grid, block, 0, s, a);
-  } else {
-    (void)LaunchPdl(MlaAbsorbQKernel<kMlaAbsorbMaxRows>, grid, block, 0, s, a);
-  }
+  static constexpr AbsorbKernel kByRows[3] = {MlaAbsorbQKernel<1>, MlaAbsorbQKernel<2>,
+                                              MlaAbsorbQKernel<kMlaAbsorbMaxRows>};
+  LaunchAbsorb(a, kByRows, dim3(a.heads, a.rank / kAbsorbCols), stream);
   return true;
 }
 
 bool LaunchMlaAbsorbOut(const MlaAbsorbArgs& a, void* stream) {
   if (!MlaAbsorbOk(a)) return false;
-  const dim3 grid(a.heads * a.v_dim / kAbsorbWarps), block(32 * kAbsorbWarps);
-  auto s = static_cast<cudaStream_t>(stream);
-  if (a.rows == 1) {
-    (void)LaunchPdl(MlaAbsorbOutKernel<1>, grid, block, 0, s, a);
-  } else if (a.rows == 2) {
-    (void)LaunchPdl(MlaAbsorbOutKernel<2>, grid, block, 0, s, a);
-  } else {
-    (void)LaunchPdl(MlaAbsorbOutKernel<kMlaAbsorbMaxRows>, grid, block, 0, s, a);
-  }
+  static constexpr AbsorbKernel kByRows[3] = {MlaAbsorbOutKernel<1>, MlaAbsorbOutKernel<2>,
+                                              MlaAbsorbOutKernel<kMlaAbsorbMaxRows>};
+  LaunchAbsorb(a, kByRows, dim3(a.heads * a.v_dim / kAbsorbWarps), stream);
   return true;
 }
 
