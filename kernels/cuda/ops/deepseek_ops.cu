@@ -36,10 +36,9 @@ __device__ float BlockMax(float v) {
   return v;
 }
 
-__global__ void RmsNormStridedKernel(const bf16* in, int in_stride, const bf16* w, int dim,
-                                     float eps, bf16* out, int out_stride) {
-  const bf16* x = in + static_cast<size_t>(blockIdx.x) * in_stride;
-  bf16* y = out + static_cast<size_t>(blockIdx.x) * out_stride;
+// y = bf16(rmsnorm(x) * w) over one row of dim, by the whole CTA (its size sets the sum order).
+__device__ __forceinline__ void RmsNormRow(const bf16* x, const bf16* w, int dim, float eps,
+                                           bf16* y) {
   float ss = 0.f;
   for (int i = threadIdx.x; i < dim; i += blockDim.x) {
     const float v = __bfloat162float(x[i]);
@@ -51,22 +50,14 @@ __global__ void RmsNormStridedKernel(const bf16* in, int in_stride, const bf16* 
   }
 }
 
-// One CTA per (token, head), rope_dim / 2 threads: every thread loads its pair before any writes.
-__global__ void DeepseekRopeKernel(DeepseekRopeArgs a) {
-  const int t = blockIdx.x / a.num_heads, h = blockIdx.x % a.num_heads, i = threadIdx.x;
-  const int half = a.rope_dim / 2;
-  const bf16* x = static_cast<const bf16*>(a.in) + t * a.in_row + h * a.in_head;
-  bf16* y = static_cast<bf16*>(a.out) + t * a.out_row + h * a.out_head;
-  const float x0 = __bfloat162float(x[2 * i]), x1 = __bfloat162float(x[2 * i + 1]);
-  __syncthreads();
-  const float angle = static_cast<float>(a.positions[t]) * a.inv_freq[i];
-  const float c = cosf(angle) * a.mscale, s = sinf(angle) * a.mscale;
-  y[i] = __float2bfloat16(x0 * c - x1 * s);
-  y[i + half] = __float2bfloat16(x1 * c + x0 * s);
+__global__ void RmsNormStridedKernel(const bf16* in, int in_stride, const bf16* w, int dim,
+                                     float eps, bf16* out, int out_stride) {
+  RmsNormRow(in + static_cast<size_t>(blockIdx.x) * in_stride, w, dim, eps,
+             out + static_cast<size_t>(blockIdx.x) * out_stride);
 }
 
-// One (token t, head h) pair of LaunchDeepseekRope, pair i: reads before the caller's barrier,
-// writes after (in and out may alias there). The same arithmetic as DeepseekRopeKernel.
+// Pair i of one (token t, head h) row of LaunchDeepseekRope: loaded first, stored after the
+// caller's barrier where in and out alias (DeepseekRopeKernel) or at once (MlaRopeNormKernel).
 struct RopePair {
   float x0, x1;
 };
@@ -82,25 +73,26 @@ __device__ __forceinline__ void StoreRopePair(const DeepseekRopeArgs& a, int t, 
   y[i + half] = __float2bfloat16(p.x1 * c + p.x0 * s);
 }
 
-// One CTA of kRopeNormThreads per token: the c_kv norm (RmsNormStridedKernel's loop and block
-// sum, so its bits), then every rope pair of k_pe and of the heads' q_pe. Launched with PDL: the
-// rows are the projection's output, read after the wait.
+// One CTA per (token, head), rope_dim / 2 threads: every thread loads its pair before any writes.
+__global__ void DeepseekRopeKernel(DeepseekRopeArgs a) {
+  const int t = blockIdx.x / a.num_heads, h = blockIdx.x % a.num_heads, i = threadIdx.x;
+  const bf16* x = static_cast<const bf16*>(a.in) + t * a.in_row + h * a.in_head;
+  bf16* y = static_cast<bf16*>(a.out) + t * a.out_row + h * a.out_head;
+  const RopePair p = LoadRopePair(x, i);
+  __syncthreads();
+  StoreRopePair(a, t, i, p, y);
+}
+
+// One CTA of kRopeNormThreads per token: the c_kv norm (RmsNormStridedKernel's row on a CTA of
+// its size, so its bits), then every rope pair of k_pe and of the heads' q_pe. Launched with PDL:
+// the rows are the projection's output, read after the wait.
 constexpr int kRopeNormThreads = 256;  // RmsNormStrided's CTA: the same sum order
 __global__ void __launch_bounds__(kRopeNormThreads) MlaRopeNormKernel(const MlaRopeNormArgs a) {
   ptx::GridDependencySync();
   const int t = blockIdx.x, C = a.kv_rank, half = a.rope.rope_dim / 2;
   const bf16* x = static_cast<const bf16*>(a.kv) + t * a.kv_row;
   bf16* y = static_cast<bf16*>(a.latent) + t * a.latent_row;
-  const auto* w = static_cast<const bf16*>(a.kv_norm);
-  float ss = 0.f;
-  for (int i = threadIdx.x; i < C; i += blockDim.x) {
-    const float v = __bfloat162float(x[i]);
-    ss += v * v;
-  }
-  const float inv = rsqrtf(BlockSum(ss) / C + a.eps);
-  for (int i = threadIdx.x; i < C; i += blockDim.x) {
-    y[i] = __float2bfloat16(__bfloat162float(x[i]) * inv * __bfloat162float(w[i]));
-  }
+  RmsNormRow(x, static_cast<const bf16*>(a.kv_norm), C, a.eps, y);
   // Pair j: k_pe's for j < half, then head (j - half) / half's q_pe. Out of place: no barrier.
   const int pairs = (1 + a.rope.num_heads) * half;
   const auto* q = static_cast<const bf16*>(a.q) + t * a.q_row + a.q_nope;
