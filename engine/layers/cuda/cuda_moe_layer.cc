@@ -593,7 +593,7 @@ Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w,
     g.k = inter_;
     g.out = s->y.ptr;
     g.combine = combine;
-    g.tiles_before_wait = true;  // right after gate_up, which waited for the routing
+    g.tiles_before_wait = gemv;  // the GEMV: right after gate_up, which waited for the routing
     return launch_mx(g);
   }
   if (shared) {
@@ -624,7 +624,7 @@ Status CudaMoeLayer::RunTiled(const CudaLinearOps& ops, const CudaMoeWeights& w,
     g.dense_out = s->shared_out.ptr;
   }
   g.combine = combine;
-  g.tiles_before_wait = true;  // right after gate_up, which waited for the routing
+  g.tiles_before_wait = gemv;  // the GEMV: right after gate_up, which waited for the routing
   return launch(g, "down");
 }
 
