@@ -441,8 +441,9 @@ StatusOr<CudaLayersOut> CudaDeepseekDecoder::RunLayers(const CudaStep& step) {
     ab.attn = s.attn.as<uint16_t>() + static_cast<size_t>(d0) * H * V;
     const bool absorb_kernels = cuda::MlaAbsorbOk(ab);
     if (absorb_kernels) {
-      if (!cuda::LaunchMlaAbsorbQ(ab, stream))
+      if (!cuda::LaunchMlaAbsorbQ(ab, stream)) {
         return Internal("MLA absorb kernel refused its step");
+      }
     } else if (nd > 0) {
       LLM_RETURN_IF_ERROR(Batched(
           CUBLAS_OP_N, CUBLAS_OP_N, C, nd, N, L.w_kv_b.ptr, C, static_cast<int64_t>(NV) * C,

@@ -144,17 +144,20 @@ __global__ void __launch_bounds__(32 * kAbsorbWarps) MlaAbsorbQKernel(const MlaA
       next[i] = i0 + 8 < per ? ptx::LoadStream16(w + static_cast<size_t>(i0 + 8 + i) * C)
                              : make_uint4(0, 0, 0, 0);
     }
+    float qv[kR][8];  // q[r, h, i0 .. i0 + 7] of each decode row
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
-      if (r >= a.rows) break;
-      float qv[8];
-      Bf16x8(__ldg(reinterpret_cast<const uint4*>(q + r * a.q_row + i0)), qv);
+      if (r < a.rows) Bf16x8(__ldg(reinterpret_cast<const uint4*>(q + r * a.q_row + i0)), qv[r]);
+    }
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        float wf[8];
-        Bf16x8(wv[i], wf);
+    for (int i = 0; i < 8; ++i) {
+      float wf[8];  // widened once for every row
+      Bf16x8(wv[i], wf);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc[r][j] = fmaf(wf[j], qv[i], acc[r][j]);
+      for (int r = 0; r < kR; ++r) {
+        if (r >= a.rows) break;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[r][j] = fmaf(wf[j], qv[r][i], acc[r][j]);
       }
     }
 #pragma unroll

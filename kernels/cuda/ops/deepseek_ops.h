@@ -32,7 +32,8 @@ void LaunchDeepseekRope(const DeepseekRopeArgs& a, void* stream);
 //   latent[t, :C]    = LaunchRmsNormStrided's rmsnorm(kv[t, :C]) * kv_norm  (C = kv_rank)
 //   latent[t, C:C+R] = LaunchDeepseekRope of kv[t, C:C+R]                    (the shared k_pe)
 //   q_pe[t, h, :R]   = LaunchDeepseekRope of q[t, h, N:N+R] for every head   (N = q_nope)
-// with the same bits as those launches (rope.in / out / strides and num_heads are set here).
+// with the same bits as those launches (rope's in / out pointers and strides are not read; its
+// num_heads is H).
 // q is read, not written: the prefill path's in-place rotation of q comes after.
 struct MlaRopeNormArgs {
   const void* kv = nullptr;  // bf16 rows of c_kv ++ k_pe, kv_row elements apart
