@@ -1,11 +1,11 @@
 // The fused small-batch MoE routing (kernels/cuda/moe/moe_ops.h, LaunchMoeRouteFused) on its own:
 // its logits against an fp64 dot product on the host, its routing against MoeRouter on those same
 // logits (ids equal, exact ties included; weights up to the float rounding of expf and of the
-// softmax sum), its permutation (and expert offsets) against LaunchMoePermute on the same ids
-// (the fused kernel sorts up to 32 slots on one warp, more on its whole CTA), for every routing
-// rule of MoeRouteArgs, batches 1..kMoeRouteFusedMaxTokens, with and without a dense group (shared
-// experts), tiles of 16, 32 and 64 rows; and the same bits on every launch (its ticket back at
-// zero each time). The whole layer with this routing, eager and in CUDA graphs: test_moe_layer.cc.
+// softmax sum), its permutation (and expert offsets) against LaunchMoePermute on the same ids,
+// for every routing rule of MoeRouteArgs, batches 1..kMoeRouteFusedMaxTokens, with and without a
+// dense group (shared experts), tiles of 16, 32 and 64 rows; and the same bits on every launch (its
+// ticket back at zero each time). The whole layer with this routing, eager and in CUDA graphs:
+// test_moe_layer.cc.
 //
 //   build/cuda/tests/gpu_tests "[moe]"
 #include <catch2/catch.hpp>

@@ -72,17 +72,11 @@ __global__ void __launch_bounds__(32 * kSplit) MoeGemvMxfp4Kernel(const MoeGemmA
       wrow[p] = static_cast<const uint8_t*>(a.w) + r * (KP / 2) + c * 16;
       srow[p] = a.mx_scales + r * (KP / 32) + c;
     }
-    // One round of this warp's slices kt0, kt0 + kSplit, ... (kUnroll of them) into (dw, ds).
-    // With four warps per column (the batch-1 form) the rounds are double-buffered: the next
-    // round's loads are issued before this round is widened, so a warp always has loads in
-    // flight (waiting on a whole round before widening it kept the GEMV far below the copy rate);
-    // the other forms would lose more to the registers (occupancy) than they gain. The first
-    // round (pass 0, kt0 = warp) comes before the wait where it may come early.
-    constexpr int kRound = kUnroll * kSplit;  // slices a round of the CTA covers
-    constexpr bool kDouble = kSplit >= 4;
-    uint4 w[kUnroll][kP], wn[kUnroll][kP];
-    uint32_t sc[kUnroll][kP], scn[kUnroll][kP];
-    auto load_round = [&](int kt0, uint4(&dw)[kUnroll][kP], uint32_t(&ds)[kUnroll][kP]) {
+    // One round of this warp's slices kt0, kt0 + kSplit, ... (kUnroll of them) into (w, sc). The
+    // first round (pass 0, kt0 = warp) comes before the wait where it may come early.
+    uint4 w[kUnroll][kP];
+    uint32_t sc[kUnroll][kP];
+    auto load_round = [&](int kt0) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int kt = kt0 + u * kSplit;
@@ -90,12 +84,12 @@ __global__ void __launch_bounds__(32 * kSplit) MoeGemvMxfp4Kernel(const MoeGemmA
         const bool in_k = kt < KT && kt * kSlice + 32 * c < K;
 #pragma unroll
         for (int p = 0; p < kP; ++p) {
-          dw[u][p] = in_k ? LoadStream16(wrow[p] + kt * (kSlice / 2)) : make_uint4(0, 0, 0, 0);
-          ds[u][p] = in_k ? __ldg(srow[p] + kt * (kSlice / 32)) : 127u;
+          w[u][p] = in_k ? LoadStream16(wrow[p] + kt * (kSlice / 2)) : make_uint4(0, 0, 0, 0);
+          sc[u][p] = in_k ? __ldg(srow[p] + kt * (kSlice / 32)) : 127u;
         }
       }
     };
-    load_round(warp, w, sc);
+    load_round(warp);
     if (early) ptx::GridDependencySync();
     const auto* xbase = static_cast<const __nv_bfloat16*>(a.x);
     const float* bias = a.bias ? a.bias + static_cast<size_t>(expert) * wrows : nullptr;
@@ -113,16 +107,8 @@ __global__ void __launch_bounds__(32 * kSplit) MoeGemvMxfp4Kernel(const MoeGemmA
       }
       float acc[kNB][4] = {};
       // This warp's slices: warp, warp + kSplit, ...; round kt0 covers kUnroll of them.
-      for (int kt0 = warp; kt0 < KT; kt0 += kRound) {
-        // kDouble: the next round (this pass's next slices, else the next pass's first: the same
-        // weights) now. Else this round, unless it is the first, already in w.
-        int next = -1;
-        if constexpr (kDouble) {
-          next = kt0 + kRound < KT ? kt0 + kRound : (p0 + kTok < rows ? warp : -1);
-          if (next >= 0) load_round(next, wn, scn);
-        } else if (p0 > 0 || kt0 > warp) {
-          load_round(kt0, w, sc);
-        }
+      for (int kt0 = warp; kt0 < KT; kt0 += kUnroll * kSplit) {
+        if (p0 > 0 || kt0 > warp) load_round(kt0);  // the first round is in w already
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
           const int kt = kt0 + u * kSplit;
@@ -166,13 +152,6 @@ __global__ void __launch_bounds__(32 * kSplit) MoeGemvMxfp4Kernel(const MoeGemmA
                 }
               }
             }
-          }
-        }
-        if (kDouble && next >= 0) {  // warp-uniform
-#pragma unroll
-          for (int u = 0; u < kUnroll; ++u) {
-#pragma unroll
-            for (int p = 0; p < kP; ++p) w[u][p] = wn[u][p], sc[u][p] = scn[u][p];
           }
         }
       }

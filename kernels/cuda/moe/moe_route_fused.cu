@@ -18,8 +18,7 @@
 //      fences its partials and takes a ticket (atomicAdd); the one that draws the last ticket
 //      knows every partial is written, so it alone sums them (split order: the same bits on every
 //      run, whatever the CTAs' schedule), routes every token (moe_route.cuh, 8 warps) and sorts the
-//      slots (moe_permute.cuh: all 16 warps, or one warp for at most 32 slots), exactly as
-//      LaunchMoeRoute and LaunchMoePermute.
+//      slots (moe_permute.cuh, all 16 warps), exactly as LaunchMoeRoute and LaunchMoePermute.
 //      Nobody waits for anybody, and the last CTA puts the ticket back to zero, so graph replays
 //      find it as the first launch did.
 //
@@ -49,7 +48,6 @@ constexpr int kRows = kThreads / 32;             // experts per CTA, one per war
 constexpr int kCols = kMoeRouteFusedCols;
 constexpr int kMaxT = kMoeRouteFusedMaxTokens;
 constexpr int kRouteWarps = 8;  // tokens routed at once (shared memory: 2 x 2 KB each)
-constexpr int kSumBatch = 8;    // partial-sum loads in flight per thread in the last CTA
 static_assert(kCols == 2 * 32 * 4, "two float4 of the router row per lane");
 
 union alignas(16) Smem {  // float4 accesses to x
@@ -128,20 +126,8 @@ __global__ void __launch_bounds__(kThreads) MoeRouteFusedKernel(const MoeRouteFu
   if (threadIdx.x == 0) *a.ticket = 0;  // every CTA has drawn: ready for the next launch
   const int splits = gridDim.y;
   for (int i = threadIdx.x; i < T * E; i += kThreads) {
-    // Split order, kSumBatch loads in flight at a time (one at a time, the tail was a chain of
-    // L2 round trips).
     float v = 0.f;
-    for (int s0 = 0; s0 < splits; s0 += kSumBatch) {
-      float p[kSumBatch];
-#pragma unroll
-      for (int j = 0; j < kSumBatch; ++j) {
-        p[j] = s0 + j < splits ? __ldcg(a.partials + static_cast<size_t>(s0 + j) * T * E + i) : 0.f;
-      }
-#pragma unroll
-      for (int j = 0; j < kSumBatch; ++j) {
-        if (s0 + j < splits) v += p[j];
-      }
-    }
+    for (int s = 0; s < splits; ++s) v += __ldcg(a.partials + static_cast<size_t>(s) * T * E + i);
     a.logits[i] = v;
   }
   __syncthreads();  // logits visible to the CTA; x's shared memory free
@@ -155,10 +141,6 @@ __global__ void __launch_bounds__(kThreads) MoeRouteFusedKernel(const MoeRouteFu
   __syncthreads();  // topk_ids visible to the CTA; the routing's shared memory free
   MoePermuteArgs pa = a.permute;
   pa.topk_ids = ra.topk_ids;
-  if (pa.num_slots <= 32) {  // a slot per lane: one warp sorts them without the CTA's barriers
-    if (warp == 0) moe_permute::PermuteSlotsWarp(pa, lane);
-    return;
-  }
   moe_permute::PermuteSlots(pa, sm.permute);
 }
 
