@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(32 * kSplit) MoeGemvMxfp4Kernel(const MoeGemmA
     }
   }
   if constexpr (!kSiluMul) {
-    if (a.combine.out != nullptr) CombineAfterCta(a, bx);
+    if (a.combine.out != nullptr) CombineAfterCta(a, col0, kCtaCols);
   }
 }
 
