@@ -88,7 +88,7 @@ TEST_CASE("TP plan: a static KV cache's scale tensors follow the rank's KV heads
       REQUIRE(plan.ok());
       const int local = plan->local.num_kv_heads;
       const std::string p = "model.layers.5.self_attn.";
-      for (const std::string name :
+      for (const std::string& name :
            {p + "k_scale", p + "v_scale", p + "attn.k_scale", p + "attn.cache_v_scale",
             p + "cache_k_scale", p + "k_proj.output_scale", p + "v_proj.output_scale"}) {
         INFO(name);
