@@ -12,7 +12,9 @@
 
 namespace llm::cuda::moe_gemv {
 
-// Output columns per CTA: a combine block (kMoeGemvColumnBlock) is whole CTAs of every tile.
+// Warps per CTA of both GEMVs, and the MXFP4 form's output columns per CTA (the bf16 / fp8 form's
+// CTA has kCtaCols times its columns per warp); a combine block (kMoeGemvColumnBlock) is whole
+// CTAs of every tile.
 constexpr int kCtaCols = 8;
 static_assert(kMoeGemvColumnBlock % kCtaCols == 0, "a combine block is whole CTAs");
 
