@@ -14,6 +14,7 @@
 //       [--fp8-static-attn-out 0|1]   (default 1, the server's fp8_static_attention_output)
 //       [--c8-prefill auto|tiles|fmha] (the server's c8_prefill)
 //       [--query-tokens 1,2,3,4,5]
+//       [--kernel-timeline B] [--timeline-positions N]   (where built with CUPTI)
 // --query-tokens Q,...: also time steps in which every sequence brings Q tokens (the last
 //   sampled one and Q - 1 speculative drafts) with a logit row at each, a verify step of
 //   speculative decoding, beside the one-token step, eagerly and replayed from the graphs of Q
@@ -29,6 +30,11 @@
 // --profile-prefill 1: one more prefill chunk between cudaProfilerStart/Stop.
 // --profile B: one more eager step of batch B between cudaProfilerStart/Stop, for
 //   ncu --profile-from-start off --metrics gpu__time_duration.sum (per-kernel time of a step).
+// --kernel-timeline B: after batch B's graph rows, --steps more graph steps traced by CUPTI
+//   (bench/kernel_timeline.h): per kernel its launches a step, its own time and its end
+//   increments (what the step waits for under PDL), then the first N kernels of a step in order
+//   (--timeline-positions, default 40). Tracing is on for the whole run, so every row of that
+//   run is timed under it.
 //
 // Prints one table row per (batch, mode): mean and p50 milliseconds per step, the step's bytes
 // (weights + KV read; the routed MoE layers of ModelConfig::moe count the experts the batch's
@@ -51,6 +57,9 @@
 
 #include "bench/gpu_energy.h"
 #include "bench/int_list.h"
+#if defined(LLM_HAVE_CUPTI)
+#include "bench/kernel_timeline.h"
+#endif
 #include "engine/runtime/model.h"
 
 namespace {
@@ -80,6 +89,8 @@ struct Args {
   bool static_attn_out = true;           // ModelLoadOptions::fp8_static_attention_output
   std::string c8_prefill = "auto";       // ModelLoadOptions::c8_prefill
   std::vector<int> query_tokens;         // verify steps of Q tokens per sequence
+  int kernel_timeline = 0;               // the batch whose graph steps CUPTI traces (0: none)
+  int timeline_positions = 40;
 };
 
 // B sequences of ctx cached tokens each, decoding one token at position ctx + step; block tables
@@ -213,12 +224,28 @@ int main(int argc, char** argv) {
       args.prefill_decode = std::max(0, std::stoi(v));
     } else if (k == "--query-tokens") {
       args.query_tokens = bench::ParseIntList(v);
+    } else if (k == "--kernel-timeline") {
+      args.kernel_timeline = std::stoi(v);
+    } else if (k == "--timeline-positions") {
+      args.timeline_positions = std::stoi(v);
     } else if (k == "--profile-prefill") {
       args.profile_prefill = std::stoi(v) != 0;
     } else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
     }
+  }
+  if (args.kernel_timeline > 0) {
+#if defined(LLM_HAVE_CUPTI)
+    std::string error;
+    if (!bench::KernelTimeline::Start(&error)) {
+      std::fprintf(stderr, "--kernel-timeline: %s\n", error.c_str());
+      return 1;
+    }
+#else
+    std::fprintf(stderr, "--kernel-timeline: this build has no CUPTI (CUDA::cupti not found)\n");
+    return 2;
+#endif
   }
   spdlog::set_level(spdlog::level::warn);
   spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug: e.g. each fp8 GEMM's tuned choice
@@ -348,6 +375,18 @@ int main(int argc, char** argv) {
       std::printf("| %d x %d | %s | %.3f | %.3f | %.0f | %.2f | %.2f | %s |\n", B, args.ctx,
                   graphs ? "graph" : "eager", mean, Percentile(ms, 0.5), B * 1000.0 / mean, gb,
                   gb / mean, joules.c_str());
+#if defined(LLM_HAVE_CUPTI)
+      if (graphs && B == args.kernel_timeline) {
+        bench::KernelTimeline::BeginWindow();
+        for (int step = 0; step < args.steps; ++step) {
+          const llm::ForwardBatch fb = DecodeBatch(st, c.vocab_size, bs, rng);
+          if (!model.ForwardSampled(fb, &logits, &tokens).ok()) return 1;
+        }
+        bench::KernelTimeline::EndWindow();
+        std::printf("%s",
+                    bench::KernelTimeline::Report(args.steps, args.timeline_positions).c_str());
+      }
+#endif
       for (int q : args.query_tokens) {
         std::vector<double> vms;
         int64_t graph_steps0 = 0;
