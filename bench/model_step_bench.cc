@@ -236,6 +236,11 @@ int main(int argc, char** argv) {
     }
   }
   if (args.kernel_timeline > 0) {
+    if (std::find(args.batches.begin(), args.batches.end(), args.kernel_timeline) ==
+        args.batches.end()) {
+      std::fprintf(stderr, "--kernel-timeline %d: not one of --batches\n", args.kernel_timeline);
+      return 2;
+    }
 #if defined(LLM_HAVE_CUPTI)
     std::string error;
     if (!bench::KernelTimeline::Start(&error)) {
