@@ -14,7 +14,6 @@
 // CUDA::cupti (LLM_HAVE_CUPTI).
 #pragma once
 
-#include <cstdint>
 #include <string>
 
 namespace bench {

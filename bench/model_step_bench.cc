@@ -90,7 +90,7 @@ struct Args {
   std::string c8_prefill = "auto";       // ModelLoadOptions::c8_prefill
   std::vector<int> query_tokens;         // verify steps of Q tokens per sequence
   int kernel_timeline = 0;               // the batch whose graph steps CUPTI traces (0: none)
-  int timeline_positions = 40;
+  int timeline_positions = -1;           // -1: unset (40 with a timeline)
 };
 
 // B sequences of ctx cached tokens each, decoding one token at position ctx + step; block tables
@@ -235,6 +235,11 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (args.timeline_positions >= 0 && args.kernel_timeline <= 0) {
+    std::fprintf(stderr, "--timeline-positions: only with --kernel-timeline\n");
+    return 2;
+  }
+  if (args.timeline_positions < 0) args.timeline_positions = 40;
   if (args.kernel_timeline > 0) {
     if (std::find(args.batches.begin(), args.batches.end(), args.kernel_timeline) ==
         args.batches.end()) {
